@@ -1,0 +1,61 @@
+# Finds every third-party dependency the same way on Debian 12 (packages under /usr) and on the
+# GPU node (Debian .debs unpacked under a prefix named by CMAKE_PREFIX_PATH, pip LibTorch).
+# Packaged CMake configs that misbehave there (Cap'n Proto hard-codes /usr, RocksDB's exports the
+# static library) are bypassed with find_program / find_path / find_library. See TOOLCHAIN.md.
+find_package(Threads REQUIRED)
+
+# --- Cap'n Proto -------------------------------------------------------------------------------
+find_program(CAPNP_EXECUTABLE capnp REQUIRED)
+find_program(CAPNPC_CXX_EXECUTABLE capnpc-c++ REQUIRED)
+find_path(CAPNP_INCLUDE_DIRS capnp/message.h REQUIRED)
+find_library(CAPNP_LIB capnp REQUIRED)
+find_library(KJ_LIB kj REQUIRED)
+find_file(CAPNP_MACROS CapnProto/CapnProtoMacros.cmake PATH_SUFFIXES lib/x86_64-linux-gnu/cmake lib/cmake REQUIRED)
+include(${CAPNP_MACROS})
+add_library(strata_capnp INTERFACE)
+target_include_directories(strata_capnp INTERFACE ${CAPNP_INCLUDE_DIRS})
+target_link_libraries(strata_capnp INTERFACE ${CAPNP_LIB} ${KJ_LIB} Threads::Threads)
+
+# --- RocksDB (shared library) ------------------------------------------------------------------
+find_path(ROCKSDB_INCLUDE_DIR rocksdb/db.h REQUIRED)
+find_library(ROCKSDB_LIB rocksdb REQUIRED)
+add_library(strata_rocksdb INTERFACE)
+target_include_directories(strata_rocksdb INTERFACE ${ROCKSDB_INCLUDE_DIR})
+target_link_libraries(strata_rocksdb INTERFACE ${ROCKSDB_LIB})
+
+# --- ZeroMQ + cppzmq ---------------------------------------------------------------------------
+find_path(ZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
+find_library(ZMQ_LIB zmq REQUIRED)
+add_library(strata_zmq INTERFACE)
+target_include_directories(strata_zmq INTERFACE ${ZMQ_INCLUDE_DIR})
+target_link_libraries(strata_zmq INTERFACE ${ZMQ_LIB})
+
+# --- xxHash (record checksums) -----------------------------------------------------------------
+find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
+find_library(XXHASH_LIB xxhash REQUIRED)
+add_library(strata_xxhash INTERFACE)
+target_include_directories(strata_xxhash INTERFACE ${XXHASH_INCLUDE_DIR})
+target_link_libraries(strata_xxhash INTERFACE ${XXHASH_LIB})
+
+# --- header-only helpers -----------------------------------------------------------------------
+find_path(TOMLPP_INCLUDE_DIR toml++/toml.h REQUIRED)
+find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
+find_path(NLOHMANN_INCLUDE_DIR nlohmann/json.hpp REQUIRED)
+add_library(strata_header_libs INTERFACE)
+target_include_directories(strata_header_libs INTERFACE ${TOMLPP_INCLUDE_DIR} ${CLI11_INCLUDE_DIR} ${NLOHMANN_INCLUDE_DIR})
+
+# --- spdlog (only in common/log.cc: never in a file that sees LibTorch's fmt) -------------------
+find_package(spdlog REQUIRED)
+
+# --- LibTorch (only worker execution links it) ---------------------------------------------------
+find_package(Torch REQUIRED)
+# CUDA parts are built only against a LibTorch that has CUDA (pip PyTorch on the GPU node).
+set(STRATA_TORCH_HAS_CUDA OFF)
+if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda OR CAFFE2_USE_CUDA)
+  set(STRATA_TORCH_HAS_CUDA ON)
+endif()
+option(STRATA_WITH_CUDA "Build CUDA parts (needs a CUDA LibTorch)" ${STRATA_TORCH_HAS_CUDA})
+if(STRATA_WITH_CUDA AND NOT STRATA_TORCH_HAS_CUDA)
+  message(FATAL_ERROR "STRATA_WITH_CUDA=ON but the LibTorch found at ${Torch_DIR} has no CUDA")
+endif()
+message(STATUS "Strata: LibTorch ${Torch_VERSION} from ${Torch_DIR}; CUDA parts: ${STRATA_WITH_CUDA}")

@@ -1,0 +1,222 @@
+#include "common/run_spec.h"
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Allowed keys per table; anything else is an error naming the key.
+const std::map<std::string, std::set<std::string>>& AllowedKeys() {
+  static const std::map<std::string, std::set<std::string>> keys = {
+      {"", {"name", "model", "data", "train", "parallel", "worker"}},
+      {"model", {"family", "layers", "hidden", "heads", "vocab", "sequence"}},
+      {"data", {"path", "format"}},
+      {"train", {"steps", "global_batch", "lr", "weight_decay", "beta1", "beta2", "grad_clip", "seed",
+                 "checkpoint_every"}},
+      {"parallel", {"dp"}},
+      {"worker", {"threads"}},
+  };
+  return keys;
+}
+
+std::string Closest(const std::string& key, const std::set<std::string>& allowed) {
+  std::string list;
+  for (const auto& k : allowed) list += (list.empty() ? "" : ", ") + k;
+  return list;
+}
+
+class Reader {
+ public:
+  explicit Reader(const toml::table& root) : root_(root) {}
+
+  Status CheckKeys() {
+    for (const auto& [key, node] : root_) {
+      std::string k(key.str());
+      const auto& top = AllowedKeys().at("");
+      if (!top.count(k)) {
+        return InvalidArgument("run spec: unknown key '" + k + "'; top-level keys are: " + Closest(k, top));
+      }
+      if (k == "name") continue;
+      const toml::table* table = node.as_table();
+      if (!table) return InvalidArgument("run spec: '" + k + "' must be a table ([" + k + "])");
+      const auto& allowed = AllowedKeys().at(k);
+      for (const auto& [sub, _] : *table) {
+        std::string s(sub.str());
+        if (!allowed.count(s)) {
+          return InvalidArgument("run spec: unknown key '" + k + "." + s + "'; keys of [" + k +
+                                 "] are: " + Closest(s, allowed));
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Int(const std::string& table, const std::string& key, int64_t* out, int64_t min) {
+    const toml::node* node = Find(table, key);
+    if (!node) return Status::Ok();
+    auto v = node->value<int64_t>();
+    if (!node->is_integer() || !v) {
+      return InvalidArgument("run spec: " + Path(table, key) + " must be an integer");
+    }
+    if (*v < min) {
+      return InvalidArgument("run spec: " + Path(table, key) + " = " + std::to_string(*v) + " must be >= " +
+                             std::to_string(min));
+    }
+    *out = *v;
+    return Status::Ok();
+  }
+
+  Status Float(const std::string& table, const std::string& key, double* out, double min, double max) {
+    const toml::node* node = Find(table, key);
+    if (!node) return Status::Ok();
+    auto v = node->value<double>();  // integers convert too
+    if (!(node->is_floating_point() || node->is_integer()) || !v) {
+      return InvalidArgument("run spec: " + Path(table, key) + " must be a number");
+    }
+    if (!(*v >= min && *v <= max)) {
+      std::ostringstream msg;
+      msg << "run spec: " << Path(table, key) << " = " << *v << " must be in [" << min << ", " << max << "]";
+      return InvalidArgument(msg.str());
+    }
+    *out = *v;
+    return Status::Ok();
+  }
+
+  Status String(const std::string& table, const std::string& key, std::string* out) {
+    const toml::node* node = Find(table, key);
+    if (!node) return Status::Ok();
+    auto v = node->value<std::string>();
+    if (!node->is_string() || !v) return InvalidArgument("run spec: " + Path(table, key) + " must be a string");
+    *out = *v;
+    return Status::Ok();
+  }
+
+ private:
+  static std::string Path(const std::string& table, const std::string& key) {
+    return table.empty() ? key : table + "." + key;
+  }
+  const toml::node* Find(const std::string& table, const std::string& key) {
+    if (table.empty()) return root_.get(key);
+    const toml::table* t = root_[table].as_table();
+    return t ? t->get(key) : nullptr;
+  }
+  const toml::table& root_;
+};
+
+}  // namespace
+
+Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& base_dir, bool check_files) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream msg;
+    msg << "run spec is not valid TOML at line " << e.source().begin.line << ", column "
+        << e.source().begin.column << ": " << e.description();
+    return InvalidArgument(msg.str());
+  }
+  Reader r(root);
+  STRATA_RETURN_IF_ERROR(r.CheckKeys());
+
+  RunSpec spec;
+  STRATA_RETURN_IF_ERROR(r.String("", "name", &spec.name));
+  if (spec.name.empty()) spec.name = "run";
+
+  ModelSpec& m = spec.model;
+  STRATA_RETURN_IF_ERROR(r.String("model", "family", &m.family));
+  if (m.family != "gpt2") {
+    return InvalidArgument("run spec: model.family = \"" + m.family + "\" is not supported; use \"gpt2\"");
+  }
+  STRATA_RETURN_IF_ERROR(r.Int("model", "layers", &m.layers, 1));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "hidden", &m.hidden, 1));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "heads", &m.heads, 1));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "vocab", &m.vocab, 2));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "sequence", &m.sequence, 2));
+  if (m.hidden % m.heads != 0) {
+    return InvalidArgument("run spec: model.heads = " + std::to_string(m.heads) + " does not divide model.hidden = " +
+                           std::to_string(m.hidden) + "; choose heads so that hidden % heads == 0");
+  }
+
+  STRATA_RETURN_IF_ERROR(r.String("data", "path", &spec.data.path));
+  STRATA_RETURN_IF_ERROR(r.String("data", "format", &spec.data.format));
+  if (spec.data.path.empty()) {
+    return InvalidArgument("run spec: data.path is missing; set it to a text file (format = \"bytes\") or a u16 token file");
+  }
+  if (spec.data.format != "bytes" && spec.data.format != "u16") {
+    return InvalidArgument("run spec: data.format = \"" + spec.data.format + "\" is not supported; use \"bytes\" or \"u16\"");
+  }
+  if (spec.data.format == "bytes" && m.vocab < 256) {
+    return InvalidArgument("run spec: model.vocab = " + std::to_string(m.vocab) +
+                           " is too small for data.format = \"bytes\"; byte tokens need vocab >= 256");
+  }
+  fs::path data_path(spec.data.path);
+  if (data_path.is_relative() && !base_dir.empty()) data_path = fs::path(base_dir) / data_path;
+  spec.data.path = data_path.lexically_normal().string();
+  if (check_files) {
+    std::error_code ec;
+    if (!fs::is_regular_file(data_path, ec)) {
+      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" does not exist or is not a file");
+    }
+    const uintmax_t size = fs::file_size(data_path, ec);
+    const uintmax_t token_bytes = spec.data.format == "u16" ? 2 : 1;
+    if (ec || size / token_bytes < static_cast<uintmax_t>(m.sequence + 1)) {
+      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" holds fewer than model.sequence + 1 = " +
+                             std::to_string(m.sequence + 1) + " tokens; use a larger file or a shorter sequence");
+    }
+  }
+
+  TrainSpec& t = spec.train;
+  STRATA_RETURN_IF_ERROR(r.Int("train", "steps", &t.steps, 1));
+  STRATA_RETURN_IF_ERROR(r.Int("train", "global_batch", &t.global_batch, 1));
+  STRATA_RETURN_IF_ERROR(r.Float("train", "lr", &t.lr, 0.0, 10.0));
+  STRATA_RETURN_IF_ERROR(r.Float("train", "weight_decay", &t.weight_decay, 0.0, 10.0));
+  STRATA_RETURN_IF_ERROR(r.Float("train", "beta1", &t.beta1, 0.0, 0.999999));
+  STRATA_RETURN_IF_ERROR(r.Float("train", "beta2", &t.beta2, 0.0, 0.999999));
+  STRATA_RETURN_IF_ERROR(r.Float("train", "grad_clip", &t.grad_clip, 0.0, 1e9));
+  STRATA_RETURN_IF_ERROR(r.Int("train", "seed", &t.seed, 0));
+  STRATA_RETURN_IF_ERROR(r.Int("train", "checkpoint_every", &t.checkpoint_every, 0));
+  if (t.lr <= 0) return InvalidArgument("run spec: train.lr must be > 0");
+
+  STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &spec.parallel.dp, 1));
+  if (t.global_batch % spec.parallel.dp != 0) {
+    return InvalidArgument("run spec: train.global_batch = " + std::to_string(t.global_batch) +
+                           " is not divisible by parallel.dp = " + std::to_string(spec.parallel.dp) +
+                           "; make the global batch a multiple of dp");
+  }
+  STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0));
+  return spec;
+}
+
+std::string RunSpecToToml(const RunSpec& spec) {
+  toml::table root;
+  root.insert("name", spec.name);
+  root.insert("model", toml::table{{"family", spec.model.family},
+                                   {"layers", spec.model.layers},
+                                   {"hidden", spec.model.hidden},
+                                   {"heads", spec.model.heads},
+                                   {"vocab", spec.model.vocab},
+                                   {"sequence", spec.model.sequence}});
+  root.insert("data", toml::table{{"path", spec.data.path}, {"format", spec.data.format}});
+  root.insert("train", toml::table{{"steps", spec.train.steps},
+                                   {"global_batch", spec.train.global_batch},
+                                   {"lr", spec.train.lr},
+                                   {"weight_decay", spec.train.weight_decay},
+                                   {"beta1", spec.train.beta1},
+                                   {"beta2", spec.train.beta2},
+                                   {"grad_clip", spec.train.grad_clip},
+                                   {"seed", spec.train.seed},
+                                   {"checkpoint_every", spec.train.checkpoint_every}});
+  root.insert("parallel", toml::table{{"dp", spec.parallel.dp}});
+  root.insert("worker", toml::table{{"threads", spec.worker.threads}});
+  std::ostringstream out;
+  out << root << "\n";
+  return out.str();
+}
+
+}  // namespace strata

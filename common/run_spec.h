@@ -1,0 +1,70 @@
+// The run spec: what a user submits (TOML), validated once at the edge. Unknown keys and bad
+// values are errors whose message names the key and says how to fix it.
+//
+//   name = "gpt2-tiny"
+//   [model]     family = "gpt2", layers, hidden, heads, vocab, sequence
+//   [data]      path = "corpus.txt", format = "bytes" | "u16"
+//   [train]     steps, global_batch, lr, weight_decay, beta1, beta2, grad_clip, seed,
+//               checkpoint_every
+//   [parallel]  dp
+//   [worker]    threads (intra-op threads per CPU worker; 0 = LibTorch's default)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace strata {
+
+struct ModelSpec {
+  std::string family = "gpt2";
+  int64_t layers = 2;
+  int64_t hidden = 64;
+  int64_t heads = 4;
+  int64_t vocab = 256;
+  int64_t sequence = 64;
+};
+
+struct DataSpec {
+  std::string path;              // absolute after ParseRunSpec
+  std::string format = "bytes";  // "bytes": each byte is a token; "u16": little-endian u16 ids
+};
+
+struct TrainSpec {
+  int64_t steps = 100;
+  int64_t global_batch = 8;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double grad_clip = 0.0;  // 0 = off
+  int64_t seed = 1234;
+  int64_t checkpoint_every = 0;  // 0 = only at the end
+};
+
+struct ParallelSpec {
+  int64_t dp = 1;
+};
+
+struct WorkerSpec {
+  int64_t threads = 1;
+};
+
+struct RunSpec {
+  std::string name;
+  ModelSpec model;
+  DataSpec data;
+  TrainSpec train;
+  ParallelSpec parallel;
+  WorkerSpec worker;
+};
+
+// Parses and validates. Relative data paths are resolved against `base_dir`. Does not touch
+// the file system except to check that the data file exists when `check_files` is set.
+Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& base_dir, bool check_files);
+
+// Canonical TOML of a validated spec (every key written, paths absolute); parses back equal.
+std::string RunSpecToToml(const RunSpec& spec);
+
+}  // namespace strata

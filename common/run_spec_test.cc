@@ -1,0 +1,72 @@
+#include "common/run_spec.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace strata {
+namespace {
+
+class RunSpecTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/strata-spec-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    std::ofstream(dir_ + "/corpus.txt") << std::string(4096, 'a');
+  }
+  std::string Valid(const std::string& extra_model = "", const std::string& extra_train = "") {
+    return "name = \"t\"\n[model]\nlayers = 2\nhidden = 64\nheads = 4\nsequence = 32\n" + extra_model +
+           "[data]\npath = \"corpus.txt\"\n[train]\nsteps = 5\nglobal_batch = 4\n" + extra_train;
+  }
+  std::string With(const std::string& from, const std::string& to) {
+    std::string text = Valid();
+    text.replace(text.find(from), from.size(), to);
+    return text;
+  }
+  // Expects rejection with a message that contains `needle`.
+  void ExpectRejected(const std::string& text, const std::string& needle) {
+    auto spec = ParseRunSpec(text, dir_, true);
+    ASSERT_FALSE(spec.ok()) << "accepted: " << text;
+    EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(spec.status().message().find(needle), std::string::npos) << spec.status().message();
+  }
+  std::string dir_;
+};
+
+TEST_F(RunSpecTest, ValidSpecResolvesDataPathAndKeepsValues) {
+  auto spec = ParseRunSpec(Valid(), dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->data.path, dir_ + "/corpus.txt");
+  EXPECT_EQ(spec->model.hidden, 64);
+  EXPECT_EQ(spec->train.global_batch, 4);
+  EXPECT_EQ(spec->parallel.dp, 1);
+}
+
+TEST_F(RunSpecTest, CanonicalTomlParsesBackEqual) {
+  auto spec = ParseRunSpec(Valid("", "lr = 0.003\ncheckpoint_every = 2\n"), dir_, true);
+  ASSERT_TRUE(spec.ok());
+  auto again = ParseRunSpec(RunSpecToToml(*spec), "", true);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(RunSpecToToml(*again), RunSpecToToml(*spec));
+  EXPECT_DOUBLE_EQ(again->train.lr, 0.003);
+  EXPECT_EQ(again->train.checkpoint_every, 2);
+}
+
+TEST_F(RunSpecTest, MalformedTomlNamesTheLine) { ExpectRejected("name = \n[model", "line 1"); }
+TEST_F(RunSpecTest, UnknownKeyIsNamed) { ExpectRejected(Valid("hiden = 3\n"), "model.hiden"); }
+TEST_F(RunSpecTest, UnknownTableIsNamed) { ExpectRejected(Valid() + "[optimizer]\nx = 1\n", "'optimizer'"); }
+TEST_F(RunSpecTest, ZeroLayersIsRejected) { ExpectRejected(With("layers = 2", "layers = 0"), "model.layers"); }
+TEST_F(RunSpecTest, NegativeBatchIsRejected) { ExpectRejected(With("global_batch = 4", "global_batch = -4"), "train.global_batch"); }
+TEST_F(RunSpecTest, HeadsMustDivideHidden) { ExpectRejected(With("heads = 4", "heads = 5"), "hidden % heads"); }
+TEST_F(RunSpecTest, WrongTypeIsNamed) { ExpectRejected(With("layers = 2", "layers = \"two\""), "model.layers must be an integer"); }
+TEST_F(RunSpecTest, MissingDataFileIsNamed) {
+  std::remove((dir_ + "/corpus.txt").c_str());
+  ExpectRejected(Valid(), "data.path");
+}
+TEST_F(RunSpecTest, BatchMustDivideByDp) {
+  ExpectRejected(Valid() + "[parallel]\ndp = 3\n", "parallel.dp");
+}
+
+}  // namespace
+}  // namespace strata

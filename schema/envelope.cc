@@ -1,0 +1,48 @@
+#include "schema/envelope.h"
+
+#include <cstring>
+
+namespace strata::schema {
+
+std::string EnvelopeBuilder::Serialize() {
+  auto words = capnp::messageToFlatArray(message_);
+  auto bytes = words.asBytes();
+  return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+}
+
+Result<std::unique_ptr<DecodedEnvelope>> DecodeEnvelope(std::span<const uint8_t> bytes) {
+  if (bytes.empty() || bytes.size() % sizeof(capnp::word) != 0) {
+    return InvalidArgument("message of " + std::to_string(bytes.size()) +
+                           " bytes is not a Cap'n Proto message (size must be a non-zero multiple of 8)");
+  }
+  auto decoded = std::unique_ptr<DecodedEnvelope>(new DecodedEnvelope());
+  // Copy: ZeroMQ frames carry no alignment guarantee and Cap'n Proto reads words in place.
+  decoded->words_ = kj::heapArray<capnp::word>(bytes.size() / sizeof(capnp::word));
+  std::memcpy(decoded->words_.begin(), bytes.data(), bytes.size());
+  try {
+    capnp::ReaderOptions options;
+    options.traversalLimitInWords = 64 * 1024 * 1024;  // 512 MiB: specs and listings only
+    decoded->reader_ = std::make_unique<capnp::FlatArrayMessageReader>(decoded->words_.asPtr(), options);
+    decoded->root_ = decoded->reader_->getRoot<Envelope>();
+    decoded->root_.totalSize();  // walks every pointer once, so later field reads cannot fault
+    if (decoded->root_.getVersion() != kProtocolVersion) {
+      return InvalidArgument("protocol version " + std::to_string(decoded->root_.getVersion()) +
+                             " is not supported (this build speaks version " +
+                             std::to_string(kProtocolVersion) + "); run the same Strata release everywhere");
+    }
+    decoded->root_.which();  // an unknown union member is reported by which(), not thrown
+  } catch (const std::exception& e) {
+    return InvalidArgument(std::string("message does not decode: ") + e.what());
+  }
+  return decoded;
+}
+
+std::string MakeErrorReply(uint64_t request_id, const Status& status) {
+  EnvelopeBuilder builder(request_id);
+  auto error = builder.root().initError();
+  error.setCode(StatusCodeName(status.code()));
+  error.setMessage(status.message());
+  return builder.Serialize();
+}
+
+}  // namespace strata::schema

@@ -1,0 +1,194 @@
+@0x8065d47c33bc003c;
+# Every message between Strata processes is one Envelope. Bulk tensor bytes never travel inside
+# a message: they go as extra ZeroMQ frames beside it (worker data plane).
+#
+# Compatibility: `version` must equal kProtocolVersion (schema/envelope.h); a receiver answers a
+# mismatch with an Error and otherwise ignores the message.
+
+using StoreSchema = import "store.capnp";
+
+struct Envelope {
+  version @0 :UInt16;
+  requestId @1 :UInt64;      # echoed in the reply, so a client can match answers to questions
+  union {
+    error @2 :Error;
+    ack @3 :Void;
+    # worker -> coordinator
+    registerWorker @4 :RegisterWorker;
+    heartbeat @5 :Heartbeat;
+    taskEvent @6 :TaskEvent;
+    # coordinator -> worker
+    registered @7 :Registered;
+    assignTask @8 :AssignTask;
+    cancelTask @9 :CancelTask;
+    shutdown @10 :Void;        # also client -> coordinator: stop the cluster
+    # client -> coordinator, and replies
+    submitRun @11 :SubmitRun;
+    submitted @12 :Submitted;
+    statusRequest @13 :StatusRequest;
+    statusReply @14 :StatusReply;
+    workersRequest @15 :Void;
+    workersReply @16 :WorkersReply;
+    eventsRequest @17 :RunRef;
+    eventsReply @18 :EventsReply;
+    cancelRun @19 :RunRef;
+    checkpointsRequest @20 :RunRef;
+    checkpointsReply @21 :CheckpointsReply;
+  }
+}
+
+struct Error {
+  code @0 :Text;       # StatusCodeName: "InvalidArgument", "NotFound", ...
+  message @1 :Text;    # written for the user: what is wrong and what to do
+}
+
+struct MemoryStats {
+  device @0 :Text;           # "cpu" or "cuda:N"
+  totalBytes @1 :UInt64;     # CPU: cgroup limit or MemTotal; GPU: device memory
+  freeBytes @2 :UInt64;
+  allocatedBytes @3 :UInt64; # CPU: resident set size; GPU: allocator's allocated bytes
+  reservedBytes @4 :UInt64;
+  peakBytes @5 :UInt64;
+}
+
+struct RegisterWorker {
+  name @0 :Text;             # stable across restarts, e.g. "worker-0"
+  host @1 :Text;
+  pid @2 :UInt32;
+  memory @3 :MemoryStats;
+  storePath @4 :Text;        # the worker's shard store
+  dataAddress @5 :Text;      # where peers reach its data-plane socket
+  currentRun @6 :Text;       # non-empty when it re-registers while running a task
+  currentStep @7 :Int64;
+}
+
+struct Registered {
+  workerId @0 :Text;
+  heartbeatIntervalMs @1 :UInt32;
+}
+
+struct Heartbeat {
+  workerId @0 :Text;
+  memory @1 :MemoryStats;
+  currentRun @2 :Text;
+  currentStep @3 :Int64;
+}
+
+struct AssignTask {
+  runId @0 :Text;
+  specToml @1 :Text;        # the validated run spec (data paths absolute)
+  rank @2 :UInt32;
+  worldSize @3 :UInt32;
+  peerDataAddresses @4 :List(Text);  # by rank
+  taskToken @5 :UInt64;     # distinguishes this task's data-plane traffic from stale traffic
+}
+
+struct CancelTask {
+  runId @0 :Text;
+  reason @1 :Text;
+}
+
+struct TaskEvent {
+  runId @0 :Text;
+  rank @1 :UInt32;
+  union {
+    started @2 :Void;
+    step @3 :StepReport;
+    checkpointSaved @4 :CheckpointShard;
+    finished @5 :Void;
+    failed @6 :Text;        # why
+  }
+}
+
+struct StepReport {
+  step @0 :Int64;           # 1-based: the step just completed
+  loss @1 :Float64;         # mean over the global batch
+  tokensPerSecond @2 :Float64;
+}
+
+struct CheckpointShard {
+  step @0 :Int64;
+  storePath @1 :Text;
+  tensors @2 :List(StoreSchema.CheckpointManifestRecord.Entry);
+}
+
+struct SubmitRun {
+  specToml @0 :Text;
+}
+
+struct Submitted {
+  runId @0 :Text;
+}
+
+struct RunRef {
+  runId @0 :Text;
+}
+
+struct StatusRequest {
+  runId @0 :Text;           # empty: all runs
+}
+
+struct StatusReply {
+  runs @0 :List(RunRecord);
+}
+
+# A run as the coordinator persists it in its metadata store (also sent to clients).
+struct RunRecord {
+  runId @0 :Text;
+  name @1 :Text;
+  specToml @2 :Text;
+  state @3 :RunState;
+  createdUnixMs @4 :Int64;
+  updatedUnixMs @5 :Int64;
+  totalSteps @6 :Int64;
+  step @7 :Int64;            # last completed step
+  losses @8 :List(Float64);  # per step, index = step - 1
+  workers @9 :List(Text);    # worker ids by rank, while assigned
+  message @10 :Text;         # why it failed / was cancelled
+  worldSize @11 :UInt32;
+  tokensPerSecond @12 :Float64;
+}
+
+enum RunState { pending @0; running @1; finished @2; failed @3; cancelled @4; }
+
+struct WorkersReply {
+  workers @0 :List(WorkerInfo);
+}
+
+struct WorkerInfo {
+  workerId @0 :Text;
+  name @1 :Text;
+  host @2 :Text;
+  pid @3 :UInt32;
+  state @4 :WorkerState;
+  memory @5 :MemoryStats;
+  storePath @6 :Text;
+  dataAddress @7 :Text;
+  currentRun @8 :Text;
+  lastHeartbeatMsAgo @9 :Int64;
+}
+
+enum WorkerState { idle @0; busy @1; lost @2; }
+
+struct Event {
+  unixMs @0 :Int64;
+  kind @1 :Text;      # "submitted", "assigned", "checkpoint", "finished", "worker-lost", ...
+  message @2 :Text;
+}
+
+struct EventsReply {
+  events @0 :List(Event);
+}
+
+# A checkpoint is complete when every rank's shard is durable; the coordinator then commits
+# this manifest in its metadata store.
+struct CheckpointManifest {
+  runId @0 :Text;
+  step @1 :Int64;
+  committedUnixMs @2 :Int64;
+  shards @3 :List(CheckpointShard);
+}
+
+struct CheckpointsReply {
+  checkpoints @0 :List(CheckpointManifest);
+}
