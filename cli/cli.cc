@@ -1,0 +1,526 @@
+#include "cli/cli.h"
+
+#include <signal.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "cli/cluster_file.h"
+#include "common/net.h"
+#include "common/run_spec.h"
+#include "coordinator/client.h"
+#include "schema/envelope.h"
+
+extern char** environ;
+
+namespace strata::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+
+struct GlobalOptions {
+  std::string state_dir;
+  std::string cluster;  // endpoint override
+  int timeout_ms = 3000;
+};
+
+int Fail(const Status& status) {
+  std::cerr << "strata: " << status.message() << std::endl;
+  return status.code() == StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure;
+}
+
+Result<std::string> ResolveEndpoint(const GlobalOptions& g) {
+  if (!g.cluster.empty()) return g.cluster;
+  if (const char* env = std::getenv("STRATA_CLUSTER"); env && *env) return std::string(env);
+  STRATA_ASSIGN_OR_RETURN(auto file, ReadClusterFile(g.state_dir));
+  return file.endpoint;
+}
+
+Result<std::unique_ptr<schema::DecodedEnvelope>> Call(const GlobalOptions& g, schema::EnvelopeBuilder& request) {
+  STRATA_ASSIGN_OR_RETURN(std::string endpoint, ResolveEndpoint(g));
+  coordinator::CoordinatorClient client(endpoint, g.timeout_ms);
+  return client.Call(request);
+}
+
+std::string HumanBytes(uint64_t b) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1);
+  if (b >= (1ull << 30)) s << b / double(1ull << 30) << " GiB";
+  else if (b >= (1ull << 20)) s << b / double(1ull << 20) << " MiB";
+  else s << b / 1024.0 << " KiB";
+  return s.str();
+}
+
+const char* RunStateName(RunState s) {
+  switch (s) {
+    case RunState::PENDING: return "pending";
+    case RunState::RUNNING: return "running";
+    case RunState::FINISHED: return "finished";
+    case RunState::FAILED: return "failed";
+    case RunState::CANCELLED: return "cancelled";
+  }
+  return "?";
+}
+
+const char* WorkerStateName(WorkerState s) {
+  switch (s) {
+    case WorkerState::IDLE: return "idle";
+    case WorkerState::BUSY: return "busy";
+    case WorkerState::LOST: return "lost";
+  }
+  return "?";
+}
+
+const char* DTypeName(::DType d) {
+  static const char* names[] = {"f32", "f16", "bf16", "f64", "i64", "i32", "u16", "u8"};
+  const auto i = static_cast<size_t>(d);
+  return i < 8 ? names[i] : "?";
+}
+
+std::string FormatTime(int64_t unix_ms) {
+  std::time_t t = unix_ms / 1000;
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  std::ostringstream s;
+  s << std::put_time(&tm, "%Y-%m-%d %H:%M:%S");
+  return s.str();
+}
+
+json RunToJson(RunRecord::Reader r) {
+  json losses = json::array();
+  for (double l : r.getLosses()) losses.push_back(l);
+  json workers = json::array();
+  for (auto w : r.getWorkers()) workers.push_back(w.cStr());
+  return {{"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()},
+          {"state", RunStateName(r.getState())}, {"step", r.getStep()},
+          {"total_steps", r.getTotalSteps()},  {"world_size", r.getWorldSize()},
+          {"losses", losses},                  {"workers", workers},
+          {"message", r.getMessage().cStr()},  {"tokens_per_second", r.getTokensPerSecond()},
+          {"created_unix_ms", r.getCreatedUnixMs()}, {"updated_unix_ms", r.getUpdatedUnixMs()}};
+}
+
+json CheckpointToJson(CheckpointManifest::Reader m) {
+  json shards = json::array();
+  uint64_t bytes = 0;
+  size_t tensors = 0;
+  for (auto shard : m.getShards()) {
+    json list = json::array();
+    for (auto t : shard.getTensors()) {
+      json shape = json::array();
+      for (auto d : t.getShape()) shape.push_back(d);
+      list.push_back({{"name", t.getName().cStr()},
+                      {"dtype", DTypeName(t.getDtype())},
+                      {"shape", shape},
+                      {"checksum", t.getChecksum()},
+                      {"size_bytes", t.getSizeBytes()}});
+      bytes += t.getSizeBytes();
+      ++tensors;
+    }
+    shards.push_back({{"store_path", shard.getStorePath().cStr()}, {"tensors", list}});
+  }
+  return {{"run_id", m.getRunId().cStr()},
+          {"step", m.getStep()},
+          {"committed_unix_ms", m.getCommittedUnixMs()},
+          {"tensor_count", tensors},
+          {"size_bytes", bytes},
+          {"shards", shards}};
+}
+
+// ------------------------------------------------------------------ up / down
+
+std::string BinaryDir() {
+  std::error_code ec;
+  auto exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : exe.parent_path().string();
+}
+
+// Starts a detached child (own session, so it outlives this CLI) with output to `log_path`.
+Result<int> SpawnDaemon(const std::vector<std::string>& argv, const std::string& log_path) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return IoError("cannot start " + argv[0] + ": " + std::strerror(rc));
+  return static_cast<int>(pid);
+}
+
+Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint) {
+  coordinator::CoordinatorClient client(endpoint, 1000);
+  schema::EnvelopeBuilder req;
+  req.root().setWorkersRequest();
+  STRATA_ASSIGN_OR_RETURN(auto reply, client.Call(req));
+  int live = 0;
+  for (auto w : reply->root().getWorkersReply().getWorkers()) live += w.getState() != WorkerState::LOST;
+  return live;
+}
+
+int CmdUp(GlobalOptions& g, int workers, int heartbeat_timeout_ms) {
+  const std::string dir = fs::absolute(g.state_dir).lexically_normal().string();
+  std::error_code ec;
+  fs::create_directories(dir + "/logs", ec);
+  if (ec) return Fail(IoError("cannot create " + dir + ": " + ec.message()));
+  ClusterFile file;
+  if (auto existing = ReadClusterFile(dir); existing.ok()) file = *existing;
+  file.state_dir = dir;
+  file.endpoint = "ipc://" + dir + "/coordinator.sock";
+  if (file.endpoint.size() > 100) {
+    return Fail(InvalidArgument("--state-dir " + dir + " is too long for an ipc socket path; use a shorter one"));
+  }
+  auto find = [&](const std::string& name) -> ClusterProcess* {
+    for (auto& p : file.processes) {
+      if (p.name == name) return &p;
+    }
+    file.processes.push_back({name, 0});
+    return &file.processes.back();
+  };
+  const std::string bin = BinaryDir();
+  int started = 0;
+  ClusterProcess* coord = find("coordinator");
+  if (!IsStrataProcess(coord->pid)) {
+    auto pid = SpawnDaemon({bin + "/strata-coordinator", "--listen", file.endpoint, "--state-dir", dir + "/coordinator",
+                            "--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms)},
+                           dir + "/logs/coordinator.log");
+    if (!pid.ok()) return Fail(pid.status());
+    coord->pid = *pid;
+    ++started;
+  }
+  for (int i = 0; i < workers; ++i) {
+    const std::string name = "worker-" + std::to_string(i);
+    ClusterProcess* p = find(name);
+    if (IsStrataProcess(p->pid)) continue;
+    auto pid = SpawnDaemon({bin + "/strata-worker", "--name", name, "--coordinator", file.endpoint, "--store",
+                            dir + "/workers/" + name, "--data-address", "ipc://" + dir + "/" + name + ".data.sock"},
+                           dir + "/logs/" + name + ".log");
+    if (!pid.ok()) return Fail(pid.status());
+    p->pid = *pid;
+    ++started;
+  }
+  Status st = WriteClusterFile(file);
+  if (!st.ok()) return Fail(st);
+  // Wait until the coordinator answers and every worker has registered.
+  const int64_t deadline = net::SteadyMs() + 60000;
+  int live = 0;
+  while (net::SteadyMs() < deadline) {
+    auto count = CountLiveWorkers(g, file.endpoint);
+    if (count.ok() && (live = *count) >= workers) break;
+    if (!IsStrataProcess(coord->pid)) {
+      return Fail(Unavailable("the coordinator exited at start; see " + dir + "/logs/coordinator.log"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (live < workers) {
+    return Fail(DeadlineExceeded("only " + std::to_string(live) + " of " + std::to_string(workers) +
+                                 " workers registered within 60 s; see the logs in " + dir + "/logs"));
+  }
+  std::cout << "cluster up: coordinator at " << file.endpoint << ", " << live << " worker(s) (" << started
+            << " process(es) started)\nstate and logs: " << dir << std::endl;
+  return kExitOk;
+}
+
+int CmdDown(GlobalOptions& g) {
+  auto file = ReadClusterFile(g.state_dir);
+  if (!file.ok()) return Fail(file.status());
+  {
+    coordinator::CoordinatorClient client(file->endpoint, 2000);
+    schema::EnvelopeBuilder req;
+    req.root().setShutdown();
+    (void)client.Call(req);  // the coordinator tells its workers; stragglers get signals below
+  }
+  auto alive = [&] {
+    int n = 0;
+    for (auto& p : file->processes) n += IsStrataProcess(p.pid);
+    return n;
+  };
+  for (int sig : {0, SIGTERM, SIGKILL}) {
+    if (sig != 0) {
+      for (auto& p : file->processes) {
+        if (IsStrataProcess(p.pid)) kill(p.pid, sig);
+      }
+    }
+    const int64_t deadline = net::SteadyMs() + (sig == SIGKILL ? 2000 : 8000);
+    while (alive() > 0 && net::SteadyMs() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (alive() == 0) break;
+  }
+  std::error_code ec;
+  fs::remove(ClusterFilePath(file->state_dir), ec);
+  std::cout << "cluster down (state kept in " << file->state_dir << ")" << std::endl;
+  return kExitOk;
+}
+
+// ------------------------------------------------------------------ queries
+
+int CmdWorkers(GlobalOptions& g, bool as_json) {
+  schema::EnvelopeBuilder req;
+  req.root().setWorkersRequest();
+  auto reply = Call(g, req);
+  if (!reply.ok()) return Fail(reply.status());
+  auto list = (*reply)->root().getWorkersReply().getWorkers();
+  if (as_json) {
+    json out = json::array();
+    for (auto w : list) {
+      auto m = w.getMemory();
+      out.push_back({{"worker_id", w.getWorkerId().cStr()},
+                     {"state", WorkerStateName(w.getState())},
+                     {"host", w.getHost().cStr()},
+                     {"pid", w.getPid()},
+                     {"device", m.getDevice().cStr()},
+                     {"memory", {{"total_bytes", m.getTotalBytes()}, {"free_bytes", m.getFreeBytes()},
+                                 {"allocated_bytes", m.getAllocatedBytes()}, {"reserved_bytes", m.getReservedBytes()},
+                                 {"peak_bytes", m.getPeakBytes()}}},
+                     {"store_path", w.getStorePath().cStr()},
+                     {"current_run", w.getCurrentRun().cStr()},
+                     {"last_heartbeat_ms_ago", w.getLastHeartbeatMsAgo()}});
+    }
+    std::cout << out.dump(2) << std::endl;
+    return kExitOk;
+  }
+  std::printf("%-12s %-6s %-8s %-7s %-11s %-11s %-10s %s\n", "WORKER", "STATE", "PID", "DEVICE", "ALLOCATED", "FREE",
+              "HEARTBEAT", "RUN");
+  for (auto w : list) {
+    auto m = w.getMemory();
+    std::printf("%-12s %-6s %-8u %-7s %-11s %-11s %-10s %s\n", w.getWorkerId().cStr(), WorkerStateName(w.getState()),
+                w.getPid(), m.getDevice().cStr(), HumanBytes(m.getAllocatedBytes()).c_str(),
+                HumanBytes(m.getFreeBytes()).c_str(), (std::to_string(w.getLastHeartbeatMsAgo()) + " ms").c_str(),
+                w.getCurrentRun().cStr());
+  }
+  return kExitOk;
+}
+
+Result<std::unique_ptr<schema::DecodedEnvelope>> FetchStatus(const GlobalOptions& g, const std::string& run) {
+  schema::EnvelopeBuilder req;
+  req.root().initStatusRequest().setRunId(run);
+  return Call(g, req);
+}
+
+int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json) {
+  auto reply = FetchStatus(g, run);
+  if (!reply.ok()) return Fail(reply.status());
+  auto runs = (*reply)->root().getStatusReply().getRuns();
+  if (as_json) {
+    json out = json::array();
+    for (auto r : runs) {
+      json entry = RunToJson(r);
+      // Checkpoints ride along so one call shows everything a user checks after a restart.
+      schema::EnvelopeBuilder creq;
+      creq.root().initCheckpointsRequest().setRunId(r.getRunId());
+      json steps = json::array();
+      if (auto c = Call(g, creq); c.ok()) {
+        for (auto m : (*c)->root().getCheckpointsReply().getCheckpoints()) steps.push_back(m.getStep());
+      }
+      entry["checkpoint_steps"] = steps;
+      out.push_back(entry);
+    }
+    std::cout << (run.empty() ? out : out[0]).dump(2) << std::endl;
+    return kExitOk;
+  }
+  std::printf("%-28s %-10s %-13s %-10s %-12s %s\n", "RUN", "STATE", "STEP", "LOSS", "TOKENS/S", "WORKERS");
+  for (auto r : runs) {
+    auto losses = r.getLosses();
+    std::string workers;
+    for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + std::string(w.cStr());
+    char loss[32] = "-";
+    if (losses.size() > 0) std::snprintf(loss, sizeof(loss), "%.4f", losses[losses.size() - 1]);
+    std::printf("%-28s %-10s %-13s %-10s %-12.0f %s\n", r.getRunId().cStr(), RunStateName(r.getState()),
+                (std::to_string(r.getStep()) + "/" + std::to_string(r.getTotalSteps())).c_str(), loss,
+                r.getTokensPerSecond(), workers.c_str());
+    if (r.getMessage().size() > 0) std::printf("  %s\n", r.getMessage().cStr());
+  }
+  return kExitOk;
+}
+
+int CmdEvents(GlobalOptions& g, const std::string& run, bool as_json) {
+  schema::EnvelopeBuilder req;
+  req.root().initEventsRequest().setRunId(run);
+  auto reply = Call(g, req);
+  if (!reply.ok()) return Fail(reply.status());
+  auto events = (*reply)->root().getEventsReply().getEvents();
+  if (as_json) {
+    json out = json::array();
+    for (auto e : events) out.push_back({{"unix_ms", e.getUnixMs()}, {"kind", e.getKind().cStr()}, {"message", e.getMessage().cStr()}});
+    std::cout << out.dump(2) << std::endl;
+    return kExitOk;
+  }
+  for (auto e : events) {
+    std::printf("%s  %-22s %s\n", FormatTime(e.getUnixMs()).c_str(), e.getKind().cStr(), e.getMessage().cStr());
+  }
+  return kExitOk;
+}
+
+int CmdCheckpoints(GlobalOptions& g, const std::string& run, bool as_json) {
+  schema::EnvelopeBuilder req;
+  req.root().initCheckpointsRequest().setRunId(run);
+  auto reply = Call(g, req);
+  if (!reply.ok()) return Fail(reply.status());
+  auto list = (*reply)->root().getCheckpointsReply().getCheckpoints();
+  if (as_json) {
+    json out = json::array();
+    for (auto m : list) out.push_back(CheckpointToJson(m));
+    std::cout << out.dump(2) << std::endl;
+    return kExitOk;
+  }
+  std::printf("%-8s %-8s %-8s %-12s %s\n", "STEP", "SHARDS", "TENSORS", "SIZE", "COMMITTED");
+  for (auto m : list) {
+    json j = CheckpointToJson(m);
+    std::printf("%-8ld %-8u %-8zu %-12s %s\n", static_cast<long>(m.getStep()), m.getShards().size(),
+                j["tensor_count"].get<size_t>(), HumanBytes(j["size_bytes"].get<uint64_t>()).c_str(),
+                FormatTime(m.getCommittedUnixMs()).c_str());
+  }
+  if (list.size() == 0) std::printf("(no complete checkpoint yet)\n");
+  return kExitOk;
+}
+
+int CmdCancel(GlobalOptions& g, const std::string& run) {
+  schema::EnvelopeBuilder req;
+  req.root().initCancelRun().setRunId(run);
+  auto reply = Call(g, req);
+  if (!reply.ok()) return Fail(reply.status());
+  std::cout << "cancelled " << run << std::endl;
+  return kExitOk;
+}
+
+// Polls the run, printing each new step and event, until it ends. 0 iff it finished.
+int Follow(GlobalOptions& g, const std::string& run) {
+  size_t printed_steps = 0, printed_events = 0;
+  int failures = 0;
+  while (true) {
+    auto reply = FetchStatus(g, run);
+    if (!reply.ok()) {
+      if (++failures > 10) return Fail(reply.status());  // tolerate a coordinator restart
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      continue;
+    }
+    failures = 0;
+    auto r = (*reply)->root().getStatusReply().getRuns()[0];
+    auto losses = r.getLosses();
+    for (; printed_steps < losses.size(); ++printed_steps) {
+      std::printf("step %5zu/%ld  loss %.4f\n", printed_steps + 1, static_cast<long>(r.getTotalSteps()),
+                  losses[printed_steps]);
+    }
+    schema::EnvelopeBuilder ereq;
+    ereq.root().initEventsRequest().setRunId(run);
+    if (auto ev = Call(g, ereq); ev.ok()) {
+      auto events = (*ev)->root().getEventsReply().getEvents();
+      for (; printed_events < events.size(); ++printed_events) {
+        std::printf("[%s] %s\n", events[printed_events].getKind().cStr(), events[printed_events].getMessage().cStr());
+      }
+    }
+    std::fflush(stdout);
+    const RunState state = r.getState();
+    if (state == RunState::FINISHED) {
+      std::printf("run %s finished: %ld steps, %.0f tokens/s on the last step\n", run.c_str(),
+                  static_cast<long>(r.getStep()), r.getTokensPerSecond());
+      return kExitOk;
+    }
+    if (state == RunState::FAILED || state == RunState::CANCELLED) {
+      std::printf("run %s %s: %s\n", run.c_str(), RunStateName(state), r.getMessage().cStr());
+      return kExitFailure;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+}
+
+int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow) {
+  std::ifstream in(path);
+  if (!in) return Fail(InvalidArgument("cannot read run spec " + path + ": no such file"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string base = fs::absolute(path).parent_path().string();
+  auto spec = ParseRunSpec(text.str(), base, /*check_files=*/true);
+  if (!spec.ok()) return Fail(InvalidArgument(path + ": " + spec.status().message()));
+  schema::EnvelopeBuilder req;
+  req.root().initSubmitRun().setSpecToml(RunSpecToToml(*spec));
+  auto reply = Call(g, req);
+  if (!reply.ok()) return Fail(reply.status());
+  const std::string run = (*reply)->root().getSubmitted().getRunId().cStr();
+  std::cout << run << std::endl;
+  if (!follow) return kExitOk;
+  return Follow(g, run);
+}
+
+}  // namespace
+
+int RunCli(int argc, char** argv) {
+  CLI::App app{"strata: train and inspect transformer models on a cluster of workers"};
+  app.require_subcommand(1);
+  GlobalOptions g;
+  g.state_dir = DefaultStateDir();
+  app.add_option("--state-dir", g.state_dir, "local cluster state ($STRATA_STATE_DIR, default ~/.local/share/strata)");
+  app.add_option("--cluster", g.cluster, "coordinator endpoint (overrides the state dir; or $STRATA_CLUSTER)");
+  app.add_option("--timeout-ms", g.timeout_ms, "how long to wait for the coordinator")->check(CLI::Range(100, 600000));
+
+  int workers = 2, hb_timeout = 2000;
+  auto* up = app.add_subcommand("up", "start a local coordinator and workers (starts only what is not running)");
+  up->add_option("--workers", workers, "number of CPU workers")->check(CLI::Range(1, 64));
+  up->add_option("--heartbeat-timeout-ms", hb_timeout, "mark a silent worker lost after this")->check(CLI::Range(200, 600000));
+  auto* down = app.add_subcommand("down", "stop the local cluster (state is kept)");
+
+  bool as_json = false;
+  auto* workers_cmd = app.add_subcommand("workers", "list workers, their memory and runs");
+  workers_cmd->add_flag("--json", as_json, "machine-readable output");
+
+  std::string spec_path;
+  bool follow = false;
+  auto* submit = app.add_subcommand("submit", "submit a run spec (TOML)");
+  submit->add_option("spec", spec_path, "run spec file")->required();
+  submit->add_flag("--follow,-f", follow, "print progress until the run ends");
+
+  std::string run;
+  auto* status = app.add_subcommand("status", "show runs");
+  status->add_option("run", run, "one run (default: all)");
+  status->add_flag("--json", as_json, "machine-readable output");
+  auto* events = app.add_subcommand("events", "show a run's event log");
+  events->add_option("run", run)->required();
+  events->add_flag("--json", as_json, "machine-readable output");
+  auto* cancel = app.add_subcommand("cancel", "cancel a run");
+  cancel->add_option("run", run)->required();
+  auto* checkpoints = app.add_subcommand("checkpoints", "list a run's complete checkpoints");
+  checkpoints->add_option("run", run)->required();
+  checkpoints->add_flag("--json", as_json, "machine-readable output");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitBadInput;
+  }
+
+  if (*up) return CmdUp(g, workers, hb_timeout);
+  if (*down) return CmdDown(g);
+  if (*workers_cmd) return CmdWorkers(g, as_json);
+  if (*submit) return CmdSubmit(g, spec_path, follow);
+  if (*status) return CmdStatus(g, run, as_json);
+  if (*events) return CmdEvents(g, run, as_json);
+  if (*cancel) return CmdCancel(g, run);
+  if (*checkpoints) return CmdCheckpoints(g, run, as_json);
+  return kExitBadInput;
+}
+
+}  // namespace strata::cli

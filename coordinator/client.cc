@@ -1,0 +1,56 @@
+#include "coordinator/client.h"
+
+#include <random>
+
+#include "common/net.h"
+
+namespace strata::coordinator {
+
+CoordinatorClient::CoordinatorClient(std::string endpoint, int timeout_ms)
+    : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms), socket_(context_, zmq::socket_type::dealer) {
+  socket_.set(zmq::sockopt::linger, 0);
+  next_request_id_ = std::random_device{}() | 1;
+  socket_.connect(endpoint_);
+}
+
+Result<std::unique_ptr<schema::DecodedEnvelope>> CoordinatorClient::Call(schema::EnvelopeBuilder& request) {
+  const uint64_t id = next_request_id_++;
+  request.root().setRequestId(id);
+  const std::string bytes = request.Serialize();
+  // A DEALER's send blocks (or fails with dontwait) while no connection is up.
+  if (!socket_.send(net::Buffer(bytes), zmq::send_flags::dontwait)) {
+    // Wait briefly for the connection, then try once more.
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLOUT, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms_));
+    if (!socket_.send(net::Buffer(bytes), zmq::send_flags::dontwait)) {
+      return Unavailable("no coordinator is reachable at " + endpoint_ +
+                         "; start a cluster with `strata up` or point --cluster / STRATA_CLUSTER at a running one");
+    }
+  }
+  const int64_t deadline = net::SteadyMs() + timeout_ms_;
+  std::vector<zmq::message_t> frames;
+  while (true) {
+    const int64_t left = deadline - net::SteadyMs();
+    if (left <= 0 || !net::RecvMultipart(socket_, &frames, static_cast<int>(left))) {
+      return Unavailable("the coordinator at " + endpoint_ + " did not answer within " +
+                         std::to_string(timeout_ms_ / 1000.0).substr(0, 3) +
+                         " s; check it runs (`strata up` starts one) and see its log under the state dir");
+    }
+    if (frames.empty()) continue;
+    auto decoded = schema::DecodeEnvelope(net::Bytes(frames.back()));
+    if (!decoded.ok()) return decoded.status();
+    auto root = (*decoded)->root();
+    if (root.getRequestId() != id) continue;  // a late answer to an earlier, timed-out request
+    if (root.which() == Envelope::ERROR) {
+      const std::string code = root.getError().getCode().cStr();
+      StatusCode status_code = StatusCode::kInternal;
+      for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+        if (code == StatusCodeName(static_cast<StatusCode>(c))) status_code = static_cast<StatusCode>(c);
+      }
+      return Status(status_code, root.getError().getMessage().cStr());
+    }
+    return std::move(decoded).value();
+  }
+}
+
+}  // namespace strata::coordinator

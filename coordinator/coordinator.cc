@@ -1,0 +1,700 @@
+// Coordinator event loop.
+//
+// One thread, one ROUTER socket, one poll loop: every handler runs to completion on this thread,
+// so no state here needs a lock. Each tick (at most 100 ms apart) also checks heartbeat deadlines.
+//
+// Run lifecycle: submit -> pending -> (enough idle workers) running -> finished | failed |
+// cancelled. A checkpoint of a run is complete when every rank has reported its shard durable in
+// its own store; only then is the manifest committed here (and listed by `strata checkpoints`).
+//
+// Persistence (metadata store, keys order-preserving):
+//   "run/"  + run id                     -> RunRecord
+//   "evt/"  + str(run id) + u64(seq)     -> Event
+//   "ckpt/" + str(run id) + u64(step)    -> CheckpointManifest
+#include "coordinator/coordinator.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "common/run_spec.h"
+#include "schema/envelope.h"
+#include "storage/shard_store.h"
+
+namespace strata::coordinator {
+namespace {
+
+using storage::EncodeKeyString;
+using storage::EncodeKeyU64;
+
+std::span<const uint8_t> AsBytes(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
+
+struct MemoryStats {
+  std::string device;
+  uint64_t total = 0, free = 0, allocated = 0, reserved = 0, peak = 0;
+
+  void Read(::MemoryStats::Reader r) {
+    device = r.getDevice().cStr();
+    total = r.getTotalBytes();
+    free = r.getFreeBytes();
+    allocated = r.getAllocatedBytes();
+    reserved = r.getReservedBytes();
+    peak = r.getPeakBytes();
+  }
+  void Write(::MemoryStats::Builder b) const {
+    b.setDevice(device);
+    b.setTotalBytes(total);
+    b.setFreeBytes(free);
+    b.setAllocatedBytes(allocated);
+    b.setReservedBytes(reserved);
+    b.setPeakBytes(peak);
+  }
+};
+
+struct WorkerEntry {
+  std::string id;        // == its name: stable across worker and coordinator restarts
+  std::string identity;  // ROUTER routing id (the worker sets it to its name)
+  std::string host;
+  uint32_t pid = 0;
+  WorkerState state = WorkerState::IDLE;
+  MemoryStats memory;
+  std::string store_path;
+  std::string data_address;
+  std::string current_run;
+  int64_t last_heartbeat_ms = 0;  // steady clock
+};
+
+struct RunEntry {
+  std::string id;
+  std::string name;
+  std::string spec_toml;
+  RunSpec spec;
+  RunState state = RunState::PENDING;
+  int64_t created_ms = 0;
+  int64_t updated_ms = 0;
+  int64_t step = 0;
+  std::vector<double> losses;
+  std::vector<std::string> workers;  // by rank
+  std::string message;
+  double tokens_per_second = 0;
+  uint64_t next_event_seq = 0;
+  uint64_t task_token = 0;
+  std::set<uint32_t> finished_ranks;
+  // step -> rank -> serialized CheckpointShard, until every rank has reported.
+  std::map<int64_t, std::map<uint32_t, std::string>> pending_shards;
+
+  bool terminal() const {
+    return state == RunState::FINISHED || state == RunState::FAILED || state == RunState::CANCELLED;
+  }
+};
+
+const char* RunStateName(RunState s) {
+  switch (s) {
+    case RunState::PENDING: return "pending";
+    case RunState::RUNNING: return "running";
+    case RunState::FINISHED: return "finished";
+    case RunState::FAILED: return "failed";
+    case RunState::CANCELLED: return "cancelled";
+  }
+  return "?";
+}
+
+class CoordinatorImpl final : public Coordinator {
+ public:
+  CoordinatorImpl(CoordinatorOptions options, std::unique_ptr<storage::ShardStore> store)
+      : options_(std::move(options)), store_(std::move(store)), router_(context_, zmq::socket_type::router) {}
+
+  Status Init() {
+    router_.set(zmq::sockopt::linger, 0);
+    router_.set(zmq::sockopt::router_handover, 1);  // a restarted worker takes over its routing id
+    router_.set(zmq::sockopt::router_mandatory, 1);  // sends to a vanished peer fail instead of vanishing
+    try {
+      router_.bind(options_.listen);
+    } catch (const zmq::error_t& e) {
+      return Unavailable("cannot listen on " + options_.listen + ": " + e.what() +
+                         "; is another coordinator running there? (`strata down` stops it)");
+    }
+    return LoadRuns();
+  }
+
+  void RequestStop() override { stop_requested_.store(true); }
+
+  Status Run() override {
+    STRATA_LOG(kInfo) << "coordinator listening on " << options_.listen << " with " << runs_.size()
+                      << " runs loaded";
+    std::vector<zmq::message_t> frames;
+    while (!stop_requested_.load()) {
+      if (net::RecvMultipart(router_, &frames, 100)) HandleFrames(frames);
+      CheckHeartbeats();
+    }
+    STRATA_LOG(kInfo) << "coordinator stopping";
+    return Status::Ok();
+  }
+
+ private:
+  // ---------------------------------------------------------------- dispatch
+  void HandleFrames(std::vector<zmq::message_t>& frames) {
+    if (frames.size() != 2) {
+      STRATA_LOG(kWarn) << "dropped a message of " << frames.size() << " frames (expected identity + envelope)";
+      return;
+    }
+    const std::string identity(static_cast<const char*>(frames[0].data()), frames[0].size());
+    auto decoded = schema::DecodeEnvelope(net::Bytes(frames[1]));
+    if (!decoded.ok()) {
+      STRATA_LOG(kWarn) << "dropped an undecodable message (" << frames[1].size()
+                        << " bytes): " << decoded.status().message();
+      Send(identity, schema::MakeErrorReply(0, decoded.status()));
+      return;
+    }
+    auto root = (*decoded)->root();
+    try {
+      Dispatch(identity, root);
+    } catch (const std::exception& e) {
+      // A handler must never take the loop down: a malformed-but-decodable message lands here.
+      STRATA_LOG(kError) << "handler failed: " << e.what();
+      Send(identity, schema::MakeErrorReply(root.getRequestId(), InvalidArgument(std::string("bad request: ") + e.what())));
+    }
+  }
+
+  void Dispatch(const std::string& identity, Envelope::Reader root) {
+    const uint64_t rid = root.getRequestId();
+    switch (root.which()) {
+      case Envelope::REGISTER_WORKER: return HandleRegisterWorker(identity, rid, root.getRegisterWorker());
+      case Envelope::HEARTBEAT: return HandleHeartbeat(identity, rid, root.getHeartbeat());
+      case Envelope::TASK_EVENT: return HandleTaskEvent(identity, root.getTaskEvent());
+      case Envelope::SUBMIT_RUN: return HandleSubmitRun(identity, rid, root.getSubmitRun());
+      case Envelope::STATUS_REQUEST: return HandleStatusRequest(identity, rid, root.getStatusRequest());
+      case Envelope::WORKERS_REQUEST: return HandleWorkersRequest(identity, rid);
+      case Envelope::EVENTS_REQUEST: return HandleEventsRequest(identity, rid, root.getEventsRequest());
+      case Envelope::CANCEL_RUN: return HandleCancelRun(identity, rid, root.getCancelRun());
+      case Envelope::CHECKPOINTS_REQUEST: return HandleCheckpointsRequest(identity, rid, root.getCheckpointsRequest());
+      case Envelope::SHUTDOWN: return HandleShutdown(identity, rid);
+      case Envelope::ACK: return;
+      default:
+        STRATA_LOG(kWarn) << "dropped a message of unexpected kind " << static_cast<int>(root.which());
+        Send(identity, schema::MakeErrorReply(rid, InvalidArgument("the coordinator does not accept this message kind")));
+    }
+  }
+
+  void Send(const std::string& identity, const std::string& bytes) {
+    try {
+      router_.send(net::Buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      router_.send(net::Buffer(bytes), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      STRATA_LOG(kDebug) << "could not reach peer: " << e.what();  // peer gone: its timeout handles it
+    }
+  }
+
+  void Ack(const std::string& identity, uint64_t rid) {
+    schema::EnvelopeBuilder reply(rid);
+    reply.root().setAck();
+    Send(identity, reply.Serialize());
+  }
+
+  // ---------------------------------------------------------------- workers
+  void HandleRegisterWorker(const std::string& identity, uint64_t rid, RegisterWorker::Reader req) {
+    const std::string name = req.getName().cStr();
+    if (name.empty()) {
+      Send(identity, schema::MakeErrorReply(rid, InvalidArgument("registerWorker.name is empty")));
+      return;
+    }
+    WorkerEntry& w = workers_[name];
+    const bool known = !w.id.empty();
+    w.id = name;
+    w.identity = identity;
+    w.host = req.getHost().cStr();
+    w.pid = req.getPid();
+    w.memory.Read(req.getMemory());
+    w.store_path = req.getStorePath().cStr();
+    w.data_address = req.getDataAddress().cStr();
+    w.last_heartbeat_ms = net::SteadyMs();
+    w.current_run = req.getCurrentRun().cStr();
+    w.state = WorkerState::IDLE;
+    if (!w.current_run.empty()) {
+      // Re-registration while running (e.g. after a coordinator restart): re-attach if the run
+      // still expects it, otherwise tell it to stop.
+      auto it = runs_.find(w.current_run);
+      if (it != runs_.end() && it->second.state == RunState::RUNNING &&
+          std::count(it->second.workers.begin(), it->second.workers.end(), name)) {
+        w.state = WorkerState::BUSY;
+      } else {
+        SendCancel(w, w.current_run, "the coordinator no longer runs this task");
+        w.current_run.clear();
+      }
+    }
+    STRATA_LOG(kInfo) << (known ? "worker re-registered: " : "worker registered: ") << name << " pid " << w.pid
+                      << " store " << w.store_path;
+    schema::EnvelopeBuilder reply(rid);
+    auto r = reply.root().initRegistered();
+    r.setWorkerId(name);
+    r.setHeartbeatIntervalMs(options_.heartbeat_interval_ms);
+    Send(identity, reply.Serialize());
+    Schedule();
+  }
+
+  void HandleHeartbeat(const std::string& identity, uint64_t rid, Heartbeat::Reader hb) {
+    auto it = workers_.find(hb.getWorkerId().cStr());
+    if (it == workers_.end() || it->second.state == WorkerState::LOST) {
+      // Unknown (coordinator restarted) or declared lost: ask it to register again.
+      Send(identity, schema::MakeErrorReply(rid, NotFound("unknown worker; register again")));
+      return;
+    }
+    WorkerEntry& w = it->second;
+    w.identity = identity;
+    w.last_heartbeat_ms = net::SteadyMs();
+    w.memory.Read(hb.getMemory());
+  }
+
+  void CheckHeartbeats() {
+    const int64_t now = net::SteadyMs();
+    if (now - last_check_ms_ < 100) return;
+    last_check_ms_ = now;
+    for (auto& [id, w] : workers_) {
+      if (w.state == WorkerState::LOST || now - w.last_heartbeat_ms <= options_.heartbeat_timeout_ms) continue;
+      w.state = WorkerState::LOST;
+      STRATA_LOG(kWarn) << "worker " << id << " (pid " << w.pid << ") lost: no heartbeat for "
+                        << (now - w.last_heartbeat_ms) << " ms";
+      if (!w.current_run.empty()) {
+        auto run = runs_.find(w.current_run);
+        if (run != runs_.end() && !run->second.terminal()) {
+          AddEvent(run->second, "worker-lost", "worker " + id + " (pid " + std::to_string(w.pid) +
+                                                   ") stopped sending heartbeats at step " +
+                                                   std::to_string(run->second.step));
+          FailRun(run->second, "worker " + id + " was lost at step " + std::to_string(run->second.step) + LastCheckpointHint(run->second));
+        }
+        w.current_run.clear();
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- runs
+  void HandleSubmitRun(const std::string& identity, uint64_t rid, SubmitRun::Reader req) {
+    // The CLI resolved paths; check again here, as the coordinator is the one that must not start
+    // a run it cannot finish.
+    auto spec = ParseRunSpec(req.getSpecToml().cStr(), "", /*check_files=*/true);
+    if (!spec.ok()) {
+      Send(identity, schema::MakeErrorReply(rid, spec.status()));
+      return;
+    }
+    RunEntry run;
+    run.id = NewRunId(spec->name);
+    run.name = spec->name;
+    run.spec = *spec;
+    run.spec_toml = RunSpecToToml(*spec);
+    run.created_ms = run.updated_ms = net::NowUnixMs();
+    RunEntry& stored = runs_[run.id] = std::move(run);
+    AddEvent(stored, "submitted", "run " + stored.id + " submitted: " + std::to_string(stored.spec.train.steps) +
+                                      " steps on dp=" + std::to_string(stored.spec.parallel.dp));
+    Persist(stored);
+    schema::EnvelopeBuilder reply(rid);
+    reply.root().initSubmitted().setRunId(stored.id);
+    Send(identity, reply.Serialize());
+    Schedule();
+  }
+
+  std::string NewRunId(const std::string& name) {
+    std::string id;
+    do {
+      id = name + "-" + std::to_string(net::NowUnixMs() % 100000000) + "-" + std::to_string(rng_() % 1000);
+    } while (runs_.count(id));
+    return id;
+  }
+
+  // Starts pending runs, oldest first, on idle workers (sorted by name for reproducibility).
+  void Schedule() {
+    std::vector<RunEntry*> pending;
+    for (auto& [id, run] : runs_) {
+      if (run.state == RunState::PENDING) pending.push_back(&run);
+    }
+    std::sort(pending.begin(), pending.end(), [](auto* a, auto* b) { return a->created_ms < b->created_ms; });
+    for (RunEntry* run : pending) {
+      std::vector<WorkerEntry*> idle;
+      for (auto& [id, w] : workers_) {
+        if (w.state == WorkerState::IDLE) idle.push_back(&w);
+      }
+      const size_t dp = static_cast<size_t>(run->spec.parallel.dp);
+      if (idle.size() < dp) return;  // FIFO: a big run waits rather than being overtaken
+      idle.resize(dp);
+      Assign(*run, idle);
+    }
+  }
+
+  void Assign(RunEntry& run, const std::vector<WorkerEntry*>& workers) {
+    run.state = RunState::RUNNING;
+    run.workers.clear();
+    run.finished_ranks.clear();
+    run.task_token = rng_();
+    for (auto* w : workers) run.workers.push_back(w->id);
+    for (uint32_t rank = 0; rank < workers.size(); ++rank) {
+      WorkerEntry& w = *workers[rank];
+      w.state = WorkerState::BUSY;
+      w.current_run = run.id;
+      schema::EnvelopeBuilder msg;
+      auto a = msg.root().initAssignTask();
+      a.setRunId(run.id);
+      a.setSpecToml(run.spec_toml);
+      a.setRank(rank);
+      a.setWorldSize(workers.size());
+      a.setTaskToken(run.task_token);
+      auto peers = a.initPeerDataAddresses(workers.size());
+      for (uint32_t i = 0; i < workers.size(); ++i) peers.set(i, workers[i]->data_address);
+      Send(w.identity, msg.Serialize());
+    }
+    std::string names;
+    for (auto& n : run.workers) names += (names.empty() ? "" : ", ") + n;
+    AddEvent(run, "assigned", "running on " + names);
+    Persist(run);
+  }
+
+  void HandleTaskEvent(const std::string& identity, TaskEvent::Reader ev) {
+    auto it = runs_.find(ev.getRunId().cStr());
+    if (it == runs_.end()) return;
+    RunEntry& run = it->second;
+    if (run.terminal()) return;
+    const uint32_t rank = ev.getRank();
+    switch (ev.which()) {
+      case TaskEvent::STARTED:
+        break;
+      case TaskEvent::STEP: {
+        if (rank != 0) break;  // every rank sees the same all-reduced loss; rank 0 reports it
+        auto s = ev.getStep();
+        run.step = s.getStep();
+        if (static_cast<int64_t>(run.losses.size()) < run.step) run.losses.resize(run.step, 0.0);
+        run.losses[run.step - 1] = s.getLoss();
+        run.tokens_per_second = s.getTokensPerSecond();
+        run.updated_ms = net::NowUnixMs();
+        Persist(run);
+        break;
+      }
+      case TaskEvent::CHECKPOINT_SAVED: {
+        auto shard = ev.getCheckpointSaved();
+        auto& by_rank = run.pending_shards[shard.getStep()];
+        by_rank[rank] = schema::StructToBytes(shard);
+        if (by_rank.size() == run.workers.size()) CommitCheckpoint(run, shard.getStep());
+        break;
+      }
+      case TaskEvent::FINISHED:
+        run.finished_ranks.insert(rank);
+        if (run.finished_ranks.size() == run.workers.size()) {
+          run.state = RunState::FINISHED;
+          AddEvent(run, "finished", "finished " + std::to_string(run.step) + " steps, final loss " +
+                                        (run.losses.empty() ? "n/a" : std::to_string(run.losses.back())));
+          ReleaseWorkers(run);
+          Persist(run);
+          Schedule();
+        }
+        break;
+      case TaskEvent::FAILED:
+        AddEvent(run, "rank-failed", "rank " + std::to_string(rank) + ": " + ev.getFailed().cStr());
+        FailRun(run, std::string("rank ") + std::to_string(rank) + " failed: " + ev.getFailed().cStr());
+        break;
+    }
+  }
+
+  void CommitCheckpoint(RunEntry& run, int64_t step) {
+    auto& by_rank = run.pending_shards[step];
+    capnp::MallocMessageBuilder message;
+    auto manifest = message.initRoot<CheckpointManifest>();
+    manifest.setRunId(run.id);
+    manifest.setStep(step);
+    manifest.setCommittedUnixMs(net::NowUnixMs());
+    auto shards = manifest.initShards(by_rank.size());
+    size_t i = 0;
+    for (auto& [rank, bytes] : by_rank) {
+      auto decoded = schema::DecodedRecord<CheckpointShard>::Decode(AsBytes(bytes));
+      if (decoded.ok()) shards.setWithCaveats(i, decoded->root());
+      ++i;
+    }
+    const std::string bytes = schema::StructToBytes(manifest.asReader());
+    Status st = store_->PutMetadata("ckpt/" + EncodeKeyString(run.id) + EncodeKeyU64(step), AsBytes(bytes), true);
+    if (!st.ok()) {
+      STRATA_LOG(kError) << "could not commit checkpoint manifest: " << st.ToString();
+      return;
+    }
+    run.pending_shards.erase(step);
+    AddEvent(run, "checkpoint", "checkpoint at step " + std::to_string(step) + " committed (" +
+                                    std::to_string(by_rank.size()) + " shards)");
+  }
+
+  void FailRun(RunEntry& run, const std::string& why) {
+    run.state = RunState::FAILED;
+    run.message = why;
+    AddEvent(run, "failed", why);
+    for (auto& id : run.workers) {
+      auto it = workers_.find(id);
+      if (it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, why);
+    }
+    ReleaseWorkers(run);
+    Persist(run);
+    Schedule();
+  }
+
+  std::string LastCheckpointHint(const RunEntry& run) {
+    auto list = store_->ScanMetadata("ckpt/" + EncodeKeyString(run.id));
+    if (!list.ok() || list->empty()) return "; no checkpoint was complete";
+    auto last = schema::DecodedRecord<CheckpointManifest>::Decode(AsBytes(std::string(
+        list->back().second.begin(), list->back().second.end())));
+    if (!last.ok()) return "";
+    return "; the last complete checkpoint is at step " + std::to_string(last->root().getStep());
+  }
+
+  void SendCancel(const WorkerEntry& w, const std::string& run_id, const std::string& why) {
+    schema::EnvelopeBuilder msg;
+    auto c = msg.root().initCancelTask();
+    c.setRunId(run_id);
+    c.setReason(why);
+    Send(w.identity, msg.Serialize());
+  }
+
+  void ReleaseWorkers(RunEntry& run) {
+    for (auto& id : run.workers) {
+      auto it = workers_.find(id);
+      if (it == workers_.end() || it->second.current_run != run.id) continue;
+      it->second.current_run.clear();
+      if (it->second.state == WorkerState::BUSY) it->second.state = WorkerState::IDLE;
+    }
+  }
+
+  void HandleCancelRun(const std::string& identity, uint64_t rid, RunRef::Reader req) {
+    auto it = runs_.find(req.getRunId().cStr());
+    if (it == runs_.end()) {
+      Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(req.getRunId().cStr()))));
+      return;
+    }
+    RunEntry& run = it->second;
+    if (run.terminal()) {
+      Send(identity, schema::MakeErrorReply(rid, InvalidArgument("run " + run.id + " already " + RunStateName(run.state))));
+      return;
+    }
+    for (auto& id : run.workers) {
+      auto w = workers_.find(id);
+      if (w != workers_.end() && w->second.state != WorkerState::LOST) SendCancel(w->second, run.id, "cancelled by user");
+    }
+    run.state = RunState::CANCELLED;
+    run.message = "cancelled by user";
+    AddEvent(run, "cancelled", "cancelled by user at step " + std::to_string(run.step));
+    ReleaseWorkers(run);
+    Persist(run);
+    Ack(identity, rid);
+    Schedule();
+  }
+
+  std::string UnknownRun(const std::string& id) {
+    return "no run '" + id + "'; `strata status` lists the runs";
+  }
+
+  // ---------------------------------------------------------------- queries
+  void HandleStatusRequest(const std::string& identity, uint64_t rid, StatusRequest::Reader req) {
+    const std::string only = req.getRunId().cStr();
+    if (!only.empty() && !runs_.count(only)) {
+      Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(only))));
+      return;
+    }
+    std::vector<const RunEntry*> list;
+    for (auto& [id, run] : runs_) {
+      if (only.empty() || id == only) list.push_back(&run);
+    }
+    std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->created_ms < b->created_ms; });
+    schema::EnvelopeBuilder reply(rid);
+    auto runs = reply.root().initStatusReply().initRuns(list.size());
+    for (size_t i = 0; i < list.size(); ++i) FillRunRecord(*list[i], runs[i]);
+    Send(identity, reply.Serialize());
+  }
+
+  void HandleWorkersRequest(const std::string& identity, uint64_t rid) {
+    schema::EnvelopeBuilder reply(rid);
+    auto list = reply.root().initWorkersReply().initWorkers(workers_.size());
+    size_t i = 0;
+    const int64_t now = net::SteadyMs();
+    for (auto& [id, w] : workers_) {
+      auto b = list[i++];
+      b.setWorkerId(w.id);
+      b.setName(w.id);
+      b.setHost(w.host);
+      b.setPid(w.pid);
+      b.setState(w.state);
+      w.memory.Write(b.initMemory());
+      b.setStorePath(w.store_path);
+      b.setDataAddress(w.data_address);
+      b.setCurrentRun(w.current_run);
+      b.setLastHeartbeatMsAgo(now - w.last_heartbeat_ms);
+    }
+    Send(identity, reply.Serialize());
+  }
+
+  void HandleEventsRequest(const std::string& identity, uint64_t rid, RunRef::Reader req) {
+    const std::string id = req.getRunId().cStr();
+    if (!runs_.count(id)) {
+      Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
+      return;
+    }
+    auto records = store_->ScanMetadata("evt/" + EncodeKeyString(id));
+    if (!records.ok()) {
+      Send(identity, schema::MakeErrorReply(rid, records.status()));
+      return;
+    }
+    schema::EnvelopeBuilder reply(rid);
+    auto events = reply.root().initEventsReply().initEvents(records->size());
+    for (size_t i = 0; i < records->size(); ++i) {
+      auto ev = schema::DecodedRecord<Event>::Decode((*records)[i].second);
+      if (ev.ok()) events.setWithCaveats(i, ev->root());
+    }
+    Send(identity, reply.Serialize());
+  }
+
+  void HandleCheckpointsRequest(const std::string& identity, uint64_t rid, RunRef::Reader req) {
+    const std::string id = req.getRunId().cStr();
+    if (!runs_.count(id)) {
+      Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
+      return;
+    }
+    auto records = store_->ScanMetadata("ckpt/" + EncodeKeyString(id));
+    if (!records.ok()) {
+      Send(identity, schema::MakeErrorReply(rid, records.status()));
+      return;
+    }
+    schema::EnvelopeBuilder reply(rid);
+    auto list = reply.root().initCheckpointsReply().initCheckpoints(records->size());
+    for (size_t i = 0; i < records->size(); ++i) {
+      auto m = schema::DecodedRecord<CheckpointManifest>::Decode((*records)[i].second);
+      if (m.ok()) list.setWithCaveats(i, m->root());
+    }
+    Send(identity, reply.Serialize());
+  }
+
+  void HandleShutdown(const std::string& identity, uint64_t rid) {
+    STRATA_LOG(kInfo) << "shutdown requested: stopping workers";
+    for (auto& [id, w] : workers_) {
+      if (w.state == WorkerState::LOST) continue;
+      schema::EnvelopeBuilder msg;
+      msg.root().setShutdown();
+      Send(w.identity, msg.Serialize());
+    }
+    Ack(identity, rid);
+    stop_requested_.store(true);
+  }
+
+  // ---------------------------------------------------------------- persistence
+  void FillRunRecord(const RunEntry& run, RunRecord::Builder b) {
+    b.setRunId(run.id);
+    b.setName(run.name);
+    b.setSpecToml(run.spec_toml);
+    b.setState(run.state);
+    b.setCreatedUnixMs(run.created_ms);
+    b.setUpdatedUnixMs(run.updated_ms);
+    b.setTotalSteps(run.spec.train.steps);
+    b.setStep(run.step);
+    auto losses = b.initLosses(run.losses.size());
+    for (size_t i = 0; i < run.losses.size(); ++i) losses.set(i, run.losses[i]);
+    auto workers = b.initWorkers(run.workers.size());
+    for (size_t i = 0; i < run.workers.size(); ++i) workers.set(i, run.workers[i]);
+    b.setMessage(run.message);
+    b.setWorldSize(run.spec.parallel.dp);
+    b.setTokensPerSecond(run.tokens_per_second);
+  }
+
+  void Persist(RunEntry& run) {
+    run.updated_ms = net::NowUnixMs();
+    capnp::MallocMessageBuilder message;
+    FillRunRecord(run, message.initRoot<RunRecord>());
+    const std::string bytes = schema::StructToBytes(message.getRoot<RunRecord>().asReader());
+    // Step records are not synced (a crash loses at most the last losses, which the workers
+    // re-report); state changes are.
+    Status st = store_->PutMetadata("run/" + run.id, AsBytes(bytes), run.terminal() || run.step == 0);
+    if (!st.ok()) STRATA_LOG(kError) << "could not persist run " << run.id << ": " << st.ToString();
+  }
+
+  void AddEvent(RunEntry& run, const std::string& kind, const std::string& message) {
+    capnp::MallocMessageBuilder builder;
+    auto ev = builder.initRoot<Event>();
+    ev.setUnixMs(net::NowUnixMs());
+    ev.setKind(kind);
+    ev.setMessage(message);
+    const std::string bytes = schema::StructToBytes(ev.asReader());
+    Status st = store_->PutMetadata("evt/" + EncodeKeyString(run.id) + EncodeKeyU64(run.next_event_seq++), AsBytes(bytes), true);
+    if (!st.ok()) STRATA_LOG(kError) << "could not persist event: " << st.ToString();
+    STRATA_LOG(kInfo) << "run " << run.id << " " << kind << ": " << message;
+  }
+
+  Status LoadRuns() {
+    STRATA_ASSIGN_OR_RETURN(auto records, store_->ScanMetadata("run/"));
+    for (auto& [key, bytes] : records) {
+      auto rec = schema::DecodedRecord<RunRecord>::Decode(bytes);
+      if (!rec.ok()) {
+        STRATA_LOG(kError) << "skipping unreadable run record " << key << ": " << rec.status().message();
+        continue;
+      }
+      auto r = rec->root();
+      RunEntry run;
+      run.id = r.getRunId().cStr();
+      run.name = r.getName().cStr();
+      run.spec_toml = r.getSpecToml().cStr();
+      auto spec = ParseRunSpec(run.spec_toml, "", false);
+      if (!spec.ok()) {
+        STRATA_LOG(kError) << "skipping run " << run.id << " with an invalid stored spec: " << spec.status().message();
+        continue;
+      }
+      run.spec = *spec;
+      run.state = r.getState();
+      run.created_ms = r.getCreatedUnixMs();
+      run.updated_ms = r.getUpdatedUnixMs();
+      run.step = r.getStep();
+      for (double l : r.getLosses()) run.losses.push_back(l);
+      for (auto w : r.getWorkers()) run.workers.push_back(w.cStr());
+      run.message = r.getMessage().cStr();
+      run.tokens_per_second = r.getTokensPerSecond();
+      auto events = store_->ScanMetadata("evt/" + EncodeKeyString(run.id));
+      run.next_event_seq = events.ok() ? events->size() : 0;
+      RunEntry& stored = runs_[run.id] = std::move(run);
+      if (stored.state == RunState::RUNNING) {
+        // Expect its workers back: placeholders that the heartbeat timeout turns lost (failing
+        // the run) unless they re-register in time.
+        for (auto& id : stored.workers) {
+          WorkerEntry& w = workers_[id];
+          w.id = id;
+          w.identity = id;
+          w.state = WorkerState::BUSY;
+          w.current_run = stored.id;
+          w.last_heartbeat_ms = net::SteadyMs();
+        }
+        AddEvent(stored, "coordinator-restarted", "coordinator restarted; waiting for the run's workers to re-attach");
+      }
+    }
+    return Status::Ok();
+  }
+
+  CoordinatorOptions options_;
+  std::unique_ptr<storage::ShardStore> store_;
+  zmq::context_t context_{1};
+  zmq::socket_t router_;
+  std::atomic<bool> stop_requested_{false};
+  std::map<std::string, WorkerEntry> workers_;
+  std::map<std::string, RunEntry> runs_;
+  int64_t last_check_ms_ = 0;
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorOptions& options) {
+  if (options.state_dir.empty()) return InvalidArgument("coordinator: --state-dir is required");
+  std::error_code ec;
+  std::filesystem::create_directories(options.state_dir, ec);
+  if (ec) return IoError("cannot create state dir " + options.state_dir + ": " + ec.message());
+  STRATA_ASSIGN_OR_RETURN(auto store, storage::ShardStore::Open(options.state_dir + "/metadata"));
+  auto coordinator = std::make_unique<CoordinatorImpl>(options, std::move(store));
+  STRATA_RETURN_IF_ERROR(coordinator->Init());
+  return std::unique_ptr<Coordinator>(std::move(coordinator));
+}
+
+}  // namespace strata::coordinator

@@ -1,0 +1,192 @@
+// Coordinator tests against a real coordinator (its own thread, real ZeroMQ ipc sockets, real
+// RocksDB), talking to it as workers and clients do.
+#include "coordinator/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "common/net.h"
+#include "coordinator/client.h"
+
+namespace strata::coordinator {
+namespace {
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/strata-coord-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    options_.state_dir = dir_ + "/state";
+    options_.listen = "ipc://" + dir_ + "/c.sock";
+    options_.heartbeat_timeout_ms = 600;
+    std::ofstream(dir_ + "/corpus.txt") << std::string(10000, 'x');
+    Start();
+  }
+  void TearDown() override { Stop(); }
+
+  void Start() {
+    auto c = Coordinator::Create(options_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    coordinator_ = std::move(c).value();
+    thread_ = std::thread([this] { EXPECT_TRUE(coordinator_->Run().ok()); });
+  }
+  void Stop() {
+    if (!coordinator_) return;
+    coordinator_->RequestStop();
+    thread_.join();
+    coordinator_.reset();
+  }
+
+  std::string Spec(int dp = 1) {
+    return "name = \"t\"\n[model]\nhidden = 32\nheads = 2\nsequence = 16\n[data]\npath = \"" + dir_ +
+           "/corpus.txt\"\n[train]\nsteps = 3\nglobal_batch = 2\n[parallel]\ndp = " + std::to_string(dp) + "\n";
+  }
+
+  std::string dir_;
+  CoordinatorOptions options_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::thread thread_;
+};
+
+TEST_F(CoordinatorTest, GarbageIsDroppedAndTheCoordinatorKeepsServing) {
+  zmq::context_t ctx;
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.connect(options_.listen);
+  std::mt19937 rng(1);
+  for (int i = 0; i < 200; ++i) {
+    std::string junk(1 + rng() % 300, '\0');
+    for (auto& ch : junk) ch = static_cast<char>(rng());
+    raw.send(net::Buffer(junk), zmq::send_flags::none);
+  }
+  // Multi-frame junk too.
+  raw.send(net::Buffer(std::string("a")), zmq::send_flags::sndmore);
+  raw.send(net::Buffer(std::string("b")), zmq::send_flags::none);
+
+  CoordinatorClient client(options_.listen);
+  schema::EnvelopeBuilder req;
+  req.root().setWorkersRequest();
+  auto reply = client.Call(req);
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_EQ((*reply)->root().which(), Envelope::WORKERS_REPLY);
+}
+
+TEST_F(CoordinatorTest, WrongProtocolVersionIsAnsweredWithAnError) {
+  zmq::context_t ctx;
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.connect(options_.listen);
+  schema::EnvelopeBuilder req(77);
+  req.root().setVersion(schema::kProtocolVersion + 1);
+  req.root().setWorkersRequest();
+  raw.send(net::Buffer(req.Serialize()), zmq::send_flags::none);
+  std::vector<zmq::message_t> frames;
+  ASSERT_TRUE(net::RecvMultipart(raw, &frames, 3000));
+  auto reply = schema::DecodeEnvelope(net::Bytes(frames.back()));
+  ASSERT_TRUE(reply.ok());
+  ASSERT_EQ((*reply)->root().which(), Envelope::ERROR);
+  EXPECT_NE(std::string((*reply)->root().getError().getMessage().cStr()).find("protocol version"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, InvalidSpecIsRejectedNamingTheKey) {
+  CoordinatorClient client(options_.listen);
+  schema::EnvelopeBuilder req;
+  req.root().initSubmitRun().setSpecToml(Spec() + "[model2]\n");
+  auto reply = client.Call(req);
+  ASSERT_FALSE(reply.ok());
+  EXPECT_EQ(reply.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(reply.status().message().find("model2"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, SilentWorkerIsMarkedLostAndAssignedRunFails) {
+  zmq::context_t ctx;
+  zmq::socket_t worker(ctx, zmq::socket_type::dealer);
+  worker.set(zmq::sockopt::linger, 0);
+  worker.set(zmq::sockopt::routing_id, "w0");
+  worker.connect(options_.listen);
+  schema::EnvelopeBuilder reg(5);
+  auto r = reg.root().initRegisterWorker();
+  r.setName("w0");
+  r.setPid(1234);
+  r.setDataAddress("ipc://" + dir_ + "/w0.sock");
+  worker.send(net::Buffer(reg.Serialize()), zmq::send_flags::none);
+  std::vector<zmq::message_t> frames;
+  ASSERT_TRUE(net::RecvMultipart(worker, &frames, 3000));
+
+  CoordinatorClient client(options_.listen);
+  schema::EnvelopeBuilder submit;
+  submit.root().initSubmitRun().setSpecToml(Spec());
+  auto submitted = client.Call(submit);
+  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+  const std::string run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
+
+  // The worker receives its assignment, then goes silent.
+  ASSERT_TRUE(net::RecvMultipart(worker, &frames, 3000));
+  auto assign = schema::DecodeEnvelope(net::Bytes(frames.back()));
+  ASSERT_TRUE(assign.ok());
+  ASSERT_EQ((*assign)->root().which(), Envelope::ASSIGN_TASK);
+  EXPECT_EQ(std::string((*assign)->root().getAssignTask().getRunId().cStr()), run_id);
+
+  const int64_t start = net::SteadyMs();
+  WorkerState state = WorkerState::IDLE;
+  while (net::SteadyMs() - start < 5000) {
+    schema::EnvelopeBuilder req;
+    req.root().setWorkersRequest();
+    auto reply = client.Call(req);
+    ASSERT_TRUE(reply.ok());
+    state = (*reply)->root().getWorkersReply().getWorkers()[0].getState();
+    if (state == WorkerState::LOST) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(state, WorkerState::LOST);
+
+  schema::EnvelopeBuilder status;
+  status.root().initStatusRequest().setRunId(run_id);
+  auto reply = client.Call(status);
+  ASSERT_TRUE(reply.ok());
+  auto run = (*reply)->root().getStatusReply().getRuns()[0];
+  EXPECT_EQ(run.getState(), RunState::FAILED);
+  EXPECT_NE(std::string(run.getMessage().cStr()).find("w0"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, RunsSurviveARestart) {
+  std::string run_id;
+  {
+    CoordinatorClient client(options_.listen);
+    schema::EnvelopeBuilder submit;
+    submit.root().initSubmitRun().setSpecToml(Spec(2));
+    auto submitted = client.Call(submit);
+    ASSERT_TRUE(submitted.ok());
+    run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
+  }
+  Stop();
+  Start();
+  CoordinatorClient client(options_.listen);
+  schema::EnvelopeBuilder status;
+  status.root().initStatusRequest();
+  auto reply = client.Call(status);
+  ASSERT_TRUE(reply.ok());
+  auto runs = (*reply)->root().getStatusReply().getRuns();
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(std::string(runs[0].getRunId().cStr()), run_id);
+  EXPECT_EQ(runs[0].getState(), RunState::PENDING);  // no workers yet
+  EXPECT_EQ(runs[0].getWorldSize(), 2u);
+}
+
+TEST(CoordinatorClientTest, UnreachableCoordinatorFailsFastWithAHint) {
+  CoordinatorClient client("ipc:///tmp/strata-nobody-listens-here.sock", 500);
+  schema::EnvelopeBuilder req;
+  req.root().setWorkersRequest();
+  const int64_t start = net::SteadyMs();
+  auto reply = client.Call(req);
+  EXPECT_FALSE(reply.ok());
+  EXPECT_EQ(reply.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(reply.status().message().find("strata up"), std::string::npos);
+  EXPECT_LT(net::SteadyMs() - start, 3000);
+}
+
+}  // namespace
+}  // namespace strata::coordinator

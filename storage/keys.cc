@@ -1,0 +1,69 @@
+#include "storage/keys.h"
+
+#include <limits>
+
+#include "storage/shard_store.h"
+
+namespace strata::storage {
+
+namespace {
+constexpr char kTensorTag = 't';
+constexpr char kManifestTag = 'm';
+
+void AppendBigEndian(std::string* out, uint64_t v, int bytes) {
+  for (int i = bytes - 1; i >= 0; --i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t ReadBigEndian(std::string_view in, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v = (v << 8) | static_cast<uint8_t>(in[i]);
+  return v;
+}
+}  // namespace
+
+std::string EncodeKeyString(const std::string& s) {
+  STRATA_CHECK(s.size() <= std::numeric_limits<uint32_t>::max());
+  std::string out;
+  out.reserve(4 + s.size());
+  AppendBigEndian(&out, s.size(), 4);
+  out += s;
+  return out;
+}
+
+std::string EncodeKeyU64(uint64_t v) {
+  std::string out;
+  AppendBigEndian(&out, v, 8);
+  return out;
+}
+
+namespace keys {
+
+// Steps are validated non-negative by the store, so the u64 cast keeps their order.
+std::string TensorPrefix(const std::string& run, int64_t step) {
+  return kTensorTag + EncodeKeyString(run) + EncodeKeyU64(static_cast<uint64_t>(step));
+}
+std::string TensorKey(const std::string& run, int64_t step, const std::string& name) {
+  return TensorPrefix(run, step) + EncodeKeyString(name);
+}
+std::string ManifestPrefix(const std::string& run) { return kManifestTag + EncodeKeyString(run); }
+std::string ManifestKey(const std::string& run, int64_t step) {
+  return ManifestPrefix(run) + EncodeKeyU64(static_cast<uint64_t>(step));
+}
+
+bool ConsumeKeyString(std::string_view* in, std::string* out) {
+  if (in->size() < 4) return false;
+  uint64_t len = ReadBigEndian(*in, 4);
+  if (in->size() - 4 < len) return false;
+  out->assign(in->substr(4, len));
+  in->remove_prefix(4 + len);
+  return true;
+}
+
+bool ConsumeKeyU64(std::string_view* in, uint64_t* out) {
+  if (in->size() < 8) return false;
+  *out = ReadBigEndian(*in, 8);
+  in->remove_prefix(8);
+  return true;
+}
+
+}  // namespace keys
+}  // namespace strata::storage

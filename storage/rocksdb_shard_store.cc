@@ -1,0 +1,304 @@
+// RocksDbShardStore: the ShardStore behind ShardStore::Open, one RocksDB with column families
+//   checkpoints  tensor records + checkpoint manifests (keys in keys.h, values in records.h)
+//   activations  captured activations (later issue; created now so the layout is stable)
+//   metadata     caller-keyed small records
+// Why this shape: tensors are big and written once, so the tensor column families keep values of
+// min_blob_size or more in RocksDB blob files (compaction moves only small keys, not gigabytes).
+// A checkpoint becomes visible through a single synced manifest write, which is the commit
+// point: staged tensors are ordinary writes, so a writer that dies mid-checkpoint leaves only
+// unreferenced records, never a half-visible checkpoint. Every read re-verifies the XXH3
+// checksum and the manifest's view of the tensor, so damaged bytes surface as Corruption.
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/slice.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <mutex>
+
+#include "common/log.h"
+#include "storage/keys.h"
+#include "storage/records.h"
+#include "storage/shard_store.h"
+
+namespace strata::storage {
+namespace {
+
+constexpr const char* kCheckpointsCf = "checkpoints";
+constexpr const char* kActivationsCf = "activations";
+constexpr const char* kMetadataCf = "metadata";
+
+std::string_view View(const rocksdb::Slice& s) { return {s.data(), s.size()}; }
+
+std::string Describe(const std::string& run, int64_t step) {
+  return "checkpoint of run " + run + " at step " + std::to_string(step);
+}
+std::string Describe(const std::string& run, int64_t step, const std::string& name) {
+  return "checkpoint tensor '" + name + "' of run " + run + " step " + std::to_string(step);
+}
+
+// Turns a RocksDB status into ours; `action` says what failed ("committing checkpoint ...").
+Status FromRocks(const rocksdb::Status& s, const std::string& path, const std::string& action) {
+  if (s.ok()) return Status::Ok();
+  const std::string detail = s.ToString();
+  if (s.IsCorruption()) {
+    return Corruption(action + " failed: the store at " + path + " is damaged (" + detail +
+                      "); restore it from a replica or an older checkpoint");
+  }
+  if (s.IsNoSpace()) {
+    return Status(StatusCode::kResourceExhausted, action + " failed: the disk holding the store at " + path +
+                                                      " is full (" + detail + "); free space or choose another --store");
+  }
+  if (s.IsIOError() && detail.find("lock") != std::string::npos) {
+    return IoError(action + " failed: another process (or this one) holds the store at " + path + " open (" +
+                   detail + "); stop it (strata down) or choose another --store");
+  }
+  if (s.IsInvalidArgument() || s.IsNotSupported()) {
+    return InvalidArgument(action + " failed for the store at " + path + ": " + detail);
+  }
+  if (s.IsBusy() || s.IsTryAgain() || s.IsTimedOut()) {
+    return Unavailable(action + " failed: the store at " + path + " is busy (" + detail + "); retry");
+  }
+  return IoError(action + " failed for the store at " + path + " (" + detail +
+                 "); check that the directory is writable and its disk is healthy");
+}
+
+Status ValidateCheckpointId(const std::string& run, int64_t step) {
+  if (run.empty()) return InvalidArgument("checkpoint run name is empty; name the run");
+  if (step < 0) return InvalidArgument("checkpoint step " + std::to_string(step) + " of run " + run + " is negative");
+  return Status::Ok();
+}
+
+class RocksDbShardStore final : public ShardStore {
+ public:
+  RocksDbShardStore(std::string path, rocksdb::DB* db, std::vector<rocksdb::ColumnFamilyHandle*> handles)
+      : path_(std::move(path)), db_(db), handles_(std::move(handles)) {
+    checkpoints_ = handles_[1];
+    metadata_ = handles_[3];
+  }
+
+  ~RocksDbShardStore() override {
+    for (rocksdb::ColumnFamilyHandle* handle : handles_) db_->DestroyColumnFamilyHandle(handle);
+    rocksdb::Status s = db_->Close();
+    if (!s.ok()) STRATA_LOG(kWarn) << "closing the store at " << path_ << ": " << s.ToString();
+    delete db_;
+  }
+
+  Status PutCheckpointTensor(const std::string& run, int64_t step, const std::string& name,
+                             const TensorView& tensor) override {
+    STRATA_RETURN_IF_ERROR(ValidateCheckpointId(run, step));
+    if (name.empty()) return InvalidArgument("a tensor of " + Describe(run, step) + " has an empty name");
+    STRATA_RETURN_IF_ERROR(records::ValidateTensor(name, tensor));
+    // Committed checkpoints are immutable: a new record would no longer match the manifest.
+    STRATA_ASSIGN_OR_RETURN(bool committed, ManifestExists(run, step));
+    if (committed) {
+      return Status(StatusCode::kAlreadyExists, "cannot stage tensor '" + name + "': the " + Describe(run, step) +
+                                                    " is already committed; write a new step instead");
+    }
+    // Header and raw bytes go into the batch as two parts: the tensor is copied once, not twice.
+    const std::string key = keys::TensorKey(run, step, name);
+    const std::string prefix = records::EncodeTensorPrefix(tensor, Checksum(tensor.bytes));
+    rocksdb::Slice key_part(key);
+    rocksdb::Slice value_parts[2] = {
+        rocksdb::Slice(prefix),
+        rocksdb::Slice(reinterpret_cast<const char*>(tensor.bytes.data()), tensor.bytes.size())};
+    rocksdb::WriteBatch batch;
+    const std::string action = "staging " + Describe(run, step, name);
+    STRATA_RETURN_IF_ERROR(FromRocks(
+        batch.Put(checkpoints_, rocksdb::SliceParts(&key_part, 1), rocksdb::SliceParts(value_parts, 2)), path_,
+        action));
+    return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), path_, action);
+  }
+
+  Status CommitCheckpoint(const std::string& run, int64_t step) override {
+    STRATA_RETURN_IF_ERROR(ValidateCheckpointId(run, step));
+    // Serializes commits so that two racing commits of one step cannot both succeed.
+    std::lock_guard<std::mutex> lock(commit_mu_);
+    STRATA_ASSIGN_OR_RETURN(bool committed, ManifestExists(run, step));
+    if (committed) {
+      return Status(StatusCode::kAlreadyExists, "the " + Describe(run, step) + " is already committed");
+    }
+
+    // Every staged record must decode and pass its checksum before the manifest names it.
+    CheckpointInfo info{run, step, {}};
+    uint64_t total_bytes = 0;
+    const std::string prefix = keys::TensorPrefix(run, step);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), checkpoints_));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      std::string_view rest = View(it->key()).substr(prefix.size());
+      std::string name;
+      if (!keys::ConsumeKeyString(&rest, &name) || !rest.empty()) {
+        return Damaged("a tensor key of the " + Describe(run, step), "is malformed");
+      }
+      Result<records::DecodedTensor> decoded = records::DecodeTensorValue(View(it->value()));
+      if (!decoded.ok()) return Damaged(Describe(run, step, name), decoded.status().message());
+      total_bytes += decoded->bytes.size();
+      info.tensors.push_back({name, decoded->dtype, decoded->shape, decoded->checksum, decoded->bytes.size()});
+    }
+    STRATA_RETURN_IF_ERROR(FromRocks(it->status(), path_, "committing the " + Describe(run, step)));
+    if (info.tensors.empty()) {
+      return InvalidArgument("cannot commit the " + Describe(run, step) +
+                             ": no tensors are staged; call PutCheckpointTensor first");
+    }
+    std::sort(info.tensors.begin(), info.tensors.end(),
+              [](const auto& a, const auto& b) { return a.name < b.name; });
+
+    rocksdb::WriteOptions durable;
+    durable.sync = true;  // the commit point: the WAL sync also covers the staged tensors before it
+    STRATA_RETURN_IF_ERROR(FromRocks(
+        db_->Put(durable, checkpoints_, keys::ManifestKey(run, step), records::EncodeManifest(info)), path_,
+        "committing the " + Describe(run, step)));
+    STRATA_LOG(kInfo) << "committed checkpoint run " << run << " step " << step << " (" << info.tensors.size()
+                      << " tensors, " << total_bytes << " bytes) in " << path_;
+    return Status::Ok();
+  }
+
+  Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& run) override {
+    std::vector<CheckpointInfo> out;
+    const std::string prefix = keys::ManifestPrefix(run);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), checkpoints_));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      std::string_view rest = View(it->key()).substr(prefix.size());
+      uint64_t step = 0;
+      if (!keys::ConsumeKeyU64(&rest, &step) || !rest.empty()) {
+        return Damaged("a checkpoint manifest key of run " + run, "is malformed");
+      }
+      STRATA_ASSIGN_OR_RETURN(CheckpointInfo info, DecodeManifestAt(run, static_cast<int64_t>(step), it->value()));
+      out.push_back(std::move(info));
+    }
+    STRATA_RETURN_IF_ERROR(FromRocks(it->status(), path_, "listing the checkpoints of run " + run));
+    return out;
+  }
+
+  Result<Tensor> ReadCheckpointTensor(const std::string& run, int64_t step, const std::string& name) override {
+    STRATA_RETURN_IF_ERROR(ValidateCheckpointId(run, step));
+    const std::string action = "reading " + Describe(run, step, name);
+    rocksdb::PinnableSlice manifest_value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), checkpoints_, keys::ManifestKey(run, step), &manifest_value);
+    if (s.IsNotFound()) return NotFound("run " + run + " has no committed checkpoint at step " + std::to_string(step));
+    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, action));
+    STRATA_ASSIGN_OR_RETURN(CheckpointInfo manifest, DecodeManifestAt(run, step, manifest_value));
+    auto entry = std::find_if(manifest.tensors.begin(), manifest.tensors.end(),
+                              [&](const CheckpointTensorInfo& t) { return t.name == name; });
+    if (entry == manifest.tensors.end()) {
+      return NotFound("the " + Describe(run, step) + " has no tensor '" + name + "' (it has " +
+                      std::to_string(manifest.tensors.size()) + ")");
+    }
+
+    rocksdb::PinnableSlice value;
+    s = db_->Get(rocksdb::ReadOptions(), checkpoints_, keys::TensorKey(run, step, name), &value);
+    if (s.IsNotFound()) return Damaged(Describe(run, step, name), "is in the manifest but its record is missing");
+    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, action));
+    Result<records::DecodedTensor> decoded = records::DecodeTensorValue(View(value));
+    if (!decoded.ok()) return Damaged(Describe(run, step, name), decoded.status().message());
+    if (decoded->checksum != entry->checksum || decoded->dtype != entry->dtype || decoded->shape != entry->shape) {
+      return Damaged(Describe(run, step, name), "does not match its manifest entry (checksum, dtype or shape)");
+    }
+    return Tensor{decoded->dtype, decoded->shape, std::vector<uint8_t>(decoded->bytes.begin(), decoded->bytes.end()),
+                  decoded->checksum};
+  }
+
+  Status PutMetadata(const std::string& key, std::span<const uint8_t> value, bool sync) override {
+    rocksdb::WriteOptions options;
+    options.sync = sync;
+    rocksdb::Slice slice(reinterpret_cast<const char*>(value.data()), value.size());
+    return FromRocks(db_->Put(options, metadata_, key, slice), path_, "writing metadata key '" + key + "'");
+  }
+
+  Result<std::optional<std::vector<uint8_t>>> GetMetadata(const std::string& key) override {
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), metadata_, key, &value);
+    if (s.IsNotFound()) return std::optional<std::vector<uint8_t>>();
+    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, "reading metadata key '" + key + "'"));
+    return std::optional<std::vector<uint8_t>>(std::in_place, value.data(), value.data() + value.size());
+  }
+
+  Result<std::vector<std::pair<std::string, std::vector<uint8_t>>>> ScanMetadata(const std::string& prefix) override {
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), metadata_));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      const rocksdb::Slice value = it->value();
+      out.emplace_back(it->key().ToString(), std::vector<uint8_t>(value.data(), value.data() + value.size()));
+    }
+    STRATA_RETURN_IF_ERROR(FromRocks(it->status(), path_, "scanning metadata under '" + prefix + "'"));
+    return out;
+  }
+
+  Status DeleteMetadata(const std::string& key) override {
+    rocksdb::WriteOptions options;
+    options.sync = true;
+    return FromRocks(db_->Delete(options, metadata_, key), path_, "deleting metadata key '" + key + "'");
+  }
+
+ private:
+  Status Damaged(const std::string& what, const std::string& reason) const {
+    return Corruption(what + " " + reason + ": the store at " + path_ +
+                      " is damaged; restore it from a replica or an older checkpoint");
+  }
+
+  Result<bool> ManifestExists(const std::string& run, int64_t step) {
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), checkpoints_, keys::ManifestKey(run, step), &value);
+    if (s.IsNotFound()) return false;
+    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, "looking up the " + Describe(run, step)));
+    return true;
+  }
+
+  // Decodes the manifest stored under (run, step) and checks it names that checkpoint.
+  Result<CheckpointInfo> DecodeManifestAt(const std::string& run, int64_t step, const rocksdb::Slice& value) const {
+    Result<CheckpointInfo> info = records::DecodeManifest(View(value));
+    if (!info.ok()) return Damaged("the " + Describe(run, step), info.status().message());
+    if (info->run != run || info->step != step) {
+      return Damaged("the " + Describe(run, step), "has a manifest naming run " + info->run + " step " +
+                                                       std::to_string(info->step));
+    }
+    return info;
+  }
+
+  const std::string path_;
+  rocksdb::DB* const db_;  // owned; closed in the destructor after its column family handles
+  const std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // default, checkpoints, activations, metadata
+  rocksdb::ColumnFamilyHandle* checkpoints_ = nullptr;
+  rocksdb::ColumnFamilyHandle* metadata_ = nullptr;
+  std::mutex commit_mu_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, const StoreOptions& options) {
+  std::error_code ec;
+  if (!options.create_if_missing && !std::filesystem::exists(std::filesystem::path(path) / "CURRENT", ec)) {
+    return NotFound("there is no store at " + path + "; check --store, or open it with create_if_missing");
+  }
+  if (options.create_if_missing && !std::filesystem::create_directories(path, ec) && ec) {
+    return IoError("cannot create the store directory " + path + " (" + ec.message() +
+                   "); check the path and its permissions, or choose another --store");
+  }
+
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = options.create_if_missing;
+  db_options.create_missing_column_families = true;
+  db_options.keep_log_file_num = 10;
+
+  rocksdb::ColumnFamilyOptions small_records;
+  rocksdb::ColumnFamilyOptions tensors;
+  tensors.enable_blob_files = true;
+  tensors.min_blob_size = options.min_blob_size;
+  tensors.enable_blob_garbage_collection = true;  // reclaim blobs of deleted or overwritten tensors
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+      {rocksdb::kDefaultColumnFamilyName, small_records},
+      {kCheckpointsCf, tensors},
+      {kActivationsCf, tensors},
+      {kMetadataCf, small_records},
+  };
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  STRATA_RETURN_IF_ERROR(
+      FromRocks(rocksdb::DB::Open(db_options, path, families, &handles, &db), path, "opening the store"));
+  STRATA_LOG(kInfo) << "opened store at " << path;
+  return std::unique_ptr<ShardStore>(new RocksDbShardStore(path, db, std::move(handles)));
+}
+
+}  // namespace strata::storage

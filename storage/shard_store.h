@@ -1,0 +1,107 @@
+// ShardStore: one RocksDB per process (a worker's shard store, or the coordinator's metadata
+// store), speaking bytes + dtype + shape - never torch::Tensor.
+//
+// Layout. Three column families:
+//   checkpoints  tensor records and checkpoint manifests
+//   activations  captured layer activations (later issue)
+//   metadata     small records (runs, events, manifests of the coordinator) under caller keys
+// Keys are order-preserving: strings are length-prefixed, numbers big-endian, so all of one run's
+// checkpoint at one step is one contiguous range and steps sort numerically.
+//
+// Records. Every tensor value is [u32 header length][TensorHeader (Cap'n Proto)][raw bytes]; the
+// header holds dtype, shape, byte order, codec and an XXH3-64 checksum of the raw bytes. A read
+// whose bytes fail the checksum returns Corruption, never the data.
+//
+// Checkpoints. PutCheckpointTensor stages tensors of (run, step); they are invisible until
+// CommitCheckpoint writes the manifest (synced to disk). Listing and reading go through the
+// manifest only, so a writer killed mid-checkpoint leaves no partial checkpoint visible.
+//
+// Thread safety: all methods may be called from several threads (RocksDB is thread-safe).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strata::storage {
+
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kF64 = 3, kI64 = 4, kI32 = 5, kU16 = 6, kU8 = 7 };
+size_t DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);  // "f32", "bf16", ...
+
+// A borrowed tensor to write.
+struct TensorView {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::span<const uint8_t> bytes;  // numel(shape) * DTypeSize(dtype) bytes, little-endian
+};
+
+// An owned tensor read back (checksum already verified).
+struct Tensor {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+  uint64_t checksum = 0;  // XXH3-64 of bytes
+};
+
+// XXH3-64 of a byte range: the checksum stored in every record.
+uint64_t Checksum(std::span<const uint8_t> bytes);
+
+struct CheckpointTensorInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t checksum = 0;
+  uint64_t size_bytes = 0;
+};
+
+struct CheckpointInfo {
+  std::string run;
+  int64_t step = 0;
+  std::vector<CheckpointTensorInfo> tensors;  // sorted by name
+};
+
+struct StoreOptions {
+  bool create_if_missing = true;
+  // Values at least this big go to RocksDB blob files (large tensors, no compaction rewrites).
+  uint64_t min_blob_size = 64 * 1024;
+};
+
+class ShardStore {
+ public:
+  // Opens (creating if asked) the store at `path`.
+  static Result<std::unique_ptr<ShardStore>> Open(const std::string& path, const StoreOptions& options = {});
+  virtual ~ShardStore() = default;
+
+  // ---- checkpoints ----
+  // Stages one tensor of checkpoint (run, step). Invisible until CommitCheckpoint.
+  virtual Status PutCheckpointTensor(const std::string& run, int64_t step, const std::string& name,
+                                     const TensorView& tensor) = 0;
+  // Makes checkpoint (run, step) visible: verifies every staged tensor is present and writes the
+  // manifest durably (WAL synced). Committing twice is an error (AlreadyExists).
+  virtual Status CommitCheckpoint(const std::string& run, int64_t step) = 0;
+  // Committed checkpoints of `run`, ascending by step.
+  virtual Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& run) = 0;
+  // A tensor of a committed checkpoint. NotFound if the checkpoint is not committed or lacks
+  // `name`; Corruption if the stored bytes fail their checksum.
+  virtual Result<Tensor> ReadCheckpointTensor(const std::string& run, int64_t step, const std::string& name) = 0;
+
+  // ---- metadata (small records under caller-chosen keys, ordered bytewise) ----
+  virtual Status PutMetadata(const std::string& key, std::span<const uint8_t> value, bool sync = true) = 0;
+  virtual Result<std::optional<std::vector<uint8_t>>> GetMetadata(const std::string& key) = 0;
+  // All (key, value) pairs whose key starts with `prefix`, in key order.
+  virtual Result<std::vector<std::pair<std::string, std::vector<uint8_t>>>> ScanMetadata(const std::string& prefix) = 0;
+  virtual Status DeleteMetadata(const std::string& key) = 0;
+};
+
+// Order-preserving key pieces, exposed for other components' metadata keys.
+std::string EncodeKeyString(const std::string& s);  // u32 BE length + bytes
+std::string EncodeKeyU64(uint64_t v);               // 8 bytes big-endian
+
+}  // namespace strata::storage

@@ -1,0 +1,55 @@
+#include "worker/gpt2.h"
+
+#include <cmath>
+
+#include "worker/torch_compat.h"
+
+namespace strata::worker {
+
+Gpt2BlockImpl::Gpt2BlockImpl(const ModelSpec& spec) : heads_(spec.heads) {
+  const int64_t h = spec.hidden;
+  ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(1e-5)));
+  c_attn_ = register_module("c_attn", torch::nn::Linear(h, 3 * h));
+  attn_proj_ = register_module("attn_proj", torch::nn::Linear(h, h));
+  ln_2_ = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(1e-5)));
+  c_fc_ = register_module("c_fc", torch::nn::Linear(h, 4 * h));
+  mlp_proj_ = register_module("mlp_proj", torch::nn::Linear(4 * h, h));
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * spec.layers);
+  for (auto* linear : {&c_attn_, &attn_proj_, &c_fc_, &mlp_proj_}) {
+    const bool residual = linear == &attn_proj_ || linear == &mlp_proj_;
+    (*linear)->weight.normal_(0.0, residual ? residual_std : 0.02);
+    (*linear)->bias.zero_();
+  }
+}
+
+torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  // [b, t, 3c] -> 3 x [b, heads, t, head_dim]
+  auto qkv = c_attn_(ln_1_(x)).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});
+  auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]);
+  y = y.transpose(1, 2).reshape({b, t, c});
+  auto h = x + attn_proj_(y);
+  return h + mlp_proj_(torch::gelu(c_fc_(ln_2_(h)), "tanh"));
+}
+
+Gpt2Impl::Gpt2Impl(const ModelSpec& spec) : spec_(spec) {
+  wte_ = register_module("wte", torch::nn::Embedding(spec.vocab, spec.hidden));
+  wpe_ = register_module("wpe", torch::nn::Embedding(spec.sequence, spec.hidden));
+  h_ = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < spec.layers; ++i) h_->push_back(Gpt2Block(spec));
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({spec.hidden}).eps(1e-5)));
+  torch::NoGradGuard no_grad;
+  wte_->weight.normal_(0.0, 0.02);
+  wpe_->weight.normal_(0.0, 0.01);
+}
+
+torch::Tensor Gpt2Impl::forward(const torch::Tensor& tokens) {
+  const int64_t t = tokens.size(1);
+  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  auto x = wte_(tokens) + wpe_(positions);
+  for (auto& block : *h_) x = block->as<Gpt2Block>()->forward(x);
+  return torch::matmul(ln_f_(x), wte_->weight.t());  // tied LM head
+}
+
+}  // namespace strata::worker

@@ -1,0 +1,39 @@
+// GPT-2 in LibTorch (Radford et al. 2019): token + learned position embeddings, pre-LayerNorm
+// blocks x += attn(ln_1(x)); x += mlp(ln_2(x)) with causal multi-head attention and a
+// 4h GELU(tanh) MLP, final LayerNorm, and an LM head tied to the token embedding.
+// Initialisation follows GPT-2: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 * layers)).
+#pragma once
+
+#include <torch/torch.h>
+
+#include "common/run_spec.h"
+
+namespace strata::worker {
+
+class Gpt2BlockImpl : public torch::nn::Module {
+ public:
+  Gpt2BlockImpl(const ModelSpec& spec);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  int64_t heads_;
+  torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
+  torch::nn::Linear c_attn_{nullptr}, attn_proj_{nullptr}, c_fc_{nullptr}, mlp_proj_{nullptr};
+};
+TORCH_MODULE(Gpt2Block);
+
+class Gpt2Impl : public torch::nn::Module {
+ public:
+  explicit Gpt2Impl(const ModelSpec& spec);
+  // tokens [batch, time] (int64) -> logits [batch, time, vocab]
+  torch::Tensor forward(const torch::Tensor& tokens);
+
+ private:
+  ModelSpec spec_;
+  torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
+  torch::nn::ModuleList h_;
+  torch::nn::LayerNorm ln_f_{nullptr};
+};
+TORCH_MODULE(Gpt2);
+
+}  // namespace strata::worker

@@ -1,0 +1,52 @@
+// strata-worker: parses flags, wires the LibTorch executor into the control loop, serves.
+#include <csignal>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "common/log.h"
+#include "worker/torch_executor.h"
+#include "worker/worker.h"
+
+namespace {
+strata::worker::Worker* g_worker = nullptr;
+void OnSignal(int) {
+  if (g_worker) g_worker->RequestStop();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  strata::worker::WorkerOptions options;
+  strata::worker::TorchExecutorOptions exec_options;
+  CLI::App app{"Strata worker: runs its shard of a run on one device"};
+  app.add_option("--name", options.name, "stable worker name, e.g. worker-0")->required();
+  app.add_option("--coordinator", options.coordinator, "coordinator endpoint")->required();
+  app.add_option("--store", options.store_path, "directory of this worker's shard store")->required();
+  app.add_option("--data-address", options.data_address, "endpoint peers reach this worker at (ipc:// or tcp://)")
+      ->required();
+  app.add_option("--device", exec_options.device, "cpu or cuda:N");
+  app.add_option("--peer-timeout-ms", options.peer_timeout_ms, "give up on a silent peer after this");
+  bool version = false;
+  app.add_flag("--version", version, "print the LibTorch build and exit");
+  CLI11_PARSE(app, argc, argv);
+  if (version) {
+    std::cout << strata::worker::TorchBuildInfo() << std::endl;
+    return 0;
+  }
+
+  strata::log::Init(options.name);
+  auto executor = strata::worker::CreateTorchExecutor(exec_options);
+  if (!executor.ok()) {
+    STRATA_LOG(kError) << executor.status().ToString();
+    return 2;
+  }
+  auto worker = strata::worker::Worker::Create(options, std::move(executor).value());
+  if (!worker.ok()) {
+    STRATA_LOG(kError) << worker.status().ToString();
+    return 1;
+  }
+  g_worker = worker->get();
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  return (*worker)->Run().ok() ? 0 : 1;
+}

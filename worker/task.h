@@ -1,0 +1,59 @@
+// What the worker's control loop hands to an executor, and how the executor reports back.
+// No LibTorch here: the control loop and its tests build without it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/run_spec.h"
+#include "common/status.h"
+#include "storage/shard_store.h"
+#include "worker/communicator.h"
+
+namespace strata::worker {
+
+struct MemorySnapshot {
+  std::string device = "cpu";
+  uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;
+  uint64_t allocated_bytes = 0;
+  uint64_t reserved_bytes = 0;
+  uint64_t peak_bytes = 0;
+};
+
+// CPU: resident set (allocated), peak RSS, cgroup limit or MemTotal (total), MemAvailable (free).
+MemorySnapshot ReadCpuMemory();
+
+// Thread-safe sink for task progress (implemented by the control loop).
+class TaskReporter {
+ public:
+  virtual ~TaskReporter() = default;
+  virtual void ReportStep(int64_t step, double loss, double tokens_per_second) = 0;
+  // Called after the shard of `step` is committed (durable) in this worker's store.
+  virtual void ReportCheckpoint(int64_t step, const std::vector<storage::CheckpointTensorInfo>& tensors) = 0;
+};
+
+struct TaskContext {
+  std::string run_id;
+  RunSpec spec;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  Communicator* communicator = nullptr;
+  storage::ShardStore* store = nullptr;
+  TaskReporter* reporter = nullptr;
+  const std::atomic<bool>* cancelled = nullptr;  // checked between steps
+};
+
+// Runs tasks on this worker's device (LibTorch lives behind this interface).
+class TaskExecutor {
+ public:
+  virtual ~TaskExecutor() = default;
+  // Blocks until the task ends. OK = finished every step; Aborted = cancelled.
+  virtual Status RunTrain(TaskContext& context) = 0;
+  // Memory of the device this worker drives (called from the control thread).
+  virtual MemorySnapshot ReadMemory() = 0;
+};
+
+}  // namespace strata::worker

@@ -1,0 +1,114 @@
+#include "worker/torch_executor.h"
+
+#include <chrono>
+
+#include "common/log.h"
+#include "worker/trainer.h"
+
+#ifdef STRATA_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace strata::worker {
+namespace {
+
+class TorchExecutor final : public TaskExecutor {
+ public:
+  explicit TorchExecutor(torch::Device device) : device_(device) {}
+
+  Status RunTrain(TaskContext& context) override {
+    // LibTorch throws; nothing escapes this function but a Status.
+    try {
+      return Train(context);
+    } catch (const c10::Error& e) {
+      return Internal(std::string("LibTorch error: ") + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return Internal(std::string("training failed: ") + e.what());
+    }
+  }
+
+  MemorySnapshot ReadMemory() override {
+#ifdef STRATA_WITH_CUDA
+    if (device_.is_cuda()) {
+      MemorySnapshot m;
+      m.device = "cuda:" + std::to_string(device_.index());
+      size_t free = 0, total = 0;
+      if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+        m.free_bytes = free;
+        m.total_bytes = total;
+      }
+      auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+      const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+      m.allocated_bytes = stats.allocated_bytes[agg].current;
+      m.reserved_bytes = stats.reserved_bytes[agg].current;
+      m.peak_bytes = stats.allocated_bytes[agg].peak;
+      return m;
+    }
+#endif
+    return ReadCpuMemory();
+  }
+
+ private:
+  Status Train(TaskContext& context) {
+    const auto& spec = context.spec;
+    if (spec.worker.threads > 0) torch::set_num_threads(static_cast<int>(spec.worker.threads));
+    STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab));
+    if (data.size() < static_cast<size_t>(spec.model.sequence + 1)) {
+      return InvalidArgument("data.path holds fewer than model.sequence + 1 tokens");
+    }
+    Trainer trainer(context, std::move(data), device_);
+    const int64_t tokens_per_step = spec.train.global_batch * spec.model.sequence;
+    while (trainer.step() < spec.train.steps) {
+      if (context.cancelled->load()) return Aborted("cancelled");
+      const auto start = std::chrono::steady_clock::now();
+      STRATA_ASSIGN_OR_RETURN(double loss, trainer.Step());
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      context.reporter->ReportStep(trainer.step(), loss, tokens_per_step / std::max(seconds, 1e-9));
+      const bool last = trainer.step() == spec.train.steps;
+      const int64_t every = spec.train.checkpoint_every;
+      if (last || (every > 0 && trainer.step() % every == 0)) {
+        STRATA_ASSIGN_OR_RETURN(auto tensors, trainer.SaveCheckpointShard());
+        context.reporter->ReportCheckpoint(trainer.step(), tensors);
+      }
+    }
+    return Status::Ok();
+  }
+
+  torch::Device device_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TaskExecutor>> CreateTorchExecutor(const TorchExecutorOptions& options) {
+  try {
+    torch::Device device(options.device);
+    if (device.is_cuda()) {
+#ifdef STRATA_WITH_CUDA
+      if (!torch::cuda::is_available() || device.index() >= static_cast<int>(torch::cuda::device_count())) {
+        return InvalidArgument("--device " + options.device + ": no such CUDA device on this machine");
+      }
+#else
+      return InvalidArgument("--device " + options.device +
+                             ": this build has no CUDA (built against a CPU LibTorch); use --device cpu");
+#endif
+    }
+    return std::unique_ptr<TaskExecutor>(std::make_unique<TorchExecutor>(device));
+  } catch (const c10::Error& e) {
+    return InvalidArgument("--device " + options.device + " is not a device (use cpu or cuda:N): " +
+                           e.what_without_backtrace());
+  }
+}
+
+std::string TorchBuildInfo() {
+  std::string info = std::string("LibTorch ") + TORCH_VERSION;
+#ifdef STRATA_WITH_CUDA
+  info += ", CUDA build, " + std::to_string(torch::cuda::device_count()) + " GPU(s) visible";
+#else
+  info += ", CPU build";
+#endif
+  return info;
+}
+
+}  // namespace strata::worker

@@ -1,0 +1,135 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+namespace strata::worker {
+namespace {
+
+storage::DType ToStoreDType(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return storage::DType::kF32;
+    case torch::kHalf: return storage::DType::kF16;
+    case torch::kBFloat16: return storage::DType::kBF16;
+    case torch::kDouble: return storage::DType::kF64;
+    case torch::kLong: return storage::DType::kI64;
+    case torch::kInt: return storage::DType::kI32;
+    default: return storage::DType::kU8;
+  }
+}
+
+}  // namespace
+
+Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device device)
+    : context_(context), data_(std::move(data)), device_(device) {
+  // Every rank seeds identically, so all replicas start from the same weights. The generator is
+  // process-global: ranks sharing a process (tests) must not interleave their initialisation.
+  static std::mutex init_mutex;
+  std::lock_guard<std::mutex> lock(init_mutex);
+  torch::manual_seed(static_cast<uint64_t>(context.spec.train.seed));
+  model_ = Gpt2(context.spec.model);
+  model_->to(device_);
+  for (auto& item : model_->named_parameters()) params_.emplace_back(item.key(), item.value());
+  for (auto& [name, p] : params_) {
+    exp_avg_.push_back(torch::zeros_like(p));
+    exp_avg_sq_.push_back(torch::zeros_like(p));
+  }
+}
+
+Result<double> Trainer::Step() {
+  const auto& spec = context_.spec;
+  const int64_t n = context_.world_size;
+  const int64_t local_batch = spec.train.global_batch / n;
+  const int64_t t = spec.model.sequence;
+  auto offsets = data_.BatchOffsets(spec.train.seed, step_, spec.train.global_batch, t);
+  auto window = torch::empty({local_batch, t + 1}, torch::kLong);
+  auto* w = window.data_ptr<int64_t>();
+  for (int64_t row = 0; row < local_batch; ++row) {
+    const int64_t start = offsets[context_.rank * local_batch + row];
+    for (int64_t i = 0; i <= t; ++i) w[row * (t + 1) + i] = data_.tokens()[start + i];
+  }
+  window = window.to(device_);
+  auto inputs = window.narrow(1, 0, t);
+  auto targets = window.narrow(1, 1, t);
+
+  model_->zero_grad();
+  auto logits = model_->forward(inputs);
+  auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, spec.model.vocab}), targets.reshape({-1}));
+  loss.backward();
+
+  // One flat buffer of every gradient plus the loss: one all-reduce per step.
+  std::vector<torch::Tensor> pieces;
+  for (auto& [name, p] : params_) pieces.push_back(p.grad().reshape({-1}));
+  pieces.push_back(loss.detach().reshape({1}));
+  auto flat = torch::cat(pieces).to(torch::kCPU, torch::kFloat).contiguous();
+  STRATA_RETURN_IF_ERROR(context_.communicator->AllReduceSum(flat.data_ptr<float>(), flat.numel()));
+  if (n > 1) flat.div_(static_cast<double>(n));
+  flat = flat.to(device_);
+  int64_t offset = 0;
+  for (auto& [name, p] : params_) {
+    p.mutable_grad().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
+    offset += p.numel();
+  }
+  const double mean_loss = flat[offset].item<double>();
+  if (!std::isfinite(mean_loss)) {
+    return Internal("loss became " + std::to_string(mean_loss) + " at step " + std::to_string(step_ + 1) +
+                    "; lower train.lr or set train.grad_clip");
+  }
+
+  if (spec.train.grad_clip > 0) {
+    torch::NoGradGuard no_grad;
+    double sq = 0;
+    for (auto& [name, p] : params_) sq += p.grad().pow(2).sum().item<double>();
+    const double norm = std::sqrt(sq);
+    if (norm > spec.train.grad_clip) {
+      for (auto& [name, p] : params_) p.mutable_grad().mul_(spec.train.grad_clip / (norm + 1e-6));
+    }
+  }
+  ++step_;
+  AdamW();
+  return mean_loss;
+}
+
+void Trainer::AdamW() {
+  torch::NoGradGuard no_grad;
+  const auto& tr = context_.spec.train;
+  const double bc1 = 1.0 - std::pow(tr.beta1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(tr.beta2, static_cast<double>(step_));
+  const double eps = 1e-8;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i].second;
+    const auto& g = p.grad();
+    if (tr.weight_decay > 0 && p.dim() >= 2) p.mul_(1.0 - tr.lr * tr.weight_decay);
+    exp_avg_[i].mul_(tr.beta1).add_(g, 1.0 - tr.beta1);
+    exp_avg_sq_[i].mul_(tr.beta2).addcmul_(g, g, 1.0 - tr.beta2);
+    auto denom = (exp_avg_sq_[i].sqrt() / std::sqrt(bc2)).add_(eps);
+    p.addcdiv_(exp_avg_[i], denom, -tr.lr / bc1);
+  }
+}
+
+Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard() {
+  auto put = [&](const std::string& name, const torch::Tensor& tensor) -> Status {
+    auto cpu = tensor.detach().to(torch::kCPU).contiguous();
+    storage::TensorView view;
+    view.dtype = ToStoreDType(cpu.scalar_type());
+    view.shape.assign(cpu.sizes().begin(), cpu.sizes().end());
+    view.bytes = {static_cast<const uint8_t*>(cpu.data_ptr()), static_cast<size_t>(cpu.numel() * cpu.element_size())};
+    return context_.store->PutCheckpointTensor(context_.run_id, step_, name, view);
+  };
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (i % context_.world_size != context_.rank) continue;
+    const std::string& name = params_[i].first;
+    STRATA_RETURN_IF_ERROR(put("param/" + name, params_[i].second));
+    STRATA_RETURN_IF_ERROR(put("adam_m/" + name, exp_avg_[i]));
+    STRATA_RETURN_IF_ERROR(put("adam_v/" + name, exp_avg_sq_[i]));
+  }
+  STRATA_RETURN_IF_ERROR(context_.store->CommitCheckpoint(context_.run_id, step_));
+  STRATA_ASSIGN_OR_RETURN(auto list, context_.store->ListCheckpoints(context_.run_id));
+  for (auto& info : list) {
+    if (info.step == step_) return info.tensors;
+  }
+  return Internal("checkpoint at step " + std::to_string(step_) + " missing right after its commit");
+}
+
+}  // namespace strata::worker

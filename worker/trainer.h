@@ -1,0 +1,50 @@
+// Data-parallel GPT-2 training of one rank (internal to worker/, includes LibTorch).
+//
+// One step on rank r of n, global batch B:
+//   rows [r B/n, (r+1) B/n) of the step's global batch  ->  local mean loss L_r, grads g_r
+//   all-reduce( [g_r ; L_r] ) / n  ->  mean gradient and mean loss of the global batch
+// which equals a single worker's step on all B rows (up to float summation order).
+// AdamW (Loshchilov & Hutter) with bias correction, decay on matrices only:
+//   p -= lr wd p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//   p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "worker/gpt2.h"
+#include "worker/task.h"
+#include "worker/token_data.h"
+
+namespace strata::worker {
+
+class Trainer {
+ public:
+  Trainer(const TaskContext& context, TokenData data, torch::Device device);
+
+  // Runs step `step_` + 1; returns the global mean loss.
+  Result<double> Step();
+  int64_t step() const { return step_; }
+
+  // Writes this rank's shard of the checkpoint at the current step (parameters with index % n
+  // == rank, and their AdamW moments) into the store and commits it there.
+  Result<std::vector<storage::CheckpointTensorInfo>> SaveCheckpointShard();
+
+  // Parameters by name, in a fixed order.
+  const std::vector<std::pair<std::string, torch::Tensor>>& parameters() const { return params_; }
+
+ private:
+  void AdamW();
+
+  const TaskContext& context_;
+  TokenData data_;
+  torch::Device device_;
+  Gpt2 model_{nullptr};
+  std::vector<std::pair<std::string, torch::Tensor>> params_;
+  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
+  int64_t step_ = 0;
+};
+
+}  // namespace strata::worker

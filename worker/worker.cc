@@ -1,0 +1,329 @@
+// Worker control loop. See worker.h for who owns what.
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "schema/envelope.h"
+
+namespace strata::worker {
+namespace {
+
+// Messages the task thread wants sent; the control thread drains and sends them.
+class Outbox {
+ public:
+  void Push(std::string bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(bytes));
+  }
+  std::deque<std::string> Take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::exchange(queue_, {});
+  }
+
+ private:
+  std::mutex mutex_;
+  std::deque<std::string> queue_;  // guarded by mutex_
+};
+
+void FillMemory(const MemorySnapshot& m, ::MemoryStats::Builder b) {
+  b.setDevice(m.device);
+  b.setTotalBytes(m.total_bytes);
+  b.setFreeBytes(m.free_bytes);
+  b.setAllocatedBytes(m.allocated_bytes);
+  b.setReservedBytes(m.reserved_bytes);
+  b.setPeakBytes(m.peak_bytes);
+}
+
+::DType ToWire(storage::DType d) { return static_cast<::DType>(static_cast<uint8_t>(d)); }
+
+// A running task: its thread, cancel flag and reporter.
+class RunningTask final : public TaskReporter {
+ public:
+  RunningTask(std::string run_id, uint32_t rank, Outbox* outbox) : run_id_(std::move(run_id)), rank_(rank), outbox_(outbox) {}
+
+  void ReportStep(int64_t step, double loss, double tokens_per_second) override {
+    current_step_.store(step);
+    schema::EnvelopeBuilder msg;
+    auto ev = Event(msg);
+    auto s = ev.initStep();
+    s.setStep(step);
+    s.setLoss(loss);
+    s.setTokensPerSecond(tokens_per_second);
+    outbox_->Push(msg.Serialize());
+  }
+
+  void ReportCheckpoint(int64_t step, const std::vector<storage::CheckpointTensorInfo>& tensors) override {
+    schema::EnvelopeBuilder msg;
+    auto shard = Event(msg).initCheckpointSaved();
+    shard.setStep(step);
+    shard.setStorePath(store_path_);
+    auto list = shard.initTensors(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      list[i].setName(tensors[i].name);
+      list[i].setDtype(ToWire(tensors[i].dtype));
+      auto shape = list[i].initShape(tensors[i].shape.size());
+      for (size_t d = 0; d < tensors[i].shape.size(); ++d) shape.set(d, tensors[i].shape[d]);
+      list[i].setChecksum(tensors[i].checksum);
+      list[i].setSizeBytes(tensors[i].size_bytes);
+    }
+    outbox_->Push(msg.Serialize());
+  }
+
+  void ReportEnd(const Status& status) {
+    schema::EnvelopeBuilder msg;
+    auto ev = Event(msg);
+    if (status.ok()) {
+      ev.setFinished();
+    } else {
+      ev.setFailed(status.ToString());
+    }
+    outbox_->Push(msg.Serialize());
+  }
+
+  ::TaskEvent::Builder Event(schema::EnvelopeBuilder& msg) {
+    auto ev = msg.root().initTaskEvent();
+    ev.setRunId(run_id_);
+    ev.setRank(rank_);
+    return ev;
+  }
+
+  const std::string run_id_;
+  const uint32_t rank_;
+  Outbox* outbox_;
+  std::string store_path_;
+  std::thread thread;
+  std::atomic<bool> cancelled{false};
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> current_step_{0};
+  std::atomic<Communicator*> communicator{nullptr};  // set by the task thread while it exists
+  std::mutex communicator_mutex;                     // held while using or clearing `communicator`
+};
+
+class WorkerImpl final : public Worker {
+ public:
+  WorkerImpl(WorkerOptions options, std::unique_ptr<TaskExecutor> executor, std::unique_ptr<storage::ShardStore> store)
+      : options_(std::move(options)),
+        executor_(std::move(executor)),
+        store_(std::move(store)),
+        socket_(context_, zmq::socket_type::dealer) {}
+
+  Status Init() {
+    socket_.set(zmq::sockopt::linger, 1000);
+    socket_.set(zmq::sockopt::routing_id, options_.name);  // stable: the coordinator routes by name
+    socket_.set(zmq::sockopt::reconnect_ivl, 100);
+    try {
+      socket_.connect(options_.coordinator);
+    } catch (const zmq::error_t& e) {
+      return InvalidArgument("--coordinator " + options_.coordinator + " is not a valid endpoint: " + e.what());
+    }
+    return Status::Ok();
+  }
+
+  void RequestStop() override { stop_requested_.store(true); }
+
+  Status Run() override {
+    STRATA_LOG(kInfo) << "worker " << options_.name << " connecting to " << options_.coordinator;
+    std::vector<zmq::message_t> frames;
+    while (!stop_requested_.load()) {
+      const int64_t now = net::SteadyMs();
+      if (!registered_ && now - last_register_ms_ >= options_.register_retry_ms) SendRegister();
+      if (registered_ && now - last_heartbeat_ms_ >= heartbeat_interval_ms_) SendHeartbeat();
+      if (net::RecvMultipart(socket_, &frames, 20) && !frames.empty()) HandleMessage(frames.back());
+      ReapTask();
+      for (auto& bytes : outbox_.Take()) Send(bytes);
+    }
+    CancelTask("worker stopping");
+    ReapTask(/*wait=*/true);
+    for (auto& bytes : outbox_.Take()) Send(bytes);
+    STRATA_LOG(kInfo) << "worker " << options_.name << " stopped";
+    return Status::Ok();
+  }
+
+ private:
+  void Send(const std::string& bytes) {
+    // Dropped if the coordinator is unreachable right now: heartbeats and re-registration
+    // recover the state; dontwait keeps the loop (and its heartbeats) from ever blocking.
+    (void)socket_.send(net::Buffer(bytes), zmq::send_flags::dontwait);
+  }
+
+  void SendRegister() {
+    last_register_ms_ = net::SteadyMs();
+    schema::EnvelopeBuilder msg;
+    auto r = msg.root().initRegisterWorker();
+    r.setName(options_.name);
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    r.setHost(host);
+    r.setPid(static_cast<uint32_t>(getpid()));
+    FillMemory(executor_->ReadMemory(), r.initMemory());
+    r.setStorePath(options_.store_path);
+    r.setDataAddress(options_.data_address);
+    if (task_) {
+      r.setCurrentRun(task_->run_id_);
+      r.setCurrentStep(task_->current_step_.load());
+    }
+    Send(msg.Serialize());
+  }
+
+  void SendHeartbeat() {
+    last_heartbeat_ms_ = net::SteadyMs();
+    schema::EnvelopeBuilder msg;
+    auto hb = msg.root().initHeartbeat();
+    hb.setWorkerId(options_.name);
+    FillMemory(executor_->ReadMemory(), hb.initMemory());
+    if (task_) {
+      hb.setCurrentRun(task_->run_id_);
+      hb.setCurrentStep(task_->current_step_.load());
+    }
+    Send(msg.Serialize());
+  }
+
+  void HandleMessage(const zmq::message_t& frame) {
+    auto decoded = schema::DecodeEnvelope(net::Bytes(frame));
+    if (!decoded.ok()) {
+      STRATA_LOG(kWarn) << "dropped an undecodable message from the coordinator: " << decoded.status().message();
+      return;
+    }
+    auto root = (*decoded)->root();
+    try {
+      switch (root.which()) {
+        case Envelope::REGISTERED:
+          if (!registered_) STRATA_LOG(kInfo) << "registered with the coordinator";
+          registered_ = true;
+          heartbeat_interval_ms_ = std::max<int>(50, root.getRegistered().getHeartbeatIntervalMs());
+          break;
+        case Envelope::ERROR:
+          // The coordinator forgot us (it restarted, or declared us lost): register again now.
+          STRATA_LOG(kInfo) << "coordinator says: " << root.getError().getMessage().cStr() << "; re-registering";
+          registered_ = false;
+          last_register_ms_ = 0;
+          break;
+        case Envelope::ASSIGN_TASK:
+          HandleAssign(root.getAssignTask());
+          break;
+        case Envelope::CANCEL_TASK:
+          if (task_ && task_->run_id_ == root.getCancelTask().getRunId().cStr()) {
+            CancelTask(root.getCancelTask().getReason().cStr());
+          }
+          break;
+        case Envelope::SHUTDOWN:
+          STRATA_LOG(kInfo) << "coordinator asked this worker to shut down";
+          stop_requested_.store(true);
+          break;
+        default:
+          break;
+      }
+    } catch (const std::exception& e) {
+      STRATA_LOG(kError) << "bad message from the coordinator: " << e.what();
+    }
+  }
+
+  void HandleAssign(AssignTask::Reader a) {
+    const std::string run_id = a.getRunId().cStr();
+    if (task_) {
+      STRATA_LOG(kWarn) << "ignoring assignment of run " << run_id << ": still running " << task_->run_id_;
+      return;
+    }
+    auto spec = ParseRunSpec(a.getSpecToml().cStr(), "", /*check_files=*/true);
+    auto task = std::make_unique<RunningTask>(run_id, a.getRank(), &outbox_);
+    task->store_path_ = options_.store_path;
+    if (!spec.ok()) {
+      task->ReportEnd(spec.status());
+      return;
+    }
+    ZmqCommunicatorOptions comm_options;
+    comm_options.rank = a.getRank();
+    for (auto p : a.getPeerDataAddresses()) comm_options.peer_addresses.push_back(p.cStr());
+    comm_options.task_token = a.getTaskToken();
+    comm_options.peer_timeout_ms = options_.peer_timeout_ms;
+    STRATA_LOG(kInfo) << "starting run " << run_id << " as rank " << a.getRank() << " of " << a.getWorldSize();
+    RunningTask* t = task.get();
+    task->thread = std::thread([this, t, spec = *spec, comm_options] { RunTaskThread(t, spec, comm_options); });
+    task_ = std::move(task);
+  }
+
+  // Task thread body: owns the communicator; reports the end; never throws.
+  void RunTaskThread(RunningTask* t, RunSpec spec, ZmqCommunicatorOptions comm_options) {
+    Status status;
+    try {
+      auto comm = CreateZmqCommunicator(context_, comm_options);
+      if (!comm.ok()) {
+        status = comm.status();
+      } else {
+        {
+          std::lock_guard<std::mutex> lock(t->communicator_mutex);
+          t->communicator = comm->get();
+        }
+        TaskContext context;
+        context.run_id = t->run_id_;
+        context.spec = std::move(spec);
+        context.rank = comm_options.rank;
+        context.world_size = static_cast<uint32_t>(comm_options.peer_addresses.size());
+        context.communicator = comm->get();
+        context.store = store_.get();
+        context.reporter = t;
+        context.cancelled = &t->cancelled;
+        status = executor_->RunTrain(context);
+        std::lock_guard<std::mutex> lock(t->communicator_mutex);
+        t->communicator = nullptr;
+      }
+    } catch (const std::exception& e) {
+      status = Internal(std::string("task crashed: ") + e.what());
+    }
+    if (t->cancelled.load() && !status.ok()) {
+      STRATA_LOG(kInfo) << "run " << t->run_id_ << " stopped: cancelled";
+    } else {
+      if (!status.ok()) STRATA_LOG(kError) << "run " << t->run_id_ << " failed: " << status.ToString();
+      t->ReportEnd(status);
+    }
+    t->done.store(true);
+  }
+
+  void CancelTask(const std::string& why) {
+    if (!task_) return;
+    STRATA_LOG(kInfo) << "cancelling run " << task_->run_id_ << ": " << why;
+    task_->cancelled.store(true);
+    std::lock_guard<std::mutex> lock(task_->communicator_mutex);
+    if (Communicator* c = task_->communicator.load()) c->Abort();
+  }
+
+  void ReapTask(bool wait = false) {
+    if (!task_ || (!wait && !task_->done.load())) return;
+    task_->thread.join();
+    task_.reset();
+  }
+
+  WorkerOptions options_;
+  std::unique_ptr<TaskExecutor> executor_;
+  std::unique_ptr<storage::ShardStore> store_;
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+  Outbox outbox_;
+  std::unique_ptr<RunningTask> task_;
+  std::atomic<bool> stop_requested_{false};
+  bool registered_ = false;
+  int heartbeat_interval_ms_ = 500;
+  int64_t last_register_ms_ = -1000000;
+  int64_t last_heartbeat_ms_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options, std::unique_ptr<TaskExecutor> executor) {
+  if (options.name.empty()) return InvalidArgument("worker: --name is required");
+  if (options.data_address.empty()) return InvalidArgument("worker: --data-address is required");
+  STRATA_ASSIGN_OR_RETURN(auto store, storage::ShardStore::Open(options.store_path));
+  auto worker = std::make_unique<WorkerImpl>(options, std::move(executor), std::move(store));
+  STRATA_RETURN_IF_ERROR(worker->Init());
+  return std::unique_ptr<Worker>(std::move(worker));
+}
+
+}  // namespace strata::worker

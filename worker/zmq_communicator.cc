@@ -1,0 +1,139 @@
+// ZeroMQ ring all-reduce for CPU workers.
+//
+// The buffer is cut into n chunks. Reduce-scatter: in step s (0..n-2) rank r sends chunk
+// (r - s) mod n to rank r+1 and adds the chunk (r - s - 1) mod n received from rank r-1; after
+// n-1 steps rank r holds the full sum of chunk (r + 1) mod n. All-gather: n-1 more steps pass the
+// finished chunks around the ring, copying. Each rank sends 2(n-1)/n of the buffer, the optimum
+// for a ring. Summation order differs per chunk but the all-gather copies bytes, so every rank
+// ends bit-identical. For n = 2 the sum a + b is the same on both ranks (float + commutes).
+//
+// Wire: each message is [header: token u64, sequence u64, chunk u64][chunk bytes]. The inbound
+// PULL socket is fresh per task; the token drops frames a previous task's peer may still send.
+#include <atomic>
+#include <cstring>
+
+#include "common/net.h"
+#include "worker/communicator.h"
+
+namespace strata::worker {
+namespace {
+
+struct FrameHeader {
+  uint64_t token;
+  uint64_t sequence;
+  uint64_t chunk;
+};
+
+class ZmqCommunicator final : public Communicator {
+ public:
+  ZmqCommunicator(zmq::context_t& context, ZmqCommunicatorOptions options)
+      : options_(std::move(options)),
+        world_(static_cast<uint32_t>(options_.peer_addresses.size())),
+        inbound_(context, zmq::socket_type::pull),
+        outbound_(context, zmq::socket_type::push) {}
+
+  Status Init() {
+    if (world_ == 0 || options_.rank >= world_) return InvalidArgument("communicator: rank outside the world");
+    if (world_ == 1) return Status::Ok();
+    try {
+      inbound_.set(zmq::sockopt::linger, 0);
+      inbound_.set(zmq::sockopt::rcvhwm, 0);
+      inbound_.bind(options_.peer_addresses[options_.rank]);
+      outbound_.set(zmq::sockopt::linger, 2000);  // let the last chunks out before closing
+      outbound_.set(zmq::sockopt::sndhwm, 0);
+      outbound_.connect(options_.peer_addresses[(options_.rank + 1) % world_]);
+    } catch (const zmq::error_t& e) {
+      return Unavailable("communicator: cannot bind " + options_.peer_addresses[options_.rank] + " or reach rank " +
+                         std::to_string((options_.rank + 1) % world_) + ": " + e.what());
+    }
+    return Status::Ok();
+  }
+
+  uint32_t rank() const override { return options_.rank; }
+  uint32_t world_size() const override { return world_; }
+  void Abort() override { aborted_.store(true); }
+
+  Status AllReduceSum(float* data, size_t count) override {
+    if (aborted_.load()) return Aborted("communicator aborted");
+    const uint32_t n = world_;
+    if (n == 1) return Status::Ok();
+    const uint32_t r = options_.rank;
+    auto chunk_begin = [&](uint32_t c) { return count * c / n; };
+    auto chunk_size = [&](uint32_t c) { return chunk_begin(c + 1) - chunk_begin(c); };
+    std::vector<float> incoming;
+    for (uint32_t s = 0; s + 1 < n; ++s) {  // reduce-scatter
+      const uint32_t send_c = (r + n - s) % n;
+      const uint32_t recv_c = (r + n - s - 1) % n;
+      STRATA_RETURN_IF_ERROR(SendChunk(data + chunk_begin(send_c), chunk_size(send_c), send_c));
+      STRATA_RETURN_IF_ERROR(RecvChunk(&incoming, chunk_size(recv_c), recv_c));
+      float* dst = data + chunk_begin(recv_c);
+      for (size_t i = 0; i < incoming.size(); ++i) dst[i] += incoming[i];
+    }
+    for (uint32_t s = 0; s + 1 < n; ++s) {  // all-gather
+      const uint32_t send_c = (r + 1 + n - s) % n;
+      const uint32_t recv_c = (r + n - s) % n;
+      STRATA_RETURN_IF_ERROR(SendChunk(data + chunk_begin(send_c), chunk_size(send_c), send_c));
+      STRATA_RETURN_IF_ERROR(RecvChunk(&incoming, chunk_size(recv_c), recv_c));
+      std::memcpy(data + chunk_begin(recv_c), incoming.data(), incoming.size() * sizeof(float));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Status SendChunk(const float* src, size_t count, uint32_t chunk) {
+    FrameHeader header{options_.task_token, send_sequence_++, chunk};
+    try {
+      outbound_.send(zmq::buffer(&header, sizeof(header)), zmq::send_flags::sndmore);
+      outbound_.send(zmq::buffer(src, count * sizeof(float)), zmq::send_flags::none);
+    } catch (const zmq::error_t& e) {
+      return Unavailable(std::string("communicator: send failed: ") + e.what());
+    }
+    return Status::Ok();
+  }
+
+  Status RecvChunk(std::vector<float>* out, size_t count, uint32_t chunk) {
+    const uint32_t from = (options_.rank + world_ - 1) % world_;
+    const int64_t deadline = net::SteadyMs() + options_.peer_timeout_ms;
+    std::vector<zmq::message_t> frames;
+    while (true) {
+      if (aborted_.load()) return Aborted("communicator aborted while waiting for rank " + std::to_string(from));
+      if (net::SteadyMs() > deadline) {
+        return DeadlineExceeded("rank " + std::to_string(options_.rank) + " waited " +
+                                std::to_string(options_.peer_timeout_ms / 1000) + " s for rank " +
+                                std::to_string(from) + "; it may have died or stalled");
+      }
+      if (!net::RecvMultipart(inbound_, &frames, 50)) continue;
+      if (frames.size() != 2 || frames[0].size() != sizeof(FrameHeader)) continue;  // not ours
+      FrameHeader header;
+      std::memcpy(&header, frames[0].data(), sizeof(header));
+      if (header.token != options_.task_token) continue;  // stale traffic of an earlier task
+      if (header.sequence != recv_sequence_ || header.chunk != chunk || frames[1].size() != count * sizeof(float)) {
+        return Internal("communicator: out-of-order chunk from rank " + std::to_string(from) + " (sequence " +
+                        std::to_string(header.sequence) + ", expected " + std::to_string(recv_sequence_) +
+                        "); ranks called collectives in different orders");
+      }
+      ++recv_sequence_;
+      out->resize(count);
+      std::memcpy(out->data(), frames[1].data(), frames[1].size());
+      return Status::Ok();
+    }
+  }
+
+  ZmqCommunicatorOptions options_;
+  uint32_t world_;
+  zmq::socket_t inbound_;
+  zmq::socket_t outbound_;
+  uint64_t send_sequence_ = 0;
+  uint64_t recv_sequence_ = 0;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> CreateZmqCommunicator(zmq::context_t& context, const ZmqCommunicatorOptions& options) {
+  auto comm = std::make_unique<ZmqCommunicator>(context, options);
+  STRATA_RETURN_IF_ERROR(comm->Init());
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+}  // namespace strata::worker
