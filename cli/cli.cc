@@ -116,6 +116,13 @@ json RunToJson(RunRecord::Reader r) {
           {"created_unix_ms", r.getCreatedUnixMs()}, {"updated_unix_ms", r.getUpdatedUnixMs()}};
 }
 
+// 64-bit checksums as hex strings: JSON numbers lose precision above 2^53 in most readers.
+std::string ToHex(uint64_t v) {
+  char buf[19];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 json CheckpointToJson(CheckpointManifest::Reader m) {
   json shards = json::array();
   uint64_t bytes = 0;
@@ -128,7 +135,7 @@ json CheckpointToJson(CheckpointManifest::Reader m) {
       list.push_back({{"name", t.getName().cStr()},
                       {"dtype", DTypeName(t.getDtype())},
                       {"shape", shape},
-                      {"checksum", t.getChecksum()},
+                      {"checksum", ToHex(t.getChecksum())},
                       {"size_bytes", t.getSizeBytes()}});
       bytes += t.getSizeBytes();
       ++tensors;
@@ -194,6 +201,7 @@ int CmdUp(GlobalOptions& g, int workers, int heartbeat_timeout_ms) {
   if (file.endpoint.size() > 100) {
     return Fail(InvalidArgument("--state-dir " + dir + " is too long for an ipc socket path; use a shorter one"));
   }
+  // Pointers from find() are valid until the next find() (the vector may grow).
   auto find = [&](const std::string& name) -> ClusterProcess* {
     for (auto& p : file.processes) {
       if (p.name == name) return &p;
@@ -212,6 +220,7 @@ int CmdUp(GlobalOptions& g, int workers, int heartbeat_timeout_ms) {
     coord->pid = *pid;
     ++started;
   }
+  const int coordinator_pid = coord->pid;
   for (int i = 0; i < workers; ++i) {
     const std::string name = "worker-" + std::to_string(i);
     ClusterProcess* p = find(name);
@@ -231,7 +240,7 @@ int CmdUp(GlobalOptions& g, int workers, int heartbeat_timeout_ms) {
   while (net::SteadyMs() < deadline) {
     auto count = CountLiveWorkers(g, file.endpoint);
     if (count.ok() && (live = *count) >= workers) break;
-    if (!IsStrataProcess(coord->pid)) {
+    if (!IsStrataProcess(coordinator_pid)) {
       return Fail(Unavailable("the coordinator exited at start; see " + dir + "/logs/coordinator.log"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));

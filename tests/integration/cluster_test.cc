@@ -1,0 +1,276 @@
+// End-to-end tests of a local cluster: `strata up` starts real coordinator and worker processes
+// (ipc sockets, RocksDB stores under a temporary state dir), and every check goes through the
+// CLI's --json output or the stores themselves - what a user would look at.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <zmq.hpp>
+
+#include "storage/shard_store.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+struct CommandResult {
+  int rc = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/strata-it-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    setenv("STRATA_STATE_DIR", (dir_ + "/state").c_str(), 1);
+    unsetenv("STRATA_CLUSTER");
+    std::ofstream corpus(dir_ + "/corpus.txt");
+    std::ifstream gpl("/usr/share/common-licenses/GPL-3");
+    if (gpl) {
+      corpus << gpl.rdbuf();
+    } else {
+      for (int i = 0; i < 500; ++i) corpus << "the quick brown fox jumps over the lazy dog. ";
+    }
+    corpus.close();
+    auto up = Strata("up --workers 2");
+    ASSERT_EQ(up.rc, 0) << up.err;
+  }
+
+  static void TearDownTestSuite() {
+    Strata("down");
+    if (!std::getenv("STRATA_KEEP_TEST_DIRS")) fs::remove_all(dir_);
+  }
+
+  static CommandResult Run(const std::string& command) {
+    static int n = 0;
+    const std::string out = dir_ + "/cmd" + std::to_string(++n) + ".out";
+    const std::string err = dir_ + "/cmd" + std::to_string(n) + ".err";
+    const int status = std::system((command + " >" + out + " 2>" + err).c_str());
+    CommandResult r;
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = ReadFile(out);
+    r.err = ReadFile(err);
+    return r;
+  }
+  static CommandResult Strata(const std::string& args) { return Run(std::string(STRATA_BIN_DIR) + "/strata " + args); }
+
+  static json StrataJson(const std::string& args) {
+    auto r = Strata(args + " --json");
+    EXPECT_EQ(r.rc, 0) << args << ": " << r.err;
+    try {
+      return json::parse(r.out);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << args << ": not JSON: " << r.out;
+      return json();
+    }
+  }
+
+  static std::string WriteSpec(const std::string& name, const std::string& body) {
+    const std::string path = dir_ + "/" + name + ".toml";
+    std::ofstream(path) << body;
+    return path;
+  }
+
+  static std::string Spec(const std::string& name, int dp, int steps, int checkpoint_every) {
+    std::ostringstream s;
+    s << "name = \"" << name << "\"\n"
+      << "[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nsequence = 32\n"
+      << "[data]\npath = \"corpus.txt\"\n"
+      << "[train]\nsteps = " << steps << "\nglobal_batch = 8\nlr = 0.003\nseed = 7\ncheckpoint_every = "
+      << checkpoint_every << "\n"
+      << "[parallel]\ndp = " << dp << "\n";
+    return s.str();
+  }
+
+  // Submits and follows to the end; returns the run id.
+  static std::string SubmitAndFollow(const std::string& name, const std::string& body) {
+    auto r = Strata("submit " + WriteSpec(name, body) + " --follow");
+    EXPECT_EQ(r.rc, 0) << r.out << r.err;
+    std::istringstream lines(r.out);
+    std::string run_id;
+    std::getline(lines, run_id);
+    return run_id;
+  }
+
+  static int WorkerPid(const std::string& name) {
+    auto cluster = json::parse(ReadFile(dir_ + "/state/cluster.json"));
+    for (auto& p : cluster["processes"]) {
+      if (p["name"] == name) return p["pid"].get<int>();
+    }
+    return 0;
+  }
+
+  static std::string dir_;
+};
+std::string ClusterTest::dir_;
+
+TEST_F(ClusterTest, TrainsToTheEndWithCheckpointsThatReadBackBitIdentical) {
+  const std::string run = SubmitAndFollow("e2e", Spec("e2e", 2, 30, 10));
+  ASSERT_FALSE(run.empty());
+  json status = StrataJson("status " + run);
+  EXPECT_EQ(status["state"], "finished");
+  EXPECT_EQ(status["step"], 30);
+  auto losses = status["losses"].get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), 30u);
+  EXPECT_LT(losses.back(), losses.front() * 0.8) << "first " << losses.front() << " last " << losses.back();
+
+  json checkpoints = StrataJson("checkpoints " + run);
+  ASSERT_EQ(checkpoints.size(), 3u);
+  EXPECT_EQ(checkpoints[0]["step"], 10);
+  EXPECT_EQ(checkpoints[2]["step"], 30);
+  EXPECT_EQ(status["checkpoint_steps"], json::array({10, 20, 30}));
+
+  // The stores are open in the workers (RocksDB holds a lock): read them through a checkpoint
+  // copy. Every tensor must read back with the checksum the worker computed from its memory.
+  const json& last = checkpoints[2];
+  size_t tensors = 0;
+  for (const auto& shard : last["shards"]) {
+    const std::string copy = dir_ + "/store-copy-" + std::to_string(tensors);
+    fs::copy(shard["store_path"].get<std::string>(), copy, fs::copy_options::recursive);
+    fs::remove(copy + "/LOCK");
+    auto store = storage::ShardStore::Open(copy, {.create_if_missing = false});
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    for (const auto& t : shard["tensors"]) {
+      auto read = (*store)->ReadCheckpointTensor(run, 30, t["name"]);
+      ASSERT_TRUE(read.ok()) << t["name"] << ": " << read.status().ToString();
+      char hex[19];
+      std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(storage::Checksum(read->bytes)));
+      EXPECT_EQ(t["checksum"].get<std::string>(), hex) << t["name"];
+      EXPECT_EQ(read->bytes.size(), t["size_bytes"].get<size_t>());
+      ++tensors;
+    }
+  }
+  // 2 layers x 12 tensors + wte, wpe, ln_f x2 = 28 parameters, 3 records each, over 2 shards.
+  EXPECT_EQ(tensors, 28u * 3);
+}
+
+TEST_F(ClusterTest, DataParallelOnTwoWorkersMatchesOneWorker) {
+  const std::string one = SubmitAndFollow("dp1", Spec("dp1", 1, 12, 0));
+  const std::string two = SubmitAndFollow("dp2", Spec("dp2", 2, 12, 0));
+  auto a = StrataJson("status " + one)["losses"].get<std::vector<double>>();
+  auto b = StrataJson("status " + two)["losses"].get<std::vector<double>>();
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+}
+
+TEST_F(ClusterTest, BadSpecsExitTwoNamingTheKeyAndStartNothing) {
+  const size_t runs_before = StrataJson("status").size();
+  const std::string valid = Spec("bad", 1, 5, 0);
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = valid;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  struct Case {
+    std::string body, needle;
+  } cases[] = {
+      {"name = \n[model", "not valid TOML"},
+      {with("[model]\n", "[model]\nhiden = 3\n"), "model.hiden"},
+      {with("layers = 2", "layers = 0"), "model.layers"},
+      {with("global_batch = 8", "global_batch = -8"), "train.global_batch"},
+      {with("corpus.txt", "no-such-corpus.txt"), "data.path"},
+      {with("heads = 4", "heads = 5"), "hidden % heads"},
+  };
+  for (const auto& c : cases) {
+    auto r = Strata("submit " + WriteSpec("bad", c.body));
+    EXPECT_EQ(r.rc, 2) << c.needle;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << "expected '" << c.needle << "' in: " << r.err;
+  }
+  auto missing = Strata("submit " + dir_ + "/nope.toml");
+  EXPECT_EQ(missing.rc, 2);
+  EXPECT_EQ(StrataJson("status").size(), runs_before);
+}
+
+TEST_F(ClusterTest, UnreachableCoordinatorIsAClearErrorWithinSeconds) {
+  const int64_t start = NowMs();
+  auto r = Run("STRATA_CLUSTER=ipc://" + dir_ + "/nobody.sock " + std::string(STRATA_BIN_DIR) + "/strata workers");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("strata up"), std::string::npos) << r.err;
+  EXPECT_LT(NowMs() - start, 8000);
+}
+
+TEST_F(ClusterTest, GarbageOnTheCoordinatorSocketIsDroppedAndServingContinues) {
+  auto cluster = json::parse(ReadFile(dir_ + "/state/cluster.json"));
+  zmq::context_t ctx;
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 1000);
+  raw.connect(cluster["endpoint"].get<std::string>());
+  std::mt19937 rng(3);
+  for (int i = 0; i < 100; ++i) {
+    std::string junk(1 + rng() % 512, '\0');
+    for (auto& ch : junk) ch = static_cast<char>(rng());
+    raw.send(zmq::buffer(junk), zmq::send_flags::none);
+  }
+  raw.close();
+  json workers = StrataJson("workers");
+  EXPECT_EQ(workers.size(), 2u);
+  const std::string log = ReadFile(dir_ + "/state/logs/coordinator.log");
+  EXPECT_NE(log.find("dropped"), std::string::npos);
+}
+
+// Kills run last (gtest runs tests in file order): they change the cluster.
+TEST_F(ClusterTest, ZzCoordinatorKill9AndRestartKeepsRunsAndCheckpoints) {
+  const std::string run = SubmitAndFollow("survivor", Spec("survivor", 2, 10, 5));
+  auto cluster = json::parse(ReadFile(dir_ + "/state/cluster.json"));
+  int coordinator = 0;
+  for (auto& p : cluster["processes"]) {
+    if (p["name"] == "coordinator") coordinator = p["pid"].get<int>();
+  }
+  ASSERT_GT(coordinator, 0);
+  ASSERT_EQ(kill(coordinator, SIGKILL), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto up = Strata("up --workers 2");  // restarts only what is missing
+  ASSERT_EQ(up.rc, 0) << up.err;
+  EXPECT_NE(up.out.find("1 process(es) started"), std::string::npos) << up.out;
+  json status = StrataJson("status " + run);
+  EXPECT_EQ(status["state"], "finished");
+  EXPECT_EQ(status["checkpoint_steps"], json::array({5, 10}));
+  EXPECT_EQ(status["losses"].size(), 10u);
+}
+
+TEST_F(ClusterTest, ZzWorkerKill9IsMarkedLostWithinThreeSeconds) {
+  const int pid = WorkerPid("worker-1");
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  const int64_t start = NowMs();
+  std::string state;
+  while (NowMs() - start < 10000) {
+    for (auto& w : StrataJson("workers")) {
+      if (w["worker_id"] == "worker-1") state = w["state"];
+    }
+    if (state == "lost") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const int64_t elapsed = NowMs() - start;
+  EXPECT_EQ(state, "lost");
+  EXPECT_LE(elapsed, 3000) << "took " << elapsed << " ms";
+}
+
+}  // namespace
+}  // namespace strata
