@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Strata builds and runs with. Idempotent: installs only what is
+# missing, and does nothing (not even apt-get update) when everything is there. Run as root, or
+# as a user with sudo.
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build pkg-config ccache libssl-dev
+  libtorch-dev                                   # LibTorch 1.13 (CPU): worker execution only
+  libzmq3-dev cppzmq-dev                         # ZeroMQ 4.3 (+ CURVE via libsodium)
+  capnproto libcapnp-dev                         # Cap'n Proto 0.9: wire format and record headers
+  librocksdb-dev                                 # RocksDB 7.8: shard and metadata stores
+  libxxhash-dev                                  # record checksums
+  libspdlog-dev libfmt-dev                       # logging (behind common/log.h)
+  nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libcpp-httplib-dev
+  libgtest-dev libgmock-dev
+  base-files                                     # /usr/share/common-licenses: the demo corpus
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
