@@ -189,7 +189,9 @@ Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint
   return live;
 }
 
-int CmdUp(GlobalOptions& g, int workers, int heartbeat_timeout_ms) {
+// gpus > 0: one worker per GPU (cuda:0..gpus-1) instead of CPU workers.
+int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms) {
+  if (gpus > 0) workers = gpus;
   const std::string dir = fs::absolute(g.state_dir).lexically_normal().string();
   std::error_code ec;
   fs::create_directories(dir + "/logs", ec);
@@ -225,9 +227,11 @@ int CmdUp(GlobalOptions& g, int workers, int heartbeat_timeout_ms) {
     const std::string name = "worker-" + std::to_string(i);
     ClusterProcess* p = find(name);
     if (IsStrataProcess(p->pid)) continue;
-    auto pid = SpawnDaemon({bin + "/strata-worker", "--name", name, "--coordinator", file.endpoint, "--store",
-                            dir + "/workers/" + name, "--data-address", "ipc://" + dir + "/" + name + ".data.sock"},
-                           dir + "/logs/" + name + ".log");
+    std::vector<std::string> argv = {bin + "/strata-worker", "--name", name, "--coordinator", file.endpoint,
+                                     "--store", dir + "/workers/" + name, "--data-address",
+                                     "ipc://" + dir + "/" + name + ".data.sock"};
+    if (gpus > 0) argv.insert(argv.end(), {"--device", "cuda:" + std::to_string(i)});
+    auto pid = SpawnDaemon(argv, dir + "/logs/" + name + ".log");
     if (!pid.ok()) return Fail(pid.status());
     p->pid = *pid;
     ++started;
@@ -485,9 +489,10 @@ int RunCli(int argc, char** argv) {
   app.add_option("--cluster", g.cluster, "coordinator endpoint (overrides the state dir; or $STRATA_CLUSTER)");
   app.add_option("--timeout-ms", g.timeout_ms, "how long to wait for the coordinator")->check(CLI::Range(100, 600000));
 
-  int workers = 2, hb_timeout = 2000;
+  int workers = 2, gpus = 0, hb_timeout = 2000;
   auto* up = app.add_subcommand("up", "start a local coordinator and workers (starts only what is not running)");
   up->add_option("--workers", workers, "number of CPU workers")->check(CLI::Range(1, 64));
+  up->add_option("--gpus", gpus, "one worker per GPU on cuda:0..N-1 instead of CPU workers")->check(CLI::Range(0, 64));
   up->add_option("--heartbeat-timeout-ms", hb_timeout, "mark a silent worker lost after this")->check(CLI::Range(200, 600000));
   auto* down = app.add_subcommand("down", "stop the local cluster (state is kept)");
 
@@ -521,7 +526,7 @@ int RunCli(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitBadInput;
   }
 
-  if (*up) return CmdUp(g, workers, hb_timeout);
+  if (*up) return CmdUp(g, workers, gpus, hb_timeout);
   if (*down) return CmdDown(g);
   if (*workers_cmd) return CmdWorkers(g, as_json);
   if (*submit) return CmdSubmit(g, spec_path, follow);

@@ -1,6 +1,5 @@
 // strata-worker: parses flags, wires the LibTorch executor into the control loop, serves.
 #include <csignal>
-#include <iostream>
 
 #include <CLI/CLI.hpp>
 
@@ -26,13 +25,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--device", exec_options.device, "cpu or cuda:N");
   app.add_option("--peer-timeout-ms", options.peer_timeout_ms, "give up on a silent peer after this");
-  bool version = false;
-  app.add_flag("--version", version, "print the LibTorch build and exit");
+  app.set_version_flag("--version", [] { return strata::worker::TorchBuildInfo(); });
   CLI11_PARSE(app, argc, argv);
-  if (version) {
-    std::cout << strata::worker::TorchBuildInfo() << std::endl;
-    return 0;
-  }
 
   strata::log::Init(options.name);
   auto executor = strata::worker::CreateTorchExecutor(exec_options);
