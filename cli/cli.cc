@@ -179,6 +179,15 @@ Result<int> SpawnDaemon(const std::vector<std::string>& argv, const std::string&
   return static_cast<int>(pid);
 }
 
+std::string LogTail(const std::string& path, size_t lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "  " + all[i] + "\n";
+  return out.empty() ? "  (empty)\n" : out;
+}
+
 Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint) {
   coordinator::CoordinatorClient client(endpoint, 1000);
   schema::EnvelopeBuilder req;
@@ -222,7 +231,6 @@ int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms) {
     coord->pid = *pid;
     ++started;
   }
-  const int coordinator_pid = coord->pid;
   for (int i = 0; i < workers; ++i) {
     const std::string name = "worker-" + std::to_string(i);
     ClusterProcess* p = find(name);
@@ -244,8 +252,13 @@ int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms) {
   while (net::SteadyMs() < deadline) {
     auto count = CountLiveWorkers(g, file.endpoint);
     if (count.ok() && (live = *count) >= workers) break;
-    if (!IsStrataProcess(coordinator_pid)) {
-      return Fail(Unavailable("the coordinator exited at start; see " + dir + "/logs/coordinator.log"));
+    for (const auto& p : file.processes) {
+      if (p.name != "coordinator" && p.name.rfind("worker-", 0) != 0) continue;
+      if (p.name != "coordinator" && std::stoi(p.name.substr(7)) >= workers) continue;
+      if (!IsStrataProcess(p.pid)) {
+        const std::string log = dir + "/logs/" + p.name + ".log";
+        return Fail(Unavailable(p.name + " exited at start; the end of " + log + ":\n" + LogTail(log, 8)));
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
@@ -422,7 +435,8 @@ int CmdCancel(GlobalOptions& g, const std::string& run) {
 // Polls the run, printing each new step and event, until it ends. 0 iff it finished.
 int Follow(GlobalOptions& g, const std::string& run) {
   size_t printed_steps = 0, printed_events = 0;
-  int failures = 0;
+  int failures = 0, pending_polls = 0;
+  bool waiting_noted = false;
   while (true) {
     auto reply = FetchStatus(g, run);
     if (!reply.ok()) {
@@ -447,6 +461,11 @@ int Follow(GlobalOptions& g, const std::string& run) {
     }
     std::fflush(stdout);
     const RunState state = r.getState();
+    if (state == RunState::PENDING && !waiting_noted && ++pending_polls > 10) {
+      waiting_noted = true;
+      std::printf("waiting: the run needs %u idle worker(s); `strata workers` shows who is busy or lost\n",
+                  r.getWorldSize());
+    }
     if (state == RunState::FINISHED) {
       std::printf("run %s finished: %ld steps, %.0f tokens/s on the last step\n", run.c_str(),
                   static_cast<long>(r.getStep()), r.getTokensPerSecond());

@@ -32,6 +32,7 @@ class TorchExecutor final : public TaskExecutor {
   MemorySnapshot ReadMemory() override {
 #ifdef STRATA_WITH_CUDA
     if (device_.is_cuda()) {
+      c10::cuda::set_device(device_.index());  // the control thread asks; keep it on our device
       MemorySnapshot m;
       m.device = "cuda:" + std::to_string(device_.index());
       size_t free = 0, total = 0;
@@ -53,6 +54,9 @@ class TorchExecutor final : public TaskExecutor {
  private:
   Status Train(TaskContext& context) {
     const auto& spec = context.spec;
+#ifdef STRATA_WITH_CUDA
+    if (device_.is_cuda()) c10::cuda::set_device(device_.index());
+#endif
     if (spec.worker.threads > 0) torch::set_num_threads(static_cast<int>(spec.worker.threads));
     STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab));
     if (data.size() < static_cast<size_t>(spec.model.sequence + 1)) {
@@ -89,6 +93,11 @@ Result<std::unique_ptr<TaskExecutor>> CreateTorchExecutor(const TorchExecutorOpt
       if (!torch::cuda::is_available() || device.index() >= static_cast<int>(torch::cuda::device_count())) {
         return InvalidArgument("--device " + options.device + ": no such CUDA device on this machine");
       }
+      if (device.index() < 0) device = torch::Device(torch::kCUDA, 0);
+      // Bring up the context and the caching allocator now: its stats (read by every heartbeat)
+      // are not defined before its first allocation.
+      c10::cuda::set_device(device.index());
+      (void)torch::empty({1}, torch::TensorOptions().device(device));
 #else
       return InvalidArgument("--device " + options.device +
                              ": this build has no CUDA (built against a CPU LibTorch); use --device cpu");

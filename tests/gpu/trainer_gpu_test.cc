@@ -60,6 +60,10 @@ TEST_F(GpuTest, CudaTrainingMatchesCpuInFp32) {
 TEST_F(GpuTest, ExecutorReportsAllocatorStats) {
   auto executor = CreateTorchExecutor({"cuda:0"});
   ASSERT_TRUE(executor.ok()) << executor.status().ToString();
+  // A worker heartbeats before it has run anything: stats must be readable from the start.
+  auto fresh = (*executor)->ReadMemory();
+  EXPECT_EQ(fresh.device, "cuda:0");
+  EXPECT_GT(fresh.total_bytes, 10ull << 30);
   auto big = torch::empty({256, 1024, 1024}, torch::TensorOptions().device(torch::kCUDA, 0));  // 1 GiB
   auto m = (*executor)->ReadMemory();
   EXPECT_EQ(m.device, "cuda:0");
