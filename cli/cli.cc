@@ -68,31 +68,8 @@ std::string HumanBytes(uint64_t b) {
   return s.str();
 }
 
-const char* RunStateName(RunState s) {
-  switch (s) {
-    case RunState::PENDING: return "pending";
-    case RunState::RUNNING: return "running";
-    case RunState::FINISHED: return "finished";
-    case RunState::FAILED: return "failed";
-    case RunState::CANCELLED: return "cancelled";
-  }
-  return "?";
-}
 
-const char* WorkerStateName(WorkerState s) {
-  switch (s) {
-    case WorkerState::IDLE: return "idle";
-    case WorkerState::BUSY: return "busy";
-    case WorkerState::LOST: return "lost";
-  }
-  return "?";
-}
 
-const char* DTypeName(::DType d) {
-  static const char* names[] = {"f32", "f16", "bf16", "f64", "i64", "i32", "u16", "u8"};
-  const auto i = static_cast<size_t>(d);
-  return i < 8 ? names[i] : "?";
-}
 
 std::string FormatTime(int64_t unix_ms) {
   std::time_t t = unix_ms / 1000;
@@ -109,7 +86,7 @@ json RunToJson(RunRecord::Reader r) {
   json workers = json::array();
   for (auto w : r.getWorkers()) workers.push_back(w.cStr());
   return {{"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()},
-          {"state", RunStateName(r.getState())}, {"step", r.getStep()},
+          {"state", schema::RunStateName(r.getState())}, {"step", r.getStep()},
           {"total_steps", r.getTotalSteps()},  {"world_size", r.getWorldSize()},
           {"losses", losses},                  {"workers", workers},
           {"message", r.getMessage().cStr()},  {"tokens_per_second", r.getTokensPerSecond()},
@@ -133,7 +110,7 @@ json CheckpointToJson(CheckpointManifest::Reader m) {
       json shape = json::array();
       for (auto d : t.getShape()) shape.push_back(d);
       list.push_back({{"name", t.getName().cStr()},
-                      {"dtype", DTypeName(t.getDtype())},
+                      {"dtype", schema::DTypeName(t.getDtype())},
                       {"shape", shape},
                       {"checksum", ToHex(t.getChecksum())},
                       {"size_bytes", t.getSizeBytes()}});
@@ -314,7 +291,7 @@ int CmdWorkers(GlobalOptions& g, bool as_json) {
     for (auto w : list) {
       auto m = w.getMemory();
       out.push_back({{"worker_id", w.getWorkerId().cStr()},
-                     {"state", WorkerStateName(w.getState())},
+                     {"state", schema::WorkerStateName(w.getState())},
                      {"host", w.getHost().cStr()},
                      {"pid", w.getPid()},
                      {"device", m.getDevice().cStr()},
@@ -332,7 +309,7 @@ int CmdWorkers(GlobalOptions& g, bool as_json) {
               "HEARTBEAT", "RUN");
   for (auto w : list) {
     auto m = w.getMemory();
-    std::printf("%-12s %-6s %-8u %-7s %-11s %-11s %-10s %s\n", w.getWorkerId().cStr(), WorkerStateName(w.getState()),
+    std::printf("%-12s %-6s %-8u %-7s %-11s %-11s %-10s %s\n", w.getWorkerId().cStr(), schema::WorkerStateName(w.getState()),
                 w.getPid(), m.getDevice().cStr(), HumanBytes(m.getAllocatedBytes()).c_str(),
                 HumanBytes(m.getFreeBytes()).c_str(), (std::to_string(w.getLastHeartbeatMsAgo()) + " ms").c_str(),
                 w.getCurrentRun().cStr());
@@ -374,7 +351,7 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json) {
     for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + std::string(w.cStr());
     char loss[32] = "-";
     if (losses.size() > 0) std::snprintf(loss, sizeof(loss), "%.4f", losses[losses.size() - 1]);
-    std::printf("%-28s %-10s %-13s %-10s %-12.0f %s\n", r.getRunId().cStr(), RunStateName(r.getState()),
+    std::printf("%-28s %-10s %-13s %-10s %-12.0f %s\n", r.getRunId().cStr(), schema::RunStateName(r.getState()),
                 (std::to_string(r.getStep()) + "/" + std::to_string(r.getTotalSteps())).c_str(), loss,
                 r.getTokensPerSecond(), workers.c_str());
     if (r.getMessage().size() > 0) std::printf("  %s\n", r.getMessage().cStr());
@@ -472,7 +449,7 @@ int Follow(GlobalOptions& g, const std::string& run) {
       return kExitOk;
     }
     if (state == RunState::FAILED || state == RunState::CANCELLED) {
-      std::printf("run %s %s: %s\n", run.c_str(), RunStateName(state), r.getMessage().cStr());
+      std::printf("run %s %s: %s\n", run.c_str(), schema::RunStateName(state), r.getMessage().cStr());
       return kExitFailure;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));

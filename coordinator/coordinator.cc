@@ -98,17 +98,6 @@ struct RunEntry {
   }
 };
 
-const char* RunStateName(RunState s) {
-  switch (s) {
-    case RunState::PENDING: return "pending";
-    case RunState::RUNNING: return "running";
-    case RunState::FINISHED: return "finished";
-    case RunState::FAILED: return "failed";
-    case RunState::CANCELLED: return "cancelled";
-  }
-  return "?";
-}
-
 class CoordinatorImpl final : public Coordinator {
  public:
   CoordinatorImpl(CoordinatorOptions options, std::unique_ptr<storage::ShardStore> store)
@@ -473,7 +462,7 @@ class CoordinatorImpl final : public Coordinator {
     }
     RunEntry& run = it->second;
     if (run.terminal()) {
-      Send(identity, schema::MakeErrorReply(rid, InvalidArgument("run " + run.id + " already " + RunStateName(run.state))));
+      Send(identity, schema::MakeErrorReply(rid, InvalidArgument("run " + run.id + " already " + schema::RunStateName(run.state))));
       return;
     }
     for (auto& id : run.workers) {
@@ -533,41 +522,35 @@ class CoordinatorImpl final : public Coordinator {
   }
 
   void HandleEventsRequest(const std::string& identity, uint64_t rid, RunRef::Reader req) {
-    const std::string id = req.getRunId().cStr();
-    if (!runs_.count(id)) {
-      Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
-      return;
-    }
-    auto records = store_->ScanMetadata("evt/" + EncodeKeyString(id));
-    if (!records.ok()) {
-      Send(identity, schema::MakeErrorReply(rid, records.status()));
-      return;
-    }
-    schema::EnvelopeBuilder reply(rid);
-    auto events = reply.root().initEventsReply().initEvents(records->size());
-    for (size_t i = 0; i < records->size(); ++i) {
-      auto ev = schema::DecodedRecord<Event>::Decode((*records)[i].second);
-      if (ev.ok()) events.setWithCaveats(i, ev->root());
-    }
-    Send(identity, reply.Serialize());
+    ReplyWithRunRecords<Event>(identity, rid, req, "evt/",
+                               [](schema::EnvelopeBuilder& reply, size_t n) { return reply.root().initEventsReply().initEvents(n); });
   }
 
   void HandleCheckpointsRequest(const std::string& identity, uint64_t rid, RunRef::Reader req) {
+    ReplyWithRunRecords<CheckpointManifest>(identity, rid, req, "ckpt/", [](schema::EnvelopeBuilder& reply, size_t n) {
+      return reply.root().initCheckpointsReply().initCheckpoints(n);
+    });
+  }
+
+  // Answers with every persisted record of type T under prefix + run id, in key order.
+  template <typename T, typename InitList>
+  void ReplyWithRunRecords(const std::string& identity, uint64_t rid, RunRef::Reader req, const std::string& prefix,
+                           InitList init_list) {
     const std::string id = req.getRunId().cStr();
     if (!runs_.count(id)) {
       Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
       return;
     }
-    auto records = store_->ScanMetadata("ckpt/" + EncodeKeyString(id));
+    auto records = store_->ScanMetadata(prefix + EncodeKeyString(id));
     if (!records.ok()) {
       Send(identity, schema::MakeErrorReply(rid, records.status()));
       return;
     }
     schema::EnvelopeBuilder reply(rid);
-    auto list = reply.root().initCheckpointsReply().initCheckpoints(records->size());
+    auto list = init_list(reply, records->size());
     for (size_t i = 0; i < records->size(); ++i) {
-      auto m = schema::DecodedRecord<CheckpointManifest>::Decode((*records)[i].second);
-      if (m.ok()) list.setWithCaveats(i, m->root());
+      auto record = schema::DecodedRecord<T>::Decode((*records)[i].second);
+      if (record.ok()) list.setWithCaveats(i, record->root());
     }
     Send(identity, reply.Serialize());
   }

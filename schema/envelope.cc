@@ -37,6 +37,40 @@ Result<std::unique_ptr<DecodedEnvelope>> DecodeEnvelope(std::span<const uint8_t>
   return decoded;
 }
 
+const char* RunStateName(RunState state) {
+  switch (state) {
+    case RunState::PENDING: return "pending";
+    case RunState::RUNNING: return "running";
+    case RunState::FINISHED: return "finished";
+    case RunState::FAILED: return "failed";
+    case RunState::CANCELLED: return "cancelled";
+  }
+  return "unknown";
+}
+
+const char* WorkerStateName(WorkerState state) {
+  switch (state) {
+    case WorkerState::IDLE: return "idle";
+    case WorkerState::BUSY: return "busy";
+    case WorkerState::LOST: return "lost";
+  }
+  return "unknown";
+}
+
+const char* DTypeName(::DType dtype) {
+  switch (dtype) {
+    case ::DType::F32: return "f32";
+    case ::DType::F16: return "f16";
+    case ::DType::BF16: return "bf16";
+    case ::DType::F64: return "f64";
+    case ::DType::I64: return "i64";
+    case ::DType::I32: return "i32";
+    case ::DType::U16: return "u16";
+    case ::DType::U8: return "u8";
+  }
+  return "unknown";
+}
+
 std::string MakeErrorReply(uint64_t request_id, const Status& status) {
   EnvelopeBuilder builder(request_id);
   auto error = builder.root().initError();

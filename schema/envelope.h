@@ -49,6 +49,11 @@ class DecodedEnvelope {
 // a protocol version other than ours (message names both versions).
 Result<std::unique_ptr<DecodedEnvelope>> DecodeEnvelope(std::span<const uint8_t> bytes);
 
+// Lower-case names for listings and JSON ("running", "lost", "bf16").
+const char* RunStateName(RunState state);
+const char* WorkerStateName(WorkerState state);
+const char* DTypeName(::DType dtype);
+
 // Convenience: an Error envelope.
 std::string MakeErrorReply(uint64_t request_id, const Status& status);
 
