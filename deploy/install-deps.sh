@@ -14,6 +14,10 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev
   base-files                                     # /usr/share/common-licenses: the demo corpus
+  systemd                                        # systemd-analyze verify of the units (tests)
+  chromium                                       # headless dashboard test
+  debootstrap                                    # offline-bundle test in a fresh Debian root
+  docker-compose                                 # validates deploy/docker/compose.yaml offline
 )
 missing=()
 for p in "${PKGS[@]}"; do
