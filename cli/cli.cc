@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -409,11 +410,54 @@ int CmdCancel(GlobalOptions& g, const std::string& run) {
   return kExitOk;
 }
 
-// Polls the run, printing each new step and event, until it ends. 0 iff it finished.
+// Client-side progress of one run: rate from the steps seen while watching, ETA from it.
+class ProgressTracker {
+ public:
+  // "step  120/200  loss 2.4312  3210 tok/s  ETA 0:25  dp=2 on worker-0,worker-1"
+  std::string Line(RunRecord::Reader r) {
+    const int64_t now = net::SteadyMs();
+    const int64_t step = r.getStep();
+    if (first_step_ < 0 || step < first_step_) {
+      first_step_ = step;
+      first_ms_ = now;
+    }
+    auto losses = r.getLosses();
+    std::string workers;
+    for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + std::string(w.cStr());
+    char buf[512];
+    int n = std::snprintf(buf, sizeof(buf), "step %5ld/%ld", static_cast<long>(step), static_cast<long>(r.getTotalSteps()));
+    if (losses.size() > 0) n += std::snprintf(buf + n, sizeof(buf) - n, "  loss %.4f", losses[losses.size() - 1]);
+    if (r.getTokensPerSecond() > 0) n += std::snprintf(buf + n, sizeof(buf) - n, "  %.0f tok/s", r.getTokensPerSecond());
+    if (step > first_step_ && step < r.getTotalSteps()) {
+      const double ms_per_step = double(now - first_ms_) / double(step - first_step_);
+      const int64_t eta_s = static_cast<int64_t>(ms_per_step * (r.getTotalSteps() - step) / 1000.0);
+      n += std::snprintf(buf + n, sizeof(buf) - n, "  ETA %ld:%02ld", static_cast<long>(eta_s / 60),
+                         static_cast<long>(eta_s % 60));
+    }
+    std::snprintf(buf + n, sizeof(buf) - n, "  dp=%u%s%s", r.getWorldSize(), workers.empty() ? "" : " on ",
+                  workers.c_str());
+    return buf;
+  }
+
+ private:
+  int64_t first_step_ = -1;
+  int64_t first_ms_ = 0;
+};
+
+// Polls the run until it ends, printing events as they happen and its progress: on a terminal
+// one live line, rewritten in place; into a pipe or file one line per step (at most ~200 lines).
+// 0 iff it finished.
 int Follow(GlobalOptions& g, const std::string& run) {
-  size_t printed_steps = 0, printed_events = 0;
+  const bool tty = isatty(STDOUT_FILENO);
+  ProgressTracker progress;
+  int64_t printed_step = 0;
+  size_t printed_events = 0;
   int failures = 0, pending_polls = 0;
-  bool waiting_noted = false;
+  bool waiting_noted = false, live_line = false;
+  auto clear_live = [&] {
+    if (live_line) std::printf("\r\033[K");
+    live_line = false;
+  };
   while (true) {
     auto reply = FetchStatus(g, run);
     if (!reply.ok()) {
@@ -423,36 +467,67 @@ int Follow(GlobalOptions& g, const std::string& run) {
     }
     failures = 0;
     auto r = (*reply)->root().getStatusReply().getRuns()[0];
-    auto losses = r.getLosses();
-    for (; printed_steps < losses.size(); ++printed_steps) {
-      std::printf("step %5zu/%ld  loss %.4f\n", printed_steps + 1, static_cast<long>(r.getTotalSteps()),
-                  losses[printed_steps]);
-    }
     schema::EnvelopeBuilder ereq;
     ereq.root().initEventsRequest().setRunId(run);
     if (auto ev = Call(g, ereq); ev.ok()) {
       auto events = (*ev)->root().getEventsReply().getEvents();
       for (; printed_events < events.size(); ++printed_events) {
+        clear_live();
         std::printf("[%s] %s\n", events[printed_events].getKind().cStr(), events[printed_events].getMessage().cStr());
+      }
+    }
+    const std::string line = progress.Line(r);
+    if (tty) {
+      clear_live();
+      std::printf("%s", line.c_str());
+      live_line = true;
+    } else {
+      const int64_t every = std::max<int64_t>(1, r.getTotalSteps() / 200);
+      if (r.getStep() > printed_step && (r.getStep() - printed_step >= every || r.getStep() == r.getTotalSteps())) {
+        std::printf("%s\n", line.c_str());
+        printed_step = r.getStep();
       }
     }
     std::fflush(stdout);
     const RunState state = r.getState();
     if (state == RunState::PENDING && !waiting_noted && ++pending_polls > 10) {
       waiting_noted = true;
+      clear_live();
       std::printf("waiting: the run needs %u idle worker(s); `strata workers` shows who is busy or lost\n",
                   r.getWorldSize());
     }
-    if (state == RunState::FINISHED) {
-      std::printf("run %s finished: %ld steps, %.0f tokens/s on the last step\n", run.c_str(),
-                  static_cast<long>(r.getStep()), r.getTokensPerSecond());
-      return kExitOk;
-    }
-    if (state == RunState::FAILED || state == RunState::CANCELLED) {
+    if (state == RunState::FINISHED || state == RunState::FAILED || state == RunState::CANCELLED) {
+      if (tty) std::printf("\n");
+      if (state == RunState::FINISHED) {
+        std::printf("run %s finished: %ld steps, %.0f tokens/s on the last step\n", run.c_str(),
+                    static_cast<long>(r.getStep()), r.getTokensPerSecond());
+        return kExitOk;
+      }
       std::printf("run %s %s: %s\n", run.c_str(), schema::RunStateName(state), r.getMessage().cStr());
       return kExitFailure;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+}
+
+// `status --watch` without a run: one live line per run until interrupted or all have ended.
+int WatchAll(GlobalOptions& g) {
+  std::map<std::string, ProgressTracker> trackers;
+  const bool tty = isatty(STDOUT_FILENO);
+  while (true) {
+    auto reply = FetchStatus(g, "");
+    if (!reply.ok()) return Fail(reply.status());
+    auto runs = (*reply)->root().getStatusReply().getRuns();
+    if (tty) std::printf("\033[H\033[2J");
+    bool active = false;
+    for (auto r : runs) {
+      const std::string line = trackers[r.getRunId().cStr()].Line(r);
+      std::printf("%-28s %-10s %s\n", r.getRunId().cStr(), schema::RunStateName(r.getState()), line.c_str());
+      active |= r.getState() == RunState::PENDING || r.getState() == RunState::RUNNING;
+    }
+    std::fflush(stdout);
+    if (!active) return kExitOk;
+    std::this_thread::sleep_for(std::chrono::milliseconds(tty ? 1000 : 5000));
   }
 }
 
@@ -506,6 +581,8 @@ int RunCli(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "show runs");
   status->add_option("run", run, "one run (default: all)");
   status->add_flag("--json", as_json, "machine-readable output");
+  bool watch = false;
+  status->add_flag("--watch,-w", watch, "live progress (step, loss, tokens/s, ETA, plan) and events until the run(s) end");
   auto* events = app.add_subcommand("events", "show a run's event log");
   events->add_option("run", run)->required();
   events->add_flag("--json", as_json, "machine-readable output");
@@ -526,6 +603,7 @@ int RunCli(int argc, char** argv) {
   if (*down) return CmdDown(g);
   if (*workers_cmd) return CmdWorkers(g, as_json);
   if (*submit) return CmdSubmit(g, spec_path, follow);
+  if (*status && watch) return run.empty() ? WatchAll(g) : Follow(g, run);
   if (*status) return CmdStatus(g, run, as_json);
   if (*events) return CmdEvents(g, run, as_json);
   if (*cancel) return CmdCancel(g, run);
