@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 const std::map<std::string, std::set<std::string>>& AllowedKeys() {
   static const std::map<std::string, std::set<std::string>> keys = {
       {"", {"name", "model", "data", "train", "parallel", "worker"}},
-      {"model", {"family", "layers", "hidden", "heads", "vocab", "sequence"}},
+      {"model", {"family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence", "rope_theta", "norm_eps"}},
       {"data", {"path", "format"}},
       {"train", {"steps", "global_batch", "lr", "weight_decay", "beta1", "beta2", "grad_clip", "seed",
                  "checkpoint_every"}},
@@ -130,17 +130,35 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
 
   ModelSpec& m = spec.model;
   STRATA_RETURN_IF_ERROR(r.String("model", "family", &m.family));
-  if (m.family != "gpt2") {
-    return InvalidArgument("run spec: model.family = \"" + m.family + "\" is not supported; use \"gpt2\"");
+  if (m.family != "gpt2" && m.family != "llama") {
+    return InvalidArgument("run spec: model.family = \"" + m.family + "\" is not supported; use \"gpt2\" or \"llama\"");
   }
   STRATA_RETURN_IF_ERROR(r.Int("model", "layers", &m.layers, 1));
   STRATA_RETURN_IF_ERROR(r.Int("model", "hidden", &m.hidden, 1));
   STRATA_RETURN_IF_ERROR(r.Int("model", "heads", &m.heads, 1));
   STRATA_RETURN_IF_ERROR(r.Int("model", "vocab", &m.vocab, 2));
   STRATA_RETURN_IF_ERROR(r.Int("model", "sequence", &m.sequence, 2));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "kv_heads", &m.kv_heads, 0));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "ffn", &m.ffn, 0));
+  STRATA_RETURN_IF_ERROR(r.Float("model", "rope_theta", &m.rope_theta, 1.0, 1e12));
+  STRATA_RETURN_IF_ERROR(r.Float("model", "norm_eps", &m.norm_eps, 0.0, 1.0));
   if (m.hidden % m.heads != 0) {
     return InvalidArgument("run spec: model.heads = " + std::to_string(m.heads) + " does not divide model.hidden = " +
                            std::to_string(m.hidden) + "; choose heads so that hidden % heads == 0");
+  }
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  if (m.ffn == 0) m.ffn = 4 * m.hidden;
+  if (m.norm_eps == 0.0) m.norm_eps = m.family == "llama" ? 1e-6 : 1e-5;
+  if (m.heads % m.kv_heads != 0) {
+    return InvalidArgument("run spec: model.kv_heads = " + std::to_string(m.kv_heads) + " does not divide model.heads = " +
+                           std::to_string(m.heads) + "; each key/value head must serve a whole number of query heads");
+  }
+  if (m.family == "gpt2" && m.kv_heads != m.heads) {
+    return InvalidArgument("run spec: model.kv_heads applies to family \"llama\" only; remove it for gpt2");
+  }
+  if (m.family == "llama" && (m.hidden / m.heads) % 2 != 0) {
+    return InvalidArgument("run spec: model.hidden / model.heads = " + std::to_string(m.hidden / m.heads) +
+                           " must be even for rotary position embeddings (llama)");
   }
 
   STRATA_RETURN_IF_ERROR(r.String("data", "path", &spec.data.path));
@@ -200,8 +218,12 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"layers", spec.model.layers},
                                    {"hidden", spec.model.hidden},
                                    {"heads", spec.model.heads},
+                                   {"kv_heads", spec.model.kv_heads},
+                                   {"ffn", spec.model.ffn},
                                    {"vocab", spec.model.vocab},
-                                   {"sequence", spec.model.sequence}});
+                                   {"sequence", spec.model.sequence},
+                                   {"rope_theta", spec.model.rope_theta},
+                                   {"norm_eps", spec.model.norm_eps}});
   root.insert("data", toml::table{{"path", spec.data.path}, {"format", spec.data.format}});
   root.insert("train", toml::table{{"steps", spec.train.steps},
                                    {"global_batch", spec.train.global_batch},

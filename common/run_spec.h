@@ -2,7 +2,8 @@
 // values are errors whose message names the key and says how to fix it.
 //
 //   name = "gpt2-tiny"
-//   [model]     family = "gpt2", layers, hidden, heads, vocab, sequence
+//   [model]     family = "gpt2" | "llama", layers, hidden, heads, kv_heads, ffn, vocab, sequence,
+//               rope_theta (llama), norm_eps
 //   [data]      path = "corpus.txt", format = "bytes" | "u16"
 //   [train]     steps, global_batch, lr, weight_decay, beta1, beta2, grad_clip, seed,
 //               checkpoint_every
@@ -24,6 +25,10 @@ struct ModelSpec {
   int64_t heads = 4;
   int64_t vocab = 256;
   int64_t sequence = 64;
+  int64_t kv_heads = 0;     // llama grouped-query attention; 0 -> heads
+  int64_t ffn = 0;          // MLP width; 0 -> 4 * hidden
+  double rope_theta = 10000.0;
+  double norm_eps = 0.0;    // 0 -> 1e-5 (gpt2 LayerNorm) or 1e-6 (llama RMSNorm)
 };
 
 struct DataSpec {

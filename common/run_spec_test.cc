@@ -64,6 +64,20 @@ TEST_F(RunSpecTest, MissingDataFileIsNamed) {
   std::remove((dir_ + "/corpus.txt").c_str());
   ExpectRejected(Valid(), "data.path");
 }
+TEST_F(RunSpecTest, LlamaDefaultsAndGroupedQueryAttention) {
+  auto spec = ParseRunSpec(With("layers = 2", "family = \"llama\"\nlayers = 2\nkv_heads = 2"), dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->model.kv_heads, 2);
+  EXPECT_EQ(spec->model.ffn, 256);
+  EXPECT_DOUBLE_EQ(spec->model.norm_eps, 1e-6);
+  auto gpt2 = ParseRunSpec(Valid(), dir_, true);
+  EXPECT_EQ(gpt2->model.kv_heads, 4);
+  EXPECT_DOUBLE_EQ(gpt2->model.norm_eps, 1e-5);
+}
+TEST_F(RunSpecTest, KvHeadsMustDivideHeads) {
+  ExpectRejected(With("layers = 2", "family = \"llama\"\nlayers = 2\nkv_heads = 3"), "model.kv_heads");
+}
+TEST_F(RunSpecTest, UnknownFamilyIsNamed) { ExpectRejected(With("layers = 2", "family = \"mamba\"\nlayers = 2"), "model.family"); }
 TEST_F(RunSpecTest, BatchMustDivideByDp) {
   ExpectRejected(Valid() + "[parallel]\ndp = 3\n", "parallel.dp");
 }

@@ -8,12 +8,12 @@ namespace strata::worker {
 
 Gpt2BlockImpl::Gpt2BlockImpl(const ModelSpec& spec) : heads_(spec.heads) {
   const int64_t h = spec.hidden;
-  ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(1e-5)));
+  ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(spec.norm_eps)));
   c_attn_ = register_module("c_attn", torch::nn::Linear(h, 3 * h));
   attn_proj_ = register_module("attn_proj", torch::nn::Linear(h, h));
-  ln_2_ = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(1e-5)));
-  c_fc_ = register_module("c_fc", torch::nn::Linear(h, 4 * h));
-  mlp_proj_ = register_module("mlp_proj", torch::nn::Linear(4 * h, h));
+  ln_2_ = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(spec.norm_eps)));
+  c_fc_ = register_module("c_fc", torch::nn::Linear(h, spec.ffn));
+  mlp_proj_ = register_module("mlp_proj", torch::nn::Linear(spec.ffn, h));
   torch::NoGradGuard no_grad;
   const double residual_std = 0.02 / std::sqrt(2.0 * spec.layers);
   for (auto* linear : {&c_attn_, &attn_proj_, &c_fc_, &mlp_proj_}) {
@@ -33,18 +33,18 @@ torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& x) {
   return h + mlp_proj_(torch::gelu(c_fc_(ln_2_(h)), "tanh"));
 }
 
-Gpt2Impl::Gpt2Impl(const ModelSpec& spec) : spec_(spec) {
+Gpt2::Gpt2(const ModelSpec& spec) : spec_(spec) {
   wte_ = register_module("wte", torch::nn::Embedding(spec.vocab, spec.hidden));
   wpe_ = register_module("wpe", torch::nn::Embedding(spec.sequence, spec.hidden));
   h_ = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < spec.layers; ++i) h_->push_back(Gpt2Block(spec));
-  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({spec.hidden}).eps(1e-5)));
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({spec.hidden}).eps(spec.norm_eps)));
   torch::NoGradGuard no_grad;
   wte_->weight.normal_(0.0, 0.02);
   wpe_->weight.normal_(0.0, 0.01);
 }
 
-torch::Tensor Gpt2Impl::forward(const torch::Tensor& tokens) {
+torch::Tensor Gpt2::Logits(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = wte_(tokens) + wpe_(positions);
@@ -53,3 +53,4 @@ torch::Tensor Gpt2Impl::forward(const torch::Tensor& tokens) {
 }
 
 }  // namespace strata::worker
+

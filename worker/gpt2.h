@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "common/run_spec.h"
+#include "worker/causal_lm.h"
 
 namespace strata::worker {
 
@@ -22,11 +22,10 @@ class Gpt2BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Gpt2Block);
 
-class Gpt2Impl : public torch::nn::Module {
+class Gpt2 : public CausalLm {
  public:
-  explicit Gpt2Impl(const ModelSpec& spec);
-  // tokens [batch, time] (int64) -> logits [batch, time, vocab]
-  torch::Tensor forward(const torch::Tensor& tokens);
+  explicit Gpt2(const ModelSpec& spec);
+  torch::Tensor Logits(const torch::Tensor& tokens) override;
 
  private:
   ModelSpec spec_;
@@ -34,6 +33,5 @@ class Gpt2Impl : public torch::nn::Module {
   torch::nn::ModuleList h_;
   torch::nn::LayerNorm ln_f_{nullptr};
 };
-TORCH_MODULE(Gpt2);
 
 }  // namespace strata::worker

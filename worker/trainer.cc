@@ -28,7 +28,7 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   static std::mutex init_mutex;
   std::lock_guard<std::mutex> lock(init_mutex);
   torch::manual_seed(static_cast<uint64_t>(context.spec.train.seed));
-  model_ = Gpt2(context.spec.model);
+  model_ = CreateCausalLm(context.spec.model);
   model_->to(device_);
   for (auto& item : model_->named_parameters()) params_.emplace_back(item.key(), item.value());
   for (auto& [name, p] : params_) {
@@ -54,7 +54,7 @@ Result<double> Trainer::Step() {
   auto targets = window.narrow(1, 1, t);
 
   model_->zero_grad();
-  auto logits = model_->forward(inputs);
+  auto logits = model_->Logits(inputs);
   auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, spec.model.vocab}), targets.reshape({-1}));
   loss.backward();
 

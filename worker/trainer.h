@@ -1,4 +1,4 @@
-// Data-parallel GPT-2 training of one rank (internal to worker/, includes LibTorch).
+// Data-parallel training of one rank (any CausalLm family) (internal to worker/, includes LibTorch).
 //
 // One step on rank r of n, global batch B:
 //   rows [r B/n, (r+1) B/n) of the step's global batch  ->  local mean loss L_r, grads g_r
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/gpt2.h"
+#include "worker/causal_lm.h"
 #include "worker/task.h"
 #include "worker/token_data.h"
 
@@ -41,7 +41,7 @@ class Trainer {
   const TaskContext& context_;
   TokenData data_;
   torch::Device device_;
-  Gpt2 model_{nullptr};
+  std::shared_ptr<CausalLm> model_;
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;

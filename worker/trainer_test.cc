@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <thread>
 
 namespace strata::worker {
@@ -26,7 +27,7 @@ class TrainerTest : public ::testing::Test {
     for (int i = 0; i < 200; ++i) out << "the quick brown fox jumps over the lazy dog. pack my box with five dozen jugs. ";
     out.close();
     spec_.name = "t";
-    spec_.model = {"gpt2", 2, 32, 4, 256, 32};
+    spec_.model = {"gpt2", 2, 32, 4, 256, 32, 4, 128, 10000.0, 1e-5};
     spec_.data.path = dir_ + "/corpus.txt";
     spec_.train.global_batch = 4;
     spec_.train.lr = 3e-3;
@@ -84,6 +85,48 @@ TEST_F(TrainerTest, DataParallelMatchesOneWorkerStepForStep) {
     EXPECT_NEAR(two[0][s], one[s], 1e-5 * std::abs(one[s])) << "step " << s + 1;
     EXPECT_EQ(two[0][s], two[1][s]) << "ranks disagree at step " << s + 1;
   }
+}
+
+TEST_F(TrainerTest, LlamaWithGroupedQueryAttentionLearnsAndMatchesAcrossRanks) {
+  spec_.model.family = "llama";
+  spec_.model.kv_heads = 2;
+  spec_.model.ffn = 96;
+  spec_.model.norm_eps = 1e-6;
+  auto one = Train(1, 30)[0];
+  EXPECT_NEAR(one.front(), std::log(256.0), 0.3);
+  EXPECT_LT(one.back(), one.front() * 0.6);
+  auto two = Train(2, 6);
+  for (int s = 0; s < 6; ++s) EXPECT_NEAR(two[0][s], one[s], 1e-5 * one[s]) << "step " << s + 1;
+}
+
+TEST_F(TrainerTest, LlamaParametersCarryHuggingFaceNamesAndShapes) {
+  spec_.model = {"llama", 2, 64, 8, 256, 32, 2, 160, 10000.0, 1e-6};
+  torch::manual_seed(0);
+  auto model = CreateCausalLm(spec_.model);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (auto& p : model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+  EXPECT_EQ(shapes.size(), 3u + 2u * 9u);  // embed, norm, lm_head + per layer 2 norms, 4 attention, 3 MLP
+  EXPECT_EQ(shapes["embed_tokens.weight"], (std::vector<int64_t>{256, 64}));
+  EXPECT_EQ(shapes["layers.1.self_attn.q_proj.weight"], (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(shapes["layers.1.self_attn.k_proj.weight"], (std::vector<int64_t>{16, 64}));  // 2 kv heads x 8
+  EXPECT_EQ(shapes["layers.0.mlp.gate_proj.weight"], (std::vector<int64_t>{160, 64}));
+  EXPECT_EQ(shapes["layers.0.mlp.down_proj.weight"], (std::vector<int64_t>{64, 160}));
+  EXPECT_EQ(shapes["layers.0.input_layernorm.weight"], (std::vector<int64_t>{64}));
+  EXPECT_EQ(shapes["lm_head.weight"], (std::vector<int64_t>{256, 64}));
+  EXPECT_EQ(shapes["norm.weight"], (std::vector<int64_t>{64}));
+}
+
+TEST_F(TrainerTest, LlamaAttentionIsCausal) {
+  spec_.model = {"llama", 1, 32, 4, 256, 16, 2, 64, 10000.0, 1e-6};
+  torch::manual_seed(1);
+  auto model = CreateCausalLm(spec_.model);
+  torch::NoGradGuard no_grad;
+  auto a = torch::randint(0, 256, {1, 16}, torch::kLong);
+  auto b = a.clone();
+  b.index_put_({0, 10}, (a.index({0, 10}).item<int64_t>() + 1) % 256);  // change token 10 only
+  auto la = model->Logits(a), lb = model->Logits(b);
+  EXPECT_TRUE(torch::allclose(la.narrow(1, 0, 10), lb.narrow(1, 0, 10)));  // the past is untouched
+  EXPECT_FALSE(torch::allclose(la.narrow(1, 10, 6), lb.narrow(1, 10, 6)));
 }
 
 TEST_F(TrainerTest, CheckpointShardReadsBackBitIdenticalToTheLiveParameters) {

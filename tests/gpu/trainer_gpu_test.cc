@@ -32,7 +32,7 @@ class GpuTest : public ::testing::Test {
 std::vector<double> Train(const std::string& corpus, torch::Device device, int steps) {
   TaskContext context;
   context.run_id = "gpu";
-  context.spec.model = {"gpt2", 2, 64, 4, 256, 64};
+  context.spec.model = {"gpt2", 2, 64, 4, 256, 64, 4, 256, 10000.0, 1e-5};
   context.spec.data.path = corpus;
   context.spec.train.global_batch = 8;
   context.spec.train.lr = 3e-3;

@@ -1,0 +1,137 @@
+#include "storage/safetensors.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace strata::storage {
+namespace {
+
+using json = nlohmann::json;
+
+const char* SafetensorsDType(DType d) {
+  switch (d) {
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+    case DType::kF64: return "F64";
+    case DType::kI64: return "I64";
+    case DType::kI32: return "I32";
+    case DType::kU16: return "U16";
+    case DType::kU8: return "U8";
+  }
+  return "?";
+}
+
+bool ParseDType(const std::string& s, DType* out) {
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI64, DType::kI32, DType::kU16, DType::kU8}) {
+    if (s == SafetensorsDType(d)) {
+      *out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t Numel(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+}  // namespace
+
+Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorView>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  std::set<std::string> names;
+  for (const auto& t : tensors) {
+    if (!names.insert(t.name).second) return InvalidArgument("safetensors: tensor '" + t.name + "' given twice");
+    const uint64_t expected = Numel(t.tensor.shape) * DTypeSize(t.tensor.dtype);
+    if (t.tensor.bytes.size() != expected) {
+      return InvalidArgument("safetensors: tensor '" + t.name + "' has " + std::to_string(t.tensor.bytes.size()) +
+                             " bytes, its shape and dtype need " + std::to_string(expected));
+    }
+    header[t.name] = {{"dtype", SafetensorsDType(t.tensor.dtype)},
+                      {"shape", t.tensor.shape},
+                      {"data_offsets", {offset, offset + expected}}};
+    offset += expected;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the format allows trailing spaces; keeps data 8-aligned
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return IoError("cannot write " + tmp + ": check the directory exists and is writable");
+    uint64_t n = text.size();
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    out.write(reinterpret_cast<const char*>(len), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& t : tensors) {
+      out.write(reinterpret_cast<const char*>(t.tensor.bytes.data()), static_cast<std::streamsize>(t.tensor.bytes.size()));
+    }
+    out.flush();
+    if (!out) return IoError("writing " + tmp + " failed (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return IoError("cannot move " + tmp + " to " + path + ": " + ec.message());
+  return Status::Ok();
+}
+
+Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot open " + path);
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  unsigned char len[8];
+  if (file_size < 8 || !in.read(reinterpret_cast<char*>(len), 8)) return Corruption(path + ": shorter than a safetensors header");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
+  if (n > file_size - 8 || n > (100u << 20)) return Corruption(path + ": header length " + std::to_string(n) + " exceeds the file");
+  std::string text(n, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  const uint64_t data_size = file_size - 8 - n;
+  SafetensorsFile file;
+  try {
+    json header = json::parse(text);
+    if (!header.is_object()) return Corruption(path + ": header is not a JSON object");
+    for (auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") {
+        for (auto& [k, v] : entry.items()) file.metadata[k] = v.get<std::string>();
+        continue;
+      }
+      Tensor t;
+      if (!ParseDType(entry.at("dtype").get<std::string>(), &t.dtype)) {
+        return Corruption(path + ": tensor '" + name + "' has unsupported dtype " + entry.at("dtype").dump());
+      }
+      t.shape = entry.at("shape").get<std::vector<int64_t>>();
+      for (int64_t d : t.shape) {
+        if (d < 0) return Corruption(path + ": tensor '" + name + "' has a negative dimension");
+      }
+      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      const uint64_t expected = Numel(t.shape) * DTypeSize(t.dtype);
+      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size || offsets[1] - offsets[0] != expected) {
+        return Corruption(path + ": tensor '" + name + "' has data_offsets outside the file or not matching its shape");
+      }
+      t.bytes.resize(expected);
+      in.seekg(static_cast<std::streamoff>(8 + n + offsets[0]));
+      if (!in.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(expected))) {
+        return Corruption(path + ": tensor '" + name + "' is truncated");
+      }
+      t.checksum = Checksum(t.bytes);
+      file.tensors.emplace(name, std::move(t));
+    }
+  } catch (const std::exception& e) {
+    return Corruption(path + ": malformed safetensors header: " + e.what());
+  }
+  return file;
+}
+
+}  // namespace strata::storage

@@ -1,0 +1,36 @@
+// Hugging Face safetensors files (https://github.com/huggingface/safetensors, format v0):
+//   [u64 little-endian N][N bytes of JSON header][data]
+// The header maps each tensor name to {"dtype": "F32"|"BF16"|..., "shape": [...],
+// "data_offsets": [begin, end]} (offsets relative to the data section, tensors contiguous and
+// non-overlapping) plus an optional "__metadata__" object of string -> string.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "storage/shard_store.h"
+
+namespace strata::storage {
+
+struct NamedTensorView {
+  std::string name;
+  TensorView tensor;
+};
+
+// Writes atomically (temp file + rename). Names must be unique.
+Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorView>& tensors,
+                        const std::map<std::string, std::string>& metadata = {});
+
+struct SafetensorsFile {
+  std::map<std::string, Tensor> tensors;  // checksum filled in
+  std::map<std::string, std::string> metadata;
+};
+
+// Reads and validates every header field (dtype known, offsets in range and consistent with
+// shape x dtype size); a malformed file is Corruption naming the path and the field.
+Result<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+}  // namespace strata::storage
