@@ -1,0 +1,23 @@
+"""Checks that a model exported by Strata loads in transformers and gives the same logits.
+
+usage: python3 hf_parity.py DIR   (DIR holds config.json, model.safetensors from Strata and
+expected.safetensors with int64 "tokens" [b, t] and fp32 "logits" [b, t, vocab] from Strata)
+Prints the max abs difference; exits 0 when it is within tolerance.
+"""
+import json
+import sys
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+directory = sys.argv[1]
+expected = load_file(f"{directory}/expected.safetensors")
+model = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32, attn_implementation="eager")
+model.eval()
+with torch.no_grad():
+    logits = model(expected["tokens"]).logits
+diff = (logits - expected["logits"]).abs().max().item()
+family = json.load(open(f"{directory}/config.json"))["model_type"]
+print(f"{family}: max |logits - transformers| = {diff:.3e} over {tuple(logits.shape)}")
+sys.exit(0 if diff < 1e-4 else 1)
