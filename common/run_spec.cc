@@ -1,5 +1,7 @@
 #include "common/run_spec.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -15,11 +17,11 @@ namespace fs = std::filesystem;
 const std::map<std::string, std::set<std::string>>& AllowedKeys() {
   static const std::map<std::string, std::set<std::string>> keys = {
       {"", {"name", "model", "data", "train", "parallel", "worker"}},
-      {"model", {"family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence", "rope_theta", "norm_eps"}},
+      {"model", {"family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence", "rope_theta", "norm_eps", "init_from"}},
       {"data", {"path", "format"}},
-      {"train", {"steps", "global_batch", "lr", "weight_decay", "beta1", "beta2", "grad_clip", "seed",
-                 "checkpoint_every"}},
-      {"parallel", {"dp"}},
+      {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
+                 "beta2", "grad_clip", "seed", "checkpoint_every", "precision"}},
+      {"parallel", {"dp", "micro_batch"}},
       {"worker", {"threads"}},
   };
   return keys;
@@ -156,6 +158,17 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
   if (m.family == "gpt2" && m.kv_heads != m.heads) {
     return InvalidArgument("run spec: model.kv_heads applies to family \"llama\" only; remove it for gpt2");
   }
+  STRATA_RETURN_IF_ERROR(r.String("model", "init_from", &m.init_from));
+  if (!m.init_from.empty()) {
+    fs::path init(m.init_from);
+    if (init.is_relative() && !base_dir.empty()) init = fs::path(base_dir) / init;
+    m.init_from = init.lexically_normal().string();
+    std::error_code ec;
+    if (check_files && !fs::is_regular_file(init / "model.safetensors", ec)) {
+      return InvalidArgument("run spec: model.init_from = \"" + m.init_from +
+                             "\" holds no model.safetensors; point it at a directory saved by save_pretrained or `strata export`");
+    }
+  }
   if (m.family == "llama" && (m.hidden / m.heads) % 2 != 0) {
     return InvalidArgument("run spec: model.hidden / model.heads = " + std::to_string(m.hidden / m.heads) +
                            " must be even for rotary position embeddings (llama)");
@@ -200,6 +213,17 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
   STRATA_RETURN_IF_ERROR(r.Int("train", "seed", &t.seed, 0));
   STRATA_RETURN_IF_ERROR(r.Int("train", "checkpoint_every", &t.checkpoint_every, 0));
   if (t.lr <= 0) return InvalidArgument("run spec: train.lr must be > 0");
+  STRATA_RETURN_IF_ERROR(r.String("train", "lr_schedule", &t.lr_schedule));
+  if (t.lr_schedule != "constant" && t.lr_schedule != "cosine") {
+    return InvalidArgument("run spec: train.lr_schedule = \"" + t.lr_schedule + "\" is not supported; use \"constant\" or \"cosine\"");
+  }
+  STRATA_RETURN_IF_ERROR(r.Int("train", "warmup_steps", &t.warmup_steps, 0));
+  STRATA_RETURN_IF_ERROR(r.Float("train", "min_lr", &t.min_lr, 0.0, 10.0));
+  if (t.min_lr > t.lr) return InvalidArgument("run spec: train.min_lr must not exceed train.lr");
+  STRATA_RETURN_IF_ERROR(r.String("train", "precision", &t.precision));
+  if (t.precision != "fp32" && t.precision != "bf16") {
+    return InvalidArgument("run spec: train.precision = \"" + t.precision + "\" is not supported; use \"fp32\" or \"bf16\"");
+  }
 
   STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &spec.parallel.dp, 1));
   if (t.global_batch % spec.parallel.dp != 0) {
@@ -207,8 +231,26 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
                            " is not divisible by parallel.dp = " + std::to_string(spec.parallel.dp) +
                            "; make the global batch a multiple of dp");
   }
+  STRATA_RETURN_IF_ERROR(r.Int("parallel", "micro_batch", &spec.parallel.micro_batch, 0));
+  const int64_t local_batch = t.global_batch / spec.parallel.dp;
+  if (spec.parallel.micro_batch > 0 && local_batch % spec.parallel.micro_batch != 0) {
+    return InvalidArgument("run spec: parallel.micro_batch = " + std::to_string(spec.parallel.micro_batch) +
+                           " does not divide the per-rank batch train.global_batch / parallel.dp = " +
+                           std::to_string(local_batch));
+  }
   STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0));
   return spec;
+}
+
+double LearningRate(const TrainSpec& train, int64_t step) {
+  if (train.warmup_steps > 0 && step <= train.warmup_steps) {
+    return train.lr * static_cast<double>(step) / static_cast<double>(train.warmup_steps);
+  }
+  if (train.lr_schedule != "cosine") return train.lr;
+  const int64_t decay_steps = train.steps - train.warmup_steps;
+  if (decay_steps <= 0) return train.lr;
+  const double progress = static_cast<double>(step - train.warmup_steps) / static_cast<double>(decay_steps);
+  return train.min_lr + 0.5 * (train.lr - train.min_lr) * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
 }
 
 std::string RunSpecToToml(const RunSpec& spec) {
@@ -224,6 +266,7 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"sequence", spec.model.sequence},
                                    {"rope_theta", spec.model.rope_theta},
                                    {"norm_eps", spec.model.norm_eps}});
+  if (!spec.model.init_from.empty()) root["model"].as_table()->insert("init_from", spec.model.init_from);
   root.insert("data", toml::table{{"path", spec.data.path}, {"format", spec.data.format}});
   root.insert("train", toml::table{{"steps", spec.train.steps},
                                    {"global_batch", spec.train.global_batch},
@@ -233,8 +276,12 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"beta2", spec.train.beta2},
                                    {"grad_clip", spec.train.grad_clip},
                                    {"seed", spec.train.seed},
-                                   {"checkpoint_every", spec.train.checkpoint_every}});
-  root.insert("parallel", toml::table{{"dp", spec.parallel.dp}});
+                                   {"checkpoint_every", spec.train.checkpoint_every},
+                                   {"lr_schedule", spec.train.lr_schedule},
+                                   {"warmup_steps", spec.train.warmup_steps},
+                                   {"min_lr", spec.train.min_lr},
+                                   {"precision", spec.train.precision}});
+  root.insert("parallel", toml::table{{"dp", spec.parallel.dp}, {"micro_batch", spec.parallel.micro_batch}});
   root.insert("worker", toml::table{{"threads", spec.worker.threads}});
   std::ostringstream out;
   out << root << "\n";

@@ -3,11 +3,11 @@
 //
 //   name = "gpt2-tiny"
 //   [model]     family = "gpt2" | "llama", layers, hidden, heads, kv_heads, ffn, vocab, sequence,
-//               rope_theta (llama), norm_eps
+//               rope_theta (llama), norm_eps, init_from (a Hugging Face model directory)
 //   [data]      path = "corpus.txt", format = "bytes" | "u16"
-//   [train]     steps, global_batch, lr, weight_decay, beta1, beta2, grad_clip, seed,
-//               checkpoint_every
-//   [parallel]  dp
+//   [train]     steps, global_batch, lr, lr_schedule, warmup_steps, min_lr, weight_decay, beta1,
+//               beta2, grad_clip, seed, checkpoint_every, precision
+//   [parallel]  dp, micro_batch
 //   [worker]    threads (intra-op threads per CPU worker; 0 = LibTorch's default)
 #pragma once
 
@@ -29,6 +29,7 @@ struct ModelSpec {
   int64_t ffn = 0;          // MLP width; 0 -> 4 * hidden
   double rope_theta = 10000.0;
   double norm_eps = 0.0;    // 0 -> 1e-5 (gpt2 LayerNorm) or 1e-6 (llama RMSNorm)
+  std::string init_from;    // start from this Hugging Face directory (config.json + model.safetensors)
 };
 
 struct DataSpec {
@@ -46,10 +47,15 @@ struct TrainSpec {
   double grad_clip = 0.0;  // 0 = off
   int64_t seed = 1234;
   int64_t checkpoint_every = 0;  // 0 = only at the end
+  std::string lr_schedule = "constant";  // or "cosine": linear warmup, then cosine down to min_lr
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  std::string precision = "fp32";  // or "bf16": bf16 compute, fp32 master weights (CUDA workers)
 };
 
 struct ParallelSpec {
   int64_t dp = 1;
+  int64_t micro_batch = 0;  // rows per forward/backward on a rank; 0 = the whole local batch
 };
 
 struct WorkerSpec {
@@ -68,6 +74,10 @@ struct RunSpec {
 // Parses and validates. Relative data paths are resolved against `base_dir`. Does not touch
 // the file system except to check that the data file exists when `check_files` is set.
 Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& base_dir, bool check_files);
+
+// Learning rate of 1-based `step`: constant, or linear warmup over warmup_steps then cosine from
+// lr down to min_lr at the last step.
+double LearningRate(const TrainSpec& train, int64_t step);
 
 // Canonical TOML of a validated spec (every key written, paths absolute); parses back equal.
 std::string RunSpecToToml(const RunSpec& spec);

@@ -78,6 +78,28 @@ TEST_F(RunSpecTest, KvHeadsMustDivideHeads) {
   ExpectRejected(With("layers = 2", "family = \"llama\"\nlayers = 2\nkv_heads = 3"), "model.kv_heads");
 }
 TEST_F(RunSpecTest, UnknownFamilyIsNamed) { ExpectRejected(With("layers = 2", "family = \"mamba\"\nlayers = 2"), "model.family"); }
+TEST_F(RunSpecTest, MicroBatchMustDivideTheRankBatch) {
+  ExpectRejected(Valid() + "[parallel]\ndp = 2\nmicro_batch = 3\n", "parallel.micro_batch");
+}
+TEST_F(RunSpecTest, InitFromMustHoldSafetensors) {
+  ExpectRejected(With("layers = 2", "layers = 2\ninit_from = \"no-such-dir\""), "model.init_from");
+}
+TEST_F(RunSpecTest, UnknownPrecisionIsNamed) { ExpectRejected(Valid("", "precision = \"fp8\"\n"), "train.precision"); }
+
+TEST(LearningRateTest, WarmupThenCosineToMinLr) {
+  TrainSpec t;
+  t.steps = 110;
+  t.lr = 1.0;
+  t.min_lr = 0.1;
+  t.warmup_steps = 10;
+  t.lr_schedule = "cosine";
+  EXPECT_DOUBLE_EQ(LearningRate(t, 1), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 10), 1.0);
+  EXPECT_NEAR(LearningRate(t, 60), 0.55, 1e-12);  // halfway down the cosine
+  EXPECT_NEAR(LearningRate(t, 110), 0.1, 1e-12);
+  t.lr_schedule = "constant";
+  EXPECT_DOUBLE_EQ(LearningRate(t, 100), 1.0);
+}
 TEST_F(RunSpecTest, BatchMustDivideByDp) {
   ExpectRejected(Valid() + "[parallel]\ndp = 3\n", "parallel.dp");
 }

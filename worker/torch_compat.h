@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <ATen/autocast_mode.h>
 
 #if TORCH_VERSION_MAJOR >= 2
 #define STRATA_TORCH_HAS_SDPA 1
@@ -11,7 +12,45 @@
 #define STRATA_TORCH_HAS_SDPA 0
 #endif
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define STRATA_TORCH_DEVICE_AUTOCAST 1  // set_autocast_enabled(device_type, ...) API
+#else
+#define STRATA_TORCH_DEVICE_AUTOCAST 0
+#endif
+
 namespace strata::worker::compat {
+
+// bf16 autocast on a CUDA device for the guard's lifetime: matmuls and attention run in bf16,
+// parameters (the fp32 master weights) and reductions such as the loss stay fp32. A no-op on CPU
+// or when not enabled.
+class AutocastGuard {
+ public:
+  AutocastGuard(const torch::Device& device, bool bf16) : active_(bf16 && device.is_cuda()) {
+    if (!active_) return;
+#if STRATA_TORCH_DEVICE_AUTOCAST
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+#else
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+#endif
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!active_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+#if STRATA_TORCH_DEVICE_AUTOCAST
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+#else
+    at::autocast::set_enabled(false);
+#endif
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool active_;
+};
 
 // Causal attention over q, k, v of shape [batch, heads, time, head_dim]. LibTorch 2.x uses the
 // fused kernel (flash / memory-efficient on GPU); 1.13 has none, so it is spelled out:

@@ -62,7 +62,12 @@ class TorchExecutor final : public TaskExecutor {
     if (data.size() < static_cast<size_t>(spec.model.sequence + 1)) {
       return InvalidArgument("data.path holds fewer than model.sequence + 1 tokens");
     }
+    if (spec.train.precision == "bf16" && !device_.is_cuda()) {
+      return InvalidArgument("train.precision = \"bf16\" needs a CUDA worker and this one runs on " + device_.str() +
+                             "; use precision = \"fp32\" on CPU workers");
+    }
     Trainer trainer(context, std::move(data), device_);
+    STRATA_RETURN_IF_ERROR(trainer.init_status());
     const int64_t tokens_per_step = spec.train.global_batch * spec.model.sequence;
     while (trainer.step() < spec.train.steps) {
       if (context.cancelled->load()) return Aborted("cancelled");

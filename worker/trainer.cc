@@ -1,5 +1,8 @@
 #include "worker/trainer.h"
 
+#include "worker/hf_format.h"
+#include "worker/torch_compat.h"
+
 #include <algorithm>
 #include <cmath>
 #include <mutex>
@@ -29,6 +32,9 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   std::lock_guard<std::mutex> lock(init_mutex);
   torch::manual_seed(static_cast<uint64_t>(context.spec.train.seed));
   model_ = CreateCausalLm(context.spec.model);
+  if (!context.spec.model.init_from.empty()) {
+    init_status_ = LoadHuggingFace(context.spec.model.init_from, context.spec.model, *model_);
+  }
   model_->to(device_);
   for (auto& item : model_->named_parameters()) params_.emplace_back(item.key(), item.value());
   for (auto& [name, p] : params_) {
@@ -50,18 +56,32 @@ Result<double> Trainer::Step() {
     for (int64_t i = 0; i <= t; ++i) w[row * (t + 1) + i] = data_.tokens()[start + i];
   }
   window = window.to(device_);
-  auto inputs = window.narrow(1, 0, t);
-  auto targets = window.narrow(1, 1, t);
 
+  // Gradient accumulation: the rank's rows in micro-batches, each loss scaled by its share, so
+  // the accumulated gradient is that of the mean over all local rows whatever the micro-batch.
+  const int64_t micro = spec.parallel.micro_batch > 0 ? spec.parallel.micro_batch : local_batch;
   model_->zero_grad();
-  auto logits = model_->Logits(inputs);
-  auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, spec.model.vocab}), targets.reshape({-1}));
-  loss.backward();
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
+  for (int64_t begin = 0; begin < local_batch; begin += micro) {
+    auto rows = window.narrow(0, begin, micro);
+    auto inputs = rows.narrow(1, 0, t);
+    auto targets = rows.narrow(1, 1, t);
+    torch::Tensor loss;
+    {
+      compat::AutocastGuard autocast(device_, spec.train.precision == "bf16");
+      auto logits = model_->Logits(inputs);
+      loss = torch::nn::functional::cross_entropy(logits.reshape({-1, spec.model.vocab}).to(torch::kFloat),
+                                                  targets.reshape({-1}));
+    }
+    const double share = static_cast<double>(micro) / static_cast<double>(local_batch);
+    (loss * share).backward();
+    loss_sum += loss.detach() * share;
+  }
 
   // One flat buffer of every gradient plus the loss: one all-reduce per step.
   std::vector<torch::Tensor> pieces;
   for (auto& [name, p] : params_) pieces.push_back(p.grad().reshape({-1}));
-  pieces.push_back(loss.detach().reshape({1}));
+  pieces.push_back(loss_sum.reshape({1}));
   auto flat = torch::cat(pieces).to(torch::kCPU, torch::kFloat).contiguous();
   STRATA_RETURN_IF_ERROR(context_.communicator->AllReduceSum(flat.data_ptr<float>(), flat.numel()));
   if (n > 1) flat.div_(static_cast<double>(n));
@@ -94,17 +114,18 @@ Result<double> Trainer::Step() {
 void Trainer::AdamW() {
   torch::NoGradGuard no_grad;
   const auto& tr = context_.spec.train;
+  const double lr = LearningRate(tr, step_);
   const double bc1 = 1.0 - std::pow(tr.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(tr.beta2, static_cast<double>(step_));
   const double eps = 1e-8;
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
     const auto& g = p.grad();
-    if (tr.weight_decay > 0 && p.dim() >= 2) p.mul_(1.0 - tr.lr * tr.weight_decay);
+    if (tr.weight_decay > 0 && p.dim() >= 2) p.mul_(1.0 - lr * tr.weight_decay);
     exp_avg_[i].mul_(tr.beta1).add_(g, 1.0 - tr.beta1);
     exp_avg_sq_[i].mul_(tr.beta2).addcmul_(g, g, 1.0 - tr.beta2);
     auto denom = (exp_avg_sq_[i].sqrt() / std::sqrt(bc2)).add_(eps);
-    p.addcdiv_(exp_avg_[i], denom, -tr.lr / bc1);
+    p.addcdiv_(exp_avg_[i], denom, -lr / bc1);
   }
 }
 

@@ -4,7 +4,9 @@
 //   rows [r B/n, (r+1) B/n) of the step's global batch  ->  local mean loss L_r, grads g_r
 //   all-reduce( [g_r ; L_r] ) / n  ->  mean gradient and mean loss of the global batch
 // which equals a single worker's step on all B rows (up to float summation order).
-// AdamW (Loshchilov & Hutter) with bias correction, decay on matrices only:
+// With micro-batches of m rows, each micro-batch loss is scaled by m / local rows before
+// backward, so the accumulated gradient is the same whatever m (gradient accumulation).
+// AdamW (Loshchilov & Hutter) with bias correction, decay on matrices only, lr from the schedule:
 //   p -= lr wd p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 #pragma once
@@ -23,6 +25,9 @@ namespace strata::worker {
 class Trainer {
  public:
   Trainer(const TaskContext& context, TokenData data, torch::Device device);
+
+  // Not OK when model.init_from could not be loaded (the trainer must not be used then).
+  const Status& init_status() const { return init_status_; }
 
   // Runs step `step_` + 1; returns the global mean loss.
   Result<double> Step();
@@ -45,6 +50,7 @@ class Trainer {
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
+  Status init_status_;
 };
 
 }  // namespace strata::worker

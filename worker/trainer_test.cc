@@ -2,6 +2,8 @@
 // (ranks as threads over ipc sockets).
 #include "worker/trainer.h"
 
+#include "worker/hf_format.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -85,6 +87,46 @@ TEST_F(TrainerTest, DataParallelMatchesOneWorkerStepForStep) {
     EXPECT_NEAR(two[0][s], one[s], 1e-5 * std::abs(one[s])) << "step " << s + 1;
     EXPECT_EQ(two[0][s], two[1][s]) << "ranks disagree at step " << s + 1;
   }
+}
+
+TEST_F(TrainerTest, MicroBatchesAccumulateToTheSameSteps) {
+  spec_.train.global_batch = 8;
+  auto whole = Train(1, 6)[0];
+  spec_.parallel.micro_batch = 2;  // 4 micro-batches per step
+  auto accumulated = Train(1, 6)[0];
+  spec_.parallel.micro_batch = 1;  // and with 2 ranks: 4 micro-batches of 1 on each
+  auto two_ranks = Train(2, 6)[0];
+  for (int s = 0; s < 6; ++s) {
+    EXPECT_NEAR(accumulated[s], whole[s], 1e-5 * whole[s]) << "step " << s + 1;
+    EXPECT_NEAR(two_ranks[s], whole[s], 1e-5 * whole[s]) << "step " << s + 1;
+  }
+}
+
+TEST_F(TrainerTest, CosineScheduleChangesTheTrajectory) {
+  auto constant = Train(1, 5)[0];
+  spec_.train.lr_schedule = "cosine";
+  spec_.train.warmup_steps = 3;
+  spec_.train.steps = 5;
+  auto scheduled = Train(1, 5)[0];
+  EXPECT_DOUBLE_EQ(scheduled[0], constant[0]);  // same weights before the first update
+  EXPECT_NE(scheduled[1], constant[1]);         // a third of the lr in the first update
+}
+
+TEST_F(TrainerTest, InitFromAHuggingFaceDirectoryStartsFromThoseWeights) {
+  spec_.train.seed = 21;
+  auto reference = Train(1, 3)[0];
+  // The same initial weights, exported, then loaded by a trainer seeded differently.
+  torch::manual_seed(21);
+  auto model = CreateCausalLm(spec_.model);
+  ASSERT_TRUE(ExportHuggingFace(*model, spec_.model, dir_ + "/init").ok());
+  spec_.train.seed = 999;
+  auto other_seed = Train(1, 1)[0];
+  EXPECT_NE(other_seed[0], reference[0]);
+  spec_.model.init_from = dir_ + "/init";
+  // Same data order as the reference needs the same data seed: only the weights come from disk.
+  spec_.train.seed = 21;
+  auto loaded = Train(1, 3)[0];
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(loaded[s], reference[s]) << "step " << s + 1;
 }
 
 TEST_F(TrainerTest, LlamaWithGroupedQueryAttentionLearnsAndMatchesAcrossRanks) {

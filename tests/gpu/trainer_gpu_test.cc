@@ -29,13 +29,16 @@ class GpuTest : public ::testing::Test {
   std::string dir_;
 };
 
-std::vector<double> Train(const std::string& corpus, torch::Device device, int steps) {
+std::vector<double> Train(const std::string& corpus, torch::Device device, int steps,
+                          const std::string& precision = "fp32", const std::string& family = "gpt2") {
   TaskContext context;
   context.run_id = "gpu";
   context.spec.model = {"gpt2", 2, 64, 4, 256, 64, 4, 256, 10000.0, 1e-5};
   context.spec.data.path = corpus;
   context.spec.train.global_batch = 8;
   context.spec.train.lr = 3e-3;
+  context.spec.train.precision = precision;
+  if (family == "llama") context.spec.model = {"llama", 2, 64, 4, 256, 64, 2, 192, 10000.0, 1e-6};
   NoComm comm;
   context.communicator = &comm;
   auto data = TokenData::Load(context.spec.data, 256);
@@ -55,6 +58,16 @@ TEST_F(GpuTest, CudaTrainingMatchesCpuInFp32) {
   auto gpu = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), 10);
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 2e-3 * cpu[i]) << "step " << i + 1;
   EXPECT_LT(gpu.back(), gpu.front());
+}
+
+TEST_F(GpuTest, Bf16ComputeTracksFp32) {
+  for (const char* family : {"gpt2", "llama"}) {
+    auto fp32 = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), 20, "fp32", family);
+    auto bf16 = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), 20, "bf16", family);
+    for (size_t i = 0; i < fp32.size(); ++i) EXPECT_NEAR(bf16[i], fp32[i], 0.03 * fp32[i]) << family << " step " << i + 1;
+    EXPECT_LT(bf16.back(), bf16.front() * 0.8) << family;
+    EXPECT_NE(bf16, fp32) << family << ": bf16 autocast had no effect";
+  }
 }
 
 TEST_F(GpuTest, ExecutorReportsAllocatorStats) {
