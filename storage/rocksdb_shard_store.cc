@@ -271,7 +271,7 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
   if (!options.create_if_missing && !std::filesystem::exists(std::filesystem::path(path) / "CURRENT", ec)) {
     return NotFound("there is no store at " + path + "; check --store, or open it with create_if_missing");
   }
-  if (options.create_if_missing && !std::filesystem::create_directories(path, ec) && ec) {
+  if (options.create_if_missing && !options.read_only && !std::filesystem::create_directories(path, ec) && ec) {
     return IoError("cannot create the store directory " + path + " (" + ec.message() +
                    "); check the path and its permissions, or choose another --store");
   }
@@ -295,9 +295,17 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
   };
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* db = nullptr;
-  STRATA_RETURN_IF_ERROR(
-      FromRocks(rocksdb::DB::Open(db_options, path, families, &handles, &db), path, "opening the store"));
-  STRATA_LOG(kInfo) << "opened store at " << path;
+  if (options.read_only) {
+    if (!std::filesystem::exists(std::filesystem::path(path) / "CURRENT", ec)) {
+      return NotFound("there is no store at " + path);
+    }
+    STRATA_RETURN_IF_ERROR(FromRocks(rocksdb::DB::OpenForReadOnly(db_options, path, families, &handles, &db), path,
+                                     "opening the store read-only"));
+  } else {
+    STRATA_RETURN_IF_ERROR(
+        FromRocks(rocksdb::DB::Open(db_options, path, families, &handles, &db), path, "opening the store"));
+    STRATA_LOG(kInfo) << "opened store at " << path;
+  }
   return std::unique_ptr<ShardStore>(new RocksDbShardStore(path, db, std::move(handles)));
 }
 

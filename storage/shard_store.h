@@ -69,6 +69,9 @@ struct CheckpointInfo {
 
 struct StoreOptions {
   bool create_if_missing = true;
+  // Opens a store that another process may hold open for writing (no lock taken): reads see what
+  // was committed when it was opened; every write returns an error.
+  bool read_only = false;
   // Values at least this big go to RocksDB blob files (large tensors, no compaction rewrites).
   uint64_t min_blob_size = 64 * 1024;
 };

@@ -634,5 +634,26 @@ TEST_F(ShardStoreTest, WriterKilledMidCheckpointLeavesLastCommitIntact) {
   EXPECT_GE(raw.CountWithPrefix("t" + EncodeKeyString(kCrashRun) + EncodeKeyU64(2)), 1);
 }
 
+TEST(ShardStoreReadOnlyTest, ReadsCommittedCheckpointsWhileAWriterHoldsTheStore) {
+  char tmpl[] = "/tmp/strata-ro-XXXXXX";
+  const std::string path = std::string(mkdtemp(tmpl)) + "/store";
+  auto writer = ShardStore::Open(path);
+  ASSERT_TRUE(writer.ok());
+  std::vector<float> values = {1.0f, 2.0f, 3.0f};
+  TensorView view{DType::kF32, {3}, {reinterpret_cast<const uint8_t*>(values.data()), 12}};
+  ASSERT_TRUE((*writer)->PutCheckpointTensor("r", 5, "w", view).ok());
+  ASSERT_TRUE((*writer)->CommitCheckpoint("r", 5).ok());
+  auto reader = ShardStore::Open(path, {.create_if_missing = false, .read_only = true});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  auto list = (*reader)->ListCheckpoints("r");
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  auto t = (*reader)->ReadCheckpointTensor("r", 5, "w");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(0, std::memcmp(t->bytes.data(), values.data(), 12));
+  EXPECT_FALSE((*reader)->PutCheckpointTensor("r", 6, "w", view).ok());
+  EXPECT_EQ(ShardStore::Open(path + "-missing", {.read_only = true}).status().code(), StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace strata::storage

@@ -1,11 +1,6 @@
-// Hugging Face layouts for our model families: names, shapes and config.json, so a model
-// exported here loads in transformers (GPT2LMHeadModel / LlamaForCausalLM) and a directory saved
-// by transformers' save_pretrained loads here.
-//   gpt2:  ours "h.N.c_attn.weight" [3h, h]  <->  "transformer.h.N.attn.c_attn.weight" [h, 3h]
-//          (HF GPT-2 uses Conv1D, whose weight is the transpose of a Linear's); the LM head is
-//          tied to wte and not stored.
-//   llama: ours "layers.N.self_attn.q_proj.weight" <-> "model.layers.N.self_attn.q_proj.weight";
-//          "lm_head.weight" keeps its name.
+// Export to and load from Hugging Face directories (config.json + model.safetensors), so a
+// model exported here loads in transformers (GPT2LMHeadModel / LlamaForCausalLM) and one saved
+// by transformers' save_pretrained loads here. Names and layouts: hf_layout.h.
 #pragma once
 
 #include <string>

@@ -1,0 +1,80 @@
+#include "cli/export.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "common/run_spec.h"
+#include "storage/safetensors.h"
+#include "storage/shard_store.h"
+#include "worker/hf_layout.h"
+
+namespace strata::cli {
+namespace {
+
+constexpr const char* kParamPrefix = "param/";
+
+// Row-major [rows, cols] -> [cols, rows] of `element` bytes each.
+std::vector<uint8_t> Transpose2d(const storage::Tensor& t) {
+  const size_t rows = static_cast<size_t>(t.shape[0]), cols = static_cast<size_t>(t.shape[1]);
+  const size_t element = storage::DTypeSize(t.dtype);
+  std::vector<uint8_t> out(t.bytes.size());
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) {
+      std::memcpy(&out[(c * rows + r) * element], &t.bytes[(r * cols + c) * element], element);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointManifest::Reader manifest,
+                                       const std::string& out_dir) {
+  STRATA_ASSIGN_OR_RETURN(RunSpec spec, ParseRunSpec(spec_toml, "", /*check_files=*/false));
+  const std::string run = manifest.getRunId().cStr();
+  const int64_t step = manifest.getStep();
+  std::map<std::string, storage::Tensor> tensors;  // HF name -> tensor in HF layout
+  for (auto shard : manifest.getShards()) {
+    const std::string store_path = shard.getStorePath().cStr();
+    storage::StoreOptions options;
+    options.create_if_missing = false;
+    options.read_only = true;
+    STRATA_ASSIGN_OR_RETURN(auto store, storage::ShardStore::Open(store_path, options));
+    for (auto entry : shard.getTensors()) {
+      const std::string name = entry.getName().cStr();
+      if (name.rfind(kParamPrefix, 0) != 0) continue;  // optimizer moments stay behind
+      STRATA_ASSIGN_OR_RETURN(storage::Tensor t, store->ReadCheckpointTensor(run, step, name));
+      if (t.checksum != entry.getChecksum()) {
+        return Corruption("tensor '" + name + "' in " + store_path + " does not match the checkpoint manifest; "
+                          "export an older checkpoint (`strata checkpoints " + run + "`)");
+      }
+      const worker::HfTensorName hf = worker::ToHuggingFace(spec.model, name.substr(std::strlen(kParamPrefix)));
+      if (hf.transposed && t.shape.size() == 2) {
+        t.bytes = Transpose2d(t);
+        std::swap(t.shape[0], t.shape[1]);
+      }
+      tensors[hf.name] = std::move(t);
+    }
+  }
+  if (tensors.empty()) return NotFound("checkpoint " + std::to_string(step) + " of run " + run + " holds no parameters");
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return IoError("cannot create " + out_dir + ": " + ec.message());
+  ExportSummary summary;
+  std::vector<storage::NamedTensorView> views;
+  for (const auto& [name, t] : tensors) {
+    views.push_back({name, {t.dtype, t.shape, t.bytes}});
+    summary.bytes += t.bytes.size();
+  }
+  summary.tensors = views.size();
+  STRATA_RETURN_IF_ERROR(storage::WriteSafetensors(out_dir + "/model.safetensors", views,
+                                                   {{"format", "pt"}, {"strata_run", run}, {"strata_step", std::to_string(step)}}));
+  std::ofstream config(out_dir + "/config.json");
+  config << worker::HuggingFaceConfigJson(spec.model);
+  if (!config) return IoError("cannot write " + out_dir + "/config.json");
+  return summary;
+}
+
+}  // namespace strata::cli
