@@ -19,6 +19,8 @@
 #include <thread>
 
 #include "cli/cluster_file.h"
+#include "cli/export.h"
+#include "common/curve.h"
 #include "common/net.h"
 #include "common/run_spec.h"
 #include "coordinator/client.h"
@@ -40,6 +42,7 @@ struct GlobalOptions {
   std::string state_dir;
   std::string cluster;  // endpoint override
   int timeout_ms = 3000;
+  std::string keys_dir;  // CURVE keys override (--keys, else $STRATA_KEYS, else STATE_DIR/keys)
 };
 
 int Fail(const Status& status) {
@@ -54,10 +57,28 @@ Result<std::string> ResolveEndpoint(const GlobalOptions& g) {
   return file.endpoint;
 }
 
+// The CURVE key directory: --keys, else $STRATA_KEYS, else STATE_DIR/keys (next to cluster.json)
+// if it exists, else none (a local ipc:// cluster needs none).
+std::string ResolveKeysDir(const GlobalOptions& g) {
+  if (!g.keys_dir.empty()) return g.keys_dir;
+  if (const char* env = std::getenv("STRATA_KEYS"); env && *env) return env;
+  if (fs::exists(g.state_dir + "/keys/client.key")) return g.state_dir + "/keys";
+  return "";
+}
+
+Result<std::unique_ptr<coordinator::CoordinatorClient>> MakeClient(const GlobalOptions& g, const std::string& endpoint,
+                                                                   int timeout_ms) {
+  std::optional<curve::ClientKeys> keys;
+  if (const std::string dir = ResolveKeysDir(g); !dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(keys, curve::LoadClientKeys(dir));
+  }
+  return std::make_unique<coordinator::CoordinatorClient>(endpoint, timeout_ms, std::move(keys));
+}
+
 Result<std::unique_ptr<schema::DecodedEnvelope>> Call(const GlobalOptions& g, schema::EnvelopeBuilder& request) {
   STRATA_ASSIGN_OR_RETURN(std::string endpoint, ResolveEndpoint(g));
-  coordinator::CoordinatorClient client(endpoint, g.timeout_ms);
-  return client.Call(request);
+  STRATA_ASSIGN_OR_RETURN(auto client, MakeClient(g, endpoint, g.timeout_ms));
+  return client->Call(request);
 }
 
 std::string HumanBytes(uint64_t b) {
@@ -128,6 +149,20 @@ json CheckpointToJson(CheckpointManifest::Reader m) {
           {"shards", shards}};
 }
 
+// ------------------------------------------------------------------ keygen
+
+int CmdKeygen(const std::string& dir, bool force) {
+  Status st = curve::WriteKeyDirectory(dir, force);
+  if (!st.ok()) return Fail(st);
+  std::cout << "CURVE keys written to " << dir << " (secret keys mode 0600, directory 0700):\n"
+            << "  coordinator.key/.pub  the coordinator's pair: start it with --keys " << dir << "\n"
+            << "  client.key/.pub       the CLI's and workers' pair (already in authorized_keys)\n"
+            << "  authorized_keys       public keys allowed to connect, one a line\n"
+            << "Copy the directory without coordinator.key to each worker host and point the CLI at it with\n"
+            << "--keys, $STRATA_KEYS or STATE_DIR/keys. See docs/security.md." << std::endl;
+  return kExitOk;
+}
+
 // ------------------------------------------------------------------ up / down
 
 std::string BinaryDir() {
@@ -167,10 +202,10 @@ std::string LogTail(const std::string& path, size_t lines) {
 }
 
 Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint) {
-  coordinator::CoordinatorClient client(endpoint, 1000);
+  STRATA_ASSIGN_OR_RETURN(auto client, MakeClient(g, endpoint, 1000));
   schema::EnvelopeBuilder req;
   req.root().setWorkersRequest();
-  STRATA_ASSIGN_OR_RETURN(auto reply, client.Call(req));
+  STRATA_ASSIGN_OR_RETURN(auto reply, client->Call(req));
   int live = 0;
   for (auto w : reply->root().getWorkersReply().getWorkers()) live += w.getState() != WorkerState::LOST;
   return live;
@@ -183,6 +218,9 @@ int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms) {
   std::error_code ec;
   fs::create_directories(dir + "/logs", ec);
   if (ec) return Fail(IoError("cannot create " + dir + ": " + ec.message()));
+  // The ipc sockets live here: only the owner may reach them (ipc:// runs without CURVE).
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+  if (ec) return Fail(IoError("cannot make " + dir + " private (chmod 700): " + ec.message()));
   ClusterFile file;
   if (auto existing = ReadClusterFile(dir); existing.ok()) file = *existing;
   file.state_dir = dir;
@@ -198,13 +236,32 @@ int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms) {
     file.processes.push_back({name, 0});
     return &file.processes.back();
   };
+  // Keys in reach (--keys, $STRATA_KEYS, STATE_DIR/keys) make a CURVE cluster even on ipc://, so
+  // the keys later commands pick up always match the cluster's.
+  std::vector<std::string> keys_args;
+  if (const std::string keys = ResolveKeysDir(g); !keys.empty()) {
+    if (!fs::exists(keys + "/coordinator.key")) {
+      return Fail(InvalidArgument("the key directory " + keys + " has no coordinator.key, so a local coordinator "
+                                  "cannot use it; unset STRATA_KEYS / drop --keys, or make one with `strata keygen`"));
+    }
+    keys_args = {"--keys", fs::absolute(keys).string()};
+  }
   const std::string bin = BinaryDir();
   int started = 0;
   ClusterProcess* coord = find("coordinator");
   if (!IsStrataProcess(coord->pid)) {
-    auto pid = SpawnDaemon({bin + "/strata-coordinator", "--listen", file.endpoint, "--state-dir", dir + "/coordinator",
-                            "--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms)},
-                           dir + "/logs/coordinator.log");
+    std::vector<std::string> argv = {bin + "/strata-coordinator", "--listen", file.endpoint, "--state-dir",
+                                     dir + "/coordinator", "--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms)};
+    argv.insert(argv.end(), keys_args.begin(), keys_args.end());
+    // The dashboard on loopback, its port kept across restarts when free (docs/dashboard.md).
+    auto token_file = EnsureHttpTokenFile(dir);
+    if (!token_file.ok()) return Fail(token_file.status());
+    const size_t colon = file.http.rfind(':');
+    auto port = PickLocalPort(colon == std::string::npos ? 0 : std::atoi(file.http.c_str() + colon + 1));
+    if (!port.ok()) return Fail(port.status());
+    file.http = "http://127.0.0.1:" + std::to_string(*port);
+    argv.insert(argv.end(), {"--http", "127.0.0.1:" + std::to_string(*port), "--http-token-file", *token_file});
+    auto pid = SpawnDaemon(argv, dir + "/logs/coordinator.log");
     if (!pid.ok()) return Fail(pid.status());
     coord->pid = *pid;
     ++started;
@@ -217,6 +274,7 @@ int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms) {
                                      "--store", dir + "/workers/" + name, "--data-address",
                                      "ipc://" + dir + "/" + name + ".data.sock"};
     if (gpus > 0) argv.insert(argv.end(), {"--device", "cuda:" + std::to_string(i)});
+    argv.insert(argv.end(), keys_args.begin(), keys_args.end());
     auto pid = SpawnDaemon(argv, dir + "/logs/" + name + ".log");
     if (!pid.ok()) return Fail(pid.status());
     p->pid = *pid;
@@ -246,6 +304,7 @@ int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms) {
   }
   std::cout << "cluster up: coordinator at " << file.endpoint << ", " << live << " worker(s) (" << started
             << " process(es) started)\nstate and logs: " << dir << std::endl;
+  if (!file.http.empty()) std::cout << "dashboard: " << file.http << " (token for actions: " << dir << "/http.token)" << std::endl;
   return kExitOk;
 }
 
@@ -253,10 +312,10 @@ int CmdDown(GlobalOptions& g) {
   auto file = ReadClusterFile(g.state_dir);
   if (!file.ok()) return Fail(file.status());
   {
-    coordinator::CoordinatorClient client(file->endpoint, 2000);
+    auto client = MakeClient(g, file->endpoint, 2000);
     schema::EnvelopeBuilder req;
     req.root().setShutdown();
-    (void)client.Call(req);  // the coordinator tells its workers; stragglers get signals below
+    if (client.ok()) (void)(*client)->Call(req);  // the coordinator tells its workers; stragglers get signals below
   }
   auto alive = [&] {
     int n = 0;
@@ -549,6 +608,31 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow) {
   return Follow(g, run);
 }
 
+int CmdExport(GlobalOptions& g, const std::string& run, int64_t step, const std::string& out_dir) {
+  auto status = FetchStatus(g, run);
+  if (!status.ok()) return Fail(status.status());
+  const std::string spec_toml = (*status)->root().getStatusReply().getRuns()[0].getSpecToml().cStr();
+  schema::EnvelopeBuilder req;
+  req.root().initCheckpointsRequest().setRunId(run);
+  auto reply = Call(g, req);
+  if (!reply.ok()) return Fail(reply.status());
+  auto list = (*reply)->root().getCheckpointsReply().getCheckpoints();
+  if (list.size() == 0) return Fail(NotFound("run " + run + " has no complete checkpoint yet"));
+  std::string steps;
+  for (auto m : list) {
+    if (step < 0 ? m.getStep() == list[list.size() - 1].getStep() : m.getStep() == step) {
+      auto summary = ExportCheckpoint(spec_toml, m, out_dir);
+      if (!summary.ok()) return Fail(summary.status());
+      std::printf("exported run %s step %ld: %zu tensors (%s) to %s\n", run.c_str(), static_cast<long>(m.getStep()),
+                  summary->tensors, HumanBytes(summary->bytes).c_str(), out_dir.c_str());
+      return kExitOk;
+    }
+    steps += (steps.empty() ? "" : ", ") + std::to_string(m.getStep());
+  }
+  return Fail(InvalidArgument("--step " + std::to_string(step) + ": run " + run +
+                              " has no complete checkpoint there; complete ones are at steps " + steps));
+}
+
 }  // namespace
 
 int RunCli(int argc, char** argv) {
@@ -559,6 +643,13 @@ int RunCli(int argc, char** argv) {
   app.add_option("--state-dir", g.state_dir, "local cluster state ($STRATA_STATE_DIR, default ~/.local/share/strata)");
   app.add_option("--cluster", g.cluster, "coordinator endpoint (overrides the state dir; or $STRATA_CLUSTER)");
   app.add_option("--timeout-ms", g.timeout_ms, "how long to wait for the coordinator")->check(CLI::Range(100, 600000));
+  app.add_option("--keys", g.keys_dir, "CURVE key directory (or $STRATA_KEYS; default STATE_DIR/keys if present)");
+
+  std::string keygen_dir;
+  bool keygen_force = false;
+  auto* keygen = app.add_subcommand("keygen", "make CURVE keys for a cluster on tcp:// (see docs/security.md)");
+  keygen->add_option("dir", keygen_dir, "directory to create (e.g. STATE_DIR/keys)")->required();
+  keygen->add_flag("--force", keygen_force, "replace existing keys (every host then needs the new ones)");
 
   int workers = 2, gpus = 0, hb_timeout = 2000;
   auto* up = app.add_subcommand("up", "start a local coordinator and workers (starts only what is not running)");
@@ -591,6 +682,12 @@ int RunCli(int argc, char** argv) {
   auto* checkpoints = app.add_subcommand("checkpoints", "list a run's complete checkpoints");
   checkpoints->add_option("run", run)->required();
   checkpoints->add_flag("--json", as_json, "machine-readable output");
+  int64_t export_step = -1;
+  std::string export_dir;
+  auto* export_cmd = app.add_subcommand("export", "write a checkpoint as a Hugging Face directory (config.json + model.safetensors)");
+  export_cmd->add_option("run", run)->required();
+  export_cmd->add_option("--step", export_step, "checkpoint step (default: the latest complete one)");
+  export_cmd->add_option("--out", export_dir, "output directory")->required();
 
   try {
     app.parse(argc, argv);
@@ -599,6 +696,7 @@ int RunCli(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitBadInput;
   }
 
+  if (*keygen) return CmdKeygen(keygen_dir, keygen_force);
   if (*up) return CmdUp(g, workers, gpus, hb_timeout);
   if (*down) return CmdDown(g);
   if (*workers_cmd) return CmdWorkers(g, as_json);
@@ -608,6 +706,7 @@ int RunCli(int argc, char** argv) {
   if (*events) return CmdEvents(g, run, as_json);
   if (*cancel) return CmdCancel(g, run);
   if (*checkpoints) return CmdCheckpoints(g, run, as_json);
+  if (*export_cmd) return CmdExport(g, run, export_step, export_dir);
   return kExitBadInput;
 }
 

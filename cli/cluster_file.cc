@@ -1,8 +1,15 @@
 #include "cli/cluster_file.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -29,6 +36,7 @@ Result<ClusterFile> ReadClusterFile(const std::string& state_dir) {
     ClusterFile file;
     file.endpoint = j.at("endpoint").get<std::string>();
     file.state_dir = j.value("state_dir", state_dir);
+    file.http = j.value("http", "");
     for (auto& p : j.value("processes", nlohmann::json::array())) {
       file.processes.push_back({p.at("name").get<std::string>(), p.at("pid").get<int>()});
     }
@@ -42,6 +50,7 @@ Status WriteClusterFile(const ClusterFile& file) {
   nlohmann::json j;
   j["endpoint"] = file.endpoint;
   j["state_dir"] = file.state_dir;
+  if (!file.http.empty()) j["http"] = file.http;
   j["processes"] = nlohmann::json::array();
   for (auto& p : file.processes) j["processes"].push_back({{"name", p.name}, {"pid", p.pid}});
   const std::string path = ClusterFilePath(file.state_dir);
@@ -55,6 +64,45 @@ Status WriteClusterFile(const ClusterFile& file) {
   std::filesystem::rename(tmp, path, ec);  // atomic: readers never see half a file
   if (ec) return IoError("cannot write " + path + ": " + ec.message());
   return Status::Ok();
+}
+
+Result<std::string> EnsureHttpTokenFile(const std::string& state_dir) {
+  const std::string path = state_dir + "/http.token";
+  if (std::filesystem::exists(path)) return path;
+  unsigned char bytes[16];
+  std::ifstream random("/dev/urandom", std::ios::binary);
+  if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) return IoError("cannot read /dev/urandom for the dashboard token");
+  std::string token;
+  for (unsigned char b : bytes) {
+    token += "0123456789abcdef"[b >> 4];
+    token += "0123456789abcdef"[b & 15];
+  }
+  token += "\n";
+  // Created 0600 from the start: the token never sits world-readable, even briefly.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return IoError("cannot create " + path + ": " + std::strerror(errno));
+  const bool written = ::write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size());
+  ::close(fd);
+  if (!written) return IoError("cannot write " + path);
+  return path;
+}
+
+Result<int> PickLocalPort(int preferred) {
+  for (int port : {preferred, 0}) {
+    if (port < 0) continue;
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return IoError(std::string("cannot open a socket: ") + std::strerror(errno));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    socklen_t len = sizeof(addr);
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+    ::close(fd);
+    if (ok) return static_cast<int>(ntohs(addr.sin_port));
+  }
+  return Unavailable("no free TCP port on 127.0.0.1 for the dashboard");
 }
 
 bool IsStrataProcess(int pid) {

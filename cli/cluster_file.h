@@ -18,6 +18,7 @@ struct ClusterFile {
   std::string endpoint;
   std::string state_dir;
   std::vector<ClusterProcess> processes;
+  std::string http;  // the dashboard, "http://127.0.0.1:PORT"; empty when off
 };
 
 // $STRATA_STATE_DIR, else $XDG_DATA_HOME/strata, else ~/.local/share/strata.
@@ -25,6 +26,13 @@ std::string DefaultStateDir();
 std::string ClusterFilePath(const std::string& state_dir);
 Result<ClusterFile> ReadClusterFile(const std::string& state_dir);
 Status WriteClusterFile(const ClusterFile& file);
+
+// The dashboard's bearer token, STATE_DIR/http.token (mode 0600): made once with 128 random bits
+// and kept, so a restarted coordinator accepts the token users already have.
+Result<std::string> EnsureHttpTokenFile(const std::string& state_dir);
+// A TCP port on 127.0.0.1 free right now: `preferred` if it is (a restarted coordinator keeps its
+// dashboard URL), else one the kernel picks.
+Result<int> PickLocalPort(int preferred);
 
 // True if `pid` is alive and runs one of our binaries (guards against pid reuse).
 bool IsStrataProcess(int pid);

@@ -37,6 +37,24 @@ add_library(strata_xxhash INTERFACE)
 target_include_directories(strata_xxhash INTERFACE ${XXHASH_INCLUDE_DIR})
 target_link_libraries(strata_xxhash INTERFACE ${XXHASH_LIB})
 
+# --- libsystemd (sd_notify: readiness, status and watchdog under Type=notify units) ------------
+find_path(SYSTEMD_INCLUDE_DIR systemd/sd-daemon.h REQUIRED)
+find_library(SYSTEMD_LIB systemd REQUIRED)
+add_library(strata_systemd INTERFACE)
+target_include_directories(strata_systemd INTERFACE ${SYSTEMD_INCLUDE_DIR})
+target_link_libraries(strata_systemd INTERFACE ${SYSTEMD_LIB})
+
+# --- cpp-httplib (the coordinator's HTTP dashboard) --------------------------------------------
+# Debian ships it compiled (libcpp-httplib.so, "split" header). The library was built with TLS,
+# zlib and brotli support; its users must see the same macros (its pkg-config Cflags) so the
+# header's declarations match the library.
+find_path(HTTPLIB_INCLUDE_DIR httplib.h REQUIRED)
+find_library(HTTPLIB_LIB cpp-httplib REQUIRED)
+add_library(strata_httplib INTERFACE)
+target_include_directories(strata_httplib INTERFACE ${HTTPLIB_INCLUDE_DIR})
+target_compile_definitions(strata_httplib INTERFACE CPPHTTPLIB_OPENSSL_SUPPORT CPPHTTPLIB_ZLIB_SUPPORT CPPHTTPLIB_BROTLI_SUPPORT)
+target_link_libraries(strata_httplib INTERFACE ${HTTPLIB_LIB} Threads::Threads)
+
 # --- header-only helpers -----------------------------------------------------------------------
 find_path(TOMLPP_INCLUDE_DIR toml++/toml.h REQUIRED)
 find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)

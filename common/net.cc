@@ -1,5 +1,6 @@
 #include "common/net.h"
 
+#include <cerrno>
 #include <chrono>
 
 namespace strata::net {
@@ -17,7 +18,14 @@ int64_t SteadyMs() {
 bool RecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames, int timeout_ms) {
   frames->clear();
   zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-  if (zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms)) <= 0) return false;
+  try {
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms)) <= 0) return false;
+  } catch (const zmq::error_t& e) {
+    // A signal handler ran (SIGTERM from `systemctl stop` or `kill`): nothing arrived; the
+    // caller's loop turns and sees its stop flag instead of the daemon dying on an exception.
+    if (e.num() == EINTR) return false;
+    throw;
+  }
   while (true) {
     zmq::message_t frame;
     if (!socket.recv(frame, zmq::recv_flags::dontwait)) return !frames->empty();
@@ -27,9 +35,5 @@ bool RecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames, i
   }
 }
 
-bool IsLocalAddress(const std::string& endpoint) {
-  return endpoint.rfind("ipc://", 0) == 0 || endpoint.rfind("inproc://", 0) == 0 ||
-         endpoint.rfind("tcp://127.", 0) == 0 || endpoint.rfind("tcp://localhost:", 0) == 0;
-}
 
 }  // namespace strata::net

@@ -22,7 +22,5 @@ inline zmq::const_buffer Buffer(const std::string& s) { return zmq::buffer(s.dat
 // Receives every frame of one message. Returns false if nothing arrived within timeout_ms.
 bool RecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames, int timeout_ms);
 
-// A loopback or ipc address: may be used without CURVE (file permissions / loopback only).
-bool IsLocalAddress(const std::string& endpoint);
 
 }  // namespace strata::net

@@ -6,9 +6,13 @@
 
 namespace strata::coordinator {
 
-CoordinatorClient::CoordinatorClient(std::string endpoint, int timeout_ms)
+CoordinatorClient::CoordinatorClient(std::string endpoint, int timeout_ms, std::optional<curve::ClientKeys> keys)
     : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms), socket_(context_, zmq::socket_type::dealer) {
   socket_.set(zmq::sockopt::linger, 0);
+  if (keys) {
+    curve::ConfigureClient(socket_, keys->own, keys->coordinator_public_key);
+    curve_ = true;
+  }
   next_request_id_ = std::random_device{}() | 1;
   socket_.connect(endpoint_);
 }
@@ -34,7 +38,8 @@ Result<std::unique_ptr<schema::DecodedEnvelope>> CoordinatorClient::Call(schema:
     if (left <= 0 || !net::RecvMultipart(socket_, &frames, static_cast<int>(left))) {
       return Unavailable("the coordinator at " + endpoint_ + " did not answer within " +
                          std::to_string(timeout_ms_ / 1000.0).substr(0, 3) +
-                         " s; check it runs (`strata up` starts one) and see its log under the state dir");
+                         " s; check it runs (`strata up` starts one) and see its log under the state dir" +
+                         AuthHint());
     }
     if (frames.empty()) continue;
     auto decoded = schema::DecodeEnvelope(net::Bytes(frames.back()));
@@ -51,6 +56,19 @@ Result<std::unique_ptr<schema::DecodedEnvelope>> CoordinatorClient::Call(schema:
     }
     return std::move(decoded).value();
   }
+}
+
+// A refused CURVE handshake looks like silence to a DEALER: say what to check.
+std::string CoordinatorClient::AuthHint() const {
+  if (!curve_ && curve::RequiresCurve(endpoint_)) {
+    return ". A tcp:// coordinator only answers clients with keys: pass --keys DIR or set STRATA_KEYS "
+           "(a directory made by `strata keygen`)";
+  }
+  if (curve_) {
+    return ". If its log says it refused this client's public key, add this client's .pub to its "
+           "authorized_keys; check coordinator.pub matches the coordinator's key";
+  }
+  return "";
 }
 
 }  // namespace strata::coordinator

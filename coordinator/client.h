@@ -3,10 +3,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <zmq.hpp>
 
+#include "common/curve.h"
 #include "common/status.h"
 #include "schema/envelope.h"
 
@@ -14,7 +16,9 @@ namespace strata::coordinator {
 
 class CoordinatorClient {
  public:
-  CoordinatorClient(std::string endpoint, int timeout_ms = 3000);
+  // With `keys` the socket is a CURVE client (required by a coordinator started with --keys):
+  // it proves keys.own and checks that the server holds keys.coordinator_public_key's secret.
+  CoordinatorClient(std::string endpoint, int timeout_ms = 3000, std::optional<curve::ClientKeys> keys = std::nullopt);
 
   // Sends `request` (its requestId is set here) and waits for the matching reply. An Error reply
   // comes back as a Status carrying the coordinator's code and message.
@@ -23,8 +27,11 @@ class CoordinatorClient {
   const std::string& endpoint() const { return endpoint_; }
 
  private:
+  std::string AuthHint() const;
+
   std::string endpoint_;
   int timeout_ms_;
+  bool curve_ = false;
   uint64_t next_request_id_ = 1;
   zmq::context_t context_{1};
   zmq::socket_t socket_;

@@ -26,8 +26,10 @@
 #include <zmq.hpp>
 
 #include "common/log.h"
+#include "common/curve.h"
 #include "common/net.h"
 #include "common/run_spec.h"
+#include "coordinator/dashboard.h"
 #include "schema/envelope.h"
 #include "storage/shard_store.h"
 
@@ -107,6 +109,7 @@ class CoordinatorImpl final : public Coordinator {
     router_.set(zmq::sockopt::linger, 0);
     router_.set(zmq::sockopt::router_handover, 1);  // a restarted worker takes over its routing id
     router_.set(zmq::sockopt::router_mandatory, 1);  // sends to a vanished peer fail instead of vanishing
+    STRATA_RETURN_IF_ERROR(SetUpCurve());
     try {
       router_.bind(options_.listen);
     } catch (const zmq::error_t& e) {
@@ -116,21 +119,59 @@ class CoordinatorImpl final : public Coordinator {
     return LoadRuns();
   }
 
+  // Anyone who can send this socket a message controls the cluster (submits runs, whose specs
+  // name files and code to load), so a network address without CURVE is refused outright.
+  Status SetUpCurve() {
+    if (options_.keys_dir.empty()) {
+      if (!curve::RequiresCurve(options_.listen)) return Status::Ok();
+      return InvalidArgument("refusing to listen on " + options_.listen +
+                             " without authentication: anyone who can reach it could run commands. Make keys "
+                             "with `strata keygen DIR` and pass --keys DIR (or listen on ipc://PATH)");
+    }
+    STRATA_ASSIGN_OR_RETURN(curve::ServerKeys keys, curve::LoadServerKeys(options_.keys_dir));
+    // The ZAP handler must be bound before the ROUTER: without one libzmq admits any client.
+    STRATA_ASSIGN_OR_RETURN(zap_, curve::ZapHandler::Bind(context_, keys.authorized, "coordinator"));
+    curve::ConfigureServer(router_, keys.own);
+    STRATA_LOG(kInfo) << "CURVE on: " << keys.authorized.size() << " authorized key(s) from " << options_.keys_dir;
+    return Status::Ok();
+  }
+
   void RequestStop() override { stop_requested_.store(true); }
 
   Status Run() override {
     STRATA_LOG(kInfo) << "coordinator listening on " << options_.listen << " with " << runs_.size()
                       << " runs loaded";
+    if (options_.on_ready) options_.on_ready(Summary());
+    int64_t last_status_ms = net::SteadyMs();
     std::vector<zmq::message_t> frames;
     while (!stop_requested_.load()) {
-      if (net::RecvMultipart(router_, &frames, 100)) HandleFrames(frames);
+      // Handshakes wait on ZAP answers, so this thread serves them while it waits for messages.
+      if (curve::PollWithZap(router_, zap_.get(), 100) && net::RecvMultipart(router_, &frames, 0)) HandleFrames(frames);
       CheckHeartbeats();
+      if (options_.on_tick) options_.on_tick();
+      PublishSnapshot();
+      if (options_.on_status && net::SteadyMs() - last_status_ms >= 1000) {
+        last_status_ms = net::SteadyMs();
+        options_.on_status(Summary());
+      }
     }
     STRATA_LOG(kInfo) << "coordinator stopping";
     return Status::Ok();
   }
 
  private:
+  // One line for `systemctl status`: "serving ipc://...: 2/3 workers live, 1 runs running, 0 pending".
+  std::string Summary() const {
+    size_t live = 0, running = 0, pending = 0;
+    for (const auto& [id, w] : workers_) live += w.state != WorkerState::LOST;
+    for (const auto& [id, r] : runs_) {
+      running += r.state == RunState::RUNNING;
+      pending += r.state == RunState::PENDING;
+    }
+    return "serving " + options_.listen + ": " + std::to_string(live) + "/" + std::to_string(workers_.size()) +
+           " workers live, " + std::to_string(running) + " runs running, " + std::to_string(pending) + " pending";
+  }
+
   // ---------------------------------------------------------------- dispatch
   void HandleFrames(std::vector<zmq::message_t>& frames) {
     if (frames.size() != 2) {
@@ -251,6 +292,7 @@ class CoordinatorImpl final : public Coordinator {
     for (auto& [id, w] : workers_) {
       if (w.state == WorkerState::LOST || now - w.last_heartbeat_ms <= options_.heartbeat_timeout_ms) continue;
       w.state = WorkerState::LOST;
+      ++workers_lost_;
       STRATA_LOG(kWarn) << "worker " << id << " (pid " << w.pid << ") lost: no heartbeat for "
                         << (now - w.last_heartbeat_ms) << " ms";
       if (!w.current_run.empty()) {
@@ -567,6 +609,77 @@ class CoordinatorImpl final : public Coordinator {
     stop_requested_.store(true);
   }
 
+  // ---------------------------------------------------------------- dashboard
+  // Copies what the HTTP dashboard shows into an immutable snapshot (the HTTP thread never sees
+  // workers_ or runs_). Events are re-read from the store only for runs that logged new ones.
+  void PublishSnapshot() {
+    if (!options_.publish_snapshot || net::SteadyMs() - last_snapshot_ms_ < 250) return;
+    last_snapshot_ms_ = net::SteadyMs();
+    auto s = std::make_shared<DashboardSnapshot>();
+    s->unix_ms = net::NowUnixMs();
+    s->endpoint = options_.listen;
+    s->workers_lost_total = workers_lost_;
+    for (const auto& [id, w] : workers_) {
+      s->workers.push_back({w.id, w.host, w.pid, schema::WorkerStateName(w.state), w.memory.device, w.memory.total,
+                            w.memory.free, w.memory.allocated, w.memory.peak, last_snapshot_ms_ - w.last_heartbeat_ms,
+                            w.current_run});
+    }
+    std::vector<const RunEntry*> runs;
+    for (const auto& [id, run] : runs_) runs.push_back(&run);
+    std::sort(runs.begin(), runs.end(), [](auto* a, auto* b) { return a->created_ms < b->created_ms; });
+    size_t terminal_left = std::count_if(runs.begin(), runs.end(), [](auto* r) { return r->terminal(); });
+    for (const RunEntry* run : runs) {
+      RunEventCache& cache = event_cache_[run->id];
+      if (cache.seq != run->next_event_seq) RefreshEvents(*run, cache);
+      s->checkpoints_total += cache.checkpoints;
+      s->run_workers_lost_total += cache.workers_lost;
+      s->ooms_total += cache.ooms;
+      // Every active run, and the 50 most recent finished ones: old history stays in `strata status`.
+      if (run->terminal() && terminal_left-- > 50) continue;
+      DashboardRun& r = s->runs.emplace_back();
+      r.id = run->id;
+      r.name = run->name;
+      r.state = schema::RunStateName(run->state);
+      r.created_unix_ms = run->created_ms;
+      r.updated_unix_ms = run->updated_ms;
+      r.step = run->step;
+      r.total_steps = run->spec.train.steps;
+      r.tokens_per_step = int64_t{run->spec.train.global_batch} * run->spec.model.sequence;
+      r.losses = run->losses;
+      r.tokens_per_second = run->tokens_per_second;
+      r.workers = run->workers;
+      r.message = run->message;
+      r.events = cache.events;
+      r.checkpoints = cache.checkpoints;
+      r.workers_lost = cache.workers_lost;
+      r.ooms = cache.ooms;
+    }
+    options_.publish_snapshot(std::move(s));
+  }
+
+  struct RunEventCache {
+    uint64_t seq = ~uint64_t{0};
+    std::vector<DashboardEvent> events;  // the last 100
+    uint64_t checkpoints = 0, workers_lost = 0, ooms = 0;
+  };
+
+  void RefreshEvents(const RunEntry& run, RunEventCache& cache) {
+    auto records = store_->ScanMetadata("evt/" + EncodeKeyString(run.id));
+    if (!records.ok()) return;
+    cache = RunEventCache{run.next_event_seq};
+    for (auto& [key, bytes] : *records) {
+      auto ev = schema::DecodedRecord<Event>::Decode(bytes);
+      if (!ev.ok()) continue;
+      DashboardEvent e{ev->root().getUnixMs(), ev->root().getKind().cStr(), ev->root().getMessage().cStr()};
+      cache.checkpoints += e.kind == "checkpoint";
+      cache.workers_lost += e.kind == "worker-lost";
+      cache.ooms += e.kind == "rank-failed" && (e.message.find("out of memory") != std::string::npos ||
+                                                e.message.find("OutOfMemory") != std::string::npos);
+      cache.events.push_back(std::move(e));
+    }
+    if (cache.events.size() > 100) cache.events.erase(cache.events.begin(), cache.events.end() - 100);
+  }
+
   // ---------------------------------------------------------------- persistence
   void FillRunRecord(const RunEntry& run, RunRecord::Builder b) {
     b.setRunId(run.id);
@@ -659,11 +772,15 @@ class CoordinatorImpl final : public Coordinator {
   CoordinatorOptions options_;
   std::unique_ptr<storage::ShardStore> store_;
   zmq::context_t context_{1};
+  std::unique_ptr<curve::ZapHandler> zap_;  // declared before router_: outlives it
   zmq::socket_t router_;
   std::atomic<bool> stop_requested_{false};
   std::map<std::string, WorkerEntry> workers_;
   std::map<std::string, RunEntry> runs_;
   int64_t last_check_ms_ = 0;
+  int64_t last_snapshot_ms_ = 0;
+  uint64_t workers_lost_ = 0;                             // since this process started
+  std::map<std::string, RunEventCache> event_cache_;  // by run id: the dashboard's view of events
   std::mt19937_64 rng_{std::random_device{}()};
 };
 

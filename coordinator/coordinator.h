@@ -4,6 +4,7 @@
 // RocksDB metadata store, so a restart after kill -9 reloads them and workers re-attach.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -11,11 +12,24 @@
 
 namespace strata::coordinator {
 
+struct DashboardSnapshot;  // coordinator/dashboard.h
+
 struct CoordinatorOptions {
   std::string listen = "ipc:///tmp/strata-coordinator.sock";
   std::string state_dir;                // holds the metadata store
   int heartbeat_interval_ms = 500;      // told to workers at registration
   int heartbeat_timeout_ms = 2000;      // a worker silent this long is marked lost
+  // CURVE key directory (`strata keygen`): required for tcp:// listen addresses, optional for
+  // ipc://. With it only clients whose public key is in authorized_keys may connect.
+  std::string keys_dir;
+  // Optional hooks for a service manager (main.cc wires them to systemd's sd_notify); all run on
+  // the event-loop thread, so a stuck loop stops calling them.
+  std::function<void(const std::string& summary)> on_ready;   // once: bound, store loaded
+  std::function<void()> on_tick;                              // every loop turn (<= 100 ms apart)
+  std::function<void(const std::string& summary)> on_status;  // about once a second: workers, runs
+  // Optional: receives an immutable snapshot of workers and runs about every 250 ms, on the
+  // event-loop thread (main.cc hands it to the HTTP dashboard, which only ever reads snapshots).
+  std::function<void(std::shared_ptr<const DashboardSnapshot>)> publish_snapshot;
 };
 
 class Coordinator {

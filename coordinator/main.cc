@@ -4,7 +4,9 @@
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
+#include "common/service_notify.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/http_server.h"
 
 namespace {
 strata::coordinator::Coordinator* g_coordinator = nullptr;
@@ -18,19 +20,65 @@ int main(int argc, char** argv) {
   CLI::App app{"Strata coordinator: plans and supervises runs on the cluster's workers"};
   app.add_option("--listen", options.listen, "ZeroMQ endpoint to bind (ipc://PATH or tcp://HOST:PORT)");
   app.add_option("--state-dir", options.state_dir, "directory of the metadata store")->required();
+  app.add_option("--keys", options.keys_dir,
+                 "CURVE key directory from `strata keygen` (required for tcp://): only authorized_keys may connect");
   app.add_option("--heartbeat-timeout-ms", options.heartbeat_timeout_ms, "mark a silent worker lost after this")
       ->check(CLI::Range(200, 3600000));
+  std::string http_address, http_token_file;
+  app.add_option("--http", http_address, "serve the dashboard, /api/state and /metrics on HOST:PORT (off by default; "
+                                         "PORT alone binds 127.0.0.1)");
+  app.add_option("--http-token-file", http_token_file, "file whose first line is the token that POST requests "
+                                                       "(cancel) must send as Authorization: Bearer");
   CLI11_PARSE(app, argc, argv);
 
   strata::log::Init("coordinator");
+  // systemd (Type=notify): READY once serving, a status line, watchdog pings from the event loop.
+  // Without NOTIFY_SOCKET these do nothing.
+  strata::ServiceNotifier notifier;
+  options.on_ready = [&](const std::string& summary) { notifier.Ready(summary); };
+  options.on_tick = [&] { notifier.WatchdogPing(); };
+  options.on_status = [&](const std::string& summary) { notifier.SetStatus(summary); };
+  std::unique_ptr<strata::coordinator::HttpServer> http;
+  options.publish_snapshot = [&](std::shared_ptr<const strata::coordinator::DashboardSnapshot> snapshot) {
+    if (http) http->Publish(std::move(snapshot));
+  };
   auto coordinator = strata::coordinator::Coordinator::Create(options);
   if (!coordinator.ok()) {
     STRATA_LOG(kError) << coordinator.status().ToString();
     return 1;
   }
+  if (!http_address.empty()) {
+    strata::Status st = [&]() -> strata::Status {
+      STRATA_ASSIGN_OR_RETURN(auto address, strata::coordinator::ParseHttpAddress(http_address));
+      strata::coordinator::HttpServerOptions http_options;
+      http_options.host = address.first;
+      http_options.port = address.second;
+      http_options.coordinator_endpoint = strata::coordinator::LocalEndpointFor(options.listen);
+      if (!http_token_file.empty()) {
+        STRATA_ASSIGN_OR_RETURN(http_options.token, strata::coordinator::ReadTokenFile(http_token_file));
+      }
+      if (!options.keys_dir.empty()) {
+        // Cancels reach the coordinator through its CURVE-guarded socket, with the CLI's pair.
+        auto keys = strata::curve::LoadClientKeys(options.keys_dir);
+        if (keys.ok()) {
+          http_options.keys = std::move(keys).value();
+        } else {
+          STRATA_LOG(kWarn) << "dashboard: cancelling from it will fail: " << keys.status().message()
+                            << " (it needs client.key/client.pub from `strata keygen` in " << options.keys_dir << ")";
+        }
+      }
+      STRATA_ASSIGN_OR_RETURN(http, strata::coordinator::HttpServer::Start(http_options));
+      return strata::Status::Ok();
+    }();
+    if (!st.ok()) {
+      STRATA_LOG(kError) << st.ToString();
+      return 1;
+    }
+  }
   g_coordinator = coordinator->get();
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
   strata::Status st = (*coordinator)->Run();
+  notifier.Stopping("coordinator stopping");
   return st.ok() ? 0 : 1;
 }

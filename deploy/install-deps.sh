@@ -15,6 +15,7 @@ PKGS=(
   libgtest-dev libgmock-dev
   base-files                                     # /usr/share/common-licenses: the demo corpus
   systemd                                        # systemd-analyze verify of the units (tests)
+  libsystemd-dev                                 # sd_notify: readiness + watchdog under systemd
   chromium                                       # headless dashboard test
   debootstrap                                    # offline-bundle test in a fresh Debian root
   docker-compose                                 # validates deploy/docker/compose.yaml offline

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
+#include "common/service_notify.h"
 #include "worker/torch_executor.h"
 #include "worker/worker.h"
 
@@ -25,10 +26,18 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--device", exec_options.device, "cpu or cuda:N");
   app.add_option("--peer-timeout-ms", options.peer_timeout_ms, "give up on a silent peer after this");
+  app.add_option("--keys", options.keys_dir,
+                 "CURVE key directory from `strata keygen` (required for tcp:// coordinator or data address)");
   app.set_version_flag("--version", [] { return strata::worker::TorchBuildInfo(); });
   CLI11_PARSE(app, argc, argv);
 
   strata::log::Init(options.name);
+  // systemd (Type=notify): READY once registered with the coordinator, a status line, watchdog
+  // pings from the control loop. Without NOTIFY_SOCKET these do nothing.
+  strata::ServiceNotifier notifier;
+  options.on_ready = [&](const std::string& status) { notifier.Ready(status); };
+  options.on_tick = [&] { notifier.WatchdogPing(); };
+  options.on_status = [&](const std::string& status) { notifier.SetStatus(status); };
   auto executor = strata::worker::CreateTorchExecutor(exec_options);
   if (!executor.ok()) {
     STRATA_LOG(kError) << executor.status().ToString();
@@ -42,5 +51,7 @@ int main(int argc, char** argv) {
   g_worker = worker->get();
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
-  return (*worker)->Run().ok() ? 0 : 1;
+  const bool ok = (*worker)->Run().ok();
+  notifier.Stopping(options.name + " stopped");
+  return ok ? 0 : 1;
 }

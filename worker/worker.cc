@@ -4,11 +4,14 @@
 #include <unistd.h>
 
 #include <deque>
+#include <filesystem>
+#include <optional>
 #include <mutex>
 #include <thread>
 
 #include <zmq.hpp>
 
+#include "common/curve.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "schema/envelope.h"
@@ -119,11 +122,35 @@ class WorkerImpl final : public Worker {
     socket_.set(zmq::sockopt::linger, 1000);
     socket_.set(zmq::sockopt::routing_id, options_.name);  // stable: the coordinator routes by name
     socket_.set(zmq::sockopt::reconnect_ivl, 100);
+    STRATA_RETURN_IF_ERROR(SetUpCurve());
     try {
       socket_.connect(options_.coordinator);
     } catch (const zmq::error_t& e) {
       return InvalidArgument("--coordinator " + options_.coordinator + " is not a valid endpoint: " + e.what());
     }
+    return Status::Ok();
+  }
+
+  // Network addresses need keys: the coordinator only admits authorized clients, and our data
+  // plane must not accept gradients from strangers. The data address then carries our public key
+  // so peers can authenticate us as their server.
+  Status SetUpCurve() {
+    if (options_.keys_dir.empty()) {
+      if (!curve::RequiresCurve(options_.coordinator) && !curve::RequiresCurve(options_.data_address)) {
+        return Status::Ok();
+      }
+      return InvalidArgument("tcp:// coordinator or data addresses need CURVE keys: pass --keys DIR (made by "
+                             "`strata keygen DIR` on the coordinator's host, copied here without coordinator.key)");
+    }
+    const std::string pair = std::filesystem::exists(options_.keys_dir + "/worker.key") ? "worker" : "client";
+    STRATA_ASSIGN_OR_RETURN(auto keys, curve::LoadClientKeys(options_.keys_dir, pair, /*with_authorized=*/true));
+    curve::ConfigureClient(socket_, keys.own, keys.coordinator_public_key);
+    if (curve::RequiresCurve(options_.data_address)) {
+      options_.data_address = DataAddressWithKey(options_.data_address, keys.own.public_key);
+    }
+    STRATA_LOG(kInfo) << "CURVE on with public key " << keys.own.public_key
+                      << (curve::RequiresCurve(options_.data_address) ? " (coordinator and data plane)" : " (coordinator)");
+    curve_ = std::move(keys);
     return Status::Ok();
   }
 
@@ -139,6 +166,11 @@ class WorkerImpl final : public Worker {
       if (net::RecvMultipart(socket_, &frames, 20) && !frames.empty()) HandleMessage(frames.back());
       ReapTask();
       for (auto& bytes : outbox_.Take()) Send(bytes);
+      if (options_.on_tick) options_.on_tick();
+      if (options_.on_status && now - last_status_ms_ >= 1000) {
+        last_status_ms_ = now;
+        options_.on_status(StatusLine());
+      }
     }
     CancelTask("worker stopping");
     ReapTask(/*wait=*/true);
@@ -152,6 +184,17 @@ class WorkerImpl final : public Worker {
     // Dropped if the coordinator is unreachable right now: heartbeats and re-registration
     // recover the state; dontwait keeps the loop (and its heartbeats) from ever blocking.
     (void)socket_.send(net::Buffer(bytes), zmq::send_flags::dontwait);
+  }
+
+  // One line for `systemctl status`, e.g. "worker-0: running r-abc step 120 (coordinator tcp://...)".
+  std::string StatusLine() const {
+    std::string what = "idle";
+    if (!registered_) {
+      what = "registering";
+    } else if (task_) {
+      what = "running " + task_->run_id_ + " step " + std::to_string(task_->current_step_.load());
+    }
+    return options_.name + ": " + what + " (coordinator " + options_.coordinator + ")";
   }
 
   void SendRegister() {
@@ -198,6 +241,8 @@ class WorkerImpl final : public Worker {
         case Envelope::REGISTERED:
           if (!registered_) STRATA_LOG(kInfo) << "registered with the coordinator";
           registered_ = true;
+          if (!ready_ && options_.on_ready) options_.on_ready(StatusLine());
+          ready_ = true;
           heartbeat_interval_ms_ = std::max<int>(50, root.getRegistered().getHeartbeatIntervalMs());
           break;
         case Envelope::ERROR:
@@ -244,6 +289,7 @@ class WorkerImpl final : public Worker {
     for (auto p : a.getPeerDataAddresses()) comm_options.peer_addresses.push_back(p.cStr());
     comm_options.task_token = a.getTaskToken();
     comm_options.peer_timeout_ms = options_.peer_timeout_ms;
+    comm_options.curve = curve_;
     STRATA_LOG(kInfo) << "starting run " << run_id << " as rank " << a.getRank() << " of " << a.getWorldSize();
     RunningTask* t = task.get();
     task->thread = std::thread([this, t, spec = *spec, comm_options] { RunTaskThread(t, spec, comm_options); });
@@ -308,8 +354,11 @@ class WorkerImpl final : public Worker {
   zmq::socket_t socket_;
   Outbox outbox_;
   std::unique_ptr<RunningTask> task_;
+  std::optional<curve::ClientKeys> curve_;  // with --keys
   std::atomic<bool> stop_requested_{false};
   bool registered_ = false;
+  bool ready_ = false;          // told on_ready (once per process: re-registering is not a restart)
+  int64_t last_status_ms_ = 0;  // steady clock of the last on_status
   int heartbeat_interval_ms_ = 500;
   int64_t last_register_ms_ = -1000000;
   int64_t last_heartbeat_ms_ = 0;

@@ -5,6 +5,7 @@
 // the cancel flag (atomic).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,14 @@ struct WorkerOptions {
   std::string data_address;     // data-plane endpoint peers connect to (bound while a task runs)
   int register_retry_ms = 1000;
   int peer_timeout_ms = 120000;
+  // CURVE key directory (`strata keygen`; worker.key/.pub if present, else client.key/.pub, plus
+  // coordinator.pub and authorized_keys). Required when the coordinator or data address is tcp://.
+  std::string keys_dir;
+  // Optional hooks for a service manager (main.cc wires them to systemd's sd_notify); all run on
+  // the control thread, so a stuck control loop stops calling them.
+  std::function<void(const std::string& status)> on_ready;   // once: first registered with the coordinator
+  std::function<void()> on_tick;                             // every control-loop turn (<= 20 ms apart)
+  std::function<void(const std::string& status)> on_status;  // about once a second: registration, task, step
 };
 
 class Worker {

@@ -9,6 +9,10 @@
 //
 // Wire: each message is [header: token u64, sequence u64, chunk u64][chunk bytes]. The inbound
 // PULL socket is fresh per task; the token drops frames a previous task's peer may still send.
+//
+// Authentication: on tcp:// both sockets use CURVE (see communicator.h) and a ZAP handler admits
+// only authorized peers, so a stranger on the network cannot inject a chunk (the token alone is
+// no defence: it travels in clear text without CURVE).
 #include <atomic>
 #include <cstring>
 
@@ -17,6 +21,15 @@
 
 namespace strata::worker {
 namespace {
+
+constexpr char kKeyMarker[] = "#curve=";
+
+// "tcp://h:p#curve=KEY" -> {"tcp://h:p", "KEY"}; a plain address -> {address, ""}.
+std::pair<std::string, std::string> SplitDataAddress(const std::string& address) {
+  const size_t at = address.find(kKeyMarker);  // the endpoint part never contains '#'
+  if (at == std::string::npos) return {address, ""};
+  return {address.substr(0, at), address.substr(at + sizeof(kKeyMarker) - 1)};
+}
 
 struct FrameHeader {
   uint64_t token;
@@ -29,19 +42,39 @@ class ZmqCommunicator final : public Communicator {
   ZmqCommunicator(zmq::context_t& context, ZmqCommunicatorOptions options)
       : options_(std::move(options)),
         world_(static_cast<uint32_t>(options_.peer_addresses.size())),
-        inbound_(context, zmq::socket_type::pull),
-        outbound_(context, zmq::socket_type::push) {}
+        context_(&context) {}
 
   Status Init() {
     if (world_ == 0 || options_.rank >= world_) return InvalidArgument("communicator: rank outside the world");
     if (world_ == 1) return Status::Ok();
+    const auto [own_endpoint, own_key] = SplitDataAddress(options_.peer_addresses[options_.rank]);
+    const auto [next_endpoint, next_key] = SplitDataAddress(options_.peer_addresses[(options_.rank + 1) % world_]);
+    const bool use_curve = curve::RequiresCurve(own_endpoint) || curve::RequiresCurve(next_endpoint);
+    if (use_curve && !options_.curve) {
+      return InvalidArgument("communicator: tcp:// data-plane addresses need CURVE keys (anyone could inject "
+                             "gradients otherwise); start the workers with --keys DIR from `strata keygen`");
+    }
+    if (use_curve && next_key.empty()) {
+      return InvalidArgument("communicator: rank " + std::to_string((options_.rank + 1) % world_) + "'s address " +
+                             next_endpoint + " carries no CURVE key; start every worker with --keys DIR");
+    }
+    if (use_curve) {
+      own_context_ = std::make_unique<zmq::context_t>(1);
+      context_ = own_context_.get();
+      STRATA_ASSIGN_OR_RETURN(zap_, curve::ZapHandler::Bind(*context_, options_.curve->authorized,
+                                                           "data plane of rank " + std::to_string(options_.rank)));
+    }
+    inbound_ = zmq::socket_t(*context_, zmq::socket_type::pull);
+    outbound_ = zmq::socket_t(*context_, zmq::socket_type::push);
     try {
       inbound_.set(zmq::sockopt::linger, 0);
       inbound_.set(zmq::sockopt::rcvhwm, 0);
-      inbound_.bind(options_.peer_addresses[options_.rank]);
+      if (use_curve) curve::ConfigureServer(inbound_, options_.curve->own);
+      inbound_.bind(own_endpoint);
       outbound_.set(zmq::sockopt::linger, 2000);  // let the last chunks out before closing
       outbound_.set(zmq::sockopt::sndhwm, 0);
-      outbound_.connect(options_.peer_addresses[(options_.rank + 1) % world_]);
+      if (use_curve) curve::ConfigureClient(outbound_, options_.curve->own, next_key);
+      outbound_.connect(next_endpoint);
     } catch (const zmq::error_t& e) {
       return Unavailable("communicator: cannot bind " + options_.peer_addresses[options_.rank] + " or reach rank " +
                          std::to_string((options_.rank + 1) % world_) + ": " + e.what());
@@ -102,7 +135,8 @@ class ZmqCommunicator final : public Communicator {
                                 std::to_string(options_.peer_timeout_ms / 1000) + " s for rank " +
                                 std::to_string(from) + "; it may have died or stalled");
       }
-      if (!net::RecvMultipart(inbound_, &frames, 50)) continue;
+      // Waiting is also when this rank admits its neighbour: ZAP requests are answered here.
+      if (!curve::PollWithZap(inbound_, zap_.get(), 50) || !net::RecvMultipart(inbound_, &frames, 0)) continue;
       if (frames.size() != 2 || frames[0].size() != sizeof(FrameHeader)) continue;  // not ours
       FrameHeader header;
       std::memcpy(&header, frames[0].data(), sizeof(header));
@@ -121,6 +155,10 @@ class ZmqCommunicator final : public Communicator {
 
   ZmqCommunicatorOptions options_;
   uint32_t world_;
+  // Destroyed in reverse: sockets, then the ZAP handler, then our own context (if any).
+  std::unique_ptr<zmq::context_t> own_context_;  // with CURVE: this task's context (see communicator.h)
+  zmq::context_t* context_;
+  std::unique_ptr<curve::ZapHandler> zap_;
   zmq::socket_t inbound_;
   zmq::socket_t outbound_;
   uint64_t send_sequence_ = 0;
@@ -129,6 +167,10 @@ class ZmqCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+std::string DataAddressWithKey(const std::string& address, const std::string& public_key) {
+  return address + kKeyMarker + public_key;
+}
 
 Result<std::unique_ptr<Communicator>> CreateZmqCommunicator(zmq::context_t& context, const ZmqCommunicatorOptions& options) {
   auto comm = std::make_unique<ZmqCommunicator>(context, options);

@@ -17,6 +17,7 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "storage/safetensors.h"
 #include "storage/shard_store.h"
 
 namespace strata {
@@ -167,6 +168,47 @@ TEST_F(ClusterTest, TrainsToTheEndWithCheckpointsThatReadBackBitIdentical) {
   }
   // 2 layers x 12 tensors + wte, wpe, ln_f x2 = 28 parameters, 3 records each, over 2 shards.
   EXPECT_EQ(tensors, 28u * 3);
+}
+
+TEST_F(ClusterTest, ExportWritesAHuggingFaceDirectoryFromTheShardStores) {
+  const std::string run = SubmitAndFollow("export", Spec("export", 2, 6, 3));
+  const std::string out = dir_ + "/exported";
+  // The workers keep their stores open: export reads them read-only.
+  auto r = Strata("export " + run + " --out " + out);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("step 6"), std::string::npos) << r.out;
+  auto file = storage::ReadSafetensors(out + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(file->tensors.size(), 28u);  // GPT-2 with a tied head: no lm_head tensor
+  // Conv1D layout: [in, out].
+  EXPECT_EQ(file->tensors.at("transformer.h.1.attn.c_attn.weight").shape, (std::vector<int64_t>{64, 192}));
+  EXPECT_EQ(file->tensors.at("transformer.wte.weight").shape, (std::vector<int64_t>{256, 64}));
+  auto config = json::parse(ReadFile(out + "/config.json"));
+  EXPECT_EQ(config["model_type"], "gpt2");
+  EXPECT_EQ(config["n_layer"], 2);
+  // The tensor bytes are the checkpoint's: wte's checksum equals the manifest's.
+  json checkpoints = StrataJson("checkpoints " + run);
+  std::string manifest_checksum;
+  for (auto& shard : checkpoints.back()["shards"]) {
+    for (auto& t : shard["tensors"]) {
+      if (t["name"] == "param/wte.weight") manifest_checksum = t["checksum"];
+    }
+  }
+  char hex[19];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(file->tensors.at("transformer.wte.weight").checksum));
+  EXPECT_EQ(manifest_checksum, hex);
+  // Where transformers is installed (the GPU node), it must load the directory and run it.
+  if (std::system("python3 -c 'import transformers' >/dev/null 2>&1") == 0) {
+    auto py = Run("python3 -c \"import torch, transformers as t; m = t.AutoModelForCausalLM.from_pretrained('" + out +
+                  "'); print(m(torch.tensor([[1, 2, 3]])).logits.shape)\"");
+    EXPECT_EQ(py.rc, 0) << py.err;
+    EXPECT_NE(py.out.find("256"), std::string::npos) << py.out;
+  }
+  // A step with no checkpoint is refused naming the complete ones.
+  auto bad = Strata("export " + run + " --step 4 --out " + dir_ + "/nope");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("3, 6"), std::string::npos) << bad.err;
 }
 
 TEST_F(ClusterTest, DataParallelOnTwoWorkersMatchesOneWorker) {

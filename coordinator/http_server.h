@@ -1,0 +1,45 @@
+// The coordinator's HTTP dashboard: GET / (page), GET /api/state (JSON), GET /metrics
+// (Prometheus), POST /api/runs/<id>/cancel (Authorization: Bearer <token>).
+//
+// It runs on its own threads and never touches the coordinator's state: the event loop hands it
+// immutable snapshots (Publish), and a cancel goes to the coordinator over its normal control
+// endpoint, like `strata cancel`, so the event loop stays the only owner of runs and workers.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/curve.h"
+#include "common/status.h"
+#include "coordinator/dashboard.h"
+
+namespace strata::coordinator {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                      // 0: any free port (see HttpServer::port())
+  std::string token;                 // empty: POST endpoints answer 403
+  std::string coordinator_endpoint;  // ZeroMQ endpoint cancels are sent to
+  std::optional<curve::ClientKeys> keys;  // for a coordinator with --keys (CURVE), as the CLI's
+};
+
+class HttpServer {
+ public:
+  // Binds (so a taken port is an error here, not later) and starts serving.
+  static Result<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options);
+  virtual ~HttpServer() = default;  // stops serving
+
+  virtual int port() const = 0;
+  // Thread-safe; the newest snapshot wins.
+  virtual void Publish(std::shared_ptr<const DashboardSnapshot> snapshot) = 0;
+};
+
+// "HOST:PORT", ":PORT" or "PORT" (host 127.0.0.1).
+Result<std::pair<std::string, int>> ParseHttpAddress(const std::string& address);
+// The token is the file's first line; the file must exist and be non-empty.
+Result<std::string> ReadTokenFile(const std::string& path);
+// Where a client on this host reaches a coordinator bound to `listen` (tcp://* -> 127.0.0.1).
+std::string LocalEndpointFor(const std::string& listen);
+
+}  // namespace strata::coordinator
