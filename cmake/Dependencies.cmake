@@ -39,7 +39,8 @@ target_link_libraries(strata_xxhash INTERFACE ${XXHASH_LIB})
 
 # --- libsystemd (sd_notify: readiness, status and watchdog under Type=notify units) ------------
 find_path(SYSTEMD_INCLUDE_DIR systemd/sd-daemon.h REQUIRED)
-find_library(SYSTEMD_LIB systemd REQUIRED)
+# NAMES libsystemd.so.0: nodes with the runtime library but no -dev symlink (the GPU node).
+find_library(SYSTEMD_LIB NAMES systemd libsystemd.so.0 REQUIRED)
 add_library(strata_systemd INTERFACE)
 target_include_directories(strata_systemd INTERFACE ${SYSTEMD_INCLUDE_DIR})
 target_link_libraries(strata_systemd INTERFACE ${SYSTEMD_LIB})

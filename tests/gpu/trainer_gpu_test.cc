@@ -3,6 +3,7 @@
 
 #include <fstream>
 
+#include "worker/torch_compat.h"
 #include "worker/torch_executor.h"
 #include "worker/trainer.h"
 
@@ -60,13 +61,34 @@ TEST_F(GpuTest, CudaTrainingMatchesCpuInFp32) {
   EXPECT_LT(gpu.back(), gpu.front());
 }
 
+TEST_F(GpuTest, AutocastGuardRunsMatmulsInBf16OnlyWhileAlive) {
+  auto a = torch::randn({8, 8}, torch::TensorOptions().device(torch::kCUDA, 0));
+  {
+    compat::AutocastGuard guard(a.device(), /*bf16=*/true);
+    EXPECT_EQ(torch::matmul(a, a).scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_EQ(torch::matmul(a, a).scalar_type(), torch::kFloat);
+  compat::AutocastGuard off(a.device(), /*bf16=*/false);
+  EXPECT_EQ(torch::matmul(a, a).scalar_type(), torch::kFloat);
+}
+
+std::string Join(const std::vector<double>& v) {
+  std::string out;
+  for (double x : v) out += std::to_string(x).substr(0, 6) + " ";
+  return out;
+}
+
 TEST_F(GpuTest, Bf16ComputeTracksFp32) {
   for (const char* family : {"gpt2", "llama"}) {
     auto fp32 = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), 20, "fp32", family);
     auto bf16 = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), 20, "bf16", family);
-    for (size_t i = 0; i < fp32.size(); ++i) EXPECT_NEAR(bf16[i], fp32[i], 0.03 * fp32[i]) << family << " step " << i + 1;
-    EXPECT_LT(bf16.back(), bf16.front() * 0.8) << family;
-    EXPECT_NE(bf16, fp32) << family << ": bf16 autocast had no effect";
+    SCOPED_TRACE(std::string(family) + "\n fp32: " + Join(fp32) + "\n bf16: " + Join(bf16));
+    // Same weights at step 1: only the compute precision differs, so the losses are close but not equal.
+    EXPECT_NEAR(bf16[0], fp32[0], 0.01 * fp32[0]);
+    EXPECT_NE(bf16[0], fp32[0]) << "bf16 autocast had no effect";
+    // Trajectories drift apart slowly; both must learn.
+    for (size_t i = 0; i < fp32.size(); ++i) EXPECT_NEAR(bf16[i], fp32[i], 0.1 * fp32[i]) << "step " << i + 1;
+    EXPECT_LT(bf16.back(), bf16.front() * 0.8);
   }
 }
 
