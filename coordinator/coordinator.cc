@@ -11,6 +11,8 @@
 //   "run/"  + run id                     -> RunRecord
 //   "evt/"  + str(run id) + u64(seq)     -> Event
 //   "ckpt/" + str(run id) + u64(step)    -> CheckpointManifest
+//   "loss/" + str(run id) + u64(step)    -> StepReport (one small record per step, so a long run
+//                                           never rewrites its whole history)
 #include "coordinator/coordinator.h"
 
 #include <unistd.h>
@@ -404,7 +406,10 @@ class CoordinatorImpl final : public Coordinator {
         run.losses[run.step - 1] = s.getLoss();
         run.tokens_per_second = s.getTokensPerSecond();
         run.updated_ms = net::NowUnixMs();
-        Persist(run);
+        // Not synced: after a crash the run resumes from a checkpoint and re-reports later steps.
+        const std::string bytes = schema::StructToBytes(s);
+        Status st = store_->PutMetadata("loss/" + EncodeKeyString(run.id) + EncodeKeyU64(run.step), AsBytes(bytes), false);
+        if (!st.ok()) STRATA_LOG(kError) << "could not persist step " << run.step << " of " << run.id << ": " << st.ToString();
         break;
       }
       case TaskEvent::CHECKPOINT_SAVED: {
@@ -681,7 +686,8 @@ class CoordinatorImpl final : public Coordinator {
   }
 
   // ---------------------------------------------------------------- persistence
-  void FillRunRecord(const RunEntry& run, RunRecord::Builder b) {
+  // The persisted record leaves the losses out (they live under "loss/"); replies carry them.
+  void FillRunRecord(const RunEntry& run, RunRecord::Builder b, bool with_losses = true) {
     b.setRunId(run.id);
     b.setName(run.name);
     b.setSpecToml(run.spec_toml);
@@ -690,8 +696,10 @@ class CoordinatorImpl final : public Coordinator {
     b.setUpdatedUnixMs(run.updated_ms);
     b.setTotalSteps(run.spec.train.steps);
     b.setStep(run.step);
-    auto losses = b.initLosses(run.losses.size());
-    for (size_t i = 0; i < run.losses.size(); ++i) losses.set(i, run.losses[i]);
+    if (with_losses) {
+      auto losses = b.initLosses(run.losses.size());
+      for (size_t i = 0; i < run.losses.size(); ++i) losses.set(i, run.losses[i]);
+    }
     auto workers = b.initWorkers(run.workers.size());
     for (size_t i = 0; i < run.workers.size(); ++i) workers.set(i, run.workers[i]);
     b.setMessage(run.message);
@@ -702,11 +710,9 @@ class CoordinatorImpl final : public Coordinator {
   void Persist(RunEntry& run) {
     run.updated_ms = net::NowUnixMs();
     capnp::MallocMessageBuilder message;
-    FillRunRecord(run, message.initRoot<RunRecord>());
+    FillRunRecord(run, message.initRoot<RunRecord>(), /*with_losses=*/false);
     const std::string bytes = schema::StructToBytes(message.getRoot<RunRecord>().asReader());
-    // Step records are not synced (a crash loses at most the last losses, which the workers
-    // re-report); state changes are.
-    Status st = store_->PutMetadata("run/" + run.id, AsBytes(bytes), run.terminal() || run.step == 0);
+    Status st = store_->PutMetadata("run/" + run.id, AsBytes(bytes), /*sync=*/true);
     if (!st.ok()) STRATA_LOG(kError) << "could not persist run " << run.id << ": " << st.ToString();
   }
 
@@ -745,10 +751,20 @@ class CoordinatorImpl final : public Coordinator {
       run.created_ms = r.getCreatedUnixMs();
       run.updated_ms = r.getUpdatedUnixMs();
       run.step = r.getStep();
-      for (double l : r.getLosses()) run.losses.push_back(l);
+      auto steps = store_->ScanMetadata("loss/" + EncodeKeyString(run.id));
+      if (steps.ok()) {
+        for (auto& [key, value] : *steps) {
+          auto report = schema::DecodedRecord<StepReport>::Decode(value);
+          if (!report.ok() || report->root().getStep() < 1) continue;
+          const int64_t step = report->root().getStep();
+          if (static_cast<int64_t>(run.losses.size()) < step) run.losses.resize(step, 0.0);
+          run.losses[step - 1] = report->root().getLoss();
+          run.step = std::max(run.step, step);
+          run.tokens_per_second = report->root().getTokensPerSecond();
+        }
+      }
       for (auto w : r.getWorkers()) run.workers.push_back(w.cStr());
       run.message = r.getMessage().cStr();
-      run.tokens_per_second = r.getTokensPerSecond();
       auto events = store_->ScanMetadata("evt/" + EncodeKeyString(run.id));
       run.next_event_seq = events.ok() ? events->size() : 0;
       RunEntry& stored = runs_[run.id] = std::move(run);
