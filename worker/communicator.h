@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <optional>
@@ -23,12 +24,29 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual uint32_t rank() const = 0;
   virtual uint32_t world_size() const = 0;
+  // Every collective returns Aborted after Abort(), DeadlineExceeded if a peer stays silent too
+  // long. Buffers of `count` floats are split into world_size() blocks, rank r owning
+  // ShardRange(count, world_size(), r) (the ZeRO shard of rank r).
+
   // Element-wise sum of `count` floats over all ranks, in place. Every rank ends with identical
-  // bytes. Returns Aborted after Abort(), DeadlineExceeded if a peer stays silent too long.
+  // bytes.
   virtual Status AllReduceSum(float* data, size_t count) = 0;
+  // Element-wise sum, in place, of which only this rank's block is defined afterwards (the
+  // others hold partial sums). Half the traffic of an all-reduce.
+  virtual Status ReduceScatterSum(float* data, size_t count) = 0;
+  // Every rank contributes its own block of `data`; afterwards every rank holds all blocks.
+  virtual Status AllGather(float* data, size_t count) = 0;
+  // Copies `root`'s `count` floats to every rank.
+  virtual Status Broadcast(float* data, size_t count, uint32_t root) = 0;
   // Makes the pending and every later call return Aborted (a failed run never hangs its peers).
   virtual void Abort() = 0;
 };
+
+// [begin, end) of rank's block of a `count`-element buffer split over `world` ranks (sizes differ
+// by at most one element).
+inline std::pair<size_t, size_t> ShardRange(size_t count, uint32_t world, uint32_t rank) {
+  return {count * rank / world, count * (rank + 1) / world};
+}
 
 struct ZmqCommunicatorOptions {
   uint32_t rank = 0;

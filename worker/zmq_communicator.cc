@@ -1,11 +1,13 @@
-// ZeroMQ ring all-reduce for CPU workers.
+// ZeroMQ ring collectives for CPU workers. Each rank sends only to rank r+1 and receives only
+// from rank r-1.
 //
-// The buffer is cut into n chunks. Reduce-scatter: in step s (0..n-2) rank r sends chunk
-// (r - s) mod n to rank r+1 and adds the chunk (r - s - 1) mod n received from rank r-1; after
-// n-1 steps rank r holds the full sum of chunk (r + 1) mod n. All-gather: n-1 more steps pass the
-// finished chunks around the ring, copying. Each rank sends 2(n-1)/n of the buffer, the optimum
-// for a ring. Summation order differs per chunk but the all-gather copies bytes, so every rank
-// ends bit-identical. For n = 2 the sum a + b is the same on both ranks (float + commutes).
+// The buffer is cut into n chunks, chunk c = ShardRange(count, n, c). Reduce-scatter: in step s
+// (0..n-2) rank r sends chunk (r - s - 1) mod n and adds the chunk (r - s - 2) mod n received
+// from rank r-1; after n-1 steps rank r holds the full sum of its own chunk r. All-gather: rank r
+// starts with chunk r; in step s it sends chunk (r - s) mod n and copies in chunk (r - s - 1)
+// mod n. All-reduce is the two in a row: each rank sends 2(n-1)/n of the buffer, the optimum for
+// a ring. Summation order differs per chunk but the all-gather copies bytes, so every rank ends
+// bit-identical. Broadcast passes the whole buffer around the ring from the root (n-1 hops).
 //
 // Wire: each message is [header: token u64, sequence u64, chunk u64][chunk bytes]. The inbound
 // PULL socket is fresh per task; the token drops frames a previous task's peer may still send.
@@ -87,32 +89,60 @@ class ZmqCommunicator final : public Communicator {
   void Abort() override { aborted_.store(true); }
 
   Status AllReduceSum(float* data, size_t count) override {
+    STRATA_RETURN_IF_ERROR(ReduceScatterSum(data, count));
+    return AllGather(data, count);
+  }
+
+  Status ReduceScatterSum(float* data, size_t count) override {
+    return RingPass(data, count, /*offset=*/n() - 1, /*accumulate=*/true);
+  }
+
+  Status AllGather(float* data, size_t count) override {
+    return RingPass(data, count, /*offset=*/0, /*accumulate=*/false);
+  }
+
+  Status Broadcast(float* data, size_t count, uint32_t root) override {
     if (aborted_.load()) return Aborted("communicator aborted");
-    const uint32_t n = world_;
-    if (n == 1) return Status::Ok();
+    if (root >= world_) return InvalidArgument("broadcast: root " + std::to_string(root) + " is not a rank");
+    if (world_ == 1) return Status::Ok();
     const uint32_t r = options_.rank;
-    auto chunk_begin = [&](uint32_t c) { return count * c / n; };
-    auto chunk_size = [&](uint32_t c) { return chunk_begin(c + 1) - chunk_begin(c); };
     std::vector<float> incoming;
-    for (uint32_t s = 0; s + 1 < n; ++s) {  // reduce-scatter
-      const uint32_t send_c = (r + n - s) % n;
-      const uint32_t recv_c = (r + n - s - 1) % n;
-      STRATA_RETURN_IF_ERROR(SendChunk(data + chunk_begin(send_c), chunk_size(send_c), send_c));
-      STRATA_RETURN_IF_ERROR(RecvChunk(&incoming, chunk_size(recv_c), recv_c));
-      float* dst = data + chunk_begin(recv_c);
-      for (size_t i = 0; i < incoming.size(); ++i) dst[i] += incoming[i];
+    if (r != root) {
+      STRATA_RETURN_IF_ERROR(RecvChunk(&incoming, count, root));
+      std::memcpy(data, incoming.data(), count * sizeof(float));
     }
-    for (uint32_t s = 0; s + 1 < n; ++s) {  // all-gather
-      const uint32_t send_c = (r + 1 + n - s) % n;
-      const uint32_t recv_c = (r + n - s) % n;
-      STRATA_RETURN_IF_ERROR(SendChunk(data + chunk_begin(send_c), chunk_size(send_c), send_c));
-      STRATA_RETURN_IF_ERROR(RecvChunk(&incoming, chunk_size(recv_c), recv_c));
-      std::memcpy(data + chunk_begin(recv_c), incoming.data(), incoming.size() * sizeof(float));
-    }
+    if ((r + 1) % world_ != root) STRATA_RETURN_IF_ERROR(SendChunk(data, count, root));
     return Status::Ok();
   }
 
  private:
+  uint32_t n() const { return world_; }
+
+  // n-1 ring steps; in step s rank r sends chunk (r - s + offset) mod n and receives chunk
+  // (r - s - 1 + offset) mod n, adding it (reduce-scatter) or copying it (all-gather).
+  Status RingPass(float* data, size_t count, uint32_t offset, bool accumulate) {
+    if (aborted_.load()) return Aborted("communicator aborted");
+    const uint32_t world = n();
+    if (world == 1) return Status::Ok();
+    const uint32_t r = options_.rank;
+    std::vector<float> incoming;
+    for (uint32_t s = 0; s + 1 < world; ++s) {
+      const uint32_t send_c = (r + offset + world - s) % world;
+      const uint32_t recv_c = (r + offset + 2 * world - s - 1) % world;
+      const auto [send_begin, send_end] = ShardRange(count, world, send_c);
+      const auto [recv_begin, recv_end] = ShardRange(count, world, recv_c);
+      STRATA_RETURN_IF_ERROR(SendChunk(data + send_begin, send_end - send_begin, send_c));
+      STRATA_RETURN_IF_ERROR(RecvChunk(&incoming, recv_end - recv_begin, recv_c));
+      float* dst = data + recv_begin;
+      if (accumulate) {
+        for (size_t i = 0; i < incoming.size(); ++i) dst[i] += incoming[i];
+      } else {
+        std::memcpy(dst, incoming.data(), incoming.size() * sizeof(float));
+      }
+    }
+    return Status::Ok();
+  }
+
   Status SendChunk(const float* src, size_t count, uint32_t chunk) {
     FrameHeader header{options_.task_token, send_sequence_++, chunk};
     try {

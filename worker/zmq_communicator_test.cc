@@ -64,6 +64,107 @@ TEST(ZmqCommunicatorTest, TwoRanks) { CheckAllReduce(2, 1001); }
 TEST(ZmqCommunicatorTest, ThreeRanksUnevenChunks) { CheckAllReduce(3, 1000); }
 TEST(ZmqCommunicatorTest, FewerElementsThanRanks) { CheckAllReduce(4, 2); }
 
+// Runs `body(comm, rank)` on n ranks (threads) over real ipc sockets; returns each rank's status.
+template <typename Body>
+std::vector<Status> OnRanks(uint32_t n, Body body) {
+  char tmpl[] = "/tmp/strata-comm-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  std::vector<std::string> addresses;
+  for (uint32_t r = 0; r < n; ++r) addresses.push_back("ipc://" + dir + "/r" + std::to_string(r));
+  zmq::context_t context;
+  std::vector<Status> results(n);
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      ZmqCommunicatorOptions options;
+      options.rank = r;
+      options.peer_addresses = addresses;
+      options.task_token = 42;
+      options.peer_timeout_ms = 10000;
+      auto comm = CreateZmqCommunicator(context, options);
+      results[r] = comm.ok() ? body(**comm, r) : comm.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+// Rank r's value at i: small integers, so every sum is exact in any order.
+float Value(uint32_t rank, size_t i) { return static_cast<float>((rank + 1) * 100 + i % 97); }
+
+class CollectivesTest : public ::testing::TestWithParam<std::pair<uint32_t, size_t>> {};
+
+TEST_P(CollectivesTest, ReduceScatterLeavesEachRankTheSumOfItsShard) {
+  const auto [n, count] = GetParam();
+  auto results = OnRanks(n, [count = count, n = n](Communicator& comm, uint32_t r) -> Status {
+    std::vector<float> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = Value(r, i);
+    STRATA_RETURN_IF_ERROR(comm.ReduceScatterSum(data.data(), count));
+    const auto [begin, end] = ShardRange(count, n, r);
+    for (size_t i = begin; i < end; ++i) {
+      float expected = 0;
+      for (uint32_t k = 0; k < n; ++k) expected += Value(k, i);
+      if (data[i] != expected) return Internal("rank " + std::to_string(r) + " element " + std::to_string(i));
+    }
+    return Status::Ok();
+  });
+  for (auto& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+TEST_P(CollectivesTest, AllGatherAssemblesEveryShard) {
+  const auto [n, count] = GetParam();
+  auto results = OnRanks(n, [count = count, n = n](Communicator& comm, uint32_t r) -> Status {
+    std::vector<float> data(count, -1.0f);
+    const auto [begin, end] = ShardRange(count, n, r);
+    for (size_t i = begin; i < end; ++i) data[i] = Value(r, i);  // only its own block is set
+    STRATA_RETURN_IF_ERROR(comm.AllGather(data.data(), count));
+    for (uint32_t k = 0; k < n; ++k) {
+      const auto [b, e] = ShardRange(count, n, k);
+      for (size_t i = b; i < e; ++i) {
+        if (data[i] != Value(k, i)) return Internal("rank " + std::to_string(r) + " element " + std::to_string(i));
+      }
+    }
+    return Status::Ok();
+  });
+  for (auto& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+TEST_P(CollectivesTest, BroadcastFromEveryRootThenAllReduceInOneSequence) {
+  const auto [n, count] = GetParam();
+  auto results = OnRanks(n, [count = count, n = n](Communicator& comm, uint32_t r) -> Status {
+    for (uint32_t root = 0; root < n; ++root) {
+      std::vector<float> data(count);
+      for (size_t i = 0; i < count; ++i) data[i] = Value(r, i);
+      STRATA_RETURN_IF_ERROR(comm.Broadcast(data.data(), count, root));
+      for (size_t i = 0; i < count; ++i) {
+        if (data[i] != Value(root, i)) return Internal("root " + std::to_string(root) + " rank " + std::to_string(r));
+      }
+    }
+    std::vector<float> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = Value(r, i);
+    STRATA_RETURN_IF_ERROR(comm.AllReduceSum(data.data(), count));
+    for (size_t i = 0; i < count; ++i) {
+      float expected = 0;
+      for (uint32_t k = 0; k < n; ++k) expected += Value(k, i);
+      if (data[i] != expected) return Internal("all-reduce after broadcasts, element " + std::to_string(i));
+    }
+    return Status::Ok();
+  });
+  for (auto& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesTest,
+                         ::testing::Values(std::pair<uint32_t, size_t>{1, 5}, std::pair<uint32_t, size_t>{2, 1001},
+                                           std::pair<uint32_t, size_t>{3, 1000}, std::pair<uint32_t, size_t>{4, 3}));
+
+TEST(ZmqCommunicatorTest, BroadcastRejectsARootOutsideTheWorld) {
+  auto results = OnRanks(1, [](Communicator& comm, uint32_t) -> Status {
+    float x = 1;
+    return comm.Broadcast(&x, 1, 3);
+  });
+  EXPECT_EQ(results[0].code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ZmqCommunicatorTest, AbortUnblocksAWaitingRank) {
   char tmpl[] = "/tmp/strata-comm-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
