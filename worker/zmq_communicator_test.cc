@@ -255,7 +255,9 @@ Status InjectIntoRank1(const curve::ClientKeys& rank_keys, const std::optional<c
   push.connect(rank1);
   const std::vector<float> evil(2, 1e6f);
   for (uint64_t seq = 0; seq < 2; ++seq) {
-    const uint64_t header[3] = {kToken, seq, /*chunk=*/seq == 0 ? 0u : 1u};
+    // Rank 1 of 2 first receives chunk 1 (its own, to finish the reduce-scatter), then chunk 0
+    // (the all-gather).
+    const uint64_t header[3] = {kToken, seq, /*chunk=*/seq == 0 ? 1u : 0u};
     push.send(zmq::buffer(header, sizeof(header)), zmq::send_flags::sndmore);
     push.send(zmq::buffer(evil.data(), evil.size() * sizeof(float)), zmq::send_flags::none);
   }
