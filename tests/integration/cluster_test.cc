@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 
 #include "storage/safetensors.h"
+#include "tests/integration/harness.h"
 #include "storage/shard_store.h"
 
 namespace strata {
@@ -26,22 +27,9 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-struct CommandResult {
-  int rc = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using testing::CommandResult;
+using testing::NowMs;
+using testing::ReadFile;
 
 class ClusterTest : public ::testing::Test {
  protected:
@@ -67,17 +55,7 @@ class ClusterTest : public ::testing::Test {
     if (!std::getenv("STRATA_KEEP_TEST_DIRS")) fs::remove_all(dir_);
   }
 
-  static CommandResult Run(const std::string& command) {
-    static int n = 0;
-    const std::string out = dir_ + "/cmd" + std::to_string(++n) + ".out";
-    const std::string err = dir_ + "/cmd" + std::to_string(n) + ".err";
-    const int status = std::system((command + " >" + out + " 2>" + err).c_str());
-    CommandResult r;
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = ReadFile(out);
-    r.err = ReadFile(err);
-    return r;
-  }
+  static CommandResult Run(const std::string& command) { return testing::RunCommand(command, dir_); }
   static CommandResult Strata(const std::string& args) { return Run(std::string(STRATA_BIN_DIR) + "/strata " + args); }
 
   static json StrataJson(const std::string& args) {

@@ -20,22 +20,17 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/integration/harness.h"
+
 namespace strata {
 namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using testing::CommandResult;
+using testing::NowMs;
+using testing::ReadFile;
 
 // ------------------------------------------------------------------ strict Prometheus parser
 // Text exposition format 0.0.4: '# HELP name text', '# TYPE name type' (once per family, before
@@ -214,16 +209,7 @@ class DashboardTest : public ::testing::Test {
     if (!std::getenv("STRATA_KEEP_TEST_DIRS")) fs::remove_all(dir_);
   }
 
-  struct CommandResult {
-    int rc = -1;
-    std::string out, err;
-  };
-  CommandResult Run(const std::string& command) {
-    const std::string out = dir_ + "/cmd" + std::to_string(++commands_) + ".out";
-    const std::string err = dir_ + "/cmd" + std::to_string(commands_) + ".err";
-    const int status = std::system((command + " >" + out + " 2>" + err).c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFile(out), ReadFile(err)};
-  }
+  CommandResult Run(const std::string& command) { return testing::RunCommand(command, dir_); }
   CommandResult Strata(const std::string& args) { return Run(std::string(STRATA_BIN_DIR) + "/strata " + args); }
 
   json Status(const std::string& run) {

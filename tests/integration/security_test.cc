@@ -23,42 +23,18 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/integration/harness.h"
+
 namespace strata {
 namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-struct CommandResult {
-  int rc = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// A loopback TCP port that was free a moment ago.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using testing::CommandResult;
+using testing::FreePort;
+using testing::NowMs;
+using testing::ReadFile;
 
 int ConnectLoopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -169,16 +145,7 @@ class SecurityTest : public ::testing::Test {
     if (!std::getenv("STRATA_KEEP_TEST_DIRS")) fs::remove_all(dir_);
   }
 
-  CommandResult Run(const std::string& command) {
-    const std::string out = dir_ + "/cmd" + std::to_string(++commands_) + ".out";
-    const std::string err = dir_ + "/cmd" + std::to_string(commands_) + ".err";
-    const int status = std::system((command + " >" + out + " 2>" + err).c_str());
-    CommandResult r;
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = ReadFile(out);
-    r.err = ReadFile(err);
-    return r;
-  }
+  CommandResult Run(const std::string& command) { return testing::RunCommand(command, dir_); }
   CommandResult Strata(const std::string& args) { return Run(std::string(STRATA_BIN_DIR) + "/strata " + args); }
 
   // Starts a binary in the background with output to `log`; TearDown stops it.

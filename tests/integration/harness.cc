@@ -1,0 +1,56 @@
+#include "tests/integration/harness.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace strata::testing {
+
+CommandResult RunCommand(const std::string& command, const std::string& scratch_dir) {
+  static std::atomic<int> counter{0};
+  const std::string base = scratch_dir + "/cmd" + std::to_string(getpid()) + "-" + std::to_string(++counter);
+  const int status = std::system((command + " >" + base + ".out 2>" + base + ".err").c_str());
+  CommandResult r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadFile(base + ".out");
+  r.err = ReadFile(base + ".err");
+  return r;
+}
+
+CommandResult RunStrata(const std::string& args, const std::string& scratch_dir) {
+  return RunCommand(std::string(STRATA_BIN_DIR) + "/strata " + args, scratch_dir);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int64_t NowMs() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace strata::testing

@@ -1,0 +1,26 @@
+// What every multi-process test needs: run a command (the `strata` CLI or a daemon) and capture
+// its exit code and output, read files, a monotonic clock and a free loopback port.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace strata::testing {
+
+struct CommandResult {
+  int rc = -1;  // exit code; -1 if killed by a signal
+  std::string out;
+  std::string err;
+};
+
+// Runs `command` through the shell; stdout and stderr go to files under `scratch_dir`.
+CommandResult RunCommand(const std::string& command, const std::string& scratch_dir);
+// Runs STRATA_BIN_DIR/strata with `args`.
+CommandResult RunStrata(const std::string& args, const std::string& scratch_dir);
+
+std::string ReadFile(const std::string& path);
+int64_t NowMs();
+// A loopback TCP port that was free a moment ago.
+int FreePort();
+
+}  // namespace strata::testing
