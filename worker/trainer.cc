@@ -78,33 +78,35 @@ Result<double> Trainer::Step() {
     loss_sum += loss.detach() * share;
   }
 
-  // One flat buffer of every gradient plus the loss: one all-reduce per step.
-  std::vector<torch::Tensor> pieces;
-  for (auto& [name, p] : params_) pieces.push_back(p.grad().reshape({-1}));
-  pieces.push_back(loss_sum.reshape({1}));
-  auto flat = torch::cat(pieces).to(torch::kCPU, torch::kFloat).contiguous();
-  STRATA_RETURN_IF_ERROR(context_.communicator->AllReduceSum(flat.data_ptr<float>(), flat.numel()));
-  if (n > 1) flat.div_(static_cast<double>(n));
-  flat = flat.to(device_);
-  int64_t offset = 0;
-  for (auto& [name, p] : params_) {
-    p.mutable_grad().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
-    offset += p.numel();
+  double mean_loss = 0;
+  if (n == 1) {
+    mean_loss = loss_sum.item<double>();  // nothing to exchange: gradients stay where they are
+  } else {
+    // One flat buffer of every gradient plus the loss: one all-reduce per step.
+    std::vector<torch::Tensor> pieces;
+    for (auto& [name, p] : params_) pieces.push_back(p.grad().reshape({-1}));
+    pieces.push_back(loss_sum.reshape({1}));
+    auto flat = torch::cat(pieces).to(torch::kCPU, torch::kFloat).contiguous();
+    STRATA_RETURN_IF_ERROR(context_.communicator->AllReduceSum(flat.data_ptr<float>(), flat.numel()));
+    flat.div_(static_cast<double>(n));
+    mean_loss = flat[flat.numel() - 1].item<double>();
+    flat = flat.to(device_);
+    int64_t offset = 0;
+    for (auto& [name, p] : params_) {
+      p.mutable_grad().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
+      offset += p.numel();
+    }
   }
-  const double mean_loss = flat[offset].item<double>();
   if (!std::isfinite(mean_loss)) {
     return Internal("loss became " + std::to_string(mean_loss) + " at step " + std::to_string(step_ + 1) +
                     "; lower train.lr or set train.grad_clip");
   }
 
   if (spec.train.grad_clip > 0) {
-    torch::NoGradGuard no_grad;
-    double sq = 0;
-    for (auto& [name, p] : params_) sq += p.grad().pow(2).sum().item<double>();
-    const double norm = std::sqrt(sq);
-    if (norm > spec.train.grad_clip) {
-      for (auto& [name, p] : params_) p.mutable_grad().mul_(spec.train.grad_clip / (norm + 1e-6));
-    }
+    // Global norm over all parameters (identical on every rank after the all-reduce).
+    std::vector<torch::Tensor> tensors;
+    for (auto& [name, p] : params_) tensors.push_back(p);
+    torch::nn::utils::clip_grad_norm_(tensors, spec.train.grad_clip);
   }
   ++step_;
   AdamW();

@@ -1,0 +1,106 @@
+// Training throughput and peak memory of Strata's trainer on one device, for comparison with
+// bench/pytorch_train_baseline.py (same model, batch, precision and optimizer).
+//
+//   train_step_bench --family gpt2|llama --layers 12 --hidden 768 --heads 12 --vocab 50257
+//                    --sequence 1024 --batch 8 --micro-batch 8 --precision bf16 --steps 10
+//
+// Prints one JSON line: tokens/s over the timed steps (after warm-up) and the allocator's peak.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "worker/torch_executor.h"
+#include "worker/trainer.h"
+
+namespace {
+
+class SoloCommunicator : public strata::worker::Communicator {
+ public:
+  uint32_t rank() const override { return 0; }
+  uint32_t world_size() const override { return 1; }
+  strata::Status AllReduceSum(float*, size_t) override { return strata::Status::Ok(); }
+  strata::Status ReduceScatterSum(float*, size_t) override { return strata::Status::Ok(); }
+  strata::Status AllGather(float*, size_t) override { return strata::Status::Ok(); }
+  strata::Status Broadcast(float*, size_t, uint32_t) override { return strata::Status::Ok(); }
+  void Abort() override {}
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  strata::RunSpec spec;
+  spec.model = {"gpt2", 12, 768, 12, 50257, 1024, 12, 3072, 10000.0, 1e-5};
+  spec.train.global_batch = 8;
+  spec.train.lr = 3e-4;
+  spec.train.weight_decay = 0.1;
+  spec.train.precision = "bf16";
+  int steps = 10, warmup = 3;
+  std::string device = "cuda:0";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const std::string v = argv[i + 1];
+    if (k == "--family") spec.model.family = v;
+    else if (k == "--layers") spec.model.layers = std::stoll(v);
+    else if (k == "--hidden") spec.model.hidden = std::stoll(v);
+    else if (k == "--heads") spec.model.heads = std::stoll(v);
+    else if (k == "--kv-heads") spec.model.kv_heads = std::stoll(v);
+    else if (k == "--ffn") spec.model.ffn = std::stoll(v);
+    else if (k == "--vocab") spec.model.vocab = std::stoll(v);
+    else if (k == "--sequence") spec.model.sequence = std::stoll(v);
+    else if (k == "--batch") spec.train.global_batch = std::stoll(v);
+    else if (k == "--micro-batch") spec.parallel.micro_batch = std::stoll(v);
+    else if (k == "--precision") spec.train.precision = v;
+    else if (k == "--steps") steps = std::stoi(v);
+    else if (k == "--device") device = v;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (spec.model.family == "llama") spec.model.norm_eps = 1e-6;
+  if (spec.model.kv_heads == 12 && spec.model.heads != 12) spec.model.kv_heads = spec.model.heads;
+  spec.model.ffn = spec.model.ffn == 3072 && spec.model.hidden != 768 ? 4 * spec.model.hidden : spec.model.ffn;
+
+  // Random token ids in a u16 file: throughput does not depend on the text.
+  const std::string data_path = "/tmp/strata-bench-tokens.u16";
+  {
+    std::mt19937 rng(1);
+    std::vector<uint16_t> tokens(4 << 20);
+    for (auto& t : tokens) t = static_cast<uint16_t>(rng() % spec.model.vocab);
+    std::ofstream(data_path, std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+  }
+  spec.data = {data_path, "u16"};
+
+  auto executor = strata::worker::CreateTorchExecutor({device});
+  if (!executor.ok()) {
+    std::fprintf(stderr, "%s\n", executor.status().ToString().c_str());
+    return 1;
+  }
+  SoloCommunicator comm;
+  strata::worker::TaskContext context;
+  context.run_id = "bench";
+  context.spec = spec;
+  context.communicator = &comm;
+  auto data = strata::worker::TokenData::Load(spec.data, spec.model.vocab);
+  strata::worker::Trainer trainer(context, std::move(data).value(), torch::Device(device));
+  double loss = 0;
+  for (int s = 0; s < warmup; ++s) loss = trainer.Step().value();
+  const auto start = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) loss = trainer.Step().value();  // .item() inside syncs each step
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto memory = (*executor)->ReadMemory();
+  int64_t params = 0;
+  for (auto& [name, p] : trainer.parameters()) params += p.numel();
+  std::printf(
+      "{\"impl\": \"strata\", \"family\": \"%s\", \"params\": %ld, \"batch\": %ld, \"sequence\": %ld, \"precision\": "
+      "\"%s\", \"tokens_per_s\": %.0f, \"step_ms\": %.1f, \"peak_gib\": %.2f, \"loss\": %.4f}\n",
+      spec.model.family.c_str(), static_cast<long>(params), static_cast<long>(spec.train.global_batch),
+      static_cast<long>(spec.model.sequence), spec.train.precision.c_str(),
+      steps * spec.train.global_batch * spec.model.sequence / seconds, 1000 * seconds / steps,
+      memory.peak_bytes / double(1ull << 30), loss);
+  return 0;
+}
