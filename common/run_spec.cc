@@ -21,7 +21,7 @@ const std::map<std::string, std::set<std::string>>& AllowedKeys() {
       {"data", {"path", "format"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
                  "beta2", "grad_clip", "seed", "checkpoint_every", "precision"}},
-      {"parallel", {"dp", "micro_batch"}},
+      {"parallel", {"dp", "micro_batch", "zero"}},
       {"worker", {"threads"}},
   };
   return keys;
@@ -238,6 +238,11 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
                            " does not divide the per-rank batch train.global_batch / parallel.dp = " +
                            std::to_string(local_batch));
   }
+  STRATA_RETURN_IF_ERROR(r.Int("parallel", "zero", &spec.parallel.zero, 0));
+  if (spec.parallel.zero > 2) {
+    return InvalidArgument("run spec: parallel.zero = " + std::to_string(spec.parallel.zero) +
+                           " is not available yet; use 0, 1 (sharded optimizer state) or 2 (and sharded gradients)");
+  }
   STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0));
   return spec;
 }
@@ -281,7 +286,9 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"warmup_steps", spec.train.warmup_steps},
                                    {"min_lr", spec.train.min_lr},
                                    {"precision", spec.train.precision}});
-  root.insert("parallel", toml::table{{"dp", spec.parallel.dp}, {"micro_batch", spec.parallel.micro_batch}});
+  root.insert("parallel", toml::table{{"dp", spec.parallel.dp},
+                                      {"micro_batch", spec.parallel.micro_batch},
+                                      {"zero", spec.parallel.zero}});
   root.insert("worker", toml::table{{"threads", spec.worker.threads}});
   std::ostringstream out;
   out << root << "\n";

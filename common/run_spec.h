@@ -7,7 +7,7 @@
 //   [data]      path = "corpus.txt", format = "bytes" | "u16"
 //   [train]     steps, global_batch, lr, lr_schedule, warmup_steps, min_lr, weight_decay, beta1,
 //               beta2, grad_clip, seed, checkpoint_every, precision
-//   [parallel]  dp, micro_batch
+//   [parallel]  dp, micro_batch, zero
 //   [worker]    threads (intra-op threads per CPU worker; 0 = LibTorch's default)
 #pragma once
 
@@ -56,6 +56,7 @@ struct TrainSpec {
 struct ParallelSpec {
   int64_t dp = 1;
   int64_t micro_batch = 0;  // rows per forward/backward on a rank; 0 = the whole local batch
+  int64_t zero = 0;         // ZeRO stage over the dp group: 1 shards optimizer state, 2 also gradients
 };
 
 struct WorkerSpec {

@@ -84,6 +84,7 @@ TEST_F(RunSpecTest, MicroBatchMustDivideTheRankBatch) {
 TEST_F(RunSpecTest, InitFromMustHoldSafetensors) {
   ExpectRejected(With("layers = 2", "layers = 2\ninit_from = \"no-such-dir\""), "model.init_from");
 }
+TEST_F(RunSpecTest, ZeroStageThreeIsNotOfferedYet) { ExpectRejected(Valid() + "[parallel]\nzero = 3\n", "parallel.zero"); }
 TEST_F(RunSpecTest, UnknownPrecisionIsNamed) { ExpectRejected(Valid("", "precision = \"fp8\"\n"), "train.precision"); }
 
 TEST(LearningRateTest, WarmupThenCosineToMinLr) {

@@ -37,10 +37,31 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   }
   model_->to(device_);
   for (auto& item : model_->named_parameters()) params_.emplace_back(item.key(), item.value());
-  for (auto& [name, p] : params_) {
-    exp_avg_.push_back(torch::zeros_like(p));
-    exp_avg_sq_.push_back(torch::zeros_like(p));
+  if (context.spec.parallel.zero == 0) {
+    for (auto& [name, p] : params_) {
+      exp_avg_.push_back(torch::zeros_like(p));
+      exp_avg_sq_.push_back(torch::zeros_like(p));
+    }
+    return;
   }
+  std::vector<torch::Tensor> masks;
+  for (auto& [name, p] : params_) {
+    total_elements_ += p.numel();
+    masks.push_back(torch::full({p.numel()}, p.dim() >= 2 ? 1.0f : 0.0f));
+  }
+  const auto [begin, end] = ShardRange(total_elements_, context.world_size, context.rank);
+  shard_begin_ = static_cast<int64_t>(begin);
+  shard_end_ = static_cast<int64_t>(end);
+  shard_exp_avg_ = torch::zeros({shard_end_ - shard_begin_});
+  shard_exp_avg_sq_ = torch::zeros({shard_end_ - shard_begin_});
+  shard_decay_mask_ = torch::cat(masks).narrow(0, shard_begin_, shard_end_ - shard_begin_).clone();
+}
+
+int64_t Trainer::optimizer_state_elements() const {
+  if (context_.spec.parallel.zero > 0) return shard_end_ - shard_begin_;
+  int64_t n = 0;
+  for (auto& m : exp_avg_) n += m.numel();
+  return n;
 }
 
 Result<double> Trainer::Step() {
@@ -78,6 +99,7 @@ Result<double> Trainer::Step() {
     loss_sum += loss.detach() * share;
   }
 
+  if (spec.parallel.zero > 0) return ShardedStep(loss_sum);
   double mean_loss = 0;
   if (n == 1) {
     mean_loss = loss_sum.item<double>();  // nothing to exchange: gradients stay where they are
@@ -131,6 +153,59 @@ void Trainer::AdamW() {
   }
 }
 
+Result<double> Trainer::ShardedStep(const torch::Tensor& loss_sum) {
+  torch::NoGradGuard no_grad;
+  const auto& tr = context_.spec.train;
+  Communicator& comm = *context_.communicator;
+  const double n = context_.world_size;
+  const int64_t shard = shard_end_ - shard_begin_;
+
+  std::vector<torch::Tensor> grads;
+  for (auto& [name, p] : params_) grads.push_back(p.grad().reshape({-1}));
+  auto flat_grad = torch::cat(grads).to(torch::kCPU, torch::kFloat).contiguous();
+  if (context_.spec.parallel.zero == 1) {
+    STRATA_RETURN_IF_ERROR(comm.AllReduceSum(flat_grad.data_ptr<float>(), flat_grad.numel()));
+  } else {
+    STRATA_RETURN_IF_ERROR(comm.ReduceScatterSum(flat_grad.data_ptr<float>(), flat_grad.numel()));
+  }
+  auto g = flat_grad.narrow(0, shard_begin_, shard).div_(n);  // mean over ranks, this shard only
+
+  // The loss and the clipping norm: two scalars, one all-reduce.
+  auto scalars = torch::stack({loss_sum.to(torch::kCPU, torch::kFloat), g.pow(2).sum()}).contiguous();
+  STRATA_RETURN_IF_ERROR(comm.AllReduceSum(scalars.data_ptr<float>(), 2));
+  const double mean_loss = scalars[0].item<double>() / n;
+  if (!std::isfinite(mean_loss)) {
+    return Internal("loss became " + std::to_string(mean_loss) + " at step " + std::to_string(step_ + 1) +
+                    "; lower train.lr or set train.grad_clip");
+  }
+  const double norm = std::sqrt(scalars[1].item<double>());
+  if (tr.grad_clip > 0 && norm > tr.grad_clip) g.mul_(tr.grad_clip / (norm + 1e-6));
+
+  // AdamW on this shard (the same element-wise formula as AdamW()).
+  ++step_;
+  std::vector<torch::Tensor> flat_params;
+  for (auto& [name, p] : params_) flat_params.push_back(p.detach().reshape({-1}));
+  auto flat_param = torch::cat(flat_params).to(torch::kCPU, torch::kFloat).contiguous();
+  auto p = flat_param.narrow(0, shard_begin_, shard);
+  const double lr = LearningRate(tr, step_);
+  const double bc1 = 1.0 - std::pow(tr.beta1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(tr.beta2, static_cast<double>(step_));
+  if (tr.weight_decay > 0) p.mul_(shard_decay_mask_.mul(-lr * tr.weight_decay).add_(1.0));
+  shard_exp_avg_.mul_(tr.beta1).add_(g, 1.0 - tr.beta1);
+  shard_exp_avg_sq_.mul_(tr.beta2).addcmul_(g, g, 1.0 - tr.beta2);
+  auto denom = (shard_exp_avg_sq_.sqrt() / std::sqrt(bc2)).add_(1e-8);
+  p.addcdiv_(shard_exp_avg_, denom, -lr / bc1);
+
+  STRATA_RETURN_IF_ERROR(comm.AllGather(flat_param.data_ptr<float>(), flat_param.numel()));
+  auto updated = flat_param.to(device_);
+  int64_t offset = 0;
+  for (auto& [name, param] : params_) {
+    param.copy_(updated.narrow(0, offset, param.numel()).view_as(param));
+    offset += param.numel();
+  }
+  return mean_loss;
+}
+
 Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard() {
   auto put = [&](const std::string& name, const torch::Tensor& tensor) -> Status {
     auto cpu = tensor.detach().to(torch::kCPU).contiguous();
@@ -140,12 +215,20 @@ Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard(
     view.bytes = {static_cast<const uint8_t*>(cpu.data_ptr()), static_cast<size_t>(cpu.numel() * cpu.element_size())};
     return context_.store->PutCheckpointTensor(context_.run_id, step_, name, view);
   };
+  const bool sharded = context_.spec.parallel.zero > 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (i % context_.world_size != context_.rank) continue;
     const std::string& name = params_[i].first;
     STRATA_RETURN_IF_ERROR(put("param/" + name, params_[i].second));
+    if (sharded) continue;
     STRATA_RETURN_IF_ERROR(put("adam_m/" + name, exp_avg_[i]));
     STRATA_RETURN_IF_ERROR(put("adam_v/" + name, exp_avg_sq_[i]));
+  }
+  if (sharded) {
+    const std::string range = std::to_string(shard_begin_) + ":" + std::to_string(shard_end_) + ":" +
+                              std::to_string(total_elements_);
+    STRATA_RETURN_IF_ERROR(put("zero/adam_m/" + range, shard_exp_avg_));
+    STRATA_RETURN_IF_ERROR(put("zero/adam_v/" + range, shard_exp_avg_sq_));
   }
   STRATA_RETURN_IF_ERROR(context_.store->CommitCheckpoint(context_.run_id, step_));
   STRATA_ASSIGN_OR_RETURN(auto list, context_.store->ListCheckpoints(context_.run_id));

@@ -37,7 +37,8 @@ class TrainerTest : public ::testing::Test {
   }
 
   // Trains `steps` steps on `world` ranks (threads); returns every rank's losses.
-  std::vector<std::vector<double>> Train(uint32_t world, int steps) {
+  std::vector<std::vector<double>> Train(uint32_t world, int steps, std::vector<int64_t>* state_elements = nullptr,
+                                         std::vector<std::vector<float>>* final_params = nullptr) {
     std::vector<std::string> addresses;
     for (uint32_t r = 0; r < world; ++r) addresses.push_back("ipc://" + dir_ + "/w" + std::to_string(world) + "r" + std::to_string(r));
     std::vector<std::vector<double>> losses(world);
@@ -60,6 +61,13 @@ class TrainerTest : public ::testing::Test {
           auto loss = trainer.Step();
           ASSERT_TRUE(loss.ok()) << loss.status().ToString();
           losses[r].push_back(*loss);
+        }
+        if (state_elements) (*state_elements)[r] = trainer.optimizer_state_elements();
+        if (final_params && r == 0) {
+          for (auto& [name, p] : trainer.parameters()) {
+            auto flat = p.detach().reshape({-1}).contiguous();
+            final_params->emplace_back(flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
+          }
         }
       });
     }
@@ -99,6 +107,29 @@ TEST_F(TrainerTest, MicroBatchesAccumulateToTheSameSteps) {
   for (int s = 0; s < 6; ++s) {
     EXPECT_NEAR(accumulated[s], whole[s], 1e-5 * whole[s]) << "step " << s + 1;
     EXPECT_NEAR(two_ranks[s], whole[s], 1e-5 * whole[s]) << "step " << s + 1;
+  }
+}
+
+TEST_F(TrainerTest, ZeroStagesShardOptimizerStateAndTrainTheSameModel) {
+  spec_.train.grad_clip = 0.5;  // exercises the sharded global norm
+  std::vector<std::vector<float>> reference_params;
+  auto reference = Train(2, 6, nullptr, &reference_params)[0];
+  int64_t total = 0;
+  for (auto& p : reference_params) total += static_cast<int64_t>(p.size());
+  for (int64_t stage : {1, 2}) {
+    spec_.parallel.zero = stage;
+    std::vector<int64_t> state(2, 0);
+    std::vector<std::vector<float>> params;
+    auto losses = Train(2, 6, &state, &params)[0];
+    for (int s = 0; s < 6; ++s) EXPECT_NEAR(losses[s], reference[s], 1e-5 * reference[s]) << "zero " << stage << " step " << s + 1;
+    // Each rank holds half of the AdamW moments.
+    EXPECT_EQ(state[0] + state[1], total) << "zero " << stage;
+    EXPECT_LE(std::abs(state[0] - state[1]), 1) << "zero " << stage;
+    double max_diff = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      for (size_t j = 0; j < params[i].size(); ++j) max_diff = std::max(max_diff, double(std::abs(params[i][j] - reference_params[i][j])));
+    }
+    EXPECT_LT(max_diff, 1e-5) << "zero " << stage << ": parameters drifted from stage 0";
   }
 }
 

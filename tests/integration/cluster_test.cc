@@ -192,11 +192,24 @@ TEST_F(ClusterTest, ExportWritesAHuggingFaceDirectoryFromTheShardStores) {
 TEST_F(ClusterTest, DataParallelOnTwoWorkersMatchesOneWorker) {
   const std::string one = SubmitAndFollow("dp1", Spec("dp1", 1, 12, 0));
   const std::string two = SubmitAndFollow("dp2", Spec("dp2", 2, 12, 0));
+  const std::string zero2 = SubmitAndFollow("dp2z2", Spec("dp2z2", 2, 12, 6) + "zero = 2\n");  // sharded optimizer
   auto a = StrataJson("status " + one)["losses"].get<std::vector<double>>();
   auto b = StrataJson("status " + two)["losses"].get<std::vector<double>>();
+  auto c = StrataJson("status " + zero2)["losses"].get<std::vector<double>>();
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  ASSERT_EQ(c.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+    EXPECT_NEAR(a[i], c[i], 1e-5 * std::abs(a[i])) << "ZeRO-2, step " << i + 1;
+  }
+  // ZeRO checkpoints hold each rank's flat shard of the AdamW moments.
+  size_t moment_shards = 0;
+  const json zero2_checkpoints = StrataJson("checkpoints " + zero2);  // named: range-for must not outlive it
+  for (auto& shard : zero2_checkpoints.back()["shards"]) {
+    for (auto& t : shard["tensors"]) moment_shards += t["name"].get<std::string>().rfind("zero/adam_m/", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(moment_shards, 2u);
 }
 
 TEST_F(ClusterTest, BadSpecsExitTwoNamingTheKeyAndStartNothing) {
