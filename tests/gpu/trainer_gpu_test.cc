@@ -15,6 +15,9 @@ class NoComm : public Communicator {
   uint32_t rank() const override { return 0; }
   uint32_t world_size() const override { return 1; }
   Status AllReduceSum(float*, size_t) override { return Status::Ok(); }
+  Status ReduceScatterSum(float*, size_t) override { return Status::Ok(); }
+  Status AllGather(float*, size_t) override { return Status::Ok(); }
+  Status Broadcast(float*, size_t, uint32_t) override { return Status::Ok(); }
   void Abort() override {}
 };
 
@@ -31,7 +34,7 @@ class GpuTest : public ::testing::Test {
 };
 
 std::vector<double> Train(const std::string& corpus, torch::Device device, int steps,
-                          const std::string& precision = "fp32", const std::string& family = "gpt2") {
+                          const std::string& precision = "fp32", const std::string& family = "gpt2", int64_t zero = 0) {
   TaskContext context;
   context.run_id = "gpu";
   context.spec.model = {"gpt2", 2, 64, 4, 256, 64, 4, 256, 10000.0, 1e-5};
@@ -39,6 +42,7 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
   context.spec.train.global_batch = 8;
   context.spec.train.lr = 3e-3;
   context.spec.train.precision = precision;
+  context.spec.parallel.zero = zero;
   if (family == "llama") context.spec.model = {"llama", 2, 64, 4, 256, 64, 2, 192, 10000.0, 1e-6};
   NoComm comm;
   context.communicator = &comm;
@@ -90,6 +94,12 @@ TEST_F(GpuTest, Bf16ComputeTracksFp32) {
     for (size_t i = 0; i < fp32.size(); ++i) EXPECT_NEAR(bf16[i], fp32[i], 0.1 * fp32[i]) << "step " << i + 1;
     EXPECT_LT(bf16.back(), bf16.front() * 0.8);
   }
+}
+
+TEST_F(GpuTest, ZeroShardedUpdateOnACudaWorkerMatchesStageZero) {
+  auto plain = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), 8);
+  auto sharded = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), 8, "fp32", "gpt2", /*zero=*/2);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(sharded[i], plain[i], 1e-4 * plain[i]) << "step " << i + 1;
 }
 
 TEST_F(GpuTest, ExecutorReportsAllocatorStats) {
