@@ -43,27 +43,6 @@ using storage::EncodeKeyU64;
 
 std::span<const uint8_t> AsBytes(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
 
-struct MemoryStats {
-  std::string device;
-  uint64_t total = 0, free = 0, allocated = 0, reserved = 0, peak = 0;
-
-  void Read(::MemoryStats::Reader r) {
-    device = r.getDevice().cStr();
-    total = r.getTotalBytes();
-    free = r.getFreeBytes();
-    allocated = r.getAllocatedBytes();
-    reserved = r.getReservedBytes();
-    peak = r.getPeakBytes();
-  }
-  void Write(::MemoryStats::Builder b) const {
-    b.setDevice(device);
-    b.setTotalBytes(total);
-    b.setFreeBytes(free);
-    b.setAllocatedBytes(allocated);
-    b.setReservedBytes(reserved);
-    b.setPeakBytes(peak);
-  }
-};
 
 struct WorkerEntry {
   std::string id;        // == its name: stable across worker and coordinator restarts
@@ -71,7 +50,7 @@ struct WorkerEntry {
   std::string host;
   uint32_t pid = 0;
   WorkerState state = WorkerState::IDLE;
-  MemoryStats memory;
+  MemorySnapshot memory;
   std::string store_path;
   std::string data_address;
   std::string current_run;
@@ -246,7 +225,7 @@ class CoordinatorImpl final : public Coordinator {
     w.identity = identity;
     w.host = req.getHost().cStr();
     w.pid = req.getPid();
-    w.memory.Read(req.getMemory());
+    w.memory = schema::ReadMemoryStats(req.getMemory());
     w.store_path = req.getStorePath().cStr();
     w.data_address = req.getDataAddress().cStr();
     w.last_heartbeat_ms = net::SteadyMs();
@@ -284,7 +263,7 @@ class CoordinatorImpl final : public Coordinator {
     WorkerEntry& w = it->second;
     w.identity = identity;
     w.last_heartbeat_ms = net::SteadyMs();
-    w.memory.Read(hb.getMemory());
+    w.memory = schema::ReadMemoryStats(hb.getMemory());
   }
 
   void CheckHeartbeats() {
@@ -559,7 +538,7 @@ class CoordinatorImpl final : public Coordinator {
       b.setHost(w.host);
       b.setPid(w.pid);
       b.setState(w.state);
-      w.memory.Write(b.initMemory());
+      schema::WriteMemoryStats(w.memory, b.initMemory());
       b.setStorePath(w.store_path);
       b.setDataAddress(w.data_address);
       b.setCurrentRun(w.current_run);
@@ -625,8 +604,8 @@ class CoordinatorImpl final : public Coordinator {
     s->endpoint = options_.listen;
     s->workers_lost_total = workers_lost_;
     for (const auto& [id, w] : workers_) {
-      s->workers.push_back({w.id, w.host, w.pid, schema::WorkerStateName(w.state), w.memory.device, w.memory.total,
-                            w.memory.free, w.memory.allocated, w.memory.peak, last_snapshot_ms_ - w.last_heartbeat_ms,
+      s->workers.push_back({w.id, w.host, w.pid, schema::WorkerStateName(w.state), w.memory.device, w.memory.total_bytes,
+                            w.memory.free_bytes, w.memory.allocated_bytes, w.memory.peak_bytes, last_snapshot_ms_ - w.last_heartbeat_ms,
                             w.current_run});
     }
     std::vector<const RunEntry*> runs;

@@ -71,6 +71,26 @@ const char* DTypeName(::DType dtype) {
   return "unknown";
 }
 
+MemorySnapshot ReadMemoryStats(::MemoryStats::Reader r) {
+  MemorySnapshot m;
+  m.device = r.getDevice().cStr();
+  m.total_bytes = r.getTotalBytes();
+  m.free_bytes = r.getFreeBytes();
+  m.allocated_bytes = r.getAllocatedBytes();
+  m.reserved_bytes = r.getReservedBytes();
+  m.peak_bytes = r.getPeakBytes();
+  return m;
+}
+
+void WriteMemoryStats(const MemorySnapshot& m, ::MemoryStats::Builder b) {
+  b.setDevice(m.device);
+  b.setTotalBytes(m.total_bytes);
+  b.setFreeBytes(m.free_bytes);
+  b.setAllocatedBytes(m.allocated_bytes);
+  b.setReservedBytes(m.reserved_bytes);
+  b.setPeakBytes(m.peak_bytes);
+}
+
 std::string MakeErrorReply(uint64_t request_id, const Status& status) {
   EnvelopeBuilder builder(request_id);
   auto error = builder.root().initError();

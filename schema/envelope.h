@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "common/memory_snapshot.h"
 #include "common/status.h"
 #include "schema/messages.capnp.h"
 
@@ -53,6 +54,9 @@ Result<std::unique_ptr<DecodedEnvelope>> DecodeEnvelope(std::span<const uint8_t>
 const char* RunStateName(RunState state);
 const char* WorkerStateName(WorkerState state);
 const char* DTypeName(::DType dtype);
+
+MemorySnapshot ReadMemoryStats(::MemoryStats::Reader stats);
+void WriteMemoryStats(const MemorySnapshot& memory, ::MemoryStats::Builder stats);
 
 // Convenience: an Error envelope.
 std::string MakeErrorReply(uint64_t request_id, const Status& status);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/memory_snapshot.h"
 #include "common/run_spec.h"
 #include "common/status.h"
 #include "storage/shard_store.h"
@@ -14,14 +15,6 @@
 
 namespace strata::worker {
 
-struct MemorySnapshot {
-  std::string device = "cpu";
-  uint64_t total_bytes = 0;
-  uint64_t free_bytes = 0;
-  uint64_t allocated_bytes = 0;
-  uint64_t reserved_bytes = 0;
-  uint64_t peak_bytes = 0;
-};
 
 // CPU: resident set (allocated), peak RSS, cgroup limit or MemTotal (total), MemAvailable (free).
 MemorySnapshot ReadCpuMemory();

@@ -36,14 +36,6 @@ class Outbox {
   std::deque<std::string> queue_;  // guarded by mutex_
 };
 
-void FillMemory(const MemorySnapshot& m, ::MemoryStats::Builder b) {
-  b.setDevice(m.device);
-  b.setTotalBytes(m.total_bytes);
-  b.setFreeBytes(m.free_bytes);
-  b.setAllocatedBytes(m.allocated_bytes);
-  b.setReservedBytes(m.reserved_bytes);
-  b.setPeakBytes(m.peak_bytes);
-}
 
 ::DType ToWire(storage::DType d) { return static_cast<::DType>(static_cast<uint8_t>(d)); }
 
@@ -206,7 +198,7 @@ class WorkerImpl final : public Worker {
     gethostname(host, sizeof(host) - 1);
     r.setHost(host);
     r.setPid(static_cast<uint32_t>(getpid()));
-    FillMemory(executor_->ReadMemory(), r.initMemory());
+    schema::WriteMemoryStats(executor_->ReadMemory(), r.initMemory());
     r.setStorePath(options_.store_path);
     r.setDataAddress(options_.data_address);
     if (task_) {
@@ -221,7 +213,7 @@ class WorkerImpl final : public Worker {
     schema::EnvelopeBuilder msg;
     auto hb = msg.root().initHeartbeat();
     hb.setWorkerId(options_.name);
-    FillMemory(executor_->ReadMemory(), hb.initMemory());
+    schema::WriteMemoryStats(executor_->ReadMemory(), hb.initMemory());
     if (task_) {
       hb.setCurrentRun(task_->run_id_);
       hb.setCurrentStep(task_->current_step_.load());

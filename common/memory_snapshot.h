@@ -1,0 +1,19 @@
+// One device's memory as a worker measures it and the coordinator keeps it (heartbeats carry it
+// as schema MemoryStats; schema/envelope.h converts).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace strata {
+
+struct MemorySnapshot {
+  std::string device = "cpu";   // "cpu" or "cuda:N"
+  uint64_t total_bytes = 0;     // CPU: cgroup limit or MemTotal; GPU: device memory
+  uint64_t free_bytes = 0;
+  uint64_t allocated_bytes = 0; // CPU: resident set; GPU: the caching allocator's allocated bytes
+  uint64_t reserved_bytes = 0;
+  uint64_t peak_bytes = 0;
+};
+
+}  // namespace strata
