@@ -1,5 +1,6 @@
 #include "coordinator/http_server.h"
 
+#include <chrono>
 #include <httplib.h>
 
 #include <fstream>
@@ -49,6 +50,14 @@ class HttpServerImpl final : public HttpServer {
                          "; the port is taken or the host is not an address of this machine - pick another --http");
     }
     thread_ = std::thread([this] { server_.listen_after_bind(); });
+    // stop() is a no-op until the accept loop runs: wait for it, or a server destroyed right away
+    // would leave that loop (and the destructor's join) running forever.
+    for (int i = 0; i < 2000 && !server_.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!server_.is_running()) {
+      server_.stop();
+      thread_.join();
+      return Unavailable("the dashboard on " + options_.host + ":" + std::to_string(port_) + " did not start");
+    }
     STRATA_LOG(kInfo) << "dashboard on http://" << options_.host << ":" << port_;
     return Status::Ok();
   }
