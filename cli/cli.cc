@@ -383,6 +383,18 @@ Result<std::unique_ptr<schema::DecodedEnvelope>> FetchStatus(const GlobalOptions
   return Call(g, req);
 }
 
+Result<std::unique_ptr<schema::DecodedEnvelope>> FetchEvents(const GlobalOptions& g, const std::string& run) {
+  schema::EnvelopeBuilder req;
+  req.root().initEventsRequest().setRunId(run);
+  return Call(g, req);
+}
+
+Result<std::unique_ptr<schema::DecodedEnvelope>> FetchCheckpoints(const GlobalOptions& g, const std::string& run) {
+  schema::EnvelopeBuilder req;
+  req.root().initCheckpointsRequest().setRunId(run);
+  return Call(g, req);
+}
+
 int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json) {
   auto reply = FetchStatus(g, run);
   if (!reply.ok()) return Fail(reply.status());
@@ -392,10 +404,8 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json) {
     for (auto r : runs) {
       json entry = RunToJson(r);
       // Checkpoints ride along so one call shows everything a user checks after a restart.
-      schema::EnvelopeBuilder creq;
-      creq.root().initCheckpointsRequest().setRunId(r.getRunId());
       json steps = json::array();
-      if (auto c = Call(g, creq); c.ok()) {
+      if (auto c = FetchCheckpoints(g, r.getRunId().cStr()); c.ok()) {
         for (auto m : (*c)->root().getCheckpointsReply().getCheckpoints()) steps.push_back(m.getStep());
       }
       entry["checkpoint_steps"] = steps;
@@ -420,9 +430,7 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json) {
 }
 
 int CmdEvents(GlobalOptions& g, const std::string& run, bool as_json) {
-  schema::EnvelopeBuilder req;
-  req.root().initEventsRequest().setRunId(run);
-  auto reply = Call(g, req);
+  auto reply = FetchEvents(g, run);
   if (!reply.ok()) return Fail(reply.status());
   auto events = (*reply)->root().getEventsReply().getEvents();
   if (as_json) {
@@ -438,9 +446,7 @@ int CmdEvents(GlobalOptions& g, const std::string& run, bool as_json) {
 }
 
 int CmdCheckpoints(GlobalOptions& g, const std::string& run, bool as_json) {
-  schema::EnvelopeBuilder req;
-  req.root().initCheckpointsRequest().setRunId(run);
-  auto reply = Call(g, req);
+  auto reply = FetchCheckpoints(g, run);
   if (!reply.ok()) return Fail(reply.status());
   auto list = (*reply)->root().getCheckpointsReply().getCheckpoints();
   if (as_json) {
@@ -526,9 +532,7 @@ int Follow(GlobalOptions& g, const std::string& run) {
     }
     failures = 0;
     auto r = (*reply)->root().getStatusReply().getRuns()[0];
-    schema::EnvelopeBuilder ereq;
-    ereq.root().initEventsRequest().setRunId(run);
-    if (auto ev = Call(g, ereq); ev.ok()) {
+    if (auto ev = FetchEvents(g, run); ev.ok()) {
       auto events = (*ev)->root().getEventsReply().getEvents();
       for (; printed_events < events.size(); ++printed_events) {
         clear_live();
@@ -612,9 +616,7 @@ int CmdExport(GlobalOptions& g, const std::string& run, int64_t step, const std:
   auto status = FetchStatus(g, run);
   if (!status.ok()) return Fail(status.status());
   const std::string spec_toml = (*status)->root().getStatusReply().getRuns()[0].getSpecToml().cStr();
-  schema::EnvelopeBuilder req;
-  req.root().initCheckpointsRequest().setRunId(run);
-  auto reply = Call(g, req);
+  auto reply = FetchCheckpoints(g, run);
   if (!reply.ok()) return Fail(reply.status());
   auto list = (*reply)->root().getCheckpointsReply().getCheckpoints();
   if (list.size() == 0) return Fail(NotFound("run " + run + " has no complete checkpoint yet"));
