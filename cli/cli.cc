@@ -18,8 +18,11 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/activations_command.h"
 #include "cli/cluster_file.h"
+#include "cli/exit.h"
 #include "cli/export.h"
+#include "common/byte_size.h"
 #include "common/curve.h"
 #include "common/net.h"
 #include "common/run_spec.h"
@@ -34,9 +37,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;
-constexpr int kExitBadInput = 2;
 
 struct GlobalOptions {
   std::string state_dir;
@@ -44,11 +44,6 @@ struct GlobalOptions {
   int timeout_ms = 3000;
   std::string keys_dir;  // CURVE keys override (--keys, else $STRATA_KEYS, else STATE_DIR/keys)
 };
-
-int Fail(const Status& status) {
-  std::cerr << "strata: " << status.message() << std::endl;
-  return status.code() == StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure;
-}
 
 Result<std::string> ResolveEndpoint(const GlobalOptions& g) {
   if (!g.cluster.empty()) return g.cluster;
@@ -75,20 +70,22 @@ Result<std::unique_ptr<coordinator::CoordinatorClient>> MakeClient(const GlobalO
   return std::make_unique<coordinator::CoordinatorClient>(endpoint, timeout_ms, std::move(keys));
 }
 
+Result<CoordinatorAddress> ResolveCoordinator(const GlobalOptions& g) {
+  CoordinatorAddress address;
+  STRATA_ASSIGN_OR_RETURN(address.endpoint, ResolveEndpoint(g));
+  if (const std::string dir = ResolveKeysDir(g); !dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(address.keys, curve::LoadClientKeys(dir));
+  }
+  address.timeout_ms = std::max(g.timeout_ms, 10000);  // reads of big chunks take longer than a status call
+  return address;
+}
+
 Result<std::unique_ptr<schema::DecodedEnvelope>> Call(const GlobalOptions& g, schema::EnvelopeBuilder& request) {
   STRATA_ASSIGN_OR_RETURN(std::string endpoint, ResolveEndpoint(g));
   STRATA_ASSIGN_OR_RETURN(auto client, MakeClient(g, endpoint, g.timeout_ms));
   return client->Call(request);
 }
 
-std::string HumanBytes(uint64_t b) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(1);
-  if (b >= (1ull << 30)) s << b / double(1ull << 30) << " GiB";
-  else if (b >= (1ull << 20)) s << b / double(1ull << 20) << " MiB";
-  else s << b / 1024.0 << " KiB";
-  return s.str();
-}
 
 
 
@@ -212,7 +209,7 @@ Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint
 }
 
 // gpus > 0: one worker per GPU (cuda:0..gpus-1) instead of CPU workers.
-int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms) {
+int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms, const std::string& memory_limit) {
   if (gpus > 0) workers = gpus;
   const std::string dir = fs::absolute(g.state_dir).lexically_normal().string();
   std::error_code ec;
@@ -272,8 +269,10 @@ int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms) {
     if (IsStrataProcess(p->pid)) continue;
     std::vector<std::string> argv = {bin + "/strata-worker", "--name", name, "--coordinator", file.endpoint,
                                      "--store", dir + "/workers/" + name, "--data-address",
-                                     "ipc://" + dir + "/" + name + ".data.sock"};
+                                     "ipc://" + dir + "/" + name + ".data.sock", "--serve-address",
+                                     "ipc://" + dir + "/" + name + ".serve.sock"};
     if (gpus > 0) argv.insert(argv.end(), {"--device", "cuda:" + std::to_string(i)});
+    if (!memory_limit.empty()) argv.insert(argv.end(), {"--memory-limit", memory_limit});
     argv.insert(argv.end(), keys_args.begin(), keys_args.end());
     auto pid = SpawnDaemon(argv, dir + "/logs/" + name + ".log");
     if (!pid.ok()) return Fail(pid.status());
@@ -657,6 +656,8 @@ int RunCli(int argc, char** argv) {
   auto* up = app.add_subcommand("up", "start a local coordinator and workers (starts only what is not running)");
   up->add_option("--workers", workers, "number of CPU workers")->check(CLI::Range(1, 64));
   up->add_option("--gpus", gpus, "one worker per GPU on cuda:0..N-1 instead of CPU workers")->check(CLI::Range(0, 64));
+  std::string memory_limit;
+  up->add_option("--memory-limit", memory_limit, "GPU workers: use at most this much device memory each, e.g. 8GiB");
   up->add_option("--heartbeat-timeout-ms", hb_timeout, "mark a silent worker lost after this")->check(CLI::Range(200, 600000));
   auto* down = app.add_subcommand("down", "stop the local cluster (state is kept)");
 
@@ -691,6 +692,17 @@ int RunCli(int argc, char** argv) {
   export_cmd->add_option("--step", export_step, "checkpoint step (default: the latest complete one)");
   export_cmd->add_option("--out", export_dir, "output directory")->required();
 
+  auto* activations_cmd = app.add_subcommand("activations", "list what an extract run stored (layers, sites, rows, bytes)");
+  activations_cmd->add_option("run", run, "the extract run");
+  activations_cmd->add_flag("--json", as_json, "machine-readable output");
+  ActivationsGet get;
+  auto* get_cmd = activations_cmd->add_subcommand("get", "write rows of one layer to .npy / .safetensors (or .npy on stdout)");
+  get_cmd->add_option("run", get.run, "the extract run")->required();
+  get_cmd->add_option("--layer", get.layer, "layer index")->required();
+  get_cmd->add_option("--site", get.site, "resid_post, attn_out or mlp_out (default: the run's only site, else resid_post)");
+  get_cmd->add_option("--rows", get.rows, "token rows A:B (default: every stored row)");
+  get_cmd->add_option("--out", get.out, "FILE.npy, FILE.safetensors, or - for .npy on stdout")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -699,7 +711,7 @@ int RunCli(int argc, char** argv) {
   }
 
   if (*keygen) return CmdKeygen(keygen_dir, keygen_force);
-  if (*up) return CmdUp(g, workers, gpus, hb_timeout);
+  if (*up) return CmdUp(g, workers, gpus, hb_timeout, memory_limit);
   if (*down) return CmdDown(g);
   if (*workers_cmd) return CmdWorkers(g, as_json);
   if (*submit) return CmdSubmit(g, spec_path, follow);
@@ -709,6 +721,13 @@ int RunCli(int argc, char** argv) {
   if (*cancel) return CmdCancel(g, run);
   if (*checkpoints) return CmdCheckpoints(g, run, as_json);
   if (*export_cmd) return CmdExport(g, run, export_step, export_dir);
+  if (*activations_cmd) {
+    auto coordinator = ResolveCoordinator(g);
+    if (!coordinator.ok()) return Fail(coordinator.status());
+    if (*get_cmd) return GetActivations(*coordinator, get);
+    if (run.empty()) return Fail(InvalidArgument("name the run: `strata activations RUN` (runs: `strata status`)"));
+    return ListActivations(*coordinator, run, as_json);
+  }
   return kExitBadInput;
 }
 

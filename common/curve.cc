@@ -278,4 +278,18 @@ bool PollWithZap(zmq::socket_t& socket, ZapHandler* zap, int timeout_ms) {
   }
 }
 
+namespace {
+constexpr char kKeyMarker[] = "#curve=";
+}  // namespace
+
+std::string AddressWithKey(const std::string& address, const std::string& public_key) {
+  return address + kKeyMarker + public_key;
+}
+
+std::pair<std::string, std::string> SplitAddressKey(const std::string& address) {
+  const size_t at = address.find(kKeyMarker);  // the endpoint part never contains '#'
+  if (at == std::string::npos) return {address, ""};
+  return {address.substr(0, at), address.substr(at + sizeof(kKeyMarker) - 1)};
+}
+
 }  // namespace strata::curve

@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <zmq.hpp>
 
 #include "common/status.h"
@@ -61,6 +62,13 @@ Result<ServerKeys> LoadServerKeys(const std::string& dir);
 // "client"), coordinator.pub, and authorized_keys if `with_authorized` (workers).
 Result<ClientKeys> LoadClientKeys(const std::string& dir, const std::string& pair_name = "client",
                                   bool with_authorized = false);
+
+// A tcp address of a CURVE server carries the server's public key: "tcp://host:port#curve=Z85KEY"
+// (a worker advertises its data-plane and store-server addresses so; the coordinator passes them
+// on verbatim). Other addresses and servers without keys keep plain addresses.
+std::string AddressWithKey(const std::string& address, const std::string& public_key);
+// "tcp://h:p#curve=KEY" -> {"tcp://h:p", "KEY"}; a plain address -> {address, ""}.
+std::pair<std::string, std::string> SplitAddressKey(const std::string& address);
 
 // Socket options; call before bind/connect.
 void ConfigureServer(zmq::socket_t& socket, const KeyPair& own);

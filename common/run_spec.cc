@@ -16,13 +16,14 @@ namespace fs = std::filesystem;
 // Allowed keys per table; anything else is an error naming the key.
 const std::map<std::string, std::set<std::string>>& AllowedKeys() {
   static const std::map<std::string, std::set<std::string>> keys = {
-      {"", {"name", "model", "data", "train", "parallel", "worker"}},
+      {"", {"name", "kind", "model", "data", "train", "parallel", "worker", "extract"}},
       {"model", {"family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence", "rope_theta", "norm_eps", "init_from"}},
       {"data", {"path", "format"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
                  "beta2", "grad_clip", "seed", "checkpoint_every", "precision"}},
       {"parallel", {"dp", "micro_batch", "zero"}},
       {"worker", {"threads"}},
+      {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens"}},
   };
   return keys;
 }
@@ -44,7 +45,7 @@ class Reader {
       if (!top.count(k)) {
         return InvalidArgument("run spec: unknown key '" + k + "'; top-level keys are: " + Closest(k, top));
       }
-      if (k == "name") continue;
+      if (k == "name" || k == "kind") continue;
       const toml::table* table = node.as_table();
       if (!table) return InvalidArgument("run spec: '" + k + "' must be a table ([" + k + "])");
       const auto& allowed = AllowedKeys().at(k);
@@ -90,6 +91,39 @@ class Reader {
     return Status::Ok();
   }
 
+  // An array of integers, or the string `all_word` (-> `all_values`).
+  Status IntList(const std::string& table, const std::string& key, std::vector<int64_t>* out) {
+    const toml::node* node = Find(table, key);
+    if (!node) return Status::Ok();
+    if (node->is_string() && node->value<std::string>() == "all") {
+      out->clear();
+      return Status::Ok();
+    }
+    const toml::array* array = node->as_array();
+    if (!array) return InvalidArgument("run spec: " + Path(table, key) + " must be a list of integers or \"all\"");
+    out->clear();
+    for (const auto& item : *array) {
+      auto v = item.value<int64_t>();
+      if (!item.is_integer() || !v) return InvalidArgument("run spec: " + Path(table, key) + " must hold integers only");
+      out->push_back(*v);
+    }
+    return Status::Ok();
+  }
+
+  Status StringList(const std::string& table, const std::string& key, std::vector<std::string>* out) {
+    const toml::node* node = Find(table, key);
+    if (!node) return Status::Ok();
+    const toml::array* array = node->as_array();
+    if (!array) return InvalidArgument("run spec: " + Path(table, key) + " must be a list of strings");
+    out->clear();
+    for (const auto& item : *array) {
+      auto v = item.value<std::string>();
+      if (!item.is_string() || !v) return InvalidArgument("run spec: " + Path(table, key) + " must hold strings only");
+      out->push_back(*v);
+    }
+    return Status::Ok();
+  }
+
   Status String(const std::string& table, const std::string& key, std::string* out) {
     const toml::node* node = Find(table, key);
     if (!node) return Status::Ok();
@@ -111,7 +145,69 @@ class Reader {
   const toml::table& root_;
 };
 
+Status ParseExtract(Reader& r, RunSpec* spec) {
+  ExtractSpec& e = spec->extract;
+  const int64_t layers = spec->model.layers;
+  STRATA_RETURN_IF_ERROR(r.IntList("extract", "layers", &e.layers));
+  if (e.layers.empty()) {
+    for (int64_t i = 0; i < layers; ++i) e.layers.push_back(i);
+  }
+  for (int64_t layer : e.layers) {
+    if (layer < 0 || layer >= layers) {
+      return InvalidArgument("run spec: extract.layers holds " + std::to_string(layer) + ", out of range: model.layers = " +
+                             std::to_string(layers) + ", so layers are 0.." + std::to_string(layers - 1));
+    }
+  }
+  std::sort(e.layers.begin(), e.layers.end());
+  e.layers.erase(std::unique(e.layers.begin(), e.layers.end()), e.layers.end());
+  STRATA_RETURN_IF_ERROR(r.StringList("extract", "sites", &e.sites));
+  if (e.sites.empty()) return InvalidArgument("run spec: extract.sites is empty; name at least one of resid_post, attn_out, mlp_out");
+  for (const auto& site : e.sites) {
+    if (std::find(ExtractSites().begin(), ExtractSites().end(), site) == ExtractSites().end()) {
+      return InvalidArgument("run spec: extract.sites holds unknown site \"" + site +
+                             "\"; sites are resid_post (a block's output), attn_out and mlp_out");
+    }
+  }
+  // Storage order, not the user's order: one record layout whatever the spelling.
+  std::vector<std::string> ordered;
+  for (const auto& site : ExtractSites()) {
+    if (std::find(e.sites.begin(), e.sites.end(), site) != e.sites.end()) ordered.push_back(site);
+  }
+  e.sites = ordered;
+  STRATA_RETURN_IF_ERROR(r.String("extract", "dtype", &e.dtype));
+  if (e.dtype != "fp32" && e.dtype != "bf16" && e.dtype != "fp16") {
+    return InvalidArgument("run spec: extract.dtype = \"" + e.dtype + "\" is not supported; use \"fp32\", \"bf16\" or \"fp16\"");
+  }
+  STRATA_RETURN_IF_ERROR(r.String("extract", "precision", &e.precision));
+  if (e.precision != "fp32" && e.precision != "bf16") {
+    return InvalidArgument("run spec: extract.precision = \"" + e.precision + "\" is not supported; use \"fp32\" or \"bf16\"");
+  }
+  STRATA_RETURN_IF_ERROR(r.Int("extract", "batch", &e.batch, 1));
+  STRATA_RETURN_IF_ERROR(r.Int("extract", "tokens", &e.tokens, 0));
+  if (e.tokens > 0 && e.tokens < spec->model.sequence) {
+    return InvalidArgument("run spec: extract.tokens = " + std::to_string(e.tokens) + " is less than one sequence (model.sequence = " +
+                           std::to_string(spec->model.sequence) + "); raise it or set 0 for the whole file");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+const std::vector<std::string>& ExtractSites() {
+  static const std::vector<std::string> sites = {"resid_post", "attn_out", "mlp_out"};
+  return sites;
+}
+
+int64_t ExtractSequences(const RunSpec& spec, int64_t data_tokens) {
+  int64_t tokens = data_tokens;
+  if (spec.extract.tokens > 0) tokens = std::min(tokens, spec.extract.tokens);
+  return tokens / spec.model.sequence;
+}
+
+int64_t ExtractChunks(const RunSpec& spec, int64_t data_tokens) {
+  const int64_t sequences = ExtractSequences(spec, data_tokens);
+  return (sequences + spec.extract.batch - 1) / spec.extract.batch;
+}
 
 Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& base_dir, bool check_files) {
   toml::table root;
@@ -129,6 +225,13 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
   RunSpec spec;
   STRATA_RETURN_IF_ERROR(r.String("", "name", &spec.name));
   if (spec.name.empty()) spec.name = "run";
+  STRATA_RETURN_IF_ERROR(r.String("", "kind", &spec.kind));
+  if (spec.kind != "train" && spec.kind != "extract") {
+    return InvalidArgument("run spec: kind = \"" + spec.kind + "\" is not supported; use \"train\" or \"extract\"");
+  }
+  if (root.contains("extract") && !spec.is_extract()) {
+    return InvalidArgument("run spec: an [extract] table needs kind = \"extract\" at the top of the spec");
+  }
 
   ModelSpec& m = spec.model;
   STRATA_RETURN_IF_ERROR(r.String("model", "family", &m.family));
@@ -226,6 +329,11 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
   }
 
   STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &spec.parallel.dp, 1));
+  STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0));
+  if (spec.is_extract()) {
+    STRATA_RETURN_IF_ERROR(ParseExtract(r, &spec));
+    return spec;
+  }
   if (t.global_batch % spec.parallel.dp != 0) {
     return InvalidArgument("run spec: train.global_batch = " + std::to_string(t.global_batch) +
                            " is not divisible by parallel.dp = " + std::to_string(spec.parallel.dp) +
@@ -243,7 +351,6 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
     return InvalidArgument("run spec: parallel.zero = " + std::to_string(spec.parallel.zero) +
                            " is not available yet; use 0, 1 (sharded optimizer state) or 2 (and sharded gradients)");
   }
-  STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0));
   return spec;
 }
 
@@ -261,6 +368,7 @@ double LearningRate(const TrainSpec& train, int64_t step) {
 std::string RunSpecToToml(const RunSpec& spec) {
   toml::table root;
   root.insert("name", spec.name);
+  root.insert("kind", spec.kind);
   root.insert("model", toml::table{{"family", spec.model.family},
                                    {"layers", spec.model.layers},
                                    {"hidden", spec.model.hidden},
@@ -290,6 +398,17 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                       {"micro_batch", spec.parallel.micro_batch},
                                       {"zero", spec.parallel.zero}});
   root.insert("worker", toml::table{{"threads", spec.worker.threads}});
+  if (spec.is_extract()) {
+    toml::array layers, sites;
+    for (int64_t l : spec.extract.layers) layers.push_back(l);
+    for (const auto& site : spec.extract.sites) sites.push_back(site);
+    root.insert("extract", toml::table{{"layers", layers},
+                                       {"sites", sites},
+                                       {"dtype", spec.extract.dtype},
+                                       {"precision", spec.extract.precision},
+                                       {"batch", spec.extract.batch},
+                                       {"tokens", spec.extract.tokens}});
+  }
   std::ostringstream out;
   out << root << "\n";
   return out.str();

@@ -2,6 +2,7 @@
 // values are errors whose message names the key and says how to fix it.
 //
 //   name = "gpt2-tiny"
+//   kind = "train" | "extract"
 //   [model]     family = "gpt2" | "llama", layers, hidden, heads, kv_heads, ffn, vocab, sequence,
 //               rope_theta (llama), norm_eps, init_from (a Hugging Face model directory)
 //   [data]      path = "corpus.txt", format = "bytes" | "u16"
@@ -9,10 +10,15 @@
 //               beta2, grad_clip, seed, checkpoint_every, precision
 //   [parallel]  dp, micro_batch, zero
 //   [worker]    threads (intra-op threads per CPU worker; 0 = LibTorch's default)
+//   [extract]   layers, sites, dtype, precision, batch, tokens (kind = "extract": capture
+//               activations of the model over the data instead of training; parallel.dp is the
+//               number of workers; the model's weights come from model.init_from, or from
+//               train.seed when it is empty)
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -59,17 +65,34 @@ struct ParallelSpec {
   int64_t zero = 0;         // ZeRO stage over the dp group: 1 shards optimizer state, 2 also gradients
 };
 
+// Activation capture. Rows are token positions: sequence i of the data (tokens
+// [i * model.sequence, (i + 1) * model.sequence)) gives rows [i * sequence, (i + 1) * sequence).
+struct ExtractSpec {
+  std::vector<int64_t> layers;                    // ascending; default every layer
+  std::vector<std::string> sites = {"resid_post"};  // resid_post | attn_out | mlp_out
+  std::string dtype = "fp32";      // stored dtype: fp32 | bf16 | fp16
+  std::string precision = "fp32";  // compute: fp32, or bf16 autocast (CUDA workers)
+  int64_t batch = 8;               // sequences per chunk (the unit of storage and resume)
+  int64_t tokens = 0;              // capture at most this many tokens; 0 = the whole data file
+};
+
+// The sites a block exposes, in storage order.
+const std::vector<std::string>& ExtractSites();
+
 struct WorkerSpec {
   int64_t threads = 1;
 };
 
 struct RunSpec {
   std::string name;
+  std::string kind = "train";  // or "extract"
+  bool is_extract() const { return kind == "extract"; }
   ModelSpec model;
   DataSpec data;
   TrainSpec train;
   ParallelSpec parallel;
   WorkerSpec worker;
+  ExtractSpec extract;
 };
 
 // Parses and validates. Relative data paths are resolved against `base_dir`. Does not touch
@@ -79,6 +102,11 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
 // Learning rate of 1-based `step`: constant, or linear warmup over warmup_steps then cosine from
 // lr down to min_lr at the last step.
 double LearningRate(const TrainSpec& train, int64_t step);
+
+// Extract runs: sequences (of model.sequence tokens) the run captures, given the data file's
+// token count, and the number of chunks (extract.batch sequences each, the last may be short).
+int64_t ExtractSequences(const RunSpec& spec, int64_t data_tokens);
+int64_t ExtractChunks(const RunSpec& spec, int64_t data_tokens);
 
 // Canonical TOML of a validated spec (every key written, paths absolute); parses back equal.
 std::string RunSpecToToml(const RunSpec& spec);

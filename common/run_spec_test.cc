@@ -105,5 +105,44 @@ TEST_F(RunSpecTest, BatchMustDivideByDp) {
   ExpectRejected(Valid() + "[parallel]\ndp = 3\n", "parallel.dp");
 }
 
+// ---- extract runs
+
+TEST_F(RunSpecTest, ExtractDefaultsToEveryLayerAndTheResidualStream) {
+  auto spec = ParseRunSpec("kind = \"extract\"\n" + Valid() + "[extract]\nbatch = 3\n", dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_TRUE(spec->is_extract());
+  EXPECT_EQ(spec->extract.layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(spec->extract.sites, (std::vector<std::string>{"resid_post"}));
+  // 4096 tokens / 32 per sequence = 128 sequences; chunks of 3 -> 43 (the last holds 2).
+  EXPECT_EQ(ExtractSequences(*spec, 4096), 128);
+  EXPECT_EQ(ExtractChunks(*spec, 4096), 43);
+  auto back = ParseRunSpec(RunSpecToToml(*spec), "", true);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->extract.layers, spec->extract.layers);
+  EXPECT_EQ(back->extract.batch, 3);
+}
+
+TEST_F(RunSpecTest, ExtractSitesAreStoredInCanonicalOrderAndTokensCap) {
+  auto spec = ParseRunSpec("kind = \"extract\"\n" + Valid() +
+                               "[extract]\nlayers = [1, 0, 1]\nsites = [\"mlp_out\", \"resid_post\"]\ntokens = 100\n",
+                           dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->extract.layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(spec->extract.sites, (std::vector<std::string>{"resid_post", "mlp_out"}));
+  EXPECT_EQ(ExtractSequences(*spec, 4096), 3);  // 100 tokens -> 3 whole sequences of 32
+}
+
+TEST_F(RunSpecTest, ExtractBadInputNamesTheKey) {
+  const std::string head = "kind = \"extract\"\n" + Valid();
+  ExpectRejected(head + "[extract]\nlayers = [2]\n", "extract.layers holds 2");
+  ExpectRejected(head + "[extract]\nsites = [\"logits\"]\n", "unknown site \"logits\"");
+  ExpectRejected(head + "[extract]\ndtype = \"int8\"\n", "extract.dtype");
+  ExpectRejected(head + "[extract]\nbatch = 0\n", "extract.batch");
+  ExpectRejected(head + "[extract]\ntokens = 5\n", "extract.tokens");
+  ExpectRejected(head + "[extract]\nsizes = 1\n", "extract.sizes");
+  ExpectRejected(Valid() + "[extract]\nbatch = 2\n", "needs kind = \"extract\"");
+  ExpectRejected("kind = \"finetune\"\n" + Valid(), "kind = \"finetune\"");
+}
+
 }  // namespace
 }  // namespace strata

@@ -46,14 +46,7 @@ Result<std::unique_ptr<schema::DecodedEnvelope>> CoordinatorClient::Call(schema:
     if (!decoded.ok()) return decoded.status();
     auto root = (*decoded)->root();
     if (root.getRequestId() != id) continue;  // a late answer to an earlier, timed-out request
-    if (root.which() == Envelope::ERROR) {
-      const std::string code = root.getError().getCode().cStr();
-      StatusCode status_code = StatusCode::kInternal;
-      for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
-        if (code == StatusCodeName(static_cast<StatusCode>(c))) status_code = static_cast<StatusCode>(c);
-      }
-      return Status(status_code, root.getError().getMessage().cStr());
-    }
+    if (root.which() == Envelope::ERROR) return schema::StatusFromError(root.getError());
     return std::move(decoded).value();
   }
 }

@@ -13,15 +13,26 @@
 //   "ckpt/" + str(run id) + u64(step)    -> CheckpointManifest
 //   "loss/" + str(run id) + u64(step)    -> StepReport (one small record per step, so a long run
 //                                           never rewrites its whole history)
+//   "act/"  + str(run id) + u64(chunk)   -> ChunkLocation: the index of an extract run's stored
+//                                           chunks (which worker's store holds which rows)
+//   "task/" + str(run id) + str(worker)  -> ChunkList: the chunks an extract task was given
+//
+// Extract runs are scheduled by chunk, not by rank: each worker of the run gets a contiguous block
+// of chunks; a worker that finishes is free for other runs; a lost worker's unstored chunks wait
+// replace_grace_ms for it to return (its store may hold some of them already, and it skips those),
+// then go to whichever workers are idle. The run finishes when every chunk is in the index.
 #include "coordinator/coordinator.h"
 
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
+#include <numeric>
 #include <map>
 #include <optional>
+#include <iomanip>
 #include <random>
+#include <sstream>
 #include <set>
 #include <vector>
 
@@ -53,8 +64,28 @@ struct WorkerEntry {
   MemorySnapshot memory;
   std::string store_path;
   std::string data_address;
+  std::string serve_address;  // its store server (activation reads)
   std::string current_run;
   int64_t last_heartbeat_ms = 0;  // steady clock
+};
+
+// Extract runs: where each stored chunk is, and who is capturing what.
+struct ExtractState {
+  uint64_t total_chunks = 0;
+  uint64_t total_rows = 0;
+  std::map<uint64_t, std::string> stored;  // chunk -> serialized ChunkLocation (persisted under act/)
+  uint64_t stored_bytes = 0;
+  std::map<std::string, std::set<uint64_t>> tasks;  // worker -> its task's chunks not yet stored
+  struct Reservation {
+    int64_t until_ms = 0;  // steady clock
+    std::set<uint64_t> chunks;
+  };
+  std::map<std::string, Reservation> reserved;  // lost worker -> chunks waiting for it
+  int64_t started_ms = 0;                        // steady clock of the first assignment here
+  uint64_t computed_rows = 0;                    // rows computed since started_ms
+  // Reports since this coordinator started: chunks computed (duplicates included, so a chunk
+  // computed twice shows), and chunks a resumed task found already in its store.
+  uint64_t computed_reports = 0, found_reports = 0;
 };
 
 struct RunEntry {
@@ -75,6 +106,7 @@ struct RunEntry {
   std::set<uint32_t> finished_ranks;
   // step -> rank -> serialized CheckpointShard, until every rank has reported.
   std::map<int64_t, std::map<uint32_t, std::string>> pending_shards;
+  ExtractState extract;  // kind == "extract" only
 
   bool terminal() const {
     return state == RunState::FINISHED || state == RunState::FAILED || state == RunState::CANCELLED;
@@ -189,6 +221,7 @@ class CoordinatorImpl final : public Coordinator {
       case Envelope::EVENTS_REQUEST: return HandleEventsRequest(identity, rid, root.getEventsRequest());
       case Envelope::CANCEL_RUN: return HandleCancelRun(identity, rid, root.getCancelRun());
       case Envelope::CHECKPOINTS_REQUEST: return HandleCheckpointsRequest(identity, rid, root.getCheckpointsRequest());
+      case Envelope::ACTIVATIONS_REQUEST: return HandleActivationsRequest(identity, rid, root.getActivationsRequest());
       case Envelope::SHUTDOWN: return HandleShutdown(identity, rid);
       case Envelope::ACK: return;
       default:
@@ -221,6 +254,9 @@ class CoordinatorImpl final : public Coordinator {
     }
     WorkerEntry& w = workers_[name];
     const bool known = !w.id.empty();
+    // A worker we believe busy that registers without its task has restarted: the task is gone.
+    const std::string previous_run = w.state == WorkerState::BUSY ? w.current_run : "";
+    const uint32_t previous_pid = w.pid;
     w.id = name;
     w.identity = identity;
     w.host = req.getHost().cStr();
@@ -228,9 +264,21 @@ class CoordinatorImpl final : public Coordinator {
     w.memory = schema::ReadMemoryStats(req.getMemory());
     w.store_path = req.getStorePath().cStr();
     w.data_address = req.getDataAddress().cStr();
+    w.serve_address = req.getServeAddress().cStr();
     w.last_heartbeat_ms = net::SteadyMs();
     w.current_run = req.getCurrentRun().cStr();
     w.state = WorkerState::IDLE;
+    if (!previous_run.empty() && previous_run != w.current_run) {
+      auto run = runs_.find(previous_run);
+      const std::string why = "worker " + name + " restarted (pid " + std::to_string(previous_pid) + " -> " +
+                              std::to_string(w.pid) + ") and lost its task";
+      if (run != runs_.end() && !run->second.terminal() && run->second.spec.is_extract()) {
+        ExtractWorkerLost(run->second, w, why);
+      } else if (run != runs_.end() && !run->second.terminal()) {
+        AddEvent(run->second, "worker-lost", why + " at step " + std::to_string(run->second.step));
+        FailRun(run->second, why + " at step " + std::to_string(run->second.step) + LastCheckpointHint(run->second));
+      }
+    }
     if (!w.current_run.empty()) {
       // Re-registration while running (e.g. after a coordinator restart): re-attach if the run
       // still expects it, otherwise tell it to stop.
@@ -270,6 +318,7 @@ class CoordinatorImpl final : public Coordinator {
     const int64_t now = net::SteadyMs();
     if (now - last_check_ms_ < 100) return;
     last_check_ms_ = now;
+    CheckReservations(now);
     for (auto& [id, w] : workers_) {
       if (w.state == WorkerState::LOST || now - w.last_heartbeat_ms <= options_.heartbeat_timeout_ms) continue;
       w.state = WorkerState::LOST;
@@ -278,7 +327,9 @@ class CoordinatorImpl final : public Coordinator {
                         << (now - w.last_heartbeat_ms) << " ms";
       if (!w.current_run.empty()) {
         auto run = runs_.find(w.current_run);
-        if (run != runs_.end() && !run->second.terminal()) {
+        if (run != runs_.end() && !run->second.terminal() && run->second.spec.is_extract()) {
+          ExtractWorkerLost(run->second, w, "worker " + id + " (pid " + std::to_string(w.pid) + ") stopped sending heartbeats");
+        } else if (run != runs_.end() && !run->second.terminal()) {
           AddEvent(run->second, "worker-lost", "worker " + id + " (pid " + std::to_string(w.pid) +
                                                    ") stopped sending heartbeats at step " +
                                                    std::to_string(run->second.step));
@@ -304,9 +355,23 @@ class CoordinatorImpl final : public Coordinator {
     run.spec = *spec;
     run.spec_toml = RunSpecToToml(*spec);
     run.created_ms = run.updated_ms = net::NowUnixMs();
+    if (run.spec.is_extract()) {
+      Status st = SizeExtract(run);
+      if (!st.ok()) {
+        Send(identity, schema::MakeErrorReply(rid, st));
+        return;
+      }
+    }
     RunEntry& stored = runs_[run.id] = std::move(run);
-    AddEvent(stored, "submitted", "run " + stored.id + " submitted: " + std::to_string(stored.spec.train.steps) +
-                                      " steps on dp=" + std::to_string(stored.spec.parallel.dp));
+    if (stored.spec.is_extract()) {
+      AddEvent(stored, "submitted", "run " + stored.id + " submitted: capture " + std::to_string(stored.extract.total_rows) +
+                                        " token rows of " + std::to_string(stored.spec.extract.layers.size()) + " layer(s) in " +
+                                        std::to_string(stored.extract.total_chunks) + " chunks on " +
+                                        std::to_string(stored.spec.parallel.dp) + " worker(s)");
+    } else {
+      AddEvent(stored, "submitted", "run " + stored.id + " submitted: " + std::to_string(stored.spec.train.steps) +
+                                        " steps on dp=" + std::to_string(stored.spec.parallel.dp));
+    }
     Persist(stored);
     schema::EnvelopeBuilder reply(rid);
     reply.root().initSubmitted().setRunId(stored.id);
@@ -324,6 +389,10 @@ class CoordinatorImpl final : public Coordinator {
 
   // Starts pending runs, oldest first, on idle workers (sorted by name for reproducibility).
   void Schedule() {
+    // Running extract runs first: their unassigned chunks are older work than any pending run.
+    for (auto& [id, run] : runs_) {
+      if (run.state == RunState::RUNNING && run.spec.is_extract()) ScheduleExtractChunks(run);
+    }
     std::vector<RunEntry*> pending;
     for (auto& [id, run] : runs_) {
       if (run.state == RunState::PENDING) pending.push_back(&run);
@@ -337,7 +406,11 @@ class CoordinatorImpl final : public Coordinator {
       const size_t dp = static_cast<size_t>(run->spec.parallel.dp);
       if (idle.size() < dp) return;  // FIFO: a big run waits rather than being overtaken
       idle.resize(dp);
-      Assign(*run, idle);
+      if (run->spec.is_extract()) {
+        StartExtract(*run, idle);
+      } else {
+        Assign(*run, idle);
+      }
     }
   }
 
@@ -373,6 +446,13 @@ class CoordinatorImpl final : public Coordinator {
     if (it == runs_.end()) return;
     RunEntry& run = it->second;
     if (run.terminal()) return;
+    if (ev.which() == TaskEvent::NOTICE) {
+      const auto it_w = workers_.find(identity);
+      AddEvent(run, ev.getNotice().getKind().cStr(),
+               (it_w != workers_.end() ? it_w->first + ": " : std::string()) + ev.getNotice().getMessage().cStr());
+      return;
+    }
+    if (run.spec.is_extract()) return HandleExtractEvent(identity, run, ev);
     const uint32_t rank = ev.getRank();
     switch (ev.which()) {
       case TaskEvent::STARTED:
@@ -412,6 +492,8 @@ class CoordinatorImpl final : public Coordinator {
       case TaskEvent::FAILED:
         AddEvent(run, "rank-failed", "rank " + std::to_string(rank) + ": " + ev.getFailed().cStr());
         FailRun(run, std::string("rank ") + std::to_string(rank) + " failed: " + ev.getFailed().cStr());
+        break;
+      default:
         break;
     }
   }
@@ -508,6 +590,314 @@ class CoordinatorImpl final : public Coordinator {
     return "no run '" + id + "'; `strata status` lists the runs";
   }
 
+  // ---------------------------------------------------------------- extract runs
+  int64_t TotalSteps(const RunEntry& run) const {
+    return run.spec.is_extract() ? static_cast<int64_t>(run.extract.total_chunks) : run.spec.train.steps;
+  }
+
+  // Counts the run's rows and chunks from its data file (the coordinator's host sees the same
+  // data path as the workers, as for training runs).
+  static Status SizeExtract(RunEntry& run) {
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(run.spec.data.path, ec);
+    if (ec) return InvalidArgument("data.path = \"" + run.spec.data.path + "\" cannot be read: " + ec.message());
+    const int64_t tokens = static_cast<int64_t>(size / (run.spec.data.format == "u16" ? 2 : 1));
+    const int64_t sequences = ExtractSequences(run.spec, tokens);
+    if (sequences <= 0) {
+      return InvalidArgument("data.path = \"" + run.spec.data.path + "\" holds fewer tokens than one sequence (model.sequence = " +
+                             std::to_string(run.spec.model.sequence) + "); nothing to capture");
+    }
+    run.extract.total_chunks = static_cast<uint64_t>(ExtractChunks(run.spec, tokens));
+    run.extract.total_rows = static_cast<uint64_t>(sequences * run.spec.model.sequence);
+    return Status::Ok();
+  }
+
+  static std::string TaskKey(const RunEntry& run, const std::string& worker) {
+    return "task/" + EncodeKeyString(run.id) + EncodeKeyString(worker);
+  }
+
+  // Chunks of the run neither stored, nor in a running task, nor waiting for a lost worker.
+  static std::vector<uint64_t> UnassignedChunks(const RunEntry& run) {
+    std::vector<uint64_t> out;
+    const ExtractState& x = run.extract;
+    for (uint64_t c = 0; c < x.total_chunks; ++c) {
+      if (x.stored.count(c)) continue;
+      bool taken = false;
+      for (const auto& [w, chunks] : x.tasks) taken = taken || chunks.count(c);
+      for (const auto& [w, r] : x.reserved) taken = taken || r.chunks.count(c);
+      if (!taken) out.push_back(c);
+    }
+    return out;
+  }
+
+  // Splits `chunks` into contiguous blocks, one per worker (rows of one block sit in one store,
+  // so a query over a row range reads few stores).
+  void AssignBlocks(RunEntry& run, const std::vector<uint64_t>& chunks, const std::vector<WorkerEntry*>& workers) {
+    const size_t n = std::min(workers.size(), chunks.size());
+    for (size_t i = 0; i < n; ++i) {
+      const size_t begin = chunks.size() * i / n, end = chunks.size() * (i + 1) / n;
+      AssignExtractTask(run, *workers[i], std::vector<uint64_t>(chunks.begin() + begin, chunks.begin() + end));
+    }
+  }
+
+  void StartExtract(RunEntry& run, const std::vector<WorkerEntry*>& workers) {
+    run.state = RunState::RUNNING;
+    run.workers.clear();
+    run.extract.started_ms = net::SteadyMs();
+    run.extract.computed_rows = 0;
+    const std::vector<uint64_t> chunks = UnassignedChunks(run);
+    if (chunks.empty()) return FinishExtract(run);
+    AssignBlocks(run, chunks, workers);
+    std::string names;
+    for (auto& n : run.workers) names += (names.empty() ? "" : ", ") + n;
+    AddEvent(run, "assigned", std::to_string(chunks.size()) + " chunks on " + names);
+    Persist(run);
+  }
+
+  void AssignExtractTask(RunEntry& run, WorkerEntry& w, const std::vector<uint64_t>& chunks) {
+    w.state = WorkerState::BUSY;
+    w.current_run = run.id;
+    run.extract.tasks[w.id].insert(chunks.begin(), chunks.end());
+    if (!std::count(run.workers.begin(), run.workers.end(), w.id)) run.workers.push_back(w.id);
+    std::string list;
+    for (uint64_t c : chunks) list += EncodeKeyU64(c);
+    Status st = store_->PutMetadata(TaskKey(run, w.id), AsBytes(list), true);
+    if (!st.ok()) STRATA_LOG(kError) << "could not persist the task of " << w.id << ": " << st.ToString();
+    schema::EnvelopeBuilder msg;
+    auto a = msg.root().initAssignTask();
+    a.setRunId(run.id);
+    a.setSpecToml(run.spec_toml);
+    a.setRank(0);
+    a.setWorldSize(1);
+    a.setTaskToken(rng_());
+    a.initPeerDataAddresses(1).set(0, w.data_address);
+    auto list_builder = a.initChunks(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) list_builder.set(i, chunks[i]);
+    Send(w.identity, msg.Serialize());
+  }
+
+  // Gives returning workers their reserved chunks, and unassigned chunks to idle workers (at
+  // most parallel.dp capturing at once).
+  void ScheduleExtractChunks(RunEntry& run) {
+    ExtractState& x = run.extract;
+    for (auto it = x.reserved.begin(); it != x.reserved.end();) {
+      auto w = workers_.find(it->first);
+      if (w == workers_.end() || w->second.state != WorkerState::IDLE) {
+        ++it;
+        continue;
+      }
+      std::vector<uint64_t> chunks;
+      for (uint64_t c : it->second.chunks) {
+        if (!x.stored.count(c)) chunks.push_back(c);
+      }
+      AddEvent(run, "resumed", w->first + " is back: it resumes its " + std::to_string(chunks.size()) + " unfinished chunks");
+      it = x.reserved.erase(it);
+      if (!chunks.empty()) AssignExtractTask(run, w->second, chunks);
+    }
+    const std::vector<uint64_t> chunks = UnassignedChunks(run);
+    if (chunks.empty()) return;
+    const size_t room = static_cast<size_t>(run.spec.parallel.dp) > x.tasks.size() ? run.spec.parallel.dp - x.tasks.size() : 0;
+    std::vector<WorkerEntry*> idle;
+    for (auto& [id, w] : workers_) {
+      if (w.state == WorkerState::IDLE && idle.size() < room) idle.push_back(&w);
+    }
+    if (idle.empty()) return;
+    AssignBlocks(run, chunks, idle);
+    AddEvent(run, "reassigned", std::to_string(chunks.size()) + " unfinished chunks go to " + std::to_string(std::min(idle.size(), chunks.size())) + " worker(s)");
+    Persist(run);
+  }
+
+  void CheckReservations(int64_t now) {
+    bool changed = false;
+    for (auto& [id, run] : runs_) {
+      if (run.state != RunState::RUNNING || !run.spec.is_extract()) continue;
+      for (auto it = run.extract.reserved.begin(); it != run.extract.reserved.end();) {
+        if (it->second.until_ms > now) {
+          ++it;
+          continue;
+        }
+        AddEvent(run, "replan", it->first + " did not come back within " + std::to_string(options_.replace_grace_ms) +
+                                    " ms: its " + std::to_string(it->second.chunks.size()) + " chunks go to the other workers");
+        it = run.extract.reserved.erase(it);
+        changed = true;
+      }
+    }
+    if (changed) Schedule();
+  }
+
+  void ExtractWorkerLost(RunEntry& run, WorkerEntry& w, std::string what) {
+    ExtractState& x = run.extract;
+    std::set<uint64_t> chunks;
+    if (auto it = x.tasks.find(w.id); it != x.tasks.end()) {
+      chunks = std::move(it->second);
+      x.tasks.erase(it);
+    }
+    (void)store_->DeleteMetadata(TaskKey(run, w.id));
+    run.workers.erase(std::remove(run.workers.begin(), run.workers.end(), w.id), run.workers.end());
+    if (!chunks.empty()) {
+      x.reserved[w.id] = {net::SteadyMs() + options_.replace_grace_ms, chunks};
+      what += "; its " + std::to_string(chunks.size()) + " unfinished chunks wait " + std::to_string(options_.replace_grace_ms) +
+              " ms for it to come back, then go to the other workers";
+    }
+    AddEvent(run, "worker-lost", what);
+    Persist(run);
+  }
+
+  void HandleExtractEvent(const std::string& worker, RunEntry& run, TaskEvent::Reader ev) {
+    switch (ev.which()) {
+      case TaskEvent::CHUNK_STORED:
+        return RecordChunk(run, worker, ev.getChunkStored());
+      case TaskEvent::FINISHED:
+        return EndExtractTask(run, worker);
+      case TaskEvent::FAILED:
+        AddEvent(run, "rank-failed", worker + ": " + ev.getFailed().cStr());
+        return FailRun(run, worker + " failed: " + ev.getFailed().cStr());
+      default:
+        return;
+    }
+  }
+
+  void RecordChunk(RunEntry& run, const std::string& worker, ChunkStored::Reader c) {
+    ExtractState& x = run.extract;
+    const uint64_t chunk = c.getChunk();
+    if (chunk >= x.total_chunks) {
+      STRATA_LOG(kWarn) << worker << " reported chunk " << chunk << " of " << run.id << ", which has " << x.total_chunks;
+      return;
+    }
+    if (auto it = x.tasks.find(worker); it != x.tasks.end()) it->second.erase(chunk);
+    for (auto& [w, r] : x.reserved) r.chunks.erase(chunk);
+    ++(c.getComputed() ? x.computed_reports : x.found_reports);
+    if (x.stored.count(chunk)) {
+      // Only after a reassignment past the grace period: the index keeps the first copy.
+      STRATA_LOG(kWarn) << "chunk " << chunk << " of " << run.id << " reported again by " << worker << "; keeping the first";
+      return;
+    }
+    capnp::MallocMessageBuilder message;
+    auto loc = message.initRoot<ChunkLocation>();
+    loc.setChunk(chunk);
+    loc.setRowBegin(c.getRowBegin());
+    loc.setRowCount(c.getRowCount());
+    loc.setBytes(c.getBytes());
+    loc.setWorker(worker);
+    if (auto w = workers_.find(worker); w != workers_.end()) {
+      loc.setStorePath(w->second.store_path);
+      loc.setServeAddress(w->second.serve_address);
+    }
+    const std::string bytes = schema::StructToBytes(loc.asReader());
+    Status st = store_->PutMetadata("act/" + EncodeKeyString(run.id) + EncodeKeyU64(chunk), AsBytes(bytes), true);
+    if (!st.ok()) {
+      STRATA_LOG(kError) << "could not index chunk " << chunk << " of " << run.id << ": " << st.ToString();
+      return;
+    }
+    x.stored[chunk] = bytes;
+    x.stored_bytes += c.getBytes();
+    run.step = static_cast<int64_t>(x.stored.size());
+    run.updated_ms = net::NowUnixMs();
+    if (c.getComputed()) {
+      x.computed_rows += c.getRowCount();
+      const double seconds = std::max(1e-3, (net::SteadyMs() - x.started_ms) / 1000.0);
+      run.tokens_per_second = static_cast<double>(x.computed_rows) / seconds;
+    }
+    if (x.stored.size() == x.total_chunks) FinishExtract(run);
+  }
+
+  void EndExtractTask(RunEntry& run, const std::string& worker) {
+    run.extract.tasks.erase(worker);
+    (void)store_->DeleteMetadata(TaskKey(run, worker));
+    run.workers.erase(std::remove(run.workers.begin(), run.workers.end(), worker), run.workers.end());
+    if (auto w = workers_.find(worker); w != workers_.end() && w->second.current_run == run.id) {
+      w->second.current_run.clear();
+      if (w->second.state == WorkerState::BUSY) w->second.state = WorkerState::IDLE;
+    }
+    if (run.extract.stored.size() == run.extract.total_chunks) return FinishExtract(run);
+    Persist(run);
+    Schedule();
+  }
+
+  void FinishExtract(RunEntry& run) {
+    run.state = RunState::FINISHED;
+    const double gib = run.extract.stored_bytes / double(1ull << 30);
+    std::ostringstream msg;
+    msg << "captured " << run.extract.total_rows << " token rows in " << run.extract.total_chunks << " chunks ("
+        << std::fixed << std::setprecision(2) << gib << " GiB): " << run.extract.computed_reports << " chunk(s) computed, "
+        << run.extract.found_reports << " found already stored by a resumed task";
+    AddEvent(run, "finished", msg.str());
+    for (auto& id : run.workers) {
+      auto it = workers_.find(id);
+      if (it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, "run finished");
+    }
+    for (auto& [worker, chunks] : run.extract.tasks) (void)store_->DeleteMetadata(TaskKey(run, worker));
+    run.extract.tasks.clear();
+    run.extract.reserved.clear();
+    ReleaseWorkers(run);
+    Persist(run);
+    Schedule();
+  }
+
+  Status LoadExtract(RunEntry& run) {
+    STRATA_RETURN_IF_ERROR(SizeExtract(run));
+    STRATA_ASSIGN_OR_RETURN(auto index, store_->ScanMetadata("act/" + EncodeKeyString(run.id)));
+    for (auto& [key, value] : index) {
+      auto loc = schema::DecodedRecord<ChunkLocation>::Decode(value);
+      if (!loc.ok()) continue;
+      run.extract.stored[loc->root().getChunk()] = std::string(value.begin(), value.end());
+      run.extract.stored_bytes += loc->root().getBytes();
+    }
+    run.step = static_cast<int64_t>(run.extract.stored.size());
+    const std::string prefix = "task/" + EncodeKeyString(run.id);
+    STRATA_ASSIGN_OR_RETURN(auto tasks, store_->ScanMetadata(prefix));
+    for (auto& [key, value] : tasks) {
+      std::string_view rest = std::string_view(key).substr(prefix.size());
+      std::string worker;
+      if (!storage::ConsumeKeyString(&rest, &worker)) continue;
+      std::string_view list(reinterpret_cast<const char*>(value.data()), value.size());
+      uint64_t c = 0;
+      while (storage::ConsumeKeyU64(&list, &c)) {
+        if (!run.extract.stored.count(c)) run.extract.tasks[worker].insert(c);
+      }
+    }
+    return Status::Ok();
+  }
+
+  void HandleActivationsRequest(const std::string& identity, uint64_t rid, RunRef::Reader req) {
+    const std::string id = req.getRunId().cStr();
+    auto it = runs_.find(id);
+    if (it == runs_.end()) {
+      Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
+      return;
+    }
+    const RunEntry& run = it->second;
+    if (!run.spec.is_extract()) {
+      Send(identity, schema::MakeErrorReply(rid, InvalidArgument("run " + id + " is a training run; activations are stored by "
+                                                                 "runs of kind = \"extract\"")));
+      return;
+    }
+    schema::EnvelopeBuilder reply(rid);
+    auto r = reply.root().initActivationsReply();
+    r.setRunId(run.id);
+    r.setState(run.state);
+    auto layers = r.initLayers(run.spec.extract.layers.size());
+    for (size_t i = 0; i < run.spec.extract.layers.size(); ++i) layers.set(i, static_cast<uint32_t>(run.spec.extract.layers[i]));
+    auto sites = r.initSites(run.spec.extract.sites.size());
+    for (size_t i = 0; i < run.spec.extract.sites.size(); ++i) sites.set(i, run.spec.extract.sites[i]);
+    const std::string& dtype = run.spec.extract.dtype;
+    r.setDtype(dtype == "bf16" ? ::DType::BF16 : dtype == "fp16" ? ::DType::F16 : ::DType::F32);
+    r.setHidden(static_cast<uint64_t>(run.spec.model.hidden));
+    r.setTotalRows(run.extract.total_rows);
+    auto chunks = r.initChunks(run.extract.stored.size());
+    size_t i = 0;
+    for (const auto& [chunk, bytes] : run.extract.stored) {
+      auto loc = schema::DecodedRecord<ChunkLocation>::Decode(AsBytes(bytes));
+      if (!loc.ok()) continue;
+      chunks.setWithCaveats(i, loc->root());
+      // A worker that re-registered may serve from a new address: give the live one.
+      auto w = workers_.find(loc->root().getWorker().cStr());
+      if (w != workers_.end() && !w->second.serve_address.empty()) chunks[i].setServeAddress(w->second.serve_address);
+      ++i;
+    }
+    Send(identity, reply.Serialize());
+  }
+
   // ---------------------------------------------------------------- queries
   void HandleStatusRequest(const std::string& identity, uint64_t rid, StatusRequest::Reader req) {
     const std::string only = req.getRunId().cStr();
@@ -541,6 +931,7 @@ class CoordinatorImpl final : public Coordinator {
       schema::WriteMemoryStats(w.memory, b.initMemory());
       b.setStorePath(w.store_path);
       b.setDataAddress(w.data_address);
+      b.setServeAddress(w.serve_address);
       b.setCurrentRun(w.current_run);
       b.setLastHeartbeatMsAgo(now - w.last_heartbeat_ms);
     }
@@ -627,7 +1018,7 @@ class CoordinatorImpl final : public Coordinator {
       r.created_unix_ms = run->created_ms;
       r.updated_unix_ms = run->updated_ms;
       r.step = run->step;
-      r.total_steps = run->spec.train.steps;
+      r.total_steps = TotalSteps(*run);
       r.tokens_per_step = int64_t{run->spec.train.global_batch} * run->spec.model.sequence;
       r.losses = run->losses;
       r.tokens_per_second = run->tokens_per_second;
@@ -650,7 +1041,8 @@ class CoordinatorImpl final : public Coordinator {
   void RefreshEvents(const RunEntry& run, RunEventCache& cache) {
     auto records = store_->ScanMetadata("evt/" + EncodeKeyString(run.id));
     if (!records.ok()) return;
-    cache = RunEventCache{run.next_event_seq};
+    cache = RunEventCache{};
+    cache.seq = run.next_event_seq;
     for (auto& [key, bytes] : *records) {
       auto ev = schema::DecodedRecord<Event>::Decode(bytes);
       if (!ev.ok()) continue;
@@ -673,7 +1065,8 @@ class CoordinatorImpl final : public Coordinator {
     b.setState(run.state);
     b.setCreatedUnixMs(run.created_ms);
     b.setUpdatedUnixMs(run.updated_ms);
-    b.setTotalSteps(run.spec.train.steps);
+    b.setTotalSteps(TotalSteps(run));
+    b.setKind(run.spec.kind);
     b.setStep(run.step);
     if (with_losses) {
       auto losses = b.initLosses(run.losses.size());
@@ -744,6 +1137,10 @@ class CoordinatorImpl final : public Coordinator {
       }
       for (auto w : r.getWorkers()) run.workers.push_back(w.cStr());
       run.message = r.getMessage().cStr();
+      if (run.spec.is_extract()) {
+        Status st = LoadExtract(run);
+        if (!st.ok()) STRATA_LOG(kError) << "run " << run.id << ": cannot restore its capture state: " << st.message();
+      }
       auto events = store_->ScanMetadata("evt/" + EncodeKeyString(run.id));
       run.next_event_seq = events.ok() ? events->size() : 0;
       RunEntry& stored = runs_[run.id] = std::move(run);

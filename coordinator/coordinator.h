@@ -19,6 +19,9 @@ struct CoordinatorOptions {
   std::string state_dir;                // holds the metadata store
   int heartbeat_interval_ms = 500;      // told to workers at registration
   int heartbeat_timeout_ms = 2000;      // a worker silent this long is marked lost
+  // Extract runs: how long a lost worker's unfinished chunks wait for it to come back (its store
+  // may already hold some of them) before they go to the other workers.
+  int replace_grace_ms = 10000;
   // CURVE key directory (`strata keygen`): required for tcp:// listen addresses, optional for
   // ipc://. With it only clients whose public key is in authorized_keys may connect.
   std::string keys_dir;

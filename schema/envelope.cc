@@ -99,4 +99,13 @@ std::string MakeErrorReply(uint64_t request_id, const Status& status) {
   return builder.Serialize();
 }
 
+Status StatusFromError(::Error::Reader error) {
+  const std::string code = error.getCode().cStr();
+  StatusCode status_code = StatusCode::kInternal;
+  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    if (code == StatusCodeName(static_cast<StatusCode>(c))) status_code = static_cast<StatusCode>(c);
+  }
+  return Status(status_code, error.getMessage().cStr());
+}
+
 }  // namespace strata::schema

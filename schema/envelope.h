@@ -58,8 +58,9 @@ const char* DTypeName(::DType dtype);
 MemorySnapshot ReadMemoryStats(::MemoryStats::Reader stats);
 void WriteMemoryStats(const MemorySnapshot& memory, ::MemoryStats::Builder stats);
 
-// Convenience: an Error envelope.
+// Convenience: an Error envelope, and the Status an Error carries (the inverse).
 std::string MakeErrorReply(uint64_t request_id, const Status& status);
+Status StatusFromError(::Error::Reader error);
 
 // Copies a Cap'n Proto struct into its own flat bytes (for persisting records) and back.
 template <typename Reader>

@@ -34,6 +34,11 @@ struct Envelope {
     cancelRun @19 :RunRef;
     checkpointsRequest @20 :RunRef;
     checkpointsReply @21 :CheckpointsReply;
+    # activation capture: client -> coordinator (index), client -> worker store server (bytes)
+    activationsRequest @22 :RunRef;
+    activationsReply @23 :ActivationsReply;
+    readActivation @24 :ReadActivation;
+    activationData @25 :ActivationData;   # followed by one frame of raw bytes
   }
 }
 
@@ -60,6 +65,7 @@ struct RegisterWorker {
   dataAddress @5 :Text;      # where peers reach its data-plane socket
   currentRun @6 :Text;       # non-empty when it re-registers while running a task
   currentStep @7 :Int64;
+  serveAddress @8 :Text;     # its store server (activation reads); empty if it serves none
 }
 
 struct Registered {
@@ -81,6 +87,7 @@ struct AssignTask {
   worldSize @3 :UInt32;
   peerDataAddresses @4 :List(Text);  # by rank
   taskToken @5 :UInt64;     # distinguishes this task's data-plane traffic from stale traffic
+  chunks @6 :List(UInt64);  # extract runs: the chunks this worker must capture (ascending)
 }
 
 struct CancelTask {
@@ -97,7 +104,23 @@ struct TaskEvent {
     checkpointSaved @4 :CheckpointShard;
     finished @5 :Void;
     failed @6 :Text;        # why
+    chunkStored @7 :ChunkStored;
+    notice @8 :Notice;      # something the run's journal should say (e.g. an OOM handled)
   }
+}
+
+# An extract chunk whose records (every asked layer and site) are durable in the worker's store.
+struct ChunkStored {
+  chunk @0 :UInt64;
+  rowBegin @1 :UInt64;      # token rows [rowBegin, rowBegin + rowCount)
+  rowCount @2 :UInt64;
+  bytes @3 :UInt64;         # activation bytes of the chunk, all layers and sites
+  computed @4 :Bool;        # false: it was already in the store (a resumed task skipped it)
+}
+
+struct Notice {
+  kind @0 :Text;            # event kind, e.g. "oom"
+  message @1 :Text;
 }
 
 struct StepReport {
@@ -147,6 +170,7 @@ struct RunRecord {
   message @10 :Text;         # why it failed / was cancelled
   worldSize @11 :UInt32;
   tokensPerSecond @12 :Float64;
+  kind @13 :Text;            # "train" or "extract"; for extract, step/totalSteps count chunks
 }
 
 enum RunState { pending @0; running @1; finished @2; failed @3; cancelled @4; }
@@ -166,6 +190,7 @@ struct WorkerInfo {
   dataAddress @7 :Text;
   currentRun @8 :Text;
   lastHeartbeatMsAgo @9 :Int64;
+  serveAddress @10 :Text;
 }
 
 enum WorkerState { idle @0; busy @1; lost @2; }
@@ -191,4 +216,40 @@ struct CheckpointManifest {
 
 struct CheckpointsReply {
   checkpoints @0 :List(CheckpointManifest);
+}
+
+# Where a stored extract chunk lives (the coordinator's index, persisted under "act/").
+struct ChunkLocation {
+  chunk @0 :UInt64;
+  rowBegin @1 :UInt64;
+  rowCount @2 :UInt64;
+  bytes @3 :UInt64;
+  worker @4 :Text;
+  storePath @5 :Text;
+  serveAddress @6 :Text;
+}
+
+struct ActivationsReply {
+  runId @0 :Text;
+  state @1 :RunState;
+  layers @2 :List(UInt32);
+  sites @3 :List(Text);
+  dtype @4 :StoreSchema.DType;
+  hidden @5 :UInt64;
+  totalRows @6 :UInt64;     # rows the run will have when complete
+  chunks @7 :List(ChunkLocation);   # stored so far, ascending by rowBegin
+}
+
+# One stored record: (run, layer, site) rows [rowBegin, rowBegin + rowCount of its chunk).
+struct ReadActivation {
+  runId @0 :Text;
+  layer @1 :UInt32;
+  site @2 :Text;
+  rowBegin @3 :UInt64;
+}
+
+struct ActivationData {
+  dtype @0 :StoreSchema.DType;
+  shape @1 :List(Int64);
+  checksum @2 :UInt64;      # XXH3-64 of the bytes frame
 }

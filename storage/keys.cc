@@ -9,6 +9,8 @@ namespace strata::storage {
 namespace {
 constexpr char kTensorTag = 't';
 constexpr char kManifestTag = 'm';
+constexpr char kActivationRecordTag = 'r';
+constexpr char kActivationCursorTag = 'c';
 
 void AppendBigEndian(std::string* out, uint64_t v, int bytes) {
   for (int i = bytes - 1; i >= 0; --i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -49,6 +51,17 @@ std::string ManifestKey(const std::string& run, int64_t step) {
   return ManifestPrefix(run) + EncodeKeyU64(static_cast<uint64_t>(step));
 }
 
+std::string ActivationRecordKey(const std::string& run, const std::string& site, int64_t layer, uint64_t row_begin) {
+  return kActivationRecordTag + EncodeKeyString(run) + EncodeKeyString(site) + EncodeKeyU64(static_cast<uint64_t>(layer)) +
+         EncodeKeyU64(row_begin);
+}
+std::string ActivationCursorPrefix(const std::string& run) { return kActivationCursorTag + EncodeKeyString(run); }
+std::string ActivationCursorKey(const std::string& run, uint64_t chunk) {
+  return ActivationCursorPrefix(run) + EncodeKeyU64(chunk);
+}
+
+}  // namespace keys
+
 bool ConsumeKeyString(std::string_view* in, std::string* out) {
   if (in->size() < 4) return false;
   uint64_t len = ReadBigEndian(*in, 4);
@@ -65,5 +78,4 @@ bool ConsumeKeyU64(std::string_view* in, uint64_t* out) {
   return true;
 }
 
-}  // namespace keys
 }  // namespace strata::storage

@@ -19,8 +19,12 @@ std::string TensorKey(const std::string& run, int64_t step, const std::string& n
 std::string ManifestPrefix(const std::string& run);
 std::string ManifestKey(const std::string& run, int64_t step);
 
-// Parse one EncodeKeyString / EncodeKeyU64 piece off the front of `in`; false if malformed.
-bool ConsumeKeyString(std::string_view* in, std::string* out);
-bool ConsumeKeyU64(std::string_view* in, uint64_t* out);
+// Activations column family:
+//   record  'r' + EncodeKeyString(run) + EncodeKeyString(site) + EncodeKeyU64(layer) + EncodeKeyU64(row_begin)
+//   cursor  'c' + EncodeKeyString(run) + EncodeKeyU64(chunk)
+std::string ActivationRecordKey(const std::string& run, const std::string& site, int64_t layer, uint64_t row_begin);
+std::string ActivationCursorPrefix(const std::string& run);
+std::string ActivationCursorKey(const std::string& run, uint64_t chunk);
+
 
 }  // namespace strata::storage::keys

@@ -1,6 +1,6 @@
 // RocksDbShardStore: the ShardStore behind ShardStore::Open, one RocksDB with column families
 //   checkpoints  tensor records + checkpoint manifests (keys in keys.h, values in records.h)
-//   activations  captured activations (later issue; created now so the layout is stable)
+//   activations  captured activations of extract runs: records + per-chunk cursors (keys.h)
 //   metadata     caller-keyed small records
 // Why this shape: tensors are big and written once, so the tensor column families keep values of
 // min_blob_size or more in RocksDB blob files (compaction moves only small keys, not gigabytes).
@@ -75,6 +75,7 @@ class RocksDbShardStore final : public ShardStore {
   RocksDbShardStore(std::string path, rocksdb::DB* db, std::vector<rocksdb::ColumnFamilyHandle*> handles)
       : path_(std::move(path)), db_(db), handles_(std::move(handles)) {
     checkpoints_ = handles_[1];
+    activations_ = handles_[2];
     metadata_ = handles_[3];
   }
 
@@ -128,7 +129,7 @@ class RocksDbShardStore final : public ShardStore {
     for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
       std::string_view rest = View(it->key()).substr(prefix.size());
       std::string name;
-      if (!keys::ConsumeKeyString(&rest, &name) || !rest.empty()) {
+      if (!ConsumeKeyString(&rest, &name) || !rest.empty()) {
         return Damaged("a tensor key of the " + Describe(run, step), "is malformed");
       }
       Result<records::DecodedTensor> decoded = records::DecodeTensorValue(View(it->value()));
@@ -161,7 +162,7 @@ class RocksDbShardStore final : public ShardStore {
     for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
       std::string_view rest = View(it->key()).substr(prefix.size());
       uint64_t step = 0;
-      if (!keys::ConsumeKeyU64(&rest, &step) || !rest.empty()) {
+      if (!ConsumeKeyU64(&rest, &step) || !rest.empty()) {
         return Damaged("a checkpoint manifest key of run " + run, "is malformed");
       }
       STRATA_ASSIGN_OR_RETURN(CheckpointInfo info, DecodeManifestAt(run, static_cast<int64_t>(step), it->value()));
@@ -195,6 +196,84 @@ class RocksDbShardStore final : public ShardStore {
     if (decoded->checksum != entry->checksum || decoded->dtype != entry->dtype || decoded->shape != entry->shape) {
       return Damaged(Describe(run, step, name), "does not match its manifest entry (checksum, dtype or shape)");
     }
+    return Tensor{decoded->dtype, decoded->shape, std::vector<uint8_t>(decoded->bytes.begin(), decoded->bytes.end()),
+                  decoded->checksum};
+  }
+
+  // ---- activations
+  // Why not one synced WriteBatch: the WAL would receive every byte and the blob files the same
+  // bytes again at flush, halving the disk bandwidth left for capture. Records are written
+  // without the WAL and the column family is flushed (blob files synced); only then is the small
+  // cursor written through a synced WAL. A crash before the cursor loses only unflushed records
+  // of a chunk that then does not exist, and the resumed run rewrites it under the same keys.
+  Status PutActivationChunk(const std::string& run, const ActivationChunkInfo& chunk,
+                            std::span<const ActivationRecordView> records) override {
+    if (run.empty()) return InvalidArgument("activation chunk: run name is empty");
+    if (records.empty()) return InvalidArgument("activation chunk " + std::to_string(chunk.chunk) + " of run " + run + " has no records");
+    const std::string action = "storing activation chunk " + std::to_string(chunk.chunk) + " of run " + run;
+    rocksdb::WriteOptions no_wal;
+    no_wal.disableWAL = true;
+    for (const ActivationRecordView& record : records) {
+      const std::string name = record.site + " of layer " + std::to_string(record.layer);
+      STRATA_RETURN_IF_ERROR(records::ValidateTensor(name, record.tensor));
+      if (record.tensor.shape.empty() || static_cast<uint64_t>(record.tensor.shape[0]) != chunk.row_count) {
+        return InvalidArgument("activation record " + name + " of chunk " + std::to_string(chunk.chunk) + " has shape " +
+                               records::ShapeString(record.tensor.shape) + "; its first dimension must be the chunk's " +
+                               std::to_string(chunk.row_count) + " rows");
+      }
+      const std::string key = keys::ActivationRecordKey(run, record.site, record.layer, chunk.row_begin);
+      const std::string prefix = records::EncodeTensorPrefix(record.tensor, Checksum(record.tensor.bytes));
+      rocksdb::Slice key_part(key);
+      rocksdb::Slice value_parts[2] = {
+          rocksdb::Slice(prefix),
+          rocksdb::Slice(reinterpret_cast<const char*>(record.tensor.bytes.data()), record.tensor.bytes.size())};
+      rocksdb::WriteBatch batch;
+      STRATA_RETURN_IF_ERROR(FromRocks(
+          batch.Put(activations_, rocksdb::SliceParts(&key_part, 1), rocksdb::SliceParts(value_parts, 2)), path_, action));
+      STRATA_RETURN_IF_ERROR(FromRocks(db_->Write(no_wal, &batch), path_, action));
+    }
+    rocksdb::FlushOptions flush;
+    flush.wait = true;
+    flush.allow_write_stall = true;
+    STRATA_RETURN_IF_ERROR(FromRocks(db_->Flush(flush, activations_), path_, action + " (flush)"));
+    rocksdb::WriteOptions durable;
+    durable.sync = true;
+    return FromRocks(db_->Put(durable, activations_, keys::ActivationCursorKey(run, chunk.chunk), EncodeCursor(chunk)),
+                     path_, action + " (cursor)");
+  }
+
+  Result<std::optional<ActivationChunkInfo>> GetActivationChunk(const std::string& run, uint64_t chunk) override {
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), activations_, keys::ActivationCursorKey(run, chunk), &value);
+    if (s.IsNotFound()) return std::optional<ActivationChunkInfo>();
+    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, "reading the cursor of chunk " + std::to_string(chunk) + " of run " + run));
+    STRATA_ASSIGN_OR_RETURN(ActivationChunkInfo info, DecodeCursor(run, View(value)));
+    return std::optional<ActivationChunkInfo>(info);
+  }
+
+  Result<std::vector<ActivationChunkInfo>> ListActivationChunks(const std::string& run) override {
+    std::vector<ActivationChunkInfo> out;
+    const std::string prefix = keys::ActivationCursorPrefix(run);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), activations_));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      STRATA_ASSIGN_OR_RETURN(ActivationChunkInfo info, DecodeCursor(run, View(it->value())));
+      out.push_back(info);
+    }
+    STRATA_RETURN_IF_ERROR(FromRocks(it->status(), path_, "listing the activation chunks of run " + run));
+    return out;
+  }
+
+  Result<Tensor> ReadActivation(const std::string& run, int64_t layer, const std::string& site,
+                                uint64_t row_begin) override {
+    const std::string what = site + " of layer " + std::to_string(layer) + " at row " + std::to_string(row_begin) +
+                             " of run " + run;
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s =
+        db_->Get(rocksdb::ReadOptions(), activations_, keys::ActivationRecordKey(run, site, layer, row_begin), &value);
+    if (s.IsNotFound()) return NotFound("this store holds no activations for " + what);
+    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, "reading activations " + what));
+    Result<records::DecodedTensor> decoded = records::DecodeTensorValue(View(value));
+    if (!decoded.ok()) return Damaged("the activation record " + what, decoded.status().message());
     return Tensor{decoded->dtype, decoded->shape, std::vector<uint8_t>(decoded->bytes.begin(), decoded->bytes.end()),
                   decoded->checksum};
   }
@@ -237,6 +316,18 @@ class RocksDbShardStore final : public ShardStore {
                       " is damaged; restore it from a replica or an older checkpoint");
   }
 
+  static std::string EncodeCursor(const ActivationChunkInfo& c) {
+    return EncodeKeyU64(c.chunk) + EncodeKeyU64(c.row_begin) + EncodeKeyU64(c.row_count) + EncodeKeyU64(c.bytes);
+  }
+  Result<ActivationChunkInfo> DecodeCursor(const std::string& run, std::string_view v) const {
+    ActivationChunkInfo c;
+    if (!ConsumeKeyU64(&v, &c.chunk) || !ConsumeKeyU64(&v, &c.row_begin) ||
+        !ConsumeKeyU64(&v, &c.row_count) || !ConsumeKeyU64(&v, &c.bytes) || !v.empty()) {
+      return Damaged("an activation chunk cursor of run " + run, "is malformed");
+    }
+    return c;
+  }
+
   Result<bool> ManifestExists(const std::string& run, int64_t step) {
     rocksdb::PinnableSlice value;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), checkpoints_, keys::ManifestKey(run, step), &value);
@@ -260,6 +351,7 @@ class RocksDbShardStore final : public ShardStore {
   rocksdb::DB* const db_;  // owned; closed in the destructor after its column family handles
   const std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // default, checkpoints, activations, metadata
   rocksdb::ColumnFamilyHandle* checkpoints_ = nullptr;
+  rocksdb::ColumnFamilyHandle* activations_ = nullptr;
   rocksdb::ColumnFamilyHandle* metadata_ = nullptr;
   std::mutex commit_mu_;
 };
@@ -287,10 +379,16 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
   tensors.min_blob_size = options.min_blob_size;
   tensors.enable_blob_garbage_collection = true;  // reclaim blobs of deleted or overwritten tensors
 
+  // Activation chunks are flushed one at a time (PutActivationChunk): a memtable big enough for a
+  // chunk keeps RocksDB from flushing midway and stalling the writer.
+  rocksdb::ColumnFamilyOptions activations = tensors;
+  activations.write_buffer_size = 512ull << 20;
+  activations.enable_blob_garbage_collection = false;  // captured once, never overwritten
+
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, small_records},
       {kCheckpointsCf, tensors},
-      {kActivationsCf, tensors},
+      {kActivationsCf, activations},
       {kMetadataCf, small_records},
   };
   std::vector<rocksdb::ColumnFamilyHandle*> handles;

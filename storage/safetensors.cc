@@ -43,35 +43,42 @@ uint64_t Numel(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorView>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+Result<std::string> SafetensorsPrefix(const std::vector<SafetensorsEntry>& entries,
+                                      const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   std::set<std::string> names;
+  for (const auto& e : entries) {
+    if (!names.insert(e.name).second) return InvalidArgument("safetensors: tensor '" + e.name + "' given twice");
+    const uint64_t bytes = Numel(e.shape) * DTypeSize(e.dtype);
+    header[e.name] = {{"dtype", SafetensorsDType(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the format allows trailing spaces; keeps data 8-aligned
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  return prefix + text;
+}
+
+Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorView>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
   for (const auto& t : tensors) {
-    if (!names.insert(t.name).second) return InvalidArgument("safetensors: tensor '" + t.name + "' given twice");
     const uint64_t expected = Numel(t.tensor.shape) * DTypeSize(t.tensor.dtype);
     if (t.tensor.bytes.size() != expected) {
       return InvalidArgument("safetensors: tensor '" + t.name + "' has " + std::to_string(t.tensor.bytes.size()) +
                              " bytes, its shape and dtype need " + std::to_string(expected));
     }
-    header[t.name] = {{"dtype", SafetensorsDType(t.tensor.dtype)},
-                      {"shape", t.tensor.shape},
-                      {"data_offsets", {offset, offset + expected}}};
-    offset += expected;
+    entries.push_back({t.name, t.tensor.dtype, t.tensor.shape});
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the format allows trailing spaces; keeps data 8-aligned
+  STRATA_ASSIGN_OR_RETURN(std::string prefix, SafetensorsPrefix(entries, metadata));
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) return IoError("cannot write " + tmp + ": check the directory exists and is writable");
-    uint64_t n = text.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
     for (const auto& t : tensors) {
       out.write(reinterpret_cast<const char*>(t.tensor.bytes.data()), static_cast<std::streamsize>(t.tensor.bytes.size()));
     }

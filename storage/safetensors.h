@@ -20,6 +20,16 @@ struct NamedTensorView {
   TensorView tensor;
 };
 
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+// The bytes before the data section ([u64 length][JSON header, space-padded to 8]) of a file
+// holding `entries` in this order, for writers that stream the data after it.
+Result<std::string> SafetensorsPrefix(const std::vector<SafetensorsEntry>& entries,
+                                      const std::map<std::string, std::string>& metadata = {});
+
 // Writes atomically (temp file + rename). Names must be unique.
 Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorView>& tensors,
                         const std::map<std::string, std::string>& metadata = {});

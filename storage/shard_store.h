@@ -3,7 +3,7 @@
 //
 // Layout. Three column families:
 //   checkpoints  tensor records and checkpoint manifests
-//   activations  captured layer activations (later issue)
+//   activations  captured layer activations of extract runs, and their per-chunk cursors
 //   metadata     small records (runs, events, manifests of the coordinator) under caller keys
 // Keys are order-preserving: strings are length-prefixed, numbers big-endian, so all of one run's
 // checkpoint at one step is one contiguous range and steps sort numerically.
@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -67,6 +68,20 @@ struct CheckpointInfo {
   std::vector<CheckpointTensorInfo> tensors;  // sorted by name
 };
 
+// Extract runs: one chunk of captured rows, all of its (layer, site) records.
+struct ActivationChunkInfo {
+  uint64_t chunk = 0;
+  uint64_t row_begin = 0;
+  uint64_t row_count = 0;
+  uint64_t bytes = 0;  // raw bytes of all its records
+};
+
+struct ActivationRecordView {
+  int64_t layer = 0;
+  std::string site;  // "resid_post", "attn_out", "mlp_out"
+  TensorView tensor;  // [row_count, hidden]
+};
+
 struct StoreOptions {
   bool create_if_missing = true;
   // Opens a store that another process may hold open for writing (no lock taken): reads see what
@@ -95,6 +110,20 @@ class ShardStore {
   // `name`; Corruption if the stored bytes fail their checksum.
   virtual Result<Tensor> ReadCheckpointTensor(const std::string& run, int64_t step, const std::string& name) = 0;
 
+  // ---- activations (extract runs) ----
+  // Stores every record of one chunk, then its cursor entry. The chunk exists (for Get/List and
+  // reads) only once the cursor is durable, so a writer killed midway leaves no visible part of it
+  // and a resumed run simply writes it again. Records go around the WAL and are flushed straight
+  // to blob files (each byte hits the disk once), then the cursor is written with a synced WAL.
+  virtual Status PutActivationChunk(const std::string& run, const ActivationChunkInfo& chunk,
+                                    std::span<const ActivationRecordView> records) = 0;
+  virtual Result<std::optional<ActivationChunkInfo>> GetActivationChunk(const std::string& run, uint64_t chunk) = 0;
+  virtual Result<std::vector<ActivationChunkInfo>> ListActivationChunks(const std::string& run) = 0;
+  // The record of (run, layer, site) of the stored chunk starting at row_begin. NotFound if no
+  // stored chunk starts there or it lacks that layer/site; Corruption if its bytes are damaged.
+  virtual Result<Tensor> ReadActivation(const std::string& run, int64_t layer, const std::string& site,
+                                        uint64_t row_begin) = 0;
+
   // ---- metadata (small records under caller-chosen keys, ordered bytewise) ----
   virtual Status PutMetadata(const std::string& key, std::span<const uint8_t> value, bool sync = true) = 0;
   virtual Result<std::optional<std::vector<uint8_t>>> GetMetadata(const std::string& key) = 0;
@@ -106,5 +135,8 @@ class ShardStore {
 // Order-preserving key pieces, exposed for other components' metadata keys.
 std::string EncodeKeyString(const std::string& s);  // u32 BE length + bytes
 std::string EncodeKeyU64(uint64_t v);               // 8 bytes big-endian
+// Parse one such piece off the front of `in`; false if malformed.
+bool ConsumeKeyString(std::string_view* in, std::string* out);
+bool ConsumeKeyU64(std::string_view* in, uint64_t* out);
 
 }  // namespace strata::storage

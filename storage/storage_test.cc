@@ -634,6 +634,47 @@ TEST_F(ShardStoreTest, WriterKilledMidCheckpointLeavesLastCommitIntact) {
   EXPECT_GE(raw.CountWithPrefix("t" + EncodeKeyString(kCrashRun) + EncodeKeyU64(2)), 1);
 }
 
+TEST_F(ShardStoreTest, ActivationChunksRoundTripAndAreInvisibleUntilTheirCursor) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const TestTensor a = MakeTensor("a", DType::kBF16, {64, 96}, 11);
+  const TestTensor b = MakeTensor("b", DType::kF32, {64, 96}, 12);  // 24 KiB
+  const TestTensor big = MakeTensor("big", DType::kF32, {256, 96}, 13);  // 96 KiB: a blob value
+  const std::vector<ActivationRecordView> records = {{3, "resid_post", a.View()}, {3, "mlp_out", b.View()}};
+  ASSERT_TRUE(store->PutActivationChunk("run", {0, 0, 64, a.bytes.size() + b.bytes.size()}, records).ok());
+  ASSERT_TRUE(store->PutActivationChunk("run", {2, 320, 256, big.bytes.size()}, std::vector<ActivationRecordView>{{3, "resid_post", big.View()}}).ok());
+
+  auto chunks = store->ListActivationChunks("run");
+  ASSERT_TRUE(chunks.ok());
+  ASSERT_EQ(chunks->size(), 2u);
+  EXPECT_EQ((*chunks)[0].chunk, 0u);
+  EXPECT_EQ((*chunks)[1].row_begin, 320u);
+  auto missing = store->GetActivationChunk("run", 1);
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+
+  auto read = store->ReadActivation("run", 3, "mlp_out", 0);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->bytes, b.bytes);
+  EXPECT_EQ(read->shape, b.shape);
+  auto read_big = store->ReadActivation("run", 3, "resid_post", 320);
+  ASSERT_TRUE(read_big.ok());
+  EXPECT_EQ(read_big->bytes, big.bytes);
+  ExpectCode(store->ReadActivation("run", 4, "mlp_out", 0).status(), StatusCode::kNotFound, "layer 4");
+  // A record whose first dimension is not the chunk's rows is refused, naming it.
+  ExpectCode(store->PutActivationChunk("run", {5, 0, 10, 0}, records), StatusCode::kInvalidArgument, "resid_post of layer 3");
+
+  // Survives a reopen (records were flushed around the WAL, the cursor went through it).
+  store.reset();
+  store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  auto again = store->ReadActivation("run", 3, "resid_post", 0);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->bytes, a.bytes);
+  ASSERT_TRUE(store->GetActivationChunk("run", 2).ok());
+  EXPECT_TRUE(store->GetActivationChunk("run", 2)->has_value());
+}
+
 TEST(ShardStoreReadOnlyTest, ReadsCommittedCheckpointsWhileAWriterHoldsTheStore) {
   char tmpl[] = "/tmp/strata-ro-XXXXXX";
   const std::string path = std::string(mkdtemp(tmpl)) + "/store";

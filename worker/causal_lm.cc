@@ -1,6 +1,9 @@
 #include "worker/causal_lm.h"
 
+#include <mutex>
+
 #include "worker/gpt2.h"
+#include "worker/hf_format.h"
 #include "worker/llama.h"
 
 namespace strata::worker {
@@ -8,6 +11,41 @@ namespace strata::worker {
 std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec) {
   if (spec.family == "llama") return std::make_shared<Llama>(spec);
   return std::make_shared<Gpt2>(spec);  // the run spec admits only these two families
+}
+
+Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed) {
+  std::shared_ptr<CausalLm> model;
+  {
+    // The generator is process-global: tasks sharing a process (tests) must not interleave
+    // their initialisation.
+    static std::mutex init_mutex;
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(static_cast<uint64_t>(seed));
+    model = CreateCausalLm(spec);
+  }
+  if (!spec.init_from.empty()) STRATA_RETURN_IF_ERROR(LoadHuggingFace(spec.init_from, spec, *model));
+  return model;
+}
+
+storage::DType ToStoreDType(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat: return storage::DType::kF32;
+    case torch::kHalf: return storage::DType::kF16;
+    case torch::kBFloat16: return storage::DType::kBF16;
+    case torch::kDouble: return storage::DType::kF64;
+    case torch::kLong: return storage::DType::kI64;
+    case torch::kInt: return storage::DType::kI32;
+    default: return storage::DType::kU8;
+  }
+}
+
+storage::TensorView ViewOf(const torch::Tensor& cpu_contiguous) {
+  storage::TensorView view;
+  view.dtype = ToStoreDType(cpu_contiguous.scalar_type());
+  view.shape.assign(cpu_contiguous.sizes().begin(), cpu_contiguous.sizes().end());
+  view.bytes = {static_cast<const uint8_t*>(cpu_contiguous.data_ptr()),
+                static_cast<size_t>(cpu_contiguous.numel() * cpu_contiguous.element_size())};
+  return view;
 }
 
 }  // namespace strata::worker

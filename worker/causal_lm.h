@@ -5,19 +5,43 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 
 #include "common/run_spec.h"
+#include "common/status.h"
+#include "storage/shard_store.h"
 
 namespace strata::worker {
+
+// What one transformer block computes, for activation capture: the attention and MLP outputs
+// (before they are added to the residual stream) and the block's output (the residual stream
+// after it, which Hugging Face returns as hidden_states[layer + 1]).
+struct BlockOutputs {
+  torch::Tensor attn_out;
+  torch::Tensor mlp_out;
+  torch::Tensor resid_post;
+};
+using BlockVisitor = std::function<void(int64_t layer, const BlockOutputs& outputs)>;
 
 class CausalLm : public torch::nn::Module {
  public:
   virtual torch::Tensor Logits(const torch::Tensor& tokens) = 0;
+  // Runs the embedding and blocks 0..last_layer (no final norm, no head), calling `visit` after
+  // each block. Stops early: capturing layer 3 of 48 costs 4 blocks.
+  virtual void RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) = 0;
 };
 
 // Builds the family named by spec.family ("gpt2" or "llama"), initialised from the current
 // LibTorch generator (callers seed it).
 std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec);
+
+// The model a task starts from: initialised from `seed` (the same on every rank and process),
+// then overwritten by spec.init_from's safetensors when set. Errors name the mismatching tensor.
+Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed);
+
+// Our store's dtype of a LibTorch scalar type, and a borrowed view of a contiguous CPU tensor.
+storage::DType ToStoreDType(torch::ScalarType type);
+storage::TensorView ViewOf(const torch::Tensor& cpu_contiguous);
 
 }  // namespace strata::worker

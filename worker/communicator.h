@@ -55,18 +55,13 @@ struct ZmqCommunicatorOptions {
   int peer_timeout_ms = 120000;             // how long to wait for a peer before giving up
   // Required when the addresses are tcp://: this rank's inbound socket becomes a CURVE server
   // with curve->own that admits only curve->authorized, and it reaches its neighbour as a CURVE
-  // client with the server key carried in the neighbour's address (see DataAddressWithKey).
+  // client with the server key carried in the neighbour's address (see curve::AddressWithKey).
   // ZAP: the communicator then creates its own ZeroMQ context (ignoring `context`), whose ZAP
   // handler the task thread serves while it waits for chunks. The worker's control context has
   // no server socket, so it needs no ZAP handler; a fresh context per task never has to rebind
   // inproc://zeromq.zap.01, and the handler is owned by the thread that owns the data sockets.
   std::optional<curve::ClientKeys> curve;
 };
-
-// A tcp data-plane address carries its server's public key: "tcp://host:port#curve=Z85KEY" (the
-// worker advertises it; the coordinator passes it on to peers verbatim). Other addresses and
-// workers without keys keep plain addresses.
-std::string DataAddressWithKey(const std::string& address, const std::string& public_key);
 
 // Binds this rank's address (peer_addresses[rank]) and connects to its ring neighbour.
 Result<std::unique_ptr<Communicator>> CreateZmqCommunicator(zmq::context_t& context, const ZmqCommunicatorOptions& options);

@@ -23,14 +23,20 @@ Gpt2BlockImpl::Gpt2BlockImpl(const ModelSpec& spec) : heads_(spec.heads) {
   }
 }
 
-torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& x) {
+torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& x) { return ForwardParts(x).resid_post; }
+
+BlockOutputs Gpt2BlockImpl::ForwardParts(const torch::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
   // [b, t, 3c] -> 3 x [b, heads, t, head_dim]
   auto qkv = c_attn_(ln_1_(x)).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});
   auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]);
   y = y.transpose(1, 2).reshape({b, t, c});
-  auto h = x + attn_proj_(y);
-  return h + mlp_proj_(torch::gelu(c_fc_(ln_2_(h)), "tanh"));
+  BlockOutputs out;
+  out.attn_out = attn_proj_(y);
+  auto h = x + out.attn_out;
+  out.mlp_out = mlp_proj_(torch::gelu(c_fc_(ln_2_(h)), "tanh"));
+  out.resid_post = h + out.mlp_out;
+  return out;
 }
 
 Gpt2::Gpt2(const ModelSpec& spec) : spec_(spec) {
@@ -44,10 +50,23 @@ Gpt2::Gpt2(const ModelSpec& spec) : spec_(spec) {
   wpe_->weight.normal_(0.0, 0.01);
 }
 
-torch::Tensor Gpt2::Logits(const torch::Tensor& tokens) {
+torch::Tensor Gpt2::Embed(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  auto x = wte_(tokens) + wpe_(positions);
+  return wte_(tokens) + wpe_(positions);
+}
+
+void Gpt2::RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) {
+  auto x = Embed(tokens);
+  for (int64_t i = 0; i <= last_layer && i < static_cast<int64_t>(h_->size()); ++i) {
+    BlockOutputs out = h_[i]->as<Gpt2Block>()->ForwardParts(x);
+    visit(i, out);
+    x = out.resid_post;
+  }
+}
+
+torch::Tensor Gpt2::Logits(const torch::Tensor& tokens) {
+  auto x = Embed(tokens);
   for (auto& block : *h_) x = block->as<Gpt2Block>()->forward(x);
   return torch::matmul(ln_f_(x), wte_->weight.t());  // tied LM head
 }

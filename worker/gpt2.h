@@ -14,6 +14,7 @@ class Gpt2BlockImpl : public torch::nn::Module {
  public:
   Gpt2BlockImpl(const ModelSpec& spec);
   torch::Tensor forward(const torch::Tensor& x);
+  BlockOutputs ForwardParts(const torch::Tensor& x);
 
  private:
   int64_t heads_;
@@ -26,8 +27,11 @@ class Gpt2 : public CausalLm {
  public:
   explicit Gpt2(const ModelSpec& spec);
   torch::Tensor Logits(const torch::Tensor& tokens) override;
+  void RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) override;
 
  private:
+  torch::Tensor Embed(const torch::Tensor& tokens);
+
   ModelSpec spec_;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
   torch::nn::ModuleList h_;

@@ -20,11 +20,7 @@ Status ExportHuggingFace(CausalLm& model, const ModelSpec& spec, const std::stri
     if (hf.transposed) t = t.t();
     t = t.contiguous();
     keep_alive.push_back(t);
-    storage::TensorView view;
-    view.dtype = storage::DType::kF32;
-    view.shape = t.sizes().vec();
-    view.bytes = {static_cast<const uint8_t*>(t.data_ptr()), static_cast<size_t>(t.numel()) * 4};
-    views.push_back({hf.name, view});
+    views.push_back({hf.name, ViewOf(t)});
   }
   STRATA_RETURN_IF_ERROR(storage::WriteSafetensors(dir + "/model.safetensors", views, {{"format", "pt"}}));
   std::ofstream(dir + "/config.json") << HuggingFaceConfigJson(spec);

@@ -73,8 +73,16 @@ LlamaBlock::LlamaBlock(const ModelSpec& spec) {
 }
 
 torch::Tensor LlamaBlock::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  auto h = x + self_attn_->forward(input_layernorm_->forward(x), cos, sin);
-  return h + mlp_->forward(post_attention_layernorm_->forward(h));
+  return ForwardParts(x, cos, sin).resid_post;
+}
+
+BlockOutputs LlamaBlock::ForwardParts(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  BlockOutputs out;
+  out.attn_out = self_attn_->forward(input_layernorm_->forward(x), cos, sin);
+  auto h = x + out.attn_out;
+  out.mlp_out = mlp_->forward(post_attention_layernorm_->forward(h));
+  out.resid_post = h + out.mlp_out;
+  return out;
 }
 
 Llama::Llama(const ModelSpec& spec) : spec_(spec) {
@@ -96,14 +104,26 @@ Llama::Llama(const ModelSpec& spec) : spec_(spec) {
   inv_freq_ = 1.0 / torch::pow(spec.rope_theta, torch::arange(0, d, 2, torch::kFloat) / static_cast<double>(d));
 }
 
-torch::Tensor Llama::Logits(const torch::Tensor& tokens) {
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Llama::Embed(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   auto x = embed_tokens_(tokens);
   auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat).device(tokens.device()));
   auto freqs = torch::outer(positions, inv_freq_.to(tokens.device()));
   auto emb = torch::cat({freqs, freqs}, -1);
-  auto cos = emb.cos().to(x.scalar_type());
-  auto sin = emb.sin().to(x.scalar_type());
+  return {x, emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
+}
+
+void Llama::RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) {
+  auto [x, cos, sin] = Embed(tokens);
+  for (int64_t i = 0; i <= last_layer && i < static_cast<int64_t>(layers_.size()); ++i) {
+    BlockOutputs out = layers_[i]->ForwardParts(x, cos, sin);
+    visit(i, out);
+    x = out.resid_post;
+  }
+}
+
+torch::Tensor Llama::Logits(const torch::Tensor& tokens) {
+  auto [x, cos, sin] = Embed(tokens);
   for (auto& layer : layers_) x = layer->forward(x, cos, sin);
   return lm_head_(norm_->forward(x));
 }

@@ -44,6 +44,7 @@ class LlamaBlock : public torch::nn::Module {
  public:
   explicit LlamaBlock(const ModelSpec& spec);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  BlockOutputs ForwardParts(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
  private:
   std::shared_ptr<RmsNorm> input_layernorm_, post_attention_layernorm_;
@@ -55,8 +56,12 @@ class Llama : public CausalLm {
  public:
   explicit Llama(const ModelSpec& spec);
   torch::Tensor Logits(const torch::Tensor& tokens) override;
+  void RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) override;
 
  private:
+  // Embedded tokens and the rotary tables (cos, sin) for their length.
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Embed(const torch::Tensor& tokens);
+
   ModelSpec spec_;
   torch::nn::Embedding embed_tokens_{nullptr};
   torch::nn::ModuleList layer_list_;                // registers the blocks as layers.N

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/byte_size.h"
 #include "common/log.h"
 #include "common/service_notify.h"
 #include "worker/torch_executor.h"
@@ -25,6 +26,10 @@ int main(int argc, char** argv) {
   app.add_option("--data-address", options.data_address, "endpoint peers reach this worker at (ipc:// or tcp://)")
       ->required();
   app.add_option("--device", exec_options.device, "cpu or cuda:N");
+  std::string memory_limit;
+  app.add_option("--memory-limit", memory_limit, "CUDA: use at most this much device memory, e.g. 8GiB (emulates a smaller card)");
+  app.add_option("--serve-address", options.serve_address,
+                 "endpoint of this worker's store server (activation reads by `strata activations get`)");
   app.add_option("--peer-timeout-ms", options.peer_timeout_ms, "give up on a silent peer after this");
   app.add_option("--keys", options.keys_dir,
                  "CURVE key directory from `strata keygen` (required for tcp:// coordinator or data address)");
@@ -32,6 +37,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   strata::log::Init(options.name);
+  if (!memory_limit.empty()) {
+    auto bytes = strata::ParseByteSize(memory_limit, "--memory-limit");
+    if (!bytes.ok()) {
+      STRATA_LOG(kError) << bytes.status().message();
+      return 2;
+    }
+    exec_options.memory_limit_bytes = *bytes;
+  }
   // systemd (Type=notify): READY once registered with the coordinator, a status line, watchdog
   // pings from the control loop. Without NOTIFY_SOCKET these do nothing.
   strata::ServiceNotifier notifier;

@@ -26,6 +26,10 @@ class TaskReporter {
   virtual void ReportStep(int64_t step, double loss, double tokens_per_second) = 0;
   // Called after the shard of `step` is committed (durable) in this worker's store.
   virtual void ReportCheckpoint(int64_t step, const std::vector<storage::CheckpointTensorInfo>& tensors) = 0;
+  // Extract runs: `chunk` is durable in this worker's store (computed now, or found there).
+  virtual void ReportChunk(const storage::ActivationChunkInfo& chunk, bool computed) = 0;
+  // A line for the run's journal (`strata events`), e.g. kind "oom".
+  virtual void ReportNotice(const std::string& kind, const std::string& message) = 0;
 };
 
 struct TaskContext {
@@ -37,6 +41,7 @@ struct TaskContext {
   storage::ShardStore* store = nullptr;
   TaskReporter* reporter = nullptr;
   const std::atomic<bool>* cancelled = nullptr;  // checked between steps
+  std::vector<uint64_t> chunks;                   // extract runs: the chunks to capture
 };
 
 // Runs tasks on this worker's device (LibTorch lives behind this interface).
@@ -45,6 +50,8 @@ class TaskExecutor {
   virtual ~TaskExecutor() = default;
   // Blocks until the task ends. OK = finished every step; Aborted = cancelled.
   virtual Status RunTrain(TaskContext& context) = 0;
+  // Extract runs: captures context.chunks into context.store (skipping chunks already there).
+  virtual Status RunExtract(TaskContext& context) = 0;
   // Memory of the device this worker drives (called from the control thread).
   virtual MemorySnapshot ReadMemory() = 0;
 };

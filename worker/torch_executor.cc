@@ -1,8 +1,10 @@
 #include "worker/torch_executor.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/log.h"
+#include "worker/extractor.h"
 #include "worker/trainer.h"
 
 #ifdef STRATA_WITH_CUDA
@@ -18,16 +20,8 @@ class TorchExecutor final : public TaskExecutor {
  public:
   explicit TorchExecutor(torch::Device device) : device_(device) {}
 
-  Status RunTrain(TaskContext& context) override {
-    // LibTorch throws; nothing escapes this function but a Status.
-    try {
-      return Train(context);
-    } catch (const c10::Error& e) {
-      return Internal(std::string("LibTorch error: ") + e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      return Internal(std::string("training failed: ") + e.what());
-    }
-  }
+  Status RunTrain(TaskContext& context) override { return Guarded("training", [&] { return Train(context); }); }
+  Status RunExtract(TaskContext& context) override { return Guarded("capture", [&] { return Extract(context); }); }
 
   MemorySnapshot ReadMemory() override {
 #ifdef STRATA_WITH_CUDA
@@ -52,12 +46,43 @@ class TorchExecutor final : public TaskExecutor {
   }
 
  private:
-  Status Train(TaskContext& context) {
-    const auto& spec = context.spec;
+  // LibTorch throws; nothing escapes a task but a Status.
+  template <typename Fn>
+  static Status Guarded(const char* what, Fn fn) {
+    try {
+      return fn();
+    } catch (const c10::OutOfMemoryError& e) {
+      return Status(StatusCode::kResourceExhausted, std::string(what) + " ran out of device memory: " + e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      return Internal(std::string("LibTorch error: ") + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return Internal(std::string(what) + " failed: " + e.what());
+    }
+  }
+
+  Status SetUpThread(const RunSpec& spec) {
 #ifdef STRATA_WITH_CUDA
     if (device_.is_cuda()) c10::cuda::set_device(device_.index());
 #endif
     if (spec.worker.threads > 0) torch::set_num_threads(static_cast<int>(spec.worker.threads));
+    return Status::Ok();
+  }
+
+  Status Extract(TaskContext& context) {
+    const auto& spec = context.spec;
+    STRATA_RETURN_IF_ERROR(SetUpThread(spec));
+    if (spec.extract.precision == "bf16" && !device_.is_cuda()) {
+      return InvalidArgument("extract.precision = \"bf16\" needs a CUDA worker and this one runs on " + device_.str() +
+                             "; use precision = \"fp32\" on CPU workers");
+    }
+    STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab));
+    Extractor extractor(context, std::move(data), device_);
+    return extractor.Run();
+  }
+
+  Status Train(TaskContext& context) {
+    const auto& spec = context.spec;
+    STRATA_RETURN_IF_ERROR(SetUpThread(spec));
     STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab));
     if (data.size() < static_cast<size_t>(spec.model.sequence + 1)) {
       return InvalidArgument("data.path holds fewer than model.sequence + 1 tokens");
@@ -103,10 +128,20 @@ Result<std::unique_ptr<TaskExecutor>> CreateTorchExecutor(const TorchExecutorOpt
       // are not defined before its first allocation.
       c10::cuda::set_device(device.index());
       (void)torch::empty({1}, torch::TensorOptions().device(device));
+      if (options.memory_limit_bytes > 0) {
+        // Emulates a smaller card: the caching allocator refuses to grow past the fraction.
+        size_t free = 0, total = 0;
+        if (cudaMemGetInfo(&free, &total) != cudaSuccess || total == 0) return Internal("cudaMemGetInfo failed");
+        const double fraction = std::min(1.0, static_cast<double>(options.memory_limit_bytes) / static_cast<double>(total));
+        c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
+      }
 #else
       return InvalidArgument("--device " + options.device +
                              ": this build has no CUDA (built against a CPU LibTorch); use --device cpu");
 #endif
+    } else if (options.memory_limit_bytes > 0) {
+      return InvalidArgument("--memory-limit applies to CUDA devices for now; on CPU limit the process instead "
+                             "(systemd MemoryMax=, docker --memory)");
     }
     return std::unique_ptr<TaskExecutor>(std::make_unique<TorchExecutor>(device));
   } catch (const c10::Error& e) {

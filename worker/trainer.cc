@@ -8,32 +8,16 @@
 #include <mutex>
 
 namespace strata::worker {
-namespace {
-
-storage::DType ToStoreDType(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat: return storage::DType::kF32;
-    case torch::kHalf: return storage::DType::kF16;
-    case torch::kBFloat16: return storage::DType::kBF16;
-    case torch::kDouble: return storage::DType::kF64;
-    case torch::kLong: return storage::DType::kI64;
-    case torch::kInt: return storage::DType::kI32;
-    default: return storage::DType::kU8;
-  }
-}
-
-}  // namespace
 
 Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device device)
     : context_(context), data_(std::move(data)), device_(device) {
-  // Every rank seeds identically, so all replicas start from the same weights. The generator is
-  // process-global: ranks sharing a process (tests) must not interleave their initialisation.
-  static std::mutex init_mutex;
-  std::lock_guard<std::mutex> lock(init_mutex);
-  torch::manual_seed(static_cast<uint64_t>(context.spec.train.seed));
-  model_ = CreateCausalLm(context.spec.model);
-  if (!context.spec.model.init_from.empty()) {
-    init_status_ = LoadHuggingFace(context.spec.model.init_from, context.spec.model, *model_);
+  // Every rank seeds identically, so all replicas start from the same weights.
+  auto model = BuildCausalLm(context.spec.model, context.spec.train.seed);
+  if (!model.ok()) {
+    init_status_ = model.status();
+    model_ = CreateCausalLm(context.spec.model);  // keeps the object usable; init_status() says not to
+  } else {
+    model_ = *model;
   }
   model_->to(device_);
   for (auto& item : model_->named_parameters()) params_.emplace_back(item.key(), item.value());
@@ -209,11 +193,7 @@ Result<double> Trainer::ShardedStep(const torch::Tensor& loss_sum) {
 Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard() {
   auto put = [&](const std::string& name, const torch::Tensor& tensor) -> Status {
     auto cpu = tensor.detach().to(torch::kCPU).contiguous();
-    storage::TensorView view;
-    view.dtype = ToStoreDType(cpu.scalar_type());
-    view.shape.assign(cpu.sizes().begin(), cpu.sizes().end());
-    view.bytes = {static_cast<const uint8_t*>(cpu.data_ptr()), static_cast<size_t>(cpu.numel() * cpu.element_size())};
-    return context_.store->PutCheckpointTensor(context_.run_id, step_, name, view);
+    return context_.store->PutCheckpointTensor(context_.run_id, step_, name, ViewOf(cpu));
   };
   const bool sharded = context_.spec.parallel.zero > 0;
   for (size_t i = 0; i < params_.size(); ++i) {

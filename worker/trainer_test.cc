@@ -17,6 +17,8 @@ class NullReporter : public TaskReporter {
  public:
   void ReportStep(int64_t, double, double) override {}
   void ReportCheckpoint(int64_t, const std::vector<storage::CheckpointTensorInfo>&) override {}
+  void ReportChunk(const storage::ActivationChunkInfo&, bool) override {}
+  void ReportNotice(const std::string&, const std::string&) override {}
 };
 
 class TrainerTest : public ::testing::Test {

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "schema/envelope.h"
+#include "worker/store_server.h"
 
 namespace strata::worker {
 namespace {
@@ -72,6 +73,26 @@ class RunningTask final : public TaskReporter {
     outbox_->Push(msg.Serialize());
   }
 
+  void ReportChunk(const storage::ActivationChunkInfo& chunk, bool computed) override {
+    current_step_.fetch_add(1);
+    schema::EnvelopeBuilder msg;
+    auto c = Event(msg).initChunkStored();
+    c.setChunk(chunk.chunk);
+    c.setRowBegin(chunk.row_begin);
+    c.setRowCount(chunk.row_count);
+    c.setBytes(chunk.bytes);
+    c.setComputed(computed);
+    outbox_->Push(msg.Serialize());
+  }
+
+  void ReportNotice(const std::string& kind, const std::string& message) override {
+    schema::EnvelopeBuilder msg;
+    auto n = Event(msg).initNotice();
+    n.setKind(kind);
+    n.setMessage(message);
+    outbox_->Push(msg.Serialize());
+  }
+
   void ReportEnd(const Status& status) {
     schema::EnvelopeBuilder msg;
     auto ev = Event(msg);
@@ -120,6 +141,10 @@ class WorkerImpl final : public Worker {
     } catch (const zmq::error_t& e) {
       return InvalidArgument("--coordinator " + options_.coordinator + " is not a valid endpoint: " + e.what());
     }
+    if (!options_.serve_address.empty()) {
+      STRATA_ASSIGN_OR_RETURN(store_server_, StoreServer::Start(options_.serve_address, store_.get(), curve_));
+      STRATA_LOG(kInfo) << "store server on " << options_.serve_address;
+    }
     return Status::Ok();
   }
 
@@ -138,7 +163,7 @@ class WorkerImpl final : public Worker {
     STRATA_ASSIGN_OR_RETURN(auto keys, curve::LoadClientKeys(options_.keys_dir, pair, /*with_authorized=*/true));
     curve::ConfigureClient(socket_, keys.own, keys.coordinator_public_key);
     if (curve::RequiresCurve(options_.data_address)) {
-      options_.data_address = DataAddressWithKey(options_.data_address, keys.own.public_key);
+      options_.data_address = curve::AddressWithKey(options_.data_address, keys.own.public_key);
     }
     STRATA_LOG(kInfo) << "CURVE on with public key " << keys.own.public_key
                       << (curve::RequiresCurve(options_.data_address) ? " (coordinator and data plane)" : " (coordinator)");
@@ -201,6 +226,7 @@ class WorkerImpl final : public Worker {
     schema::WriteMemoryStats(executor_->ReadMemory(), r.initMemory());
     r.setStorePath(options_.store_path);
     r.setDataAddress(options_.data_address);
+    if (store_server_) r.setServeAddress(store_server_->advertised_address());
     if (task_) {
       r.setCurrentRun(task_->run_id_);
       r.setCurrentStep(task_->current_step_.load());
@@ -282,36 +308,29 @@ class WorkerImpl final : public Worker {
     comm_options.task_token = a.getTaskToken();
     comm_options.peer_timeout_ms = options_.peer_timeout_ms;
     comm_options.curve = curve_;
-    STRATA_LOG(kInfo) << "starting run " << run_id << " as rank " << a.getRank() << " of " << a.getWorldSize();
+    std::vector<uint64_t> chunks;
+    for (uint64_t c : a.getChunks()) chunks.push_back(c);
+    if (spec->is_extract()) {
+      STRATA_LOG(kInfo) << "starting capture of run " << run_id << ": " << chunks.size() << " chunks";
+    } else {
+      STRATA_LOG(kInfo) << "starting run " << run_id << " as rank " << a.getRank() << " of " << a.getWorldSize();
+    }
     RunningTask* t = task.get();
-    task->thread = std::thread([this, t, spec = *spec, comm_options] { RunTaskThread(t, spec, comm_options); });
+    task->thread = std::thread([this, t, spec = *spec, comm_options, chunks = std::move(chunks)] {
+      RunTaskThread(t, spec, comm_options, chunks);
+    });
     task_ = std::move(task);
   }
 
   // Task thread body: owns the communicator; reports the end; never throws.
-  void RunTaskThread(RunningTask* t, RunSpec spec, ZmqCommunicatorOptions comm_options) {
+  void RunTaskThread(RunningTask* t, RunSpec spec, ZmqCommunicatorOptions comm_options, std::vector<uint64_t> chunks) {
     Status status;
     try {
-      auto comm = CreateZmqCommunicator(context_, comm_options);
-      if (!comm.ok()) {
-        status = comm.status();
+      if (spec.is_extract()) {
+        // Capture needs no peers: each worker's chunks are independent.
+        status = RunExtractTask(t, std::move(spec), std::move(chunks));
       } else {
-        {
-          std::lock_guard<std::mutex> lock(t->communicator_mutex);
-          t->communicator = comm->get();
-        }
-        TaskContext context;
-        context.run_id = t->run_id_;
-        context.spec = std::move(spec);
-        context.rank = comm_options.rank;
-        context.world_size = static_cast<uint32_t>(comm_options.peer_addresses.size());
-        context.communicator = comm->get();
-        context.store = store_.get();
-        context.reporter = t;
-        context.cancelled = &t->cancelled;
-        status = executor_->RunTrain(context);
-        std::lock_guard<std::mutex> lock(t->communicator_mutex);
-        t->communicator = nullptr;
+        status = RunTrainTask(t, std::move(spec), comm_options);
       }
     } catch (const std::exception& e) {
       status = Internal(std::string("task crashed: ") + e.what());
@@ -323,6 +342,38 @@ class WorkerImpl final : public Worker {
       t->ReportEnd(status);
     }
     t->done.store(true);
+  }
+
+  TaskContext MakeContext(RunningTask* t, RunSpec spec) {
+    TaskContext context;
+    context.run_id = t->run_id_;
+    context.spec = std::move(spec);
+    context.store = store_.get();
+    context.reporter = t;
+    context.cancelled = &t->cancelled;
+    return context;
+  }
+
+  Status RunExtractTask(RunningTask* t, RunSpec spec, std::vector<uint64_t> chunks) {
+    TaskContext context = MakeContext(t, std::move(spec));
+    context.chunks = std::move(chunks);
+    return executor_->RunExtract(context);
+  }
+
+  Status RunTrainTask(RunningTask* t, RunSpec spec, const ZmqCommunicatorOptions& comm_options) {
+    STRATA_ASSIGN_OR_RETURN(auto comm, CreateZmqCommunicator(context_, comm_options));
+    {
+      std::lock_guard<std::mutex> lock(t->communicator_mutex);
+      t->communicator = comm.get();
+    }
+    TaskContext context = MakeContext(t, std::move(spec));
+    context.rank = comm_options.rank;
+    context.world_size = static_cast<uint32_t>(comm_options.peer_addresses.size());
+    context.communicator = comm.get();
+    Status status = executor_->RunTrain(context);
+    std::lock_guard<std::mutex> lock(t->communicator_mutex);
+    t->communicator = nullptr;
+    return status;
   }
 
   void CancelTask(const std::string& why) {
@@ -342,6 +393,7 @@ class WorkerImpl final : public Worker {
   WorkerOptions options_;
   std::unique_ptr<TaskExecutor> executor_;
   std::unique_ptr<storage::ShardStore> store_;
+  std::unique_ptr<StoreServer> store_server_;  // after store_: stops before the store closes
   zmq::context_t context_{1};
   zmq::socket_t socket_;
   Outbox outbox_;

@@ -2,7 +2,8 @@
 // and all worker state: it registers, heartbeats every interval with memory stats, starts one
 // task at a time on a task thread, forwards the task's reports, and cancels it on request. The
 // task thread owns the task's communicator; the two threads share only the Outbox (locked) and
-// the cancel flag (atomic).
+// the cancel flag (atomic). A third thread, the store server, owns its own socket and only reads
+// the (thread-safe) shard store.
 #pragma once
 
 #include <functional>
@@ -19,6 +20,9 @@ struct WorkerOptions {
   std::string coordinator;      // endpoint of the coordinator
   std::string store_path;       // this worker's shard store
   std::string data_address;     // data-plane endpoint peers connect to (bound while a task runs)
+  // Store server endpoint (ipc:// or tcp:// with keys): answers reads of captured activations
+  // from its own thread. Empty: no server (activations of this worker are then unreadable remotely).
+  std::string serve_address;
   int register_retry_ms = 1000;
   int peer_timeout_ms = 120000;
   // CURVE key directory (`strata keygen`; worker.key/.pub if present, else client.key/.pub, plus

@@ -24,15 +24,6 @@
 namespace strata::worker {
 namespace {
 
-constexpr char kKeyMarker[] = "#curve=";
-
-// "tcp://h:p#curve=KEY" -> {"tcp://h:p", "KEY"}; a plain address -> {address, ""}.
-std::pair<std::string, std::string> SplitDataAddress(const std::string& address) {
-  const size_t at = address.find(kKeyMarker);  // the endpoint part never contains '#'
-  if (at == std::string::npos) return {address, ""};
-  return {address.substr(0, at), address.substr(at + sizeof(kKeyMarker) - 1)};
-}
-
 struct FrameHeader {
   uint64_t token;
   uint64_t sequence;
@@ -49,8 +40,8 @@ class ZmqCommunicator final : public Communicator {
   Status Init() {
     if (world_ == 0 || options_.rank >= world_) return InvalidArgument("communicator: rank outside the world");
     if (world_ == 1) return Status::Ok();
-    const auto [own_endpoint, own_key] = SplitDataAddress(options_.peer_addresses[options_.rank]);
-    const auto [next_endpoint, next_key] = SplitDataAddress(options_.peer_addresses[(options_.rank + 1) % world_]);
+    const auto [own_endpoint, own_key] = curve::SplitAddressKey(options_.peer_addresses[options_.rank]);
+    const auto [next_endpoint, next_key] = curve::SplitAddressKey(options_.peer_addresses[(options_.rank + 1) % world_]);
     const bool use_curve = curve::RequiresCurve(own_endpoint) || curve::RequiresCurve(next_endpoint);
     if (use_curve && !options_.curve) {
       return InvalidArgument("communicator: tcp:// data-plane addresses need CURVE keys (anyone could inject "
@@ -197,10 +188,6 @@ class ZmqCommunicator final : public Communicator {
 };
 
 }  // namespace
-
-std::string DataAddressWithKey(const std::string& address, const std::string& public_key) {
-  return address + kKeyMarker + public_key;
-}
 
 Result<std::unique_ptr<Communicator>> CreateZmqCommunicator(zmq::context_t& context, const ZmqCommunicatorOptions& options) {
   auto comm = std::make_unique<ZmqCommunicator>(context, options);

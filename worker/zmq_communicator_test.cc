@@ -219,7 +219,7 @@ TEST(ZmqCommunicatorCurveTest, TwoRanksOverTcpWithCurve) {
   const curve::ClientKeys keys = ClusterKeys();
   std::vector<std::string> addresses;
   for (int r = 0; r < 2; ++r) {
-    addresses.push_back(DataAddressWithKey("tcp://127.0.0.1:" + std::to_string(FreePort()), keys.own.public_key));
+    addresses.push_back(curve::AddressWithKey("tcp://127.0.0.1:" + std::to_string(FreePort()), keys.own.public_key));
   }
   CheckAllReduceOn(addresses, keys, 1001);
 }
@@ -240,8 +240,8 @@ Status InjectIntoRank1(const curve::ClientKeys& rank_keys, const std::optional<c
                        std::vector<float>* data) {
   const std::string rank1 = "tcp://127.0.0.1:" + std::to_string(FreePort());
   std::vector<std::string> addresses = {
-      DataAddressWithKey("tcp://127.0.0.1:" + std::to_string(FreePort()), rank_keys.own.public_key),
-      DataAddressWithKey(rank1, rank_keys.own.public_key)};
+      curve::AddressWithKey("tcp://127.0.0.1:" + std::to_string(FreePort()), rank_keys.own.public_key),
+      curve::AddressWithKey(rank1, rank_keys.own.public_key)};
   constexpr uint64_t kToken = 7;
   zmq::context_t context;
   auto comm = CreateZmqCommunicator(context, {1, addresses, kToken, 1500, rank_keys});

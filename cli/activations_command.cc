@@ -1,0 +1,133 @@
+#include "cli/activations_command.h"
+
+#include <chrono>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "activations/reader.h"
+#include "cli/array_file.h"
+#include "cli/exit.h"
+#include "common/byte_size.h"
+
+namespace strata::cli {
+namespace {
+
+using json = nlohmann::json;
+
+// "A:B" -> [A, B); "A:" -> [A, total); "" -> [0, total).
+Result<std::pair<uint64_t, uint64_t>> ParseRows(const std::string& text, uint64_t total) {
+  if (text.empty()) return std::pair<uint64_t, uint64_t>{0, total};
+  const size_t colon = text.find(':');
+  auto bad = [&] { return InvalidArgument("--rows " + text + " is not a row range; write A:B (rows A to B-1) or A:"); };
+  if (colon == std::string::npos) return bad();
+  try {
+    size_t used = 0;
+    const std::string a = text.substr(0, colon), b = text.substr(colon + 1);
+    const uint64_t begin = a.empty() ? 0 : std::stoull(a, &used);
+    if (!a.empty() && used != a.size()) return bad();
+    const uint64_t end = b.empty() ? total : std::stoull(b, &used);
+    if (!b.empty() && used != b.size()) return bad();
+    return std::pair<uint64_t, uint64_t>{begin, end};
+  } catch (const std::exception&) {
+    return bad();
+  }
+}
+
+}  // namespace
+
+int ListActivations(const CoordinatorAddress& coordinator, const std::string& run, bool as_json) {
+  auto reader = activations::ActivationReader::Connect(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
+  if (!reader.ok()) return Fail(reader.status());
+  auto index = (*reader)->Index(run);
+  if (!index.ok()) return Fail(index.status());
+  const uint64_t row_bytes = static_cast<uint64_t>(index->hidden) * storage::DTypeSize(index->dtype);
+  const uint64_t stored = index->stored_rows();
+  std::map<std::string, uint64_t> rows_by_worker;
+  for (const auto& c : index->chunks) rows_by_worker[c.worker] += c.row_count;
+  if (as_json) {
+    json sites = index->sites, layers = index->layers;
+    json workers = json::object();
+    for (auto& [w, rows] : rows_by_worker) workers[w] = rows;
+    json out = {{"run_id", index->run},
+                {"state", index->state},
+                {"layers", layers},
+                {"sites", sites},
+                {"dtype", storage::DTypeName(index->dtype)},
+                {"hidden", index->hidden},
+                {"rows_total", index->total_rows},
+                {"rows_stored", stored},
+                {"rows_complete_from_0", index->contiguous_rows()},
+                {"complete", index->complete()},
+                {"bytes_per_layer_site", stored * row_bytes},
+                {"bytes", stored * row_bytes * index->layers.size() * index->sites.size()},
+                {"chunks", index->chunks.size()},
+                {"rows_by_worker", workers}};
+    std::cout << out.dump(2) << std::endl;
+    return kExitOk;
+  }
+  std::cout << "run " << index->run << " (" << index->state << "): " << stored << " of " << index->total_rows
+            << " token rows stored" << (index->complete() ? "" : " - capture still in progress") << "\n";
+  std::cout << "dtype " << storage::DTypeName(index->dtype) << ", hidden " << index->hidden << ", "
+            << HumanBytes(stored * row_bytes) << " per layer and site, "
+            << HumanBytes(stored * row_bytes * index->layers.size() * index->sites.size()) << " in all\n";
+  std::cout << std::left << std::setw(8) << "LAYER" << std::setw(12) << "SITE" << std::setw(14) << "ROWS" << "BYTES\n";
+  for (int64_t layer : index->layers) {
+    for (const auto& site : index->sites) {
+      std::cout << std::setw(8) << layer << std::setw(12) << site << std::setw(14) << stored << HumanBytes(stored * row_bytes) << "\n";
+    }
+  }
+  std::cout << "stored on:";
+  for (auto& [w, rows] : rows_by_worker) std::cout << " " << w << " (" << rows << " rows)";
+  std::cout << std::endl;
+  return kExitOk;
+}
+
+int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& request) {
+  if (request.out.empty()) return Fail(InvalidArgument("--out is required: FILE.npy, FILE.safetensors or - (npy on stdout)"));
+  auto reader = activations::ActivationReader::Connect(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
+  if (!reader.ok()) return Fail(reader.status());
+  auto index = (*reader)->Index(request.run);
+  if (!index.ok()) return Fail(index.status());
+  std::string site = request.site;
+  if (site.empty()) site = index->sites.size() == 1 ? index->sites[0] : "resid_post";
+  // Without --rows a running capture yields the rows complete from row 0, and says so.
+  const uint64_t available = index->complete() ? index->total_rows : index->contiguous_rows();
+  auto rows = ParseRows(request.rows, available);
+  if (!rows.ok()) return Fail(rows.status());
+  auto [begin, end] = *rows;
+  if (request.rows.empty() && available == 0) {
+    return Fail(Unavailable("run " + index->run + " has stored no rows from row 0 yet (" + index->state +
+                            "); try again when its first chunk is done (`strata status " + index->run + "`)"));
+  }
+  if (!index->complete() && request.rows.empty()) {
+    std::cerr << "strata: run " << index->run << " is still capturing (" << index->state << "): writing the " << available
+              << " of " << index->total_rows << " rows complete so far" << std::endl;
+  }
+  const uint64_t n = end > begin ? end - begin : 0;
+  auto writer = ArrayFileWriter::Create(request.out, index->dtype, n, static_cast<uint64_t>(index->hidden),
+                                        "layer" + std::to_string(request.layer) + "." + site,
+                                        {{"strata_run", index->run},
+                                         {"layer", std::to_string(request.layer)},
+                                         {"site", site},
+                                         {"rows", std::to_string(begin) + ":" + std::to_string(end)}});
+  if (!writer.ok()) return Fail(writer.status());
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t bytes = 0;
+  Status st = (*reader)->ReadRows(*index, request.layer, site, begin, end, [&](std::span<const uint8_t> data) {
+    bytes += data.size();
+    return (*writer)->Append(data);
+  });
+  if (st.ok()) st = (*writer)->Commit();
+  if (!st.ok()) return Fail(st);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cerr << "strata: wrote " << (request.out == "-" ? "stdout" : request.out) << ": " << (*writer)->description()
+            << " (rows " << begin << ":" << end << " of layer " << request.layer << " " << site << "), " << HumanBytes(bytes)
+            << " read in " << std::fixed << std::setprecision(2) << seconds << " s ("
+            << bytes / std::max(seconds, 1e-9) / 1e9 << " GB/s)" << std::endl;
+  return kExitOk;
+}
+
+}  // namespace strata::cli

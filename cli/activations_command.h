@@ -1,0 +1,31 @@
+// `strata activations RUN` (what an extract run has stored) and `strata activations get RUN
+// --layer L [--site S] [--rows A:B] --out FILE` (rows of one layer to .npy / .safetensors).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/curve.h"
+
+namespace strata::cli {
+
+struct CoordinatorAddress {
+  std::string endpoint;
+  std::optional<curve::ClientKeys> keys;
+  int timeout_ms = 10000;
+};
+
+struct ActivationsGet {
+  std::string run;
+  int64_t layer = -1;
+  std::string site;  // empty: the run's only site, else resid_post
+  std::string rows;  // "A:B", "A:" or empty (every stored row)
+  std::string out;   // FILE.npy, FILE.safetensors or "-"
+};
+
+// Both return the process exit code (cli/exit.h).
+int ListActivations(const CoordinatorAddress& coordinator, const std::string& run, bool as_json);
+int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& request);
+
+}  // namespace strata::cli

@@ -1,0 +1,129 @@
+#include "cli/array_file.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "storage/safetensors.h"
+
+namespace strata::cli {
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// NPY format 1.0: magic, version, u16 header length, then a Python dict literal padded with
+// spaces and a newline so that the data starts on a 64-byte boundary.
+std::string NpyHeader(const char* descr, uint64_t rows, uint64_t cols) {
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + std::to_string(rows) +
+                     ", " + std::to_string(cols) + "), }";
+  const size_t unpadded = 10 + dict.size() + 1;
+  dict.append((64 - unpadded % 64) % 64, ' ');
+  dict += '\n';
+  std::string out = "\x93NUMPY";
+  out += '\x01';
+  out += '\x00';
+  out += static_cast<char>(dict.size() & 0xff);
+  out += static_cast<char>((dict.size() >> 8) & 0xff);
+  return out + dict;
+}
+
+class Writer final : public ArrayFileWriter {
+ public:
+  ~Writer() override {
+    if (file_ && file_ != stdout) std::fclose(file_);
+    if (!committed_ && !tmp_.empty()) std::filesystem::remove(tmp_);
+  }
+
+  Status Open(const std::string& path, storage::DType dtype, uint64_t rows, uint64_t cols, const std::string& name,
+              const std::map<std::string, std::string>& metadata) {
+    path_ = path;
+    std::string prefix;
+    const bool npy = path == "-" || EndsWith(path, ".npy");
+    if (npy) {
+      const char* descr = nullptr;
+      switch (dtype) {
+        case storage::DType::kF32: descr = "<f4"; break;
+        case storage::DType::kF16: descr = "<f2"; break;
+        case storage::DType::kBF16: descr = "<f4"; widen_bf16_ = true; break;
+        default: return InvalidArgument(std::string("cannot write dtype ") + storage::DTypeName(dtype) + " as .npy");
+      }
+      prefix = NpyHeader(descr, rows, cols);
+      description_ = std::string(widen_bf16_ ? "float32 (widened from bf16)" : descr) + " [" + std::to_string(rows) +
+                     ", " + std::to_string(cols) + "] .npy";
+    } else if (EndsWith(path, ".safetensors")) {
+      STRATA_ASSIGN_OR_RETURN(prefix, storage::SafetensorsPrefix({{name, dtype, {static_cast<int64_t>(rows), static_cast<int64_t>(cols)}}}, metadata));
+      description_ = std::string(storage::DTypeName(dtype)) + " [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                     "] .safetensors tensor '" + name + "'";
+    } else {
+      return InvalidArgument("--out " + path + ": the extension must be .npy or .safetensors (or - for .npy on stdout)");
+    }
+    if (path == "-") {
+      file_ = stdout;
+    } else {
+      tmp_ = path + ".tmp";
+      file_ = std::fopen(tmp_.c_str(), "wb");
+      if (!file_) {
+        tmp_.clear();
+        return IoError("--out " + path + ": cannot create " + path + ".tmp (" + std::strerror(errno) +
+                       "); check that the directory exists and is writable");
+      }
+    }
+    return Write(prefix.data(), prefix.size());
+  }
+
+  Status Append(std::span<const uint8_t> bytes) override {
+    if (!widen_bf16_) return Write(bytes.data(), bytes.size());
+    // bf16 is the top half of a float32: shift each value up 16 bits.
+    std::vector<uint32_t> wide(bytes.size() / 2);
+    for (size_t i = 0; i < wide.size(); ++i) {
+      wide[i] = (static_cast<uint32_t>(bytes[2 * i]) | static_cast<uint32_t>(bytes[2 * i + 1]) << 8) << 16;
+    }
+    return Write(wide.data(), wide.size() * 4);
+  }
+
+  Status Commit() override {
+    if (std::fflush(file_) != 0) return IoError("writing " + path_ + " failed: " + std::strerror(errno));
+    if (file_ == stdout) {
+      committed_ = true;
+      return Status::Ok();
+    }
+    const bool closed = std::fclose(file_) == 0;
+    file_ = nullptr;
+    if (!closed) return IoError("writing " + path_ + " failed: " + std::strerror(errno));
+    std::error_code ec;
+    std::filesystem::rename(tmp_, path_, ec);
+    if (ec) return IoError("cannot move " + tmp_ + " to " + path_ + ": " + ec.message());
+    committed_ = true;
+    return Status::Ok();
+  }
+
+  std::string description() const override { return description_; }
+
+ private:
+  Status Write(const void* data, size_t n) {
+    if (std::fwrite(data, 1, n, file_) != n) {
+      return IoError("writing " + path_ + " failed (" + std::strerror(errno) + "); is the disk full?");
+    }
+    return Status::Ok();
+  }
+
+  std::string path_, tmp_, description_;
+  std::FILE* file_ = nullptr;
+  bool widen_bf16_ = false;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ArrayFileWriter>> ArrayFileWriter::Create(const std::string& path, storage::DType dtype, uint64_t rows,
+                                                                 uint64_t cols, const std::string& tensor_name,
+                                                                 const std::map<std::string, std::string>& metadata) {
+  auto writer = std::make_unique<Writer>();
+  STRATA_RETURN_IF_ERROR(writer->Open(path, dtype, rows, cols, tensor_name, metadata));
+  return std::unique_ptr<ArrayFileWriter>(std::move(writer));
+}
+
+}  // namespace strata::cli

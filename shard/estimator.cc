@@ -1,0 +1,311 @@
+// The memory and step-time model. All sizes are bytes on one worker (one GPU) for one plan.
+//
+// Parameters (exact, matching worker/gpt2.cc and worker/llama.cc), h = hidden, f = ffn, V = vocab,
+// S = model.sequence, d = h / heads, k = kv_heads:
+//   GPT-2 layer  = 2*(2h) LayerNorms + (3h*h + 3h) qkv + (h*h + h) proj + (h*f + f) + (f*h + h)
+//   GPT-2 model  = V*h tied embedding/head + S*h positions + layers * layer + 2h final LayerNorm
+//   Llama layer  = 2h RMSNorms + h*(heads*d) q + 2*h*(k*d) k,v + (heads*d)*h o + 3*h*f gate/up/down
+//   Llama model  = V*h embedding + layers * layer + h final RMSNorm + V*h untied lm_head
+//
+// Model state per parameter (ZeRO, Rajbhandari et al. 2020): weights W, gradients G, optimizer O
+// bytes; ZeRO stage 1 divides O by dp, stage 2 also G, stage 3 also W. See BytesPerParam.
+//
+// Activations per layer per micro-batch (Korthikanti et al. 2022), s = sequence, b = micro-batch,
+// a = heads, t = tp, 16-bit activations, sequence parallel off:
+//   s*b*h * (10 + (8 + mlp)/t + 5*a*s/(h*t)),  mlp = 16 for GPT-2's 4h GELU MLP
+// which is the paper's sbh(34 + 5as/h) at t = 1. The 10 are replicated over tp (LayerNorm
+// inputs 4, attention and MLP inputs 2 + 2, dropout masks 1 + 1); 8 are Q, K, V and the
+// projection input; mlp are the wide tensors: GELU keeps two of width f (4f/h), SwiGLU four
+// (gate, up, silu(gate), product: 8f/h). 5as/h is the s x s score matrix, softmax and dropout
+// mask, gone with fused (flash / SDPA) attention. fp32 activations double every term. Full
+// recompute keeps only each layer's input (2sbh) plus one layer's activations while it is
+// recomputed. Pipeline 1F1B: stage i holds min(pp - i, micro-batches) micro-batches in flight.
+// The last stage also holds fp32 logits, s*b*V*4 / t (vocab-parallel).
+//
+// Step time: compute = c * params * tokens / (peak_flops * efficiency), c = 6 (forward 2 +
+// backward 4) or 8 with recompute (one more forward); per worker with its own share of layers
+// and tokens, and the slowest worker sets the pace. Communication (not overlapped, so the
+// prediction is conservative): ring all-reduce of gradients 2(n-1)/n * bytes / bandwidth over dp
+// (x1.5 for ZeRO-3, which all-gathers weights again in backward), 4 activation all-reduces per
+// layer per micro-batch over tp (6 with recompute), one activation send and one gradient send
+// per micro-batch between pipeline stages, and offload's gradient/weight copies over the host
+// link. Pipeline bubble: a fraction (pp-1)/(m+pp-1) of the step, i.e. compute * (pp-1)/m.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "shard/internal.h"
+
+namespace strata::shard {
+namespace {
+
+ModelSpec Filled(ModelSpec model) {
+  if (model.kv_heads == 0) model.kv_heads = model.heads;
+  if (model.ffn == 0) model.ffn = 4 * model.hidden;
+  return model;
+}
+
+constexpr int64_t kGradientBucketBytes = 25 << 20;  // PyTorch DDP's default bucket; two in flight
+
+int64_t ActivationBytesPerElement(bool fp32_activations) { return fp32_activations ? 4 : 2; }
+
+}  // namespace
+
+int64_t ParameterCount(const ModelSpec& spec) {
+  internal::UnitParams u = internal::CountUnits(spec, /*pp=*/1);
+  return u.embedding_sharded + u.embedding_replicated + Filled(spec).layers * (u.layer_sharded + u.layer_replicated) +
+         u.head_sharded + u.head_replicated;
+}
+
+MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, bool offload) {
+  const internal::StateBytesPerParam b = internal::BytesPerParam(layout);
+  const double p = static_cast<double>(params);
+  const double weight_share = zero >= 3 ? 1.0 / dp : 1.0;
+  const double gradient_share = zero >= 2 ? 1.0 / dp : 1.0;
+  const double optimizer_share = zero >= 1 ? 1.0 / dp : 1.0;
+  MemoryEstimate m;
+  m.weights = std::llround(p * (b.weights + b.weight_cache) * weight_share);
+  m.gradients = std::llround(p * b.gradients * gradient_share);
+  m.optimizer_state = offload ? 0 : std::llround(p * b.optimizer * optimizer_share);
+  return m;
+}
+
+int64_t LayerActivationBytes(const ModelSpec& spec, int64_t sequence, int64_t micro_batch, int64_t tp,
+                             bool fp32_activations, bool fused_attention) {
+  const ModelSpec model = Filled(spec);
+  const double s = sequence, b = micro_batch, h = model.hidden, a = model.heads, t = tp;
+  const double wide_tensors = model.family == "llama" ? 4.0 : 2.0;
+  const double mlp = wide_tensors * 2.0 * model.ffn / h;  // 2 bytes per 16-bit element
+  const double scores = fused_attention ? 0.0 : 5.0 * a * s / h;
+  const double per_sbh = 10.0 + (8.0 + mlp + scores) / t;
+  return std::llround(s * b * h * per_sbh * (fp32_activations ? 2.0 : 1.0));
+}
+
+int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
+                             bool fp32_activations, bool fused_attention, int64_t layers, int64_t in_flight,
+                             bool recompute) {
+  const int64_t full = LayerActivationBytes(model, sequence, micro_batch, tp, fp32_activations, fused_attention);
+  if (!recompute) return in_flight * layers * full;
+  const int64_t layer_input = sequence * micro_batch * model.hidden * ActivationBytesPerElement(fp32_activations);
+  return in_flight * layers * layer_input + full;
+}
+
+namespace internal {
+
+UnitParams CountUnits(const ModelSpec& spec, int64_t pp) {
+  const ModelSpec m = Filled(spec);
+  const int64_t h = m.hidden, f = m.ffn, v = m.vocab;
+  UnitParams u;
+  u.embedding_sharded = v * h;  // vocab-parallel over tp
+  if (m.family == "llama") {
+    const int64_t d = h / m.heads;
+    u.layer_replicated = 2 * h;
+    u.layer_sharded = h * (m.heads * d) + 2 * h * (m.kv_heads * d) + (m.heads * d) * h + 3 * h * f;
+    u.head_replicated = h;
+    u.head_sharded = v * h;
+  } else {
+    u.embedding_replicated = m.sequence * h;
+    u.layer_replicated = 4 * h + 2 * h;  // LayerNorms and the row-parallel biases (proj, mlp_proj)
+    u.layer_sharded = (3 * h * h + 3 * h) + h * h + (h * f + f) + f * h;
+    u.head_replicated = 2 * h;
+    u.head_sharded = pp > 1 ? v * h : 0;  // tied: the last stage keeps its own copy of wte
+  }
+  return u;
+}
+
+// Bytes per parameter of each kind of model state. The ZeRO paper's mixed precision keeps the
+// fp32 master copy inside the optimizer's 12 bytes; our trainer's master weights are the model
+// itself, and bf16 autocast adds a cached bf16 copy of every weight during forward/backward.
+StateBytesPerParam BytesPerParam(StateLayout layout) {
+  switch (layout) {
+    case StateLayout::kFp32: return {4, 0, 4, 8};           // = 16
+    case StateLayout::kBf16Autocast: return {4, 2, 4, 8};   // = 18
+    case StateLayout::kZeroPaperMixed: return {2, 0, 2, 12};  // = 16
+  }
+  return {4, 0, 4, 8};
+}
+
+// Contiguous layers per stage minimising the largest stage cost, where a stage's cost is the
+// larger of its share of the compute (layers + the head's matmul) and of the parameters
+// (layers + embedding on stage 0, head on the last). Dynamic programming over (stage, layers).
+std::vector<LayerRange> BalanceStages(const Problem& problem, int64_t pp) {
+  const int64_t layers = problem.model.layers;
+  const UnitParams u = CountUnits(problem.model, pp);
+  const double layer = static_cast<double>(u.layer_sharded + u.layer_replicated);
+  const double head_flops = static_cast<double>(problem.model.vocab * problem.model.hidden);
+  const double embedding = static_cast<double>(u.embedding_sharded + u.embedding_replicated);
+  const double head = static_cast<double>(u.head_sharded + u.head_replicated);
+  const double total_flops = layers * layer + head_flops;
+  const double total_params = layers * layer + embedding + head;
+  auto cost = [&](int64_t stage, int64_t count) {
+    double flops = count * layer, params = count * layer;
+    if (stage == 0) params += embedding;
+    if (stage == pp - 1) flops += head_flops, params += head;
+    return std::max(flops / total_flops, params / total_params);
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[k][j]: smallest max cost placing the first j layers on stages 0..k; cut[k][j]: where stage k starts.
+  std::vector<std::vector<double>> best(pp, std::vector<double>(layers + 1, inf));
+  std::vector<std::vector<int64_t>> cut(pp, std::vector<int64_t>(layers + 1, 0));
+  for (int64_t j = 1; j <= layers; ++j) best[0][j] = cost(0, j);
+  for (int64_t k = 1; k < pp; ++k) {
+    for (int64_t j = k + 1; j <= layers; ++j) {
+      for (int64_t i = k; i < j; ++i) {
+        const double c = std::max(best[k - 1][i], cost(k, j - i));
+        if (c < best[k][j]) best[k][j] = c, cut[k][j] = i;
+      }
+    }
+  }
+  std::vector<LayerRange> ranges(pp);
+  int64_t end = layers;
+  for (int64_t k = pp - 1; k >= 0; --k) {
+    const int64_t begin = k == 0 ? 0 : cut[k][end];
+    ranges[k] = {begin, end};
+    end = begin;
+  }
+  return ranges;
+}
+
+const std::vector<LayerRange>& StageCache::For(int64_t pp) {
+  auto it = by_pp_.find(pp);
+  if (it == by_pp_.end()) it = by_pp_.emplace(pp, BalanceStages(problem_, pp)).first;
+  return it->second;
+}
+
+namespace {
+
+// Slowest member's link; groups spanning nodes go over the inter-node network.
+double GroupBandwidth(const Problem& problem, const std::vector<const WorkerView*>& group) {
+  double bandwidth = std::numeric_limits<double>::infinity();
+  for (const WorkerView* w : group) {
+    bandwidth = std::min(bandwidth, w->bandwidth);
+    if (w->node != group.front()->node) bandwidth = std::min(bandwidth, problem.options.inter_node_bandwidth);
+  }
+  return bandwidth;
+}
+
+double RingAllReduceSeconds(double bytes, int64_t n, double bandwidth) {
+  return n <= 1 ? 0.0 : 2.0 * (n - 1) / n * bytes / bandwidth;
+}
+
+}  // namespace
+
+Plan Evaluate(const Problem& problem, const std::vector<WorkerView>& workers, const Candidate& c, StageCache& cache) {
+  const ModelSpec& model = problem.model;
+  const PlannerOptions& opt = problem.options;
+  const bool fp32_acts = problem.layout == StateLayout::kFp32;
+  const int64_t s = problem.job.sequence, b = c.micro_batch;
+  const int64_t local_batch = problem.job.global_batch / c.dp;
+  const int64_t m = local_batch / b;  // micro-batches per step per dp rank
+  const double boundary_bytes = static_cast<double>(s * b * model.hidden * ActivationBytesPerElement(fp32_acts));
+  const double compute_bytes = problem.layout == StateLayout::kFp32 ? 4.0 : 2.0;
+  const StateBytesPerParam per_param = BytesPerParam(problem.layout);
+  const UnitParams u = CountUnits(model, c.pp);
+  const double layer_per_rank = static_cast<double>(u.layer_sharded) / c.tp + u.layer_replicated;
+
+  Plan plan;
+  plan.dp = c.dp, plan.pp = c.pp, plan.tp = c.tp, plan.zero = c.zero, plan.micro_batch = b;
+  plan.gradient_accumulation = m, plan.recompute = c.recompute, plan.offload = c.offload;
+  plan.stages = cache.For(c.pp);
+  auto at = [&](int64_t stage, int64_t d, int64_t r) -> const WorkerView& {
+    return workers[static_cast<size_t>((stage * c.dp + d) * c.tp + r)];
+  };
+
+  double compute = 0, dp_comm = 0, tp_comm = 0, pp_comm = 0, offload_comm = 0;
+  for (int64_t k = 0; k < c.pp; ++k) {
+    const bool first = k == 0, last = k == c.pp - 1, recompute = c.recompute[static_cast<size_t>(k)];
+    const int64_t layers = plan.stages[static_cast<size_t>(k)].size();
+    double params = layers * layer_per_rank;
+    if (first) params += static_cast<double>(u.embedding_sharded) / c.tp + u.embedding_replicated;
+    if (last) params += static_cast<double>(u.head_sharded) / c.tp + u.head_replicated;
+    const double flops_params = layers * layer_per_rank + (last ? static_cast<double>(model.vocab * model.hidden) / c.tp : 0);
+    const double flops = (recompute ? 8.0 : 6.0) * flops_params * static_cast<double>(local_batch * s);
+
+    MemoryEstimate mem = ModelStateBytes(std::llround(params), problem.layout, c.zero, c.dp, c.offload);
+    const int64_t in_flight = c.pp > 1 ? std::min(c.pp - k, m) : 1;
+    mem.activations = StageActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, layers, in_flight, recompute);
+    if (last) mem.activations += s * b * model.vocab * 4 / c.tp;
+    const double gradient_bytes = params * per_param.gradients;
+    double buffers = 0;
+    if (c.dp > 1) buffers += std::min(gradient_bytes, 2.0 * kGradientBucketBytes);
+    if (c.tp > 1) buffers += 2 * boundary_bytes;
+    if (c.pp > 1) buffers += 2 * boundary_bytes;  // one send and one receive buffer
+    if (c.zero >= 3 && c.dp > 1) buffers += 2 * layer_per_rank * compute_bytes;  // gathered layer + prefetch
+    mem.communication_buffers = std::llround(buffers);
+    mem.workspace = opt.workspace_bytes;
+
+    for (int64_t d = 0; d < c.dp; ++d) {
+      for (int64_t r = 0; r < c.tp; ++r) {
+        const WorkerView& w = at(k, d, r);
+        compute = std::max(compute, flops / (w.peak_flops * opt.compute_efficiency));
+        const int64_t budget = static_cast<int64_t>(static_cast<double>(w.free_bytes) * (1.0 - opt.safety_margin));
+        plan.workers.push_back({w.name, k, d, r, mem, budget});
+      }
+    }
+    // Collectives: each group's time at its slowest link; the slowest group sets the pace.
+    for (int64_t r = 0; r < c.tp && c.dp > 1; ++r) {
+      std::vector<const WorkerView*> group;
+      for (int64_t d = 0; d < c.dp; ++d) group.push_back(&at(k, d, r));
+      const double t = RingAllReduceSeconds(gradient_bytes, c.dp, GroupBandwidth(problem, group));
+      dp_comm = std::max(dp_comm, t * (c.zero >= 3 ? 1.5 : 1.0));
+    }
+    for (int64_t d = 0; d < c.dp && c.tp > 1; ++d) {
+      std::vector<const WorkerView*> group;
+      for (int64_t r = 0; r < c.tp; ++r) group.push_back(&at(k, d, r));
+      const double per_layer = (recompute ? 6.0 : 4.0) * RingAllReduceSeconds(boundary_bytes, c.tp, GroupBandwidth(problem, group));
+      tp_comm = std::max(tp_comm, per_layer * layers * m);
+    }
+    if (!last) {
+      for (int64_t d = 0; d < c.dp; ++d) {
+        const double bw = GroupBandwidth(problem, {&at(k, d, 0), &at(k + 1, d, 0)});
+        pp_comm = std::max(pp_comm, 2.0 * m * boundary_bytes / bw);
+      }
+    }
+    if (c.offload) {
+      const double shard = params * 4.0 / (c.zero >= 1 ? c.dp : 1);  // fp32 grads out, fp32 weights back
+      offload_comm = std::max(offload_comm, 2.0 * shard / opt.host_bandwidth);
+    }
+  }
+  plan.step_time.compute_s = compute;
+  plan.step_time.communication_s = dp_comm + tp_comm + pp_comm + offload_comm;
+  plan.step_time.bubble_s = compute * static_cast<double>(c.pp - 1) / static_cast<double>(m);
+  return plan;
+}
+
+double WorstFill(const Plan& plan, double scale, size_t* worst_worker) {
+  double worst = 0;
+  for (size_t i = 0; i < plan.workers.size(); ++i) {
+    const WorkerAssignment& w = plan.workers[i];
+    const double fill = scale * static_cast<double>(w.memory.total()) / static_cast<double>(std::max<int64_t>(w.budget_bytes, 1));
+    if (fill > worst) {
+      worst = fill;
+      if (worst_worker) *worst_worker = i;
+    }
+  }
+  return worst;
+}
+
+std::string FormatBytes(double bytes) {
+  char text[32];
+  if (bytes >= double(1 << 30)) {
+    std::snprintf(text, sizeof text, "%.1f GiB", bytes / double(1 << 30));
+  } else {
+    std::snprintf(text, sizeof text, "%.1f MiB", bytes / double(1 << 20));
+  }
+  return text;
+}
+
+std::string Describe(const Plan& plan) {
+  const auto recomputed = std::count(plan.recompute.begin(), plan.recompute.end(), true);
+  char text[200];
+  std::snprintf(text, sizeof text, "dp=%lld pp=%lld tp=%lld, ZeRO-%lld, micro_batch %lld x %lld accumulation, recompute on %lld of %lld stages, %s",
+                static_cast<long long>(plan.dp), static_cast<long long>(plan.pp), static_cast<long long>(plan.tp),
+                static_cast<long long>(plan.zero), static_cast<long long>(plan.micro_batch),
+                static_cast<long long>(plan.gradient_accumulation), static_cast<long long>(recomputed),
+                static_cast<long long>(plan.pp), plan.offload ? "optimizer offloaded" : "no offload");
+  return text;
+}
+
+}  // namespace internal
+}  // namespace strata::shard

@@ -1,0 +1,83 @@
+// Private to shard/: what estimator.cc, search.cc and replan.cc share. Other components use
+// shard/planner.h only.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shard/planner.h"
+
+namespace strata::shard::internal {
+
+// Validated inputs with the defaults filled in (kv_heads, ffn, sequence, link bandwidths).
+struct Problem {
+  ModelSpec model;
+  JobSpec job;
+  StateLayout layout = StateLayout::kFp32;
+  std::vector<WorkerView> workers;  // as given
+  PlannerOptions options;
+};
+
+Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
+                         const PlannerOptions& options);
+
+// One point of the search space.
+struct Candidate {
+  int64_t dp = 1, pp = 1, tp = 1, zero = 0, micro_batch = 1;
+  std::vector<bool> recompute;
+  bool offload = false;
+};
+
+// Calls `visit` for every candidate on `workers_used` workers that honours the job's fixed
+// fields and the divisibility rules (tp | heads and kv_heads, pp <= layers, dp | global batch,
+// micro_batch | global_batch / dp).
+void ForEachCandidate(const Problem& problem, int64_t workers_used, const std::function<void(const Candidate&)>& visit);
+
+// Layer ranges per stage, cached per pipeline depth (they depend on nothing else).
+class StageCache {
+ public:
+  explicit StageCache(const Problem& problem) : problem_(problem) {}
+  const std::vector<LayerRange>& For(int64_t pp);
+
+ private:
+  const Problem& problem_;
+  std::map<int64_t, std::vector<LayerRange>> by_pp_;
+};
+
+std::vector<LayerRange> BalanceStages(const Problem& problem, int64_t pp);
+
+// Memory and step time of `candidate` on `workers` (already in rank order, dp*pp*tp of them).
+Plan Evaluate(const Problem& problem, const std::vector<WorkerView>& workers, const Candidate& candidate,
+              StageCache& stages);
+
+// The workers a plan on `count` workers uses: the `count` with the most free memory, ordered by
+// node then name so consecutive ranks (tensor-parallel groups) share a node.
+std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int64_t count);
+
+// Largest ratio of estimated total to budget over the plan's workers (> 1: does not fit), and the
+// index of that worker. `scale` multiplies every estimate (Replan's calibration after an OOM).
+double WorstFill(const Plan& plan, double scale, size_t* worst_worker);
+
+// Parameters of each pipeline unit: unit 0 = embedding, 1..layers = transformer layers,
+// layers + 1 = final norm + head (a copy of the tied embedding for GPT-2 when pp > 1).
+struct UnitParams {
+  int64_t embedding_sharded = 0, embedding_replicated = 0;  // sharded = split over tp
+  int64_t layer_sharded = 0, layer_replicated = 0;
+  int64_t head_sharded = 0, head_replicated = 0;
+};
+UnitParams CountUnits(const ModelSpec& model, int64_t pp);
+
+struct StateBytesPerParam {
+  double weights;       // persistent weights (master copy)
+  double weight_cache;  // transient lower-precision copy used by the forward pass
+  double gradients;
+  double optimizer;
+};
+StateBytesPerParam BytesPerParam(StateLayout layout);
+
+std::string FormatBytes(double bytes);
+std::string Describe(const Plan& plan);  // "dp=2 pp=1 tp=1, ZeRO-1, micro_batch 4 x 2, ..."
+
+}  // namespace strata::shard::internal

@@ -1,0 +1,158 @@
+// The parallel planner: given a model, a job and the cluster's free memory, choose how to shard
+// the training step (data / pipeline / tensor parallel degrees, ZeRO stage, micro-batch,
+// activation recompute, optimizer offload) and predict its memory per worker and its step time.
+// Pure functions: no I/O, no clocks, no LibTorch; the coordinator feeds in what workers report.
+//
+// Rank layout of a plan over its workers (ordered by node, then name, so tensor-parallel groups
+// stay inside a node): rank = (stage * dp + dp_rank) * tp + tp_rank.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/run_spec.h"
+#include "common/status.h"
+
+namespace strata::shard {
+
+// Exact trainable parameter count of worker/gpt2.cc or worker/llama.cc for `model`
+// (kv_heads 0 -> heads, ffn 0 -> 4 * hidden, as the run spec fills them in).
+int64_t ParameterCount(const ModelSpec& model);
+
+// ---- Inputs ------------------------------------------------------------------------------
+
+struct JobSpec {
+  int64_t global_batch = 8;         // sequences per optimizer step, over all data-parallel ranks
+  int64_t sequence = 0;             // tokens per sequence; 0 -> model.sequence
+  std::string precision = "fp32";   // "fp32" or "bf16" (bf16 autocast, fp32 master/grads/moments)
+  // The [parallel] fields; unset = "auto", searched.
+  std::optional<int64_t> dp, pp, tp, zero, micro_batch;
+  std::optional<bool> recompute, offload;
+};
+
+struct WorkerView {
+  std::string name;
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;
+  std::string node;                 // workers with the same node share the link below
+  std::string link = "nvlink";      // "nvlink" | "pcie" | "tcp"
+  double peak_flops = 989e12;       // per second; H100 dense bf16
+  double bandwidth = 0;             // bytes/s to peers on the same node; 0 -> typical for `link`
+};
+
+struct ClusterView {
+  std::vector<WorkerView> workers;
+};
+
+struct PlannerOptions {
+  double safety_margin = 0.1;       // a plan may use (1 - margin) of each worker's free memory
+  bool fused_attention = true;      // flash / SDPA attention: no s x s score matrix is stored
+  double compute_efficiency = 0.4;  // achieved fraction of peak_flops (model FLOPs utilisation)
+  double inter_node_bandwidth = 12.5e9;  // bytes/s between nodes (100 Gb/s)
+  double host_bandwidth = 25e9;     // bytes/s GPU <-> host, for optimizer offload
+  int64_t workspace_bytes = int64_t{1} << 30;  // CUDA context, cuBLAS workspace, fragmentation
+};
+
+// ---- Outputs -----------------------------------------------------------------------------
+
+struct MemoryEstimate {
+  int64_t weights = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_state = 0;
+  int64_t activations = 0;
+  int64_t communication_buffers = 0;
+  int64_t workspace = 0;
+  int64_t total() const {
+    return weights + gradients + optimizer_state + activations + communication_buffers + workspace;
+  }
+};
+
+struct LayerRange {
+  int64_t begin = 0;  // first transformer layer of the stage
+  int64_t end = 0;    // one past the last
+  int64_t size() const { return end - begin; }
+};
+
+struct StepTime {
+  double compute_s = 0;
+  double communication_s = 0;  // not overlapped with compute: a conservative prediction
+  double bubble_s = 0;         // pipeline fill and drain
+  double total_s() const { return compute_s + communication_s + bubble_s; }
+};
+
+struct WorkerAssignment {
+  std::string worker;
+  int64_t stage = 0, dp_rank = 0, tp_rank = 0;
+  MemoryEstimate memory;
+  int64_t budget_bytes = 0;  // free memory less the safety margin
+};
+
+struct Plan {
+  int64_t dp = 1, pp = 1, tp = 1, zero = 0;
+  int64_t micro_batch = 1;            // sequences per forward/backward on one rank
+  int64_t gradient_accumulation = 1;  // micro-batches per step per dp rank
+  std::vector<bool> recompute;        // per pipeline stage
+  bool offload = false;               // optimizer state lives in host memory
+  std::vector<LayerRange> stages;     // stage 0 also holds the embedding, the last the head + loss
+  std::vector<WorkerAssignment> workers;  // in rank order
+  StepTime step_time;
+  std::string why;                    // what was chosen, the runner-up and what it lost on
+};
+
+Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
+                        const PlannerOptions& options = {});
+
+// ---- Re-planning after a failure ---------------------------------------------------------
+
+struct ReplanReason {
+  enum class Kind { kWorkerLost, kOutOfMemory };
+  Kind kind = Kind::kWorkerLost;
+  std::string worker;       // the worker that was lost, or that ran out of memory
+  int64_t micro_batch = 0;  // out of memory: the micro-batch that failed (0 = the plan's)
+
+  static ReplanReason WorkerLost(std::string w) { return {Kind::kWorkerLost, std::move(w), 0}; }
+  static ReplanReason OutOfMemory(std::string w, int64_t mb) { return {Kind::kOutOfMemory, std::move(w), mb}; }
+};
+
+struct PlanChange {
+  Plan plan;
+  int64_t bytes_to_move = 0;  // weights + optimizer state a worker needs but did not hold
+  std::string description;    // one line, for the run's event log
+};
+
+// The cheapest change that fits `cluster`, in this order of preference: smaller micro-batch
+// with more accumulation (same global batch), then recompute, then a higher ZeRO stage or
+// offload, then more pipeline stages, then anything else. User-fixed [parallel] fields in `job`
+// are not binding here: the run could not continue as they were.
+Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const JobSpec& job,
+                          const ClusterView& cluster, const ReplanReason& reason,
+                          const PlannerOptions& options = {});
+
+// ---- The estimator's building blocks (exposed so tests and `strata plan` can show the sums) --
+
+// How the trainer keeps model state; bytes per parameter in shard/estimator.cc.
+enum class StateLayout {
+  kFp32,            // fp32 weights, grads, AdamW m and v
+  kBf16Autocast,    // our bf16 run: fp32 master weights/grads/moments + a bf16 autocast copy
+  kZeroPaperMixed,  // ZeRO paper: fp16 weights and grads, fp32 master + m + v in the optimizer
+};
+
+// Weights, gradients and optimizer state of `params` parameters on one rank of a `dp`-wide
+// ZeRO group (stage 1 shards optimizer state, 2 also gradients, 3 also weights); `offload`
+// moves optimizer state to host memory. Other fields are zero.
+MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, bool offload = false);
+
+// Activations one transformer layer stores for backward, one micro-batch, no recompute
+// (Korthikanti et al. 2022 with the MLP term scaled to the model's ffn width).
+int64_t LayerActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
+                             bool fp32_activations, bool fused_attention);
+
+// Activations of `layers` layers with `in_flight` micro-batches held: full, or with full
+// recompute only each layer's input plus one layer being recomputed.
+int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
+                             bool fp32_activations, bool fused_attention, int64_t layers,
+                             int64_t in_flight, bool recompute);
+
+}  // namespace strata::shard

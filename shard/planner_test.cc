@@ -1,0 +1,348 @@
+// Expected numbers below are worked out by hand from the formulas (see the comments), not
+// copied from the implementation's output.
+#include "shard/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <regex>
+
+namespace strata::shard {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+ModelSpec Gpt2Small() {
+  ModelSpec m;
+  m.family = "gpt2";
+  m.layers = 12, m.hidden = 768, m.heads = 12, m.vocab = 50257, m.sequence = 1024;
+  return m;
+}
+
+constexpr int64_t kGpt2SmallParams = 124'439'808;
+// One GPT-2 small block: LayerNorms 2*(2*768) + qkv 3*768*768 + 3*768 + proj 768*768 + 768
+// + fc 768*3072 + 3072 + mlp_proj 3072*768 + 768.
+constexpr int64_t kGpt2SmallLayer = 3072 + 1'771'776 + 590'592 + 2'362'368 + 2'360'064;
+
+ClusterView Workers(int n, int64_t free_bytes, int64_t total_bytes = 80 * kGiB) {
+  ClusterView c;
+  for (int i = 0; i < n; ++i) c.workers.push_back({"w" + std::to_string(i), total_bytes, free_bytes, "n0", "nvlink", 989e12, 0});
+  return c;
+}
+
+void ExpectFits(const Plan& plan, const ClusterView& cluster, double margin) {
+  ASSERT_FALSE(plan.workers.empty());
+  EXPECT_EQ(static_cast<int64_t>(plan.workers.size()), plan.dp * plan.pp * plan.tp);
+  for (const auto& w : plan.workers) {
+    const auto it = std::find_if(cluster.workers.begin(), cluster.workers.end(), [&](const WorkerView& v) { return v.name == w.worker; });
+    ASSERT_NE(it, cluster.workers.end()) << w.worker;
+    EXPECT_LE(w.memory.total(), static_cast<double>(it->free_bytes) * (1 - margin)) << w.worker;
+  }
+}
+
+TEST(ParameterCount, Gpt2SmallMatchesHuggingFace) {
+  EXPECT_EQ(kGpt2SmallLayer, 7'087'872);
+  EXPECT_EQ(ParameterCount(Gpt2Small()), kGpt2SmallParams);
+  // wte 50257*768 + wpe 1024*768 + 12 blocks + ln_f 2*768, the head tied to wte.
+  EXPECT_EQ(ParameterCount(Gpt2Small()), 50257 * 768 + 1024 * 768 + 12 * kGpt2SmallLayer + 2 * 768);
+}
+
+TEST(ParameterCount, LlamaWithGroupedQueryAttention) {
+  ModelSpec m;
+  m.family = "llama";
+  m.layers = 2, m.hidden = 64, m.heads = 4, m.kv_heads = 2, m.ffn = 176, m.vocab = 256;
+  // head_dim 16. Per layer: RMSNorms 2*64 = 128, q 64*64 = 4096, k and v 2 * 64*(2*16) = 4096,
+  // o 64*64 = 4096, gate/up/down 3*64*176 = 33792 -> 46208. Embedding 256*64 = 16384, final
+  // norm 64, untied lm_head 16384.
+  EXPECT_EQ(ParameterCount(m), 16384 + 2 * 46208 + 64 + 16384);
+  EXPECT_EQ(ParameterCount(m), 125'248);
+}
+
+TEST(ModelStateBytes, ZeroPaperStagesAtDp4) {
+  const int64_t p = 1'000'000'000;
+  // Stage 0: 2 (fp16 weights) + 2 (fp16 grads) + 12 (fp32 master, m, v) = 16 GB.
+  auto s0 = ModelStateBytes(p, StateLayout::kZeroPaperMixed, 0, 4);
+  EXPECT_EQ(s0.weights, 2'000'000'000);
+  EXPECT_EQ(s0.gradients, 2'000'000'000);
+  EXPECT_EQ(s0.optimizer_state, 12'000'000'000);
+  EXPECT_EQ(s0.total(), 16'000'000'000);
+  // Stage 1: 2 + 2 + 12/4 = 7 GB; stage 2: 2 + 2/4 + 12/4 = 5.5 GB; stage 3: (2 + 2 + 12)/4 = 4 GB.
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kZeroPaperMixed, 1, 4).total(), 7'000'000'000);
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kZeroPaperMixed, 2, 4).total(), 5'500'000'000);
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kZeroPaperMixed, 3, 4).total(), 4'000'000'000);
+}
+
+TEST(ModelStateBytes, OurTrainerLayouts) {
+  const int64_t p = 1'000'000'000;
+  // fp32: 4 weights + 4 grads + 8 (m, v) = 16; ZeRO-1 at dp 4: 4 + 4 + 2 = 10.
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 0, 4).total(), 16'000'000'000);
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 1, 4).total(), 10'000'000'000);
+  // bf16 autocast: fp32 master 4 + bf16 cache 2 + fp32 grads 4 + moments 8 = 18; ZeRO-3 at dp 4: 4.5.
+  auto bf16 = ModelStateBytes(p, StateLayout::kBf16Autocast, 0, 1);
+  EXPECT_EQ(bf16.weights, 6'000'000'000);
+  EXPECT_EQ(bf16.total(), 18'000'000'000);
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kBf16Autocast, 3, 4).total(), 4'500'000'000);
+  // Offload takes the moments off the GPU.
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 0, 1, /*offload=*/true).total(), 8'000'000'000);
+}
+
+// Korthikanti et al. 2022 on a GPT-2 shaped layer: h = 1024, a = 16, s = 2048, b = 2,
+// so sbh = 2048 * 2 * 1024 = 4,194,304 and 5as/h = 5 * 16 * 2048 / 1024 = 160.
+class Activations : public ::testing::Test {
+ protected:
+  void SetUp() override { model_.hidden = 1024, model_.heads = 16, model_.sequence = 2048; }
+  ModelSpec model_;
+  const int64_t sbh_ = 4'194'304;
+};
+
+TEST_F(Activations, NoRecomputeNoTensorParallel) {
+  EXPECT_EQ(LayerActivationBytes(model_, 2048, 2, 1, false, /*fused=*/false), sbh_ * (34 + 160));
+  EXPECT_EQ(LayerActivationBytes(model_, 2048, 2, 1, false, /*fused=*/true), sbh_ * 34);
+  EXPECT_EQ(LayerActivationBytes(model_, 2048, 2, 1, /*fp32=*/true, true), sbh_ * 68);
+}
+
+TEST_F(Activations, TensorParallel) {
+  // sbh (10 + 24/t + 5as/(ht)) at t = 4: 10 + 6 + 40 = 56; fused: 16.
+  EXPECT_EQ(LayerActivationBytes(model_, 2048, 2, 4, false, false), sbh_ * 56);
+  EXPECT_EQ(LayerActivationBytes(model_, 2048, 2, 4, false, true), sbh_ * 16);
+}
+
+TEST_F(Activations, FullRecomputeAndPipeline) {
+  // 24 layers, recompute: 2sbh per layer kept + one layer's 34 sbh in flight = 82 sbh.
+  EXPECT_EQ(StageActivationBytes(model_, 2048, 2, 1, false, true, 24, 1, true), sbh_ * (24 * 2 + 34));
+  // Unfused, recompute: the layer in flight carries the score matrix: 48 + 194.
+  EXPECT_EQ(StageActivationBytes(model_, 2048, 2, 1, false, false, 24, 1, true), sbh_ * (48 + 194));
+  // 1F1B first stage of pp = 4 holds 4 micro-batches of 6 layers each.
+  EXPECT_EQ(StageActivationBytes(model_, 2048, 2, 1, false, true, 6, 4, false), sbh_ * 34 * 24);
+}
+
+TEST_F(Activations, SwiGluKeepsFourWideTensors) {
+  model_.family = "llama";
+  model_.ffn = 2816;
+  // 10 + 8 + 4 tensors * 2 bytes * 2816/1024 = 18 + 22 = 40 sbh.
+  EXPECT_EQ(LayerActivationBytes(model_, 2048, 2, 1, false, true), sbh_ * 40);
+}
+
+TEST(ChoosePlan, OneRoomyWorkerRunsUnsharded) {
+  JobSpec job;
+  job.global_batch = 8;
+  const ClusterView cluster = Workers(1, 80 * kGiB);
+  auto plan = ChoosePlan(Gpt2Small(), job, cluster);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->dp, 1);
+  EXPECT_EQ(plan->pp, 1);
+  EXPECT_EQ(plan->tp, 1);
+  EXPECT_FALSE(plan->offload);
+  ASSERT_EQ(plan->stages.size(), 1u);
+  EXPECT_EQ(plan->stages[0].begin, 0);
+  EXPECT_EQ(plan->stages[0].end, 12);
+  EXPECT_EQ(plan->micro_batch * plan->gradient_accumulation, 8);
+  // fp32: 4 bytes of weights, 4 of gradients and 8 of AdamW moments per parameter.
+  EXPECT_EQ(plan->workers[0].memory.weights, 4 * kGpt2SmallParams);
+  EXPECT_EQ(plan->workers[0].memory.optimizer_state, 8 * kGpt2SmallParams);
+  EXPECT_GT(plan->step_time.compute_s, 0);
+  EXPECT_EQ(plan->step_time.bubble_s, 0);
+  EXPECT_NE(plan->why.find("dp=1 pp=1 tp=1"), std::string::npos) << plan->why;
+  ExpectFits(*plan, cluster, 0.1);
+}
+
+// Two workers whose budget is 12 bytes per parameter: replicated fp32 state (16) and ZeRO-1
+// (4 + 4 + 8/2 = 12, plus activations) do not fit; ZeRO-2 (4 + 2 + 4 = 10) or two pipeline
+// stages (about 8 each plus the tied-head copy) do.
+class TwoTightWorkers : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    job_.global_batch = 4, job_.sequence = 128, job_.tp = 1, job_.offload = false;
+    options_.workspace_bytes = 0;
+    cluster_ = Workers(2, static_cast<int64_t>(12.0 * kGpt2SmallParams / 0.9));
+  }
+  JobSpec job_;
+  PlannerOptions options_;
+  ClusterView cluster_;
+};
+
+TEST_F(TwoTightWorkers, FindsAPlanThatFits) {
+  auto plan = ChoosePlan(Gpt2Small(), job_, cluster_, options_);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_TRUE(plan->zero >= 2 || plan->pp == 2) << plan->why;
+  EXPECT_EQ(plan->workers.size(), 2u);
+  ExpectFits(*plan, cluster_, options_.safety_margin);
+}
+
+TEST_F(TwoTightWorkers, ReplicatedStateIsRejected) {
+  job_.dp = 2, job_.zero = 0;
+  auto plan = ChoosePlan(Gpt2Small(), job_, cluster_, options_);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(ChoosePlan, FixedFieldsAreRespected) {
+  JobSpec job;
+  job.global_batch = 16, job.pp = 2, job.micro_batch = 2, job.zero = 1, job.recompute = true;
+  const ClusterView cluster = Workers(4, 80 * kGiB);
+  auto plan = ChoosePlan(Gpt2Small(), job, cluster);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->pp, 2);
+  EXPECT_EQ(plan->micro_batch, 2);
+  EXPECT_EQ(plan->zero, 1);
+  EXPECT_EQ(plan->recompute, std::vector<bool>({true, true}));
+  EXPECT_EQ(plan->dp * plan->pp * plan->tp, 4);
+  EXPECT_EQ(plan->dp * plan->micro_batch * plan->gradient_accumulation, 16);
+  // Pipeline bubble (pp-1)/m of compute, m = micro-batches per dp rank.
+  EXPECT_NEAR(plan->step_time.bubble_s, plan->step_time.compute_s / plan->gradient_accumulation, 1e-12);
+  ExpectFits(*plan, cluster, 0.1);
+}
+
+TEST(ChoosePlan, StagesPutEmbeddingFirstAndHeadLast) {
+  JobSpec job;
+  job.global_batch = 8, job.pp = 4, job.tp = 1;
+  auto plan = ChoosePlan(Gpt2Small(), job, Workers(4, 80 * kGiB));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->stages.size(), 4u);
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_GE(plan->stages[k].size(), 1);
+    EXPECT_EQ(plan->stages[k].begin, k == 0 ? 0 : plan->stages[k - 1].end);
+  }
+  EXPECT_EQ(plan->stages[3].end, 12);
+  // The head's matmul (50257*768, about 5.4 layers of compute) makes the last stage the busiest
+  // even with one layer; the embedding (about 5.6 layers of parameters) caps stage 0 at 2 layers.
+  EXPECT_EQ(plan->stages[3].size(), 1);
+  EXPECT_LE(plan->stages[0].size(), 2);
+}
+
+TEST(ChoosePlan, InfeasibleNamesTheMemoryNeeded) {
+  JobSpec job;
+  job.global_batch = 8;
+  auto plan = ChoosePlan(Gpt2Small(), job, Workers(1, 512 << 20));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kResourceExhausted);
+  std::smatch match;
+  const std::string message = plan.status().message();
+  ASSERT_TRUE(std::regex_search(message, match, std::regex(R"(needs ([0-9.]+) GiB free per GPU)"))) << message;
+  const double gib = std::atof(match[1].str().c_str());
+  // At least the fp32 weights and gradients that stay on the GPU with offload (8 bytes per
+  // parameter) over the 10% margin; at most that plus the 1 GiB workspace and a few hundred MiB
+  // of activations and logits.
+  EXPECT_GE(gib, 8.0 * kGpt2SmallParams / 0.9 / kGiB - 0.05);
+  EXPECT_LE(gib, (8.0 * kGpt2SmallParams + 1.5 * kGiB) / 0.9 / kGiB);
+  EXPECT_NE(message.find("\"w0\""), std::string::npos) << message;
+}
+
+TEST(ChoosePlan, BadInputsNameTheField) {
+  struct Case {
+    const char* expected;
+    std::function<void(ModelSpec&, JobSpec&, ClusterView&)> mutate;
+  };
+  const std::vector<Case> cases = {
+      {"no workers", [](ModelSpec&, JobSpec&, ClusterView& c) { c.workers.clear(); }},
+      {"free_bytes", [](ModelSpec&, JobSpec&, ClusterView& c) { c.workers[1].free_bytes = 0; }},
+      {"total_bytes", [](ModelSpec&, JobSpec&, ClusterView& c) { c.workers[0].total_bytes = -1; }},
+      {"model.layers", [](ModelSpec& m, JobSpec&, ClusterView&) { m.layers = 0; }},
+      {"parallel.dp * parallel.pp * parallel.tp", [](ModelSpec&, JobSpec& j, ClusterView&) { j.dp = 1, j.pp = 1, j.tp = 1; }},
+      {"parallel.tp", [](ModelSpec&, JobSpec& j, ClusterView&) { j.tp = 5; }},
+      {"model.kv_heads", [](ModelSpec& m, JobSpec& j, ClusterView&) { m.family = "llama", m.kv_heads = 2, j.tp = 4; }},
+      {"parallel.pp", [](ModelSpec& m, JobSpec& j, ClusterView&) { m.layers = 1, j.pp = 2; }},
+      {"parallel.zero", [](ModelSpec&, JobSpec& j, ClusterView&) { j.zero = 4; }},
+      {"train.precision", [](ModelSpec&, JobSpec& j, ClusterView&) { j.precision = "fp16"; }},
+  };
+  for (const Case& c : cases) {
+    ModelSpec model = Gpt2Small();
+    JobSpec job;
+    ClusterView cluster = Workers(4, 80 * kGiB);
+    c.mutate(model, job, cluster);
+    auto plan = ChoosePlan(model, job, cluster);
+    ASSERT_FALSE(plan.ok()) << c.expected;
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument) << c.expected;
+    EXPECT_NE(plan.status().message().find(c.expected), std::string::npos) << plan.status().message();
+  }
+}
+
+TEST(ChoosePlan, Bf16CountsTheAutocastCopy) {
+  JobSpec job;
+  job.global_batch = 8, job.precision = "bf16";
+  auto plan = ChoosePlan(Gpt2Small(), job, Workers(1, 80 * kGiB));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->workers[0].memory.weights, 6 * kGpt2SmallParams);  // fp32 master 4 + bf16 copy 2
+  EXPECT_EQ(plan->workers[0].memory.gradients, 4 * kGpt2SmallParams);
+}
+
+TEST(Replan, OutOfMemoryHalvesTheMicroBatch) {
+  JobSpec job;
+  job.global_batch = 64, job.micro_batch = 8;
+  const ClusterView cluster = Workers(1, 80 * kGiB);
+  auto current = ChoosePlan(Gpt2Small(), job, cluster);
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  ASSERT_EQ(current->gradient_accumulation, 8);
+  auto change = Replan(*current, Gpt2Small(), job, cluster, ReplanReason::OutOfMemory("w0", 8));
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  EXPECT_EQ(change->plan.micro_batch, 4);
+  EXPECT_EQ(change->plan.gradient_accumulation, 16);
+  EXPECT_EQ(change->plan.dp, current->dp);
+  EXPECT_EQ(change->plan.recompute, current->recompute);
+  EXPECT_EQ(change->bytes_to_move, 0);
+  EXPECT_NE(change->description.find("micro_batch 8 -> 4"), std::string::npos) << change->description;
+}
+
+TEST(Replan, OutOfMemoryAtMicroBatchOneTurnsOnRecompute) {
+  JobSpec job;
+  job.global_batch = 8, job.micro_batch = 1, job.recompute = false;
+  const ClusterView cluster = Workers(1, 80 * kGiB);
+  auto current = ChoosePlan(Gpt2Small(), job, cluster);
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  auto change = Replan(*current, Gpt2Small(), job, cluster, ReplanReason::OutOfMemory("w0", 1));
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  EXPECT_EQ(change->plan.micro_batch, 1);
+  EXPECT_EQ(change->plan.recompute, std::vector<bool>({true}));
+  EXPECT_EQ(change->plan.zero, current->zero);
+}
+
+TEST(Replan, WorkerLostFromFourToThree) {
+  JobSpec job;
+  job.global_batch = 12;
+  ClusterView cluster = Workers(4, 80 * kGiB);
+  auto current = ChoosePlan(Gpt2Small(), job, cluster);
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  ASSERT_EQ(current->workers.size(), 4u);
+  cluster.workers.pop_back();  // w3
+  auto change = Replan(*current, Gpt2Small(), job, cluster, ReplanReason::WorkerLost("w3"));
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  const Plan& plan = change->plan;
+  EXPECT_EQ(plan.workers.size(), 3u);
+  EXPECT_EQ(plan.dp * plan.pp * plan.tp, 3);
+  EXPECT_EQ(plan.dp * plan.micro_batch * plan.gradient_accumulation, 12);
+  for (const auto& w : plan.workers) EXPECT_NE(w.worker, "w3");
+  ExpectFits(plan, cluster, 0.1);
+  EXPECT_FALSE(change->description.empty());
+}
+
+TEST(Replan, CountsTheStateThatMoves) {
+  JobSpec job;
+  job.global_batch = 8, job.pp = 2, job.tp = 1;
+  ClusterView cluster = Workers(2, 80 * kGiB);
+  auto current = ChoosePlan(Gpt2Small(), job, cluster);
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  ASSERT_EQ(current->workers[1].worker, "w1");
+  cluster.workers.pop_back();
+  auto change = Replan(*current, Gpt2Small(), job, cluster, ReplanReason::WorkerLost("w1"));
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  ASSERT_EQ(change->plan.pp, 1);
+  // w0 already holds the embedding and stage 0's layers; it must receive stage 1's layers and
+  // ln_f (2*768), weights (4 bytes) and AdamW moments (8 bytes) each.
+  const int64_t stage1_layers = current->stages[1].size();
+  EXPECT_EQ(change->bytes_to_move, (stage1_layers * kGpt2SmallLayer + 2 * 768) * 12);
+}
+
+TEST(Replan, RejectsAWorkerOutsideThePlan) {
+  JobSpec job;
+  const ClusterView cluster = Workers(1, 80 * kGiB);
+  auto current = ChoosePlan(Gpt2Small(), job, cluster);
+  ASSERT_TRUE(current.ok());
+  auto change = Replan(*current, Gpt2Small(), job, cluster, ReplanReason::OutOfMemory("w9", 1));
+  ASSERT_FALSE(change.ok());
+  EXPECT_EQ(change.status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::shard

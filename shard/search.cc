@@ -1,0 +1,278 @@
+// Input validation and the plan search.
+//
+// The search is exhaustive over a small space: for the largest worker count that admits any
+// plan that fits (all workers first), every factorisation n = dp * pp * tp with tp | heads and
+// tp | kv_heads, pp <= layers, dp | global_batch; every ZeRO stage (only 0 when dp = 1, where
+// sharding changes nothing); every micro-batch dividing global_batch / dp; recompute on the
+// first k stages for k = 0..pp (stage 0 holds the most micro-batches in flight, so it is the
+// first to need it); offload off and on. A plan fits when every worker's estimate is within
+// free_bytes * (1 - safety_margin). The fastest predicted step wins; ties go to less
+// communication, then to the simpler plan (less recompute, no offload, lower ZeRO, larger
+// micro-batch, shallower pipeline, narrower tensor parallelism).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "shard/internal.h"
+
+namespace strata::shard {
+namespace internal {
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+std::vector<int64_t> Divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d == 0) out.push_back(d);
+  }
+  return out;
+}
+
+double DefaultBandwidth(const std::string& link) {
+  if (link == "nvlink") return 450e9;  // H100 NVLink: 900 GB/s both directions
+  if (link == "pcie") return 25e9;     // PCIe 4.0 x16 in practice
+  return 1.25e9;                       // 10 Gb/s Ethernet
+}
+
+Status ValidateWorkers(const ClusterView& cluster, std::vector<WorkerView>* out) {
+  if (cluster.workers.empty()) {
+    return InvalidArgument("cluster: no workers are registered; start at least one strata-worker before planning");
+  }
+  std::set<std::string> names;
+  for (WorkerView w : cluster.workers) {
+    const std::string who = "worker \"" + w.name + "\": ";
+    if (w.name.empty()) return InvalidArgument("cluster: a worker has an empty name; give every worker a unique name");
+    if (!names.insert(w.name).second) return InvalidArgument(who + "name appears twice; worker names must be unique");
+    if (w.total_bytes <= 0) return InvalidArgument(who + "total_bytes = " + Str(w.total_bytes) + "; it must report its device memory (> 0)");
+    if (w.free_bytes <= 0) return InvalidArgument(who + "free_bytes = " + Str(w.free_bytes) + "; free memory on it or leave it out of the plan");
+    if (w.free_bytes > w.total_bytes) return InvalidArgument(who + "free_bytes exceeds total_bytes; report both from the same device");
+    if (w.link != "nvlink" && w.link != "pcie" && w.link != "tcp") {
+      return InvalidArgument(who + "link = \"" + w.link + "\"; use \"nvlink\", \"pcie\" or \"tcp\"");
+    }
+    if (!(w.peak_flops > 0)) return InvalidArgument(who + "peak_flops must be > 0 (989e12 for an H100 in bf16)");
+    if (w.bandwidth < 0) return InvalidArgument(who + "bandwidth must be >= 0 (0 = typical for its link)");
+    if (w.bandwidth == 0) w.bandwidth = DefaultBandwidth(w.link);
+    if (w.node.empty()) w.node = w.name;  // unknown node: assume it shares nothing
+    out->push_back(std::move(w));
+  }
+  return Status::Ok();
+}
+
+Status ValidateModel(ModelSpec& m) {
+  if (m.family != "gpt2" && m.family != "llama") return InvalidArgument("model.family = \"" + m.family + "\"; use \"gpt2\" or \"llama\"");
+  if (m.layers < 1) return InvalidArgument("model.layers = " + Str(m.layers) + "; a model needs at least one layer, set model.layers >= 1");
+  for (const auto& [field, value] : std::initializer_list<std::pair<const char*, int64_t>>{{"hidden", m.hidden}, {"heads", m.heads}, {"vocab", m.vocab}, {"sequence", m.sequence}}) {
+    if (value < 1) return InvalidArgument(std::string("model.") + field + " = " + Str(value) + "; it must be >= 1");
+  }
+  if (m.hidden % m.heads != 0) return InvalidArgument("model.hidden = " + Str(m.hidden) + " is not a multiple of model.heads = " + Str(m.heads) + "; pick heads that divide hidden");
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  if (m.ffn == 0) m.ffn = 4 * m.hidden;
+  if (m.kv_heads < 0 || m.heads % m.kv_heads != 0) return InvalidArgument("model.kv_heads = " + Str(m.kv_heads) + " does not divide model.heads = " + Str(m.heads));
+  if (m.ffn < 0) return InvalidArgument("model.ffn = " + Str(m.ffn) + "; it must be >= 0 (0 = 4 * hidden)");
+  return Status::Ok();
+}
+
+Status ValidateJob(const ModelSpec& model, JobSpec& job, int64_t workers) {
+  if (job.global_batch < 1) return InvalidArgument("train.global_batch = " + Str(job.global_batch) + "; it must be >= 1");
+  if (job.sequence == 0) job.sequence = model.sequence;
+  if (job.sequence < 1) return InvalidArgument("job sequence = " + Str(job.sequence) + "; it must be >= 1 (0 = model.sequence)");
+  if (model.family == "gpt2" && job.sequence > model.sequence) {
+    return InvalidArgument("job sequence = " + Str(job.sequence) + " exceeds model.sequence = " + Str(model.sequence) + " (GPT-2's learned positions); shorten it or raise model.sequence");
+  }
+  if (job.precision != "fp32" && job.precision != "bf16") return InvalidArgument("train.precision = \"" + job.precision + "\"; use \"fp32\" or \"bf16\"");
+  for (const auto& [field, value] : std::initializer_list<std::pair<const char*, std::optional<int64_t>>>{{"dp", job.dp}, {"pp", job.pp}, {"tp", job.tp}, {"micro_batch", job.micro_batch}}) {
+    if (value && *value < 1) return InvalidArgument(std::string("parallel.") + field + " = " + Str(*value) + "; it must be >= 1, or \"auto\"");
+  }
+  if (job.zero && (*job.zero < 0 || *job.zero > 3)) return InvalidArgument("parallel.zero = " + Str(*job.zero) + "; ZeRO stages are 0, 1, 2 and 3 (or \"auto\")");
+  if (job.tp && (model.heads % *job.tp != 0 || model.kv_heads % *job.tp != 0)) {
+    return InvalidArgument("parallel.tp = " + Str(*job.tp) + " does not divide model.heads = " + Str(model.heads) + " and model.kv_heads = " + Str(model.kv_heads) + "; choose a tp that divides both, or \"auto\"");
+  }
+  if (job.pp && *job.pp > model.layers) {
+    return InvalidArgument("parallel.pp = " + Str(*job.pp) + " exceeds model.layers = " + Str(model.layers) + "; every pipeline stage needs a layer, use pp <= layers");
+  }
+  if (job.dp && job.global_batch % *job.dp != 0) {
+    return InvalidArgument("parallel.dp = " + Str(*job.dp) + " does not divide train.global_batch = " + Str(job.global_batch) + "; change one so each rank gets whole sequences");
+  }
+  if (job.micro_batch && job.global_batch % *job.micro_batch != 0) {
+    return InvalidArgument("parallel.micro_batch = " + Str(*job.micro_batch) + " does not divide train.global_batch = " + Str(job.global_batch));
+  }
+  const int64_t fixed = job.dp.value_or(1) * job.pp.value_or(1) * job.tp.value_or(1);
+  if ((job.dp && job.pp && job.tp && fixed != workers) || fixed > workers) {
+    return InvalidArgument("parallel.dp * parallel.pp * parallel.tp = " + Str(fixed) + " but the cluster has " + Str(workers) +
+                           " workers; make the product " + Str(workers) + " or set one of them to \"auto\"");
+  }
+  return Status::Ok();
+}
+
+// Orders plans: faster first; near-equal times (1e-9 relative) go to less communication, then
+// to the simpler plan.
+bool Better(const Plan& a, const Plan& b) {
+  const double ta = a.step_time.total_s(), tb = b.step_time.total_s();
+  if (std::abs(ta - tb) > 1e-9 * std::max(ta, tb)) return ta < tb;
+  if (a.step_time.communication_s != b.step_time.communication_s) return a.step_time.communication_s < b.step_time.communication_s;
+  auto simplicity = [](const Plan& p) {
+    return std::make_tuple(std::count(p.recompute.begin(), p.recompute.end(), true), p.offload, p.zero, -p.micro_batch, p.pp, p.tp);
+  };
+  return simplicity(a) < simplicity(b);
+}
+
+std::string Seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g s", s);
+  return text;
+}
+
+std::string StepSummary(const Plan& p) {
+  return Seconds(p.step_time.total_s()) + "/step (compute " + Seconds(p.step_time.compute_s) + ", communication " +
+         Seconds(p.step_time.communication_s) + ", bubble " + Seconds(p.step_time.bubble_s) + ")";
+}
+
+// What `loser` lost on against `winner`: the step-time component it spends most extra on.
+std::string LostOn(const Plan& winner, const Plan& loser) {
+  const std::pair<double, const char*> parts[] = {
+      {loser.step_time.compute_s - winner.step_time.compute_s, "compute"},
+      {loser.step_time.communication_s - winner.step_time.communication_s, "communication"},
+      {loser.step_time.bubble_s - winner.step_time.bubble_s, "pipeline bubble"}};
+  const auto* worst = std::max_element(std::begin(parts), std::end(parts));
+  if (worst->first <= 1e-12) return "the tie-break (equal time; the chosen plan is simpler)";
+  return std::string(worst->second) + " (+" + Seconds(worst->first) + ")";
+}
+
+}  // namespace
+
+Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, const PlannerOptions& options) {
+  Problem p{model, job, StateLayout::kFp32, {}, options};
+  STRATA_RETURN_IF_ERROR(ValidateWorkers(cluster, &p.workers));
+  STRATA_RETURN_IF_ERROR(ValidateModel(p.model));
+  STRATA_RETURN_IF_ERROR(ValidateJob(p.model, p.job, static_cast<int64_t>(p.workers.size())));
+  if (!(options.safety_margin >= 0 && options.safety_margin < 1)) return InvalidArgument("planner safety_margin must be in [0, 1)");
+  if (!(options.compute_efficiency > 0 && options.compute_efficiency <= 1)) return InvalidArgument("planner compute_efficiency must be in (0, 1]");
+  p.layout = p.job.precision == "bf16" ? StateLayout::kBf16Autocast : StateLayout::kFp32;
+  return p;
+}
+
+void ForEachCandidate(const Problem& problem, int64_t n, const std::function<void(const Candidate&)>& visit) {
+  const JobSpec& job = problem.job;
+  for (int64_t tp : Divisors(n)) {
+    if ((job.tp && tp != *job.tp) || problem.model.heads % tp || problem.model.kv_heads % tp) continue;
+    for (int64_t pp : Divisors(n / tp)) {
+      const int64_t dp = n / tp / pp;
+      if ((job.pp && pp != *job.pp) || pp > problem.model.layers || (job.dp && dp != *job.dp)) continue;
+      if (job.global_batch % dp != 0) continue;
+      const int64_t local_batch = job.global_batch / dp;
+      std::vector<int64_t> zeros = job.zero ? std::vector<int64_t>{*job.zero} : dp == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 1, 2, 3};
+      std::vector<int64_t> micro_batches = Divisors(local_batch);
+      if (job.micro_batch) micro_batches = local_batch % *job.micro_batch == 0 ? std::vector<int64_t>{*job.micro_batch} : std::vector<int64_t>{};
+      const int64_t min_k = job.recompute ? (*job.recompute ? pp : 0) : 0, max_k = job.recompute ? min_k : pp;
+      std::vector<bool> offloads = job.offload ? std::vector<bool>{*job.offload} : std::vector<bool>{false, true};
+      for (int64_t zero : zeros) {
+        for (int64_t mb : micro_batches) {
+          for (int64_t k = min_k; k <= max_k; ++k) {
+            for (bool offload : offloads) {
+              Candidate c{dp, pp, tp, zero, mb, std::vector<bool>(static_cast<size_t>(pp), false), offload};
+              std::fill_n(c.recompute.begin(), k, true);
+              visit(c);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int64_t count) {
+  std::vector<WorkerView> picked = workers;
+  std::stable_sort(picked.begin(), picked.end(), [](const WorkerView& a, const WorkerView& b) { return a.free_bytes > b.free_bytes; });
+  picked.resize(static_cast<size_t>(count));
+  std::sort(picked.begin(), picked.end(), [](const WorkerView& a, const WorkerView& b) { return std::tie(a.node, a.name) < std::tie(b.node, b.name); });
+  return picked;
+}
+
+}  // namespace internal
+
+Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, const PlannerOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(internal::Problem problem, internal::Validate(model, job, cluster, options));
+  const int64_t all = static_cast<int64_t>(problem.workers.size());
+  std::optional<Plan> best, second, fastest_rejected, leanest;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, Plan> best_per_mesh;
+  double leanest_need = 0;
+  int64_t evaluated = 0, fitting = 0, used = all;
+  for (int64_t n = all; n >= 1 && !best; --n) {
+    used = n;
+    const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
+    internal::StageCache stages(problem);
+    internal::ForEachCandidate(problem, n, [&](const internal::Candidate& c) {
+      Plan plan = internal::Evaluate(problem, workers, c, stages);
+      ++evaluated;
+      double need = 0;  // the free memory this plan asks of its hungriest worker
+      for (const auto& w : plan.workers) need = std::max(need, w.memory.total() / (1.0 - options.safety_margin));
+      if (!leanest || need < leanest_need) leanest = plan, leanest_need = need;
+      if (internal::WorstFill(plan, 1.0, nullptr) > 1.0) {
+        if (!fastest_rejected || internal::Better(plan, *fastest_rejected)) fastest_rejected = plan;
+        return;
+      }
+      ++fitting;
+      auto key = std::make_tuple(plan.dp, plan.pp, plan.tp);
+      auto it = best_per_mesh.find(key);
+      if (it == best_per_mesh.end()) best_per_mesh.emplace(key, plan);
+      else if (internal::Better(plan, it->second)) it->second = plan;
+      if (!best || internal::Better(plan, *best)) {
+        second = std::move(best);
+        best = std::move(plan);
+      } else if (!second || internal::Better(plan, *second)) {
+        second = std::move(plan);
+      }
+    });
+  }
+
+  if (!leanest) {
+    return InvalidArgument("no dp * pp * tp split of 1.." + std::to_string(all) + " workers satisfies the rules (tp divides model.heads and kv_heads, pp <= model.layers, dp divides train.global_batch = " +
+                           std::to_string(problem.job.global_batch) + ", micro_batch divides global_batch / dp); relax the fixed [parallel] fields or change global_batch");
+  }
+  if (!best) {
+    size_t worst = 0;
+    internal::WorstFill(*leanest, 1.0, &worst);
+    const WorkerAssignment& w = leanest->workers[worst];
+    const double free = w.budget_bytes / (1.0 - options.safety_margin);
+    return Status(StatusCode::kResourceExhausted,
+                  "no plan fits in the cluster's free memory, even with ZeRO-3, recompute and offload where the [parallel] fields allow: the leanest (" +
+                      internal::Describe(*leanest) + ") needs " + internal::FormatBytes(leanest_need) + " free per GPU (with the " +
+                      std::to_string(static_cast<int>(options.safety_margin * 100)) + "% safety margin), but worker \"" + w.worker + "\" has " +
+                      internal::FormatBytes(free) + " free; add workers, free GPU memory, or shorten the sequence / shrink the model");
+  }
+
+  // The runner-up is the best plan on another mesh (more telling than a ZeRO-stage variant of the
+  // winner); with only one mesh, the second-best plan overall.
+  const Plan* runner_up = second ? &*second : nullptr;
+  const Plan* other_mesh = nullptr;
+  for (const auto& [key, plan] : best_per_mesh) {
+    if (key != std::make_tuple(best->dp, best->pp, best->tp) && (!other_mesh || internal::Better(plan, *other_mesh))) other_mesh = &plan;
+  }
+  if (other_mesh) runner_up = other_mesh;
+
+  size_t peak_index = 0;
+  internal::WorstFill(*best, 1.0, &peak_index);
+  const WorkerAssignment& peak = best->workers[peak_index];
+  std::string why = internal::Describe(*best) + ": " + internal::StepSummary(*best) + "; peak " +
+                    internal::FormatBytes(peak.memory.total()) + " on \"" + peak.worker + "\" of a " + internal::FormatBytes(peak.budget_bytes) + " budget.";
+  if (used < all) why += " Uses " + std::to_string(used) + " of " + std::to_string(all) + " workers: no plan fit on more.";
+  if (runner_up) {
+    why += " Runner-up: " + internal::Describe(*runner_up) + ", " + internal::StepSummary(*runner_up) + ", lost on " + internal::LostOn(*best, *runner_up) + ".";
+  }
+  if (fastest_rejected && internal::Better(*fastest_rejected, *best)) {
+    size_t i = 0;
+    internal::WorstFill(*fastest_rejected, 1.0, &i);
+    const WorkerAssignment& w = fastest_rejected->workers[i];
+    why += " Faster but too big: " + internal::Describe(*fastest_rejected) + " needs " + internal::FormatBytes(w.memory.total()) + " on \"" +
+           w.worker + "\" (budget " + internal::FormatBytes(w.budget_bytes) + ").";
+  }
+  why += " " + std::to_string(fitting) + " of " + std::to_string(evaluated) + " candidates fit.";
+  best->why = std::move(why);
+  return std::move(*best);
+}
+
+}  // namespace strata::shard
