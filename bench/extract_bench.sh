@@ -59,7 +59,7 @@ capture() {  # STATE_DIR LABEL
   local submitted
   submitted=$("$bin/strata" submit "$work/capture.toml")
   id=${submitted%%$'\n'*}
-  while "$bin/strata" status "$id" --json | python3 -c 'import json,sys; sys.exit(json.load(sys.stdin)["state"] in ("running","pending"))'; do sleep 0.2; done
+  while "$bin/strata" status "$id" --json | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["state"] in ("running", "pending") else 1)'; do sleep 0.2; done
   "$bin/strata" events "$id" --json > "$out/events-$2.json"
   "$bin/strata" activations "$id" --json > "$out/activations-$2.json"
   python3 - "$out/events-$2.json" "$out/activations-$2.json" "$2" <<'PY' | tee "$out/strata-$2.json"

@@ -3,7 +3,7 @@
 //
 // Layout. Three column families:
 //   checkpoints  tensor records and checkpoint manifests
-//   activations  captured layer activations of extract runs, and their per-chunk cursors
+//   activations  the index of captured activations (bytes in STORE/activations/ chunk files) and per-chunk cursors
 //   metadata     small records (runs, events, manifests of the coordinator) under caller keys
 // Keys are order-preserving: strings are length-prefixed, numbers big-endian, so all of one run's
 // checkpoint at one step is one contiguous range and steps sort numerically.
@@ -113,8 +113,8 @@ class ShardStore {
   // ---- activations (extract runs) ----
   // Stores every record of one chunk, then its cursor entry. The chunk exists (for Get/List and
   // reads) only once the cursor is durable, so a writer killed midway leaves no visible part of it
-  // and a resumed run simply writes it again. Records go around the WAL and are flushed straight
-  // to blob files (each byte hits the disk once), then the cursor is written with a synced WAL.
+  // and a resumed run simply writes it again. The bytes go to one file per chunk under
+  // STORE/activations/ (each byte written once, fdatasync'ed); RocksDB holds the index.
   virtual Status PutActivationChunk(const std::string& run, const ActivationChunkInfo& chunk,
                                     std::span<const ActivationRecordView> records) = 0;
   virtual Result<std::optional<ActivationChunkInfo>> GetActivationChunk(const std::string& run, uint64_t chunk) = 0;

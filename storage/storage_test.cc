@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "storage/shard_store.h"
@@ -673,6 +674,15 @@ TEST_F(ShardStoreTest, ActivationChunksRoundTripAndAreInvisibleUntilTheirCursor)
   EXPECT_EQ(again->bytes, a.bytes);
   ASSERT_TRUE(store->GetActivationChunk("run", 2).ok());
   EXPECT_TRUE(store->GetActivationChunk("run", 2)->has_value());
+
+  // A flipped byte in a chunk file is Corruption, never data.
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(path_ + "/activations")) {
+    if (entry.path().filename() != "2.bin") continue;
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put(static_cast<char>(big.bytes[100] ^ 0x40));
+  }
+  ExpectCode(store->ReadActivation("run", 3, "resid_post", 320).status(), StatusCode::kCorruption, "checksum");
 }
 
 TEST(ShardStoreReadOnlyTest, ReadsCommittedCheckpointsWhileAWriterHoldsTheStore) {
