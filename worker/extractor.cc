@@ -123,7 +123,16 @@ std::vector<torch::Tensor> Extractor::Forward(int64_t begin, int64_t end) {
     if (!std::binary_search(layers.begin(), layers.end(), layer)) return;
     for (const std::string& site : spec.extract.sites) {
       const torch::Tensor& value = site == "attn_out" ? block.attn_out : site == "mlp_out" ? block.mlp_out : block.resid_post;
-      out.push_back(value.reshape({-1, spec.model.hidden}).to(torch::kCPU, stored_type_).contiguous());
+      auto rows = value.reshape({-1, spec.model.hidden}).to(stored_type_);
+      if (!device_.is_cuda()) {
+        out.push_back(rows.contiguous());
+        continue;
+      }
+      // Pinned host memory (LibTorch's caching host allocator reuses it once the writer drops the
+      // chunk): the copy runs at DMA speed instead of through a pageable bounce buffer.
+      auto host = torch::empty(rows.sizes(), torch::TensorOptions().dtype(stored_type_).pinned_memory(true));
+      host.copy_(rows);
+      out.push_back(host);
     }
   });
   return out;
