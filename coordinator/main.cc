@@ -23,9 +23,10 @@ int main(int argc, char** argv) {
   app.add_option("--keys", options.keys_dir,
                  "CURVE key directory from `strata keygen` (required for tcp://): only authorized_keys may connect");
   app.add_option("--heartbeat-timeout-ms", options.heartbeat_timeout_ms, "mark a silent worker lost after this")
-  app.add_option("--replace-grace-ms", options.replace_grace_ms,
-                 "extract runs: how long a lost worker's unfinished chunks wait for it before others take them");
       ->check(CLI::Range(200, 3600000));
+  app.add_option("--replace-grace-ms", options.replace_grace_ms,
+                 "extract runs: how long a lost worker's unfinished chunks wait for it before others take them")
+      ->check(CLI::Range(0, 86400000));
   std::string http_address, http_token_file;
   app.add_option("--http", http_address, "serve the dashboard, /api/state and /metrics on HOST:PORT (off by default; "
                                          "PORT alone binds 127.0.0.1)");
