@@ -23,7 +23,7 @@ const std::map<std::string, std::set<std::string>>& AllowedKeys() {
                  "beta2", "grad_clip", "seed", "checkpoint_every", "precision"}},
       {"parallel", {"dp", "micro_batch", "zero"}},
       {"worker", {"threads"}},
-      {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens"}},
+      {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode"}},
   };
   return keys;
 }
@@ -181,6 +181,10 @@ Status ParseExtract(Reader& r, RunSpec* spec) {
   STRATA_RETURN_IF_ERROR(r.String("extract", "precision", &e.precision));
   if (e.precision != "fp32" && e.precision != "bf16") {
     return InvalidArgument("run spec: extract.precision = \"" + e.precision + "\" is not supported; use \"fp32\" or \"bf16\"");
+  }
+  STRATA_RETURN_IF_ERROR(r.String("extract", "mode", &e.mode));
+  if (e.mode != "auto" && e.mode != "whole" && e.mode != "layerwise") {
+    return InvalidArgument("run spec: extract.mode = \"" + e.mode + "\" is not supported; use \"auto\", \"whole\" or \"layerwise\"");
   }
   STRATA_RETURN_IF_ERROR(r.Int("extract", "batch", &e.batch, 1));
   STRATA_RETURN_IF_ERROR(r.Int("extract", "tokens", &e.tokens, 0));
@@ -407,7 +411,8 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                        {"dtype", spec.extract.dtype},
                                        {"precision", spec.extract.precision},
                                        {"batch", spec.extract.batch},
-                                       {"tokens", spec.extract.tokens}});
+                                       {"tokens", spec.extract.tokens},
+                                       {"mode", spec.extract.mode}});
   }
   std::ostringstream out;
   out << root << "\n";

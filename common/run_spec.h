@@ -74,6 +74,10 @@ struct ExtractSpec {
   std::string precision = "fp32";  // compute: fp32, or bf16 autocast (CUDA workers)
   int64_t batch = 8;               // sequences per chunk (the unit of storage and resume)
   int64_t tokens = 0;              // capture at most this many tokens; 0 = the whole data file
+  // "whole": each worker holds the model and captures its chunks; "layerwise": weights visit the
+  // device one block at a time (models larger than the device); "auto": whole when the estimate
+  // fits the device's free memory, else layerwise.
+  std::string mode = "auto";
 };
 
 // The sites a block exposes, in storage order.

@@ -27,9 +27,26 @@ using BlockVisitor = std::function<void(int64_t layer, const BlockOutputs& outpu
 class CausalLm : public torch::nn::Module {
  public:
   virtual torch::Tensor Logits(const torch::Tensor& tokens) = 0;
-  // Runs the embedding and blocks 0..last_layer (no final norm, no head), calling `visit` after
-  // each block. Stops early: capturing layer 3 of 48 costs 4 blocks.
-  virtual void RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) = 0;
+
+  // The residual stream as separately runnable (and movable) parts, for activation capture:
+  // Embed -> RunBlock(0) -> RunBlock(1) -> ... (no final norm, no head). A model larger than the
+  // device runs one part at a time: MoveEmbedding / MoveBlock put a part's weights on a device.
+  virtual int64_t num_blocks() const = 0;
+  virtual torch::Tensor Embed(const torch::Tensor& tokens) = 0;
+  virtual BlockOutputs RunBlock(int64_t layer, const torch::Tensor& x) = 0;
+  virtual void MoveEmbedding(const torch::Device& device, torch::ScalarType type) = 0;
+  virtual void MoveBlock(int64_t layer, const torch::Device& device, torch::ScalarType type) = 0;
+
+  // Embedding and blocks 0..last_layer, calling `visit` after each block. Stops early: capturing
+  // layer 3 of 48 costs 4 blocks.
+  void RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) {
+    auto x = Embed(tokens);
+    for (int64_t i = 0; i <= last_layer && i < num_blocks(); ++i) {
+      BlockOutputs out = RunBlock(i, x);
+      visit(i, out);
+      x = out.resid_post;
+    }
+  }
 };
 
 // Builds the family named by spec.family ("gpt2" or "llama"), initialised from the current

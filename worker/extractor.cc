@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <iomanip>
+#include <sstream>
 #include <mutex>
 #include <thread>
 
 #include "common/log.h"
+#include "shard/planner.h"
 
 #ifdef STRATA_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -95,8 +98,8 @@ class ChunkWriter {
 
 }  // namespace
 
-Extractor::Extractor(const TaskContext& context, TokenData data, torch::Device device)
-    : context_(context), data_(std::move(data)), device_(device) {
+Extractor::Extractor(const TaskContext& context, TokenData data, torch::Device device, MemorySnapshot device_memory)
+    : context_(context), data_(std::move(data)), device_(device), device_memory_(std::move(device_memory)) {
   const RunSpec& spec = context.spec;
   sequences_ = ExtractSequences(spec, static_cast<int64_t>(data_.size()));
   micro_batch_ = spec.extract.batch;
@@ -108,8 +111,51 @@ Extractor::Extractor(const TaskContext& context, TokenData data, torch::Device d
   }
   model_ = *model;
   model_->eval();
-  // bf16 inference runs the whole model in bf16 (as transformers does with torch_dtype=bf16).
-  model_->to(device_, spec.extract.precision == "bf16" ? torch::kBFloat16 : torch::kFloat);
+  // bf16 inference runs the whole model in bf16 (as transformers does with torch_dtype=bf16). The
+  // weights stay on the host until Run() knows the mode.
+  compute_type_ = spec.extract.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  model_->to(torch::kCPU, compute_type_);
+}
+
+std::pair<std::string, std::string> Extractor::ChooseMode() const {
+  const RunSpec& spec = context_.spec;
+  const double gib = double(1ull << 30);
+  const uint64_t element = compute_type_ == torch::kFloat ? 4 : 2;
+  const uint64_t weights = static_cast<uint64_t>(shard::ParameterCount(spec.model)) * element;
+  // A block's forward keeps a few [rows, hidden] and [rows, ffn] tensors alive at once.
+  const uint64_t rows = static_cast<uint64_t>(spec.extract.batch * spec.model.sequence);
+  const uint64_t working = rows * (6 * spec.model.hidden + 2 * spec.model.ffn) * element;
+  const uint64_t budget = static_cast<uint64_t>(0.9 * static_cast<double>(device_memory_.free_bytes));
+  std::ostringstream why;
+  why << std::fixed << std::setprecision(2) << weights / gib << " GiB of weights + ~" << working / gib
+      << " GiB working set vs " << device_memory_.free_bytes / gib << " GiB free on " << device_.str();
+  std::string mode = spec.extract.mode;
+  if (mode == "auto") mode = weights + working <= budget ? "whole" : "layerwise";
+  return {mode, (mode == "whole" ? "whole model on the device: " : "layer by layer (weights visit the device one block at a time): ") +
+                    why.str() + (spec.extract.mode == "auto" ? "" : " (extract.mode = \"" + spec.extract.mode + "\")")};
+}
+
+torch::Tensor Extractor::ToHost(const torch::Tensor& t) const {
+  if (!t.is_cuda()) return t.contiguous();
+  // Pinned host memory (LibTorch's caching host allocator reuses it once the writer drops the
+  // chunk): the copy runs at DMA speed instead of through a pageable bounce buffer.
+  auto host = torch::empty(t.sizes(), torch::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+  host.copy_(t);
+  return host;
+}
+
+Extractor::Chunk Extractor::NewChunk(uint64_t chunk_index) const {
+  const RunSpec& spec = context_.spec;
+  const int64_t first = static_cast<int64_t>(chunk_index) * spec.extract.batch;
+  const int64_t last = std::min(first + spec.extract.batch, sequences_);
+  Chunk chunk;
+  chunk.info.chunk = chunk_index;
+  chunk.info.row_begin = static_cast<uint64_t>(first * spec.model.sequence);
+  chunk.info.row_count = static_cast<uint64_t>(std::max<int64_t>(0, last - first) * spec.model.sequence);
+  for (int64_t layer : spec.extract.layers) {
+    for (const std::string& site : spec.extract.sites) chunk.names.emplace_back(layer, site);
+  }
+  return chunk;
 }
 
 std::vector<torch::Tensor> Extractor::Forward(int64_t begin, int64_t end) {
@@ -123,16 +169,7 @@ std::vector<torch::Tensor> Extractor::Forward(int64_t begin, int64_t end) {
     if (!std::binary_search(layers.begin(), layers.end(), layer)) return;
     for (const std::string& site : spec.extract.sites) {
       const torch::Tensor& value = site == "attn_out" ? block.attn_out : site == "mlp_out" ? block.mlp_out : block.resid_post;
-      auto rows = value.reshape({-1, spec.model.hidden}).to(stored_type_);
-      if (!device_.is_cuda()) {
-        out.push_back(rows.contiguous());
-        continue;
-      }
-      // Pinned host memory (LibTorch's caching host allocator reuses it once the writer drops the
-      // chunk): the copy runs at DMA speed instead of through a pageable bounce buffer.
-      auto host = torch::empty(rows.sizes(), torch::TensorOptions().dtype(stored_type_).pinned_memory(true));
-      host.copy_(rows);
-      out.push_back(host);
+      out.push_back(ToHost(value.reshape({-1, spec.model.hidden}).to(stored_type_)));
     }
   });
   return out;
@@ -146,13 +183,7 @@ Result<Extractor::Chunk> Extractor::Compute(uint64_t chunk_index) {
     return InvalidArgument("chunk " + std::to_string(chunk_index) + " is beyond the " + std::to_string(sequences_) +
                            " sequences this run captures");
   }
-  Chunk chunk;
-  chunk.info.chunk = chunk_index;
-  chunk.info.row_begin = static_cast<uint64_t>(first * spec.model.sequence);
-  chunk.info.row_count = static_cast<uint64_t>((last - first) * spec.model.sequence);
-  for (int64_t layer : spec.extract.layers) {
-    for (const std::string& site : spec.extract.sites) chunk.names.emplace_back(layer, site);
-  }
+  Chunk chunk = NewChunk(chunk_index);
   std::vector<std::vector<torch::Tensor>> parts(chunk.names.size());
   for (int64_t begin = first; begin < last;) {
     if (context_.cancelled->load()) return Aborted("cancelled");
@@ -187,9 +218,96 @@ Result<Extractor::Chunk> Extractor::Compute(uint64_t chunk_index) {
   return chunk;
 }
 
+Status Extractor::ComputeLayerwise(const std::vector<uint64_t>& chunks, const std::function<bool(Chunk)>& push) {
+  const RunSpec& spec = context_.spec;
+  const int64_t t = spec.model.sequence, width = spec.model.hidden;
+  const uint64_t compute_size = compute_type_ == torch::kFloat ? 4 : 2;
+  const uint64_t stored_size = torch::elementSize(stored_type_);
+  // Host bytes a chunk needs while its group is in flight: its hidden state and its captures.
+  const uint64_t chunk_rows = static_cast<uint64_t>(spec.extract.batch * t);
+  const uint64_t per_chunk = chunk_rows * width *
+                             (compute_size + stored_size * spec.extract.layers.size() * spec.extract.sites.size());
+  const uint64_t budget = std::max<uint64_t>(ReadCpuMemory().free_bytes / 4, per_chunk);
+  const size_t group_size = std::max<size_t>(1, budget / std::max<uint64_t>(per_chunk, 1));
+  const int64_t last_layer = spec.extract.layers.back();
+  for (size_t g = 0; g < chunks.size(); g += group_size) {
+    std::vector<Chunk> group;
+    for (size_t i = g; i < std::min(chunks.size(), g + group_size); ++i) group.push_back(NewChunk(chunks[i]));
+    // residual[c]: the chunk's micro-batches of residual stream, on the host; parts[c][record]: captures.
+    std::vector<std::vector<torch::Tensor>> residual(group.size());
+    std::vector<std::vector<std::vector<torch::Tensor>>> parts(group.size());
+    model_->MoveEmbedding(device_, compute_type_);
+    for (size_t c = 0; c < group.size(); ++c) {
+      parts[c].resize(group[c].names.size());
+      const int64_t first = static_cast<int64_t>(group[c].info.row_begin) / t;
+      const int64_t last = first + static_cast<int64_t>(group[c].info.row_count) / t;
+      for (int64_t begin = first; begin < last; begin += micro_batch_) {
+        const int64_t end = std::min(begin + micro_batch_, last);
+        auto tokens = torch::from_blob(const_cast<int32_t*>(data_.tokens().data()) + begin * t, {end - begin, t}, torch::kInt)
+                          .to(device_, torch::kLong);
+        residual[c].push_back(ToHost(model_->Embed(tokens)));
+      }
+    }
+    model_->MoveEmbedding(torch::kCPU, compute_type_);
+    for (int64_t layer = 0; layer <= last_layer; ++layer) {
+      if (context_.cancelled->load()) return Aborted("cancelled");
+      model_->MoveBlock(layer, device_, compute_type_);
+      const bool captured = std::binary_search(spec.extract.layers.begin(), spec.extract.layers.end(), layer);
+      const size_t first_record = captured ? static_cast<size_t>(std::lower_bound(spec.extract.layers.begin(), spec.extract.layers.end(), layer) -
+                                                                 spec.extract.layers.begin()) * spec.extract.sites.size()
+                                           : 0;
+      for (size_t c = 0; c < group.size(); ++c) {
+        for (size_t m = 0; m < residual[c].size();) {
+          BlockOutputs out;
+          try {
+            out = model_->RunBlock(layer, residual[c][m].to(device_));
+          } catch (const c10::OutOfMemoryError& e) {
+            ReleaseCachedMemory(device_);
+            if (residual[c][m].size(0) == 1) {
+              return Status(StatusCode::kResourceExhausted, "out of memory running block " + std::to_string(layer) +
+                                                                " on a single sequence on " + device_.str() + ": " +
+                                                                e.what_without_backtrace());
+            }
+            // Split this micro-batch in two and retry; order of rows is unchanged.
+            const int64_t half = residual[c][m].size(0) / 2;
+            auto a = residual[c][m].narrow(0, 0, half), b = residual[c][m].narrow(0, half, residual[c][m].size(0) - half);
+            residual[c][m] = a;
+            residual[c].insert(residual[c].begin() + static_cast<int64_t>(m) + 1, b);
+            micro_batch_ = std::min(micro_batch_, half);
+            context_.reporter->ReportNotice("oom", "out of memory in block " + std::to_string(layer) + " on " + device_.str() +
+                                                       "; micro-batch now " + std::to_string(micro_batch_) + " sequences");
+            continue;
+          }
+          if (captured) {
+            for (size_t si = 0; si < spec.extract.sites.size(); ++si) {
+              const std::string& site = spec.extract.sites[si];
+              const torch::Tensor& v = site == "attn_out" ? out.attn_out : site == "mlp_out" ? out.mlp_out : out.resid_post;
+              parts[c][first_record + si].push_back(ToHost(v.reshape({-1, width}).to(stored_type_)));
+            }
+          }
+          residual[c][m] = ToHost(out.resid_post);
+          ++m;
+        }
+      }
+      model_->MoveBlock(layer, torch::kCPU, compute_type_);
+    }
+    for (size_t c = 0; c < group.size(); ++c) {
+      for (auto& p : parts[c]) {
+        group[c].tensors.push_back(p.size() == 1 ? std::move(p[0]) : torch::cat(p));
+        group[c].info.bytes += static_cast<uint64_t>(group[c].tensors.back().numel() * group[c].tensors.back().element_size());
+      }
+      if (!push(std::move(group[c]))) return Status::Ok();  // the writer failed: Run() reports why
+    }
+  }
+  return Status::Ok();
+}
+
 Status Extractor::Run() {
   STRATA_RETURN_IF_ERROR(init_status_);
   torch::NoGradGuard no_grad;
+  const auto [mode, why] = ChooseMode();
+  context_.reporter->ReportNotice("plan", why);
+  STRATA_LOG(kInfo) << "extract plan: " << why;
   ChunkWriter<Chunk> writer([this](Chunk& chunk) -> Status {
     std::vector<storage::ActivationRecordView> records;
     for (size_t i = 0; i < chunk.tensors.size(); ++i) {
@@ -199,22 +317,34 @@ Status Extractor::Run() {
     context_.reporter->ReportChunk(chunk.info, /*computed=*/true);
     return Status::Ok();
   });
+  // Resume: chunks already durable here (an earlier attempt of this task) are reported, not redone.
+  std::vector<uint64_t> todo;
   for (uint64_t chunk : context_.chunks) {
-    if (context_.cancelled->load()) break;
-    // Resume: a chunk already durable here (an earlier attempt of this task) is reported, not redone.
     STRATA_ASSIGN_OR_RETURN(auto stored, context_.store->GetActivationChunk(context_.run_id, chunk));
     if (stored) {
       context_.reporter->ReportChunk(*stored, /*computed=*/false);
-      continue;
+    } else {
+      todo.push_back(chunk);
     }
-    Result<Chunk> computed = Compute(chunk);
-    if (!computed.ok()) {
-      Status write_status = writer.Finish();
-      return write_status.ok() ? computed.status() : write_status;
-    }
-    if (!writer.Push(std::move(*computed))) break;
   }
-  STRATA_RETURN_IF_ERROR(writer.Finish());
+  Status status;
+  if (mode == "layerwise") {
+    status = ComputeLayerwise(todo, [&](Chunk chunk) { return writer.Push(std::move(chunk)); });
+  } else {
+    model_->to(device_, compute_type_);
+    for (uint64_t chunk : todo) {
+      if (context_.cancelled->load()) break;
+      Result<Chunk> computed = Compute(chunk);
+      if (!computed.ok()) {
+        status = computed.status();
+        break;
+      }
+      if (!writer.Push(std::move(*computed))) break;
+    }
+  }
+  Status write_status = writer.Finish();
+  STRATA_RETURN_IF_ERROR(write_status);
+  STRATA_RETURN_IF_ERROR(status);
   if (context_.cancelled->load()) return Aborted("cancelled");
   return Status::Ok();
 }

@@ -14,6 +14,16 @@
 // chunk boundaries do not move); the smaller micro-batch is kept for the rest of the task and
 // each change is reported as an "oom" notice. Sequences are independent in a causal LM, so the
 // stored rows do not depend on the micro-batch that computed them (up to kernel choice on GPU).
+//
+// Execution (extract.mode, "auto" decides from the device's free memory - see ChooseMode):
+//   whole      the model sits on the device; each chunk runs through every block at once.
+//   layerwise  for a model larger than the device: weights stay in host memory and visit the
+//              device one part at a time. Chunks go in groups sized to a host-memory budget:
+//              embed every chunk of the group, then for each block b: move b to the device, push
+//              every micro-batch's hidden state through it (host -> device -> host), keep what is
+//              asked, move b back. Weight traffic is (model bytes) per group, not per batch. The
+//              group's chunks are stored after its last block. Same maths as whole, so on CPU the
+//              stored bytes are identical.
 #pragma once
 
 #include <torch/torch.h>
@@ -26,7 +36,8 @@ namespace strata::worker {
 
 class Extractor {
  public:
-  Extractor(const TaskContext& context, TokenData data, torch::Device device);
+  // `device_memory`: what the device has (free = what this task may use).
+  Extractor(const TaskContext& context, TokenData data, torch::Device device, MemorySnapshot device_memory);
 
   // Captures every chunk of context.chunks; Aborted when cancelled between micro-batches.
   Status Run();
@@ -40,7 +51,13 @@ class Extractor {
     std::vector<std::pair<int64_t, std::string>> names;  // (layer, site) of each tensor
     std::vector<torch::Tensor> tensors;                  // host, contiguous, [rows, hidden]
   };
+  // "whole" or "layerwise", with the numbers behind the choice (reported as a "plan" event).
+  std::pair<std::string, std::string> ChooseMode() const;
   Result<Chunk> Compute(uint64_t chunk);
+  // Layerwise: computes `chunks` (all not yet stored) and hands each to `push` in order.
+  Status ComputeLayerwise(const std::vector<uint64_t>& chunks, const std::function<bool(Chunk)>& push);
+  Chunk NewChunk(uint64_t chunk_index) const;
+  torch::Tensor ToHost(const torch::Tensor& t) const;  // pinned on CUDA, contiguous
   // One forward of sequences [begin, end) -> host tensors per asked (layer, site), in order.
   std::vector<torch::Tensor> Forward(int64_t begin, int64_t end);
 
@@ -49,6 +66,8 @@ class Extractor {
   torch::Device device_;
   std::shared_ptr<CausalLm> model_;
   Status init_status_;
+  MemorySnapshot device_memory_;
+  torch::ScalarType compute_type_ = torch::kFloat;
   int64_t sequences_ = 0;  // captured sequences in total (all chunks of the run)
   int64_t micro_batch_ = 1;
   torch::ScalarType stored_type_ = torch::kFloat;

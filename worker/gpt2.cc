@@ -56,14 +56,14 @@ torch::Tensor Gpt2::Embed(const torch::Tensor& tokens) {
   return wte_(tokens) + wpe_(positions);
 }
 
-void Gpt2::RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) {
-  auto x = Embed(tokens);
-  for (int64_t i = 0; i <= last_layer && i < static_cast<int64_t>(h_->size()); ++i) {
-    BlockOutputs out = h_[i]->as<Gpt2Block>()->ForwardParts(x);
-    visit(i, out);
-    x = out.resid_post;
-  }
+BlockOutputs Gpt2::RunBlock(int64_t layer, const torch::Tensor& x) { return h_[layer]->as<Gpt2Block>()->ForwardParts(x); }
+
+void Gpt2::MoveEmbedding(const torch::Device& device, torch::ScalarType type) {
+  wte_->to(device, type);
+  wpe_->to(device, type);
 }
+
+void Gpt2::MoveBlock(int64_t layer, const torch::Device& device, torch::ScalarType type) { h_[layer]->to(device, type); }
 
 torch::Tensor Gpt2::Logits(const torch::Tensor& tokens) {
   auto x = Embed(tokens);

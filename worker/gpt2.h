@@ -27,11 +27,13 @@ class Gpt2 : public CausalLm {
  public:
   explicit Gpt2(const ModelSpec& spec);
   torch::Tensor Logits(const torch::Tensor& tokens) override;
-  void RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) override;
+  int64_t num_blocks() const override { return static_cast<int64_t>(h_->size()); }
+  torch::Tensor Embed(const torch::Tensor& tokens) override;
+  BlockOutputs RunBlock(int64_t layer, const torch::Tensor& x) override;
+  void MoveEmbedding(const torch::Device& device, torch::ScalarType type) override;
+  void MoveBlock(int64_t layer, const torch::Device& device, torch::ScalarType type) override;
 
  private:
-  torch::Tensor Embed(const torch::Tensor& tokens);
-
   ModelSpec spec_;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
   torch::nn::ModuleList h_;

@@ -104,26 +104,22 @@ Llama::Llama(const ModelSpec& spec) : spec_(spec) {
   inv_freq_ = 1.0 / torch::pow(spec.rope_theta, torch::arange(0, d, 2, torch::kFloat) / static_cast<double>(d));
 }
 
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Llama::Embed(const torch::Tensor& tokens) {
-  const int64_t t = tokens.size(1);
-  auto x = embed_tokens_(tokens);
-  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat).device(tokens.device()));
-  auto freqs = torch::outer(positions, inv_freq_.to(tokens.device()));
+std::pair<torch::Tensor, torch::Tensor> Llama::Rotary(const torch::Tensor& x) {
+  const int64_t t = x.size(1);
+  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
+  auto freqs = torch::outer(positions, inv_freq_.to(x.device()));
   auto emb = torch::cat({freqs, freqs}, -1);
-  return {x, emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
+  return {emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
 }
 
-void Llama::RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) {
-  auto [x, cos, sin] = Embed(tokens);
-  for (int64_t i = 0; i <= last_layer && i < static_cast<int64_t>(layers_.size()); ++i) {
-    BlockOutputs out = layers_[i]->ForwardParts(x, cos, sin);
-    visit(i, out);
-    x = out.resid_post;
-  }
+BlockOutputs Llama::RunBlock(int64_t layer, const torch::Tensor& x) {
+  auto [cos, sin] = Rotary(x);
+  return layers_[layer]->ForwardParts(x, cos, sin);
 }
 
 torch::Tensor Llama::Logits(const torch::Tensor& tokens) {
-  auto [x, cos, sin] = Embed(tokens);
+  auto x = Embed(tokens);
+  auto [cos, sin] = Rotary(x);
   for (auto& layer : layers_) x = layer->forward(x, cos, sin);
   return lm_head_(norm_->forward(x));
 }

@@ -56,11 +56,15 @@ class Llama : public CausalLm {
  public:
   explicit Llama(const ModelSpec& spec);
   torch::Tensor Logits(const torch::Tensor& tokens) override;
-  void RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) override;
+  int64_t num_blocks() const override { return static_cast<int64_t>(layers_.size()); }
+  torch::Tensor Embed(const torch::Tensor& tokens) override { return embed_tokens_(tokens); }
+  BlockOutputs RunBlock(int64_t layer, const torch::Tensor& x) override;
+  void MoveEmbedding(const torch::Device& device, torch::ScalarType type) override { embed_tokens_->to(device, type); }
+  void MoveBlock(int64_t layer, const torch::Device& device, torch::ScalarType type) override { layers_[layer]->to(device, type); }
 
  private:
-  // Embedded tokens and the rotary tables (cos, sin) for their length.
-  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Embed(const torch::Tensor& tokens);
+  // The rotary tables (cos, sin) for x's length, on x's device and in its dtype.
+  std::pair<torch::Tensor, torch::Tensor> Rotary(const torch::Tensor& x);
 
   ModelSpec spec_;
   torch::nn::Embedding embed_tokens_{nullptr};

@@ -18,7 +18,7 @@ namespace {
 
 class TorchExecutor final : public TaskExecutor {
  public:
-  explicit TorchExecutor(torch::Device device) : device_(device) {}
+  TorchExecutor(torch::Device device, uint64_t memory_limit_bytes) : device_(device), memory_limit_bytes_(memory_limit_bytes) {}
 
   Status RunTrain(TaskContext& context) override { return Guarded("training", [&] { return Train(context); }); }
   Status RunExtract(TaskContext& context) override { return Guarded("capture", [&] { return Extract(context); }); }
@@ -39,6 +39,11 @@ class TorchExecutor final : public TaskExecutor {
       m.allocated_bytes = stats.allocated_bytes[agg].current;
       m.reserved_bytes = stats.reserved_bytes[agg].current;
       m.peak_bytes = stats.allocated_bytes[agg].peak;
+      if (memory_limit_bytes_ > 0) {  // --memory-limit: report the card we emulate
+        m.total_bytes = std::min<uint64_t>(m.total_bytes, memory_limit_bytes_);
+        const uint64_t used = m.reserved_bytes;
+        m.free_bytes = std::min<uint64_t>(m.free_bytes, m.total_bytes > used ? m.total_bytes - used : 0);
+      }
       return m;
     }
 #endif
@@ -76,7 +81,7 @@ class TorchExecutor final : public TaskExecutor {
                              "; use precision = \"fp32\" on CPU workers");
     }
     STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab));
-    Extractor extractor(context, std::move(data), device_);
+    Extractor extractor(context, std::move(data), device_, ReadMemory());
     return extractor.Run();
   }
 
@@ -111,6 +116,7 @@ class TorchExecutor final : public TaskExecutor {
   }
 
   torch::Device device_;
+  uint64_t memory_limit_bytes_ = 0;
 };
 
 }  // namespace
@@ -143,7 +149,7 @@ Result<std::unique_ptr<TaskExecutor>> CreateTorchExecutor(const TorchExecutorOpt
       return InvalidArgument("--memory-limit applies to CUDA devices for now; on CPU limit the process instead "
                              "(systemd MemoryMax=, docker --memory)");
     }
-    return std::unique_ptr<TaskExecutor>(std::make_unique<TorchExecutor>(device));
+    return std::unique_ptr<TaskExecutor>(std::make_unique<TorchExecutor>(device, options.memory_limit_bytes));
   } catch (const c10::Error& e) {
     return InvalidArgument("--device " + options.device + " is not a device (use cpu or cuda:N): " +
                            e.what_without_backtrace());

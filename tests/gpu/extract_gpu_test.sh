@@ -92,4 +92,15 @@ $spec")
 "$bin/strata" events "$capped" | grep -E "oom" || { echo "the capped run never ran out of memory: lower the cap" >&2; exit 1; }
 "$bin/strata" activations get "$capped" --layer 11 --out "$d/capped.npy" 2>/dev/null
 python3 "$here/extract_reference.py" same "$d/free.npy" "$d/capped.npy"
+
+# A GPU smaller than the model (GPT-2 124M is 0.24 GiB of bf16 weights): "auto" runs it layer by
+# layer and stores the same data.
+"$bin/strata" down >/dev/null
+"$bin/strata" up --gpus 1 --memory-limit ${STRATA_TEST_SMALL_GPU:-200MiB} >/dev/null
+small=$(run_extract small "name = \"smaller-than-model\"
+$spec")
+"$bin/strata" events "$small" | grep -E "plan|oom"
+"$bin/strata" events "$small" | grep -q "layer by layer" || { echo "auto did not choose layer-by-layer execution" >&2; exit 1; }
+"$bin/strata" activations get "$small" --layer 11 --out "$d/small.npy" 2>/dev/null
+python3 "$here/extract_reference.py" same "$d/free.npy" "$d/small.npy"
 echo "extract GPU checks passed"

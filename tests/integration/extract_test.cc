@@ -221,6 +221,29 @@ TEST_F(ExtractTest, TwoWorkersStoreWhatADirectForwardComputesBitForBit) {
   }
 }
 
+TEST_F(ExtractTest, LayerByLayerExecutionStoresTheSameBytes) {
+  // mode = "layerwise" is what a model larger than the device runs (weights visit the device one
+  // block at a time); on CPU it must store exactly what the whole-model path and a direct
+  // forward pass compute. "auto" on a CPU worker with room picks the whole model and says why.
+  std::string body = std::regex_replace(std::string(kGpt2Extract), std::regex("tokens = 40000"), "tokens = 8192\nmode = \"layerwise\"");
+  const std::string run = Submit("gpt2-layerwise", body);
+  ASSERT_EQ(WaitForEnd(run, 120000)["state"], "finished");
+  auto spec = ParseRunSpec(body, dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  for (const std::string site : {"resid_post", "attn_out"}) {
+    const std::string out = dir_ + "/layerwise-" + site + ".npy";
+    ASSERT_EQ(Strata("activations get " + run + " --layer 2 --site " + site + " --out " + out).rc, 0);
+    EXPECT_TRUE(ReadNpy(out).second == Reference(*spec, 2, site)) << site;
+  }
+  auto events = Strata("events " + run);
+  EXPECT_NE(events.out.find("layer by layer"), std::string::npos) << events.out;
+  EXPECT_NE(events.out.find("extract.mode = \"layerwise\""), std::string::npos) << events.out;
+
+  const std::string auto_run = Submit("gpt2-auto", std::regex_replace(std::string(kGpt2Extract), std::regex("tokens = 40000"), "tokens = 4096"));
+  ASSERT_EQ(WaitForEnd(auto_run, 60000)["state"], "finished");
+  EXPECT_NE(Strata("events " + auto_run).out.find("whole model on the device"), std::string::npos);
+}
+
 TEST_F(ExtractTest, BadQueriesExitNonZeroAndLeaveNothingBehind) {
   const std::string run = Submit("gpt2-extract-small", std::regex_replace(std::string(kGpt2Extract), std::regex("tokens = 40000"), "tokens = 4096"));
   ASSERT_EQ(WaitForEnd(run, 60000)["state"], "finished");
