@@ -258,6 +258,11 @@ Status Extractor::ComputeLayerwise(const std::vector<uint64_t>& chunks, const st
                                            : 0;
       for (size_t c = 0; c < group.size(); ++c) {
         for (size_t m = 0; m < residual[c].size();) {
+          if (residual[c][m].size(0) > micro_batch_) {  // made before an OOM shrank the micro-batch
+            auto whole = residual[c][m];
+            residual[c][m] = whole.narrow(0, 0, micro_batch_);
+            residual[c].insert(residual[c].begin() + static_cast<int64_t>(m) + 1, whole.narrow(0, micro_batch_, whole.size(0) - micro_batch_));
+          }
           BlockOutputs out;
           try {
             out = model_->RunBlock(layer, residual[c][m].to(device_));
@@ -268,14 +273,12 @@ Status Extractor::ComputeLayerwise(const std::vector<uint64_t>& chunks, const st
                                                                 " on a single sequence on " + device_.str() + ": " +
                                                                 e.what_without_backtrace());
             }
-            // Split this micro-batch in two and retry; order of rows is unchanged.
-            const int64_t half = residual[c][m].size(0) / 2;
-            auto a = residual[c][m].narrow(0, 0, half), b = residual[c][m].narrow(0, half, residual[c][m].size(0) - half);
-            residual[c][m] = a;
-            residual[c].insert(residual[c].begin() + static_cast<int64_t>(m) + 1, b);
-            micro_batch_ = std::min(micro_batch_, half);
+            // Halve the micro-batch and retry; the loop splits this and later ones to match (row
+            // order is unchanged).
+            micro_batch_ = residual[c][m].size(0) / 2;
             context_.reporter->ReportNotice("oom", "out of memory in block " + std::to_string(layer) + " on " + device_.str() +
-                                                       "; micro-batch now " + std::to_string(micro_batch_) + " sequences");
+                                                       "; micro-batch now " + std::to_string(micro_batch_) +
+                                                       " sequences, kept for the rest of the run");
             continue;
           }
           if (captured) {

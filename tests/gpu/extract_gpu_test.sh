@@ -88,7 +88,8 @@ $spec")
 "$bin/strata" down >/dev/null
 "$bin/strata" up --gpus 1 --memory-limit ${STRATA_TEST_GPU_CAP:-450MiB} >/dev/null
 capped=$(run_extract capped "name = \"capped\"
-$spec")
+$spec
+mode = \"whole\"")
 "$bin/strata" events "$capped" | grep -E "oom" || { echo "the capped run never ran out of memory: lower the cap" >&2; exit 1; }
 "$bin/strata" activations get "$capped" --layer 11 --out "$d/capped.npy" 2>/dev/null
 python3 "$here/extract_reference.py" same "$d/free.npy" "$d/capped.npy"
