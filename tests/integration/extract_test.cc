@@ -262,6 +262,18 @@ TEST_F(ExtractTest, BadQueriesExitNonZeroAndLeaveNothingBehind) {
   EXPECT_NE(path.err.find("missing-dir"), std::string::npos) << path.err;
   EXPECT_FALSE(fs::exists(out));
   EXPECT_FALSE(fs::exists(out + ".tmp"));
+  // npy on stdout, for pipes.
+  auto piped = Strata("activations get " + run + " --layer 0 --rows 64:128 --out -");
+  EXPECT_EQ(piped.rc, 0) << piped.err;
+  EXPECT_EQ(piped.out.compare(0, 6, "\x93NUMPY"), 0);
+  EXPECT_NE(piped.out.find("'shape': (64, 32)"), std::string::npos);
+  // A training run has no activations.
+  const std::string train = Submit("tiny-train", "name = \"tiny-train\"\n[model]\nlayers = 1\nhidden = 16\nheads = 2\nsequence = 16\n"
+                                                 "[data]\npath = \"corpus.txt\"\n[train]\nsteps = 1\nglobal_batch = 2\n");
+  auto not_extract = Strata("activations " + train);
+  EXPECT_EQ(not_extract.rc, 2);
+  EXPECT_NE(not_extract.err.find("is a training run"), std::string::npos) << not_extract.err;
+  WaitForEnd(train, 60000);
   auto unknown = Strata("activations no-such-run");
   EXPECT_NE(unknown.rc, 0);
   EXPECT_NE(unknown.err.find("no run 'no-such-run'"), std::string::npos) << unknown.err;
