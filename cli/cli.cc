@@ -21,6 +21,7 @@
 #include "cli/activations_command.h"
 #include "cli/cluster_file.h"
 #include "cli/exit.h"
+#include "cli/plan_command.h"
 #include "cli/export.h"
 #include "common/byte_size.h"
 #include "common/curve.h"
@@ -703,6 +704,12 @@ int RunCli(int argc, char** argv) {
   get_cmd->add_option("--rows", get.rows, "token rows A:B (default: every stored row)");
   get_cmd->add_option("--out", get.out, "FILE.npy, FILE.safetensors, or - for .npy on stdout")->required();
 
+  PlanRequest plan_request;
+  auto* plan_cmd = app.add_subcommand("plan", "the planner's mesh, ZeRO stage and micro-batch for a run spec, with each worker's memory estimate");
+  plan_cmd->add_option("spec", plan_request.spec_path, "run spec file")->required();
+  plan_cmd->add_option("--cluster-spec", plan_request.cluster_spec, "plan for a described cluster (TOML [[nodes]]) instead of the live one");
+  plan_cmd->add_flag("--json", plan_request.as_json, "machine-readable output");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -721,6 +728,7 @@ int RunCli(int argc, char** argv) {
   if (*cancel) return CmdCancel(g, run);
   if (*checkpoints) return CmdCheckpoints(g, run, as_json);
   if (*export_cmd) return CmdExport(g, run, export_step, export_dir);
+  if (*plan_cmd) return PlanRun(plan_request, plan_request.cluster_spec.empty() ? ResolveCoordinator(g) : Result<CoordinatorAddress>(CoordinatorAddress{}));
   if (*activations_cmd) {
     auto coordinator = ResolveCoordinator(g);
     if (!coordinator.ok()) return Fail(coordinator.status());

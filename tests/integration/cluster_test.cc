@@ -108,6 +108,34 @@ class ClusterTest : public ::testing::Test {
 };
 std::string ClusterTest::dir_;
 
+TEST_F(ClusterTest, PlanShowsTheMeshAndEachWorkersEstimateBeforeAnythingRuns) {
+  const std::string spec = WriteSpec("plan-me", Spec("plan-me", 1, 1, 0));
+  // Against the live cluster: its two CPU workers.
+  json live = StrataJson("plan " + spec);
+  ASSERT_TRUE(live.is_object());
+  EXPECT_EQ(live["workers"].size(), 2u);
+  EXPECT_EQ(live["dp"], 1) << "the spec fixes parallel.dp = 1";
+  // Against a described cluster of 4 nodes x 8 GPUs: every worker planned, none over budget.
+  const std::string cluster = dir_ + "/cluster.toml";
+  std::ofstream(cluster) << "[[nodes]]\ncount = 4\ngpus = 8\nmemory = \"80GiB\"\nfree = \"70GiB\"\n";
+  const std::string free_dp = WriteSpec("plan-auto", "name = \"plan-auto\"\n[model]\nlayers = 4\nhidden = 256\nheads = 8\n"
+                                                     "sequence = 128\n[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 64\n");
+  json described = StrataJson("plan " + free_dp + " --cluster-spec " + cluster);
+  ASSERT_TRUE(described.is_object());
+  EXPECT_EQ(described["workers"].size(), 32u);
+  EXPECT_EQ(described["dp"].get<int>() * described["pp"].get<int>() * described["tp"].get<int>(), 32);
+  for (auto& w : described["workers"]) EXPECT_LE(w["estimate"]["total"].get<int64_t>(), w["budget"].get<int64_t>()) << w.dump();
+  // Bad cluster specs name the field.
+  std::ofstream(cluster) << "[[nodes]]\ncount = 4\ngpus = 0\nmemory = \"80GiB\"\n";
+  auto bad = Strata("plan " + free_dp + " --cluster-spec " + cluster);
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("gpus must be an integer >= 1"), std::string::npos) << bad.err;
+  std::ofstream(cluster) << "[[nodes]]\ngpus = 8\nmemory = \"-5GiB\"\n";
+  bad = Strata("plan " + free_dp + " --cluster-spec " + cluster);
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("memory"), std::string::npos) << bad.err;
+}
+
 TEST_F(ClusterTest, TrainsToTheEndWithCheckpointsThatReadBackBitIdentical) {
   const std::string run = SubmitAndFollow("e2e", Spec("e2e", 2, 30, 10));
   ASSERT_FALSE(run.empty());

@@ -1,0 +1,202 @@
+#include "cli/plan_command.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "cli/exit.h"
+#include "common/byte_size.h"
+#include "common/run_spec.h"
+#include "coordinator/client.h"
+#include "schema/envelope.h"
+#include "shard/planner.h"
+
+namespace strata::cli {
+namespace {
+
+using json = nlohmann::json;
+
+Result<std::string> ReadText(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  if (!in) return InvalidArgument(what + " " + path + " cannot be read; check the path");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Result<shard::ClusterView> ClusterFromSpec(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadText(path, "--cluster-spec"));
+  toml::table root;
+  try {
+    root = toml::parse(text);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream msg;
+    msg << "--cluster-spec " << path << " is not valid TOML at line " << e.source().begin.line << ": " << e.description();
+    return InvalidArgument(msg.str());
+  }
+  const toml::array* nodes = root["nodes"].as_array();
+  if (!nodes || nodes->empty()) {
+    return InvalidArgument("--cluster-spec " + path + " describes no GPUs: add at least one [[nodes]] table with count, gpus and memory");
+  }
+  shard::ClusterView view;
+  int group = 0;
+  for (const auto& node : *nodes) {
+    const toml::table* t = node.as_table();
+    const std::string where = "--cluster-spec " + path + ": nodes[" + std::to_string(group) + "].";
+    if (!t) return InvalidArgument(where + " must be a table");
+    const int64_t count = t->get("count") ? t->get("count")->value_or<int64_t>(-1) : 1;
+    const int64_t gpus = t->get("gpus") ? t->get("gpus")->value_or<int64_t>(-1) : -1;
+    if (count < 1) return InvalidArgument(where + "count must be an integer >= 1");
+    if (gpus < 1) return InvalidArgument(where + "gpus must be an integer >= 1 (workers per node)");
+    const std::string memory_text = t->get("memory") ? t->get("memory")->value_or<std::string>("") : "";
+    if (memory_text.empty()) return InvalidArgument(where + "memory is missing: the memory of one GPU, e.g. \"80GiB\"");
+    STRATA_ASSIGN_OR_RETURN(uint64_t memory, ParseByteSize(memory_text, where + "memory"));
+    uint64_t free = memory;
+    if (t->get("free")) {
+      STRATA_ASSIGN_OR_RETURN(free, ParseByteSize(t->get("free")->value_or<std::string>("?"), where + "free"));
+    }
+    if (memory == 0) return InvalidArgument(where + "memory must be more than 0");
+    if (free > memory) return InvalidArgument(where + "free (" + HumanBytes(free) + ") exceeds memory (" + HumanBytes(memory) + ")");
+    const std::string link = t->get("link") ? t->get("link")->value_or<std::string>("?") : "nvlink";
+    if (link != "nvlink" && link != "pcie" && link != "tcp") return InvalidArgument(where + "link must be nvlink, pcie or tcp");
+    const double tflops = t->get("tflops") ? t->get("tflops")->value_or<double>(-1) : 989.0;
+    if (!(tflops > 0)) return InvalidArgument(where + "tflops must be a number > 0");
+    for (int64_t n = 0; n < count; ++n) {
+      for (int64_t g = 0; g < gpus; ++g) {
+        shard::WorkerView w;
+        w.node = "node" + std::to_string(group) + "-" + std::to_string(n);
+        w.name = w.node + "/gpu" + std::to_string(g);
+        w.total_bytes = static_cast<int64_t>(memory);
+        w.free_bytes = static_cast<int64_t>(free);
+        w.link = link;
+        w.peak_flops = tflops * 1e12;
+        view.workers.push_back(std::move(w));
+      }
+    }
+    ++group;
+  }
+  return view;
+}
+
+Result<shard::ClusterView> ClusterFromCoordinator(const Result<CoordinatorAddress>& address) {
+  STRATA_RETURN_IF_ERROR(address.status());
+  coordinator::CoordinatorClient client(address->endpoint, 3000, address->keys);
+  schema::EnvelopeBuilder request;
+  request.root().setWorkersRequest();
+  STRATA_ASSIGN_OR_RETURN(auto reply, client.Call(request));
+  shard::ClusterView view;
+  for (auto w : reply->root().getWorkersReply().getWorkers()) {
+    if (w.getState() == WorkerState::LOST) continue;
+    shard::WorkerView v;
+    v.name = w.getName().cStr();
+    v.node = w.getHost().cStr();
+    v.total_bytes = static_cast<int64_t>(w.getMemory().getTotalBytes());
+    v.free_bytes = static_cast<int64_t>(w.getMemory().getFreeBytes());
+    const bool gpu = std::string(w.getMemory().getDevice().cStr()).rfind("cuda", 0) == 0;
+    v.link = gpu ? "nvlink" : "tcp";
+    v.peak_flops = gpu ? 989e12 : 1e11;  // a CPU worker: ~100 GFLOP/s on a few cores
+    view.workers.push_back(std::move(v));
+  }
+  if (view.workers.empty()) return Unavailable("the cluster has no live workers to plan for; `strata up` or pass --cluster-spec FILE");
+  return view;
+}
+
+json EstimateJson(const shard::MemoryEstimate& m) {
+  return {{"weights", m.weights},       {"gradients", m.gradients},
+          {"optimizer_state", m.optimizer_state}, {"activations", m.activations},
+          {"communication_buffers", m.communication_buffers}, {"workspace", m.workspace},
+          {"total", m.total()}};
+}
+
+std::string Gib(int64_t bytes) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(2) << bytes / double(1ull << 30);
+  return s.str();
+}
+
+}  // namespace
+
+int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordinator) {
+  auto text = ReadText(request.spec_path, "run spec");
+  if (!text.ok()) return Fail(text.status());
+  const std::string base = std::filesystem::absolute(request.spec_path).parent_path().string();
+  auto spec = ParseRunSpec(*text, base, /*check_files=*/false);
+  if (!spec.ok()) return Fail(Status(spec.status().code(), request.spec_path + ": " + spec.status().message()));
+  // Only what the spec states is fixed; the rest of [parallel] is searched.
+  shard::JobSpec job;
+  job.global_batch = spec->train.global_batch;
+  job.sequence = spec->model.sequence;
+  job.precision = spec->train.precision;
+  toml::table root = toml::parse(*text);
+  if (root["parallel"]["dp"]) job.dp = spec->parallel.dp;
+  if (root["parallel"]["zero"]) job.zero = spec->parallel.zero;
+  if (root["parallel"]["micro_batch"] && spec->parallel.micro_batch > 0) job.micro_batch = spec->parallel.micro_batch;
+  auto cluster = request.cluster_spec.empty() ? ClusterFromCoordinator(coordinator) : ClusterFromSpec(request.cluster_spec);
+  if (!cluster.ok()) return Fail(cluster.status());
+  auto plan = shard::ChoosePlan(spec->model, job, *cluster);
+  if (!plan.ok()) return Fail(plan.status());
+  const shard::Plan& p = *plan;
+  std::string recompute;
+  for (bool r : p.recompute) recompute += r ? "1" : "0";
+  if (request.as_json) {
+    json workers = json::array();
+    for (const auto& w : p.workers) {
+      workers.push_back({{"worker", w.worker}, {"stage", w.stage}, {"dp_rank", w.dp_rank}, {"tp_rank", w.tp_rank},
+                         {"estimate", EstimateJson(w.memory)}, {"budget", w.budget_bytes}});
+    }
+    json stages = json::array();
+    for (const auto& s : p.stages) stages.push_back({s.begin, s.end});
+    json out = {{"parameters", shard::ParameterCount(spec->model)},
+                {"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero},
+                {"micro_batch", p.micro_batch}, {"gradient_accumulation", p.gradient_accumulation},
+                {"recompute", p.recompute}, {"offload", p.offload}, {"stages", stages},
+                {"step_time_s", {{"compute", p.step_time.compute_s}, {"communication", p.step_time.communication_s},
+                                 {"bubble", p.step_time.bubble_s}, {"total", p.step_time.total_s()}}},
+                {"why", p.why}, {"workers", workers}};
+    std::cout << out.dump(2) << std::endl;
+    return kExitOk;
+  }
+  std::cout << spec->name << ": " << shard::ParameterCount(spec->model) << " parameters on " << cluster->workers.size()
+            << " worker(s)\n";
+  std::cout << "plan: dp=" << p.dp << " pp=" << p.pp << " tp=" << p.tp << " zero=" << p.zero << ", micro-batch "
+            << p.micro_batch << " x " << p.gradient_accumulation << " accumulation, recompute per stage " << recompute
+            << (p.offload ? ", optimizer offloaded to host" : "") << "\n";
+  std::cout << std::fixed << std::setprecision(4) << "predicted step: " << p.step_time.total_s() << " s (compute "
+            << p.step_time.compute_s << ", communication " << p.step_time.communication_s << ", pipeline bubble "
+            << p.step_time.bubble_s << ")\n";
+  std::cout << "why: " << p.why << "\n\n";
+  // Identical rows (same stage and estimate) are shown once with a count: 4096 GPUs fit a screen.
+  struct Row {
+    shard::WorkerAssignment w;
+    int count = 0;
+  };
+  std::vector<Row> rows;
+  for (const auto& w : p.workers) {
+    if (!rows.empty() && rows.back().w.stage == w.stage && rows.back().w.memory.total() == w.memory.total() &&
+        rows.back().w.budget_bytes == w.budget_bytes) {
+      ++rows.back().count;
+      continue;
+    }
+    rows.push_back({w, 1});
+  }
+  std::cout << std::left << std::setw(22) << "WORKER" << std::setw(7) << "STAGE" << std::setw(9) << "WEIGHTS" << std::setw(8)
+            << "GRADS" << std::setw(8) << "OPTIM" << std::setw(8) << "ACTIV" << std::setw(8) << "COMM" << std::setw(8) << "WORK"
+            << std::setw(9) << "TOTAL" << std::setw(10) << "BUDGET" << "HEADROOM (GiB)\n";
+  for (const auto& r : rows) {
+    const auto& m = r.w.memory;
+    const std::string name = r.count > 1 ? r.w.worker + " +" + std::to_string(r.count - 1) : r.w.worker;
+    std::cout << std::setw(22) << name << std::setw(7) << r.w.stage << std::setw(9) << Gib(m.weights) << std::setw(8)
+              << Gib(m.gradients) << std::setw(8) << Gib(m.optimizer_state) << std::setw(8) << Gib(m.activations) << std::setw(8)
+              << Gib(m.communication_buffers) << std::setw(8) << Gib(m.workspace) << std::setw(9) << Gib(m.total())
+              << std::setw(10) << Gib(r.w.budget_bytes) << Gib(r.w.budget_bytes - m.total()) << "\n";
+  }
+  std::cout << "(budget = free memory less a 10% margin; estimates are not yet calibrated against measured peaks)" << std::endl;
+  return kExitOk;
+}
+
+}  // namespace strata::cli

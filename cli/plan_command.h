@@ -1,0 +1,30 @@
+// `strata plan SPEC [--cluster-spec FILE] [--json]`: the planner's choice for a run spec, why, and
+// each worker's estimated memory (weights, gradients, optimizer state, activations,
+// communication buffers, workspace) against its free memory - before anything runs. Against the
+// live cluster's workers by default, or a described cluster (TOML):
+//
+//   [[nodes]]            # repeatable
+//   count = 512          # nodes like this
+//   gpus = 8             # workers per node
+//   memory = "80GiB"     # per GPU
+//   free = "76GiB"       # per GPU, default = memory
+//   link = "nvlink"      # within the node: nvlink | pcie | tcp
+//   tflops = 989         # peak per GPU
+#pragma once
+
+#include <string>
+
+#include "cli/activations_command.h"  // CoordinatorAddress
+
+namespace strata::cli {
+
+struct PlanRequest {
+  std::string spec_path;
+  std::string cluster_spec;  // empty: ask the coordinator for its workers
+  bool as_json = false;
+};
+
+// Returns the process exit code (cli/exit.h); `coordinator` is used only without a cluster spec.
+int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordinator);
+
+}  // namespace strata::cli
