@@ -602,6 +602,10 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow) {
   const std::string base = fs::absolute(path).parent_path().string();
   auto spec = ParseRunSpec(text.str(), base, /*check_files=*/true);
   if (!spec.ok()) return Fail(InvalidArgument(path + ": " + spec.status().message()));
+  // The estimate goes to stderr: stdout's first line stays the run id, for scripts.
+  auto estimate = EstimateForSubmit(*spec, ResolveCoordinator(g));
+  if (!estimate.ok()) return Fail(estimate.status());
+  if (!estimate->empty()) std::cerr << "strata: " << *estimate << std::endl;
   schema::EnvelopeBuilder req;
   req.root().initSubmitRun().setSpecToml(RunSpecToToml(*spec));
   auto reply = Call(g, req);

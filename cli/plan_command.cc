@@ -1,5 +1,6 @@
 #include "cli/plan_command.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -91,7 +92,8 @@ Result<shard::ClusterView> ClusterFromCoordinator(const Result<CoordinatorAddres
   STRATA_ASSIGN_OR_RETURN(auto reply, client.Call(request));
   shard::ClusterView view;
   for (auto w : reply->root().getWorkersReply().getWorkers()) {
-    if (w.getState() == WorkerState::LOST) continue;
+    // Lost workers, and ones whose first memory report has not arrived, cannot be planned for.
+    if (w.getState() == WorkerState::LOST || w.getMemory().getTotalBytes() == 0) continue;
     shard::WorkerView v;
     v.name = w.getName().cStr();
     v.node = w.getHost().cStr();
@@ -197,6 +199,42 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
   }
   std::cout << "(budget = free memory less a 10% margin; estimates are not yet calibrated against measured peaks)" << std::endl;
   return kExitOk;
+}
+
+Result<std::string> EstimateForSubmit(const RunSpec& spec, const Result<CoordinatorAddress>& coordinator) {
+  if (spec.is_extract()) return std::string();  // the worker plans its capture (extract.mode)
+  auto live = ClusterFromCoordinator(coordinator);
+  if (!live.ok() || static_cast<int64_t>(live->workers.size()) < spec.parallel.dp) return std::string();
+  std::sort(live->workers.begin(), live->workers.end(), [](auto& a, auto& b) { return a.name < b.name; });
+  live->workers.resize(static_cast<size_t>(spec.parallel.dp));
+  shard::JobSpec job;
+  job.global_batch = spec.train.global_batch;
+  job.sequence = spec.model.sequence;
+  job.precision = spec.train.precision;
+  job.dp = spec.parallel.dp;
+  job.pp = 1;
+  job.tp = 1;
+  job.zero = spec.parallel.zero;
+  job.micro_batch = spec.parallel.micro_batch > 0 ? spec.parallel.micro_batch : spec.train.global_batch / spec.parallel.dp;
+  job.recompute = false;
+  job.offload = false;
+  auto plan = shard::ChoosePlan(spec.model, job, *live);
+  if (!plan.ok()) {
+    if (plan.status().code() != StatusCode::kResourceExhausted) return std::string();  // nothing to say
+    return Status(StatusCode::kResourceExhausted,
+                  "not submitted: " + plan.status().message() +
+                      ". Options: more workers (parallel.dp, with parallel.zero = 1 or 2 to shard optimizer state and gradients), "
+                      "a smaller parallel.micro_batch, or a smaller model; `strata plan SPEC` shows the estimate per worker");
+  }
+  const shard::WorkerAssignment* peak = &plan->workers.front();
+  for (const auto& w : plan->workers) {
+    if (w.memory.total() > peak->memory.total()) peak = &w;
+  }
+  const auto& m = peak->memory;
+  return "estimate: " + Gib(m.total()) + " GiB on " + peak->worker + " (weights " + Gib(m.weights) + ", gradients " +
+         Gib(m.gradients) + ", optimizer " + Gib(m.optimizer_state) + ", activations " + Gib(m.activations) + ", buffers " +
+         Gib(m.communication_buffers) + ", workspace " + Gib(m.workspace) + ") of " + Gib(peak->budget_bytes) +
+         " GiB usable; `strata plan` for details";
 }
 
 }  // namespace strata::cli
