@@ -602,13 +602,17 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow) {
   const std::string base = fs::absolute(path).parent_path().string();
   auto spec = ParseRunSpec(text.str(), base, /*check_files=*/true);
   if (!spec.ok()) return Fail(InvalidArgument(path + ": " + spec.status().message()));
+  auto endpoint = ResolveEndpoint(g);
+  if (!endpoint.ok()) return Fail(endpoint.status());
+  auto client = MakeClient(g, *endpoint, g.timeout_ms);
+  if (!client.ok()) return Fail(client.status());
   // The estimate goes to stderr: stdout's first line stays the run id, for scripts.
-  auto estimate = EstimateForSubmit(*spec, ResolveCoordinator(g));
+  auto estimate = EstimateForSubmit(*spec, **client);
   if (!estimate.ok()) return Fail(estimate.status());
   if (!estimate->empty()) std::cerr << "strata: " << *estimate << std::endl;
   schema::EnvelopeBuilder req;
   req.root().initSubmitRun().setSpecToml(RunSpecToToml(*spec));
-  auto reply = Call(g, req);
+  auto reply = (*client)->Call(req);
   if (!reply.ok()) return Fail(reply.status());
   const std::string run = (*reply)->root().getSubmitted().getRunId().cStr();
   std::cout << run << std::endl;

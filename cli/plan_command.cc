@@ -84,9 +84,7 @@ Result<shard::ClusterView> ClusterFromSpec(const std::string& path) {
   return view;
 }
 
-Result<shard::ClusterView> ClusterFromCoordinator(const Result<CoordinatorAddress>& address) {
-  STRATA_RETURN_IF_ERROR(address.status());
-  coordinator::CoordinatorClient client(address->endpoint, 3000, address->keys);
+Result<shard::ClusterView> ClusterFromCoordinator(coordinator::CoordinatorClient& client) {
   schema::EnvelopeBuilder request;
   request.root().setWorkersRequest();
   STRATA_ASSIGN_OR_RETURN(auto reply, client.Call(request));
@@ -104,8 +102,7 @@ Result<shard::ClusterView> ClusterFromCoordinator(const Result<CoordinatorAddres
     v.peak_flops = gpu ? 989e12 : 1e11;  // a CPU worker: ~100 GFLOP/s on a few cores
     view.workers.push_back(std::move(v));
   }
-  if (view.workers.empty()) return Unavailable("the cluster has no live workers to plan for; `strata up` or pass --cluster-spec FILE");
-  return view;
+  return view;  // possibly empty
 }
 
 json EstimateJson(const shard::MemoryEstimate& m) {
@@ -138,7 +135,15 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
   if (root["parallel"]["dp"]) job.dp = spec->parallel.dp;
   if (root["parallel"]["zero"]) job.zero = spec->parallel.zero;
   if (root["parallel"]["micro_batch"] && spec->parallel.micro_batch > 0) job.micro_batch = spec->parallel.micro_batch;
-  auto cluster = request.cluster_spec.empty() ? ClusterFromCoordinator(coordinator) : ClusterFromSpec(request.cluster_spec);
+  Result<shard::ClusterView> cluster = request.cluster_spec.empty() ? Result<shard::ClusterView>(coordinator.status())
+                                                                    : ClusterFromSpec(request.cluster_spec);
+  if (request.cluster_spec.empty() && coordinator.ok()) {
+    coordinator::CoordinatorClient client(coordinator->endpoint, 3000, coordinator->keys);
+    cluster = ClusterFromCoordinator(client);
+    if (cluster.ok() && cluster->workers.empty()) {
+      cluster = Unavailable("the cluster has no live workers to plan for; `strata up` or pass --cluster-spec FILE");
+    }
+  }
   if (!cluster.ok()) return Fail(cluster.status());
   auto plan = shard::ChoosePlan(spec->model, job, *cluster);
   if (!plan.ok()) return Fail(plan.status());
@@ -201,10 +206,11 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
   return kExitOk;
 }
 
-Result<std::string> EstimateForSubmit(const RunSpec& spec, const Result<CoordinatorAddress>& coordinator) {
+Result<std::string> EstimateForSubmit(const RunSpec& spec, coordinator::CoordinatorClient& client) {
   if (spec.is_extract()) return std::string();  // the worker plans its capture (extract.mode)
-  auto live = ClusterFromCoordinator(coordinator);
-  if (!live.ok() || static_cast<int64_t>(live->workers.size()) < spec.parallel.dp) return std::string();
+  auto live = ClusterFromCoordinator(client);
+  STRATA_RETURN_IF_ERROR(live.status());  // unreachable: say so now rather than after a second timeout
+  if (static_cast<int64_t>(live->workers.size()) < spec.parallel.dp) return std::string();  // it will wait
   std::sort(live->workers.begin(), live->workers.end(), [](auto& a, auto& b) { return a.name < b.name; });
   live->workers.resize(static_cast<size_t>(spec.parallel.dp));
   shard::JobSpec job;

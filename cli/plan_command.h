@@ -16,6 +16,7 @@
 
 #include "cli/activations_command.h"  // CoordinatorAddress
 #include "common/run_spec.h"
+#include "coordinator/client.h"
 
 namespace strata::cli {
 
@@ -33,6 +34,7 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
 // live workers it would get. A one-line summary; ResourceExhausted (what was needed, what is
 // free, what to change) when it cannot fit; an empty line when there is nothing to check against
 // (no coordinator, fewer live workers than dp: the run will wait).
-Result<std::string> EstimateForSubmit(const RunSpec& spec, const Result<CoordinatorAddress>& coordinator);
+// Asks over `client`, the connection the submit then uses.
+Result<std::string> EstimateForSubmit(const RunSpec& spec, coordinator::CoordinatorClient& client);
 
 }  // namespace strata::cli

@@ -134,6 +134,14 @@ TEST_F(ClusterTest, PlanShowsTheMeshAndEachWorkersEstimateBeforeAnythingRuns) {
   bad = Strata("plan " + free_dp + " --cluster-spec " + cluster);
   EXPECT_EQ(bad.rc, 2);
   EXPECT_NE(bad.err.find("memory"), std::string::npos) << bad.err;
+  // submit refuses a training run that cannot fit the live workers, saying what it needs.
+  const std::string huge = WriteSpec("huge", "name = \"huge\"\n[model]\nlayers = 64\nhidden = 8192\nheads = 64\n"
+                                             "sequence = 128\n[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 2\n");
+  auto refused = Strata("submit " + huge);
+  EXPECT_EQ(refused.rc, 1) << refused.out;
+  EXPECT_NE(refused.err.find("not submitted"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("GiB free per GPU"), std::string::npos) << refused.err;
+  EXPECT_TRUE(refused.out.empty()) << "nothing was submitted: " << refused.out;
 }
 
 TEST_F(ClusterTest, TrainsToTheEndWithCheckpointsThatReadBackBitIdentical) {
