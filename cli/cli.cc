@@ -105,7 +105,7 @@ json RunToJson(RunRecord::Reader r) {
   for (double l : r.getLosses()) losses.push_back(l);
   json workers = json::array();
   for (auto w : r.getWorkers()) workers.push_back(w.cStr());
-  return {{"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()},
+  return {{"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
           {"state", schema::RunStateName(r.getState())}, {"step", r.getStep()},
           {"total_steps", r.getTotalSteps()},  {"world_size", r.getWorldSize()},
           {"losses", losses},                  {"workers", workers},
@@ -490,7 +490,9 @@ class ProgressTracker {
     std::string workers;
     for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + std::string(w.cStr());
     char buf[512];
-    int n = std::snprintf(buf, sizeof(buf), "step %5ld/%ld", static_cast<long>(step), static_cast<long>(r.getTotalSteps()));
+    const bool extract = std::string(r.getKind().cStr()) == "extract";  // steps count stored chunks
+    int n = std::snprintf(buf, sizeof(buf), "%s %5ld/%ld", extract ? "chunk" : "step", static_cast<long>(step),
+                          static_cast<long>(r.getTotalSteps()));
     if (losses.size() > 0) n += std::snprintf(buf + n, sizeof(buf) - n, "  loss %.4f", losses[losses.size() - 1]);
     if (r.getTokensPerSecond() > 0) n += std::snprintf(buf + n, sizeof(buf) - n, "  %.0f tok/s", r.getTokensPerSecond());
     if (step > first_step_ && step < r.getTotalSteps()) {
@@ -499,8 +501,8 @@ class ProgressTracker {
       n += std::snprintf(buf + n, sizeof(buf) - n, "  ETA %ld:%02ld", static_cast<long>(eta_s / 60),
                          static_cast<long>(eta_s % 60));
     }
-    std::snprintf(buf + n, sizeof(buf) - n, "  dp=%u%s%s", r.getWorldSize(), workers.empty() ? "" : " on ",
-                  workers.c_str());
+    std::snprintf(buf + n, sizeof(buf) - n, "  %s=%u%s%s", extract ? "workers" : "dp", r.getWorldSize(),
+                  workers.empty() ? "" : " on ", workers.c_str());
     return buf;
   }
 
@@ -562,8 +564,13 @@ int Follow(GlobalOptions& g, const std::string& run) {
     if (state == RunState::FINISHED || state == RunState::FAILED || state == RunState::CANCELLED) {
       if (tty) std::printf("\n");
       if (state == RunState::FINISHED) {
-        std::printf("run %s finished: %ld steps, %.0f tokens/s on the last step\n", run.c_str(),
-                    static_cast<long>(r.getStep()), r.getTokensPerSecond());
+        if (std::string(r.getKind().cStr()) == "extract") {
+          std::printf("run %s finished: %ld chunks stored, %.0f tokens/s; `strata activations %s` lists them\n", run.c_str(),
+                      static_cast<long>(r.getStep()), r.getTokensPerSecond(), run.c_str());
+        } else {
+          std::printf("run %s finished: %ld steps, %.0f tokens/s on the last step\n", run.c_str(),
+                      static_cast<long>(r.getStep()), r.getTokensPerSecond());
+        }
         return kExitOk;
       }
       std::printf("run %s %s: %s\n", run.c_str(), schema::RunStateName(state), r.getMessage().cStr());
