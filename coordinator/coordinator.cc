@@ -460,19 +460,25 @@ class CoordinatorImpl final : public Coordinator {
       case TaskEvent::STEP: {
         if (rank != 0) break;  // every rank sees the same all-reduced loss; rank 0 reports it
         auto s = ev.getStep();
-        run.step = s.getStep();
-        if (static_cast<int64_t>(run.losses.size()) < run.step) run.losses.resize(run.step, 0.0);
-        run.losses[run.step - 1] = s.getLoss();
-        run.tokens_per_second = s.getTokensPerSecond();
+        const int64_t step = s.getStep();
+        if (step < 1) break;
+        // A re-registered worker resends its reports: older steps only fill gaps.
+        run.step = std::max(run.step, step);
+        if (static_cast<int64_t>(run.losses.size()) < step) run.losses.resize(step, 0.0);
+        run.losses[step - 1] = s.getLoss();
+        if (step == run.step) run.tokens_per_second = s.getTokensPerSecond();
         run.updated_ms = net::NowUnixMs();
         // Not synced: after a crash the run resumes from a checkpoint and re-reports later steps.
         const std::string bytes = schema::StructToBytes(s);
-        Status st = store_->PutMetadata("loss/" + EncodeKeyString(run.id) + EncodeKeyU64(run.step), AsBytes(bytes), false);
-        if (!st.ok()) STRATA_LOG(kError) << "could not persist step " << run.step << " of " << run.id << ": " << st.ToString();
+        Status st = store_->PutMetadata("loss/" + EncodeKeyString(run.id) + EncodeKeyU64(step), AsBytes(bytes), false);
+        if (!st.ok()) STRATA_LOG(kError) << "could not persist step " << step << " of " << run.id << ": " << st.ToString();
         break;
       }
       case TaskEvent::CHECKPOINT_SAVED: {
         auto shard = ev.getCheckpointSaved();
+        // A resent report of a checkpoint already committed changes nothing.
+        auto committed = store_->GetMetadata("ckpt/" + EncodeKeyString(run.id) + EncodeKeyU64(shard.getStep()));
+        if (committed.ok() && committed->has_value()) break;
         auto& by_rank = run.pending_shards[shard.getStep()];
         by_rank[rank] = schema::StructToBytes(shard);
         if (by_rank.size() == run.workers.size()) CommitCheckpoint(run, shard.getStep());

@@ -53,7 +53,7 @@ class RunningTask final : public TaskReporter {
     s.setStep(step);
     s.setLoss(loss);
     s.setTokensPerSecond(tokens_per_second);
-    outbox_->Push(msg.Serialize());
+    PushAndRemember(msg.Serialize());
   }
 
   void ReportCheckpoint(int64_t step, const std::vector<storage::CheckpointTensorInfo>& tensors) override {
@@ -70,7 +70,15 @@ class RunningTask final : public TaskReporter {
       list[i].setChecksum(tensors[i].checksum);
       list[i].setSizeBytes(tensors[i].size_bytes);
     }
-    outbox_->Push(msg.Serialize());
+    PushAndRemember(msg.Serialize());
+  }
+
+  // Step and checkpoint reports sent during a coordinator outage (or in flight when it died) are
+  // lost with it; they are idempotent, so after re-registering the control thread sends them all
+  // again (the restarted coordinator keeps what it lacks).
+  std::vector<std::string> History() {
+    std::lock_guard<std::mutex> lock(history_mutex_);
+    return {history_.begin(), history_.end()};
   }
 
   void ReportChunk(const storage::ActivationChunkInfo& chunk, bool computed) override {
@@ -111,9 +119,21 @@ class RunningTask final : public TaskReporter {
     return ev;
   }
 
+  void PushAndRemember(std::string bytes) {
+    {
+      std::lock_guard<std::mutex> lock(history_mutex_);
+      history_.push_back(bytes);
+      if (history_.size() > kHistoryLimit) history_.pop_front();
+    }
+    outbox_->Push(std::move(bytes));
+  }
+
+  static constexpr size_t kHistoryLimit = 100000;  // ~100 bytes each
   const std::string run_id_;
   const uint32_t rank_;
   Outbox* outbox_;
+  std::mutex history_mutex_;
+  std::deque<std::string> history_;  // guarded by history_mutex_
   std::string store_path_;
   std::thread thread;
   std::atomic<bool> cancelled{false};
@@ -258,6 +278,10 @@ class WorkerImpl final : public Worker {
       switch (root.which()) {
         case Envelope::REGISTERED:
           if (!registered_) STRATA_LOG(kInfo) << "registered with the coordinator";
+          if (!registered_ && ready_ && task_) {
+            // Registered again (the coordinator restarted or lost us): resend this task's reports.
+            for (auto& bytes : task_->History()) Send(bytes);
+          }
           registered_ = true;
           if (!ready_ && options_.on_ready) options_.on_ready(StatusLine());
           ready_ = true;
