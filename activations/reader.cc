@@ -106,13 +106,8 @@ class ReaderImpl final : public ActivationReader {
       return InvalidArgument("--rows " + std::to_string(begin) + ":" + std::to_string(end) + " goes beyond the " +
                              std::to_string(index.total_rows) + " rows run " + index.run + " captures");
     }
-    // Every row of the range must be stored (chunks are sorted and never overlap).
-    uint64_t covered = begin;
-    for (const StoredChunk& c : index.chunks) {
-      if (c.row_begin > covered) break;
-      covered = std::max(covered, c.row_begin + c.row_count);
-      if (covered >= end) return Status::Ok();
-    }
+    const uint64_t covered = index.stored_until(begin);
+    if (covered >= end) return Status::Ok();
     return Unavailable("rows " + std::to_string(covered) + " and on are not stored yet (run " + index.run + " is " +
                        index.state + ", " + std::to_string(index.contiguous_rows()) + " of " +
                        std::to_string(index.total_rows) + " rows complete from row 0); ask for fewer rows or wait");
@@ -192,11 +187,12 @@ uint64_t ActivationIndex::stored_rows() const {
   return n;
 }
 
-uint64_t ActivationIndex::contiguous_rows() const {
-  uint64_t covered = 0;
+uint64_t ActivationIndex::stored_until(uint64_t row) const {
+  uint64_t covered = row;  // chunks are sorted by row_begin and never overlap
   for (const auto& c : chunks) {
+    if (c.row_begin + c.row_count <= covered) continue;
     if (c.row_begin > covered) break;
-    covered = std::max(covered, c.row_begin + c.row_count);
+    covered = c.row_begin + c.row_count;
   }
   return covered;
 }

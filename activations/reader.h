@@ -42,8 +42,10 @@ struct ActivationIndex {
 
   uint64_t stored_rows() const;
   bool complete() const { return stored_rows() == total_rows; }
+  // The end of the stored run of rows that starts at `row` (== row if `row` is not stored).
+  uint64_t stored_until(uint64_t row) const;
   // Rows [0, n) are all stored: the prefix a query may read during a running capture.
-  uint64_t contiguous_rows() const;
+  uint64_t contiguous_rows() const { return stored_until(0); }
 };
 
 class ActivationReader {

@@ -14,13 +14,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 work=$(pwd)/.extract-bench
 rm -rf "$work" && mkdir -p "$work" "$out"
 trap 'for s in "$work/state" /dev/shm/strata-bench-state; do STRATA_STATE_DIR=$s "$bin/strata" down >/dev/null 2>&1 || true; done; rm -rf "$work" /dev/shm/strata-bench-state /dev/shm/slice.safetensors' EXIT
-python3 - "$work/model" "$tokens" <<'PY'
-import sys, torch
-from transformers import GPT2Config, GPT2LMHeadModel
-torch.manual_seed(0)
-GPT2LMHeadModel(GPT2Config()).save_pretrained(sys.argv[1], safe_serialization=True)
-torch.randint(0, 50257, (int(sys.argv[2]),)).numpy().astype("<u2").tofile(sys.argv[1] + "/tokens.u16")
-PY
+mkdir -p "$work/model"
+python3 "$here/../tests/gpu/extract_reference.py" make "$work/model" gpt2-124m $((tokens / 1024)) 1024
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 df -h "$work" | tail -1 | tee "$out/disk.txt"
 

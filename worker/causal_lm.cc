@@ -27,6 +27,12 @@ Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t s
   return model;
 }
 
+torch::ScalarType ScalarTypeOf(const std::string& name) {
+  if (name == "bf16") return torch::kBFloat16;
+  if (name == "fp16") return torch::kHalf;
+  return torch::kFloat;  // the run spec admits only these three
+}
+
 storage::DType ToStoreDType(torch::ScalarType type) {
   switch (type) {
     case torch::kFloat: return storage::DType::kF32;

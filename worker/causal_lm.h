@@ -57,6 +57,8 @@ std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec);
 // then overwritten by spec.init_from's safetensors when set. Errors name the mismatching tensor.
 Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed);
 
+// "fp32" / "bf16" / "fp16" (run spec dtype and precision names) as a LibTorch scalar type.
+torch::ScalarType ScalarTypeOf(const std::string& name);
 // Our store's dtype of a LibTorch scalar type, and a borrowed view of a contiguous CPU tensor.
 storage::DType ToStoreDType(torch::ScalarType type);
 storage::TensorView ViewOf(const torch::Tensor& cpu_contiguous);

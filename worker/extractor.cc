@@ -20,12 +20,6 @@ namespace {
 
 constexpr size_t kMaxQueuedChunks = 2;
 
-torch::ScalarType StoredType(const std::string& dtype) {
-  if (dtype == "bf16") return torch::kBFloat16;
-  if (dtype == "fp16") return torch::kHalf;
-  return torch::kFloat;
-}
-
 // After an OOM, the tensors of the failed forward are gone but their blocks stay in the caching
 // allocator; give them back so the retry at half the size starts from a clean pool.
 void ReleaseCachedMemory(const torch::Device& device) {
@@ -103,7 +97,7 @@ Extractor::Extractor(const TaskContext& context, TokenData data, torch::Device d
   const RunSpec& spec = context.spec;
   sequences_ = ExtractSequences(spec, static_cast<int64_t>(data_.size()));
   micro_batch_ = spec.extract.batch;
-  stored_type_ = StoredType(spec.extract.dtype);
+  stored_type_ = ScalarTypeOf(spec.extract.dtype);
   auto model = BuildCausalLm(spec.model, spec.train.seed);
   if (!model.ok()) {
     init_status_ = model.status();
@@ -113,7 +107,7 @@ Extractor::Extractor(const TaskContext& context, TokenData data, torch::Device d
   model_->eval();
   // bf16 inference runs the whole model in bf16 (as transformers does with torch_dtype=bf16). The
   // weights stay on the host until Run() knows the mode.
-  compute_type_ = spec.extract.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  compute_type_ = ScalarTypeOf(spec.extract.precision);
   model_->to(torch::kCPU, compute_type_);
 }
 
@@ -177,13 +171,13 @@ std::vector<torch::Tensor> Extractor::Forward(int64_t begin, int64_t end) {
 
 Result<Extractor::Chunk> Extractor::Compute(uint64_t chunk_index) {
   const RunSpec& spec = context_.spec;
-  const int64_t first = static_cast<int64_t>(chunk_index) * spec.extract.batch;
-  const int64_t last = std::min(first + spec.extract.batch, sequences_);
-  if (first >= last) {
+  Chunk chunk = NewChunk(chunk_index);
+  if (chunk.info.row_count == 0) {
     return InvalidArgument("chunk " + std::to_string(chunk_index) + " is beyond the " + std::to_string(sequences_) +
                            " sequences this run captures");
   }
-  Chunk chunk = NewChunk(chunk_index);
+  const int64_t first = static_cast<int64_t>(chunk.info.row_begin) / spec.model.sequence;
+  const int64_t last = first + static_cast<int64_t>(chunk.info.row_count) / spec.model.sequence;
   std::vector<std::vector<torch::Tensor>> parts(chunk.names.size());
   for (int64_t begin = first; begin < last;) {
     if (context_.cancelled->load()) return Aborted("cancelled");

@@ -58,13 +58,7 @@ done
 # OOM: GPT-2 124M (transformers' default config), 32 sequences of 1024 per batch.
 d=$work/gpt2-124m
 mkdir -p "$d"
-python3 - "$d" <<'PY'
-import sys, torch
-from transformers import GPT2Config, GPT2LMHeadModel
-torch.manual_seed(0)
-GPT2LMHeadModel(GPT2Config()).save_pretrained(sys.argv[1], safe_serialization=True)
-torch.randint(0, 50257, (64 * 1024,)).numpy().astype("<u2").tofile(sys.argv[1] + "/tokens.u16")
-PY
+python3 "$here/extract_reference.py" make "$d" gpt2-124m 64 1024
 spec="kind = \"extract\"
 [model]
 family = \"gpt2\"

@@ -1,6 +1,7 @@
 """Reference side of the GPU extract checks (tests/gpu/extract_gpu_test.sh).
 
-  make DIR FAMILY SEQUENCES SEQ   a transformers model from a small config, save_pretrained to DIR
+  make DIR FAMILY SEQUENCES SEQ   a transformers model (FAMILY gpt2 / llama: a small config;
+                                  gpt2-124m: GPT2Config's defaults), save_pretrained to DIR
                                   (safetensors), and DIR/tokens.u16 with SEQUENCES x SEQ random ids
   compare DIR NPY_PREFIX LAYERS   our stored residual stream (NPY_PREFIX<layer>.npy) against the
                                   transformers block outputs for the same tokens, in fp32
@@ -18,7 +19,10 @@ BF16_REL_TOL = 2e-2  # bf16 has an 8-bit mantissa (~4e-3 relative per op); 4-6 b
 def make(directory, family, sequences, seq):
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
-    if family == "gpt2":
+    if family == "gpt2-124m":
+        config = GPT2Config()
+        model = GPT2LMHeadModel(config)
+    elif family == "gpt2":
         config = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=1000, n_positions=seq)
         model = GPT2LMHeadModel(config)
     else:
@@ -26,7 +30,7 @@ def make(directory, family, sequences, seq):
                              intermediate_size=704, vocab_size=1000, max_position_embeddings=seq, tie_word_embeddings=False)
         model = LlamaForCausalLM(config)
     model.save_pretrained(directory, safe_serialization=True)
-    tokens = torch.randint(0, 1000, (sequences * seq,), dtype=torch.int64).numpy().astype("<u2")
+    tokens = torch.randint(0, config.vocab_size, (sequences * seq,), dtype=torch.int64).numpy().astype("<u2")
     tokens.tofile(f"{directory}/tokens.u16")
 
 

@@ -6,7 +6,6 @@
 #include <signal.h>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -21,7 +20,7 @@
 #include "common/run_spec.h"
 #include "storage/shard_store.h"
 #include "tests/integration/harness.h"
-#include "worker/causal_lm.h"
+#include "worker/direct_forward.h"
 
 namespace strata {
 namespace {
@@ -35,7 +34,6 @@ using testing::ReadFile;
 class ExtractTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    torch::set_num_threads(1);  // the workers run one intra-op thread (worker.threads = 1)
     char tmpl[] = "/tmp/strata-extract-XXXXXX";
     dir_ = mkdtemp(tmpl);
     setenv("STRATA_STATE_DIR", (dir_ + "/state").c_str(), 1);
@@ -118,26 +116,9 @@ class ExtractTest : public ::testing::Test {
   // What the run should have stored for (layer, site): a direct forward pass in this process,
   // batch by batch as the workers do, in the stored dtype.
   static std::string Reference(const RunSpec& spec, int64_t layer, const std::string& site) {
-    auto model = worker::BuildCausalLm(spec.model, spec.train.seed);
-    EXPECT_TRUE(model.ok()) << model.status().ToString();
-    torch::NoGradGuard no_grad;
-    (*model)->eval();
-    const std::string text = ReadFile(spec.data.path);
-    const int64_t t = spec.model.sequence;
-    const int64_t sequences = ExtractSequences(spec, static_cast<int64_t>(text.size()));
-    std::vector<torch::Tensor> parts;
-    for (int64_t begin = 0; begin < sequences; begin += spec.extract.batch) {
-      const int64_t end = std::min(begin + spec.extract.batch, sequences);
-      auto tokens = torch::empty({end - begin, t}, torch::kLong);
-      for (int64_t i = 0; i < (end - begin) * t; ++i) tokens.data_ptr<int64_t>()[i] = static_cast<uint8_t>(text[begin * t + i]);
-      (*model)->RunBlocks(tokens, layer, [&](int64_t l, const worker::BlockOutputs& out) {
-        if (l != layer) return;
-        const torch::Tensor& v = site == "attn_out" ? out.attn_out : site == "mlp_out" ? out.mlp_out : out.resid_post;
-        parts.push_back(v.reshape({-1, spec.model.hidden}).to(spec.extract.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat).contiguous());
-      });
-    }
-    auto all = torch::cat(parts);
-    return std::string(static_cast<const char*>(all.data_ptr()), all.numel() * all.element_size());
+    auto rows = worker::DirectForwardActivations(spec, layer, site);
+    EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+    return rows.ok() ? *rows : std::string();
   }
 
   static std::string dir_;
