@@ -18,16 +18,6 @@
 
 namespace {
 
-class SoloCommunicator : public strata::worker::Communicator {
- public:
-  uint32_t rank() const override { return 0; }
-  uint32_t world_size() const override { return 1; }
-  strata::Status AllReduceSum(float*, size_t) override { return strata::Status::Ok(); }
-  strata::Status ReduceScatterSum(float*, size_t) override { return strata::Status::Ok(); }
-  strata::Status AllGather(float*, size_t) override { return strata::Status::Ok(); }
-  strata::Status Broadcast(float*, size_t, uint32_t) override { return strata::Status::Ok(); }
-  void Abort() override {}
-};
 
 }  // namespace
 
@@ -80,11 +70,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", executor.status().ToString().c_str());
     return 1;
   }
-  SoloCommunicator comm;
+  auto comm = strata::worker::CreateSoloCommunicator();
   strata::worker::TaskContext context;
   context.run_id = "bench";
   context.spec = spec;
-  context.communicator = &comm;
+  context.communicator = comm.get();
   auto data = strata::worker::TokenData::Load(spec.data, spec.model.vocab);
   strata::worker::Trainer trainer(context, std::move(data).value(), torch::Device(device));
   double loss = 0;

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "common/run_spec.h"
+#include "shard/layout.h"
 #include "storage/safetensors.h"
 #include "storage/shard_store.h"
 #include "worker/hf_layout.h"
@@ -36,6 +37,11 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
   const std::string run = manifest.getRunId().cStr();
   const int64_t step = manifest.getStep();
   std::map<std::string, storage::Tensor> tensors;  // HF name -> tensor in HF layout
+  // Each rank wrote pieces of the parameters (its tensor-parallel slice, cut by data-parallel
+  // rank; shard/layout.h): assemble them whole, whatever the mesh was.
+  shard::TensorAssembler assembler(spec.model);
+  std::map<std::string, storage::DType> dtypes;
+  std::map<std::string, std::vector<int64_t>> shapes;
   for (auto shard : manifest.getShards()) {
     const std::string store_path = shard.getStorePath().cStr();
     storage::StoreOptions options;
@@ -45,18 +51,33 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
     for (auto entry : shard.getTensors()) {
       const std::string name = entry.getName().cStr();
       if (name.rfind(kParamPrefix, 0) != 0) continue;  // optimizer moments stay behind
+      STRATA_ASSIGN_OR_RETURN(shard::PieceName piece, shard::ParsePiece(name));
       STRATA_ASSIGN_OR_RETURN(storage::Tensor t, store->ReadCheckpointTensor(run, step, name));
       if (t.checksum != entry.getChecksum()) {
         return Corruption("tensor '" + name + "' in " + store_path + " does not match the checkpoint manifest; "
                           "export an older checkpoint (`strata checkpoints " + run + "`)");
       }
-      const worker::HfTensorName hf = worker::ToHuggingFace(spec.model, name.substr(std::strlen(kParamPrefix)));
-      if (hf.transposed && t.shape.size() == 2) {
-        t.bytes = Transpose2d(t);
-        std::swap(t.shape[0], t.shape[1]);
+      const size_t element = storage::DTypeSize(t.dtype);
+      if (t.bytes.size() != static_cast<size_t>(piece.end - piece.begin) * element) {
+        return Corruption("tensor '" + name + "' in " + store_path + " holds " + std::to_string(t.bytes.size()) +
+                          " bytes, not the piece its name describes");
       }
-      tensors[hf.name] = std::move(t);
+      STRATA_RETURN_IF_ERROR(assembler.Add(piece, element, t.bytes.data()));
+      dtypes[piece.name] = t.dtype;
+      shapes[piece.name] = piece.shape;
     }
+  }
+  for (const std::string& name : assembler.names()) {
+    storage::Tensor t;
+    STRATA_ASSIGN_OR_RETURN(t.bytes, assembler.Take(name));
+    t.dtype = dtypes[name];
+    t.shape = shapes[name];
+    const worker::HfTensorName hf = worker::ToHuggingFace(spec.model, name);
+    if (hf.transposed && t.shape.size() == 2) {
+      t.bytes = Transpose2d(t);
+      std::swap(t.shape[0], t.shape[1]);
+    }
+    tensors[hf.name] = std::move(t);
   }
   if (tensors.empty()) return NotFound("checkpoint " + std::to_string(step) + " of run " + run + " holds no parameters");
   std::error_code ec;

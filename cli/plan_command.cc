@@ -134,6 +134,9 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
   toml::table root = toml::parse(*text);
   if (root["parallel"]["dp"]) job.dp = spec->parallel.dp;
   if (root["parallel"]["zero"]) job.zero = spec->parallel.zero;
+  if (root["parallel"]["pp"]) job.pp = spec->parallel.pp;
+  if (root["parallel"]["tp"]) job.tp = spec->parallel.tp;
+  if (root["parallel"]["recompute"]) job.recompute = spec->parallel.recompute;
   if (root["parallel"]["micro_batch"] && spec->parallel.micro_batch > 0) job.micro_batch = spec->parallel.micro_batch;
   Result<shard::ClusterView> cluster = request.cluster_spec.empty() ? Result<shard::ClusterView>(coordinator.status())
                                                                     : ClusterFromSpec(request.cluster_spec);
@@ -210,19 +213,19 @@ Result<std::string> EstimateForSubmit(const RunSpec& spec, coordinator::Coordina
   if (spec.is_extract()) return std::string();  // the worker plans its capture (extract.mode)
   auto live = ClusterFromCoordinator(client);
   STRATA_RETURN_IF_ERROR(live.status());  // unreachable: say so now rather than after a second timeout
-  if (static_cast<int64_t>(live->workers.size()) < spec.parallel.dp) return std::string();  // it will wait
+  if (static_cast<int64_t>(live->workers.size()) < spec.parallel.workers()) return std::string();  // it will wait
   std::sort(live->workers.begin(), live->workers.end(), [](auto& a, auto& b) { return a.name < b.name; });
-  live->workers.resize(static_cast<size_t>(spec.parallel.dp));
+  live->workers.resize(static_cast<size_t>(spec.parallel.workers()));
   shard::JobSpec job;
   job.global_batch = spec.train.global_batch;
   job.sequence = spec.model.sequence;
   job.precision = spec.train.precision;
   job.dp = spec.parallel.dp;
-  job.pp = 1;
-  job.tp = 1;
+  job.pp = spec.parallel.pp;
+  job.tp = spec.parallel.tp;
   job.zero = spec.parallel.zero;
   job.micro_batch = spec.parallel.micro_batch > 0 ? spec.parallel.micro_batch : spec.train.global_batch / spec.parallel.dp;
-  job.recompute = false;
+  job.recompute = spec.parallel.recompute || spec.parallel.zero == 3;  // zero 3 recomputes (run_spec.h)
   job.offload = false;
   auto plan = shard::ChoosePlan(spec.model, job, *live);
   if (!plan.ok()) {
@@ -230,7 +233,7 @@ Result<std::string> EstimateForSubmit(const RunSpec& spec, coordinator::Coordina
     return Status(StatusCode::kResourceExhausted,
                   "not submitted: " + plan.status().message() +
                       ". Options: more workers (parallel.dp, with parallel.zero = 1 or 2 to shard optimizer state and gradients), "
-                      "a smaller parallel.micro_batch, or a smaller model; `strata plan SPEC` shows the estimate per worker");
+                      "parallel.pp / parallel.tp, parallel.recompute = true, a smaller parallel.micro_batch, or a smaller model; `strata plan SPEC` shows the estimate per worker");
   }
   const shard::WorkerAssignment* peak = &plan->workers.front();
   for (const auto& w : plan->workers) {

@@ -21,7 +21,7 @@ const std::map<std::string, std::set<std::string>>& AllowedKeys() {
       {"data", {"path", "format"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
                  "beta2", "grad_clip", "seed", "checkpoint_every", "precision"}},
-      {"parallel", {"dp", "micro_batch", "zero"}},
+      {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute"}},
       {"worker", {"threads"}},
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode"}},
   };
@@ -121,6 +121,15 @@ class Reader {
       if (!item.is_string() || !v) return InvalidArgument("run spec: " + Path(table, key) + " must hold strings only");
       out->push_back(*v);
     }
+    return Status::Ok();
+  }
+
+  Status Bool(const std::string& table, const std::string& key, bool* out) {
+    const toml::node* node = Find(table, key);
+    if (!node) return Status::Ok();
+    auto v = node->value<bool>();
+    if (!node->is_boolean() || !v) return InvalidArgument("run spec: " + Path(table, key) + " must be true or false");
+    *out = *v;
     return Status::Ok();
   }
 
@@ -351,9 +360,26 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
                            std::to_string(local_batch));
   }
   STRATA_RETURN_IF_ERROR(r.Int("parallel", "zero", &spec.parallel.zero, 0));
-  if (spec.parallel.zero > 2) {
+  if (spec.parallel.zero > 3) {
     return InvalidArgument("run spec: parallel.zero = " + std::to_string(spec.parallel.zero) +
-                           " is not available yet; use 0, 1 (sharded optimizer state) or 2 (and sharded gradients)");
+                           " is outside 0-3; use 1 (sharded optimizer state), 2 (and gradients) or 3 (and parameters)");
+  }
+  ParallelSpec& p = spec.parallel;
+  STRATA_RETURN_IF_ERROR(r.Int("parallel", "pp", &p.pp, 1));
+  STRATA_RETURN_IF_ERROR(r.Int("parallel", "tp", &p.tp, 1));
+  STRATA_RETURN_IF_ERROR(r.Bool("parallel", "recompute", &p.recompute));
+  if (p.pp > m.layers) {
+    return InvalidArgument("run spec: parallel.pp = " + std::to_string(p.pp) + " exceeds model.layers = " +
+                           std::to_string(m.layers) + "; every pipeline stage needs at least one layer");
+  }
+  if (m.heads % p.tp != 0 || m.kv_heads % p.tp != 0) {
+    return InvalidArgument("run spec: parallel.tp = " + std::to_string(p.tp) + " does not divide model.heads = " +
+                           std::to_string(m.heads) + (m.family == "llama" ? " and model.kv_heads = " + std::to_string(m.kv_heads) : "") +
+                           "; each tensor-parallel rank takes whole heads");
+  }
+  if (m.ffn % p.tp != 0) {
+    return InvalidArgument("run spec: parallel.tp = " + std::to_string(p.tp) + " does not divide model.ffn = " +
+                           std::to_string(m.ffn) + "; each tensor-parallel rank takes an equal slice of the MLP");
   }
   return spec;
 }
@@ -399,8 +425,11 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"min_lr", spec.train.min_lr},
                                    {"precision", spec.train.precision}});
   root.insert("parallel", toml::table{{"dp", spec.parallel.dp},
+                                      {"pp", spec.parallel.pp},
+                                      {"tp", spec.parallel.tp},
                                       {"micro_batch", spec.parallel.micro_batch},
-                                      {"zero", spec.parallel.zero}});
+                                      {"zero", spec.parallel.zero},
+                                      {"recompute", spec.parallel.recompute}});
   root.insert("worker", toml::table{{"threads", spec.worker.threads}});
   if (spec.is_extract()) {
     toml::array layers, sites;

@@ -8,7 +8,7 @@
 //   [data]      path = "corpus.txt", format = "bytes" | "u16"
 //   [train]     steps, global_batch, lr, lr_schedule, warmup_steps, min_lr, weight_decay, beta1,
 //               beta2, grad_clip, seed, checkpoint_every, precision
-//   [parallel]  dp, micro_batch, zero
+//   [parallel]  dp, pp, tp, micro_batch, zero, recompute (a train run takes dp x pp x tp workers)
 //   [worker]    threads (intra-op threads per CPU worker; 0 = LibTorch's default)
 //   [extract]   layers, sites, dtype, precision, batch, tokens (kind = "extract": capture
 //               activations of the model over the data instead of training; parallel.dp is the
@@ -60,9 +60,15 @@ struct TrainSpec {
 };
 
 struct ParallelSpec {
-  int64_t dp = 1;
+  int64_t dp = 1;           // data-parallel replicas
+  int64_t pp = 1;           // pipeline stages (contiguous layer ranges, 1F1B over micro-batches)
+  int64_t tp = 1;           // tensor-parallel ranks (Megatron column/row split of attention and MLP)
   int64_t micro_batch = 0;  // rows per forward/backward on a rank; 0 = the whole local batch
-  int64_t zero = 0;         // ZeRO stage over the dp group: 1 shards optimizer state, 2 also gradients
+  // ZeRO stage over the dp group: 1 shards optimizer state, 2 also gradients, 3 also parameters
+  // (gathered one layer at a time, and gathered again with its forward recomputed in backward).
+  int64_t zero = 0;
+  bool recompute = false;   // keep only each layer's input; recompute its forward in backward
+  int64_t workers() const { return dp * pp * tp; }
 };
 
 // Activation capture. Rows are token positions: sequence i of the data (tokens

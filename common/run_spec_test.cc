@@ -84,7 +84,20 @@ TEST_F(RunSpecTest, MicroBatchMustDivideTheRankBatch) {
 TEST_F(RunSpecTest, InitFromMustHoldSafetensors) {
   ExpectRejected(With("layers = 2", "layers = 2\ninit_from = \"no-such-dir\""), "model.init_from");
 }
-TEST_F(RunSpecTest, ZeroStageThreeIsNotOfferedYet) { ExpectRejected(Valid() + "[parallel]\nzero = 3\n", "parallel.zero"); }
+TEST_F(RunSpecTest, ZeroStageFourDoesNotExist) { ExpectRejected(Valid() + "[parallel]\nzero = 4\n", "parallel.zero"); }
+TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
+  // Valid(): 2 layers, 4 heads, ffn 4 x hidden.
+  ExpectRejected(Valid() + "[parallel]\npp = 3\n", "parallel.pp = 3 exceeds model.layers = 2");
+  ExpectRejected(Valid() + "[parallel]\ntp = 3\n", "parallel.tp = 3 does not divide model.heads");
+  ExpectRejected(Valid() + "[parallel]\nrecompute = 1\n", "parallel.recompute must be true or false");
+  auto spec = ParseRunSpec(Valid() + "[parallel]\ndp = 2\npp = 2\ntp = 2\nzero = 3\nrecompute = true\n", dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->parallel.workers(), 8);
+  auto again = ParseRunSpec(RunSpecToToml(*spec), dir_, true);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->parallel.recompute);
+  EXPECT_EQ(again->parallel.tp, 2);
+}
 TEST_F(RunSpecTest, UnknownPrecisionIsNamed) { ExpectRejected(Valid("", "precision = \"fp8\"\n"), "train.precision"); }
 
 TEST(LearningRateTest, WarmupThenCosineToMinLr) {

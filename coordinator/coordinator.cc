@@ -370,7 +370,9 @@ class CoordinatorImpl final : public Coordinator {
                                         std::to_string(stored.spec.parallel.dp) + " worker(s)");
     } else {
       AddEvent(stored, "submitted", "run " + stored.id + " submitted: " + std::to_string(stored.spec.train.steps) +
-                                        " steps on dp=" + std::to_string(stored.spec.parallel.dp));
+                                        " steps on " + std::to_string(stored.spec.parallel.workers()) + " worker(s) (dp=" +
+                                        std::to_string(stored.spec.parallel.dp) + " pp=" + std::to_string(stored.spec.parallel.pp) +
+                                        " tp=" + std::to_string(stored.spec.parallel.tp) + ")");
     }
     Persist(stored);
     schema::EnvelopeBuilder reply(rid);
@@ -403,9 +405,10 @@ class CoordinatorImpl final : public Coordinator {
       for (auto& [id, w] : workers_) {
         if (w.state == WorkerState::IDLE) idle.push_back(&w);
       }
-      const size_t dp = static_cast<size_t>(run->spec.parallel.dp);
-      if (idle.size() < dp) return;  // FIFO: a big run waits rather than being overtaken
-      idle.resize(dp);
+      // A train run takes a worker per rank of its mesh; a capture, parallel.dp workers.
+      const auto wanted = static_cast<size_t>(run->spec.is_extract() ? run->spec.parallel.dp : run->spec.parallel.workers());
+      if (idle.size() < wanted) return;  // FIFO: a big run waits rather than being overtaken
+      idle.resize(wanted);
       if (run->spec.is_extract()) {
         StartExtract(*run, idle);
       } else {
@@ -1081,7 +1084,7 @@ class CoordinatorImpl final : public Coordinator {
     auto workers = b.initWorkers(run.workers.size());
     for (size_t i = 0; i < run.workers.size(); ++i) workers.set(i, run.workers[i]);
     b.setMessage(run.message);
-    b.setWorldSize(run.spec.parallel.dp);
+    b.setWorldSize(run.spec.is_extract() ? run.spec.parallel.dp : run.spec.parallel.workers());
     b.setTokensPerSecond(run.tokens_per_second);
   }
 

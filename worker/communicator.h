@@ -1,6 +1,8 @@
-// Communicator: collectives among the ranks of one task. Implementations: ZeroMQ (CPU workers,
-// here) and NCCL (GPU workers, later) behind the same interface. All ranks must call the same
-// collectives in the same order. Not thread-safe, except Abort().
+// Communicator: collectives and point-to-point transfers among the ranks of one task, or of a
+// group of them (Split: the data-parallel, tensor-parallel and pipeline groups of a mesh).
+// Implementations: ZeroMQ (CPU workers, host buffers) and NCCL (GPU workers, device buffers)
+// behind the same interface. All ranks of a group must call the same collectives in the same
+// order. Not thread-safe, except Abort(), which also aborts every group split from it.
 #pragma once
 
 #include <zmq.hpp>
@@ -38,6 +40,15 @@ class Communicator {
   virtual Status AllGather(float* data, size_t count) = 0;
   // Copies `root`'s `count` floats to every rank.
   virtual Status Broadcast(float* data, size_t count, uint32_t root) = 0;
+  // Point-to-point, for pipeline stages: `bytes` bytes to / from rank `peer` of this group.
+  // Sends are buffered (ZeroMQ) or stream-ordered (NCCL): a send never waits for its receive.
+  virtual Status Send(const void* data, size_t bytes, uint32_t peer) = 0;
+  virtual Status Recv(void* data, size_t bytes, uint32_t peer) = 0;
+  // Every rank calls Split with the same partition of this communicator's ranks (each rank in
+  // exactly one group); returns the communicator of this rank's group, ranked by position in it.
+  virtual Result<std::unique_ptr<Communicator>> Split(const std::vector<std::vector<uint32_t>>& groups) = 0;
+  // Where buffers passed to this communicator live: device memory (NCCL) or host memory.
+  virtual bool device_buffers() const { return false; }
   // Makes the pending and every later call return Aborted (a failed run never hangs its peers).
   virtual void Abort() = 0;
 };
@@ -63,7 +74,10 @@ struct ZmqCommunicatorOptions {
   std::optional<curve::ClientKeys> curve;
 };
 
-// Binds this rank's address (peer_addresses[rank]) and connects to its ring neighbour.
+// Binds this rank's address (peer_addresses[rank]); connects to a peer when it first sends there.
 Result<std::unique_ptr<Communicator>> CreateZmqCommunicator(zmq::context_t& context, const ZmqCommunicatorOptions& options);
+
+// A world of one rank (every collective is a no-op), for single-device tools and benchmarks.
+std::unique_ptr<Communicator> CreateSoloCommunicator();
 
 }  // namespace strata::worker

@@ -1,214 +1,301 @@
 #include "worker/trainer.h"
 
-#include "worker/hf_format.h"
-#include "worker/torch_compat.h"
-
 #include <algorithm>
 #include <cmath>
-#include <mutex>
+#include <deque>
+#include <map>
+
+#include "worker/causal_lm.h"
+#include "worker/torch_compat.h"
 
 namespace strata::worker {
+namespace {
+
+// The partition of the world into groups of ranks that differ only in the coordinate `vary`.
+std::vector<std::vector<uint32_t>> GroupsAlong(const shard::MeshShape& mesh, char vary) {
+  std::vector<std::vector<uint32_t>> groups;
+  std::map<std::vector<int64_t>, size_t> index;
+  for (int64_t r = 0; r < mesh.size(); ++r) {
+    const shard::MeshPosition p = shard::PositionOf(mesh, r);
+    std::vector<int64_t> key = {vary == 's' ? -1 : p.stage, vary == 'd' ? -1 : p.dp_rank, vary == 't' ? -1 : p.tp_rank};
+    auto [it, inserted] = index.emplace(key, groups.size());
+    if (inserted) groups.emplace_back();
+    groups[it->second].push_back(static_cast<uint32_t>(r));
+  }
+  return groups;
+}
+
+std::string MeshName(const shard::MeshShape& m) {
+  return "dp=" + std::to_string(m.dp) + " x pp=" + std::to_string(m.pp) + " x tp=" + std::to_string(m.tp);
+}
+
+}  // namespace
 
 Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device device)
-    : context_(context), data_(std::move(data)), device_(device) {
-  // Every rank seeds identically, so all replicas start from the same weights.
-  auto model = BuildCausalLm(context.spec.model, context.spec.train.seed);
-  if (!model.ok()) {
-    init_status_ = model.status();
-    model_ = CreateCausalLm(context.spec.model);  // keeps the object usable; init_status() says not to
-  } else {
-    model_ = *model;
-  }
-  model_->to(device_);
-  for (auto& item : model_->named_parameters()) params_.emplace_back(item.key(), item.value());
-  if (context.spec.parallel.zero == 0) {
-    for (auto& [name, p] : params_) {
-      exp_avg_.push_back(torch::zeros_like(p));
-      exp_avg_sq_.push_back(torch::zeros_like(p));
-    }
+    : context_(context), data_(std::move(data)), device_(device), mesh_(shard::MeshOf(context.spec.parallel)) {
+  if (mesh_.size() != static_cast<int64_t>(context.world_size)) {
+    init_status_ = InvalidArgument("the run's mesh " + MeshName(mesh_) + " needs " + std::to_string(mesh_.size()) +
+                                   " workers but the task has " + std::to_string(context.world_size));
     return;
   }
-  std::vector<torch::Tensor> masks;
-  for (auto& [name, p] : params_) {
-    total_elements_ += p.numel();
-    masks.push_back(torch::full({p.numel()}, p.dim() >= 2 ? 1.0f : 0.0f));
+  position_ = shard::PositionOf(mesh_, context.rank);
+  init_status_ = BuildGroups();
+  if (!init_status_.ok()) return;
+  // Every rank builds the whole model from the same seed (or init_from) and keeps its part, so
+  // any mesh starts from exactly the weights of a single worker.
+  auto full = BuildCausalLm(context.spec.model, context.spec.train.seed);
+  if (!full.ok()) {
+    init_status_ = full.status();
+    return;
   }
-  const auto [begin, end] = ShardRange(total_elements_, context.world_size, context.rank);
-  shard_begin_ = static_cast<int64_t>(begin);
-  shard_end_ = static_cast<int64_t>(end);
-  shard_exp_avg_ = torch::zeros({shard_end_ - shard_begin_});
-  shard_exp_avg_sq_ = torch::zeros({shard_end_ - shard_begin_});
-  shard_decay_mask_ = torch::cat(masks).narrow(0, shard_begin_, shard_end_ - shard_begin_).clone();
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (auto& item : (*full)->named_parameters()) named.emplace_back(item.key(), item.value());
+  model_ = std::make_unique<StageModel>(context.spec, mesh_, position_, named, device_,
+                                        StageModel::Groups{dp_group_.get(), tp_group_.get()});
+  const bool sharded_moments = context.spec.parallel.zero >= 1;
+  for (auto& unit : model_->units()) {
+    Moments m;
+    m.begin = sharded_moments ? unit.shard_begin : 0;
+    m.end = sharded_moments ? unit.shard_end : unit.numel;
+    auto options = torch::TensorOptions().dtype(torch::kFloat).device(device_);
+    m.exp_avg = torch::zeros({m.end - m.begin}, options);
+    m.exp_avg_sq = torch::zeros({m.end - m.begin}, options);
+    // Masks over the whole unit, then cut: decay on matrices; the norm counts each element once.
+    auto decay = torch::zeros({unit.numel}), norm = torch::zeros({unit.numel});
+    for (size_t i = 0; i < unit.names.size(); ++i) {
+      int64_t n = 1;
+      for (int64_t d : unit.shapes[i]) n *= d;
+      if (unit.full_shapes[i].size() >= 2) decay.narrow(0, unit.offsets[i], n).fill_(1.0);
+      const bool counted = !unit.tied_copy && (!unit.replicated[i] || position_.tp_rank == 0);
+      if (counted) norm.narrow(0, unit.offsets[i], n).fill_(1.0);
+    }
+    m.decay_mask = decay.narrow(0, m.begin, m.end - m.begin).to(device_);
+    m.norm_mask = norm.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).to(device_);
+    moments_.push_back(std::move(m));
+  }
+}
+
+Status Trainer::BuildGroups() {
+  Communicator& world = *context_.communicator;
+  STRATA_ASSIGN_OR_RETURN(dp_group_, world.Split(GroupsAlong(mesh_, 'd')));
+  STRATA_ASSIGN_OR_RETURN(tp_group_, world.Split(GroupsAlong(mesh_, 't')));
+  STRATA_ASSIGN_OR_RETURN(pipe_group_, world.Split(GroupsAlong(mesh_, 's')));
+  // GPT-2's tied embedding lives on the first and the last stage: those two sum its gradient.
+  std::vector<std::vector<uint32_t>> tie;
+  for (const auto& pipe : GroupsAlong(mesh_, 's')) {
+    if (mesh_.pp > 1) {
+      tie.push_back({pipe.front(), pipe.back()});
+      for (size_t i = 1; i + 1 < pipe.size(); ++i) tie.push_back({pipe[i]});
+    } else {
+      tie.push_back(pipe);
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(tie_group_, world.Split(tie));
+  return Status::Ok();
 }
 
 int64_t Trainer::optimizer_state_elements() const {
-  if (context_.spec.parallel.zero > 0) return shard_end_ - shard_begin_;
   int64_t n = 0;
-  for (auto& m : exp_avg_) n += m.numel();
+  for (const auto& m : moments_) n += m.end - m.begin;
   return n;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Trainer::parameters() {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& unit : model_->units()) {
+    if (unit.sharded || unit.tied_copy) continue;
+    for (size_t i = 0; i < unit.names.size(); ++i) {
+      int64_t n = 1;
+      for (int64_t d : unit.shapes[i]) n *= d;
+      out.emplace_back(unit.names[i], unit.flat.detach().narrow(0, unit.offsets[i], n).view(unit.shapes[i]));
+    }
+  }
+  return out;
 }
 
 Result<double> Trainer::Step() {
   const auto& spec = context_.spec;
-  const int64_t n = context_.world_size;
-  const int64_t local_batch = spec.train.global_batch / n;
+  const int64_t local_batch = spec.train.global_batch / mesh_.dp;
   const int64_t t = spec.model.sequence;
   auto offsets = data_.BatchOffsets(spec.train.seed, step_, spec.train.global_batch, t);
   auto window = torch::empty({local_batch, t + 1}, torch::kLong);
   auto* w = window.data_ptr<int64_t>();
   for (int64_t row = 0; row < local_batch; ++row) {
-    const int64_t start = offsets[context_.rank * local_batch + row];
+    const int64_t start = offsets[position_.dp_rank * local_batch + row];
     for (int64_t i = 0; i <= t; ++i) w[row * (t + 1) + i] = data_.tokens()[start + i];
   }
   window = window.to(device_);
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  try {
+    STRATA_RETURN_IF_ERROR(RunSchedule(window, &loss_sum));
+  } catch (const std::runtime_error& e) {  // a collective failed inside autograd
+    model_->EndStep();
+    return Unavailable(std::string("step ") + std::to_string(step_ + 1) + " failed: " + e.what());
+  }
+  model_->EndStep();
+  return Update(loss_sum);
+}
 
-  // Gradient accumulation: the rank's rows in micro-batches, each loss scaled by its share, so
-  // the accumulated gradient is that of the mean over all local rows whatever the micro-batch.
+Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum) {
+  const auto& spec = context_.spec;
+  const int64_t local_batch = window.size(0);
+  const int64_t t = spec.model.sequence;
   const int64_t micro = spec.parallel.micro_batch > 0 ? spec.parallel.micro_batch : local_batch;
-  model_->zero_grad();
-  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
-  for (int64_t begin = 0; begin < local_batch; begin += micro) {
-    auto rows = window.narrow(0, begin, micro);
-    auto inputs = rows.narrow(1, 0, t);
-    auto targets = rows.narrow(1, 1, t);
-    torch::Tensor loss;
-    {
-      compat::AutocastGuard autocast(device_, spec.train.precision == "bf16");
-      auto logits = model_->Logits(inputs);
-      loss = torch::nn::functional::cross_entropy(logits.reshape({-1, spec.model.vocab}).to(torch::kFloat),
-                                                  targets.reshape({-1}));
-    }
-    const double share = static_cast<double>(micro) / static_cast<double>(local_batch);
-    (loss * share).backward();
-    loss_sum += loss.detach() * share;
-  }
+  const int64_t count = local_batch / micro;
+  const double share = static_cast<double>(micro) / static_cast<double>(local_batch);
+  const std::vector<int64_t> activation_shape = {micro, t, spec.model.hidden};
+  const auto stage = static_cast<uint32_t>(position_.stage);
+  Communicator& pipe = *pipe_group_;
 
-  if (spec.parallel.zero > 0) return ShardedStep(loss_sum);
-  double mean_loss = 0;
-  if (n == 1) {
-    mean_loss = loss_sum.item<double>();  // nothing to exchange: gradients stay where they are
-  } else {
-    // One flat buffer of every gradient plus the loss: one all-reduce per step.
-    std::vector<torch::Tensor> pieces;
-    for (auto& [name, p] : params_) pieces.push_back(p.grad().reshape({-1}));
-    pieces.push_back(loss_sum.reshape({1}));
-    auto flat = torch::cat(pieces).to(torch::kCPU, torch::kFloat).contiguous();
-    STRATA_RETURN_IF_ERROR(context_.communicator->AllReduceSum(flat.data_ptr<float>(), flat.numel()));
-    flat.div_(static_cast<double>(n));
-    mean_loss = flat[flat.numel() - 1].item<double>();
-    flat = flat.to(device_);
-    int64_t offset = 0;
-    for (auto& [name, p] : params_) {
-      p.mutable_grad().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
-      offset += p.numel();
+  struct InFlight {
+    torch::Tensor input;   // received activation (leaf), undefined on the first stage
+    torch::Tensor output;  // scaled loss (last stage) or the activation sent on
+  };
+  std::deque<InFlight> in_flight;
+  auto forward = [&](int64_t i) {
+    auto rows = window.narrow(0, i * micro, micro);
+    InFlight f;
+    compat::AutocastGuard autocast(device_, spec.train.precision == "bf16");
+    torch::Tensor x;
+    if (model_->first_stage()) {
+      x = model_->Embed(rows.narrow(1, 0, t));
+    } else {
+      f.input = RecvTensor(pipe, activation_shape, device_, stage - 1).requires_grad_(true);
+      x = f.input;
     }
+    x = model_->Blocks(x);
+    if (model_->last_stage()) {
+      auto logits = model_->Head(x);
+      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, spec.model.vocab}).to(torch::kFloat),
+                                                       rows.narrow(1, 1, t).reshape({-1}));
+      *loss_sum += loss.detach() * share;
+      f.output = loss * share;
+    } else {
+      SendTensor(pipe, x, stage + 1);
+      f.output = x;
+    }
+    in_flight.push_back(std::move(f));
+  };
+  auto backward = [&] {
+    InFlight f = std::move(in_flight.front());
+    in_flight.pop_front();
+    if (model_->last_stage()) {
+      f.output.backward();
+    } else {
+      auto grad = RecvTensor(pipe, activation_shape, device_, stage + 1);
+      f.output.backward(grad.to(f.output.scalar_type()));
+    }
+    if (!model_->first_stage()) SendTensor(pipe, f.input.grad(), stage - 1);
+  };
+  // 1F1B: warm up with the forwards the later stages need to start, then one forward and one
+  // backward at a time, then drain.
+  const int64_t warmup = std::min<int64_t>(mesh_.pp - 1 - position_.stage, count);
+  for (int64_t i = 0; i < warmup; ++i) forward(i);
+  for (int64_t i = warmup; i < count; ++i) {
+    forward(i);
+    backward();
   }
-  if (!std::isfinite(mean_loss)) {
-    return Internal("loss became " + std::to_string(mean_loss) + " at step " + std::to_string(step_ + 1) +
-                    "; lower train.lr or set train.grad_clip");
-  }
-
-  if (spec.train.grad_clip > 0) {
-    // Global norm over all parameters (identical on every rank after the all-reduce).
-    std::vector<torch::Tensor> tensors;
-    for (auto& [name, p] : params_) tensors.push_back(p);
-    torch::nn::utils::clip_grad_norm_(tensors, spec.train.grad_clip);
-  }
-  ++step_;
-  AdamW();
-  return mean_loss;
+  while (!in_flight.empty()) backward();
+  return Status::Ok();
 }
 
-void Trainer::AdamW() {
+Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
   torch::NoGradGuard no_grad;
-  const auto& tr = context_.spec.train;
-  const double lr = LearningRate(tr, step_);
-  const double bc1 = 1.0 - std::pow(tr.beta1, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(tr.beta2, static_cast<double>(step_));
-  const double eps = 1e-8;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i].second;
-    const auto& g = p.grad();
-    if (tr.weight_decay > 0 && p.dim() >= 2) p.mul_(1.0 - lr * tr.weight_decay);
-    exp_avg_[i].mul_(tr.beta1).add_(g, 1.0 - tr.beta1);
-    exp_avg_sq_[i].mul_(tr.beta2).addcmul_(g, g, 1.0 - tr.beta2);
-    auto denom = (exp_avg_sq_[i].sqrt() / std::sqrt(bc2)).add_(eps);
-    p.addcdiv_(exp_avg_[i], denom, -lr / bc1);
-  }
-}
-
-Result<double> Trainer::ShardedStep(const torch::Tensor& loss_sum) {
-  torch::NoGradGuard no_grad;
-  const auto& tr = context_.spec.train;
-  Communicator& comm = *context_.communicator;
-  const double n = context_.world_size;
-  const int64_t shard = shard_end_ - shard_begin_;
-
+  const auto& spec = context_.spec;
+  const auto& tr = spec.train;
+  const int64_t zero = spec.parallel.zero;
+  auto& units = model_->units();
   std::vector<torch::Tensor> grads;
-  for (auto& [name, p] : params_) grads.push_back(p.grad().reshape({-1}));
-  auto flat_grad = torch::cat(grads).to(torch::kCPU, torch::kFloat).contiguous();
-  if (context_.spec.parallel.zero == 1) {
-    STRATA_RETURN_IF_ERROR(comm.AllReduceSum(flat_grad.data_ptr<float>(), flat_grad.numel()));
-  } else {
-    STRATA_RETURN_IF_ERROR(comm.ReduceScatterSum(flat_grad.data_ptr<float>(), flat_grad.numel()));
-  }
-  auto g = flat_grad.narrow(0, shard_begin_, shard).div_(n);  // mean over ranks, this shard only
+  torch::Tensor square_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  try {
+    for (size_t u = 0; u < units.size(); ++u) {
+      ParamUnit& unit = units[u];
+      torch::Tensor g = unit.flat.grad().defined() ? unit.flat.grad().contiguous() : torch::zeros_like(unit.flat);
+      if (static_cast<int>(u) == model_->first_wte_unit() || static_cast<int>(u) == model_->tied_copy_unit()) {
+        AllReduceTensor(*tie_group_, g);
+      }
+      if (zero <= 1) AllReduceTensor(*dp_group_, g);
+      if (zero == 2) ReduceScatterTensor(*dp_group_, g);  // zero 3 reduce-scattered in backward
+      g.div_(static_cast<double>(mesh_.dp));
+      auto shard = unit.sharded ? g : g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
+      square_sum += (shard * moments_[u].norm_mask).pow(2).sum();
+      grads.push_back(g);
+    }
+    // The loss (from the last stage's tensor-parallel rank 0) and the squared norm: one all-reduce.
+    const bool reports_loss = model_->last_stage() && position_.tp_rank == 0;
+    auto scalars = torch::stack({reports_loss ? loss_sum : torch::zeros_like(loss_sum), square_sum}).contiguous();
+    AllReduceTensor(*context_.communicator, scalars);
+    scalars = scalars.to(torch::kCPU);
+    const double mean_loss = scalars[0].item<double>() / static_cast<double>(mesh_.dp);
+    if (!std::isfinite(mean_loss)) {
+      return Internal("loss became " + std::to_string(mean_loss) + " at step " + std::to_string(step_ + 1) +
+                      "; lower train.lr or set train.grad_clip");
+    }
+    const double norm = std::sqrt(scalars[1].item<double>());
+    const double clip = tr.grad_clip > 0 && norm > tr.grad_clip ? tr.grad_clip / (norm + 1e-6) : 1.0;
 
-  // The loss and the clipping norm: two scalars, one all-reduce.
-  auto scalars = torch::stack({loss_sum.to(torch::kCPU, torch::kFloat), g.pow(2).sum()}).contiguous();
-  STRATA_RETURN_IF_ERROR(comm.AllReduceSum(scalars.data_ptr<float>(), 2));
-  const double mean_loss = scalars[0].item<double>() / n;
-  if (!std::isfinite(mean_loss)) {
-    return Internal("loss became " + std::to_string(mean_loss) + " at step " + std::to_string(step_ + 1) +
-                    "; lower train.lr or set train.grad_clip");
+    ++step_;
+    const double lr = LearningRate(tr, step_);
+    const double bc1 = 1.0 - std::pow(tr.beta1, static_cast<double>(step_));
+    const double bc2 = 1.0 - std::pow(tr.beta2, static_cast<double>(step_));
+    for (size_t u = 0; u < units.size(); ++u) {
+      ParamUnit& unit = units[u];
+      Moments& m = moments_[u];
+      torch::Tensor flat = unit.flat.detach();
+      auto p = unit.sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin);
+      auto g = grads[u];
+      if (!unit.sharded && zero >= 1) g = g.narrow(0, m.begin, m.end - m.begin);
+      if (clip != 1.0) g = g * clip;
+      if (tr.weight_decay > 0) p.mul_(m.decay_mask.mul(-lr * tr.weight_decay).add_(1.0));
+      m.exp_avg.mul_(tr.beta1).add_(g, 1.0 - tr.beta1);
+      m.exp_avg_sq.mul_(tr.beta2).addcmul_(g, g, 1.0 - tr.beta2);
+      auto denom = (m.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(1e-8);
+      p.addcdiv_(m.exp_avg, denom, -lr / bc1);
+      if (zero == 1 || zero == 2) AllGatherTensor(*dp_group_, flat);
+      unit.flat.mutable_grad() = torch::Tensor();
+    }
+    return mean_loss;
+  } catch (const std::runtime_error& e) {
+    return Unavailable(std::string("step ") + std::to_string(step_ + 1) + " failed: " + e.what());
   }
-  const double norm = std::sqrt(scalars[1].item<double>());
-  if (tr.grad_clip > 0 && norm > tr.grad_clip) g.mul_(tr.grad_clip / (norm + 1e-6));
-
-  // AdamW on this shard (the same element-wise formula as AdamW()).
-  ++step_;
-  std::vector<torch::Tensor> flat_params;
-  for (auto& [name, p] : params_) flat_params.push_back(p.detach().reshape({-1}));
-  auto flat_param = torch::cat(flat_params).to(torch::kCPU, torch::kFloat).contiguous();
-  auto p = flat_param.narrow(0, shard_begin_, shard);
-  const double lr = LearningRate(tr, step_);
-  const double bc1 = 1.0 - std::pow(tr.beta1, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(tr.beta2, static_cast<double>(step_));
-  if (tr.weight_decay > 0) p.mul_(shard_decay_mask_.mul(-lr * tr.weight_decay).add_(1.0));
-  shard_exp_avg_.mul_(tr.beta1).add_(g, 1.0 - tr.beta1);
-  shard_exp_avg_sq_.mul_(tr.beta2).addcmul_(g, g, 1.0 - tr.beta2);
-  auto denom = (shard_exp_avg_sq_.sqrt() / std::sqrt(bc2)).add_(1e-8);
-  p.addcdiv_(shard_exp_avg_, denom, -lr / bc1);
-
-  STRATA_RETURN_IF_ERROR(comm.AllGather(flat_param.data_ptr<float>(), flat_param.numel()));
-  auto updated = flat_param.to(device_);
-  int64_t offset = 0;
-  for (auto& [name, param] : params_) {
-    param.copy_(updated.narrow(0, offset, param.numel()).view_as(param));
-    offset += param.numel();
-  }
-  return mean_loss;
 }
 
 Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard() {
-  auto put = [&](const std::string& name, const torch::Tensor& tensor) -> Status {
-    auto cpu = tensor.detach().to(torch::kCPU).contiguous();
-    return context_.store->PutCheckpointTensor(context_.run_id, step_, name, ViewOf(cpu));
-  };
-  const bool sharded = context_.spec.parallel.zero > 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (i % context_.world_size != context_.rank) continue;
-    const std::string& name = params_[i].first;
-    STRATA_RETURN_IF_ERROR(put("param/" + name, params_[i].second));
-    if (sharded) continue;
-    STRATA_RETURN_IF_ERROR(put("adam_m/" + name, exp_avg_[i]));
-    STRATA_RETURN_IF_ERROR(put("adam_v/" + name, exp_avg_sq_[i]));
-  }
-  if (sharded) {
-    const std::string range = std::to_string(shard_begin_) + ":" + std::to_string(shard_end_) + ":" +
-                              std::to_string(total_elements_);
-    STRATA_RETURN_IF_ERROR(put("zero/adam_m/" + range, shard_exp_avg_));
-    STRATA_RETURN_IF_ERROR(put("zero/adam_v/" + range, shard_exp_avg_sq_));
+  const int64_t zero = context_.spec.parallel.zero;
+  for (size_t u = 0; u < model_->units().size(); ++u) {
+    const ParamUnit& unit = model_->units()[u];
+    const Moments& m = moments_[u];
+    if (unit.tied_copy) continue;  // the first stage writes wte
+    auto flat = unit.flat.detach().to(torch::kCPU);
+    auto exp_avg = m.exp_avg.to(torch::kCPU), exp_avg_sq = m.exp_avg_sq.to(torch::kCPU);
+    for (size_t i = 0; i < unit.names.size(); ++i) {
+      const bool split = !unit.replicated[i];
+      if (!split && position_.tp_rank != 0) continue;  // replicated: tensor-parallel rank 0 writes it
+      int64_t n = 1;
+      for (int64_t d : unit.shapes[i]) n *= d;
+      // This rank's piece: its data-parallel shard of the unit, where it overlaps parameter i.
+      const int64_t begin = std::max(unit.offsets[i], unit.shard_begin);
+      const int64_t end = std::min(unit.offsets[i] + n, unit.shard_end);
+      if (end <= begin) continue;
+      shard::PieceName piece;
+      piece.name = unit.names[i];
+      piece.tp_rank = split ? position_.tp_rank : 0;
+      piece.tp = split ? mesh_.tp : 1;
+      piece.begin = begin - unit.offsets[i];
+      piece.end = end - unit.offsets[i];
+      piece.shape = unit.full_shapes[i];
+      const int64_t param_at = unit.sharded ? begin - unit.shard_begin : begin;
+      const int64_t moment_at = zero >= 1 ? begin - unit.shard_begin : begin;
+      const std::pair<const char*, torch::Tensor> kinds[] = {{"param", flat.narrow(0, param_at, end - begin)},
+                                                             {"adam_m", exp_avg.narrow(0, moment_at, end - begin)},
+                                                             {"adam_v", exp_avg_sq.narrow(0, moment_at, end - begin)}};
+      for (const auto& [kind, values] : kinds) {
+        piece.kind = kind;
+        auto contiguous = values.contiguous();
+        STRATA_RETURN_IF_ERROR(context_.store->PutCheckpointTensor(context_.run_id, step_, shard::FormatPiece(piece),
+                                                                   ViewOf(contiguous)));
+      }
+    }
   }
   STRATA_RETURN_IF_ERROR(context_.store->CommitCheckpoint(context_.run_id, step_));
   STRATA_ASSIGN_OR_RETURN(auto list, context_.store->ListCheckpoints(context_.run_id));

@@ -1,17 +1,24 @@
-// Data-parallel training of one rank (any CausalLm family) (internal to worker/, includes LibTorch).
+// Training of one rank of a dp x pp x tp mesh (internal to worker/, includes LibTorch).
 //
-// One step on rank r of n, global batch B:
-//   rows [r B/n, (r+1) B/n) of the step's global batch  ->  local mean loss L_r, grads g_r
-//   all-reduce( [g_r ; L_r] ) / n  ->  mean gradient and mean loss of the global batch
-// which equals a single worker's step on all B rows (up to float summation order).
-// With micro-batches of m rows, each micro-batch loss is scaled by m / local rows before
-// backward, so the accumulated gradient is the same whatever m (gradient accumulation).
-// ZeRO (Rajbhandari et al. 2020) over the n ranks, on the flat vector of all parameters split
-// into n shards (ShardRange): stage 1 all-reduces gradients but each rank keeps AdamW moments
-// (2 x 4 bytes/param) for its shard only and updates only that shard, then the shards are
-// all-gathered; stage 2 reduce-scatters the gradients instead (each rank receives only its
-// shard's sum: half the traffic). The update is element-wise, so every stage computes the same
-// parameters as stage 0 (the clipping norm is summed in another order).
+// Step on data-parallel replica d of dp, global batch B, micro-batches of m rows:
+//   rows [d B/dp, (d+1) B/dp) of the step's global batch, cut into M = (B/dp)/m micro-batches;
+//   each micro-batch's loss is scaled by m/(B/dp), so the accumulated gradient is that of the
+//   replica's mean loss whatever m (gradient accumulation);
+//   pipeline (pp stages, 1F1B; Narayanan et al. 2021): stage s runs min(pp-s-1, M) forwards,
+//   then alternates one forward and one backward, then drains the remaining backwards. Stages
+//   exchange activations forward and their gradients backward; at most pp-s micro-batches of
+//   activations are alive on stage s;
+//   tensor parallel inside each block (stage_model.h);
+//   GPT-2's tied embedding: the first and last stage each hold wte and sum its gradient;
+//   data parallel: per parameter unit, gradients are summed over the dp group and divided by dp,
+//   which equals one worker's step on all B rows (up to float summation order).
+// ZeRO (Rajbhandari et al. 2020) over the dp group, per unit: 1 keeps AdamW moments for this
+// rank's 1/dp of the unit and updates only that, then all-gathers the parameters; 2 reduce-
+// scatters the gradients instead of all-reducing them; 3 also keeps only the 1/dp parameter
+// shard (stage_model.h). The update is element-wise, so every stage computes the same step.
+// The clipping norm and the loss are one all-reduce of two scalars over the whole world: each
+// element is counted once (by its data-parallel shard owner, by tensor-parallel rank 0 when
+// replicated, never in the tied copy).
 // AdamW (Loshchilov & Hutter) with bias correction, decay on matrices only, lr from the schedule:
 //   p -= lr wd p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
@@ -19,10 +26,12 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "worker/causal_lm.h"
+#include "shard/layout.h"
+#include "worker/stage_model.h"
 #include "worker/task.h"
 #include "worker/token_data.h"
 
@@ -32,38 +41,44 @@ class Trainer {
  public:
   Trainer(const TaskContext& context, TokenData data, torch::Device device);
 
-  // Not OK when model.init_from could not be loaded (the trainer must not be used then).
+  // Not OK when model.init_from could not be loaded or the mesh does not match the task's world
+  // (the trainer must not be used then).
   const Status& init_status() const { return init_status_; }
 
-  // Runs step `step_` + 1; returns the global mean loss.
+  // Runs step `step_` + 1; returns the global mean loss (the same on every rank).
   Result<double> Step();
   int64_t step() const { return step_; }
 
-  // Writes this rank's shard of the checkpoint at the current step into the store and commits it
-  // there: parameters with index % n == rank, and their AdamW moments (stage 0) or this rank's
-  // flat shard of the moments, named "zero/adam_m/BEGIN:END:TOTAL" (stages 1-2).
+  // Writes this rank's pieces of the checkpoint at the current step (shard/layout.h: parameters
+  // and AdamW moments, each its tensor-parallel slice cut by data-parallel rank) and commits them.
   Result<std::vector<storage::CheckpointTensorInfo>> SaveCheckpointShard();
 
-  // Parameters by name, in a fixed order.
-  const std::vector<std::pair<std::string, torch::Tensor>>& parameters() const { return params_; }
-  // Elements of AdamW state this rank holds per moment (all parameters at stage 0, a 1/n shard above).
+  // This rank's parameters by name (its tensor-parallel slices of its stage's layers; views of
+  // the live values). Not with ZeRO-3, where a rank holds no whole parameter.
+  std::vector<std::pair<std::string, torch::Tensor>> parameters();
+  // Elements of AdamW state this rank holds per moment.
   int64_t optimizer_state_elements() const;
+  const shard::MeshPosition& position() const { return position_; }
 
  private:
-  void AdamW();
-  // Stages 1-2: exchange gradients, update this rank's shard, all-gather the parameters.
-  Result<double> ShardedStep(const torch::Tensor& loss_sum);
+  struct Moments {
+    torch::Tensor exp_avg, exp_avg_sq, decay_mask, norm_mask;  // over the unit's optimizer range
+    int64_t begin = 0, end = 0;                                 // that range, in the unit's flat vector
+  };
+
+  Status BuildGroups();
+  torch::Tensor MicroBatchLoss(const torch::Tensor& rows, torch::Tensor* input, torch::Tensor* output);
+  Status RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum);
+  Result<double> Update(const torch::Tensor& loss_sum);
 
   const TaskContext& context_;
   TokenData data_;
   torch::Device device_;
-  std::shared_ptr<CausalLm> model_;
-  std::vector<std::pair<std::string, torch::Tensor>> params_;
-  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;  // stage 0: one pair per parameter
-  // Stages 1-2 (host memory, as the ZeroMQ collectives run there): the flat shard's moments and
-  // its weight-decay mask (1 on matrices).
-  int64_t total_elements_ = 0, shard_begin_ = 0, shard_end_ = 0;
-  torch::Tensor shard_exp_avg_, shard_exp_avg_sq_, shard_decay_mask_;
+  shard::MeshShape mesh_;
+  shard::MeshPosition position_;
+  std::unique_ptr<Communicator> dp_group_, tp_group_, pipe_group_, tie_group_;
+  std::unique_ptr<StageModel> model_;
+  std::vector<Moments> moments_;  // one per unit
   int64_t step_ = 0;
   Status init_status_;
 };

@@ -1,22 +1,29 @@
-// ZeroMQ ring collectives for CPU workers. Each rank sends only to rank r+1 and receives only
-// from rank r-1.
+// ZeroMQ collectives for CPU workers, over one socket mesh per task shared by every group split
+// from it.
 //
-// The buffer is cut into n chunks, chunk c = ShardRange(count, n, c). Reduce-scatter: in step s
-// (0..n-2) rank r sends chunk (r - s - 1) mod n and adds the chunk (r - s - 2) mod n received
-// from rank r-1; after n-1 steps rank r holds the full sum of its own chunk r. All-gather: rank r
-// starts with chunk r; in step s it sends chunk (r - s) mod n and copies in chunk (r - s - 1)
-// mod n. All-reduce is the two in a row: each rank sends 2(n-1)/n of the buffer, the optimum for
-// a ring. Summation order differs per chunk but the all-gather copies bytes, so every rank ends
-// bit-identical. Broadcast passes the whole buffer around the ring from the root (n-1 hops).
+// Transport: each rank binds one PULL socket and opens a PUSH socket to a peer the first time it
+// sends there. A frame is [header: token, group, sequence, source][payload]. A receive waits for
+// the next sequence number of (group, source); frames of other groups or sources that arrive
+// first wait in a mailbox. So groups interleave freely (a tensor-parallel all-reduce between two
+// pipeline sends) as long as each group's ranks call the same operations in the same order.
 //
-// Wire: each message is [header: token u64, sequence u64, chunk u64][chunk bytes]. The inbound
-// PULL socket is fresh per task; the token drops frames a previous task's peer may still send.
+// Ring collectives within a group of n: the buffer is cut into n chunks, chunk c =
+// ShardRange(count, n, c). Reduce-scatter: in step s (0..n-2) group rank r sends chunk
+// (r - s - 1) mod n to r+1 and adds the chunk (r - s - 2) mod n received from r-1; after n-1
+// steps rank r holds the full sum of its own chunk r. All-gather: rank r starts with chunk r; in
+// step s it sends chunk (r - s) mod n and copies in chunk (r - s - 1) mod n. All-reduce is the two
+// in a row: each rank sends 2(n-1)/n of the buffer, the optimum for a ring. Summation order
+// differs per chunk but the all-gather copies bytes, so every rank ends bit-identical. Broadcast
+// passes the whole buffer around the ring from the root (n-1 hops).
 //
-// Authentication: on tcp:// both sockets use CURVE (see communicator.h) and a ZAP handler admits
-// only authorized peers, so a stranger on the network cannot inject a chunk (the token alone is
-// no defence: it travels in clear text without CURVE).
+// Authentication: on tcp:// the inbound socket is a CURVE server and every outbound socket a
+// CURVE client (see communicator.h); a ZAP handler admits only authorized peers, so a stranger on
+// the network cannot inject a chunk (the token alone is no defence: it travels in clear text
+// without CURVE).
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include "common/net.h"
 #include "worker/communicator.h"
@@ -26,58 +33,167 @@ namespace {
 
 struct FrameHeader {
   uint64_t token;
+  uint64_t group;
   uint64_t sequence;
-  uint64_t chunk;
+  uint64_t source;  // world rank of the sender
 };
 
-class ZmqCommunicator final : public Communicator {
+// The task's sockets and mailbox, shared by the world communicator and its groups; used by the
+// task thread only (Abort aside).
+class Mesh {
  public:
-  ZmqCommunicator(zmq::context_t& context, ZmqCommunicatorOptions options)
-      : options_(std::move(options)),
-        world_(static_cast<uint32_t>(options_.peer_addresses.size())),
-        context_(&context) {}
+  explicit Mesh(ZmqCommunicatorOptions options) : options_(std::move(options)) {}
 
-  Status Init() {
-    if (world_ == 0 || options_.rank >= world_) return InvalidArgument("communicator: rank outside the world");
-    if (world_ == 1) return Status::Ok();
-    const auto [own_endpoint, own_key] = curve::SplitAddressKey(options_.peer_addresses[options_.rank]);
-    const auto [next_endpoint, next_key] = curve::SplitAddressKey(options_.peer_addresses[(options_.rank + 1) % world_]);
-    const bool use_curve = curve::RequiresCurve(own_endpoint) || curve::RequiresCurve(next_endpoint);
-    if (use_curve && !options_.curve) {
-      return InvalidArgument("communicator: tcp:// data-plane addresses need CURVE keys (anyone could inject "
-                             "gradients otherwise); start the workers with --keys DIR from `strata keygen`");
+  Status Init(zmq::context_t* context) {
+    const uint32_t world = static_cast<uint32_t>(options_.peer_addresses.size());
+    if (world == 0 || options_.rank >= world) return InvalidArgument("communicator: rank outside the world");
+    context_ = context;
+    if (world == 1) return Status::Ok();
+    bool use_curve = false;
+    for (uint32_t r = 0; r < world; ++r) {
+      const auto [endpoint, key] = curve::SplitAddressKey(options_.peer_addresses[r]);
+      if (!curve::RequiresCurve(endpoint)) continue;
+      use_curve = true;
+      if (!options_.curve) {
+        return InvalidArgument("communicator: tcp:// data-plane addresses need CURVE keys (anyone could inject "
+                               "gradients otherwise); start the workers with --keys DIR from `strata keygen`");
+      }
+      if (key.empty()) {
+        return InvalidArgument("communicator: rank " + std::to_string(r) + "'s address " + endpoint +
+                               " carries no CURVE key; start every worker with --keys DIR");
+      }
     }
-    if (use_curve && next_key.empty()) {
-      return InvalidArgument("communicator: rank " + std::to_string((options_.rank + 1) % world_) + "'s address " +
-                             next_endpoint + " carries no CURVE key; start every worker with --keys DIR");
-    }
-    if (use_curve) {
+    use_curve_ = use_curve;
+    if (use_curve_) {
       own_context_ = std::make_unique<zmq::context_t>(1);
       context_ = own_context_.get();
       STRATA_ASSIGN_OR_RETURN(zap_, curve::ZapHandler::Bind(*context_, options_.curve->authorized,
                                                            "data plane of rank " + std::to_string(options_.rank)));
     }
     inbound_ = zmq::socket_t(*context_, zmq::socket_type::pull);
-    outbound_ = zmq::socket_t(*context_, zmq::socket_type::push);
     try {
       inbound_.set(zmq::sockopt::linger, 0);
       inbound_.set(zmq::sockopt::rcvhwm, 0);
-      if (use_curve) curve::ConfigureServer(inbound_, options_.curve->own);
-      inbound_.bind(own_endpoint);
-      outbound_.set(zmq::sockopt::linger, 2000);  // let the last chunks out before closing
-      outbound_.set(zmq::sockopt::sndhwm, 0);
-      if (use_curve) curve::ConfigureClient(outbound_, options_.curve->own, next_key);
-      outbound_.connect(next_endpoint);
+      if (use_curve_) curve::ConfigureServer(inbound_, options_.curve->own);
+      inbound_.bind(curve::SplitAddressKey(options_.peer_addresses[options_.rank]).first);
     } catch (const zmq::error_t& e) {
-      return Unavailable("communicator: cannot bind " + options_.peer_addresses[options_.rank] + " or reach rank " +
-                         std::to_string((options_.rank + 1) % world_) + ": " + e.what());
+      return Unavailable("communicator: cannot bind " + options_.peer_addresses[options_.rank] + ": " + e.what());
+    }
+    outbound_.resize(world);
+    return Status::Ok();
+  }
+
+  uint32_t rank() const { return options_.rank; }
+  uint32_t world() const { return static_cast<uint32_t>(options_.peer_addresses.size()); }
+  void Abort() { aborted_.store(true); }
+  bool aborted() const { return aborted_.load(); }
+  uint64_t NextGroupId() { return ++groups_made_; }
+
+  Status Send(uint64_t group, uint32_t to, const void* data, size_t bytes) {
+    if (aborted_.load()) return Aborted("communicator aborted");
+    STRATA_ASSIGN_OR_RETURN(zmq::socket_t * socket, Outbound(to));
+    FrameHeader header{options_.task_token, group, send_sequence_[{group, to}]++, options_.rank};
+    try {
+      socket->send(zmq::buffer(&header, sizeof(header)), zmq::send_flags::sndmore);
+      socket->send(zmq::buffer(data, bytes), zmq::send_flags::none);
+    } catch (const zmq::error_t& e) {
+      return Unavailable(std::string("communicator: send to rank ") + std::to_string(to) + " failed: " + e.what());
     }
     return Status::Ok();
   }
 
-  uint32_t rank() const override { return options_.rank; }
-  uint32_t world_size() const override { return world_; }
-  void Abort() override { aborted_.store(true); }
+  // The next payload of `group` from world rank `from`, which must be `bytes` long.
+  Status Recv(uint64_t group, uint32_t from, void* out, size_t bytes) {
+    const Key key{group, from, recv_sequence_[{group, from}]};
+    auto deliver = [&](zmq::message_t& payload) -> Status {
+      if (payload.size() != bytes) {
+        return Internal("communicator: rank " + std::to_string(from) + " sent " + std::to_string(payload.size()) +
+                        " bytes where " + std::to_string(bytes) + " were expected; ranks called collectives in "
+                        "different orders or with different sizes");
+      }
+      std::memcpy(out, payload.data(), bytes);
+      ++recv_sequence_[{group, from}];
+      return Status::Ok();
+    };
+    if (auto it = mailbox_.find(key); it != mailbox_.end()) {
+      Status st = deliver(it->second);
+      mailbox_.erase(it);
+      return st;
+    }
+    const int64_t deadline = net::SteadyMs() + options_.peer_timeout_ms;
+    std::vector<zmq::message_t> frames;
+    while (true) {
+      if (aborted_.load()) return Aborted("communicator aborted while waiting for rank " + std::to_string(from));
+      if (net::SteadyMs() > deadline) {
+        return DeadlineExceeded("rank " + std::to_string(options_.rank) + " waited " +
+                                std::to_string(options_.peer_timeout_ms / 1000) + " s for rank " +
+                                std::to_string(from) + "; it may have died or stalled");
+      }
+      // Waiting is also when this rank admits its peers: ZAP requests are answered here.
+      if (!curve::PollWithZap(inbound_, zap_.get(), 50) || !net::RecvMultipart(inbound_, &frames, 0)) continue;
+      if (frames.size() != 2 || frames[0].size() != sizeof(FrameHeader)) continue;  // not ours
+      FrameHeader header;
+      std::memcpy(&header, frames[0].data(), sizeof(header));
+      if (header.token != options_.task_token || header.source >= world()) continue;  // stale or foreign
+      const Key got{header.group, static_cast<uint32_t>(header.source), header.sequence};
+      if (got == key) return deliver(frames[1]);
+      if (header.sequence < recv_sequence_[{header.group, got.source}]) continue;  // a duplicate
+      mailbox_[got] = std::move(frames[1]);
+    }
+  }
+
+ private:
+  struct Key {
+    uint64_t group;
+    uint32_t source;
+    uint64_t sequence;
+    bool operator==(const Key& o) const { return group == o.group && source == o.source && sequence == o.sequence; }
+    bool operator<(const Key& o) const {
+      return std::tie(group, source, sequence) < std::tie(o.group, o.source, o.sequence);
+    }
+  };
+
+  Result<zmq::socket_t*> Outbound(uint32_t to) {
+    if (to >= world()) return InvalidArgument("communicator: no rank " + std::to_string(to));
+    if (!outbound_[to]) {
+      const auto [endpoint, key] = curve::SplitAddressKey(options_.peer_addresses[to]);
+      auto socket = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::push);
+      try {
+        socket->set(zmq::sockopt::linger, 2000);  // let the last chunks out before closing
+        socket->set(zmq::sockopt::sndhwm, 0);
+        if (use_curve_) curve::ConfigureClient(*socket, options_.curve->own, key);
+        socket->connect(endpoint);
+      } catch (const zmq::error_t& e) {
+        return Unavailable("communicator: cannot reach rank " + std::to_string(to) + " at " + endpoint + ": " + e.what());
+      }
+      outbound_[to] = std::move(socket);
+    }
+    return outbound_[to].get();
+  }
+
+  ZmqCommunicatorOptions options_;
+  bool use_curve_ = false;
+  // Destroyed in reverse: sockets, then the ZAP handler, then our own context (if any).
+  std::unique_ptr<zmq::context_t> own_context_;  // with CURVE: this task's context (see communicator.h)
+  zmq::context_t* context_ = nullptr;
+  std::unique_ptr<curve::ZapHandler> zap_;
+  zmq::socket_t inbound_;
+  std::vector<std::unique_ptr<zmq::socket_t>> outbound_;
+  std::map<std::pair<uint64_t, uint32_t>, uint64_t> send_sequence_, recv_sequence_;
+  std::map<Key, zmq::message_t> mailbox_;
+  uint64_t groups_made_ = 0;
+  std::atomic<bool> aborted_{false};
+};
+
+// The world (group 0, members 0..n-1) or a group split from it.
+class ZmqCommunicator final : public Communicator {
+ public:
+  ZmqCommunicator(std::shared_ptr<Mesh> mesh, uint64_t group, std::vector<uint32_t> members, uint32_t rank)
+      : mesh_(std::move(mesh)), group_(group), members_(std::move(members)), rank_(rank) {}
+
+  uint32_t rank() const override { return rank_; }
+  uint32_t world_size() const override { return static_cast<uint32_t>(members_.size()); }
+  void Abort() override { mesh_->Abort(); }
 
   Status AllReduceSum(float* data, size_t count) override {
     STRATA_RETURN_IF_ERROR(ReduceScatterSum(data, count));
@@ -85,7 +201,7 @@ class ZmqCommunicator final : public Communicator {
   }
 
   Status ReduceScatterSum(float* data, size_t count) override {
-    return RingPass(data, count, /*offset=*/n() - 1, /*accumulate=*/true);
+    return RingPass(data, count, /*offset=*/world_size() - 1, /*accumulate=*/true);
   }
 
   Status AllGather(float* data, size_t count) override {
@@ -93,37 +209,64 @@ class ZmqCommunicator final : public Communicator {
   }
 
   Status Broadcast(float* data, size_t count, uint32_t root) override {
-    if (aborted_.load()) return Aborted("communicator aborted");
-    if (root >= world_) return InvalidArgument("broadcast: root " + std::to_string(root) + " is not a rank");
-    if (world_ == 1) return Status::Ok();
-    const uint32_t r = options_.rank;
-    std::vector<float> incoming;
-    if (r != root) {
-      STRATA_RETURN_IF_ERROR(RecvChunk(&incoming, count, root));
-      std::memcpy(data, incoming.data(), count * sizeof(float));
-    }
-    if ((r + 1) % world_ != root) STRATA_RETURN_IF_ERROR(SendChunk(data, count, root));
+    if (mesh_->aborted()) return Aborted("communicator aborted");
+    const uint32_t n = world_size();
+    if (root >= n) return InvalidArgument("broadcast: root " + std::to_string(root) + " is not a rank");
+    if (n == 1) return Status::Ok();
+    if (rank_ != root) STRATA_RETURN_IF_ERROR(mesh_->Recv(group_, Prev(), data, count * sizeof(float)));
+    if ((rank_ + 1) % n != root) STRATA_RETURN_IF_ERROR(mesh_->Send(group_, Next(), data, count * sizeof(float)));
     return Status::Ok();
   }
 
+  Status Send(const void* data, size_t bytes, uint32_t peer) override {
+    if (peer >= world_size()) return InvalidArgument("send: no rank " + std::to_string(peer) + " in this group");
+    return mesh_->Send(group_, members_[peer], data, bytes);
+  }
+
+  Status Recv(void* data, size_t bytes, uint32_t peer) override {
+    if (peer >= world_size()) return InvalidArgument("recv: no rank " + std::to_string(peer) + " in this group");
+    return mesh_->Recv(group_, members_[peer], data, bytes);
+  }
+
+  Result<std::unique_ptr<Communicator>> Split(const std::vector<std::vector<uint32_t>>& groups) override {
+    // Group ids agree without a message as long as every rank of the task makes the same Splits
+    // in the same order (the mesh makes them once, from the world).
+    const uint64_t split = mesh_->NextGroupId();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (size_t i = 0; i < groups[g].size(); ++i) {
+        if (groups[g][i] != rank_) continue;
+        std::vector<uint32_t> members;
+        for (uint32_t r : groups[g]) {
+          if (r >= world_size()) return InvalidArgument("split: no rank " + std::to_string(r) + " in this group");
+          members.push_back(members_[r]);
+        }
+        return std::unique_ptr<Communicator>(std::make_unique<ZmqCommunicator>(
+            mesh_, (split << 20) | (g + 1), std::move(members), static_cast<uint32_t>(i)));
+      }
+    }
+    return InvalidArgument("split: rank " + std::to_string(rank_) + " is in none of the groups");
+  }
+
  private:
-  uint32_t n() const { return world_; }
+  uint32_t Next() const { return members_[(rank_ + 1) % world_size()]; }
+  uint32_t Prev() const { return members_[(rank_ + world_size() - 1) % world_size()]; }
 
   // n-1 ring steps; in step s rank r sends chunk (r - s + offset) mod n and receives chunk
   // (r - s - 1 + offset) mod n, adding it (reduce-scatter) or copying it (all-gather).
   Status RingPass(float* data, size_t count, uint32_t offset, bool accumulate) {
-    if (aborted_.load()) return Aborted("communicator aborted");
-    const uint32_t world = n();
-    if (world == 1) return Status::Ok();
-    const uint32_t r = options_.rank;
+    if (mesh_->aborted()) return Aborted("communicator aborted");
+    const uint32_t n = world_size();
+    if (n == 1) return Status::Ok();
+    const uint32_t r = rank_;
     std::vector<float> incoming;
-    for (uint32_t s = 0; s + 1 < world; ++s) {
-      const uint32_t send_c = (r + offset + world - s) % world;
-      const uint32_t recv_c = (r + offset + 2 * world - s - 1) % world;
-      const auto [send_begin, send_end] = ShardRange(count, world, send_c);
-      const auto [recv_begin, recv_end] = ShardRange(count, world, recv_c);
-      STRATA_RETURN_IF_ERROR(SendChunk(data + send_begin, send_end - send_begin, send_c));
-      STRATA_RETURN_IF_ERROR(RecvChunk(&incoming, recv_end - recv_begin, recv_c));
+    for (uint32_t s = 0; s + 1 < n; ++s) {
+      const uint32_t send_c = (r + offset + n - s) % n;
+      const uint32_t recv_c = (r + offset + 2 * n - s - 1) % n;
+      const auto [send_begin, send_end] = ShardRange(count, n, send_c);
+      const auto [recv_begin, recv_end] = ShardRange(count, n, recv_c);
+      STRATA_RETURN_IF_ERROR(mesh_->Send(group_, Next(), data + send_begin, (send_end - send_begin) * sizeof(float)));
+      incoming.resize(recv_end - recv_begin);
+      STRATA_RETURN_IF_ERROR(mesh_->Recv(group_, Prev(), incoming.data(), incoming.size() * sizeof(float)));
       float* dst = data + recv_begin;
       if (accumulate) {
         for (size_t i = 0; i < incoming.size(); ++i) dst[i] += incoming[i];
@@ -134,65 +277,29 @@ class ZmqCommunicator final : public Communicator {
     return Status::Ok();
   }
 
-  Status SendChunk(const float* src, size_t count, uint32_t chunk) {
-    FrameHeader header{options_.task_token, send_sequence_++, chunk};
-    try {
-      outbound_.send(zmq::buffer(&header, sizeof(header)), zmq::send_flags::sndmore);
-      outbound_.send(zmq::buffer(src, count * sizeof(float)), zmq::send_flags::none);
-    } catch (const zmq::error_t& e) {
-      return Unavailable(std::string("communicator: send failed: ") + e.what());
-    }
-    return Status::Ok();
-  }
-
-  Status RecvChunk(std::vector<float>* out, size_t count, uint32_t chunk) {
-    const uint32_t from = (options_.rank + world_ - 1) % world_;
-    const int64_t deadline = net::SteadyMs() + options_.peer_timeout_ms;
-    std::vector<zmq::message_t> frames;
-    while (true) {
-      if (aborted_.load()) return Aborted("communicator aborted while waiting for rank " + std::to_string(from));
-      if (net::SteadyMs() > deadline) {
-        return DeadlineExceeded("rank " + std::to_string(options_.rank) + " waited " +
-                                std::to_string(options_.peer_timeout_ms / 1000) + " s for rank " +
-                                std::to_string(from) + "; it may have died or stalled");
-      }
-      // Waiting is also when this rank admits its neighbour: ZAP requests are answered here.
-      if (!curve::PollWithZap(inbound_, zap_.get(), 50) || !net::RecvMultipart(inbound_, &frames, 0)) continue;
-      if (frames.size() != 2 || frames[0].size() != sizeof(FrameHeader)) continue;  // not ours
-      FrameHeader header;
-      std::memcpy(&header, frames[0].data(), sizeof(header));
-      if (header.token != options_.task_token) continue;  // stale traffic of an earlier task
-      if (header.sequence != recv_sequence_ || header.chunk != chunk || frames[1].size() != count * sizeof(float)) {
-        return Internal("communicator: out-of-order chunk from rank " + std::to_string(from) + " (sequence " +
-                        std::to_string(header.sequence) + ", expected " + std::to_string(recv_sequence_) +
-                        "); ranks called collectives in different orders");
-      }
-      ++recv_sequence_;
-      out->resize(count);
-      std::memcpy(out->data(), frames[1].data(), frames[1].size());
-      return Status::Ok();
-    }
-  }
-
-  ZmqCommunicatorOptions options_;
-  uint32_t world_;
-  // Destroyed in reverse: sockets, then the ZAP handler, then our own context (if any).
-  std::unique_ptr<zmq::context_t> own_context_;  // with CURVE: this task's context (see communicator.h)
-  zmq::context_t* context_;
-  std::unique_ptr<curve::ZapHandler> zap_;
-  zmq::socket_t inbound_;
-  zmq::socket_t outbound_;
-  uint64_t send_sequence_ = 0;
-  uint64_t recv_sequence_ = 0;
-  std::atomic<bool> aborted_{false};
+  std::shared_ptr<Mesh> mesh_;
+  uint64_t group_;
+  std::vector<uint32_t> members_;  // world ranks, by group rank
+  uint32_t rank_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> CreateZmqCommunicator(zmq::context_t& context, const ZmqCommunicatorOptions& options) {
-  auto comm = std::make_unique<ZmqCommunicator>(context, options);
-  STRATA_RETURN_IF_ERROR(comm->Init());
-  return std::unique_ptr<Communicator>(std::move(comm));
+  auto mesh = std::make_shared<Mesh>(options);
+  STRATA_RETURN_IF_ERROR(mesh->Init(&context));
+  std::vector<uint32_t> members;
+  for (uint32_t r = 0; r < mesh->world(); ++r) members.push_back(r);
+  const uint32_t rank = mesh->rank();
+  return std::unique_ptr<Communicator>(std::make_unique<ZmqCommunicator>(std::move(mesh), 0, std::move(members), rank));
+}
+
+std::unique_ptr<Communicator> CreateSoloCommunicator() {
+  ZmqCommunicatorOptions options;
+  options.peer_addresses = {"inproc://unused"};  // a world of one never sends
+  auto mesh = std::make_shared<Mesh>(options);
+  (void)mesh->Init(nullptr);
+  return std::make_unique<ZmqCommunicator>(std::move(mesh), 0, std::vector<uint32_t>{0}, 0);
 }
 
 }  // namespace strata::worker

@@ -157,6 +157,48 @@ INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesTest,
                          ::testing::Values(std::pair<uint32_t, size_t>{1, 5}, std::pair<uint32_t, size_t>{2, 1001},
                                            std::pair<uint32_t, size_t>{3, 1000}, std::pair<uint32_t, size_t>{4, 3}));
 
+// A 2 x 2 mesh: rows {0,1}, {2,3} and columns {0,2}, {1,3} all-reduce in their groups while
+// point-to-point traffic of the world crosses them, in orders that differ per rank (rank 3
+// sends before it reduces, rank 2 receives after it): the mailbox sorts it out.
+TEST(ZmqCommunicatorTest, GroupsAndPointToPointInterleave) {
+  auto results = OnRanks(4, [](Communicator& world, uint32_t r) -> Status {
+    STRATA_ASSIGN_OR_RETURN(auto row, world.Split({{0, 1}, {2, 3}}));
+    STRATA_ASSIGN_OR_RETURN(auto column, world.Split({{0, 2}, {1, 3}}));
+    if (row->world_size() != 2 || row->rank() != r % 2 || column->rank() != r / 2) {
+      return Internal("rank " + std::to_string(r) + " got the wrong group rank");
+    }
+    const double payload = 1000.0 + r;
+    double received = 0;
+    if (r == 3) STRATA_RETURN_IF_ERROR(world.Send(&payload, sizeof(payload), 2));
+    std::vector<float> a(10, static_cast<float>(r)), b(7, static_cast<float>(r * 10));
+    STRATA_RETURN_IF_ERROR(row->AllReduceSum(a.data(), a.size()));
+    STRATA_RETURN_IF_ERROR(column->AllReduceSum(b.data(), b.size()));
+    if (r == 2) STRATA_RETURN_IF_ERROR(world.Recv(&received, sizeof(received), 3));
+    const float row_sum = r < 2 ? 0 + 1 : 2 + 3;
+    const float column_sum = 10.0f * (r % 2 == 0 ? 0 + 2 : 1 + 3);
+    for (float v : a) {
+      if (v != row_sum) return Internal("row sum on rank " + std::to_string(r) + ": " + std::to_string(v));
+    }
+    for (float v : b) {
+      if (v != column_sum) return Internal("column sum on rank " + std::to_string(r) + ": " + std::to_string(v));
+    }
+    if (r == 2 && received != 1003.0) return Internal("rank 2 received " + std::to_string(received));
+    return Status::Ok();
+  });
+  for (auto& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+TEST(ZmqCommunicatorTest, WrongSizedReceiveNamesTheMismatch) {
+  auto results = OnRanks(2, [](Communicator& world, uint32_t r) -> Status {
+    std::vector<float> data(r == 0 ? 4 : 6, 1.0f);
+    if (r == 0) return world.Send(data.data(), data.size() * sizeof(float), 1);
+    return world.Recv(data.data(), data.size() * sizeof(float), 0);
+  });
+  EXPECT_TRUE(results[0].ok());
+  EXPECT_EQ(results[1].code(), StatusCode::kInternal);
+  EXPECT_NE(results[1].message().find("16 bytes where 24"), std::string::npos) << results[1].ToString();
+}
+
 TEST(ZmqCommunicatorTest, BroadcastRejectsARootOutsideTheWorld) {
   auto results = OnRanks(1, [](Communicator& comm, uint32_t) -> Status {
     float x = 1;
@@ -255,9 +297,8 @@ Status InjectIntoRank1(const curve::ClientKeys& rank_keys, const std::optional<c
   push.connect(rank1);
   const std::vector<float> evil(2, 1e6f);
   for (uint64_t seq = 0; seq < 2; ++seq) {
-    // Rank 1 of 2 first receives chunk 1 (its own, to finish the reduce-scatter), then chunk 0
-    // (the all-gather).
-    const uint64_t header[3] = {kToken, seq, /*chunk=*/seq == 0 ? 1u : 0u};
+    // Rank 1 of 2 receives two chunks from rank 0 (reduce-scatter, then all-gather).
+    const uint64_t header[4] = {kToken, /*group=*/0, seq, /*source=*/0};
     push.send(zmq::buffer(header, sizeof(header)), zmq::send_flags::sndmore);
     push.send(zmq::buffer(evil.data(), evil.size() * sizeof(float)), zmq::send_flags::none);
   }

@@ -10,16 +10,6 @@
 namespace strata::worker {
 namespace {
 
-class NoComm : public Communicator {
- public:
-  uint32_t rank() const override { return 0; }
-  uint32_t world_size() const override { return 1; }
-  Status AllReduceSum(float*, size_t) override { return Status::Ok(); }
-  Status ReduceScatterSum(float*, size_t) override { return Status::Ok(); }
-  Status AllGather(float*, size_t) override { return Status::Ok(); }
-  Status Broadcast(float*, size_t, uint32_t) override { return Status::Ok(); }
-  void Abort() override {}
-};
 
 class GpuTest : public ::testing::Test {
  protected:
@@ -44,8 +34,8 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
   context.spec.train.precision = precision;
   context.spec.parallel.zero = zero;
   if (family == "llama") context.spec.model = {"llama", 2, 64, 4, 256, 64, 2, 192, 10000.0, 1e-6};
-  NoComm comm;
-  context.communicator = &comm;
+  auto comm = strata::worker::CreateSoloCommunicator();
+  context.communicator = comm.get();
   auto data = TokenData::Load(context.spec.data, 256);
   EXPECT_TRUE(data.ok());
   Trainer trainer(context, std::move(data).value(), device);

@@ -1,0 +1,89 @@
+#include "shard/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+namespace strata::shard {
+namespace {
+
+TEST(LayoutTest, RanksAndPositionsRoundTripWithTensorParallelFastest) {
+  const MeshShape mesh{2, 2, 2};
+  for (int64_t r = 0; r < mesh.size(); ++r) EXPECT_EQ(RankOf(mesh, PositionOf(mesh, r)), r);
+  EXPECT_EQ(PositionOf(mesh, 1).tp_rank, 1);   // tp groups are consecutive ranks
+  EXPECT_EQ(PositionOf(mesh, 2).dp_rank, 1);
+  EXPECT_EQ(PositionOf(mesh, 4).stage, 1);
+}
+
+TEST(LayoutTest, StagesCoverEveryLayerOnceWithTheLargerStagesLast) {
+  EXPECT_EQ(StageLayers(5, 2, 0), (std::pair<int64_t, int64_t>{0, 2}));
+  EXPECT_EQ(StageLayers(5, 2, 1), (std::pair<int64_t, int64_t>{2, 5}));
+  for (int64_t pp = 1; pp <= 7; ++pp) {
+    int64_t next = 0;
+    for (int64_t s = 0; s < pp; ++s) {
+      auto [first, last] = StageLayers(7, pp, s);
+      EXPECT_EQ(first, next);
+      EXPECT_GE(last - first, 1);
+      next = last;
+    }
+    EXPECT_EQ(next, 7);
+  }
+}
+
+// GPT-2's fused c_attn [3h, h]: rank r of 2 holds rows [r h/2, (r+1) h/2) of each of q, k, v.
+TEST(LayoutTest, FusedQkvSplitsEachOfQKAndVByHeads) {
+  ModelSpec spec;
+  spec.hidden = 4;
+  const std::vector<int64_t> shape = {12, 4};
+  const TensorSplit split = TensorParallelSplit(spec, "h.0.c_attn.weight", shape);
+  EXPECT_EQ(SliceShape(split, shape, 2), (std::vector<int64_t>{6, 4}));
+  std::vector<float> full(48), slice(24), back(48, -1.0f);
+  std::iota(full.begin(), full.end(), 0.0f);
+  CopySlice(split, shape, 2, 1, sizeof(float), reinterpret_cast<uint8_t*>(full.data()), reinterpret_cast<uint8_t*>(slice.data()));
+  // Rank 1: q rows 2-3 (elements 8..15), k rows 6-7 (24..31), v rows 10-11 (40..47).
+  EXPECT_EQ(slice[0], 8.0f);
+  EXPECT_EQ(slice[8], 24.0f);
+  EXPECT_EQ(slice[16], 40.0f);
+  for (int64_t r = 0; r < 2; ++r) {
+    CopySlice(split, shape, 2, r, sizeof(float), reinterpret_cast<uint8_t*>(full.data()), reinterpret_cast<uint8_t*>(slice.data()));
+    PlaceSlice(split, shape, 2, r, sizeof(float), reinterpret_cast<uint8_t*>(slice.data()), reinterpret_cast<uint8_t*>(back.data()));
+  }
+  EXPECT_EQ(back, full);
+  // Row-parallel projections split columns; norms and embeddings are replicated.
+  EXPECT_EQ(SliceShape(TensorParallelSplit(spec, "h.0.attn_proj.weight", {4, 4}), {4, 4}, 2), (std::vector<int64_t>{4, 2}));
+  EXPECT_TRUE(TensorParallelSplit(spec, "h.0.ln_1.weight", {4}).replicated());
+  EXPECT_TRUE(TensorParallelSplit(spec, "wte.weight", {256, 4}).replicated());
+  spec.family = "llama";
+  EXPECT_EQ(TensorParallelSplit(spec, "layers.3.self_attn.k_proj.weight", {2, 4}).dim, 0);
+  EXPECT_EQ(TensorParallelSplit(spec, "layers.3.mlp.down_proj.weight", {4, 8}).dim, 1);
+}
+
+TEST(LayoutTest, PieceNamesRoundTripAndBadNamesAreRefused) {
+  PieceName p{"adam_v", "layers.1.mlp.up_proj.weight", 1, 2, 10, 20, {96, 32}};
+  auto parsed = ParsePiece(FormatPiece(p));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->kind, "adam_v");
+  EXPECT_EQ(parsed->name, p.name);
+  EXPECT_EQ(parsed->tp_rank, 1);
+  EXPECT_EQ(parsed->end, 20);
+  EXPECT_EQ(parsed->shape, p.shape);
+  for (const char* bad : {"param/wte.weight", "param/x@tp=2/2@[0,4)@4", "param/x@tp=0/1@[5,4)@4", "param/x@tp=0/1@[0,4)@"}) {
+    EXPECT_FALSE(ParsePiece(bad).ok()) << bad;
+  }
+}
+
+TEST(LayoutTest, AssemblerNamesATensorWithAMissingPiece) {
+  ModelSpec spec;
+  TensorAssembler assembler(spec);
+  std::vector<float> half(8, 1.0f);
+  ASSERT_TRUE(assembler.Add({"param", "wte.weight", 0, 1, 0, 8, {4, 4}}, sizeof(float), reinterpret_cast<uint8_t*>(half.data())).ok());
+  auto taken = assembler.Take("wte.weight");
+  ASSERT_FALSE(taken.ok());
+  EXPECT_NE(taken.status().message().find("do not cover"), std::string::npos);
+  ASSERT_TRUE(assembler.Add({"param", "wte.weight", 0, 1, 8, 16, {4, 4}}, sizeof(float), reinterpret_cast<uint8_t*>(half.data())).ok());
+  EXPECT_TRUE(assembler.Take("wte.weight").ok());
+  EXPECT_FALSE(assembler.Add({"param", "wte.weight", 0, 1, 8, 20, {4, 4}}, sizeof(float), reinterpret_cast<uint8_t*>(half.data())).ok());
+}
+
+}  // namespace
+}  // namespace strata::shard

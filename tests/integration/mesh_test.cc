@@ -1,0 +1,140 @@
+// Sharded training through the CLI on a local cluster of 8 CPU worker processes: dp x pp x tp
+// meshes give the single worker's losses, their checkpoints export to the same model, and a run
+// resumes from a checkpoint under another mesh.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "storage/safetensors.h"
+#include "tests/integration/harness.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+class MeshClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/strata-mesh-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    setenv("STRATA_STATE_DIR", (dir_ + "/state").c_str(), 1);
+    unsetenv("STRATA_CLUSTER");
+    std::ofstream corpus(dir_ + "/corpus.txt");
+    std::ifstream gpl("/usr/share/common-licenses/GPL-3");
+    if (gpl) {
+      corpus << gpl.rdbuf();
+    } else {
+      for (int i = 0; i < 500; ++i) corpus << "the quick brown fox jumps over the lazy dog. ";
+    }
+    corpus.close();
+    auto up = Strata("up --workers 8");
+    ASSERT_EQ(up.rc, 0) << up.err;
+  }
+
+  static void TearDownTestSuite() {
+    Strata("down");
+    if (!std::getenv("STRATA_KEEP_TEST_DIRS")) fs::remove_all(dir_);
+  }
+
+  static testing::CommandResult Strata(const std::string& args) { return testing::RunStrata(args, dir_); }
+
+  // A tiny model of `family` (4 layers, 4 heads, 2 kv heads for llama), 8 sequences per step,
+  // micro-batches of 2, and `parallel` as the [parallel] table's body.
+  static std::string Spec(const std::string& name, const std::string& family, const std::string& parallel,
+                          int steps = 10, int checkpoint_every = 0) {
+    std::ostringstream s;
+    s << "name = \"" << name << "\"\n"
+      << "[model]\nfamily = \"" << family << "\"\nlayers = 4\nhidden = 32\nheads = 4\nvocab = 256\nsequence = 32\n"
+      << (family == "llama" ? "kv_heads = 2\nffn = 96\n" : "")
+      << "[data]\npath = \"corpus.txt\"\n"
+      << "[train]\nsteps = " << steps << "\nglobal_batch = 8\nlr = 0.003\nseed = 11\ngrad_clip = 1.0\n"
+      << "checkpoint_every = " << checkpoint_every << "\n"
+      << "[parallel]\nmicro_batch = 2\n" << parallel;
+    return s.str();
+  }
+
+  // Submits, follows to the end, returns the run id (extra: more `submit` flags).
+  static std::string Run(const std::string& name, const std::string& body, const std::string& extra = "") {
+    const std::string path = dir_ + "/" + name + ".toml";
+    std::ofstream(path) << body;
+    auto r = Strata("submit " + path + " --follow" + extra);
+    EXPECT_EQ(r.rc, 0) << r.out << r.err;
+    std::istringstream lines(r.out);
+    std::string run_id;
+    std::getline(lines, run_id);
+    return run_id;
+  }
+
+  static std::vector<double> Losses(const std::string& run) {
+    auto r = Strata("status " + run + " --json");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    json status = json::parse(r.out, nullptr, false);
+    EXPECT_EQ(status["state"], "finished") << r.out;
+    return status["losses"].get<std::vector<double>>();
+  }
+
+  static void ExpectSameLosses(const std::vector<double>& reference, const std::vector<double>& got,
+                               const std::string& what, size_t from = 0) {
+    ASSERT_EQ(got.size() + from, reference.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], reference[i + from], 1e-5 * reference[i + from]) << what << ", step " << i + from + 1;
+    }
+  }
+
+  static std::string dir_;
+};
+
+std::string MeshClusterTest::dir_;
+
+class MeshFamilyTest : public MeshClusterTest, public ::testing::WithParamInterface<std::string> {};
+
+// The full grid runs in trainer_test (threads); here the meshes run as real processes.
+TEST_P(MeshFamilyTest, MeshesOfWorkerProcessesGiveTheSingleWorkerLosses) {
+  const std::string family = GetParam();
+  auto one = Losses(Run(family + "-one", Spec(family + "-one", family, "")));
+  ASSERT_EQ(one.size(), 10u);
+  EXPECT_LT(one.back(), one.front());
+  ExpectSameLosses(one, Losses(Run(family + "-pp2tp2", Spec(family + "-pp2tp2", family, "pp = 2\ntp = 2\n"))),
+                   "pp=2 x tp=2");
+  ExpectSameLosses(one,
+                   Losses(Run(family + "-all", Spec(family + "-all", family, "dp = 2\npp = 2\ntp = 2\nzero = 1\nrecompute = true\n"))),
+                   "dp=2 x pp=2 x tp=2, zero 1, recompute");
+  ExpectSameLosses(one, Losses(Run(family + "-z3", Spec(family + "-z3", family, "dp = 2\ntp = 2\nzero = 3\n"))),
+                   "dp=2 x tp=2, zero 3");
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, MeshFamilyTest, ::testing::Values("gpt2", "llama"));
+
+// A checkpoint written under dp=2 x pp=2 x tp=2 exports the same model as one written by one
+// worker (up to the float summation order of 10 steps).
+TEST_F(MeshClusterTest, ExportAssemblesTheSameModelFromAnyMesh) {
+  const std::string one = Run("export-one", Spec("export-one", "llama", ""));
+  const std::string mesh = Run("export-mesh", Spec("export-mesh", "llama", "dp = 2\npp = 2\ntp = 2\nzero = 2\n"));
+  ASSERT_EQ(Strata("export " + one + " --out " + dir_ + "/export-one").rc, 0);
+  auto r = Strata("export " + mesh + " --out " + dir_ + "/export-mesh");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto a = storage::ReadSafetensors(dir_ + "/export-one/model.safetensors");
+  auto b = storage::ReadSafetensors(dir_ + "/export-mesh/model.safetensors");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->tensors.size(), b->tensors.size());
+  for (const auto& [name, ta] : a->tensors) {
+    ASSERT_TRUE(b->tensors.count(name)) << name;
+    const auto& tb = b->tensors.at(name);
+    ASSERT_EQ(ta.shape, tb.shape) << name;
+    ASSERT_EQ(ta.bytes.size(), tb.bytes.size()) << name;
+    const auto* fa = reinterpret_cast<const float*>(ta.bytes.data());
+    const auto* fb = reinterpret_cast<const float*>(tb.bytes.data());
+    double max_diff = 0;
+    for (size_t i = 0; i < ta.bytes.size() / sizeof(float); ++i) max_diff = std::max(max_diff, double(std::abs(fa[i] - fb[i])));
+    EXPECT_LT(max_diff, 1e-4) << name;
+  }
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,116 @@
+// One rank's part of a model under a dp x pp x tp mesh (internal to worker/, includes LibTorch):
+// the layers of its pipeline stage (plus the embedding on the first stage, the final norm and
+// head on the last), each sliced for its tensor-parallel rank (shard/layout.h), as flat fp32
+// parameter units.
+//
+// A unit is what is gathered, sharded and updated together: the embedding, one block, the head.
+// Its parameters live in one flat leaf tensor, so gradients land in one contiguous buffer (one
+// collective per unit) and ZeRO shards are plain ranges of it. The forward reads views of the
+// flat tensor, so autograd accumulates straight into flat.grad().
+//
+// A call runs a function over some units in one of three ways:
+//   direct        autograd records everything (activations of the call are kept);
+//   recomputed    the forward runs without a graph, keeping only its input; in backward it runs
+//                 again with a graph and is differentiated at once (activation recompute; LibTorch
+//                 C++ has no checkpoint helper);
+//   ZeRO-3        as recomputed, but the units are held as this rank's 1/dp shard only: the forward
+//                 all-gathers them and drops them after, the backward all-gathers again, recomputes,
+//                 and reduce-scatters the unit gradients so each rank keeps its shard's sum.
+//
+// Tensor parallelism inside a block (Megatron's f and g): CopyToTensorParallel is the identity
+// forward and an all-reduce of the gradient backward, ReduceFromTensorParallel an all-reduce
+// forward and the identity backward. With heads and MLP width split, a block costs two
+// all-reduces forward and two backward.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/run_spec.h"
+#include "shard/layout.h"
+#include "worker/communicator.h"
+
+namespace strata::worker {
+
+// Collectives on fp32 tensors of any device: host staging when the communicator needs host
+// buffers. Throw std::runtime_error on failure (they run inside autograd).
+void AllReduceTensor(Communicator& comm, torch::Tensor& t);
+void ReduceScatterTensor(Communicator& comm, torch::Tensor& t);
+void AllGatherTensor(Communicator& comm, torch::Tensor& t);
+void SendTensor(Communicator& comm, const torch::Tensor& t, uint32_t peer);
+torch::Tensor RecvTensor(Communicator& comm, const std::vector<int64_t>& shape, const torch::Device& device, uint32_t peer);
+
+struct ParamUnit {
+  std::string label;                         // "embed", "block 3", "head", "wte (tied copy)"
+  std::vector<std::string> names;            // the model's parameter names
+  std::vector<std::vector<int64_t>> shapes;  // this rank's tensor-parallel slices
+  std::vector<std::vector<int64_t>> full_shapes;
+  std::vector<int64_t> offsets;              // of each parameter in the unit's flat vector
+  std::vector<bool> replicated;              // the same on every tensor-parallel rank
+  int64_t numel = 0;
+  int64_t shard_begin = 0, shard_end = 0;    // this data-parallel rank's range of the flat vector
+  bool sharded = false;                      // ZeRO-3: `flat` holds [shard_begin, shard_end) only
+  bool tied_copy = false;                    // GPT-2's wte on the last stage (the first stage's is the one counted)
+  torch::Tensor flat;                        // fp32 leaf, requires grad
+};
+
+class StageModel {
+ public:
+  struct Groups {
+    Communicator* dp = nullptr;   // ranks with the same stage and tensor-parallel rank
+    Communicator* tp = nullptr;   // ranks with the same stage and data-parallel rank
+  };
+
+  // Slices `full` (every parameter of the whole model, by name, fp32 on the host) for this
+  // rank's position and moves its units to `device`.
+  StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
+             const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::Device device, Groups groups);
+
+  bool first_stage() const { return position_.stage == 0; }
+  bool last_stage() const { return position_.stage == mesh_.pp - 1; }
+  std::vector<ParamUnit>& units() { return units_; }
+  // The unit holding GPT-2's token embedding on this rank (the first stage's, or the last
+  // stage's tied copy); -1 when none.
+  int first_wte_unit() const { return wte_unit_; }
+  int tied_copy_unit() const { return tied_copy_unit_; }
+
+  // tokens [b, t] -> residual stream [b, t, hidden] (first stage).
+  torch::Tensor Embed(const torch::Tensor& tokens);
+  // This stage's blocks.
+  torch::Tensor Blocks(torch::Tensor x);
+  // Residual stream -> logits [b, t, vocab] (last stage).
+  torch::Tensor Head(const torch::Tensor& x);
+
+  // Releases what recomputed calls hold between forward and backward (after each step).
+  void EndStep() { calls_.clear(); }
+
+ private:
+  struct Call;
+  using CallFn = std::function<torch::Tensor(const torch::Tensor& x, const std::vector<std::vector<torch::Tensor>>& views)>;
+  friend struct UnitCallFunction;
+
+  void AddUnit(const std::string& label, const std::vector<std::string>& names,
+               const std::map<std::string, torch::Tensor>& full, bool tied_copy);
+  torch::Tensor Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute);
+  std::vector<torch::Tensor> ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const;
+  torch::Tensor BlockForward(int64_t layer, const torch::Tensor& x, const std::vector<torch::Tensor>& p);
+
+  RunSpec spec_;
+  shard::MeshShape mesh_;
+  shard::MeshPosition position_;
+  torch::Device device_;
+  Groups groups_;
+  std::vector<ParamUnit> units_;
+  std::vector<int> embed_units_, block_units_, head_units_;
+  int64_t first_layer_ = 0;
+  int wte_unit_ = -1, tied_copy_unit_ = -1;
+  torch::Tensor inv_freq_;  // llama rotary frequencies
+  std::deque<std::shared_ptr<Call>> calls_;
+};
+
+}  // namespace strata::worker
