@@ -24,6 +24,8 @@ p.add_argument("--sequence", type=int, default=1024)
 p.add_argument("--batch", type=int, default=8)
 p.add_argument("--precision", default="bf16")
 p.add_argument("--steps", type=int, default=10)
+p.add_argument("--fused", action="store_true", help="torch.optim.AdamW(fused=True)")
+p.add_argument("--compile", action="store_true", help="torch.compile the model")
 a = p.parse_args()
 ffn = a.ffn or 4 * a.hidden
 if a.family == "gpt2":
@@ -38,14 +40,15 @@ model = transformers.AutoModelForCausalLM.from_config(config, attn_implementatio
 decay = [p for p in model.parameters() if p.dim() >= 2]
 no_decay = [p for p in model.parameters() if p.dim() < 2]
 opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                        lr=3e-4, betas=(0.9, 0.95))
+                        lr=3e-4, betas=(0.9, 0.95), fused=a.fused)
+forward = torch.compile(model) if a.compile else model
 gen = torch.Generator(device="cuda").manual_seed(1)
 
 
 def step():
     tokens = torch.randint(0, a.vocab, (a.batch, a.sequence), device="cuda", generator=gen)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-        out = model(tokens, labels=tokens)  # transformers shifts the labels by one itself
+        out = forward(tokens, labels=tokens)  # transformers shifts the labels by one itself
     out.loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -60,7 +63,7 @@ for _ in range(a.steps):
     loss = step()
 torch.cuda.synchronize()
 seconds = time.perf_counter() - start
-print(json.dumps({"impl": "pytorch", "family": a.family, "params": sum(p.numel() for p in model.parameters()),
+print(json.dumps({"impl": "pytorch" + ("+fused" if a.fused else "") + ("+compile" if a.compile else ""), "family": a.family, "params": sum(p.numel() for p in model.parameters()),
                   "batch": a.batch, "sequence": a.sequence, "precision": a.precision,
                   "tokens_per_s": round(a.steps * a.batch * a.sequence / seconds),
                   "step_ms": round(1000 * seconds / a.steps, 1),

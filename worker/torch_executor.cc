@@ -8,6 +8,7 @@
 #include "worker/trainer.h"
 
 #ifdef STRATA_WITH_CUDA
+#include "worker/nccl_communicator.h"
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -96,6 +97,14 @@ class TorchExecutor final : public TaskExecutor {
       return InvalidArgument("train.precision = \"bf16\" needs a CUDA worker and this one runs on " + device_.str() +
                              "; use precision = \"fp32\" on CPU workers");
     }
+    // GPU ranks talk over NCCL (bootstrapped over the task's ZeroMQ world), CPU ranks over ZeroMQ.
+    std::unique_ptr<Communicator> nccl;
+#ifdef STRATA_WITH_CUDA
+    if (device_.is_cuda() && context.world_size > 1) {
+      STRATA_ASSIGN_OR_RETURN(nccl, CreateNcclCommunicator(*context.communicator, device_.index()));
+      context.communicator = nccl.get();
+    }
+#endif
     Trainer trainer(context, std::move(data), device_);
     STRATA_RETURN_IF_ERROR(trainer.init_status());
     const int64_t tokens_per_step = spec.train.global_batch * spec.model.sequence;

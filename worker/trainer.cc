@@ -79,7 +79,8 @@ Status Trainer::BuildGroups() {
   Communicator& world = *context_.communicator;
   STRATA_ASSIGN_OR_RETURN(dp_group_, world.Split(GroupsAlong(mesh_, 'd')));
   STRATA_ASSIGN_OR_RETURN(tp_group_, world.Split(GroupsAlong(mesh_, 't')));
-  STRATA_ASSIGN_OR_RETURN(pipe_group_, world.Split(GroupsAlong(mesh_, 's')));
+  STRATA_ASSIGN_OR_RETURN(pipe_forward_, world.Split(GroupsAlong(mesh_, 's')));
+  STRATA_ASSIGN_OR_RETURN(pipe_backward_, world.Split(GroupsAlong(mesh_, 's')));
   // GPT-2's tied embedding lives on the first and the last stage: those two sum its gradient.
   std::vector<std::vector<uint32_t>> tie;
   for (const auto& pipe : GroupsAlong(mesh_, 's')) {
@@ -145,7 +146,6 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
   const double share = static_cast<double>(micro) / static_cast<double>(local_batch);
   const std::vector<int64_t> activation_shape = {micro, t, spec.model.hidden};
   const auto stage = static_cast<uint32_t>(position_.stage);
-  Communicator& pipe = *pipe_group_;
 
   struct InFlight {
     torch::Tensor input;   // received activation (leaf), undefined on the first stage
@@ -160,7 +160,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
     if (model_->first_stage()) {
       x = model_->Embed(rows.narrow(1, 0, t));
     } else {
-      f.input = RecvTensor(pipe, activation_shape, device_, stage - 1).requires_grad_(true);
+      f.input = RecvTensor(*pipe_forward_, activation_shape, device_, stage - 1).requires_grad_(true);
       x = f.input;
     }
     x = model_->Blocks(x);
@@ -171,7 +171,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
       *loss_sum += loss.detach() * share;
       f.output = loss * share;
     } else {
-      SendTensor(pipe, x, stage + 1);
+      SendTensor(*pipe_forward_, x, stage + 1);
       f.output = x;
     }
     in_flight.push_back(std::move(f));
@@ -182,10 +182,10 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
     if (model_->last_stage()) {
       f.output.backward();
     } else {
-      auto grad = RecvTensor(pipe, activation_shape, device_, stage + 1);
+      auto grad = RecvTensor(*pipe_backward_, activation_shape, device_, stage + 1);
       f.output.backward(grad.to(f.output.scalar_type()));
     }
-    if (!model_->first_stage()) SendTensor(pipe, f.input.grad(), stage - 1);
+    if (!model_->first_stage()) SendTensor(*pipe_backward_, f.input.grad(), stage - 1);
   };
   // 1F1B: warm up with the forwards the later stages need to start, then one forward and one
   // backward at a time, then drain.

@@ -76,7 +76,9 @@ class Trainer {
   torch::Device device_;
   shard::MeshShape mesh_;
   shard::MeshPosition position_;
-  std::unique_ptr<Communicator> dp_group_, tp_group_, pipe_group_, tie_group_;
+  // The pipeline has one group per direction (activations forward, gradients backward), so each
+  // keeps a single order of transfers on every rank (nccl_communicator.cc).
+  std::unique_ptr<Communicator> dp_group_, tp_group_, pipe_forward_, pipe_backward_, tie_group_;
   std::unique_ptr<StageModel> model_;
   std::vector<Moments> moments_;  // one per unit
   int64_t step_ = 0;
