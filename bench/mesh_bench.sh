@@ -8,23 +8,30 @@
 set -euo pipefail
 bin=${STRATA_BIN_DIR:?}
 steps=${1:-15}
-n=$(nvidia-smi -L | grep -c '^GPU ')
+precision=${STRATA_BENCH_PRECISION:-bf16}
+n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+up="--gpus $n"
+if [ "$n" -eq 0 ]; then n=${STRATA_BENCH_CPU_WORKERS:-2}; up="--workers $n"; fi  # a CPU smoke run of the script
+layers=${STRATA_BENCH_LAYERS:-12} hidden=${STRATA_BENCH_HIDDEN:-768} sequence=${STRATA_BENCH_SEQUENCE:-1024}
 work=$(mktemp -d /tmp/strata-mesh-bench-XXXXXX)
 export STRATA_STATE_DIR=$work/state
 trap '"$bin/strata" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-python3 -c "import numpy as np; np.random.default_rng(1).integers(0, 50257, 16 << 20, dtype=np.uint16).tofile('$work/tokens.u16')"
-"$bin/strata" up --gpus "$n" >/dev/null
+python3 -c "
+import array, os
+raw = array.array('H', os.urandom(2 * (16 << 20)))
+array.array('H', (t % 50257 for t in raw)).tofile(open('$work/tokens.u16', 'wb'))"
+"$bin/strata" up $up >/dev/null
 
 bench() {  # NAME GLOBAL_BATCH PARALLEL_BODY
   cat > "$work/$1.toml" <<SPEC
 name = "$1"
 [model]
 family = "gpt2"
-layers = 12
-hidden = 768
+layers = $layers
+hidden = $hidden
 heads = 12
 vocab = 50257
-sequence = 1024
+sequence = $sequence
 [data]
 path = "$work/tokens.u16"
 format = "u16"
@@ -33,16 +40,20 @@ steps = $steps
 global_batch = $2
 lr = 0.0003
 weight_decay = 0.1
-precision = "bf16"
+precision = "$precision"
 [parallel]
 $3
 SPEC
-  local id
-  id=$("$bin/strata" submit "$work/$1.toml" --follow | head -1)
+  local id out
+  if ! out=$("$bin/strata" submit "$work/$1.toml" --follow 2>"$work/$1.err"); then
+    echo "{\"run\": \"$1\", \"error\": \"submit failed\"}"; tail -5 "$work/$1.err" >&2; return 0
+  fi
+  id=$(printf '%s\n' "$out" | head -1)
   "$bin/strata" status "$id" --json | python3 -c "
 import json, sys
 s = json.load(sys.stdin)
-assert s['state'] == 'finished', s
+if s['state'] != 'finished':
+    print(json.dumps({'run': '$1', 'state': s['state'], 'message': s.get('message')})); sys.exit(0)
 print(json.dumps({'run': '$1', 'gpus': s.get('world_size'), 'global_batch': $2, 'tokens_per_s': round(s['tokens_per_second']),
                   'loss': round(s['losses'][-1], 4)}))"
 }

@@ -38,7 +38,7 @@ def spec(work, name, family, parallel, precision):
     model = 'family = "llama"\nkv_heads = 2\nffn = 256\n' if family == "llama" else 'family = "gpt2"\n'
     body = (f'name = "{name}"\n[model]\n{model}layers = 4\nhidden = 128\nheads = 4\nvocab = 256\nsequence = 64\n'
             f'[data]\npath = "{work}/corpus.txt"\n'
-            f'[train]\nsteps = 10\nglobal_batch = 8\nlr = 0.003\nseed = 5\nprecision = "{precision}"\n'
+            f'[train]\nsteps = 10\nglobal_batch = 8\nlr = 0.001\ngrad_clip = 1.0\nseed = 5\nprecision = "{precision}"\n'
             f'[parallel]\nmicro_batch = 2\n{parallel}')
     path = f"{work}/{name}.toml"
     with open(path, "w") as f:
@@ -77,12 +77,14 @@ def main():
                 for precision, tolerance in (("fp32", 1e-3), ("bf16", 3e-2)):
                     name = f"{family}-{mesh}-{precision}"
                     losses = train(gpu, work, name, family, parallel, precision)
-                    worst = max(abs(a - b) / b for a, b in zip(losses, reference))
+                    diffs = [abs(a - b) / b for a, b in zip(losses, reference)]
+                    worst = max(diffs)
                     ok = len(losses) == len(reference) and worst <= tolerance
                     print(f"{name}: max relative difference from the CPU run {worst:.2e} "
                           f"(tolerance {tolerance:.0e}) {'ok' if ok else 'FAIL'}")
                     if not ok:
                         failures.append(name)
+                        print("  per step:", " ".join(f"{d:.1e}" for d in diffs))
     finally:
         for state in (cpu, gpu):
             try:
