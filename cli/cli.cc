@@ -601,7 +601,19 @@ int WatchAll(GlobalOptions& g) {
   }
 }
 
-int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow) {
+// `--resume RUN[@STEP]`: the run id and step (0 = its latest complete checkpoint).
+Result<std::pair<std::string, int64_t>> ParseResume(const std::string& text) {
+  const size_t at = text.rfind('@');
+  if (at == std::string::npos) return std::make_pair(text, int64_t{0});
+  const std::string step = text.substr(at + 1);
+  if (step.empty() || step.find_first_not_of("0123456789") != std::string::npos || std::stoll(step) <= 0) {
+    return InvalidArgument("--resume " + text + ": the step after @ must be a positive number, e.g. --resume " +
+                           text.substr(0, at) + "@6 (or leave it out for the latest checkpoint)");
+  }
+  return std::make_pair(text.substr(0, at), static_cast<int64_t>(std::stoll(step)));
+}
+
+int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow, const std::string& resume) {
   std::ifstream in(path);
   if (!in) return Fail(InvalidArgument("cannot read run spec " + path + ": no such file"));
   std::stringstream text;
@@ -609,6 +621,12 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow) {
   const std::string base = fs::absolute(path).parent_path().string();
   auto spec = ParseRunSpec(text.str(), base, /*check_files=*/true);
   if (!spec.ok()) return Fail(InvalidArgument(path + ": " + spec.status().message()));
+  std::pair<std::string, int64_t> resume_from;
+  if (!resume.empty()) {
+    auto parsed = ParseResume(resume);
+    if (!parsed.ok()) return Fail(parsed.status());
+    resume_from = *parsed;
+  }
   auto endpoint = ResolveEndpoint(g);
   if (!endpoint.ok()) return Fail(endpoint.status());
   auto client = MakeClient(g, *endpoint, g.timeout_ms);
@@ -618,7 +636,10 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow) {
   if (!estimate.ok()) return Fail(estimate.status());
   if (!estimate->empty()) std::cerr << "strata: " << *estimate << std::endl;
   schema::EnvelopeBuilder req;
-  req.root().initSubmitRun().setSpecToml(RunSpecToToml(*spec));
+  auto submit = req.root().initSubmitRun();
+  submit.setSpecToml(RunSpecToToml(*spec));
+  submit.setResumeRun(resume_from.first);
+  submit.setResumeStep(resume_from.second);
   auto reply = (*client)->Call(req);
   if (!reply.ok()) return Fail(reply.status());
   const std::string run = (*reply)->root().getSubmitted().getRunId().cStr();
@@ -686,6 +707,9 @@ int RunCli(int argc, char** argv) {
   auto* submit = app.add_subcommand("submit", "submit a run spec (TOML)");
   submit->add_option("spec", spec_path, "run spec file")->required();
   submit->add_flag("--follow,-f", follow, "print progress until the run ends");
+  std::string resume;
+  submit->add_option("--resume", resume,
+                     "start from RUN's latest checkpoint (or RUN@STEP), under this spec's mesh, whatever mesh wrote it");
 
   std::string run;
   auto* status = app.add_subcommand("status", "show runs");
@@ -736,7 +760,7 @@ int RunCli(int argc, char** argv) {
   if (*up) return CmdUp(g, workers, gpus, hb_timeout, memory_limit);
   if (*down) return CmdDown(g);
   if (*workers_cmd) return CmdWorkers(g, as_json);
-  if (*submit) return CmdSubmit(g, spec_path, follow);
+  if (*submit) return CmdSubmit(g, spec_path, follow, resume);
   if (*status && watch) return run.empty() ? WatchAll(g) : Follow(g, run);
   if (*status) return CmdStatus(g, run, as_json);
   if (*events) return CmdEvents(g, run, as_json);

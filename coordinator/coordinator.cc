@@ -106,6 +106,9 @@ struct RunEntry {
   std::set<uint32_t> finished_ranks;
   // step -> rank -> serialized CheckpointShard, until every rank has reported.
   std::map<int64_t, std::map<uint32_t, std::string>> pending_shards;
+  // Train runs started from a checkpoint (of another run, under any mesh): its run and step.
+  std::string resume_run;
+  int64_t resume_step = 0;
   ExtractState extract;  // kind == "extract" only
 
   bool terminal() const {
@@ -362,6 +365,13 @@ class CoordinatorImpl final : public Coordinator {
         return;
       }
     }
+    if (!run.spec.is_extract() && req.getResumeRun().size() > 0) {
+      Status st = SetUpResume(run, req.getResumeRun().cStr(), req.getResumeStep());
+      if (!st.ok()) {
+        Send(identity, schema::MakeErrorReply(rid, st));
+        return;
+      }
+    }
     RunEntry& stored = runs_[run.id] = std::move(run);
     if (stored.spec.is_extract()) {
       AddEvent(stored, "submitted", "run " + stored.id + " submitted: capture " + std::to_string(stored.extract.total_rows) +
@@ -372,13 +382,73 @@ class CoordinatorImpl final : public Coordinator {
       AddEvent(stored, "submitted", "run " + stored.id + " submitted: " + std::to_string(stored.spec.train.steps) +
                                         " steps on " + std::to_string(stored.spec.parallel.workers()) + " worker(s) (dp=" +
                                         std::to_string(stored.spec.parallel.dp) + " pp=" + std::to_string(stored.spec.parallel.pp) +
-                                        " tp=" + std::to_string(stored.spec.parallel.tp) + ")");
+                                        " tp=" + std::to_string(stored.spec.parallel.tp) + ")" +
+                                        (stored.resume_run.empty() ? std::string()
+                                                                   : ", resuming from " + stored.resume_run + " at step " +
+                                                                         std::to_string(stored.resume_step)));
     }
     Persist(stored);
     schema::EnvelopeBuilder reply(rid);
     reply.root().initSubmitted().setRunId(stored.id);
     Send(identity, reply.Serialize());
     Schedule();
+  }
+
+  // A run that starts from `source`'s checkpoint at `step` (0 = its latest): same model, any
+  // mesh. It takes over the source's losses up to that step.
+  Status SetUpResume(RunEntry& run, const std::string& source_id, int64_t step) {
+    auto source = runs_.find(source_id);
+    if (source == runs_.end()) return NotFound("--resume: no run '" + source_id + "'; `strata status` lists the runs");
+    const RunSpec& from = source->second.spec;
+    if (from.is_extract()) return InvalidArgument("--resume: run " + source_id + " is a capture and has no checkpoints");
+    const ModelSpec &a = from.model, &b = run.spec.model;
+    const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
+        {"layers", {a.layers, b.layers}}, {"hidden", {a.hidden, b.hidden}}, {"heads", {a.heads, b.heads}},
+        {"kv_heads", {a.kv_heads, b.kv_heads}}, {"ffn", {a.ffn, b.ffn}}, {"vocab", {a.vocab, b.vocab}},
+        {"sequence", {a.sequence, b.sequence}}};
+    if (a.family != b.family) {
+      return InvalidArgument("--resume: model.family = \"" + b.family + "\" but run " + source_id + " trained \"" + a.family + "\"");
+    }
+    for (const auto& [field, values] : fields) {
+      if (values.first != values.second) {
+        return InvalidArgument("--resume: model." + std::string(field) + " = " + std::to_string(values.second) + " but run " +
+                               source_id + " trained model." + field + " = " + std::to_string(values.first) +
+                               "; a checkpoint resumes only the same model (the mesh may differ)");
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(auto list, store_->ScanMetadata("ckpt/" + EncodeKeyString(source_id)));
+    std::string steps;
+    int64_t chosen = 0;
+    for (auto& [key, value] : list) {
+      auto manifest = schema::DecodedRecord<CheckpointManifest>::Decode(value);
+      if (!manifest.ok()) continue;
+      const int64_t s = manifest->root().getStep();
+      steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+      if (step == 0 || s == step) chosen = s;  // the list is in step order: 0 ends on the latest
+    }
+    if (chosen == 0) {
+      return InvalidArgument("--resume: run " + source_id + " has no complete checkpoint" +
+                             (step ? " at step " + std::to_string(step) : std::string()) +
+                             (steps.empty() ? std::string("; set train.checkpoint_every in its spec") : "; complete ones: " + steps));
+    }
+    if (chosen >= run.spec.train.steps) {
+      return InvalidArgument("--resume: train.steps = " + std::to_string(run.spec.train.steps) +
+                             " leaves nothing to train after step " + std::to_string(chosen) + "; raise train.steps");
+    }
+    run.resume_run = source_id;
+    run.resume_step = chosen;
+    run.step = chosen;
+    run.losses.assign(source->second.losses.begin(),
+                      source->second.losses.begin() + std::min<size_t>(chosen, source->second.losses.size()));
+    // The history is the new run's too (persisted like its own steps, so a restart keeps it).
+    STRATA_ASSIGN_OR_RETURN(auto history, store_->ScanMetadata("loss/" + EncodeKeyString(source_id)));
+    for (auto& [key, value] : history) {
+      auto report = schema::DecodedRecord<StepReport>::Decode(value);
+      if (!report.ok() || report->root().getStep() > chosen) continue;
+      STRATA_RETURN_IF_ERROR(store_->PutMetadata("loss/" + EncodeKeyString(run.id) + EncodeKeyU64(report->root().getStep()),
+                                                 value, false));
+    }
+    return Status::Ok();
   }
 
   std::string NewRunId(const std::string& name) {
@@ -418,6 +488,24 @@ class CoordinatorImpl final : public Coordinator {
   }
 
   void Assign(RunEntry& run, const std::vector<WorkerEntry*>& workers) {
+    // Every rank gets the manifest of the checkpoint to start from and reads what its place in
+    // the mesh needs from the stores it names.
+    std::optional<schema::DecodedRecord<CheckpointManifest>> resume;
+    if (!run.resume_run.empty()) {
+      auto bytes = store_->GetMetadata("ckpt/" + EncodeKeyString(run.resume_run) + EncodeKeyU64(run.resume_step));
+      if (bytes.ok() && *bytes) {
+        auto decoded = schema::DecodedRecord<CheckpointManifest>::Decode(**bytes);
+        if (decoded.ok()) resume.emplace(std::move(decoded).value());
+      }
+      if (!resume) {  // nothing was assigned: fail without touching the workers
+        run.state = RunState::FAILED;
+        run.message = "the checkpoint of " + run.resume_run + " at step " + std::to_string(run.resume_step) +
+                      " to resume from is gone from the coordinator's store";
+        AddEvent(run, "failed", run.message);
+        Persist(run);
+        return;
+      }
+    }
     run.state = RunState::RUNNING;
     run.workers.clear();
     run.finished_ranks.clear();
@@ -436,6 +524,7 @@ class CoordinatorImpl final : public Coordinator {
       a.setTaskToken(run.task_token);
       auto peers = a.initPeerDataAddresses(workers.size());
       for (uint32_t i = 0; i < workers.size(); ++i) peers.set(i, workers[i]->data_address);
+      if (resume) a.setResumeFrom(resume->root());
       Send(w.identity, msg.Serialize());
     }
     std::string names;
@@ -1086,6 +1175,8 @@ class CoordinatorImpl final : public Coordinator {
     b.setMessage(run.message);
     b.setWorldSize(run.spec.is_extract() ? run.spec.parallel.dp : run.spec.parallel.workers());
     b.setTokensPerSecond(run.tokens_per_second);
+    b.setResumeRun(run.resume_run);
+    b.setResumeStep(run.resume_step);
   }
 
   void Persist(RunEntry& run) {
@@ -1132,6 +1223,8 @@ class CoordinatorImpl final : public Coordinator {
       run.created_ms = r.getCreatedUnixMs();
       run.updated_ms = r.getUpdatedUnixMs();
       run.step = r.getStep();
+      run.resume_run = r.getResumeRun().cStr();
+      run.resume_step = r.getResumeStep();
       auto steps = store_->ScanMetadata("loss/" + EncodeKeyString(run.id));
       if (steps.ok()) {
         for (auto& [key, value] : *steps) {

@@ -88,6 +88,7 @@ struct AssignTask {
   peerDataAddresses @4 :List(Text);  # by rank
   taskToken @5 :UInt64;     # distinguishes this task's data-plane traffic from stale traffic
   chunks @6 :List(UInt64);  # extract runs: the chunks this worker must capture (ascending)
+  resumeFrom @7 :CheckpointManifest;  # train runs: start from this checkpoint (any mesh); unset = fresh
 }
 
 struct CancelTask {
@@ -137,6 +138,8 @@ struct CheckpointShard {
 
 struct SubmitRun {
   specToml @0 :Text;
+  resumeRun @1 :Text;       # start from a checkpoint of this run (any mesh); empty = fresh
+  resumeStep @2 :Int64;     # that checkpoint's step; 0 = the latest complete one
 }
 
 struct Submitted {
@@ -171,6 +174,8 @@ struct RunRecord {
   worldSize @11 :UInt32;
   tokensPerSecond @12 :Float64;
   kind @13 :Text;            # "train" or "extract"; for extract, step/totalSteps count chunks
+  resumeRun @14 :Text;       # started from this run's checkpoint at resumeStep (empty: fresh)
+  resumeStep @15 :Int64;
 }
 
 enum RunState { pending @0; running @1; finished @2; failed @3; cancelled @4; }

@@ -32,6 +32,17 @@ class TaskReporter {
   virtual void ReportNotice(const std::string& kind, const std::string& message) = 0;
 };
 
+// A checkpoint to start a train task from (written under any mesh): where its pieces are.
+struct ResumePoint {
+  std::string run_id;  // empty: start fresh
+  int64_t step = 0;
+  struct Shard {
+    std::string store_path;
+    std::vector<std::string> tensors;
+  };
+  std::vector<Shard> shards;
+};
+
 struct TaskContext {
   std::string run_id;
   RunSpec spec;
@@ -39,6 +50,8 @@ struct TaskContext {
   uint32_t world_size = 1;
   Communicator* communicator = nullptr;
   storage::ShardStore* store = nullptr;
+  std::string store_path;  // where `store` lives (a resume shard there is read through `store`)
+  ResumePoint resume;      // train runs
   TaskReporter* reporter = nullptr;
   const std::atomic<bool>* cancelled = nullptr;  // checked between steps
   std::vector<uint64_t> chunks;                   // extract runs: the chunks to capture

@@ -107,6 +107,11 @@ class TorchExecutor final : public TaskExecutor {
 #endif
     Trainer trainer(context, std::move(data), device_);
     STRATA_RETURN_IF_ERROR(trainer.init_status());
+    if (!context.resume.run_id.empty()) {
+      STRATA_RETURN_IF_ERROR(trainer.Resume(context.resume));
+      if (context.rank == 0) context.reporter->ReportNotice("resumed", "the " + std::to_string(context.world_size) + " rank(s) loaded the checkpoint of " +
+                                                    context.resume.run_id + " at step " + std::to_string(context.resume.step));
+    }
     const int64_t tokens_per_step = spec.train.global_batch * spec.model.sequence;
     while (trainer.step() < spec.train.steps) {
       if (context.cancelled->load()) return Aborted("cancelled");

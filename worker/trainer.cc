@@ -4,6 +4,7 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <set>
 
 #include "worker/causal_lm.h"
 #include "worker/torch_compat.h"
@@ -258,6 +259,65 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
   } catch (const std::runtime_error& e) {
     return Unavailable(std::string("step ") + std::to_string(step_ + 1) + " failed: " + e.what());
   }
+}
+
+Status Trainer::Resume(const ResumePoint& resume) {
+  std::set<std::string> needed;
+  for (const auto& unit : model_->units()) needed.insert(unit.names.begin(), unit.names.end());
+  const std::string where = "checkpoint of run " + resume.run_id + " at step " + std::to_string(resume.step);
+  std::map<std::string, shard::TensorAssembler> kinds;
+  for (const char* kind : {"param", "adam_m", "adam_v"}) kinds.emplace(kind, shard::TensorAssembler(context_.spec.model));
+  for (const auto& shard : resume.shards) {
+    storage::ShardStore* store = context_.store;
+    std::unique_ptr<storage::ShardStore> opened;
+    if (!store || shard.store_path != context_.store_path) {
+      storage::StoreOptions options;
+      options.create_if_missing = false;
+      options.read_only = true;  // the store's owner may be running: read beside it
+      auto open = storage::ShardStore::Open(shard.store_path, options);
+      if (!open.ok()) return Status(open.status().code(), where + ": cannot open the store " + shard.store_path + ": " + open.status().message());
+      opened = std::move(open).value();
+      store = opened.get();
+    }
+    for (const auto& name : shard.tensors) {
+      auto piece = shard::ParsePiece(name);
+      if (!piece.ok()) {
+        return InvalidArgument(where + " holds '" + name + "', which is not a checkpoint piece (written before mesh-"
+                               "independent checkpoints); resume from a newer checkpoint");
+      }
+      if (!needed.count(piece->name) || !kinds.count(piece->kind)) continue;
+      STRATA_ASSIGN_OR_RETURN(storage::Tensor t, store->ReadCheckpointTensor(resume.run_id, resume.step, name));
+      if (t.dtype != storage::DType::kF32 || t.bytes.size() != static_cast<size_t>(piece->end - piece->begin) * sizeof(float)) {
+        return Corruption(where + ": piece '" + name + "' in " + shard.store_path + " is not the fp32 range its name describes");
+      }
+      STRATA_RETURN_IF_ERROR(kinds.at(piece->kind).Add(*piece, sizeof(float), t.bytes.data()));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < model_->units().size(); ++u) {
+    ParamUnit& unit = model_->units()[u];
+    Moments& m = moments_[u];
+    std::map<std::string, torch::Tensor> whole;  // kind -> the unit's flat vector on the host
+    for (auto& [kind, assembler] : kinds) {
+      auto flat = torch::empty({unit.numel}, torch::kFloat);
+      for (size_t i = 0; i < unit.names.size(); ++i) {
+        auto full = assembler.Take(unit.names[i]);
+        if (!full.ok()) return Status(full.status().code(), where + ", " + kind + " of " + unit.names[i] + ": " + full.status().message());
+        const auto split = shard::TensorParallelSplit(context_.spec.model, unit.names[i], unit.full_shapes[i]);
+        int64_t n = 1;
+        for (int64_t d : unit.shapes[i]) n *= d;
+        shard::CopySlice(split, unit.full_shapes[i], mesh_.tp, position_.tp_rank, sizeof(float), full->data(),
+                         static_cast<uint8_t*>(flat.narrow(0, unit.offsets[i], n).data_ptr()));
+      }
+      whole[kind] = flat;
+    }
+    auto param = unit.sharded ? whole["param"].narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin) : whole["param"];
+    unit.flat.detach().copy_(param.to(device_));
+    m.exp_avg.copy_(whole["adam_m"].narrow(0, m.begin, m.end - m.begin).to(device_));
+    m.exp_avg_sq.copy_(whole["adam_v"].narrow(0, m.begin, m.end - m.begin).to(device_));
+  }
+  step_ = resume.step;
+  return Status::Ok();
 }
 
 Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard() {

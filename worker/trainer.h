@@ -53,6 +53,12 @@ class Trainer {
   // and AdamW moments, each its tensor-parallel slice cut by data-parallel rank) and commits them.
   Result<std::vector<storage::CheckpointTensorInfo>> SaveCheckpointShard();
 
+  // Loads the checkpoint at `resume` (written under any mesh): reads the pieces of the tensors this
+  // rank holds from the stores the manifest names, assembles them, keeps its slice and shard of
+  // the parameters and AdamW moments, and continues from that step (the data position and the
+  // learning-rate schedule follow from the step).
+  Status Resume(const ResumePoint& resume);
+
   // This rank's parameters by name (its tensor-parallel slices of its stage's layers; views of
   // the live values). Not with ZeRO-3, where a rank holds no whole parameter.
   std::vector<std::pair<std::string, torch::Tensor>> parameters();

@@ -334,27 +334,40 @@ class WorkerImpl final : public Worker {
     comm_options.curve = curve_;
     std::vector<uint64_t> chunks;
     for (uint64_t c : a.getChunks()) chunks.push_back(c);
+    ResumePoint resume;
+    if (a.hasResumeFrom()) {
+      auto manifest = a.getResumeFrom();
+      resume.run_id = manifest.getRunId().cStr();
+      resume.step = manifest.getStep();
+      for (auto shard : manifest.getShards()) {
+        ResumePoint::Shard s;
+        s.store_path = shard.getStorePath().cStr();
+        for (auto t : shard.getTensors()) s.tensors.push_back(t.getName().cStr());
+        resume.shards.push_back(std::move(s));
+      }
+    }
     if (spec->is_extract()) {
       STRATA_LOG(kInfo) << "starting capture of run " << run_id << ": " << chunks.size() << " chunks";
     } else {
       STRATA_LOG(kInfo) << "starting run " << run_id << " as rank " << a.getRank() << " of " << a.getWorldSize();
     }
     RunningTask* t = task.get();
-    task->thread = std::thread([this, t, spec = *spec, comm_options, chunks = std::move(chunks)] {
-      RunTaskThread(t, spec, comm_options, chunks);
+    task->thread = std::thread([this, t, spec = *spec, comm_options, chunks = std::move(chunks), resume = std::move(resume)] {
+      RunTaskThread(t, spec, comm_options, chunks, resume);
     });
     task_ = std::move(task);
   }
 
   // Task thread body: owns the communicator; reports the end; never throws.
-  void RunTaskThread(RunningTask* t, RunSpec spec, ZmqCommunicatorOptions comm_options, std::vector<uint64_t> chunks) {
+  void RunTaskThread(RunningTask* t, RunSpec spec, ZmqCommunicatorOptions comm_options, std::vector<uint64_t> chunks,
+                     ResumePoint resume) {
     Status status;
     try {
       if (spec.is_extract()) {
         // Capture needs no peers: each worker's chunks are independent.
         status = RunExtractTask(t, std::move(spec), std::move(chunks));
       } else {
-        status = RunTrainTask(t, std::move(spec), comm_options);
+        status = RunTrainTask(t, std::move(spec), comm_options, std::move(resume));
       }
     } catch (const std::exception& e) {
       status = Internal(std::string("task crashed: ") + e.what());
@@ -373,6 +386,7 @@ class WorkerImpl final : public Worker {
     context.run_id = t->run_id_;
     context.spec = std::move(spec);
     context.store = store_.get();
+    context.store_path = options_.store_path;
     context.reporter = t;
     context.cancelled = &t->cancelled;
     return context;
@@ -384,7 +398,7 @@ class WorkerImpl final : public Worker {
     return executor_->RunExtract(context);
   }
 
-  Status RunTrainTask(RunningTask* t, RunSpec spec, const ZmqCommunicatorOptions& comm_options) {
+  Status RunTrainTask(RunningTask* t, RunSpec spec, const ZmqCommunicatorOptions& comm_options, ResumePoint resume) {
     STRATA_ASSIGN_OR_RETURN(auto comm, CreateZmqCommunicator(context_, comm_options));
     {
       std::lock_guard<std::mutex> lock(t->communicator_mutex);
@@ -394,6 +408,7 @@ class WorkerImpl final : public Worker {
     context.rank = comm_options.rank;
     context.world_size = static_cast<uint32_t>(comm_options.peer_addresses.size());
     context.communicator = comm.get();
+    context.resume = std::move(resume);
     Status status = executor_->RunTrain(context);
     std::lock_guard<std::mutex> lock(t->communicator_mutex);
     t->communicator = nullptr;

@@ -136,5 +136,35 @@ TEST_F(MeshClusterTest, ExportAssemblesTheSameModelFromAnyMesh) {
   }
 }
 
+// Train 6 steps under pp=2 and checkpoint; resume under dp=2 x ZeRO-3, and under tp=2: steps
+// 7-10 give the losses of the uninterrupted run, and the resumed runs carry steps 1-6 along.
+TEST_F(MeshClusterTest, ResumesUnderAnotherMeshWithTheUninterruptedLosses) {
+  const auto uninterrupted = Losses(Run("straight", Spec("straight", "gpt2", "")));
+  const std::string first = Run("first-six", Spec("first-six", "gpt2", "pp = 2\n", 6, 3));
+  ExpectSameLosses({uninterrupted.begin(), uninterrupted.begin() + 6}, Losses(first), "pp=2, steps 1-6");
+  for (const auto& [name, mesh] : {std::pair<std::string, std::string>{"resume-zero3", "dp = 2\nzero = 3\n"},
+                                   std::pair<std::string, std::string>{"resume-tp2", "tp = 2\n"}}) {
+    const std::string resumed = Run(name, Spec(name, "gpt2", mesh), " --resume " + first);
+    auto losses = Losses(resumed);
+    ASSERT_EQ(losses.size(), 10u) << name;
+    ExpectSameLosses(uninterrupted, losses, name);
+    auto events = Strata("events " + resumed);
+    EXPECT_NE(events.out.find("resuming from " + first + " at step 6"), std::string::npos) << events.out;
+  }
+  // An older checkpoint by step, and refusals that name the problem.
+  const std::string from3 = Run("resume-at-3", Spec("resume-at-3", "gpt2", "dp = 2\n"), " --resume " + first + "@3");
+  ExpectSameLosses(uninterrupted, Losses(from3), "resumed from step 3");
+  std::ofstream(dir_ + "/other.toml") << Spec("other", "gpt2", "").replace(Spec("other", "gpt2", "").find("layers = 4"), 10, "layers = 2");
+  auto other = Strata("submit " + dir_ + "/other.toml --resume " + first);
+  EXPECT_NE(other.rc, 0);
+  EXPECT_NE(other.err.find("model.layers = 2 but run " + first + " trained model.layers = 4"), std::string::npos) << other.err;
+  auto missing = Strata("submit " + dir_ + "/straight.toml --resume " + first + "@5");
+  EXPECT_NE(missing.rc, 0);
+  EXPECT_NE(missing.err.find("complete ones: 3, 6"), std::string::npos) << missing.err;
+  auto unknown = Strata("submit " + dir_ + "/straight.toml --resume no-such-run");
+  EXPECT_NE(unknown.rc, 0);
+  EXPECT_NE(unknown.err.find("no run 'no-such-run'"), std::string::npos) << unknown.err;
+}
+
 }  // namespace
 }  // namespace strata
