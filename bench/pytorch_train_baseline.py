@@ -26,6 +26,7 @@ p.add_argument("--precision", default="bf16")
 p.add_argument("--steps", type=int, default=10)
 p.add_argument("--fused", action="store_true", help="torch.optim.AdamW(fused=True)")
 p.add_argument("--compile", action="store_true", help="torch.compile the model")
+p.add_argument("--profile", default="", help="write a chrome trace of two more steps here")
 a = p.parse_args()
 ffn = a.ffn or 4 * a.hidden
 if a.family == "gpt2":
@@ -63,6 +64,11 @@ for _ in range(a.steps):
     loss = step()
 torch.cuda.synchronize()
 seconds = time.perf_counter() - start
+if a.profile:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step()
+    prof.export_chrome_trace(a.profile)
 print(json.dumps({"impl": "pytorch" + ("+fused" if a.fused else "") + ("+compile" if a.compile else ""), "family": a.family, "params": sum(p.numel() for p in model.parameters()),
                   "batch": a.batch, "sequence": a.sequence, "precision": a.precision,
                   "tokens_per_s": round(a.steps * a.batch * a.sequence / seconds),

@@ -11,10 +11,18 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 
 #include "worker/torch_executor.h"
 #include "worker/trainer.h"
+
+// --profile FILE: a Kineto trace (chrome JSON) of two more steps, LibTorch 2.x only;
+// bench/summarize_trace.py groups its GPU kernels.
+#if TORCH_VERSION_MAJOR >= 2 && __has_include(<torch/csrc/autograd/profiler_kineto.h>)
+#include <torch/csrc/autograd/profiler_kineto.h>
+#define STRATA_BENCH_PROFILER 1
+#endif
 
 namespace {
 
@@ -30,6 +38,7 @@ int main(int argc, char** argv) {
   spec.train.precision = "bf16";
   int steps = 10, warmup = 3;
   std::string device = "cuda:0";
+  std::string profile;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const std::string v = argv[i + 1];
@@ -46,6 +55,7 @@ int main(int argc, char** argv) {
     else if (k == "--precision") spec.train.precision = v;
     else if (k == "--steps") steps = std::stoi(v);
     else if (k == "--device") device = v;
+    else if (k == "--profile") profile = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -83,6 +93,19 @@ int main(int argc, char** argv) {
   for (int s = 0; s < steps; ++s) loss = trainer.Step().value();  // .item() inside syncs each step
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto memory = (*executor)->ReadMemory();
+  if (!profile.empty()) {
+#ifdef STRATA_BENCH_PROFILER
+    namespace prof = torch::autograd::profiler;
+    const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+    const std::set<prof::ActivityType> activities = {prof::ActivityType::CPU, prof::ActivityType::CUDA};
+    prof::prepareProfiler(config, activities);
+    prof::enableProfiler(config, activities);
+    for (int s = 0; s < 2; ++s) loss = trainer.Step().value();
+    prof::disableProfiler()->save(profile);
+#else
+    std::fprintf(stderr, "--profile needs LibTorch 2.x with Kineto\n");
+#endif
+  }
   int64_t params = 0;
   for (auto& [name, p] : trainer.parameters()) params += p.numel();
   std::printf(

@@ -261,6 +261,14 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
   }
 }
 
+torch::Tensor Trainer::Logits(const torch::Tensor& tokens) {
+  TORCH_CHECK(mesh_.pp == 1 && mesh_.tp == 1 && context_.spec.parallel.zero < 3, "Logits needs the whole model on one rank");
+  torch::NoGradGuard no_grad;
+  compat::AutocastGuard autocast(device_, context_.spec.train.precision == "bf16");
+  auto logits = model_->Head(model_->Blocks(model_->Embed(tokens.to(device_))));
+  return logits.to(torch::kCPU, torch::kFloat).contiguous();
+}
+
 Status Trainer::Resume(const ResumePoint& resume) {
   std::set<std::string> needed;
   for (const auto& unit : model_->units()) needed.insert(unit.names.begin(), unit.names.end());

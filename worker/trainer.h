@@ -59,6 +59,10 @@ class Trainer {
   // learning-rate schedule follow from the step).
   Status Resume(const ResumePoint& resume);
 
+  // Logits [b, t, vocab] (fp32, on the host) of the current parameters for `tokens`: the whole
+  // model must be on this rank (pp = tp = 1, zero < 3). For checks against other tools.
+  torch::Tensor Logits(const torch::Tensor& tokens);
+
   // This rank's parameters by name (its tensor-parallel slices of its stage's layers; views of
   // the live values). Not with ZeRO-3, where a rank holds no whole parameter.
   std::vector<std::pair<std::string, torch::Tensor>> parameters();
