@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sharded training throughput through the real path (strata up --gpus N, submit, NCCL between
-# worker processes): GPT-2 124M, sequence 1024, bf16, 8 sequences per GPU per step for data
-# parallelism, the 1-GPU batch for pp / tp. Prints one JSON line per run: tokens/s is the last
+# worker processes): GPT-2 124M, sequence 1024, bf16. The 1-GPU run takes 8 sequences a step;
+# data parallelism 8 per GPU; pp=2 eight micro-batches of 8 (m = 8); tp=2 the 1-GPU batch. Prints one JSON line per run: tokens/s is the last
 # step's (steps take the same time after the first few).
 #
 # usage: STRATA_BIN_DIR=build/bin bash bench/mesh_bench.sh [STEPS]
@@ -66,7 +66,7 @@ zero = 1"
 zero = 2"
   bench dp2-zero3 16 "dp = 2
 zero = 3"
-  bench pp2-m8 8 "pp = 2
-micro_batch = 1"
+  bench pp2-m8 64 "pp = 2
+micro_batch = 8"
   bench tp2 8 "tp = 2"
 fi
