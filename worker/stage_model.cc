@@ -109,11 +109,13 @@ struct StageModel::Call {
   bool bf16;
 };
 
-// Inputs: x (any dtype), then the leaf of each unit (the flat vector or, ZeRO-3, its shard).
+// Inputs: x (any dtype), then the leaves: every parameter of every unit (zero < 3), or each
+// unit's shard (ZeRO-3).
 struct UnitCallFunction : torch::autograd::Function<UnitCallFunction> {
   static StageModel::Call* CallOf(int64_t handle) { return reinterpret_cast<StageModel::Call*>(handle); }
 
-  // The whole flat vectors of the call's units: gathered from the shards (ZeRO-3) or the leaves.
+  // The whole flat vector of each unit of the call: gathered from the shards (ZeRO-3) or the
+  // unit's own storage.
   static std::vector<torch::Tensor> Gather(StageModel::Call& call) {
     std::vector<torch::Tensor> out;
     for (int u : call.units) {
@@ -144,35 +146,49 @@ struct UnitCallFunction : torch::autograd::Function<UnitCallFunction> {
     StageModel::Call& call = *CallOf(ctx->saved_data["call"].toInt());
     const torch::Tensor x = ctx->get_saved_variables()[0];
     torch::AutoGradMode enable(true);
-    std::vector<torch::Tensor> leaves;
+    // One leaf per parameter (views of the gathered vectors): their gradients come out separate
+    // and are laid into flat vectors once, where leaves over a whole flat vector would make
+    // autograd sum a zero-padded full-size gradient per parameter.
     std::vector<std::vector<torch::Tensor>> views;
-    for (auto& full : Gather(call)) leaves.push_back(full.detach().requires_grad_(true));
-    for (size_t i = 0; i < leaves.size(); ++i) views.push_back(call.model->ViewsOf(call.model->units_[call.units[i]], leaves[i]));
+    std::vector<torch::Tensor> inputs;
     const bool x_grad = x.is_floating_point() && x.requires_grad();
     torch::Tensor x_leaf = x_grad ? x.detach().requires_grad_(true) : x;
+    if (x_grad) inputs.push_back(x_leaf);
+    auto fulls = Gather(call);
+    for (size_t i = 0; i < fulls.size(); ++i) {
+      views.push_back(call.model->ViewsOf(call.model->units_[call.units[i]], fulls[i]));
+      for (auto& v : views.back()) {
+        v = v.detach().requires_grad_(true);
+        inputs.push_back(v);
+      }
+    }
     torch::Tensor y;
     {
       // Autocast is thread-local and the backward may run on another thread: set it again.
       compat::AutocastGuard autocast(call.model->device_, call.bf16);
       y = call.fn(x_leaf, views);
     }
-    std::vector<torch::Tensor> inputs;
-    if (x_grad) inputs.push_back(x_leaf);
-    inputs.insert(inputs.end(), leaves.begin(), leaves.end());
     auto grads = torch::autograd::grad({y}, inputs, {grad[0]}, /*retain_graph=*/false, /*create_graph=*/false,
                                        /*allow_unused=*/true);
     torch::autograd::variable_list out;
     out.push_back(x_grad ? grads[0] : torch::Tensor());
-    for (size_t i = 0; i < leaves.size(); ++i) {
+    size_t next = x_grad ? 1 : 0;
+    for (size_t i = 0; i < views.size(); ++i) {
       ParamUnit& unit = call.model->units_[call.units[i]];
-      torch::Tensor g = grads[i + (x_grad ? 1 : 0)];
-      if (!g.defined()) g = torch::zeros_like(leaves[i]);
-      if (unit.sharded) {
-        g = g.contiguous();
-        ReduceScatterTensor(*call.model->groups_.dp, g);  // each rank keeps its shard's sum
-        g = g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).clone();
+      std::vector<torch::Tensor> per_param;
+      for (auto& v : views[i]) {
+        torch::Tensor g = grads[next++];
+        per_param.push_back(g.defined() ? g : torch::zeros_like(v));
       }
-      out.push_back(g);
+      if (!unit.sharded) {  // one gradient per parameter leaf
+        out.insert(out.end(), per_param.begin(), per_param.end());
+        continue;
+      }
+      std::vector<torch::Tensor> flat_pieces;
+      for (auto& g : per_param) flat_pieces.push_back(g.to(torch::kFloat).reshape({-1}));
+      auto g = torch::cat(flat_pieces);
+      ReduceScatterTensor(*call.model->groups_.dp, g);  // each rank keeps its shard's sum
+      out.push_back(g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).clone());
     }
     out.push_back(torch::Tensor());  // the handle
     return out;
@@ -254,8 +270,18 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
   unit.shard_begin = static_cast<int64_t>(begin);
   unit.shard_end = static_cast<int64_t>(end);
   unit.sharded = spec_.parallel.zero == 3;
-  if (unit.sharded) flat = flat.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).clone();
-  unit.flat = flat.to(device_).requires_grad_(true);
+  if (unit.sharded) {
+    flat = flat.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).clone();
+    unit.flat = flat.to(device_).requires_grad_(true);  // the leaf: its gradient is this rank's shard
+  } else {
+    // Parameters are leaves that alias the flat vector; their gradients are views of one flat
+    // buffer, so autograd accumulates into it in place (a contiguous gradient buffer).
+    unit.flat = flat.to(device_);
+    unit.grad = torch::zeros_like(unit.flat);
+    for (auto& view : ViewsOf(unit, unit.flat)) unit.params.push_back(view.detach().requires_grad_(true));
+    auto grads = ViewsOf(unit, unit.grad);
+    for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].mutable_grad() = grads[i];
+  }
   units_.push_back(std::move(unit));
 }
 
@@ -273,13 +299,19 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
   const bool sharded = spec_.parallel.zero == 3;
   if (!recompute && !sharded) {
     std::vector<std::vector<torch::Tensor>> views;
-    for (int u : units) views.push_back(ViewsOf(units_[u], units_[u].flat));
+    for (int u : units) views.push_back(units_[u].params);
     return fn(x, views);
   }
   auto call = std::make_shared<Call>(Call{this, units, std::move(fn), spec_.train.precision == "bf16"});
   calls_.push_back(call);
   std::vector<torch::Tensor> leaves;
-  for (int u : units) leaves.push_back(units_[u].flat);
+  for (int u : units) {
+    if (units_[u].sharded) {
+      leaves.push_back(units_[u].flat);
+    } else {
+      leaves.insert(leaves.end(), units_[u].params.begin(), units_[u].params.end());
+    }
+  }
   // An explicit TensorList: a std::vector would pass as a non-tensor argument, invisible to autograd.
   return UnitCallFunction::apply(x, torch::TensorList(leaves), reinterpret_cast<int64_t>(call.get()));
 }
@@ -306,11 +338,22 @@ torch::Tensor StageModel::Blocks(torch::Tensor x) {
 torch::Tensor StageModel::Head(const torch::Tensor& x) {
   const ModelSpec m = spec_.model;
   return Run(head_units_, x, [m](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
+    // The head's rows padded to a multiple of 64: an odd vocabulary (GPT-2's 50257) leaves the
+    // logits' leading dimension unaligned, and cuBLAS then falls back to slow align-1 kernels
+    // (measured: the largest matmul of a GPT-2 124M step ran 3x slower). The padded logits are
+    // sliced back to the vocabulary, so nothing downstream sees the padding.
+    auto padded = [&](const torch::Tensor& w) {
+      const int64_t pad = (64 - m.vocab % 64) % 64;
+      return pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
+    };
+    torch::Tensor logits;
     if (m.family == "gpt2") {
       auto normed = torch::layer_norm(in, {m.hidden}, v[0][0], v[0][1], m.norm_eps);
-      return torch::matmul(normed, v[1][0].t());  // tied LM head
+      logits = torch::matmul(normed, padded(v[1][0]).t());  // tied LM head
+    } else {
+      logits = torch::linear(RmsNorm(in, v[0][0], m.norm_eps), padded(v[0][1]));
     }
-    return torch::linear(RmsNorm(in, v[0][0], m.norm_eps), v[0][1]);
+    return logits.narrow(-1, 0, m.vocab);
   }, /*recompute=*/false);
 }
 

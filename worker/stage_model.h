@@ -4,9 +4,10 @@
 // parameter units.
 //
 // A unit is what is gathered, sharded and updated together: the embedding, one block, the head.
-// Its parameters live in one flat leaf tensor, so gradients land in one contiguous buffer (one
-// collective per unit) and ZeRO shards are plain ranges of it. The forward reads views of the
-// flat tensor, so autograd accumulates straight into flat.grad().
+// Its parameters live in one flat tensor and their gradients in another, so a unit costs one
+// collective and ZeRO shards are plain ranges. Each parameter is a leaf aliasing its range of
+// the flat tensor, with its .grad preset to its range of the gradient buffer: autograd adds into
+// the buffer in place (as Megatron's contiguous gradient buffer).
 //
 // A call runs a function over some units in one of three ways:
 //   direct        autograd records everything (activations of the call are kept);
@@ -56,7 +57,11 @@ struct ParamUnit {
   int64_t shard_begin = 0, shard_end = 0;    // this data-parallel rank's range of the flat vector
   bool sharded = false;                      // ZeRO-3: `flat` holds [shard_begin, shard_end) only
   bool tied_copy = false;                    // GPT-2's wte on the last stage (the first stage's is the one counted)
-  torch::Tensor flat;                        // fp32 leaf, requires grad
+  // fp32. ZeRO-3: this rank's shard, a leaf whose gradient is the shard's. Otherwise the whole
+  // vector, aliased by one leaf per parameter (`params`), whose gradients are views of `grad`.
+  torch::Tensor flat;
+  std::vector<torch::Tensor> params;
+  torch::Tensor grad;
 };
 
 class StageModel {

@@ -167,7 +167,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
     x = model_->Blocks(x);
     if (model_->last_stage()) {
       auto logits = model_->Head(x);
-      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, spec.model.vocab}).to(torch::kFloat),
+      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, spec.model.vocab}).to(torch::kFloat).contiguous(),
                                                        rows.narrow(1, 1, t).reshape({-1}));
       *loss_sum += loss.detach() * share;
       f.output = loss * share;
@@ -211,7 +211,7 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
   try {
     for (size_t u = 0; u < units.size(); ++u) {
       ParamUnit& unit = units[u];
-      torch::Tensor g = unit.flat.grad().defined() ? unit.flat.grad().contiguous() : torch::zeros_like(unit.flat);
+      torch::Tensor g = unit.sharded ? (unit.flat.grad().defined() ? unit.flat.grad() : torch::zeros_like(unit.flat)) : unit.grad;
       if (static_cast<int>(u) == model_->first_wte_unit() || static_cast<int>(u) == model_->tied_copy_unit()) {
         AllReduceTensor(*tie_group_, g);
       }
@@ -253,7 +253,11 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
       auto denom = (m.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(1e-8);
       p.addcdiv_(m.exp_avg, denom, -lr / bc1);
       if (zero == 1 || zero == 2) AllGatherTensor(*dp_group_, flat);
-      unit.flat.mutable_grad() = torch::Tensor();
+      if (unit.sharded) {
+        unit.flat.mutable_grad() = torch::Tensor();
+      } else {
+        unit.grad.zero_();  // the parameters' .grad views stay pointed at it
+      }
     }
     return mean_loss;
   } catch (const std::runtime_error& e) {
