@@ -210,7 +210,7 @@ Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint
 }
 
 // gpus > 0: one worker per GPU (cuda:0..gpus-1) instead of CPU workers.
-int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms, const std::string& memory_limit) {
+int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms, int replace_grace_ms, const std::string& memory_limit) {
   if (gpus > 0) workers = gpus;
   const std::string dir = fs::absolute(g.state_dir).lexically_normal().string();
   std::error_code ec;
@@ -249,7 +249,8 @@ int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms, con
   ClusterProcess* coord = find("coordinator");
   if (!IsStrataProcess(coord->pid)) {
     std::vector<std::string> argv = {bin + "/strata-coordinator", "--listen", file.endpoint, "--state-dir",
-                                     dir + "/coordinator", "--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms)};
+                                     dir + "/coordinator", "--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms),
+                                     "--replace-grace-ms", std::to_string(replace_grace_ms)};
     argv.insert(argv.end(), keys_args.begin(), keys_args.end());
     // The dashboard on loopback, its port kept across restarts when free (docs/dashboard.md).
     auto token_file = EnsureHttpTokenFile(dir);
@@ -689,13 +690,16 @@ int RunCli(int argc, char** argv) {
   keygen->add_option("dir", keygen_dir, "directory to create (e.g. STATE_DIR/keys)")->required();
   keygen->add_flag("--force", keygen_force, "replace existing keys (every host then needs the new ones)");
 
-  int workers = 2, gpus = 0, hb_timeout = 2000;
+  int workers = 2, gpus = 0, hb_timeout = 2000, replace_grace = 10000;
   auto* up = app.add_subcommand("up", "start a local coordinator and workers (starts only what is not running)");
   up->add_option("--workers", workers, "number of CPU workers")->check(CLI::Range(1, 64));
   up->add_option("--gpus", gpus, "one worker per GPU on cuda:0..N-1 instead of CPU workers")->check(CLI::Range(0, 64));
   std::string memory_limit;
   up->add_option("--memory-limit", memory_limit, "GPU workers: use at most this much device memory each, e.g. 8GiB");
   up->add_option("--heartbeat-timeout-ms", hb_timeout, "mark a silent worker lost after this")->check(CLI::Range(200, 600000));
+  up->add_option("--replace-grace-ms", replace_grace,
+                 "after a worker is lost, wait this long for a replacement before re-planning onto the workers present")
+      ->check(CLI::Range(0, 3600000));
   auto* down = app.add_subcommand("down", "stop the local cluster (state is kept)");
 
   bool as_json = false;
@@ -757,7 +761,7 @@ int RunCli(int argc, char** argv) {
   }
 
   if (*keygen) return CmdKeygen(keygen_dir, keygen_force);
-  if (*up) return CmdUp(g, workers, gpus, hb_timeout, memory_limit);
+  if (*up) return CmdUp(g, workers, gpus, hb_timeout, replace_grace, memory_limit);
   if (*down) return CmdDown(g);
   if (*workers_cmd) return CmdWorkers(g, as_json);
   if (*submit) return CmdSubmit(g, spec_path, follow, resume);

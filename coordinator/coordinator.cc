@@ -21,6 +21,13 @@
 // of chunks; a worker that finishes is free for other runs; a lost worker's unstored chunks wait
 // replace_grace_ms for it to return (its store may hold some of them already, and it skips those),
 // then go to whichever workers are idle. The run finishes when every chunk is in the index.
+//
+// Train runs survive a lost worker (heartbeat timeout, or a restart that lost its task): the
+// surviving ranks are told to stop, the run goes back to pending and resumes from its latest
+// complete checkpoint (or from the start, or from the checkpoint it was itself resumed from). It
+// waits replace_grace_ms for enough workers for its mesh; after that it is re-planned onto the
+// workers present: pp and tp stay, dp shrinks to the largest value that fits and divides the
+// global batch, so the losses stay those of the uninterrupted run (checkpoints are mesh-free).
 #include "coordinator/coordinator.h"
 
 #include <unistd.h>
@@ -109,6 +116,7 @@ struct RunEntry {
   // Train runs started from a checkpoint (of another run, under any mesh): its run and step.
   std::string resume_run;
   int64_t resume_step = 0;
+  int64_t recover_until_ms = 0;  // steady clock: after a lost worker, when to re-plan onto who is there
   ExtractState extract;  // kind == "extract" only
 
   bool terminal() const {
@@ -278,8 +286,7 @@ class CoordinatorImpl final : public Coordinator {
       if (run != runs_.end() && !run->second.terminal() && run->second.spec.is_extract()) {
         ExtractWorkerLost(run->second, w, why);
       } else if (run != runs_.end() && !run->second.terminal()) {
-        AddEvent(run->second, "worker-lost", why + " at step " + std::to_string(run->second.step));
-        FailRun(run->second, why + " at step " + std::to_string(run->second.step) + LastCheckpointHint(run->second));
+        TrainWorkerLost(run->second, name, why);
       }
     }
     if (!w.current_run.empty()) {
@@ -333,14 +340,79 @@ class CoordinatorImpl final : public Coordinator {
         if (run != runs_.end() && !run->second.terminal() && run->second.spec.is_extract()) {
           ExtractWorkerLost(run->second, w, "worker " + id + " (pid " + std::to_string(w.pid) + ") stopped sending heartbeats");
         } else if (run != runs_.end() && !run->second.terminal()) {
-          AddEvent(run->second, "worker-lost", "worker " + id + " (pid " + std::to_string(w.pid) +
-                                                   ") stopped sending heartbeats at step " +
-                                                   std::to_string(run->second.step));
-          FailRun(run->second, "worker " + id + " was lost at step " + std::to_string(run->second.step) + LastCheckpointHint(run->second));
+          w.current_run.clear();
+          TrainWorkerLost(run->second, id, "worker " + id + " (pid " + std::to_string(w.pid) + ") stopped sending heartbeats");
         }
         w.current_run.clear();
       }
     }
+    // A recovering run whose grace period just ended is re-planned onto the workers present.
+    for (auto& [id, run] : runs_) {
+      if (run.state == RunState::PENDING && run.recover_until_ms > 0 && now >= run.recover_until_ms) {
+        Schedule();
+        break;
+      }
+    }
+  }
+
+  // A train run lost rank `lost`: stop the others, go back to pending, resume from the latest
+  // complete checkpoint on whoever is there (see the top of this file).
+  void TrainWorkerLost(RunEntry& run, const std::string& lost, const std::string& why) {
+    AddEvent(run, "worker-lost", why + " at step " + std::to_string(run.step));
+    for (auto& id : run.workers) {
+      auto it = workers_.find(id);
+      if (id != lost && it != workers_.end() && it->second.state != WorkerState::LOST) {
+        SendCancel(it->second, run.id, "rank on " + lost + " was lost: the run re-plans");
+      }
+    }
+    ReleaseWorkers(run);
+    run.workers.clear();
+    if (auto step = LastCheckpointStep(run.id); step > 0) {
+      run.resume_run = run.id;
+      run.resume_step = step;
+    }
+    const int64_t from = run.resume_run.empty() ? 0 : run.resume_step;
+    run.losses.resize(std::min<size_t>(run.losses.size(), static_cast<size_t>(from)));
+    run.step = from;
+    run.state = RunState::PENDING;
+    run.recover_until_ms = net::SteadyMs() + options_.replace_grace_ms;
+    AddEvent(run, "recovering",
+             (from > 0 ? "resuming from the checkpoint " + (run.resume_run == run.id ? std::string() : "of " + run.resume_run + " ") +
+                             "at step " + std::to_string(from)
+                       : std::string("restarting from step 0 (no complete checkpoint)")) +
+                 "; waiting up to " + std::to_string(options_.replace_grace_ms / 1000) + " s for " +
+                 std::to_string(run.spec.parallel.workers()) + " workers, then re-planning onto the workers present");
+    Persist(run);
+  }
+
+  int64_t LastCheckpointStep(const std::string& run_id) {
+    auto list = store_->ScanMetadata("ckpt/" + EncodeKeyString(run_id));
+    if (!list.ok() || list->empty()) return 0;
+    auto last = schema::DecodedRecord<CheckpointManifest>::Decode(list->back().second);
+    return last.ok() ? last->root().getStep() : 0;
+  }
+
+  // After the grace period: the largest dp (pp and tp kept) that fits `available` workers and
+  // divides the global batch; micro_batch shrinks to a divisor of the new per-rank batch.
+  bool Replan(RunEntry& run, size_t available) {
+    ParallelSpec& p = run.spec.parallel;
+    const int64_t unit = p.pp * p.tp;
+    const int64_t before = p.dp;
+    for (int64_t dp = std::min<int64_t>(p.dp, static_cast<int64_t>(available) / unit); dp >= 1; --dp) {
+      if (run.spec.train.global_batch % dp != 0) continue;
+      const int64_t local = run.spec.train.global_batch / dp;
+      if (p.micro_batch > 0 && local % p.micro_batch != 0) p.micro_batch = std::gcd(local, p.micro_batch);
+      p.dp = dp;
+      run.spec_toml = RunSpecToToml(run.spec);
+      AddEvent(run, "replanned", "dp " + std::to_string(before) + " -> " + std::to_string(dp) + " (pp=" +
+                                     std::to_string(p.pp) + " tp=" + std::to_string(p.tp) + ", " +
+                                     std::to_string(p.workers()) + " workers of the " + std::to_string(available) +
+                                     " idle); global batch " + std::to_string(run.spec.train.global_batch) +
+                                     " unchanged, so the losses continue as before");
+      Persist(run);
+      return true;
+    }
+    return false;
   }
 
   // ---------------------------------------------------------------- runs
@@ -476,8 +548,13 @@ class CoordinatorImpl final : public Coordinator {
         if (w.state == WorkerState::IDLE) idle.push_back(&w);
       }
       // A train run takes a worker per rank of its mesh; a capture, parallel.dp workers.
-      const auto wanted = static_cast<size_t>(run->spec.is_extract() ? run->spec.parallel.dp : run->spec.parallel.workers());
+      auto wanted = static_cast<size_t>(run->spec.is_extract() ? run->spec.parallel.dp : run->spec.parallel.workers());
+      if (idle.size() < wanted && run->recover_until_ms > 0 && net::SteadyMs() >= run->recover_until_ms &&
+          Replan(*run, idle.size())) {
+        wanted = static_cast<size_t>(run->spec.parallel.workers());
+      }
       if (idle.size() < wanted) return;  // FIFO: a big run waits rather than being overtaken
+      run->recover_until_ms = 0;
       idle.resize(wanted);
       if (run->spec.is_extract()) {
         StartExtract(*run, idle);
@@ -1225,6 +1302,9 @@ class CoordinatorImpl final : public Coordinator {
       run.step = r.getStep();
       run.resume_run = r.getResumeRun().cStr();
       run.resume_step = r.getResumeStep();
+      if (run.resume_run == run.id && r.getState() == RunState::PENDING) {
+        run.recover_until_ms = net::SteadyMs() + options_.replace_grace_ms;  // it was recovering
+      }
       auto steps = store_->ScanMetadata("loss/" + EncodeKeyString(run.id));
       if (steps.ok()) {
         for (auto& [key, value] : *steps) {

@@ -315,6 +315,9 @@ class WorkerImpl final : public Worker {
 
   void HandleAssign(AssignTask::Reader a) {
     const std::string run_id = a.getRunId().cStr();
+    // A task the coordinator cancelled (e.g. a peer was lost and the run re-plans) may still be
+    // unwinding: its collectives return Aborted at once, so wait for it rather than refuse.
+    if (task_ && task_->cancelled.load()) ReapTask(/*wait=*/true);
     if (task_) {
       STRATA_LOG(kWarn) << "ignoring assignment of run " << run_id << ": still running " << task_->run_id_;
       return;

@@ -1,7 +1,12 @@
 // Sharded training through the CLI on a local cluster of 8 CPU worker processes: dp x pp x tp
 // meshes give the single worker's losses, their checkpoints export to the same model, and a run
 // resumes from a checkpoint under another mesh.
+#include <signal.h>
+
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 
 #include <cmath>
 #include <filesystem>
@@ -33,7 +38,7 @@ class MeshClusterTest : public ::testing::Test {
       for (int i = 0; i < 500; ++i) corpus << "the quick brown fox jumps over the lazy dog. ";
     }
     corpus.close();
-    auto up = Strata("up --workers 8");
+    auto up = Strata("up --workers 8 --replace-grace-ms 1500");
     ASSERT_EQ(up.rc, 0) << up.err;
   }
 
@@ -164,6 +169,54 @@ TEST_F(MeshClusterTest, ResumesUnderAnotherMeshWithTheUninterruptedLosses) {
   auto unknown = Strata("submit " + dir_ + "/straight.toml --resume no-such-run");
   EXPECT_NE(unknown.rc, 0);
   EXPECT_NE(unknown.err.find("no run 'no-such-run'"), std::string::npos) << unknown.err;
+}
+
+// kill -9 of one of 8 workers in the middle of a dp=4 x pp=2 run: the survivors stop, the run
+// waits out the grace period, re-plans onto the 7 workers left (dp 4 -> 3, pp kept, the same
+// global batch), resumes from its last complete checkpoint and finishes with the losses of a
+// fault-free run.
+TEST_F(MeshClusterTest, KilledWorkerRunReplansOnTheSurvivorsAndKeepsTheLosses) {
+  const int steps = 300;
+  auto spec = [&](const std::string& name) {
+    std::string body = Spec(name, "gpt2", "dp = 4\npp = 2\n", steps, 20);
+    body.replace(body.find("global_batch = 8"), 16, "global_batch = 24");
+    return body;
+  };
+  const auto clean = Losses(Run("fault-free", spec("fault-free")));
+  ASSERT_EQ(clean.size(), static_cast<size_t>(steps));
+
+  const std::string path = dir_ + "/crash.toml";
+  std::ofstream(path) << spec("crash");
+  auto submitted = Strata("submit " + path);
+  ASSERT_EQ(submitted.rc, 0) << submitted.err;
+  const std::string run = submitted.out.substr(0, submitted.out.find('\n'));
+  // Wait for a checkpoint and a few steps more, then kill the worker holding rank 5.
+  json status;
+  for (int i = 0; i < 600; ++i) {
+    status = json::parse(Strata("status " + run + " --json").out, nullptr, false);
+    if (status.is_object() && status["step"].get<int64_t>() >= 45) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_LT(status["step"].get<int64_t>(), steps) << "the run ended before the kill; make it longer";
+  const std::string victim = status["workers"][5];
+  auto cluster = json::parse(testing::ReadFile(dir_ + "/state/cluster.json"));
+  int pid = 0;
+  for (auto& p : cluster["processes"]) {
+    if (p["name"] == victim) pid = p["pid"];
+  }
+  ASSERT_GT(pid, 0) << victim;
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+
+  auto follow = Strata("status " + run + " --watch");
+  auto losses = Losses(run);
+  ExpectSameLosses(clean, losses, "after the kill and the re-plan");
+  auto events = Strata("events " + run).out;
+  EXPECT_NE(events.find("worker-lost"), std::string::npos) << events;
+  EXPECT_NE(events.find("resuming from the checkpoint at step"), std::string::npos) << events;
+  EXPECT_NE(events.find("dp 4 -> 3"), std::string::npos) << events;
+  auto final_status = json::parse(Strata("status " + run + " --json").out);
+  EXPECT_EQ(final_status["world_size"], 6) << "dp=3 x pp=2";
+  Strata("up --workers 8");  // bring the killed worker back for whatever runs next
 }
 
 }  // namespace
