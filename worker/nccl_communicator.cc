@@ -22,8 +22,10 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <mutex>
 
 namespace strata::worker {
 namespace {
@@ -38,17 +40,35 @@ Status NcclStatus(ncclResult_t result, ncclComm_t comm, const char* what) {
   return Unavailable(std::string("NCCL ") + what + " failed: " + detail);
 }
 
+// What the world and its groups share: the aborted flag and every live NCCL communicator, so
+// Abort() from any thread (the executor's cancel watcher) aborts them all: ncclCommAbort makes
+// kernels stuck waiting for a dead peer return, so a failed run never hangs its survivors.
+struct NcclShared {
+  std::atomic<bool> aborted{false};
+  std::mutex mutex;
+  std::vector<ncclComm_t*> comms;  // guarded by mutex; entries are set to null once aborted
+};
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, uint32_t rank, uint32_t world, int device, std::shared_ptr<std::atomic<bool>> aborted)
-      : comm_(comm), rank_(rank), world_(world), device_(device), aborted_(std::move(aborted)) {}
+  NcclCommunicator(ncclComm_t comm, uint32_t rank, uint32_t world, int device, std::shared_ptr<NcclShared> shared)
+      : comm_(comm), rank_(rank), world_(world), device_(device), aborted_(std::move(shared)) {
+    std::lock_guard<std::mutex> lock(aborted_->mutex);
+    aborted_->comms.push_back(&comm_);
+  }
 
   ~NcclCommunicator() override {
-    if (!comm_) return;
-    if (aborted_->load()) {
-      ncclCommAbort(comm_);
-    } else {
-      ncclCommDestroy(comm_);
+    {
+      std::lock_guard<std::mutex> lock(aborted_->mutex);
+      auto& comms = aborted_->comms;
+      comms.erase(std::remove(comms.begin(), comms.end(), &comm_), comms.end());
+      if (comm_) {
+        if (aborted_->aborted.load()) {
+          ncclCommAbort(comm_);
+        } else {
+          ncclCommDestroy(comm_);
+        }
+      }
     }
     if (p2p_stream_) cudaStreamDestroy(p2p_stream_);
     if (p2p_done_) cudaEventDestroy(p2p_done_);
@@ -58,7 +78,14 @@ class NcclCommunicator final : public Communicator {
   uint32_t rank() const override { return rank_; }
   uint32_t world_size() const override { return world_; }
   bool device_buffers() const override { return true; }
-  void Abort() override { aborted_->store(true); }
+  void Abort() override {
+    std::lock_guard<std::mutex> lock(aborted_->mutex);
+    aborted_->aborted.store(true);
+    for (ncclComm_t* comm : aborted_->comms) {
+      if (*comm) ncclCommAbort(*comm);
+      *comm = nullptr;
+    }
+  }
 
   Status AllReduceSum(float* data, size_t count) override {
     STRATA_RETURN_IF_ERROR(Ready());
@@ -129,7 +156,7 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  Status Ready() const { return aborted_->load() ? Aborted("communicator aborted") : Status::Ok(); }
+  Status Ready() const { return aborted_->aborted.load() ? Aborted("communicator aborted") : Status::Ok(); }
   cudaStream_t Stream() const { return c10::cuda::getCurrentCUDAStream(device_).stream(); }
 
   template <typename Op>
@@ -154,7 +181,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   uint32_t rank_, world_;
   int device_;
-  std::shared_ptr<std::atomic<bool>> aborted_;  // shared by the world and its groups
+  std::shared_ptr<NcclShared> aborted_;  // shared by the world and its groups
   cudaStream_t p2p_stream_ = nullptr;
   cudaEvent_t p2p_done_ = nullptr, compute_ready_ = nullptr;
 };
@@ -174,7 +201,7 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boots
       ncclCommInitRank(&comm, static_cast<int>(bootstrap.world_size()), id, static_cast<int>(bootstrap.rank())), nullptr,
       "init"));
   return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
-      comm, bootstrap.rank(), bootstrap.world_size(), device, std::make_shared<std::atomic<bool>>(false)));
+      comm, bootstrap.rank(), bootstrap.world_size(), device, std::make_shared<NcclShared>()));
 }
 
 }  // namespace strata::worker

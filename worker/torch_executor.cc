@@ -1,7 +1,9 @@
 #include "worker/torch_executor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <thread>
 
 #include "common/log.h"
 #include "worker/extractor.h"
@@ -99,12 +101,33 @@ class TorchExecutor final : public TaskExecutor {
     }
     // GPU ranks talk over NCCL (bootstrapped over the task's ZeroMQ world), CPU ranks over ZeroMQ.
     std::unique_ptr<Communicator> nccl;
+    std::atomic<bool> task_over{false};
+    std::thread cancel_watcher;
 #ifdef STRATA_WITH_CUDA
     if (device_.is_cuda() && context.world_size > 1) {
       STRATA_ASSIGN_OR_RETURN(nccl, CreateNcclCommunicator(*context.communicator, device_.index()));
       context.communicator = nccl.get();
+      // A cancel (e.g. a peer was lost) must also reach NCCL: kernels waiting for a dead peer
+      // never return on their own, and this thread may be blocked on one.
+      cancel_watcher = std::thread([&] {
+        while (!task_over.load()) {
+          if (context.cancelled->load()) {
+            nccl->Abort();
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      });
     }
 #endif
+    struct JoinOnExit {
+      std::atomic<bool>& over;
+      std::thread& thread;
+      ~JoinOnExit() {
+        over.store(true);
+        if (thread.joinable()) thread.join();
+      }
+    } join_watcher{task_over, cancel_watcher};
     Trainer trainer(context, std::move(data), device_);
     STRATA_RETURN_IF_ERROR(trainer.init_status());
     if (!context.resume.run_id.empty()) {
