@@ -57,15 +57,19 @@ def main():
         pid = next(p["pid"] for p in cluster["processes"] if p["name"] == victim)
         killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
-        # Poll for the first step past the checkpoint the run resumed from.
-        resumed_step, trained_again = None, None
+        # Poll for the first step past the checkpoint the run resumed from: the step drops back to
+        # that checkpoint when the run recovers (grace 0 can make "pending" too short to see),
+        # then grows again once the re-planned mesh trains.
+        resumed_step, trained_again, deadline = None, None, time.time() + 180
         while trained_again is None:
+            if time.time() > deadline:
+                raise RuntimeError(f"run {run} did not train again within 180 s of the kill:\n" + strata(state, "events", run))
             s = json.loads(strata(state, "status", run, "--json"))
             if s["state"] in ("failed", "cancelled"):
                 raise RuntimeError(f"run {run} {s['state']}: {s['message']}")
-            if resumed_step is None and s["state"] == "pending":
+            if s["world_size"] == 1 and (resumed_step is None or s["step"] < resumed_step):
                 resumed_step = s["step"]
-            if resumed_step is not None and s["state"] == "running" and s["step"] > resumed_step:
+            if resumed_step is not None and s["step"] > resumed_step:
                 trained_again = time.time()
             time.sleep(0.02)
         strata(state, "status", run, "--watch")
