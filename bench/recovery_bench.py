@@ -34,14 +34,18 @@ def strata(state, *args, check=True):
 def main():
     work = tempfile.mkdtemp(prefix="strata-recovery-")
     state = f"{work}/state"
+    cpu = os.environ.get("STRATA_BENCH_CPU") == "1"  # a smoke run of this script on CPU workers, tiny model
+    vocab = 256 if cpu else 50257
     raw = array.array("H", os.urandom(2 * (8 << 20)))
-    array.array("H", (t % 50257 for t in raw)).tofile(open(f"{work}/tokens.u16", "wb"))
-    spec = (f'[model]\nfamily = "gpt2"\nlayers = 12\nhidden = 768\nheads = 12\nvocab = 50257\nsequence = 1024\n'
+    array.array("H", (t % vocab for t in raw)).tofile(open(f"{work}/tokens.u16", "wb"))
+    model = "layers = 2\nhidden = 64\nheads = 4\nsequence = 64\n" if cpu else "layers = 12\nhidden = 768\nheads = 12\nsequence = 1024\n"
+    spec = (f'[model]\nfamily = "gpt2"\n{model}vocab = {vocab}\n'
             f'[data]\npath = "{work}/tokens.u16"\nformat = "u16"\n'
-            f'[train]\nsteps = {STEPS}\nglobal_batch = 16\nlr = 0.0003\nprecision = "bf16"\ncheckpoint_every = 20\n'
+            f'[train]\nsteps = {STEPS}\nglobal_batch = 16\nlr = 0.0003\nprecision = "{"fp32" if cpu else "bf16"}"\ncheckpoint_every = 20\n'
             f'[parallel]\ndp = 2\n')
     try:
-        strata(state, "up", "--gpus", "2", "--heartbeat-timeout-ms", "1000", "--replace-grace-ms", "0")
+        strata(state, "up", *(["--workers", "2"] if cpu else ["--gpus", "2"]), "--heartbeat-timeout-ms", "1000",
+               "--replace-grace-ms", "0")
         for name in ("clean", "crash"):
             with open(f"{work}/{name}.toml", "w") as f:
                 f.write(f'name = "{name}"\n' + spec)
