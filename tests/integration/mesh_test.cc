@@ -219,5 +219,45 @@ TEST_F(MeshClusterTest, KilledWorkerRunReplansOnTheSurvivorsAndKeepsTheLosses) {
   Strata("up --workers 8");  // bring the killed worker back for whatever runs next
 }
 
+// A hang rather than a crash: SIGSTOP one rank of a dp=2 run. It stops heartbeating, is named
+// lost, the run resumes from its checkpoint on two other idle workers and finishes with the
+// fault-free losses.
+TEST_F(MeshClusterTest, StoppedWorkerIsNamedAndTheRunRecovers) {
+  const int steps = 200;
+  const std::string body = Spec("hang", "llama", "dp = 2\n", steps, 20);
+  const auto clean = Losses(Run("hang-free", body));
+  const std::string path = dir_ + "/hang.toml";
+  std::ofstream(path) << body;
+  auto submitted = Strata("submit " + path);
+  ASSERT_EQ(submitted.rc, 0) << submitted.err;
+  const std::string run = submitted.out.substr(0, submitted.out.find('\n'));
+  json status;
+  for (int i = 0; i < 600; ++i) {
+    status = json::parse(Strata("status " + run + " --json").out, nullptr, false);
+    if (status.is_object() && status["step"].get<int64_t>() >= 30) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_LT(status["step"].get<int64_t>(), steps) << "the run ended before the stop; make it longer";
+  const std::string victim = status["workers"][1];
+  auto cluster = json::parse(testing::ReadFile(dir_ + "/state/cluster.json"));
+  int pid = 0;
+  for (auto& p : cluster["processes"]) {
+    if (p["name"] == victim) pid = p["pid"];
+  }
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  Strata("status " + run + " --watch");
+  auto losses = Losses(run);
+  kill(pid, SIGCONT);  // let it go; it re-registers and stays out of this run
+  ExpectSameLosses(clean, losses, "after the stopped worker");
+  auto events = Strata("events " + run).out;
+  EXPECT_NE(events.find("worker " + victim + " (pid " + std::to_string(pid) + ") stopped sending heartbeats"),
+            std::string::npos) << events;
+  EXPECT_NE(events.find("resuming from the checkpoint at step"), std::string::npos) << events;
+  for (auto& w : json::parse(Strata("status " + run + " --json").out)["workers"]) {
+    EXPECT_NE(w.get<std::string>(), victim) << "the run finished on the stopped worker";
+  }
+}
+
 }  // namespace
 }  // namespace strata
