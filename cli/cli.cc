@@ -479,7 +479,7 @@ int CmdCancel(GlobalOptions& g, const std::string& run) {
 // Client-side progress of one run: rate from the steps seen while watching, ETA from it.
 class ProgressTracker {
  public:
-  // "step  120/200  loss 2.4312  3210 tok/s  ETA 0:25  dp=2 on worker-0,worker-1"
+  // "step  120/200  loss 2.4312  3210 tok/s  ETA 0:25  dp=2 pp=2 on worker-0,...,worker-3"
   std::string Line(RunRecord::Reader r) {
     const int64_t now = net::SteadyMs();
     const int64_t step = r.getStep();
@@ -502,8 +502,17 @@ class ProgressTracker {
       n += std::snprintf(buf + n, sizeof(buf) - n, "  ETA %ld:%02ld", static_cast<long>(eta_s / 60),
                          static_cast<long>(eta_s % 60));
     }
-    std::snprintf(buf + n, sizeof(buf) - n, "  %s=%u%s%s", extract ? "workers" : "dp", r.getWorldSize(),
-                  workers.empty() ? "" : " on ", workers.c_str());
+    // Train runs show their mesh (it changes when a lost worker makes the run re-plan).
+    std::string mesh = (extract ? "workers=" : "dp=") + std::to_string(r.getWorldSize());
+    if (!extract) {
+      auto spec = ParseRunSpec(r.getSpecToml().cStr(), "", /*check_files=*/false);
+      if (spec.ok()) {
+        const ParallelSpec& p = spec->parallel;
+        mesh = "dp=" + std::to_string(p.dp) + (p.pp > 1 ? " pp=" + std::to_string(p.pp) : "") +
+               (p.tp > 1 ? " tp=" + std::to_string(p.tp) : "") + (p.zero > 0 ? " zero=" + std::to_string(p.zero) : "");
+      }
+    }
+    std::snprintf(buf + n, sizeof(buf) - n, "  %s%s%s", mesh.c_str(), workers.empty() ? "" : " on ", workers.c_str());
     return buf;
   }
 
