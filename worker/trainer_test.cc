@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "shard/layout.h"
 
@@ -69,7 +70,11 @@ class TrainerTest : public ::testing::Test {
         ASSERT_TRUE(data.ok());
         Trainer trainer(context, std::move(data).value(), torch::kCPU);
         ASSERT_TRUE(trainer.init_status().ok()) << trainer.init_status().ToString();
-        for (int s = 0; s < steps; ++s) {
+        if (!resume_.run_id.empty()) {
+          Status st = trainer.Resume(resume_);
+          ASSERT_TRUE(st.ok()) << st.ToString();
+        }
+        while (trainer.step() < steps) {
           auto loss = trainer.Step();
           ASSERT_TRUE(loss.ok()) << loss.status().ToString();
           losses[r].push_back(*loss);
@@ -94,6 +99,7 @@ class TrainerTest : public ::testing::Test {
 
   int runs_ = 0;
   std::vector<std::unique_ptr<storage::ShardStore>> stores_;  // one per rank when set
+  ResumePoint resume_;                                        // when set, every rank starts from it
   std::string dir_;
   RunSpec spec_;
 };
@@ -319,6 +325,41 @@ TEST_F(TrainerTest, CheckpointPiecesAssembleIntoTheLiveParameters) {
     EXPECT_EQ(holders, 4) << name;
   }
   EXPECT_TRUE(params.names().empty()) << "a parameter was written but not taken: " << params.names().front();
+}
+
+// Both families: 6 steps under pp=2, checkpoint pieces into two stores; then resume under dp=2
+// ZeRO-3 and under tp=2 (with recompute): steps 7-10 give the uninterrupted run's losses.
+TEST_P(MeshTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
+  if (GetParam() == "llama") spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6};
+  spec_.train.global_batch = 8;
+  spec_.parallel.micro_batch = 2;
+  auto straight = Train(10)[0];
+  SetMesh(1, 2, 1);
+  for (int r = 0; r < 2; ++r) {
+    auto store = storage::ShardStore::Open(dir_ + "/resume-store" + std::to_string(r));
+    ASSERT_TRUE(store.ok());
+    stores_.push_back(std::move(store).value());
+  }
+  ResumePoint checkpoint{"run", 6, {}};
+  Train(6, [&](uint32_t r, Trainer& t) {
+    auto saved = t.SaveCheckpointShard();
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    ResumePoint::Shard shard{dir_ + "/resume-store" + std::to_string(r), {}};
+    for (auto& info : *saved) shard.tensors.push_back(info.name);
+    checkpoint.shards.push_back(shard);
+  });
+  stores_.clear();  // the resumed ranks open them read-only
+  resume_ = checkpoint;
+  for (const auto& [dp, tp, zero, recompute] : {std::tuple{2, 1, 3, false}, std::tuple{1, 2, 0, true}}) {
+    SetMesh(dp, 1, tp, zero, recompute);
+    auto resumed = Train(10);
+    for (auto& losses : resumed) {
+      ASSERT_EQ(losses.size(), 4u);
+      for (int s = 0; s < 4; ++s) {
+        EXPECT_NEAR(losses[s], straight[s + 6], 1e-5 * straight[s + 6]) << "dp " << dp << " tp " << tp << " step " << s + 7;
+      }
+    }
+  }
 }
 
 }  // namespace
