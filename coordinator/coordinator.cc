@@ -711,15 +711,6 @@ class CoordinatorImpl final : public Coordinator {
     Schedule();
   }
 
-  std::string LastCheckpointHint(const RunEntry& run) {
-    auto list = store_->ScanMetadata("ckpt/" + EncodeKeyString(run.id));
-    if (!list.ok() || list->empty()) return "; no checkpoint was complete";
-    auto last = schema::DecodedRecord<CheckpointManifest>::Decode(AsBytes(std::string(
-        list->back().second.begin(), list->back().second.end())));
-    if (!last.ok()) return "";
-    return "; the last complete checkpoint is at step " + std::to_string(last->root().getStep());
-  }
-
   void SendCancel(const WorkerEntry& w, const std::string& run_id, const std::string& why) {
     schema::EnvelopeBuilder msg;
     auto c = msg.root().initCancelTask();

@@ -17,9 +17,14 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Copies block `rank` of `tp` along the split dim between the full tensor and its slice.
-void Blocks(const TensorSplit& split, int64_t tp, int64_t rank, size_t element, const uint8_t* from, uint8_t* to,
-            bool to_slice) {
+// Copies tp rank `rank`'s slice between the full tensor and the slice (the whole tensor when
+// replicated): block `rank` of `tp` along the split dim, per outer index.
+void Transfer(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp, int64_t rank, size_t element,
+              const uint8_t* from, uint8_t* to, bool to_slice) {
+  if (split.replicated() || tp == 1) {
+    std::memcpy(to, from, static_cast<size_t>(Product(shape, 0, shape.size())) * element);
+    return;
+  }
   const auto d = static_cast<size_t>(split.dim);
   const int64_t outer = Product(split.view, 0, d);
   const int64_t mid = split.view[d];
@@ -102,20 +107,12 @@ std::vector<int64_t> SliceShape(const TensorSplit& split, const std::vector<int6
 
 void CopySlice(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp, int64_t tp_rank, size_t element,
                const uint8_t* full, uint8_t* slice) {
-  if (split.replicated() || tp == 1) {
-    std::memcpy(slice, full, static_cast<size_t>(Product(shape, 0, shape.size())) * element);
-    return;
-  }
-  Blocks(split, tp, tp_rank, element, full, slice, /*to_slice=*/true);
+  Transfer(split, shape, tp, tp_rank, element, full, slice, /*to_slice=*/true);
 }
 
 void PlaceSlice(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp, int64_t tp_rank, size_t element,
                 const uint8_t* slice, uint8_t* full) {
-  if (split.replicated() || tp == 1) {
-    std::memcpy(full, slice, static_cast<size_t>(Product(shape, 0, shape.size())) * element);
-    return;
-  }
-  Blocks(split, tp, tp_rank, element, slice, full, /*to_slice=*/false);
+  Transfer(split, shape, tp, tp_rank, element, slice, full, /*to_slice=*/false);
 }
 
 std::string FormatPiece(const PieceName& p) {

@@ -22,6 +22,16 @@ namespace {
 
 class HfParityTest : public ::testing::TestWithParam<std::string> {};
 
+// DIR/expected.safetensors: int64 tokens [b, t] and our fp32 logits for them (hf_parity.py reads it).
+Status WriteExpected(const std::string& dir, const torch::Tensor& tokens, const torch::Tensor& logits) {
+  return storage::WriteSafetensors(
+      dir + "/expected.safetensors",
+      {{"tokens", {storage::DType::kI64, tokens.sizes().vec(),
+                   {static_cast<const uint8_t*>(tokens.data_ptr()), static_cast<size_t>(tokens.numel()) * 8}}},
+       {"logits", {storage::DType::kF32, logits.sizes().vec(),
+                   {static_cast<const uint8_t*>(logits.data_ptr()), static_cast<size_t>(logits.numel()) * 4}}}});
+}
+
 TEST_P(HfParityTest, LogitsMatchTransformers) {
   if (std::system("python3 -c 'import transformers, safetensors' >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "python3 with transformers and safetensors not available";
@@ -42,13 +52,7 @@ TEST_P(HfParityTest, LogitsMatchTransformers) {
   torch::NoGradGuard no_grad;
   auto tokens = torch::randint(0, spec.vocab, {2, spec.sequence}, torch::kLong);
   auto logits = model->Logits(tokens).contiguous();
-  ASSERT_TRUE(storage::WriteSafetensors(
-                  dir + "/expected.safetensors",
-                  {{"tokens", {storage::DType::kI64, tokens.sizes().vec(),
-                               {static_cast<const uint8_t*>(tokens.data_ptr()), static_cast<size_t>(tokens.numel()) * 8}}},
-                   {"logits", {storage::DType::kF32, logits.sizes().vec(),
-                               {static_cast<const uint8_t*>(logits.data_ptr()), static_cast<size_t>(logits.numel()) * 4}}}})
-                  .ok());
+  ASSERT_TRUE(WriteExpected(dir, tokens, logits).ok());
   const std::string script = std::string(STRATA_SOURCE_DIR) + "/tests/gpu/hf_parity.py";
   EXPECT_EQ(std::system(("python3 " + script + " " + dir).c_str()), 0) << "see the printed max difference";
 }
@@ -116,13 +120,7 @@ TEST_P(HfParityTest, TrainedFromSavePretrainedExportsWhatItComputes) {
   torch::manual_seed(9);
   auto tokens = torch::randint(0, 256, {2, 64}, torch::kLong);
   auto logits = trainer.Logits(tokens);
-  ASSERT_TRUE(storage::WriteSafetensors(
-                  dir + "/exported/expected.safetensors",
-                  {{"tokens", {storage::DType::kI64, tokens.sizes().vec(),
-                               {static_cast<const uint8_t*>(tokens.data_ptr()), static_cast<size_t>(tokens.numel()) * 8}}},
-                   {"logits", {storage::DType::kF32, logits.sizes().vec(),
-                               {static_cast<const uint8_t*>(logits.data_ptr()), static_cast<size_t>(logits.numel()) * 4}}}})
-                  .ok());
+  ASSERT_TRUE(WriteExpected(dir + "/exported", tokens, logits).ok());
   const std::string script = std::string(STRATA_SOURCE_DIR) + "/tests/gpu/hf_parity.py";
   EXPECT_EQ(std::system(("python3 " + script + " " + dir + "/exported 2e-2").c_str()), 0) << "see the printed difference";
 }

@@ -37,18 +37,7 @@ using testing::ReadFile;
 class ClusterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/strata-it-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    setenv("STRATA_STATE_DIR", (dir_ + "/state").c_str(), 1);
-    unsetenv("STRATA_CLUSTER");
-    std::ofstream corpus(dir_ + "/corpus.txt");
-    std::ifstream gpl("/usr/share/common-licenses/GPL-3");
-    if (gpl) {
-      corpus << gpl.rdbuf();
-    } else {
-      for (int i = 0; i < 500; ++i) corpus << "the quick brown fox jumps over the lazy dog. ";
-    }
-    corpus.close();
+    dir_ = testing::MakeClusterScratchDir("/tmp/strata-it-XXXXXX");
     auto up = Strata("up --workers 2");
     ASSERT_EQ(up.rc, 0) << up.err;
   }

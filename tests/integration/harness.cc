@@ -25,6 +25,21 @@ CommandResult RunCommand(const std::string& command, const std::string& scratch_
   return r;
 }
 
+std::string MakeClusterScratchDir(const std::string& mkdtemp_template) {
+  std::string tmpl = mkdtemp_template;
+  const std::string dir = mkdtemp(tmpl.data());
+  setenv("STRATA_STATE_DIR", (dir + "/state").c_str(), 1);
+  unsetenv("STRATA_CLUSTER");
+  std::ofstream corpus(dir + "/corpus.txt");
+  std::ifstream gpl("/usr/share/common-licenses/GPL-3");
+  if (gpl) {
+    corpus << gpl.rdbuf();
+  } else {
+    for (int i = 0; i < 500; ++i) corpus << "the quick brown fox jumps over the lazy dog. ";
+  }
+  return dir;
+}
+
 CommandResult RunStrata(const std::string& args, const std::string& scratch_dir) {
   return RunCommand(std::string(STRATA_BIN_DIR) + "/strata " + args, scratch_dir);
 }

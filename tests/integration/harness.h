@@ -19,6 +19,10 @@ CommandResult RunCommand(const std::string& command, const std::string& scratch_
 CommandResult RunStrata(const std::string& args, const std::string& scratch_dir);
 
 std::string ReadFile(const std::string& path);
+// A scratch directory for a test suite's local cluster: made under /tmp from `mkdtemp_template`
+// (ending in XXXXXX), with STRATA_STATE_DIR set to DIR/state, STRATA_CLUSTER unset, and a text
+// corpus in DIR/corpus.txt (the GPL every Debian machine ships, else a repeated sentence).
+std::string MakeClusterScratchDir(const std::string& mkdtemp_template);
 int64_t NowMs();
 // A loopback TCP port that was free a moment ago.
 int FreePort();

@@ -26,18 +26,7 @@ namespace fs = std::filesystem;
 class MeshClusterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/strata-mesh-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    setenv("STRATA_STATE_DIR", (dir_ + "/state").c_str(), 1);
-    unsetenv("STRATA_CLUSTER");
-    std::ofstream corpus(dir_ + "/corpus.txt");
-    std::ifstream gpl("/usr/share/common-licenses/GPL-3");
-    if (gpl) {
-      corpus << gpl.rdbuf();
-    } else {
-      for (int i = 0; i < 500; ++i) corpus << "the quick brown fox jumps over the lazy dog. ";
-    }
-    corpus.close();
+    dir_ = testing::MakeClusterScratchDir("/tmp/strata-mesh-XXXXXX");
     auto up = Strata("up --workers 8 --replace-grace-ms 1500");
     ASSERT_EQ(up.rc, 0) << up.err;
   }
@@ -64,16 +53,18 @@ class MeshClusterTest : public ::testing::Test {
     return s.str();
   }
 
-  // Submits, follows to the end, returns the run id (extra: more `submit` flags).
-  static std::string Run(const std::string& name, const std::string& body, const std::string& extra = "") {
+  // Writes the spec and submits it with `flags`; the run id (the first line `submit` prints).
+  static std::string Submit(const std::string& name, const std::string& body, const std::string& flags = "") {
     const std::string path = dir_ + "/" + name + ".toml";
     std::ofstream(path) << body;
-    auto r = Strata("submit " + path + " --follow" + extra);
+    auto r = Strata("submit " + path + flags);
     EXPECT_EQ(r.rc, 0) << r.out << r.err;
-    std::istringstream lines(r.out);
-    std::string run_id;
-    std::getline(lines, run_id);
-    return run_id;
+    return r.out.substr(0, r.out.find('\n'));
+  }
+
+  // Submits, follows to the end, returns the run id (extra: more `submit` flags).
+  static std::string Run(const std::string& name, const std::string& body, const std::string& extra = "") {
+    return Submit(name, body, " --follow" + extra);
   }
 
   static std::vector<double> Losses(const std::string& run) {
@@ -90,6 +81,27 @@ class MeshClusterTest : public ::testing::Test {
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_NEAR(got[i], reference[i + from], 1e-5 * reference[i + from]) << what << ", step " << i + from + 1;
     }
+  }
+
+
+  // Polls the run's status until it reaches `step` (or 30 s pass); the last status seen.
+  static json WaitForStep(const std::string& run, int64_t step) {
+    json status;
+    for (int i = 0; i < 600; ++i) {
+      status = json::parse(Strata("status " + run + " --json").out, nullptr, false);
+      if (status.is_object() && status["step"].get<int64_t>() >= step) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return status;
+  }
+
+  // The pid `strata up` recorded for a worker, or 0.
+  static int ProcessPid(const std::string& name) {
+    auto cluster = json::parse(testing::ReadFile(dir_ + "/state/cluster.json"));
+    for (auto& p : cluster["processes"]) {
+      if (p["name"] == name) return p["pid"].get<int>();
+    }
+    return 0;
   }
 
   static std::string dir_;
@@ -185,29 +197,16 @@ TEST_F(MeshClusterTest, KilledWorkerRunReplansOnTheSurvivorsAndKeepsTheLosses) {
   const auto clean = Losses(Run("fault-free", spec("fault-free")));
   ASSERT_EQ(clean.size(), static_cast<size_t>(steps));
 
-  const std::string path = dir_ + "/crash.toml";
-  std::ofstream(path) << spec("crash");
-  auto submitted = Strata("submit " + path);
-  ASSERT_EQ(submitted.rc, 0) << submitted.err;
-  const std::string run = submitted.out.substr(0, submitted.out.find('\n'));
+  const std::string run = Submit("crash", spec("crash"));
   // Wait for a checkpoint and a few steps more, then kill the worker holding rank 5.
-  json status;
-  for (int i = 0; i < 600; ++i) {
-    status = json::parse(Strata("status " + run + " --json").out, nullptr, false);
-    if (status.is_object() && status["step"].get<int64_t>() >= 45) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const json status = WaitForStep(run, 45);
   ASSERT_LT(status["step"].get<int64_t>(), steps) << "the run ended before the kill; make it longer";
   const std::string victim = status["workers"][5];
-  auto cluster = json::parse(testing::ReadFile(dir_ + "/state/cluster.json"));
-  int pid = 0;
-  for (auto& p : cluster["processes"]) {
-    if (p["name"] == victim) pid = p["pid"];
-  }
+  const int pid = ProcessPid(victim);
   ASSERT_GT(pid, 0) << victim;
   ASSERT_EQ(kill(pid, SIGKILL), 0);
 
-  auto follow = Strata("status " + run + " --watch");
+  Strata("status " + run + " --watch");
   auto losses = Losses(run);
   ExpectSameLosses(clean, losses, "after the kill and the re-plan");
   auto events = Strata("events " + run).out;
@@ -226,25 +225,12 @@ TEST_F(MeshClusterTest, StoppedWorkerIsNamedAndTheRunRecovers) {
   const int steps = 200;
   const std::string body = Spec("hang", "llama", "dp = 2\n", steps, 20);
   const auto clean = Losses(Run("hang-free", body));
-  const std::string path = dir_ + "/hang.toml";
-  std::ofstream(path) << body;
-  auto submitted = Strata("submit " + path);
-  ASSERT_EQ(submitted.rc, 0) << submitted.err;
-  const std::string run = submitted.out.substr(0, submitted.out.find('\n'));
-  json status;
-  for (int i = 0; i < 600; ++i) {
-    status = json::parse(Strata("status " + run + " --json").out, nullptr, false);
-    if (status.is_object() && status["step"].get<int64_t>() >= 30) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const std::string run = Submit("hang", body);
+  const json status = WaitForStep(run, 30);
   ASSERT_LT(status["step"].get<int64_t>(), steps) << "the run ended before the stop; make it longer";
   const std::string victim = status["workers"][1];
-  auto cluster = json::parse(testing::ReadFile(dir_ + "/state/cluster.json"));
-  int pid = 0;
-  for (auto& p : cluster["processes"]) {
-    if (p["name"] == victim) pid = p["pid"];
-  }
-  ASSERT_GT(pid, 0);
+  const int pid = ProcessPid(victim);
+  ASSERT_GT(pid, 0) << victim;
   ASSERT_EQ(kill(pid, SIGSTOP), 0);
   Strata("status " + run + " --watch");
   auto losses = Losses(run);
