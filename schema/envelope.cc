@@ -1,8 +1,62 @@
 #include "schema/envelope.h"
 
+#include <capnp/dynamic.h>
+
+#include <algorithm>
 #include <cstring>
 
 namespace strata::schema {
+namespace {
+
+void ReadAll(capnp::DynamicValue::Reader value);
+
+void ReadAllFields(capnp::DynamicStruct::Reader s) {
+  for (capnp::StructSchema::Field field : s.getSchema().getNonUnionFields()) ReadAll(s.get(field));
+  KJ_IF_MAYBE(field, s.which()) { ReadAll(s.get(*field)); }  // an unknown member is nullptr, not an error
+}
+
+// get() has already checked the pointer that led here (kind, bounds, text NUL, list element size),
+// so only what holds pointers of its own needs reading further: structs and lists of pointers.
+void ReadAll(capnp::DynamicValue::Reader value) {
+  if (value.getType() == capnp::DynamicValue::STRUCT) {
+    ReadAllFields(value.as<capnp::DynamicStruct>());
+  } else if (value.getType() == capnp::DynamicValue::LIST) {
+    auto list = value.as<capnp::DynamicList>();
+    switch (list.getSchema().whichElementType()) {
+      case capnp::schema::Type::TEXT:
+      case capnp::schema::Type::DATA:
+      case capnp::schema::Type::LIST:
+      case capnp::schema::Type::STRUCT:
+        for (capnp::DynamicValue::Reader element : list) ReadAll(element);
+        break;
+      default: break;  // numbers, enums, void: their bytes were checked with the list pointer
+    }
+  }
+}
+
+}  // namespace
+
+void CheckFullyReadable(kj::ArrayPtr<const capnp::word> words, capnp::StructSchema schema) {
+  // 1. Every pointer in bounds, and the size of what they reach (`content`: a copy's size).
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = 2 * words.size() + 64;
+  capnp::FlatArrayMessageReader sizing(words, options);
+  const uint64_t content = sizing.getRoot<capnp::AnyPointer>().targetSize().wordCount;
+
+  // Reading an object counts its size against the traversal limit, and an element of a list of
+  // empty structs or voids counts one word: twice the content leaves room for far-pointer pads
+  // and for a few such elements, and stops a few bytes that claim millions of them. The limit
+  // follows the content, not the input's size, so a copy of an accepted message is accepted too.
+  options.traversalLimitInWords = 2 * content + 64;
+  // 2. Copy it as replies do (setRoot, setWithCaveats): this follows the pointers of fields this
+  //    build does not know too, and counts their empty elements, which step 1 does not.
+  capnp::FlatArrayMessageReader copying(words, options);
+  capnp::MallocMessageBuilder copy(static_cast<unsigned>(std::min<uint64_t>(content + 8, 1u << 28)));
+  copy.getRoot<capnp::AnyPointer>().set(copying.getRoot<capnp::AnyPointer>());
+  // 3. Every known field of the right kind.
+  capnp::FlatArrayMessageReader fields(words, options);
+  ReadAllFields(fields.getRoot<capnp::DynamicStruct>(schema));
+}
 
 std::string EnvelopeBuilder::Serialize() {
   auto words = capnp::messageToFlatArray(message_);
@@ -22,9 +76,9 @@ Result<std::unique_ptr<DecodedEnvelope>> DecodeEnvelope(std::span<const uint8_t>
   try {
     capnp::ReaderOptions options;
     options.traversalLimitInWords = 64 * 1024 * 1024;  // 512 MiB: specs and listings only
+    CheckFullyReadable(decoded->words_.asPtr(), capnp::Schema::from<Envelope>());  // so later reads cannot fault
     decoded->reader_ = std::make_unique<capnp::FlatArrayMessageReader>(decoded->words_.asPtr(), options);
     decoded->root_ = decoded->reader_->getRoot<Envelope>();
-    decoded->root_.totalSize();  // walks every pointer once, so later field reads cannot fault
     if (decoded->root_.getVersion() != kProtocolVersion) {
       return InvalidArgument("protocol version " + std::to_string(decoded->root_.getVersion()) +
                              " is not supported (this build speaks version " +

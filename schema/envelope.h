@@ -4,6 +4,7 @@
 #pragma once
 
 #include <capnp/message.h>
+#include <capnp/schema.h>
 #include <capnp/serialize.h>
 
 #include <cstdint>
@@ -50,6 +51,15 @@ class DecodedEnvelope {
 // a protocol version other than ours (message names both versions).
 Result<std::unique_ptr<DecodedEnvelope>> DecodeEnvelope(std::span<const uint8_t> bytes);
 
+// Reads the flat message `words` as a `schema` struct the ways its receivers will: every field
+// (nested structs and lists, text to its NUL, the active member of each union) and a copy of the
+// whole (as replies copy records, unknown fields included). Throws kj::Exception where one of those
+// would later: a pointer out of bounds or of the wrong kind, text without its NUL, a list whose
+// elements are not the schema's, or a few bytes claiming millions of empty elements (the traversal
+// limit is about twice the content's size, so a copy of an accepted message is accepted too).
+// DecodeEnvelope and DecodedRecord call it inside their try: what they accept cannot fault later.
+void CheckFullyReadable(kj::ArrayPtr<const capnp::word> words, capnp::StructSchema schema);
+
 // Lower-case names for listings and JSON ("running", "lost", "bf16").
 const char* RunStateName(RunState state);
 const char* WorkerStateName(WorkerState state);
@@ -84,9 +94,9 @@ class DecodedRecord {
     record.words_ = kj::heapArray<capnp::word>(bytes.size() / sizeof(capnp::word));
     memcpy(record.words_.begin(), bytes.data(), bytes.size());
     try {
+      CheckFullyReadable(record.words_.asPtr(), capnp::Schema::from<T>());  // throws now rather than later
       record.reader_ = std::make_unique<capnp::FlatArrayMessageReader>(record.words_.asPtr());
       record.root_ = record.reader_->template getRoot<T>();
-      record.root_.totalSize();  // traverses every pointer: throws now rather than later
     } catch (const std::exception& e) {
       return Corruption(std::string("record does not decode: ") + e.what());
     }
