@@ -3,8 +3,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+
+#include "storage/records.h"
 
 namespace strata::storage {
 namespace {
@@ -33,6 +37,18 @@ bool ParseDType(const std::string& s, DType* out) {
     }
   }
   return false;
+}
+
+// A header array of non-negative integers (shape, data_offsets), or nullopt. nlohmann's
+// get<std::vector<...>>() would convert floats too (undefined behaviour when out of range).
+std::optional<std::vector<uint64_t>> UnsignedList(const json& j) {
+  if (!j.is_array()) return std::nullopt;
+  std::vector<uint64_t> out;
+  for (const json& v : j) {
+    if (!v.is_number_unsigned()) return std::nullopt;
+    out.push_back(v.get<uint64_t>());
+  }
+  return out;
 }
 
 uint64_t Numel(const std::vector<int64_t>& shape) {
@@ -118,18 +134,31 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
       if (!ParseDType(entry.at("dtype").get<std::string>(), &t.dtype)) {
         return Corruption(path + ": tensor '" + name + "' has unsupported dtype " + entry.at("dtype").dump());
       }
-      t.shape = entry.at("shape").get<std::vector<int64_t>>();
-      for (int64_t d : t.shape) {
-        if (d < 0) return Corruption(path + ": tensor '" + name + "' has a negative dimension");
+      std::optional<std::vector<uint64_t>> dims = UnsignedList(entry.at("shape"));
+      if (!dims) {
+        return Corruption(path + ": tensor '" + name + "' has shape " + entry.at("shape").dump() +
+                          ", not a list of non-negative integers");
       }
-      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      const uint64_t expected = Numel(t.shape) * DTypeSize(t.dtype);
-      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size || offsets[1] - offsets[0] != expected) {
+      for (uint64_t d : *dims) {
+        if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          return Corruption(path + ": tensor '" + name + "' has a dimension of " + std::to_string(d));
+        }
+        t.shape.push_back(static_cast<int64_t>(d));
+      }
+      // Checked: a shape whose byte count wraps around 2^64 must not pass for a small tensor.
+      const std::optional<uint64_t> expected = records::ByteSize(t.dtype, t.shape);
+      if (!expected) {
+        return Corruption(path + ": tensor '" + name + "' of shape " + records::ShapeString(t.shape) +
+                          " has more bytes than fit in 64 bits");
+      }
+      std::optional<std::vector<uint64_t>> offsets = UnsignedList(entry.at("data_offsets"));
+      if (!offsets || offsets->size() != 2 || (*offsets)[0] > (*offsets)[1] || (*offsets)[1] > data_size ||
+          (*offsets)[1] - (*offsets)[0] != *expected) {
         return Corruption(path + ": tensor '" + name + "' has data_offsets outside the file or not matching its shape");
       }
-      t.bytes.resize(expected);
-      in.seekg(static_cast<std::streamoff>(8 + n + offsets[0]));
-      if (!in.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(expected))) {
+      t.bytes.resize(*expected);
+      in.seekg(static_cast<std::streamoff>(8 + n + (*offsets)[0]));
+      if (!in.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(*expected))) {
         return Corruption(path + ": tensor '" + name + "' is truncated");
       }
       t.checksum = Checksum(t.bytes);

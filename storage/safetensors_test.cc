@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 namespace strata::storage {
 namespace {
@@ -77,6 +79,42 @@ TEST_F(SafetensorsTest, MalformedFilesAreCorruptionNamingTheProblem) {
   garbage[9] = '{';
   std::ofstream(dir_ + "/garbage.safetensors", std::ios::binary) << garbage;
   EXPECT_EQ(ReadSafetensors(dir_ + "/garbage.safetensors").status().code(), StatusCode::kCorruption);
+}
+
+// Shapes and offsets that are not byte counts: each is Corruption naming the tensor. The first
+// six used to pass, or were undefined behaviour (a float converted to int64_t out of its range:
+// found by fuzz/safetensors_fuzz, whose shape had a dimension of 3444444444444444444444).
+TEST_F(SafetensorsTest, ShapesThatAreNotByteCountsAreCorruption) {
+  auto write = [&](const std::string& file, const std::string& header, const std::string& data) {
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * i));
+    std::ofstream(dir_ + "/" + file, std::ios::binary) << bytes << header << data;
+    return dir_ + "/" + file;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      // 2^62 f32 elements are 2^64 bytes, which wrapped to 0 and matched empty offsets: a tensor
+      // of 2^62 elements over no bytes.
+      {R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", ""},
+      {R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", ""},
+      // Floats were truncated (2.5 -> 2), or undefined behaviour out of int64's range.
+      {R"({"w":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", "12345678"},
+      {R"({"w":{"dtype":"F32","shape":[1e300],"data_offsets":[0,0]}})", ""},
+      {R"({"w":{"dtype":"F32","shape":[4,3444444444444444444444],"data_offsets":[0,48]}})", std::string(48, 'x')},
+      {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8.0]}})", "12345678"},
+      {R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", "12345678"},
+      {R"({"w":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,8]}})", "12345678"},
+      {R"({"w":{"dtype":"F32","shape":2,"data_offsets":[0,8]}})", "12345678"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto r = ReadSafetensors(write("case" + std::to_string(i) + ".safetensors", cases[i].first, cases[i].second));
+    ASSERT_FALSE(r.ok()) << cases[i].first;
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << cases[i].first;
+    EXPECT_NE(r.status().message().find("'w'"), std::string::npos) << r.status().message();
+  }
+  // The same header with a whole shape is fine.
+  auto ok = ReadSafetensors(write("ok.safetensors", R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "12345678"));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->tensors.at("w").shape, (std::vector<int64_t>{2}));
 }
 
 TEST_F(SafetensorsTest, WrongByteCountIsRejectedNamingTheTensor) {
