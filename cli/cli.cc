@@ -105,7 +105,12 @@ json RunToJson(RunRecord::Reader r) {
   for (double l : r.getLosses()) losses.push_back(l);
   json workers = json::array();
   for (auto w : r.getWorkers()) workers.push_back(w.cStr());
-  return {{"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
+  json memory = json::array();
+  for (auto m : r.getMemory()) {
+    memory.push_back({{"worker", m.getWorker().cStr()}, {"estimate_bytes", m.getEstimateBytes()},
+                      {"workspace_bytes", m.getWorkspaceBytes()}, {"measured_peak_bytes", m.getMeasuredPeakBytes()}});
+  }
+  return {{"memory", memory},{"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
           {"state", schema::RunStateName(r.getState())}, {"step", r.getStep()},
           {"total_steps", r.getTotalSteps()},  {"world_size", r.getWorldSize()},
           {"losses", losses},                  {"workers", workers},

@@ -126,18 +126,8 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
   const std::string base = std::filesystem::absolute(request.spec_path).parent_path().string();
   auto spec = ParseRunSpec(*text, base, /*check_files=*/false);
   if (!spec.ok()) return Fail(Status(spec.status().code(), request.spec_path + ": " + spec.status().message()));
-  // Only what the spec states is fixed; the rest of [parallel] is searched.
-  shard::JobSpec job;
-  job.global_batch = spec->train.global_batch;
-  job.sequence = spec->model.sequence;
-  job.precision = spec->train.precision;
-  toml::table root = toml::parse(*text);
-  if (root["parallel"]["dp"]) job.dp = spec->parallel.dp;
-  if (root["parallel"]["zero"]) job.zero = spec->parallel.zero;
-  if (root["parallel"]["pp"]) job.pp = spec->parallel.pp;
-  if (root["parallel"]["tp"]) job.tp = spec->parallel.tp;
-  if (root["parallel"]["recompute"]) job.recompute = spec->parallel.recompute;
-  if (root["parallel"]["micro_batch"] && spec->parallel.micro_batch > 0) job.micro_batch = spec->parallel.micro_batch;
+  // Only what the spec states is fixed; the rest of [parallel] is searched, as submit will.
+  const shard::JobSpec job = shard::JobForRun(*spec);
   Result<shard::ClusterView> cluster = request.cluster_spec.empty() ? Result<shard::ClusterView>(coordinator.status())
                                                                     : ClusterFromSpec(request.cluster_spec);
   if (request.cluster_spec.empty() && coordinator.ok()) {
@@ -205,7 +195,7 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
               << Gib(m.communication_buffers) << std::setw(8) << Gib(m.workspace) << std::setw(9) << Gib(m.total())
               << std::setw(10) << Gib(r.w.budget_bytes) << Gib(r.w.budget_bytes - m.total()) << "\n";
   }
-  std::cout << "(budget = free memory less a 10% margin; estimates are not yet calibrated against measured peaks)" << std::endl;
+  std::cout << "(budget = free memory less a 10% margin)" << std::endl;
   return kExitOk;
 }
 
@@ -213,20 +203,12 @@ Result<std::string> EstimateForSubmit(const RunSpec& spec, coordinator::Coordina
   if (spec.is_extract()) return std::string();  // the worker plans its capture (extract.mode)
   auto live = ClusterFromCoordinator(client);
   STRATA_RETURN_IF_ERROR(live.status());  // unreachable: say so now rather than after a second timeout
-  if (static_cast<int64_t>(live->workers.size()) < spec.parallel.workers()) return std::string();  // it will wait
   std::sort(live->workers.begin(), live->workers.end(), [](auto& a, auto& b) { return a.name < b.name; });
-  live->workers.resize(static_cast<size_t>(spec.parallel.workers()));
-  shard::JobSpec job;
-  job.global_batch = spec.train.global_batch;
-  job.sequence = spec.model.sequence;
-  job.precision = spec.train.precision;
-  job.dp = spec.parallel.dp;
-  job.pp = spec.parallel.pp;
-  job.tp = spec.parallel.tp;
-  job.zero = spec.parallel.zero;
-  job.micro_batch = spec.parallel.micro_batch > 0 ? spec.parallel.micro_batch : spec.train.global_batch / spec.parallel.dp;
-  job.recompute = spec.parallel.recompute || spec.parallel.zero == 3;  // zero 3 recomputes (run_spec.h)
-  job.offload = false;
+  if (spec.parallel.planned()) {  // a fixed mesh takes the first workers by name
+    if (static_cast<int64_t>(live->workers.size()) < spec.parallel.workers()) return std::string();  // it will wait
+    live->workers.resize(static_cast<size_t>(spec.parallel.workers()));
+  }
+  const shard::JobSpec job = shard::JobForRun(spec);
   auto plan = shard::ChoosePlan(spec.model, job, *live);
   if (!plan.ok()) {
     if (plan.status().code() != StatusCode::kResourceExhausted) return std::string();  // nothing to say

@@ -124,6 +124,25 @@ class Reader {
     return Status::Ok();
   }
 
+  // A [parallel] field that may be left to the planner: absent or "auto" adds `key` to
+  // `automatic` (and leaves *out); otherwise as Int / Bool.
+  bool IsAuto(const std::string& table, const std::string& key, std::set<std::string>* automatic) {
+    const toml::node* node = Find(table, key);
+    if (node && !(node->is_string() && node->value<std::string>() == "auto")) return false;
+    automatic->insert(key);
+    return true;
+  }
+  Status IntOrAuto(const std::string& table, const std::string& key, int64_t* out, int64_t min, std::set<std::string>* automatic) {
+    if (IsAuto(table, key, automatic)) return Status::Ok();
+    if (Find(table, key)->is_string()) return InvalidArgument("run spec: " + Path(table, key) + " must be an integer or \"auto\"");
+    return Int(table, key, out, min);
+  }
+  Status BoolOrAuto(const std::string& table, const std::string& key, bool* out, std::set<std::string>* automatic) {
+    if (IsAuto(table, key, automatic)) return Status::Ok();
+    if (Find(table, key)->is_string()) return InvalidArgument("run spec: " + Path(table, key) + " must be true, false or \"auto\"");
+    return Bool(table, key, out);
+  }
+
   Status Bool(const std::string& table, const std::string& key, bool* out) {
     const toml::node* node = Find(table, key);
     if (!node) return Status::Ok();
@@ -341,47 +360,60 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
     return InvalidArgument("run spec: train.precision = \"" + t.precision + "\" is not supported; use \"fp32\" or \"bf16\"");
   }
 
-  STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &spec.parallel.dp, 1));
   STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0));
-  if (spec.is_extract()) {
+  ParallelSpec& p = spec.parallel;
+  if (spec.is_extract()) {  // workers to capture with; not planned
+    STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &p.dp, 1));
     STRATA_RETURN_IF_ERROR(ParseExtract(r, &spec));
     return spec;
   }
-  if (t.global_batch % spec.parallel.dp != 0) {
+  // Train runs: each field is fixed here or left to the planner when the run starts.
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "dp", &p.dp, 1, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "pp", &p.pp, 1, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "tp", &p.tp, 1, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "micro_batch", &p.micro_batch, 0, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "zero", &p.zero, 0, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.BoolOrAuto("parallel", "recompute", &p.recompute, &p.automatic));
+  STRATA_RETURN_IF_ERROR(ValidateParallel(spec));
+  return spec;
+}
+
+Status ValidateParallel(const RunSpec& spec) {
+  const ParallelSpec& p = spec.parallel;
+  const ModelSpec& m = spec.model;
+  const TrainSpec& t = spec.train;
+  auto fixed = [&](const char* field) { return !p.automatic.count(field); };
+  if (fixed("dp") && t.global_batch % p.dp != 0) {
     return InvalidArgument("run spec: train.global_batch = " + std::to_string(t.global_batch) +
-                           " is not divisible by parallel.dp = " + std::to_string(spec.parallel.dp) +
+                           " is not divisible by parallel.dp = " + std::to_string(p.dp) +
                            "; make the global batch a multiple of dp");
   }
-  STRATA_RETURN_IF_ERROR(r.Int("parallel", "micro_batch", &spec.parallel.micro_batch, 0));
-  const int64_t local_batch = t.global_batch / spec.parallel.dp;
-  if (spec.parallel.micro_batch > 0 && local_batch % spec.parallel.micro_batch != 0) {
-    return InvalidArgument("run spec: parallel.micro_batch = " + std::to_string(spec.parallel.micro_batch) +
-                           " does not divide the per-rank batch train.global_batch / parallel.dp = " +
-                           std::to_string(local_batch));
+  if (fixed("micro_batch") && p.micro_batch > 0) {
+    const int64_t local_batch = fixed("dp") ? t.global_batch / p.dp : t.global_batch;
+    if (local_batch % p.micro_batch != 0) {
+      return InvalidArgument("run spec: parallel.micro_batch = " + std::to_string(p.micro_batch) +
+                             " does not divide the per-rank batch train.global_batch / parallel.dp = " +
+                             std::to_string(local_batch));
+    }
   }
-  STRATA_RETURN_IF_ERROR(r.Int("parallel", "zero", &spec.parallel.zero, 0));
-  if (spec.parallel.zero > 3) {
-    return InvalidArgument("run spec: parallel.zero = " + std::to_string(spec.parallel.zero) +
+  if (fixed("zero") && p.zero > 3) {
+    return InvalidArgument("run spec: parallel.zero = " + std::to_string(p.zero) +
                            " is outside 0-3; use 1 (sharded optimizer state), 2 (and gradients) or 3 (and parameters)");
   }
-  ParallelSpec& p = spec.parallel;
-  STRATA_RETURN_IF_ERROR(r.Int("parallel", "pp", &p.pp, 1));
-  STRATA_RETURN_IF_ERROR(r.Int("parallel", "tp", &p.tp, 1));
-  STRATA_RETURN_IF_ERROR(r.Bool("parallel", "recompute", &p.recompute));
-  if (p.pp > m.layers) {
+  if (fixed("pp") && p.pp > m.layers) {
     return InvalidArgument("run spec: parallel.pp = " + std::to_string(p.pp) + " exceeds model.layers = " +
                            std::to_string(m.layers) + "; every pipeline stage needs at least one layer");
   }
-  if (m.heads % p.tp != 0 || m.kv_heads % p.tp != 0) {
+  if (fixed("tp") && (m.heads % p.tp != 0 || m.kv_heads % p.tp != 0)) {
     return InvalidArgument("run spec: parallel.tp = " + std::to_string(p.tp) + " does not divide model.heads = " +
                            std::to_string(m.heads) + (m.family == "llama" ? " and model.kv_heads = " + std::to_string(m.kv_heads) : "") +
                            "; each tensor-parallel rank takes whole heads");
   }
-  if (m.ffn % p.tp != 0) {
+  if (fixed("tp") && m.ffn % p.tp != 0) {
     return InvalidArgument("run spec: parallel.tp = " + std::to_string(p.tp) + " does not divide model.ffn = " +
                            std::to_string(m.ffn) + "; each tensor-parallel rank takes an equal slice of the MLP");
   }
-  return spec;
+  return Status::Ok();
 }
 
 double LearningRate(const TrainSpec& train, int64_t step) {
@@ -424,12 +456,14 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"warmup_steps", spec.train.warmup_steps},
                                    {"min_lr", spec.train.min_lr},
                                    {"precision", spec.train.precision}});
-  root.insert("parallel", toml::table{{"dp", spec.parallel.dp},
-                                      {"pp", spec.parallel.pp},
-                                      {"tp", spec.parallel.tp},
-                                      {"micro_batch", spec.parallel.micro_batch},
-                                      {"zero", spec.parallel.zero},
-                                      {"recompute", spec.parallel.recompute}});
+  toml::table parallel{{"dp", spec.parallel.dp},
+                       {"pp", spec.parallel.pp},
+                       {"tp", spec.parallel.tp},
+                       {"micro_batch", spec.parallel.micro_batch},
+                       {"zero", spec.parallel.zero},
+                       {"recompute", spec.parallel.recompute}};
+  for (const auto& field : spec.parallel.automatic) parallel.insert_or_assign(field, "auto");
+  root.insert("parallel", std::move(parallel));
   root.insert("worker", toml::table{{"threads", spec.worker.threads}});
   if (spec.is_extract()) {
     toml::array layers, sites;

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,11 @@ struct ParallelSpec {
   // (gathered one layer at a time, and gathered again with its forward recomputed in backward).
   int64_t zero = 0;
   bool recompute = false;   // keep only each layer's input; recompute its forward in backward
+  // Train runs: the fields above that the spec leaves to the planner ("auto", or absent), from
+  // {"dp", "pp", "tp", "micro_batch", "zero", "recompute"}; until the coordinator plans the run
+  // they hold the single-worker values. Empty for extract runs and once planned.
+  std::set<std::string> automatic;
+  bool planned() const { return automatic.empty(); }
   int64_t workers() const { return dp * pp * tp; }
 };
 
@@ -108,6 +114,10 @@ struct RunSpec {
 // Parses and validates. Relative data paths are resolved against `base_dir`. Does not touch
 // the file system except to check that the data file exists when `check_files` is set.
 Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& base_dir, bool check_files);
+
+// Checks the fixed [parallel] fields of a train run against its model and batch (ParseRunSpec
+// does; the coordinator again after the planner fills the automatic ones).
+Status ValidateParallel(const RunSpec& spec);
 
 // Learning rate of 1-based `step`: constant, or linear warmup over warmup_steps then cosine from
 // lr down to min_lr at the last step.

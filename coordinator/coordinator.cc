@@ -51,6 +51,7 @@
 #include "common/run_spec.h"
 #include "coordinator/dashboard.h"
 #include "schema/envelope.h"
+#include "shard/planner.h"
 #include "storage/shard_store.h"
 
 namespace strata::coordinator {
@@ -117,6 +118,12 @@ struct RunEntry {
   std::string resume_run;
   int64_t resume_step = 0;
   int64_t recover_until_ms = 0;  // steady clock: after a lost worker, when to re-plan onto who is there
+  // Train runs, by rank: the planner's estimate and the highest peak the rank has reported.
+  struct RankMemory {
+    std::string worker;
+    uint64_t estimate = 0, workspace = 0, measured = 0;
+  };
+  std::vector<RankMemory> memory;
   ExtractState extract;  // kind == "extract" only
 
   bool terminal() const {
@@ -547,6 +554,9 @@ class CoordinatorImpl final : public Coordinator {
       for (auto& [id, w] : workers_) {
         if (w.state == WorkerState::IDLE) idle.push_back(&w);
       }
+      if (!run->spec.is_extract() && !run->spec.parallel.planned()) {
+        if (!PlanRun(*run, &idle)) return;  // FIFO: it waits for workers (or it failed)
+      }
       // A train run takes a worker per rank of its mesh; a capture, parallel.dp workers.
       auto wanted = static_cast<size_t>(run->spec.is_extract() ? run->spec.parallel.dp : run->spec.parallel.workers());
       if (idle.size() < wanted && run->recover_until_ms > 0 && net::SteadyMs() >= run->recover_until_ms &&
@@ -560,6 +570,61 @@ class CoordinatorImpl final : public Coordinator {
         StartExtract(*run, idle);
       } else {
         Assign(*run, idle);
+      }
+    }
+  }
+
+  // The workers' latest heartbeats as the planner sees them.
+  static shard::ClusterView ClusterOf(const std::vector<WorkerEntry*>& workers, bool assume_all_free) {
+    shard::ClusterView view;
+    for (const WorkerEntry* w : workers) {
+      if (w->memory.total_bytes == 0) continue;  // its first memory report has not arrived
+      view.workers.push_back(shard::WorkerFromMemory(w->id, w->host, w->memory));
+      if (assume_all_free) view.workers.back().free_bytes = view.workers.back().total_bytes;
+    }
+    return view;
+  }
+
+  // Fills the [parallel] fields a train run left to the planner ("auto") with the fastest plan
+  // that fits the idle workers' free memory, and orders `idle` as its ranks. False when the run
+  // must wait (workers busy or not yet reporting) or has failed (nothing could ever fit).
+  bool PlanRun(RunEntry& run, std::vector<WorkerEntry*>* idle) {
+    shard::ClusterView cluster = ClusterOf(*idle, false);
+    if (cluster.workers.empty()) return false;
+    auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), cluster);
+    const bool others_busy = idle->size() < workers_.size();
+    if (!plan.ok()) {
+      if (plan.status().code() == StatusCode::kResourceExhausted && others_busy) return false;  // more may free up
+      run.state = RunState::FAILED;
+      run.message = "cannot plan the run: " + plan.status().message();
+      AddEvent(run, "failed", run.message);
+      Persist(run);
+      return false;
+    }
+    ParallelSpec& p = run.spec.parallel;
+    p.dp = plan->dp, p.pp = plan->pp, p.tp = plan->tp, p.zero = plan->zero, p.micro_batch = plan->micro_batch;
+    p.recompute = !plan->recompute.empty() && plan->recompute.front();
+    p.automatic.clear();
+    run.spec_toml = RunSpecToToml(run.spec);
+    std::vector<WorkerEntry*> ranks;
+    for (const auto& w : plan->workers) ranks.push_back(&workers_.at(w.worker));
+    *idle = std::move(ranks);
+    AddEvent(run, "planned", plan->why);
+    Persist(run);
+    return true;
+  }
+
+  // The planner's per-rank estimate for the run's mesh on these workers (0 where it has none).
+  void EstimateMemory(RunEntry& run, const std::vector<WorkerEntry*>& workers) {
+    run.memory.assign(workers.size(), {});
+    for (size_t rank = 0; rank < workers.size(); ++rank) run.memory[rank].worker = workers[rank]->id;
+    auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), ClusterOf(workers, true));
+    if (!plan.ok()) return;
+    for (const auto& w : plan->workers) {
+      for (auto& m : run.memory) {
+        if (m.worker != w.worker) continue;
+        m.workspace = static_cast<uint64_t>(w.memory.workspace);
+        m.estimate = static_cast<uint64_t>(w.memory.total() - w.memory.workspace);
       }
     }
   }
@@ -588,6 +653,7 @@ class CoordinatorImpl final : public Coordinator {
     run.finished_ranks.clear();
     run.task_token = rng_();
     for (auto* w : workers) run.workers.push_back(w->id);
+    EstimateMemory(run, workers);
     for (uint32_t rank = 0; rank < workers.size(); ++rank) {
       WorkerEntry& w = *workers[rank];
       w.state = WorkerState::BUSY;
@@ -627,8 +693,12 @@ class CoordinatorImpl final : public Coordinator {
       case TaskEvent::STARTED:
         break;
       case TaskEvent::STEP: {
-        if (rank != 0) break;  // every rank sees the same all-reduced loss; rank 0 reports it
         auto s = ev.getStep();
+        if (rank < run.memory.size()) {
+          auto& m = run.memory[rank];
+          m.measured = std::max({m.measured, s.getSchedulePeakBytes(), s.getUpdatePeakBytes()});
+        }
+        if (rank != 0) break;  // every rank sees the same all-reduced loss; rank 0 reports it
         const int64_t step = s.getStep();
         if (step < 1) break;
         // A re-registered worker resends its reports: older steps only fill gaps.
@@ -1245,6 +1315,13 @@ class CoordinatorImpl final : public Coordinator {
     b.setTokensPerSecond(run.tokens_per_second);
     b.setResumeRun(run.resume_run);
     b.setResumeStep(run.resume_step);
+    auto memory = b.initMemory(run.memory.size());
+    for (size_t i = 0; i < run.memory.size(); ++i) {
+      memory[i].setWorker(run.memory[i].worker);
+      memory[i].setEstimateBytes(run.memory[i].estimate);
+      memory[i].setWorkspaceBytes(run.memory[i].workspace);
+      memory[i].setMeasuredPeakBytes(run.memory[i].measured);
+    }
   }
 
   void Persist(RunEntry& run) {
@@ -1293,6 +1370,9 @@ class CoordinatorImpl final : public Coordinator {
       run.step = r.getStep();
       run.resume_run = r.getResumeRun().cStr();
       run.resume_step = r.getResumeStep();
+      for (auto m : r.getMemory()) {
+        run.memory.push_back({m.getWorker().cStr(), m.getEstimateBytes(), m.getWorkspaceBytes(), m.getMeasuredPeakBytes()});
+      }
       if (run.resume_run == run.id && r.getState() == RunState::PENDING) {
         run.recover_until_ms = net::SteadyMs() + options_.replace_grace_ms;  // it was recovering
       }

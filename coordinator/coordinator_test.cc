@@ -114,6 +114,10 @@ TEST_F(CoordinatorTest, SilentWorkerIsMarkedLostAndItsRunWaitsToRecover) {
   r.setName("w0");
   r.setPid(1234);
   r.setDataAddress("ipc://" + dir_ + "/w0.sock");
+  auto memory = r.initMemory();  // as a real worker reports it: the planner sizes runs from it
+  memory.setDevice("cpu");
+  memory.setTotalBytes(uint64_t{8} << 30);
+  memory.setFreeBytes(uint64_t{6} << 30);
   worker.send(net::Buffer(reg.Serialize()), zmq::send_flags::none);
   std::vector<zmq::message_t> frames;
   ASSERT_TRUE(net::RecvMultipart(worker, &frames, 3000));

@@ -128,6 +128,10 @@ struct StepReport {
   step @0 :Int64;           # 1-based: the step just completed
   loss @1 :Float64;         # mean over the global batch
   tokensPerSecond @2 :Float64;
+  # The reporting rank's measured peak memory in this step (worker/device_memory.h): during the
+  # forward/backward schedule, and during the optimizer update.
+  schedulePeakBytes @3 :UInt64;
+  updatePeakBytes @4 :UInt64;
 }
 
 struct CheckpointShard {
@@ -176,6 +180,16 @@ struct RunRecord {
   kind @13 :Text;            # "train" or "extract"; for extract, step/totalSteps count chunks
   resumeRun @14 :Text;       # started from this run's checkpoint at resumeStep (empty: fresh)
   resumeStep @15 :Int64;
+  memory @16 :List(RankMemory);  # per rank, in rank order, while the run has a mesh
+}
+
+# The planner's estimate for one rank against what the rank measured (the highest step peak
+# reported so far), so every run checks the estimator.
+struct RankMemory {
+  worker @0 :Text;
+  estimateBytes @1 :UInt64;      # tensor memory: weights + gradients + optimizer + activations + buffers
+  workspaceBytes @2 :UInt64;     # the estimate's allowance for the CUDA context and allocator slack
+  measuredPeakBytes @3 :UInt64;  # the highest StepReport peak of this rank (0 = none yet)
 }
 
 enum RunState { pending @0; running @1; finished @2; failed @3; cancelled @4; }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/memory_snapshot.h"
 #include "common/run_spec.h"
 #include "common/status.h"
 
@@ -30,6 +31,8 @@ struct JobSpec {
   // The [parallel] fields; unset = "auto", searched.
   std::optional<int64_t> dp, pp, tp, zero, micro_batch;
   std::optional<bool> recompute, offload;
+  bool uniform_recompute = false;  // recompute every stage or none (no per-stage choice)
+  bool zero3_recomputes = false;   // ZeRO-3 implies recompute
 };
 
 struct WorkerView {
@@ -45,6 +48,15 @@ struct WorkerView {
 struct ClusterView {
   std::vector<WorkerView> workers;
 };
+
+// The planner's job for a train run spec: its [parallel] fields fixed where the spec fixes them
+// (ParallelSpec::automatic lists the rest), and the search kept to what worker/trainer runs: no
+// optimizer offload, recompute on every stage or none, ZeRO-3 always recomputing.
+JobSpec JobForRun(const RunSpec& spec);
+
+// A worker as its heartbeats describe it: a GPU on NVLink at H100 bf16 peak, or a CPU worker
+// (~100 GFLOP/s, TCP between processes).
+WorkerView WorkerFromMemory(std::string name, std::string node, const MemorySnapshot& memory);
 
 struct PlannerOptions {
   double safety_margin = 0.1;       // a plan may use (1 - margin) of each worker's free memory

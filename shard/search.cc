@@ -158,7 +158,7 @@ Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const Clust
 void ForEachCandidate(const Problem& problem, int64_t n, const std::function<void(const Candidate&)>& visit) {
   const JobSpec& job = problem.job;
   for (int64_t tp : Divisors(n)) {
-    if ((job.tp && tp != *job.tp) || problem.model.heads % tp || problem.model.kv_heads % tp) continue;
+    if ((job.tp && tp != *job.tp) || problem.model.heads % tp || problem.model.kv_heads % tp || problem.model.ffn % tp) continue;
     for (int64_t pp : Divisors(n / tp)) {
       const int64_t dp = n / tp / pp;
       if ((job.pp && pp != *job.pp) || pp > problem.model.layers || (job.dp && dp != *job.dp)) continue;
@@ -172,6 +172,8 @@ void ForEachCandidate(const Problem& problem, int64_t n, const std::function<voi
       for (int64_t zero : zeros) {
         for (int64_t mb : micro_batches) {
           for (int64_t k = min_k; k <= max_k; ++k) {
+            if (job.uniform_recompute && k != 0 && k != pp) continue;
+            if (job.zero3_recomputes && zero == 3 && dp > 1 && k != pp) continue;
             for (bool offload : offloads) {
               Candidate c{dp, pp, tp, zero, mb, std::vector<bool>(static_cast<size_t>(pp), false), offload};
               std::fill_n(c.recompute.begin(), k, true);
@@ -193,6 +195,44 @@ std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int6
 }
 
 }  // namespace internal
+
+JobSpec JobForRun(const RunSpec& spec) {
+  const ParallelSpec& p = spec.parallel;
+  auto fixed = [&](const char* field, int64_t value) -> std::optional<int64_t> {
+    if (p.automatic.count(field)) return std::nullopt;
+    return value;
+  };
+  JobSpec job;
+  job.global_batch = spec.train.global_batch;
+  job.sequence = spec.model.sequence;
+  job.precision = spec.train.precision;
+  job.dp = fixed("dp", p.dp);
+  job.pp = fixed("pp", p.pp);
+  job.tp = fixed("tp", p.tp);
+  job.zero = fixed("zero", p.zero);
+  if (!p.automatic.count("micro_batch")) {
+    // 0 = the whole per-rank batch, which needs dp: fixed here only when dp is.
+    if (p.micro_batch > 0) job.micro_batch = p.micro_batch;
+    else if (job.dp) job.micro_batch = spec.train.global_batch / *job.dp;
+  }
+  if (!p.automatic.count("recompute")) job.recompute = p.recompute || (job.zero == 3 && job.dp.value_or(2) > 1);
+  job.offload = false;
+  job.uniform_recompute = true;
+  job.zero3_recomputes = true;
+  return job;
+}
+
+WorkerView WorkerFromMemory(std::string name, std::string node, const MemorySnapshot& memory) {
+  WorkerView v;
+  v.name = std::move(name);
+  v.node = std::move(node);
+  v.total_bytes = static_cast<int64_t>(memory.total_bytes);
+  v.free_bytes = static_cast<int64_t>(memory.free_bytes);
+  const bool gpu = memory.device.rfind("cuda", 0) == 0;
+  v.link = gpu ? "nvlink" : "tcp";
+  v.peak_flops = gpu ? 989e12 : 1e11;
+  return v;
+}
 
 Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, const PlannerOptions& options) {
   STRATA_ASSIGN_OR_RETURN(internal::Problem problem, internal::Validate(model, job, cluster, options));

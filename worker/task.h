@@ -19,11 +19,18 @@ namespace strata::worker {
 // CPU: resident set (allocated), peak RSS, cgroup limit or MemTotal (total), MemAvailable (free).
 MemorySnapshot ReadCpuMemory();
 
+// A rank's measured peak memory in one training step (worker/device_memory.h says what is
+// counted on each device): the forward/backward schedule, and the optimizer update after it.
+struct StepMemory {
+  int64_t schedule_peak_bytes = 0;
+  int64_t update_peak_bytes = 0;
+};
+
 // Thread-safe sink for task progress (implemented by the control loop).
 class TaskReporter {
  public:
   virtual ~TaskReporter() = default;
-  virtual void ReportStep(int64_t step, double loss, double tokens_per_second) = 0;
+  virtual void ReportStep(int64_t step, double loss, double tokens_per_second, const StepMemory& memory) = 0;
   // Called after the shard of `step` is committed (durable) in this worker's store.
   virtual void ReportCheckpoint(int64_t step, const std::vector<storage::CheckpointTensorInfo>& tensors) = 0;
   // Extract runs: `chunk` is durable in this worker's store (computed now, or found there).

@@ -12,6 +12,13 @@
 #define STRATA_TORCH_HAS_SDPA 0
 #endif
 
+// Kineto traces from C++ (worker/device_memory.h StepProfiler, bench/train_step_bench --profile).
+#if TORCH_VERSION_MAJOR >= 2 && __has_include(<torch/csrc/autograd/profiler_kineto.h>)
+#define STRATA_TORCH_HAS_KINETO 1
+#else
+#define STRATA_TORCH_HAS_KINETO 0
+#endif
+
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 #define STRATA_TORCH_DEVICE_AUTOCAST 1  // set_autocast_enabled(device_type, ...) API
 #else

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "worker/device_memory.h"
 #include "worker/extractor.h"
 #include "worker/trainer.h"
 
@@ -136,12 +137,15 @@ class TorchExecutor final : public TaskExecutor {
                                                     context.resume.run_id + " at step " + std::to_string(context.resume.step));
     }
     const int64_t tokens_per_step = spec.train.global_batch * spec.model.sequence;
+    StepProfiler profiler(context.run_id, static_cast<int>(context.rank));
     while (trainer.step() < spec.train.steps) {
       if (context.cancelled->load()) return Aborted("cancelled");
       const auto start = std::chrono::steady_clock::now();
+      profiler.BeforeStep(trainer.step() + 1);
       STRATA_ASSIGN_OR_RETURN(double loss, trainer.Step());
+      profiler.AfterStep(trainer.step());
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      context.reporter->ReportStep(trainer.step(), loss, tokens_per_step / std::max(seconds, 1e-9));
+      context.reporter->ReportStep(trainer.step(), loss, tokens_per_step / std::max(seconds, 1e-9), trainer.last_step_memory());
       const bool last = trainer.step() == spec.train.steps;
       const int64_t every = spec.train.checkpoint_every;
       if (last || (every > 0 && trainer.step() % every == 0)) {

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "worker/causal_lm.h"
+#include "worker/device_memory.h"
 #include "worker/torch_compat.h"
 
 namespace strata::worker {
@@ -128,6 +129,7 @@ Result<double> Trainer::Step() {
   }
   window = window.to(device_);
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  ResetPeakMemory(device_);
   try {
     STRATA_RETURN_IF_ERROR(RunSchedule(window, &loss_sum));
   } catch (const std::runtime_error& e) {  // a collective failed inside autograd
@@ -135,7 +137,11 @@ Result<double> Trainer::Step() {
     return Unavailable(std::string("step ") + std::to_string(step_ + 1) + " failed: " + e.what());
   }
   model_->EndStep();
-  return Update(loss_sum);
+  last_step_memory_.schedule_peak_bytes = PeakMemory(device_);
+  ResetPeakMemory(device_);
+  auto loss = Update(loss_sum);
+  last_step_memory_.update_peak_bytes = PeakMemory(device_);
+  return loss;
 }
 
 Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum) {

@@ -48,6 +48,8 @@ class Trainer {
   // Runs step `step_` + 1; returns the global mean loss (the same on every rank).
   Result<double> Step();
   int64_t step() const { return step_; }
+  // Peak memory of the last Step's phases on this rank.
+  const StepMemory& last_step_memory() const { return last_step_memory_; }
 
   // Writes this rank's pieces of the checkpoint at the current step (shard/layout.h: parameters
   // and AdamW moments, each its tensor-parallel slice cut by data-parallel rank) and commits them.
@@ -92,6 +94,7 @@ class Trainer {
   std::unique_ptr<StageModel> model_;
   std::vector<Moments> moments_;  // one per unit
   int64_t step_ = 0;
+  StepMemory last_step_memory_;
   Status init_status_;
 };
 

@@ -45,7 +45,7 @@ class RunningTask final : public TaskReporter {
  public:
   RunningTask(std::string run_id, uint32_t rank, Outbox* outbox) : run_id_(std::move(run_id)), rank_(rank), outbox_(outbox) {}
 
-  void ReportStep(int64_t step, double loss, double tokens_per_second) override {
+  void ReportStep(int64_t step, double loss, double tokens_per_second, const StepMemory& memory) override {
     current_step_.store(step);
     schema::EnvelopeBuilder msg;
     auto ev = Event(msg);
@@ -53,6 +53,8 @@ class RunningTask final : public TaskReporter {
     s.setStep(step);
     s.setLoss(loss);
     s.setTokensPerSecond(tokens_per_second);
+    s.setSchedulePeakBytes(static_cast<uint64_t>(std::max<int64_t>(0, memory.schedule_peak_bytes)));
+    s.setUpdatePeakBytes(static_cast<uint64_t>(std::max<int64_t>(0, memory.update_peak_bytes)));
     PushAndRemember(msg.Serialize());
   }
 

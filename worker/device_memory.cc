@@ -1,0 +1,82 @@
+#include "worker/device_memory.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "common/log.h"
+#include "worker/task.h"
+#include "worker/torch_compat.h"
+
+#ifdef STRATA_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+#if STRATA_TORCH_HAS_KINETO
+#include <torch/csrc/autograd/profiler_kineto.h>
+#endif
+
+namespace strata::worker {
+
+void ResetPeakMemory(const torch::Device& device) {
+#ifdef STRATA_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    return;
+  }
+#endif
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";  // reset VmHWM to the current resident set
+}
+
+int64_t PeakMemory(const torch::Device& device) {
+#ifdef STRATA_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  }
+#endif
+  return static_cast<int64_t>(ReadCpuMemory().peak_bytes);
+}
+
+StepProfiler::StepProfiler(const std::string& run_id, int rank) {
+  const char* dir = std::getenv("STRATA_PROFILE_DIR");
+  if (!dir || !*dir) return;
+#if STRATA_TORCH_HAS_KINETO
+  path_ = std::string(dir) + "/" + run_id + "-rank" + std::to_string(rank) + ".json";
+  if (const char* steps = std::getenv("STRATA_PROFILE_STEPS")) last_ = first_ + std::max(1, std::atoi(steps)) - 1;
+#else
+  (void)run_id, (void)rank;
+  STRATA_LOG(kWarn) << "STRATA_PROFILE_DIR is set, but this LibTorch has no Kineto profiler; not profiling";
+#endif
+}
+
+StepProfiler::~StepProfiler() {
+  if (active_) AfterStep(last_);  // the run ended inside the window: save what there is
+}
+
+void StepProfiler::BeforeStep(int64_t step) {
+#if STRATA_TORCH_HAS_KINETO
+  if (path_.empty() || active_ || step != first_) return;
+  namespace prof = torch::autograd::profiler;
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+  const std::set<prof::ActivityType> activities = {prof::ActivityType::CPU, prof::ActivityType::CUDA};
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  active_ = true;
+#else
+  (void)step;
+#endif
+}
+
+void StepProfiler::AfterStep(int64_t step) {
+#if STRATA_TORCH_HAS_KINETO
+  if (!active_ || step < last_) return;
+  active_ = false;
+  torch::autograd::profiler::disableProfiler()->save(path_);
+  STRATA_LOG(kInfo) << "wrote a profile of steps " << first_ << "-" << last_ << " to " << path_;
+#else
+  (void)step;
+#endif
+}
+
+}  // namespace strata::worker
