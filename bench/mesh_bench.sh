@@ -42,7 +42,10 @@ lr = 0.0003
 weight_decay = 0.1
 precision = "$precision"
 [parallel]
-$3
+$(printf '%s\n' "dp = 1" "pp = 1" "tp = 1" "zero = 0" "recompute = false" "micro_batch = 0" "$3" | python3 -c "
+import sys  # every field fixed (later lines win): nothing is left to the planner
+fields = dict(l.split(' = ', 1) for l in sys.stdin.read().split(chr(10)) if ' = ' in l)
+print(chr(10).join(k + ' = ' + v for k, v in fields.items()))")
 SPEC
   local id out
   if ! out=$("$bin/strata" submit "$work/$1.toml" --follow 2>"$work/$1.err"); then
