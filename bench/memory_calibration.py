@@ -4,9 +4,10 @@ coordinator recorded for each rank. The rows feed the estimator's constants (sha
 and the calibration table in docs/benchmarks.md.
 
 usage: STRATA_BIN_DIR=build/bin python3 bench/memory_calibration.py OUT.jsonl [--grid one|two|smoke]
-  one:   every model x micro-batch {1, 2, 4, 8} x recompute {off, on} on 1 GPU (two runs at once)
+  one:   every model x micro-batch {1, 2, 4, 8} x recompute {off, on} on 1 GPU
   two:   every model x {dp=2 ZeRO 0-3, pp=2, tp=2} x micro-batch 2 x recompute {off, on}
   smoke: a tiny model on CPU workers (checks the script)
+Runs go as many at once as there are workers for them.
 Each line of OUT is one rank of one run: the plan, the estimate (tensor bytes, without the
 workspace allowance), the measured peak (CUDA: max allocated bytes over the run's steps) and the
 run's state (an OOM fails the run and says so).
@@ -28,6 +29,7 @@ MODELS = {
 }
 
 bin_dir = os.environ["STRATA_BIN_DIR"]
+THREADS = max(1, (os.cpu_count() or 2) // 4)
 strata = os.path.join(bin_dir, "strata")
 
 
@@ -47,6 +49,7 @@ def spec_text(name, model, parallel, data, precision, steps=3):
     fixed = dict(dp=1, pp=1, tp=1, zero=0, recompute=False)  # every field fixed: nothing left to the planner
     fixed.update({k: v for k, v in parallel.items() if k != "global_batch"})
     lines += [f"{k} = {json.dumps(v)}" for k, v in fixed.items()]
+    lines += ["[worker]", f"threads = {THREADS}"]  # host-side model init is slow on one thread
     return "\n".join(lines) + "\n"
 
 
@@ -102,7 +105,7 @@ def main():
     cli("up", *(["--gpus", str(gpus)] if gpus else ["--workers", "2"]))
     precision = "bf16" if gpus else "fp32"
     points = list(grid(args.grid))
-    # Runs on one worker go two at a time (one per GPU); larger runs one at a time.
+    # As many runs at once as there are workers for.
     batch = []
     with open(args.out, "w") as out:
         def flush():
@@ -119,17 +122,18 @@ def main():
                     out.flush()
                     print(json.dumps(row), flush=True)
             batch.clear()
+        busy = 0
         for i, (model, parallel) in enumerate(points):
             path = os.path.join(work, f"p{i}.toml")
             with open(path, "w") as f:
                 f.write(spec_text(f"cal{i}", model, parallel, data, precision))
             ranks = parallel.get("dp", 1) * parallel.get("pp", 1) * parallel.get("tp", 1)
-            if batch and (ranks > 1 or len(batch) >= workers):
+            if busy + ranks > workers:
                 flush()
+                busy = 0
             run_id = cli("submit", path).stdout.strip().splitlines()[0]
             batch.append((run_id, model, parallel, time.time()))
-            if ranks > 1:
-                flush()
+            busy += ranks
         flush()
     cli("down", check=False)
 
