@@ -30,6 +30,7 @@ MODELS = {
 
 bin_dir = os.environ["STRATA_BIN_DIR"]
 THREADS = max(1, (os.cpu_count() or 2) // 4)
+MODEL_FILTER, MICRO_BATCHES = [], [1, 2, 4, 8]
 strata = os.path.join(bin_dir, "strata")
 
 
@@ -40,7 +41,7 @@ def cli(*args, check=True):
     return out
 
 
-def spec_text(name, model, parallel, data, precision, steps=3):
+def spec_text(name, model, parallel, data, precision, steps=1000):
     m = MODELS[model]
     lines = [f'name = "{name}"', "[model]"] + [f"{k} = {json.dumps(v)}" for k, v in m.items()]
     lines += ["[data]", f'path = "{data}"', 'format = "u16"',
@@ -59,10 +60,10 @@ def grid(kind):
             yield "tiny", dict(global_batch=4, dp=1, micro_batch=mb, recompute=False)
         yield "tiny", dict(global_batch=4, dp=2, zero=1, micro_batch=1, recompute=False)
         return
-    models = [m for m in MODELS if m != "tiny"]
+    models = MODEL_FILTER or [m for m in MODELS if m != "tiny"]
     if kind == "one":
         for model in models:
-            for mb in (1, 2, 4, 8):
+            for mb in MICRO_BATCHES:
                 for rc in (False, True):
                     yield model, dict(global_batch=8, dp=1, micro_batch=mb, recompute=rc)
         return
@@ -77,12 +78,18 @@ def grid(kind):
                 yield model, dict(global_batch=8, tp=2, micro_batch=mb, recompute=rc)
 
 
-def wait(run_id, timeout=600):
+def wait(run_id, timeout=600, steps=3):
+    """Until the run has done `steps` steps (then cancels it: a run's last step writes a
+    checkpoint, which only costs time here) or has ended."""
     start = time.time()
     while time.time() - start < timeout:
         s = json.loads(cli("status", run_id, "--json").stdout)
-        if s["state"] in ("finished", "failed", "cancelled"):
+        if s["state"] in ("failed", "cancelled"):
             return s
+        if s["step"] >= steps:
+            cli("cancel", run_id, check=False)
+            time.sleep(1)  # the cancel persists the record with the ranks' peaks
+            return json.loads(cli("status", run_id, "--json").stdout)
         time.sleep(0.5)
     cli("cancel", run_id, check=False)
     return json.loads(cli("status", run_id, "--json").stdout)
@@ -92,7 +99,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--grid", default="one", choices=["one", "two", "smoke"])
+    ap.add_argument("--models", default="", help="comma-separated subset of " + ", ".join(MODELS))
+    ap.add_argument("--micro-batches", default="1,2,4,8")
     args = ap.parse_args()
+    global MODEL_FILTER, MICRO_BATCHES
+    MODEL_FILTER = [m for m in args.models.split(",") if m]
+    MICRO_BATCHES = [int(b) for b in args.micro_batches.split(",")]
     gpus = int(subprocess.run("nvidia-smi -L 2>/dev/null | grep -c '^GPU '", shell=True, capture_output=True, text=True).stdout or 0)
     work = tempfile.mkdtemp(prefix="strata-calibration-")
     os.environ["STRATA_STATE_DIR"] = os.path.join(work, "state")
@@ -112,7 +124,7 @@ def main():
             for run_id, model, parallel, started in batch:
                 s = wait(run_id)
                 for rank, m in enumerate(s.get("memory", [])):
-                    row = dict(model=model, **parallel, precision=precision, rank=rank, state=s["state"],
+                    row = dict(model=model, **parallel, precision=precision, rank=rank, state=s["state"], steps=s["step"],
                                message=s.get("message", ""), estimate_bytes=m["estimate_bytes"],
                                workspace_bytes=m["workspace_bytes"], measured_peak_bytes=m["measured_peak_bytes"],
                                seconds=round(time.time() - started, 1))

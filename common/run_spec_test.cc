@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 
 namespace strata {
 namespace {
@@ -155,6 +156,27 @@ TEST_F(RunSpecTest, ExtractBadInputNamesTheKey) {
   ExpectRejected(head + "[extract]\nsizes = 1\n", "extract.sizes");
   ExpectRejected(Valid() + "[extract]\nbatch = 2\n", "needs kind = \"extract\"");
   ExpectRejected("kind = \"finetune\"\n" + Valid(), "kind = \"finetune\"");
+}
+
+// [parallel] fields the spec leaves out, or sets to "auto", are the planner's; the canonical TOML
+// keeps them "auto" until the coordinator fills them.
+TEST_F(RunSpecTest, AbsentAndAutoParallelFieldsAreLeftToThePlanner) {
+  auto spec = ParseRunSpec(Valid() + "[parallel]\ndp = 2\nzero = \"auto\"\n", dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->parallel.dp, 2);
+  EXPECT_EQ(spec->parallel.automatic, (std::set<std::string>{"pp", "tp", "micro_batch", "zero", "recompute"}));
+  EXPECT_FALSE(spec->parallel.planned());
+  auto again = ParseRunSpec(RunSpecToToml(*spec), "", true);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->parallel.automatic, spec->parallel.automatic);
+  auto fixed = ParseRunSpec(Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\n", dir_, true);
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_TRUE(fixed->parallel.planned());
+}
+
+TEST_F(RunSpecTest, AutoIsTheOnlyWordAParallelFieldTakes) {
+  ExpectRejected(Valid() + "[parallel]\ndp = \"max\"\n", "parallel.dp must be an integer or \"auto\"");
+  ExpectRejected(Valid() + "[parallel]\nrecompute = \"yes\"\n", "parallel.recompute must be true, false or \"auto\"");
 }
 
 }  // namespace

@@ -20,7 +20,7 @@
 // mask, gone with fused (flash / SDPA) attention. fp32 activations double every term. Full
 // recompute keeps only each layer's input (2sbh) plus one layer's activations while it is
 // recomputed. Pipeline 1F1B: stage i holds min(pp - i, micro-batches) micro-batches in flight.
-// The last stage also holds fp32 logits, s*b*V*4 / t (vocab-parallel).
+// The last stage also holds the logits (see Calibration).
 //
 // Step time: compute = c * params * tokens / (peak_flops * efficiency), c = 6 (forward 2 +
 // backward 4) or 8 with recompute (one more forward); per worker with its own share of layers
@@ -30,12 +30,29 @@
 // layer per micro-batch over tp (6 with recompute), one activation send and one gradient send
 // per micro-batch between pipeline stages, and offload's gradient/weight copies over the host
 // link. Pipeline bubble: a fraction (pp-1)/(m+pp-1) of the step, i.e. compute * (pp-1)/m.
+//
+// Calibration (what worker/trainer really keeps, fitted to measured allocator peaks; the fit and
+// its residuals are in docs/benchmarks.md "Memory estimate vs measured"). 50 rank-runs of GPT-2
+// 124M and 355M, bf16, sequence 1024, on H200 (2026-11-26): 1 GPU x micro-batch 1-8 x recompute
+// on/off, and 2 GPUs as dp=2 ZeRO 0-3, pp=2 and tp=2 at micro-batch 2 x recompute on/off.
+// Least squares over peak = state + buffers + a * activations + c * logits + d gave
+//   a = 1.29 (our unfused blocks keep ~29% more than the paper's sbh(34 + ...): fp32 LayerNorm
+//             outputs beside their bf16 casts, the GELU input in two dtypes),
+//   c = 10.5 bytes per logit (bf16 logits, their fp32 copy for the loss, log-softmax, gradient),
+//   d = 252 MiB (cuBLAS workspaces and step temporaries in the caching allocator);
+// every point within 5% except dp=2 ZeRO-0 with recompute (+6.3% and +8.4%, over: safe).
+// The trainer's state is 24 bytes per parameter: fp32 weights 4, fp32 gradient buffer 4 (kept
+// whole under ZeRO-2: the reduce-scatter runs in place), AdamW m and v 8, and two fp32 masks
+// over the optimizer range (weight decay, norm ownership) 8; the logits are not split by tp
+// (the embedding and head are replicated over tensor-parallel ranks), and the residual stream
+// is fp32, so a recomputed layer keeps a 4-byte input per element.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
 #include "shard/internal.h"
+#include "shard/layout.h"
 
 namespace strata::shard {
 namespace {
@@ -46,7 +63,10 @@ ModelSpec Filled(ModelSpec model) {
   return model;
 }
 
-constexpr int64_t kGradientBucketBytes = 25 << 20;  // PyTorch DDP's default bucket; two in flight
+// See "Calibration" above.
+constexpr double kActivationScale = 1.29;
+constexpr double kLogitBytes = 10.5;
+constexpr int64_t kStepTemporaryBytes = int64_t{252} << 20;
 
 int64_t ActivationBytesPerElement(bool fp32_activations) { return fp32_activations ? 4 : 2; }
 
@@ -62,7 +82,8 @@ MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero,
   const internal::StateBytesPerParam b = internal::BytesPerParam(layout);
   const double p = static_cast<double>(params);
   const double weight_share = zero >= 3 ? 1.0 / dp : 1.0;
-  const double gradient_share = zero >= 2 ? 1.0 / dp : 1.0;
+  // The ZeRO paper frees the gradients a rank does not own; our trainer reduce-scatters in place.
+  const double gradient_share = zero >= 3 || (zero == 2 && layout == StateLayout::kZeroPaperMixed) ? 1.0 / dp : 1.0;
   const double optimizer_share = zero >= 1 ? 1.0 / dp : 1.0;
   MemoryEstimate m;
   m.weights = std::llround(p * (b.weights + b.weight_cache) * weight_share);
@@ -97,19 +118,17 @@ UnitParams CountUnits(const ModelSpec& spec, int64_t pp) {
   const ModelSpec m = Filled(spec);
   const int64_t h = m.hidden, f = m.ffn, v = m.vocab;
   UnitParams u;
-  u.embedding_sharded = v * h;  // vocab-parallel over tp
+  u.embedding_replicated = v * h;  // worker/trainer replicates embedding and head over tp
   if (m.family == "llama") {
     const int64_t d = h / m.heads;
     u.layer_replicated = 2 * h;
     u.layer_sharded = h * (m.heads * d) + 2 * h * (m.kv_heads * d) + (m.heads * d) * h + 3 * h * f;
-    u.head_replicated = h;
-    u.head_sharded = v * h;
+    u.head_replicated = h + v * h;
   } else {
-    u.embedding_replicated = m.sequence * h;
+    u.embedding_replicated += m.sequence * h;
     u.layer_replicated = 4 * h + 2 * h;  // LayerNorms and the row-parallel biases (proj, mlp_proj)
     u.layer_sharded = (3 * h * h + 3 * h) + h * h + (h * f + f) + f * h;
-    u.head_replicated = 2 * h;
-    u.head_sharded = pp > 1 ? v * h : 0;  // tied: the last stage keeps its own copy of wte
+    u.head_replicated = 2 * h + (pp > 1 ? v * h : 0);  // tied: the last stage keeps its own copy of wte
   }
   return u;
 }
@@ -119,8 +138,8 @@ UnitParams CountUnits(const ModelSpec& spec, int64_t pp) {
 // itself, and bf16 autocast adds a cached bf16 copy of every weight during forward/backward.
 StateBytesPerParam BytesPerParam(StateLayout layout) {
   switch (layout) {
-    case StateLayout::kFp32: return {4, 0, 4, 8};           // = 16
-    case StateLayout::kBf16Autocast: return {4, 2, 4, 8};   // = 18
+    case StateLayout::kFp32: return {4, 0, 4, 16};          // = 24: m, v and two fp32 masks
+    case StateLayout::kBf16Autocast: return {4, 0, 4, 16};  // = 24: casts are per micro-batch (activations)
     case StateLayout::kZeroPaperMixed: return {2, 0, 2, 12};  // = 16
   }
   return {4, 0, 4, 8};
@@ -169,7 +188,18 @@ std::vector<LayerRange> BalanceStages(const Problem& problem, int64_t pp) {
 
 const std::vector<LayerRange>& StageCache::For(int64_t pp) {
   auto it = by_pp_.find(pp);
-  if (it == by_pp_.end()) it = by_pp_.emplace(pp, BalanceStages(problem_, pp)).first;
+  if (it == by_pp_.end()) {
+    std::vector<LayerRange> ranges;
+    if (problem_.job.even_stages) {
+      for (int64_t k = 0; k < pp; ++k) {
+        const auto [begin, end] = StageLayers(problem_.model.layers, pp, k);
+        ranges.push_back({begin, end});
+      }
+    } else {
+      ranges = BalanceStages(problem_, pp);
+    }
+    it = by_pp_.emplace(pp, std::move(ranges)).first;
+  }
   return it->second;
 }
 
@@ -191,7 +221,51 @@ double RingAllReduceSeconds(double bytes, int64_t n, double bandwidth) {
 
 }  // namespace
 
-Plan Evaluate(const Problem& problem, const std::vector<WorkerView>& workers, const Candidate& c, StageCache& cache) {
+const MeshGeometry& StageCache::Geometry(int64_t dp, int64_t pp, int64_t tp) {
+  const auto key = std::make_tuple(dp, pp, tp);
+  auto it = geometry_.find(key);
+  if (it != geometry_.end()) return it->second;
+  auto at = [&](int64_t stage, int64_t d, int64_t r) -> const WorkerView& {
+    return workers_[static_cast<size_t>((stage * dp + d) * tp + r)];
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  MeshGeometry g;
+  g.min_budget.assign(pp, std::numeric_limits<int64_t>::max());
+  g.min_peak_flops.assign(pp, inf);
+  g.dp_bandwidth.assign(pp, inf);
+  g.tp_bandwidth.assign(pp, inf);
+  g.pp_bandwidth.assign(pp, inf);
+  std::vector<const WorkerView*> group;
+  for (int64_t k = 0; k < pp; ++k) {
+    for (int64_t d = 0; d < dp; ++d) {
+      for (int64_t r = 0; r < tp; ++r) {
+        const WorkerView& w = at(k, d, r);
+        g.min_budget[k] = std::min(g.min_budget[k], static_cast<int64_t>(static_cast<double>(w.free_bytes) * (1.0 - problem_.options.safety_margin)));
+        g.min_peak_flops[k] = std::min(g.min_peak_flops[k], w.peak_flops);
+      }
+    }
+    for (int64_t r = 0; r < tp && dp > 1; ++r) {
+      group.clear();
+      for (int64_t d = 0; d < dp; ++d) group.push_back(&at(k, d, r));
+      g.dp_bandwidth[k] = std::min(g.dp_bandwidth[k], GroupBandwidth(problem_, group));
+    }
+    for (int64_t d = 0; d < dp && tp > 1; ++d) {
+      group.clear();
+      for (int64_t r = 0; r < tp; ++r) group.push_back(&at(k, d, r));
+      g.tp_bandwidth[k] = std::min(g.tp_bandwidth[k], GroupBandwidth(problem_, group));
+    }
+    for (int64_t d = 0; d < dp && k + 1 < pp; ++d) {
+      g.pp_bandwidth[k] = std::min(g.pp_bandwidth[k], GroupBandwidth(problem_, {&at(k, d, 0), &at(k + 1, d, 0)}));
+    }
+  }
+  return geometry_.emplace(key, std::move(g)).first->second;
+}
+
+Candidate CandidateOf(const Plan& plan) {
+  return {plan.dp, plan.pp, plan.tp, plan.zero, plan.micro_batch, plan.recompute, plan.offload};
+}
+
+Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, bool with_workers, Fill* fill) {
   const ModelSpec& model = problem.model;
   const PlannerOptions& opt = problem.options;
   const bool fp32_acts = problem.layout == StateLayout::kFp32;
@@ -203,14 +277,13 @@ Plan Evaluate(const Problem& problem, const std::vector<WorkerView>& workers, co
   const StateBytesPerParam per_param = BytesPerParam(problem.layout);
   const UnitParams u = CountUnits(model, c.pp);
   const double layer_per_rank = static_cast<double>(u.layer_sharded) / c.tp + u.layer_replicated;
+  const MeshGeometry& geometry = cache.Geometry(c.dp, c.pp, c.tp);
 
   Plan plan;
   plan.dp = c.dp, plan.pp = c.pp, plan.tp = c.tp, plan.zero = c.zero, plan.micro_batch = b;
   plan.gradient_accumulation = m, plan.recompute = c.recompute, plan.offload = c.offload;
   plan.stages = cache.For(c.pp);
-  auto at = [&](int64_t stage, int64_t d, int64_t r) -> const WorkerView& {
-    return workers[static_cast<size_t>((stage * c.dp + d) * c.tp + r)];
-  };
+  Fill local_fill;
 
   double compute = 0, dp_comm = 0, tp_comm = 0, pp_comm = 0, offload_comm = 0;
   for (int64_t k = 0; k < c.pp; ++k) {
@@ -224,44 +297,44 @@ Plan Evaluate(const Problem& problem, const std::vector<WorkerView>& workers, co
 
     MemoryEstimate mem = ModelStateBytes(std::llround(params), problem.layout, c.zero, c.dp, c.offload);
     const int64_t in_flight = c.pp > 1 ? std::min(c.pp - k, m) : 1;
-    mem.activations = StageActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, layers, in_flight, recompute);
-    if (last) mem.activations += s * b * model.vocab * 4 / c.tp;
+    // The paper's layers (a recomputed layer keeps its fp32 residual input), scaled as measured,
+    // the logits on the last stage (vocab padded to 64 as the trainer does), step temporaries.
+    double acts = StageActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, layers, in_flight, recompute);
+    if (recompute && !fp32_acts) acts += static_cast<double>(in_flight * layers * s * b * model.hidden) * 2;
+    acts *= kActivationScale;
+    if (last) acts += kLogitBytes * static_cast<double>(s * b * ((model.vocab + 63) / 64 * 64));
+    mem.activations = std::llround(acts) + kStepTemporaryBytes;
     const double gradient_bytes = params * per_param.gradients;
-    double buffers = 0;
-    if (c.dp > 1) buffers += std::min(gradient_bytes, 2.0 * kGradientBucketBytes);
+    double buffers = 0;  // gradients are all-reduced in place, one unit at a time
     if (c.tp > 1) buffers += 2 * boundary_bytes;
     if (c.pp > 1) buffers += 2 * boundary_bytes;  // one send and one receive buffer
     if (c.zero >= 3 && c.dp > 1) buffers += 2 * layer_per_rank * compute_bytes;  // gathered layer + prefetch
     mem.communication_buffers = std::llround(buffers);
     mem.workspace = opt.workspace_bytes;
 
-    for (int64_t d = 0; d < c.dp; ++d) {
-      for (int64_t r = 0; r < c.tp; ++r) {
-        const WorkerView& w = at(k, d, r);
-        compute = std::max(compute, flops / (w.peak_flops * opt.compute_efficiency));
-        const int64_t budget = static_cast<int64_t>(static_cast<double>(w.free_bytes) * (1.0 - opt.safety_margin));
-        plan.workers.push_back({w.name, k, d, r, mem, budget});
+    const double total = static_cast<double>(mem.total());
+    local_fill.worst = std::max(local_fill.worst, total / static_cast<double>(std::max<int64_t>(geometry.min_budget[k], 1)));
+    local_fill.largest_total = std::max(local_fill.largest_total, total);
+    compute = std::max(compute, flops / (geometry.min_peak_flops[k] * opt.compute_efficiency));
+    if (with_workers) {
+      for (int64_t d = 0; d < c.dp; ++d) {
+        for (int64_t r = 0; r < c.tp; ++r) {
+          const WorkerView& w = cache.Worker((k * c.dp + d) * c.tp + r);
+          const int64_t budget = static_cast<int64_t>(static_cast<double>(w.free_bytes) * (1.0 - opt.safety_margin));
+          plan.workers.push_back({w.name, k, d, r, mem, budget});
+        }
       }
     }
     // Collectives: each group's time at its slowest link; the slowest group sets the pace.
-    for (int64_t r = 0; r < c.tp && c.dp > 1; ++r) {
-      std::vector<const WorkerView*> group;
-      for (int64_t d = 0; d < c.dp; ++d) group.push_back(&at(k, d, r));
-      const double t = RingAllReduceSeconds(gradient_bytes, c.dp, GroupBandwidth(problem, group));
+    if (c.dp > 1) {
+      const double t = RingAllReduceSeconds(gradient_bytes, c.dp, geometry.dp_bandwidth[k]);
       dp_comm = std::max(dp_comm, t * (c.zero >= 3 ? 1.5 : 1.0));
     }
-    for (int64_t d = 0; d < c.dp && c.tp > 1; ++d) {
-      std::vector<const WorkerView*> group;
-      for (int64_t r = 0; r < c.tp; ++r) group.push_back(&at(k, d, r));
-      const double per_layer = (recompute ? 6.0 : 4.0) * RingAllReduceSeconds(boundary_bytes, c.tp, GroupBandwidth(problem, group));
+    if (c.tp > 1) {
+      const double per_layer = (recompute ? 6.0 : 4.0) * RingAllReduceSeconds(boundary_bytes, c.tp, geometry.tp_bandwidth[k]);
       tp_comm = std::max(tp_comm, per_layer * layers * m);
     }
-    if (!last) {
-      for (int64_t d = 0; d < c.dp; ++d) {
-        const double bw = GroupBandwidth(problem, {&at(k, d, 0), &at(k + 1, d, 0)});
-        pp_comm = std::max(pp_comm, 2.0 * m * boundary_bytes / bw);
-      }
-    }
+    if (!last) pp_comm = std::max(pp_comm, 2.0 * m * boundary_bytes / geometry.pp_bandwidth[k]);
     if (c.offload) {
       const double shard = params * 4.0 / (c.zero >= 1 ? c.dp : 1);  // fp32 grads out, fp32 weights back
       offload_comm = std::max(offload_comm, 2.0 * shard / opt.host_bandwidth);
@@ -270,6 +343,7 @@ Plan Evaluate(const Problem& problem, const std::vector<WorkerView>& workers, co
   plan.step_time.compute_s = compute;
   plan.step_time.communication_s = dp_comm + tp_comm + pp_comm + offload_comm;
   plan.step_time.bubble_s = compute * static_cast<double>(c.pp - 1) / static_cast<double>(m);
+  if (fill) *fill = local_fill;
   return plan;
 }
 

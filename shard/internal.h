@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shard/planner.h"
@@ -35,22 +36,43 @@ struct Candidate {
 // micro_batch | global_batch / dp).
 void ForEachCandidate(const Problem& problem, int64_t workers_used, const std::function<void(const Candidate&)>& visit);
 
-// Layer ranges per stage, cached per pipeline depth (they depend on nothing else).
+// What a mesh's placement on the workers decides, per pipeline stage, whatever the rest of the
+// candidate (ZeRO stage, micro-batch, recompute, offload): the smallest budget and slowest
+// worker among the stage's ranks, and the slowest link of its data-parallel groups, its
+// tensor-parallel groups and its pipeline link to the next stage. O(workers) to build, so a
+// candidate's evaluation is O(stages) however large the cluster.
+struct MeshGeometry {
+  std::vector<int64_t> min_budget;
+  std::vector<double> min_peak_flops, dp_bandwidth, tp_bandwidth, pp_bandwidth;
+};
+
+// Per worker set (one per search size): layer ranges per pipeline depth and geometry per mesh.
 class StageCache {
  public:
-  explicit StageCache(const Problem& problem) : problem_(problem) {}
+  StageCache(const Problem& problem, const std::vector<WorkerView>& workers) : problem_(problem), workers_(workers) {}
   const std::vector<LayerRange>& For(int64_t pp);
+  const MeshGeometry& Geometry(int64_t dp, int64_t pp, int64_t tp);
+  const WorkerView& Worker(int64_t rank) const { return workers_[static_cast<size_t>(rank)]; }
 
  private:
   const Problem& problem_;
+  const std::vector<WorkerView>& workers_;
   std::map<int64_t, std::vector<LayerRange>> by_pp_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, MeshGeometry> geometry_;
 };
 
 std::vector<LayerRange> BalanceStages(const Problem& problem, int64_t pp);
 
-// Memory and step time of `candidate` on `workers` (already in rank order, dp*pp*tp of them).
-Plan Evaluate(const Problem& problem, const std::vector<WorkerView>& workers, const Candidate& candidate,
-              StageCache& stages);
+// Memory and step time of `candidate` on the cache's workers (in rank order, dp*pp*tp of them).
+// With `with_workers` false the plan's per-worker list stays empty (the search's fast path) and
+// `fill` receives what WorstFill would say and the largest per-worker total.
+struct Fill {
+  double worst = 0;        // largest estimate / budget
+  double largest_total = 0;
+};
+Plan Evaluate(const Problem& problem, const Candidate& candidate, StageCache& cache, bool with_workers = true,
+              Fill* fill = nullptr);
+Candidate CandidateOf(const Plan& plan);
 
 // The workers a plan on `count` workers uses: the `count` with the most free memory, ordered by
 // node then name so consecutive ranks (tensor-parallel groups) share a node.

@@ -33,6 +33,7 @@ struct JobSpec {
   std::optional<bool> recompute, offload;
   bool uniform_recompute = false;  // recompute every stage or none (no per-stage choice)
   bool zero3_recomputes = false;   // ZeRO-3 implies recompute
+  bool even_stages = false;        // layers split evenly (shard/layout.h StageLayers), not balanced
 };
 
 struct WorkerView {

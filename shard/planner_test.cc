@@ -76,14 +76,16 @@ TEST(ModelStateBytes, ZeroPaperStagesAtDp4) {
 
 TEST(ModelStateBytes, OurTrainerLayouts) {
   const int64_t p = 1'000'000'000;
-  // fp32: 4 weights + 4 grads + 8 (m, v) = 16; ZeRO-1 at dp 4: 4 + 4 + 2 = 10.
-  EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 0, 4).total(), 16'000'000'000);
-  EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 1, 4).total(), 10'000'000'000);
-  // bf16 autocast: fp32 master 4 + bf16 cache 2 + fp32 grads 4 + moments 8 = 18; ZeRO-3 at dp 4: 4.5.
+  // fp32: 4 weights + 4 grads + 16 (m, v and two fp32 masks) = 24; ZeRO-1 at dp 4: 4 + 4 + 4 = 12.
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 0, 4).total(), 24'000'000'000);
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 1, 4).total(), 12'000'000'000);
+  // ZeRO-2 reduce-scatters into the whole gradient buffer: as ZeRO-1 in memory.
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 2, 4).total(), 12'000'000'000);
+  // bf16 autocast keeps the same fp32 state (its bf16 casts live per micro-batch); ZeRO-3 at dp 4: 6.
   auto bf16 = ModelStateBytes(p, StateLayout::kBf16Autocast, 0, 1);
-  EXPECT_EQ(bf16.weights, 6'000'000'000);
-  EXPECT_EQ(bf16.total(), 18'000'000'000);
-  EXPECT_EQ(ModelStateBytes(p, StateLayout::kBf16Autocast, 3, 4).total(), 4'500'000'000);
+  EXPECT_EQ(bf16.weights, 4'000'000'000);
+  EXPECT_EQ(bf16.total(), 24'000'000'000);
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kBf16Autocast, 3, 4).total(), 6'000'000'000);
   // Offload takes the moments off the GPU.
   EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 0, 1, /*offload=*/true).total(), 8'000'000'000);
 }
@@ -139,24 +141,24 @@ TEST(ChoosePlan, OneRoomyWorkerRunsUnsharded) {
   EXPECT_EQ(plan->stages[0].begin, 0);
   EXPECT_EQ(plan->stages[0].end, 12);
   EXPECT_EQ(plan->micro_batch * plan->gradient_accumulation, 8);
-  // fp32: 4 bytes of weights, 4 of gradients and 8 of AdamW moments per parameter.
+  // fp32: 4 bytes of weights, 4 of gradients and 16 of AdamW moments and masks per parameter.
   EXPECT_EQ(plan->workers[0].memory.weights, 4 * kGpt2SmallParams);
-  EXPECT_EQ(plan->workers[0].memory.optimizer_state, 8 * kGpt2SmallParams);
+  EXPECT_EQ(plan->workers[0].memory.optimizer_state, 16 * kGpt2SmallParams);
   EXPECT_GT(plan->step_time.compute_s, 0);
   EXPECT_EQ(plan->step_time.bubble_s, 0);
   EXPECT_NE(plan->why.find("dp=1 pp=1 tp=1"), std::string::npos) << plan->why;
   ExpectFits(*plan, cluster, 0.1);
 }
 
-// Two workers whose budget is 12 bytes per parameter: replicated fp32 state (16) and ZeRO-1
-// (4 + 4 + 8/2 = 12, plus activations) do not fit; ZeRO-2 (4 + 2 + 4 = 10) or two pipeline
-// stages (about 8 each plus the tied-head copy) do.
+// Two workers whose budget is 16 bytes per parameter: replicated fp32 state (24), ZeRO-1 and -2
+// (4 + 4 + 16/2 = 16, plus activations and temporaries) and two pipeline stages (about 12 each,
+// the last plus the tied-head copy) do not fit; ZeRO-3 (24/2 = 12, plus activations) does.
 class TwoTightWorkers : public ::testing::Test {
  protected:
   void SetUp() override {
     job_.global_batch = 4, job_.sequence = 128, job_.tp = 1, job_.offload = false;
     options_.workspace_bytes = 0;
-    cluster_ = Workers(2, static_cast<int64_t>(12.0 * kGpt2SmallParams / 0.9));
+    cluster_ = Workers(2, static_cast<int64_t>(16.0 * kGpt2SmallParams / 0.9));
   }
   JobSpec job_;
   PlannerOptions options_;
@@ -166,7 +168,7 @@ class TwoTightWorkers : public ::testing::Test {
 TEST_F(TwoTightWorkers, FindsAPlanThatFits) {
   auto plan = ChoosePlan(Gpt2Small(), job_, cluster_, options_);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  EXPECT_TRUE(plan->zero >= 2 || plan->pp == 2) << plan->why;
+  EXPECT_EQ(plan->zero, 3) << plan->why;
   EXPECT_EQ(plan->workers.size(), 2u);
   ExpectFits(*plan, cluster_, options_.safety_margin);
 }
@@ -223,10 +225,10 @@ TEST(ChoosePlan, InfeasibleNamesTheMemoryNeeded) {
   ASSERT_TRUE(std::regex_search(message, match, std::regex(R"(needs ([0-9.]+) GiB free per GPU)"))) << message;
   const double gib = std::atof(match[1].str().c_str());
   // At least the fp32 weights and gradients that stay on the GPU with offload (8 bytes per
-  // parameter) over the 10% margin; at most that plus the 1 GiB workspace and a few hundred MiB
-  // of activations and logits.
+  // parameter) over the 10% margin; at most that plus the 1 GiB workspace, the step temporaries
+  // and one sequence of activations and logits (under 1 GiB).
   EXPECT_GE(gib, 8.0 * kGpt2SmallParams / 0.9 / kGiB - 0.05);
-  EXPECT_LE(gib, (8.0 * kGpt2SmallParams + 1.5 * kGiB) / 0.9 / kGiB);
+  EXPECT_LE(gib, (8.0 * kGpt2SmallParams + 2.0 * kGiB) / 0.9 / kGiB);
   EXPECT_NE(message.find("\"w0\""), std::string::npos) << message;
 }
 
@@ -240,7 +242,7 @@ TEST(ChoosePlan, BadInputsNameTheField) {
       {"free_bytes", [](ModelSpec&, JobSpec&, ClusterView& c) { c.workers[1].free_bytes = 0; }},
       {"total_bytes", [](ModelSpec&, JobSpec&, ClusterView& c) { c.workers[0].total_bytes = -1; }},
       {"model.layers", [](ModelSpec& m, JobSpec&, ClusterView&) { m.layers = 0; }},
-      {"parallel.dp * parallel.pp * parallel.tp", [](ModelSpec&, JobSpec& j, ClusterView&) { j.dp = 1, j.pp = 1, j.tp = 1; }},
+      {"parallel.dp * parallel.pp * parallel.tp", [](ModelSpec&, JobSpec& j, ClusterView&) { j.dp = 8, j.pp = 1, j.tp = 1; }},
       {"parallel.tp", [](ModelSpec&, JobSpec& j, ClusterView&) { j.tp = 5; }},
       {"model.kv_heads", [](ModelSpec& m, JobSpec& j, ClusterView&) { m.family = "llama", m.kv_heads = 2, j.tp = 4; }},
       {"parallel.pp", [](ModelSpec& m, JobSpec& j, ClusterView&) { m.layers = 1, j.pp = 2; }},
@@ -259,12 +261,12 @@ TEST(ChoosePlan, BadInputsNameTheField) {
   }
 }
 
-TEST(ChoosePlan, Bf16CountsTheAutocastCopy) {
+TEST(ChoosePlan, Bf16KeepsFp32MasterWeightsAndGradients) {
   JobSpec job;
   job.global_batch = 8, job.precision = "bf16";
   auto plan = ChoosePlan(Gpt2Small(), job, Workers(1, 80 * kGiB));
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  EXPECT_EQ(plan->workers[0].memory.weights, 6 * kGpt2SmallParams);  // fp32 master 4 + bf16 copy 2
+  EXPECT_EQ(plan->workers[0].memory.weights, 4 * kGpt2SmallParams);  // fp32 master; casts are activations
   EXPECT_EQ(plan->workers[0].memory.gradients, 4 * kGpt2SmallParams);
 }
 
@@ -329,9 +331,9 @@ TEST(Replan, CountsTheStateThatMoves) {
   ASSERT_TRUE(change.ok()) << change.status().ToString();
   ASSERT_EQ(change->plan.pp, 1);
   // w0 already holds the embedding and stage 0's layers; it must receive stage 1's layers and
-  // ln_f (2*768), weights (4 bytes) and AdamW moments (8 bytes) each.
+  // ln_f (2*768), weights (4 bytes) and AdamW moments and masks (16 bytes) each.
   const int64_t stage1_layers = current->stages[1].size();
-  EXPECT_EQ(change->bytes_to_move, (stage1_layers * kGpt2SmallLayer + 2 * 768) * 12);
+  EXPECT_EQ(change->bytes_to_move, (stage1_layers * kGpt2SmallLayer + 2 * 768) * 20);
 }
 
 TEST(Replan, RejectsAWorkerOutsideThePlan) {
@@ -342,6 +344,78 @@ TEST(Replan, RejectsAWorkerOutsideThePlan) {
   auto change = Replan(*current, Gpt2Small(), job, cluster, ReplanReason::OutOfMemory("w9", 1));
   ASSERT_FALSE(change.ok());
   EXPECT_EQ(change.status().code(), StatusCode::kInvalidArgument);
+}
+
+// The estimator against peaks measured on the GPU node (bench/memory_calibration.py, GPT-2 124M
+// and 355M, bf16, sequence 1024, global batch 8, on H200, 2026-11-26: the CUDA allocator's peak
+// of allocated bytes over 3 steps, per rank). The estimate's tensor memory (its total less the
+// workspace allowance, which stands for memory outside the allocator) must be within 5% of each,
+// except dp=2 ZeRO-0 with recompute, which the fit over-estimates by up to 9% (safe side).
+struct MeasuredPeak {
+  const char* model;
+  int64_t dp, pp, tp, zero, micro_batch;
+  bool recompute;
+  int64_t rank, peak_bytes;
+};
+
+TEST(Calibration, EstimateMatchesMeasuredPeaks) {
+  const MeasuredPeak points[] = {
+    {"124m", 1, 1, 1, 0, 1, false, 0, 4356913152},
+    {"124m", 1, 1, 1, 0, 1, true, 0, 3872458752},
+    {"124m", 1, 1, 1, 0, 2, false, 0, 5314938880},
+    {"124m", 1, 1, 1, 0, 2, true, 0, 4530591744},
+    {"124m", 1, 1, 1, 0, 4, false, 0, 7242672128},
+    {"124m", 1, 1, 1, 0, 4, true, 0, 5852968960},
+    {"124m", 1, 1, 1, 0, 8, false, 0, 11089831936},
+    {"124m", 1, 1, 1, 0, 8, true, 0, 8490792960},
+    {"355m", 1, 1, 1, 0, 1, false, 0, 10823854080},
+    {"355m", 1, 1, 1, 0, 1, true, 0, 9413351424},
+    {"355m", 1, 1, 1, 0, 2, false, 0, 12355491840},
+    {"355m", 1, 1, 1, 0, 2, true, 0, 10138109952},
+    {"355m", 1, 1, 1, 0, 4, false, 0, 15420655616},
+    {"355m", 1, 1, 1, 0, 4, true, 0, 11588454400},
+    {"355m", 1, 1, 1, 0, 8, false, 0, 21546584064},
+    {"355m", 1, 1, 1, 0, 8, true, 0, 14484228096},
+    {"124m", 2, 1, 1, 0, 2, false, 0, 5059705856},
+    {"124m", 2, 1, 1, 1, 2, false, 0, 4293842944},
+    {"124m", 2, 1, 1, 2, 2, false, 0, 4293640704},
+    {"124m", 1, 2, 1, 0, 2, false, 0, 2981284352},
+    {"124m", 1, 2, 1, 0, 2, false, 1, 3791638528},
+    {"124m", 1, 1, 2, 0, 2, false, 0, 3939674624},
+    {"124m", 2, 1, 1, 0, 2, true, 0, 4236517376},
+    {"124m", 2, 1, 1, 1, 2, true, 0, 3498642944},
+    {"124m", 2, 1, 1, 2, 2, true, 0, 3509233664},
+    {"124m", 2, 1, 1, 3, 2, true, 0, 2906815488},
+    {"124m", 1, 2, 1, 0, 2, true, 0, 2369727488},
+    {"124m", 1, 2, 1, 0, 2, true, 1, 3401693184},
+    {"124m", 1, 1, 2, 0, 2, true, 0, 3462925312},
+    {"355m", 2, 1, 1, 0, 2, false, 0, 11645972480},
+    {"355m", 2, 1, 1, 1, 2, false, 0, 9517334528},
+    {"355m", 2, 1, 1, 2, 2, false, 0, 9517033472},
+    {"355m", 1, 2, 1, 0, 2, false, 0, 7456859648},
+    {"355m", 1, 2, 1, 0, 2, false, 1, 7492827136},
+    {"355m", 1, 1, 2, 0, 2, false, 0, 7846514688},
+    {"355m", 2, 1, 1, 0, 2, true, 0, 9427423232},
+  };
+  for (const MeasuredPeak& p : points) {
+    ModelSpec model = Gpt2Small();
+    if (std::string(p.model) == "355m") model.layers = 24, model.hidden = 1024, model.heads = 16;
+    RunSpec spec;
+    spec.model = model;
+    spec.train.global_batch = 8, spec.train.precision = "bf16";
+    spec.parallel.dp = p.dp, spec.parallel.pp = p.pp, spec.parallel.tp = p.tp, spec.parallel.zero = p.zero;
+    spec.parallel.micro_batch = p.micro_batch, spec.parallel.recompute = p.recompute;
+    const int64_t n = p.dp * p.pp * p.tp;
+    auto plan = ChoosePlan(model, JobForRun(spec), Workers(static_cast<int>(n), 140 * kGiB, 141 * kGiB));
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    const MemoryEstimate& m = plan->workers[static_cast<size_t>(p.rank)].memory;
+    const double error = static_cast<double>(m.total() - m.workspace) / static_cast<double>(p.peak_bytes) - 1;
+    const bool known_over = p.dp == 2 && p.zero == 0 && p.recompute;
+    const std::string where = std::string(p.model) + " dp" + std::to_string(p.dp) + " pp" + std::to_string(p.pp) + " tp" +
+                              std::to_string(p.tp) + " zero" + std::to_string(p.zero) + " mb" + std::to_string(p.micro_batch) +
+                              (p.recompute ? " recompute" : "") + " rank " + std::to_string(p.rank);
+    EXPECT_LE(std::abs(error), known_over ? 0.09 : 0.05) << where << ": error " << error * 100 << "%";
+  }
 }
 
 }  // namespace

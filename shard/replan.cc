@@ -153,10 +153,10 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
   const int64_t smallest = oom ? largest : 1;
   for (int64_t n = largest; n >= smallest; --n) {
     const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
-    internal::StageCache stages(problem);
+    internal::StageCache stages(problem, workers);
     internal::ForEachCandidate(problem, n, [&](const internal::Candidate& c) {
       if (oom && c.micro_batch > baseline_micro_batch) return;  // a larger micro-batch cannot cure an OOM
-      Plan plan = internal::Evaluate(problem, workers, c, stages);
+      Plan plan = internal::Evaluate(problem, c, stages);
       if (internal::WorstFill(plan, scale, nullptr) > 1.0) return;
       auto key = std::make_tuple(ChangeRank(current, plan), ChangeSize(current, baseline_micro_batch, plan),
                                  plan.step_time.total_s(), plan.step_time.communication_s);

@@ -101,9 +101,9 @@ Status ValidateJob(const ModelSpec& model, JobSpec& job, int64_t workers) {
     return InvalidArgument("parallel.micro_batch = " + Str(*job.micro_batch) + " does not divide train.global_batch = " + Str(job.global_batch));
   }
   const int64_t fixed = job.dp.value_or(1) * job.pp.value_or(1) * job.tp.value_or(1);
-  if ((job.dp && job.pp && job.tp && fixed != workers) || fixed > workers) {
+  if (fixed > workers) {  // a fixed mesh smaller than the cluster takes the workers with the most free memory
     return InvalidArgument("parallel.dp * parallel.pp * parallel.tp = " + Str(fixed) + " but the cluster has " + Str(workers) +
-                           " workers; make the product " + Str(workers) + " or set one of them to \"auto\"");
+                           " workers; make the product at most " + Str(workers) + " or set one of them to \"auto\"");
   }
   return Status::Ok();
 }
@@ -219,6 +219,7 @@ JobSpec JobForRun(const RunSpec& spec) {
   job.offload = false;
   job.uniform_recompute = true;
   job.zero3_recomputes = true;
+  job.even_stages = true;
   return job;
 }
 
@@ -237,82 +238,103 @@ WorkerView WorkerFromMemory(std::string name, std::string node, const MemorySnap
 Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, const PlannerOptions& options) {
   STRATA_ASSIGN_OR_RETURN(internal::Problem problem, internal::Validate(model, job, cluster, options));
   const int64_t all = static_cast<int64_t>(problem.workers.size());
-  std::optional<Plan> best, second, fastest_rejected, leanest;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, Plan> best_per_mesh;
+  // The search keeps plans without their per-worker lists (O(stages) each, whatever the cluster
+  // size) and expands the few it reports at the end; `n` says which worker set each was on.
+  struct Kept {
+    Plan plan;
+    int64_t n = 0;
+  };
+  std::optional<Kept> best, second, fastest_rejected, leanest;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, Kept> best_per_mesh;
   double leanest_need = 0;
   int64_t evaluated = 0, fitting = 0, used = all;
   for (int64_t n = all; n >= 1 && !best; --n) {
     used = n;
     const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
-    internal::StageCache stages(problem);
+    internal::StageCache stages(problem, workers);
     internal::ForEachCandidate(problem, n, [&](const internal::Candidate& c) {
-      Plan plan = internal::Evaluate(problem, workers, c, stages);
+      internal::Fill fill;
+      Kept kept{internal::Evaluate(problem, c, stages, /*with_workers=*/false, &fill), n};
+      const Plan& plan = kept.plan;
       ++evaluated;
-      double need = 0;  // the free memory this plan asks of its hungriest worker
-      for (const auto& w : plan.workers) need = std::max(need, w.memory.total() / (1.0 - options.safety_margin));
-      if (!leanest || need < leanest_need) leanest = plan, leanest_need = need;
-      if (internal::WorstFill(plan, 1.0, nullptr) > 1.0) {
-        if (!fastest_rejected || internal::Better(plan, *fastest_rejected)) fastest_rejected = plan;
+      const double need = fill.largest_total / (1.0 - options.safety_margin);  // free memory its hungriest worker asks
+      if (!leanest || need < leanest_need) leanest = kept, leanest_need = need;
+      if (fill.worst > 1.0) {
+        if (!fastest_rejected || internal::Better(plan, fastest_rejected->plan)) fastest_rejected = kept;
         return;
       }
       ++fitting;
       auto key = std::make_tuple(plan.dp, plan.pp, plan.tp);
       auto it = best_per_mesh.find(key);
-      if (it == best_per_mesh.end()) best_per_mesh.emplace(key, plan);
-      else if (internal::Better(plan, it->second)) it->second = plan;
-      if (!best || internal::Better(plan, *best)) {
+      if (it == best_per_mesh.end()) best_per_mesh.emplace(key, kept);
+      else if (internal::Better(plan, it->second.plan)) it->second = kept;
+      if (!best || internal::Better(plan, best->plan)) {
         second = std::move(best);
-        best = std::move(plan);
-      } else if (!second || internal::Better(plan, *second)) {
-        second = std::move(plan);
+        best = std::move(kept);
+      } else if (!second || internal::Better(plan, second->plan)) {
+        second = std::move(kept);
       }
     });
   }
-
+  // The reported plans with their workers.
+  auto expand = [&](const std::optional<Kept>& kept) -> std::optional<Plan> {
+    if (!kept) return std::nullopt;
+    const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, kept->n);
+    internal::StageCache stages(problem, workers);
+    return internal::Evaluate(problem, internal::CandidateOf(kept->plan), stages);
+  };
   if (!leanest) {
     return InvalidArgument("no dp * pp * tp split of 1.." + std::to_string(all) + " workers satisfies the rules (tp divides model.heads and kv_heads, pp <= model.layers, dp divides train.global_batch = " +
                            std::to_string(problem.job.global_batch) + ", micro_batch divides global_batch / dp); relax the fixed [parallel] fields or change global_batch");
   }
   if (!best) {
+    const std::optional<Plan> leanest_plan = expand(leanest);
     size_t worst = 0;
-    internal::WorstFill(*leanest, 1.0, &worst);
-    const WorkerAssignment& w = leanest->workers[worst];
+    internal::WorstFill(*leanest_plan, 1.0, &worst);
+    const WorkerAssignment& w = leanest_plan->workers[worst];
     const double free = w.budget_bytes / (1.0 - options.safety_margin);
     return Status(StatusCode::kResourceExhausted,
                   "no plan fits in the cluster's free memory, even with ZeRO-3, recompute and offload where the [parallel] fields allow: the leanest (" +
-                      internal::Describe(*leanest) + ") needs " + internal::FormatBytes(leanest_need) + " free per GPU (with the " +
+                      internal::Describe(*leanest_plan) + ") needs " + internal::FormatBytes(leanest_need) + " free per GPU (with the " +
                       std::to_string(static_cast<int>(options.safety_margin * 100)) + "% safety margin), but worker \"" + w.worker + "\" has " +
                       internal::FormatBytes(free) + " free; add workers, free GPU memory, or shorten the sequence / shrink the model");
   }
 
   // The runner-up is the best plan on another mesh (more telling than a ZeRO-stage variant of the
   // winner); with only one mesh, the second-best plan overall.
-  const Plan* runner_up = second ? &*second : nullptr;
-  const Plan* other_mesh = nullptr;
-  for (const auto& [key, plan] : best_per_mesh) {
-    if (key != std::make_tuple(best->dp, best->pp, best->tp) && (!other_mesh || internal::Better(plan, *other_mesh))) other_mesh = &plan;
+  const Kept* runner_up_kept = second ? &*second : nullptr;
+  const Kept* other_mesh = nullptr;
+  for (const auto& [key, kept] : best_per_mesh) {
+    if (key != std::make_tuple(best->plan.dp, best->plan.pp, best->plan.tp) && (!other_mesh || internal::Better(kept.plan, other_mesh->plan))) other_mesh = &kept;
   }
-  if (other_mesh) runner_up = other_mesh;
+  if (other_mesh) runner_up_kept = other_mesh;
+  const Plan* runner_up = runner_up_kept ? &runner_up_kept->plan : nullptr;
+  std::optional<Plan> chosen = expand(best);
 
   size_t peak_index = 0;
-  internal::WorstFill(*best, 1.0, &peak_index);
-  const WorkerAssignment& peak = best->workers[peak_index];
-  std::string why = internal::Describe(*best) + ": " + internal::StepSummary(*best) + "; peak " +
+  internal::WorstFill(*chosen, 1.0, &peak_index);
+  const WorkerAssignment& peak = chosen->workers[peak_index];
+  std::string why = internal::Describe(*chosen) + ": " + internal::StepSummary(*chosen) + "; peak " +
                     internal::FormatBytes(peak.memory.total()) + " on \"" + peak.worker + "\" of a " + internal::FormatBytes(peak.budget_bytes) + " budget.";
-  if (used < all) why += " Uses " + std::to_string(used) + " of " + std::to_string(all) + " workers: no plan fit on more.";
-  if (runner_up) {
-    why += " Runner-up: " + internal::Describe(*runner_up) + ", " + internal::StepSummary(*runner_up) + ", lost on " + internal::LostOn(*best, *runner_up) + ".";
+  const bool mesh_fixed = problem.job.dp && problem.job.pp && problem.job.tp;
+  if (used < all) {
+    why += " Uses " + std::to_string(used) + " of " + std::to_string(all) + " workers: " +
+           (mesh_fixed ? "the [parallel] mesh is fixed at that size." : "no plan fit on more.");
   }
-  if (fastest_rejected && internal::Better(*fastest_rejected, *best)) {
+  if (runner_up) {
+    why += " Runner-up: " + internal::Describe(*runner_up) + ", " + internal::StepSummary(*runner_up) + ", lost on " + internal::LostOn(*chosen, *runner_up) + ".";
+  }
+  if (fastest_rejected && internal::Better(fastest_rejected->plan, *chosen)) {
+    const std::optional<Plan> rejected = expand(fastest_rejected);
     size_t i = 0;
-    internal::WorstFill(*fastest_rejected, 1.0, &i);
-    const WorkerAssignment& w = fastest_rejected->workers[i];
-    why += " Faster but too big: " + internal::Describe(*fastest_rejected) + " needs " + internal::FormatBytes(w.memory.total()) + " on \"" +
+    internal::WorstFill(*rejected, 1.0, &i);
+    const WorkerAssignment& w = rejected->workers[i];
+    why += " Faster but too big: " + internal::Describe(*rejected) + " needs " + internal::FormatBytes(w.memory.total()) + " on \"" +
            w.worker + "\" (budget " + internal::FormatBytes(w.budget_bytes) + ").";
   }
   why += " " + std::to_string(fitting) + " of " + std::to_string(evaluated) + " candidates fit.";
-  best->why = std::move(why);
-  return std::move(*best);
+  chosen->why = std::move(why);
+  return std::move(*chosen);
 }
 
 }  // namespace strata::shard

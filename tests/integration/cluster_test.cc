@@ -74,7 +74,7 @@ class ClusterTest : public ::testing::Test {
       << "[data]\npath = \"corpus.txt\"\n"
       << "[train]\nsteps = " << steps << "\nglobal_batch = 8\nlr = 0.003\nseed = 7\ncheckpoint_every = "
       << checkpoint_every << "\n"
-      << "[parallel]\ndp = " << dp << "\n";
+      << "[parallel]\ndp = " << dp << "\npp = 1\ntp = 1\nrecompute = false\n";  // zero, micro_batch: planned
     return s.str();
   }
 
@@ -102,11 +102,12 @@ std::string ClusterTest::dir_;
 
 TEST_F(ClusterTest, PlanShowsTheMeshAndEachWorkersEstimateBeforeAnythingRuns) {
   const std::string spec = WriteSpec("plan-me", Spec("plan-me", 1, 1, 0));
-  // Against the live cluster: its two CPU workers.
+  // Against the live cluster (two CPU workers): the spec fixes a one-worker mesh, which takes one.
   json live = StrataJson("plan " + spec);
   ASSERT_TRUE(live.is_object());
-  EXPECT_EQ(live["workers"].size(), 2u);
+  EXPECT_EQ(live["workers"].size(), 1u);
   EXPECT_EQ(live["dp"], 1) << "the spec fixes parallel.dp = 1";
+  EXPECT_NE(live["why"].get<std::string>().find("Uses 1 of 2 workers: the [parallel] mesh is fixed"), std::string::npos) << live["why"];
   // Against a described cluster of 4 nodes x 8 GPUs: every worker planned, none over budget.
   const std::string cluster = dir_ + "/cluster.toml";
   std::ofstream(cluster) << "[[nodes]]\ncount = 4\ngpus = 8\nmemory = \"80GiB\"\nfree = \"70GiB\"\n";
@@ -268,6 +269,42 @@ TEST_F(ClusterTest, DataParallelOnTwoWorkersMatchesOneWorker) {
   ASSERT_EQ(moment_elements.size(), 2u);
   EXPECT_EQ(moment_elements[0] + moment_elements[1], param_elements[0] + param_elements[1]);
   EXPECT_NEAR(static_cast<double>(moment_elements[0]), static_cast<double>(moment_elements[1]), 0.05 * moment_elements[1]);
+}
+
+// A spec that leaves [parallel] out is planned by the coordinator over the idle workers: the run
+// journal says what was chosen and why, the stored spec holds the chosen mesh, and every rank's
+// estimate sits beside its measured peak.
+TEST_F(ClusterTest, AutoParallelIsPlannedAndEachRankRecordsEstimateAndMeasuredPeak) {
+  const std::string body = "name = \"auto\"\n[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nsequence = 32\n"
+                           "[data]\npath = \"corpus.txt\"\n[train]\nsteps = 4\nglobal_batch = 8\nlr = 0.003\nseed = 7\n";
+  const std::string run = SubmitAndFollow("auto", body);
+  const json status = StrataJson("status " + run);
+  ASSERT_EQ(status["state"], "finished") << status.dump();
+  std::string planned;
+  for (auto& e : StrataJson("events " + run)) {
+    if (e["kind"] == "planned") planned = e["message"];
+  }
+  EXPECT_NE(planned.find("dp="), std::string::npos) << "no 'planned' event naming the mesh";
+  EXPECT_NE(planned.find("Runner-up"), std::string::npos) << planned;
+  const int world = status["world_size"];
+  ASSERT_GE(world, 1);
+  ASSERT_EQ(status["memory"].size(), static_cast<size_t>(world)) << status.dump();
+  for (auto& m : status["memory"]) {
+    EXPECT_GT(m["estimate_bytes"].get<uint64_t>(), 0u) << m.dump();
+    EXPECT_GT(m["measured_peak_bytes"].get<uint64_t>(), 0u) << m.dump();
+  }
+}
+
+// A model no plan can fit is refused at submit, naming what it needs per worker.
+TEST_F(ClusterTest, AutoRunThatCannotFitIsRefusedWithTheMemoryItNeeds) {
+  const std::string body = "name = \"huge\"\n[model]\nlayers = 200\nhidden = 65536\nheads = 64\nvocab = 256\nsequence = 32\n"
+                           "[data]\npath = \"corpus.txt\"\n[train]\nsteps = 4\nglobal_batch = 8\n";
+  auto r = Strata("submit " + WriteSpec("huge", body));
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.err.find("needs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("free"), std::string::npos) << r.err;
+  const json runs = StrataJson("status");
+  for (auto& run : runs) EXPECT_NE(run["name"], "huge") << "the refused run was submitted";
 }
 
 TEST_F(ClusterTest, BadSpecsExitTwoNamingTheKeyAndStartNothing) {

@@ -1,0 +1,50 @@
+// Planning time for a large cluster (issue target: 4096 GPUs, a 70B-class model, under 1 s):
+// Llama-70B shape (80 layers, hidden 8192, 64 heads, 8 kv-heads, ffn 28672, vocab 32000,
+// sequence 4096), global batch 1024, on 512 nodes x 8 H100 80 GiB, everything "auto".
+//
+//   plan_bench [--benchmark_min_time=...]
+#include <benchmark/benchmark.h>
+
+#include "shard/planner.h"
+
+namespace {
+
+using namespace strata;
+
+ModelSpec Llama70B() {
+  ModelSpec m;
+  m.family = "llama";
+  m.layers = 80, m.hidden = 8192, m.heads = 64, m.kv_heads = 8, m.ffn = 28672, m.vocab = 32000, m.sequence = 4096;
+  return m;
+}
+
+shard::ClusterView Nodes(int nodes, int gpus) {
+  shard::ClusterView view;
+  for (int n = 0; n < nodes; ++n) {
+    for (int g = 0; g < gpus; ++g) {
+      shard::WorkerView w;
+      w.node = "node" + std::to_string(n);
+      w.name = w.node + "/gpu" + std::to_string(g);
+      w.total_bytes = w.free_bytes = int64_t{80} << 30;
+      view.workers.push_back(std::move(w));
+    }
+  }
+  return view;
+}
+
+void BM_Plan(benchmark::State& state) {
+  const auto cluster = Nodes(static_cast<int>(state.range(0)), 8);
+  shard::JobSpec job;
+  job.global_batch = 1024, job.precision = "bf16";
+  for (auto _ : state) {
+    auto plan = shard::ChoosePlan(Llama70B(), job, cluster);
+    if (!plan.ok()) state.SkipWithError(plan.status().message().c_str());
+    benchmark::DoNotOptimize(plan);
+  }
+  state.counters["gpus"] = static_cast<double>(cluster.workers.size());
+}
+BENCHMARK(BM_Plan)->Arg(64)->Arg(512)->Unit(benchmark::kMillisecond)->Iterations(3);
+
+}  // namespace
+
+BENCHMARK_MAIN();
