@@ -35,6 +35,7 @@
 #include <atomic>
 #include <filesystem>
 #include <numeric>
+#include <limits>
 #include <map>
 #include <optional>
 #include <iomanip>
@@ -392,11 +393,65 @@ class CoordinatorImpl final : public Coordinator {
     Persist(run);
   }
 
-  int64_t LastCheckpointStep(const std::string& run_id) {
+  // The newest complete checkpoint of `run_id` before step `before` that no rank found
+  // unreadable; 0 if none.
+  int64_t LastCheckpointStep(const std::string& run_id, int64_t before = std::numeric_limits<int64_t>::max()) {
     auto list = store_->ScanMetadata("ckpt/" + EncodeKeyString(run_id));
-    if (!list.ok() || list->empty()) return 0;
-    auto last = schema::DecodedRecord<CheckpointManifest>::Decode(list->back().second);
-    return last.ok() ? last->root().getStep() : 0;
+    if (!list.ok()) return 0;
+    for (auto it = list->rbegin(); it != list->rend(); ++it) {
+      auto manifest = schema::DecodedRecord<CheckpointManifest>::Decode(it->second);
+      if (!manifest.ok()) continue;
+      const int64_t step = manifest->root().getStep();
+      if (step >= before || Unreadable(run_id, step)) continue;
+      return step;
+    }
+    return 0;
+  }
+
+  bool Unreadable(const std::string& run_id, int64_t step) {
+    auto mark = store_->GetMetadata("ckptbad/" + EncodeKeyString(run_id) + EncodeKeyU64(step));
+    return mark.ok() && mark->has_value();
+  }
+
+  // A rank could not read the checkpoint the run resumed from. The checkpoint is kept (no data is
+  // deleted) but marked unreadable, and the run starts again from the next older complete one
+  // (the same run's checkpoints, or the source run's for `submit --resume`).
+  void CheckpointUnreadable(RunEntry& run, uint32_t rank, ::CheckpointUnreadable::Reader u) {
+    const std::string source = u.getSourceRun().cStr();
+    const int64_t step = u.getStep();
+    if (source != run.resume_run || step != run.resume_step) return;  // about an earlier attempt
+    const std::string why = u.getWhy().cStr();
+    Status st = store_->PutMetadata("ckptbad/" + EncodeKeyString(source) + EncodeKeyU64(step), AsBytes(why), true);
+    if (!st.ok()) STRATA_LOG(kError) << "could not mark the checkpoint of " << source << " at step " << step << " unreadable: " << st.ToString();
+    const std::string worker = rank < run.workers.size() ? run.workers[rank] : "?";
+    for (auto& id : run.workers) {
+      auto it = workers_.find(id);
+      if (it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, "the checkpoint to resume from is unreadable");
+    }
+    ReleaseWorkers(run);
+    run.workers.clear();
+    const int64_t older = LastCheckpointStep(source, step);
+    std::string what = "rank " + std::to_string(rank) + " on " + worker + " cannot read the checkpoint of " + source + " at step " +
+                       std::to_string(step) + " (" + why + "); it is kept and marked unreadable";
+    if (older == 0 && source != run.id) {
+      AddEvent(run, "checkpoint-unreadable", what);
+      return FailRun(run, "the checkpoint of " + source + " at step " + std::to_string(step) + " is unreadable and " + source +
+                              " has no older complete one; resume from another run or start fresh");
+    }
+    if (older == 0) {
+      run.resume_run.clear();
+      run.resume_step = 0;
+      what += "; no older complete checkpoint: restarting from step 0";
+    } else {
+      run.resume_step = older;
+      what += "; resuming from the checkpoint at step " + std::to_string(older) + " instead";
+    }
+    AddEvent(run, "checkpoint-unreadable", what);
+    run.losses.resize(std::min<size_t>(run.losses.size(), static_cast<size_t>(older)));
+    run.step = older;
+    run.state = RunState::PENDING;
+    Persist(run);
+    Schedule();
   }
 
   // After the grace period: the largest dp (pp and tp kept) that fits `available` workers and
@@ -503,7 +558,7 @@ class CoordinatorImpl final : public Coordinator {
       if (!manifest.ok()) continue;
       const int64_t s = manifest->root().getStep();
       steps += (steps.empty() ? "" : ", ") + std::to_string(s);
-      if (step == 0 || s == step) chosen = s;  // the list is in step order: 0 ends on the latest
+      if (s == step || (step == 0 && !Unreadable(source_id, s))) chosen = s;  // in step order: 0 ends on the latest readable
     }
     if (chosen == 0) {
       return InvalidArgument("--resume: run " + source_id + " has no complete checkpoint" +
@@ -733,6 +788,9 @@ class CoordinatorImpl final : public Coordinator {
           Persist(run);
           Schedule();
         }
+        break;
+      case TaskEvent::CHECKPOINT_UNREADABLE:
+        CheckpointUnreadable(run, rank, ev.getCheckpointUnreadable());
         break;
       case TaskEvent::FAILED:
         AddEvent(run, "rank-failed", "rank " + std::to_string(rank) + ": " + ev.getFailed().cStr());

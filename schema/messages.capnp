@@ -107,7 +107,16 @@ struct TaskEvent {
     failed @6 :Text;        # why
     chunkStored @7 :ChunkStored;
     notice @8 :Notice;      # something the run's journal should say (e.g. an OOM handled)
+    checkpointUnreadable @9 :CheckpointUnreadable;  # resume found a damaged or missing piece
   }
+}
+
+# A rank could not read the checkpoint it was told to resume from (a record fails its checksum,
+# is truncated or missing): the coordinator falls back to the next older complete checkpoint.
+struct CheckpointUnreadable {
+  sourceRun @0 :Text;
+  step @1 :Int64;
+  why @2 :Text;
 }
 
 # An extract chunk whose records (every asked layer and site) are durable in the worker's store.

@@ -103,11 +103,19 @@ class RunningTask final : public TaskReporter {
     outbox_->Push(msg.Serialize());
   }
 
-  void ReportEnd(const Status& status) {
+  // `resume`: the checkpoint the task started from. A resumed train task that ends with
+  // kCorruption could not read it (nothing else in training reads the store), which the
+  // coordinator answers with an older checkpoint rather than failing the run.
+  void ReportEnd(const Status& status, const ResumePoint& resume) {
     schema::EnvelopeBuilder msg;
     auto ev = Event(msg);
     if (status.ok()) {
       ev.setFinished();
+    } else if (status.code() == StatusCode::kCorruption && !resume.run_id.empty()) {
+      auto u = ev.initCheckpointUnreadable();
+      u.setSourceRun(resume.run_id);
+      u.setStep(resume.step);
+      u.setWhy(status.message());
     } else {
       ev.setFailed(status.ToString());
     }
@@ -328,7 +336,7 @@ class WorkerImpl final : public Worker {
     auto task = std::make_unique<RunningTask>(run_id, a.getRank(), &outbox_);
     task->store_path_ = options_.store_path;
     if (!spec.ok()) {
-      task->ReportEnd(spec.status());
+      task->ReportEnd(spec.status(), {});
       return;
     }
     ZmqCommunicatorOptions comm_options;
@@ -367,6 +375,9 @@ class WorkerImpl final : public Worker {
   void RunTaskThread(RunningTask* t, RunSpec spec, ZmqCommunicatorOptions comm_options, std::vector<uint64_t> chunks,
                      ResumePoint resume) {
     Status status;
+    ResumePoint resumed_from;
+    resumed_from.run_id = resume.run_id;
+    resumed_from.step = resume.step;
     try {
       if (spec.is_extract()) {
         // Capture needs no peers: each worker's chunks are independent.
@@ -381,7 +392,7 @@ class WorkerImpl final : public Worker {
       STRATA_LOG(kInfo) << "run " << t->run_id_ << " stopped: cancelled";
     } else {
       if (!status.ok()) STRATA_LOG(kError) << "run " << t->run_id_ << " failed: " << status.ToString();
-      t->ReportEnd(status);
+      t->ReportEnd(status, resumed_from);
     }
     t->done.store(true);
   }
