@@ -32,15 +32,17 @@
 // link. Pipeline bubble: a fraction (pp-1)/(m+pp-1) of the step, i.e. compute * (pp-1)/m.
 //
 // Calibration (what worker/trainer really keeps, fitted to measured allocator peaks; the fit and
-// its residuals are in docs/benchmarks.md "Memory estimate vs measured"). 50 rank-runs of GPT-2
+// its residuals are in docs/benchmarks.md, "Estimate vs. measured peak"). 50 rank-runs of GPT-2
 // 124M and 355M, bf16, sequence 1024, on H200 (2026-11-26): 1 GPU x micro-batch 1-8 x recompute
 // on/off, and 2 GPUs as dp=2 ZeRO 0-3, pp=2 and tp=2 at micro-batch 2 x recompute on/off.
 // Least squares over peak = state + buffers + a * activations + c * logits + d gave
-//   a = 1.29 (our unfused blocks keep ~29% more than the paper's sbh(34 + ...): fp32 LayerNorm
-//             outputs beside their bf16 casts, the GELU input in two dtypes),
+//   a = 1.29 (our unfused blocks keep ~29% more than the paper's sbh(34 + ...); which tensors
+//             make up the difference is not yet broken down),
 //   c = 10.5 bytes per logit (bf16 logits, their fp32 copy for the loss, log-softmax, gradient),
 //   d = 252 MiB (cuBLAS workspaces and step temporaries in the caching allocator);
-// every point within 5% except dp=2 ZeRO-0 with recompute (+6.3% and +8.4%, over: safe).
+// every point within 5% except dp=2 ZeRO-0 with recompute (+6.2% and +8.3%, over: safe);
+// measured afterwards and not fitted: GPT-2 774M within 4.2%, Llama 886M with recompute within
+// 2.6%, Llama without recompute under by 6.7-7.8% (SwiGLU keeps more than counted here).
 // The trainer's state is 24 bytes per parameter: fp32 weights 4, fp32 gradient buffer 4 (kept
 // whole under ZeRO-2: the reduce-scatter runs in place), AdamW m and v 8, and two fp32 masks
 // over the optimizer range (weight decay, norm ownership) 8; the logits are not split by tp
