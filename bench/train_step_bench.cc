@@ -11,18 +11,14 @@
 #include <cstring>
 #include <fstream>
 #include <random>
-#include <set>
 #include <string>
 
+#include "worker/device_memory.h"
 #include "worker/torch_executor.h"
 #include "worker/trainer.h"
 
-// --profile FILE: a Kineto trace (chrome JSON) of two more steps, LibTorch 2.x only;
-// bench/summarize_trace.py groups its GPU kernels.
-#if TORCH_VERSION_MAJOR >= 2 && __has_include(<torch/csrc/autograd/profiler_kineto.h>)
-#include <torch/csrc/autograd/profiler_kineto.h>
-#define STRATA_BENCH_PROFILER 1
-#endif
+// --profile FILE: a Kineto trace (chrome JSON) of two more steps, LibTorch 2.x only
+// (worker/device_memory.h StepProfiler); bench/summarize_trace.py groups its GPU kernels.
 
 namespace {
 
@@ -94,17 +90,12 @@ int main(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto memory = (*executor)->ReadMemory();
   if (!profile.empty()) {
-#ifdef STRATA_BENCH_PROFILER
-    namespace prof = torch::autograd::profiler;
-    const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
-    const std::set<prof::ActivityType> activities = {prof::ActivityType::CPU, prof::ActivityType::CUDA};
-    prof::prepareProfiler(config, activities);
-    prof::enableProfiler(config, activities);
-    for (int s = 0; s < 2; ++s) loss = trainer.Step().value();
-    prof::disableProfiler()->save(profile);
-#else
-    std::fprintf(stderr, "--profile needs LibTorch 2.x with Kineto\n");
-#endif
+    strata::worker::StepProfiler profiler(profile, 1, 2);
+    for (int64_t s = 1; s <= 2; ++s) {
+      profiler.BeforeStep(s);
+      loss = trainer.Step().value();
+      profiler.AfterStep(s);
+    }
   }
   int64_t params = 0;
   for (auto& [name, p] : trainer.parameters()) params += p.numel();

@@ -92,15 +92,7 @@ Result<shard::ClusterView> ClusterFromCoordinator(coordinator::CoordinatorClient
   for (auto w : reply->root().getWorkersReply().getWorkers()) {
     // Lost workers, and ones whose first memory report has not arrived, cannot be planned for.
     if (w.getState() == WorkerState::LOST || w.getMemory().getTotalBytes() == 0) continue;
-    shard::WorkerView v;
-    v.name = w.getName().cStr();
-    v.node = w.getHost().cStr();
-    v.total_bytes = static_cast<int64_t>(w.getMemory().getTotalBytes());
-    v.free_bytes = static_cast<int64_t>(w.getMemory().getFreeBytes());
-    const bool gpu = std::string(w.getMemory().getDevice().cStr()).rfind("cuda", 0) == 0;
-    v.link = gpu ? "nvlink" : "tcp";
-    v.peak_flops = gpu ? 989e12 : 1e11;  // a CPU worker: ~100 GFLOP/s on a few cores
-    view.workers.push_back(std::move(v));
+    view.workers.push_back(shard::WorkerFromMemory(w.getName().cStr(), w.getHost().cStr(), schema::ReadMemoryStats(w.getMemory())));
   }
   return view;  // possibly empty
 }

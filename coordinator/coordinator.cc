@@ -647,7 +647,7 @@ class CoordinatorImpl final : public Coordinator {
     shard::ClusterView cluster = ClusterOf(*idle, false);
     if (cluster.workers.empty()) return false;
     auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), cluster);
-    const bool others_busy = idle->size() < workers_.size();
+    const bool others_busy = std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.state == WorkerState::BUSY; });
     if (!plan.ok()) {
       if (plan.status().code() == StatusCode::kResourceExhausted && others_busy) return false;  // more may free up
       run.state = RunState::FAILED;

@@ -87,6 +87,13 @@ void FillRunRecord(::RunRecord::Builder r) {
   r.setWorldSize(2);
   r.setTokensPerSecond(1234.5);
   r.setKind("train");
+  auto memory = r.initMemory(2);
+  for (unsigned i = 0; i < 2; ++i) {
+    memory[i].setWorker(i == 0 ? "w-0" : "w-1");
+    memory[i].setEstimateBytes(uint64_t{7} << 30);
+    memory[i].setWorkspaceBytes(uint64_t{1} << 30);
+    memory[i].setMeasuredPeakBytes(uint64_t{7} << 30);
+  }
 }
 
 void FillChunk(::ChunkLocation::Builder c, uint64_t i) {
@@ -171,6 +178,16 @@ void EnvelopeSeeds(SeedWriter& out) {
     s.setStep(4);
     s.setLoss(3.25);
     s.setTokensPerSecond(900);
+    s.setSchedulePeakBytes(uint64_t{5} << 30);
+    s.setUpdatePeakBytes(uint64_t{4} << 30);
+  });
+  add([](Envelope::Builder e) {
+    auto t = e.initTaskEvent();
+    t.setRunId("run-1");
+    auto u = t.initCheckpointUnreadable();
+    u.setSourceRun("run-0");
+    u.setStep(8);
+    u.setWhy("checkpoint tensor 'param/wte.weight' is truncated");
   });
   add([](Envelope::Builder e) {
     auto t = e.initTaskEvent();

@@ -35,20 +35,36 @@ int64_t PeakMemory(const torch::Device& device) {
     return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
   }
 #endif
-  return static_cast<int64_t>(ReadCpuMemory().peak_bytes);
+  return static_cast<int64_t>(ReadCpuPeakBytes());
 }
 
-StepProfiler::StepProfiler(const std::string& run_id, int rank) {
-  const char* dir = std::getenv("STRATA_PROFILE_DIR");
-  if (!dir || !*dir) return;
+StepProfiler::StepProfiler(std::string path, int64_t first, int64_t last) : first_(first), last_(last) {
+  if (path.empty()) return;
 #if STRATA_TORCH_HAS_KINETO
-  path_ = std::string(dir) + "/" + run_id + "-rank" + std::to_string(rank) + ".json";
-  if (const char* steps = std::getenv("STRATA_PROFILE_STEPS")) last_ = first_ + std::max(1, std::atoi(steps)) - 1;
+  path_ = std::move(path);
 #else
-  (void)run_id, (void)rank;
-  STRATA_LOG(kWarn) << "STRATA_PROFILE_DIR is set, but this LibTorch has no Kineto profiler; not profiling";
+  STRATA_LOG(kWarn) << "a profile was asked for, but this LibTorch has no Kineto profiler; not profiling";
 #endif
 }
+
+namespace {
+
+std::string ProfilePathFromEnvironment(const std::string& run_id, int rank) {
+  const char* dir = std::getenv("STRATA_PROFILE_DIR");
+  if (!dir || !*dir) return "";
+  return std::string(dir) + "/" + run_id + "-rank" + std::to_string(rank) + ".json";
+}
+
+int64_t ProfileStepsFromEnvironment() {
+  const char* steps = std::getenv("STRATA_PROFILE_STEPS");
+  return steps ? std::max(1, std::atoi(steps)) : 2;
+}
+
+}  // namespace
+
+// The first two steps are warm-up (allocator growth, cuBLAS heuristics): the window starts at 3.
+StepProfiler::StepProfiler(const std::string& run_id, int rank)
+    : StepProfiler(ProfilePathFromEnvironment(run_id, rank), 3, 2 + ProfileStepsFromEnvironment()) {}
 
 StepProfiler::~StepProfiler() {
   if (active_) AfterStep(last_);  // the run ended inside the window: save what there is

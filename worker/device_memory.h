@@ -26,7 +26,11 @@ int64_t PeakMemory(const torch::Device& device);
 // LibTorch 2.x only; on 1.13 the variables are ignored with a warning.
 class StepProfiler {
  public:
+  // From the environment above (inactive when STRATA_PROFILE_DIR is unset).
   StepProfiler(const std::string& run_id, int rank);
+  // Steps first..last (1-based, as BeforeStep / AfterStep count them) into `path`; inactive
+  // when `path` is empty.
+  StepProfiler(std::string path, int64_t first, int64_t last);
   ~StepProfiler();
   // Call before and after each step; `step` is the 1-based step about to run / just run.
   void BeforeStep(int64_t step);
@@ -34,7 +38,7 @@ class StepProfiler {
 
  private:
   std::string path_;
-  int64_t first_ = 3, last_ = 4;
+  int64_t first_, last_;
   bool active_ = false;
 };
 

@@ -58,8 +58,10 @@ MemorySnapshot ReadCpuMemory() {
   if (m.free_bytes > m.total_bytes) m.free_bytes = m.total_bytes;
   m.allocated_bytes = StatusKb("VmRSS") * 1024;
   m.reserved_bytes = m.allocated_bytes;
-  m.peak_bytes = StatusKb("VmHWM") * 1024;
+  m.peak_bytes = ReadCpuPeakBytes();
   return m;
 }
+
+uint64_t ReadCpuPeakBytes() { return StatusKb("VmHWM") * 1024; }
 
 }  // namespace strata::worker

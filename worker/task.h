@@ -18,6 +18,8 @@ namespace strata::worker {
 
 // CPU: resident set (allocated), peak RSS, cgroup limit or MemTotal (total), MemAvailable (free).
 MemorySnapshot ReadCpuMemory();
+// The process's peak resident set (VmHWM) alone: what a step's peak needs, without the rest.
+uint64_t ReadCpuPeakBytes();
 
 // A rank's measured peak memory in one training step (worker/device_memory.h says what is
 // counted on each device): the forward/backward schedule, and the optimizer update after it.
