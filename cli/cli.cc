@@ -110,7 +110,19 @@ json RunToJson(RunRecord::Reader r) {
     memory.push_back({{"worker", m.getWorker().cStr()}, {"estimate_bytes", m.getEstimateBytes()},
                       {"workspace_bytes", m.getWorkspaceBytes()}, {"measured_peak_bytes", m.getMeasuredPeakBytes()}});
   }
-  return {{"memory", memory},{"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
+  json handled = json::object();
+  for (auto h : r.getHandled()) handled[h.getKind().cStr()] = h.getCount();
+  // The plan the run has now (after any re-planning): the [parallel] fields of its stored spec.
+  json plan = json::object();
+  if (auto spec = ParseRunSpec(r.getSpecToml().cStr(), "", /*check_files=*/false); spec.ok() && !spec->is_extract()) {
+    const ParallelSpec& p = spec->parallel;
+    const int64_t local = spec->train.global_batch / std::max<int64_t>(p.dp, 1);
+    const int64_t micro = p.micro_batch > 0 ? p.micro_batch : local;
+    plan = {{"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero}, {"micro_batch", micro},
+            {"gradient_accumulation", local / std::max<int64_t>(micro, 1)}, {"recompute", p.recompute},
+            {"planned", p.planned()}};
+  }
+  return {{"memory", memory}, {"handled", handled}, {"plan", plan}, {"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
           {"state", schema::RunStateName(r.getState())}, {"step", r.getStep()},
           {"total_steps", r.getTotalSteps()},  {"world_size", r.getWorldSize()},
           {"losses", losses},                  {"workers", workers},
@@ -431,6 +443,17 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json) {
                 (std::to_string(r.getStep()) + "/" + std::to_string(r.getTotalSteps())).c_str(), loss,
                 r.getTokensPerSecond(), workers.c_str());
     if (r.getMessage().size() > 0) std::printf("  %s\n", r.getMessage().cStr());
+    if (run.empty()) continue;  // one run asked for: its plan and what it got through too
+    const json j = RunToJson(r);
+    if (!j["plan"].empty()) {
+      const json& p = j["plan"];
+      std::printf("  plan: dp=%lld pp=%lld tp=%lld, ZeRO-%lld, micro-batch %lld x %lld accumulation, recompute %s\n",
+                  p["dp"].get<long long>(), p["pp"].get<long long>(), p["tp"].get<long long>(), p["zero"].get<long long>(),
+                  p["micro_batch"].get<long long>(), p["gradient_accumulation"].get<long long>(), p["recompute"].get<bool>() ? "on" : "off");
+    }
+    std::string handled;
+    for (auto& [kind, count] : j["handled"].items()) handled += (handled.empty() ? "" : ", ") + kind + " " + std::to_string(count.get<int>());
+    if (!handled.empty()) std::printf("  handled: %s (`strata events %s` for each)\n", handled.c_str(), r.getRunId().cStr());
   }
   return kExitOk;
 }
@@ -628,7 +651,7 @@ Result<std::pair<std::string, int64_t>> ParseResume(const std::string& text) {
   return std::make_pair(text.substr(0, at), static_cast<int64_t>(std::stoll(step)));
 }
 
-int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow, const std::string& resume) {
+int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow, const std::string& resume, bool skip_estimate) {
   std::ifstream in(path);
   if (!in) return Fail(InvalidArgument("cannot read run spec " + path + ": no such file"));
   std::stringstream text;
@@ -648,8 +671,15 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow, const std:
   if (!client.ok()) return Fail(client.status());
   // The estimate goes to stderr: stdout's first line stays the run id, for scripts.
   auto estimate = EstimateForSubmit(*spec, **client);
-  if (!estimate.ok()) return Fail(estimate.status());
-  if (!estimate->empty()) std::cerr << "strata: " << *estimate << std::endl;
+  if (!estimate.ok() && !skip_estimate) return Fail(estimate.status());
+  if (!estimate.ok()) {
+    std::string why = estimate.status().message();
+    if (why.rfind("not submitted: ", 0) == 0) why = why.substr(15);
+    std::cerr << "strata: submitting anyway (--skip-estimate): " << why
+              << "; a rank that runs out of memory makes the run re-plan (smaller micro-batch first) and replay the step" << std::endl;
+  } else if (!estimate->empty()) {
+    std::cerr << "strata: " << *estimate << std::endl;
+  }
   schema::EnvelopeBuilder req;
   auto submit = req.root().initSubmitRun();
   submit.setSpecToml(RunSpecToToml(*spec));
@@ -709,7 +739,7 @@ int RunCli(int argc, char** argv) {
   up->add_option("--workers", workers, "number of CPU workers")->check(CLI::Range(1, 64));
   up->add_option("--gpus", gpus, "one worker per GPU on cuda:0..N-1 instead of CPU workers")->check(CLI::Range(0, 64));
   std::string memory_limit;
-  up->add_option("--memory-limit", memory_limit, "GPU workers: use at most this much device memory each, e.g. 8GiB");
+  up->add_option("--memory-limit", memory_limit, "each worker uses at most this much memory, e.g. 8GiB (GPU: the allocator's cap; CPU: address space the OS lets it add)");
   up->add_option("--heartbeat-timeout-ms", hb_timeout, "mark a silent worker lost after this")->check(CLI::Range(200, 600000));
   up->add_option("--replace-grace-ms", replace_grace,
                  "after a worker is lost, wait this long for a replacement before re-planning onto the workers present")
@@ -725,6 +755,9 @@ int RunCli(int argc, char** argv) {
   auto* submit = app.add_subcommand("submit", "submit a run spec (TOML)");
   submit->add_option("spec", spec_path, "run spec file")->required();
   submit->add_flag("--follow,-f", follow, "print progress until the run ends");
+  bool skip_estimate = false;
+  submit->add_flag("--skip-estimate", skip_estimate,
+                   "submit even if the memory estimate says the plan does not fit (on out of memory the run re-plans and replays)");
   std::string resume;
   submit->add_option("--resume", resume,
                      "start from RUN's latest checkpoint (or RUN@STEP), under this spec's mesh, whatever mesh wrote it");
@@ -778,7 +811,7 @@ int RunCli(int argc, char** argv) {
   if (*up) return CmdUp(g, workers, gpus, hb_timeout, replace_grace, memory_limit);
   if (*down) return CmdDown(g);
   if (*workers_cmd) return CmdWorkers(g, as_json);
-  if (*submit) return CmdSubmit(g, spec_path, follow, resume);
+  if (*submit) return CmdSubmit(g, spec_path, follow, resume, skip_estimate);
   if (*status && watch) return run.empty() ? WatchAll(g) : Follow(g, run);
   if (*status) return CmdStatus(g, run, as_json);
   if (*events) return CmdEvents(g, run, as_json);

@@ -61,6 +61,13 @@ namespace {
 using storage::EncodeKeyString;
 using storage::EncodeKeyU64;
 
+std::string FormatBytes(uint64_t bytes) {
+  char text[32];
+  const bool gib = bytes >= (uint64_t{1} << 30);
+  std::snprintf(text, sizeof(text), gib ? "%.2f GiB" : "%.1f MiB", static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << (gib ? 30 : 20)));
+  return text;
+}
+
 std::span<const uint8_t> AsBytes(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
 
 
@@ -119,12 +126,20 @@ struct RunEntry {
   std::string resume_run;
   int64_t resume_step = 0;
   int64_t recover_until_ms = 0;  // steady clock: after a lost worker, when to re-plan onto who is there
+  // After an out-of-memory stop: the step whose state the ranks of attempt `snapshot_token` are
+  // saving (its checkpoint is the replay's start), how many shards make it whole, and until when
+  // (steady clock) the run waits for them before replaying from its latest complete checkpoint.
+  int64_t snapshot_step = 0;
+  uint64_t snapshot_token = 0;
+  size_t snapshot_ranks = 0;
+  int64_t snapshot_until_ms = 0;
   // Train runs, by rank: the planner's estimate and the highest peak the rank has reported.
   struct RankMemory {
     std::string worker;
     uint64_t estimate = 0, workspace = 0, measured = 0;
   };
   std::vector<RankMemory> memory;
+  std::map<std::string, uint32_t> handled;  // failure event kind -> how many (RunRecord.handled)
   ExtractState extract;  // kind == "extract" only
 
   bool terminal() const {
@@ -354,6 +369,9 @@ class CoordinatorImpl final : public Coordinator {
         w.current_run.clear();
       }
     }
+    for (auto& [id, run] : runs_) {
+      if (run.snapshot_until_ms > 0 && now >= run.snapshot_until_ms) SnapshotDone(run, false);
+    }
     // A recovering run whose grace period just ended is re-planned onto the workers present.
     for (auto& [id, run] : runs_) {
       if (run.state == RunState::PENDING && run.recover_until_ms > 0 && now >= run.recover_until_ms) {
@@ -375,13 +393,8 @@ class CoordinatorImpl final : public Coordinator {
     }
     ReleaseWorkers(run);
     run.workers.clear();
-    if (auto step = LastCheckpointStep(run.id); step > 0) {
-      run.resume_run = run.id;
-      run.resume_step = step;
-    }
-    const int64_t from = run.resume_run.empty() ? 0 : run.resume_step;
-    run.losses.resize(std::min<size_t>(run.losses.size(), static_cast<size_t>(from)));
-    run.step = from;
+    ResumeFromLatest(run);
+    const int64_t from = run.step;
     run.state = RunState::PENDING;
     run.recover_until_ms = net::SteadyMs() + options_.replace_grace_ms;
     AddEvent(run, "recovering",
@@ -452,6 +465,126 @@ class CoordinatorImpl final : public Coordinator {
     run.state = RunState::PENDING;
     Persist(run);
     Schedule();
+  }
+
+  // The newest complete checkpoint the run can resume from: its own, else the one it started from
+  // (another run's, via --resume), else none (step 0).
+  void ResumeFromLatest(RunEntry& run) {
+    if (auto step = LastCheckpointStep(run.id); step > 0) {
+      run.resume_run = run.id;
+      run.resume_step = step;
+    }
+    const int64_t from = run.resume_run.empty() ? 0 : run.resume_step;
+    run.losses.resize(std::min<size_t>(run.losses.size(), static_cast<size_t>(from)));
+    run.step = from;
+  }
+
+  // A rank ran out of memory in step `oom.step`. No rank applied that step (the update waits on a
+  // world all-reduce), so the run stops every rank, each leaving its state of the step before as a
+  // checkpoint shard (a snapshot), re-plans for less memory per rank and replays the step from the
+  // snapshot under the new plan: same global batch, same data, same losses. The reduced setting is
+  // kept for the rest of the run.
+  void TrainOutOfMemory(RunEntry& run, uint32_t rank, ::OutOfMemory::Reader oom) {
+    if (run.state != RunState::RUNNING) return;
+    const std::string worker = rank < run.workers.size() ? run.workers[rank] : "?";
+    const int64_t failed_micro_batch = oom.getMicroBatch();
+    AddEvent(run, "oom", "rank " + std::to_string(rank) + " on " + worker + " (" + FormatBytes(oom.getFreeBytes()) + " of " +
+                             FormatBytes(oom.getTotalBytes()) + " free after it): " + oom.getDetail().cStr());
+    const int64_t latest = LastCheckpointStep(run.id);
+    const int64_t snapshot = oom.getIntactStep() > std::max<int64_t>(latest, run.resume_run == run.id ? 0 : run.resume_step)
+                                 ? oom.getIntactStep() : 0;
+    if (snapshot > 0) {
+      run.snapshot_step = snapshot;
+      run.snapshot_token = run.task_token;
+      run.snapshot_ranks = run.workers.size();
+      run.snapshot_until_ms = net::SteadyMs() + options_.snapshot_timeout_ms;
+      // Shards of this step already here (the failed rank saves before it reports) are this
+      // attempt's: pending_shards is cleared at every assignment.
+      if (auto it = run.pending_shards.find(snapshot); it != run.pending_shards.end() && it->second.size() == run.snapshot_ranks) {
+        CommitCheckpoint(run, snapshot);
+        run.snapshot_step = run.snapshot_ranks = run.snapshot_until_ms = 0;
+        run.snapshot_token = 0;
+      }
+    }
+    const std::string stop = "rank " + std::to_string(rank) + " ran out of memory: the run re-plans and replays step " +
+                             std::to_string(oom.getStep());
+    std::vector<WorkerEntry*> ranks;
+    for (auto& id : run.workers) {
+      auto it = workers_.find(id);
+      if (it == workers_.end() || it->second.state == WorkerState::LOST) continue;
+      ranks.push_back(&it->second);
+      SendCancel(it->second, run.id, stop, snapshot);
+    }
+    if (!ShrinkForMemory(run, worker, failed_micro_batch, ranks)) return;  // failed: nothing fits
+    ReleaseWorkers(run);
+    run.workers.clear();
+    run.state = RunState::PENDING;
+    if (run.snapshot_until_ms == 0) ResumeFromLatest(run);  // else once the snapshot is in (SnapshotDone)
+    if (run.snapshot_until_ms > 0) {
+      AddEvent(run, "snapshot", "waiting up to " + std::to_string(options_.snapshot_timeout_ms / 1000) + " s for the " +
+                                    std::to_string(run.snapshot_ranks) + " ranks to save their state of step " + std::to_string(snapshot));
+    }
+    Persist(run);
+    Schedule();
+  }
+
+  // The snapshot of an out-of-memory stop is committed (`complete`), or did not come in time:
+  // the run replays from its latest complete checkpoint.
+  void SnapshotDone(RunEntry& run, bool complete) {
+    if (!complete) {
+      run.pending_shards.erase(run.snapshot_step);
+      AddEvent(run, "snapshot", "the state of step " + std::to_string(run.snapshot_step) +
+                                    " was not saved by every rank in time; replaying from the latest complete checkpoint");
+    }
+    run.snapshot_step = 0;
+    run.snapshot_token = 0;
+    run.snapshot_ranks = 0;
+    run.snapshot_until_ms = 0;
+    if (run.state == RunState::PENDING) {
+      ResumeFromLatest(run);
+      Persist(run);
+      Schedule();
+    }
+  }
+
+  // Changes the run's plan after an out-of-memory at `micro_batch` on `worker`: the planner's
+  // cheapest change that fits (shard::Replan: a smaller micro-batch with more accumulation, then
+  // recompute, a higher ZeRO stage, more stages); if the planner finds none (its estimate is what
+  // just proved wrong), the micro-batch alone is halved while it can be. False when nothing is
+  // left to try: the run has failed, saying what was needed against what is free.
+  bool ShrinkForMemory(RunEntry& run, const std::string& worker, int64_t micro_batch, const std::vector<WorkerEntry*>& ranks) {
+    ParallelSpec& p = run.spec.parallel;
+    const int64_t local = run.spec.train.global_batch / std::max<int64_t>(p.dp, 1);
+    const int64_t current = p.micro_batch > 0 ? p.micro_batch : local;
+    std::string change;
+    auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), ClusterOf(ranks, true));
+    if (plan.ok()) {
+      auto replanned = shard::Replan(*plan, run.spec.model, shard::JobForRun(run.spec), ClusterOf(ranks, false),
+                                     shard::ReplanReason::OutOfMemory(worker, micro_batch));
+      if (replanned.ok() && replanned->plan.workers.size() == ranks.size()) {
+        const shard::Plan& n = replanned->plan;
+        p.dp = n.dp, p.pp = n.pp, p.tp = n.tp, p.zero = n.zero, p.micro_batch = n.micro_batch;
+        p.recompute = !n.recompute.empty() && n.recompute.front();
+        change = replanned->description;
+      }
+    }
+    if (change.empty()) {
+      if (current <= 1) {
+        FailRun(run, "out of memory at micro-batch 1 on " + worker + " and no plan for the run's " + std::to_string(ranks.size()) +
+                         " workers fits their free memory: " + (plan.ok() ? std::string("the estimate was too low") : plan.status().message()) +
+                         "; add workers, set parallel.recompute = true or parallel.zero = 3, or use workers with more memory, then "
+                         "resume with `strata submit SPEC --resume " + run.id + "`");
+        return false;
+      }
+      p.micro_batch = current / 2;
+      while (local % p.micro_batch != 0) --p.micro_batch;
+      change = "micro_batch " + std::to_string(current) + " -> " + std::to_string(p.micro_batch) + " (gradient accumulation " +
+               std::to_string(local / current) + " -> " + std::to_string(local / p.micro_batch) + ")";
+    }
+    run.spec_toml = RunSpecToToml(run.spec);
+    AddEvent(run, "replanned", change + "; global batch " + std::to_string(run.spec.train.global_batch) +
+                                   " unchanged, so the losses continue as before");
+    return true;
   }
 
   // After the grace period: the largest dp (pp and tp kept) that fits `available` workers and
@@ -605,6 +738,7 @@ class CoordinatorImpl final : public Coordinator {
     }
     std::sort(pending.begin(), pending.end(), [](auto* a, auto* b) { return a->created_ms < b->created_ms; });
     for (RunEntry* run : pending) {
+      if (run->snapshot_until_ms > 0) return;  // FIFO: its replay waits for the ranks' snapshot
       std::vector<WorkerEntry*> idle;
       for (auto& [id, w] : workers_) {
         if (w.state == WorkerState::IDLE) idle.push_back(&w);
@@ -706,6 +840,7 @@ class CoordinatorImpl final : public Coordinator {
     run.state = RunState::RUNNING;
     run.workers.clear();
     run.finished_ranks.clear();
+    run.pending_shards.clear();  // shards of an earlier attempt never complete a checkpoint of this one
     run.task_token = rng_();
     for (auto* w : workers) run.workers.push_back(w->id);
     EstimateMemory(run, workers);
@@ -743,6 +878,12 @@ class CoordinatorImpl final : public Coordinator {
       return;
     }
     if (run.spec.is_extract()) return HandleExtractEvent(identity, run, ev);
+    // Reports of an earlier attempt of this run (a rank still stopping after the run re-planned)
+    // change nothing, except the shards of the snapshot that attempt was asked to leave.
+    const uint64_t token = ev.getTaskToken();
+    const bool snapshot_shard = ev.which() == TaskEvent::CHECKPOINT_SAVED && run.snapshot_token != 0 && token == run.snapshot_token &&
+                                ev.getCheckpointSaved().getStep() == run.snapshot_step;
+    if (token != 0 && run.task_token != 0 && token != run.task_token && !snapshot_shard) return;
     const uint32_t rank = ev.getRank();
     switch (ev.which()) {
       case TaskEvent::STARTED:
@@ -775,9 +916,15 @@ class CoordinatorImpl final : public Coordinator {
         if (committed.ok() && committed->has_value()) break;
         auto& by_rank = run.pending_shards[shard.getStep()];
         by_rank[rank] = schema::StructToBytes(shard);
-        if (by_rank.size() == run.workers.size()) CommitCheckpoint(run, shard.getStep());
+        if (by_rank.size() == (snapshot_shard ? run.snapshot_ranks : run.workers.size())) {
+          CommitCheckpoint(run, shard.getStep());
+          if (snapshot_shard) SnapshotDone(run, true);
+        }
         break;
       }
+      case TaskEvent::OUT_OF_MEMORY:
+        TrainOutOfMemory(run, rank, ev.getOutOfMemory());
+        break;
       case TaskEvent::FINISHED:
         run.finished_ranks.insert(rank);
         if (run.finished_ranks.size() == run.workers.size()) {
@@ -839,11 +986,12 @@ class CoordinatorImpl final : public Coordinator {
     Schedule();
   }
 
-  void SendCancel(const WorkerEntry& w, const std::string& run_id, const std::string& why) {
+  void SendCancel(const WorkerEntry& w, const std::string& run_id, const std::string& why, int64_t snapshot_step = 0) {
     schema::EnvelopeBuilder msg;
     auto c = msg.root().initCancelTask();
     c.setRunId(run_id);
     c.setReason(why);
+    c.setSnapshotStep(snapshot_step);
     Send(w.identity, msg.Serialize());
   }
 
@@ -1343,8 +1491,7 @@ class CoordinatorImpl final : public Coordinator {
       DashboardEvent e{ev->root().getUnixMs(), ev->root().getKind().cStr(), ev->root().getMessage().cStr()};
       cache.checkpoints += e.kind == "checkpoint";
       cache.workers_lost += e.kind == "worker-lost";
-      cache.ooms += e.kind == "rank-failed" && (e.message.find("out of memory") != std::string::npos ||
-                                                e.message.find("OutOfMemory") != std::string::npos);
+      cache.ooms += e.kind == "oom";
       cache.events.push_back(std::move(e));
     }
     if (cache.events.size() > 100) cache.events.erase(cache.events.begin(), cache.events.end() - 100);
@@ -1373,6 +1520,13 @@ class CoordinatorImpl final : public Coordinator {
     b.setTokensPerSecond(run.tokens_per_second);
     b.setResumeRun(run.resume_run);
     b.setResumeStep(run.resume_step);
+    b.setTaskToken(run.task_token);
+    auto handled = b.initHandled(static_cast<unsigned>(run.handled.size()));
+    size_t h = 0;
+    for (const auto& [kind, count] : run.handled) {
+      handled[h].setKind(kind);
+      handled[h++].setCount(count);
+    }
     auto memory = b.initMemory(run.memory.size());
     for (size_t i = 0; i < run.memory.size(); ++i) {
       memory[i].setWorker(run.memory[i].worker);
@@ -1391,7 +1545,13 @@ class CoordinatorImpl final : public Coordinator {
     if (!st.ok()) STRATA_LOG(kError) << "could not persist run " << run.id << ": " << st.ToString();
   }
 
+  // Events that say the run got through a failure (counted for `strata status`).
+  static bool IsHandledFailure(const std::string& kind) {
+    return kind == "oom" || kind == "worker-lost" || kind == "checkpoint-unreadable" || kind == "coordinator-restarted";
+  }
+
   void AddEvent(RunEntry& run, const std::string& kind, const std::string& message) {
+    if (IsHandledFailure(kind)) ++run.handled[kind];
     capnp::MallocMessageBuilder builder;
     auto ev = builder.initRoot<Event>();
     ev.setUnixMs(net::NowUnixMs());
@@ -1428,6 +1588,7 @@ class CoordinatorImpl final : public Coordinator {
       run.step = r.getStep();
       run.resume_run = r.getResumeRun().cStr();
       run.resume_step = r.getResumeStep();
+      run.task_token = r.getTaskToken();
       for (auto m : r.getMemory()) {
         run.memory.push_back({m.getWorker().cStr(), m.getEstimateBytes(), m.getWorkspaceBytes(), m.getMeasuredPeakBytes()});
       }
@@ -1454,6 +1615,7 @@ class CoordinatorImpl final : public Coordinator {
       }
       auto events = store_->ScanMetadata("evt/" + EncodeKeyString(run.id));
       run.next_event_seq = events.ok() ? events->size() : 0;
+      for (auto h : r.getHandled()) run.handled[h.getKind().cStr()] = h.getCount();
       RunEntry& stored = runs_[run.id] = std::move(run);
       if (stored.state == RunState::RUNNING) {
         // Expect its workers back: placeholders that the heartbeat timeout turns lost (failing

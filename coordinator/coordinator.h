@@ -22,6 +22,9 @@ struct CoordinatorOptions {
   // Extract runs: how long a lost worker's unfinished chunks wait for it to come back (its store
   // may already hold some of them) before they go to the other workers.
   int replace_grace_ms = 10000;
+  // After a rank runs out of memory, how long the run waits for every rank to save its state of
+  // the last whole step (the replay's start) before replaying from its latest complete checkpoint.
+  int snapshot_timeout_ms = 60000;
   // CURVE key directory (`strata keygen`): required for tcp:// listen addresses, optional for
   // ipc://. With it only clients whose public key is in authorized_keys may connect.
   std::string keys_dir;

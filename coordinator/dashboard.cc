@@ -183,7 +183,7 @@ std::string RenderMetrics(const DashboardSnapshot& s) {
   total("strata_run_workers_lost_total", "Workers lost while running a run, all runs.", s.run_workers_lost_total);
   total("strata_workers_lost_total", "Workers declared lost (heartbeat timeout) since the coordinator started.",
         s.workers_lost_total);
-  total("strata_run_ooms_total", "Ranks that failed out of device memory, all runs.", s.ooms_total);
+  total("strata_run_ooms_total", "Out-of-memory stops handled (re-planned and replayed), all runs.", s.ooms_total);
   total("strata_run_restarts_total", "Automatic run restarts (none yet: failed runs stay failed).", s.restarts_total);
   return m.Take();
 }

@@ -94,6 +94,10 @@ struct AssignTask {
 struct CancelTask {
   runId @0 :Text;
   reason @1 :Text;
+  # > 0: before stopping, a train rank whose state is exactly this step (no partial update; the
+  # run stops to replay the next step under a new plan) saves it as a checkpoint shard and reports
+  # it, so the replay needs no older checkpoint.
+  snapshotStep @2 :Int64;
 }
 
 struct TaskEvent {
@@ -108,7 +112,21 @@ struct TaskEvent {
     chunkStored @7 :ChunkStored;
     notice @8 :Notice;      # something the run's journal should say (e.g. an OOM handled)
     checkpointUnreadable @9 :CheckpointUnreadable;  # resume found a damaged or missing piece
+    outOfMemory @11 :OutOfMemory;  # a step ran out of memory; the task has ended
   }
+  taskToken @10 :UInt64;    # the AssignTask's token: reports of an earlier attempt are told apart
+}
+
+# A train rank ran out of memory (device allocator, or the OS limit of a CPU worker). No rank
+# applied the failed step's update: the optimizer update starts only after a world all-reduce
+# that a failed rank never joins.
+struct OutOfMemory {
+  step @0 :Int64;           # the step that failed (1-based); 0 = while loading the model
+  microBatch @1 :Int64;     # sequences per forward when it failed
+  intactStep @2 :Int64;     # the step whose whole state this rank still holds (-1: torn)
+  detail @3 :Text;          # the allocator's message
+  freeBytes @4 :UInt64;     # the device after the failure
+  totalBytes @5 :UInt64;
 }
 
 # A rank could not read the checkpoint it was told to resume from (a record fails its checksum,
@@ -190,6 +208,13 @@ struct RunRecord {
   resumeRun @14 :Text;       # started from this run's checkpoint at resumeStep (empty: fresh)
   resumeStep @15 :Int64;
   memory @16 :List(RankMemory);  # per rank, in rank order, while the run has a mesh
+  taskToken @17 :UInt64;     # the running attempt's AssignTask token (reports of others are stale)
+  handled @18 :List(HandledCount);  # failures the run got through, by event kind (e.g. "oom")
+}
+
+struct HandledCount {
+  kind @0 :Text;
+  count @1 :UInt32;
 }
 
 # The planner's estimate for one rank against what the rank measured (the highest step peak

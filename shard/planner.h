@@ -34,6 +34,7 @@ struct JobSpec {
   bool uniform_recompute = false;  // recompute every stage or none (no per-stage choice)
   bool zero3_recomputes = false;   // ZeRO-3 implies recompute
   bool even_stages = false;        // layers split evenly (shard/layout.h StageLayers), not balanced
+  bool offload_supported = true;   // false: the executor cannot offload, so neither search nor Replan offers it
 };
 
 struct WorkerView {

@@ -116,7 +116,8 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
                           const ReplanReason& reason, const PlannerOptions& options) {
   JobSpec open = job;  // the fixed fields are what failed; the ladder may change any of them
   open.dp = open.pp = open.tp = open.zero = open.micro_batch = std::nullopt;
-  open.recompute = open.offload = std::nullopt;
+  open.recompute = std::nullopt;
+  open.offload = job.offload_supported ? std::nullopt : std::optional<bool>(false);
   STRATA_ASSIGN_OR_RETURN(internal::Problem problem, internal::Validate(model, open, cluster, options));
   if (current.workers.empty() || current.stages.size() != static_cast<size_t>(current.pp) || current.micro_batch < 1) {
     return InvalidArgument("replan: the current plan is empty or inconsistent; pass the Plan that ChoosePlan returned");

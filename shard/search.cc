@@ -217,6 +217,7 @@ JobSpec JobForRun(const RunSpec& spec) {
   }
   if (!p.automatic.count("recompute")) job.recompute = p.recompute || (job.zero == 3 && job.dp.value_or(2) > 1);
   job.offload = false;
+  job.offload_supported = false;
   job.uniform_recompute = true;
   job.zero3_recomputes = true;
   job.even_stages = true;

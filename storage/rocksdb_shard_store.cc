@@ -522,6 +522,10 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
   db_options.create_if_missing = options.create_if_missing;
   db_options.create_missing_column_families = true;
   db_options.keep_log_file_num = 10;
+  // Table files are opened on the calling thread: a reader of another worker's store (resume under
+  // another mesh) starts no pool of 16 threads per open, which under a worker's --memory-limit
+  // could fail to start and abort the process.
+  db_options.max_file_opening_threads = 1;
 
   rocksdb::ColumnFamilyOptions small_records;
   rocksdb::ColumnFamilyOptions tensors;

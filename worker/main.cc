@@ -6,6 +6,7 @@
 #include "common/byte_size.h"
 #include "common/log.h"
 #include "common/service_notify.h"
+#include "worker/task.h"
 #include "worker/torch_executor.h"
 #include "worker/worker.h"
 
@@ -27,7 +28,9 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--device", exec_options.device, "cpu or cuda:N");
   std::string memory_limit;
-  app.add_option("--memory-limit", memory_limit, "CUDA: use at most this much device memory, e.g. 8GiB (emulates a smaller card)");
+  app.add_option("--memory-limit", memory_limit,
+                 "use at most this much memory, e.g. 8GiB: CUDA caps the caching allocator (emulates a smaller card); "
+                 "CPU limits the address space the process may add after startup (RLIMIT_AS), so allocations past it fail");
   app.add_option("--serve-address", options.serve_address,
                  "endpoint of this worker's store server (activation reads by `strata activations get`)");
   app.add_option("--peer-timeout-ms", options.peer_timeout_ms, "give up on a silent peer after this");
@@ -60,6 +63,13 @@ int main(int argc, char** argv) {
   if (!worker.ok()) {
     STRATA_LOG(kError) << worker.status().ToString();
     return 1;
+  }
+  if (exec_options.memory_limit_bytes > 0 && exec_options.device.rfind("cuda", 0) != 0) {
+    // Last: the store, sockets and threads are in place, so the limit counts only what tasks add.
+    if (auto st = strata::worker::LimitCpuMemory(exec_options.memory_limit_bytes); !st.ok()) {
+      STRATA_LOG(kError) << st.message();
+      return 2;
+    }
   }
   g_worker = worker->get();
   std::signal(SIGTERM, OnSignal);

@@ -1,7 +1,12 @@
+#include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <fstream>
 #include <sstream>
+#include <algorithm>
 #include <string>
 
 #include "worker/task.h"
@@ -46,7 +51,34 @@ uint64_t CgroupLimit() {
   }
 }
 
+// --memory-limit on a CPU worker: the address space the process had when the limit was set, and
+// the limit (0 = none).
+std::atomic<uint64_t> g_limit_baseline{0};
+std::atomic<uint64_t> g_limit_bytes{0};
+
 }  // namespace
+
+Status LimitCpuMemory(uint64_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  // One malloc arena: each extra arena reserves 64 MiB of address space per thread that touches
+  // it, which would count against the limit without holding any data.
+  mallopt(M_ARENA_MAX, 1);
+  // A fixed mmap threshold: blocks of 1 MiB and more are mapped and unmapped with each tensor.
+  // The default threshold rises after the first large free, so later tensors come from the heap,
+  // which keeps its address space after they are freed, and a finished step's peak would stay
+  // counted against the limit (a new task could not even start its threads).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  const uint64_t baseline = StatusKb("VmSize") * 1024;
+  rlimit limit{};
+  limit.rlim_cur = limit.rlim_max = baseline + bytes;
+  if (setrlimit(RLIMIT_AS, &limit) != 0) {
+    return Internal("--memory-limit: setrlimit(RLIMIT_AS) failed; run without --memory-limit or limit the process from outside "
+                    "(systemd MemoryMax=, docker --memory)");
+  }
+  g_limit_baseline.store(baseline);
+  g_limit_bytes.store(bytes);
+  return Status::Ok();
+}
 
 MemorySnapshot ReadCpuMemory() {
   MemorySnapshot m;
@@ -55,6 +87,11 @@ MemorySnapshot ReadCpuMemory() {
   const uint64_t limit = CgroupLimit();
   m.total_bytes = (limit > 0 && limit < mem_total) ? limit : mem_total;
   m.free_bytes = MeminfoKb("MemAvailable") * 1024;
+  if (const uint64_t own = g_limit_bytes.load(); own > 0) {  // what the OS lets this process still map
+    const uint64_t size = StatusKb("VmSize") * 1024, grown = size > g_limit_baseline.load() ? size - g_limit_baseline.load() : 0;
+    m.total_bytes = std::min(m.total_bytes, own);
+    m.free_bytes = std::min<uint64_t>(m.free_bytes, own > grown ? own - grown : 0);
+  }
   if (m.free_bytes > m.total_bytes) m.free_bytes = m.total_bytes;
   m.allocated_bytes = StatusKb("VmRSS") * 1024;
   m.reserved_bytes = m.allocated_bytes;

@@ -18,6 +18,10 @@ namespace strata::worker {
 
 // CPU: resident set (allocated), peak RSS, cgroup limit or MemTotal (total), MemAvailable (free).
 MemorySnapshot ReadCpuMemory();
+// --memory-limit for a CPU worker, enforced by the OS: the process may map `bytes` more address
+// space than it has now (RLIMIT_AS), so a larger allocation really fails (LibTorch throws, and a
+// train step reports out of memory). Call once, after startup has mapped code and threads.
+Status LimitCpuMemory(uint64_t bytes);
 // The process's peak resident set (VmHWM) alone: what a step's peak needs, without the rest.
 uint64_t ReadCpuPeakBytes();
 
@@ -26,6 +30,15 @@ uint64_t ReadCpuPeakBytes();
 struct StepMemory {
   int64_t schedule_peak_bytes = 0;
   int64_t update_peak_bytes = 0;
+};
+
+// A train step that ran out of memory (schema OutOfMemory says what each field means).
+struct OutOfMemoryReport {
+  int64_t step = 0;
+  int64_t micro_batch = 0;
+  int64_t intact_step = -1;
+  std::string detail;
+  uint64_t free_bytes = 0, total_bytes = 0;
 };
 
 // Thread-safe sink for task progress (implemented by the control loop).
@@ -39,6 +52,9 @@ class TaskReporter {
   virtual void ReportChunk(const storage::ActivationChunkInfo& chunk, bool computed) = 0;
   // A line for the run's journal (`strata events`), e.g. kind "oom".
   virtual void ReportNotice(const std::string& kind, const std::string& message) = 0;
+  // Train runs: the task is about to end because a step ran out of memory (this is its end
+  // report; the coordinator re-plans the run and replays the step).
+  virtual void ReportOutOfMemory(const OutOfMemoryReport& report) = 0;
 };
 
 // A checkpoint to start a train task from (written under any mesh): where its pieces are.
@@ -63,6 +79,9 @@ struct TaskContext {
   ResumePoint resume;      // train runs
   TaskReporter* reporter = nullptr;
   const std::atomic<bool>* cancelled = nullptr;  // checked between steps
+  // Set with a cancel (> 0): save the state of this step before stopping, if it is the state held
+  // (schema CancelTask.snapshotStep).
+  const std::atomic<int64_t>* snapshot_step = nullptr;
   std::vector<uint64_t> chunks;                   // extract runs: the chunks to capture
 };
 

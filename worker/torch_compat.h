@@ -74,4 +74,24 @@ inline torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor
 #endif
 }
 
+// An allocation that failed: the CUDA caching allocator's OutOfMemoryError, std::bad_alloc, or
+// the CPU allocator's refusal under an address-space limit, which has no type of its own and is
+// worded "can't allocate memory" (1.13) or "not enough memory" (2.x).
+inline bool IsOutOfMemory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) || dynamic_cast<const std::bad_alloc*>(&e)) return true;
+  const std::string what = e.what();
+  return what.find("DefaultCPUAllocator") != std::string::npos &&
+         (what.find("can't allocate memory") != std::string::npos || what.find("not enough memory") != std::string::npos);
+}
+
+// The first line of an allocator error (LibTorch appends a backtrace to c10::Error's what()).
+inline std::string OutOfMemoryDetail(const std::exception& e) {
+  std::string what = e.what();
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) what = c10_error->what_without_backtrace();
+  // 1.13 prefixes "[enforce fail at alloc_cpu.cpp:75] err == 0. "; the allocator's own words follow.
+  if (const auto own = what.find("DefaultCPUAllocator"); own != std::string::npos) what = what.substr(own);
+  const auto end = what.find('\n');
+  return end == std::string::npos ? what : what.substr(0, end);
+}
+
 }  // namespace strata::worker::compat

@@ -24,7 +24,17 @@ class TorchExecutor final : public TaskExecutor {
  public:
   TorchExecutor(torch::Device device, uint64_t memory_limit_bytes) : device_(device), memory_limit_bytes_(memory_limit_bytes) {}
 
-  Status RunTrain(TaskContext& context) override { return Guarded("training", [&] { return Train(context); }); }
+  Status RunTrain(TaskContext& context) override {
+    bool oom_reported = false;
+    Status status = Guarded("training", [&] { return Train(context, &oom_reported); });
+    if (status.code() == StatusCode::kResourceExhausted && !oom_reported && !context.cancelled->load()) {
+      // Out of memory outside a step (building or loading the model): nothing to snapshot.
+      const auto& p = context.spec.parallel;
+      ReportOutOfMemory(context, 0, p.micro_batch > 0 ? p.micro_batch : context.spec.train.global_batch / std::max<int64_t>(p.dp, 1), -1,
+                        status.message());
+    }
+    return status;
+  }
   Status RunExtract(TaskContext& context) override { return Guarded("capture", [&] { return Extract(context); }); }
 
   MemorySnapshot ReadMemory() override {
@@ -89,7 +99,42 @@ class TorchExecutor final : public TaskExecutor {
     return extractor.Run();
   }
 
-  Status Train(TaskContext& context) {
+  void ReportOutOfMemory(TaskContext& context, int64_t step, int64_t micro_batch, int64_t intact_step, const std::string& detail) {
+    OutOfMemoryReport report;
+    report.step = step;
+    report.micro_batch = micro_batch;
+    report.intact_step = intact_step;
+    report.detail = detail;
+    const MemorySnapshot memory = ReadMemory();
+    report.free_bytes = memory.free_bytes;
+    report.total_bytes = memory.total_bytes;
+    context.reporter->ReportOutOfMemory(report);
+  }
+
+  // Saves (or re-reports, if this rank's store holds it already) the shard of `step` when that is
+  // the state this rank holds whole: the start of a replay under a new plan.
+  static Status SaveSnapshot(TaskContext& context, Trainer& trainer, int64_t step) {
+    if (step <= 0 || step != trainer.step() || !trainer.state_intact()) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(auto saved, context.store->ListCheckpoints(context.run_id));
+    for (const auto& info : saved) {
+      if (info.step != step) continue;
+      context.reporter->ReportCheckpoint(step, info.tensors);
+      return Status::Ok();
+    }
+    STRATA_ASSIGN_OR_RETURN(auto tensors, trainer.SaveCheckpointShard());
+    context.reporter->ReportCheckpoint(step, tensors);
+    return Status::Ok();
+  }
+
+  // A cancelled task stops; asked for a snapshot, it leaves its state behind first.
+  static Status Stop(TaskContext& context, Trainer& trainer) {
+    const int64_t step = context.snapshot_step ? context.snapshot_step->load() : 0;
+    Status saved = SaveSnapshot(context, trainer, step);
+    if (!saved.ok()) STRATA_LOG(kWarn) << "could not save the state of step " << step << " before stopping: " << saved.ToString();
+    return Aborted("cancelled");
+  }
+
+  Status Train(TaskContext& context, bool* oom_reported) {
     const auto& spec = context.spec;
     STRATA_RETURN_IF_ERROR(SetUpThread(spec));
     STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab));
@@ -139,10 +184,26 @@ class TorchExecutor final : public TaskExecutor {
     const int64_t tokens_per_step = spec.train.global_batch * spec.model.sequence;
     StepProfiler profiler(context.run_id, static_cast<int>(context.rank));
     while (trainer.step() < spec.train.steps) {
-      if (context.cancelled->load()) return Aborted("cancelled");
+      if (context.cancelled->load()) return Stop(context, trainer);
       const auto start = std::chrono::steady_clock::now();
       profiler.BeforeStep(trainer.step() + 1);
-      STRATA_ASSIGN_OR_RETURN(double loss, trainer.Step());
+      auto stepped = trainer.Step();
+      if (!stepped.ok() && context.cancelled->load()) return Stop(context, trainer);
+      if (stepped.status().code() == StatusCode::kResourceExhausted) {
+        // No rank applied this step (trainer.h): leave the state it started from, then report;
+        // the coordinator stops the other ranks, re-plans and replays the step.
+        const int64_t failed = trainer.step() + 1;
+        int64_t intact = trainer.state_intact() ? trainer.step() : -1;
+        if (Status saved = SaveSnapshot(context, trainer, intact); !saved.ok()) {
+          STRATA_LOG(kWarn) << "could not save the state of step " << intact << " after running out of memory: " << saved.ToString();
+          intact = -1;
+        }
+        ReportOutOfMemory(context, failed, trainer.micro_batch(), intact, stepped.status().message());
+        *oom_reported = true;
+        return stepped.status();
+      }
+      if (!stepped.ok()) return stepped.status();
+      const double loss = *stepped;
       profiler.AfterStep(trainer.step());
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       context.reporter->ReportStep(trainer.step(), loss, tokens_per_step / std::max(seconds, 1e-9), trainer.last_step_memory());
@@ -187,8 +248,8 @@ Result<std::unique_ptr<TaskExecutor>> CreateTorchExecutor(const TorchExecutorOpt
                              ": this build has no CUDA (built against a CPU LibTorch); use --device cpu");
 #endif
     } else if (options.memory_limit_bytes > 0) {
-      return InvalidArgument("--memory-limit applies to CUDA devices for now; on CPU limit the process instead "
-                             "(systemd MemoryMax=, docker --memory)");
+      // The intra-op threads start now, before the limit (worker/main.cc) counts what exists.
+      (void)torch::ones({1 << 16}).sum().item<float>();
     }
     return std::unique_ptr<TaskExecutor>(std::make_unique<TorchExecutor>(device, options.memory_limit_bytes));
   } catch (const c10::Error& e) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <set>
@@ -33,8 +35,21 @@ std::string MeshName(const shard::MeshShape& m) {
 
 }  // namespace
 
+// STRATA_TEST_STEP_BALLAST=STEP:BYTES[:RANK]: step STEP (on rank RANK, default every rank) also
+// allocates BYTES per sequence of its micro-batch, so a test can make one exact step of a run
+// need more memory than the rest, as a longer batch would; the allocation and its failure are
+// real. Unset (always, outside tests): nothing.
+Trainer::Ballast Trainer::TestBallast() {
+  Ballast b;
+  const char* value = std::getenv("STRATA_TEST_STEP_BALLAST");
+  if (!value) return b;
+  long long step = 0, bytes = 0, rank = -1;
+  if (std::sscanf(value, "%lld:%lld:%lld", &step, &bytes, &rank) >= 2) b = {step, bytes, rank};
+  return b;
+}
+
 Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device device)
-    : context_(context), data_(std::move(data)), device_(device), mesh_(shard::MeshOf(context.spec.parallel)) {
+    : context_(context), data_(std::move(data)), device_(device), mesh_(shard::MeshOf(context.spec.parallel)), ballast_(TestBallast()) {
   if (mesh_.size() != static_cast<int64_t>(context.world_size)) {
     init_status_ = InvalidArgument("the run's mesh " + MeshName(mesh_) + " needs " + std::to_string(mesh_.size()) +
                                    " workers but the task has " + std::to_string(context.world_size));
@@ -128,12 +143,29 @@ Result<double> Trainer::Step() {
     for (int64_t i = 0; i <= t; ++i) w[row * (t + 1) + i] = data_.tokens()[start + i];
   }
   window = window.to(device_);
+  torch::Tensor ballast;  // a test's memory spike in this step (see TestBallast); freed with the step
+  if (ballast_.step == step_ + 1 && (ballast_.rank < 0 || ballast_.rank == static_cast<int64_t>(context_.rank))) {
+    try {
+      ballast = torch::ones({ballast_.bytes_per_sequence * micro_batch()}, torch::TensorOptions().dtype(torch::kByte).device(device_));
+    } catch (const std::exception& e) {
+      if (!compat::IsOutOfMemory(e)) throw;
+      return OutOfMemoryInStep(e);
+    }
+  }
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
   ResetPeakMemory(device_);
   try {
     STRATA_RETURN_IF_ERROR(RunSchedule(window, &loss_sum));
-  } catch (const std::runtime_error& e) {  // a collective failed inside autograd
+  } catch (const std::exception& e) {
+    // Out of memory, or a collective failed inside autograd (a peer was lost or the task was
+    // cancelled). The micro-batches' activations are gone with the schedule's frame; the partly
+    // accumulated gradients are cleared, so a replay of this step starts clean.
     model_->EndStep();
+    ClearGradients();
+    if (compat::IsOutOfMemory(e)) {
+      return OutOfMemoryInStep(e);
+    }
+    if (!dynamic_cast<const std::runtime_error*>(&e)) throw;  // a bug, not a lost peer: Guarded reports it
     return Unavailable(std::string("step ") + std::to_string(step_ + 1) + " failed: " + e.what());
   }
   model_->EndStep();
@@ -144,11 +176,32 @@ Result<double> Trainer::Step() {
   return loss;
 }
 
+Status Trainer::OutOfMemoryInStep(const std::exception& e) const {
+  return Status(StatusCode::kResourceExhausted, "out of memory in step " + std::to_string(step_ + 1) + " at micro-batch " +
+                                                    std::to_string(micro_batch()) + " on " + device_.str() + ": " + compat::OutOfMemoryDetail(e));
+}
+
+int64_t Trainer::micro_batch() const {
+  const auto& spec = context_.spec;
+  return spec.parallel.micro_batch > 0 ? spec.parallel.micro_batch : spec.train.global_batch / mesh_.dp;
+}
+
+void Trainer::ClearGradients() {
+  torch::NoGradGuard no_grad;
+  for (ParamUnit& unit : model_->units()) {
+    if (unit.sharded) {
+      unit.flat.mutable_grad() = torch::Tensor();
+    } else {
+      unit.grad.zero_();  // the parameters' .grad views stay pointed at it
+    }
+  }
+}
+
 Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum) {
   const auto& spec = context_.spec;
   const int64_t local_batch = window.size(0);
   const int64_t t = spec.model.sequence;
-  const int64_t micro = spec.parallel.micro_batch > 0 ? spec.parallel.micro_batch : local_batch;
+  const int64_t micro = micro_batch();
   const int64_t count = local_batch / micro;
   const double share = static_cast<double>(micro) / static_cast<double>(local_batch);
   const std::vector<int64_t> activation_shape = {micro, t, spec.model.hidden};
@@ -241,6 +294,8 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
     const double norm = std::sqrt(scalars[1].item<double>());
     const double clip = tr.grad_clip > 0 && norm > tr.grad_clip ? tr.grad_clip / (norm + 1e-6) : 1.0;
 
+    // From here on this rank changes its state: a failure part-way leaves it torn.
+    torn_ = true;
     ++step_;
     const double lr = LearningRate(tr, step_);
     const double bc1 = 1.0 - std::pow(tr.beta1, static_cast<double>(step_));
@@ -265,9 +320,16 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
         unit.grad.zero_();  // the parameters' .grad views stay pointed at it
       }
     }
+    torn_ = false;
     return mean_loss;
-  } catch (const std::runtime_error& e) {
-    return Unavailable(std::string("step ") + std::to_string(step_ + 1) + " failed: " + e.what());
+  } catch (const std::exception& e) {
+    if (!torn_) ClearGradients();
+    const std::string where = "step " + std::to_string(torn_ ? step_ : step_ + 1) + (torn_ ? " (in its update)" : "");
+    if (compat::IsOutOfMemory(e)) {
+      return Status(StatusCode::kResourceExhausted, "out of memory in " + where + " on " + device_.str() + ": " + compat::OutOfMemoryDetail(e));
+    }
+    if (!dynamic_cast<const std::runtime_error*>(&e)) throw;
+    return Unavailable(where + " failed: " + e.what());
   }
 }
 

@@ -45,8 +45,16 @@ class Trainer {
   // (the trainer must not be used then).
   const Status& init_status() const { return init_status_; }
 
-  // Runs step `step_` + 1; returns the global mean loss (the same on every rank).
+  // Runs step `step_` + 1; returns the global mean loss (the same on every rank). Out of memory
+  // returns kResourceExhausted: before the update, no rank changed anything (the update waits on a
+  // world all-reduce the failed rank never joins), so state_intact() holds and the step can be
+  // replayed, here or under another plan from a snapshot of this state.
   Result<double> Step();
+  // False after an update that stopped part-way (a failure after its first parameter change):
+  // this rank's state is then neither step_ nor step_ + 1 and must not be saved.
+  bool state_intact() const { return !torn_; }
+  // Sequences per forward of this rank (parallel.micro_batch, 0 = the per-rank batch).
+  int64_t micro_batch() const;
   int64_t step() const { return step_; }
   // Peak memory of the last Step's phases on this rank.
   const StepMemory& last_step_memory() const { return last_step_memory_; }
@@ -79,14 +87,22 @@ class Trainer {
   };
 
   Status BuildGroups();
+  void ClearGradients();
+  Status OutOfMemoryInStep(const std::exception& e) const;
   torch::Tensor MicroBatchLoss(const torch::Tensor& rows, torch::Tensor* input, torch::Tensor* output);
   Status RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum);
   Result<double> Update(const torch::Tensor& loss_sum);
+
+  struct Ballast {
+    int64_t step = 0, bytes_per_sequence = 0, rank = -1;
+  };
+  static Ballast TestBallast();
 
   const TaskContext& context_;
   TokenData data_;
   torch::Device device_;
   shard::MeshShape mesh_;
+  Ballast ballast_;
   shard::MeshPosition position_;
   // The pipeline has one group per direction (activations forward, gradients backward), so each
   // keeps a single order of transfers on every rank (nccl_communicator.cc).
@@ -94,6 +110,7 @@ class Trainer {
   std::unique_ptr<StageModel> model_;
   std::vector<Moments> moments_;  // one per unit
   int64_t step_ = 0;
+  bool torn_ = false;
   StepMemory last_step_memory_;
   Status init_status_;
 };

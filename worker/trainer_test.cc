@@ -24,6 +24,7 @@ class NullReporter : public TaskReporter {
   void ReportCheckpoint(int64_t, const std::vector<storage::CheckpointTensorInfo>&) override {}
   void ReportChunk(const storage::ActivationChunkInfo&, bool) override {}
   void ReportNotice(const std::string&, const std::string&) override {}
+  void ReportOutOfMemory(const OutOfMemoryReport&) override {}
 };
 
 class TrainerTest : public ::testing::Test {

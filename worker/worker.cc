@@ -43,7 +43,8 @@ class Outbox {
 // A running task: its thread, cancel flag and reporter.
 class RunningTask final : public TaskReporter {
  public:
-  RunningTask(std::string run_id, uint32_t rank, Outbox* outbox) : run_id_(std::move(run_id)), rank_(rank), outbox_(outbox) {}
+  RunningTask(std::string run_id, uint32_t rank, uint64_t task_token, Outbox* outbox)
+      : run_id_(std::move(run_id)), rank_(rank), task_token_(task_token), outbox_(outbox) {}
 
   void ReportStep(int64_t step, double loss, double tokens_per_second, const StepMemory& memory) override {
     current_step_.store(step);
@@ -103,10 +104,24 @@ class RunningTask final : public TaskReporter {
     outbox_->Push(msg.Serialize());
   }
 
+  void ReportOutOfMemory(const OutOfMemoryReport& report) override {
+    schema::EnvelopeBuilder msg;
+    auto o = Event(msg).initOutOfMemory();
+    o.setStep(report.step);
+    o.setMicroBatch(report.micro_batch);
+    o.setIntactStep(report.intact_step);
+    o.setDetail(report.detail);
+    o.setFreeBytes(report.free_bytes);
+    o.setTotalBytes(report.total_bytes);
+    end_reported_.store(true);
+    outbox_->Push(msg.Serialize());
+  }
+
   // `resume`: the checkpoint the task started from. A resumed train task that ends with
   // kCorruption could not read it (nothing else in training reads the store), which the
   // coordinator answers with an older checkpoint rather than failing the run.
   void ReportEnd(const Status& status, const ResumePoint& resume) {
+    if (end_reported_.load()) return;  // ReportOutOfMemory was the end report
     schema::EnvelopeBuilder msg;
     auto ev = Event(msg);
     if (status.ok()) {
@@ -126,6 +141,7 @@ class RunningTask final : public TaskReporter {
     auto ev = msg.root().initTaskEvent();
     ev.setRunId(run_id_);
     ev.setRank(rank_);
+    ev.setTaskToken(task_token_);
     return ev;
   }
 
@@ -141,12 +157,15 @@ class RunningTask final : public TaskReporter {
   static constexpr size_t kHistoryLimit = 100000;  // ~100 bytes each
   const std::string run_id_;
   const uint32_t rank_;
+  const uint64_t task_token_;
   Outbox* outbox_;
+  std::atomic<bool> end_reported_{false};
   std::mutex history_mutex_;
   std::deque<std::string> history_;  // guarded by history_mutex_
   std::string store_path_;
   std::thread thread;
   std::atomic<bool> cancelled{false};
+  std::atomic<int64_t> snapshot_step{0};  // set before `cancelled` (CancelTask.snapshotStep)
   std::atomic<bool> done{false};
   std::atomic<int64_t> current_step_{0};
   std::atomic<Communicator*> communicator{nullptr};  // set by the task thread while it exists
@@ -308,6 +327,7 @@ class WorkerImpl final : public Worker {
           break;
         case Envelope::CANCEL_TASK:
           if (task_ && task_->run_id_ == root.getCancelTask().getRunId().cStr()) {
+            task_->snapshot_step.store(root.getCancelTask().getSnapshotStep());
             CancelTask(root.getCancelTask().getReason().cStr());
           }
           break;
@@ -333,7 +353,7 @@ class WorkerImpl final : public Worker {
       return;
     }
     auto spec = ParseRunSpec(a.getSpecToml().cStr(), "", /*check_files=*/true);
-    auto task = std::make_unique<RunningTask>(run_id, a.getRank(), &outbox_);
+    auto task = std::make_unique<RunningTask>(run_id, a.getRank(), a.getTaskToken(), &outbox_);
     task->store_path_ = options_.store_path;
     if (!spec.ok()) {
       task->ReportEnd(spec.status(), {});
@@ -378,6 +398,7 @@ class WorkerImpl final : public Worker {
     ResumePoint resumed_from;
     resumed_from.run_id = resume.run_id;
     resumed_from.step = resume.step;
+    const bool spec_is_extract = spec.is_extract();
     try {
       if (spec.is_extract()) {
         // Capture needs no peers: each worker's chunks are independent.
@@ -391,7 +412,11 @@ class WorkerImpl final : public Worker {
     if (t->cancelled.load() && !status.ok()) {
       STRATA_LOG(kInfo) << "run " << t->run_id_ << " stopped: cancelled";
     } else {
-      if (!status.ok()) STRATA_LOG(kError) << "run " << t->run_id_ << " failed: " << status.ToString();
+      if (status.code() == StatusCode::kResourceExhausted && !spec_is_extract) {
+        STRATA_LOG(kWarn) << "run " << t->run_id_ << ": " << status.message() << "; the coordinator re-plans and replays the step";
+      } else if (!status.ok()) {
+        STRATA_LOG(kError) << "run " << t->run_id_ << " failed: " << status.ToString();
+      }
       t->ReportEnd(status, resumed_from);
     }
     t->done.store(true);
@@ -405,6 +430,7 @@ class WorkerImpl final : public Worker {
     context.store_path = options_.store_path;
     context.reporter = t;
     context.cancelled = &t->cancelled;
+    context.snapshot_step = &t->snapshot_step;
     return context;
   }
 
