@@ -3,7 +3,8 @@
 coordinator takes to notice (kill -> "worker-lost" event) and to train again (kill -> the first
 step past the checkpoint it resumed from), and check that the losses match a fault-free run.
 
-GPT-2 124M, sequence 1024, bf16, global batch 16, a checkpoint every 20 steps. The cluster uses
+GPT-2 124M (or RECOVERY_MODEL=llama1b: a Llama-style 1.1B), sequence 1024, bf16, global batch
+16, a checkpoint every 20 steps. The cluster uses
 `--heartbeat-timeout-ms 1000` and `--replace-grace-ms 0` (no replacement is coming: re-plan at
 once onto the survivor, dp 2 -> 1 with the same global batch).
 
@@ -35,11 +36,14 @@ def main():
     work = tempfile.mkdtemp(prefix="strata-recovery-")
     state = f"{work}/state"
     cpu = os.environ.get("STRATA_BENCH_CPU") == "1"  # a smoke run of this script on CPU workers, tiny model
-    vocab = 256 if cpu else 50257
+    llama = os.environ.get("RECOVERY_MODEL") == "llama1b"  # the ~1B target of issue #5
+    vocab = 256 if cpu else 32000 if llama else 50257
     raw = array.array("H", os.urandom(2 * (8 << 20)))
     array.array("H", (t % vocab for t in raw)).tofile(open(f"{work}/tokens.u16", "wb"))
-    model = "layers = 2\nhidden = 64\nheads = 4\nsequence = 64\n" if cpu else "layers = 12\nhidden = 768\nheads = 12\nsequence = 1024\n"
-    spec = (f'[model]\nfamily = "gpt2"\n{model}vocab = {vocab}\n'
+    model = ("layers = 2\nhidden = 64\nheads = 4\nsequence = 64\n" if cpu else
+             "layers = 16\nhidden = 2048\nheads = 16\nkv_heads = 8\nffn = 5632\nsequence = 1024\n" if llama else
+             "layers = 12\nhidden = 768\nheads = 12\nsequence = 1024\n")
+    spec = (f'[model]\nfamily = "{"llama" if llama else "gpt2"}"\n{model}vocab = {vocab}\n'
             f'[data]\npath = "{work}/tokens.u16"\nformat = "u16"\n'
             f'[train]\nsteps = {STEPS}\nglobal_batch = 16\nlr = 0.0003\nprecision = "{"fp32" if cpu else "bf16"}"\ncheckpoint_every = 20\n'
             f'[parallel]\ndp = 2\n')
