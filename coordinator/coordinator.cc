@@ -336,8 +336,9 @@ class CoordinatorImpl final : public Coordinator {
 
   void HandleHeartbeat(const std::string& identity, uint64_t rid, Heartbeat::Reader hb) {
     auto it = workers_.find(hb.getWorkerId().cStr());
-    if (it == workers_.end() || it->second.state == WorkerState::LOST) {
-      // Unknown (coordinator restarted) or declared lost: ask it to register again.
+    if (it == workers_.end() || it->second.state == WorkerState::LOST || it->second.pid == 0) {
+      // Unknown (coordinator restarted), a placeholder this coordinator made at restart for a
+      // running run's worker (it knows no address yet), or declared lost: ask it to register again.
       Send(identity, schema::MakeErrorReply(rid, NotFound("unknown worker; register again")));
       return;
     }
@@ -925,6 +926,25 @@ class CoordinatorImpl final : public Coordinator {
       case TaskEvent::OUT_OF_MEMORY:
         TrainOutOfMemory(run, rank, ev.getOutOfMemory());
         break;
+      case TaskEvent::STALLED: {
+        // The hang watchdog: the rank that did not arrive is lost to this run, heartbeats or not.
+        const uint32_t missing = ev.getStalled().getMissingRank();
+        if (run.state != RunState::RUNNING || missing >= run.workers.size()) break;
+        const std::string victim = run.workers[missing];
+        const std::string waiter = rank < run.workers.size() ? run.workers[rank] : "?";
+        AddEvent(run, "stalled", "rank " + std::to_string(missing) + " on " + victim + " did not arrive: rank " + std::to_string(rank) +
+                                     " on " + waiter + " gave up (" + ev.getStalled().getDetail().cStr() + "); " + victim +
+                                     " is treated as lost");
+        auto w = workers_.find(victim);
+        if (w != workers_.end() && w->second.state != WorkerState::LOST) {
+          w->second.state = WorkerState::LOST;  // a live one registers again and is told to drop the task
+          w->second.current_run.clear();
+          ++workers_lost_;
+        }
+        TrainWorkerLost(run, victim, "rank " + std::to_string(missing) + " on " + victim + " stalled");
+        Schedule();
+        break;
+      }
       case TaskEvent::FINISHED:
         run.finished_ranks.insert(rank);
         if (run.finished_ranks.size() == run.workers.size()) {
@@ -1547,7 +1567,7 @@ class CoordinatorImpl final : public Coordinator {
 
   // Events that say the run got through a failure (counted for `strata status`).
   static bool IsHandledFailure(const std::string& kind) {
-    return kind == "oom" || kind == "worker-lost" || kind == "checkpoint-unreadable" || kind == "coordinator-restarted";
+    return kind == "oom" || kind == "worker-lost" || kind == "stalled" || kind == "checkpoint-unreadable" || kind == "coordinator-restarted";
   }
 
   void AddEvent(RunEntry& run, const std::string& kind, const std::string& message) {

@@ -113,8 +113,16 @@ struct TaskEvent {
     notice @8 :Notice;      # something the run's journal should say (e.g. an OOM handled)
     checkpointUnreadable @9 :CheckpointUnreadable;  # resume found a damaged or missing piece
     outOfMemory @11 :OutOfMemory;  # a step ran out of memory; the task has ended
+    stalled @12 :Stalled;          # a peer did not arrive in time; the task has ended
   }
   taskToken @10 :UInt64;    # the AssignTask's token: reports of an earlier attempt are told apart
+}
+
+# The hang watchdog: this rank waited past its deadline for `missingRank` (a transfer or the
+# task's start-up never came), so that rank is treated as lost.
+struct Stalled {
+  missingRank @0 :UInt32;
+  detail @1 :Text;
 }
 
 # A train rank ran out of memory (device allocator, or the OS limit of a CPU worker). No rank

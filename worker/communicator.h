@@ -51,6 +51,9 @@ class Communicator {
   virtual bool device_buffers() const { return false; }
   // Makes the pending and every later call return Aborted (a failed run never hangs its peers).
   virtual void Abort() = 0;
+  // The world rank this one gave up waiting for (a receive or the task's start-up handshake ran
+  // past its deadline), or -1: the watchdog's answer to "who did not arrive".
+  virtual int64_t missing_peer() const { return -1; }
 };
 
 // [begin, end) of rank's block of a `count`-element buffer split over `world` ranks (sizes differ

@@ -210,8 +210,14 @@ class TorchExecutor final : public TaskExecutor {
       const bool last = trainer.step() == spec.train.steps;
       const int64_t every = spec.train.checkpoint_every;
       if (last || (every > 0 && trainer.step() % every == 0)) {
-        STRATA_ASSIGN_OR_RETURN(auto tensors, trainer.SaveCheckpointShard());
-        context.reporter->ReportCheckpoint(trainer.step(), tensors);
+        auto tensors = trainer.SaveCheckpointShard();
+        if (tensors.status().code() == StatusCode::kAlreadyExists) {
+          context.reporter->ReportNotice("checkpoint-skipped", "rank " + std::to_string(context.rank) + ": " + tensors.status().message());
+          if (last) return tensors.status();  // the final checkpoint must exist
+          continue;
+        }
+        STRATA_RETURN_IF_ERROR(tensors.status());
+        context.reporter->ReportCheckpoint(trainer.step(), *tensors);
       }
     }
     return Status::Ok();

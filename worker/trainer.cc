@@ -401,13 +401,37 @@ Status Trainer::Resume(const ResumePoint& resume) {
 }
 
 Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard() {
+  // An earlier attempt of this run (stopped by a lost worker or a replay) may have committed this
+  // step's shard here before the checkpoint was complete everywhere. The state at a step is the
+  // same in every attempt, so the same pieces are that shard: report it again rather than write.
+  STRATA_ASSIGN_OR_RETURN(auto saved, context_.store->ListCheckpoints(context_.run_id));
+  for (const auto& info : saved) {
+    if (info.step != step_) continue;
+    std::set<std::string> have, want;
+    for (const auto& t : info.tensors) have.insert(t.name);
+    STRATA_RETURN_IF_ERROR(WriteCheckpointPieces(/*write=*/false, &want));
+    if (have == want) return info.tensors;
+    return Status(StatusCode::kAlreadyExists, "the checkpoint of step " + std::to_string(step_) + " is already in this worker's store, cut for "
+                                              "another mesh by an earlier attempt of the run; it is not rewritten (the next checkpoint is)");
+  }
+  STRATA_RETURN_IF_ERROR(WriteCheckpointPieces(/*write=*/true, nullptr));
+  STRATA_RETURN_IF_ERROR(context_.store->CommitCheckpoint(context_.run_id, step_));
+  STRATA_ASSIGN_OR_RETURN(auto list, context_.store->ListCheckpoints(context_.run_id));
+  for (auto& info : list) {
+    if (info.step == step_) return info.tensors;
+  }
+  return Internal("checkpoint at step " + std::to_string(step_) + " missing right after its commit");
+}
+
+// This rank's pieces of the checkpoint (shard/layout.h): staged in the store, or only named.
+Status Trainer::WriteCheckpointPieces(bool write, std::set<std::string>* names) {
   const int64_t zero = context_.spec.parallel.zero;
   for (size_t u = 0; u < model_->units().size(); ++u) {
     const ParamUnit& unit = model_->units()[u];
     const Moments& m = moments_[u];
     if (unit.tied_copy) continue;  // the first stage writes wte
-    auto flat = unit.flat.detach().to(torch::kCPU);
-    auto exp_avg = m.exp_avg.to(torch::kCPU), exp_avg_sq = m.exp_avg_sq.to(torch::kCPU);
+    torch::Tensor flat, exp_avg, exp_avg_sq;
+    if (write) flat = unit.flat.detach().to(torch::kCPU), exp_avg = m.exp_avg.to(torch::kCPU), exp_avg_sq = m.exp_avg_sq.to(torch::kCPU);
     for (size_t i = 0; i < unit.names.size(); ++i) {
       const bool split = !unit.replicated[i];
       if (!split && position_.tp_rank != 0) continue;  // replicated: tensor-parallel rank 0 writes it
@@ -426,23 +450,20 @@ Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard(
       piece.shape = unit.full_shapes[i];
       const int64_t param_at = unit.sharded ? begin - unit.shard_begin : begin;
       const int64_t moment_at = zero >= 1 ? begin - unit.shard_begin : begin;
-      const std::pair<const char*, torch::Tensor> kinds[] = {{"param", flat.narrow(0, param_at, end - begin)},
-                                                             {"adam_m", exp_avg.narrow(0, moment_at, end - begin)},
-                                                             {"adam_v", exp_avg_sq.narrow(0, moment_at, end - begin)}};
-      for (const auto& [kind, values] : kinds) {
+      for (const char* kind : {"param", "adam_m", "adam_v"}) {
         piece.kind = kind;
-        auto contiguous = values.contiguous();
+        if (!write) {
+          names->insert(shard::FormatPiece(piece));
+          continue;
+        }
+        const torch::Tensor& from = piece.kind == "param" ? flat : piece.kind == "adam_m" ? exp_avg : exp_avg_sq;
+        auto contiguous = from.narrow(0, piece.kind == "param" ? param_at : moment_at, end - begin).contiguous();
         STRATA_RETURN_IF_ERROR(context_.store->PutCheckpointTensor(context_.run_id, step_, shard::FormatPiece(piece),
                                                                    ViewOf(contiguous)));
       }
     }
   }
-  STRATA_RETURN_IF_ERROR(context_.store->CommitCheckpoint(context_.run_id, step_));
-  STRATA_ASSIGN_OR_RETURN(auto list, context_.store->ListCheckpoints(context_.run_id));
-  for (auto& info : list) {
-    if (info.step == step_) return info.tensors;
-  }
-  return Internal("checkpoint at step " + std::to_string(step_) + " missing right after its commit");
+  return Status::Ok();
 }
 
 }  // namespace strata::worker

@@ -27,6 +27,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,7 @@ class Trainer {
 
   Status BuildGroups();
   void ClearGradients();
+  Status WriteCheckpointPieces(bool write, std::set<std::string>* names);
   Status OutOfMemoryInStep(const std::exception& e) const;
   torch::Tensor MicroBatchLoss(const torch::Tensor& rows, torch::Tensor* input, torch::Tensor* output);
   Status RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum);

@@ -117,6 +117,15 @@ class RunningTask final : public TaskReporter {
     outbox_->Push(msg.Serialize());
   }
 
+  void ReportStalled(int64_t missing_rank, const std::string& detail) {
+    schema::EnvelopeBuilder msg;
+    auto st = Event(msg).initStalled();
+    st.setMissingRank(static_cast<uint32_t>(missing_rank));
+    st.setDetail(detail);
+    end_reported_.store(true);
+    outbox_->Push(msg.Serialize());
+  }
+
   // `resume`: the checkpoint the task started from. A resumed train task that ends with
   // kCorruption could not read it (nothing else in training reads the store), which the
   // coordinator answers with an older checkpoint rather than failing the run.
@@ -452,6 +461,8 @@ class WorkerImpl final : public Worker {
     context.communicator = comm.get();
     context.resume = std::move(resume);
     Status status = executor_->RunTrain(context);
+    // The watchdog: a peer that never arrived is named, and the coordinator treats it as lost.
+    if (!status.ok() && !t->cancelled.load() && comm->missing_peer() >= 0) t->ReportStalled(comm->missing_peer(), status.message());
     std::lock_guard<std::mutex> lock(t->communicator_mutex);
     t->communicator = nullptr;
     return status;

@@ -16,6 +16,13 @@
 // differs per chunk but the all-gather copies bytes, so every rank ends bit-identical. Broadcast
 // passes the whole buffer around the ring from the root (n-1 hops).
 //
+// Start-up handshake: before its first transfer a rank says hello to every peer and resends it
+// every 100 ms until each peer has acknowledged it, and waits until it has heard every peer's
+// hello. A peer restarting its task (after a lost worker, or an out-of-memory stop) still has
+// its previous task's socket bound at the same address for a moment; frames pushed into that
+// socket are lost with it, so nothing is sent before the acknowledgement proves the new socket
+// is the one connected. Hellos are answered at any time, also after this rank's handshake.
+//
 // Authentication: on tcp:// the inbound socket is a CURVE server and every outbound socket a
 // CURVE client (see communicator.h); a ZAP handler admits only authorized peers, so a stranger on
 // the network cannot inject a chunk (the token alone is no defence: it travels in clear text
@@ -23,6 +30,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "common/net.h"
@@ -89,8 +97,51 @@ class Mesh {
   bool aborted() const { return aborted_.load(); }
   uint64_t NextGroupId() { return ++groups_made_; }
 
+  int64_t missing_peer() const { return missing_peer_.load(); }
+
+  // See the top of this file. Called before the first transfer.
+  Status Handshake() {
+    if (handshaken_ || world() == 1) return Status::Ok();
+    std::set<uint32_t> unacked;
+    for (uint32_t p = 0; p < world(); ++p) {
+      if (p != rank()) unacked.insert(p);
+    }
+    const int64_t deadline = net::SteadyMs() + options_.peer_timeout_ms;
+    int64_t last_hello = 0;
+    std::vector<zmq::message_t> frames;
+    while (!unacked.empty() || heard_.size() + 1 < world()) {
+      if (aborted_.load()) return Aborted("communicator aborted while starting");
+      const int64_t now = net::SteadyMs();
+      if (now > deadline) {
+        uint32_t missing = *unacked.begin();
+        for (uint32_t p = 0; p < world(); ++p) {
+          if (p != rank() && !heard_.count(p)) missing = p;
+        }
+        missing_peer_.store(missing);
+        return DeadlineExceeded("rank " + std::to_string(rank()) + " waited " + std::to_string(options_.peer_timeout_ms / 1000) +
+                                " s for rank " + std::to_string(missing) + " to start the task; it may have died or stalled");
+      }
+      if (now - last_hello >= 100) {
+        for (uint32_t p : unacked) STRATA_RETURN_IF_ERROR(SendControl(p, kHello));
+        last_hello = now;
+      }
+      if (!curve::PollWithZap(inbound_, zap_.get(), 20) || !net::RecvMultipart(inbound_, &frames, 0)) continue;
+      FrameHeader header;
+      if (!Ours(frames, &header)) continue;
+      if (header.group == kControlGroup) {
+        STRATA_RETURN_IF_ERROR(OnControl(header, frames[1]));
+        if (frames[1].size() == 1 && *static_cast<const char*>(frames[1].data()) == kAck) unacked.erase(static_cast<uint32_t>(header.source));
+        continue;
+      }
+      Keep(header, frames[1]);  // a peer already past its handshake sent data: keep it for Recv
+    }
+    handshaken_ = true;
+    return Status::Ok();
+  }
+
   Status Send(uint64_t group, uint32_t to, const void* data, size_t bytes) {
     if (aborted_.load()) return Aborted("communicator aborted");
+    STRATA_RETURN_IF_ERROR(Handshake());
     STRATA_ASSIGN_OR_RETURN(zmq::socket_t * socket, Outbound(to));
     FrameHeader header{options_.task_token, group, send_sequence_[{group, to}]++, options_.rank};
     try {
@@ -115,6 +166,7 @@ class Mesh {
       ++recv_sequence_[{group, from}];
       return Status::Ok();
     };
+    STRATA_RETURN_IF_ERROR(Handshake());
     if (auto it = mailbox_.find(key); it != mailbox_.end()) {
       Status st = deliver(it->second);
       mailbox_.erase(it);
@@ -125,20 +177,21 @@ class Mesh {
     while (true) {
       if (aborted_.load()) return Aborted("communicator aborted while waiting for rank " + std::to_string(from));
       if (net::SteadyMs() > deadline) {
+        missing_peer_.store(from);
         return DeadlineExceeded("rank " + std::to_string(options_.rank) + " waited " +
                                 std::to_string(options_.peer_timeout_ms / 1000) + " s for rank " +
                                 std::to_string(from) + "; it may have died or stalled");
       }
       // Waiting is also when this rank admits its peers: ZAP requests are answered here.
       if (!curve::PollWithZap(inbound_, zap_.get(), 50) || !net::RecvMultipart(inbound_, &frames, 0)) continue;
-      if (frames.size() != 2 || frames[0].size() != sizeof(FrameHeader)) continue;  // not ours
       FrameHeader header;
-      std::memcpy(&header, frames[0].data(), sizeof(header));
-      if (header.token != options_.task_token || header.source >= world()) continue;  // stale or foreign
-      const Key got{header.group, static_cast<uint32_t>(header.source), header.sequence};
-      if (got == key) return deliver(frames[1]);
-      if (header.sequence < recv_sequence_[{header.group, got.source}]) continue;  // a duplicate
-      mailbox_[got] = std::move(frames[1]);
+      if (!Ours(frames, &header)) continue;
+      if (header.group == kControlGroup) {
+        STRATA_RETURN_IF_ERROR(OnControl(header, frames[1]));
+        continue;
+      }
+      if (Key{header.group, static_cast<uint32_t>(header.source), header.sequence} == key) return deliver(frames[1]);
+      Keep(header, frames[1]);
     }
   }
 
@@ -152,6 +205,42 @@ class Mesh {
       return std::tie(group, source, sequence) < std::tie(o.group, o.source, o.sequence);
     }
   };
+
+  static constexpr uint64_t kControlGroup = ~uint64_t{0};  // handshake frames; groups count up from 0
+  static constexpr char kHello = 'H', kAck = 'A';
+
+  // A frame of this task from a rank of this world (else stale or foreign: dropped).
+  bool Ours(const std::vector<zmq::message_t>& frames, FrameHeader* header) const {
+    if (frames.size() != 2 || frames[0].size() != sizeof(FrameHeader)) return false;
+    std::memcpy(header, frames[0].data(), sizeof(*header));
+    return header->token == options_.task_token && header->source < world() && header->source != rank();
+  }
+
+  // A data frame that is not the one awaited now: into the mailbox, unless already delivered.
+  void Keep(const FrameHeader& header, zmq::message_t& payload) {
+    const Key got{header.group, static_cast<uint32_t>(header.source), header.sequence};
+    if (header.sequence < recv_sequence_[{header.group, got.source}]) return;  // a duplicate
+    mailbox_[got] = std::move(payload);
+  }
+
+  // A hello is acknowledged whenever it comes (the peer resends until it hears the ack).
+  Status OnControl(const FrameHeader& header, const zmq::message_t& payload) {
+    if (payload.size() != 1 || *static_cast<const char*>(payload.data()) != kHello) return Status::Ok();
+    heard_.insert(static_cast<uint32_t>(header.source));
+    return SendControl(static_cast<uint32_t>(header.source), kAck);
+  }
+
+  Status SendControl(uint32_t to, char what) {
+    STRATA_ASSIGN_OR_RETURN(zmq::socket_t * socket, Outbound(to));
+    FrameHeader header{options_.task_token, kControlGroup, 0, options_.rank};
+    try {
+      socket->send(zmq::buffer(&header, sizeof(header)), zmq::send_flags::sndmore);
+      socket->send(zmq::buffer(&what, 1), zmq::send_flags::none);
+    } catch (const zmq::error_t& e) {
+      return Unavailable(std::string("communicator: send to rank ") + std::to_string(to) + " failed: " + e.what());
+    }
+    return Status::Ok();
+  }
 
   Result<zmq::socket_t*> Outbound(uint32_t to) {
     if (to >= world()) return InvalidArgument("communicator: no rank " + std::to_string(to));
@@ -182,7 +271,10 @@ class Mesh {
   std::map<std::pair<uint64_t, uint32_t>, uint64_t> send_sequence_, recv_sequence_;
   std::map<Key, zmq::message_t> mailbox_;
   uint64_t groups_made_ = 0;
+  bool handshaken_ = false;
+  std::set<uint32_t> heard_;  // peers whose hello arrived
   std::atomic<bool> aborted_{false};
+  std::atomic<int64_t> missing_peer_{-1};
 };
 
 // The world (group 0, members 0..n-1) or a group split from it.
@@ -194,6 +286,7 @@ class ZmqCommunicator final : public Communicator {
   uint32_t rank() const override { return rank_; }
   uint32_t world_size() const override { return static_cast<uint32_t>(members_.size()); }
   void Abort() override { mesh_->Abort(); }
+  int64_t missing_peer() const override { return mesh_->missing_peer(); }
 
   Status AllReduceSum(float* data, size_t count) override {
     STRATA_RETURN_IF_ERROR(ReduceScatterSum(data, count));
