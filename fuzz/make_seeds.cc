@@ -85,6 +85,12 @@ void FillRunRecord(::RunRecord::Builder r) {
   workers.set(0, "w-0");
   workers.set(1, "w-1");
   r.setWorldSize(2);
+  r.setTaskToken(77);
+  auto handled = r.initHandled(2);
+  handled[0].setKind("oom");
+  handled[0].setCount(3);
+  handled[1].setKind("worker-lost");
+  handled[1].setCount(1);
   r.setTokensPerSecond(1234.5);
   r.setKind("train");
   auto memory = r.initMemory(2);
@@ -216,6 +222,32 @@ void EnvelopeSeeds(SeedWriter& out) {
     auto n = t.initNotice();
     n.setKind("oom");
     n.setMessage("halved the batch to 4");
+  });
+  add([](Envelope::Builder e) {
+    auto t = e.initTaskEvent();
+    t.setRunId("run-1");
+    t.setRank(1);
+    t.setTaskToken(77);
+    auto o = t.initOutOfMemory();
+    o.setStep(3);
+    o.setMicroBatch(8);
+    o.setIntactStep(2);
+    o.setDetail("CUDA out of memory. Tried to allocate 192.00 MiB");
+    o.setFreeBytes(74 << 20);
+    o.setTotalBytes(uint64_t{8} << 30);
+  });
+  add([](Envelope::Builder e) {
+    auto t = e.initTaskEvent();
+    t.setRunId("run-1");
+    auto st = t.initStalled();
+    st.setMissingRank(3);
+    st.setDetail("rank 0 waited 120 s for rank 3");
+  });
+  add([](Envelope::Builder e) {
+    auto c = e.initCancelTask();
+    c.setRunId("run-1");
+    c.setReason("rank 1 ran out of memory");
+    c.setSnapshotStep(2);
   });
   add([](Envelope::Builder e) {
     auto s = e.initSubmitRun();

@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <chrono>
+#include <filesystem>
 
 #include <optional>
 #include <random>
@@ -160,6 +162,55 @@ INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesTest,
 // A 2 x 2 mesh: rows {0,1}, {2,3} and columns {0,2}, {1,3} all-reduce in their groups while
 // point-to-point traffic of the world crosses them, in orders that differ per rank (rank 3
 // sends before it reduces, rank 2 receives after it): the mailbox sorts it out.
+// A peer restarting its task still has its previous task's socket bound at its address for a
+// moment (here: a plain PULL socket the test holds for 300 ms). Whatever is pushed to it then is
+// lost with it; the handshake's resent hello makes the new pair's first transfer wait for the new
+// socket, so the all-reduce completes (without it rank 0's chunk vanished and both ranks waited
+// out their deadline).
+TEST(ZmqCommunicatorTest, APeersStaleSocketLosesNothingOfTheNewTask) {
+  char tmpl[] = "/tmp/strata-comm-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::vector<std::string> addresses = {"ipc://" + dir + "/r0", "ipc://" + dir + "/r1"};
+  zmq::context_t context;
+  auto stale = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pull);
+  stale->set(zmq::sockopt::linger, 0);
+  stale->bind(addresses[1]);
+  std::vector<float> a(6, 1.0f), b(6, 2.0f);
+  Status rank0, rank1;
+  std::thread first([&] {
+    auto comm = CreateZmqCommunicator(context, {0, addresses, 5, 5000, std::nullopt});
+    rank0 = comm.ok() ? (*comm)->AllReduceSum(a.data(), a.size()) : comm.status();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is already sending
+  stale.reset();  // the old task ends; the new one binds the same address
+  std::thread second([&] {
+    auto comm = CreateZmqCommunicator(context, {1, addresses, 5, 5000, std::nullopt});
+    rank1 = comm.ok() ? (*comm)->AllReduceSum(b.data(), b.size()) : comm.status();
+  });
+  first.join();
+  second.join();
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(rank0.ok()) << rank0.ToString();
+  ASSERT_TRUE(rank1.ok()) << rank1.ToString();
+  EXPECT_EQ(a, std::vector<float>(6, 3.0f));
+  EXPECT_EQ(b, std::vector<float>(6, 3.0f));
+}
+
+// The watchdog's answer: a rank whose peer never starts names it after the deadline.
+TEST(ZmqCommunicatorTest, APeerThatNeverStartsIsNamed) {
+  char tmpl[] = "/tmp/strata-comm-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  zmq::context_t context;
+  auto comm = CreateZmqCommunicator(context, {0, {"ipc://" + dir + "/r0", "ipc://" + dir + "/r1", "ipc://" + dir + "/r2"}, 5, 500, std::nullopt});
+  ASSERT_TRUE(comm.ok());
+  std::vector<float> a(3, 1.0f);
+  Status st = (*comm)->AllReduceSum(a.data(), a.size());
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  EXPECT_NE(st.message().find("to start the task"), std::string::npos) << st.ToString();
+  EXPECT_EQ((*comm)->missing_peer(), 2);
+}
+
 TEST(ZmqCommunicatorTest, GroupsAndPointToPointInterleave) {
   auto results = OnRanks(4, [](Communicator& world, uint32_t r) -> Status {
     STRATA_ASSIGN_OR_RETURN(auto row, world.Split({{0, 1}, {2, 3}}));
@@ -296,6 +347,12 @@ Status InjectIntoRank1(const curve::ClientKeys& rank_keys, const std::optional<c
   if (attacker) curve::ConfigureClient(push, *attacker, rank_keys.own.public_key);  // public keys are public
   push.connect(rank1);
   const std::vector<float> evil(2, 1e6f);
+  // Rank 0's side of the start-up handshake: its hello, and the ack of rank 1's hello.
+  for (const char what : {'H', 'A'}) {
+    const uint64_t header[4] = {kToken, /*group=*/~uint64_t{0}, 0, /*source=*/0};
+    push.send(zmq::buffer(header, sizeof(header)), zmq::send_flags::sndmore);
+    push.send(zmq::buffer(&what, 1), zmq::send_flags::none);
+  }
   for (uint64_t seq = 0; seq < 2; ++seq) {
     // Rank 1 of 2 receives two chunks from rank 0 (reduce-scatter, then all-gather).
     const uint64_t header[4] = {kToken, /*group=*/0, seq, /*source=*/0};
