@@ -54,6 +54,7 @@ def main():
             with open(f"{work}/{name}.toml", "w") as f:
                 f.write(f'name = "{name}"\n' + spec)
         clean = strata(state, "submit", f"{work}/clean.toml", "--follow").splitlines()[0]
+        print(f"fault-free run {clean} finished", file=sys.stderr, flush=True)
         run = strata(state, "submit", f"{work}/crash.toml").splitlines()[0]
         while True:
             s = json.loads(strata(state, "status", run, "--json"))
@@ -68,10 +69,15 @@ def main():
         # Poll for the first step past the checkpoint the run resumed from: the step drops back to
         # that checkpoint when the run recovers (grace 0 can make "pending" too short to see),
         # then grows again once the re-planned mesh trains.
-        resumed_step, trained_again, deadline = None, None, time.time() + 180
+        print(f"killed {victim} (pid {pid}) at step {s['step']}", file=sys.stderr, flush=True)
+        resumed_step, trained_again, deadline = None, None, time.time() + 90
         while trained_again is None:
             if time.time() > deadline:
-                raise RuntimeError(f"run {run} did not train again within 180 s of the kill:\n" + strata(state, "events", run))
+                logs = ""
+                for name in sorted(os.listdir(f"{state}/logs")):
+                    with open(f"{state}/logs/{name}") as f:
+                        logs += f"== {name}\n" + "".join(f.readlines()[-12:])
+                raise RuntimeError(f"run {run} did not train again within 90 s of the kill:\n" + strata(state, "events", run) + logs)
             s = json.loads(strata(state, "status", run, "--json"))
             if s["state"] in ("failed", "cancelled"):
                 raise RuntimeError(f"run {run} {s['state']}: {s['message']}")

@@ -62,7 +62,12 @@ def main():
         for n in [int(x) for x in args.gpus.split(",")]:
             state = f"{work}/state-{n}"
             strata(state, "up", "--gpus", str(n))
-            time.sleep(2)  # first heartbeats: the planner needs every worker's free memory
+            # The planner needs every worker's free memory: wait for their first memory reports.
+            for _ in range(300):
+                workers = json.loads(strata(state, "workers", "--json"))
+                if len(workers) == n and all(w["memory"]["total_bytes"] > 0 for w in workers):
+                    break
+                time.sleep(0.1)
             try:
                 for mesh in args.meshes.split(","):
                     if mesh in ("pp", "tp") and n < 2:

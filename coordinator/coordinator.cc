@@ -516,7 +516,7 @@ class CoordinatorImpl final : public Coordinator {
       ranks.push_back(&it->second);
       SendCancel(it->second, run.id, stop, snapshot);
     }
-    if (!ShrinkForMemory(run, worker, failed_micro_batch, ranks)) return;  // failed: nothing fits
+    if (!ShrinkForMemory(run, worker, failed_micro_batch, oom.getFreeBytes(), oom.getTotalBytes(), ranks)) return;  // failed: nothing fits
     ReleaseWorkers(run);
     run.workers.clear();
     run.state = RunState::PENDING;
@@ -553,14 +553,26 @@ class CoordinatorImpl final : public Coordinator {
   // recompute, a higher ZeRO stage, more stages); if the planner finds none (its estimate is what
   // just proved wrong), the micro-batch alone is halved while it can be. False when nothing is
   // left to try: the run has failed, saying what was needed against what is free.
-  bool ShrinkForMemory(RunEntry& run, const std::string& worker, int64_t micro_batch, const std::vector<WorkerEntry*>& ranks) {
+  bool ShrinkForMemory(RunEntry& run, const std::string& worker, int64_t micro_batch, uint64_t free_bytes, uint64_t total_bytes,
+                       const std::vector<WorkerEntry*>& ranks) {
     ParallelSpec& p = run.spec.parallel;
     const int64_t local = run.spec.train.global_batch / std::max<int64_t>(p.dp, 1);
     const int64_t current = p.micro_batch > 0 ? p.micro_batch : local;
     std::string change;
-    auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), ClusterOf(ranks, true));
+    // The plan that failed, with its estimates: evaluated as if memory were unbounded (it did not
+    // fit, which is the point). The view to re-plan on: the failed worker's memory as it reported
+    // it once its task's memory is released; the other ranks, whose heartbeats may still count
+    // their stopped tasks' memory, at their total.
+    shard::ClusterView unbounded = ClusterOf(ranks, true), after = ClusterOf(ranks, true);
+    for (auto& w : unbounded.workers) w.total_bytes = w.free_bytes = int64_t{1} << 50;
+    for (auto& w : after.workers) {
+      if (w.name != worker || total_bytes == 0) continue;
+      w.total_bytes = static_cast<int64_t>(total_bytes);
+      w.free_bytes = static_cast<int64_t>(std::min(free_bytes, total_bytes));
+    }
+    auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), unbounded);
     if (plan.ok()) {
-      auto replanned = shard::Replan(*plan, run.spec.model, shard::JobForRun(run.spec), ClusterOf(ranks, false),
+      auto replanned = shard::Replan(*plan, run.spec.model, shard::JobForRun(run.spec), after,
                                      shard::ReplanReason::OutOfMemory(worker, micro_batch));
       if (replanned.ok() && replanned->plan.workers.size() == ranks.size()) {
         const shard::Plan& n = replanned->plan;

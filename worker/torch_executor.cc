@@ -24,9 +24,18 @@ class TorchExecutor final : public TaskExecutor {
  public:
   TorchExecutor(torch::Device device, uint64_t memory_limit_bytes) : device_(device), memory_limit_bytes_(memory_limit_bytes) {}
 
+  // The caching allocator keeps freed blocks; between tasks they are handed back, so heartbeats
+  // report the memory really free (to the planner, and to other processes on the GPU).
+  void ReleaseCachedMemory() {
+#ifdef STRATA_WITH_CUDA
+    if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  }
+
   Status RunTrain(TaskContext& context) override {
     bool oom_reported = false;
     Status status = Guarded("training", [&] { return Train(context, &oom_reported); });
+    ReleaseCachedMemory();
     if (status.code() == StatusCode::kResourceExhausted && !oom_reported && !context.cancelled->load()) {
       // Out of memory outside a step (building or loading the model): nothing to snapshot.
       const auto& p = context.spec.parallel;
@@ -105,9 +114,12 @@ class TorchExecutor final : public TaskExecutor {
     report.micro_batch = micro_batch;
     report.intact_step = intact_step;
     report.detail = detail;
+    ReleaseCachedMemory();
+    // What the re-plan may count on: free now, plus what this task still holds (its model and
+    // optimizer state), which it gives back when it ends.
     const MemorySnapshot memory = ReadMemory();
-    report.free_bytes = memory.free_bytes;
     report.total_bytes = memory.total_bytes;
+    report.free_bytes = std::min(memory.total_bytes, memory.free_bytes + (device_.is_cuda() ? memory.allocated_bytes : 0));
     context.reporter->ReportOutOfMemory(report);
   }
 
