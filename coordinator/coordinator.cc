@@ -1647,7 +1647,13 @@ class CoordinatorImpl final : public Coordinator {
       }
       auto events = store_->ScanMetadata("evt/" + EncodeKeyString(run.id));
       run.next_event_seq = events.ok() ? events->size() : 0;
-      for (auto h : r.getHandled()) run.handled[h.getKind().cStr()] = h.getCount();
+      // The journal is the record of what was handled (the run record may be a step behind it).
+      if (events.ok()) {
+        for (auto& [key, value] : *events) {
+          auto event = schema::DecodedRecord<Event>::Decode(value);
+          if (event.ok() && IsHandledFailure(event->root().getKind().cStr())) ++run.handled[event->root().getKind().cStr()];
+        }
+      }
       RunEntry& stored = runs_[run.id] = std::move(run);
       if (stored.state == RunState::RUNNING) {
         // Expect its workers back: placeholders that the heartbeat timeout turns lost (failing
