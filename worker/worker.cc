@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
 #include <zmq.hpp>
 
 #include "common/curve.h"
@@ -240,6 +242,7 @@ class WorkerImpl final : public Worker {
       if (registered_ && now - last_heartbeat_ms_ >= heartbeat_interval_ms_) SendHeartbeat();
       if (net::RecvMultipart(socket_, &frames, 20) && !frames.empty()) HandleMessage(frames.back());
       ReapTask();
+      StartDeferredAssignment(now);
       for (auto& bytes : outbox_.Take()) Send(bytes);
       if (options_.on_tick) options_.on_tick();
       if (options_.on_status && now - last_status_ms_ >= 1000) {
@@ -335,6 +338,10 @@ class WorkerImpl final : public Worker {
           HandleAssign(root.getAssignTask());
           break;
         case Envelope::CANCEL_TASK:
+          if (deferred_assign_) {  // cancelled before it could start: it never will
+            capnp::FlatArrayMessageReader deferred(*deferred_assign_);
+            if (root.getCancelTask().getRunId() == deferred.getRoot<AssignTask>().getRunId()) deferred_assign_.reset();
+          }
           if (task_ && task_->run_id_ == root.getCancelTask().getRunId().cStr()) {
             task_->snapshot_step.store(root.getCancelTask().getSnapshotStep());
             CancelTask(root.getCancelTask().getReason().cStr());
@@ -352,11 +359,33 @@ class WorkerImpl final : public Worker {
     }
   }
 
+  // A task the coordinator cancelled (e.g. a peer was lost and the run re-plans) may still be
+  // unwinding when the next assignment comes: the assignment waits here, and the control loop
+  // (heartbeats included) goes on, until the old task has ended.
+  void StartDeferredAssignment(int64_t now) {
+    if (task_ && task_->cancelled.load() && !task_->done.load() && now - cancelled_at_ms_ > options_.stuck_task_exit_ms) {
+      STRATA_LOG(kError) << "run " << task_->run_id_ << " did not stop within " << options_.stuck_task_exit_ms / 1000
+                         << " s of its cancel (stuck in a device call); exiting so the supervisor starts this worker clean";
+      for (auto& bytes : outbox_.Take()) Send(bytes);
+      std::_Exit(3);  // no destructors: they would join the stuck thread
+    }
+    if (!deferred_assign_ || task_) return;
+    auto words = std::move(*deferred_assign_);
+    deferred_assign_.reset();
+    capnp::FlatArrayMessageReader reader(words);
+    HandleAssign(reader.getRoot<AssignTask>());
+  }
+
   void HandleAssign(AssignTask::Reader a) {
     const std::string run_id = a.getRunId().cStr();
-    // A task the coordinator cancelled (e.g. a peer was lost and the run re-plans) may still be
-    // unwinding: its collectives return Aborted at once, so wait for it rather than refuse.
-    if (task_ && task_->cancelled.load()) ReapTask(/*wait=*/true);
+    if (task_ && task_->cancelled.load() && !task_->done.load()) {
+      capnp::MallocMessageBuilder copy;
+      copy.setRoot(a);
+      deferred_assign_ = capnp::messageToFlatArray(copy);
+      STRATA_LOG(kInfo) << "run " << run_id << " waits for the cancelled task of " << task_->run_id_ << " to stop";
+      return;
+    }
+    if (task_ && task_->cancelled.load()) ReapTask(/*wait=*/true);  // done: joins at once
     if (task_) {
       STRATA_LOG(kWarn) << "ignoring assignment of run " << run_id << ": still running " << task_->run_id_;
       return;
@@ -471,6 +500,7 @@ class WorkerImpl final : public Worker {
   void CancelTask(const std::string& why) {
     if (!task_) return;
     STRATA_LOG(kInfo) << "cancelling run " << task_->run_id_ << ": " << why;
+    if (!task_->cancelled.load()) cancelled_at_ms_ = net::SteadyMs();
     task_->cancelled.store(true);
     std::lock_guard<std::mutex> lock(task_->communicator_mutex);
     if (Communicator* c = task_->communicator.load()) c->Abort();
@@ -490,6 +520,8 @@ class WorkerImpl final : public Worker {
   zmq::socket_t socket_;
   Outbox outbox_;
   std::unique_ptr<RunningTask> task_;
+  std::optional<kj::Array<capnp::word>> deferred_assign_;  // see StartDeferredAssignment
+  int64_t cancelled_at_ms_ = 0;                            // steady clock of task_'s cancel
   std::optional<curve::ClientKeys> curve_;  // with --keys
   std::atomic<bool> stop_requested_{false};
   bool registered_ = false;

@@ -25,6 +25,10 @@ struct WorkerOptions {
   std::string serve_address;
   int register_retry_ms = 1000;
   int peer_timeout_ms = 120000;
+  // A cancelled task that has not stopped after this long is stuck in a device call that will not
+  // return (e.g. a collective on a dead peer): the worker exits so its supervisor (systemd,
+  // `strata up`) starts it clean, rather than holding a device it can no longer use.
+  int stuck_task_exit_ms = 30000;
   // CURVE key directory (`strata keygen`; worker.key/.pub if present, else client.key/.pub, plus
   // coordinator.pub and authorized_keys). Required when the coordinator or data address is tcp://.
   std::string keys_dir;
