@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "common/log.h"
@@ -19,6 +20,44 @@
 
 namespace strata::worker {
 namespace {
+
+// Checkpoints are written in the background: the task thread pauses only for the host copy
+// (Trainer::CopyCheckpointShard), and one writer thread stages and commits it in the store, then
+// reports it. At most one checkpoint is in host memory: the next copy waits for the last write.
+class CheckpointWriter {
+ public:
+  explicit CheckpointWriter(TaskContext& context) : context_(context) {}
+  ~CheckpointWriter() { (void)Wait(); }
+
+  void Start(HostCheckpoint copy, double copy_seconds) {
+    writing_ = std::async(std::launch::async, [this, copy = std::move(copy), copy_seconds]() mutable -> Status {
+      const auto start = std::chrono::steady_clock::now();
+      const int64_t step = copy.step, bytes = copy.bytes();
+      auto infos = Trainer::WriteCheckpointShard(*context_.store, context_.run_id, std::move(copy));
+      if (!infos.ok()) return infos.status();
+      STRATA_LOG(kInfo) << "checkpoint of step " << step << ": " << bytes / (1 << 20) << " MiB copied to the host in "
+                        << static_cast<int64_t>(copy_seconds * 1000) << " ms (training paused), written in "
+                        << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()
+                        << " ms (in the background)";
+      context_.reporter->ReportCheckpoint(step, *infos);
+      return Status::Ok();
+    });
+  }
+
+  // The last write's status (OK when none is pending).
+  Status Wait() {
+    if (!writing_.valid()) return Status::Ok();
+    try {
+      return writing_.get();
+    } catch (const std::exception& e) {
+      return Internal(std::string("checkpoint write failed: ") + e.what());
+    }
+  }
+
+ private:
+  TaskContext& context_;
+  std::future<Status> writing_;
+};
 
 class TorchExecutor final : public TaskExecutor {
  public:
@@ -139,7 +178,8 @@ class TorchExecutor final : public TaskExecutor {
   }
 
   // A cancelled task stops; asked for a snapshot, it leaves its state behind first.
-  static Status Stop(TaskContext& context, Trainer& trainer) {
+  static Status Stop(TaskContext& context, Trainer& trainer, CheckpointWriter& writer) {
+    if (Status last = writer.Wait(); !last.ok()) STRATA_LOG(kWarn) << "the last checkpoint write failed: " << last.ToString();
     const int64_t step = context.snapshot_step ? context.snapshot_step->load() : 0;
     Status saved = SaveSnapshot(context, trainer, step);
     if (!saved.ok()) STRATA_LOG(kWarn) << "could not save the state of step " << step << " before stopping: " << saved.ToString();
@@ -195,13 +235,15 @@ class TorchExecutor final : public TaskExecutor {
     }
     const int64_t tokens_per_step = spec.train.global_batch * spec.model.sequence;
     StepProfiler profiler(context.run_id, static_cast<int>(context.rank));
+    CheckpointWriter writer(context);  // after the trainer: destroyed (and waited for) first
     while (trainer.step() < spec.train.steps) {
-      if (context.cancelled->load()) return Stop(context, trainer);
+      if (context.cancelled->load()) return Stop(context, trainer, writer);
       const auto start = std::chrono::steady_clock::now();
       profiler.BeforeStep(trainer.step() + 1);
       auto stepped = trainer.Step();
-      if (!stepped.ok() && context.cancelled->load()) return Stop(context, trainer);
+      if (!stepped.ok() && context.cancelled->load()) return Stop(context, trainer, writer);
       if (stepped.status().code() == StatusCode::kResourceExhausted) {
+        STRATA_RETURN_IF_ERROR(writer.Wait());
         // No rank applied this step (trainer.h): leave the state it started from, then report;
         // the coordinator stops the other ranks, re-plans and replays the step.
         const int64_t failed = trainer.step() + 1;
@@ -222,17 +264,19 @@ class TorchExecutor final : public TaskExecutor {
       const bool last = trainer.step() == spec.train.steps;
       const int64_t every = spec.train.checkpoint_every;
       if (last || (every > 0 && trainer.step() % every == 0)) {
-        auto tensors = trainer.SaveCheckpointShard();
-        if (tensors.status().code() == StatusCode::kAlreadyExists) {
-          context.reporter->ReportNotice("checkpoint-skipped", "rank " + std::to_string(context.rank) + ": " + tensors.status().message());
-          if (last) return tensors.status();  // the final checkpoint must exist
+        STRATA_RETURN_IF_ERROR(writer.Wait());  // one checkpoint in host memory at a time
+        const auto copy_start = std::chrono::steady_clock::now();
+        auto copy = trainer.CopyCheckpointShard();
+        if (copy.status().code() == StatusCode::kAlreadyExists) {
+          context.reporter->ReportNotice("checkpoint-skipped", "rank " + std::to_string(context.rank) + ": " + copy.status().message());
+          if (last) return copy.status();  // the final checkpoint must exist
           continue;
         }
-        STRATA_RETURN_IF_ERROR(tensors.status());
-        context.reporter->ReportCheckpoint(trainer.step(), *tensors);
+        STRATA_RETURN_IF_ERROR(copy.status());
+        writer.Start(std::move(copy).value(), std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());
       }
     }
-    return Status::Ok();
+    return writer.Wait();  // the final checkpoint is durable and reported before the task ends
   }
 
   torch::Device device_;

@@ -401,6 +401,13 @@ Status Trainer::Resume(const ResumePoint& resume) {
 }
 
 Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard() {
+  STRATA_ASSIGN_OR_RETURN(HostCheckpoint copy, CopyCheckpointShard());
+  return WriteCheckpointShard(*context_.store, context_.run_id, std::move(copy));
+}
+
+Result<HostCheckpoint> Trainer::CopyCheckpointShard() {
+  HostCheckpoint copy;
+  copy.step = step_;
   // An earlier attempt of this run (stopped by a lost worker or a replay) may have committed this
   // step's shard here before the checkpoint was complete everywhere. The state at a step is the
   // same in every attempt, so the same pieces are that shard: report it again rather than write.
@@ -409,29 +416,42 @@ Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard(
     if (info.step != step_) continue;
     std::set<std::string> have, want;
     for (const auto& t : info.tensors) have.insert(t.name);
-    STRATA_RETURN_IF_ERROR(WriteCheckpointPieces(/*write=*/false, &want));
-    if (have == want) return info.tensors;
-    return Status(StatusCode::kAlreadyExists, "the checkpoint of step " + std::to_string(step_) + " is already in this worker's store, cut for "
-                                              "another mesh by an earlier attempt of the run; it is not rewritten (the next checkpoint is)");
+    CollectCheckpointPieces(nullptr, &want);
+    if (have != want) {
+      return Status(StatusCode::kAlreadyExists, "the checkpoint of step " + std::to_string(step_) + " is already in this worker's store, cut for "
+                                                "another mesh by an earlier attempt of the run; it is not rewritten (the next checkpoint is)");
+    }
+    copy.existing = info.tensors;
+    return copy;
   }
-  STRATA_RETURN_IF_ERROR(WriteCheckpointPieces(/*write=*/true, nullptr));
-  STRATA_RETURN_IF_ERROR(context_.store->CommitCheckpoint(context_.run_id, step_));
-  STRATA_ASSIGN_OR_RETURN(auto list, context_.store->ListCheckpoints(context_.run_id));
-  for (auto& info : list) {
-    if (info.step == step_) return info.tensors;
-  }
-  return Internal("checkpoint at step " + std::to_string(step_) + " missing right after its commit");
+  CollectCheckpointPieces(&copy.pieces, nullptr);
+  return copy;
 }
 
-// This rank's pieces of the checkpoint (shard/layout.h): staged in the store, or only named.
-Status Trainer::WriteCheckpointPieces(bool write, std::set<std::string>* names) {
+Result<std::vector<storage::CheckpointTensorInfo>> Trainer::WriteCheckpointShard(storage::ShardStore& store, const std::string& run,
+                                                                                 HostCheckpoint copy) {
+  if (!copy.existing.empty()) return copy.existing;
+  for (const auto& [name, values] : copy.pieces) {
+    STRATA_RETURN_IF_ERROR(store.PutCheckpointTensor(run, copy.step, name, ViewOf(values)));
+  }
+  STRATA_RETURN_IF_ERROR(store.CommitCheckpoint(run, copy.step));
+  STRATA_ASSIGN_OR_RETURN(auto list, store.ListCheckpoints(run));
+  for (auto& info : list) {
+    if (info.step == copy.step) return info.tensors;
+  }
+  return Internal("checkpoint at step " + std::to_string(copy.step) + " missing right after its commit");
+}
+
+// This rank's pieces of the checkpoint (shard/layout.h): host copies of their values into
+// `pieces` (owned copies, never views of live parameters: a write may outlast the next step), or
+// only their names into `names`.
+void Trainer::CollectCheckpointPieces(std::vector<std::pair<std::string, torch::Tensor>>* pieces, std::set<std::string>* names) {
+  torch::NoGradGuard no_grad;
   const int64_t zero = context_.spec.parallel.zero;
   for (size_t u = 0; u < model_->units().size(); ++u) {
     const ParamUnit& unit = model_->units()[u];
     const Moments& m = moments_[u];
     if (unit.tied_copy) continue;  // the first stage writes wte
-    torch::Tensor flat, exp_avg, exp_avg_sq;
-    if (write) flat = unit.flat.detach().to(torch::kCPU), exp_avg = m.exp_avg.to(torch::kCPU), exp_avg_sq = m.exp_avg_sq.to(torch::kCPU);
     for (size_t i = 0; i < unit.names.size(); ++i) {
       const bool split = !unit.replicated[i];
       if (!split && position_.tp_rank != 0) continue;  // replicated: tensor-parallel rank 0 writes it
@@ -452,18 +472,14 @@ Status Trainer::WriteCheckpointPieces(bool write, std::set<std::string>* names) 
       const int64_t moment_at = zero >= 1 ? begin - unit.shard_begin : begin;
       for (const char* kind : {"param", "adam_m", "adam_v"}) {
         piece.kind = kind;
-        if (!write) {
-          names->insert(shard::FormatPiece(piece));
-          continue;
-        }
-        const torch::Tensor& from = piece.kind == "param" ? flat : piece.kind == "adam_m" ? exp_avg : exp_avg_sq;
-        auto contiguous = from.narrow(0, piece.kind == "param" ? param_at : moment_at, end - begin).contiguous();
-        STRATA_RETURN_IF_ERROR(context_.store->PutCheckpointTensor(context_.run_id, step_, shard::FormatPiece(piece),
-                                                                   ViewOf(contiguous)));
+        if (names) names->insert(shard::FormatPiece(piece));
+        if (!pieces) continue;
+        const torch::Tensor& from = piece.kind == "param" ? unit.flat.detach() : piece.kind == "adam_m" ? m.exp_avg : m.exp_avg_sq;
+        auto range = from.narrow(0, piece.kind == "param" ? param_at : moment_at, end - begin);
+        pieces->emplace_back(shard::FormatPiece(piece), range.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous());
       }
     }
   }
-  return Status::Ok();
 }
 
 }  // namespace strata::worker

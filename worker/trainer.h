@@ -38,6 +38,18 @@
 
 namespace strata::worker {
 
+// One rank's checkpoint shard in host memory, between the copy and the write.
+struct HostCheckpoint {
+  int64_t step = 0;
+  std::vector<std::pair<std::string, torch::Tensor>> pieces;  // piece name -> contiguous host copy
+  std::vector<storage::CheckpointTensorInfo> existing;        // already committed: nothing to write
+  int64_t bytes() const {
+    int64_t n = 0;
+    for (const auto& [name, t] : pieces) n += t.numel() * t.element_size();
+    return n;
+  }
+};
+
 class Trainer {
  public:
   Trainer(const TaskContext& context, TokenData data, torch::Device device);
@@ -61,8 +73,16 @@ class Trainer {
   const StepMemory& last_step_memory() const { return last_step_memory_; }
 
   // Writes this rank's pieces of the checkpoint at the current step (shard/layout.h: parameters
-  // and AdamW moments, each its tensor-parallel slice cut by data-parallel rank) and commits them.
+  // and AdamW moments, each its tensor-parallel slice cut by data-parallel rank) and commits them:
+  // CopyCheckpointShard, then WriteCheckpointShard.
   Result<std::vector<storage::CheckpointTensorInfo>> SaveCheckpointShard();
+  // The part that must pause training: host copies of this rank's pieces (or, when an earlier
+  // attempt already committed the same pieces of this step here, their infos; AlreadyExists when
+  // it committed other pieces).
+  Result<HostCheckpoint> CopyCheckpointShard();
+  // The rest, on any thread (touches no trainer state): stage the copies in `store` and commit.
+  static Result<std::vector<storage::CheckpointTensorInfo>> WriteCheckpointShard(storage::ShardStore& store, const std::string& run,
+                                                                                 HostCheckpoint copy);
 
   // Loads the checkpoint at `resume` (written under any mesh): reads the pieces of the tensors this
   // rank holds from the stores the manifest names, assembles them, keeps its slice and shard of
@@ -89,7 +109,7 @@ class Trainer {
 
   Status BuildGroups();
   void ClearGradients();
-  Status WriteCheckpointPieces(bool write, std::set<std::string>* names);
+  void CollectCheckpointPieces(std::vector<std::pair<std::string, torch::Tensor>>* pieces, std::set<std::string>* names);
   Status OutOfMemoryInStep(const std::exception& e) const;
   torch::Tensor MicroBatchLoss(const torch::Tensor& rows, torch::Tensor* input, torch::Tensor* output);
   Status RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum);
