@@ -98,8 +98,9 @@ TEST_F(ChaosTest, RunFinishesThroughWorkerAndCoordinatorKillsWithTheFaultFreeLos
   const int coordinator_kills = EnvInt("STRATA_CHAOS_COORDINATOR_KILLS", 2);
   const unsigned seed = static_cast<unsigned>(EnvInt("STRATA_CHAOS_SEED", 1));
   const int faults = worker_kills + coordinator_kills;
-  // Each fault waits for 6 steps of progress after the last recovery: enough steps for all.
-  const int steps = 40 + 12 * faults;
+  // Each fault waits for 6 steps of progress after the last recovery: enough steps for all. The
+  // workers train on through a coordinator outage (~1 s, 15 steps/s here), so those get more.
+  const int steps = 40 + 12 * worker_kills + 60 * coordinator_kills;
 
   std::ofstream(dir_ + "/reference.toml") << Spec("reference", steps);
   auto reference = Strata("submit " + dir_ + "/reference.toml --follow");
