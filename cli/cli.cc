@@ -116,10 +116,9 @@ json RunToJson(RunRecord::Reader r) {
   json plan = json::object();
   if (auto spec = ParseRunSpec(r.getSpecToml().cStr(), "", /*check_files=*/false); spec.ok() && !spec->is_extract()) {
     const ParallelSpec& p = spec->parallel;
-    const int64_t local = spec->train.global_batch / std::max<int64_t>(p.dp, 1);
-    const int64_t micro = p.micro_batch > 0 ? p.micro_batch : local;
+    const int64_t micro = spec->micro_batch_rows();
     plan = {{"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero}, {"micro_batch", micro},
-            {"gradient_accumulation", local / std::max<int64_t>(micro, 1)}, {"recompute", p.recompute},
+            {"gradient_accumulation", spec->local_batch() / std::max<int64_t>(micro, 1)}, {"recompute", p.recompute},
             {"planned", p.planned()}};
   }
   return {{"memory", memory}, {"handled", handled}, {"plan", plan}, {"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},

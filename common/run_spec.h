@@ -16,6 +16,7 @@
 //               train.seed when it is empty)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -103,6 +104,10 @@ struct RunSpec {
   std::string name;
   std::string kind = "train";  // or "extract"
   bool is_extract() const { return kind == "extract"; }
+  // Train runs: sequences per data-parallel rank per step, and per forward/backward on a rank
+  // (parallel.micro_batch, 0 = all of them).
+  int64_t local_batch() const { return train.global_batch / std::max<int64_t>(parallel.dp, 1); }
+  int64_t micro_batch_rows() const { return parallel.micro_batch > 0 ? parallel.micro_batch : local_batch(); }
   ModelSpec model;
   DataSpec data;
   TrainSpec train;

@@ -126,13 +126,15 @@ struct RunEntry {
   std::string resume_run;
   int64_t resume_step = 0;
   int64_t recover_until_ms = 0;  // steady clock: after a lost worker, when to re-plan onto who is there
-  // After an out-of-memory stop: the step whose state the ranks of attempt `snapshot_token` are
-  // saving (its checkpoint is the replay's start), how many shards make it whole, and until when
-  // (steady clock) the run waits for them before replaying from its latest complete checkpoint.
-  int64_t snapshot_step = 0;
-  uint64_t snapshot_token = 0;
-  size_t snapshot_ranks = 0;
-  int64_t snapshot_until_ms = 0;
+  // After an out-of-memory stop: the step whose state the ranks of attempt `token` are saving (its
+  // checkpoint is the replay's start), how many shards make it whole, and until when (steady
+  // clock) the run waits for them before replaying from its latest complete checkpoint.
+  struct Snapshot {
+    int64_t step = 0;
+    uint64_t token = 0;
+    size_t ranks = 0;
+    int64_t until_ms = 0;  // 0: not waiting
+  } snapshot;
   // Train runs, by rank: the planner's estimate and the highest peak the rank has reported.
   struct RankMemory {
     std::string worker;
@@ -371,7 +373,7 @@ class CoordinatorImpl final : public Coordinator {
       }
     }
     for (auto& [id, run] : runs_) {
-      if (run.snapshot_until_ms > 0 && now >= run.snapshot_until_ms) SnapshotDone(run, false);
+      if (run.snapshot.until_ms > 0 && now >= run.snapshot.until_ms) SnapshotDone(run, false);
     }
     // A recovering run whose grace period just ended is re-planned onto the workers present.
     for (auto& [id, run] : runs_) {
@@ -495,16 +497,15 @@ class CoordinatorImpl final : public Coordinator {
     const int64_t snapshot = oom.getIntactStep() > std::max<int64_t>(latest, run.resume_run == run.id ? 0 : run.resume_step)
                                  ? oom.getIntactStep() : 0;
     if (snapshot > 0) {
-      run.snapshot_step = snapshot;
-      run.snapshot_token = run.task_token;
-      run.snapshot_ranks = run.workers.size();
-      run.snapshot_until_ms = net::SteadyMs() + options_.snapshot_timeout_ms;
+      run.snapshot.step = snapshot;
+      run.snapshot.token = run.task_token;
+      run.snapshot.ranks = run.workers.size();
+      run.snapshot.until_ms = net::SteadyMs() + options_.snapshot_timeout_ms;
       // Shards of this step already here (the failed rank saves before it reports) are this
       // attempt's: pending_shards is cleared at every assignment.
-      if (auto it = run.pending_shards.find(snapshot); it != run.pending_shards.end() && it->second.size() == run.snapshot_ranks) {
+      if (auto it = run.pending_shards.find(snapshot); it != run.pending_shards.end() && it->second.size() == run.snapshot.ranks) {
         CommitCheckpoint(run, snapshot);
-        run.snapshot_step = run.snapshot_ranks = run.snapshot_until_ms = 0;
-        run.snapshot_token = 0;
+        run.snapshot = {};
       }
     }
     const std::string stop = "rank " + std::to_string(rank) + " ran out of memory: the run re-plans and replays step " +
@@ -520,10 +521,11 @@ class CoordinatorImpl final : public Coordinator {
     ReleaseWorkers(run);
     run.workers.clear();
     run.state = RunState::PENDING;
-    if (run.snapshot_until_ms == 0) ResumeFromLatest(run);  // else once the snapshot is in (SnapshotDone)
-    if (run.snapshot_until_ms > 0) {
+    if (run.snapshot.until_ms > 0) {  // the resume point is set once the snapshot is in (SnapshotDone)
       AddEvent(run, "snapshot", "waiting up to " + std::to_string(options_.snapshot_timeout_ms / 1000) + " s for the " +
-                                    std::to_string(run.snapshot_ranks) + " ranks to save their state of step " + std::to_string(snapshot));
+                                    std::to_string(run.snapshot.ranks) + " ranks to save their state of step " + std::to_string(snapshot));
+    } else {
+      ResumeFromLatest(run);
     }
     Persist(run);
     Schedule();
@@ -533,14 +535,11 @@ class CoordinatorImpl final : public Coordinator {
   // the run replays from its latest complete checkpoint.
   void SnapshotDone(RunEntry& run, bool complete) {
     if (!complete) {
-      run.pending_shards.erase(run.snapshot_step);
-      AddEvent(run, "snapshot", "the state of step " + std::to_string(run.snapshot_step) +
+      run.pending_shards.erase(run.snapshot.step);
+      AddEvent(run, "snapshot", "the state of step " + std::to_string(run.snapshot.step) +
                                     " was not saved by every rank in time; replaying from the latest complete checkpoint");
     }
-    run.snapshot_step = 0;
-    run.snapshot_token = 0;
-    run.snapshot_ranks = 0;
-    run.snapshot_until_ms = 0;
+    run.snapshot = {};
     if (run.state == RunState::PENDING) {
       ResumeFromLatest(run);
       Persist(run);
@@ -556,8 +555,8 @@ class CoordinatorImpl final : public Coordinator {
   bool ShrinkForMemory(RunEntry& run, const std::string& worker, int64_t micro_batch, uint64_t free_bytes, uint64_t total_bytes,
                        const std::vector<WorkerEntry*>& ranks) {
     ParallelSpec& p = run.spec.parallel;
-    const int64_t local = run.spec.train.global_batch / std::max<int64_t>(p.dp, 1);
-    const int64_t current = p.micro_batch > 0 ? p.micro_batch : local;
+    const int64_t local = run.spec.local_batch();
+    const int64_t current = run.spec.micro_batch_rows();
     std::string change;
     // The plan that failed, with its estimates: evaluated as if memory were unbounded (it did not
     // fit, which is the point). The view to re-plan on: the failed worker's memory as it reported
@@ -751,7 +750,7 @@ class CoordinatorImpl final : public Coordinator {
     }
     std::sort(pending.begin(), pending.end(), [](auto* a, auto* b) { return a->created_ms < b->created_ms; });
     for (RunEntry* run : pending) {
-      if (run->snapshot_until_ms > 0) return;  // FIFO: its replay waits for the ranks' snapshot
+      if (run->snapshot.until_ms > 0) return;  // FIFO: its replay waits for the ranks' snapshot
       std::vector<WorkerEntry*> idle;
       for (auto& [id, w] : workers_) {
         if (w.state == WorkerState::IDLE) idle.push_back(&w);
@@ -894,8 +893,8 @@ class CoordinatorImpl final : public Coordinator {
     // Reports of an earlier attempt of this run (a rank still stopping after the run re-planned)
     // change nothing, except the shards of the snapshot that attempt was asked to leave.
     const uint64_t token = ev.getTaskToken();
-    const bool snapshot_shard = ev.which() == TaskEvent::CHECKPOINT_SAVED && run.snapshot_token != 0 && token == run.snapshot_token &&
-                                ev.getCheckpointSaved().getStep() == run.snapshot_step;
+    const bool snapshot_shard = ev.which() == TaskEvent::CHECKPOINT_SAVED && run.snapshot.token != 0 && token == run.snapshot.token &&
+                                ev.getCheckpointSaved().getStep() == run.snapshot.step;
     if (token != 0 && run.task_token != 0 && token != run.task_token && !snapshot_shard) return;
     const uint32_t rank = ev.getRank();
     switch (ev.which()) {
@@ -929,7 +928,7 @@ class CoordinatorImpl final : public Coordinator {
         if (committed.ok() && committed->has_value()) break;
         auto& by_rank = run.pending_shards[shard.getStep()];
         by_rank[rank] = schema::StructToBytes(shard);
-        if (by_rank.size() == (snapshot_shard ? run.snapshot_ranks : run.workers.size())) {
+        if (by_rank.size() == (snapshot_shard ? run.snapshot.ranks : run.workers.size())) {
           CommitCheckpoint(run, shard.getStep());
           if (snapshot_shard) SnapshotDone(run, true);
         }

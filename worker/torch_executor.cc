@@ -77,9 +77,7 @@ class TorchExecutor final : public TaskExecutor {
     ReleaseCachedMemory();
     if (status.code() == StatusCode::kResourceExhausted && !oom_reported && !context.cancelled->load()) {
       // Out of memory outside a step (building or loading the model): nothing to snapshot.
-      const auto& p = context.spec.parallel;
-      ReportOutOfMemory(context, 0, p.micro_batch > 0 ? p.micro_batch : context.spec.train.global_batch / std::max<int64_t>(p.dp, 1), -1,
-                        status.message());
+      ReportOutOfMemory(context, 0, context.spec.micro_batch_rows(), -1, status.message());
     }
     return status;
   }
@@ -162,16 +160,10 @@ class TorchExecutor final : public TaskExecutor {
     context.reporter->ReportOutOfMemory(report);
   }
 
-  // Saves (or re-reports, if this rank's store holds it already) the shard of `step` when that is
-  // the state this rank holds whole: the start of a replay under a new plan.
+  // Saves the shard of `step` when that is the state this rank holds whole: the start of a replay
+  // under a new plan (SaveCheckpointShard re-reports it if this rank's store holds it already).
   static Status SaveSnapshot(TaskContext& context, Trainer& trainer, int64_t step) {
     if (step <= 0 || step != trainer.step() || !trainer.state_intact()) return Status::Ok();
-    STRATA_ASSIGN_OR_RETURN(auto saved, context.store->ListCheckpoints(context.run_id));
-    for (const auto& info : saved) {
-      if (info.step != step) continue;
-      context.reporter->ReportCheckpoint(step, info.tensors);
-      return Status::Ok();
-    }
     STRATA_ASSIGN_OR_RETURN(auto tensors, trainer.SaveCheckpointShard());
     context.reporter->ReportCheckpoint(step, tensors);
     return Status::Ok();

@@ -181,10 +181,7 @@ Status Trainer::OutOfMemoryInStep(const std::exception& e) const {
                                                     std::to_string(micro_batch()) + " on " + device_.str() + ": " + compat::OutOfMemoryDetail(e));
 }
 
-int64_t Trainer::micro_batch() const {
-  const auto& spec = context_.spec;
-  return spec.parallel.micro_batch > 0 ? spec.parallel.micro_batch : spec.train.global_batch / mesh_.dp;
-}
+int64_t Trainer::micro_batch() const { return context_.spec.micro_batch_rows(); }
 
 void Trainer::ClearGradients() {
   torch::NoGradGuard no_grad;

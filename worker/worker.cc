@@ -438,7 +438,7 @@ class WorkerImpl final : public Worker {
     resumed_from.step = resume.step;
     const bool spec_is_extract = spec.is_extract();
     try {
-      if (spec.is_extract()) {
+      if (spec_is_extract) {
         // Capture needs no peers: each worker's chunks are independent.
         status = RunExtractTask(t, std::move(spec), std::move(chunks));
       } else {

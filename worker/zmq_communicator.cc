@@ -129,8 +129,8 @@ class Mesh {
       FrameHeader header;
       if (!Ours(frames, &header)) continue;
       if (header.group == kControlGroup) {
-        STRATA_RETURN_IF_ERROR(OnControl(header, frames[1]));
-        if (frames[1].size() == 1 && *static_cast<const char*>(frames[1].data()) == kAck) unacked.erase(static_cast<uint32_t>(header.source));
+        STRATA_ASSIGN_OR_RETURN(const char what, OnControl(header, frames[1]));
+        if (what == kAck) unacked.erase(static_cast<uint32_t>(header.source));
         continue;
       }
       Keep(header, frames[1]);  // a peer already past its handshake sent data: keep it for Recv
@@ -187,7 +187,7 @@ class Mesh {
       FrameHeader header;
       if (!Ours(frames, &header)) continue;
       if (header.group == kControlGroup) {
-        STRATA_RETURN_IF_ERROR(OnControl(header, frames[1]));
+        STRATA_RETURN_IF_ERROR(OnControl(header, frames[1]).status());
         continue;
       }
       if (Key{header.group, static_cast<uint32_t>(header.source), header.sequence} == key) return deliver(frames[1]);
@@ -223,11 +223,14 @@ class Mesh {
     mailbox_[got] = std::move(payload);
   }
 
-  // A hello is acknowledged whenever it comes (the peer resends until it hears the ack).
-  Status OnControl(const FrameHeader& header, const zmq::message_t& payload) {
-    if (payload.size() != 1 || *static_cast<const char*>(payload.data()) != kHello) return Status::Ok();
+  // A control frame's kind (0 if malformed). A hello is acknowledged whenever it comes (the peer
+  // resends until it hears the ack).
+  Result<char> OnControl(const FrameHeader& header, const zmq::message_t& payload) {
+    const char what = payload.size() == 1 ? *static_cast<const char*>(payload.data()) : 0;
+    if (what != kHello) return what;
     heard_.insert(static_cast<uint32_t>(header.source));
-    return SendControl(static_cast<uint32_t>(header.source), kAck);
+    STRATA_RETURN_IF_ERROR(SendControl(static_cast<uint32_t>(header.source), kAck));
+    return what;
   }
 
   Status SendControl(uint32_t to, char what) {
