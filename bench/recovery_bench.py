@@ -8,6 +8,16 @@ GPT-2 124M (or RECOVERY_MODEL=llama1b: a Llama-style 1.1B), sequence 1024, bf16,
 `--heartbeat-timeout-ms 1000` and `--replace-grace-ms 0` (no replacement is coming: re-plan at
 once onto the survivor, dp 2 -> 1 with the same global batch).
 
+RECOVERY_FAULT=hang: instead of the kill, rank 1 stops before step RECOVERY_KILL_STEP + 1 while its heartbeats go on
+(STRATA_TEST_HANG_AT_STEP), so only the hang watchdog can notice: `--peer-timeout-ms`
+RECOVERY_PEER_TIMEOUT_MS (default 5000) on the workers; on GPU the NCCL watchdog fires and the
+coordinator names the rank that reported no stall of its own. Detect = hang -> "stalled" event.
+
+RECOVERY_KILL_STEP (default 50) and RECOVERY_CHECKPOINT_EVERY (default 20) move the fault.
+
+RECOVERY_LOGS=DIR: the cluster's logs and the run's events are copied there at the end, whatever
+happened.
+
 usage: STRATA_BIN_DIR=build/bin python3 bench/recovery_bench.py [STEPS]
 """
 import array
@@ -37,6 +47,11 @@ def main():
     state = f"{work}/state"
     cpu = os.environ.get("STRATA_BENCH_CPU") == "1"  # a smoke run of this script on CPU workers, tiny model
     llama = os.environ.get("RECOVERY_MODEL") == "llama1b"  # the ~1B target of issue #5
+    hang = os.environ.get("RECOVERY_FAULT") == "hang"
+    logs_to = os.environ.get("RECOVERY_LOGS")
+    run = None
+    kill_step = int(os.environ.get("RECOVERY_KILL_STEP", "50"))
+    every = int(os.environ.get("RECOVERY_CHECKPOINT_EVERY", "20"))
     vocab = 256 if cpu else 32000 if llama else 50257
     raw = array.array("H", os.urandom(2 * (8 << 20)))
     array.array("H", (t % vocab for t in raw)).tofile(open(f"{work}/tokens.u16", "wb"))
@@ -45,31 +60,41 @@ def main():
              "layers = 12\nhidden = 768\nheads = 12\nsequence = 1024\n")
     spec = (f'[model]\nfamily = "{"llama" if llama else "gpt2"}"\n{model}vocab = {vocab}\n'
             f'[data]\npath = "{work}/tokens.u16"\nformat = "u16"\n'
-            f'[train]\nsteps = {STEPS}\nglobal_batch = 16\nlr = 0.0003\nprecision = "{"fp32" if cpu else "bf16"}"\ncheckpoint_every = 20\n'
+            f'[train]\nsteps = {STEPS}\nglobal_batch = 16\nlr = 0.0003\nprecision = "{"fp32" if cpu else "bf16"}"\ncheckpoint_every = {every}\n'
             f'[parallel]\ndp = 2\n')
     try:
-        strata(state, "up", *(["--workers", "2"] if cpu else ["--gpus", "2"]), "--heartbeat-timeout-ms", "1000",
-               "--replace-grace-ms", "0")
-        for name in ("clean", "crash"):
+        up_env = dict(os.environ, STRATA_STATE_DIR=state)
+        hang_args = []
+        if hang:
+            up_env["STRATA_TEST_HANG_AT_STEP"] = f"{kill_step + 1}:1"
+            hang_args = ["--peer-timeout-ms", os.environ.get("RECOVERY_PEER_TIMEOUT_MS", "5000")]
+        subprocess.run([f"{BIN}/strata", "up", *(["--workers", "2"] if cpu else ["--gpus", "2"]), "--heartbeat-timeout-ms",
+                        "1000", "--replace-grace-ms", "0", *hang_args], env=up_env, check=True)
+        # A fault-free run must not meet the hang: it then runs on rank 0 alone (same global batch).
+        for name, body in (("clean", spec.replace("dp = 2", "dp = 1\npp = 1\ntp = 1") if hang else spec), ("crash", spec)):
             with open(f"{work}/{name}.toml", "w") as f:
-                f.write(f'name = "{name}"\n' + spec)
+                f.write(f'name = "{name}"\n' + body)
         clean = strata(state, "submit", f"{work}/clean.toml", "--follow").splitlines()[0]
         print(f"fault-free run {clean} finished", file=sys.stderr, flush=True)
         run = strata(state, "submit", f"{work}/crash.toml").splitlines()[0]
         while True:
             s = json.loads(strata(state, "status", run, "--json"))
-            if s["step"] >= 50:
+            if s["step"] >= kill_step:
                 break
             time.sleep(0.05)
         victim = s["workers"][1]
-        cluster = json.load(open(f"{state}/cluster.json"))
-        pid = next(p["pid"] for p in cluster["processes"] if p["name"] == victim)
-        killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
+        if hang:
+            killed_at = time.time()  # rank 1 stops before step kill_step + 1 of its own accord
+            print(f"{victim} hangs before step {kill_step + 1} (status saw step {s['step']})", file=sys.stderr, flush=True)
+        else:
+            cluster = json.load(open(f"{state}/cluster.json"))
+            pid = next(p["pid"] for p in cluster["processes"] if p["name"] == victim)
+            killed_at = time.time()
+            os.kill(pid, signal.SIGKILL)
+            print(f"killed {victim} (pid {pid}) at step {s['step']}", file=sys.stderr, flush=True)
         # Poll for the first step past the checkpoint the run resumed from: the step drops back to
         # that checkpoint when the run recovers (grace 0 can make "pending" too short to see),
         # then grows again once the re-planned mesh trains.
-        print(f"killed {victim} (pid {pid}) at step {s['step']}", file=sys.stderr, flush=True)
         resumed_step, trained_again, deadline = None, None, time.time() + 90
         while trained_again is None:
             if time.time() > deadline:
@@ -88,17 +113,23 @@ def main():
             time.sleep(0.02)
         strata(state, "status", run, "--watch")
         events = json.loads(strata(state, "events", run, "--json"))
-        lost = next(e["unix_ms"] for e in events if e["kind"] == "worker-lost") / 1000.0
+        lost = next(e["unix_ms"] for e in events if e["kind"] == ("stalled" if hang else "worker-lost")) / 1000.0
         a = json.loads(strata(state, "status", clean, "--json"))["losses"]
         b = json.loads(strata(state, "status", run, "--json"))
         worst = max(abs(x - y) / x for x, y in zip(a, b["losses"]))
-        print(json.dumps({"detect_s": round(lost - killed_at, 2), "train_again_s": round(trained_again - killed_at, 2),
+        print(json.dumps({"fault": "hang" if hang else "kill -9", "detect_s": round(lost - killed_at, 2), "train_again_s": round(trained_again - killed_at, 2),
                           "resumed_from_step": resumed_step, "final_state": b["state"], "world_size_after": b["world_size"],
                           "steps": len(b["losses"]), "max_rel_loss_diff_vs_fault_free": worst}))
         for e in events:
             if e["unix_ms"] / 1000.0 - killed_at > -3 and e["kind"] != "step":
                 print(f"  {e['unix_ms'] / 1000.0 - killed_at:+7.2f} s  {e['kind']}: {e['message'][:140]}")
     finally:
+        if logs_to:
+            os.makedirs(logs_to, exist_ok=True)
+            shutil.copytree(f"{state}/logs", f"{logs_to}/logs", dirs_exist_ok=True)
+            if run:
+                with open(f"{logs_to}/events.txt", "w") as f:
+                    f.write(strata(state, "events", run, check=False))
         strata(state, "down", check=False)
         shutil.rmtree(work, ignore_errors=True)
 

@@ -226,8 +226,14 @@ Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint
 }
 
 // gpus > 0: one worker per GPU (cuda:0..gpus-1) instead of CPU workers.
-int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms, int replace_grace_ms, const std::string& memory_limit) {
-  if (gpus > 0) workers = gpus;
+struct UpOptions {
+  int workers = 2, gpus = 0;
+  int heartbeat_timeout_ms = 2000, replace_grace_ms = 10000, peer_timeout_ms = 120000, stuck_task_restart_ms = 30000;
+  std::string memory_limit;
+};
+
+int CmdUp(GlobalOptions& g, const UpOptions& up) {
+  const int workers = up.gpus > 0 ? up.gpus : up.workers;
   const std::string dir = fs::absolute(g.state_dir).lexically_normal().string();
   std::error_code ec;
   fs::create_directories(dir + "/logs", ec);
@@ -265,8 +271,8 @@ int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms, int
   ClusterProcess* coord = find("coordinator");
   if (!IsStrataProcess(coord->pid)) {
     std::vector<std::string> argv = {bin + "/strata-coordinator", "--listen", file.endpoint, "--state-dir",
-                                     dir + "/coordinator", "--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms),
-                                     "--replace-grace-ms", std::to_string(replace_grace_ms)};
+                                     dir + "/coordinator", "--heartbeat-timeout-ms", std::to_string(up.heartbeat_timeout_ms),
+                                     "--replace-grace-ms", std::to_string(up.replace_grace_ms)};
     argv.insert(argv.end(), keys_args.begin(), keys_args.end());
     // The dashboard on loopback, its port kept across restarts when free (docs/dashboard.md).
     auto token_file = EnsureHttpTokenFile(dir);
@@ -289,8 +295,10 @@ int CmdUp(GlobalOptions& g, int workers, int gpus, int heartbeat_timeout_ms, int
                                      "--store", dir + "/workers/" + name, "--data-address",
                                      "ipc://" + dir + "/" + name + ".data.sock", "--serve-address",
                                      "ipc://" + dir + "/" + name + ".serve.sock"};
-    if (gpus > 0) argv.insert(argv.end(), {"--device", "cuda:" + std::to_string(i)});
-    if (!memory_limit.empty()) argv.insert(argv.end(), {"--memory-limit", memory_limit});
+    if (up.gpus > 0) argv.insert(argv.end(), {"--device", "cuda:" + std::to_string(i)});
+    if (!up.memory_limit.empty()) argv.insert(argv.end(), {"--memory-limit", up.memory_limit});
+    argv.insert(argv.end(), {"--peer-timeout-ms", std::to_string(up.peer_timeout_ms), "--stuck-task-restart-ms",
+                             std::to_string(up.stuck_task_restart_ms)});
     argv.insert(argv.end(), keys_args.begin(), keys_args.end());
     auto pid = SpawnDaemon(argv, dir + "/logs/" + name + ".log");
     if (!pid.ok()) return Fail(pid.status());
@@ -733,16 +741,24 @@ int RunCli(int argc, char** argv) {
   keygen->add_option("dir", keygen_dir, "directory to create (e.g. STATE_DIR/keys)")->required();
   keygen->add_flag("--force", keygen_force, "replace existing keys (every host then needs the new ones)");
 
-  int workers = 2, gpus = 0, hb_timeout = 2000, replace_grace = 10000;
+  UpOptions up_options;
   auto* up = app.add_subcommand("up", "start a local coordinator and workers (starts only what is not running)");
-  up->add_option("--workers", workers, "number of CPU workers")->check(CLI::Range(1, 64));
-  up->add_option("--gpus", gpus, "one worker per GPU on cuda:0..N-1 instead of CPU workers")->check(CLI::Range(0, 64));
-  std::string memory_limit;
-  up->add_option("--memory-limit", memory_limit, "each worker uses at most this much memory, e.g. 8GiB (GPU: the allocator's cap; CPU: address space the OS lets it add)");
-  up->add_option("--heartbeat-timeout-ms", hb_timeout, "mark a silent worker lost after this")->check(CLI::Range(200, 600000));
-  up->add_option("--replace-grace-ms", replace_grace,
+  up->add_option("--workers", up_options.workers, "number of CPU workers")->check(CLI::Range(1, 64));
+  up->add_option("--gpus", up_options.gpus, "one worker per GPU on cuda:0..N-1 instead of CPU workers")->check(CLI::Range(0, 64));
+  up->add_option("--memory-limit", up_options.memory_limit,
+                 "each worker uses at most this much memory, e.g. 8GiB (GPU: the allocator's cap; CPU: address space the OS lets it add)");
+  up->add_option("--heartbeat-timeout-ms", up_options.heartbeat_timeout_ms, "mark a silent worker lost after this")
+      ->check(CLI::Range(200, 600000));
+  up->add_option("--replace-grace-ms", up_options.replace_grace_ms,
                  "after a worker is lost, wait this long for a replacement before re-planning onto the workers present")
       ->check(CLI::Range(0, 3600000));
+  up->add_option("--peer-timeout-ms", up_options.peer_timeout_ms,
+                 "the hang watchdog: a rank waiting this long for a peer or a collective gives up and the rank that did "
+                 "not arrive is treated as lost")
+      ->check(CLI::Range(500, 3600000));
+  up->add_option("--stuck-task-restart-ms", up_options.stuck_task_restart_ms,
+                 "a worker whose cancelled task has not stopped after this (stuck in a device call) restarts its process")
+      ->check(CLI::Range(1000, 3600000));
   auto* down = app.add_subcommand("down", "stop the local cluster (state is kept)");
 
   bool as_json = false;
@@ -807,7 +823,7 @@ int RunCli(int argc, char** argv) {
   }
 
   if (*keygen) return CmdKeygen(keygen_dir, keygen_force);
-  if (*up) return CmdUp(g, workers, gpus, hb_timeout, replace_grace, memory_limit);
+  if (*up) return CmdUp(g, up_options);
   if (*down) return CmdDown(g);
   if (*workers_cmd) return CmdWorkers(g, as_json);
   if (*submit) return CmdSubmit(g, spec_path, follow, resume, skip_estimate);

@@ -135,6 +135,14 @@ struct RunEntry {
     size_t ranks = 0;
     int64_t until_ms = 0;  // 0: not waiting
   } snapshot;
+  // Ranks of attempt `token` whose collective timed out without naming who did not arrive; at
+  // until_ms (steady clock) the ranks not among them are blamed (options.stall_window_ms).
+  struct Stall {
+    uint64_t token = 0;
+    std::set<uint32_t> ranks;
+    std::string detail;  // the first report's
+    int64_t until_ms = 0;  // 0: no stall pending
+  } stall;
   // Train runs, by rank: the planner's estimate and the highest peak the rank has reported.
   struct RankMemory {
     std::string worker;
@@ -374,6 +382,7 @@ class CoordinatorImpl final : public Coordinator {
     }
     for (auto& [id, run] : runs_) {
       if (run.snapshot.until_ms > 0 && now >= run.snapshot.until_ms) SnapshotDone(run, false);
+      if (run.stall.until_ms > 0 && now >= run.stall.until_ms) StallWindowClosed(run);
     }
     // A recovering run whose grace period just ended is re-planned onto the workers present.
     for (auto& [id, run] : runs_) {
@@ -384,15 +393,58 @@ class CoordinatorImpl final : public Coordinator {
     }
   }
 
+  // The ranks in `missing` of a running train run did not arrive at a collective (the hang
+  // watchdog): each is lost to the run, even if it still heartbeats (a live one registers again
+  // and is told to drop the task), and the run re-plans without them.
+  void RanksStalled(RunEntry& run, const std::vector<uint32_t>& missing, const std::string& how) {
+    std::string names;
+    for (uint32_t r : missing) names += (names.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " on " + run.workers[r];
+    AddEvent(run, "stalled", names + " did not arrive: " + how + "; treated as lost");
+    for (uint32_t r : missing) {
+      auto w = workers_.find(run.workers[r]);
+      if (w != workers_.end() && w->second.state != WorkerState::LOST) {
+        w->second.state = WorkerState::LOST;
+        w->second.current_run.clear();
+        ++workers_lost_;
+      }
+    }
+    TrainWorkerLost(run, run.workers[missing.front()], names + " stalled");
+    Schedule();
+  }
+
+  // Every rank of the stalled attempt reported, or the window closed: blame the silent ones. If
+  // every rank timed out, no one can be blamed (the fabric, or a hang inside the collective
+  // itself): the run starts again from its latest checkpoint on the same workers.
+  void StallWindowClosed(RunEntry& run) {
+    RunEntry::Stall stall = std::move(run.stall);
+    run.stall = {};
+    if (run.state != RunState::RUNNING || stall.token != run.task_token) return;  // already recovering
+    std::vector<uint32_t> missing;
+    for (uint32_t r = 0; r < run.workers.size(); ++r) {
+      if (!stall.ranks.count(r)) missing.push_back(r);
+    }
+    const std::string how = std::to_string(stall.ranks.size()) + " of " + std::to_string(run.workers.size()) +
+                            " ranks timed out in a collective (" + stall.detail + ")";
+    if (!missing.empty()) return RanksStalled(run, missing, how);
+    AddEvent(run, "stalled", "every rank timed out in a collective and none can be blamed: " + how +
+                                 "; the run starts again from its latest checkpoint");
+    TrainRecover(run, "a collective timed out on every rank: the run starts again");
+    Schedule();
+  }
+
   // A train run lost rank `lost`: stop the others, go back to pending, resume from the latest
   // complete checkpoint on whoever is there (see the top of this file).
   void TrainWorkerLost(RunEntry& run, const std::string& lost, const std::string& why) {
     AddEvent(run, "worker-lost", why + " at step " + std::to_string(run.step));
+    TrainRecover(run, "rank on " + lost + " was lost: the run re-plans", lost);
+  }
+
+  // Stops the run's ranks still reachable but `lost` (told `why`), then resumes as TrainWorkerLost
+  // says.
+  void TrainRecover(RunEntry& run, const std::string& why, const std::string& lost = "") {
     for (auto& id : run.workers) {
       auto it = workers_.find(id);
-      if (id != lost && it != workers_.end() && it->second.state != WorkerState::LOST) {
-        SendCancel(it->second, run.id, "rank on " + lost + " was lost: the run re-plans");
-      }
+      if (id != lost && it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, why);
     }
     ReleaseWorkers(run);
     run.workers.clear();
@@ -939,21 +991,20 @@ class CoordinatorImpl final : public Coordinator {
         break;
       case TaskEvent::STALLED: {
         // The hang watchdog: the rank that did not arrive is lost to this run, heartbeats or not.
-        const uint32_t missing = ev.getStalled().getMissingRank();
-        if (run.state != RunState::RUNNING || missing >= run.workers.size()) break;
-        const std::string victim = run.workers[missing];
-        const std::string waiter = rank < run.workers.size() ? run.workers[rank] : "?";
-        AddEvent(run, "stalled", "rank " + std::to_string(missing) + " on " + victim + " did not arrive: rank " + std::to_string(rank) +
-                                     " on " + waiter + " gave up (" + ev.getStalled().getDetail().cStr() + "); " + victim +
-                                     " is treated as lost");
-        auto w = workers_.find(victim);
-        if (w != workers_.end() && w->second.state != WorkerState::LOST) {
-          w->second.state = WorkerState::LOST;  // a live one registers again and is told to drop the task
-          w->second.current_run.clear();
-          ++workers_lost_;
+        if (run.state != RunState::RUNNING) break;
+        auto stalled = ev.getStalled();
+        if (!stalled.getRankKnown()) {  // decided once the window closes (StallWindowClosed)
+          if (run.stall.until_ms == 0 || run.stall.token != run.task_token) {
+            run.stall = {run.task_token, {}, stalled.getDetail().cStr(), net::SteadyMs() + options_.stall_window_ms};
+          }
+          run.stall.ranks.insert(rank);
+          if (run.stall.ranks.size() == run.workers.size()) StallWindowClosed(run);
+          break;
         }
-        TrainWorkerLost(run, victim, "rank " + std::to_string(missing) + " on " + victim + " stalled");
-        Schedule();
+        const uint32_t missing = stalled.getMissingRank();
+        if (missing >= run.workers.size()) break;
+        const std::string waiter = rank < run.workers.size() ? run.workers[rank] : "?";
+        RanksStalled(run, {missing}, "rank " + std::to_string(rank) + " on " + waiter + " gave up (" + stalled.getDetail().cStr() + ")");
         break;
       }
       case TaskEvent::FINISHED:

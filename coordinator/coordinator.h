@@ -25,6 +25,10 @@ struct CoordinatorOptions {
   // After a rank runs out of memory, how long the run waits for every rank to save its state of
   // the last whole step (the replay's start) before replaying from its latest complete checkpoint.
   int snapshot_timeout_ms = 60000;
+  // When a rank's collective times out without knowing on whom (NCCL), how long the coordinator
+  // waits for the run's other ranks to report theirs: the ranks that do not are the ones that did
+  // not arrive. Victims enqueue the same collective within about a step of each other.
+  int stall_window_ms = 3000;
   // CURVE key directory (`strata keygen`): required for tcp:// listen addresses, optional for
   // ipc://. With it only clients whose public key is in authorized_keys may connect.
   std::string keys_dir;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -157,6 +158,175 @@ TEST_F(CoordinatorTest, SilentWorkerIsMarkedLostAndItsRunWaitsToRecover) {
   EXPECT_EQ(run.getState(), RunState::PENDING);
   EXPECT_EQ(run.getStep(), 0);
   EXPECT_EQ(run.getWorkers().size(), 0u);
+}
+
+// A worker as the coordinator sees one, at the protocol level: registers, heartbeats, receives its
+// assignment and reports task events, so a test can make a rank say exactly what it wants.
+class FakeWorker {
+ public:
+  FakeWorker(zmq::context_t& ctx, const std::string& endpoint, const std::string& name, const std::string& dir)
+      : socket_(ctx, zmq::socket_type::dealer), name_(name) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::routing_id, name);
+    socket_.connect(endpoint);
+    schema::EnvelopeBuilder reg(1);
+    auto r = reg.root().initRegisterWorker();
+    r.setName(name);
+    r.setPid(1000 + static_cast<uint32_t>(name.back()));
+    r.setDataAddress("ipc://" + dir + "/" + name + ".sock");
+    auto memory = r.initMemory();
+    memory.setDevice("cpu");
+    memory.setTotalBytes(uint64_t{8} << 30);
+    memory.setFreeBytes(uint64_t{6} << 30);
+    socket_.send(net::Buffer(reg.Serialize()), zmq::send_flags::none);
+    std::vector<zmq::message_t> frames;
+    EXPECT_TRUE(net::RecvMultipart(socket_, &frames, 3000));
+  }
+
+  void Heartbeat() {
+    schema::EnvelopeBuilder msg;
+    auto hb = msg.root().initHeartbeat();
+    hb.setWorkerId(name_);
+    auto memory = hb.initMemory();
+    memory.setDevice("cpu");
+    memory.setTotalBytes(uint64_t{8} << 30);
+    memory.setFreeBytes(uint64_t{6} << 30);
+    socket_.send(net::Buffer(msg.Serialize()), zmq::send_flags::none);
+  }
+
+  // Heartbeats until an AssignTask for `run_id` arrives (or 3 s pass); remembers rank and token.
+  bool AwaitAssignment(const std::string& run_id) {
+    const int64_t start = net::SteadyMs();
+    std::vector<zmq::message_t> frames;
+    while (net::SteadyMs() - start < 3000) {
+      Heartbeat();
+      if (!net::RecvMultipart(socket_, &frames, 100)) continue;
+      auto env = schema::DecodeEnvelope(net::Bytes(frames.back()));
+      if (!env.ok() || (*env)->root().which() != Envelope::ASSIGN_TASK) continue;
+      auto a = (*env)->root().getAssignTask();
+      if (std::string(a.getRunId().cStr()) != run_id) continue;
+      rank_ = a.getRank();
+      token_ = a.getTaskToken();
+      return true;
+    }
+    return false;
+  }
+
+  // Reports that this rank's collective timed out, naming no one (as an NCCL rank does).
+  void ReportUnknownStall(const std::string& run_id) {
+    schema::EnvelopeBuilder msg;
+    auto ev = msg.root().initTaskEvent();
+    ev.setRunId(run_id);
+    ev.setRank(rank_);
+    ev.setTaskToken(token_);
+    auto st = ev.initStalled();
+    st.setRankKnown(false);
+    st.setDetail("an NCCL all-reduce of rank " + std::to_string(rank_) + " issued 5 s ago has not finished");
+    socket_.send(net::Buffer(msg.Serialize()), zmq::send_flags::none);
+  }
+
+  uint32_t rank() const { return rank_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  zmq::socket_t socket_;
+  std::string name_;
+  uint32_t rank_ = 0;
+  uint64_t token_ = 0;
+};
+
+// The NCCL hang watchdog's arbitration: ranks whose collective timed out report it without a name;
+// when the stall window closes, the rank that reported nothing (it heartbeats, but is stuck in its
+// own work) is the one treated as lost, and the run goes back to recover.
+class StallTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    options_.stall_window_ms = 400;
+    options_.heartbeat_timeout_ms = 1500;
+    CoordinatorTest::SetUp();
+  }
+
+  // Three fake workers running one dp=3 run; returns its id.
+  std::string StartRun(zmq::context_t& ctx, std::vector<std::unique_ptr<FakeWorker>>& workers) {
+    for (const char* name : {"w0", "w1", "w2"}) workers.push_back(std::make_unique<FakeWorker>(ctx, options_.listen, name, dir_));
+    CoordinatorClient client(options_.listen);
+    schema::EnvelopeBuilder submit;
+    std::string spec = Spec(3);
+    spec.replace(spec.find("global_batch = 2"), 16, "global_batch = 6");
+    submit.root().initSubmitRun().setSpecToml(spec);
+    auto submitted = client.Call(submit);
+    EXPECT_TRUE(submitted.ok()) << submitted.status().ToString();
+    if (!submitted.ok()) return "";
+    const std::string run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
+    for (auto& w : workers) EXPECT_TRUE(w->AwaitAssignment(run_id));
+    return run_id;
+  }
+
+  // The run's events of `kind`, waiting up to 3 s (heartbeating meanwhile) for the first.
+  std::vector<std::string> AwaitEvents(const std::string& run_id, const std::string& kind,
+                                       std::vector<std::unique_ptr<FakeWorker>>& workers) {
+    CoordinatorClient client(options_.listen);
+    std::vector<std::string> found;
+    const int64_t start = net::SteadyMs();
+    while (found.empty() && net::SteadyMs() - start < 3000) {
+      for (auto& w : workers) w->Heartbeat();
+      schema::EnvelopeBuilder req;
+      req.root().initEventsRequest().setRunId(run_id);
+      auto reply = client.Call(req);
+      if (!reply.ok()) break;
+      for (auto e : (*reply)->root().getEventsReply().getEvents()) {
+        if (std::string(e.getKind().cStr()) == kind) found.push_back(e.getMessage().cStr());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return found;
+  }
+
+  std::map<std::string, WorkerState> States() {
+    CoordinatorClient client(options_.listen);
+    schema::EnvelopeBuilder req;
+    req.root().setWorkersRequest();
+    auto reply = client.Call(req);
+    std::map<std::string, WorkerState> states;
+    if (!reply.ok()) return states;
+    for (auto w : (*reply)->root().getWorkersReply().getWorkers()) states[w.getName().cStr()] = w.getState();
+    return states;
+  }
+};
+
+TEST_F(StallTest, TheRankThatReportsNoStallIsTreatedAsLost) {
+  zmq::context_t ctx;
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  const std::string run_id = StartRun(ctx, workers);
+  ASSERT_FALSE(run_id.empty());
+  for (auto& w : workers) {
+    if (w->rank() == 1) continue;
+    w->ReportUnknownStall(run_id);
+  }
+  const auto stalled = AwaitEvents(run_id, "stalled", workers);
+  ASSERT_EQ(stalled.size(), 1u);
+  EXPECT_NE(stalled[0].find("rank 1 on "), std::string::npos) << stalled[0];
+  EXPECT_NE(stalled[0].find("did not arrive: 2 of 3 ranks timed out in a collective"), std::string::npos) << stalled[0];
+  EXPECT_NE(stalled[0].find("NCCL all-reduce"), std::string::npos) << "the rank's own words: " << stalled[0];
+  const auto states = States();
+  for (auto& w : workers) {
+    EXPECT_EQ(states.at(w->name()) == WorkerState::LOST, w->rank() == 1) << w->name() << " (rank " << w->rank() << ")";
+  }
+  EXPECT_EQ(AwaitEvents(run_id, "recovering", workers).size(), 1u);
+}
+
+TEST_F(StallTest, WhenEveryRankTimedOutNoneIsBlamedAndTheRunStartsAgain) {
+  zmq::context_t ctx;
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  const std::string run_id = StartRun(ctx, workers);
+  ASSERT_FALSE(run_id.empty());
+  for (auto& w : workers) w->ReportUnknownStall(run_id);
+  const auto stalled = AwaitEvents(run_id, "stalled", workers);
+  ASSERT_EQ(stalled.size(), 1u);
+  EXPECT_NE(stalled[0].find("every rank timed out in a collective and none can be blamed: 3 of 3"), std::string::npos)
+      << stalled[0];
+  EXPECT_EQ(AwaitEvents(run_id, "recovering", workers).size(), 1u);
+  for (auto& [id, state] : States()) EXPECT_NE(state, WorkerState::LOST) << id;
 }
 
 TEST_F(CoordinatorTest, RunsSurviveARestart) {

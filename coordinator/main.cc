@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
   app.add_option("--replace-grace-ms", options.replace_grace_ms,
                  "extract runs: how long a lost worker's unfinished chunks wait for it before others take them")
       ->check(CLI::Range(0, 86400000));
+  app.add_option("--stall-window-ms", options.stall_window_ms,
+                 "after a rank's collective times out naming no one (NCCL), wait this long for the other ranks' reports; "
+                 "the ranks that send none are treated as lost")
+      ->check(CLI::Range(100, 3600000));
   std::string http_address, http_token_file;
   app.add_option("--http", http_address, "serve the dashboard, /api/state and /metrics on HOST:PORT (off by default; "
                                          "PORT alone binds 127.0.0.1)");

@@ -119,10 +119,13 @@ struct TaskEvent {
 }
 
 # The hang watchdog: this rank waited past its deadline for `missingRank` (a transfer or the
-# task's start-up never came), so that rank is treated as lost.
+# task's start-up never came), so that rank is treated as lost. An NCCL collective that times out
+# cannot say who did not arrive (rankKnown = false): the coordinator then blames the ranks that
+# did not report a stall of their own within its stall window.
 struct Stalled {
   missingRank @0 :UInt32;
   detail @1 :Text;
+  rankKnown @2 :Bool = true;
 }
 
 # A train rank ran out of memory (device allocator, or the OS limit of a CPU worker). No rank

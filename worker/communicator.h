@@ -51,6 +51,10 @@ class Communicator {
   virtual bool device_buffers() const { return false; }
   // Makes the pending and every later call return Aborted (a failed run never hangs its peers).
   virtual void Abort() = 0;
+  // The error the next collective would return (Aborted, DeadlineExceeded), or OK. A caller that
+  // synced with work the communicator enqueued asynchronously (NCCL) calls it to learn whether that
+  // work was whole or cut short by an abort.
+  virtual Status Check() const { return Status::Ok(); }
   // The world rank this one gave up waiting for (a receive or the task's start-up handshake ran
   // past its deadline), or -1: the watchdog's answer to "who did not arrive".
   virtual int64_t missing_peer() const { return -1; }

@@ -34,12 +34,13 @@ int main(int argc, char** argv) {
   app.add_option("--serve-address", options.serve_address,
                  "endpoint of this worker's store server (activation reads by `strata activations get`)");
   app.add_option("--peer-timeout-ms", options.peer_timeout_ms, "give up on a silent peer after this");
-  app.add_option("--stuck-task-exit-ms", options.stuck_task_exit_ms,
-                 "exit (for the supervisor to restart this worker) when a cancelled task has not stopped after this");
+  app.add_option("--stuck-task-restart-ms", options.stuck_task_restart_ms,
+                 "restart this worker process (same pid) when a cancelled task has not stopped after this");
   app.add_option("--keys", options.keys_dir,
                  "CURVE key directory from `strata keygen` (required for tcp:// coordinator or data address)");
   app.set_version_flag("--version", [] { return strata::worker::TorchBuildInfo(); });
   CLI11_PARSE(app, argc, argv);
+  options.restart_argv.assign(argv, argv + argc);
 
   strata::log::Init(options.name);
   if (!memory_limit.empty()) {

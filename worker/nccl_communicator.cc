@@ -15,6 +15,15 @@
 // stream (1F1B would deadlock with large messages). The compute stream waits for each transfer
 // to finish, so buffers are never reused early. The trainer gives each direction its own
 // communicator, so each keeps one order of operations on every rank.
+//
+// Hang watchdog: an NCCL call returns once enqueued, so a collective whose peer never comes blocks
+// whatever later waits on the stream (a loss read, a host copy), with no deadline of its own. Every
+// operation records a CUDA event after itself; a watchdog thread per world polls the oldest
+// unfinished one, and when it is older than the deadline (or NCCL reports an asynchronous error)
+// it marks the world timed out and aborts every communicator of it, which makes the stuck kernels
+// return. Every later call, and Check(), then returns DeadlineExceeded with what timed out. NCCL
+// cannot say which rank did not arrive; the coordinator works that out from which ranks report a
+// stall of their own (schema Stalled.rankKnown).
 #include "worker/nccl_communicator.h"
 
 #include <c10/cuda/CUDAGuard.h>
@@ -24,8 +33,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <deque>
 #include <mutex>
+#include <thread>
+
+#include "common/net.h"
 
 namespace strata::worker {
 namespace {
@@ -40,36 +54,152 @@ Status NcclStatus(ncclResult_t result, ncclComm_t comm, const char* what) {
   return Unavailable(std::string("NCCL ") + what + " failed: " + detail);
 }
 
-// What the world and its groups share: the aborted flag and every live NCCL communicator, so
-// Abort() from any thread (the executor's cancel watcher) aborts them all: ncclCommAbort makes
-// kernels stuck waiting for a dead peer return, so a failed run never hangs its survivors.
-struct NcclShared {
-  std::atomic<bool> aborted{false};
-  std::mutex mutex;
-  std::vector<ncclComm_t*> comms;  // guarded by mutex; entries are set to null once aborted
+// What the world and its groups share: the aborted flag, every live NCCL communicator (so Abort()
+// from any thread, the executor's cancel watcher or the watchdog, aborts them all: ncclCommAbort
+// makes kernels stuck waiting for a dead peer return, so a failed run never hangs its survivors),
+// and the watchdog's queue of operations not yet seen finished.
+class NcclShared {
+ public:
+  NcclShared(int device, int timeout_ms, std::function<void(const std::string&)> on_timeout)
+      : device_(device), timeout_ms_(timeout_ms), on_timeout_(std::move(on_timeout)) {
+    watchdog_ = std::thread([this] { Watch(); });
+  }
+  ~NcclShared() {
+    stop_.store(true);
+    watchdog_.join();
+    for (const Pending& p : pending_) cudaEventDestroy(p.done);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+  }
+
+  void Add(ncclComm_t* comm) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comms_.push_back(comm);
+  }
+  // Destroys (or, after an abort, aborts) the communicator and forgets it.
+  void Remove(ncclComm_t* comm) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comms_.erase(std::remove(comms_.begin(), comms_.end(), comm), comms_.end());
+    if (*comm && aborted_.load()) {
+      ncclCommAbort(*comm);
+    } else if (*comm) {
+      ncclCommDestroy(*comm);
+    }
+    *comm = nullptr;
+  }
+
+  void Abort() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    AbortLocked();
+  }
+
+  // Aborted after Abort(), DeadlineExceeded after the watchdog fired, else OK. Never waits for
+  // mutex_, which an abort that does not return keeps.
+  Status Check() {
+    if (!aborted_.load()) return Status::Ok();
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    return timed_out_.empty() ? Aborted("communicator aborted") : DeadlineExceeded(timed_out_);
+  }
+
+  // Called right after an operation was enqueued on `stream`: the watchdog starts its clock.
+  void Track(cudaStream_t stream, const char* what, uint32_t rank) {
+    cudaEvent_t done = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_events_.empty()) {
+        done = free_events_.back();
+        free_events_.pop_back();
+      }
+    }
+    if (!done && cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) return;  // unwatched, not wrong
+    cudaEventRecord(done, stream);
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.push_back({done, net::SteadyMs(), what, rank});
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t done;
+    int64_t issued_ms;
+    const char* what;
+    uint32_t rank;  // in the communicator that issued it
+  };
+
+  void AbortLocked() {
+    aborted_.store(true);
+    for (ncclComm_t* comm : comms_) {
+      if (*comm) ncclCommAbort(*comm);
+      *comm = nullptr;
+    }
+  }
+
+  // Every later call fails with `why`, the task hears of it at once (it may be blocked on the very
+  // collective), then the communicators are aborted (mutex_ held). That abort may itself never
+  // return (a dead in-node peer); the worker then restarts its process on the next cancel.
+  void Fire(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(reason_mutex_);
+      timed_out_ = why;
+    }
+    aborted_.store(true);
+    if (on_timeout_) on_timeout_(why);
+    AbortLocked();
+  }
+
+  void Watch() {
+    cudaSetDevice(device_);  // event queries need this thread on the device's context
+    while (!stop_.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_.load()) continue;  // already aborted: nothing left to watch
+      const int64_t now = net::SteadyMs();
+      while (!pending_.empty()) {
+        const Pending& oldest = pending_.front();
+        const cudaError_t state = cudaEventQuery(oldest.done);
+        if (state == cudaErrorNotReady) {
+          if (now - oldest.issued_ms > timeout_ms_) {
+            Fire(std::string("an NCCL ") + oldest.what + " of rank " + std::to_string(oldest.rank) + " issued " +
+                 std::to_string((now - oldest.issued_ms) / 1000) + " s ago has not finished (deadline " +
+                 std::to_string(timeout_ms_ / 1000) + " s, --peer-timeout-ms): a peer did not arrive or stalled");
+          }
+          break;
+        }
+        free_events_.push_back(oldest.done);  // finished (or failed: the call that waits on it sees that)
+        pending_.pop_front();
+      }
+      for (ncclComm_t* comm : comms_) {
+        ncclResult_t async = ncclSuccess;
+        if (!*comm || ncclCommGetAsyncError(*comm, &async) != ncclSuccess) continue;
+        if (async != ncclSuccess && async != ncclInProgress) {
+          Fire(std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(async));
+          break;
+        }
+      }
+    }
+  }
+
+  const int device_;
+  const int timeout_ms_;
+  const std::function<void(const std::string&)> on_timeout_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::vector<ncclComm_t*> comms_;        // guarded by mutex_; entries are set to null once aborted
+  std::deque<Pending> pending_;           // guarded by mutex_: oldest first
+  std::vector<cudaEvent_t> free_events_;  // guarded by mutex_
+  std::mutex reason_mutex_;
+  std::string timed_out_;                 // guarded by reason_mutex_: why the watchdog aborted
+  std::thread watchdog_;                  // last: starts after everything it reads
 };
 
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, uint32_t rank, uint32_t world, int device, std::shared_ptr<NcclShared> shared)
-      : comm_(comm), rank_(rank), world_(world), device_(device), aborted_(std::move(shared)) {
-    std::lock_guard<std::mutex> lock(aborted_->mutex);
-    aborted_->comms.push_back(&comm_);
+      : comm_(comm), rank_(rank), world_(world), device_(device), shared_(std::move(shared)) {
+    shared_->Add(&comm_);
   }
 
   ~NcclCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lock(aborted_->mutex);
-      auto& comms = aborted_->comms;
-      comms.erase(std::remove(comms.begin(), comms.end(), &comm_), comms.end());
-      if (comm_) {
-        if (aborted_->aborted.load()) {
-          ncclCommAbort(comm_);
-        } else {
-          ncclCommDestroy(comm_);
-        }
-      }
-    }
+    shared_->Remove(&comm_);
     if (p2p_stream_) cudaStreamDestroy(p2p_stream_);
     if (p2p_done_) cudaEventDestroy(p2p_done_);
     if (compute_ready_) cudaEventDestroy(compute_ready_);
@@ -78,19 +208,13 @@ class NcclCommunicator final : public Communicator {
   uint32_t rank() const override { return rank_; }
   uint32_t world_size() const override { return world_; }
   bool device_buffers() const override { return true; }
-  void Abort() override {
-    std::lock_guard<std::mutex> lock(aborted_->mutex);
-    aborted_->aborted.store(true);
-    for (ncclComm_t* comm : aborted_->comms) {
-      if (*comm) ncclCommAbort(*comm);
-      *comm = nullptr;
-    }
-  }
+  void Abort() override { shared_->Abort(); }
+  Status Check() const override { return shared_->Check(); }
 
   Status AllReduceSum(float* data, size_t count) override {
     STRATA_RETURN_IF_ERROR(Ready());
     if (world_ == 1) return Status::Ok();
-    return NcclStatus(ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, Stream()), comm_, "all-reduce");
+    return Tracked(ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, Stream()), "all-reduce");
   }
 
   Status ReduceScatterSum(float* data, size_t count) override {
@@ -98,8 +222,7 @@ class NcclCommunicator final : public Communicator {
     if (world_ == 1) return Status::Ok();
     if (count % world_ != 0) return AllReduceSum(data, count);
     const size_t block = count / world_;
-    return NcclStatus(ncclReduceScatter(data, data + rank_ * block, block, ncclFloat, ncclSum, comm_, Stream()), comm_,
-                      "reduce-scatter");
+    return Tracked(ncclReduceScatter(data, data + rank_ * block, block, ncclFloat, ncclSum, comm_, Stream()), "reduce-scatter");
   }
 
   Status AllGather(float* data, size_t count) override {
@@ -115,14 +238,14 @@ class NcclCommunicator final : public Communicator {
       return AllReduceSum(data, count);
     }
     const size_t block = count / world_;
-    return NcclStatus(ncclAllGather(data + rank_ * block, data, block, ncclFloat, comm_, Stream()), comm_, "all-gather");
+    return Tracked(ncclAllGather(data + rank_ * block, data, block, ncclFloat, comm_, Stream()), "all-gather");
   }
 
   Status Broadcast(float* data, size_t count, uint32_t root) override {
     STRATA_RETURN_IF_ERROR(Ready());
     if (root >= world_) return InvalidArgument("broadcast: root " + std::to_string(root) + " is not a rank");
     if (world_ == 1) return Status::Ok();
-    return NcclStatus(ncclBroadcast(data, data, count, ncclFloat, static_cast<int>(root), comm_, Stream()), comm_, "broadcast");
+    return Tracked(ncclBroadcast(data, data, count, ncclFloat, static_cast<int>(root), comm_, Stream()), "broadcast");
   }
 
   Status Send(const void* data, size_t bytes, uint32_t peer) override {
@@ -152,12 +275,18 @@ class NcclCommunicator final : public Communicator {
     ncclComm_t sub = nullptr;
     STRATA_RETURN_IF_ERROR(NcclStatus(ncclCommSplit(comm_, color, key, &sub, nullptr), comm_, "communicator split"));
     return std::unique_ptr<Communicator>(
-        std::make_unique<NcclCommunicator>(sub, static_cast<uint32_t>(key), size, device_, aborted_));
+        std::make_unique<NcclCommunicator>(sub, static_cast<uint32_t>(key), size, device_, shared_));
   }
 
  private:
-  Status Ready() const { return aborted_->aborted.load() ? Aborted("communicator aborted") : Status::Ok(); }
+  Status Ready() const { return shared_->Check(); }
   cudaStream_t Stream() const { return c10::cuda::getCurrentCUDAStream(device_).stream(); }
+  // A collective just enqueued on the compute stream: its result, and the watchdog's clock started.
+  Status Tracked(ncclResult_t result, const char* what) {
+    STRATA_RETURN_IF_ERROR(NcclStatus(result, comm_, what));
+    shared_->Track(Stream(), what, rank_);
+    return Status::Ok();
+  }
 
   template <typename Op>
   Status PointToPoint(Op op, const char* what) {
@@ -173,6 +302,7 @@ class NcclCommunicator final : public Communicator {
     cudaEventRecord(compute_ready_, compute);       // the buffer is written (send) or allocated (recv)
     cudaStreamWaitEvent(p2p_stream_, compute_ready_, 0);
     STRATA_RETURN_IF_ERROR(NcclStatus(op(p2p_stream_), comm_, what));
+    shared_->Track(p2p_stream_, what, rank_);
     cudaEventRecord(p2p_done_, p2p_stream_);
     cudaStreamWaitEvent(compute, p2p_done_, 0);     // nothing on compute touches the buffer before
     return Status::Ok();
@@ -181,14 +311,15 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   uint32_t rank_, world_;
   int device_;
-  std::shared_ptr<NcclShared> aborted_;  // shared by the world and its groups
+  std::shared_ptr<NcclShared> shared_;  // shared by the world and its groups
   cudaStream_t p2p_stream_ = nullptr;
   cudaEvent_t p2p_done_ = nullptr, compute_ready_ = nullptr;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap, int device) {
+Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap, int device, int timeout_ms,
+                                                             std::function<void(const std::string&)> on_timeout) {
   static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0, "the id travels as floats");
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
@@ -201,7 +332,7 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boots
       ncclCommInitRank(&comm, static_cast<int>(bootstrap.world_size()), id, static_cast<int>(bootstrap.rank())), nullptr,
       "init"));
   return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
-      comm, bootstrap.rank(), bootstrap.world_size(), device, std::make_shared<NcclShared>()));
+      comm, bootstrap.rank(), bootstrap.world_size(), device, std::make_shared<NcclShared>(device, timeout_ms, std::move(on_timeout))));
 }
 
 }  // namespace strata::worker

@@ -55,6 +55,10 @@ class TaskReporter {
   // Train runs: the task is about to end because a step ran out of memory (this is its end
   // report; the coordinator re-plans the run and replays the step).
   virtual void ReportOutOfMemory(const OutOfMemoryReport& report) = 0;
+  // Train runs: a wait on the peers passed its deadline (the hang watchdog); `missing_rank` is the
+  // world rank that did not arrive, or -1 when the communicator cannot say (NCCL). This is the
+  // task's end report, and may come from the watchdog's thread while the task is still blocked.
+  virtual void ReportStalled(int64_t missing_rank, const std::string& detail) = 0;
 };
 
 // A checkpoint to start a train task from (written under any mesh): where its pieces are.
@@ -83,6 +87,13 @@ struct TaskContext {
   // (schema CancelTask.snapshotStep).
   const std::atomic<int64_t>* snapshot_step = nullptr;
   std::vector<uint64_t> chunks;                   // extract runs: the chunks to capture
+  // A collective not finished this long after it was issued is aborted (the hang watchdog of
+  // communicators that cannot time out a single wait, i.e. NCCL).
+  int collective_timeout_ms = 120000;
+  // Set (from any thread) when a device call will not return, e.g. an NCCL abort whose in-node
+  // peer died mid-collective (NCCL cannot free such a communicator). The device is unusable from
+  // this process: the worker restarts its process.
+  std::atomic<bool>* device_stuck = nullptr;
 };
 
 // Runs tasks on this worker's device (LibTorch lives behind this interface).

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <thread>
 
 #include "common/log.h"
+#include "common/net.h"
 #include "worker/device_memory.h"
 #include "worker/extractor.h"
 #include "worker/trainer.h"
@@ -20,6 +23,48 @@
 
 namespace strata::worker {
 namespace {
+
+// STRATA_TEST_HANG_AT_STEP=STEP:RANK[:stuck]: rank RANK stops before step STEP, once per worker, as
+// a rank stuck in its own work would: its heartbeats go on while its peers wait in the step's
+// first collective, which the hang watchdog must notice. It wakes when cancelled, or with
+// ":stuck" never (a device call that will not return: the worker must restart its process).
+// Unset (always, outside tests): nothing.
+void TestHangBeforeStep(const TaskContext& context, int64_t step) {
+  static std::atomic<bool> hung{false};
+  const char* value = std::getenv("STRATA_TEST_HANG_AT_STEP");
+  long long at = 0, rank = -1;
+  if (!value || hung.load() || std::sscanf(value, "%lld:%lld", &at, &rank) != 2) return;
+  if (at != step || rank != static_cast<long long>(context.rank)) return;
+  hung.store(true);
+  const bool stuck = std::string(value).find(":stuck") != std::string::npos;
+  STRATA_LOG(kWarn) << "STRATA_TEST_HANG_AT_STEP: rank " << rank << " hangs before step " << step
+                    << (stuck ? " for good" : " until cancelled");
+  while (stuck || !context.cancelled->load()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+// Aborts `comm` from a thread of its own and waits up to kAbortDeadlineMs for it. An abort that
+// does not return means the device is stuck: NCCL cannot free a communicator whose in-node peer
+// died mid-collective (its abort waits for that peer forever; NVIDIA/nccl#863, #1777), so
+// nothing on this device will run again in this process, and the worker restarts it
+// (TaskContext::device_stuck).
+[[maybe_unused]] void AbortOrDeclareStuck(const TaskContext& context, std::shared_ptr<Communicator> comm) {
+  constexpr int kAbortDeadlineMs = 3000;
+  STRATA_LOG(kInfo) << "run " << context.run_id << ": cancelled, aborting its communicators";
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  const int64_t start = net::SteadyMs();
+  std::thread([comm, done] {  // holds the communicator alive for as long as its abort takes
+    comm->Abort();
+    done->store(true);
+  }).detach();
+  while (!done->load() && net::SteadyMs() - start < kAbortDeadlineMs) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (done->load()) {
+    STRATA_LOG(kInfo) << "run " << context.run_id << ": communicators aborted in " << net::SteadyMs() - start << " ms";
+    return;
+  }
+  STRATA_LOG(kError) << "run " << context.run_id << ": the communicator abort has not returned after " << kAbortDeadlineMs / 1000
+                     << " s; this device is stuck";
+  if (context.device_stuck) context.device_stuck->store(true);
+}
 
 // Checkpoints are written in the background: the task thread pauses only for the host copy
 // (Trainer::CopyCheckpointShard), and one writer thread stages and commits it in the store, then
@@ -190,21 +235,22 @@ class TorchExecutor final : public TaskExecutor {
                              "; use precision = \"fp32\" on CPU workers");
     }
     // GPU ranks talk over NCCL (bootstrapped over the task's ZeroMQ world), CPU ranks over ZeroMQ.
-    std::unique_ptr<Communicator> nccl;
+    std::shared_ptr<Communicator> nccl;
     std::atomic<bool> task_over{false};
     std::thread cancel_watcher;
 #ifdef STRATA_WITH_CUDA
     if (device_.is_cuda() && context.world_size > 1) {
-      STRATA_ASSIGN_OR_RETURN(nccl, CreateNcclCommunicator(*context.communicator, device_.index()));
+      // A collective past its deadline is reported at once, from the watchdog's thread: this one
+      // may stay blocked on it.
+      auto on_timeout = [reporter = context.reporter](const std::string& why) { reporter->ReportStalled(-1, why); };
+      STRATA_ASSIGN_OR_RETURN(nccl, CreateNcclCommunicator(*context.communicator, device_.index(), context.collective_timeout_ms,
+                                                           on_timeout));
       context.communicator = nccl.get();
       // A cancel (e.g. a peer was lost) must also reach NCCL: kernels waiting for a dead peer
       // never return on their own, and this thread may be blocked on one.
       cancel_watcher = std::thread([&] {
         while (!task_over.load()) {
-          if (context.cancelled->load()) {
-            nccl->Abort();
-            return;
-          }
+          if (context.cancelled->load()) return AbortOrDeclareStuck(context, nccl);
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
       });
@@ -231,6 +277,7 @@ class TorchExecutor final : public TaskExecutor {
     while (trainer.step() < spec.train.steps) {
       if (context.cancelled->load()) return Stop(context, trainer, writer);
       const auto start = std::chrono::steady_clock::now();
+      TestHangBeforeStep(context, trainer.step() + 1);
       profiler.BeforeStep(trainer.step() + 1);
       auto stepped = trainer.Step();
       if (!stepped.ok() && context.cancelled->load()) return Stop(context, trainer, writer);
@@ -248,6 +295,10 @@ class TorchExecutor final : public TaskExecutor {
         *oom_reported = true;
         return stepped.status();
       }
+      // A step cut short by the communicator's watchdog reports the timeout, not its echo; a step
+      // that synced with a collective the watchdog later aborted is not whole either. (A cancel's
+      // abort is Stop's business above.)
+      if (Status comm = context.communicator->Check(); comm.code() == StatusCode::kDeadlineExceeded) return comm;
       if (!stepped.ok()) return stepped.status();
       const double loss = *stepped;
       profiler.AfterStep(trainer.step());
@@ -265,6 +316,7 @@ class TorchExecutor final : public TaskExecutor {
           continue;
         }
         STRATA_RETURN_IF_ERROR(copy.status());
+        if (Status comm = context.communicator->Check(); comm.code() == StatusCode::kDeadlineExceeded) return comm;
         writer.Start(std::move(copy).value(), std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());
       }
     }

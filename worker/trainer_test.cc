@@ -25,6 +25,7 @@ class NullReporter : public TaskReporter {
   void ReportChunk(const storage::ActivationChunkInfo&, bool) override {}
   void ReportNotice(const std::string&, const std::string&) override {}
   void ReportOutOfMemory(const OutOfMemoryReport&) override {}
+  void ReportStalled(int64_t, const std::string&) override {}
 };
 
 class TrainerTest : public ::testing::Test {

@@ -1,8 +1,13 @@
 // Worker control loop. See worker.h for who owns what.
 #include "worker/worker.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <optional>
@@ -119,10 +124,14 @@ class RunningTask final : public TaskReporter {
     outbox_->Push(msg.Serialize());
   }
 
-  void ReportStalled(int64_t missing_rank, const std::string& detail) {
+  // missing_rank < 0: this rank timed out but cannot say on whom (an NCCL collective). Once: the
+  // NCCL watchdog reports from its thread, and the task reports again when it unblocks.
+  void ReportStalled(int64_t missing_rank, const std::string& detail) override {
+    if (stall_reported_.exchange(true)) return;
     schema::EnvelopeBuilder msg;
     auto st = Event(msg).initStalled();
-    st.setMissingRank(static_cast<uint32_t>(missing_rank));
+    st.setMissingRank(missing_rank < 0 ? 0 : static_cast<uint32_t>(missing_rank));
+    st.setRankKnown(missing_rank >= 0);
     st.setDetail(detail);
     end_reported_.store(true);
     outbox_->Push(msg.Serialize());
@@ -171,6 +180,7 @@ class RunningTask final : public TaskReporter {
   const uint64_t task_token_;
   Outbox* outbox_;
   std::atomic<bool> end_reported_{false};
+  std::atomic<bool> stall_reported_{false};
   std::mutex history_mutex_;
   std::deque<std::string> history_;  // guarded by history_mutex_
   std::string store_path_;
@@ -178,6 +188,7 @@ class RunningTask final : public TaskReporter {
   std::atomic<bool> cancelled{false};
   std::atomic<int64_t> snapshot_step{0};  // set before `cancelled` (CancelTask.snapshotStep)
   std::atomic<bool> done{false};
+  std::atomic<bool> device_stuck{false};  // TaskContext::device_stuck
   std::atomic<int64_t> current_step_{0};
   std::atomic<Communicator*> communicator{nullptr};  // set by the task thread while it exists
   std::mutex communicator_mutex;                     // held while using or clearing `communicator`
@@ -363,17 +374,50 @@ class WorkerImpl final : public Worker {
   // unwinding when the next assignment comes: the assignment waits here, and the control loop
   // (heartbeats included) goes on, until the old task has ended.
   void StartDeferredAssignment(int64_t now) {
-    if (task_ && task_->cancelled.load() && !task_->done.load() && now - cancelled_at_ms_ > options_.stuck_task_exit_ms) {
-      STRATA_LOG(kError) << "run " << task_->run_id_ << " did not stop within " << options_.stuck_task_exit_ms / 1000
-                         << " s of its cancel (stuck in a device call); exiting so the supervisor starts this worker clean";
-      for (auto& bytes : outbox_.Take()) Send(bytes);
-      std::_Exit(3);  // no destructors: they would join the stuck thread
+    if (task_ && !task_->done.load() && task_->device_stuck.load()) {
+      RestartProcess("run " + task_->run_id_ + ": a device call will not return (an NCCL abort after a peer died)");
+    }
+    if (task_ && task_->cancelled.load() && !task_->done.load() && now - cancelled_at_ms_ > options_.stuck_task_restart_ms) {
+      RestartProcess("run " + task_->run_id_ + " did not stop within " + std::to_string(options_.stuck_task_restart_ms / 1000) +
+                     " s of its cancel (stuck in a device call)");
     }
     if (!deferred_assign_ || task_) return;
     auto words = std::move(*deferred_assign_);
     deferred_assign_.reset();
     capnp::FlatArrayMessageReader reader(words);
     HandleAssign(reader.getRoot<AssignTask>());
+  }
+
+  // The device is unusable from this process: start this worker again from scratch under the same
+  // pid, which `strata up`, systemd and Docker all know, so no supervisor is needed. exec drops
+  // the GPU context, its stuck kernels and NCCL's threads as exit would. Every descriptor is made
+  // close-on-exec first (the driver's, so the device memory is freed; the store's lock; sockets).
+  // The journal learns why from the events flushed here and the re-registration that follows.
+  [[noreturn]] void RestartProcess(const std::string& why) {
+    STRATA_LOG(kError) << why << "; restarting this worker process (same pid)";
+    for (auto& bytes : outbox_.Take()) Send(bytes);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // ZeroMQ's I/O thread sends them
+    if (!options_.restart_argv.empty()) {
+      unsetenv("STRATA_TEST_HANG_AT_STEP");  // a test seam fires once per worker, restarts included
+      MarkDescriptorsCloseOnExec();
+      std::vector<char*> argv;
+      for (auto& arg : options_.restart_argv) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      execv("/proc/self/exe", argv.data());
+      STRATA_LOG(kError) << "cannot re-execute /proc/self/exe (" << std::strerror(errno) << "); exiting for the supervisor";
+    }
+    std::_Exit(3);  // no destructors: they would join the stuck thread
+  }
+
+  static void MarkDescriptorsCloseOnExec() {
+    DIR* dir = opendir("/proc/self/fd");
+    if (!dir) return;
+    const int own = dirfd(dir);
+    while (dirent* entry = readdir(dir)) {
+      const int fd = std::atoi(entry->d_name);
+      if (fd > 2 && fd != own) fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
+    }
+    closedir(dir);
   }
 
   void HandleAssign(AssignTask::Reader a) {
@@ -469,6 +513,8 @@ class WorkerImpl final : public Worker {
     context.reporter = t;
     context.cancelled = &t->cancelled;
     context.snapshot_step = &t->snapshot_step;
+    context.device_stuck = &t->device_stuck;
+    context.collective_timeout_ms = options_.peer_timeout_ms;
     return context;
   }
 
@@ -490,8 +536,12 @@ class WorkerImpl final : public Worker {
     context.communicator = comm.get();
     context.resume = std::move(resume);
     Status status = executor_->RunTrain(context);
-    // The watchdog: a peer that never arrived is named, and the coordinator treats it as lost.
-    if (!status.ok() && !t->cancelled.load() && comm->missing_peer() >= 0) t->ReportStalled(comm->missing_peer(), status.message());
+    // The watchdog: a peer that never arrived is named, and the coordinator treats it as lost. A
+    // collective past its deadline (NCCL) names no one: the coordinator finds out who.
+    if (!status.ok() && !t->cancelled.load() &&
+        (comm->missing_peer() >= 0 || status.code() == StatusCode::kDeadlineExceeded)) {
+      t->ReportStalled(comm->missing_peer(), status.message());
+    }
     std::lock_guard<std::mutex> lock(t->communicator_mutex);
     t->communicator = nullptr;
     return status;

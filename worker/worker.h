@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "worker/task.h"
@@ -26,9 +27,11 @@ struct WorkerOptions {
   int register_retry_ms = 1000;
   int peer_timeout_ms = 120000;
   // A cancelled task that has not stopped after this long is stuck in a device call that will not
-  // return (e.g. a collective on a dead peer): the worker exits so its supervisor (systemd,
-  // `strata up`) starts it clean, rather than holding a device it can no longer use.
-  int stuck_task_exit_ms = 30000;
+  // return (e.g. a collective on a dead peer): the worker restarts its process (re-executes
+  // itself with restart_argv, same pid) rather than hold a device it can no longer use. A device
+  // call known to be stuck (TaskContext::device_stuck) restarts it at once.
+  int stuck_task_restart_ms = 30000;
+  std::vector<std::string> restart_argv;  // this process's argv; empty: exit(3) for a supervisor instead
   // CURVE key directory (`strata keygen`; worker.key/.pub if present, else client.key/.pub, plus
   // coordinator.pub and authorized_keys). Required when the coordinator or data address is tcp://.
   std::string keys_dir;
