@@ -48,7 +48,7 @@ void TestHangBeforeStep(const TaskContext& context, int64_t step) {
 // nothing on this device will run again in this process, and the worker restarts it
 // (TaskContext::device_stuck).
 [[maybe_unused]] void AbortOrDeclareStuck(const TaskContext& context, std::shared_ptr<Communicator> comm) {
-  constexpr int kAbortDeadlineMs = 3000;
+  constexpr int kAbortDeadlineMs = 1000;  // a working abort takes milliseconds
   STRATA_LOG(kInfo) << "run " << context.run_id << ": cancelled, aborting its communicators";
   auto done = std::make_shared<std::atomic<bool>>(false);
   const int64_t start = net::SteadyMs();
@@ -61,8 +61,8 @@ void TestHangBeforeStep(const TaskContext& context, int64_t step) {
     STRATA_LOG(kInfo) << "run " << context.run_id << ": communicators aborted in " << net::SteadyMs() - start << " ms";
     return;
   }
-  STRATA_LOG(kError) << "run " << context.run_id << ": the communicator abort has not returned after " << kAbortDeadlineMs / 1000
-                     << " s; this device is stuck";
+  STRATA_LOG(kError) << "run " << context.run_id << ": the communicator abort has not returned after " << kAbortDeadlineMs
+                     << " ms; this device is stuck";
   if (context.device_stuck) context.device_stuck->store(true);
 }
 
