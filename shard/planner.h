@@ -45,6 +45,7 @@ struct WorkerView {
   std::string link = "nvlink";      // "nvlink" | "pcie" | "tcp"
   double peak_flops = 989e12;       // per second; H100 dense bf16
   double bandwidth = 0;             // bytes/s to peers on the same node; 0 -> typical for `link`
+  bool gpu = true;                  // false: a CPU worker (no CUDA context or cuBLAS workspace)
 };
 
 struct ClusterView {
@@ -67,6 +68,9 @@ struct PlannerOptions {
   double inter_node_bandwidth = 12.5e9;  // bytes/s between nodes (100 Gb/s)
   double host_bandwidth = 25e9;     // bytes/s GPU <-> host, for optimizer offload
   int64_t workspace_bytes = int64_t{1} << 30;  // CUDA context, cuBLAS workspace, fragmentation
+  // Used instead when every worker is a CPU worker: allocator arenas and thread-pool buffers (its
+  // libraries are already resident, so not in its free memory).
+  int64_t cpu_workspace_bytes = int64_t{64} << 20;
 };
 
 // ---- Outputs -----------------------------------------------------------------------------

@@ -232,6 +232,28 @@ TEST(ChoosePlan, InfeasibleNamesTheMemoryNeeded) {
   EXPECT_NE(message.find("\"w0\""), std::string::npos) << message;
 }
 
+// CPU workers have no CUDA context or cuBLAS workspace to reserve, and a refusal for them speaks
+// of workers, not GPUs.
+TEST(ChoosePlan, CpuWorkersGetTheCpuWorkspaceAndCpuWords) {
+  JobSpec job;
+  job.global_batch = 8;
+  ClusterView cpus = Workers(2, int64_t{64} << 30);
+  for (auto& w : cpus.workers) w.gpu = false;
+  auto plan = ChoosePlan(Gpt2Small(), job, cpus);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const PlannerOptions defaults;
+  for (const auto& w : plan->workers) EXPECT_EQ(w.memory.workspace, defaults.cpu_workspace_bytes) << w.worker;
+  auto gpu_plan = ChoosePlan(Gpt2Small(), job, Workers(2, int64_t{64} << 30));
+  ASSERT_TRUE(gpu_plan.ok());
+  EXPECT_EQ(gpu_plan->workers[0].memory.workspace, defaults.workspace_bytes);
+
+  for (auto& w : cpus.workers) w.free_bytes = 512 << 20;
+  auto refused = ChoosePlan(Gpt2Small(), job, cpus);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("free per worker"), std::string::npos) << refused.status().message();
+  EXPECT_EQ(refused.status().message().find("GPU"), std::string::npos) << refused.status().message();
+}
+
 TEST(ChoosePlan, BadInputsNameTheField) {
   struct Case {
     const char* expected;

@@ -152,6 +152,9 @@ Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const Clust
   if (!(options.safety_margin >= 0 && options.safety_margin < 1)) return InvalidArgument("planner safety_margin must be in [0, 1)");
   if (!(options.compute_efficiency > 0 && options.compute_efficiency <= 1)) return InvalidArgument("planner compute_efficiency must be in (0, 1]");
   p.layout = p.job.precision == "bf16" ? StateLayout::kBf16Autocast : StateLayout::kFp32;
+  if (std::none_of(p.workers.begin(), p.workers.end(), [](const WorkerView& w) { return w.gpu; })) {
+    p.options.workspace_bytes = options.cpu_workspace_bytes;
+  }
   return p;
 }
 
@@ -233,6 +236,7 @@ WorkerView WorkerFromMemory(std::string name, std::string node, const MemorySnap
   const bool gpu = memory.device.rfind("cuda", 0) == 0;
   v.link = gpu ? "nvlink" : "tcp";
   v.peak_flops = gpu ? 989e12 : 1e11;
+  v.gpu = gpu;
   return v;
 }
 
@@ -294,11 +298,13 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
     internal::WorstFill(*leanest_plan, 1.0, &worst);
     const WorkerAssignment& w = leanest_plan->workers[worst];
     const double free = w.budget_bytes / (1.0 - options.safety_margin);
+    const bool gpus = std::any_of(problem.workers.begin(), problem.workers.end(), [](const WorkerView& v) { return v.gpu; });
     return Status(StatusCode::kResourceExhausted,
                   "no plan fits in the cluster's free memory, even with ZeRO-3, recompute and offload where the [parallel] fields allow: the leanest (" +
-                      internal::Describe(*leanest_plan) + ") needs " + internal::FormatBytes(leanest_need) + " free per GPU (with the " +
+                      internal::Describe(*leanest_plan) + ") needs " + internal::FormatBytes(leanest_need) + " free per " + (gpus ? "GPU" : "worker") + " (with the " +
                       std::to_string(static_cast<int>(options.safety_margin * 100)) + "% safety margin), but worker \"" + w.worker + "\" has " +
-                      internal::FormatBytes(free) + " free; add workers, free GPU memory, or shorten the sequence / shrink the model");
+                      internal::FormatBytes(free) + " free; add workers, free " + (gpus ? "GPU " : "") +
+                      "memory, or shorten the sequence / shrink the model");
   }
 
   // The runner-up is the best plan on another mesh (more telling than a ZeRO-stage variant of the

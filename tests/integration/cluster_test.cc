@@ -136,7 +136,8 @@ TEST_F(ClusterTest, PlanShowsTheMeshAndEachWorkersEstimateBeforeAnythingRuns) {
   auto refused = Strata("submit " + huge);
   EXPECT_EQ(refused.rc, 1) << refused.out;
   EXPECT_NE(refused.err.find("not submitted"), std::string::npos) << refused.err;
-  EXPECT_NE(refused.err.find("GiB free per GPU"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("GiB free per worker"), std::string::npos) << refused.err;  // CPU workers: no "GPU"
+  EXPECT_EQ(refused.err.find("GPU"), std::string::npos) << refused.err;
   EXPECT_TRUE(refused.out.empty()) << "nothing was submitted: " << refused.out;
 }
 
