@@ -264,8 +264,10 @@ class TorchExecutor final : public TaskExecutor {
         if (thread.joinable()) thread.join();
       }
     } join_watcher{task_over, cancel_watcher};
+    const int64_t build_start = net::SteadyMs();
     Trainer trainer(context, std::move(data), device_);
     STRATA_RETURN_IF_ERROR(trainer.init_status());
+    STRATA_LOG(kInfo) << "run " << context.run_id << ": model built in " << net::SteadyMs() - build_start << " ms";
     if (!context.resume.run_id.empty()) {
       STRATA_RETURN_IF_ERROR(trainer.Resume(context.resume));
       if (context.rank == 0) context.reporter->ReportNotice("resumed", "the " + std::to_string(context.world_size) + " rank(s) loaded the checkpoint of " +

@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "common/log.h"
 #include "worker/causal_lm.h"
 #include "worker/device_memory.h"
 #include "worker/torch_compat.h"
@@ -342,6 +344,8 @@ Status Trainer::Resume(const ResumePoint& resume) {
   std::set<std::string> needed;
   for (const auto& unit : model_->units()) needed.insert(unit.names.begin(), unit.names.end());
   const std::string where = "checkpoint of run " + resume.run_id + " at step " + std::to_string(resume.step);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t read_bytes = 0;
   std::map<std::string, shard::TensorAssembler> kinds;
   for (const char* kind : {"param", "adam_m", "adam_v"}) kinds.emplace(kind, shard::TensorAssembler(context_.spec.model));
   for (const auto& shard : resume.shards) {
@@ -368,8 +372,10 @@ Status Trainer::Resume(const ResumePoint& resume) {
         return Corruption(where + ": piece '" + name + "' in " + shard.store_path + " is not the fp32 range its name describes");
       }
       STRATA_RETURN_IF_ERROR(kinds.at(piece->kind).Add(*piece, sizeof(float), t.bytes.data()));
+      read_bytes += static_cast<int64_t>(t.bytes.size());
     }
   }
+  const auto read = std::chrono::steady_clock::now();
   torch::NoGradGuard no_grad;
   for (size_t u = 0; u < model_->units().size(); ++u) {
     ParamUnit& unit = model_->units()[u];
@@ -394,6 +400,9 @@ Status Trainer::Resume(const ResumePoint& resume) {
     m.exp_avg_sq.copy_(whole["adam_v"].narrow(0, m.begin, m.end - m.begin).to(device_));
   }
   step_ = resume.step;
+  auto ms = [](auto a, auto b) { return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count(); };
+  STRATA_LOG(kInfo) << where << ": read " << (read_bytes >> 20) << " MiB in " << ms(start, read) << " ms, placed on "
+                    << device_.str() << " in " << ms(read, std::chrono::steady_clock::now()) << " ms";
   return Status::Ok();
 }
 
