@@ -155,6 +155,12 @@ Result<PieceName> ParsePiece(const std::string& stored) {
 }
 
 Status TensorAssembler::Add(const PieceName& piece, size_t element, const uint8_t* bytes) {
+  STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, Slot(piece, element));
+  std::memcpy(slot.data(), bytes, slot.size());
+  return Status::Ok();
+}
+
+Result<std::span<uint8_t>> TensorAssembler::Slot(const PieceName& piece, size_t element) {
   const std::vector<int64_t>& full_shape = piece.shape;
   Partial& part = partial_[piece.name];
   if (part.shape.empty()) {
@@ -178,10 +184,9 @@ Status TensorAssembler::Add(const PieceName& piece, size_t element, const uint8_
     covered.assign(static_cast<size_t>(tp), 0);
   }
   const auto rank = static_cast<size_t>(split.replicated() ? 0 : piece.tp_rank);
-  std::memcpy(slices[rank].data() + static_cast<size_t>(piece.begin) * element, bytes,
-              static_cast<size_t>(piece.end - piece.begin) * element);
   covered[rank] += piece.end - piece.begin;
-  return Status::Ok();
+  return std::span<uint8_t>(slices[rank].data() + static_cast<size_t>(piece.begin) * element,
+                            static_cast<size_t>(piece.end - piece.begin) * element);
 }
 
 Result<std::vector<uint8_t>> TensorAssembler::Take(const std::string& name) {
@@ -195,6 +200,11 @@ Result<std::vector<uint8_t>> TensorAssembler::Take(const std::string& name) {
     bool complete = true;
     for (int64_t c : covered) complete = complete && c * tp == full_elements;
     if (!complete) continue;
+    if (tp == 1) {  // the one slice is the whole tensor: hand it over rather than copy it
+      std::vector<uint8_t> full = std::move(slices[0]);
+      partial_.erase(it);
+      return full;
+    }
     std::vector<uint8_t> full(static_cast<size_t>(full_elements) * part.element);
     for (int64_t r = 0; r < tp; ++r) PlaceSlice(split, part.shape, tp, r, part.element, slices[r].data(), full.data());
     partial_.erase(it);

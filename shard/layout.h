@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,9 @@ class TensorAssembler {
   explicit TensorAssembler(ModelSpec spec) : spec_(std::move(spec)) {}
   // `bytes` holds (end - begin) elements of `element` bytes of the piece's slice.
   Status Add(const PieceName& piece, size_t element, const uint8_t* bytes);
+  // Where the piece's (end - begin) elements go, counted as covered: the caller fills it (e.g.
+  // reads the piece straight into it) or gives up on the whole assembly.
+  Result<std::span<uint8_t>> Slot(const PieceName& piece, size_t element);
   // The whole tensor, or an error naming the elements no piece covered.
   Result<std::vector<uint8_t>> Take(const std::string& name);
   std::vector<std::string> names() const;

@@ -109,6 +109,10 @@ class ShardStore {
   // A tensor of a committed checkpoint. NotFound if the checkpoint is not committed or lacks
   // `name`; Corruption if the stored bytes fail their checksum.
   virtual Result<Tensor> ReadCheckpointTensor(const std::string& run, int64_t step, const std::string& name) = 0;
+  // The same, into `out`, which must be exactly the tensor's size (else InvalidArgument): a large
+  // restore places bytes where they belong instead of through a copy of its own.
+  virtual Status ReadCheckpointTensorInto(const std::string& run, int64_t step, const std::string& name, DType dtype,
+                                          std::span<uint8_t> out) = 0;
 
   // ---- activations (extract runs) ----
   // Stores every record of one chunk, then its cursor entry. The chunk exists (for Get/List and

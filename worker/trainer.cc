@@ -367,12 +367,16 @@ Status Trainer::Resume(const ResumePoint& resume) {
                                "independent checkpoints); resume from a newer checkpoint");
       }
       if (!needed.count(piece->name) || !kinds.count(piece->kind)) continue;
-      STRATA_ASSIGN_OR_RETURN(storage::Tensor t, store->ReadCheckpointTensor(resume.run_id, resume.step, name));
-      if (t.dtype != storage::DType::kF32 || t.bytes.size() != static_cast<size_t>(piece->end - piece->begin) * sizeof(float)) {
-        return Corruption(where + ": piece '" + name + "' in " + shard.store_path + " is not the fp32 range its name describes");
+      // Straight into its place in the assembled tensor: a restore of gigabytes copies each byte
+      // as few times as it can (every fresh buffer costs page faults as well as the copy).
+      STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, kinds.at(piece->kind).Slot(*piece, sizeof(float)));
+      Status read = store->ReadCheckpointTensorInto(resume.run_id, resume.step, name, storage::DType::kF32, slot);
+      if (read.code() == StatusCode::kInvalidArgument) {
+        return Corruption(where + ": piece '" + name + "' in " + shard.store_path + " is not the fp32 range its name describes (" +
+                          read.message() + ")");
       }
-      STRATA_RETURN_IF_ERROR(kinds.at(piece->kind).Add(*piece, sizeof(float), t.bytes.data()));
-      read_bytes += static_cast<int64_t>(t.bytes.size());
+      STRATA_RETURN_IF_ERROR(read);
+      read_bytes += static_cast<int64_t>(slot.size());
     }
   }
   const auto read = std::chrono::steady_clock::now();
