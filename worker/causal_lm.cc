@@ -13,7 +13,13 @@ std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec) {
   return std::make_shared<Gpt2>(spec);  // the run spec admits only these two families
 }
 
-Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed) {
+namespace {
+thread_local bool skip_random_init = false;
+}  // namespace
+
+bool RandomInitSkipped() { return skip_random_init; }
+
+Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed, bool for_resume) {
   std::shared_ptr<CausalLm> model;
   {
     // The generator is process-global: tasks sharing a process (tests) must not interleave
@@ -21,9 +27,11 @@ Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t s
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(static_cast<uint64_t>(seed));
+    skip_random_init = for_resume;
     model = CreateCausalLm(spec);
+    skip_random_init = false;
   }
-  if (!spec.init_from.empty()) STRATA_RETURN_IF_ERROR(LoadHuggingFace(spec.init_from, spec, *model));
+  if (!spec.init_from.empty() && !for_resume) STRATA_RETURN_IF_ERROR(LoadHuggingFace(spec.init_from, spec, *model));
   return model;
 }
 

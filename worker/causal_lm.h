@@ -55,7 +55,14 @@ std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec);
 
 // The model a task starts from: initialised from `seed` (the same on every rank and process),
 // then overwritten by spec.init_from's safetensors when set. Errors name the mismatching tensor.
-Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed);
+// `for_resume`: every parameter is about to be loaded from a checkpoint, so the model's own
+// random initialisation (normal_ of every weight; LibTorch's module defaults still run) and
+// init_from are skipped: on a resume they are only time before training again. Nothing after
+// the build draws from the generator, so nothing else changes.
+Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed, bool for_resume = false);
+
+// True while BuildCausalLm builds for a resume on this thread: the families skip their normal_.
+bool RandomInitSkipped();
 
 // "fp32" / "bf16" / "fp16" (run spec dtype and precision names) as a LibTorch scalar type.
 torch::ScalarType ScalarTypeOf(const std::string& name);

@@ -17,6 +17,7 @@ Gpt2BlockImpl::Gpt2BlockImpl(const ModelSpec& spec) : heads_(spec.heads) {
   torch::NoGradGuard no_grad;
   const double residual_std = 0.02 / std::sqrt(2.0 * spec.layers);
   for (auto* linear : {&c_attn_, &attn_proj_, &c_fc_, &mlp_proj_}) {
+    if (RandomInitSkipped()) break;
     const bool residual = linear == &attn_proj_ || linear == &mlp_proj_;
     (*linear)->weight.normal_(0.0, residual ? residual_std : 0.02);
     (*linear)->bias.zero_();
@@ -46,8 +47,10 @@ Gpt2::Gpt2(const ModelSpec& spec) : spec_(spec) {
   for (int64_t i = 0; i < spec.layers; ++i) h_->push_back(Gpt2Block(spec));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({spec.hidden}).eps(spec.norm_eps)));
   torch::NoGradGuard no_grad;
-  wte_->weight.normal_(0.0, 0.02);
-  wpe_->weight.normal_(0.0, 0.01);
+  if (!RandomInitSkipped()) {
+    wte_->weight.normal_(0.0, 0.02);
+    wpe_->weight.normal_(0.0, 0.01);
+  }
 }
 
 torch::Tensor Gpt2::Embed(const torch::Tensor& tokens) {

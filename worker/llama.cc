@@ -10,7 +10,7 @@ namespace {
 torch::nn::Linear NoBias(int64_t in, int64_t out) {
   torch::nn::Linear linear(torch::nn::LinearOptions(in, out).bias(false));
   torch::NoGradGuard no_grad;
-  linear->weight.normal_(0.0, 0.02);
+  if (!RandomInitSkipped()) linear->weight.normal_(0.0, 0.02);
   return linear;
 }
 
@@ -89,7 +89,7 @@ Llama::Llama(const ModelSpec& spec) : spec_(spec) {
   embed_tokens_ = register_module("embed_tokens", torch::nn::Embedding(spec.vocab, spec.hidden));
   {
     torch::NoGradGuard no_grad;
-    embed_tokens_->weight.normal_(0.0, 0.02);
+    if (!RandomInitSkipped()) embed_tokens_->weight.normal_(0.0, 0.02);
   }
   layer_list_ = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < spec.layers; ++i) {

@@ -62,7 +62,7 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   if (!init_status_.ok()) return;
   // Every rank builds the whole model from the same seed (or init_from) and keeps its part, so
   // any mesh starts from exactly the weights of a single worker.
-  auto full = BuildCausalLm(context.spec.model, context.spec.train.seed);
+  auto full = BuildCausalLm(context.spec.model, context.spec.train.seed, /*for_resume=*/!context.resume.run_id.empty());
   if (!full.ok()) {
     init_status_ = full.status();
     return;
