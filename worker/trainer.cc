@@ -340,25 +340,37 @@ torch::Tensor Trainer::Logits(const torch::Tensor& tokens) {
   return logits.to(torch::kCPU, torch::kFloat).contiguous();
 }
 
+// One parameter unit at a time: its pieces (of every kind, from every shard's store) are read
+// straight into their place in the assembled tensors, cut to this rank's part and placed, then
+// dropped, so host memory holds one unit's state, not the whole checkpoint (a 7B model's full
+// state is ~112 GB on every rank that resumes).
 Status Trainer::Resume(const ResumePoint& resume) {
-  std::set<std::string> needed;
-  for (const auto& unit : model_->units()) needed.insert(unit.names.begin(), unit.names.end());
   const std::string where = "checkpoint of run " + resume.run_id + " at step " + std::to_string(resume.step);
   const auto start = std::chrono::steady_clock::now();
-  int64_t read_bytes = 0;
-  std::map<std::string, shard::TensorAssembler> kinds;
-  for (const char* kind : {"param", "adam_m", "adam_v"}) kinds.emplace(kind, shard::TensorAssembler(context_.spec.model));
+  std::map<std::string, size_t> unit_of;  // parameter name -> its unit
+  for (size_t u = 0; u < model_->units().size(); ++u) {
+    for (const auto& name : model_->units()[u].names) unit_of[name] = u;
+  }
+  // The stores (this worker's own, or opened read-only beside their running owners) and, per
+  // unit, the pieces to read: (store, stored name, piece).
+  std::vector<std::unique_ptr<storage::ShardStore>> opened;
+  struct Source {
+    storage::ShardStore* store;
+    const std::string* store_path;
+    const std::string* name;
+    shard::PieceName piece;
+  };
+  std::vector<std::vector<Source>> sources(model_->units().size());
   for (const auto& shard : resume.shards) {
     storage::ShardStore* store = context_.store;
-    std::unique_ptr<storage::ShardStore> opened;
     if (!store || shard.store_path != context_.store_path) {
       storage::StoreOptions options;
       options.create_if_missing = false;
       options.read_only = true;  // the store's owner may be running: read beside it
       auto open = storage::ShardStore::Open(shard.store_path, options);
       if (!open.ok()) return Status(open.status().code(), where + ": cannot open the store " + shard.store_path + ": " + open.status().message());
-      opened = std::move(open).value();
-      store = opened.get();
+      opened.push_back(std::move(open).value());
+      store = opened.back().get();
     }
     for (const auto& name : shard.tensors) {
       auto piece = shard::ParsePiece(name);
@@ -366,24 +378,31 @@ Status Trainer::Resume(const ResumePoint& resume) {
         return InvalidArgument(where + " holds '" + name + "', which is not a checkpoint piece (written before mesh-"
                                "independent checkpoints); resume from a newer checkpoint");
       }
-      if (!needed.count(piece->name) || !kinds.count(piece->kind)) continue;
-      // Straight into its place in the assembled tensor: a restore of gigabytes copies each byte
-      // as few times as it can (every fresh buffer costs page faults as well as the copy).
-      STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, kinds.at(piece->kind).Slot(*piece, sizeof(float)));
-      Status read = store->ReadCheckpointTensorInto(resume.run_id, resume.step, name, storage::DType::kF32, slot);
-      if (read.code() == StatusCode::kInvalidArgument) {
-        return Corruption(where + ": piece '" + name + "' in " + shard.store_path + " is not the fp32 range its name describes (" +
-                          read.message() + ")");
-      }
-      STRATA_RETURN_IF_ERROR(read);
-      read_bytes += static_cast<int64_t>(slot.size());
+      auto unit = unit_of.find(piece->name);
+      if (unit == unit_of.end() || (piece->kind != "param" && piece->kind != "adam_m" && piece->kind != "adam_v")) continue;
+      sources[unit->second].push_back({store, &shard.store_path, &name, std::move(piece).value()});
     }
   }
-  const auto read = std::chrono::steady_clock::now();
+
+  int64_t read_bytes = 0;
   torch::NoGradGuard no_grad;
   for (size_t u = 0; u < model_->units().size(); ++u) {
     ParamUnit& unit = model_->units()[u];
     Moments& m = moments_[u];
+    std::map<std::string, shard::TensorAssembler> kinds;
+    for (const char* kind : {"param", "adam_m", "adam_v"}) kinds.emplace(kind, shard::TensorAssembler(context_.spec.model));
+    for (const Source& source : sources[u]) {
+      // Straight into its place: each byte is copied as few times as it can be (every fresh
+      // buffer costs page faults as well as the copy).
+      STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, kinds.at(source.piece.kind).Slot(source.piece, sizeof(float)));
+      Status read = source.store->ReadCheckpointTensorInto(resume.run_id, resume.step, *source.name, storage::DType::kF32, slot);
+      if (read.code() == StatusCode::kInvalidArgument) {
+        return Corruption(where + ": piece '" + *source.name + "' in " + *source.store_path +
+                          " is not the fp32 range its name describes (" + read.message() + ")");
+      }
+      STRATA_RETURN_IF_ERROR(read);
+      read_bytes += static_cast<int64_t>(slot.size());
+    }
     std::map<std::string, torch::Tensor> whole;  // kind -> the unit's flat vector on the host
     for (auto& [kind, assembler] : kinds) {
       auto flat = torch::empty({unit.numel}, torch::kFloat);
@@ -404,9 +423,9 @@ Status Trainer::Resume(const ResumePoint& resume) {
     m.exp_avg_sq.copy_(whole["adam_v"].narrow(0, m.begin, m.end - m.begin).to(device_));
   }
   step_ = resume.step;
-  auto ms = [](auto a, auto b) { return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count(); };
-  STRATA_LOG(kInfo) << where << ": read " << (read_bytes >> 20) << " MiB in " << ms(start, read) << " ms, placed on "
-                    << device_.str() << " in " << ms(read, std::chrono::steady_clock::now()) << " ms";
+  STRATA_LOG(kInfo) << where << ": read and placed " << (read_bytes >> 20) << " MiB on " << device_.str() << " in "
+                    << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()
+                    << " ms, one parameter unit at a time";
   return Status::Ok();
 }
 
