@@ -102,64 +102,6 @@ TEST_F(CoordinatorTest, InvalidSpecIsRejectedNamingTheKey) {
   EXPECT_NE(reply.status().message().find("model2"), std::string::npos);
 }
 
-// The run is not failed: it goes back to pending, to resume (here from step 0: no checkpoint)
-// once workers for it are there (mesh_test covers the whole recovery with real workers).
-TEST_F(CoordinatorTest, SilentWorkerIsMarkedLostAndItsRunWaitsToRecover) {
-  zmq::context_t ctx;
-  zmq::socket_t worker(ctx, zmq::socket_type::dealer);
-  worker.set(zmq::sockopt::linger, 0);
-  worker.set(zmq::sockopt::routing_id, "w0");
-  worker.connect(options_.listen);
-  schema::EnvelopeBuilder reg(5);
-  auto r = reg.root().initRegisterWorker();
-  r.setName("w0");
-  r.setPid(1234);
-  r.setDataAddress("ipc://" + dir_ + "/w0.sock");
-  auto memory = r.initMemory();  // as a real worker reports it: the planner sizes runs from it
-  memory.setDevice("cpu");
-  memory.setTotalBytes(uint64_t{8} << 30);
-  memory.setFreeBytes(uint64_t{6} << 30);
-  worker.send(net::Buffer(reg.Serialize()), zmq::send_flags::none);
-  std::vector<zmq::message_t> frames;
-  ASSERT_TRUE(net::RecvMultipart(worker, &frames, 3000));
-
-  CoordinatorClient client(options_.listen);
-  schema::EnvelopeBuilder submit;
-  submit.root().initSubmitRun().setSpecToml(Spec());
-  auto submitted = client.Call(submit);
-  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
-  const std::string run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
-
-  // The worker receives its assignment, then goes silent.
-  ASSERT_TRUE(net::RecvMultipart(worker, &frames, 3000));
-  auto assign = schema::DecodeEnvelope(net::Bytes(frames.back()));
-  ASSERT_TRUE(assign.ok());
-  ASSERT_EQ((*assign)->root().which(), Envelope::ASSIGN_TASK);
-  EXPECT_EQ(std::string((*assign)->root().getAssignTask().getRunId().cStr()), run_id);
-
-  const int64_t start = net::SteadyMs();
-  WorkerState state = WorkerState::IDLE;
-  while (net::SteadyMs() - start < 5000) {
-    schema::EnvelopeBuilder req;
-    req.root().setWorkersRequest();
-    auto reply = client.Call(req);
-    ASSERT_TRUE(reply.ok());
-    state = (*reply)->root().getWorkersReply().getWorkers()[0].getState();
-    if (state == WorkerState::LOST) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_EQ(state, WorkerState::LOST);
-
-  schema::EnvelopeBuilder status;
-  status.root().initStatusRequest().setRunId(run_id);
-  auto reply = client.Call(status);
-  ASSERT_TRUE(reply.ok());
-  auto run = (*reply)->root().getStatusReply().getRuns()[0];
-  EXPECT_EQ(run.getState(), RunState::PENDING);
-  EXPECT_EQ(run.getStep(), 0);
-  EXPECT_EQ(run.getWorkers().size(), 0u);
-}
-
 // A worker as the coordinator sees one, at the protocol level: registers, heartbeats, receives its
 // assignment and reports task events, so a test can make a rank say exactly what it wants.
 class FakeWorker {
@@ -234,6 +176,45 @@ class FakeWorker {
   uint32_t rank_ = 0;
   uint64_t token_ = 0;
 };
+
+// The run is not failed: it goes back to pending, to resume (here from step 0: no checkpoint)
+// once workers for it are there (mesh_test covers the whole recovery with real workers).
+TEST_F(CoordinatorTest, SilentWorkerIsMarkedLostAndItsRunWaitsToRecover) {
+  zmq::context_t ctx;
+  FakeWorker worker(ctx, options_.listen, "w0", dir_);
+
+  CoordinatorClient client(options_.listen);
+  schema::EnvelopeBuilder submit;
+  submit.root().initSubmitRun().setSpecToml(Spec());
+  auto submitted = client.Call(submit);
+  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+  const std::string run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
+
+  // The worker receives its assignment, then goes silent.
+  ASSERT_TRUE(worker.AwaitAssignment(run_id));
+
+  const int64_t start = net::SteadyMs();
+  WorkerState state = WorkerState::IDLE;
+  while (net::SteadyMs() - start < 5000) {
+    schema::EnvelopeBuilder req;
+    req.root().setWorkersRequest();
+    auto reply = client.Call(req);
+    ASSERT_TRUE(reply.ok());
+    state = (*reply)->root().getWorkersReply().getWorkers()[0].getState();
+    if (state == WorkerState::LOST) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(state, WorkerState::LOST);
+
+  schema::EnvelopeBuilder status;
+  status.root().initStatusRequest().setRunId(run_id);
+  auto reply = client.Call(status);
+  ASSERT_TRUE(reply.ok());
+  auto run = (*reply)->root().getStatusReply().getRuns()[0];
+  EXPECT_EQ(run.getState(), RunState::PENDING);
+  EXPECT_EQ(run.getStep(), 0);
+  EXPECT_EQ(run.getWorkers().size(), 0u);
+}
 
 // The NCCL hang watchdog's arbitration: ranks whose collective timed out report it without a name;
 // when the stall window closes, the rank that reported nothing (it heartbeats, but is stuck in its

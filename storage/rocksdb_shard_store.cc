@@ -282,16 +282,12 @@ class RocksDbShardStore final : public ShardStore {
                               const std::function<Status(const records::DecodedTensor&)>& use) {
     STRATA_RETURN_IF_ERROR(ValidateCheckpointId(run, step));
     const std::string action = "reading " + Describe(run, step, name);
-    rocksdb::PinnableSlice manifest_value;
-    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), checkpoints_, keys::ManifestKey(run, step), &manifest_value);
-    if (s.IsNotFound()) return NotFound("run " + run + " has no committed checkpoint at step " + std::to_string(step));
-    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, action));
-    STRATA_ASSIGN_OR_RETURN(CheckpointInfo manifest, DecodeManifestAt(run, step, manifest_value));
-    auto entry = std::find_if(manifest.tensors.begin(), manifest.tensors.end(),
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<const CheckpointInfo> manifest, CommittedManifest(run, step));
+    auto entry = std::find_if(manifest->tensors.begin(), manifest->tensors.end(),
                               [&](const CheckpointTensorInfo& t) { return t.name == name; });
-    if (entry == manifest.tensors.end()) {
+    if (entry == manifest->tensors.end()) {
       return NotFound("the " + Describe(run, step) + " has no tensor '" + name + "' (it has " +
-                      std::to_string(manifest.tensors.size()) + ")");
+                      std::to_string(manifest->tensors.size()) + ")");
     }
 
     rocksdb::PinnableSlice value;
@@ -300,7 +296,7 @@ class RocksDbShardStore final : public ShardStore {
     rocksdb::ReadOptions tensor_read;
     tensor_read.verify_checksums = false;
     tensor_read.fill_cache = false;  // read once, whole
-    s = db_->Get(tensor_read, checkpoints_, keys::TensorKey(run, step, name), &value);
+    rocksdb::Status s = db_->Get(tensor_read, checkpoints_, keys::TensorKey(run, step, name), &value);
     if (s.IsNotFound()) return Damaged(Describe(run, step, name), "is in the manifest but its record is missing");
     STRATA_RETURN_IF_ERROR(FromRocks(s, path_, action));
     Result<records::DecodedTensor> decoded = records::DecodeTensorValue(View(value));
@@ -516,6 +512,24 @@ class RocksDbShardStore final : public ShardStore {
     return true;
   }
 
+  // The manifest of committed checkpoint (run, step), decoded once for a restore's many tensor
+  // reads (the last one asked for is kept: a committed manifest never changes).
+  Result<std::shared_ptr<const CheckpointInfo>> CommittedManifest(const std::string& run, int64_t step) {
+    {
+      std::lock_guard<std::mutex> lock(manifest_mu_);
+      if (last_manifest_ && last_manifest_->run == run && last_manifest_->step == step) return last_manifest_;
+    }
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), checkpoints_, keys::ManifestKey(run, step), &value);
+    if (s.IsNotFound()) return NotFound("run " + run + " has no committed checkpoint at step " + std::to_string(step));
+    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, "reading the manifest of the " + Describe(run, step)));
+    STRATA_ASSIGN_OR_RETURN(CheckpointInfo info, DecodeManifestAt(run, step, value));
+    auto decoded = std::make_shared<const CheckpointInfo>(std::move(info));
+    std::lock_guard<std::mutex> lock(manifest_mu_);
+    last_manifest_ = decoded;
+    return decoded;
+  }
+
   // Decodes the manifest stored under (run, step) and checks it names that checkpoint.
   Result<CheckpointInfo> DecodeManifestAt(const std::string& run, int64_t step, const rocksdb::Slice& value) const {
     Result<CheckpointInfo> info = records::DecodeManifest(View(value));
@@ -535,6 +549,8 @@ class RocksDbShardStore final : public ShardStore {
   const bool read_only_;
   rocksdb::ColumnFamilyHandle* metadata_ = nullptr;
   std::mutex commit_mu_;
+  std::mutex manifest_mu_;
+  std::shared_ptr<const CheckpointInfo> last_manifest_;  // guarded by manifest_mu_
 };
 
 }  // namespace

@@ -30,16 +30,22 @@ namespace {
 // ":stuck" never (a device call that will not return: the worker must restart its process).
 // Unset (always, outside tests): nothing.
 void TestHangBeforeStep(const TaskContext& context, int64_t step) {
+  struct Seam {
+    long long step = 0, rank = -1;
+    bool stuck = false;
+  };
+  static const Seam seam = [] {  // the environment is read once, not every step
+    Seam s;
+    const char* value = std::getenv("STRATA_TEST_HANG_AT_STEP");
+    if (!value || std::sscanf(value, "%lld:%lld", &s.step, &s.rank) != 2) return Seam{};
+    s.stuck = std::string(value).find(":stuck") != std::string::npos;
+    return s;
+  }();
   static std::atomic<bool> hung{false};
-  const char* value = std::getenv("STRATA_TEST_HANG_AT_STEP");
-  long long at = 0, rank = -1;
-  if (!value || hung.load() || std::sscanf(value, "%lld:%lld", &at, &rank) != 2) return;
-  if (at != step || rank != static_cast<long long>(context.rank)) return;
-  hung.store(true);
-  const bool stuck = std::string(value).find(":stuck") != std::string::npos;
-  STRATA_LOG(kWarn) << "STRATA_TEST_HANG_AT_STEP: rank " << rank << " hangs before step " << step
-                    << (stuck ? " for good" : " until cancelled");
-  while (stuck || !context.cancelled->load()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (seam.step != step || seam.rank != static_cast<long long>(context.rank) || hung.exchange(true)) return;
+  STRATA_LOG(kWarn) << "STRATA_TEST_HANG_AT_STEP: rank " << seam.rank << " hangs before step " << step
+                    << (seam.stuck ? " for good" : " until cancelled");
+  while (seam.stuck || !context.cancelled->load()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
 // Aborts `comm` from a thread of its own and waits up to kAbortDeadlineMs for it. An abort that

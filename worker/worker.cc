@@ -253,7 +253,8 @@ class WorkerImpl final : public Worker {
       if (registered_ && now - last_heartbeat_ms_ >= heartbeat_interval_ms_) SendHeartbeat();
       if (net::RecvMultipart(socket_, &frames, 20) && !frames.empty()) HandleMessage(frames.back());
       ReapTask();
-      StartDeferredAssignment(now);
+      RestartIfStuck(now);
+      StartDeferredAssignment();
       for (auto& bytes : outbox_.Take()) Send(bytes);
       if (options_.on_tick) options_.on_tick();
       if (options_.on_status && now - last_status_ms_ >= 1000) {
@@ -370,17 +371,23 @@ class WorkerImpl final : public Worker {
     }
   }
 
-  // A task the coordinator cancelled (e.g. a peer was lost and the run re-plans) may still be
-  // unwinding when the next assignment comes: the assignment waits here, and the control loop
-  // (heartbeats included) goes on, until the old task has ended.
-  void StartDeferredAssignment(int64_t now) {
-    if (task_ && !task_->done.load() && task_->device_stuck.load()) {
+  // A task whose device call will not return, or that outlived its cancel by
+  // --stuck-task-restart-ms, holds a device this process can no longer use.
+  void RestartIfStuck(int64_t now) {
+    if (!task_ || task_->done.load()) return;
+    if (task_->device_stuck.load()) {
       RestartProcess("run " + task_->run_id_ + ": a device call will not return (an NCCL abort after a peer died)");
     }
-    if (task_ && task_->cancelled.load() && !task_->done.load() && now - cancelled_at_ms_ > options_.stuck_task_restart_ms) {
+    if (task_->cancelled.load() && now - cancelled_at_ms_ > options_.stuck_task_restart_ms) {
       RestartProcess("run " + task_->run_id_ + " did not stop within " + std::to_string(options_.stuck_task_restart_ms / 1000) +
                      " s of its cancel (stuck in a device call)");
     }
+  }
+
+  // A task the coordinator cancelled (e.g. a peer was lost and the run re-plans) may still be
+  // unwinding when the next assignment comes: the assignment waits here, and the control loop
+  // (heartbeats included) goes on, until the old task has ended.
+  void StartDeferredAssignment() {
     if (!deferred_assign_ || task_) return;
     auto words = std::move(*deferred_assign_);
     deferred_assign_.reset();

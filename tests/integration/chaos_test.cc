@@ -21,7 +21,7 @@
 #include <sstream>
 #include <thread>
 
-#include "storage/safetensors.h"
+#include "tests/integration/export_compare.h"
 #include "tests/integration/harness.h"
 
 namespace strata {
@@ -172,15 +172,8 @@ TEST_F(ChaosTest, RunFinishesThroughWorkerAndCoordinatorKillsWithTheFaultFreeLos
   // the exact fp32 state, so the final parameters are the fault-free run's, bit for bit.
   auto reference_export = Strata("export " + reference_id + " --out " + dir_ + "/reference-exported");
   EXPECT_EQ(reference_export.rc, 0) << reference_export.err;
-  auto ours = storage::ReadSafetensors(dir_ + "/exported/model.safetensors");
-  auto theirs = storage::ReadSafetensors(dir_ + "/reference-exported/model.safetensors");
-  ASSERT_TRUE(ours.ok() && theirs.ok());
-  ASSERT_EQ(ours->tensors.size(), theirs->tensors.size());
-  for (const auto& [name, tensor] : theirs->tensors) {
-    ASSERT_TRUE(ours->tensors.count(name)) << name;
-    EXPECT_EQ(ours->tensors.at(name).shape, tensor.shape) << name;
-    EXPECT_TRUE(ours->tensors.at(name).bytes == tensor.bytes) << name << " differs from the fault-free run's";
-  }
+  testing::ExpectBitIdenticalModels(dir_ + "/exported/model.safetensors", dir_ + "/reference-exported/model.safetensors",
+                                    "the fault-free run");
   // The journal counts what was handled. Once in about fifteen runs one worker kill was not
   // journaled as a loss (the run still finished with the same parameters); not yet explained, so
   // this asks only that losses were seen.

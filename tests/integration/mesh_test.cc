@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "storage/safetensors.h"
+#include "tests/integration/export_compare.h"
 #include "tests/integration/harness.h"
 
 namespace strata {
@@ -234,15 +235,8 @@ TEST_F(MeshClusterTest, KilledWorkerRunReplansOnTheSurvivorsAndKeepsTheLosses) {
     auto r = Strata("export " + id + " --out " + dir_ + "/export-" + name);
     ASSERT_EQ(r.rc, 0) << r.err;
   }
-  auto a = storage::ReadSafetensors(dir_ + "/export-crash/model.safetensors");
-  auto b = storage::ReadSafetensors(dir_ + "/export-same-path/model.safetensors");
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(a->tensors.size(), b->tensors.size());
-  for (const auto& [name, ta] : a->tensors) {
-    ASSERT_TRUE(b->tensors.count(name)) << name;
-    EXPECT_TRUE(ta.shape == b->tensors.at(name).shape && ta.bytes == b->tensors.at(name).bytes)
-        << name << " differs from the fault-free run's";
-  }
+  testing::ExpectBitIdenticalModels(dir_ + "/export-crash/model.safetensors", dir_ + "/export-same-path/model.safetensors",
+                                    "the fault-free run");
 }
 
 // A hang rather than a crash: SIGSTOP one rank of a dp=2 run. It stops heartbeating, is named
