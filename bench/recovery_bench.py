@@ -71,7 +71,9 @@ def main():
         subprocess.run([f"{BIN}/strata", "up", *(["--workers", "2"] if cpu else ["--gpus", "2"]), "--heartbeat-timeout-ms",
                         "1000", "--replace-grace-ms", "0", *hang_args], env=up_env, check=True)
         # A fault-free run must not meet the hang: it then runs on rank 0 alone (same global batch).
-        for name, body in (("clean", spec.replace("dp = 2", "dp = 1\npp = 1\ntp = 1") if hang else spec), ("crash", spec)):
+        # The fault-free run needs no checkpoint but its last (a ~1B model's is 12 GB of disk).
+        clean_spec = spec.replace(f"checkpoint_every = {every}", f"checkpoint_every = {STEPS}")
+        for name, body in (("clean", clean_spec.replace("dp = 2", "dp = 1\npp = 1\ntp = 1") if hang else clean_spec), ("crash", spec)):
             with open(f"{work}/{name}.toml", "w") as f:
                 f.write(f'name = "{name}"\n' + body)
         clean = strata(state, "submit", f"{work}/clean.toml", "--follow").splitlines()[0]
@@ -79,7 +81,9 @@ def main():
         run = strata(state, "submit", f"{work}/crash.toml").splitlines()[0]
         while True:
             s = json.loads(strata(state, "status", run, "--json"))
-            if s["step"] >= kill_step:
+            # The fault comes once the run has a complete checkpoint to resume from (a large
+            # model's background write can still be going at kill_step).
+            if s["step"] >= kill_step and (every > kill_step or json.loads(strata(state, "checkpoints", run, "--json"))):
                 break
             time.sleep(0.05)
         victim = s["workers"][1]

@@ -29,6 +29,7 @@
 #include "common/run_spec.h"
 #include "coordinator/client.h"
 #include "schema/envelope.h"
+#include "shard/layout.h"
 
 extern char** environ;
 
@@ -117,9 +118,14 @@ json RunToJson(RunRecord::Reader r) {
   if (auto spec = ParseRunSpec(r.getSpecToml().cStr(), "", /*check_files=*/false); spec.ok() && !spec->is_extract()) {
     const ParallelSpec& p = spec->parallel;
     const int64_t micro = spec->micro_batch_rows();
+    json stages = json::array();  // layers per pipeline stage, as the ranks run them
+    for (int64_t k = 0; k < p.pp && p.planned(); ++k) {
+      const auto [first, last] = shard::StageLayers(spec->model.layers, p.pp, k, p.stages);
+      stages.push_back(last - first);
+    }
     plan = {{"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero}, {"micro_batch", micro},
             {"gradient_accumulation", spec->local_batch() / std::max<int64_t>(micro, 1)}, {"recompute", p.recompute},
-            {"planned", p.planned()}};
+            {"stages", stages}, {"planned", p.planned()}};
   }
   return {{"memory", memory}, {"handled", handled}, {"plan", plan}, {"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
           {"state", schema::RunStateName(r.getState())}, {"step", r.getStep()},

@@ -21,7 +21,7 @@ const std::map<std::string, std::set<std::string>>& AllowedKeys() {
       {"data", {"path", "format"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
                  "beta2", "grad_clip", "seed", "checkpoint_every", "precision"}},
-      {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute"}},
+      {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "stages"}},
       {"worker", {"threads"}},
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode"}},
   };
@@ -136,6 +136,20 @@ class Reader {
     if (IsAuto(table, key, automatic)) return Status::Ok();
     if (Find(table, key)->is_string()) return InvalidArgument("run spec: " + Path(table, key) + " must be an integer or \"auto\"");
     return Int(table, key, out, min);
+  }
+  // A list of integers, or absent / "auto" (left empty).
+  Status IntListOrAuto(const std::string& table, const std::string& key, std::vector<int64_t>* out) {
+    const toml::node* node = Find(table, key);
+    if (!node || (node->is_string() && node->value<std::string>() == "auto")) return Status::Ok();
+    const toml::array* array = node->as_array();
+    if (!array) return InvalidArgument("run spec: " + Path(table, key) + " must be a list of integers or \"auto\"");
+    out->clear();
+    for (const auto& item : *array) {
+      auto v = item.value<int64_t>();
+      if (!item.is_integer() || !v) return InvalidArgument("run spec: " + Path(table, key) + " must hold integers only");
+      out->push_back(*v);
+    }
+    return Status::Ok();
   }
   Status BoolOrAuto(const std::string& table, const std::string& key, bool* out, std::set<std::string>* automatic) {
     if (IsAuto(table, key, automatic)) return Status::Ok();
@@ -374,6 +388,7 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "micro_batch", &p.micro_batch, 0, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "zero", &p.zero, 0, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.BoolOrAuto("parallel", "recompute", &p.recompute, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntListOrAuto("parallel", "stages", &p.stages));
   STRATA_RETURN_IF_ERROR(ValidateParallel(spec));
   return spec;
 }
@@ -403,6 +418,27 @@ Status ValidateParallel(const RunSpec& spec) {
   if (fixed("pp") && p.pp > m.layers) {
     return InvalidArgument("run spec: parallel.pp = " + std::to_string(p.pp) + " exceeds model.layers = " +
                            std::to_string(m.layers) + "; every pipeline stage needs at least one layer");
+  }
+  if (!p.stages.empty()) {
+    auto listed = [&] {
+      std::string text;
+      for (int64_t n : p.stages) text += (text.empty() ? "" : ", ") + std::to_string(n);
+      return "parallel.stages = [" + text + "]";
+    };
+    if (!fixed("pp") || static_cast<int64_t>(p.stages.size()) != p.pp) {
+      return InvalidArgument("run spec: " + listed() + " has " + std::to_string(p.stages.size()) + " stages but parallel.pp is " +
+                             (fixed("pp") ? std::to_string(p.pp) : std::string("\"auto\"")) +
+                             "; give one layer count per pipeline stage with pp fixed, or leave stages out for balanced ones");
+    }
+    int64_t sum = 0;
+    for (int64_t n : p.stages) {
+      if (n < 1) return InvalidArgument("run spec: " + listed() + " gives a stage no layers; every stage needs at least one");
+      sum += n;
+    }
+    if (sum != m.layers) {
+      return InvalidArgument("run spec: " + listed() + " covers " + std::to_string(sum) + " layers but model.layers = " +
+                             std::to_string(m.layers) + "; the counts must add up to the model's layers");
+    }
   }
   if (fixed("tp") && (m.heads % p.tp != 0 || m.kv_heads % p.tp != 0)) {
     return InvalidArgument("run spec: parallel.tp = " + std::to_string(p.tp) + " does not divide model.heads = " +
@@ -462,6 +498,11 @@ std::string RunSpecToToml(const RunSpec& spec) {
                        {"micro_batch", spec.parallel.micro_batch},
                        {"zero", spec.parallel.zero},
                        {"recompute", spec.parallel.recompute}};
+  if (!spec.parallel.stages.empty()) {
+    toml::array stages;
+    for (int64_t n : spec.parallel.stages) stages.push_back(n);
+    parallel.insert("stages", std::move(stages));
+  }
   for (const auto& field : spec.parallel.automatic) parallel.insert_or_assign(field, "auto");
   root.insert("parallel", std::move(parallel));
   root.insert("worker", toml::table{{"threads", spec.worker.threads}});

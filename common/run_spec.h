@@ -70,6 +70,10 @@ struct ParallelSpec {
   // (gathered one layer at a time, and gathered again with its forward recomputed in backward).
   int64_t zero = 0;
   bool recompute = false;   // keep only each layer's input; recompute its forward in backward
+  // Layers per pipeline stage, first to last (size pp, sum model.layers). Empty: the
+  // coordinator fills in the planner's stages, balanced by compute and memory (the first stage
+  // also holds the embedding, the last the head), when the run starts.
+  std::vector<int64_t> stages;
   // Train runs: the fields above that the spec leaves to the planner ("auto", or absent), from
   // {"dp", "pp", "tp", "micro_batch", "zero", "recompute"}; until the coordinator plans the run
   // they hold the single-worker values. Empty for extract runs and once planned.

@@ -99,6 +99,23 @@ TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
   EXPECT_TRUE(again->parallel.recompute);
   EXPECT_EQ(again->parallel.tp, 2);
 }
+TEST_F(RunSpecTest, StagesAreOneLayerCountPerStageAddingUpToTheModel) {
+  // Valid(): 2 layers.
+  ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = [2]\n", "parallel.stages = [2] has 1 stages but parallel.pp is 2");
+  ExpectRejected(Valid() + "[parallel]\nstages = [1, 1]\n", "parallel.stages = [1, 1] has 2 stages but parallel.pp is \"auto\"");
+  ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = [2, 0]\n", "gives a stage no layers");
+  ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = [2, 1]\n", "covers 3 layers but model.layers = 2");
+  ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = \"even\"\n", "parallel.stages must be a list of integers or \"auto\"");
+  auto spec = ParseRunSpec(Valid() + "[parallel]\npp = 2\nstages = [1, 1]\n", dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto again = ParseRunSpec(RunSpecToToml(*spec), dir_, true);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->parallel.stages, (std::vector<int64_t>{1, 1}));
+  auto absent = ParseRunSpec(Valid() + "[parallel]\npp = 2\n", dir_, true);
+  ASSERT_TRUE(absent.ok());
+  EXPECT_TRUE(absent->parallel.stages.empty());
+  EXPECT_EQ(RunSpecToToml(*absent).find("stages"), std::string::npos);
+}
 TEST_F(RunSpecTest, UnknownPrecisionIsNamed) { ExpectRejected(Valid("", "precision = \"fp8\"\n"), "train.precision"); }
 
 TEST(LearningRateTest, WarmupThenCosineToMinLr) {

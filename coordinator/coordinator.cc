@@ -626,9 +626,7 @@ class CoordinatorImpl final : public Coordinator {
       auto replanned = shard::Replan(*plan, run.spec.model, shard::JobForRun(run.spec), after,
                                      shard::ReplanReason::OutOfMemory(worker, micro_batch));
       if (replanned.ok() && replanned->plan.workers.size() == ranks.size()) {
-        const shard::Plan& n = replanned->plan;
-        p.dp = n.dp, p.pp = n.pp, p.tp = n.tp, p.zero = n.zero, p.micro_batch = n.micro_batch;
-        p.recompute = !n.recompute.empty() && n.recompute.front();
+        ApplyPlan(run, replanned->plan);
         change = replanned->description;
       }
     }
@@ -687,7 +685,16 @@ class CoordinatorImpl final : public Coordinator {
     run.id = NewRunId(spec->name);
     run.name = spec->name;
     run.spec = *spec;
-    run.spec_toml = RunSpecToToml(*spec);
+    ParallelSpec& parallel = run.spec.parallel;
+    if (!run.spec.is_extract() && !parallel.automatic.count("pp") && parallel.pp > 1 && parallel.stages.empty()) {
+      auto stages = shard::BalancedStages(run.spec.model, parallel.pp);  // what the planner estimated
+      if (!stages.ok()) {
+        Send(identity, schema::MakeErrorReply(rid, stages.status()));
+        return;
+      }
+      parallel.stages = *stages;
+    }
+    run.spec_toml = RunSpecToToml(run.spec);
     run.created_ms = run.updated_ms = net::NowUnixMs();
     if (run.spec.is_extract()) {
       Status st = SizeExtract(run);
@@ -854,17 +861,27 @@ class CoordinatorImpl final : public Coordinator {
       Persist(run);
       return false;
     }
-    ParallelSpec& p = run.spec.parallel;
-    p.dp = plan->dp, p.pp = plan->pp, p.tp = plan->tp, p.zero = plan->zero, p.micro_batch = plan->micro_batch;
-    p.recompute = !plan->recompute.empty() && plan->recompute.front();
-    p.automatic.clear();
-    run.spec_toml = RunSpecToToml(run.spec);
+    ApplyPlan(run, *plan);
     std::vector<WorkerEntry*> ranks;
     for (const auto& w : plan->workers) ranks.push_back(&workers_.at(w.worker));
     *idle = std::move(ranks);
     AddEvent(run, "planned", plan->why);
     Persist(run);
     return true;
+  }
+
+  // The plan's mesh into the run's [parallel] fields, its stage boundaries included, so the ranks
+  // run what the planner estimated.
+  void ApplyPlan(RunEntry& run, const shard::Plan& plan) {
+    ParallelSpec& p = run.spec.parallel;
+    p.dp = plan.dp, p.pp = plan.pp, p.tp = plan.tp, p.zero = plan.zero, p.micro_batch = plan.micro_batch;
+    p.recompute = !plan.recompute.empty() && plan.recompute.front();
+    p.stages.clear();
+    if (plan.pp > 1) {
+      for (const shard::LayerRange& stage : plan.stages) p.stages.push_back(stage.size());
+    }
+    p.automatic.clear();
+    run.spec_toml = RunSpecToToml(run.spec);
   }
 
   // The planner's per-rank estimate for the run's mesh on these workers (0 where it has none).

@@ -58,6 +58,13 @@ std::pair<int64_t, int64_t> StageLayers(int64_t layers, int64_t pp, int64_t stag
   return {first(stage), first(stage + 1)};
 }
 
+std::pair<int64_t, int64_t> StageLayers(int64_t layers, int64_t pp, int64_t stage, const std::vector<int64_t>& stages) {
+  if (stages.empty()) return StageLayers(layers, pp, stage);
+  int64_t first = 0;
+  for (int64_t s = 0; s < stage; ++s) first += stages[static_cast<size_t>(s)];
+  return {first, first + stages[static_cast<size_t>(stage)]};
+}
+
 int64_t LayerOf(const std::string& name) {
   for (const char* prefix : {"h.", "layers."}) {
     const size_t n = std::strlen(prefix);

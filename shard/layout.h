@@ -46,6 +46,8 @@ int64_t RankOf(const MeshShape& mesh, const MeshPosition& position);
 // Layers [first, last) of pipeline stage `stage`: contiguous, sizes differing by at most one,
 // the larger ones last (the first stage also carries the embedding).
 std::pair<int64_t, int64_t> StageLayers(int64_t layers, int64_t pp, int64_t stage);
+// The same with explicit layer counts per stage (ParallelSpec::stages); even when `stages` is empty.
+std::pair<int64_t, int64_t> StageLayers(int64_t layers, int64_t pp, int64_t stage, const std::vector<int64_t>& stages);
 
 // The layer a parameter name belongs to ("h.3.ln_1.weight" -> 3), or -1 (embedding, final norm,
 // head).

@@ -18,6 +18,10 @@ TEST(LayoutTest, RanksAndPositionsRoundTripWithTensorParallelFastest) {
 TEST(LayoutTest, StagesCoverEveryLayerOnceWithTheLargerStagesLast) {
   EXPECT_EQ(StageLayers(5, 2, 0), (std::pair<int64_t, int64_t>{0, 2}));
   EXPECT_EQ(StageLayers(5, 2, 1), (std::pair<int64_t, int64_t>{2, 5}));
+  // Explicit counts (parallel.stages) override the even split; empty keeps it.
+  EXPECT_EQ(StageLayers(5, 2, 0, {4, 1}), (std::pair<int64_t, int64_t>{0, 4}));
+  EXPECT_EQ(StageLayers(5, 2, 1, {4, 1}), (std::pair<int64_t, int64_t>{4, 5}));
+  EXPECT_EQ(StageLayers(5, 2, 1, {}), (std::pair<int64_t, int64_t>{2, 5}));
   for (int64_t pp = 1; pp <= 7; ++pp) {
     int64_t next = 0;
     for (int64_t s = 0; s < pp; ++s) {

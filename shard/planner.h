@@ -33,7 +33,7 @@ struct JobSpec {
   std::optional<bool> recompute, offload;
   bool uniform_recompute = false;  // recompute every stage or none (no per-stage choice)
   bool zero3_recomputes = false;   // ZeRO-3 implies recompute
-  bool even_stages = false;        // layers split evenly (shard/layout.h StageLayers), not balanced
+  std::vector<int64_t> stages;     // layers per stage when fixed for pp = stages.size(); else balanced
   bool offload_supported = true;   // false: the executor cannot offload, so neither search nor Replan offers it
 };
 
@@ -121,6 +121,11 @@ struct Plan {
 
 Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
                         const PlannerOptions& options = {});
+
+// Layers per stage for a `pp`-stage pipeline, balanced as ChoosePlan balances them (by compute and
+// parameters, the embedding on the first stage and the head on the last): what a run with a
+// fixed pp and no [parallel] stages is given.
+Result<std::vector<int64_t>> BalancedStages(const ModelSpec& model, int64_t pp);
 
 // ---- Re-planning after a failure ---------------------------------------------------------
 

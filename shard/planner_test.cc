@@ -9,6 +9,8 @@
 #include <functional>
 #include <regex>
 
+#include "shard/layout.h"
+
 namespace strata::shard {
 namespace {
 
@@ -212,6 +214,25 @@ TEST(ChoosePlan, StagesPutEmbeddingFirstAndHeadLast) {
   // even with one layer; the embedding (about 5.6 layers of parameters) caps stage 0 at 2 layers.
   EXPECT_EQ(plan->stages[3].size(), 1);
   EXPECT_LE(plan->stages[0].size(), 2);
+
+  // What a run with pp = 4 fixed and no [parallel] stages is given: the same boundaries.
+  auto balanced = BalancedStages(Gpt2Small(), 4);
+  ASSERT_TRUE(balanced.ok()) << balanced.status().ToString();
+  ASSERT_EQ(balanced->size(), 4u);
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ((*balanced)[k], plan->stages[k].size()) << "stage " << k;
+  EXPECT_FALSE(BalancedStages(Gpt2Small(), 13).ok());
+
+  // Stages the user fixed are what the plan (and its estimate) uses.
+  job.stages = {3, 3, 3, 3};
+  auto fixed = ChoosePlan(Gpt2Small(), job, Workers(4, 80 * kGiB));
+  ASSERT_TRUE(fixed.ok()) << fixed.status().ToString();
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(fixed->stages[k].size(), 3) << "stage " << k;
+  EXPECT_GT(fixed->workers.back().memory.total(), plan->workers.back().memory.total()) << "3 layers + head vs 1 + head";
+  job.stages = {3, 3, 3, 4};
+  auto wrong = ChoosePlan(Gpt2Small(), job, Workers(4, 80 * kGiB));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("parallel.stages covers 13 layers but model.layers = 12"), std::string::npos)
+      << wrong.status().message();
 }
 
 TEST(ChoosePlan, InfeasibleNamesTheMemoryNeeded) {
@@ -418,25 +439,44 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
     {"355m", 1, 2, 1, 0, 2, false, 1, 7492827136},
     {"355m", 1, 1, 2, 0, 2, false, 0, 7846514688},
     {"355m", 2, 1, 1, 0, 2, true, 0, 9427423232},
+    // Measured on one H100 from the GiB the table shows (2 decimals).
+    {"774m", 1, 1, 1, 0, 2, false, 0, 25125558682},
+    {"774m", 1, 1, 1, 0, 2, true, 0, 20615843021},
+    {"774m", 1, 1, 1, 0, 8, false, 0, 39062727557},
+    {"774m", 1, 1, 1, 0, 8, true, 0, 25501368320},
+    {"llama", 1, 1, 1, 0, 1, false, 0, 25308094792},
+    {"llama", 1, 1, 1, 0, 1, true, 0, 22011707392},
+    {"llama", 1, 1, 1, 0, 2, false, 0, 27584427459},
+    {"llama", 1, 1, 1, 0, 2, true, 0, 22559315722},
+    {"llama", 1, 1, 1, 0, 8, false, 0, 41349797642},
+    {"llama", 1, 1, 1, 0, 8, true, 0, 25855703122},
   };
   for (const MeasuredPeak& p : points) {
     ModelSpec model = Gpt2Small();
     if (std::string(p.model) == "355m") model.layers = 24, model.hidden = 1024, model.heads = 16;
+    if (std::string(p.model) == "774m") model.layers = 36, model.hidden = 1280, model.heads = 20;
+    if (std::string(p.model) == "llama") {  // the 886M Llama of bench/memory_calibration.py
+      model.family = "llama", model.layers = 16, model.hidden = 2048, model.heads = 16, model.kv_heads = 8;
+      model.ffn = 5632, model.vocab = 32000;
+    }
     RunSpec spec;
     spec.model = model;
     spec.train.global_batch = 8, spec.train.precision = "bf16";
     spec.parallel.dp = p.dp, spec.parallel.pp = p.pp, spec.parallel.tp = p.tp, spec.parallel.zero = p.zero;
     spec.parallel.micro_batch = p.micro_batch, spec.parallel.recompute = p.recompute;
+    for (int64_t k = 0; k < p.pp && p.pp > 1; ++k) {  // these runs split their layers evenly
+      const auto [first, last] = StageLayers(model.layers, p.pp, k);
+      spec.parallel.stages.push_back(last - first);
+    }
     const int64_t n = p.dp * p.pp * p.tp;
     auto plan = ChoosePlan(model, JobForRun(spec), Workers(static_cast<int>(n), 140 * kGiB, 141 * kGiB));
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     const MemoryEstimate& m = plan->workers[static_cast<size_t>(p.rank)].memory;
     const double error = static_cast<double>(m.total() - m.workspace) / static_cast<double>(p.peak_bytes) - 1;
-    const bool known_over = p.dp == 2 && p.zero == 0 && p.recompute;
     const std::string where = std::string(p.model) + " dp" + std::to_string(p.dp) + " pp" + std::to_string(p.pp) + " tp" +
                               std::to_string(p.tp) + " zero" + std::to_string(p.zero) + " mb" + std::to_string(p.micro_batch) +
                               (p.recompute ? " recompute" : "") + " rank " + std::to_string(p.rank);
-    EXPECT_LE(std::abs(error), known_over ? 0.09 : 0.05) << where << ": error " << error * 100 << "%";
+    EXPECT_LE(std::abs(error), 0.05) << where << ": error " << error * 100 << "%";
   }
 }
 

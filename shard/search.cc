@@ -94,6 +94,16 @@ Status ValidateJob(const ModelSpec& model, JobSpec& job, int64_t workers) {
   if (job.pp && *job.pp > model.layers) {
     return InvalidArgument("parallel.pp = " + Str(*job.pp) + " exceeds model.layers = " + Str(model.layers) + "; every pipeline stage needs a layer, use pp <= layers");
   }
+  if (!job.stages.empty()) {
+    int64_t sum = 0;
+    for (int64_t n : job.stages) {
+      if (n < 1) return InvalidArgument("parallel.stages gives a stage " + Str(n) + " layers; every stage needs at least one");
+      sum += n;
+    }
+    if (sum != model.layers) {
+      return InvalidArgument("parallel.stages covers " + Str(sum) + " layers but model.layers = " + Str(model.layers) + "; the counts must add up to the model's layers");
+    }
+  }
   if (job.dp && job.global_batch % *job.dp != 0) {
     return InvalidArgument("parallel.dp = " + Str(*job.dp) + " does not divide train.global_batch = " + Str(job.global_batch) + "; change one so each rank gets whole sequences");
   }
@@ -223,7 +233,7 @@ JobSpec JobForRun(const RunSpec& spec) {
   job.offload_supported = false;
   job.uniform_recompute = true;
   job.zero3_recomputes = true;
-  job.even_stages = true;
+  job.stages = p.stages;
   return job;
 }
 
@@ -238,6 +248,18 @@ WorkerView WorkerFromMemory(std::string name, std::string node, const MemorySnap
   v.peak_flops = gpu ? 989e12 : 1e11;
   v.gpu = gpu;
   return v;
+}
+
+Result<std::vector<int64_t>> BalancedStages(const ModelSpec& model, int64_t pp) {
+  internal::Problem problem{model, JobSpec{}, StateLayout::kFp32, {}, PlannerOptions{}};
+  STRATA_RETURN_IF_ERROR(internal::ValidateModel(problem.model));
+  if (pp < 1 || pp > problem.model.layers) {
+    return InvalidArgument("parallel.pp = " + std::to_string(pp) + " for model.layers = " + std::to_string(problem.model.layers) +
+                           "; every pipeline stage needs a layer, use 1 <= pp <= layers");
+  }
+  std::vector<int64_t> stages;
+  for (const LayerRange& r : internal::BalanceStages(problem, pp)) stages.push_back(r.size());
+  return stages;
 }
 
 Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, const PlannerOptions& options) {

@@ -201,7 +201,7 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
                        const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::Device device, Groups groups)
     : spec_(spec), mesh_(mesh), position_(position), device_(device), groups_(groups) {
   std::map<std::string, torch::Tensor> by_name(full.begin(), full.end());
-  const auto [first, last] = shard::StageLayers(spec.model.layers, mesh.pp, position.stage);
+  const auto [first, last] = shard::StageLayers(spec.model.layers, mesh.pp, position.stage, spec.parallel.stages);
   first_layer_ = first;
   const bool gpt2 = spec.model.family == "gpt2";
   auto add = [&](const std::string& label, std::vector<std::string> names, bool tied_copy = false) {

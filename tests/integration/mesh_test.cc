@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <regex>
+#include <set>
 #include <thread>
 
 #include <cmath>
@@ -125,6 +127,26 @@ TEST_P(MeshFamilyTest, MeshesOfWorkerProcessesGiveTheSingleWorkerLosses) {
                    "dp=2 x pp=2 x tp=2, zero 1, recompute");
   ExpectSameLosses(one, Losses(Run(family + "-z3", Spec(family + "-z3", family, "dp = 2\ntp = 2\nzero = 3\n"))),
                    "dp=2 x tp=2, zero 3");
+  // Uneven stages as given: 3 layers + the embedding, then 1 layer + the head.
+  const std::string uneven = Run(family + "-uneven", Spec(family + "-uneven", family, "dp = 1\ntp = 1\npp = 2\nstages = [3, 1]\n", 10, 10));
+  ExpectSameLosses(one, Losses(uneven), "pp=2, stages [3, 1]");
+  auto plan = json::parse(Strata("status " + uneven + " --json").out)["plan"];
+  EXPECT_EQ(plan["stages"], json::array({3, 1})) << plan.dump();
+  // The ranks ran those stages: each stage's shard of the last checkpoint holds its layers.
+  auto checkpoints = json::parse(Strata("checkpoints " + uneven + " --json").out);
+  ASSERT_FALSE(checkpoints.empty());
+  std::vector<std::set<int>> layers_per_shard;
+  const std::regex layer_name(R"((^|/)(h|layers)\.(\d+)\.)");
+  for (auto& shard : checkpoints.back()["shards"]) {
+    std::set<int> layers;
+    for (auto& t : shard["tensors"]) {
+      std::smatch m;
+      const std::string name = t["name"];
+      if (std::regex_search(name, m, layer_name)) layers.insert(std::stoi(m[3]));
+    }
+    layers_per_shard.push_back(layers);
+  }
+  EXPECT_EQ(layers_per_shard, (std::vector<std::set<int>>{{0, 1, 2}, {3}})) << checkpoints.back()["shards"].dump().substr(0, 2000);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MeshFamilyTest, ::testing::Values("gpt2", "llama"));

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# scripts/gpu-bundle.sh [OUTDIR=.deps] -- on a Debian 12 machine with apt: the dependency bundle a
+# GPU node without network needs (see README, "GPU node"): the shared bundle plus what Strata adds
+# to it (xxHash for record checksums, libsystemd's headers for sd_notify, the brotli, OpenSSL and zlib
+# headers Debian's cpp-httplib was built against). Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-.deps}
+rm -rf "$out"  # bundle.sh counts the .debs it finds there
+bash ../shared/gpu-node/bundle.sh "$out"
+(cd "$out" && apt-get download -q libxxhash-dev libxxhash0 libsystemd-dev libbrotli-dev libssl-dev zlib1g-dev 2>&1 | grep -v -e '^Get:' -e 'unsandboxed' || true)
+ls "$out"/libxxhash-dev_*.deb "$out"/libsystemd-dev_*.deb >/dev/null
+echo "gpu-bundle: $(ls "$out"/*.deb | wc -l) .debs in $out"
