@@ -26,13 +26,14 @@ for r in rows:
     dp, pp, tp, zero = r.get("dp", 1), r.get("pp", 1), r.get("tp", 1), r.get("zero", 0)
     if pp == 1 and r["rank"] > 0:
         continue  # the same estimate as rank 0
-    key = (r["model"], dp, pp, tp, zero, r["micro_batch"], r["recompute"])
+    stages = r.get("stages")  # layers per stage, where the run fixed them (earlier runs split evenly)
+    key = (r["model"], dp, pp, tp, zero, r["micro_batch"], r["recompute"], json.dumps(stages))
     if key not in cache:
         m = MODELS[r["model"]]
         spec = ['name = "cal"', "[model]"] + [f"{k} = {json.dumps(v)}" for k, v in m.items()]
         spec += ["[data]", f'path = "{work}/tokens.u16"', 'format = "u16"', "[train]", "global_batch = 8", 'precision = "bf16"',
                  "[parallel]", f"dp = {dp}", f"pp = {pp}", f"tp = {tp}", f"zero = {zero}", f"micro_batch = {r['micro_batch']}",
-                 f"recompute = {'true' if r['recompute'] else 'false'}"]
+                 f"recompute = {'true' if r['recompute'] else 'false'}"] + ([f"stages = {json.dumps(stages)}"] if stages else [])
         open(f"{work}/spec.toml", "w").write("\n".join(spec) + "\n")
         open(f"{work}/cluster.toml", "w").write(f'[[nodes]]\ngpus = {dp * pp * tp}\nmemory = "141GiB"\n')
         out = subprocess.run([strata, "plan", f"{work}/spec.toml", "--cluster-spec", f"{work}/cluster.toml", "--json"],

@@ -233,7 +233,7 @@ Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint
 
 // gpus > 0: one worker per GPU (cuda:0..gpus-1) instead of CPU workers.
 struct UpOptions {
-  int workers = 2, gpus = 0;
+  int workers = 2, gpus = 0, hosts = 1;
   int heartbeat_timeout_ms = 2000, replace_grace_ms = 10000, peer_timeout_ms = 120000, stuck_task_restart_ms = 30000;
   std::string memory_limit;
 };
@@ -302,6 +302,7 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
                                      "ipc://" + dir + "/" + name + ".data.sock", "--serve-address",
                                      "ipc://" + dir + "/" + name + ".serve.sock"};
     if (up.gpus > 0) argv.insert(argv.end(), {"--device", "cuda:" + std::to_string(i)});
+    if (up.hosts > 1) argv.insert(argv.end(), {"--host", "host-" + std::to_string(i % up.hosts)});
     if (!up.memory_limit.empty()) argv.insert(argv.end(), {"--memory-limit", up.memory_limit});
     argv.insert(argv.end(), {"--peer-timeout-ms", std::to_string(up.peer_timeout_ms), "--stuck-task-restart-ms",
                              std::to_string(up.stuck_task_restart_ms)});
@@ -751,6 +752,10 @@ int RunCli(int argc, char** argv) {
   auto* up = app.add_subcommand("up", "start a local coordinator and workers (starts only what is not running)");
   up->add_option("--workers", up_options.workers, "number of CPU workers")->check(CLI::Range(1, 64));
   up->add_option("--gpus", up_options.gpus, "one worker per GPU on cuda:0..N-1 instead of CPU workers")->check(CLI::Range(0, 64));
+  up->add_option("--hosts", up_options.hosts,
+                 "spread the workers over N emulated hosts (worker i on host-(i mod N)), to try a multi-host cluster on one "
+                 "machine: checkpoint shards are then copied across hosts")
+      ->check(CLI::Range(1, 64));
   up->add_option("--memory-limit", up_options.memory_limit,
                  "each worker uses at most this much memory, e.g. 8GiB (GPU: the allocator's cap; CPU: address space the OS lets it add)");
   up->add_option("--heartbeat-timeout-ms", up_options.heartbeat_timeout_ms, "mark a silent worker lost after this")

@@ -43,16 +43,24 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
   std::map<std::string, storage::DType> dtypes;
   std::map<std::string, std::vector<int64_t>> shapes;
   for (auto shard : manifest.getShards()) {
-    const std::string store_path = shard.getStorePath().cStr();
+    // The shard's own store, else its copy on another host (a cluster spanning hosts), whichever
+    // this machine reaches by path.
+    std::string store_path = shard.getStorePath().cStr(), key_run = run;
     storage::StoreOptions options;
     options.create_if_missing = false;
     options.read_only = true;
-    STRATA_ASSIGN_OR_RETURN(auto store, storage::ShardStore::Open(store_path, options));
+    auto store = storage::ShardStore::Open(store_path, options);
+    for (auto copy : shard.getCopies()) {
+      if (store.ok()) break;
+      store = storage::ShardStore::Open(copy.getStorePath().cStr(), options);
+      if (store.ok()) store_path = copy.getStorePath().cStr(), key_run = copy.getKeyRun().cStr();
+    }
+    if (!store.ok()) return store.status();
     for (auto entry : shard.getTensors()) {
       const std::string name = entry.getName().cStr();
       if (name.rfind(kParamPrefix, 0) != 0) continue;  // optimizer moments stay behind
       STRATA_ASSIGN_OR_RETURN(shard::PieceName piece, shard::ParsePiece(name));
-      STRATA_ASSIGN_OR_RETURN(storage::Tensor t, store->ReadCheckpointTensor(run, step, name));
+      STRATA_ASSIGN_OR_RETURN(storage::Tensor t, (*store)->ReadCheckpointTensor(key_run, step, name));
       if (t.checksum != entry.getChecksum()) {
         return Corruption("tensor '" + name + "' in " + store_path + " does not match the checkpoint manifest; "
                           "export an older checkpoint (`strata checkpoints " + run + "`)");

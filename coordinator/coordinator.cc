@@ -122,6 +122,14 @@ struct RunEntry {
   std::set<uint32_t> finished_ranks;
   // step -> rank -> serialized CheckpointShard, until every rank has reported.
   std::map<int64_t, std::map<uint32_t, std::string>> pending_shards;
+  // A cluster spanning hosts: step -> rank -> the copy of that rank's shard being made on another
+  // host (ReplicateAcrossHosts); the checkpoint is committed once every copy is.
+  struct PendingCopy {
+    std::string target;  // the worker making it
+    std::string key_run;
+    std::string store_path;  // once made
+  };
+  std::map<int64_t, std::map<uint32_t, PendingCopy>> pending_copies;
   // Train runs started from a checkpoint (of another run, under any mesh): its run and step.
   std::string resume_run;
   int64_t resume_step = 0;
@@ -266,6 +274,7 @@ class CoordinatorImpl final : public Coordinator {
       case Envelope::CANCEL_RUN: return HandleCancelRun(identity, rid, root.getCancelRun());
       case Envelope::CHECKPOINTS_REQUEST: return HandleCheckpointsRequest(identity, rid, root.getCheckpointsRequest());
       case Envelope::ACTIVATIONS_REQUEST: return HandleActivationsRequest(identity, rid, root.getActivationsRequest());
+      case Envelope::SHARD_REPLICATED: return HandleShardReplicated(identity, root.getShardReplicated());
       case Envelope::SHUTDOWN: return HandleShutdown(identity, rid);
       case Envelope::ACK: return;
       default:
@@ -369,6 +378,7 @@ class CoordinatorImpl final : public Coordinator {
       ++workers_lost_;
       STRATA_LOG(kWarn) << "worker " << id << " (pid " << w.pid << ") lost: no heartbeat for "
                         << (now - w.last_heartbeat_ms) << " ms";
+      AbandonCopiesTo(id);
       if (!w.current_run.empty()) {
         auto run = runs_.find(w.current_run);
         if (run != runs_.end() && !run->second.terminal() && run->second.spec.is_extract()) {
@@ -406,6 +416,7 @@ class CoordinatorImpl final : public Coordinator {
         w->second.state = WorkerState::LOST;
         w->second.current_run.clear();
         ++workers_lost_;
+        AbandonCopiesTo(w->first);
       }
     }
     TrainWorkerLost(run, run.workers[missing.front()], names + " stalled");
@@ -899,6 +910,19 @@ class CoordinatorImpl final : public Coordinator {
     }
   }
 
+  // How ranks on other hosts reach each copy of each shard: the store server of the worker that
+  // holds it, while that worker is alive (a lost one's would only time out).
+  void AddServeAddresses(CheckpointManifest::Builder manifest) {
+    auto address_of = [&](const std::string& store_path) -> std::string {
+      const WorkerEntry* w = WorkerWithStore(store_path);
+      return w && w->state != WorkerState::LOST ? w->serve_address : "";
+    };
+    for (auto shard : manifest.getShards()) {
+      shard.setServeAddress(address_of(shard.getStorePath().cStr()));
+      for (auto copy : shard.getCopies()) copy.setServeAddress(address_of(copy.getStorePath().cStr()));
+    }
+  }
+
   void Assign(RunEntry& run, const std::vector<WorkerEntry*>& workers) {
     // Every rank gets the manifest of the checkpoint to start from and reads what its place in
     // the mesh needs from the stores it names.
@@ -922,6 +946,7 @@ class CoordinatorImpl final : public Coordinator {
     run.workers.clear();
     run.finished_ranks.clear();
     run.pending_shards.clear();  // shards of an earlier attempt never complete a checkpoint of this one
+    run.pending_copies.clear();
     run.task_token = rng_();
     for (auto* w : workers) run.workers.push_back(w->id);
     EstimateMemory(run, workers);
@@ -938,7 +963,10 @@ class CoordinatorImpl final : public Coordinator {
       a.setTaskToken(run.task_token);
       auto peers = a.initPeerDataAddresses(workers.size());
       for (uint32_t i = 0; i < workers.size(); ++i) peers.set(i, workers[i]->data_address);
-      if (resume) a.setResumeFrom(resume->root());
+      if (resume) {
+        a.setResumeFrom(resume->root());
+        AddServeAddresses(a.getResumeFrom());
+      }
       Send(w.identity, msg.Serialize());
     }
     std::string names;
@@ -998,7 +1026,8 @@ class CoordinatorImpl final : public Coordinator {
         auto& by_rank = run.pending_shards[shard.getStep()];
         by_rank[rank] = schema::StructToBytes(shard);
         if (by_rank.size() == (snapshot_shard ? run.snapshot.ranks : run.workers.size())) {
-          CommitCheckpoint(run, shard.getStep());
+          // A snapshot (an out-of-memory replay's start, on the same workers) is not copied.
+          if (snapshot_shard || !ReplicateAcrossHosts(run, shard.getStep())) CommitCheckpoint(run, shard.getStep());
           if (snapshot_shard) SnapshotDone(run, true);
         }
         break;
@@ -1047,18 +1076,136 @@ class CoordinatorImpl final : public Coordinator {
     }
   }
 
+  const WorkerEntry* WorkerWithStore(const std::string& store_path) const {
+    for (const auto& [id, w] : workers_) {
+      if (w.store_path == store_path) return &w;
+    }
+    return nullptr;
+  }
+
+  // A checkpoint must outlive any one host with its disks: when the live workers span hosts,
+  // each rank's shard is copied to a store on another host (the worker there pulls it from the
+  // shard's store server: ReplicateShard), and the checkpoint is committed once every copy is
+  // durable (HandleShardReplicated). True when copies were asked for; false when the cluster is
+  // one host (commit now), or a shard cannot be copied (its worker serves no store: committed
+  // without copies, and the journal says so).
+  bool ReplicateAcrossHosts(RunEntry& run, int64_t step) {
+    std::set<std::string> hosts;
+    for (const auto& [id, w] : workers_) {
+      if (w.state != WorkerState::LOST) hosts.insert(w.host);
+    }
+    if (hosts.size() < 2) return false;
+    std::map<uint32_t, std::pair<const WorkerEntry*, std::string>> plan;  // rank -> (target, shard bytes)
+    std::map<std::string, int> load;  // copies per target, to spread them
+    for (const auto& [rank, bytes] : run.pending_shards[step]) {
+      auto decoded = schema::DecodedRecord<CheckpointShard>::Decode(AsBytes(bytes));
+      if (!decoded.ok()) return false;
+      const WorkerEntry* origin = WorkerWithStore(decoded->root().getStorePath().cStr());
+      const WorkerEntry* target = nullptr;
+      for (const auto& [id, w] : workers_) {
+        if (!origin || w.state == WorkerState::LOST || w.host == origin->host || w.identity.empty()) continue;
+        if (!target || load[w.id] < load[target->id]) target = &w;
+      }
+      if (!origin || origin->serve_address.empty() || !target) {
+        AddEvent(run, "checkpoint-not-copied", "checkpoint at step " + std::to_string(step) + ": rank " + std::to_string(rank) +
+                                                   "'s shard has no copy on another host (" +
+                                                   (!origin ? "its store's worker is unknown" : origin->serve_address.empty() ? "worker " + origin->id + " serves no store: start it with --serve-address" : "no live worker on another host") +
+                                                   "); losing its host loses this checkpoint");
+        return false;
+      }
+      ++load[target->id];
+      plan[rank] = {target, bytes};
+    }
+    auto& copies = run.pending_copies[step];
+    copies.clear();
+    for (const auto& [rank, target_and_bytes] : plan) {
+      const auto& [target, bytes] = target_and_bytes;
+      auto shard = schema::DecodedRecord<CheckpointShard>::Decode(AsBytes(bytes));
+      const WorkerEntry* origin = WorkerWithStore(shard->root().getStorePath().cStr());
+      const std::string key_run = run.id + "/copy-of-rank-" + std::to_string(rank);
+      schema::EnvelopeBuilder msg;
+      auto r = msg.root().initReplicateShard();
+      r.setRunId(run.id);
+      r.setStep(step);
+      r.setRank(rank);
+      r.setSource(origin->serve_address);
+      r.setSourceKeyRun(run.id);
+      r.setKeyRun(key_run);
+      r.setTensors(shard->root().getTensors());
+      Send(target->identity, msg.Serialize());
+      copies[rank] = {target->id, key_run, ""};
+    }
+    return true;
+  }
+
+  void HandleShardReplicated(const std::string& identity, ShardReplicated::Reader done) {
+    auto run_it = runs_.find(done.getRunId().cStr());
+    if (run_it == runs_.end()) return;
+    RunEntry& run = run_it->second;
+    const int64_t step = done.getStep();
+    auto step_it = run.pending_copies.find(step);
+    if (step_it == run.pending_copies.end()) return;  // committed, or abandoned
+    auto copy = step_it->second.find(done.getRank());
+    if (copy == step_it->second.end() || copy->second.target != identity || copy->second.key_run != done.getKeyRun().cStr()) return;
+    if (done.getError().size() > 0) {
+      AbandonCopies(run, step, "copying rank " + std::to_string(done.getRank()) + "'s shard to " + identity + " failed: " + done.getError().cStr());
+      return;
+    }
+    copy->second.store_path = done.getStorePath().cStr();
+    for (const auto& [rank, c] : step_it->second) {
+      if (c.store_path.empty()) return;
+    }
+    CommitCheckpoint(run, step);
+  }
+
+  // A copy that will not come (its worker failed it or was lost): the checkpoint is not committed;
+  // the run's latest complete checkpoint stays the one before, and its next one is copied afresh.
+  void AbandonCopies(RunEntry& run, int64_t step, const std::string& why) {
+    run.pending_copies.erase(step);
+    run.pending_shards.erase(step);
+    AddEvent(run, "checkpoint-incomplete", "checkpoint at step " + std::to_string(step) + " not committed: " + why +
+                                               "; the latest complete checkpoint is still the one before it");
+  }
+
+  void AbandonCopiesTo(const std::string& worker) {
+    for (auto& [id, run] : runs_) {
+      for (auto step_it = run.pending_copies.begin(); step_it != run.pending_copies.end();) {
+        const int64_t step = step_it->first;
+        const bool waiting_on_it = std::any_of(step_it->second.begin(), step_it->second.end(), [&](const auto& c) {
+          return c.second.target == worker && c.second.store_path.empty();
+        });
+        ++step_it;
+        if (waiting_on_it) AbandonCopies(run, step, "worker " + worker + ", which was making a copy of a shard on another host, was lost");
+      }
+    }
+  }
+
   void CommitCheckpoint(RunEntry& run, int64_t step) {
     auto& by_rank = run.pending_shards[step];
+    const auto copies_it = run.pending_copies.find(step);
     capnp::MallocMessageBuilder message;
     auto manifest = message.initRoot<CheckpointManifest>();
     manifest.setRunId(run.id);
     manifest.setStep(step);
     manifest.setCommittedUnixMs(net::NowUnixMs());
     auto shards = manifest.initShards(by_rank.size());
-    size_t i = 0;
+    size_t i = 0, copied = 0;
     for (auto& [rank, bytes] : by_rank) {
       auto decoded = schema::DecodedRecord<CheckpointShard>::Decode(AsBytes(bytes));
-      if (decoded.ok()) shards.setWithCaveats(i, decoded->root());
+      if (decoded.ok()) {
+        shards.setWithCaveats(i, decoded->root());
+        auto shard = shards[i];
+        if (const WorkerEntry* origin = WorkerWithStore(decoded->root().getStorePath().cStr())) shard.setHost(origin->host);
+        if (copies_it != run.pending_copies.end() && copies_it->second.count(rank)) {
+          const RunEntry::PendingCopy& c = copies_it->second.at(rank);
+          auto list = shard.initCopies(1);
+          list[0].setStorePath(c.store_path);
+          list[0].setKeyRun(c.key_run);
+          auto target = workers_.find(c.target);
+          if (target != workers_.end()) list[0].setHost(target->second.host);
+          ++copied;
+        }
+      }
       ++i;
     }
     const std::string bytes = schema::StructToBytes(manifest.asReader());
@@ -1067,9 +1214,11 @@ class CoordinatorImpl final : public Coordinator {
       STRATA_LOG(kError) << "could not commit checkpoint manifest: " << st.ToString();
       return;
     }
+    run.pending_copies.erase(step);
+    const size_t shard_count = by_rank.size();
     run.pending_shards.erase(step);
-    AddEvent(run, "checkpoint", "checkpoint at step " + std::to_string(step) + " committed (" +
-                                    std::to_string(by_rank.size()) + " shards)");
+    AddEvent(run, "checkpoint", "checkpoint at step " + std::to_string(step) + " committed (" + std::to_string(shard_count) +
+                                    " shards" + (copied == shard_count && copied > 0 ? ", each with a copy on another host" : "") + ")");
   }
 
   void FailRun(RunEntry& run, const std::string& why) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <optional>
 #include <thread>
 
 #include "common/net.h"
@@ -106,7 +107,10 @@ TEST_F(CoordinatorTest, InvalidSpecIsRejectedNamingTheKey) {
 // assignment and reports task events, so a test can make a rank say exactly what it wants.
 class FakeWorker {
  public:
-  FakeWorker(zmq::context_t& ctx, const std::string& endpoint, const std::string& name, const std::string& dir)
+  // `host`: the host it reports (workers on several hosts make the coordinator copy checkpoint
+  // shards across them).
+  FakeWorker(zmq::context_t& ctx, const std::string& endpoint, const std::string& name, const std::string& dir,
+             const std::string& host = "")
       : socket_(ctx, zmq::socket_type::dealer), name_(name) {
     socket_.set(zmq::sockopt::linger, 0);
     socket_.set(zmq::sockopt::routing_id, name);
@@ -116,6 +120,9 @@ class FakeWorker {
     r.setName(name);
     r.setPid(1000 + static_cast<uint32_t>(name.back()));
     r.setDataAddress("ipc://" + dir + "/" + name + ".sock");
+    r.setHost(host);
+    r.setStorePath(dir + "/" + name + "-store");
+    r.setServeAddress("ipc://" + dir + "/" + name + ".serve.sock");
     auto memory = r.initMemory();
     memory.setDevice("cpu");
     memory.setTotalBytes(uint64_t{8} << 30);
@@ -165,6 +172,44 @@ class FakeWorker {
     st.setRankKnown(false);
     st.setDetail("an NCCL all-reduce of rank " + std::to_string(rank_) + " issued 5 s ago has not finished");
     socket_.send(net::Buffer(msg.Serialize()), zmq::send_flags::none);
+  }
+
+  // Reports this rank's shard of checkpoint `step` as saved (one tensor).
+  void ReportCheckpoint(const std::string& run_id, int64_t step, const std::string& store_path) {
+    schema::EnvelopeBuilder msg;
+    auto ev = msg.root().initTaskEvent();
+    ev.setRunId(run_id);
+    ev.setRank(rank_);
+    ev.setTaskToken(token_);
+    auto shard = ev.initCheckpointSaved();
+    shard.setStep(step);
+    shard.setStorePath(store_path);
+    shard.initTensors(1)[0].setName("param/h.0.ln_1.weight@tp=0/1@[0,8)@8");
+    socket_.send(net::Buffer(msg.Serialize()), zmq::send_flags::none);
+  }
+
+  // Heartbeats until a ReplicateShard arrives (or 3 s pass); answers it (`error` empty: copied).
+  std::optional<std::string> AnswerReplicateShard(const std::string& error) {
+    const int64_t start = net::SteadyMs();
+    std::vector<zmq::message_t> frames;
+    while (net::SteadyMs() - start < 3000) {
+      Heartbeat();
+      if (!net::RecvMultipart(socket_, &frames, 100)) continue;
+      auto env = schema::DecodeEnvelope(net::Bytes(frames.back()));
+      if (!env.ok() || (*env)->root().which() != Envelope::REPLICATE_SHARD) continue;
+      auto r = (*env)->root().getReplicateShard();
+      schema::EnvelopeBuilder msg;
+      auto done = msg.root().initShardReplicated();
+      done.setRunId(r.getRunId());
+      done.setStep(r.getStep());
+      done.setRank(r.getRank());
+      done.setStorePath("/copies/" + name_);
+      done.setKeyRun(r.getKeyRun());
+      done.setError(error);
+      socket_.send(net::Buffer(msg.Serialize()), zmq::send_flags::none);
+      return std::string(r.getSource().cStr());
+    }
+    return std::nullopt;
   }
 
   uint32_t rank() const { return rank_; }
@@ -308,6 +353,76 @@ TEST_F(StallTest, WhenEveryRankTimedOutNoneIsBlamedAndTheRunStartsAgain) {
       << stalled[0];
   EXPECT_EQ(AwaitEvents(run_id, "recovering", workers).size(), 1u);
   for (auto& [id, state] : States()) EXPECT_NE(state, WorkerState::LOST) << id;
+}
+
+// Workers on two hosts: a checkpoint is committed only once each rank's shard has a copy on the
+// other host; a copy that fails leaves the checkpoint uncommitted (the journal says why).
+TEST_F(CoordinatorTest, CheckpointsOfAClusterSpanningHostsWaitForACopyOfEveryShard) {
+  zmq::context_t ctx;
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  workers.push_back(std::make_unique<FakeWorker>(ctx, options_.listen, "w0", dir_, "host-a"));
+  workers.push_back(std::make_unique<FakeWorker>(ctx, options_.listen, "w1", dir_, "host-b"));
+  CoordinatorClient client(options_.listen);
+  schema::EnvelopeBuilder submit;
+  submit.root().initSubmitRun().setSpecToml(Spec(2));
+  auto submitted = client.Call(submit);
+  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+  const std::string run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
+  for (auto& w : workers) ASSERT_TRUE(w->AwaitAssignment(run_id));
+  auto checkpoints = [&] {
+    schema::EnvelopeBuilder req;
+    req.root().initCheckpointsRequest().setRunId(run_id);
+    auto reply = client.Call(req);
+    EXPECT_TRUE(reply.ok());
+    std::vector<int64_t> steps;
+    if (reply.ok()) {
+      for (auto m : (*reply)->root().getCheckpointsReply().getCheckpoints()) {
+        steps.push_back(m.getStep());
+        for (auto shard : m.getShards()) {
+          EXPECT_EQ(shard.getCopies().size(), 1u);
+          if (shard.getCopies().size() != 1) continue;
+          // Each copy is on the other host than its shard.
+          EXPECT_NE(std::string(shard.getHost().cStr()), std::string(shard.getCopies()[0].getHost().cStr()));
+          EXPECT_NE(std::string(shard.getCopies()[0].getKeyRun().cStr()), run_id);
+        }
+      }
+    }
+    return steps;
+  };
+  auto events = [&](const std::string& kind) {
+    schema::EnvelopeBuilder req;
+    req.root().initEventsRequest().setRunId(run_id);
+    auto reply = client.Call(req);
+    std::string found;
+    if (reply.ok()) {
+      for (auto e : (*reply)->root().getEventsReply().getEvents()) {
+        if (std::string(e.getKind().cStr()) == kind) found += std::string(e.getMessage().cStr()) + "\n";
+      }
+    }
+    return found;
+  };
+
+  // Step 2: every shard reported; w1's copy of w0's shard fails.
+  for (auto& w : workers) w->ReportCheckpoint(run_id, 2, dir_ + "/" + w->name() + "-store");
+  ASSERT_EQ(workers[0]->AnswerReplicateShard(""), "ipc://" + dir_ + "/w1.serve.sock") << "w0 copies w1's shard";
+  ASSERT_EQ(workers[1]->AnswerReplicateShard("disk full"), "ipc://" + dir_ + "/w0.serve.sock");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(checkpoints().empty()) << "a shard without a copy on another host does not make a checkpoint";
+  EXPECT_NE(events("checkpoint-incomplete").find("checkpoint at step 2 not committed: copying rank"), std::string::npos)
+      << events("checkpoint-incomplete");
+  EXPECT_NE(events("checkpoint-incomplete").find("failed: disk full"), std::string::npos);
+
+  // Step 4: both copies made; the checkpoint is committed with them.
+  for (auto& w : workers) w->ReportCheckpoint(run_id, 4, dir_ + "/" + w->name() + "-store");
+  for (auto& w : workers) ASSERT_TRUE(w->AnswerReplicateShard("").has_value()) << w->name();
+  std::vector<int64_t> steps;
+  for (int i = 0; i < 30 && steps.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    steps = checkpoints();
+  }
+  EXPECT_EQ(steps, std::vector<int64_t>{4});
+  EXPECT_NE(events("checkpoint").find("checkpoint at step 4 committed (2 shards, each with a copy on another host)"), std::string::npos)
+      << events("checkpoint");
 }
 
 TEST_F(CoordinatorTest, RunsSurviveARestart) {

@@ -39,6 +39,12 @@ struct Envelope {
     activationsReply @23 :ActivationsReply;
     readActivation @24 :ReadActivation;
     activationData @25 :ActivationData;   # followed by one frame of raw bytes
+    # Checkpoints across hosts: a worker's store server answers piece reads (a resume on another
+    # host, a replica being made); the coordinator has a shard copied to a store on another host.
+    readCheckpointPiece @26 :ReadCheckpointPiece;
+    checkpointPieceData @27 :ActivationData;  # followed by one frame of raw bytes
+    replicateShard @28 :ReplicateShard;       # coordinator -> worker
+    shardReplicated @29 :ShardReplicated;     # worker -> coordinator
   }
 }
 
@@ -176,6 +182,48 @@ struct CheckpointShard {
   step @0 :Int64;
   storePath @1 :Text;
   tensors @2 :List(StoreSchema.CheckpointManifestRecord.Entry);
+  # Set by the coordinator: the host of storePath, and copies of the whole shard in stores on
+  # other hosts (a cluster that spans hosts commits a checkpoint only once every shard has one).
+  host @3 :Text;
+  copies @4 :List(ShardCopy);
+  # AssignTask only: the store server of storePath's worker, while that worker is alive.
+  serveAddress @5 :Text;
+}
+
+# A copy of a checkpoint shard: its pieces under (keyRun, step) in the store at storePath.
+struct ShardCopy {
+  storePath @0 :Text;
+  keyRun @1 :Text;
+  host @2 :Text;
+  serveAddress @3 :Text;    # AssignTask only, as in CheckpointShard
+}
+
+# Read one committed checkpoint piece: answered with checkpointPieceData + the bytes frame.
+struct ReadCheckpointPiece {
+  keyRun @0 :Text;
+  step @1 :Int64;
+  name @2 :Text;
+}
+
+# Copy a rank's shard of checkpoint (runId, step) from the store server at source into this
+# worker's store, under (keyRun, step), and commit it there.
+struct ReplicateShard {
+  runId @0 :Text;
+  step @1 :Int64;
+  rank @2 :UInt32;
+  source @3 :Text;          # the origin worker's store server
+  sourceKeyRun @4 :Text;
+  keyRun @5 :Text;
+  tensors @6 :List(StoreSchema.CheckpointManifestRecord.Entry);
+}
+
+struct ShardReplicated {
+  runId @0 :Text;
+  step @1 :Int64;
+  rank @2 :UInt32;
+  storePath @3 :Text;
+  keyRun @4 :Text;
+  error @5 :Text;           # empty: the copy is committed (durable)
 }
 
 struct SubmitRun {

@@ -32,7 +32,11 @@ int main(int argc, char** argv) {
                  "use at most this much memory, e.g. 8GiB: CUDA caps the caching allocator (emulates a smaller card); "
                  "CPU limits the address space the process may add after startup (RLIMIT_AS), so allocations past it fail");
   app.add_option("--serve-address", options.serve_address,
-                 "endpoint of this worker's store server (activation reads by `strata activations get`)");
+                 "endpoint of this worker's store server (activation reads by `strata activations get`; checkpoint "
+                 "reads and copies from other hosts)");
+  app.add_option("--host", options.host,
+                 "host name this worker reports (default: the machine's); workers of a host read each other's stores by "
+                 "path, and a cluster spanning hosts keeps every checkpoint shard on two of them");
   app.add_option("--peer-timeout-ms", options.peer_timeout_ms, "give up on a silent peer after this");
   app.add_option("--stuck-task-restart-ms", options.stuck_task_restart_ms,
                  "restart this worker process (same pid) when a cancelled task has not stopped after this");

@@ -68,18 +68,20 @@ class StoreServerImpl final : public StoreServer {
       return;
     }
     auto root = (*decoded)->root();
-    if (root.which() != Envelope::READ_ACTIVATION) {
-      Reply(identity, schema::MakeErrorReply(root.getRequestId(), InvalidArgument("the store server answers readActivation only")));
-      return;
+    Result<storage::Tensor> tensor = InvalidArgument("the store server answers readActivation and readCheckpointPiece only");
+    if (root.which() == Envelope::READ_ACTIVATION) {
+      auto req = root.getReadActivation();
+      tensor = store_->ReadActivation(req.getRunId().cStr(), req.getLayer(), req.getSite().cStr(), req.getRowBegin());
+    } else if (root.which() == Envelope::READ_CHECKPOINT_PIECE) {
+      auto req = root.getReadCheckpointPiece();
+      tensor = store_->ReadCheckpointTensor(req.getKeyRun().cStr(), req.getStep(), req.getName().cStr());
     }
-    auto req = root.getReadActivation();
-    auto tensor = store_->ReadActivation(req.getRunId().cStr(), req.getLayer(), req.getSite().cStr(), req.getRowBegin());
     if (!tensor.ok()) {
       Reply(identity, schema::MakeErrorReply(root.getRequestId(), tensor.status()));
       return;
     }
     schema::EnvelopeBuilder reply(root.getRequestId());
-    auto data = reply.root().initActivationData();
+    auto data = root.which() == Envelope::READ_ACTIVATION ? reply.root().initActivationData() : reply.root().initCheckpointPieceData();
     data.setDtype(static_cast<::DType>(static_cast<uint8_t>(tensor->dtype)));
     auto shape = data.initShape(tensor->shape.size());
     for (size_t i = 0; i < tensor->shape.size(); ++i) shape.set(i, tensor->shape[i]);

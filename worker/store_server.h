@@ -1,6 +1,8 @@
 // The worker's store server: answers reads of captured activations from its shard store, so
-// `strata activations get` (and the C++ reader) work from any machine that reaches the worker.
-//   ReadActivation -> [ActivationData envelope][raw bytes frame], or an Error envelope.
+// `strata activations get` (and the C++ reader) work from any machine that reaches the worker,
+// and reads of committed checkpoint pieces (a resume or a replica on another host: StoreClient).
+//   ReadActivation      -> [ActivationData envelope][raw bytes frame], or an Error envelope.
+//   ReadCheckpointPiece -> [checkpointPieceData envelope][raw bytes frame], or an Error envelope.
 // It runs on its own thread with its own ZeroMQ context and ROUTER socket (and, on tcp://, its
 // own ZAP handler admitting only the cluster's authorized keys); it shares only the shard store,
 // which is thread-safe. Undecodable or unexpected requests are answered with an error, never a

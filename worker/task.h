@@ -4,9 +4,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "common/curve.h"
 #include "common/memory_snapshot.h"
 #include "common/run_spec.h"
 #include "common/status.h"
@@ -65,12 +69,48 @@ class TaskReporter {
 struct ResumePoint {
   std::string run_id;  // empty: start fresh
   int64_t step = 0;
-  struct Shard {
+  // One place that holds a whole shard: its pieces under (key_run, step) in the store at
+  // store_path, on `host`; serve_address reaches that store from other hosts while its worker
+  // lives (empty otherwise).
+  struct Location {
     std::string store_path;
+    std::string key_run;  // empty: run_id
+    std::string host;
+    std::string serve_address;
+  };
+  struct Shard {
+    std::string store_path;  // where the rank that wrote it stored it (= copies.front())
     std::vector<std::string> tensors;
+    std::vector<Location> copies;  // the written shard first, then its copies on other hosts
   };
   std::vector<Shard> shards;
 };
+
+// Reads the pieces of one checkpoint shard from whichever of its copies this worker reaches.
+class ShardReader {
+ public:
+  virtual ~ShardReader() = default;
+  // The piece `name` (of dtype `dtype`) into `out`, which must be exactly its size. Safe to call
+  // from several threads at once.
+  virtual Status ReadInto(const std::string& name, storage::DType dtype, std::span<uint8_t> out) = 0;
+  virtual const std::string& where() const = 0;  // for messages: the store or server read
+  virtual bool remote() const = 0;                // read through another host's store server
+};
+
+// What a worker can reach: its own store, stores of its host by path (opened read-only beside
+// their running owners), and other hosts' stores through their store servers.
+struct ShardAccess {
+  storage::ShardStore* own_store = nullptr;
+  std::string own_store_path;
+  std::string host;  // this worker's
+  std::optional<curve::ClientKeys> keys;
+  int timeout_ms = 30000;
+};
+
+// The first copy of `shard` that `access` reaches, in order: this worker's store, a store on this
+// host, a store server of another host. Unavailable, naming every copy, when none is.
+Result<std::unique_ptr<ShardReader>> OpenShardReader(const ResumePoint& resume, const ResumePoint::Shard& shard,
+                                                     const ShardAccess& access);
 
 struct TaskContext {
   std::string run_id;
@@ -80,6 +120,7 @@ struct TaskContext {
   Communicator* communicator = nullptr;
   storage::ShardStore* store = nullptr;
   std::string store_path;  // where `store` lives (a resume shard there is read through `store`)
+  ShardAccess shard_access;  // how a resume reaches the checkpoint's shards (own store filled in)
   ResumePoint resume;      // train runs
   TaskReporter* reporter = nullptr;
   const std::atomic<bool>* cancelled = nullptr;  // checked between steps

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "common/log.h"
@@ -351,27 +352,23 @@ Status Trainer::Resume(const ResumePoint& resume) {
   for (size_t u = 0; u < model_->units().size(); ++u) {
     for (const auto& name : model_->units()[u].names) unit_of[name] = u;
   }
-  // The stores (this worker's own, or opened read-only beside their running owners) and, per
-  // unit, the pieces to read: (store, stored name, piece).
-  std::vector<std::unique_ptr<storage::ShardStore>> opened;
+  // Where each shard is read (this worker's store, a store of this host, or another host's store
+  // server: OpenShardReader) and, per unit, the pieces to read: (reader, stored name, piece).
+  std::vector<std::unique_ptr<ShardReader>> readers;
   struct Source {
-    storage::ShardStore* store;
-    const std::string* store_path;
+    ShardReader* reader;
     const std::string* name;
     shard::PieceName piece;
   };
   std::vector<std::vector<Source>> sources(model_->units().size());
+  ShardAccess access = context_.shard_access;
+  if (!access.own_store) access.own_store = context_.store, access.own_store_path = context_.store_path;
   for (const auto& shard : resume.shards) {
-    storage::ShardStore* store = context_.store;
-    if (!store || shard.store_path != context_.store_path) {
-      storage::StoreOptions options;
-      options.create_if_missing = false;
-      options.read_only = true;  // the store's owner may be running: read beside it
-      auto open = storage::ShardStore::Open(shard.store_path, options);
-      if (!open.ok()) return Status(open.status().code(), where + ": cannot open the store " + shard.store_path + ": " + open.status().message());
-      opened.push_back(std::move(open).value());
-      store = opened.back().get();
-    }
+    auto reader = OpenShardReader(resume, shard, access);
+    // No copy reachable is this checkpoint unreadable here: the coordinator then takes an older one.
+    if (!reader.ok()) return Corruption(where + ": " + reader.status().message());
+    readers.push_back(std::move(reader).value());
+    ShardReader* source_reader = readers.back().get();
     for (const auto& name : shard.tensors) {
       auto piece = shard::ParsePiece(name);
       if (!piece.ok()) {
@@ -380,7 +377,7 @@ Status Trainer::Resume(const ResumePoint& resume) {
       }
       auto unit = unit_of.find(piece->name);
       if (unit == unit_of.end() || (piece->kind != "param" && piece->kind != "adam_m" && piece->kind != "adam_v")) continue;
-      sources[unit->second].push_back({store, &shard.store_path, &name, std::move(piece).value()});
+      sources[unit->second].push_back({source_reader, &name, std::move(piece).value()});
     }
   }
 
@@ -391,18 +388,31 @@ Status Trainer::Resume(const ResumePoint& resume) {
     Moments& m = moments_[u];
     std::map<std::string, shard::TensorAssembler> kinds;
     for (const char* kind : {"param", "adam_m", "adam_v"}) kinds.emplace(kind, shard::TensorAssembler(context_.spec.model));
+    // Straight into its place: each byte is copied as few times as it can be (every fresh buffer
+    // costs page faults as well as the copy). The places first, then the reads, which are
+    // independent: they run on the intra-op threads at once.
+    std::vector<std::pair<const Source*, std::span<uint8_t>>> reads;
     for (const Source& source : sources[u]) {
-      // Straight into its place: each byte is copied as few times as it can be (every fresh
-      // buffer costs page faults as well as the copy).
       STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, kinds.at(source.piece.kind).Slot(source.piece, sizeof(float)));
-      Status read = source.store->ReadCheckpointTensorInto(resume.run_id, resume.step, *source.name, storage::DType::kF32, slot);
-      if (read.code() == StatusCode::kInvalidArgument) {
-        return Corruption(where + ": piece '" + *source.name + "' in " + *source.store_path +
-                          " is not the fp32 range its name describes (" + read.message() + ")");
-      }
-      STRATA_RETURN_IF_ERROR(read);
+      reads.push_back({&source, slot});
       read_bytes += static_cast<int64_t>(slot.size());
     }
+    std::mutex failed_mutex;
+    Status failed = Status::Ok();
+    at::parallel_for(0, static_cast<int64_t>(reads.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const auto& [source, slot] = reads[static_cast<size_t>(i)];
+        Status read = source->reader->ReadInto(*source->name, storage::DType::kF32, slot);
+        if (read.code() == StatusCode::kInvalidArgument) {
+          read = Corruption(where + ": piece '" + *source->name + "' in " + source->reader->where() +
+                            " is not the fp32 range its name describes (" + read.message() + ")");
+        }
+        if (read.ok()) continue;
+        std::lock_guard<std::mutex> lock(failed_mutex);
+        if (failed.ok()) failed = read;
+      }
+    });
+    STRATA_RETURN_IF_ERROR(failed);
     std::map<std::string, torch::Tensor> whole;  // kind -> the unit's flat vector on the host
     for (auto& [kind, assembler] : kinds) {
       auto flat = torch::empty({unit.numel}, torch::kFloat);
@@ -425,7 +435,9 @@ Status Trainer::Resume(const ResumePoint& resume) {
   step_ = resume.step;
   STRATA_LOG(kInfo) << where << ": read and placed " << (read_bytes >> 20) << " MiB on " << device_.str() << " in "
                     << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()
-                    << " ms, one parameter unit at a time";
+                    << " ms, one parameter unit at a time ("
+                    << std::count_if(readers.begin(), readers.end(), [](const auto& r) { return r->remote(); }) << " of "
+                    << readers.size() << " shards through another host's store server)";
   return Status::Ok();
 }
 

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -22,6 +24,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "schema/envelope.h"
+#include "worker/store_client.h"
 #include "worker/store_server.h"
 
 namespace strata::worker {
@@ -46,6 +49,97 @@ class Outbox {
 
 
 ::DType ToWire(storage::DType d) { return static_cast<::DType>(static_cast<uint8_t>(d)); }
+
+// Copies checkpoint shards of other workers into this worker's store (ReplicateShard), one at a
+// time on its own thread, a piece at a time (host memory holds one piece), and reports each copy
+// through the outbox once it is committed (durable). A request for a copy already committed (the
+// coordinator restarted and asked again) is answered at once.
+class ShardReplicator {
+ public:
+  ShardReplicator(storage::ShardStore* store, std::string store_path, std::optional<curve::ClientKeys> keys, Outbox* outbox)
+      : store_(store), store_path_(std::move(store_path)), keys_(std::move(keys)), outbox_(outbox) {}
+  ~ShardReplicator() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  struct Request {
+    std::string run_id, source, source_key_run, key_run;
+    int64_t step = 0;
+    uint32_t rank = 0;
+    std::vector<std::string> names;
+  };
+
+  void Add(Request request) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(request));
+      if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    }
+    wake_.notify_all();
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      Request r;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        r = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const auto start = std::chrono::steady_clock::now();
+      uint64_t bytes = 0;
+      Status st = Copy(r, &bytes);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (st.ok()) {
+        STRATA_LOG(kInfo) << "copied rank " << r.rank << "'s shard of checkpoint " << r.run_id << "@" << r.step << " ("
+                          << bytes / (1 << 20) << " MiB, " << r.names.size() << " pieces) from " << r.source << " in " << seconds << " s";
+      } else {
+        STRATA_LOG(kWarn) << "could not copy rank " << r.rank << "'s shard of checkpoint " << r.run_id << "@" << r.step << ": " << st.message();
+      }
+      schema::EnvelopeBuilder msg;
+      auto done = msg.root().initShardReplicated();
+      done.setRunId(r.run_id);
+      done.setStep(r.step);
+      done.setRank(r.rank);
+      done.setStorePath(store_path_);
+      done.setKeyRun(r.key_run);
+      if (!st.ok()) done.setError(st.message());
+      outbox_->Push(msg.Serialize());
+    }
+  }
+
+  Status Copy(const Request& r, uint64_t* bytes) {
+    STRATA_ASSIGN_OR_RETURN(auto existing, store_->ListCheckpoints(r.key_run));
+    for (const auto& c : existing) {
+      if (c.step == r.step) return Status::Ok();  // committed by an earlier request
+    }
+    STRATA_ASSIGN_OR_RETURN(auto client, StoreClient::Connect(r.source, keys_, 30000));
+    for (const auto& name : r.names) {
+      STRATA_ASSIGN_OR_RETURN(storage::Tensor piece, client->ReadCheckpointPiece(r.source_key_run, r.step, name));
+      STRATA_RETURN_IF_ERROR(store_->PutCheckpointTensor(r.key_run, r.step, name, {piece.dtype, piece.shape, piece.bytes}));
+      *bytes += piece.bytes.size();
+    }
+    return store_->CommitCheckpoint(r.key_run, r.step);
+  }
+
+  storage::ShardStore* store_;
+  std::string store_path_;
+  std::optional<curve::ClientKeys> keys_;
+  Outbox* outbox_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Request> queue_;  // guarded by mutex_
+  bool stop_ = false;          // guarded by mutex_
+  std::thread thread_;
+};
 
 // A running task: its thread, cancel flag and reporter.
 class RunningTask final : public TaskReporter {
@@ -212,6 +306,12 @@ class WorkerImpl final : public Worker {
     } catch (const zmq::error_t& e) {
       return InvalidArgument("--coordinator " + options_.coordinator + " is not a valid endpoint: " + e.what());
     }
+    host_ = options_.host;
+    if (host_.empty()) {
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      host_ = host;
+    }
     if (!options_.serve_address.empty()) {
       STRATA_ASSIGN_OR_RETURN(store_server_, StoreServer::Start(options_.serve_address, store_.get(), curve_));
       STRATA_LOG(kInfo) << "store server on " << options_.serve_address;
@@ -292,9 +392,7 @@ class WorkerImpl final : public Worker {
     schema::EnvelopeBuilder msg;
     auto r = msg.root().initRegisterWorker();
     r.setName(options_.name);
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    r.setHost(host);
+    r.setHost(host_);
     r.setPid(static_cast<uint32_t>(getpid()));
     schema::WriteMemoryStats(executor_->ReadMemory(), r.initMemory());
     r.setStorePath(options_.store_path);
@@ -359,6 +457,15 @@ class WorkerImpl final : public Worker {
             CancelTask(root.getCancelTask().getReason().cStr());
           }
           break;
+        case Envelope::REPLICATE_SHARD: {
+          auto r = root.getReplicateShard();
+          ShardReplicator::Request request{r.getRunId().cStr(), r.getSource().cStr(), r.getSourceKeyRun().cStr(),
+                                           r.getKeyRun().cStr(), r.getStep(), r.getRank(), {}};
+          for (auto t : r.getTensors()) request.names.push_back(t.getName().cStr());
+          if (!replicator_) replicator_ = std::make_unique<ShardReplicator>(store_.get(), options_.store_path, curve_, &outbox_);
+          replicator_->Add(std::move(request));
+          break;
+        }
         case Envelope::SHUTDOWN:
           STRATA_LOG(kInfo) << "coordinator asked this worker to shut down";
           stop_requested_.store(true);
@@ -465,6 +572,10 @@ class WorkerImpl final : public Worker {
         ResumePoint::Shard s;
         s.store_path = shard.getStorePath().cStr();
         for (auto t : shard.getTensors()) s.tensors.push_back(t.getName().cStr());
+        s.copies.push_back({s.store_path, resume.run_id, shard.getHost().cStr(), shard.getServeAddress().cStr()});
+        for (auto c : shard.getCopies()) {
+          s.copies.push_back({c.getStorePath().cStr(), c.getKeyRun().cStr(), c.getHost().cStr(), c.getServeAddress().cStr()});
+        }
         resume.shards.push_back(std::move(s));
       }
     }
@@ -517,6 +628,7 @@ class WorkerImpl final : public Worker {
     context.spec = std::move(spec);
     context.store = store_.get();
     context.store_path = options_.store_path;
+    context.shard_access = {store_.get(), options_.store_path, host_, curve_, 30000};
     context.reporter = t;
     context.cancelled = &t->cancelled;
     context.snapshot_step = &t->snapshot_step;
@@ -576,10 +688,12 @@ class WorkerImpl final : public Worker {
   zmq::context_t context_{1};
   zmq::socket_t socket_;
   Outbox outbox_;
+  std::unique_ptr<ShardReplicator> replicator_;  // after store_ and outbox_: stops before them
   std::unique_ptr<RunningTask> task_;
   std::optional<kj::Array<capnp::word>> deferred_assign_;  // see StartDeferredAssignment
   int64_t cancelled_at_ms_ = 0;                            // steady clock of task_'s cancel
   std::optional<curve::ClientKeys> curve_;  // with --keys
+  std::string host_;                        // --host, or gethostname
   std::atomic<bool> stop_requested_{false};
   bool registered_ = false;
   bool ready_ = false;          // told on_ready (once per process: re-registering is not a restart)

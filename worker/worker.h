@@ -24,6 +24,10 @@ struct WorkerOptions {
   // Store server endpoint (ipc:// or tcp:// with keys): answers reads of captured activations
   // from its own thread. Empty: no server (activations of this worker are then unreadable remotely).
   std::string serve_address;
+  // The host this worker reports (default: gethostname). Workers of one host read each other's
+  // stores by path; a cluster whose workers span hosts keeps a copy of every checkpoint shard on
+  // another host. `strata up --hosts N` sets it to emulate N hosts on one machine.
+  std::string host;
   int register_retry_ms = 1000;
   int peer_timeout_ms = 120000;
   // A cancelled task that has not stopped after this long is stuck in a device call that will not
