@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -383,54 +384,130 @@ Status Trainer::Resume(const ResumePoint& resume) {
 
   int64_t read_bytes = 0;
   torch::NoGradGuard no_grad;
+  const bool host_is_device = device_.is_cpu();
   for (size_t u = 0; u < model_->units().size(); ++u) {
     ParamUnit& unit = model_->units()[u];
     Moments& m = moments_[u];
-    std::map<std::string, shard::TensorAssembler> kinds;
-    for (const char* kind : {"param", "adam_m", "adam_v"}) kinds.emplace(kind, shard::TensorAssembler(context_.spec.model));
-    // Straight into its place: each byte is copied as few times as it can be (every fresh buffer
-    // costs page faults as well as the copy). The places first, then the reads, which are
-    // independent: they run on the intra-op threads at once.
-    std::vector<std::pair<const Source*, std::span<uint8_t>>> reads;
+    std::map<std::string, size_t> index_of;  // parameter name -> its place in the unit
+    for (size_t i = 0; i < unit.names.size(); ++i) index_of[unit.names[i]] = i;
+    auto slice_numel = [&](size_t i) {
+      int64_t n = 1;
+      for (int64_t d : unit.shapes[i]) n *= d;
+      return n;
+    };
+    // Per kind, the range [lo, hi) of the unit's flat vector this rank holds (all of it, its ZeRO-3
+    // shard, or its optimizer range) and where it lands: the tensor itself on a CPU worker, else
+    // a pinned host buffer copied to the device once the unit is read.
+    struct Target {
+      torch::Tensor host, device;
+      int64_t lo = 0, hi = 0;
+    };
+    std::map<std::string, Target> targets;
+    auto target = [&](const torch::Tensor& on_device, int64_t lo, int64_t hi) {
+      Target t{on_device, on_device, lo, hi};
+      if (!host_is_device) t.host = torch::empty({hi - lo}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+      return t;
+    };
+    targets["param"] = target(unit.flat.detach(), unit.sharded ? unit.shard_begin : 0, unit.sharded ? unit.shard_end : unit.numel);
+    targets["adam_m"] = target(m.exp_avg, m.begin, m.end);
+    targets["adam_v"] = target(m.exp_avg_sq, m.begin, m.end);
+
+    // Each piece goes straight into its place when it is a range of this rank's tensor-parallel
+    // slice (written under the same tp, or replicated): one copy, from the store to where the
+    // state lives. Pieces of another tp rank's slice are not read; a tensor written under
+    // another tp is assembled whole, then this rank's slice is cut from it.
+    std::map<std::string, shard::TensorAssembler> assemblers;
+    std::set<std::pair<std::string, size_t>> assembled;
+    std::map<std::pair<std::string, size_t>, int64_t> covered;  // elements of slice i found, per kind
+    struct Read {
+      const Source* source;
+      std::span<uint8_t> into;
+      std::vector<uint8_t> staging;  // a piece only part of which this rank holds
+      uint8_t* part_to = nullptr;
+      int64_t part_offset = 0, part_bytes = 0;
+    };
+    std::vector<Read> reads;
     for (const Source& source : sources[u]) {
-      STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, kinds.at(source.piece.kind).Slot(source.piece, sizeof(float)));
-      reads.push_back({&source, slot});
-      read_bytes += static_cast<int64_t>(slot.size());
+      const shard::PieceName& piece = source.piece;
+      const size_t i = index_of.at(piece.name);
+      Target& t = targets.at(piece.kind);
+      if (!unit.replicated[i] && piece.tp == mesh_.tp && piece.tp_rank != position_.tp_rank) continue;
+      if (!unit.replicated[i] && piece.tp != mesh_.tp) {
+        if (!assemblers.count(piece.kind)) assemblers.emplace(piece.kind, shard::TensorAssembler(context_.spec.model));
+        STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, assemblers.at(piece.kind).Slot(piece, sizeof(float)));
+        assembled.insert({piece.kind, i});
+        reads.push_back({&source, slot, {}, nullptr, 0, 0});
+        continue;
+      }
+      if (piece.begin < 0 || piece.end > slice_numel(i) || piece.begin >= piece.end) {
+        return Corruption(where + ": piece '" + *source.name + "' runs past the " + std::to_string(slice_numel(i)) +
+                          " elements of its slice");
+      }
+      covered[{piece.kind, i}] += piece.end - piece.begin;
+      const int64_t a = unit.offsets[i] + piece.begin, b = unit.offsets[i] + piece.end;
+      const int64_t lo = std::max(a, t.lo), hi = std::min(b, t.hi);
+      if (lo >= hi) continue;  // another data-parallel rank's part
+      auto* base = static_cast<uint8_t*>(t.host.data_ptr());
+      if (lo == a && hi == b) {
+        reads.push_back({&source, {base + (a - t.lo) * sizeof(float), static_cast<size_t>(b - a) * sizeof(float)}, {}, nullptr, 0, 0});
+      } else {
+        Read r{&source, {}, std::vector<uint8_t>(static_cast<size_t>(b - a) * sizeof(float)), base + (lo - t.lo) * sizeof(float),
+               static_cast<int64_t>((lo - a) * sizeof(float)), static_cast<int64_t>((hi - lo) * sizeof(float))};
+        r.into = std::span<uint8_t>(r.staging);
+        reads.push_back(std::move(r));
+      }
     }
+    // Every tensor of every kind is whole: all its pieces were there (read or not needed here).
+    for (const char* kind : {"param", "adam_m", "adam_v"}) {
+      for (size_t i = 0; i < unit.names.size(); ++i) {
+        if (assembled.count({kind, i})) continue;
+        const auto found = covered.find({kind, i});
+        const int64_t have = found == covered.end() ? 0 : found->second;
+        if (have != slice_numel(i)) {
+          return Corruption(where + ": " + kind + " of " + unit.names[i] + " has " + std::to_string(have) + " of its " +
+                            std::to_string(slice_numel(i)) + " elements in the checkpoint's pieces");
+        }
+      }
+    }
+    // The reads are independent: they run on the intra-op threads at once.
     std::mutex failed_mutex;
     Status failed = Status::Ok();
     at::parallel_for(0, static_cast<int64_t>(reads.size()), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const auto& [source, slot] = reads[static_cast<size_t>(i)];
-        Status read = source->reader->ReadInto(*source->name, storage::DType::kF32, slot);
+      for (int64_t k = begin; k < end; ++k) {
+        Read& r = reads[static_cast<size_t>(k)];
+        Status read = r.source->reader->ReadInto(*r.source->name, storage::DType::kF32, r.into);
         if (read.code() == StatusCode::kInvalidArgument) {
-          read = Corruption(where + ": piece '" + *source->name + "' in " + source->reader->where() +
+          read = Corruption(where + ": piece '" + *r.source->name + "' in " + r.source->reader->where() +
                             " is not the fp32 range its name describes (" + read.message() + ")");
         }
-        if (read.ok()) continue;
+        if (read.ok()) {
+          if (r.part_to) std::memcpy(r.part_to, r.staging.data() + r.part_offset, static_cast<size_t>(r.part_bytes));
+          continue;
+        }
         std::lock_guard<std::mutex> lock(failed_mutex);
         if (failed.ok()) failed = read;
       }
     });
     STRATA_RETURN_IF_ERROR(failed);
-    std::map<std::string, torch::Tensor> whole;  // kind -> the unit's flat vector on the host
-    for (auto& [kind, assembler] : kinds) {
-      auto flat = torch::empty({unit.numel}, torch::kFloat);
-      for (size_t i = 0; i < unit.names.size(); ++i) {
-        auto full = assembler.Take(unit.names[i]);
-        if (!full.ok()) return Status(full.status().code(), where + ", " + kind + " of " + unit.names[i] + ": " + full.status().message());
-        const auto split = shard::TensorParallelSplit(context_.spec.model, unit.names[i], unit.full_shapes[i]);
-        int64_t n = 1;
-        for (int64_t d : unit.shapes[i]) n *= d;
-        shard::CopySlice(split, unit.full_shapes[i], mesh_.tp, position_.tp_rank, sizeof(float), full->data(),
-                         static_cast<uint8_t*>(flat.narrow(0, unit.offsets[i], n).data_ptr()));
+    for (const Read& r : reads) read_bytes += static_cast<int64_t>(r.into.size());
+    // Tensors written under another tp: this rank's slice, then the part of it this rank holds.
+    for (const auto& [kind, i] : assembled) {
+      auto full = assemblers.at(kind).Take(unit.names[i]);
+      if (!full.ok()) return Status(full.status().code(), where + ", " + kind + " of " + unit.names[i] + ": " + full.status().message());
+      const auto split = shard::TensorParallelSplit(context_.spec.model, unit.names[i], unit.full_shapes[i]);
+      std::vector<uint8_t> slice(static_cast<size_t>(slice_numel(i)) * sizeof(float));
+      shard::CopySlice(split, unit.full_shapes[i], mesh_.tp, position_.tp_rank, sizeof(float), full->data(), slice.data());
+      Target& t = targets.at(kind);
+      const int64_t a = unit.offsets[i], b = a + slice_numel(i);
+      const int64_t lo = std::max(a, t.lo), hi = std::min(b, t.hi);
+      if (lo < hi) {
+        std::memcpy(static_cast<uint8_t*>(t.host.data_ptr()) + (lo - t.lo) * sizeof(float), slice.data() + (lo - a) * sizeof(float),
+                    static_cast<size_t>(hi - lo) * sizeof(float));
       }
-      whole[kind] = flat;
     }
-    auto param = unit.sharded ? whole["param"].narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin) : whole["param"];
-    unit.flat.detach().copy_(param.to(device_));
-    m.exp_avg.copy_(whole["adam_m"].narrow(0, m.begin, m.end - m.begin).to(device_));
-    m.exp_avg_sq.copy_(whole["adam_v"].narrow(0, m.begin, m.end - m.begin).to(device_));
+    if (!host_is_device) {
+      for (auto& [kind, t] : targets) t.device.copy_(t.host);
+    }
   }
   step_ = resume.step;
   STRATA_LOG(kInfo) << where << ": read and placed " << (read_bytes >> 20) << " MiB on " << device_.str() << " in "
