@@ -19,6 +19,11 @@ thread_local bool skip_random_init = false;
 
 bool RandomInitSkipped() { return skip_random_init; }
 
+DenseImpl::DenseImpl(int64_t in, int64_t out, bool with_bias) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+  if (with_bias) bias = register_parameter("bias", torch::empty({out}));
+}
+
 Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed, bool for_resume) {
   std::shared_ptr<CausalLm> model;
   {

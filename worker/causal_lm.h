@@ -64,6 +64,27 @@ Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t s
 // True while BuildCausalLm builds for a resume on this thread: the families skip their normal_.
 bool RandomInitSkipped();
 
+// A linear layer (y = x W^T + b) and an embedding table whose parameters start uninitialised:
+// the family's own initialisation, or the checkpoint / Hugging Face weights loaded next, writes
+// every one. torch::nn::Linear and Embedding would first fill them with their default init, one
+// random number at a time on one thread (about a third of building a ~1B model on the host),
+// only for it to be overwritten. Parameter names are theirs ("weight", "bias").
+class DenseImpl : public torch::nn::Module {
+ public:
+  DenseImpl(int64_t in, int64_t out, bool with_bias);
+  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight, bias); }
+  torch::Tensor weight, bias;  // [out, in] and [out]; bias undefined without one
+};
+TORCH_MODULE(Dense);
+
+class TableImpl : public torch::nn::Module {
+ public:
+  TableImpl(int64_t rows, int64_t dim) { weight = register_parameter("weight", torch::empty({rows, dim})); }
+  torch::Tensor forward(const torch::Tensor& ids) { return torch::embedding(weight, ids); }
+  torch::Tensor weight;  // [rows, dim]
+};
+TORCH_MODULE(Table);
+
 // "fp32" / "bf16" / "fp16" (run spec dtype and precision names) as a LibTorch scalar type.
 torch::ScalarType ScalarTypeOf(const std::string& name);
 // Our store's dtype of a LibTorch scalar type, and a borrowed view of a contiguous CPU tensor.

@@ -9,11 +9,11 @@ namespace strata::worker {
 Gpt2BlockImpl::Gpt2BlockImpl(const ModelSpec& spec) : heads_(spec.heads) {
   const int64_t h = spec.hidden;
   ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(spec.norm_eps)));
-  c_attn_ = register_module("c_attn", torch::nn::Linear(h, 3 * h));
-  attn_proj_ = register_module("attn_proj", torch::nn::Linear(h, h));
+  c_attn_ = register_module("c_attn", Dense(h, 3 * h, true));
+  attn_proj_ = register_module("attn_proj", Dense(h, h, true));
   ln_2_ = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(spec.norm_eps)));
-  c_fc_ = register_module("c_fc", torch::nn::Linear(h, spec.ffn));
-  mlp_proj_ = register_module("mlp_proj", torch::nn::Linear(spec.ffn, h));
+  c_fc_ = register_module("c_fc", Dense(h, spec.ffn, true));
+  mlp_proj_ = register_module("mlp_proj", Dense(spec.ffn, h, true));
   torch::NoGradGuard no_grad;
   const double residual_std = 0.02 / std::sqrt(2.0 * spec.layers);
   for (auto* linear : {&c_attn_, &attn_proj_, &c_fc_, &mlp_proj_}) {
@@ -41,8 +41,8 @@ BlockOutputs Gpt2BlockImpl::ForwardParts(const torch::Tensor& x) {
 }
 
 Gpt2::Gpt2(const ModelSpec& spec) : spec_(spec) {
-  wte_ = register_module("wte", torch::nn::Embedding(spec.vocab, spec.hidden));
-  wpe_ = register_module("wpe", torch::nn::Embedding(spec.sequence, spec.hidden));
+  wte_ = register_module("wte", Table(spec.vocab, spec.hidden));
+  wpe_ = register_module("wpe", Table(spec.sequence, spec.hidden));
   h_ = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < spec.layers; ++i) h_->push_back(Gpt2Block(spec));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({spec.hidden}).eps(spec.norm_eps)));

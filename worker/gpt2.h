@@ -19,7 +19,7 @@ class Gpt2BlockImpl : public torch::nn::Module {
  private:
   int64_t heads_;
   torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
-  torch::nn::Linear c_attn_{nullptr}, attn_proj_{nullptr}, c_fc_{nullptr}, mlp_proj_{nullptr};
+  Dense c_attn_{nullptr}, attn_proj_{nullptr}, c_fc_{nullptr}, mlp_proj_{nullptr};
 };
 TORCH_MODULE(Gpt2Block);
 
@@ -35,7 +35,7 @@ class Gpt2 : public CausalLm {
 
  private:
   ModelSpec spec_;
-  torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
+  Table wte_{nullptr}, wpe_{nullptr};
   torch::nn::ModuleList h_;
   torch::nn::LayerNorm ln_f_{nullptr};
 };

@@ -7,8 +7,8 @@
 namespace strata::worker {
 namespace {
 
-torch::nn::Linear NoBias(int64_t in, int64_t out) {
-  torch::nn::Linear linear(torch::nn::LinearOptions(in, out).bias(false));
+Dense NoBias(int64_t in, int64_t out) {
+  Dense linear(in, out, false);
   torch::NoGradGuard no_grad;
   if (!RandomInitSkipped()) linear->weight.normal_(0.0, 0.02);
   return linear;
@@ -86,7 +86,7 @@ BlockOutputs LlamaBlock::ForwardParts(const torch::Tensor& x, const torch::Tenso
 }
 
 Llama::Llama(const ModelSpec& spec) : spec_(spec) {
-  embed_tokens_ = register_module("embed_tokens", torch::nn::Embedding(spec.vocab, spec.hidden));
+  embed_tokens_ = register_module("embed_tokens", Table(spec.vocab, spec.hidden));
   {
     torch::NoGradGuard no_grad;
     if (!RandomInitSkipped()) embed_tokens_->weight.normal_(0.0, 0.02);

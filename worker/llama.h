@@ -18,7 +18,7 @@ class LlamaAttention : public torch::nn::Module {
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
-  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  Dense q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
 };
 
 class LlamaMlp : public torch::nn::Module {
@@ -27,7 +27,7 @@ class LlamaMlp : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
-  torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+  Dense gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
 };
 
 class RmsNorm : public torch::nn::Module {
@@ -67,11 +67,11 @@ class Llama : public CausalLm {
   std::pair<torch::Tensor, torch::Tensor> Rotary(const torch::Tensor& x);
 
   ModelSpec spec_;
-  torch::nn::Embedding embed_tokens_{nullptr};
+  Table embed_tokens_{nullptr};
   torch::nn::ModuleList layer_list_;                // registers the blocks as layers.N
   std::vector<std::shared_ptr<LlamaBlock>> layers_;  // the same blocks, typed
   std::shared_ptr<RmsNorm> norm_;
-  torch::nn::Linear lm_head_{nullptr};
+  Dense lm_head_{nullptr};
   torch::Tensor inv_freq_;  // buffer [head_dim / 2]
 };
 
