@@ -59,6 +59,7 @@ class ShardReplicator {
   ShardReplicator(storage::ShardStore* store, std::string store_path, std::optional<curve::ClientKeys> keys, Outbox* outbox)
       : store_(store), store_path_(std::move(store_path)), keys_(std::move(keys)), outbox_(outbox) {}
   ~ShardReplicator() {
+    stopping_.store(true);  // a copy in progress stops at its next piece
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
@@ -123,6 +124,7 @@ class ShardReplicator {
     }
     STRATA_ASSIGN_OR_RETURN(auto client, StoreClient::Connect(r.source, keys_, 30000));
     for (const auto& name : r.names) {
+      if (stopping_.load()) return Aborted("the worker is stopping");
       STRATA_ASSIGN_OR_RETURN(storage::Tensor piece, client->ReadCheckpointPiece(r.source_key_run, r.step, name));
       STRATA_RETURN_IF_ERROR(store_->PutCheckpointTensor(r.key_run, r.step, name, {piece.dtype, piece.shape, piece.bytes}));
       *bytes += piece.bytes.size();
@@ -138,6 +140,7 @@ class ShardReplicator {
   std::condition_variable wake_;
   std::deque<Request> queue_;  // guarded by mutex_
   bool stop_ = false;          // guarded by mutex_
+  std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
 
