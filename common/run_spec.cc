@@ -91,16 +91,16 @@ class Reader {
     return Status::Ok();
   }
 
-  // An array of integers, or the string `all_word` (-> `all_values`).
-  Status IntList(const std::string& table, const std::string& key, std::vector<int64_t>* out) {
+  // An array of integers, or the string `empty_word` (-> empty: "all" layers, "auto" stages).
+  Status IntList(const std::string& table, const std::string& key, std::vector<int64_t>* out, const std::string& empty_word = "all") {
     const toml::node* node = Find(table, key);
     if (!node) return Status::Ok();
-    if (node->is_string() && node->value<std::string>() == "all") {
+    if (node->is_string() && node->value<std::string>() == empty_word) {
       out->clear();
       return Status::Ok();
     }
     const toml::array* array = node->as_array();
-    if (!array) return InvalidArgument("run spec: " + Path(table, key) + " must be a list of integers or \"all\"");
+    if (!array) return InvalidArgument("run spec: " + Path(table, key) + " must be a list of integers or \"" + empty_word + "\"");
     out->clear();
     for (const auto& item : *array) {
       auto v = item.value<int64_t>();
@@ -136,20 +136,6 @@ class Reader {
     if (IsAuto(table, key, automatic)) return Status::Ok();
     if (Find(table, key)->is_string()) return InvalidArgument("run spec: " + Path(table, key) + " must be an integer or \"auto\"");
     return Int(table, key, out, min);
-  }
-  // A list of integers, or absent / "auto" (left empty).
-  Status IntListOrAuto(const std::string& table, const std::string& key, std::vector<int64_t>* out) {
-    const toml::node* node = Find(table, key);
-    if (!node || (node->is_string() && node->value<std::string>() == "auto")) return Status::Ok();
-    const toml::array* array = node->as_array();
-    if (!array) return InvalidArgument("run spec: " + Path(table, key) + " must be a list of integers or \"auto\"");
-    out->clear();
-    for (const auto& item : *array) {
-      auto v = item.value<int64_t>();
-      if (!item.is_integer() || !v) return InvalidArgument("run spec: " + Path(table, key) + " must hold integers only");
-      out->push_back(*v);
-    }
-    return Status::Ok();
   }
   Status BoolOrAuto(const std::string& table, const std::string& key, bool* out, std::set<std::string>* automatic) {
     if (IsAuto(table, key, automatic)) return Status::Ok();
@@ -388,7 +374,7 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "micro_batch", &p.micro_batch, 0, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "zero", &p.zero, 0, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.BoolOrAuto("parallel", "recompute", &p.recompute, &p.automatic));
-  STRATA_RETURN_IF_ERROR(r.IntListOrAuto("parallel", "stages", &p.stages));
+  STRATA_RETURN_IF_ERROR(r.IntList("parallel", "stages", &p.stages, "auto"));
   STRATA_RETURN_IF_ERROR(ValidateParallel(spec));
   return spec;
 }

@@ -1095,7 +1095,13 @@ class CoordinatorImpl final : public Coordinator {
       if (w.state != WorkerState::LOST) hosts.insert(w.host);
     }
     if (hosts.size() < 2) return false;
-    std::map<uint32_t, std::pair<const WorkerEntry*, std::string>> plan;  // rank -> (target, shard bytes)
+    struct Planned {
+      uint32_t rank;
+      const WorkerEntry* origin;
+      const WorkerEntry* target;
+      schema::DecodedRecord<CheckpointShard> shard;
+    };
+    std::vector<Planned> plan;
     std::map<std::string, int> load;  // copies per target, to spread them
     for (const auto& [rank, bytes] : run.pending_shards[step]) {
       auto decoded = schema::DecodedRecord<CheckpointShard>::Decode(AsBytes(bytes));
@@ -1114,26 +1120,23 @@ class CoordinatorImpl final : public Coordinator {
         return false;
       }
       ++load[target->id];
-      plan[rank] = {target, bytes};
+      plan.push_back({rank, origin, target, std::move(decoded).value()});
     }
     auto& copies = run.pending_copies[step];
     copies.clear();
-    for (const auto& [rank, target_and_bytes] : plan) {
-      const auto& [target, bytes] = target_and_bytes;
-      auto shard = schema::DecodedRecord<CheckpointShard>::Decode(AsBytes(bytes));
-      const WorkerEntry* origin = WorkerWithStore(shard->root().getStorePath().cStr());
-      const std::string key_run = run.id + "/copy-of-rank-" + std::to_string(rank);
+    for (const Planned& p : plan) {
+      const std::string key_run = run.id + "/copy-of-rank-" + std::to_string(p.rank);
       schema::EnvelopeBuilder msg;
       auto r = msg.root().initReplicateShard();
       r.setRunId(run.id);
       r.setStep(step);
-      r.setRank(rank);
-      r.setSource(origin->serve_address);
+      r.setRank(p.rank);
+      r.setSource(p.origin->serve_address);
       r.setSourceKeyRun(run.id);
       r.setKeyRun(key_run);
-      r.setTensors(shard->root().getTensors());
-      Send(target->identity, msg.Serialize());
-      copies[rank] = {target->id, key_run, ""};
+      r.setTensors(p.shard.root().getTensors());
+      Send(p.target->identity, msg.Serialize());
+      copies[p.rank] = {p.target->id, key_run, ""};
     }
     return true;
   }

@@ -5,9 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
-#include <random>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "common/net.h"
@@ -143,32 +144,34 @@ class FakeWorker {
     socket_.send(net::Buffer(msg.Serialize()), zmq::send_flags::none);
   }
 
-  // Heartbeats until an AssignTask for `run_id` arrives (or 3 s pass); remembers rank and token.
-  bool AwaitAssignment(const std::string& run_id) {
+  // Heartbeats until a message of `kind` that `accept` takes arrives (or 3 s pass).
+  bool Await(Envelope::Which kind, const std::function<bool(Envelope::Reader)>& accept) {
     const int64_t start = net::SteadyMs();
     std::vector<zmq::message_t> frames;
     while (net::SteadyMs() - start < 3000) {
       Heartbeat();
       if (!net::RecvMultipart(socket_, &frames, 100)) continue;
       auto env = schema::DecodeEnvelope(net::Bytes(frames.back()));
-      if (!env.ok() || (*env)->root().which() != Envelope::ASSIGN_TASK) continue;
-      auto a = (*env)->root().getAssignTask();
-      if (std::string(a.getRunId().cStr()) != run_id) continue;
+      if (env.ok() && (*env)->root().which() == kind && accept((*env)->root())) return true;
+    }
+    return false;
+  }
+
+  // Heartbeats until an AssignTask for `run_id` arrives (or 3 s pass); remembers rank and token.
+  bool AwaitAssignment(const std::string& run_id) {
+    return Await(Envelope::ASSIGN_TASK, [&](Envelope::Reader root) {
+      auto a = root.getAssignTask();
+      if (std::string(a.getRunId().cStr()) != run_id) return false;
       rank_ = a.getRank();
       token_ = a.getTaskToken();
       return true;
-    }
-    return false;
+    });
   }
 
   // Reports that this rank's collective timed out, naming no one (as an NCCL rank does).
   void ReportUnknownStall(const std::string& run_id) {
     schema::EnvelopeBuilder msg;
-    auto ev = msg.root().initTaskEvent();
-    ev.setRunId(run_id);
-    ev.setRank(rank_);
-    ev.setTaskToken(token_);
-    auto st = ev.initStalled();
+    auto st = Event(msg, run_id).initStalled();
     st.setRankKnown(false);
     st.setDetail("an NCCL all-reduce of rank " + std::to_string(rank_) + " issued 5 s ago has not finished");
     socket_.send(net::Buffer(msg.Serialize()), zmq::send_flags::none);
@@ -177,11 +180,7 @@ class FakeWorker {
   // Reports this rank's shard of checkpoint `step` as saved (one tensor).
   void ReportCheckpoint(const std::string& run_id, int64_t step, const std::string& store_path) {
     schema::EnvelopeBuilder msg;
-    auto ev = msg.root().initTaskEvent();
-    ev.setRunId(run_id);
-    ev.setRank(rank_);
-    ev.setTaskToken(token_);
-    auto shard = ev.initCheckpointSaved();
+    auto shard = Event(msg, run_id).initCheckpointSaved();
     shard.setStep(step);
     shard.setStorePath(store_path);
     shard.initTensors(1)[0].setName("param/h.0.ln_1.weight@tp=0/1@[0,8)@8");
@@ -189,15 +188,11 @@ class FakeWorker {
   }
 
   // Heartbeats until a ReplicateShard arrives (or 3 s pass); answers it (`error` empty: copied).
+  // The source it was told to copy from.
   std::optional<std::string> AnswerReplicateShard(const std::string& error) {
-    const int64_t start = net::SteadyMs();
-    std::vector<zmq::message_t> frames;
-    while (net::SteadyMs() - start < 3000) {
-      Heartbeat();
-      if (!net::RecvMultipart(socket_, &frames, 100)) continue;
-      auto env = schema::DecodeEnvelope(net::Bytes(frames.back()));
-      if (!env.ok() || (*env)->root().which() != Envelope::REPLICATE_SHARD) continue;
-      auto r = (*env)->root().getReplicateShard();
+    std::optional<std::string> source;
+    Await(Envelope::REPLICATE_SHARD, [&](Envelope::Reader root) {
+      auto r = root.getReplicateShard();
       schema::EnvelopeBuilder msg;
       auto done = msg.root().initShardReplicated();
       done.setRunId(r.getRunId());
@@ -207,15 +202,24 @@ class FakeWorker {
       done.setKeyRun(r.getKeyRun());
       done.setError(error);
       socket_.send(net::Buffer(msg.Serialize()), zmq::send_flags::none);
-      return std::string(r.getSource().cStr());
-    }
-    return std::nullopt;
+      source = r.getSource().cStr();
+      return true;
+    });
+    return source;
   }
 
   uint32_t rank() const { return rank_; }
   const std::string& name() const { return name_; }
 
  private:
+  ::TaskEvent::Builder Event(schema::EnvelopeBuilder& msg, const std::string& run_id) {
+    auto ev = msg.root().initTaskEvent();
+    ev.setRunId(run_id);
+    ev.setRank(rank_);
+    ev.setTaskToken(token_);
+    return ev;
+  }
+
   zmq::socket_t socket_;
   std::string name_;
   uint32_t rank_ = 0;

@@ -55,14 +55,15 @@ class RemoteShardReader final : public ShardReader {
 }  // namespace
 
 Result<std::unique_ptr<ShardReader>> OpenShardReader(const ResumePoint& resume, const ResumePoint::Shard& shard,
+                                                     storage::ShardStore* own_store, const std::string& own_store_path,
                                                      const ShardAccess& access) {
   std::vector<ResumePoint::Location> copies = shard.copies;
   if (copies.empty()) copies.push_back({shard.store_path, resume.run_id, access.host, ""});
   std::string tried;
   for (const auto& copy : copies) {
     const std::string key_run = copy.key_run.empty() ? resume.run_id : copy.key_run;
-    if (access.own_store && copy.store_path == access.own_store_path) {
-      return std::unique_ptr<ShardReader>(std::make_unique<LocalShardReader>(access.own_store, nullptr, key_run, resume.step, copy.store_path));
+    if (own_store && copy.store_path == own_store_path) {
+      return std::unique_ptr<ShardReader>(std::make_unique<LocalShardReader>(own_store, nullptr, key_run, resume.step, copy.store_path));
     }
     if (copy.host == access.host) {
       storage::StoreOptions options;

@@ -97,19 +97,19 @@ class ShardReader {
   virtual bool remote() const = 0;                // read through another host's store server
 };
 
-// What a worker can reach: its own store, stores of its host by path (opened read-only beside
-// their running owners), and other hosts' stores through their store servers.
+// Beside its own store, what a worker can reach: stores of its host by path (opened read-only
+// beside their running owners), and other hosts' stores through their store servers.
 struct ShardAccess {
-  storage::ShardStore* own_store = nullptr;
-  std::string own_store_path;
   std::string host;  // this worker's
   std::optional<curve::ClientKeys> keys;
   int timeout_ms = 30000;
 };
 
-// The first copy of `shard` that `access` reaches, in order: this worker's store, a store on this
-// host, a store server of another host. Unavailable, naming every copy, when none is.
+// The first copy of `shard` this worker reaches, in order: its own store (`own_store` at
+// `own_store_path`; may be null), a store on this host, a store server of another host.
+// Unavailable, naming every copy, when none is.
 Result<std::unique_ptr<ShardReader>> OpenShardReader(const ResumePoint& resume, const ResumePoint::Shard& shard,
+                                                     storage::ShardStore* own_store, const std::string& own_store_path,
                                                      const ShardAccess& access);
 
 struct TaskContext {
@@ -120,7 +120,7 @@ struct TaskContext {
   Communicator* communicator = nullptr;
   storage::ShardStore* store = nullptr;
   std::string store_path;  // where `store` lives (a resume shard there is read through `store`)
-  ShardAccess shard_access;  // how a resume reaches the checkpoint's shards (own store filled in)
+  ShardAccess shard_access;  // how a resume reaches the shards of other workers' stores
   ResumePoint resume;      // train runs
   TaskReporter* reporter = nullptr;
   const std::atomic<bool>* cancelled = nullptr;  // checked between steps

@@ -362,10 +362,8 @@ Status Trainer::Resume(const ResumePoint& resume) {
     shard::PieceName piece;
   };
   std::vector<std::vector<Source>> sources(model_->units().size());
-  ShardAccess access = context_.shard_access;
-  if (!access.own_store) access.own_store = context_.store, access.own_store_path = context_.store_path;
   for (const auto& shard : resume.shards) {
-    auto reader = OpenShardReader(resume, shard, access);
+    auto reader = OpenShardReader(resume, shard, context_.store, context_.store_path, context_.shard_access);
     // No copy reachable is this checkpoint unreadable here: the coordinator then takes an older one.
     if (!reader.ok()) return Corruption(where + ": " + reader.status().message());
     readers.push_back(std::move(reader).value());

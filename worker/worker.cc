@@ -631,7 +631,7 @@ class WorkerImpl final : public Worker {
     context.spec = std::move(spec);
     context.store = store_.get();
     context.store_path = options_.store_path;
-    context.shard_access = {store_.get(), options_.store_path, host_, curve_, 30000};
+    context.shard_access = {host_, curve_, 30000};
     context.reporter = t;
     context.cancelled = &t->cancelled;
     context.snapshot_step = &t->snapshot_step;
