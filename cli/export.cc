@@ -45,7 +45,8 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
   for (auto shard : manifest.getShards()) {
     // The shard's own store, else its copy on another host (a cluster spanning hosts), whichever
     // this machine reaches by path.
-    std::string store_path = shard.getStorePath().cStr(), key_run = run;
+    std::string store_path = shard.getStorePath().cStr();
+    std::string key_run = shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : run;
     storage::StoreOptions options;
     options.create_if_missing = false;
     options.read_only = true;

@@ -1132,7 +1132,7 @@ class CoordinatorImpl final : public Coordinator {
       r.setStep(step);
       r.setRank(p.rank);
       r.setSource(p.origin->serve_address);
-      r.setSourceKeyRun(run.id);
+      r.setSourceKeyRun(p.shard.root().getKeyRun().size() > 0 ? p.shard.root().getKeyRun() : capnp::Text::Reader(run.id));
       r.setKeyRun(key_run);
       r.setTensors(p.shard.root().getTensors());
       Send(p.target->identity, msg.Serialize());

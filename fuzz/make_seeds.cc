@@ -367,6 +367,8 @@ void TensorRecordSeeds(SeedWriter& out) {
     std::string value = storage::records::EncodeTensorPrefix(view, storage::Checksum(bytes));
     value.append(bytes.begin(), bytes.end());
     out.Add("tensor_record_fuzz", value);
+    const uint64_t size = *storage::records::ByteSize(t.dtype, t.shape);
+    out.Add("tensor_record_fuzz", storage::records::EncodeFileRef({"20-4242-1764200000-0.bin", 4096, size, 77, t.dtype, t.shape}));
   }
 }
 

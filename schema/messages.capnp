@@ -188,6 +188,9 @@ struct CheckpointShard {
   copies @4 :List(ShardCopy);
   # AssignTask only: the store server of storePath's worker, while that worker is alive.
   serveAddress @5 :Text;
+  # The key of the shard's pieces in that store when not the run's id: a shard cut unlike one an
+  # earlier attempt of the run left at this step there (the worker picks it; see Trainer).
+  keyRun @6 :Text;
 }
 
 # A copy of a checkpoint shard: its pieces under (keyRun, step) in the store at storePath.

@@ -180,6 +180,48 @@ Result<DecodedTensor> DecodeTensorValue(std::string_view value) {
   return out;
 }
 
+namespace {
+constexpr std::string_view kFileRefMagic = "\xffSF1";
+}  // namespace
+
+bool IsFileRef(std::string_view value) { return value.substr(0, kFileRefMagic.size()) == kFileRefMagic; }
+
+std::string EncodeFileRef(const FileRef& ref) {
+  std::string out = std::string(kFileRefMagic) + EncodeKeyString(ref.file) + EncodeKeyU64(ref.offset) + EncodeKeyU64(ref.size) +
+                    EncodeKeyU64(ref.checksum) + EncodeKeyU64(static_cast<uint64_t>(ref.dtype)) + EncodeKeyU64(ref.shape.size());
+  for (int64_t d : ref.shape) out += EncodeKeyU64(static_cast<uint64_t>(d));
+  return out;
+}
+
+Result<FileRef> DecodeFileRef(std::string_view v) {
+  if (!IsFileRef(v)) return Corruption("is not a data file reference");
+  v.remove_prefix(kFileRefMagic.size());
+  FileRef ref;
+  uint64_t dtype = 0, rank = 0;
+  if (!ConsumeKeyString(&v, &ref.file) || !ConsumeKeyU64(&v, &ref.offset) || !ConsumeKeyU64(&v, &ref.size) ||
+      !ConsumeKeyU64(&v, &ref.checksum) || !ConsumeKeyU64(&v, &dtype) || !ConsumeKeyU64(&v, &rank)) {
+    return Corruption("is a data file reference cut short");
+  }
+  if (dtype > kMaxDType || rank > 64) return Corruption("is a data file reference with an unknown dtype or rank");
+  // A plain file name: a damaged reference must not reach outside the run's directory.
+  if (ref.file.empty() || ref.file.find('/') != std::string::npos || ref.file.find('\0') != std::string::npos ||
+      ref.file == "." || ref.file == "..") {
+    return Corruption("is malformed: a data file reference naming '" + ref.file + "', not a file of its run's directory");
+  }
+  ref.dtype = static_cast<DType>(dtype);
+  for (uint64_t i = 0; i < rank; ++i) {
+    uint64_t d = 0;
+    if (!ConsumeKeyU64(&v, &d)) return Corruption("is a data file reference cut short");
+    ref.shape.push_back(static_cast<int64_t>(d));
+  }
+  if (!v.empty()) return Corruption("is a data file reference with trailing bytes");
+  const auto expected = ByteSize(ref.dtype, ref.shape);
+  if (!expected || *expected != ref.size || ref.offset > UINT64_MAX - ref.size) {
+    return Corruption("is a data file reference whose size is not its dtype and shape");
+  }
+  return ref;
+}
+
 std::string EncodeManifest(const CheckpointInfo& info) {
   capnp::MallocMessageBuilder message;
   auto record = message.initRoot<CheckpointManifestRecord>();

@@ -1,5 +1,6 @@
 // Private record codecs of the shard store. A tensor value is
 //   [u32 little-endian header length][flat Cap'n Proto TensorHeader][raw bytes]
+// or, for a checkpoint tensor whose bytes are in a data file, a file reference (FileRef)
 // and a checkpoint manifest value is a flat Cap'n Proto CheckpointManifestRecord
 // (schema/store.capnp). Decoders treat their input as untrusted: anything malformed, including
 // bytes that make Cap'n Proto throw, comes back as a Corruption status with a short reason that
@@ -36,6 +37,21 @@ struct DecodedTensor {
 };
 // Decodes a tensor value and verifies it: header decodes, sizes agree, checksum matches.
 Result<DecodedTensor> DecodeTensorValue(std::string_view value);
+
+// What a checkpoint tensor's key holds when its bytes are in a data file of the run's directory:
+//   [magic "\xffSF1"][file name][offset][size][checksum][dtype][rank][dims] (key pieces, keys.h)
+// No tensor value starts with the magic: read as a header length it is past any value.
+struct FileRef {
+  std::string file;  // a plain name within the run's data directory
+  uint64_t offset = 0, size = 0, checksum = 0;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+bool IsFileRef(std::string_view value);
+std::string EncodeFileRef(const FileRef& ref);
+// Corruption if malformed: a name with a '/' (it must not reach outside the run's directory), a
+// size that is not dtype x shape, a range past 2^64.
+Result<FileRef> DecodeFileRef(std::string_view value);
 
 std::string EncodeManifest(const CheckpointInfo& info);
 Result<CheckpointInfo> DecodeManifest(std::string_view value);

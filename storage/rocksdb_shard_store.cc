@@ -1,26 +1,37 @@
 // RocksDbShardStore: the ShardStore behind ShardStore::Open, one RocksDB with column families
-//   checkpoints  tensor records + checkpoint manifests (keys in keys.h, values in records.h)
+//   checkpoints  tensor records or data-file references + checkpoint manifests (keys in keys.h, values in records.h)
 //   activations  captured activations of extract runs: records + per-chunk cursors (keys.h)
 //   metadata     caller-keyed small records
-// Why this shape: tensors are big and written once, so the tensor column families keep values of
-// min_blob_size or more in RocksDB blob files (compaction moves only small keys, not gigabytes).
-// A checkpoint becomes visible through a single synced manifest write, which is the commit
-// point: staged tensors are ordinary writes, so a writer that dies mid-checkpoint leaves only
-// unreferenced records, never a half-visible checkpoint. Every read re-verifies the XXH3
-// checksum and the manifest's view of the tensor, so damaged bytes surface as Corruption.
+// Why this shape: tensors are big and written once. RocksDB copies a value four times on its way
+// to disk (write batch, WAL, memtable, blob file at flush) - a 1B model's 5 GB shard took 30 s on
+// an H100 node. So the bytes of checkpoint tensors of file_threshold or more, like activations,
+// go to data files of their own (STORE/checkpoints/<hex run>/<step>-<attempt>.bin, one per
+// staging attempt, each byte written once from the caller's buffer and read straight into the
+// reader's), and RocksDB keeps a small reference under the tensor's key; smaller tensors are
+// inline records. A checkpoint becomes visible through a single synced manifest write, which is
+// the commit point, after its data files are synced: a writer that dies mid-checkpoint leaves
+// only unreferenced records and files, never a half-visible checkpoint. Every read re-verifies
+// the XXH3 checksum and the manifest's view of the tensor, so damaged bytes surface as Corruption.
+// Stores written before the data files keep their tensors as inline records (some in blob files),
+// which read as before.
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/write_batch.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 #include "common/log.h"
@@ -125,11 +136,13 @@ Status SyncDirectory(const std::string& dir) {
   return ok ? Status::Ok() : IoError("cannot sync " + dir + ": " + std::strerror(errno));
 }
 
-Status ReadFileRange(const std::string& path, uint64_t offset, std::vector<uint8_t>& out) {
+// Reads out.size() bytes at `offset` of the data file `path` (`what`: "activation" or
+// "checkpoint", for the message) straight into `out`.
+Status ReadFileRange(const std::string& path, const char* what, uint64_t offset, std::span<uint8_t> out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return Corruption("the activation file " + path + " named by the store's index cannot be opened (" + std::strerror(errno) +
-                      "); the store is damaged");
+    return Corruption(std::string("the ") + what + " file " + path + " named by the store's index cannot be opened (" +
+                      std::strerror(errno) + "); the store is damaged");
   }
   size_t done = 0;
   while (done < out.size()) {
@@ -137,12 +150,23 @@ Status ReadFileRange(const std::string& path, uint64_t offset, std::vector<uint8
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       ::close(fd);
-      return Corruption("the activation file " + path + " is shorter than the store's index says; the store is damaged");
+      return Corruption(std::string("the ") + what + " file " + path + " is shorter than the store's index says; the store is damaged");
     }
     done += static_cast<size_t>(n);
   }
   ::close(fd);
   return Status::Ok();
+}
+
+// Hex of a run id: run ids are user text and must not become paths.
+std::string HexOf(const std::string& run) {
+  static const char* digits = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char c : run) {
+    hex += digits[c >> 4];
+    hex += digits[c & 15];
+  }
+  return hex;
 }
 
 Status ValidateCheckpointId(const std::string& run, int64_t step) {
@@ -153,8 +177,9 @@ Status ValidateCheckpointId(const std::string& run, int64_t step) {
 
 class RocksDbShardStore final : public ShardStore {
  public:
-  RocksDbShardStore(std::string path, rocksdb::DB* db, std::vector<rocksdb::ColumnFamilyHandle*> handles, bool read_only)
-      : path_(std::move(path)), db_(db), handles_(std::move(handles)), read_only_(read_only) {
+  RocksDbShardStore(std::string path, rocksdb::DB* db, std::vector<rocksdb::ColumnFamilyHandle*> handles, bool read_only,
+                    uint64_t file_threshold)
+      : path_(std::move(path)), db_(db), handles_(std::move(handles)), read_only_(read_only), file_threshold_(file_threshold) {
     checkpoints_ = handles_[1];
     activations_ = handles_[2];
     metadata_ = handles_[3];
@@ -178,15 +203,31 @@ class RocksDbShardStore final : public ShardStore {
       return Status(StatusCode::kAlreadyExists, "cannot stage tensor '" + name + "': the " + Describe(run, step) +
                                                     " is already committed; write a new step instead");
     }
-    // Header and raw bytes go into the batch as two parts: the tensor is copied once, not twice.
+    if (read_only_) return InvalidArgument("staging " + Describe(run, step, name) + ": the store at " + path_ + " is open read-only");
     const std::string key = keys::TensorKey(run, step, name);
-    const std::string prefix = records::EncodeTensorPrefix(tensor, Checksum(tensor.bytes));
+    const std::string action = "staging " + Describe(run, step, name);
+    const uint64_t checksum = Checksum(tensor.bytes);
+    if (tensor.bytes.size() >= file_threshold_) {
+      // Into this attempt's data file at an offset reserved for it; several tensors may be written
+      // at once. A file a commit has closed meanwhile is not written: the next attempt's is.
+      for (;;) {
+        STRATA_ASSIGN_OR_RETURN(std::shared_ptr<StagingFile> file, StagingFileFor(run, step));
+        std::shared_lock<std::shared_mutex> writing(file->mu);
+        if (file->closed) continue;
+        const uint64_t offset = file->end.fetch_add(tensor.bytes.size());
+        STRATA_RETURN_IF_ERROR(file->writer.WriteAt(offset, tensor.bytes));
+        const records::FileRef ref{file->name, offset, tensor.bytes.size(), checksum, tensor.dtype, tensor.shape};
+        return FromRocks(db_->Put(rocksdb::WriteOptions(), checkpoints_, key, records::EncodeFileRef(ref)),
+                         path_, action);
+      }
+    }
+    // Header and raw bytes go into the batch as two parts: the tensor is copied once, not twice.
+    const std::string prefix = records::EncodeTensorPrefix(tensor, checksum);
     rocksdb::Slice key_part(key);
     rocksdb::Slice value_parts[2] = {
         rocksdb::Slice(prefix),
         rocksdb::Slice(reinterpret_cast<const char*>(tensor.bytes.data()), tensor.bytes.size())};
     rocksdb::WriteBatch batch;
-    const std::string action = "staging " + Describe(run, step, name);
     STRATA_RETURN_IF_ERROR(FromRocks(
         batch.Put(checkpoints_, rocksdb::SliceParts(&key_part, 1), rocksdb::SliceParts(value_parts, 2)), path_,
         action));
@@ -202,9 +243,27 @@ class RocksDbShardStore final : public ShardStore {
       return Status(StatusCode::kAlreadyExists, "the " + Describe(run, step) + " is already committed");
     }
 
-    // Every staged record must decode and pass its checksum before the manifest names it.
+    // This process's data file of the step is closed (no more writes) and synced below.
+    std::shared_ptr<StagingFile> staged;
+    {
+      std::lock_guard<std::mutex> staging(staging_mu_);
+      auto found = staging_.find({run, step});
+      if (found != staging_.end()) {
+        staged = found->second;
+        staging_.erase(found);
+      }
+    }
+    if (staged) {
+      std::unique_lock<std::shared_mutex> no_writers(staged->mu);
+      staged->closed = true;
+      STRATA_RETURN_IF_ERROR(staged->writer.SyncAndClose());
+    }
+
+    // Every staged record must decode (inline ones pass their checksum) and every data file must
+    // hold the bytes its references name, durably, before the manifest names them.
     CheckpointInfo info{run, step, {}};
     uint64_t total_bytes = 0;
+    std::map<std::string, uint64_t> file_ends;  // data file -> the end of the last byte referenced in it
     const std::string prefix = keys::TensorPrefix(run, step);
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), checkpoints_));
     for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
@@ -212,6 +271,15 @@ class RocksDbShardStore final : public ShardStore {
       std::string name;
       if (!ConsumeKeyString(&rest, &name) || !rest.empty()) {
         return Damaged("a tensor key of the " + Describe(run, step), "is malformed");
+      }
+      if (records::IsFileRef(View(it->value()))) {
+        Result<records::FileRef> decoded_ref = records::DecodeFileRef(View(it->value()));
+        if (!decoded_ref.ok()) return Damaged("the reference of " + Describe(run, step, name), decoded_ref.status().message());
+        const records::FileRef& ref = *decoded_ref;
+        file_ends[ref.file] = std::max(file_ends[ref.file], ref.offset + ref.size);
+        total_bytes += ref.size;
+        info.tensors.push_back({name, ref.dtype, ref.shape, ref.checksum, ref.size});
+        continue;
       }
       Result<records::DecodedTensor> decoded = records::DecodeTensorValue(View(it->value()));
       if (!decoded.ok()) return Damaged(Describe(run, step, name), decoded.status().message());
@@ -223,6 +291,19 @@ class RocksDbShardStore final : public ShardStore {
       return InvalidArgument("cannot commit the " + Describe(run, step) +
                              ": no tensors are staged; call PutCheckpointTensor first");
     }
+    for (const auto& [file, end] : file_ends) {
+      // Files of an earlier process's attempt (staged, then this process commits) are synced here;
+      // this process's own was synced above and costs nothing again.
+      if (staged && file == staged->name) continue;
+      STRATA_RETURN_IF_ERROR(SyncDataFile(CheckpointDir(run) + "/" + file, end, Describe(run, step)));
+    }
+    if (staged) {
+      const auto own = file_ends.find(staged->name);
+      if (own != file_ends.end() && own->second > staged->end.load()) {
+        return Damaged("the " + Describe(run, step), "references bytes past the end of its data file " + staged->name);
+      }
+    }
+    if (!file_ends.empty()) STRATA_RETURN_IF_ERROR(SyncDirectory(CheckpointDir(run)));
     std::sort(info.tensors.begin(), info.tensors.end(),
               [](const auto& a, const auto& b) { return a.name < b.name; });
 
@@ -254,32 +335,31 @@ class RocksDbShardStore final : public ShardStore {
   }
 
   Result<Tensor> ReadCheckpointTensor(const std::string& run, int64_t step, const std::string& name) override {
-    Result<Tensor> out = Tensor{};
-    Status st = WithCheckpointTensor(run, step, name, [&](const records::DecodedTensor& t) {
-      *out = Tensor{t.dtype, t.shape, std::vector<uint8_t>(t.bytes.begin(), t.bytes.end()), t.checksum};
-      return Status::Ok();
-    });
-    if (!st.ok()) return st;
+    Tensor out;
+    STRATA_RETURN_IF_ERROR(ReadCheckpointBytes(run, step, name, [&](const CheckpointTensorInfo& entry) -> Result<std::span<uint8_t>> {
+      out = Tensor{entry.dtype, entry.shape, std::vector<uint8_t>(entry.size_bytes), entry.checksum};
+      return std::span<uint8_t>(out.bytes);
+    }));
     return out;
   }
 
   Status ReadCheckpointTensorInto(const std::string& run, int64_t step, const std::string& name, DType dtype,
                                   std::span<uint8_t> out) override {
-    return WithCheckpointTensor(run, step, name, [&](const records::DecodedTensor& t) {
-      if (t.dtype != dtype || t.bytes.size() != out.size()) {
-        return InvalidArgument("the " + Describe(run, step, name) + " holds " + std::to_string(t.bytes.size()) + " bytes of " +
-                               std::string(DTypeName(t.dtype)) + ", not the " + std::to_string(out.size()) + " bytes of " +
+    return ReadCheckpointBytes(run, step, name, [&](const CheckpointTensorInfo& entry) -> Result<std::span<uint8_t>> {
+      if (entry.dtype != dtype || entry.size_bytes != out.size()) {
+        return InvalidArgument("the " + Describe(run, step, name) + " holds " + std::to_string(entry.size_bytes) + " bytes of " +
+                               std::string(DTypeName(entry.dtype)) + ", not the " + std::to_string(out.size()) + " bytes of " +
                                std::string(DTypeName(dtype)) + " asked for");
       }
-      std::memcpy(out.data(), t.bytes.data(), out.size());
-      return Status::Ok();
+      return out;
     });
   }
 
-  // Looks up a tensor of a committed checkpoint, verifies it (checksum, and the manifest's dtype,
-  // shape and checksum) and hands it, still inside RocksDB's buffer, to `use`.
-  Status WithCheckpointTensor(const std::string& run, int64_t step, const std::string& name,
-                              const std::function<Status(const records::DecodedTensor&)>& use) {
+  // Reads tensor `name` of committed checkpoint (run, step) into the buffer `into` gives for its
+  // manifest entry - from its data file straight there, or from its inline record - and verifies
+  // it against the manifest (dtype, shape, checksum).
+  Status ReadCheckpointBytes(const std::string& run, int64_t step, const std::string& name,
+                             const std::function<Result<std::span<uint8_t>>(const CheckpointTensorInfo&)>& into) {
     STRATA_RETURN_IF_ERROR(ValidateCheckpointId(run, step));
     const std::string action = "reading " + Describe(run, step, name);
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<const CheckpointInfo> manifest, CommittedManifest(run, step));
@@ -291,20 +371,38 @@ class RocksDbShardStore final : public ShardStore {
     }
 
     rocksdb::PinnableSlice value;
-    // RocksDB's own CRC of the blob is skipped: DecodeTensorValue verifies the record's XXH3 over
-    // the same bytes (a resume's profile spent 18% of its samples in the second check).
+    // RocksDB's own CRC of an old blob is skipped: the record's XXH3 covers the same bytes (a
+    // resume's profile spent 18% of its samples in the second check).
     rocksdb::ReadOptions tensor_read;
     tensor_read.verify_checksums = false;
     tensor_read.fill_cache = false;  // read once, whole
     rocksdb::Status s = db_->Get(tensor_read, checkpoints_, keys::TensorKey(run, step, name), &value);
     if (s.IsNotFound()) return Damaged(Describe(run, step, name), "is in the manifest but its record is missing");
     STRATA_RETURN_IF_ERROR(FromRocks(s, path_, action));
+    auto matches = [&](DType dtype, const std::vector<int64_t>& shape, uint64_t checksum) {
+      return checksum == entry->checksum && dtype == entry->dtype && shape == entry->shape;
+    };
+    if (records::IsFileRef(View(value))) {
+      Result<records::FileRef> decoded_ref = records::DecodeFileRef(View(value));
+      if (!decoded_ref.ok()) return Damaged("the reference of " + Describe(run, step, name), decoded_ref.status().message());
+      const records::FileRef& ref = *decoded_ref;
+      if (!matches(ref.dtype, ref.shape, ref.checksum)) {
+        return Damaged(Describe(run, step, name), "does not match its manifest entry (checksum, dtype or shape)");
+      }
+      STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> out, into(*entry));
+      const std::string file = CheckpointDir(run) + "/" + ref.file;
+      STRATA_RETURN_IF_ERROR(ReadFileRange(file, "checkpoint", ref.offset, out));
+      if (Checksum(out) != ref.checksum) return Damaged(Describe(run, step, name) + " in " + file, "fails its checksum");
+      return Status::Ok();
+    }
     Result<records::DecodedTensor> decoded = records::DecodeTensorValue(View(value));
     if (!decoded.ok()) return Damaged(Describe(run, step, name), decoded.status().message());
-    if (decoded->checksum != entry->checksum || decoded->dtype != entry->dtype || decoded->shape != entry->shape) {
+    if (!matches(decoded->dtype, decoded->shape, decoded->checksum)) {
       return Damaged(Describe(run, step, name), "does not match its manifest entry (checksum, dtype or shape)");
     }
-    return use(*decoded);
+    STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> out, into(*entry));
+    std::memcpy(out.data(), decoded->bytes.data(), out.size());
+    return Status::Ok();
   }
 
   // ---- activations
@@ -408,7 +506,7 @@ class RocksDbShardStore final : public ShardStore {
     if (!DecodeRecordRef(View(value), &ref)) return Damaged("the index entry of activations " + what, "is malformed");
     Tensor tensor{ref.dtype, ref.shape, std::vector<uint8_t>(ref.size), ref.checksum};
     const std::string file = ChunkFile(run, ref.chunk);
-    STRATA_RETURN_IF_ERROR(ReadFileRange(file, ref.offset, tensor.bytes));
+    STRATA_RETURN_IF_ERROR(ReadFileRange(file, "activation", ref.offset, tensor.bytes));
     if (Checksum(tensor.bytes) != ref.checksum) return Damaged("activations " + what + " in " + file, "fail their checksum");
     return tensor;
   }
@@ -451,17 +549,55 @@ class RocksDbShardStore final : public ShardStore {
                       " is damaged; restore it from a replica or an older checkpoint");
   }
 
+  // ---- checkpoint data files
+  // One per (run, step) and staging attempt of this process, appended to at reserved offsets.
+  struct StagingFile {
+    std::string name;  // within CheckpointDir(run)
+    ChunkFileWriter writer;
+    std::atomic<uint64_t> end{0};
+    std::shared_mutex mu;  // writes hold it shared; the commit that closes the file, exclusive
+    bool closed = false;
+  };
+
+  std::string CheckpointDir(const std::string& run) const { return path_ + "/checkpoints/" + HexOf(run); }
+
+  Result<std::shared_ptr<StagingFile>> StagingFileFor(const std::string& run, int64_t step) {
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    std::shared_ptr<StagingFile>& file = staging_[{run, step}];
+    if (file && !file->closed) return file;
+    const std::string dir = CheckpointDir(run);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return IoError("cannot create " + dir + " for a checkpoint's data (" + ec.message() + "); check the disk and its permissions");
+    // A new name per attempt: a file of a writer that died mid-checkpoint is never appended to.
+    static std::atomic<uint64_t> attempts{0};
+    const auto now = std::chrono::system_clock::now().time_since_epoch().count();
+    auto fresh = std::make_shared<StagingFile>();
+    fresh->name = std::to_string(step) + "-" + std::to_string(::getpid()) + "-" + std::to_string(now) + "-" +
+                  std::to_string(attempts.fetch_add(1)) + ".bin";
+    STRATA_RETURN_IF_ERROR(fresh->writer.Open(dir + "/" + fresh->name));
+    file = fresh;
+    return file;
+  }
+
+  // Makes a data file written by an earlier process durable, and checks it holds `end` bytes.
+  Status SyncDataFile(const std::string& path, uint64_t end, const std::string& what) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Damaged("the " + what, "names the data file " + path + ", which cannot be opened (" + std::strerror(errno) + ")");
+    struct stat st {};
+    const bool ok = ::fstat(fd, &st) == 0 && ::fdatasync(fd) == 0;
+    const int err = errno;
+    ::close(fd);
+    if (!ok) return IoError("syncing " + path + " failed: " + std::strerror(err));
+    if (static_cast<uint64_t>(st.st_size) < end) {
+      return Damaged("the " + what, "references bytes past the end of its data file " + path);
+    }
+    return Status::Ok();
+  }
+
   // Chunk files live under STORE/activations/<hex of run id>/<chunk>.bin (hex: run ids are user
   // text and must not become paths).
-  std::string ChunkDir(const std::string& run) const {
-    static const char* digits = "0123456789abcdef";
-    std::string hex;
-    for (unsigned char c : run) {
-      hex += digits[c >> 4];
-      hex += digits[c & 15];
-    }
-    return path_ + "/activations/" + hex;
-  }
+  std::string ChunkDir(const std::string& run) const { return path_ + "/activations/" + HexOf(run); }
   std::string ChunkFile(const std::string& run, uint64_t chunk) const { return ChunkDir(run) + "/" + std::to_string(chunk) + ".bin"; }
 
   // Index entry of one record: chunk, offset and size in its chunk file, checksum, dtype, shape.
@@ -548,7 +684,10 @@ class RocksDbShardStore final : public ShardStore {
   rocksdb::ColumnFamilyHandle* activations_ = nullptr;
   const bool read_only_;
   rocksdb::ColumnFamilyHandle* metadata_ = nullptr;
+  const uint64_t file_threshold_;
   std::mutex commit_mu_;
+  std::mutex staging_mu_;
+  std::map<std::pair<std::string, int64_t>, std::shared_ptr<StagingFile>> staging_;  // guarded by staging_mu_
   std::mutex manifest_mu_;
   std::shared_ptr<const CheckpointInfo> last_manifest_;  // guarded by manifest_mu_
 };
@@ -576,13 +715,11 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
 
   rocksdb::ColumnFamilyOptions small_records;
   rocksdb::ColumnFamilyOptions tensors;
+  // Blob files hold the large inline records of stores written before checkpoint data files;
+  // they stay readable. No blob garbage collection: it relocated live blobs - gigabytes rewritten
+  // in the background while the worker trained or resumed (46% of a resume's profile).
   tensors.enable_blob_files = true;
-  tensors.min_blob_size = options.min_blob_size;
-  // No blob garbage collection: tensors are written once and never deleted (only a step re-staged
-  // after a crash mid-checkpoint leaves garbage, at most one shard's worth). With it, every
-  // compaction relocated the live blobs of the oldest blob files - gigabytes rewritten in the
-  // background while the worker trained or resumed (a perf profile of a resume: 46% of the
-  // samples in blob GC; issue #5's time to train again).
+  tensors.min_blob_size = options.file_threshold;
   tensors.enable_blob_garbage_collection = false;
 
   // Activations keep only their index here (the bytes are in chunk files, PutActivationChunk).
@@ -607,7 +744,7 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
         FromRocks(rocksdb::DB::Open(db_options, path, families, &handles, &db), path, "opening the store"));
     STRATA_LOG(kInfo) << "opened store at " << path;
   }
-  return std::unique_ptr<ShardStore>(new RocksDbShardStore(path, db, std::move(handles), options.read_only));
+  return std::unique_ptr<ShardStore>(new RocksDbShardStore(path, db, std::move(handles), options.read_only, options.file_threshold));
 }
 
 }  // namespace strata::storage

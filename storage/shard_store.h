@@ -2,7 +2,7 @@
 // store), speaking bytes + dtype + shape - never torch::Tensor.
 //
 // Layout. Three column families:
-//   checkpoints  tensor records and checkpoint manifests
+//   checkpoints  tensor records (small tensors inline, large ones as references into STORE/checkpoints/ data files) and manifests
 //   activations  the index of captured activations (bytes in STORE/activations/ chunk files) and per-chunk cursors
 //   metadata     small records (runs, events, manifests of the coordinator) under caller keys
 // Keys are order-preserving: strings are length-prefixed, numbers big-endian, so all of one run's
@@ -13,7 +13,8 @@
 // whose bytes fail the checksum returns Corruption, never the data.
 //
 // Checkpoints. PutCheckpointTensor stages tensors of (run, step); they are invisible until
-// CommitCheckpoint writes the manifest (synced to disk). Listing and reading go through the
+// CommitCheckpoint syncs their data and writes the manifest (synced to disk). The bytes of large
+// tensors are in STORE/checkpoints/ data files, indexed by RocksDB, like activations. Listing and reading go through the
 // manifest only, so a writer killed mid-checkpoint leaves no partial checkpoint visible.
 //
 // Thread safety: all methods may be called from several threads (RocksDB is thread-safe).
@@ -87,8 +88,9 @@ struct StoreOptions {
   // Opens a store that another process may hold open for writing (no lock taken): reads see what
   // was committed when it was opened; every write returns an error.
   bool read_only = false;
-  // Values at least this big go to RocksDB blob files (large tensors, no compaction rewrites).
-  uint64_t min_blob_size = 64 * 1024;
+  // Checkpoint tensors at least this big go to data files beside the RocksDB (written once,
+  // read straight into the reader's buffer); smaller ones are inline records.
+  uint64_t file_threshold = 64 * 1024;
 };
 
 class ShardStore {

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -158,6 +159,17 @@ class ShardStoreTest : public ::testing::Test {
     }
   }
 
+  // The store's checkpoint data files (STORE/checkpoints/<run>/*.bin).
+  std::vector<std::string> DataFiles() const {
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(path_ + "/checkpoints", ec)) {
+      if (entry.path().extension() == ".bin") files.push_back(entry.path().string());
+    }
+    std::sort(files.begin(), files.end());
+    return files;
+  }
+
   std::string dir_;
   std::string path_;
 };
@@ -180,7 +192,7 @@ TEST_F(ShardStoreTest, RoundTripsDtypesAndShapesBitIdentical) {
   const std::vector<TestTensor> tensors = {
       MakeTensor("attn.wq", DType::kF32, {2, 3}, 1),
       MakeTensor("attn.wk", DType::kBF16, {4, 1, 8}, 2),
-      MakeTensor("embed", DType::kF16, {300, 128}, 3),  // 76.8 KB: a blob value
+      MakeTensor("embed", DType::kF16, {300, 128}, 3),  // 76.8 KB: a data file
       MakeTensor("lr", DType::kF64, {}, 4),             // scalar
       MakeTensor("step", DType::kI64, {5}, 5),
       MakeTensor("ids", DType::kI32, {7, 9}, 6),
@@ -294,7 +306,7 @@ TEST_F(ShardStoreTest, RejectsMalformedTensorsNamingThem) {
 }
 
 TEST_F(ShardStoreTest, ReopenKeepsEverything) {
-  const std::vector<TestTensor> step1 = {MakeTensor("big", DType::kF32, {200, 200}, 1),  // 160 KB blob
+  const std::vector<TestTensor> step1 = {MakeTensor("big", DType::kF32, {200, 200}, 1),  // 160 KB: a data file
                                          MakeTensor("small", DType::kBF16, {16}, 2)};
   const TestTensor staged = MakeTensor("later", DType::kI64, {3}, 3);
   const std::vector<uint8_t> meta = {1, 2, 3};
@@ -319,10 +331,8 @@ TEST_F(ShardStoreTest, ReopenKeepsEverything) {
   ASSERT_TRUE(store->CommitCheckpoint("r", 2).ok());
   ExpectReadsBack(*store, "r", 2, staged);
 
-  // The big tensor went to a blob file (written by the flush on reopen).
-  int blob_files = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(path_)) blob_files += entry.path().extension() == ".blob";
-  EXPECT_GT(blob_files, 0);
+  // The big tensor's bytes are in a checkpoint data file, not in RocksDB.
+  EXPECT_EQ(DataFiles().size(), 1u);
 }
 
 TEST_F(ShardStoreTest, OpenFailuresNameThePathAndTheFix) {
@@ -337,7 +347,7 @@ TEST_F(ShardStoreTest, OpenFailuresNameThePathAndTheFix) {
 
 TEST_F(ShardStoreTest, FlippedPayloadByteIsCorruptionNotData) {
   const std::vector<TestTensor> tensors = {MakeTensor("small", DType::kF32, {256}, 1),
-                                           MakeTensor("big", DType::kF32, {256, 128}, 2),  // 128 KiB blob
+                                           MakeTensor("big", DType::kF32, {256, 128}, 2),  // 128 KiB: a data file
                                            MakeTensor("intact", DType::kF32, {64}, 3)};
   {
     auto store = OpenStore();
@@ -346,17 +356,28 @@ TEST_F(ShardStoreTest, FlippedPayloadByteIsCorruptionNotData) {
     ASSERT_TRUE(store->CommitCheckpoint("r", 7).ok());
   }
   {
+    // "small" is an inline record: one bit of its raw bytes in RocksDB.
     RawDb raw(path_);
     ASSERT_TRUE(raw.status().ok()) << raw.status().ToString();
-    for (const char* name : {"small", "big"}) {
-      std::string value = raw.Get(RawTensorKey("r", 7, name));
-      uint32_t header_length = 0;
-      std::memcpy(&header_length, value.data(), 4);  // little-endian host
-      size_t payload = 4 + header_length;
-      ASSERT_GT(value.size(), payload + 100);
-      value[payload + 100] ^= 0x10;  // one bit of the raw tensor bytes
-      raw.Put(RawTensorKey("r", 7, name), value);
-    }
+    std::string value = raw.Get(RawTensorKey("r", 7, "small"));
+    uint32_t header_length = 0;
+    std::memcpy(&header_length, value.data(), 4);  // little-endian host
+    size_t payload = 4 + header_length;
+    ASSERT_GT(value.size(), payload + 100);
+    value[payload + 100] ^= 0x10;
+    raw.Put(RawTensorKey("r", 7, "small"), value);
+  }
+  {
+    // "big" is in the data file (its only tensor, at offset 0): one bit of it there.
+    ASSERT_EQ(DataFiles().size(), 1u);
+    std::fstream file(DataFiles()[0], std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(100);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte ^= 0x10;
+    file.seekp(100);
+    file.write(&byte, 1);
+    ASSERT_TRUE(file.good());
   }
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
@@ -368,6 +389,47 @@ TEST_F(ShardStoreTest, FlippedPayloadByteIsCorruptionNotData) {
     EXPECT_NE(read.status().message().find(path_), std::string::npos) << read.status().ToString();
   }
   ExpectReadsBack(*store, "r", 7, tensors[2]);
+}
+
+// A data file cut short or gone, and references that are damaged or point outside the run's
+// directory: Corruption naming the tensor, never data or a crash; the other tensors still read.
+TEST_F(ShardStoreTest, DamagedDataFilesAndReferencesAreCorruptionNotData) {
+  const std::vector<TestTensor> tensors = {MakeTensor("a", DType::kF32, {128, 128}, 1), MakeTensor("b", DType::kF32, {128, 128}, 2),
+                                           MakeTensor("c", DType::kF32, {128, 128}, 3)};
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    PutAll(*store, "r", 1, tensors);
+    ASSERT_TRUE(store->CommitCheckpoint("r", 1).ok());
+    PutAll(*store, "r", 2, {tensors[0]});
+    ASSERT_TRUE(store->CommitCheckpoint("r", 2).ok());
+  }
+  const std::vector<std::string> files = DataFiles();
+  ASSERT_EQ(files.size(), 2u);
+  const std::string step1 = files[0].find("/1-") != std::string::npos ? files[0] : files[1];
+  const std::string step2 = step1 == files[0] ? files[1] : files[0];
+  std::filesystem::resize_file(step1, 2 * 64 * 1024 + 10);  // "c" (the third 64 KiB) cut short
+  std::filesystem::remove(step2);
+  {
+    RawDb raw(path_);
+    ASSERT_TRUE(raw.status().ok()) << raw.status().ToString();
+    std::string ref = raw.Get(RawTensorKey("r", 1, "b"));
+    const std::string file_name = std::filesystem::path(step1).filename().string();
+    const size_t at = ref.find(file_name);
+    ASSERT_NE(at, std::string::npos);
+    // The same reference, naming a file outside the run's directory (same name length).
+    std::string escaped = ref;
+    escaped.replace(at, 3, "../");
+    raw.Put(RawTensorKey("r", 1, "b"), escaped);
+  }
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  ExpectReadsBack(*store, "r", 1, tensors[0]);
+  ExpectCode(store->ReadCheckpointTensor("r", 1, "b").status(), StatusCode::kCorruption, "reference of checkpoint tensor 'b'");
+  ExpectCode(store->ReadCheckpointTensor("r", 1, "c").status(), StatusCode::kCorruption, "shorter");
+  ExpectCode(store->ReadCheckpointTensor("r", 2, "a").status(), StatusCode::kCorruption, "cannot be opened");
+  std::vector<uint8_t> into(tensors[2].bytes.size());
+  ExpectCode(store->ReadCheckpointTensorInto("r", 1, "c", DType::kF32, into), StatusCode::kCorruption, path_);
 }
 
 TEST_F(ShardStoreTest, GarbageRecordsAreCorruptionNotCrash) {
@@ -550,7 +612,7 @@ constexpr const char* kCrashFdEnv = "STRATA_STORAGE_TEST_CRASH_FD";
 constexpr const char* kCrashRun = "crash";
 
 std::vector<TestTensor> CrashStep1Tensors() {
-  return {MakeTensor("embed", DType::kF32, {256, 128}, 11),  // 128 KiB: a blob value
+  return {MakeTensor("embed", DType::kF32, {256, 128}, 11),  // 128 KiB: in a data file
           MakeTensor("norm", DType::kBF16, {128}, 12), MakeTensor("step", DType::kI64, {}, 13)};
 }
 
@@ -562,7 +624,7 @@ int CrashChildMain(const std::string& path, int fd) {
     if (!(*store)->PutCheckpointTensor(kCrashRun, 1, t.name, t.View()).ok()) return 3;
   }
   if (!(*store)->CommitCheckpoint(kCrashRun, 1).ok()) return 4;
-  for (int i = 0; i < 5000; ++i) {  // sizes alternate between inline and blob values
+  for (int i = 0; i < 5000; ++i) {  // sizes alternate between inline records and data files
     const TestTensor t = MakeTensor("layer." + std::to_string(i), DType::kF32, {1024 * (1 + i % 40)}, 100 + i);
     if (!(*store)->PutCheckpointTensor(kCrashRun, 2, t.name, t.View()).ok()) return 5;
     if (i == 0 && write(fd, "c", 1) != 1) return 6;
@@ -630,9 +692,21 @@ TEST_F(ShardStoreTest, WriterKilledMidCheckpointLeavesLastCommitIntact) {
     ExpectCode(store->ReadCheckpointTensor(kCrashRun, 2, "layer.0").status(), StatusCode::kNotFound);
   }
   // The kill really landed mid-checkpoint: step-2 records are on disk, just not visible.
-  RawDb raw(path_);
-  ASSERT_TRUE(raw.status().ok()) << raw.status().ToString();
-  EXPECT_GE(raw.CountWithPrefix("t" + EncodeKeyString(kCrashRun) + EncodeKeyU64(2)), 1);
+  {
+    RawDb raw(path_);
+    ASSERT_TRUE(raw.status().ok()) << raw.status().ToString();
+    EXPECT_GE(raw.CountWithPrefix("t" + EncodeKeyString(kCrashRun) + EncodeKeyU64(2)), 2);
+  }
+  // A new attempt stages step 2 again and commits: what the killed attempt staged (in its own
+  // data file) is part of it and reads back, and so does the new attempt's.
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const TestTensor again = MakeTensor("layer.0", DType::kF32, {1024}, 100);
+  PutAll(*store, kCrashRun, 2, {again, MakeTensor("extra", DType::kF32, {64, 1024}, 7)});
+  ASSERT_TRUE(store->CommitCheckpoint(kCrashRun, 2).ok());
+  ExpectReadsBack(*store, kCrashRun, 2, again);
+  ExpectReadsBack(*store, kCrashRun, 2, MakeTensor("layer.1", DType::kF32, {2048}, 101));
+  ExpectReadsBack(*store, kCrashRun, 2, MakeTensor("extra", DType::kF32, {64, 1024}, 7));
 }
 
 TEST_F(ShardStoreTest, ActivationChunksRoundTripAndAreInvisibleUntilTheirCursor) {

@@ -10,6 +10,8 @@
 
 #ifdef STRATA_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 #if STRATA_TORCH_HAS_KINETO
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -36,6 +38,30 @@ int64_t PeakMemory(const torch::Device& device) {
   }
 #endif
   return static_cast<int64_t>(ReadCpuPeakBytes());
+}
+
+torch::Tensor HostBufferFor(const torch::Device& device, int64_t numel, torch::ScalarType dtype) {
+  const auto options = torch::TensorOptions().dtype(dtype);
+#ifdef STRATA_WITH_CUDA
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (device.is_cuda() && bytes > 0) {
+    void* data = nullptr;
+    if (cudaHostAlloc(&data, bytes, cudaHostAllocDefault) == cudaSuccess) {
+      return torch::from_blob(data, {numel}, [](void* p) { cudaFreeHost(p); }, options);
+    }
+    cudaGetLastError();  // clear it: page-locking can fail on a host short of memory; pageable works, slower
+    STRATA_LOG(kWarn) << "could not page-lock " << (bytes >> 20) << " MiB of host memory; copying through pageable memory";
+  }
+#endif
+  (void)device;
+  return torch::empty({numel}, options);
+}
+
+void WaitForDevice(const torch::Device& device) {
+#ifdef STRATA_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#endif
+  (void)device;
 }
 
 StepProfiler::StepProfiler(std::string path, int64_t first, int64_t last) : first_(first), last_(last) {

@@ -20,6 +20,15 @@ void ResetPeakMemory(const torch::Device& device);
 // The peak in bytes since the last ResetPeakMemory on `device` (0 when it cannot be read).
 int64_t PeakMemory(const torch::Device& device);
 
+// A host tensor of `numel` elements of `dtype`, allocated at exactly that size, for copies to and from `device`: page-locked on a GPU
+// (the driver copies it at full link speed, where pageable memory goes through a bounce buffer
+// at a tenth of it), plain memory on a CPU. Not LibTorch's pinned allocator: it rounds each
+// block up to a power of two, which for a checkpoint of 5 GiB would pin 8.
+torch::Tensor HostBufferFor(const torch::Device& device, int64_t numel, torch::ScalarType dtype);
+
+// Waits until the work queued on `device`'s current stream (e.g. non-blocking copies) is done.
+void WaitForDevice(const torch::Device& device);
+
 // Opt-in Kineto trace of some steps of a run, for finding where step time goes:
 //   STRATA_PROFILE_DIR=DIR  write DIR/<run>-rank<R>.json (chrome trace: CPU ops and GPU kernels)
 //   STRATA_PROFILE_STEPS=N  of the N steps after the first two (default 2)

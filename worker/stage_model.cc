@@ -198,14 +198,15 @@ struct UnitCallFunction : torch::autograd::Function<UnitCallFunction> {
 // ---------------------------------------------------------------- the stage
 
 StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
-                       const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::Device device, Groups groups)
+                       const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::Device device, Groups groups,
+                       Weights weights)
     : spec_(spec), mesh_(mesh), position_(position), device_(device), groups_(groups) {
   std::map<std::string, torch::Tensor> by_name(full.begin(), full.end());
   const auto [first, last] = shard::StageLayers(spec.model.layers, mesh.pp, position.stage, spec.parallel.stages);
   first_layer_ = first;
   const bool gpt2 = spec.model.family == "gpt2";
   auto add = [&](const std::string& label, std::vector<std::string> names, bool tied_copy = false) {
-    AddUnit(label, names, by_name, tied_copy);
+    AddUnit(label, names, by_name, tied_copy, weights);
     return static_cast<int>(units_.size() - 1);
   };
   if (first_stage()) {
@@ -243,40 +244,49 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
 }
 
 void StageModel::AddUnit(const std::string& label, const std::vector<std::string>& names,
-                         const std::map<std::string, torch::Tensor>& full, bool tied_copy) {
+                         const std::map<std::string, torch::Tensor>& full, bool tied_copy, Weights weights) {
   ParamUnit unit;
   unit.label = label;
   unit.names = names;
   unit.tied_copy = tied_copy;
+  const bool copied = weights == Weights::kCopied;
   std::vector<torch::Tensor> pieces;
   for (const auto& name : names) {
-    const torch::Tensor whole = full.at(name).detach().to(torch::kCPU, torch::kFloat).contiguous();
-    const std::vector<int64_t> shape = whole.sizes().vec();
+    const torch::Tensor& param = full.at(name);
+    const std::vector<int64_t> shape = param.sizes().vec();
     const shard::TensorSplit split = shard::TensorParallelSplit(spec_.model, name, shape);
     const auto slice_shape = shard::SliceShape(split, shape, mesh_.tp);
-    auto slice = torch::empty(slice_shape, torch::kFloat);
-    shard::CopySlice(split, shape, mesh_.tp, position_.tp_rank, sizeof(float),
-                     static_cast<const uint8_t*>(whole.data_ptr()), static_cast<uint8_t*>(slice.data_ptr()));
+    int64_t slice_numel = 1;
+    for (int64_t d : slice_shape) slice_numel *= d;
+    if (copied) {
+      const torch::Tensor whole = param.detach().to(torch::kCPU, torch::kFloat).contiguous();
+      auto slice = torch::empty(slice_shape, torch::kFloat);
+      shard::CopySlice(split, shape, mesh_.tp, position_.tp_rank, sizeof(float),
+                       static_cast<const uint8_t*>(whole.data_ptr()), static_cast<uint8_t*>(slice.data_ptr()));
+      pieces.push_back(slice.reshape({-1}));
+    }
     unit.shapes.push_back(slice_shape);
     unit.full_shapes.push_back(shape);
     unit.replicated.push_back(split.replicated() || mesh_.tp == 1);
     unit.offsets.push_back(unit.numel);
-    unit.numel += slice.numel();
-    pieces.push_back(slice.reshape({-1}));
+    unit.numel += slice_numel;
   }
-  auto flat = torch::cat(pieces);
   const auto [begin, end] = ShardRange(static_cast<size_t>(unit.numel), static_cast<uint32_t>(mesh_.dp),
                                        static_cast<uint32_t>(position_.dp_rank));
   unit.shard_begin = static_cast<int64_t>(begin);
   unit.shard_end = static_cast<int64_t>(end);
   unit.sharded = spec_.parallel.zero == 3;
+  const int64_t held_begin = unit.sharded ? unit.shard_begin : 0, held_end = unit.sharded ? unit.shard_end : unit.numel;
+  const auto on_device = torch::TensorOptions().dtype(torch::kFloat).device(device_);
+  torch::Tensor held = copied ? torch::cat(pieces).narrow(0, held_begin, held_end - held_begin).to(device_)
+                              : torch::empty({held_end - held_begin}, on_device);
   if (unit.sharded) {
-    flat = flat.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).clone();
-    unit.flat = flat.to(device_).requires_grad_(true);  // the leaf: its gradient is this rank's shard
+    // The leaf: its gradient is this rank's shard. A narrow of the host copy is cut loose from it.
+    unit.flat = (copied && device_.is_cpu() ? held.clone() : held).requires_grad_(true);
   } else {
     // Parameters are leaves that alias the flat vector; their gradients are views of one flat
     // buffer, so autograd accumulates into it in place (a contiguous gradient buffer).
-    unit.flat = flat.to(device_);
+    unit.flat = held;
     unit.grad = torch::zeros_like(unit.flat);
     for (auto& view : ViewsOf(unit, unit.flat)) unit.params.push_back(view.detach().requires_grad_(true));
     auto grads = ViewsOf(unit, unit.grad);

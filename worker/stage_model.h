@@ -71,10 +71,16 @@ class StageModel {
     Communicator* tp = nullptr;   // ranks with the same stage and data-parallel rank
   };
 
+  // What the units start with. kLoadedLater: a resume is about to write every element from a
+  // checkpoint, so `full` gives only names and shapes and the units are allocated on `device`
+  // uninitialised - no host copies of gigabytes that would be overwritten at once.
+  enum class Weights { kCopied, kLoadedLater };
+
   // Slices `full` (every parameter of the whole model, by name, fp32 on the host) for this
   // rank's position and moves its units to `device`.
   StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
-             const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::Device device, Groups groups);
+             const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::Device device, Groups groups,
+             Weights weights = Weights::kCopied);
 
   bool first_stage() const { return position_.stage == 0; }
   bool last_stage() const { return position_.stage == mesh_.pp - 1; }
@@ -100,7 +106,7 @@ class StageModel {
   friend struct UnitCallFunction;
 
   void AddUnit(const std::string& label, const std::vector<std::string>& names,
-               const std::map<std::string, torch::Tensor>& full, bool tied_copy);
+               const std::map<std::string, torch::Tensor>& full, bool tied_copy, Weights weights);
   torch::Tensor Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute);
   std::vector<torch::Tensor> ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const;
   torch::Tensor BlockForward(int64_t layer, const torch::Tensor& x, const std::vector<torch::Tensor>& p);

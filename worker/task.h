@@ -50,8 +50,9 @@ class TaskReporter {
  public:
   virtual ~TaskReporter() = default;
   virtual void ReportStep(int64_t step, double loss, double tokens_per_second, const StepMemory& memory) = 0;
-  // Called after the shard of `step` is committed (durable) in this worker's store.
-  virtual void ReportCheckpoint(int64_t step, const std::vector<storage::CheckpointTensorInfo>& tensors) = 0;
+  // Called after the shard of `step` is committed (durable) in this worker's store, under
+  // (key_run, step): the run's id, or a key of its own for a shard cut unlike one already there.
+  virtual void ReportCheckpoint(int64_t step, const std::string& key_run, const std::vector<storage::CheckpointTensorInfo>& tensors) = 0;
   // Extract runs: `chunk` is durable in this worker's store (computed now, or found there).
   virtual void ReportChunk(const storage::ActivationChunkInfo& chunk, bool computed) = 0;
   // A line for the run's journal (`strata events`), e.g. kind "oom".

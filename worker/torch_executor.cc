@@ -84,13 +84,13 @@ class CheckpointWriter {
     writing_ = std::async(std::launch::async, [this, copy = std::move(copy), copy_seconds]() mutable -> Status {
       const auto start = std::chrono::steady_clock::now();
       const int64_t step = copy.step, bytes = copy.bytes();
-      auto infos = Trainer::WriteCheckpointShard(*context_.store, context_.run_id, std::move(copy));
-      if (!infos.ok()) return infos.status();
+      auto saved = Trainer::WriteCheckpointShard(*context_.store, std::move(copy));
+      if (!saved.ok()) return saved.status();
       STRATA_LOG(kInfo) << "checkpoint of step " << step << ": " << bytes / (1 << 20) << " MiB copied to the host in "
                         << static_cast<int64_t>(copy_seconds * 1000) << " ms (training paused), written in "
                         << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()
                         << " ms (in the background)";
-      context_.reporter->ReportCheckpoint(step, *infos);
+      context_.reporter->ReportCheckpoint(step, saved->key_run, saved->tensors);
       return Status::Ok();
     });
   }
@@ -222,8 +222,8 @@ class TorchExecutor final : public TaskExecutor {
   // under a new plan (SaveCheckpointShard re-reports it if this rank's store holds it already).
   static Status SaveSnapshot(TaskContext& context, Trainer& trainer, int64_t step) {
     if (step <= 0 || step != trainer.step() || !trainer.state_intact()) return Status::Ok();
-    STRATA_ASSIGN_OR_RETURN(auto tensors, trainer.SaveCheckpointShard());
-    context.reporter->ReportCheckpoint(step, tensors);
+    STRATA_ASSIGN_OR_RETURN(SavedShard saved, trainer.SaveCheckpointShard());
+    context.reporter->ReportCheckpoint(step, saved.key_run, saved.tensors);
     return Status::Ok();
   }
 
@@ -325,11 +325,6 @@ class TorchExecutor final : public TaskExecutor {
         STRATA_RETURN_IF_ERROR(writer.Wait());  // one checkpoint in host memory at a time
         const auto copy_start = std::chrono::steady_clock::now();
         auto copy = trainer.CopyCheckpointShard();
-        if (copy.status().code() == StatusCode::kAlreadyExists) {
-          context.reporter->ReportNotice("checkpoint-skipped", "rank " + std::to_string(context.rank) + ": " + copy.status().message());
-          if (last) return copy.status();  // the final checkpoint must exist
-          continue;
-        }
         STRATA_RETURN_IF_ERROR(copy.status());
         if (Status comm = context.communicator->Check(); comm.code() == StatusCode::kDeadlineExceeded) return comm;
         writer.Start(std::move(copy).value(), std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());

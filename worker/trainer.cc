@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,8 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <system_error>
+#include <thread>
 
 #include "common/log.h"
 #include "worker/causal_lm.h"
@@ -64,7 +67,8 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   if (!init_status_.ok()) return;
   // Every rank builds the whole model from the same seed (or init_from) and keeps its part, so
   // any mesh starts from exactly the weights of a single worker.
-  auto full = BuildCausalLm(context.spec.model, context.spec.train.seed, /*for_resume=*/!context.resume.run_id.empty());
+  const bool resuming = !context.resume.run_id.empty();
+  auto full = BuildCausalLm(context.spec.model, context.spec.train.seed, /*for_resume=*/resuming);
   if (!full.ok()) {
     init_status_ = full.status();
     return;
@@ -72,7 +76,8 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (auto& item : (*full)->named_parameters()) named.emplace_back(item.key(), item.value());
   model_ = std::make_unique<StageModel>(context.spec, mesh_, position_, named, device_,
-                                        StageModel::Groups{dp_group_.get(), tp_group_.get()});
+                                        StageModel::Groups{dp_group_.get(), tp_group_.get()},
+                                        resuming ? StageModel::Weights::kLoadedLater : StageModel::Weights::kCopied);
   const bool sharded_moments = context.spec.parallel.zero >= 1;
   for (auto& unit : model_->units()) {
     Moments m;
@@ -82,7 +87,8 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
     m.exp_avg = torch::zeros({m.end - m.begin}, options);
     m.exp_avg_sq = torch::zeros({m.end - m.begin}, options);
     // Masks over the whole unit, then cut: decay on matrices; the norm counts each element once.
-    auto decay = torch::zeros({unit.numel}), norm = torch::zeros({unit.numel});
+    // Made where they are used: on a GPU, host masks would be gigabytes filled and copied.
+    auto decay = torch::zeros({unit.numel}, options), norm = torch::zeros({unit.numel}, options);
     for (size_t i = 0; i < unit.names.size(); ++i) {
       int64_t n = 1;
       for (int64_t d : unit.shapes[i]) n *= d;
@@ -90,8 +96,8 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
       const bool counted = !unit.tied_copy && (!unit.replicated[i] || position_.tp_rank == 0);
       if (counted) norm.narrow(0, unit.offsets[i], n).fill_(1.0);
     }
-    m.decay_mask = decay.narrow(0, m.begin, m.end - m.begin).to(device_);
-    m.norm_mask = norm.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).to(device_);
+    m.decay_mask = decay.narrow(0, m.begin, m.end - m.begin).clone();
+    m.norm_mask = norm.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).clone();
     moments_.push_back(std::move(m));
   }
 }
@@ -380,6 +386,12 @@ Status Trainer::Resume(const ResumePoint& resume) {
     }
   }
 
+  // Where the time goes, for the log: opening the shards' stores, the store reads, the copies to
+  // the device (issue #5's time to train again is mostly this function on a large model).
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t) { return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count(); };
+  const int64_t open_ms = ms_since(start);
+  int64_t read_ms = 0, place_ms = 0;
   int64_t read_bytes = 0;
   torch::NoGradGuard no_grad;
   const bool host_is_device = device_.is_cpu();
@@ -470,6 +482,7 @@ Status Trainer::Resume(const ResumePoint& resume) {
     // The reads are independent: they run on the intra-op threads at once.
     std::mutex failed_mutex;
     Status failed = Status::Ok();
+    const auto reads_start = Clock::now();
     at::parallel_for(0, static_cast<int64_t>(reads.size()), 1, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) {
         Read& r = reads[static_cast<size_t>(k)];
@@ -487,7 +500,9 @@ Status Trainer::Resume(const ResumePoint& resume) {
       }
     });
     STRATA_RETURN_IF_ERROR(failed);
+    read_ms += ms_since(reads_start);
     for (const Read& r : reads) read_bytes += static_cast<int64_t>(r.into.size());
+    const auto place_start = Clock::now();
     // Tensors written under another tp: this rank's slice, then the part of it this rank holds.
     for (const auto& [kind, i] : assembled) {
       auto full = assemblers.at(kind).Take(unit.names[i]);
@@ -506,19 +521,21 @@ Status Trainer::Resume(const ResumePoint& resume) {
     if (!host_is_device) {
       for (auto& [kind, t] : targets) t.device.copy_(t.host);
     }
+    place_ms += ms_since(place_start);
   }
   step_ = resume.step;
   STRATA_LOG(kInfo) << where << ": read and placed " << (read_bytes >> 20) << " MiB on " << device_.str() << " in "
-                    << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()
-                    << " ms, one parameter unit at a time ("
+                    << ms_since(start) << " ms (opening the stores " << open_ms << " ms, reading " << read_ms
+                    << " ms on " << at::get_num_threads() << " threads, placing " << place_ms
+                    << " ms), one parameter unit at a time ("
                     << std::count_if(readers.begin(), readers.end(), [](const auto& r) { return r->remote(); }) << " of "
                     << readers.size() << " shards through another host's store server)";
   return Status::Ok();
 }
 
-Result<std::vector<storage::CheckpointTensorInfo>> Trainer::SaveCheckpointShard() {
+Result<SavedShard> Trainer::SaveCheckpointShard() {
   STRATA_ASSIGN_OR_RETURN(HostCheckpoint copy, CopyCheckpointShard());
-  return WriteCheckpointShard(*context_.store, context_.run_id, std::move(copy));
+  return WriteCheckpointShard(*context_.store, std::move(copy));
 }
 
 Result<HostCheckpoint> Trainer::CopyCheckpointShard() {
@@ -527,42 +544,79 @@ Result<HostCheckpoint> Trainer::CopyCheckpointShard() {
   // An earlier attempt of this run (stopped by a lost worker or a replay) may have committed this
   // step's shard here before the checkpoint was complete everywhere. The state at a step is the
   // same in every attempt, so the same pieces are that shard: report it again rather than write.
-  STRATA_ASSIGN_OR_RETURN(auto saved, context_.store->ListCheckpoints(context_.run_id));
-  for (const auto& info : saved) {
-    if (info.step != step_) continue;
-    std::set<std::string> have, want;
-    for (const auto& t : info.tensors) have.insert(t.name);
-    CollectCheckpointPieces(nullptr, &want);
-    if (have != want) {
-      return Status(StatusCode::kAlreadyExists, "the checkpoint of step " + std::to_string(step_) + " is already in this worker's store, cut for "
-                                                "another mesh by an earlier attempt of the run; it is not rewritten (the next checkpoint is)");
+  // Pieces cut for another mesh (or other stages) stay where they are: committed shards are
+  // immutable, and a checkpoint of the coordinator may name them. This shard then goes under a
+  // key named by its own cut (a hash of its piece names), which a later attempt cut the same way
+  // finds in turn.
+  std::set<std::string> want;
+  CollectCheckpointPieces(nullptr, &want);
+  std::string names;
+  for (const auto& name : want) names += name + '\n';
+  char cut[17];
+  std::snprintf(cut, sizeof(cut), "%016llx",
+                static_cast<unsigned long long>(storage::Checksum({reinterpret_cast<const uint8_t*>(names.data()), names.size()})));
+  const std::string keys[] = {context_.run_id, context_.run_id + "/rank-" + std::to_string(context_.rank) + "-cut-" + cut};
+  for (const std::string& key : keys) {
+    STRATA_ASSIGN_OR_RETURN(auto saved, context_.store->ListCheckpoints(key));
+    auto at_step = std::find_if(saved.begin(), saved.end(), [&](const storage::CheckpointInfo& info) { return info.step == step_; });
+    if (at_step == saved.end()) {
+      copy.key_run = key;
+      CollectCheckpointPieces(&copy.pieces, nullptr);
+      return copy;
     }
-    copy.existing = info.tensors;
-    return copy;
+    std::set<std::string> have;
+    for (const auto& t : at_step->tensors) have.insert(t.name);
+    if (have == want) {
+      copy.key_run = key;
+      copy.existing = at_step->tensors;
+      return copy;
+    }
   }
-  CollectCheckpointPieces(&copy.pieces, nullptr);
-  return copy;
+  return Status(StatusCode::kAlreadyExists, "the checkpoint of step " + std::to_string(step_) + " is already in this worker's store under " +
+                                                keys[1] + ", cut differently; the store is not the one this rank wrote");
 }
 
-Result<std::vector<storage::CheckpointTensorInfo>> Trainer::WriteCheckpointShard(storage::ShardStore& store, const std::string& run,
-                                                                                 HostCheckpoint copy) {
-  if (!copy.existing.empty()) return copy.existing;
-  for (const auto& [name, values] : copy.pieces) {
-    STRATA_RETURN_IF_ERROR(store.PutCheckpointTensor(run, copy.step, name, ViewOf(values)));
+Result<SavedShard> Trainer::WriteCheckpointShard(storage::ShardStore& store, HostCheckpoint copy) {
+  if (!copy.existing.empty()) return SavedShard{copy.key_run, copy.existing};
+  const std::string& run = copy.key_run;
+  // A few threads stage the pieces at once: copying gigabytes into the page cache is CPU-bound on
+  // one thread (~2 GB/s), below a fast disk. Not the intra-op pool: training uses it meanwhile.
+  constexpr size_t kWriteThreads = 4;
+  std::atomic<size_t> next{0};
+  std::vector<Status> results(std::min(kWriteThreads, copy.pieces.size()));
+  auto stage = [&](size_t t) {
+    for (size_t i = next.fetch_add(1); i < copy.pieces.size() && results[t].ok(); i = next.fetch_add(1)) {
+      const auto& [name, values] = copy.pieces[i];
+      results[t] = store.PutCheckpointTensor(run, copy.step, name, ViewOf(values));
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < results.size(); ++t) {
+    try {
+      pool.emplace_back(stage, t);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had (e.g. under a worker's --memory-limit): fewer threads do it all
+    }
   }
+  if (!results.empty()) stage(0);
+  for (auto& thread : pool) thread.join();
+  for (const Status& result : results) STRATA_RETURN_IF_ERROR(result);
   STRATA_RETURN_IF_ERROR(store.CommitCheckpoint(run, copy.step));
   STRATA_ASSIGN_OR_RETURN(auto list, store.ListCheckpoints(run));
   for (auto& info : list) {
-    if (info.step == copy.step) return info.tensors;
+    if (info.step == copy.step) return SavedShard{run, std::move(info.tensors)};
   }
   return Internal("checkpoint at step " + std::to_string(copy.step) + " missing right after its commit");
 }
 
 // This rank's pieces of the checkpoint (shard/layout.h): host copies of their values into
 // `pieces` (owned copies, never views of live parameters: a write may outlast the next step), or
-// only their names into `names`.
+// only their names into `names`. The copies are views of host blocks, filled by non-blocking
+// copies and one wait: on a GPU the blocks are page-locked and kept for the next checkpoint once
+// its write has let go of them (page-locking gigabytes takes seconds; the copy itself ~20 GB/s).
 void Trainer::CollectCheckpointPieces(std::vector<std::pair<std::string, torch::Tensor>>* pieces, std::set<std::string>* names) {
   torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, torch::Tensor>> sources;  // piece name -> its range of live state
   const int64_t zero = context_.spec.parallel.zero;
   for (size_t u = 0; u < model_->units().size(); ++u) {
     const ParamUnit& unit = model_->units()[u];
@@ -591,11 +645,41 @@ void Trainer::CollectCheckpointPieces(std::vector<std::pair<std::string, torch::
         if (names) names->insert(shard::FormatPiece(piece));
         if (!pieces) continue;
         const torch::Tensor& from = piece.kind == "param" ? unit.flat.detach() : piece.kind == "adam_m" ? m.exp_avg : m.exp_avg_sq;
-        auto range = from.narrow(0, piece.kind == "param" ? param_at : moment_at, end - begin);
-        pieces->emplace_back(shard::FormatPiece(piece), range.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous());
+        sources.emplace_back(shard::FormatPiece(piece), from.narrow(0, piece.kind == "param" ? param_at : moment_at, end - begin));
       }
     }
   }
+  if (!pieces) return;
+  // Pieces are packed into blocks of up to kBlockFloats (a bigger piece gets a block of its own):
+  // page-locking is slow (~2.5 GB/s) and stalls the process's other threads while it runs, so
+  // one call for a whole shard (10 GB for a 1B model) silenced the heartbeats for 4 s.
+  constexpr int64_t kBlockFloats = (int64_t{256} << 20) / static_cast<int64_t>(sizeof(float));
+  std::vector<int64_t> block_numel;
+  std::vector<std::pair<size_t, int64_t>> place;  // per piece: block, offset
+  for (const auto& [name, range] : sources) {
+    const int64_t n = range.numel();
+    if (block_numel.empty() || (block_numel.back() > 0 && block_numel.back() + n > kBlockFloats)) block_numel.push_back(0);
+    place.emplace_back(block_numel.size() - 1, block_numel.back());
+    block_numel.back() += n;
+  }
+  // Reused only when the layout is the same and no write still holds a view of a block.
+  const bool keep = device_.is_cuda();  // a CPU worker's copy is plain memory: no reason to hold it between checkpoints
+  bool reuse = keep && checkpoint_blocks_.size() == block_numel.size();
+  for (size_t b = 0; reuse && b < block_numel.size(); ++b) {
+    reuse = checkpoint_blocks_[b].numel() == block_numel[b] && checkpoint_blocks_[b].storage().use_count() == 1;
+  }
+  if (!reuse) {
+    checkpoint_blocks_.clear();  // let go of the old ones first: both may not fit
+    for (int64_t n : block_numel) checkpoint_blocks_.push_back(HostBufferFor(device_, n, torch::kFloat));
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    auto& [name, range] = sources[i];
+    auto into = checkpoint_blocks_[place[i].first].narrow(0, place[i].second, range.numel());
+    into.copy_(range, /*non_blocking=*/true);
+    pieces->emplace_back(std::move(name), into);
+  }
+  if (!keep) checkpoint_blocks_.clear();
+  WaitForDevice(device_);
 }
 
 }  // namespace strata::worker

@@ -41,6 +41,9 @@ namespace strata::worker {
 // One rank's checkpoint shard in host memory, between the copy and the write.
 struct HostCheckpoint {
   int64_t step = 0;
+  // Where the shard goes in the store: the run's id, or, when an earlier attempt of the run left
+  // this step's shard here cut for another mesh, a key of this mesh and rank (RecutKey).
+  std::string key_run;
   std::vector<std::pair<std::string, torch::Tensor>> pieces;  // piece name -> contiguous host copy
   std::vector<storage::CheckpointTensorInfo> existing;        // already committed: nothing to write
   int64_t bytes() const {
@@ -48,6 +51,12 @@ struct HostCheckpoint {
     for (const auto& [name, t] : pieces) n += t.numel() * t.element_size();
     return n;
   }
+};
+
+// A committed shard: its pieces under (key_run, step) in the worker's store.
+struct SavedShard {
+  std::string key_run;
+  std::vector<storage::CheckpointTensorInfo> tensors;
 };
 
 class Trainer {
@@ -75,14 +84,12 @@ class Trainer {
   // Writes this rank's pieces of the checkpoint at the current step (shard/layout.h: parameters
   // and AdamW moments, each its tensor-parallel slice cut by data-parallel rank) and commits them:
   // CopyCheckpointShard, then WriteCheckpointShard.
-  Result<std::vector<storage::CheckpointTensorInfo>> SaveCheckpointShard();
+  Result<SavedShard> SaveCheckpointShard();
   // The part that must pause training: host copies of this rank's pieces (or, when an earlier
-  // attempt already committed the same pieces of this step here, their infos; AlreadyExists when
-  // it committed other pieces).
+  // attempt already committed the same pieces of this step here, their infos).
   Result<HostCheckpoint> CopyCheckpointShard();
   // The rest, on any thread (touches no trainer state): stage the copies in `store` and commit.
-  static Result<std::vector<storage::CheckpointTensorInfo>> WriteCheckpointShard(storage::ShardStore& store, const std::string& run,
-                                                                                 HostCheckpoint copy);
+  static Result<SavedShard> WriteCheckpointShard(storage::ShardStore& store, HostCheckpoint copy);
 
   // Loads the checkpoint at `resume` (written under any mesh): reads the pieces of the tensors this
   // rank holds from the stores the manifest names, assembles them, keeps its slice and shard of
@@ -131,6 +138,7 @@ class Trainer {
   std::unique_ptr<Communicator> dp_group_, tp_group_, pipe_forward_, pipe_backward_, tie_group_;
   std::unique_ptr<StageModel> model_;
   std::vector<Moments> moments_;  // one per unit
+  std::vector<torch::Tensor> checkpoint_blocks_;  // GPU workers: the page-locked host copy of the last checkpoint, reused
   int64_t step_ = 0;
   bool torn_ = false;
   StepMemory last_step_memory_;

@@ -21,7 +21,7 @@ namespace {
 class NullReporter : public TaskReporter {
  public:
   void ReportStep(int64_t, double, double, const StepMemory&) override {}
-  void ReportCheckpoint(int64_t, const std::vector<storage::CheckpointTensorInfo>&) override {}
+  void ReportCheckpoint(int64_t, const std::string&, const std::vector<storage::CheckpointTensorInfo>&) override {}
   void ReportChunk(const storage::ActivationChunkInfo&, bool) override {}
   void ReportNotice(const std::string&, const std::string&) override {}
   void ReportOutOfMemory(const OutOfMemoryReport&) override {}
@@ -347,7 +347,7 @@ TEST_P(MeshTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
     auto saved = t.SaveCheckpointShard();
     ASSERT_TRUE(saved.ok()) << saved.status().ToString();
     ResumePoint::Shard shard{dir_ + "/resume-store" + std::to_string(r), {}};
-    for (auto& info : *saved) shard.tensors.push_back(info.name);
+    for (auto& info : saved->tensors) shard.tensors.push_back(info.name);
     checkpoint.shards.push_back(shard);
   });
   stores_.clear();  // the resumed ranks open them read-only
@@ -362,6 +362,55 @@ TEST_P(MeshTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
       }
     }
   }
+}
+
+// A run that lost a worker may replay a step whose shard an earlier attempt committed in this
+// store cut for another mesh. That shard stays; this one goes under a key of its own cut, is found
+// again by the next save of the same cut, and resumes to the uninterrupted losses.
+TEST_F(TrainerTest, ShardOfAStepCutForAnotherMeshGoesUnderAKeyOfItsOwn) {
+  spec_.train.global_batch = 4;
+  auto straight = Train(8)[0];
+  const std::string store0 = dir_ + "/recut-store0";
+  SetMesh(1, 2, 1);  // the earlier attempt: two stages
+  for (int r = 0; r < 2; ++r) {
+    auto store = storage::ShardStore::Open(dir_ + "/recut-store" + std::to_string(r));
+    ASSERT_TRUE(store.ok());
+    stores_.push_back(std::move(store).value());
+  }
+  std::vector<storage::CheckpointTensorInfo> first_cut;
+  Train(4, [&](uint32_t r, Trainer& t) {
+    auto saved = t.SaveCheckpointShard();
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    EXPECT_EQ(saved->key_run, "run");
+    if (r == 0) first_cut = saved->tensors;
+  });
+  stores_.resize(1);
+  SetMesh(1, 1, 1);  // the replay on the survivor: the whole model on rank 0
+  ResumePoint recut{"run", 4, {}};
+  Train(4, [&](uint32_t, Trainer& t) {
+    auto saved = t.SaveCheckpointShard();
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    EXPECT_NE(saved->key_run, "run");
+    EXPECT_GT(saved->tensors.size(), first_cut.size());
+    auto again = t.SaveCheckpointShard();
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->key_run, saved->key_run);
+    EXPECT_EQ(again->tensors.size(), saved->tensors.size());
+    ResumePoint::Shard shard{store0, {}};
+    for (auto& info : saved->tensors) shard.tensors.push_back(info.name);
+    shard.copies.push_back({store0, saved->key_run, "", ""});
+    recut.shards.push_back(shard);
+  });
+  // The earlier attempt's shard is untouched.
+  auto earlier = stores_[0]->ListCheckpoints("run");
+  ASSERT_TRUE(earlier.ok());
+  ASSERT_EQ(earlier->size(), 1u);
+  EXPECT_EQ((*earlier)[0].tensors.size(), first_cut.size());
+  stores_.clear();
+  resume_ = recut;
+  auto resumed = Train(8)[0];
+  ASSERT_EQ(resumed.size(), 4u);
+  for (int s = 0; s < 4; ++s) EXPECT_NEAR(resumed[s], straight[s + 4], 1e-5 * straight[s + 4]) << "step " << s + 5;
 }
 
 }  // namespace

@@ -163,11 +163,12 @@ class RunningTask final : public TaskReporter {
     PushAndRemember(msg.Serialize());
   }
 
-  void ReportCheckpoint(int64_t step, const std::vector<storage::CheckpointTensorInfo>& tensors) override {
+  void ReportCheckpoint(int64_t step, const std::string& key_run, const std::vector<storage::CheckpointTensorInfo>& tensors) override {
     schema::EnvelopeBuilder msg;
     auto shard = Event(msg).initCheckpointSaved();
     shard.setStep(step);
     shard.setStorePath(store_path_);
+    if (key_run != run_id_) shard.setKeyRun(key_run);
     auto list = shard.initTensors(tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
       list[i].setName(tensors[i].name);
@@ -575,7 +576,8 @@ class WorkerImpl final : public Worker {
         ResumePoint::Shard s;
         s.store_path = shard.getStorePath().cStr();
         for (auto t : shard.getTensors()) s.tensors.push_back(t.getName().cStr());
-        s.copies.push_back({s.store_path, resume.run_id, shard.getHost().cStr(), shard.getServeAddress().cStr()});
+        const std::string key_run = shard.hasKeyRun() && shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : resume.run_id;
+        s.copies.push_back({s.store_path, key_run, shard.getHost().cStr(), shard.getServeAddress().cStr()});
         for (auto c : shard.getCopies()) {
           s.copies.push_back({c.getStorePath().cStr(), c.getKeyRun().cStr(), c.getHost().cStr(), c.getServeAddress().cStr()});
         }

@@ -109,10 +109,10 @@ TEST_P(HfParityTest, TrainedFromSavePretrainedExportsWhatItComputes) {
   manifest.setStep(5);
   auto shard = manifest.initShards(1)[0];
   shard.setStorePath(dir + "/store");
-  auto entries = shard.initTensors(saved->size());
-  for (size_t i = 0; i < saved->size(); ++i) {
-    entries[i].setName((*saved)[i].name);
-    entries[i].setChecksum((*saved)[i].checksum);
+  auto entries = shard.initTensors(saved->tensors.size());
+  for (size_t i = 0; i < saved->tensors.size(); ++i) {
+    entries[i].setName(saved->tensors[i].name);
+    entries[i].setChecksum(saved->tensors[i].checksum);
   }
   auto exported = cli::ExportCheckpoint(RunSpecToToml(context.spec), manifest.asReader(), dir + "/exported");
   ASSERT_TRUE(exported.ok()) << exported.status().ToString();
