@@ -5,6 +5,9 @@ too big for it, submitted with --skip-estimate. The run must re-plan on each OOM
 losses are compared with the same spec on an uncapped GPU, and the time from each OOM to the first
 step trained after it is measured (the coordinator's "oom" event -> the run's step moving on).
 
+OOM_GPUS=N (default 1): N workers, each capped, on a dp=N run of the same global batch (micro-batch
+= its share of the batch): the out-of-memory path of several ranks at once over NCCL.
+
 usage: STRATA_BIN_DIR=build/bin python3 bench/oom_bench.py [STEPS]
 """
 import array
@@ -19,6 +22,7 @@ import time
 BIN = os.environ["STRATA_BIN_DIR"]
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 CAP = os.environ.get("CAP_GIB", "8")
+GPUS = int(os.environ.get("OOM_GPUS", "1"))
 
 
 def strata(state, *args, check=True):
@@ -57,16 +61,16 @@ def main():
         spec = ('[model]\nfamily = "gpt2"\nlayers = 12\nhidden = 768\nheads = 12\nvocab = 50257\nsequence = 1024\n'
                 f'[data]\npath = "{work}/tokens.u16"\nformat = "u16"\n'
                 f'[train]\nsteps = {STEPS}\nglobal_batch = 32\nlr = 0.0003\nprecision = "bf16"\ncheckpoint_every = 0\n'
-                '[parallel]\ndp = 1\npp = 1\ntp = 1\nzero = 0\nrecompute = false\nmicro_batch = 32\n')
-        capped, events, seen = run_once(work, "capped", spec, ["--gpus", "1", "--memory-limit", f"{CAP}GiB"])
-        clean, _, _ = run_once(work, "uncapped", spec, ["--gpus", "1"])
+                f'[parallel]\ndp = {GPUS}\npp = 1\ntp = 1\nzero = 0\nrecompute = false\nmicro_batch = {32 // GPUS}\n')
+        capped, events, seen = run_once(work, "capped", spec, ["--gpus", str(GPUS), "--memory-limit", f"{CAP}GiB"])
+        clean, _, _ = run_once(work, "uncapped", spec, ["--gpus", str(GPUS)])
         ooms = [e for e in events if e["kind"] == "oom"]
         # Training again: the first step after the last OOM was seen (every OOM here is in step 1).
         last_oom = ooms[-1]["unix_ms"] / 1000.0 if ooms else None
         after = sorted(t for step, t in seen.items() if step >= 1 and last_oom and t > last_oom)
         worst = max((abs(a - b) / a for a, b in zip(clean["losses"], capped["losses"])), default=None)
         print(json.dumps({
-            "cap_gib": float(CAP), "state": capped["state"], "steps": len(capped["losses"]), "ooms": len(ooms),
+            "gpus": GPUS, "cap_gib": float(CAP), "state": capped["state"], "steps": len(capped["losses"]), "ooms": len(ooms),
             "plan_after": capped.get("plan"), "handled": capped.get("handled"),
             "first_oom_to_training_s": round(after[0] - ooms[0]["unix_ms"] / 1000.0, 2) if after and ooms else None,
             "last_oom_to_training_s": round(after[0] - last_oom, 2) if after else None,
