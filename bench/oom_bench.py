@@ -7,6 +7,7 @@ step trained after it is measured (the coordinator's "oom" event -> the run's st
 
 OOM_GPUS=N (default 1): N workers, each capped, on a dp=N run of the same global batch (micro-batch
 = its share of the batch): the out-of-memory path of several ranks at once over NCCL.
+OOM_LOGS=DIR: the cluster's logs are copied to DIR/<capped|uncapped> at the end.
 
 usage: STRATA_BIN_DIR=build/bin python3 bench/oom_bench.py [STEPS]
 """
@@ -50,6 +51,8 @@ def run_once(work, name, spec, up_args):
         events = json.loads(strata(state, "events", run, "--json"))
         return s, events, first_seen
     finally:
+        if os.environ.get("OOM_LOGS"):  # the cluster's logs, kept whatever happened
+            shutil.copytree(f"{state}/logs", f"{os.environ['OOM_LOGS']}/{name}", dirs_exist_ok=True)
         strata(state, "down", check=False)
 
 
