@@ -419,11 +419,39 @@ TEST_F(ClusterTest, ZzWorkerKill9IsMarkedLostWithinThreeSeconds) {
   EXPECT_LE(elapsed, 3000) << "took " << elapsed << " ms";
 }
 
-// A damaged checkpoint record found while resuming: the run does not fail; it falls back to the
-// next older complete checkpoint, the journal says why, and nothing stored is deleted. The damage
-// is made with the cluster down, through RocksDB itself (a committed checkpoint is immutable
-// through the store's API), so the next resume meets it as a disk fault would look.
-TEST_F(ClusterTest, ZzUnreadableCheckpointFallsBackToTheOlderOne) {
+// A damaged checkpoint found while resuming: the run does not fail; it falls back to the next
+// older complete checkpoint, the journal says why, and nothing stored is deleted. The damage is
+// made with the cluster down, beside the store's API (a committed checkpoint is immutable through
+// it), so the next resume meets it as a disk fault would look: a RocksDB record cut short, or a
+// checkpoint data file cut short.
+class DamagedCheckpointTest : public ClusterTest {
+ protected:
+  // `source`: 8 steps on one worker with a checkpoint every 2, whose step-8 shard is in `store`.
+  void ResumeFallsBackToStep6(const std::string& source) {
+    auto up = Strata("up --workers 2");
+    ASSERT_EQ(up.rc, 0) << up.err;
+    auto r = Strata("submit " + WriteSpec("resumed", Spec("resumed", 1, 10, 0)) + " --resume " + source + " --follow");
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    const std::string resumed = r.out.substr(0, r.out.find('\n'));
+    const json status = StrataJson("status " + resumed);
+    EXPECT_EQ(status["state"], "finished");
+    std::string said;
+    for (auto& e : StrataJson("events " + resumed)) {
+      if (e["kind"] == "checkpoint-unreadable") said = e["message"];
+    }
+    EXPECT_NE(said.find("at step 8"), std::string::npos) << said;
+    EXPECT_NE(said.find("resuming from the checkpoint at step 6"), std::string::npos) << said;
+    // Steps 7 and 8 were trained again from step 6's checkpoint: the same losses as the source's.
+    const auto before = StrataJson("status " + source)["losses"].get<std::vector<double>>();
+    const auto after = status["losses"].get<std::vector<double>>();
+    ASSERT_EQ(after.size(), 10u);
+    for (size_t i = 0; i < before.size(); ++i) EXPECT_NEAR(after[i], before[i], 1e-5 * std::abs(before[i])) << "step " << i + 1;
+    // The damaged checkpoint is still listed (kept, not deleted); a plain resume now skips it.
+    EXPECT_EQ(StrataJson("checkpoints " + source).back()["step"], 8);
+  }
+};
+
+TEST_F(DamagedCheckpointTest, ZzTruncatedRecordFallsBackToTheOlderOne) {
   const std::string source = SubmitAndFollow("damaged", Spec("damaged", 1, 8, 2));
   const json checkpoints = StrataJson("checkpoints " + source);
   ASSERT_EQ(checkpoints.back()["step"], 8) << checkpoints.dump();
@@ -436,33 +464,31 @@ TEST_F(ClusterTest, ZzUnreadableCheckpointFallsBackToTheOlderOne) {
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     rocksdb::DB* raw = nullptr;
     ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), store, families, &handles, &raw).ok()) << store;
-    // A truncated record: a few bytes where a header and a tensor were.
+    // A truncated record: a few bytes where a header and a tensor (or its reference) were.
     EXPECT_TRUE(raw->Put(rocksdb::WriteOptions(), handles[1], storage::keys::TensorKey(source, 8, piece), "trunc").ok());
     for (auto* h : handles) raw->DestroyColumnFamilyHandle(h);
     EXPECT_TRUE(raw->Close().ok());
     delete raw;
   }
-  auto up = Strata("up --workers 2");
-  ASSERT_EQ(up.rc, 0) << up.err;
+  ResumeFallsBackToStep6(source);
+}
 
-  auto r = Strata("submit " + WriteSpec("resumed", Spec("resumed", 1, 10, 0)) + " --resume " + source + " --follow");
-  ASSERT_EQ(r.rc, 0) << r.out << r.err;
-  const std::string resumed = r.out.substr(0, r.out.find('\n'));
-  const json status = StrataJson("status " + resumed);
-  EXPECT_EQ(status["state"], "finished");
-  std::string said;
-  for (auto& e : StrataJson("events " + resumed)) {
-    if (e["kind"] == "checkpoint-unreadable") said = e["message"];
+TEST_F(DamagedCheckpointTest, ZzTruncatedDataFileFallsBackToTheOlderOne) {
+  const std::string source = SubmitAndFollow("cut-file", Spec("cut-file", 1, 8, 2));
+  const json checkpoints = StrataJson("checkpoints " + source);
+  ASSERT_EQ(checkpoints.back()["step"], 8) << checkpoints.dump();
+  const std::string store = checkpoints.back()["shards"][0]["store_path"];
+  ASSERT_EQ(Strata("down").rc, 0);
+  // The step-8 data file (STORE/checkpoints/<hex of the run>/8-*.bin) loses its second half.
+  int cut = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(store + "/checkpoints")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("8-", 0) != 0 || entry.path().extension() != ".bin") continue;
+    std::filesystem::resize_file(entry.path(), std::filesystem::file_size(entry.path()) / 2);
+    ++cut;
   }
-  EXPECT_NE(said.find("at step 8"), std::string::npos) << said;
-  EXPECT_NE(said.find("resuming from the checkpoint at step 6"), std::string::npos) << said;
-  // Steps 7 and 8 were trained again from step 6's checkpoint: the same losses as the source's.
-  const auto before = StrataJson("status " + source)["losses"].get<std::vector<double>>();
-  const auto after = status["losses"].get<std::vector<double>>();
-  ASSERT_EQ(after.size(), 10u);
-  for (size_t i = 0; i < before.size(); ++i) EXPECT_NEAR(after[i], before[i], 1e-5 * std::abs(before[i])) << "step " << i + 1;
-  // The damaged checkpoint is still listed (kept, not deleted); a plain resume now skips it.
-  EXPECT_EQ(StrataJson("checkpoints " + source).back()["step"], 8);
+  ASSERT_EQ(cut, 1) << "the step-8 shard has no data file in " << store;
+  ResumeFallsBackToStep6(source);
 }
 
 }  // namespace
