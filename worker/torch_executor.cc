@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <future>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "common/log.h"
@@ -110,9 +114,62 @@ class CheckpointWriter {
   std::future<Status> writing_;
 };
 
+// A GPU's memory, sampled on a thread of its own: the control thread's heartbeats read the last
+// sample and never wait on the device. A long device call (page-locking gigabytes for a
+// checkpoint's host copy) holds the driver's lock for seconds, and a worker whose heartbeats stop
+// that long is declared lost.
+class MemorySampler {
+ public:
+  static constexpr int kEveryMs = 200;
+
+  explicit MemorySampler(std::function<MemorySnapshot()> read) : state_(std::make_shared<State>()) {
+    state_->sample = read();
+    // Detached, holding its own state: a thread stuck in a device call must not hold up the
+    // worker's exit (the destructor waits for it only briefly).
+    std::thread([state = state_, read = std::move(read)] {
+      std::unique_lock<std::mutex> lock(state->mutex);
+      while (!state->stop) {
+        state->wake.wait_for(lock, std::chrono::milliseconds(kEveryMs));
+        if (state->stop) break;
+        lock.unlock();
+        MemorySnapshot fresh = read();
+        lock.lock();
+        state->sample = std::move(fresh);
+      }
+      state->done = true;
+      state->wake.notify_all();
+    }).detach();
+  }
+
+  ~MemorySampler() {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+    state_->wake.notify_all();
+    state_->wake.wait_for(lock, std::chrono::milliseconds(1000), [&] { return state_->done; });
+  }
+
+  MemorySnapshot Latest() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->sample;
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable wake;
+    MemorySnapshot sample;  // guarded by mutex
+    bool stop = false, done = false;
+  };
+  std::shared_ptr<State> state_;
+};
+
 class TorchExecutor final : public TaskExecutor {
  public:
-  TorchExecutor(torch::Device device, uint64_t memory_limit_bytes) : device_(device), memory_limit_bytes_(memory_limit_bytes) {}
+  TorchExecutor(torch::Device device, uint64_t memory_limit_bytes) : device_(device), memory_limit_bytes_(memory_limit_bytes) {
+    if (device_.is_cuda()) {
+      sampler_ = std::make_unique<MemorySampler>([device, memory_limit_bytes] { return ReadDeviceMemory(device, memory_limit_bytes); });
+    }
+  }
 
   // The caching allocator keeps freed blocks; between tasks they are handed back, so heartbeats
   // report the memory really free (to the planner, and to other processes on the GPU).
@@ -134,24 +191,32 @@ class TorchExecutor final : public TaskExecutor {
   }
   Status RunExtract(TaskContext& context) override { return Guarded("capture", [&] { return Extract(context); }); }
 
-  MemorySnapshot ReadMemory() override {
+  // The control thread's view (heartbeats, registration): a GPU's last sample, at most
+  // MemorySampler::kEveryMs old; a CPU's memory read now (/proc, never blocks).
+  MemorySnapshot ReadMemory() override { return sampler_ ? sampler_->Latest() : ReadCpuMemory(); }
+
+ private:
+  // The device's memory now, for the task thread (it may wait while another thread holds the
+  // driver's lock).
+  MemorySnapshot ReadDeviceMemory() const { return ReadDeviceMemory(device_, memory_limit_bytes_); }
+  static MemorySnapshot ReadDeviceMemory(const torch::Device& device, uint64_t memory_limit_bytes) {
 #ifdef STRATA_WITH_CUDA
-    if (device_.is_cuda()) {
-      c10::cuda::set_device(device_.index());  // the control thread asks; keep it on our device
+    if (device.is_cuda()) {
+      c10::cuda::set_device(device.index());  // the sampler (or task) thread asks; keep it on our device
       MemorySnapshot m;
-      m.device = "cuda:" + std::to_string(device_.index());
+      m.device = "cuda:" + std::to_string(device.index());
       size_t free = 0, total = 0;
       if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
         m.free_bytes = free;
         m.total_bytes = total;
       }
-      auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+      auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
       const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
       m.allocated_bytes = stats.allocated_bytes[agg].current;
       m.reserved_bytes = stats.reserved_bytes[agg].current;
       m.peak_bytes = stats.allocated_bytes[agg].peak;
-      if (memory_limit_bytes_ > 0) {  // --memory-limit: report the card we emulate
-        m.total_bytes = std::min<uint64_t>(m.total_bytes, memory_limit_bytes_);
+      if (memory_limit_bytes > 0) {  // --memory-limit: report the card we emulate
+        m.total_bytes = std::min<uint64_t>(m.total_bytes, memory_limit_bytes);
         const uint64_t used = m.reserved_bytes;
         m.free_bytes = std::min<uint64_t>(m.free_bytes, m.total_bytes > used ? m.total_bytes - used : 0);
       }
@@ -161,7 +226,6 @@ class TorchExecutor final : public TaskExecutor {
     return ReadCpuMemory();
   }
 
- private:
   // LibTorch throws; nothing escapes a task but a Status.
   template <typename Fn>
   static Status Guarded(const char* what, Fn fn) {
@@ -199,7 +263,7 @@ class TorchExecutor final : public TaskExecutor {
                              "; use precision = \"fp32\" on CPU workers");
     }
     STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab));
-    Extractor extractor(context, std::move(data), device_, ReadMemory());
+    Extractor extractor(context, std::move(data), device_, ReadDeviceMemory());
     return extractor.Run();
   }
 
@@ -212,7 +276,7 @@ class TorchExecutor final : public TaskExecutor {
     ReleaseCachedMemory();
     // What the re-plan may count on: free now, plus what this task still holds (its model and
     // optimizer state), which it gives back when it ends.
-    const MemorySnapshot memory = ReadMemory();
+    const MemorySnapshot memory = ReadDeviceMemory();
     report.total_bytes = memory.total_bytes;
     report.free_bytes = std::min(memory.total_bytes, memory.free_bytes + (device_.is_cuda() ? memory.allocated_bytes : 0));
     context.reporter->ReportOutOfMemory(report);
@@ -335,6 +399,7 @@ class TorchExecutor final : public TaskExecutor {
 
   torch::Device device_;
   uint64_t memory_limit_bytes_ = 0;
+  std::unique_ptr<MemorySampler> sampler_;  // GPU workers only
 };
 
 }  // namespace
