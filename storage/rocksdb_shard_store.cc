@@ -564,7 +564,7 @@ class RocksDbShardStore final : public ShardStore {
   Result<std::shared_ptr<StagingFile>> StagingFileFor(const std::string& run, int64_t step) {
     std::lock_guard<std::mutex> lock(staging_mu_);
     std::shared_ptr<StagingFile>& file = staging_[{run, step}];
-    if (file && !file->closed) return file;
+    if (file) return file;  // a commit closes a file only after taking it out of staging_
     const std::string dir = CheckpointDir(run);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);

@@ -651,8 +651,9 @@ void Trainer::CollectCheckpointPieces(std::vector<std::pair<std::string, torch::
   }
   if (!pieces) return;
   // Pieces are packed into blocks of up to kBlockFloats (a bigger piece gets a block of its own):
-  // page-locking is slow (~2.5 GB/s) and stalls the process's other threads while it runs, so
-  // one call for a whole shard (10 GB for a 1B model) silenced the heartbeats for 4 s.
+  // page-locking is slow (~1.5-3 GB/s) and holds the driver's lock while it runs, so each call is
+  // kept short and other device users of the process get in between. (Heartbeats never wait on
+  // it: they send the memory TorchExecutor samples on a thread of its own.)
   constexpr int64_t kBlockFloats = (int64_t{256} << 20) / static_cast<int64_t>(sizeof(float));
   std::vector<int64_t> block_numel;
   std::vector<std::pair<size_t, int64_t>> place;  // per piece: block, offset
