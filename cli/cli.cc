@@ -235,6 +235,7 @@ Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint
 struct UpOptions {
   int workers = 2, gpus = 0, hosts = 1;
   int heartbeat_timeout_ms = 2000, replace_grace_ms = 10000, peer_timeout_ms = 120000, stuck_task_restart_ms = 30000;
+  int grow_back_min_saving_s = 30;
   std::string memory_limit;
 };
 
@@ -278,7 +279,8 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
   if (!IsStrataProcess(coord->pid)) {
     std::vector<std::string> argv = {bin + "/strata-coordinator", "--listen", file.endpoint, "--state-dir",
                                      dir + "/coordinator", "--heartbeat-timeout-ms", std::to_string(up.heartbeat_timeout_ms),
-                                     "--replace-grace-ms", std::to_string(up.replace_grace_ms)};
+                                     "--replace-grace-ms", std::to_string(up.replace_grace_ms), "--grow-back-min-saving-s",
+                                     std::to_string(up.grow_back_min_saving_s)};
     argv.insert(argv.end(), keys_args.begin(), keys_args.end());
     // The dashboard on loopback, its port kept across restarts when free (docs/dashboard.md).
     auto token_file = EnsureHttpTokenFile(dir);
@@ -763,6 +765,10 @@ int RunCli(int argc, char** argv) {
   up->add_option("--replace-grace-ms", up_options.replace_grace_ms,
                  "after a worker is lost, wait this long for a replacement before re-planning onto the workers present")
       ->check(CLI::Range(0, 3600000));
+  up->add_option("--grow-back-min-saving-s", up_options.grow_back_min_saving_s,
+                 "a run a lost worker made smaller takes idle workers back at its next checkpoint when that saves at least "
+                 "this many seconds over its remaining steps (-1: never)")
+      ->check(CLI::Range(-1, 86400));
   up->add_option("--peer-timeout-ms", up_options.peer_timeout_ms,
                  "the hang watchdog: a rank waiting this long for a peer or a collective gives up and the rank that did "
                  "not arrive is treated as lost")

@@ -134,6 +134,7 @@ struct RunEntry {
   std::string resume_run;
   int64_t resume_step = 0;
   int64_t recover_until_ms = 0;  // steady clock: after a lost worker, when to re-plan onto who is there
+  int64_t grow_back_to_dp = 0;   // the dp it ran with before a lost worker made it smaller (0: never shrunk)
   // After an out-of-memory stop: the step whose state the ranks of attempt `token` are saving (its
   // checkpoint is the replay's start), how many shards make it whole, and until when (steady
   // clock) the run waits for them before replaying from its latest complete checkpoint.
@@ -671,6 +672,7 @@ class CoordinatorImpl final : public Coordinator {
       const int64_t local = run.spec.train.global_batch / dp;
       if (p.micro_batch > 0 && local % p.micro_batch != 0) p.micro_batch = std::gcd(local, p.micro_batch);
       p.dp = dp;
+      if (dp < before) run.grow_back_to_dp = std::max(run.grow_back_to_dp, before);
       run.spec_toml = RunSpecToToml(run.spec);
       AddEvent(run, "replanned", "dp " + std::to_string(before) + " -> " + std::to_string(dp) + " (pp=" +
                                      std::to_string(p.pp) + " tp=" + std::to_string(p.tp) + ", " +
@@ -1222,6 +1224,56 @@ class CoordinatorImpl final : public Coordinator {
     run.pending_shards.erase(step);
     AddEvent(run, "checkpoint", "checkpoint at step " + std::to_string(step) + " committed (" + std::to_string(shard_count) +
                                     " shards" + (copied == shard_count && copied > 0 ? ", each with a copy on another host" : "") + ")");
+    MaybeGrowBack(run, step);
+  }
+
+  // A run that a lost worker made smaller (Replan) takes workers back at a complete checkpoint:
+  // when enough are idle again for a larger dp (up to what it ran with) and the time that saves
+  // over the remaining steps - each rank's share of the same global batch shrinks by dp/new_dp -
+  // is at least --grow-back-min-saving-s, its ranks stop and it resumes from this checkpoint on
+  // the larger mesh. Same global batch, so the losses continue as before.
+  void MaybeGrowBack(RunEntry& run, int64_t step) {
+    ParallelSpec& p = run.spec.parallel;
+    if (options_.grow_back_min_saving_s < 0 || run.state != RunState::RUNNING || run.spec.is_extract() ||
+        run.snapshot.until_ms > 0 || run.grow_back_to_dp <= p.dp || run.tokens_per_second <= 0 || run.step < step) {
+      return;
+    }
+    const int64_t unit = p.pp * p.tp;
+    int64_t idle = 0;
+    for (const auto& [id, w] : workers_) idle += w.state == WorkerState::IDLE;
+    int64_t grow_to = 0;
+    for (int64_t dp = run.grow_back_to_dp; dp > p.dp && !grow_to; --dp) {
+      if (run.spec.train.global_batch % dp == 0 && (dp - p.dp) * unit <= idle) grow_to = dp;
+    }
+    if (!grow_to) return;
+    const double step_seconds =
+        static_cast<double>(run.spec.train.global_batch * run.spec.model.sequence) / run.tokens_per_second;
+    const double saving = static_cast<double>(run.spec.train.steps - step) * step_seconds *
+                          (1.0 - static_cast<double>(p.dp) / static_cast<double>(grow_to));
+    if (saving < options_.grow_back_min_saving_s) return;
+    char estimate[96];
+    std::snprintf(estimate, sizeof(estimate), "about %.0f s saved over the %lld steps left", saving,
+                  static_cast<long long>(run.spec.train.steps - step));
+    const int64_t before = p.dp;
+    for (auto& id : run.workers) {
+      auto it = workers_.find(id);
+      if (it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, "the run grows back to more workers");
+    }
+    ReleaseWorkers(run);
+    run.workers.clear();
+    p.dp = grow_to;
+    const int64_t local = run.spec.train.global_batch / grow_to;
+    if (p.micro_batch > 0 && local % p.micro_batch != 0) p.micro_batch = std::gcd(local, p.micro_batch);
+    if (grow_to >= run.grow_back_to_dp) run.grow_back_to_dp = 0;
+    run.spec_toml = RunSpecToToml(run.spec);
+    ResumeFromLatest(run);
+    run.state = RunState::PENDING;
+    AddEvent(run, "grew", "dp " + std::to_string(before) + " -> " + std::to_string(grow_to) + " (workers are idle again): " +
+                              "resuming from the checkpoint at step " + std::to_string(run.step) + ", " + estimate +
+                              "; global batch " + std::to_string(run.spec.train.global_batch) +
+                              " unchanged, so the losses continue as before");
+    Persist(run);
+    Schedule();
   }
 
   void FailRun(RunEntry& run, const std::string& why) {
@@ -1771,6 +1823,7 @@ class CoordinatorImpl final : public Coordinator {
     b.setTokensPerSecond(run.tokens_per_second);
     b.setResumeRun(run.resume_run);
     b.setResumeStep(run.resume_step);
+    b.setGrowBackToDp(run.grow_back_to_dp);
     b.setTaskToken(run.task_token);
     auto handled = b.initHandled(static_cast<unsigned>(run.handled.size()));
     size_t h = 0;
@@ -1839,6 +1892,7 @@ class CoordinatorImpl final : public Coordinator {
       run.step = r.getStep();
       run.resume_run = r.getResumeRun().cStr();
       run.resume_step = r.getResumeStep();
+      run.grow_back_to_dp = r.getGrowBackToDp();
       run.task_token = r.getTaskToken();
       for (auto m : r.getMemory()) {
         run.memory.push_back({m.getWorker().cStr(), m.getEstimateBytes(), m.getWorkspaceBytes(), m.getMeasuredPeakBytes()});

@@ -29,6 +29,10 @@ struct CoordinatorOptions {
   // waits for the run's other ranks to report theirs: the ranks that do not are the ones that did
   // not arrive. Victims enqueue the same collective within about a step of each other.
   int stall_window_ms = 3000;
+  // A run that a lost worker made smaller takes workers back at its next complete checkpoint
+  // (stop, resume on the larger mesh) when the time that saves over its remaining steps, at its
+  // measured speed, is at least this; < 0: never.
+  int grow_back_min_saving_s = 30;
   // CURVE key directory (`strata keygen`): required for tcp:// listen addresses, optional for
   // ipc://. With it only clients whose public key is in authorized_keys may connect.
   std::string keys_dir;

@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
                  "after a rank's collective times out naming no one (NCCL), wait this long for the other ranks' reports; "
                  "the ranks that send none are treated as lost")
       ->check(CLI::Range(100, 3600000));
+  app.add_option("--grow-back-min-saving-s", options.grow_back_min_saving_s,
+                 "a run shrunk by a lost worker takes idle workers back at its next checkpoint when that saves at least "
+                 "this many seconds over its remaining steps (-1: never)")
+      ->check(CLI::Range(-1, 86400));
   std::string http_address, http_token_file;
   app.add_option("--http", http_address, "serve the dashboard, /api/state and /metrics on HOST:PORT (off by default; "
                                          "PORT alone binds 127.0.0.1)");

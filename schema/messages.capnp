@@ -272,6 +272,7 @@ struct RunRecord {
   memory @16 :List(RankMemory);  # per rank, in rank order, while the run has a mesh
   taskToken @17 :UInt64;     # the running attempt's AssignTask token (reports of others are stale)
   handled @18 :List(HandledCount);  # failures the run got through, by event kind (e.g. "oom")
+  growBackToDp @19 :Int64;   # the dp it ran with before a lost worker made it smaller (0: never shrunk)
 }
 
 struct HandledCount {

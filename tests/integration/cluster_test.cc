@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -417,6 +418,68 @@ TEST_F(ClusterTest, ZzWorkerKill9IsMarkedLostWithinThreeSeconds) {
   const int64_t elapsed = NowMs() - start;
   EXPECT_EQ(state, "lost");
   EXPECT_LE(elapsed, 3000) << "took " << elapsed << " ms";
+}
+
+// A worker lost mid-run makes the run smaller (dp 2 -> 1 on the survivor, no replacement within
+// the grace); when the worker comes back (`strata up` starts it again), the run takes it back at
+// its next complete checkpoint, dp 1 -> 2, and finishes with the fault-free losses (same global
+// batch throughout).
+class GrowBackTest : public ClusterTest {
+ protected:
+  static constexpr const char* kUp = "up --workers 2 --heartbeat-timeout-ms 1000 --replace-grace-ms 0 --grow-back-min-saving-s 0";
+  static void SetUpTestSuite() {
+    dir_ = testing::MakeClusterScratchDir("/tmp/strata-grow-XXXXXX");
+    auto up = Strata(kUp);
+    ASSERT_EQ(up.rc, 0) << up.err;
+  }
+
+  static json WaitFor(const std::string& run, const std::function<bool(const json&)>& done, const std::string& what) {
+    const int64_t deadline = NowMs() + 60000;
+    json status;
+    while (NowMs() < deadline) {
+      status = StrataJson("status " + run);
+      if (done(status)) return status;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ADD_FAILURE() << "run " << run << ": " << what << " did not happen within 60 s; last status " << status.dump();
+    return status;
+  }
+};
+
+TEST_F(GrowBackTest, ARunShrunkByALostWorkerTakesItBackAtItsNextCheckpoint) {
+  const int steps = 300;
+  const std::string clean = SubmitAndFollow("grow-free", Spec("grow-free", 2, steps, 10));
+  const auto clean_losses = StrataJson("status " + clean)["losses"].get<std::vector<double>>();
+  ASSERT_EQ(clean_losses.size(), static_cast<size_t>(steps));
+
+  auto submitted = Strata("submit " + WriteSpec("grow", Spec("grow", 2, steps, 10)));
+  ASSERT_EQ(submitted.rc, 0) << submitted.err;
+  const std::string run = submitted.out.substr(0, submitted.out.find('\n'));
+  const json before = WaitFor(run, [](const json& s) { return s["step"].get<int64_t>() >= 30; }, "step 30");
+  ASSERT_EQ(before["world_size"], 2);
+  const std::string victim = before["workers"][1];
+  ASSERT_EQ(kill(WorkerPid(victim), SIGKILL), 0);
+  WaitFor(run, [](const json& s) { return s["world_size"] == 1 && s["state"] == "running"; }, "the re-plan onto the survivor");
+  auto up = Strata(kUp);  // starts the killed worker again
+  ASSERT_EQ(up.rc, 0) << up.err;
+
+  Strata("status " + run + " --watch");
+  const json status = StrataJson("status " + run);
+  ASSERT_EQ(status["state"], "finished") << status.dump();
+  EXPECT_EQ(status["world_size"], 2) << "the run did not take the worker back";
+  std::string shrank, grew;
+  for (auto& e : StrataJson("events " + run)) {
+    if (e["kind"] == "replanned") shrank = e["message"];
+    if (e["kind"] == "grew") grew = e["message"];
+  }
+  EXPECT_NE(shrank.find("dp 2 -> 1"), std::string::npos) << shrank;
+  EXPECT_NE(grew.find("dp 1 -> 2"), std::string::npos) << grew;
+  EXPECT_NE(grew.find("resuming from the checkpoint at step"), std::string::npos) << grew;
+  const auto losses = status["losses"].get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), clean_losses.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    ASSERT_NEAR(losses[i], clean_losses[i], 1e-5 * std::abs(clean_losses[i])) << "step " << i + 1;
+  }
 }
 
 // A damaged checkpoint found while resuming: the run does not fail; it falls back to the next
