@@ -454,10 +454,7 @@ class CoordinatorImpl final : public Coordinator {
   // Stops the run's ranks still reachable but `lost` (told `why`), then resumes as TrainWorkerLost
   // says.
   void TrainRecover(RunEntry& run, const std::string& why, const std::string& lost = "") {
-    for (auto& id : run.workers) {
-      auto it = workers_.find(id);
-      if (id != lost && it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, why);
-    }
+    CancelRanks(run, why, lost);
     ReleaseWorkers(run);
     run.workers.clear();
     ResumeFromLatest(run);
@@ -504,10 +501,7 @@ class CoordinatorImpl final : public Coordinator {
     Status st = store_->PutMetadata("ckptbad/" + EncodeKeyString(source) + EncodeKeyU64(step), AsBytes(why), true);
     if (!st.ok()) STRATA_LOG(kError) << "could not mark the checkpoint of " << source << " at step " << step << " unreadable: " << st.ToString();
     const std::string worker = rank < run.workers.size() ? run.workers[rank] : "?";
-    for (auto& id : run.workers) {
-      auto it = workers_.find(id);
-      if (it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, "the checkpoint to resume from is unreadable");
-    }
+    CancelRanks(run, "the checkpoint to resume from is unreadable");
     ReleaseWorkers(run);
     run.workers.clear();
     const int64_t older = LastCheckpointStep(source, step);
@@ -663,17 +657,24 @@ class CoordinatorImpl final : public Coordinator {
 
   // After the grace period: the largest dp (pp and tp kept) that fits `available` workers and
   // divides the global batch; micro_batch shrinks to a divisor of the new per-rank batch.
+  // The run's data-parallel size becomes `dp` (a divisor of the global batch); a fixed micro-batch
+  // that no longer divides the rank's share becomes the largest that does.
+  void SetDataParallel(RunEntry& run, int64_t dp) {
+    ParallelSpec& p = run.spec.parallel;
+    const int64_t local = run.spec.train.global_batch / dp;
+    if (p.micro_batch > 0 && local % p.micro_batch != 0) p.micro_batch = std::gcd(local, p.micro_batch);
+    p.dp = dp;
+    run.spec_toml = RunSpecToToml(run.spec);
+  }
+
   bool Replan(RunEntry& run, size_t available) {
     ParallelSpec& p = run.spec.parallel;
     const int64_t unit = p.pp * p.tp;
     const int64_t before = p.dp;
     for (int64_t dp = std::min<int64_t>(p.dp, static_cast<int64_t>(available) / unit); dp >= 1; --dp) {
       if (run.spec.train.global_batch % dp != 0) continue;
-      const int64_t local = run.spec.train.global_batch / dp;
-      if (p.micro_batch > 0 && local % p.micro_batch != 0) p.micro_batch = std::gcd(local, p.micro_batch);
-      p.dp = dp;
+      SetDataParallel(run, dp);
       if (dp < before) run.grow_back_to_dp = std::max(run.grow_back_to_dp, before);
-      run.spec_toml = RunSpecToToml(run.spec);
       AddEvent(run, "replanned", "dp " + std::to_string(before) + " -> " + std::to_string(dp) + " (pp=" +
                                      std::to_string(p.pp) + " tp=" + std::to_string(p.tp) + ", " +
                                      std::to_string(p.workers()) + " workers of the " + std::to_string(available) +
@@ -1255,17 +1256,11 @@ class CoordinatorImpl final : public Coordinator {
     std::snprintf(estimate, sizeof(estimate), "about %.0f s saved over the %lld steps left", saving,
                   static_cast<long long>(run.spec.train.steps - step));
     const int64_t before = p.dp;
-    for (auto& id : run.workers) {
-      auto it = workers_.find(id);
-      if (it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, "the run grows back to more workers");
-    }
+    CancelRanks(run, "the run grows back to more workers");
     ReleaseWorkers(run);
     run.workers.clear();
-    p.dp = grow_to;
-    const int64_t local = run.spec.train.global_batch / grow_to;
-    if (p.micro_batch > 0 && local % p.micro_batch != 0) p.micro_batch = std::gcd(local, p.micro_batch);
+    SetDataParallel(run, grow_to);
     if (grow_to >= run.grow_back_to_dp) run.grow_back_to_dp = 0;
-    run.spec_toml = RunSpecToToml(run.spec);
     ResumeFromLatest(run);
     run.state = RunState::PENDING;
     AddEvent(run, "grew", "dp " + std::to_string(before) + " -> " + std::to_string(grow_to) + " (workers are idle again): " +
@@ -1280,10 +1275,7 @@ class CoordinatorImpl final : public Coordinator {
     run.state = RunState::FAILED;
     run.message = why;
     AddEvent(run, "failed", why);
-    for (auto& id : run.workers) {
-      auto it = workers_.find(id);
-      if (it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, why);
-    }
+    CancelRanks(run, why);
     ReleaseWorkers(run);
     Persist(run);
     Schedule();
@@ -1296,6 +1288,14 @@ class CoordinatorImpl final : public Coordinator {
     c.setReason(why);
     c.setSnapshotStep(snapshot_step);
     Send(w.identity, msg.Serialize());
+  }
+
+  // Tells every live worker of the run (but `except`) to stop its task.
+  void CancelRanks(const RunEntry& run, const std::string& why, const std::string& except = "") {
+    for (const auto& id : run.workers) {
+      auto it = workers_.find(id);
+      if (id != except && it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, why);
+    }
   }
 
   void ReleaseWorkers(RunEntry& run) {
@@ -1567,10 +1567,7 @@ class CoordinatorImpl final : public Coordinator {
         << std::fixed << std::setprecision(2) << gib << " GiB): " << run.extract.computed_reports << " chunk(s) computed, "
         << run.extract.found_reports << " found already stored by a resumed task";
     AddEvent(run, "finished", msg.str());
-    for (auto& id : run.workers) {
-      auto it = workers_.find(id);
-      if (it != workers_.end() && it->second.state != WorkerState::LOST) SendCancel(it->second, run.id, "run finished");
-    }
+    CancelRanks(run, "run finished");
     for (auto& [worker, chunks] : run.extract.tasks) (void)store_->DeleteMetadata(TaskKey(run, worker));
     run.extract.tasks.clear();
     run.extract.reserved.clear();
