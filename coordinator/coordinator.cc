@@ -655,8 +655,6 @@ class CoordinatorImpl final : public Coordinator {
     return true;
   }
 
-  // After the grace period: the largest dp (pp and tp kept) that fits `available` workers and
-  // divides the global batch; micro_batch shrinks to a divisor of the new per-rank batch.
   // The run's data-parallel size becomes `dp` (a divisor of the global batch); a fixed micro-batch
   // that no longer divides the rank's share becomes the largest that does.
   void SetDataParallel(RunEntry& run, int64_t dp) {
@@ -667,6 +665,8 @@ class CoordinatorImpl final : public Coordinator {
     run.spec_toml = RunSpecToToml(run.spec);
   }
 
+  // After the grace period: the largest dp (pp and tp kept) that fits `available` workers and
+  // divides the global batch; micro_batch shrinks to a divisor of the new per-rank batch.
   bool Replan(RunEntry& run, size_t available) {
     ParallelSpec& p = run.spec.parallel;
     const int64_t unit = p.pp * p.tp;

@@ -291,17 +291,10 @@ class RocksDbShardStore final : public ShardStore {
       return InvalidArgument("cannot commit the " + Describe(run, step) +
                              ": no tensors are staged; call PutCheckpointTensor first");
     }
+    // Every file referenced, this process's (synced above: again costs nothing) or an earlier
+    // attempt's that died before committing, is durable and long enough.
     for (const auto& [file, end] : file_ends) {
-      // Files of an earlier process's attempt (staged, then this process commits) are synced here;
-      // this process's own was synced above and costs nothing again.
-      if (staged && file == staged->name) continue;
       STRATA_RETURN_IF_ERROR(SyncDataFile(CheckpointDir(run) + "/" + file, end, Describe(run, step)));
-    }
-    if (staged) {
-      const auto own = file_ends.find(staged->name);
-      if (own != file_ends.end() && own->second > staged->end.load()) {
-        return Damaged("the " + Describe(run, step), "references bytes past the end of its data file " + staged->name);
-      }
     }
     if (!file_ends.empty()) STRATA_RETURN_IF_ERROR(SyncDirectory(CheckpointDir(run)));
     std::sort(info.tensors.begin(), info.tensors.end(),
@@ -332,6 +325,14 @@ class RocksDbShardStore final : public ShardStore {
     }
     STRATA_RETURN_IF_ERROR(FromRocks(it->status(), path_, "listing the checkpoints of run " + run));
     return out;
+  }
+
+  Result<std::optional<CheckpointInfo>> GetCheckpoint(const std::string& run, int64_t step) override {
+    STRATA_RETURN_IF_ERROR(ValidateCheckpointId(run, step));
+    Result<std::shared_ptr<const CheckpointInfo>> manifest = CommittedManifest(run, step);
+    if (manifest.status().code() == StatusCode::kNotFound) return std::optional<CheckpointInfo>();
+    if (!manifest.ok()) return manifest.status();
+    return std::optional<CheckpointInfo>(**manifest);
   }
 
   Result<Tensor> ReadCheckpointTensor(const std::string& run, int64_t step, const std::string& name) override {
@@ -580,7 +581,7 @@ class RocksDbShardStore final : public ShardStore {
     return file;
   }
 
-  // Makes a data file written by an earlier process durable, and checks it holds `end` bytes.
+  // Makes a data file durable and checks it holds `end` bytes.
   Status SyncDataFile(const std::string& path, uint64_t end, const std::string& what) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Damaged("the " + what, "names the data file " + path + ", which cannot be opened (" + std::strerror(errno) + ")");

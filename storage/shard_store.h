@@ -108,6 +108,8 @@ class ShardStore {
   virtual Status CommitCheckpoint(const std::string& run, int64_t step) = 0;
   // Committed checkpoints of `run`, ascending by step.
   virtual Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& run) = 0;
+  // Committed checkpoint (run, step), or nullopt when there is none: one lookup, not a listing.
+  virtual Result<std::optional<CheckpointInfo>> GetCheckpoint(const std::string& run, int64_t step) = 0;
   // A tensor of a committed checkpoint. NotFound if the checkpoint is not committed or lacks
   // `name`; Corruption if the stored bytes fail their checksum.
   virtual Result<Tensor> ReadCheckpointTensor(const std::string& run, int64_t step, const std::string& name) = 0;

@@ -266,12 +266,24 @@ TEST_F(ShardStoreTest, StagedCheckpointIsInvisibleUntilCommitted) {
   Result<std::vector<CheckpointInfo>> list = store->ListCheckpoints("r");
   ASSERT_TRUE(list.ok());
   EXPECT_TRUE(list->empty());
+  Result<std::optional<CheckpointInfo>> one = store->GetCheckpoint("r", 5);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_FALSE(one->has_value());
   ExpectCode(store->ReadCheckpointTensor("r", 5, "w").status(), StatusCode::kNotFound);
 
   ASSERT_TRUE(store->CommitCheckpoint("r", 5).ok());
   list = store->ListCheckpoints("r");
   ASSERT_TRUE(list.ok());
   EXPECT_EQ(Steps(*list), (std::vector<int64_t>{5}));
+  one = store->GetCheckpoint("r", 5);
+  ASSERT_TRUE(one.ok() && one->has_value()) << one.status().ToString();
+  EXPECT_EQ((*one)->step, 5);
+  ASSERT_EQ((*one)->tensors.size(), 1u);
+  EXPECT_EQ((*one)->tensors[0].name, "w");
+  EXPECT_EQ((*one)->tensors[0].checksum, Checksum(t.bytes));
+  one = store->GetCheckpoint("r", 6);
+  ASSERT_TRUE(one.ok());
+  EXPECT_FALSE(one->has_value());
   ExpectReadsBack(*store, "r", 5, t);
 }
 

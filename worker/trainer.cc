@@ -557,9 +557,8 @@ Result<HostCheckpoint> Trainer::CopyCheckpointShard() {
                 static_cast<unsigned long long>(storage::Checksum({reinterpret_cast<const uint8_t*>(names.data()), names.size()})));
   const std::string keys[] = {context_.run_id, context_.run_id + "/rank-" + std::to_string(context_.rank) + "-cut-" + cut};
   for (const std::string& key : keys) {
-    STRATA_ASSIGN_OR_RETURN(auto saved, context_.store->ListCheckpoints(key));
-    auto at_step = std::find_if(saved.begin(), saved.end(), [&](const storage::CheckpointInfo& info) { return info.step == step_; });
-    if (at_step == saved.end()) {
+    STRATA_ASSIGN_OR_RETURN(std::optional<storage::CheckpointInfo> at_step, context_.store->GetCheckpoint(key, step_));
+    if (!at_step) {
       copy.key_run = key;
       CollectCheckpointPieces(&copy.pieces, nullptr);
       return copy;
@@ -602,10 +601,8 @@ Result<SavedShard> Trainer::WriteCheckpointShard(storage::ShardStore& store, Hos
   for (auto& thread : pool) thread.join();
   for (const Status& result : results) STRATA_RETURN_IF_ERROR(result);
   STRATA_RETURN_IF_ERROR(store.CommitCheckpoint(run, copy.step));
-  STRATA_ASSIGN_OR_RETURN(auto list, store.ListCheckpoints(run));
-  for (auto& info : list) {
-    if (info.step == copy.step) return SavedShard{run, std::move(info.tensors)};
-  }
+  STRATA_ASSIGN_OR_RETURN(std::optional<storage::CheckpointInfo> committed, store.GetCheckpoint(run, copy.step));
+  if (committed) return SavedShard{run, std::move(committed->tensors)};
   return Internal("checkpoint at step " + std::to_string(copy.step) + " missing right after its commit");
 }
 

@@ -118,10 +118,8 @@ class ShardReplicator {
   }
 
   Status Copy(const Request& r, uint64_t* bytes) {
-    STRATA_ASSIGN_OR_RETURN(auto existing, store_->ListCheckpoints(r.key_run));
-    for (const auto& c : existing) {
-      if (c.step == r.step) return Status::Ok();  // committed by an earlier request
-    }
+    STRATA_ASSIGN_OR_RETURN(auto existing, store_->GetCheckpoint(r.key_run, r.step));
+    if (existing) return Status::Ok();  // committed by an earlier request
     STRATA_ASSIGN_OR_RETURN(auto client, StoreClient::Connect(r.source, keys_, 30000));
     for (const auto& name : r.names) {
       if (stopping_.load()) return Aborted("the worker is stopping");
