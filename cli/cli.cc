@@ -237,6 +237,7 @@ struct UpOptions {
   int heartbeat_timeout_ms = 2000, replace_grace_ms = 10000, peer_timeout_ms = 120000, stuck_task_restart_ms = 30000;
   int grow_back_min_saving_s = 30;
   std::string memory_limit;
+  bool salvage = false;  // start daemons whose stores are damaged, keeping what is intact
 };
 
 int CmdUp(GlobalOptions& g, const UpOptions& up) {
@@ -282,6 +283,7 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
                                      "--replace-grace-ms", std::to_string(up.replace_grace_ms), "--grow-back-min-saving-s",
                                      std::to_string(up.grow_back_min_saving_s)};
     argv.insert(argv.end(), keys_args.begin(), keys_args.end());
+    if (up.salvage) argv.push_back("--salvage");
     // The dashboard on loopback, its port kept across restarts when free (docs/dashboard.md).
     auto token_file = EnsureHttpTokenFile(dir);
     if (!token_file.ok()) return Fail(token_file.status());
@@ -309,13 +311,19 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
     argv.insert(argv.end(), {"--peer-timeout-ms", std::to_string(up.peer_timeout_ms), "--stuck-task-restart-ms",
                              std::to_string(up.stuck_task_restart_ms)});
     argv.insert(argv.end(), keys_args.begin(), keys_args.end());
+    if (up.salvage) argv.push_back("--salvage");
     auto pid = SpawnDaemon(argv, dir + "/logs/" + name + ".log");
     if (!pid.ok()) return Fail(pid.status());
     p->pid = *pid;
     ++started;
   }
-  Status st = WriteClusterFile(file);
-  if (!st.ok()) return Fail(st);
+  if (Status st = WriteClusterFile(file); !st.ok()) {
+    // Nothing may run that `strata down` cannot find: stop what this call started.
+    for (const auto& p : file.processes) {
+      if (IsStrataProcess(p.pid)) kill(p.pid, SIGTERM);
+    }
+    return Fail(Status(st.code(), st.message() + "; the processes this call started were stopped"));
+  }
   // Wait until the coordinator answers and every worker has registered.
   const int64_t deadline = net::SteadyMs() + 60000;
   int live = 0;
@@ -344,7 +352,20 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
 
 int CmdDown(GlobalOptions& g) {
   auto file = ReadClusterFile(g.state_dir);
-  if (!file.ok()) return Fail(file.status());
+  if (!file.ok()) {
+    // No readable cluster.json (deleted, or emptied by an older `up` on a full disk): stop the
+    // daemons of this state directory that are still running, found by their command lines.
+    const std::string dir = fs::absolute(g.state_dir).lexically_normal().string();
+    std::vector<ClusterProcess> found = FindStrataProcesses(dir);
+    if (found.empty()) return Fail(file.status());
+    std::cerr << "strata: " << file.status().message() << "; stopping the " << found.size()
+              << " process(es) of " << dir << " found running" << std::endl;
+    ClusterFile recovered;
+    recovered.state_dir = dir;
+    recovered.endpoint = "ipc://" + dir + "/coordinator.sock";
+    recovered.processes = std::move(found);
+    file = std::move(recovered);
+  }
   {
     auto client = MakeClient(g, file->endpoint, 2000);
     schema::EnvelopeBuilder req;
@@ -490,22 +511,40 @@ int CmdEvents(GlobalOptions& g, const std::string& run, bool as_json) {
   return kExitOk;
 }
 
+// A checkpoint's state: "complete", or why it cannot be resumed from ("missing-shard": a
+// worker's store no longer holds a shard of it; "unreadable": a rank could not read it).
+std::pair<std::string, std::string> CheckpointState(CheckpointsReply::Reader reply, unsigned i) {
+  const std::string why = i < reply.getUnreadable().size() ? reply.getUnreadable()[i].cStr() : "";
+  if (why.empty()) return {"complete", ""};
+  return {why.rfind("missing shard", 0) == 0 ? "missing-shard" : "unreadable", why};
+}
+
 int CmdCheckpoints(GlobalOptions& g, const std::string& run, bool as_json) {
   auto reply = FetchCheckpoints(g, run);
   if (!reply.ok()) return Fail(reply.status());
-  auto list = (*reply)->root().getCheckpointsReply().getCheckpoints();
+  auto checkpoints = (*reply)->root().getCheckpointsReply();
+  auto list = checkpoints.getCheckpoints();
   if (as_json) {
     json out = json::array();
-    for (auto m : list) out.push_back(CheckpointToJson(m));
+    for (unsigned i = 0; i < list.size(); ++i) {
+      json entry = CheckpointToJson(list[i]);
+      const auto [state, why] = CheckpointState(checkpoints, i);
+      entry["state"] = state;
+      if (!why.empty()) entry["why"] = why;
+      out.push_back(entry);
+    }
     std::cout << out.dump(2) << std::endl;
     return kExitOk;
   }
-  std::printf("%-8s %-8s %-8s %-12s %s\n", "STEP", "SHARDS", "TENSORS", "SIZE", "COMMITTED");
-  for (auto m : list) {
+  std::printf("%-8s %-14s %-8s %-8s %-12s %s\n", "STEP", "STATE", "SHARDS", "TENSORS", "SIZE", "COMMITTED");
+  for (unsigned i = 0; i < list.size(); ++i) {
+    auto m = list[i];
     json j = CheckpointToJson(m);
-    std::printf("%-8ld %-8u %-8zu %-12s %s\n", static_cast<long>(m.getStep()), m.getShards().size(),
+    const auto [state, why] = CheckpointState(checkpoints, i);
+    std::printf("%-8ld %-14s %-8u %-8zu %-12s %s\n", static_cast<long>(m.getStep()), state.c_str(), m.getShards().size(),
                 j["tensor_count"].get<size_t>(), HumanBytes(j["size_bytes"].get<uint64_t>()).c_str(),
                 FormatTime(m.getCommittedUnixMs()).c_str());
+    if (!why.empty()) std::printf("  %s\n", why.c_str());
   }
   if (list.size() == 0) std::printf("(no complete checkpoint yet)\n");
   return kExitOk;
@@ -718,8 +757,13 @@ int CmdExport(GlobalOptions& g, const std::string& run, int64_t step, const std:
   auto list = (*reply)->root().getCheckpointsReply().getCheckpoints();
   if (list.size() == 0) return Fail(NotFound("run " + run + " has no complete checkpoint yet"));
   std::string steps;
-  for (auto m : list) {
+  for (unsigned i = 0; i < list.size(); ++i) {
+    auto m = list[i];
     if (step < 0 ? m.getStep() == list[list.size() - 1].getStep() : m.getStep() == step) {
+      if (const auto [state, why] = CheckpointState((*reply)->root().getCheckpointsReply(), i); !why.empty()) {
+        return Fail(Corruption("the checkpoint of run " + run + " at step " + std::to_string(m.getStep()) + " is " + state +
+                               ": " + why + "; `strata checkpoints " + run + "` lists the complete ones"));
+      }
       auto summary = ExportCheckpoint(spec_toml, m, out_dir);
       if (!summary.ok()) return Fail(summary.status());
       std::printf("exported run %s step %ld: %zu tensors (%s) to %s\n", run.c_str(), static_cast<long>(m.getStep()),
@@ -758,6 +802,9 @@ int RunCli(int argc, char** argv) {
                  "spread the workers over N emulated hosts (worker i on host-(i mod N)), to try a multi-host cluster on one "
                  "machine: checkpoint shards are then copied across hosts")
       ->check(CLI::Range(1, 64));
+  up->add_flag("--salvage", up_options.salvage,
+               "start daemons whose stores are damaged, keeping what is intact (strata-worker / strata-coordinator "
+               "--salvage); without it a damaged store stops its daemon with a message naming it");
   up->add_option("--memory-limit", up_options.memory_limit,
                  "each worker uses at most this much memory, e.g. 8GiB (GPU: the allocator's cap; CPU: address space the OS lets it add)");
   up->add_option("--heartbeat-timeout-ms", up_options.heartbeat_timeout_ms, "mark a silent worker lost after this")

@@ -1,5 +1,7 @@
 #include "cli/cluster_file.h"
 
+#include "common/atomic_file.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -53,22 +55,15 @@ Status WriteClusterFile(const ClusterFile& file) {
   if (!file.http.empty()) j["http"] = file.http;
   j["processes"] = nlohmann::json::array();
   for (auto& p : file.processes) j["processes"].push_back({{"name", p.name}, {"pid", p.pid}});
-  const std::string path = ClusterFilePath(file.state_dir);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << j.dump(2) << "\n";
-    if (!out) return IoError("cannot write " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);  // atomic: readers never see half a file
-  if (ec) return IoError("cannot write " + path + ": " + ec.message());
-  return Status::Ok();
+  // Atomic and synced: a full disk leaves the old file whole (an ofstream reported the write
+  // before its buffer reached the disk, so a full disk renamed an empty file into place).
+  return WriteFileAtomically(ClusterFilePath(file.state_dir), j.dump(2) + "\n", 0600);
 }
 
 Result<std::string> EnsureHttpTokenFile(const std::string& state_dir) {
   const std::string path = state_dir + "/http.token";
-  if (std::filesystem::exists(path)) return path;
+  std::error_code ec;
+  if (std::filesystem::file_size(path, ec) > 1 && !ec) return path;
   unsigned char bytes[16];
   std::ifstream random("/dev/urandom", std::ios::binary);
   if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) return IoError("cannot read /dev/urandom for the dashboard token");
@@ -78,12 +73,9 @@ Result<std::string> EnsureHttpTokenFile(const std::string& state_dir) {
     token += "0123456789abcdef"[b & 15];
   }
   token += "\n";
-  // Created 0600 from the start: the token never sits world-readable, even briefly.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) return IoError("cannot create " + path + ": " + std::strerror(errno));
-  const bool written = ::write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size());
-  ::close(fd);
-  if (!written) return IoError("cannot write " + path);
+  // Created 0600 from the start (the token never sits world-readable, even briefly) and whole or
+  // not at all: a half-written token on a full disk would be kept forever.
+  STRATA_RETURN_IF_ERROR(WriteFileAtomically(path, token, 0600));
   return path;
 }
 
@@ -116,6 +108,31 @@ bool IsStrataProcess(int pid) {
   std::string pid_field, comm, state;
   stat >> pid_field >> comm >> state;
   return state != "Z";
+}
+
+std::vector<ClusterProcess> FindStrataProcesses(const std::string& state_dir) {
+  std::vector<ClusterProcess> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const int pid = std::atoi(name.c_str());
+    if (pid == ::getpid()) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::vector<std::string> argv;
+    for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
+    if (argv.empty()) continue;
+    const std::string binary = std::filesystem::path(argv[0]).filename().string();
+    if (binary != "strata-coordinator" && binary != "strata-worker") continue;
+    std::string label = binary == "strata-coordinator" ? "coordinator" : "";
+    bool ours = false;
+    for (size_t i = 1; i < argv.size(); ++i) {
+      if (argv[i].rfind(state_dir + "/", 0) == 0) ours = true;
+      if (argv[i] == "--name" && i + 1 < argv.size()) label = argv[i + 1];
+    }
+    if (ours && IsStrataProcess(pid)) found.push_back({label.empty() ? binary : label, pid});
+  }
+  return found;
 }
 
 }  // namespace strata::cli

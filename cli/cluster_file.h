@@ -37,4 +37,9 @@ Result<int> PickLocalPort(int preferred);
 // True if `pid` is alive and runs one of our binaries (guards against pid reuse).
 bool IsStrataProcess(int pid);
 
+// The strata-coordinator and strata-worker processes running on this machine whose arguments
+// name a path under `state_dir` (as `strata up` starts them): `strata down` stops them even when
+// cluster.json is gone or unreadable.
+std::vector<ClusterProcess> FindStrataProcesses(const std::string& state_dir);
+
 }  // namespace strata::cli

@@ -16,6 +16,8 @@
 //   "act/"  + str(run id) + u64(chunk)   -> ChunkLocation: the index of an extract run's stored
 //                                           chunks (which worker's store holds which rows)
 //   "task/" + str(run id) + str(worker)  -> ChunkList: the chunks an extract task was given
+//   "ckptbad/" + str(run id) + u64(step) -> why that checkpoint cannot be resumed from (a rank
+//                                           could not read it, or a store no longer holds a shard)
 //
 // Extract runs are scheduled by chunk, not by rank: each worker of the run gets a contiguous block
 // of chunks; a worker that finishes is free for other runs; a lost worker's unstored chunks wait
@@ -34,6 +36,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <limits>
 #include <map>
@@ -344,6 +347,7 @@ class CoordinatorImpl final : public Coordinator {
         w.current_run.clear();
       }
     }
+    ReconcileStoredCheckpoints(w, req);
     STRATA_LOG(kInfo) << (known ? "worker re-registered: " : "worker registered: ") << name << " pid " << w.pid
                       << " store " << w.store_path;
     schema::EnvelopeBuilder reply(rid);
@@ -485,9 +489,67 @@ class CoordinatorImpl final : public Coordinator {
     return 0;
   }
 
-  bool Unreadable(const std::string& run_id, int64_t step) {
+  bool Unreadable(const std::string& run_id, int64_t step) { return !UnreadableWhy(run_id, step).empty(); }
+
+  // Why checkpoint (run_id, step) cannot be resumed from; empty when it can.
+  std::string UnreadableWhy(const std::string& run_id, int64_t step) {
     auto mark = store_->GetMetadata("ckptbad/" + EncodeKeyString(run_id) + EncodeKeyU64(step));
-    return mark.ok() && mark->has_value();
+    if (!mark.ok()) return "its mark could not be read (" + mark.status().message() + ")";
+    if (!mark->has_value()) return "";
+    std::string why((*mark)->begin(), (*mark)->end());
+    return why.empty() ? "marked unreadable" : why;
+  }
+
+  // A worker registered with the list of committed checkpoints its store holds. A shard of a
+  // committed checkpoint that this store should hold and does not (the store was salvaged after
+  // damage, or replaced) leaves that checkpoint without it: when the shard has no copy elsewhere,
+  // the checkpoint is marked unreadable (so resumes and `strata checkpoints` stop counting on it)
+  // with an event naming the worker, run, step and why; a lost copy is an event only.
+  void ReconcileStoredCheckpoints(const WorkerEntry& w, RegisterWorker::Reader req) {
+    if (!req.getStoredCheckpointsKnown() || w.store_path.empty()) return;
+    std::set<std::pair<std::string, int64_t>> held;
+    for (auto c : req.getStoredCheckpoints()) held.insert({c.getKeyRun().cStr(), c.getStep()});
+    auto manifests = store_->ScanMetadata("ckpt/");
+    if (!manifests.ok()) {
+      STRATA_LOG(kError) << "cannot reconcile the checkpoints of " << w.id << "'s store: " << manifests.status().message();
+      return;
+    }
+    for (auto& [key, value] : *manifests) {
+      auto manifest = schema::DecodedRecord<CheckpointManifest>::Decode(value);
+      if (!manifest.ok()) continue;
+      const std::string run_id = manifest->root().getRunId().cStr();
+      const int64_t step = manifest->root().getStep();
+      if (Unreadable(run_id, step)) continue;
+      uint32_t rank = 0;
+      for (auto shard : manifest->root().getShards()) {
+        const uint32_t this_rank = rank++;
+        const std::string key_run = shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : run_id;
+        size_t locations = 1, missing_here = 0;
+        if (shard.getStorePath() == w.store_path && !held.count({key_run, step})) ++missing_here;
+        for (auto copy : shard.getCopies()) {
+          ++locations;
+          const std::string copy_key = copy.getKeyRun().size() > 0 ? copy.getKeyRun().cStr() : run_id;
+          if (copy.getStorePath() == w.store_path && !held.count({copy_key, step})) ++missing_here;
+        }
+        if (missing_here == 0) continue;
+        auto run = runs_.find(run_id);
+        const std::string what = "missing shard: worker " + w.id + "'s store at " + w.store_path + " no longer holds rank " +
+                                 std::to_string(this_rank) + "'s shard of the checkpoint at step " + std::to_string(step) +
+                                 " (the store was salvaged after damage, or replaced)";
+        if (missing_here < locations) {
+          if (run != runs_.end()) AddEvent(run->second, "checkpoint-copy-lost", what + "; another copy remains");
+          continue;
+        }
+        Status st = store_->PutMetadata("ckptbad/" + EncodeKeyString(run_id) + EncodeKeyU64(step), AsBytes(what), true);
+        if (!st.ok()) STRATA_LOG(kError) << "could not mark the checkpoint of " << run_id << " at step " << step << " unreadable: " << st.ToString();
+        if (run != runs_.end()) {
+          AddEvent(run->second, "checkpoint-unreadable", what + "; it is marked unreadable and resumes use an older one");
+        } else {
+          STRATA_LOG(kWarn) << "run " << run_id << ": " << what;
+        }
+        break;
+      }
+    }
   }
 
   // A rank could not read the checkpoint the run resumed from. The checkpoint is kept (no data is
@@ -724,6 +786,12 @@ class CoordinatorImpl final : public Coordinator {
         return;
       }
     }
+    // The run is accepted only once its record is durable: a submit that cannot be journaled (a
+    // full disk) is refused, never a run that a restart would forget.
+    if (Status st = Persist(run); !st.ok()) {
+      Send(identity, schema::MakeErrorReply(rid, Status(st.code(), "the run was not submitted: " + st.message())));
+      return;
+    }
     RunEntry& stored = runs_[run.id] = std::move(run);
     if (stored.spec.is_extract()) {
       AddEvent(stored, "submitted", "run " + stored.id + " submitted: capture " + std::to_string(stored.extract.total_rows) +
@@ -777,6 +845,14 @@ class CoordinatorImpl final : public Coordinator {
       const int64_t s = manifest->root().getStep();
       steps += (steps.empty() ? "" : ", ") + std::to_string(s);
       if (s == step || (step == 0 && !Unreadable(source_id, s))) chosen = s;  // in step order: 0 ends on the latest readable
+    }
+    if (step != 0 && chosen == step) {
+      if (const std::string why = UnreadableWhy(source_id, step); !why.empty()) {
+        const int64_t older = LastCheckpointStep(source_id, step);
+        return InvalidArgument("--resume " + source_id + "@" + std::to_string(step) + ": that checkpoint is unreadable (" + why +
+                               "); " + (older > 0 ? "resume from " + source_id + "@" + std::to_string(older) + ", the newest readable one before it"
+                                                  : std::string("no older checkpoint is readable")));
+      }
     }
     if (chosen == 0) {
       return InvalidArgument("--resume: run " + source_id + " has no complete checkpoint" +
@@ -1686,15 +1762,22 @@ class CoordinatorImpl final : public Coordinator {
   }
 
   void HandleCheckpointsRequest(const std::string& identity, uint64_t rid, RunRef::Reader req) {
-    ReplyWithRunRecords<CheckpointManifest>(identity, rid, req, "ckpt/", [](schema::EnvelopeBuilder& reply, size_t n) {
-      return reply.root().initCheckpointsReply().initCheckpoints(n);
+    const std::string id = req.getRunId().cStr();
+    ReplyWithRunRecords<CheckpointManifest>(identity, rid, req, "ckpt/", [&](schema::EnvelopeBuilder& reply, size_t n) {
+      auto checkpoints = reply.root().initCheckpointsReply();
+      return checkpoints.initCheckpoints(n);
+    }, [&](schema::EnvelopeBuilder& reply) {
+      auto checkpoints = reply.root().getCheckpointsReply();
+      auto list = checkpoints.getCheckpoints();
+      auto why = checkpoints.initUnreadable(list.size());
+      for (unsigned i = 0; i < list.size(); ++i) why.set(i, UnreadableWhy(id, list[i].getStep()));
     });
   }
 
   // Answers with every persisted record of type T under prefix + run id, in key order.
   template <typename T, typename InitList>
   void ReplyWithRunRecords(const std::string& identity, uint64_t rid, RunRef::Reader req, const std::string& prefix,
-                           InitList init_list) {
+                           InitList init_list, const std::function<void(schema::EnvelopeBuilder&)>& finish = nullptr) {
     const std::string id = req.getRunId().cStr();
     if (!runs_.count(id)) {
       Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
@@ -1711,6 +1794,7 @@ class CoordinatorImpl final : public Coordinator {
       auto record = schema::DecodedRecord<T>::Decode((*records)[i].second);
       if (record.ok()) list.setWithCaveats(i, record->root());
     }
+    if (finish) finish(reply);
     Send(identity, reply.Serialize());
   }
 
@@ -1837,13 +1921,16 @@ class CoordinatorImpl final : public Coordinator {
     }
   }
 
-  void Persist(RunEntry& run) {
+  // Journals the run record. A failure (a full disk) is logged and returned; the run goes on in
+  // memory, and the next transition that persists writes the record whole again.
+  Status Persist(RunEntry& run) {
     run.updated_ms = net::NowUnixMs();
     capnp::MallocMessageBuilder message;
     FillRunRecord(run, message.initRoot<RunRecord>(), /*with_losses=*/false);
     const std::string bytes = schema::StructToBytes(message.getRoot<RunRecord>().asReader());
     Status st = store_->PutMetadata("run/" + run.id, AsBytes(bytes), /*sync=*/true);
     if (!st.ok()) STRATA_LOG(kError) << "could not persist run " << run.id << ": " << st.ToString();
+    return st;
   }
 
   // Events that say the run got through a failure (counted for `strata status`).
@@ -1864,12 +1951,32 @@ class CoordinatorImpl final : public Coordinator {
     STRATA_LOG(kInfo) << "run " << run.id << " " << kind << ": " << message;
   }
 
+  // A run record that does not decode: without --salvage the coordinator does not start (it would
+  // otherwise forget the run without a word); with it, the record moves under "salvaged/" (kept,
+  // not deleted) and the rest loads.
+  Status UnreadableRunRecord(const std::string& key, const std::vector<uint8_t>& bytes, const std::string& why) {
+    const std::string where = "the run record " + storage::PrintableKey(key) + " in the metadata store " + options_.state_dir + "/metadata";
+    if (!options_.salvage) {
+      return Corruption(where + " is damaged (" + why + "); the coordinator did not start, so nothing is lost yet. Restore "
+                        "the state directory from a backup, or start with --salvage to keep every intact run (the damaged "
+                        "record is kept under the salvaged/ prefix)");
+    }
+    STRATA_LOG(kError) << where << " is damaged (" << why << "): salvaging, it is kept under salvaged/ and its run is not loaded";
+    STRATA_RETURN_IF_ERROR(store_->PutMetadata("salvaged/" + key, bytes, true));
+    return store_->DeleteMetadata(key);
+  }
+
   Status LoadRuns() {
-    STRATA_ASSIGN_OR_RETURN(auto records, store_->ScanMetadata("run/"));
+    auto scanned = store_->ScanMetadata("run/");
+    if (!scanned.ok()) {
+      return Status(scanned.status().code(), scanned.status().message() +
+                                                 (options_.salvage ? "" : " (start with --salvage to keep what is intact)"));
+    }
+    auto& records = *scanned;
     for (auto& [key, bytes] : records) {
       auto rec = schema::DecodedRecord<RunRecord>::Decode(bytes);
       if (!rec.ok()) {
-        STRATA_LOG(kError) << "skipping unreadable run record " << key << ": " << rec.status().message();
+        STRATA_RETURN_IF_ERROR(UnreadableRunRecord(key, bytes, rec.status().message()));
         continue;
       }
       auto r = rec->root();
@@ -1879,7 +1986,7 @@ class CoordinatorImpl final : public Coordinator {
       run.spec_toml = r.getSpecToml().cStr();
       auto spec = ParseRunSpec(run.spec_toml, "", false);
       if (!spec.ok()) {
-        STRATA_LOG(kError) << "skipping run " << run.id << " with an invalid stored spec: " << spec.status().message();
+        STRATA_RETURN_IF_ERROR(UnreadableRunRecord(key, bytes, "its stored spec does not parse: " + spec.status().message()));
         continue;
       }
       run.spec = *spec;
@@ -1964,7 +2071,9 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorOption
   std::error_code ec;
   std::filesystem::create_directories(options.state_dir, ec);
   if (ec) return IoError("cannot create state dir " + options.state_dir + ": " + ec.message());
-  STRATA_ASSIGN_OR_RETURN(auto store, storage::ShardStore::Open(options.state_dir + "/metadata"));
+  storage::StoreOptions store_options;
+  store_options.salvage = options.salvage;
+  STRATA_ASSIGN_OR_RETURN(auto store, storage::ShardStore::Open(options.state_dir + "/metadata", store_options));
   auto coordinator = std::make_unique<CoordinatorImpl>(options, std::move(store));
   STRATA_RETURN_IF_ERROR(coordinator->Init());
   return std::unique_ptr<Coordinator>(std::move(coordinator));

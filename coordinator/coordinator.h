@@ -36,6 +36,10 @@ struct CoordinatorOptions {
   // CURVE key directory (`strata keygen`): required for tcp:// listen addresses, optional for
   // ipc://. With it only clients whose public key is in authorized_keys may connect.
   std::string keys_dir;
+  // A damaged metadata store (or run record) stops the coordinator with a message naming it; with
+  // salvage it starts with what is intact (storage::StoreOptions::salvage; records that do not
+  // decode are moved under "salvaged/" and logged, never deleted).
+  bool salvage = false;
   // Optional hooks for a service manager (main.cc wires them to systemd's sd_notify); all run on
   // the event-loop thread, so a stuck loop stops calling them.
   std::function<void(const std::string& summary)> on_ready;   // once: bound, store loaded

@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Strata coordinator: plans and supervises runs on the cluster's workers"};
   app.add_option("--listen", options.listen, "ZeroMQ endpoint to bind (ipc://PATH or tcp://HOST:PORT)");
   app.add_option("--state-dir", options.state_dir, "directory of the metadata store")->required();
+  app.add_flag("--salvage", options.salvage,
+               "start even if the metadata store is damaged, keeping what is intact (damaged files are kept in "
+               "STATE_DIR/metadata/damaged-TIME/, undecodable records under the salvaged/ prefix)");
   app.add_option("--keys", options.keys_dir,
                  "CURVE key directory from `strata keygen` (required for tcp://): only authorized_keys may connect");
   app.add_option("--heartbeat-timeout-ms", options.heartbeat_timeout_ms, "mark a silent worker lost after this")

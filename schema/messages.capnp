@@ -72,6 +72,15 @@ struct RegisterWorker {
   currentRun @6 :Text;       # non-empty when it re-registers while running a task
   currentStep @7 :Int64;
   serveAddress @8 :Text;     # its store server (activation reads); empty if it serves none
+  # Every committed checkpoint its store holds (keyRun, step), so the coordinator can mark the
+  # checkpoints whose shard it no longer holds (a salvaged or replaced store) unreadable.
+  storedCheckpoints @9 :List(StoredCheckpoint);
+  storedCheckpointsKnown @10 :Bool;  # false: the store could not list them (nothing is reconciled)
+}
+
+struct StoredCheckpoint {
+  keyRun @0 :Text;
+  step @1 :Int64;
 }
 
 struct Registered {
@@ -332,6 +341,9 @@ struct CheckpointManifest {
 
 struct CheckpointsReply {
   checkpoints @0 :List(CheckpointManifest);
+  # Per checkpoint, in the same order: "" when complete, else why it cannot be resumed from (a
+  # rank could not read it, or a worker's store no longer holds a shard of it).
+  unreadable @1 :List(Text);
 }
 
 # Where a stored extract chunk lives (the coordinator's index, persisted under "act/").

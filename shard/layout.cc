@@ -161,6 +161,37 @@ Result<PieceName> ParsePiece(const std::string& stored) {
   return p;
 }
 
+Status ElementCoverage::Add(int64_t begin, int64_t end) {
+  const std::string range = "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+  if (begin < 0 || end <= begin || end > n_) {
+    return Corruption("elements " + range + " are not a range of the " + std::to_string(n_) + " elements it belongs to");
+  }
+  auto next = ranges_.lower_bound(begin);
+  if (next != ranges_.end() && next->first < end) {
+    return Corruption("elements " + range + " overlap [" + std::to_string(next->first) + ", " + std::to_string(next->second) +
+                      "), written by another piece");
+  }
+  if (next != ranges_.begin()) {
+    auto before = std::prev(next);
+    if (before->second > begin) {
+      return Corruption("elements " + range + " overlap [" + std::to_string(before->first) + ", " +
+                        std::to_string(before->second) + "), written by another piece");
+    }
+  }
+  ranges_.emplace(begin, end);
+  covered_ += end - begin;
+  return Status::Ok();
+}
+
+int64_t ElementCoverage::first_missing() const {
+  int64_t at = 0;
+  for (const auto& [begin, end] : ranges_) {
+    if (begin > at) return at;
+    at = end;
+  }
+  return at;
+}
+
 Status TensorAssembler::Add(const PieceName& piece, size_t element, const uint8_t* bytes) {
   STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, Slot(piece, element));
   std::memcpy(slot.data(), bytes, slot.size());
@@ -188,10 +219,12 @@ Result<std::span<uint8_t>> TensorAssembler::Slot(const PieceName& piece, size_t 
   auto& covered = part.covered[tp];
   if (slices.empty()) {
     slices.assign(static_cast<size_t>(tp), std::vector<uint8_t>(static_cast<size_t>(slice_elements) * element));
-    covered.assign(static_cast<size_t>(tp), 0);
+    covered.assign(static_cast<size_t>(tp), ElementCoverage(slice_elements));
   }
   const auto rank = static_cast<size_t>(split.replicated() ? 0 : piece.tp_rank);
-  covered[rank] += piece.end - piece.begin;
+  if (Status added = covered[rank].Add(piece.begin, piece.end); !added.ok()) {
+    return Corruption("checkpoint piece " + FormatPiece(piece) + ": " + added.message());
+  }
   return std::span<uint8_t>(slices[rank].data() + static_cast<size_t>(piece.begin) * element,
                             static_cast<size_t>(piece.end - piece.begin) * element);
 }
@@ -202,10 +235,18 @@ Result<std::vector<uint8_t>> TensorAssembler::Take(const std::string& name) {
   Partial& part = it->second;
   const TensorSplit split = TensorParallelSplit(spec_, name, part.shape);
   const int64_t full_elements = Product(part.shape, 0, part.shape.size());
+  std::string missing;
   for (auto& [tp, slices] : part.slices) {
     const auto& covered = part.covered[tp];
     bool complete = true;
-    for (int64_t c : covered) complete = complete && c * tp == full_elements;
+    for (size_t r = 0; r < covered.size(); ++r) {
+      if (covered[r].complete()) continue;
+      complete = false;
+      if (missing.empty()) {
+        missing = " (written under tp=" + std::to_string(tp) + ": element " + std::to_string(covered[r].first_missing()) +
+                  " of tp rank " + std::to_string(r) + "'s slice has no piece)";
+      }
+    }
     if (!complete) continue;
     if (tp == 1) {  // the one slice is the whole tensor: hand it over rather than copy it
       std::vector<uint8_t> full = std::move(slices[0]);
@@ -217,7 +258,8 @@ Result<std::vector<uint8_t>> TensorAssembler::Take(const std::string& name) {
     partial_.erase(it);
     return full;
   }
-  return Corruption("the checkpoint pieces of '" + name + "' do not cover the whole tensor; a store is missing or a write was lost");
+  return Corruption("the checkpoint pieces of '" + name + "' do not cover the whole tensor" + missing +
+                    "; a store is missing or a write was lost");
 }
 
 std::vector<std::string> TensorAssembler::names() const {

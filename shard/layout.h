@@ -83,6 +83,27 @@ std::string FormatPiece(const PieceName& piece);
 // NotFound-free: InvalidArgument for a name that is not a piece (older checkpoints).
 Result<PieceName> ParsePiece(const std::string& stored_name);
 
+// Which elements [0, n) of a tensor (or of one tensor-parallel slice) the pieces of a checkpoint
+// cover. A checkpoint is whole only when every element is written exactly once: counting
+// elements is not enough (two pieces of [0, n/2) add up to n and leave half the tensor unwritten).
+class ElementCoverage {
+ public:
+  explicit ElementCoverage(int64_t n = 0) : n_(n) {}
+  // Adds [begin, end): Corruption when it is empty, runs outside [0, n) or overlaps a range added
+  // before (a piece written twice, or pieces of two layouts mixed up).
+  Status Add(int64_t begin, int64_t end);
+  // The ranges tile [0, n).
+  bool complete() const { return covered_ == n_; }
+  // The first element no range covers, or n when complete.
+  int64_t first_missing() const;
+  int64_t covered() const { return covered_; }
+
+ private:
+  int64_t n_ = 0;
+  int64_t covered_ = 0;
+  std::map<int64_t, int64_t> ranges_;  // begin -> end, disjoint
+};
+
 // Assembles whole tensors of one kind from pieces: feed every piece, then Take each tensor.
 class TensorAssembler {
  public:
@@ -102,7 +123,7 @@ class TensorAssembler {
     size_t element = 0;
     // Per tensor-parallel layout seen (tp size): the slices being filled and elements covered.
     std::map<int64_t, std::vector<std::vector<uint8_t>>> slices;
-    std::map<int64_t, std::vector<int64_t>> covered;
+    std::map<int64_t, std::vector<ElementCoverage>> covered;
   };
   ModelSpec spec_;
   std::map<std::string, Partial> partial_;

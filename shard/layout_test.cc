@@ -89,5 +89,35 @@ TEST(LayoutTest, AssemblerNamesATensorWithAMissingPiece) {
   EXPECT_FALSE(assembler.Add({"param", "wte.weight", 0, 1, 8, 20, {4, 4}}, sizeof(float), reinterpret_cast<uint8_t*>(half.data())).ok());
 }
 
+// Counting elements is not coverage: two pieces of the same half add up to the whole tensor.
+TEST(LayoutTest, AssemblerRefusesAPieceWrittenTwiceAndNamesTheHole) {
+  ModelSpec spec;
+  TensorAssembler assembler(spec);
+  std::vector<float> half(8, 1.0f);
+  const auto* bytes = reinterpret_cast<uint8_t*>(half.data());
+  ASSERT_TRUE(assembler.Add({"param", "wte.weight", 0, 1, 0, 8, {4, 4}}, sizeof(float), bytes).ok());
+  Status twice = assembler.Add({"param", "wte.weight", 0, 1, 4, 12, {4, 4}}, sizeof(float), bytes);
+  ASSERT_EQ(twice.code(), StatusCode::kCorruption);
+  EXPECT_NE(twice.message().find("overlap [0, 8)"), std::string::npos) << twice.message();
+  auto taken = assembler.Take("wte.weight");
+  ASSERT_FALSE(taken.ok());
+  EXPECT_NE(taken.status().message().find("element 8"), std::string::npos) << taken.status().message();
+}
+
+TEST(LayoutTest, ElementCoverageIsCompleteOnlyWhenRangesTileTheTensor) {
+  ElementCoverage coverage(10);
+  EXPECT_TRUE(coverage.Add(6, 10).ok());
+  EXPECT_TRUE(coverage.Add(0, 3).ok());
+  EXPECT_FALSE(coverage.complete());
+  EXPECT_EQ(coverage.first_missing(), 3);
+  EXPECT_FALSE(coverage.Add(2, 4).ok());   // overlaps [0, 3)
+  EXPECT_FALSE(coverage.Add(5, 7).ok());   // overlaps [6, 10)
+  EXPECT_FALSE(coverage.Add(8, 11).ok());  // past the end
+  EXPECT_FALSE(coverage.Add(4, 4).ok());   // empty
+  EXPECT_TRUE(coverage.Add(3, 6).ok());
+  EXPECT_TRUE(coverage.complete());
+  EXPECT_EQ(coverage.first_missing(), 10);
+}
+
 }  // namespace
 }  // namespace strata::shard

@@ -37,6 +37,21 @@ std::string EncodeKeyU64(uint64_t v) {
   return out;
 }
 
+std::string PrintableKey(std::string_view key) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : key) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
 namespace keys {
 
 // Steps are validated non-negative by the store, so the u64 cast keeps their order.
@@ -46,6 +61,8 @@ std::string TensorPrefix(const std::string& run, int64_t step) {
 std::string TensorKey(const std::string& run, int64_t step, const std::string& name) {
   return TensorPrefix(run, step) + EncodeKeyString(name);
 }
+std::string AllManifestsPrefix() { return std::string(1, kManifestTag); }
+std::string AllTensorsPrefix() { return std::string(1, kTensorTag); }
 std::string ManifestPrefix(const std::string& run) { return kManifestTag + EncodeKeyString(run); }
 std::string ManifestKey(const std::string& run, int64_t step) {
   return ManifestPrefix(run) + EncodeKeyU64(static_cast<uint64_t>(step));

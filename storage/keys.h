@@ -17,6 +17,9 @@ std::string TensorPrefix(const std::string& run, int64_t step);
 std::string TensorKey(const std::string& run, int64_t step, const std::string& name);
 // Every manifest key of run.
 std::string ManifestPrefix(const std::string& run);
+// Every manifest key of every run, and every tensor key of every run.
+std::string AllManifestsPrefix();
+std::string AllTensorsPrefix();
 std::string ManifestKey(const std::string& run, int64_t step);
 
 // Activations column family:

@@ -21,6 +21,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <thread>
 
@@ -169,6 +171,18 @@ std::string HexOf(const std::string& run) {
   return hex;
 }
 
+bool UnhexOf(const std::string& hex, std::string* run) {
+  if (hex.empty() || hex.size() % 2 != 0) return false;
+  auto digit = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  run->clear();
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    run->push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return true;
+}
+
 Status ValidateCheckpointId(const std::string& run, int64_t step) {
   if (run.empty()) return InvalidArgument("checkpoint run name is empty; name the run");
   if (step < 0) return InvalidArgument("checkpoint step " + std::to_string(step) + " of run " + run + " is negative");
@@ -206,6 +220,7 @@ class RocksDbShardStore final : public ShardStore {
     if (read_only_) return InvalidArgument("staging " + Describe(run, step, name) + ": the store at " + path_ + " is open read-only");
     const std::string key = keys::TensorKey(run, step, name);
     const std::string action = "staging " + Describe(run, step, name);
+    STRATA_RETURN_IF_ERROR(EnsureSpace(tensor.bytes.size() + key.size(), action));
     const uint64_t checksum = Checksum(tensor.bytes);
     if (tensor.bytes.size() >= file_threshold_) {
       // Into this attempt's data file at an offset reserved for it; several tensors may be written
@@ -242,6 +257,7 @@ class RocksDbShardStore final : public ShardStore {
     if (committed) {
       return Status(StatusCode::kAlreadyExists, "the " + Describe(run, step) + " is already committed");
     }
+    STRATA_RETURN_IF_ERROR(EnsureSpace(1 << 20, "committing the " + Describe(run, step)));  // the manifest
 
     // This process's data file of the step is closed (no more writes) and synced below.
     std::shared_ptr<StagingFile> staged;
@@ -333,6 +349,123 @@ class RocksDbShardStore final : public ShardStore {
     if (manifest.status().code() == StatusCode::kNotFound) return std::optional<CheckpointInfo>();
     if (!manifest.ok()) return manifest.status();
     return std::optional<CheckpointInfo>(**manifest);
+  }
+
+  Result<std::vector<StoredCheckpoint>> ListAllCheckpoints() override {
+    std::vector<StoredCheckpoint> out;
+    const std::string prefix = keys::AllManifestsPrefix();
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), checkpoints_));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      std::string_view rest = View(it->key()).substr(prefix.size());
+      StoredCheckpoint id;
+      uint64_t step = 0;
+      if (!ConsumeKeyString(&rest, &id.run) || !ConsumeKeyU64(&rest, &step) || !rest.empty()) {
+        return Damaged("a checkpoint manifest key", "is malformed");
+      }
+      id.step = static_cast<int64_t>(step);
+      out.push_back(std::move(id));
+    }
+    STRATA_RETURN_IF_ERROR(FromRocks(it->status(), path_, "listing the store's checkpoints"));
+    return out;
+  }
+
+  Status DeleteCheckpoint(const std::string& run, int64_t step) override {
+    STRATA_RETURN_IF_ERROR(ValidateCheckpointId(run, step));
+    if (read_only_) return InvalidArgument("deleting the " + Describe(run, step) + ": the store at " + path_ + " is open read-only");
+    std::lock_guard<std::mutex> lock(commit_mu_);
+    STRATA_ASSIGN_OR_RETURN(bool committed, ManifestExists(run, step));
+    if (!committed) return NotFound("run " + run + " has no committed checkpoint at step " + std::to_string(step));
+    const std::string action = "deleting the " + Describe(run, step);
+    rocksdb::WriteOptions durable;
+    durable.sync = true;
+    // The manifest goes first: from then on the checkpoint is neither listed nor read.
+    STRATA_RETURN_IF_ERROR(FromRocks(db_->Delete(durable, checkpoints_, keys::ManifestKey(run, step)), path_, action));
+    {
+      std::lock_guard<std::mutex> cache(manifest_mu_);
+      if (last_manifest_ && last_manifest_->run == run && last_manifest_->step == step) last_manifest_.reset();
+    }
+    STRATA_RETURN_IF_ERROR(DeleteTensorRecords(run, step, action));
+    RemoveStepFiles(run, step, {});
+    return Status::Ok();
+  }
+
+  // Collects what dead checkpoint attempts left: data files no committed manifest references and
+  // staged records, where they can no longer commit (the run has a committed checkpoint at a later
+  // step, or the step is committed without them). A step newer than the run's last commit keeps
+  // its staged bytes: a new attempt of that step commits them (CommitCheckpoint). Activation
+  // chunk files that never got renamed into place (.tmp) go too. Runs at open, before any write.
+  void CollectOrphans() {
+    auto committed = ListAllCheckpoints();
+    if (!committed.ok()) {
+      STRATA_LOG(kWarn) << "not collecting orphan checkpoint files in " << path_ << ": " << committed.status().message();
+      return;
+    }
+    std::map<std::string, std::set<int64_t>> steps;  // run -> committed steps
+    for (const StoredCheckpoint& c : *committed) steps[c.run].insert(c.step);
+    auto dead = [&](const std::string& run, int64_t step) {
+      auto found = steps.find(run);
+      if (found == steps.end()) return false;
+      return !found->second.count(step) && *found->second.rbegin() > step;
+    };
+    uint64_t files = 0, bytes = 0, records = 0;
+    // Staged records of dead attempts.
+    {
+      rocksdb::WriteBatch batch;
+      const std::string prefix = keys::AllTensorsPrefix();
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), checkpoints_));
+      for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+        std::string_view rest = View(it->key()).substr(prefix.size());
+        std::string run;
+        uint64_t step = 0;
+        if (!ConsumeKeyString(&rest, &run) || !ConsumeKeyU64(&rest, &step)) continue;
+        if (!dead(run, static_cast<int64_t>(step))) continue;
+        batch.Delete(checkpoints_, it->key());
+        ++records;
+      }
+      if (records > 0) {
+        rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
+        if (!s.ok()) STRATA_LOG(kWarn) << "collecting staged records of dead checkpoint attempts in " << path_ << ": " << s.ToString();
+      }
+    }
+    // Data files.
+    std::error_code ec;
+    for (const auto& run_dir : std::filesystem::directory_iterator(path_ + "/checkpoints", ec)) {
+      std::string run;
+      if (!UnhexOf(run_dir.path().filename().string(), &run)) continue;
+      std::map<int64_t, std::set<std::string>> referenced;  // committed step -> its files
+      for (const auto& file : std::filesystem::directory_iterator(run_dir.path(), ec)) {
+        const std::string name = file.path().filename().string();
+        const int64_t step = StepOfDataFile(name);
+        if (step < 0) continue;
+        const auto found = steps.find(run);
+        const bool step_committed = found != steps.end() && found->second.count(step);
+        if (step_committed) {
+          if (!referenced.count(step)) referenced[step] = FilesReferenced(run, step);
+          if (referenced[step].count(name)) continue;
+        } else if (!dead(run, step)) {
+          continue;
+        }
+        const uint64_t size = file.file_size(ec);
+        if (std::filesystem::remove(file.path(), ec)) {
+          ++files;
+          bytes += ec ? 0 : size;
+        }
+      }
+    }
+    for (const auto& run_dir : std::filesystem::directory_iterator(path_ + "/activations", ec)) {
+      for (const auto& file : std::filesystem::directory_iterator(run_dir.path(), ec)) {
+        if (file.path().extension() != ".tmp") continue;
+        const uint64_t size = file.file_size(ec);
+        if (std::filesystem::remove(file.path(), ec)) {
+          ++files;
+          bytes += ec ? 0 : size;
+        }
+      }
+    }
+    if (files > 0 || records > 0) {
+      STRATA_LOG(kInfo) << "collected what dead checkpoint attempts left in " << path_ << ": " << files << " data files ("
+                        << bytes << " bytes), " << records << " staged records";
+    }
   }
 
   Result<Tensor> ReadCheckpointTensor(const std::string& run, int64_t step, const std::string& name) override {
@@ -429,6 +562,9 @@ class RocksDbShardStore final : public ShardStore {
       }
     }
     if (read_only_) return InvalidArgument(action + ": the store at " + path_ + " is open read-only");
+    uint64_t chunk_bytes = 0;
+    for (const ActivationRecordView& record : records) chunk_bytes += record.tensor.bytes.size();
+    STRATA_RETURN_IF_ERROR(EnsureSpace(chunk_bytes, action));
     const std::string dir = ChunkDir(run);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
@@ -513,10 +649,12 @@ class RocksDbShardStore final : public ShardStore {
   }
 
   Status PutMetadata(const std::string& key, std::span<const uint8_t> value, bool sync) override {
+    const std::string action = "writing metadata key '" + PrintableKey(key) + "'";
+    STRATA_RETURN_IF_ERROR(EnsureSpace(key.size() + value.size(), action));
     rocksdb::WriteOptions options;
     options.sync = sync;
     rocksdb::Slice slice(reinterpret_cast<const char*>(value.data()), value.size());
-    return FromRocks(db_->Put(options, metadata_, key, slice), path_, "writing metadata key '" + key + "'");
+    return FromRocks(db_->Put(options, metadata_, key, slice), path_, action);
   }
 
   Result<std::optional<std::vector<uint8_t>>> GetMetadata(const std::string& key) override {
@@ -541,13 +679,32 @@ class RocksDbShardStore final : public ShardStore {
   Status DeleteMetadata(const std::string& key) override {
     rocksdb::WriteOptions options;
     options.sync = true;
-    return FromRocks(db_->Delete(options, metadata_, key), path_, "deleting metadata key '" + key + "'");
+    return FromRocks(db_->Delete(options, metadata_, key), path_, "deleting metadata key '" + PrintableKey(key) + "'");
   }
 
  private:
   Status Damaged(const std::string& what, const std::string& reason) const {
     return Corruption(what + " " + reason + ": the store at " + path_ +
                       " is damaged; restore it from a replica or an older checkpoint");
+  }
+
+  // A write that would leave less free space than the reserve is refused before RocksDB meets
+  // ENOSPC: Debian's librocksdb keeps its assertions, and its log writer's error path aborts the
+  // process on the next write after a failed one (WritableFileWriter::AssertFalseAndGetStatusForPrevError,
+  // measured on a full tmpfs), and a flush or compaction needs room of its own. The reserve is 5%
+  // of the filesystem, at least 16 MiB and at most 256 MiB.
+  Status EnsureSpace(uint64_t bytes, const std::string& action) const {
+    struct statvfs fs {};
+    if (::statvfs(path_.c_str(), &fs) != 0) return Status::Ok();  // cannot tell: let the write say
+    const uint64_t total = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+    const uint64_t free = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+    const uint64_t reserve = std::clamp<uint64_t>(total / 20, uint64_t{16} << 20, uint64_t{256} << 20);
+    if (free >= bytes + reserve) return Status::Ok();
+    return Status(StatusCode::kResourceExhausted,
+                  action + " failed: the disk holding the store at " + path_ + " is full (" + std::to_string(free >> 20) +
+                      " MiB free; this write needs " + std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB and " +
+                      std::to_string(reserve >> 20) + " MiB stay free for the store's own upkeep); free space, lower "
+                      "train.keep_checkpoints, or choose another --store");
   }
 
   // ---- checkpoint data files
@@ -561,6 +718,49 @@ class RocksDbShardStore final : public ShardStore {
   };
 
   std::string CheckpointDir(const std::string& run) const { return path_ + "/checkpoints/" + HexOf(run); }
+
+  // "<step>-<pid>-<time>-<n>.bin" -> step; -1 for any other name.
+  static int64_t StepOfDataFile(const std::string& name) {
+    const size_t dash = name.find('-');
+    if (dash == 0 || dash == std::string::npos || name.size() < 4 || name.compare(name.size() - 4, 4, ".bin") != 0) return -1;
+    int64_t step = 0;
+    for (size_t i = 0; i < dash; ++i) {
+      if (name[i] < '0' || name[i] > '9' || step > (int64_t{1} << 55)) return -1;
+      step = step * 10 + (name[i] - '0');
+    }
+    return step;
+  }
+
+  // The data files the tensor records of (run, step) reference.
+  std::set<std::string> FilesReferenced(const std::string& run, int64_t step) {
+    std::set<std::string> files;
+    const std::string prefix = keys::TensorPrefix(run, step);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), checkpoints_));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      if (!records::IsFileRef(View(it->value()))) continue;
+      Result<records::FileRef> ref = records::DecodeFileRef(View(it->value()));
+      if (ref.ok()) files.insert(ref->file);
+    }
+    return files;
+  }
+
+  Status DeleteTensorRecords(const std::string& run, int64_t step, const std::string& action) {
+    rocksdb::WriteBatch batch;
+    const std::string prefix = keys::TensorPrefix(run, step);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), checkpoints_));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) batch.Delete(checkpoints_, it->key());
+    STRATA_RETURN_IF_ERROR(FromRocks(it->status(), path_, action));
+    return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), path_, action);
+  }
+
+  // Removes the data files of (run, step) except `keep`.
+  void RemoveStepFiles(const std::string& run, int64_t step, const std::set<std::string>& keep) {
+    std::error_code ec;
+    for (const auto& file : std::filesystem::directory_iterator(CheckpointDir(run), ec)) {
+      const std::string name = file.path().filename().string();
+      if (StepOfDataFile(name) == step && !keep.count(name)) std::filesystem::remove(file.path(), ec);
+    }
+  }
 
   Result<std::shared_ptr<StagingFile>> StagingFileFor(const std::string& run, int64_t step) {
     std::lock_guard<std::mutex> lock(staging_mu_);
@@ -695,6 +895,24 @@ class RocksDbShardStore final : public ShardStore {
 
 }  // namespace
 
+// Copies the store's log and descriptor files to STORE/damaged-<unix time>/ before a salvage
+// changes them: what the salvage drops stays on disk for a person to look at.
+Result<std::string> KeepDamagedFiles(const std::string& path) {
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string kept = path + "/damaged-" + std::to_string(now);
+  std::error_code ec;
+  std::filesystem::create_directories(kept, ec);
+  if (ec) return IoError("cannot create " + kept + " to keep the damaged files before salvaging (" + ec.message() + ")");
+  for (const auto& file : std::filesystem::directory_iterator(path, ec)) {
+    const std::string name = file.path().filename().string();
+    const bool log = file.path().extension() == ".log", table = file.path().extension() == ".sst";
+    if (!file.is_regular_file() || !(log || table || name.rfind("MANIFEST-", 0) == 0 || name == "CURRENT")) continue;
+    std::filesystem::copy_file(file.path(), kept + "/" + name, ec);
+    if (ec) return IoError("cannot copy " + file.path().string() + " to " + kept + " before salvaging (" + ec.message() + ")");
+  }
+  return kept;
+}
+
 Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, const StoreOptions& options) {
   std::error_code ec;
   if (!options.create_if_missing && !std::filesystem::exists(std::filesystem::path(path) / "CURRENT", ec)) {
@@ -707,6 +925,19 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
 
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = options.create_if_missing;
+  // Damage is an error, never a silent loss: paranoid checks, and a log replay that stops the open
+  // at any damage. RocksDB's default (point-in-time recovery) drops every record after the damage
+  // without a word, and "tolerate corrupted tail records" treats all of the log's last 32 KiB
+  // block as the tail: 8 flipped bytes there dropped two of four commits silently (measured,
+  // storage_test). A process killed mid-write cannot tear a record (each record of ours is written
+  // by one write(2)); a power loss can tear the unsynced end of the log, which then needs
+  // --salvage (it loses only what came after the last synced commit).
+  db_options.paranoid_checks = true;
+  db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kAbsoluteConsistency;
+  // A read-only open reads the log of a writer that may be mid-write: its last record can be
+  // incomplete there, which is not damage. (It changes nothing on disk, and what it cannot see it
+  // reports as missing, so a resume falls back instead of using less.)
+  if (options.read_only) db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
   db_options.create_missing_column_families = true;
   db_options.keep_log_file_num = 10;
   // Table files are opened on the calling thread: a reader of another worker's store (resume under
@@ -741,11 +972,31 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
     STRATA_RETURN_IF_ERROR(FromRocks(rocksdb::DB::OpenForReadOnly(db_options, path, families, &handles, &db), path,
                                      "opening the store read-only"));
   } else {
-    STRATA_RETURN_IF_ERROR(
-        FromRocks(rocksdb::DB::Open(db_options, path, families, &handles, &db), path, "opening the store"));
+    rocksdb::Status opened = rocksdb::DB::Open(db_options, path, families, &handles, &db);
+    if (opened.IsCorruption() && options.salvage) {
+      STRATA_ASSIGN_OR_RETURN(std::string kept, KeepDamagedFiles(path));
+      STRATA_LOG(kWarn) << "the store at " << path << " is damaged (" << opened.ToString() << "); salvaging what is intact (the damaged "
+                        << "files are kept in " << kept << ")";
+      // First the log up to the damage; if table files are damaged too, RocksDB's repair.
+      db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
+      opened = rocksdb::DB::Open(db_options, path, families, &handles, &db);
+      if (opened.IsCorruption()) {
+        STRATA_RETURN_IF_ERROR(FromRocks(rocksdb::RepairDB(path, db_options, families), path, "repairing the store"));
+        opened = rocksdb::DB::Open(db_options, path, families, &handles, &db);
+      }
+    }
+    if (opened.IsCorruption()) {
+      return Corruption("the store at " + path + " is damaged (" + opened.ToString() +
+                        "); it was not opened, so nothing in it is lost yet. Restore it from a replica, or start with "
+                        "--salvage to keep what is intact (the damaged files are kept beside it, and the coordinator marks "
+                        "the checkpoints it no longer holds unreadable)");
+    }
+    STRATA_RETURN_IF_ERROR(FromRocks(opened, path, "opening the store"));
     STRATA_LOG(kInfo) << "opened store at " << path;
   }
-  return std::unique_ptr<ShardStore>(new RocksDbShardStore(path, db, std::move(handles), options.read_only, options.file_threshold));
+  auto store = std::make_unique<RocksDbShardStore>(path, db, std::move(handles), options.read_only, options.file_threshold);
+  if (!options.read_only) store->CollectOrphans();
+  return std::unique_ptr<ShardStore>(std::move(store));
 }
 
 }  // namespace strata::storage

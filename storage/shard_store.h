@@ -91,6 +91,21 @@ struct StoreOptions {
   // Checkpoint tensors at least this big go to data files beside the RocksDB (written once,
   // read straight into the reader's buffer); smaller ones are inline records.
   uint64_t file_threshold = 64 * 1024;
+  // A store whose write-ahead log or table files are damaged does not open (Corruption naming the
+  // store and what to do): RocksDB's default would replay the log up to the damage and silently
+  // drop every commit after it. With salvage, the damaged files are first copied to
+  // STORE/damaged-<unix time>/, then the store opens with what is intact (the log replayed up to
+  // the damage; RocksDB's repair when table files are damaged). Whoever salvages must treat what
+  // the store no longer lists as lost (the coordinator reconciles at registration).
+  bool salvage = false;
+};
+
+// A committed checkpoint of some run held in a store (its manifest exists).
+struct StoredCheckpoint {
+  std::string run;  // the key it is stored under (the run id, or a recut key: see Trainer)
+  int64_t step = 0;
+  bool operator==(const StoredCheckpoint&) const = default;
+  auto operator<=>(const StoredCheckpoint&) const = default;
 };
 
 class ShardStore {
@@ -108,6 +123,13 @@ class ShardStore {
   virtual Status CommitCheckpoint(const std::string& run, int64_t step) = 0;
   // Committed checkpoints of `run`, ascending by step.
   virtual Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& run) = 0;
+  // Every committed checkpoint of every run in this store, ordered by (run, step).
+  virtual Result<std::vector<StoredCheckpoint>> ListAllCheckpoints() = 0;
+  // Deletes committed checkpoint (run, step): its manifest first (synced: from then on it is not
+  // listed and cannot be read), then its tensor records and the data files only it referenced.
+  // NotFound when it is not committed. A crash midway leaves unreferenced bytes that the next
+  // open collects, never a listed checkpoint with missing bytes.
+  virtual Status DeleteCheckpoint(const std::string& run, int64_t step) = 0;
   // Committed checkpoint (run, step), or nullopt when there is none: one lookup, not a listing.
   virtual Result<std::optional<CheckpointInfo>> GetCheckpoint(const std::string& run, int64_t step) = 0;
   // A tensor of a committed checkpoint. NotFound if the checkpoint is not committed or lacks
@@ -146,5 +168,9 @@ std::string EncodeKeyU64(uint64_t v);               // 8 bytes big-endian
 // Parse one such piece off the front of `in`; false if malformed.
 bool ConsumeKeyString(std::string_view* in, std::string* out);
 bool ConsumeKeyU64(std::string_view* in, uint64_t* out);
+// A key (or any stored bytes) as text for a message: printable ASCII as is, every other byte as
+// \xNN. Keys hold binary length prefixes and user text: a NUL must not cut a message short, nor an
+// escape sequence reach a terminal.
+std::string PrintableKey(std::string_view key);
 
 }  // namespace strata::storage

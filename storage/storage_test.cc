@@ -721,6 +721,109 @@ TEST_F(ShardStoreTest, WriterKilledMidCheckpointLeavesLastCommitIntact) {
   ExpectReadsBack(*store, kCrashRun, 2, MakeTensor("extra", DType::kF32, {64, 1024}, 7));
 }
 
+// Issue #20: 8 flipped bytes in the write-ahead log used to open without a word, minus every
+// commit after them (RocksDB's point-in-time recovery). Now the open refuses, naming the store and
+// --salvage, and changes nothing; a salvage keeps the damaged files and what is intact.
+TEST_F(ShardStoreTest, DamagedWriteAheadLogRefusesToOpenAndSalvageKeepsWhatIsIntact) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    for (int64_t step : {1, 2, 3, 4}) {
+      PutAll(*store, "run", step, {MakeTensor("w", DType::kF32, {64}, step), MakeTensor("b", DType::kF32, {16}, 10 + step)});
+      ASSERT_TRUE(store->CommitCheckpoint("run", step).ok());
+    }
+  }  // closed without a flush: the commits are in the log only
+  std::string log;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(path_)) {
+    if (entry.path().extension() == ".log" && entry.file_size() > (log.empty() ? 0 : std::filesystem::file_size(log))) {
+      log = entry.path().string();
+    }
+  }
+  ASSERT_FALSE(log.empty());
+  const auto size = std::filesystem::file_size(log);
+  ASSERT_GT(size, 1000u);
+  {
+    std::fstream file(log, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(size / 2));
+    const char flipped[8] = {'\x5a', '\x5a', '\x5a', '\x5a', '\x5a', '\x5a', '\x5a', '\x5a'};
+    file.write(flipped, 8);
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {  // refusing changed nothing: it refuses again
+    auto damaged = ShardStore::Open(path_);
+    ASSERT_FALSE(damaged.ok()) << "a store with a damaged log opened";
+    ExpectCode(damaged.status(), StatusCode::kCorruption, path_);
+    EXPECT_NE(damaged.status().message().find("--salvage"), std::string::npos) << damaged.status().message();
+  }
+  StoreOptions salvage;
+  salvage.salvage = true;
+  auto store = OpenStore(salvage);
+  ASSERT_NE(store, nullptr);
+  auto list = store->ListCheckpoints("run");
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  EXPECT_LT(list->size(), 4u) << "the damage dropped nothing: the test did not damage the log";
+  for (const CheckpointInfo& info : *list) {
+    ExpectReadsBack(*store, "run", info.step, MakeTensor("w", DType::kF32, {64}, info.step));
+  }
+  int kept_logs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(path_)) {
+    if (entry.path().filename().string().rfind("damaged-", 0) != 0) continue;
+    for (const auto& kept : std::filesystem::directory_iterator(entry.path())) kept_logs += kept.path().extension() == ".log";
+  }
+  EXPECT_GE(kept_logs, 1) << "the damaged log was not kept beside the store";
+}
+
+TEST_F(ShardStoreTest, DeletedCheckpointIsGoneWithItsDataFilesAndOthersStay) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  for (int64_t step : {1, 2}) {
+    PutAll(*store, "run", step, {MakeTensor("embed", DType::kF32, {256, 128}, step), MakeTensor("norm", DType::kF32, {8}, step)});
+    ASSERT_TRUE(store->CommitCheckpoint("run", step).ok());
+  }
+  ASSERT_EQ(DataFiles().size(), 2u);
+  ASSERT_TRUE(store->DeleteCheckpoint("run", 1).ok());
+  auto list = store->ListCheckpoints("run");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(Steps(*list), (std::vector<int64_t>{2}));
+  ExpectCode(store->ReadCheckpointTensor("run", 1, "embed").status(), StatusCode::kNotFound);
+  ASSERT_EQ(DataFiles().size(), 1u);
+  EXPECT_EQ(std::filesystem::path(DataFiles()[0]).filename().string().rfind("2-", 0), 0u) << DataFiles()[0];
+  ExpectReadsBack(*store, "run", 2, MakeTensor("embed", DType::kF32, {256, 128}, 2));
+  ExpectCode(store->DeleteCheckpoint("run", 1), StatusCode::kNotFound);
+  auto all = store->ListAllCheckpoints();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, (std::vector<StoredCheckpoint>{{"run", 2}}));
+}
+
+// Attempts that died before committing left data files and staged records forever. A step older
+// than the run's last commit can never commit: the next open collects it. A newer one may still
+// (a new attempt commits what the dead one staged): it stays.
+TEST_F(ShardStoreTest, OpenCollectsWhatDeadAttemptsLeftButKeepsAStepThatMayStillCommit) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    PutAll(*store, "run", 3, {MakeTensor("embed", DType::kF32, {256, 128}, 3), MakeTensor("norm", DType::kF32, {8}, 3)});
+    PutAll(*store, "run", 5, {MakeTensor("embed", DType::kF32, {256, 128}, 5)});
+    ASSERT_TRUE(store->CommitCheckpoint("run", 5).ok());
+    PutAll(*store, "run", 7, {MakeTensor("embed", DType::kF32, {256, 128}, 7)});
+  }
+  ASSERT_EQ(DataFiles().size(), 3u);
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    std::vector<std::string> steps;
+    for (const auto& file : DataFiles()) steps.push_back(std::filesystem::path(file).filename().string().substr(0, 2));
+    EXPECT_EQ(steps, (std::vector<std::string>{"5-", "7-"}));
+    ExpectReadsBack(*store, "run", 5, MakeTensor("embed", DType::kF32, {256, 128}, 5));
+    PutAll(*store, "run", 7, {MakeTensor("norm", DType::kF32, {8}, 7)});
+    ASSERT_TRUE(store->CommitCheckpoint("run", 7).ok());
+    ExpectReadsBack(*store, "run", 7, MakeTensor("embed", DType::kF32, {256, 128}, 7));
+  }
+  RawDb raw(path_);
+  ASSERT_TRUE(raw.status().ok()) << raw.status().ToString();
+  EXPECT_EQ(raw.CountWithPrefix("t" + EncodeKeyString("run") + EncodeKeyU64(3)), 0);
+}
+
 TEST_F(ShardStoreTest, ActivationChunksRoundTripAndAreInvisibleUntilTheirCursor) {
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);

@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
                  "restart this worker process (same pid) when a cancelled task has not stopped after this");
   app.add_option("--keys", options.keys_dir,
                  "CURVE key directory from `strata keygen` (required for tcp:// coordinator or data address)");
+  app.add_flag("--salvage", options.salvage_store,
+               "open a damaged store anyway, keeping what is intact (the damaged files are kept in STORE/damaged-TIME/; "
+               "the coordinator marks the checkpoints it no longer holds unreadable)");
   app.set_version_flag("--version", [] { return strata::worker::TorchBuildInfo(); });
   CLI11_PARSE(app, argc, argv);
   options.restart_argv.assign(argv, argv + argc);

@@ -89,7 +89,9 @@ class CheckpointWriter {
       const auto start = std::chrono::steady_clock::now();
       const int64_t step = copy.step, bytes = copy.bytes();
       auto saved = Trainer::WriteCheckpointShard(*context_.store, std::move(copy));
-      if (!saved.ok()) return saved.status();
+      // An I/O failure of the store (a full disk says so, with the free bytes), never mistaken for
+      // running out of device memory, which the task reports as ResourceExhausted.
+      if (!saved.ok()) return IoError("the checkpoint of step " + std::to_string(step) + " was not written: " + saved.status().message());
       STRATA_LOG(kInfo) << "checkpoint of step " << step << ": " << bytes / (1 << 20) << " MiB copied to the host in "
                         << static_cast<int64_t>(copy_seconds * 1000) << " ms (training paused), written in "
                         << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()

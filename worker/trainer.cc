@@ -428,7 +428,9 @@ Status Trainer::Resume(const ResumePoint& resume) {
     // another tp is assembled whole, then this rank's slice is cut from it.
     std::map<std::string, shard::TensorAssembler> assemblers;
     std::set<std::pair<std::string, size_t>> assembled;
-    std::map<std::pair<std::string, size_t>, int64_t> covered;  // elements of slice i found, per kind
+    // Per kind and tensor: which elements of this rank's slice the pieces read directly cover
+    // (each exactly once; shard::ElementCoverage).
+    std::map<std::pair<std::string, size_t>, shard::ElementCoverage> covered;
     struct Read {
       const Source* source;
       std::span<uint8_t> into;
@@ -441,8 +443,13 @@ Status Trainer::Resume(const ResumePoint& resume) {
       const shard::PieceName& piece = source.piece;
       const size_t i = index_of.at(piece.name);
       Target& t = targets.at(piece.kind);
-      if (!unit.replicated[i] && piece.tp == mesh_.tp && piece.tp_rank != position_.tp_rank) continue;
-      if (!unit.replicated[i] && piece.tp != mesh_.tp) {
+      // This rank's slice of tensor i is cut under tp = layout_tp (1: the whole tensor). A piece
+      // written under the same cut is a range of some tp rank's slice; one written under another
+      // (tp 2 -> 1, 1 -> 2, 2 -> 4) is assembled whole first.
+      const int64_t layout_tp = unit.replicated[i] ? 1 : mesh_.tp;
+      const bool same_cut = piece.tp == layout_tp;
+      if (same_cut && layout_tp > 1 && piece.tp_rank != position_.tp_rank) continue;
+      if (!same_cut) {
         if (!assemblers.count(piece.kind)) assemblers.emplace(piece.kind, shard::TensorAssembler(context_.spec.model));
         STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, assemblers.at(piece.kind).Slot(piece, sizeof(float)));
         assembled.insert({piece.kind, i});
@@ -453,7 +460,10 @@ Status Trainer::Resume(const ResumePoint& resume) {
         return Corruption(where + ": piece '" + *source.name + "' runs past the " + std::to_string(slice_numel(i)) +
                           " elements of its slice");
       }
-      covered[{piece.kind, i}] += piece.end - piece.begin;
+      auto [slot, fresh] = covered.try_emplace({piece.kind, i}, slice_numel(i));
+      if (Status added = slot->second.Add(piece.begin, piece.end); !added.ok()) {
+        return Corruption(where + ": piece '" + *source.name + "': " + added.message());
+      }
       const int64_t a = unit.offsets[i] + piece.begin, b = unit.offsets[i] + piece.end;
       const int64_t lo = std::max(a, t.lo), hi = std::min(b, t.hi);
       if (lo >= hi) continue;  // another data-parallel rank's part
@@ -472,10 +482,12 @@ Status Trainer::Resume(const ResumePoint& resume) {
       for (size_t i = 0; i < unit.names.size(); ++i) {
         if (assembled.count({kind, i})) continue;
         const auto found = covered.find({kind, i});
-        const int64_t have = found == covered.end() ? 0 : found->second;
-        if (have != slice_numel(i)) {
+        if (found == covered.end() || !found->second.complete()) {
+          const int64_t have = found == covered.end() ? 0 : found->second.covered();
+          const int64_t missing = found == covered.end() ? 0 : found->second.first_missing();
           return Corruption(where + ": " + kind + " of " + unit.names[i] + " has " + std::to_string(have) + " of its " +
-                            std::to_string(slice_numel(i)) + " elements in the checkpoint's pieces");
+                            std::to_string(slice_numel(i)) + " elements in the checkpoint's pieces (element " +
+                            std::to_string(missing) + " is in none)");
         }
       }
     }

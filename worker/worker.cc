@@ -404,6 +404,17 @@ class WorkerImpl final : public Worker {
       r.setCurrentRun(task_->run_id_);
       r.setCurrentStep(task_->current_step_.load());
     }
+    auto stored = store_->ListAllCheckpoints();
+    if (stored.ok()) {
+      auto list = r.initStoredCheckpoints(static_cast<unsigned>(stored->size()));
+      for (size_t i = 0; i < stored->size(); ++i) {
+        list[static_cast<unsigned>(i)].setKeyRun((*stored)[i].run);
+        list[static_cast<unsigned>(i)].setStep((*stored)[i].step);
+      }
+      r.setStoredCheckpointsKnown(true);
+    } else {
+      STRATA_LOG(kWarn) << "cannot list the checkpoints of the store at " << options_.store_path << ": " << stored.status().message();
+    }
     Send(msg.Serialize());
   }
 
@@ -711,7 +722,9 @@ class WorkerImpl final : public Worker {
 Result<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options, std::unique_ptr<TaskExecutor> executor) {
   if (options.name.empty()) return InvalidArgument("worker: --name is required");
   if (options.data_address.empty()) return InvalidArgument("worker: --data-address is required");
-  STRATA_ASSIGN_OR_RETURN(auto store, storage::ShardStore::Open(options.store_path));
+  storage::StoreOptions store_options;
+  store_options.salvage = options.salvage_store;
+  STRATA_ASSIGN_OR_RETURN(auto store, storage::ShardStore::Open(options.store_path, store_options));
   auto worker = std::make_unique<WorkerImpl>(options, std::move(executor), std::move(store));
   STRATA_RETURN_IF_ERROR(worker->Init());
   return std::unique_ptr<Worker>(std::move(worker));

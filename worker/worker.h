@@ -39,6 +39,10 @@ struct WorkerOptions {
   // CURVE key directory (`strata keygen`; worker.key/.pub if present, else client.key/.pub, plus
   // coordinator.pub and authorized_keys). Required when the coordinator or data address is tcp://.
   std::string keys_dir;
+  // Open a damaged store anyway, keeping what is intact (storage::StoreOptions::salvage); the
+  // coordinator then marks the checkpoints it no longer holds unreadable. Off: a damaged store
+  // stops the worker with a message naming it.
+  bool salvage_store = false;
   // Optional hooks for a service manager (main.cc wires them to systemd's sd_notify); all run on
   // the control thread, so a stuck control loop stops calling them.
   std::function<void(const std::string& status)> on_ready;   // once: first registered with the coordinator
