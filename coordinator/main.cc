@@ -40,6 +40,9 @@ int main(int argc, char** argv) {
                                          "PORT alone binds 127.0.0.1)");
   app.add_option("--http-token-file", http_token_file, "file whose first line is the token that POST requests "
                                                        "(cancel) must send as Authorization: Bearer");
+  bool http_public_read = false;
+  app.add_flag("--http-public-read", http_public_read,
+               "with --http on a non-loopback address: serve reads (/api/state, /metrics) without the token");
   CLI11_PARSE(app, argc, argv);
 
   strata::log::Init("coordinator");
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
       strata::coordinator::HttpServerOptions http_options;
       http_options.host = address.first;
       http_options.port = address.second;
+      http_options.public_read = http_public_read;
       http_options.coordinator_endpoint = strata::coordinator::LocalEndpointFor(options.listen);
       if (!http_token_file.empty()) {
         STRATA_ASSIGN_OR_RETURN(http_options.token, strata::coordinator::ReadTokenFile(http_token_file));
