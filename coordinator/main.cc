@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
+#include "common/private_files.h"
 #include "common/service_notify.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http_server.h"
@@ -43,9 +44,18 @@ int main(int argc, char** argv) {
   bool http_public_read = false;
   app.add_flag("--http-public-read", http_public_read,
                "with --http on a non-loopback address: serve reads (/api/state, /metrics) without the token");
+  std::string umask = strata::kDefaultDaemonUmask;
+  app.add_option("--umask", umask,
+                 "umask for everything this daemon creates (store, checkpoints, logs, sockets); the default 0077 "
+                 "keeps them to this user (the systemd units pass their group-readable UMask)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   strata::log::Init("coordinator");
+  if (auto st = strata::ApplyUmask(umask); !st.ok()) {
+    STRATA_LOG(kError) << st.message();
+    return 2;
+  }
   // systemd (Type=notify): READY once serving, a status line, watchdog pings from the event loop.
   // Without NOTIFY_SOCKET these do nothing.
   strata::ServiceNotifier notifier;
