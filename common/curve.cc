@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -206,12 +207,20 @@ void ConfigureClient(zmq::socket_t& socket, const KeyPair& own, const std::strin
 
 // ---------------------------------------------------------------- ZAP
 
-ZapHandler::ZapHandler(zmq::context_t& context, std::set<std::string> authorized, std::string what)
-    : socket_(context, zmq::socket_type::rep), authorized_(std::move(authorized)), what_(std::move(what)) {}
+ZapHandler::ZapHandler(zmq::context_t& context, std::set<std::string> authorized, std::string what,
+                       int64_t log_interval_ms)
+    : socket_(context, zmq::socket_type::rep),
+      authorized_(std::move(authorized)),
+      what_(std::move(what)),
+      log_interval_ms_(log_interval_ms) {}
+
+ZapHandler::~ZapHandler() {
+  if (unlogged_ > 0) LogUnlogged();
+}
 
 Result<std::unique_ptr<ZapHandler>> ZapHandler::Bind(zmq::context_t& context, std::set<std::string> authorized,
-                                                     std::string what) {
-  std::unique_ptr<ZapHandler> zap(new ZapHandler(context, std::move(authorized), std::move(what)));
+                                                     std::string what, int64_t log_interval_ms) {
+  std::unique_ptr<ZapHandler> zap(new ZapHandler(context, std::move(authorized), std::move(what), log_interval_ms));
   zap->socket_.set(zmq::sockopt::linger, 0);
   try {
     zap->socket_.bind(kZapEndpoint);
@@ -245,8 +254,21 @@ void ZapHandler::ServePending() {
     }
     if (status != "200") {
       ++refused_;
-      STRATA_LOG(kWarn) << what_ << ": refused a " << mechanism << " connection from " << address << ": public key "
-                        << key << " is not in authorized_keys";
+      const int64_t now = net::SteadyMs();
+      if (last_log_ms_ == 0 || now - last_log_ms_ >= log_interval_ms_) {
+        std::string more;
+        if (unlogged_ > 0) {
+          more = " (" + std::to_string(unlogged_) + " more refused since the previous such line, " +
+                 std::to_string(std::max<int64_t>(1, (now - last_log_ms_ + 999) / 1000)) + " s ago)";
+        }
+        STRATA_LOG(kWarn) << what_ << ": refused a " << mechanism << " connection from " << address << ": public key "
+                          << key << " is not in authorized_keys" << more;
+        last_log_ms_ = now;
+        unlogged_ = 0;
+      } else {
+        ++unlogged_;
+        last_unlogged_ = "from " + address + " (" + mechanism + ", key " + key + ")";
+      }
     }
     try {
       socket_.send(net::Buffer(version), zmq::send_flags::sndmore);
@@ -261,6 +283,20 @@ void ZapHandler::ServePending() {
   }
 }
 
+void ZapHandler::FlushRefusedLog() {
+  if (unlogged_ > 0 && net::SteadyMs() - last_log_ms_ >= log_interval_ms_) LogUnlogged();
+}
+
+void ZapHandler::LogUnlogged() {
+  const int64_t now = net::SteadyMs();
+  STRATA_LOG(kWarn) << what_ << ": " << unlogged_ << " more connection(s) refused in the last "
+                    << std::max<int64_t>(1, (now - last_log_ms_ + 999) / 1000)
+                    << " s: public keys not in authorized_keys (the latest "
+                    << last_unlogged_ << ")";
+  last_log_ms_ = now;
+  unlogged_ = 0;
+}
+
 bool PollWithZap(zmq::socket_t& socket, ZapHandler* zap, int timeout_ms) {
   const int64_t deadline = net::SteadyMs() + timeout_ms;
   while (true) {
@@ -273,6 +309,7 @@ bool PollWithZap(zmq::socket_t& socket, ZapHandler* zap, int timeout_ms) {
       throw zmq::error_t();
     }
     if (items[1].revents & ZMQ_POLLIN) zap->ServePending();
+    if (zap) zap->FlushRefusedLog();
     if (items[0].revents & ZMQ_POLLIN) return true;
     if (net::SteadyMs() >= deadline) return false;
   }

@@ -76,25 +76,38 @@ void ConfigureClient(zmq::socket_t& socket, const KeyPair& own, const std::strin
 
 // A ZAP handler (ZeroMQ RFC 27) for one context: libzmq asks it, over inproc://zeromq.zap.01,
 // whether each CURVE client that completed the handshake may connect; it answers yes only for
-// authorized keys and logs every refusal with the offending key. It has no thread of its own:
+// authorized keys and logs refusals with the offending key: the first at once, then at most one
+// line per log_interval_ms that says how many more were refused since the previous line (anyone
+// who can reach the port can make refusals; unthrottled, they could fill the disk with log).
+// It has no thread of its own:
 // the thread that owns the context's server sockets serves it, polling it alongside them (see
 // PollWithZap), so handshakes progress exactly while that thread waits for messages.
 // Not thread-safe. Must be bound before the server socket binds, and outlive it.
 class ZapHandler {
  public:
+  static constexpr int64_t kRefusedLogIntervalMs = 10000;
   static Result<std::unique_ptr<ZapHandler>> Bind(zmq::context_t& context, std::set<std::string> authorized,
-                                                  std::string what);
+                                                  std::string what, int64_t log_interval_ms = kRefusedLogIntervalMs);
+  ~ZapHandler();  // logs refusals not logged yet
   // Answers every pending request without blocking.
   void ServePending();
+  // Logs the refusals counted since the last line once log_interval_ms has passed (PollWithZap
+  // calls it, so a burst is reported even if no refusal follows it).
+  void FlushRefusedLog();
   zmq::socket_t& socket() { return socket_; }
   int refused() const { return refused_; }
 
  private:
-  ZapHandler(zmq::context_t& context, std::set<std::string> authorized, std::string what);
+  ZapHandler(zmq::context_t& context, std::set<std::string> authorized, std::string what, int64_t log_interval_ms);
+  void LogUnlogged();
   zmq::socket_t socket_;
   std::set<std::string> authorized_;
   std::string what_;  // "coordinator", "worker-0 data plane": names the server in logs
   int refused_ = 0;
+  const int64_t log_interval_ms_;
+  int64_t last_log_ms_ = 0;    // steady clock: when the last refusal line was written (0: never)
+  int unlogged_ = 0;           // refusals since that line
+  std::string last_unlogged_;  // "from ADDRESS (key KEY)" of the latest of them
 };
 
 // Waits up to timeout_ms for `socket` to become readable, answering ZAP requests meanwhile

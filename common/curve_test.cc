@@ -167,6 +167,61 @@ TEST(ZapHandlerTest, OnlyAuthorizedKeysGetThrough) {
   }));
 }
 
+// Anyone who can reach the port can make refusals; they are logged at most once per interval, with
+// how many more there were. ZAP requests go straight to the handler over its inproc endpoint.
+TEST(ZapHandlerTest, RefusalsAreLoggedAtMostOncePerInterval) {
+  zmq::context_t context;
+  auto zap = ZapHandler::Bind(context, {}, "test server", /*log_interval_ms=*/400);
+  ASSERT_TRUE(zap.ok()) << zap.status().ToString();
+  zmq::socket_t req(context, zmq::socket_type::req);
+  req.set(zmq::sockopt::linger, 0);
+  req.connect("inproc://zeromq.zap.01");
+  auto refuse = [&](int i) {
+    const std::string key(32, static_cast<char>('a' + i % 26));
+    const std::string address = "10.0.0." + std::to_string(i);
+    req.send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
+    req.send(zmq::buffer(std::to_string(i)), zmq::send_flags::sndmore);
+    req.send(zmq::str_buffer("strata"), zmq::send_flags::sndmore);
+    req.send(zmq::buffer(address), zmq::send_flags::sndmore);
+    req.send(zmq::str_buffer(""), zmq::send_flags::sndmore);
+    req.send(zmq::str_buffer("CURVE"), zmq::send_flags::sndmore);
+    req.send(zmq::buffer(key), zmq::send_flags::none);
+    (*zap)->ServePending();
+    std::vector<zmq::message_t> reply;
+    ASSERT_TRUE(net::RecvMultipart(req, &reply, 1000));
+    ASSERT_GE(reply.size(), 3u);
+    EXPECT_EQ(reply[2].to_string(), "400");
+  };
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+
+  testing::internal::CaptureStderr();
+  for (int i = 0; i < 50; ++i) refuse(i);
+  (*zap)->FlushRefusedLog();  // the interval has not passed: nothing yet
+  std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count(log, "refused a CURVE connection from 10.0.0.0: public key"), 1u) << log;
+  EXPECT_EQ(count(log, "refused"), 1u) << "50 refusals within the interval must make one line:\n" << log;
+  EXPECT_EQ(50, (*zap)->refused());
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(450));
+  testing::internal::CaptureStderr();
+  (*zap)->FlushRefusedLog();
+  log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count(log, "49 more connection(s) refused"), 1u) << log;
+  EXPECT_NE(log.find("10.0.0.49"), std::string::npos) << "names the latest: " << log;
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(450));
+  testing::internal::CaptureStderr();
+  refuse(60);
+  refuse(61);
+  log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count(log, "refused"), 1u) << log;
+  EXPECT_EQ(count(log, "10.0.0.60"), 1u) << log;
+}
+
 TEST(CurveTest, OnlyNetworkEndpointsRequireCurve) {
   EXPECT_TRUE(RequiresCurve("tcp://127.0.0.1:5555"));
   EXPECT_TRUE(RequiresCurve("tcp://0.0.0.0:5555"));

@@ -1730,7 +1730,11 @@ class CoordinatorImpl final : public Coordinator {
     std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->created_ms < b->created_ms; });
     schema::EnvelopeBuilder reply(rid);
     auto runs = reply.root().initStatusReply().initRuns(list.size());
-    for (size_t i = 0; i < list.size(); ++i) FillRunRecord(*list[i], runs[i]);
+    const bool last_only = req.getLastLossOnly();
+    for (size_t i = 0; i < list.size(); ++i) {
+      FillRunRecord(*list[i], runs[i], /*with_losses=*/!last_only);
+      if (last_only && !list[i]->losses.empty()) runs[i].initLosses(1).set(0, list[i]->losses.back());
+    }
     Send(identity, reply.Serialize());
   }
 

@@ -180,10 +180,18 @@ async function cancelRun(id) {
   refresh();
 }
 
+let asked = false;
 async function refresh() {
   try {
-    const res = await fetch("/api/state", {cache: "no-store"});
-    if (!res.ok) throw new Error("HTTP " + res.status);
+    // A dashboard bound beyond loopback wants the token for reads too (401): ask once per tab.
+    const token = sessionStorage.getItem("strata-token");
+    const res = await fetch("/api/state", {cache: "no-store", headers: token ? {Authorization: "Bearer " + token} : {}});
+    if (res.status === 401 && !asked) {
+      asked = true;
+      const t = prompt("This dashboard needs its token to show anything (the contents of STATE_DIR/http.token):");
+      if (t) { sessionStorage.setItem("strata-token", t); asked = false; return refresh(); }
+    }
+    if (!res.ok) throw new Error("HTTP " + res.status + ": " + (await res.text()).trim());
     const s = await res.json();
     $("endpoint").textContent = "coordinator " + s.endpoint;
     $("conn").textContent = "updated " + new Date(s.unix_ms).toLocaleTimeString(); $("conn").className = "dim";

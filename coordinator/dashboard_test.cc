@@ -6,6 +6,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -239,6 +244,155 @@ TEST(HttpServer, ServesTheCoordinatorsStateAndCancelsOnlyWithTheToken) {
     http.reset();
   }
   std::filesystem::remove_all(dir);
+}
+
+// Raw loopback TCP connections for the slow-client tests.
+int ConnectLoopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+HttpServerOptions LocalOptions(const std::string& token = "") {
+  HttpServerOptions o;
+  o.host = "127.0.0.1";
+  o.token = token;
+  o.coordinator_endpoint = "ipc:///tmp/none";
+  return o;
+}
+
+// Slowloris: 80 clients send a request's headers one byte at a time and never finish. Before the
+// lobby, each held one of httplib's 8 pool threads (a read timeout per byte), and a normal GET
+// waited ~107 s behind 64 of them; now it must answer at once while they keep trickling.
+TEST(HttpServer, SlowClientsDoNotStarveOthers) {
+  auto server = HttpServer::Start(LocalOptions());
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  (*server)->Publish(std::make_shared<const DashboardSnapshot>(HandMade()));
+  const int port = (*server)->port();
+
+  const std::string partial = "GET /api/state HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  std::vector<int> slow;
+  for (int i = 0; i < 80; ++i) {
+    const int fd = ConnectLoopback(port);
+    ASSERT_GE(fd, 0);
+    slow.push_back(fd);
+  }
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    for (size_t at = 0; !stop.load() && at < partial.size(); ++at) {
+      for (int fd : slow) (void)!::send(fd, &partial[at], 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // they all hold what they can
+
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    httplib::Client web("127.0.0.1", port);
+    web.set_connection_timeout(5);
+    web.set_read_timeout(5);
+    const auto start = std::chrono::steady_clock::now();
+    auto res = web.Get("/api/state");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_TRUE(res) << "GET /api/state behind 80 slow clients: " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 200) << res->body;
+    EXPECT_LT(seconds, 2.0) << "a normal GET waited behind slow clients";
+  }
+  stop.store(true);
+  trickle.join();
+  for (int fd : slow) ::close(fd);
+}
+
+// A request that does not arrive whole within the deadline is answered 408 and closed.
+TEST(HttpServer, ARequestThatNeverCompletesIsClosedAtTheDeadline) {
+  HttpServerOptions o = LocalOptions();
+  o.request_deadline_ms = 300;
+  auto server = HttpServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int fd = ConnectLoopback((*server)->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::send(fd, "GET / HTTP/1.1\r\n", 16, MSG_NOSIGNAL), 16);
+  timeval tv{3, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const auto start = std::chrono::steady_clock::now();
+  char buf[512] = {0};
+  const ssize_t n = ::recv(fd, buf, sizeof(buf) - 1, 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_GT(n, 0) << "no answer within 3 s";
+  EXPECT_EQ(std::string(buf).rfind("HTTP/1.1 408", 0), 0u) << buf;
+  EXPECT_LT(seconds, 2.0);
+  ::close(fd);
+}
+
+// Bound beyond loopback (0.0.0.0, reached here through 127.0.0.1): reads need the token too.
+TEST(HttpServer, BeyondLoopbackReadsNeedTheToken) {
+  HttpServerOptions o = LocalOptions("s3cret");
+  o.host = "0.0.0.0";
+  auto server = HttpServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  (*server)->Publish(std::make_shared<const DashboardSnapshot>(HandMade()));
+  httplib::Client web("127.0.0.1", (*server)->port());
+  for (const char* path : {"/api/state", "/metrics"}) {
+    auto res = web.Get(path);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 401) << path;
+    EXPECT_NE(res->body.find("Authorization: Bearer"), std::string::npos) << res->body;
+    EXPECT_NE(res->body.find("--http-public-read"), std::string::npos) << res->body;
+    auto wrong = web.Get(path, httplib::Headers{{"Authorization", "Bearer nope"}});
+    ASSERT_TRUE(wrong);
+    EXPECT_EQ(wrong->status, 401) << path;
+    auto ok = web.Get(path, httplib::Headers{{"Authorization", "Bearer s3cret"}});
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << path << ": " << ok->body;
+  }
+  auto page = web.Get("/");  // the page holds no data; it asks for the token itself
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+
+  // Without a token file it refuses to start, unless reads are made public on purpose.
+  HttpServerOptions open = LocalOptions();
+  open.host = "0.0.0.0";
+  auto refused = HttpServer::Start(open);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--http-token-file"), std::string::npos) << refused.status().message();
+  open.public_read = true;
+  auto public_server = HttpServer::Start(open);
+  ASSERT_TRUE(public_server.ok()) << public_server.status().ToString();
+  (*public_server)->Publish(std::make_shared<const DashboardSnapshot>(HandMade()));
+  httplib::Client anyone("127.0.0.1", (*public_server)->port());
+  auto res = anyone.Get("/api/state");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+// DNS rebinding: a page from another site whose name resolves to 127.0.0.1 still sends its own
+// name as Host; a loopback dashboard answers only loopback names.
+TEST(HttpServer, LoopbackAnswersOnlyLoopbackHostNames) {
+  auto server = HttpServer::Start(LocalOptions());
+  ASSERT_TRUE(server.ok());
+  (*server)->Publish(std::make_shared<const DashboardSnapshot>(HandMade()));
+  const std::string port = std::to_string((*server)->port());
+  httplib::Client web("127.0.0.1", (*server)->port());
+  for (const std::string& host : std::vector<std::string>{"evil.example:" + port, "evil.example", "127.0.0.1.evil.example:" + port, ""}) {
+    auto res = web.Get("/api/state", httplib::Headers{{"Host", host}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 403) << "Host: " << host;
+    EXPECT_NE(res->body.find("DNS rebinding"), std::string::npos) << res->body;
+  }
+  for (const std::string& host : std::vector<std::string>{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST:8080", "[::1]:" + port, "localhost"}) {
+    auto res = web.Get("/api/state", httplib::Headers{{"Host", host}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << "Host: " << host << ": " << res->body;
+  }
+  EXPECT_TRUE(IsLoopbackHost("127.0.0.1") && IsLoopbackHost("127.1.2.3") && IsLoopbackHost("::1") &&
+              IsLoopbackHost("localhost"));
+  EXPECT_FALSE(IsLoopbackHost("0.0.0.0") || IsLoopbackHost("10.0.0.1") || IsLoopbackHost("::"));
 }
 
 TEST(HttpServer, WithoutATokenFileActionsAreOff) {

@@ -1,9 +1,16 @@
 #include "coordinator/http_server.h"
 
-#include <chrono>
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -15,6 +22,411 @@
 namespace strata::coordinator {
 namespace {
 
+// ---------------------------------------------------------------- slow clients
+//
+// httplib serves a connection on one thread of a fixed pool (8 threads here) and reads a request
+// with a timeout per recv(), so a client that sends its headers one byte at a time keeps a thread
+// as long as it likes: eight such clients and the dashboard answered no one (64 of them: ~107 s).
+// So a connection gets a pool thread only once its whole request (headers and Content-Length body)
+// sits in the socket's receive buffer, which MSG_PEEK sees without consuming it. Until then it
+// waits in this lobby: one poll() thread, no pool thread. A connection waits at most
+// request_deadline_ms (then 408). At max_connections_per_address or max_connections, the oldest
+// connection still sending its request (of that address, or of all) is closed to make room: a
+// complete request always gets in, and slow clients can only push out each other.
+
+constexpr size_t kMaxRequestBytes = 16 * 1024;  // request line, headers and body together
+constexpr size_t kMaxBodyBytes = 4 * 1024;      // the only body is a cancel's, which is empty
+constexpr size_t kPoolThreads = 8;              // httplib's default on a machine of <= 9 cores
+
+enum class Arrival { kIncomplete, kComplete, kClosed, kTooLarge, kBodyTooLarge, kChunked };
+
+// How much of the request is in the socket (never blocks, consumes nothing).
+Arrival PeekRequest(int fd) {
+  static thread_local std::string buf(kMaxRequestBytes, '\0');
+  const ssize_t n = ::recv(fd, buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return Arrival::kClosed;
+  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Arrival::kIncomplete : Arrival::kClosed;
+  const std::string_view data(buf.data(), static_cast<size_t>(n));
+  size_t end = data.find("\r\n\r\n");
+  size_t sep = 4;
+  if (const size_t lf = data.find("\n\n"); lf != std::string_view::npos && (end == std::string_view::npos || lf < end)) {
+    end = lf;
+    sep = 2;
+  }
+  if (end == std::string_view::npos) return static_cast<size_t>(n) == buf.size() ? Arrival::kTooLarge : Arrival::kIncomplete;
+  size_t body = 0;
+  for (size_t at = data.find('\n'); at < end; at = data.find('\n', at + 1)) {
+    const size_t line_end = std::min(data.find('\n', at + 1), end);
+    std::string line(data.substr(at + 1, line_end - at - 1));
+    std::transform(line.begin(), line.end(), line.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (line.rfind("transfer-encoding:", 0) == 0) return Arrival::kChunked;
+    if (line.rfind("content-length:", 0) == 0) {
+      try {
+        body = std::stoull(line.substr(15));
+      } catch (const std::exception&) {
+        body = kMaxBodyBytes + 1;
+      }
+      if (body > kMaxBodyBytes) return Arrival::kBodyTooLarge;
+    }
+  }
+  if (end + sep + body > buf.size()) return Arrival::kTooLarge;
+  return static_cast<size_t>(n) >= end + sep + body ? Arrival::kComplete : Arrival::kIncomplete;
+}
+
+int64_t SteadyNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string PeerAddress(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, text, sizeof(text));
+  } else if (addr.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, text, sizeof(text));
+  }
+  return text;
+}
+
+// Best effort: the client may be gone, and a refusal must never block.
+void Refuse(int fd, int status, const char* reason, const std::string& message) {
+  const std::string body = message + "\n";
+  const std::string response = "HTTP/1.1 " + std::to_string(status) + " " + reason +
+                               "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
+                               std::to_string(body.size()) + "\r\n\r\n" + body;
+  (void)::send(fd, response.data(), response.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  ::shutdown(fd, SHUT_RDWR);
+  ::close(fd);
+}
+
+// The connections accepted and not yet closed: those waiting for their request (parked, polled by
+// the lobby's thread) and those a pool thread serves. Thread-safe.
+class Lobby {
+ public:
+  struct Limits {
+    int deadline_ms, per_address, total;
+  };
+  // dispatch(fd, address) serves a complete request on a pool thread, closes fd and calls
+  // Done(address).
+  Lobby(Limits limits, std::function<void(int, const std::string&)> dispatch) : limits_(limits), dispatch_(std::move(dispatch)) {
+    wake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Lobby() { Stop(); }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    Wake();
+    thread_.join();
+    for (auto& [fd, c] : conns_) {
+      if (c.parked) ::close(fd);
+    }
+    ::close(wake_);
+  }
+
+  // A freshly accepted connection (on a pool thread). True: its request is complete, serve it on
+  // this thread now, close it and call Done(*address); false: the lobby owns fd from here.
+  bool Admit(int fd, std::string* address_out) {
+    const std::string address = PeerAddress(fd);
+    *address_out = address;
+    std::vector<int> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) {
+        ::close(fd);
+        return false;
+      }
+      if (per_address_[address] >= limits_.per_address && !EvictOldestParked(&address, &evicted)) {
+        Refuse(fd, 503, "Service Unavailable",
+               "too many connections from " + address + " (" + std::to_string(limits_.per_address) +
+                   " are being served); close some and retry");
+        return false;
+      }
+      if (total_ >= limits_.total && !EvictOldestParked(nullptr, &evicted)) {
+        Refuse(fd, 503, "Service Unavailable", "the dashboard is serving its maximum of " +
+                                                   std::to_string(limits_.total) + " connections; retry in a moment");
+        return false;
+      }
+      ++per_address_[address];
+      ++total_;
+      conns_[fd] = Conn{address, Now() + limits_.deadline_ms, ++sequence_, false};
+    }
+    if (!evicted.empty()) Wake();
+    const Arrival a = PeekRequest(fd);
+    if (a == Arrival::kComplete) {
+      std::lock_guard<std::mutex> lock(mu_);
+      conns_.erase(fd);  // still counted until Done
+      return true;
+    }
+    if (a != Arrival::kIncomplete) {
+      Finish(fd, a);
+      return false;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conns_[fd].parked = true;
+    }
+    Wake();
+    return false;
+  }
+
+  // A served connection from `address` was closed.
+  void Done(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--per_address_[address] <= 0) per_address_.erase(address);
+    --total_;
+  }
+
+ private:
+  struct Conn {
+    std::string address;
+    int64_t deadline_ms;
+    uint64_t sequence;  // accept order: the oldest has the smallest
+    bool parked;
+    bool evicted = false;  // shut down to make room, uncounted, closed by the lobby's thread
+  };
+
+  static int64_t Now() { return SteadyNowMs(); }
+
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!::write(wake_, &one, sizeof(one));
+  }
+
+  // REQUIRES: mu_ held. Shuts down (does not close: the fd number must not be reused while the
+  // lobby's thread may poll it) the oldest parked connection, of `address` if given.
+  bool EvictOldestParked(const std::string* address, std::vector<int>* evicted) {
+    int oldest = -1;
+    uint64_t best = UINT64_MAX;
+    for (const auto& [fd, c] : conns_) {
+      if (c.parked && !c.evicted && (!address || c.address == *address) && c.sequence < best) {
+        best = c.sequence;
+        oldest = fd;
+      }
+    }
+    if (oldest < 0) return false;
+    Conn& c = conns_[oldest];
+    c.evicted = true;
+    --per_address_[c.address];
+    --total_;
+    ::shutdown(oldest, SHUT_RDWR);
+    evicted->push_back(oldest);
+    if (++evictions_ == 1 || evictions_ % 1000 == 0) {
+      STRATA_LOG(kWarn) << "dashboard: closed a connection from " << c.address
+                        << " that had not sent its whole request, to make room for a new one (" << evictions_
+                        << " so far: too many slow or idle clients)";
+    }
+    return true;
+  }
+
+  // REQUIRES: mu_ held.
+  void Forget(int fd) {
+    auto it = conns_.find(fd);
+    if (it == conns_.end()) return;
+    if (!it->second.evicted) {
+      if (--per_address_[it->second.address] == 0) per_address_.erase(it->second.address);
+      --total_;
+    }
+    conns_.erase(it);
+  }
+
+  // A parked or just-admitted connection that will not be served: answer why (best effort), close.
+  void Finish(int fd, Arrival a) {
+    switch (a) {
+      case Arrival::kTooLarge:
+        Refuse(fd, 431, "Request Header Fields Too Large",
+               "the request is over " + std::to_string(kMaxRequestBytes) + " bytes; the dashboard takes small requests");
+        break;
+      case Arrival::kBodyTooLarge:
+        Refuse(fd, 413, "Payload Too Large", "a request body may have at most " + std::to_string(kMaxBodyBytes) + " bytes");
+        break;
+      case Arrival::kChunked:
+        Refuse(fd, 411, "Length Required", "send the body with Content-Length (chunked bodies are not accepted)");
+        break;
+      case Arrival::kIncomplete:
+        Refuse(fd, 408, "Request Timeout",
+               "the request did not arrive within " + std::to_string(limits_.deadline_ms) + " ms; send it whole");
+        break;
+      default:
+        ::close(fd);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    Forget(fd);
+  }
+
+  void Loop() {
+    std::vector<pollfd> fds;
+    while (true) {
+      int timeout = 1000;
+      fds.assign(1, pollfd{wake_, POLLIN, 0});
+      std::vector<int> closing;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) return;
+        const int64_t now = Now();
+        for (auto it = conns_.begin(); it != conns_.end();) {
+          if (it->second.parked && it->second.evicted) {
+            ::close(it->first);
+            it = conns_.erase(it);
+            continue;
+          }
+          if (it->second.parked) {
+            if (it->second.deadline_ms <= now) {
+              closing.push_back(it->first);
+            } else {
+              fds.push_back(pollfd{it->first, POLLIN, 0});
+              timeout = static_cast<int>(std::min<int64_t>(timeout, it->second.deadline_ms - now));
+            }
+          }
+          ++it;
+        }
+      }
+      for (int fd : closing) Finish(fd, Arrival::kIncomplete);
+      if (!closing.empty()) continue;
+      if (::poll(fds.data(), fds.size(), std::max(timeout, 1)) < 0 && errno != EINTR) return;
+      if (fds[0].revents & POLLIN) {
+        uint64_t n;
+        (void)!::read(wake_, &n, sizeof(n));
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        const int fd = fds[i].fd;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = conns_.find(fd);
+          if (it == conns_.end() || !it->second.parked || it->second.evicted) continue;  // next round closes it
+        }
+        const Arrival a = PeekRequest(fd);
+        if (a == Arrival::kIncomplete) continue;
+        if (a != Arrival::kComplete) {
+          Finish(fd, a);
+          continue;
+        }
+        std::string address;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = conns_.find(fd);
+          if (it == conns_.end() || it->second.evicted) continue;  // evicted meanwhile: next round closes it
+          address = it->second.address;
+          conns_.erase(it);  // served from here on; still counted until Done
+        }
+        dispatch_(fd, address);
+      }
+    }
+  }
+
+  const Limits limits_;
+  const std::function<void(int, const std::string&)> dispatch_;
+  int wake_ = -1;
+  std::thread thread_;
+  std::mutex mu_;
+  bool stopping_ = false;                  // guarded by mu_
+  std::map<int, Conn> conns_;              // guarded by mu_: admitted, not yet being served
+  std::map<std::string, int> per_address_;  // guarded by mu_: counted connections by peer address
+  int total_ = 0;                          // guarded by mu_
+  uint64_t sequence_ = 0;                  // guarded by mu_
+  uint64_t evictions_ = 0;                 // guarded by mu_
+};
+
+// A served connection as httplib's request parser sees it. The request is in the receive buffer
+// already; the whole exchange, the response's write included, must end by `deadline_ms` (a client
+// that reads its answer a byte at a time cannot keep a pool thread either).
+class ServedStream final : public httplib::Stream {
+ public:
+  ServedStream(int fd, int64_t deadline_ms) : fd_(fd), deadline_ms_(deadline_ms) {}
+  bool is_readable() const override { return Wait(POLLIN); }
+  bool is_writable() const override { return Wait(POLLOUT); }
+  ssize_t read(char* ptr, size_t size) override {
+    if (!is_readable()) return -1;
+    return ::recv(fd_, ptr, size, 0);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    return ::send(fd_, ptr, size, MSG_NOSIGNAL);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { Address(::getpeername, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { Address(::getsockname, ip, port); }
+  socket_t socket() const override { return fd_; }
+
+ private:
+  bool Wait(short events) const {
+    const int64_t left = deadline_ms_ - SteadyNowMs();
+    if (left <= 0) return false;
+    pollfd p{fd_, events, 0};
+    int n;
+    while ((n = ::poll(&p, 1, static_cast<int>(left))) < 0 && errno == EINTR) {
+    }
+    return n > 0;
+  }
+  template <typename GetName>
+  void Address(GetName get, std::string& ip, int& port) const {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    port = 0;
+    if (get(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return;
+    char text[INET6_ADDRSTRLEN] = "";
+    if (addr.ss_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+      inet_ntop(AF_INET, &a->sin_addr, text, sizeof(text));
+      port = ntohs(a->sin_port);
+    } else if (addr.ss_family == AF_INET6) {
+      const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+      inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof(text));
+      port = ntohs(a->sin6_port);
+    }
+    ip = text;
+  }
+  const int fd_;
+  const int64_t deadline_ms_;
+};
+
+// httplib's server with the lobby in front: every accepted socket goes through Lobby::Admit on a
+// pool thread (briefly) and is served only once its request is complete, one request per
+// connection (a kept-alive connection would skip the lobby).
+class GuardedServer final : public httplib::Server {
+ public:
+  explicit GuardedServer(Lobby::Limits limits)
+      : serve_ms_(limits.deadline_ms), lobby_(limits, [this](int fd, const std::string& address) {
+          pool_->enqueue([this, fd, address] { Serve(fd, address); });
+        }) {
+    new_task_queue = [this] {
+      pool_ = new httplib::ThreadPool(kPoolThreads);  // httplib owns and deletes it when listen() ends
+      return pool_;
+    };
+    set_payload_max_length(kMaxBodyBytes);
+  }
+  // Before httplib's stop(): the lobby dispatches to the pool, which lives until listen() returns.
+  void StopLobby() { lobby_.Stop(); }
+
+ protected:
+  bool process_and_close_socket(socket_t sock) override {
+    std::string address;
+    if (lobby_.Admit(sock, &address)) Serve(sock, address);
+    return true;
+  }
+
+ private:
+  void Serve(int fd, const std::string& address) {
+    ServedStream stream(fd, SteadyNowMs() + serve_ms_);
+    bool closed = false;
+    process_request(stream, /*close_connection=*/true, closed, nullptr);
+    ::shutdown(fd, SHUT_RDWR);
+    ::close(fd);
+    lobby_.Done(address);
+  }
+
+  const int serve_ms_;
+  httplib::TaskQueue* pool_ = nullptr;  // set on the accept thread before any connection is accepted
+  Lobby lobby_;
+};
+
 // Compares without an early exit, so response timing does not reveal how much of a guess matched.
 bool SameToken(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -25,14 +437,25 @@ bool SameToken(const std::string& a, const std::string& b) {
 class HttpServerImpl final : public HttpServer {
  public:
   explicit HttpServerImpl(HttpServerOptions options)
-      : options_(std::move(options)), client_(options_.coordinator_endpoint, 5000, options_.keys) {}
+      : options_(std::move(options)),
+        loopback_(IsLoopbackHost(options_.host)),
+        server_(Lobby::Limits{options_.request_deadline_ms, options_.max_connections_per_address,
+                              options_.max_connections}),
+        client_(options_.coordinator_endpoint, 5000, options_.keys) {}
 
   ~HttpServerImpl() override {
+    server_.StopLobby();
     server_.stop();
     if (thread_.joinable()) thread_.join();
   }
 
   Status Listen() {
+    if (!loopback_ && options_.token.empty() && !options_.public_read) {
+      return InvalidArgument("--http " + options_.host + ":" + std::to_string(options_.port) +
+                             " is reachable from other machines and would show anyone run names, paths, pids and "
+                             "events: give --http-token-file (reads then need the token too), or --http-public-read "
+                             "to allow that, or bind 127.0.0.1 and tunnel (ssh -L)");
+    }
     Routes();
     // httplib's default adds SO_REUSEPORT, which would let a second coordinator bind the same
     // port silently; SO_REUSEADDR alone still allows a quick restart.
@@ -59,6 +482,14 @@ class HttpServerImpl final : public HttpServer {
       return Unavailable("the dashboard on " + options_.host + ":" + std::to_string(port_) + " did not start");
     }
     STRATA_LOG(kInfo) << "dashboard on http://" << options_.host << ":" << port_;
+    if (!loopback_ && options_.public_read) {
+      STRATA_LOG(kWarn) << "dashboard: --http-public-read: anyone who can reach " << options_.host << ":" << port_
+                        << " can read run names, paths, pids and events without the token (actions still need it)";
+    } else if (!loopback_) {
+      STRATA_LOG(kWarn) << "dashboard: " << options_.host << ":" << port_
+                        << " is reachable from other machines: reads need the token too (Authorization: Bearer), "
+                           "and it travels in clear text over HTTP - prefer 127.0.0.1 and an ssh tunnel";
+    }
     return Status::Ok();
   }
 
@@ -75,7 +506,55 @@ class HttpServerImpl final : public HttpServer {
     return snapshot_;
   }
 
+  // Before any route: the Host check (loopback binds) and the token for reads (other binds).
+  httplib::Server::HandlerResponse Guard(const httplib::Request& req, httplib::Response& res) {
+    if (loopback_) {
+      // DNS rebinding: a web page from evil.example whose name then resolves to 127.0.0.1 can make
+      // the browser read this port, but the browser still sends Host: evil.example. Any port is
+      // accepted, so `ssh -L 8080:127.0.0.1:PORT` and http://localhost:8080 keep working.
+      if (!LoopbackHostHeader(req.get_header_value("Host"))) {
+        Error(res, 403, "the Host header must be localhost, 127.0.0.1 or [::1] (with any port): this dashboard "
+                        "answers only requests addressed to the loopback interface (DNS rebinding guard); "
+                        "reach it through http://127.0.0.1:" + std::to_string(port_) + " or an ssh tunnel");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    // Beyond loopback every read but the page itself (which holds no data) needs the token.
+    if (options_.public_read || req.method == "POST" || (req.method == "GET" && req.path == "/")) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    if (!Authorized(req)) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      Error(res, 401, "this dashboard listens beyond loopback, so reads need the token too: send "
+                      "Authorization: Bearer <token> (the first line of the coordinator's --http-token-file), or "
+                      "restart the coordinator with --http-public-read to let anyone read");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+
+  bool Authorized(const httplib::Request& req) const {
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    return !options_.token.empty() && auth.rfind(prefix, 0) == 0 && SameToken(auth.substr(prefix.size()), options_.token);
+  }
+
+  static bool LoopbackHostHeader(const std::string& host) {
+    std::string name = host;
+    if (!name.empty() && name.front() == '[') {
+      const size_t close = name.find(']');
+      if (close == std::string::npos) return false;
+      name = name.substr(1, close - 1);
+    } else if (const size_t colon = name.rfind(':'); colon != std::string::npos) {
+      name = name.substr(0, colon);
+    }
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    return name == "localhost" || name == "127.0.0.1" || name == "::1";
+  }
+
   void Routes() {
+    server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return Guard(req, res); });
     server_.Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
       res.set_content(std::string(DashboardPageHtml()), "text/html; charset=utf-8");
@@ -95,9 +574,7 @@ class HttpServerImpl final : public HttpServer {
       if (options_.token.empty()) {
         return Error(res, 403, "cancelling from the dashboard is off: start the coordinator with --http-token-file");
       }
-      const std::string auth = req.get_header_value("Authorization");
-      const std::string prefix = "Bearer ";
-      if (auth.rfind(prefix, 0) != 0 || !SameToken(auth.substr(prefix.size()), options_.token)) {
+      if (!Authorized(req)) {
         res.set_header("WWW-Authenticate", "Bearer");
         return Error(res, 401, "send Authorization: Bearer <token>, the token in the cluster's http.token file");
       }
@@ -125,7 +602,8 @@ class HttpServerImpl final : public HttpServer {
   }
 
   HttpServerOptions options_;
-  httplib::Server server_;
+  const bool loopback_;
+  GuardedServer server_;
   std::thread thread_;
   int port_ = 0;
   std::mutex snapshot_mu_;
@@ -170,6 +648,15 @@ Result<std::string> ReadTokenFile(const std::string& path) {
   while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
   if (token.empty()) return InvalidArgument("the token file " + path + " is empty; put a random token on its first line");
   return token;
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;
 }
 
 std::string LocalEndpointFor(const std::string& listen) {

@@ -22,6 +22,15 @@ struct HttpServerOptions {
   std::string token;                 // empty: POST endpoints answer 403
   std::string coordinator_endpoint;  // ZeroMQ endpoint cancels are sent to
   std::optional<curve::ClientKeys> keys;  // for a coordinator with --keys (CURVE), as the CLI's
+  // A host that is not a loopback address makes reads (/api/state, /metrics) need the token too,
+  // unless this is set (--http-public-read); Start refuses such a host with neither.
+  bool public_read = false;
+  // Slow clients: a connection is served only once its whole request has arrived; until then it
+  // waits at most request_deadline_ms, and at the caps the oldest such waiting connection is
+  // closed to make room (docs/dashboard.md, "Slow and many clients").
+  int request_deadline_ms = 10000;
+  int max_connections_per_address = 32;
+  int max_connections = 256;
 };
 
 class HttpServer {
@@ -34,6 +43,10 @@ class HttpServer {
   // Thread-safe; the newest snapshot wins.
   virtual void Publish(std::shared_ptr<const DashboardSnapshot> snapshot) = 0;
 };
+
+// True for 127.0.0.0/8, ::1 and "localhost": a dashboard bound there is reachable from this
+// machine only, so it serves reads without the token (and checks the Host header instead).
+bool IsLoopbackHost(const std::string& host);
 
 // "HOST:PORT", ":PORT" or "PORT" (host 127.0.0.1).
 Result<std::pair<std::string, int>> ParseHttpAddress(const std::string& address);

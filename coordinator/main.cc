@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
+#include "common/private_files.h"
 #include "common/service_notify.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http_server.h"
@@ -43,9 +44,21 @@ int main(int argc, char** argv) {
                                          "PORT alone binds 127.0.0.1)");
   app.add_option("--http-token-file", http_token_file, "file whose first line is the token that POST requests "
                                                        "(cancel) must send as Authorization: Bearer");
+  bool http_public_read = false;
+  app.add_flag("--http-public-read", http_public_read,
+               "with --http on a non-loopback address: serve reads (/api/state, /metrics) without the token");
+  std::string umask = strata::kDefaultDaemonUmask;
+  app.add_option("--umask", umask,
+                 "umask for everything this daemon creates (store, checkpoints, logs, sockets); the default 0077 "
+                 "keeps them to this user (the systemd units pass their group-readable UMask)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   strata::log::Init("coordinator");
+  if (auto st = strata::ApplyUmask(umask); !st.ok()) {
+    STRATA_LOG(kError) << st.message();
+    return 2;
+  }
   // systemd (Type=notify): READY once serving, a status line, watchdog pings from the event loop.
   // Without NOTIFY_SOCKET these do nothing.
   strata::ServiceNotifier notifier;
@@ -67,6 +80,7 @@ int main(int argc, char** argv) {
       strata::coordinator::HttpServerOptions http_options;
       http_options.host = address.first;
       http_options.port = address.second;
+      http_options.public_read = http_public_read;
       http_options.coordinator_endpoint = strata::coordinator::LocalEndpointFor(options.listen);
       if (!http_token_file.empty()) {
         STRATA_ASSIGN_OR_RETURN(http_options.token, strata::coordinator::ReadTokenFile(http_token_file));

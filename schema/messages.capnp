@@ -254,6 +254,9 @@ struct RunRef {
 
 struct StatusRequest {
   runId @0 :Text;           # empty: all runs
+  # true: each run's losses holds at most its last loss (a listing needs no more; whole histories
+  # of hundreds of runs made `strata status` slow). false: every loss, index = step - 1.
+  lastLossOnly @1 :Bool;
 }
 
 struct StatusReply {

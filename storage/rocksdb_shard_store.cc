@@ -94,7 +94,7 @@ class ChunkFileWriter {
   }
   Status Open(const std::string& path) {
     path_ = path;
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd_ < 0) return IoError("cannot create " + path + ": " + std::strerror(errno));
     return Status::Ok();
   }

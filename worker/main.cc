@@ -5,6 +5,7 @@
 
 #include "common/byte_size.h"
 #include "common/log.h"
+#include "common/private_files.h"
 #include "common/service_notify.h"
 #include "worker/task.h"
 #include "worker/torch_executor.h"
@@ -46,10 +47,19 @@ int main(int argc, char** argv) {
                "open a damaged store anyway, keeping what is intact (the damaged files are kept in STORE/damaged-TIME/; "
                "the coordinator marks the checkpoints it no longer holds unreadable)");
   app.set_version_flag("--version", [] { return strata::worker::TorchBuildInfo(); });
+  std::string umask = strata::kDefaultDaemonUmask;
+  app.add_option("--umask", umask,
+                 "umask for everything this daemon creates (store, checkpoints, logs, sockets); the default 0077 "
+                 "keeps them to this user (the systemd units pass their group-readable UMask)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   options.restart_argv.assign(argv, argv + argc);
 
   strata::log::Init(options.name);
+  if (auto st = strata::ApplyUmask(umask); !st.ok()) {
+    STRATA_LOG(kError) << st.message();
+    return 2;
+  }
   if (!memory_limit.empty()) {
     auto bytes = strata::ParseByteSize(memory_limit, "--memory-limit");
     if (!bytes.ok()) {

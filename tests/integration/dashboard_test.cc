@@ -333,6 +333,24 @@ TEST_F(DashboardTest, MetricsParseStrictlyAndCancelNeedsTheToken) {
   }
   EXPECT_EQ(state, "cancelled");
   for (const auto& w : workers) EXPECT_EQ(w["state"], "idle") << workers.dump();
+
+  // `strata status --json` lists runs without loss histories (with 450 runs whole histories made
+  // it take 611 ms): each entry has its last loss; one run's JSON (--losses) has the history, and
+  // the dashboard's loss chart draws from /api/state, not from this listing.
+  auto listing = Strata("status --json");
+  ASSERT_EQ(listing.rc, 0) << listing.err;
+  const json runs = json::parse(listing.out);
+  ASSERT_EQ(runs.size(), 1u) << runs.dump();
+  EXPECT_FALSE(runs[0].contains("losses")) << runs[0].dump();
+  EXPECT_FALSE(runs[0].contains("checkpoint_steps")) << runs[0].dump();
+  auto detail = Strata("status " + run + " --json --losses");
+  ASSERT_EQ(detail.rc, 0) << detail.err;
+  const auto losses = json::parse(detail.out)["losses"].get<std::vector<double>>();
+  ASSERT_GE(losses.size(), 5u);
+  EXPECT_EQ(runs[0]["loss"].get<double>(), losses.back());
+  auto no_run = Strata("status --json --losses");
+  EXPECT_NE(no_run.rc, 0);
+  EXPECT_NE(no_run.err.find("strata status RUN --json --losses"), std::string::npos) << no_run.err;
 }
 
 TEST_F(DashboardTest, PageShowsWorkersRunAndLossCurveInHeadlessChromium) {
