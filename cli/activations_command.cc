@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -85,8 +86,18 @@ int ListActivations(const CoordinatorAddress& coordinator, const std::string& ru
   return kExitOk;
 }
 
+Status CheckActivationsOut(const ActivationsGet& request) {
+  if (request.out.empty()) return InvalidArgument("--out is required: FILE.npy, FILE.safetensors or - (npy on stdout)");
+  std::error_code ec;
+  if (request.out != "-" && !request.force &&
+      std::filesystem::symlink_status(request.out, ec).type() != std::filesystem::file_type::not_found) {
+    return InvalidArgument("--out " + request.out + " already exists; choose a new path, remove it, or pass --force to replace it");
+  }
+  return Status::Ok();
+}
+
 int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& request) {
-  if (request.out.empty()) return Fail(InvalidArgument("--out is required: FILE.npy, FILE.safetensors or - (npy on stdout)"));
+  if (Status st = CheckActivationsOut(request); !st.ok()) return Fail(st);
   auto reader = activations::ActivationReader::Connect(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
   if (!reader.ok()) return Fail(reader.status());
   auto index = (*reader)->Index(request.run);
@@ -112,7 +123,8 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
                                         {{"strata_run", index->run},
                                          {"layer", std::to_string(request.layer)},
                                          {"site", site},
-                                         {"rows", std::to_string(begin) + ":" + std::to_string(end)}});
+                                         {"rows", std::to_string(begin) + ":" + std::to_string(end)}},
+                                        request.force);
   if (!writer.ok()) return Fail(writer.status());
   const auto start = std::chrono::steady_clock::now();
   uint64_t bytes = 0;

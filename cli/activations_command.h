@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/curve.h"
+#include "common/status.h"
 
 namespace strata::cli {
 
@@ -22,7 +23,12 @@ struct ActivationsGet {
   std::string site;  // empty: the run's only site, else resid_post
   std::string rows;  // "A:B", "A:" or empty (every stored row)
   std::string out;   // FILE.npy, FILE.safetensors or "-"
+  bool force = false;  // replace an existing --out
 };
+
+// An --out that exists is refused unless request.force (checked again when the file is moved
+// into place, so one that appears meanwhile is kept too). Called before the cluster is contacted.
+Status CheckActivationsOut(const ActivationsGet& request);
 
 // Both return the process exit code (cli/exit.h).
 int ListActivations(const CoordinatorAddress& coordinator, const std::string& run, bool as_json);

@@ -1,6 +1,9 @@
 #include "cli/array_file.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -38,8 +41,10 @@ class Writer final : public ArrayFileWriter {
   }
 
   Status Open(const std::string& path, storage::DType dtype, uint64_t rows, uint64_t cols, const std::string& name,
-              const std::map<std::string, std::string>& metadata) {
+              const std::map<std::string, std::string>& metadata, bool replace) {
     path_ = path;
+    replace_ = replace;
+    if (path != "-" && !replace && Exists(path)) return Clobber(path);
     std::string prefix;
     const bool npy = path == "-" || EndsWith(path, ".npy");
     if (npy) {
@@ -63,13 +68,16 @@ class Writer final : public ArrayFileWriter {
     if (path == "-") {
       file_ = stdout;
     } else {
-      tmp_ = path + ".tmp";
-      file_ = std::fopen(tmp_.c_str(), "wb");
-      if (!file_) {
-        tmp_.clear();
-        return IoError("--out " + path + ": cannot create " + path + ".tmp (" + std::strerror(errno) +
+      // A temp file of its own (never another one's PATH.tmp), beside PATH so the rename stays on one file system.
+      std::string tmp = path + ".tmp.XXXXXX";
+      const int fd = ::mkstemp(tmp.data());
+      if (fd < 0 || !(file_ = ::fdopen(fd, "wb"))) {
+        const int err = errno;
+        if (fd >= 0) ::close(fd), std::filesystem::remove(tmp);
+        return IoError("--out " + path + ": cannot create " + tmp + " (" + std::strerror(err) +
                        "); check that the directory exists and is writable");
       }
+      tmp_ = tmp;
     }
     return Write(prefix.data(), prefix.size());
   }
@@ -93,9 +101,18 @@ class Writer final : public ArrayFileWriter {
     const bool closed = std::fclose(file_) == 0;
     file_ = nullptr;
     if (!closed) return IoError("writing " + path_ + " failed: " + std::strerror(errno));
-    std::error_code ec;
-    std::filesystem::rename(tmp_, path_, ec);
-    if (ec) return IoError("cannot move " + tmp_ + " to " + path_ + ": " + ec.message());
+    if (replace_) {
+      std::error_code ec;
+      std::filesystem::rename(tmp_, path_, ec);
+      if (ec) return IoError("cannot move " + tmp_ + " to " + path_ + ": " + ec.message());
+    } else {
+      // link() fails with EEXIST instead of replacing: a file that appeared since Open is kept.
+      if (::link(tmp_.c_str(), path_.c_str()) != 0) {
+        if (errno == EEXIST) return Clobber(path_);
+        return IoError("cannot move " + tmp_ + " to " + path_ + ": " + std::strerror(errno));
+      }
+      std::filesystem::remove(tmp_);
+    }
     committed_ = true;
     return Status::Ok();
   }
@@ -110,8 +127,17 @@ class Writer final : public ArrayFileWriter {
     return Status::Ok();
   }
 
+  static bool Exists(const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::not_found;
+  }
+  static Status Clobber(const std::string& path) {
+    return InvalidArgument("--out " + path + " already exists; choose a new path, remove it, or pass --force to replace it");
+  }
+
   std::string path_, tmp_, description_;
   std::FILE* file_ = nullptr;
+  bool replace_ = false;
   bool widen_bf16_ = false;
   bool committed_ = false;
 };
@@ -120,9 +146,9 @@ class Writer final : public ArrayFileWriter {
 
 Result<std::unique_ptr<ArrayFileWriter>> ArrayFileWriter::Create(const std::string& path, storage::DType dtype, uint64_t rows,
                                                                  uint64_t cols, const std::string& tensor_name,
-                                                                 const std::map<std::string, std::string>& metadata) {
+                                                                 const std::map<std::string, std::string>& metadata, bool replace) {
   auto writer = std::make_unique<Writer>();
-  STRATA_RETURN_IF_ERROR(writer->Open(path, dtype, rows, cols, tensor_name, metadata));
+  STRATA_RETURN_IF_ERROR(writer->Open(path, dtype, rows, cols, tensor_name, metadata, replace));
   return std::unique_ptr<ArrayFileWriter>(std::move(writer));
 }
 

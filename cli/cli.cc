@@ -15,8 +15,10 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <zmq.hpp>
 
 #include "cli/activations_command.h"
 #include "cli/cluster_file.h"
@@ -47,10 +49,41 @@ struct GlobalOptions {
   std::string keys_dir;  // CURVE keys override (--keys, else $STRATA_KEYS, else STATE_DIR/keys)
 };
 
+// A ZeroMQ endpoint the client can connect to: tcp://HOST:PORT, ipc://PATH or inproc://NAME.
+// Checked here because zmq's connect throws on anything else (an uncaught throw: exit 134).
+Status ValidateEndpoint(const std::string& endpoint, const std::string& source) {
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument(source + " " + EscapeForTerminal(endpoint) + " is not a coordinator address (" + why +
+                           "); use tcp://HOST:PORT, ipc://PATH or inproc://NAME");
+  };
+  const size_t scheme_end = endpoint.find("://");
+  if (scheme_end == std::string::npos) return bad("no scheme");
+  const std::string scheme = endpoint.substr(0, scheme_end), rest = endpoint.substr(scheme_end + 3);
+  if (scheme != "tcp" && scheme != "ipc" && scheme != "inproc") return bad("unknown scheme " + EscapeForTerminal(scheme) + "://");
+  if (rest.empty()) return bad("nothing after " + scheme + "://");
+  if (endpoint.find('\0') != std::string::npos) return bad("a NUL byte");
+  if (scheme == "tcp") {
+    const size_t colon = rest.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : rest.substr(colon + 1);
+    if (colon == 0 || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(port) > 65535) {
+      return bad("tcp:// needs HOST:PORT");
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::string> ResolveEndpoint(const GlobalOptions& g) {
-  if (!g.cluster.empty()) return g.cluster;
-  if (const char* env = std::getenv("STRATA_CLUSTER"); env && *env) return std::string(env);
+  if (!g.cluster.empty()) {
+    STRATA_RETURN_IF_ERROR(ValidateEndpoint(g.cluster, "--cluster"));
+    return g.cluster;
+  }
+  if (const char* env = std::getenv("STRATA_CLUSTER"); env && *env) {
+    STRATA_RETURN_IF_ERROR(ValidateEndpoint(env, "STRATA_CLUSTER"));
+    return std::string(env);
+  }
   STRATA_ASSIGN_OR_RETURN(auto file, ReadClusterFile(g.state_dir));
+  STRATA_RETURN_IF_ERROR(ValidateEndpoint(file.endpoint, "the endpoint in " + ClusterFilePath(g.state_dir)));
   return file.endpoint;
 }
 
@@ -92,6 +125,11 @@ Result<std::unique_ptr<schema::DecodedEnvelope>> Call(const GlobalOptions& g, sc
 
 
 
+// Names, ids and messages come from the coordinator's store (and from there from users and
+// workers): printed escaped, so a stored name with escapes or newlines cannot drive the terminal.
+std::string Printable(const std::string& text) { return EscapeForTerminal(text); }
+std::string Printable(capnp::Text::Reader text) { return EscapeForTerminal(std::string(text.cStr(), text.size())); }
+
 std::string FormatTime(int64_t unix_ms) {
   std::time_t t = unix_ms / 1000;
   std::tm tm{};
@@ -117,8 +155,7 @@ json RunToJson(RunRecord::Reader r, bool with_plan = true) {
   for (auto h : r.getHandled()) handled[h.getKind().cStr()] = h.getCount();
   // The plan the run has now (after any re-planning): the [parallel] fields of its stored spec.
   json plan = json::object();
-  if (auto spec = with_plan ? ParseRunSpec(r.getSpecToml().cStr(), "", /*check_files=*/false)
-                            : Result<RunSpec>(InvalidArgument("not asked for"));
+  if (auto spec = with_plan ? ParseStoredRunSpec(r.getSpecToml().cStr()) : Result<RunSpec>(InvalidArgument("not asked for"));
       spec.ok() && !spec->is_extract()) {
     const ParallelSpec& p = spec->parallel;
     const int64_t micro = spec->micro_batch_rows();
@@ -245,6 +282,17 @@ struct UpOptions {
 };
 
 int CmdUp(GlobalOptions& g, const UpOptions& up) {
+  // Every flag is checked before anything starts: a worker refusing its flag after the
+  // coordinator is up would leave a coordinator running for nothing.
+  if (!up.memory_limit.empty()) {
+    auto limit = ParseByteSize(up.memory_limit, "--memory-limit");
+    if (!limit.ok()) return Fail(limit.status());
+    if (*limit == 0) return Fail(InvalidArgument("--memory-limit " + up.memory_limit + " is 0; give a size such as 8GiB, or leave it out"));
+  }
+  if (up.hosts > (up.gpus > 0 ? up.gpus : up.workers)) {
+    return Fail(InvalidArgument("--hosts " + std::to_string(up.hosts) + " is more than the " +
+                                std::to_string(up.gpus > 0 ? up.gpus : up.workers) + " workers; a host needs a worker"));
+  }
   const int workers = up.gpus > 0 ? up.gpus : up.workers;
   const std::string dir = fs::absolute(g.state_dir).lexically_normal().string();
   std::error_code ec;
@@ -421,17 +469,17 @@ int CmdWorkers(GlobalOptions& g, bool as_json) {
                      {"current_run", w.getCurrentRun().cStr()},
                      {"last_heartbeat_ms_ago", w.getLastHeartbeatMsAgo()}});
     }
-    std::cout << out.dump(2) << std::endl;
+    std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     return kExitOk;
   }
   std::printf("%-12s %-6s %-8s %-7s %-11s %-11s %-10s %s\n", "WORKER", "STATE", "PID", "DEVICE", "ALLOCATED", "FREE",
               "HEARTBEAT", "RUN");
   for (auto w : list) {
     auto m = w.getMemory();
-    std::printf("%-12s %-6s %-8u %-7s %-11s %-11s %-10s %s\n", w.getWorkerId().cStr(), schema::WorkerStateName(w.getState()),
-                w.getPid(), m.getDevice().cStr(), HumanBytes(m.getAllocatedBytes()).c_str(),
+    std::printf("%-12s %-6s %-8u %-7s %-11s %-11s %-10s %s\n", Printable(w.getWorkerId()).c_str(), schema::WorkerStateName(w.getState()),
+                w.getPid(), Printable(m.getDevice()).c_str(), HumanBytes(m.getAllocatedBytes()).c_str(),
                 HumanBytes(m.getFreeBytes()).c_str(), (std::to_string(w.getLastHeartbeatMsAgo()) + " ms").c_str(),
-                w.getCurrentRun().cStr());
+                Printable(w.getCurrentRun()).c_str());
   }
   return kExitOk;
 }
@@ -489,20 +537,20 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
       entry["checkpoint_steps"] = steps;
       out.push_back(entry);
     }
-    std::cout << (run.empty() ? out : out[0]).dump(2) << std::endl;
+    std::cout << (run.empty() ? out : out[0]).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     return kExitOk;
   }
   std::printf("%-28s %-10s %-13s %-10s %-12s %s\n", "RUN", "STATE", "STEP", "LOSS", "TOKENS/S", "WORKERS");
   for (auto r : runs) {
     auto losses = r.getLosses();
     std::string workers;
-    for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + std::string(w.cStr());
+    for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + Printable(w);
     char loss[32] = "-";
     if (losses.size() > 0) std::snprintf(loss, sizeof(loss), "%.4f", losses[losses.size() - 1]);
-    std::printf("%-28s %-10s %-13s %-10s %-12.0f %s\n", r.getRunId().cStr(), schema::RunStateName(r.getState()),
+    std::printf("%-28s %-10s %-13s %-10s %-12.0f %s\n", Printable(r.getRunId()).c_str(), schema::RunStateName(r.getState()),
                 (std::to_string(r.getStep()) + "/" + std::to_string(r.getTotalSteps())).c_str(), loss,
                 r.getTokensPerSecond(), workers.c_str());
-    if (r.getMessage().size() > 0) std::printf("  %s\n", r.getMessage().cStr());
+    if (r.getMessage().size() > 0) std::printf("  %s\n", Printable(r.getMessage()).c_str());
     if (run.empty()) continue;  // one run asked for: its plan and what it got through too
     const json j = RunToJson(r);
     if (!j["plan"].empty()) {
@@ -513,7 +561,7 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
     }
     std::string handled;
     for (auto& [kind, count] : j["handled"].items()) handled += (handled.empty() ? "" : ", ") + kind + " " + std::to_string(count.get<int>());
-    if (!handled.empty()) std::printf("  handled: %s (`strata events %s` for each)\n", handled.c_str(), r.getRunId().cStr());
+    if (!handled.empty()) std::printf("  handled: %s (`strata events %s` for each)\n", Printable(handled).c_str(), Printable(r.getRunId()).c_str());
   }
   return kExitOk;
 }
@@ -525,11 +573,11 @@ int CmdEvents(GlobalOptions& g, const std::string& run, bool as_json) {
   if (as_json) {
     json out = json::array();
     for (auto e : events) out.push_back({{"unix_ms", e.getUnixMs()}, {"kind", e.getKind().cStr()}, {"message", e.getMessage().cStr()}});
-    std::cout << out.dump(2) << std::endl;
+    std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     return kExitOk;
   }
   for (auto e : events) {
-    std::printf("%s  %-22s %s\n", FormatTime(e.getUnixMs()).c_str(), e.getKind().cStr(), e.getMessage().cStr());
+    std::printf("%s  %-22s %s\n", FormatTime(e.getUnixMs()).c_str(), Printable(e.getKind()).c_str(), Printable(e.getMessage()).c_str());
   }
   return kExitOk;
 }
@@ -556,7 +604,7 @@ int CmdCheckpoints(GlobalOptions& g, const std::string& run, bool as_json) {
       if (!why.empty()) entry["why"] = why;
       out.push_back(entry);
     }
-    std::cout << out.dump(2) << std::endl;
+    std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     return kExitOk;
   }
   std::printf("%-8s %-14s %-8s %-8s %-12s %s\n", "STEP", "STATE", "SHARDS", "TENSORS", "SIZE", "COMMITTED");
@@ -595,7 +643,7 @@ class ProgressTracker {
     }
     auto losses = r.getLosses();
     std::string workers;
-    for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + std::string(w.cStr());
+    for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + Printable(w);
     char buf[512];
     const bool extract = std::string(r.getKind().cStr()) == "extract";  // steps count stored chunks
     int n = std::snprintf(buf, sizeof(buf), "%s %5ld/%ld", extract ? "chunk" : "step", static_cast<long>(step),
@@ -611,7 +659,7 @@ class ProgressTracker {
     // Train runs show their mesh (it changes when a lost worker makes the run re-plan).
     std::string mesh = (extract ? "workers=" : "dp=") + std::to_string(r.getWorldSize());
     if (!extract) {
-      auto spec = ParseRunSpec(r.getSpecToml().cStr(), "", /*check_files=*/false);
+      auto spec = ParseStoredRunSpec(r.getSpecToml().cStr());
       if (spec.ok()) {
         const ParallelSpec& p = spec->parallel;
         mesh = "dp=" + std::to_string(p.dp) + (p.pp > 1 ? " pp=" + std::to_string(p.pp) : "") +
@@ -654,7 +702,7 @@ int Follow(GlobalOptions& g, const std::string& run) {
       auto events = (*ev)->root().getEventsReply().getEvents();
       for (; printed_events < events.size(); ++printed_events) {
         clear_live();
-        std::printf("[%s] %s\n", events[printed_events].getKind().cStr(), events[printed_events].getMessage().cStr());
+        std::printf("[%s] %s\n", Printable(events[printed_events].getKind()).c_str(), Printable(events[printed_events].getMessage()).c_str());
       }
     }
     const std::string line = progress.Line(r);
@@ -689,7 +737,7 @@ int Follow(GlobalOptions& g, const std::string& run) {
         }
         return kExitOk;
       }
-      std::printf("run %s %s: %s\n", run.c_str(), schema::RunStateName(state), r.getMessage().cStr());
+      std::printf("run %s %s: %s\n", Printable(run).c_str(), schema::RunStateName(state), Printable(r.getMessage()).c_str());
       return kExitFailure;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -708,7 +756,7 @@ int WatchAll(GlobalOptions& g) {
     bool active = false;
     for (auto r : runs) {
       const std::string line = trackers[r.getRunId().cStr()].Line(r);
-      std::printf("%-28s %-10s %s\n", r.getRunId().cStr(), schema::RunStateName(r.getState()), line.c_str());
+      std::printf("%-28s %-10s %s\n", Printable(r.getRunId()).c_str(), schema::RunStateName(r.getState()), line.c_str());
       active |= r.getState() == RunState::PENDING || r.getState() == RunState::RUNNING;
     }
     std::fflush(stdout);
@@ -730,12 +778,10 @@ Result<std::pair<std::string, int64_t>> ParseResume(const std::string& text) {
 }
 
 int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow, const std::string& resume, bool skip_estimate) {
-  std::ifstream in(path);
-  if (!in) return Fail(InvalidArgument("cannot read run spec " + path + ": no such file"));
-  std::stringstream text;
-  text << in.rdbuf();
+  auto text = ReadSpecFile(path, "run spec");  // a regular file of at most 1 MiB: not /dev/zero, not a FIFO
+  if (!text.ok()) return Fail(text.status());
   const std::string base = fs::absolute(path).parent_path().string();
-  auto spec = ParseRunSpec(text.str(), base, /*check_files=*/true);
+  auto spec = ParseRunSpec(*text, base, /*check_files=*/true);
   if (!spec.ok()) return Fail(InvalidArgument(path + ": " + spec.status().message()));
   std::pair<std::string, int64_t> resume_from;
   if (!resume.empty()) {
@@ -766,12 +812,28 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow, const std:
   auto reply = (*client)->Call(req);
   if (!reply.ok()) return Fail(reply.status());
   const std::string run = (*reply)->root().getSubmitted().getRunId().cStr();
-  std::cout << run << std::endl;
+  std::cout << Printable(run) << std::endl;
   if (!follow) return kExitOk;
   return Follow(g, run);
 }
 
-int CmdExport(GlobalOptions& g, const std::string& run, int64_t step, const std::string& out_dir) {
+// `step` empty: the latest complete checkpoint. Writes into `out_dir` only if it is new or empty,
+// or with `force` (which replaces its config.json and model.safetensors, nothing else).
+int CmdExport(GlobalOptions& g, const std::string& run, std::optional<int64_t> step, const std::string& out_dir, bool force) {
+  if (step && *step < 0) {
+    return Fail(InvalidArgument("--step " + std::to_string(*step) + " is not a checkpoint step; give a step that `strata checkpoints " +
+                                run + "` lists, or leave --step out for the latest"));
+  }
+  std::error_code ec;
+  const fs::file_status out_status = fs::status(out_dir, ec);
+  if (fs::exists(out_status) && !fs::is_directory(out_status)) {
+    return Fail(InvalidArgument("--out " + out_dir + " exists and is not a directory; export writes a directory "
+                                "(config.json + model.safetensors), choose a new path"));
+  }
+  if (fs::is_directory(out_status) && !force && !fs::is_empty(out_dir, ec)) {
+    return Fail(InvalidArgument("--out " + out_dir + " is not empty; export into a new or empty directory, or pass --force "
+                                "to replace its config.json and model.safetensors"));
+  }
   auto status = FetchStatus(g, run);
   if (!status.ok()) return Fail(status.status());
   const std::string spec_toml = (*status)->root().getStatusReply().getRuns()[0].getSpecToml().cStr();
@@ -782,20 +844,20 @@ int CmdExport(GlobalOptions& g, const std::string& run, int64_t step, const std:
   std::string steps;
   for (unsigned i = 0; i < list.size(); ++i) {
     auto m = list[i];
-    if (step < 0 ? m.getStep() == list[list.size() - 1].getStep() : m.getStep() == step) {
+    if (!step ? m.getStep() == list[list.size() - 1].getStep() : m.getStep() == *step) {
       if (const auto [state, why] = CheckpointState((*reply)->root().getCheckpointsReply(), i); !why.empty()) {
-        return Fail(Corruption("the checkpoint of run " + run + " at step " + std::to_string(m.getStep()) + " is " + state +
-                               ": " + why + "; `strata checkpoints " + run + "` lists the complete ones"));
+        return Fail(Corruption("the checkpoint of run " + Printable(run) + " at step " + std::to_string(m.getStep()) + " is " +
+                               state + ": " + why + "; `strata checkpoints` lists the complete ones"));
       }
       auto summary = ExportCheckpoint(spec_toml, m, out_dir);
       if (!summary.ok()) return Fail(summary.status());
-      std::printf("exported run %s step %ld: %zu tensors (%s) to %s\n", run.c_str(), static_cast<long>(m.getStep()),
+      std::printf("exported run %s step %ld: %zu tensors (%s) to %s\n", Printable(run).c_str(), static_cast<long>(m.getStep()),
                   summary->tensors, HumanBytes(summary->bytes).c_str(), out_dir.c_str());
       return kExitOk;
     }
     steps += (steps.empty() ? "" : ", ") + std::to_string(m.getStep());
   }
-  return Fail(InvalidArgument("--step " + std::to_string(step) + ": run " + run +
+  return Fail(InvalidArgument("--step " + std::to_string(*step) + ": run " + run +
                               " has no complete checkpoint there; complete ones are at steps " + steps));
 }
 
@@ -882,12 +944,14 @@ int RunCli(int argc, char** argv) {
   auto* checkpoints = app.add_subcommand("checkpoints", "list a run's complete checkpoints");
   checkpoints->add_option("run", run)->required();
   checkpoints->add_flag("--json", as_json, "machine-readable output");
-  int64_t export_step = -1;
+  int64_t export_step = 0;
   std::string export_dir;
+  bool export_force = false;
   auto* export_cmd = app.add_subcommand("export", "write a checkpoint as a Hugging Face directory (config.json + model.safetensors)");
   export_cmd->add_option("run", run)->required();
-  export_cmd->add_option("--step", export_step, "checkpoint step (default: the latest complete one)");
-  export_cmd->add_option("--out", export_dir, "output directory")->required();
+  auto* export_step_option = export_cmd->add_option("--step", export_step, "checkpoint step (default: the latest complete one)");
+  export_cmd->add_option("--out", export_dir, "output directory (new or empty)")->required();
+  export_cmd->add_flag("--force", export_force, "write into a non-empty --out, replacing its config.json and model.safetensors");
 
   auto* activations_cmd = app.add_subcommand("activations", "list what an extract run stored (layers, sites, rows, bytes)");
   activations_cmd->add_option("run", run, "the extract run");
@@ -898,7 +962,8 @@ int RunCli(int argc, char** argv) {
   get_cmd->add_option("--layer", get.layer, "layer index")->required();
   get_cmd->add_option("--site", get.site, "resid_post, attn_out or mlp_out (default: the run's only site, else resid_post)");
   get_cmd->add_option("--rows", get.rows, "token rows A:B (default: every stored row)");
-  get_cmd->add_option("--out", get.out, "FILE.npy, FILE.safetensors, or - for .npy on stdout")->required();
+  get_cmd->add_option("--out", get.out, "FILE.npy, FILE.safetensors, or - for .npy on stdout (an existing FILE is refused)")->required();
+  get_cmd->add_flag("--force", get.force, "replace an existing --out file");
 
   PlanRequest plan_request;
   auto* plan_cmd = app.add_subcommand("plan", "the planner's mesh, ZeRO stage and micro-batch for a run spec, with each worker's memory estimate");
@@ -913,26 +978,38 @@ int RunCli(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitBadInput;
   }
 
-  if (*keygen) return CmdKeygen(keygen_dir, keygen_force);
-  if (*up) return CmdUp(g, up_options);
-  if (*down) return CmdDown(g);
-  if (*workers_cmd) return CmdWorkers(g, as_json);
-  if (*submit) return CmdSubmit(g, spec_path, follow, resume, skip_estimate);
-  if (*status && watch) return run.empty() ? WatchAll(g) : Follow(g, run);
-  if (*status) return CmdStatus(g, run, as_json, with_losses);
-  if (*events) return CmdEvents(g, run, as_json);
-  if (*cancel) return CmdCancel(g, run);
-  if (*checkpoints) return CmdCheckpoints(g, run, as_json);
-  if (*export_cmd) return CmdExport(g, run, export_step, export_dir);
-  if (*plan_cmd) return PlanRun(plan_request, plan_request.cluster_spec.empty() ? ResolveCoordinator(g) : Result<CoordinatorAddress>(CoordinatorAddress{}));
-  if (*activations_cmd) {
-    auto coordinator = ResolveCoordinator(g);
-    if (!coordinator.ok()) return Fail(coordinator.status());
-    if (*get_cmd) return GetActivations(*coordinator, get);
-    if (run.empty()) return Fail(InvalidArgument("name the run: `strata activations RUN` (runs: `strata status`)"));
-    return ListActivations(*coordinator, run, as_json);
+  auto dispatch = [&]() -> int {
+    if (*keygen) return CmdKeygen(keygen_dir, keygen_force);
+    if (*up) return CmdUp(g, up_options);
+    if (*down) return CmdDown(g);
+    if (*workers_cmd) return CmdWorkers(g, as_json);
+    if (*submit) return CmdSubmit(g, spec_path, follow, resume, skip_estimate);
+    if (*status && watch) return run.empty() ? WatchAll(g) : Follow(g, run);
+    if (*status) return CmdStatus(g, run, as_json, with_losses);
+    if (*events) return CmdEvents(g, run, as_json);
+    if (*cancel) return CmdCancel(g, run);
+    if (*checkpoints) return CmdCheckpoints(g, run, as_json);
+    if (*export_cmd) {
+      return CmdExport(g, run, export_step_option->count() > 0 ? std::optional<int64_t>(export_step) : std::nullopt, export_dir, export_force);
+    }
+    if (*plan_cmd) return PlanRun(plan_request, plan_request.cluster_spec.empty() ? ResolveCoordinator(g) : Result<CoordinatorAddress>(CoordinatorAddress{}));
+    if (*activations_cmd) {
+      if (*get_cmd) {
+        if (Status st = CheckActivationsOut(get); !st.ok()) return Fail(st);  // before resolving the cluster
+      }
+      auto coordinator = ResolveCoordinator(g);
+      if (!coordinator.ok()) return Fail(coordinator.status());
+      if (*get_cmd) return GetActivations(*coordinator, get);
+      if (run.empty()) return Fail(InvalidArgument("name the run: `strata activations RUN` (runs: `strata status`)"));
+      return ListActivations(*coordinator, run, as_json);
+    }
+    return kExitBadInput;
+  };
+  try {
+    return dispatch();
+  } catch (const zmq::error_t& e) {  // a safety net: addresses are validated before connecting
+    return Fail(Unavailable(std::string("ZeroMQ refused the connection: ") + e.what() + "; check --cluster / STRATA_CLUSTER"));
   }
-  return kExitBadInput;
 }
 
 }  // namespace strata::cli

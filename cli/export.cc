@@ -33,7 +33,7 @@ std::vector<uint8_t> Transpose2d(const storage::Tensor& t) {
 
 Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointManifest::Reader manifest,
                                        const std::string& out_dir) {
-  STRATA_ASSIGN_OR_RETURN(RunSpec spec, ParseRunSpec(spec_toml, "", /*check_files=*/false));
+  STRATA_ASSIGN_OR_RETURN(RunSpec spec, ParseStoredRunSpec(spec_toml));  // as stored, older names included
   const std::string run = manifest.getRunId().cStr();
   const int64_t step = manifest.getStep();
   std::map<std::string, storage::Tensor> tensors;  // HF name -> tensor in HF layout

@@ -22,13 +22,8 @@ namespace {
 
 using json = nlohmann::json;
 
-Result<std::string> ReadText(const std::string& path, const std::string& what) {
-  std::ifstream in(path);
-  if (!in) return InvalidArgument(what + " " + path + " cannot be read; check the path");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+// A regular file of at most 1 MiB (common/run_spec.h): never blocks on a FIFO or reads /dev/zero.
+Result<std::string> ReadText(const std::string& path, const std::string& what) { return ReadSpecFile(path, what); }
 
 Result<shard::ClusterView> ClusterFromSpec(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadText(path, "--cluster-spec"));

@@ -1,8 +1,15 @@
 #include "common/run_spec.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -34,6 +41,12 @@ std::string Closest(const std::string& key, const std::set<std::string>& allowed
   return list;
 }
 
+// "run spec: model.layers = 2147483648 is over the bound of 1024; ..." (spec_bounds in run_spec.h).
+Status OverBound(const std::string& field, const std::string& value, const std::string& bound) {
+  return InvalidArgument("run spec: " + field + " = " + value + " is over the bound of " + bound +
+                         "; Strata refuses larger values (the README's run spec table lists the bounds), use a smaller one");
+}
+
 class Reader {
  public:
   explicit Reader(const toml::table& root) : root_(root) {}
@@ -60,7 +73,8 @@ class Reader {
     return Status::Ok();
   }
 
-  Status Int(const std::string& table, const std::string& key, int64_t* out, int64_t min) {
+  // An integer in [min, max]; `max` is the field's bound from spec_bounds.
+  Status Int(const std::string& table, const std::string& key, int64_t* out, int64_t min, int64_t max) {
     const toml::node* node = Find(table, key);
     if (!node) return Status::Ok();
     auto v = node->value<int64_t>();
@@ -71,6 +85,7 @@ class Reader {
       return InvalidArgument("run spec: " + Path(table, key) + " = " + std::to_string(*v) + " must be >= " +
                              std::to_string(min));
     }
+    if (*v > max) return OverBound(Path(table, key), std::to_string(*v), std::to_string(max));
     *out = *v;
     return Status::Ok();
   }
@@ -132,10 +147,11 @@ class Reader {
     automatic->insert(key);
     return true;
   }
-  Status IntOrAuto(const std::string& table, const std::string& key, int64_t* out, int64_t min, std::set<std::string>* automatic) {
+  Status IntOrAuto(const std::string& table, const std::string& key, int64_t* out, int64_t min, int64_t max,
+                   std::set<std::string>* automatic) {
     if (IsAuto(table, key, automatic)) return Status::Ok();
     if (Find(table, key)->is_string()) return InvalidArgument("run spec: " + Path(table, key) + " must be an integer or \"auto\"");
-    return Int(table, key, out, min);
+    return Int(table, key, out, min, max);
   }
   Status BoolOrAuto(const std::string& table, const std::string& key, bool* out, std::set<std::string>* automatic) {
     if (IsAuto(table, key, automatic)) return Status::Ok();
@@ -214,8 +230,8 @@ Status ParseExtract(Reader& r, RunSpec* spec) {
   if (e.mode != "auto" && e.mode != "whole" && e.mode != "layerwise") {
     return InvalidArgument("run spec: extract.mode = \"" + e.mode + "\" is not supported; use \"auto\", \"whole\" or \"layerwise\"");
   }
-  STRATA_RETURN_IF_ERROR(r.Int("extract", "batch", &e.batch, 1));
-  STRATA_RETURN_IF_ERROR(r.Int("extract", "tokens", &e.tokens, 0));
+  STRATA_RETURN_IF_ERROR(r.Int("extract", "batch", &e.batch, 1, spec_bounds::kExtractBatch));
+  STRATA_RETURN_IF_ERROR(r.Int("extract", "tokens", &e.tokens, 0, spec_bounds::kExtractTokens));
   if (e.tokens > 0 && e.tokens < spec->model.sequence) {
     return InvalidArgument("run spec: extract.tokens = " + std::to_string(e.tokens) + " is less than one sequence (model.sequence = " +
                            std::to_string(spec->model.sequence) + "); raise it or set 0 for the whole file");
@@ -241,7 +257,99 @@ int64_t ExtractChunks(const RunSpec& spec, int64_t data_tokens) {
   return (sequences + spec.extract.batch - 1) / spec.extract.batch;
 }
 
+Status ValidateRunName(const std::string& name) {
+  auto refuse = [&](const std::string& why) {
+    return InvalidArgument("run spec: name = \"" + EscapeForTerminal(name.size() > 80 ? name.substr(0, 80) + "..." : name) +
+                           "\" " + why + "; a run name is 1 to " + std::to_string(spec_bounds::kNameLength) +
+                           " characters of A-Z a-z 0-9 . _ - not starting with '.' or '-' (it names files and log lines)");
+  };
+  if (name.empty()) return refuse("is empty");
+  if (name.size() > spec_bounds::kNameLength) return refuse("is " + std::to_string(name.size()) + " bytes long");
+  for (unsigned char c : name) {
+    if (!std::isalnum(c) && c != '.' && c != '_' && c != '-') {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02X", c);
+      return refuse(std::string("holds the character ") + (c >= 0x20 && c < 0x7f ? "'" + std::string(1, static_cast<char>(c)) + "'" : hex));
+    }
+  }
+  if (name[0] == '.' || name[0] == '-') return refuse("starts with '" + name.substr(0, 1) + "'");
+  return Status::Ok();
+}
+
+std::string EscapeForTerminal(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  auto hex = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02X", c);
+    out += buf;
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      hex(c);
+    } else if (c == 0xC2 && next >= 0x80 && next <= 0x9F) {  // U+0080..U+009F: C1 controls (CSI is U+009B)
+      hex(c), hex(next), ++i;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+Result<std::string> ReadSpecFile(const std::string& path, const std::string& what, size_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading must not wait for a writer; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    const int err = errno;
+    return InvalidArgument("cannot read " + what + " " + path + ": " + std::strerror(err) + (err == ENOENT ? "; check the path" : ""));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return IoError("cannot stat " + what + " " + path + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device"
+                       : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a regular file";
+    return InvalidArgument(what + " " + path + " is " + kind + "; give a regular file (TOML, at most " +
+                           std::to_string(max_bytes >> 10) + " KiB)");
+  }
+  auto too_big = [&] {
+    return InvalidArgument(what + " " + path + " is larger than " + std::to_string(max_bytes >> 10) +
+                           " KiB; a run spec is a few lines of TOML, check the path");
+  };
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) return too_big();
+  // Read to the end, but never past the limit (a file that grows while it is read).
+  std::string text;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return IoError("cannot read " + what + " " + path + ": " + std::strerror(errno));
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > max_bytes) return too_big();
+  }
+  return text;
+}
+
+namespace {
+Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir, bool check_files, bool check_name);
+}  // namespace
+
 Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& base_dir, bool check_files) {
+  return Parse(toml_text, base_dir, check_files, /*check_name=*/true);
+}
+
+Result<RunSpec> ParseStoredRunSpec(const std::string& toml_text) {
+  return Parse(toml_text, "", /*check_files=*/false, /*check_name=*/false);
+}
+
+namespace {
+Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir, bool check_files, bool check_name) {
   toml::table root;
   try {
     root = toml::parse(toml_text);
@@ -257,6 +365,7 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
   RunSpec spec;
   STRATA_RETURN_IF_ERROR(r.String("", "name", &spec.name));
   if (spec.name.empty()) spec.name = "run";
+  if (check_name) STRATA_RETURN_IF_ERROR(ValidateRunName(spec.name));
   STRATA_RETURN_IF_ERROR(r.String("", "kind", &spec.kind));
   if (spec.kind != "train" && spec.kind != "extract") {
     return InvalidArgument("run spec: kind = \"" + spec.kind + "\" is not supported; use \"train\" or \"extract\"");
@@ -270,13 +379,13 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
   if (m.family != "gpt2" && m.family != "llama") {
     return InvalidArgument("run spec: model.family = \"" + m.family + "\" is not supported; use \"gpt2\" or \"llama\"");
   }
-  STRATA_RETURN_IF_ERROR(r.Int("model", "layers", &m.layers, 1));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "hidden", &m.hidden, 1));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "heads", &m.heads, 1));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "vocab", &m.vocab, 2));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "sequence", &m.sequence, 2));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "kv_heads", &m.kv_heads, 0));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "ffn", &m.ffn, 0));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "layers", &m.layers, 1, spec_bounds::kLayers));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "hidden", &m.hidden, 1, spec_bounds::kHidden));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "heads", &m.heads, 1, spec_bounds::kHeads));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "vocab", &m.vocab, 2, spec_bounds::kVocab));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "sequence", &m.sequence, 2, spec_bounds::kSequence));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "kv_heads", &m.kv_heads, 0, spec_bounds::kHeads));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "ffn", &m.ffn, 0, spec_bounds::kFfn));
   STRATA_RETURN_IF_ERROR(r.Float("model", "rope_theta", &m.rope_theta, 1.0, 1e12));
   STRATA_RETURN_IF_ERROR(r.Float("model", "norm_eps", &m.norm_eps, 0.0, 1.0));
   if (m.hidden % m.heads != 0) {
@@ -338,21 +447,21 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
   }
 
   TrainSpec& t = spec.train;
-  STRATA_RETURN_IF_ERROR(r.Int("train", "steps", &t.steps, 1));
-  STRATA_RETURN_IF_ERROR(r.Int("train", "global_batch", &t.global_batch, 1));
+  STRATA_RETURN_IF_ERROR(r.Int("train", "steps", &t.steps, 1, spec_bounds::kSteps));
+  STRATA_RETURN_IF_ERROR(r.Int("train", "global_batch", &t.global_batch, 1, spec_bounds::kGlobalBatch));
   STRATA_RETURN_IF_ERROR(r.Float("train", "lr", &t.lr, 0.0, 10.0));
   STRATA_RETURN_IF_ERROR(r.Float("train", "weight_decay", &t.weight_decay, 0.0, 10.0));
   STRATA_RETURN_IF_ERROR(r.Float("train", "beta1", &t.beta1, 0.0, 0.999999));
   STRATA_RETURN_IF_ERROR(r.Float("train", "beta2", &t.beta2, 0.0, 0.999999));
   STRATA_RETURN_IF_ERROR(r.Float("train", "grad_clip", &t.grad_clip, 0.0, 1e9));
-  STRATA_RETURN_IF_ERROR(r.Int("train", "seed", &t.seed, 0));
-  STRATA_RETURN_IF_ERROR(r.Int("train", "checkpoint_every", &t.checkpoint_every, 0));
+  STRATA_RETURN_IF_ERROR(r.Int("train", "seed", &t.seed, 0, std::numeric_limits<int64_t>::max()));
+  STRATA_RETURN_IF_ERROR(r.Int("train", "checkpoint_every", &t.checkpoint_every, 0, spec_bounds::kSteps));
   if (t.lr <= 0) return InvalidArgument("run spec: train.lr must be > 0");
   STRATA_RETURN_IF_ERROR(r.String("train", "lr_schedule", &t.lr_schedule));
   if (t.lr_schedule != "constant" && t.lr_schedule != "cosine") {
     return InvalidArgument("run spec: train.lr_schedule = \"" + t.lr_schedule + "\" is not supported; use \"constant\" or \"cosine\"");
   }
-  STRATA_RETURN_IF_ERROR(r.Int("train", "warmup_steps", &t.warmup_steps, 0));
+  STRATA_RETURN_IF_ERROR(r.Int("train", "warmup_steps", &t.warmup_steps, 0, spec_bounds::kSteps));
   STRATA_RETURN_IF_ERROR(r.Float("train", "min_lr", &t.min_lr, 0.0, 10.0));
   if (t.min_lr > t.lr) return InvalidArgument("run spec: train.min_lr must not exceed train.lr");
   STRATA_RETURN_IF_ERROR(r.String("train", "precision", &t.precision));
@@ -360,24 +469,25 @@ Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& ba
     return InvalidArgument("run spec: train.precision = \"" + t.precision + "\" is not supported; use \"fp32\" or \"bf16\"");
   }
 
-  STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0));
+  STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0, spec_bounds::kThreads));
   ParallelSpec& p = spec.parallel;
   if (spec.is_extract()) {  // workers to capture with; not planned
-    STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &p.dp, 1));
+    STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &p.dp, 1, spec_bounds::kWorkers));
     STRATA_RETURN_IF_ERROR(ParseExtract(r, &spec));
     return spec;
   }
   // Train runs: each field is fixed here or left to the planner when the run starts.
-  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "dp", &p.dp, 1, &p.automatic));
-  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "pp", &p.pp, 1, &p.automatic));
-  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "tp", &p.tp, 1, &p.automatic));
-  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "micro_batch", &p.micro_batch, 0, &p.automatic));
-  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "zero", &p.zero, 0, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "dp", &p.dp, 1, spec_bounds::kWorkers, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "pp", &p.pp, 1, spec_bounds::kLayers, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "tp", &p.tp, 1, spec_bounds::kHeads, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "micro_batch", &p.micro_batch, 0, spec_bounds::kGlobalBatch, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "zero", &p.zero, 0, std::numeric_limits<int64_t>::max(), &p.automatic));  // 0-3: ValidateParallel
   STRATA_RETURN_IF_ERROR(r.BoolOrAuto("parallel", "recompute", &p.recompute, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.IntList("parallel", "stages", &p.stages, "auto"));
   STRATA_RETURN_IF_ERROR(ValidateParallel(spec));
   return spec;
 }
+}  // namespace
 
 Status ValidateParallel(const RunSpec& spec) {
   const ParallelSpec& p = spec.parallel;
@@ -396,6 +506,9 @@ Status ValidateParallel(const RunSpec& spec) {
                              " does not divide the per-rank batch train.global_batch / parallel.dp = " +
                              std::to_string(local_batch));
     }
+  }
+  if (fixed("dp") && fixed("pp") && fixed("tp") && p.dp * p.pp * p.tp > spec_bounds::kWorkers) {  // each <= 2^16: no overflow
+    return OverBound("parallel.dp * parallel.pp * parallel.tp", std::to_string(p.dp * p.pp * p.tp), std::to_string(spec_bounds::kWorkers));
   }
   if (fixed("zero") && p.zero > 3) {
     return InvalidArgument("run spec: parallel.zero = " + std::to_string(p.zero) +
@@ -419,6 +532,10 @@ Status ValidateParallel(const RunSpec& spec) {
     int64_t sum = 0;
     for (int64_t n : p.stages) {
       if (n < 1) return InvalidArgument("run spec: " + listed() + " gives a stage no layers; every stage needs at least one");
+      if (n > m.layers) {  // checked before the sum, which then cannot overflow
+        return InvalidArgument("run spec: " + listed() + " gives a stage " + std::to_string(n) + " layers but model.layers = " +
+                               std::to_string(m.layers) + "; the counts must add up to the model's layers");
+      }
       sum += n;
     }
     if (sum != m.layers) {

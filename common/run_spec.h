@@ -26,6 +26,43 @@
 
 namespace strata {
 
+// Upper bounds of the run spec's numbers. Each is far above any model or job that runs on the
+// clusters Strata targets, and low enough that everything derived from them stays small: the
+// planner's products (parameters, tokens per step, activation bytes) fit an int64, its searches
+// (divisors, stage balancing) take milliseconds, and a per-layer or per-step list costs at most
+// a few MiB. A value over a bound is refused at submit, naming the bound (README, "Run specs").
+namespace spec_bounds {
+inline constexpr int64_t kLayers = 1024;               // the largest dense models run ~100-200
+inline constexpr int64_t kHidden = 65536;              // 2^16; the largest published ~25k
+inline constexpr int64_t kHeads = 1024;                // also bounds kv_heads (they divide heads)
+inline constexpr int64_t kFfn = int64_t{1} << 20;      // 16 x the largest hidden
+inline constexpr int64_t kVocab = int64_t{1} << 24;    // 16.7M ids; tokenizers stop near 256k
+inline constexpr int64_t kSequence = int64_t{1} << 20; // 1M tokens of context
+inline constexpr int64_t kSteps = 1000000000;          // 10^9 optimizer steps (years of training)
+inline constexpr int64_t kGlobalBatch = int64_t{1} << 24;  // 16.7M sequences per step
+inline constexpr int64_t kWorkers = 65536;             // dp, tp, and dp * pp * tp (workers per run)
+inline constexpr int64_t kThreads = 1024;              // worker.threads; a worker clamps to its cores
+inline constexpr int64_t kExtractBatch = 65536;        // sequences per stored chunk
+inline constexpr int64_t kExtractTokens = int64_t{1} << 48;  // 281T tokens: more than any corpus
+inline constexpr size_t kNameLength = 64;              // run names; ids add "-NNNNNNNN-NNN"
+inline constexpr size_t kSpecFileBytes = size_t{1} << 20;  // a spec file (submit, plan): 1 MiB
+}  // namespace spec_bounds
+
+// Run names become run ids (name + "-" + 8 digits + "-" + 3 digits), which become file names
+// (checkpoint data directories, profiles), log lines and terminal output. So a name is 1 to 64
+// characters of [A-Za-z0-9._-], not starting with '.' or '-'. InvalidArgument names the rule.
+Status ValidateRunName(const std::string& name);
+
+// Text from a store or a peer, safe to print on a terminal: control bytes (C0, DEL, and the C1
+// range as UTF-8 encodes it) and backslashes are written as \xNN; everything else is kept.
+std::string EscapeForTerminal(const std::string& text);
+
+// Reads a run spec (or another small TOML input) from `path` for `strata submit` / `plan`: only a
+// regular file of at most `max_bytes`. A directory, FIFO, device (/dev/zero) or socket is refused
+// without blocking on it (opened O_NONBLOCK, checked with fstat), naming the path.
+Result<std::string> ReadSpecFile(const std::string& path, const std::string& what,
+                                 size_t max_bytes = spec_bounds::kSpecFileBytes);
+
 struct ModelSpec {
   std::string family = "gpt2";
   int64_t layers = 2;
@@ -104,6 +141,11 @@ struct WorkerSpec {
   int64_t threads = 1;
 };
 
+// The intra-op thread count a worker with `cores` cores applies for worker.threads: at most its
+// cores (more only oversubscribes them; 100000 hung a worker), 0 kept (LibTorch's default).
+// The worker logs the clamp.
+inline int64_t ClampWorkerThreads(int64_t threads, int64_t cores) { return std::min(threads, std::max<int64_t>(cores, 1)); }
+
 struct RunSpec {
   std::string name;
   std::string kind = "train";  // or "extract"
@@ -122,7 +164,13 @@ struct RunSpec {
 
 // Parses and validates. Relative data paths are resolved against `base_dir`. Does not touch
 // the file system except to check that the data file exists when `check_files` is set.
+// Every number is checked against its bound (spec_bounds) and the name against ValidateRunName.
 Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& base_dir, bool check_files);
+
+// A spec the coordinator stored (its canonical TOML, paths absolute): as ParseRunSpec without
+// file checks, except that the name is not checked, so runs stored before the name rule (names
+// with control bytes, long names) still load and print (through EscapeForTerminal).
+Result<RunSpec> ParseStoredRunSpec(const std::string& toml_text);
 
 // Checks the fixed [parallel] fields of a train run against its model and batch (ParseRunSpec
 // does; the coordinator again after the planner fills the automatic ones).

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -194,6 +196,108 @@ TEST_F(RunSpecTest, AbsentAndAutoParallelFieldsAreLeftToThePlanner) {
 TEST_F(RunSpecTest, AutoIsTheOnlyWordAParallelFieldTakes) {
   ExpectRejected(Valid() + "[parallel]\ndp = \"max\"\n", "parallel.dp must be an integer or \"auto\"");
   ExpectRejected(Valid() + "[parallel]\nrecompute = \"yes\"\n", "parallel.recompute must be true, false or \"auto\"");
+}
+
+
+// Issue #20: every number has an upper bound, refused at parse naming the field, value and bound
+// (before: layers = 2^31 grew submit to 23.7 GB, global_batch = 2^40 spun the planner for minutes,
+// hidden = 2^62 printed a negative estimate, steps = 10^18 was accepted).
+TEST_F(RunSpecTest, NumbersOverTheirBoundsAreRefusedNamingTheBound) {
+  struct Case {
+    std::string from, to, needle;
+  } cases[] = {
+      {"layers = 2", "layers = 2147483648", "model.layers = 2147483648 is over the bound of 1024"},
+      {"hidden = 64", "hidden = 4611686018427387904", "model.hidden = 4611686018427387904 is over the bound of 65536"},
+      {"heads = 4", "heads = 4096", "model.heads = 4096 is over the bound of 1024"},
+      {"sequence = 32", "sequence = 2097152", "model.sequence = 2097152 is over the bound of 1048576"},
+      {"steps = 5", "steps = 1000000000000000000", "train.steps = 1000000000000000000 is over the bound of 1000000000"},
+      {"global_batch = 4", "global_batch = 1099511627776", "train.global_batch = 1099511627776 is over the bound of 16777216"},
+  };
+  for (const auto& c : cases) ExpectRejected(With(c.from, c.to), c.needle);
+  ExpectRejected(Valid("vocab = 16777217\n"), "model.vocab = 16777217 is over the bound of 16777216");
+  ExpectRejected(Valid("ffn = 2097152\n"), "model.ffn = 2097152 is over the bound");
+  ExpectRejected(Valid("", "checkpoint_every = 1000000001\n"), "train.checkpoint_every");
+  ExpectRejected(Valid("", "warmup_steps = 1000000001\n"), "train.warmup_steps");
+  ExpectRejected(Valid() + "[worker]\nthreads = 100000\n", "worker.threads = 100000 is over the bound of 1024");
+  ExpectRejected(Valid() + "[parallel]\ndp = 70000\n", "parallel.dp = 70000 is over the bound");
+  ExpectRejected(Valid() + "[parallel]\nmicro_batch = 99999999\n", "parallel.micro_batch");
+  ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = [4, 9223372036854775807]\n", "parallel.stages");
+  ExpectRejected(With("layers = 2", "layers = 4") + "[parallel]\npp = 2\nstages = [4, 5]\n", "parallel.stages");
+  const std::string extract = "kind = \"extract\"\n" + Valid() + "[extract]\n";
+  ExpectRejected(extract + "batch = 1000000\n", "extract.batch = 1000000 is over the bound of 65536");
+  ExpectRejected(extract + "tokens = 9223372036854775807\n", "extract.tokens");
+  // Floats: NaN and infinities are outside every range.
+  for (const char* v : {"nan", "inf", "-inf", "1e308"}) ExpectRejected(Valid("", std::string("lr = ") + v + "\n"), "train.lr");
+  ExpectRejected(Valid("rope_theta = nan\n"), "model.rope_theta");
+  // The bounds themselves are accepted (the message promises "over the bound").
+  auto at_bound = ParseRunSpec(With("steps = 5", "steps = 1000000000") + "[worker]\nthreads = 1024\n", dir_, true);
+  ASSERT_TRUE(at_bound.ok()) << at_bound.status().ToString();
+  EXPECT_EQ(at_bound->train.steps, 1000000000);
+}
+
+// Issue #20: a NUL in a name wedged the cluster (workers trained under the id cut at the NUL), a
+// 115-character name failed its checkpoint ("File name too long"), escapes printed raw.
+TEST_F(RunSpecTest, RunNamesAreShortAndOfASafeCharacterSet) {
+  auto named = [&](const std::string& toml_name) { return With("name = \"t\"", "name = \"" + toml_name + "\""); };
+  ExpectRejected(named("a\\u0000b"), "holds the character \\x00");
+  ExpectRejected(named(std::string(115, 'n')), "is 115 bytes long");
+  ExpectRejected(named("red\\u001b[31m"), "\\x1B");
+  ExpectRejected(named("two\\nlines"), "\\x0A");
+  ExpectRejected(named(".hidden"), "starts with '.'");
+  ExpectRejected(named("-rf"), "starts with '-'");
+  ExpectRejected(named("a/b"), "holds the character '/'");
+  ExpectRejected(named("caf\\u00e9"), "\\xC3");
+  for (const std::string ok : {std::string("gpt2-tiny"), std::string("run_1.v2"), std::string("A"), std::string(64, 'x')}) {
+    auto spec = ParseRunSpec(named(ok), dir_, true);
+    EXPECT_TRUE(spec.ok()) << ok << ": " << spec.status().ToString();
+  }
+  // What the coordinator stored before the rule still loads, to be listed and printed escaped.
+  auto stored = ParseStoredRunSpec(With("name = \"t\"", "name = \"a\\u001b[2Jb\\u0000c\""));
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  EXPECT_EQ(stored->name, std::string("a\x1b[2Jb\0c", 8));
+  EXPECT_EQ(EscapeForTerminal(stored->name), "a\\x1B[2Jb\\x00c");
+}
+
+TEST(EscapeForTerminalTest, ControlBytesAndBackslashesBecomeHexAndTextStays) {
+  EXPECT_EQ(EscapeForTerminal("plain run-1 ok"), "plain run-1 ok");
+  EXPECT_EQ(EscapeForTerminal("a\nb\rc\td\x7f"), "a\\x0Ab\\x0Dc\\x09d\\x7F");
+  EXPECT_EQ(EscapeForTerminal("back\\slash"), "back\\x5Cslash");
+  EXPECT_EQ(EscapeForTerminal("caf\xC3\xA9"), "caf\xC3\xA9");           // UTF-8 text is kept
+  EXPECT_EQ(EscapeForTerminal("csi\xC2\x9B" "31m"), "csi\\xC2\\x9B31m");  // C1 CSI is not
+}
+
+// Issue #20: `strata submit /dev/zero` ate memory forever and a FIFO blocked it.
+TEST_F(RunSpecTest, SpecFilesAreRegularFilesOfBoundedSize) {
+  auto text = ReadSpecFile(dir_ + "/corpus.txt", "run spec");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_EQ(text->size(), 4096u);
+  auto zero = ReadSpecFile("/dev/zero", "run spec");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(zero.status().message().find("/dev/zero is a character device"), std::string::npos) << zero.status().message();
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto piped = ReadSpecFile(fifo, "run spec");  // no writer: a blocking open would hang here
+  ASSERT_FALSE(piped.ok());
+  EXPECT_NE(piped.status().message().find(fifo + " is a FIFO"), std::string::npos) << piped.status().message();
+  auto dir = ReadSpecFile(dir_, "run spec");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.status().message().find("is a directory"), std::string::npos);
+  std::ofstream(dir_ + "/big.toml") << std::string((1 << 20) + 1, '#');
+  auto big = ReadSpecFile(dir_ + "/big.toml", "run spec");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("larger than 1024 KiB"), std::string::npos) << big.status().message();
+  auto missing = ReadSpecFile(dir_ + "/nope.toml", "run spec");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("nope.toml"), std::string::npos);
+}
+
+TEST(ClampWorkerThreadsTest, AtMostTheCoresAndZeroKept) {
+  EXPECT_EQ(ClampWorkerThreads(100000, 16), 16);
+  EXPECT_EQ(ClampWorkerThreads(4, 16), 4);
+  EXPECT_EQ(ClampWorkerThreads(0, 16), 0);       // LibTorch's default
+  EXPECT_EQ(ClampWorkerThreads(8, 0), 1);        // hardware_concurrency() may not know: 0
 }
 
 }  // namespace

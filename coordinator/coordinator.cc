@@ -909,6 +909,7 @@ class CoordinatorImpl final : public Coordinator {
       }
       // A train run takes a worker per rank of its mesh; a capture, parallel.dp workers.
       auto wanted = static_cast<size_t>(run->spec.is_extract() ? run->spec.parallel.dp : run->spec.parallel.workers());
+      if (run->spec.is_extract() && FailUnplaceableExtract(*run)) continue;
       if (idle.size() < wanted && run->recover_until_ms > 0 && net::SteadyMs() >= run->recover_until_ms &&
           Replan(*run, idle.size())) {
         wanted = static_cast<size_t>(run->spec.parallel.workers());
@@ -922,6 +923,20 @@ class CoordinatorImpl final : public Coordinator {
         Assign(*run, idle);
       }
     }
+  }
+
+  // A capture wanting more workers (parallel.dp) than the cluster has fails at once with the
+  // reason, as a train run whose mesh no plan can place does (PlanRun), rather than waiting
+  // without a word. Counts every live worker, busy ones too; with none registered yet it waits.
+  bool FailUnplaceableExtract(RunEntry& run) {
+    const auto live = std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.state != WorkerState::LOST; });
+    if (live == 0 || run.spec.parallel.dp <= live) return false;
+    run.state = RunState::FAILED;
+    run.message = "cannot place the run: parallel.dp = " + std::to_string(run.spec.parallel.dp) + " capture workers but the cluster has " +
+                  std::to_string(live) + " live worker(s); set parallel.dp <= " + std::to_string(live) + " or add workers (`strata up --workers N`)";
+    AddEvent(run, "failed", run.message);
+    Persist(run);
+    return true;
   }
 
   // The workers' latest heartbeats as the planner sees them.
@@ -1988,7 +2003,7 @@ class CoordinatorImpl final : public Coordinator {
       run.id = r.getRunId().cStr();
       run.name = r.getName().cStr();
       run.spec_toml = r.getSpecToml().cStr();
-      auto spec = ParseRunSpec(run.spec_toml, "", false);
+      auto spec = ParseStoredRunSpec(run.spec_toml);  // names from before the name rule still load
       if (!spec.ok()) {
         STRATA_RETURN_IF_ERROR(UnreadableRunRecord(key, bytes, "its stored spec does not parse: " + spec.status().message()));
         continue;

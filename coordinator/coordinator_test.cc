@@ -453,6 +453,63 @@ TEST_F(CoordinatorTest, RunsSurviveARestart) {
   EXPECT_EQ(runs[0].getWorldSize(), 2u);
 }
 
+// Issue #20: a client can bypass the CLI, so the coordinator checks names itself. A name with a
+// NUL byte wedged the cluster (workers trained under the id cut at the NUL); a long one failed its
+// checkpoint after training ("File name too long").
+TEST_F(CoordinatorTest, SubmitMessagesWithUnsafeRunNamesAreRefused) {
+  CoordinatorClient client(options_.listen);
+  for (const std::string name : {std::string("a\\u0000b"), std::string(115, 'n'), std::string("x\\u001b[2J"), std::string("../up")}) {
+    std::string spec = Spec();
+    spec.replace(spec.find("name = \"t\""), 10, "name = \"" + name + "\"");
+    schema::EnvelopeBuilder req;
+    req.root().initSubmitRun().setSpecToml(spec);
+    auto reply = client.Call(req);
+    ASSERT_FALSE(reply.ok()) << name;
+    EXPECT_EQ(reply.status().code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(reply.status().message().find("a run name is 1 to 64 characters"), std::string::npos) << reply.status().message();
+  }
+  schema::EnvelopeBuilder status;
+  status.root().initStatusRequest();
+  auto runs = client.Call(status);
+  ASSERT_TRUE(runs.ok());
+  EXPECT_EQ((*runs)->root().getStatusReply().getRuns().size(), 0u);
+}
+
+// Issue #20: an extract run with dp = 64 on 2 workers stayed pending forever without a word; like
+// a train run that cannot be placed, it fails at once with the reason.
+TEST_F(CoordinatorTest, ExtractRunNeedingMoreWorkersThanTheClusterHasFailsAtOnce) {
+  zmq::context_t ctx;
+  FakeWorker w0(ctx, options_.listen, "w0", dir_), w1(ctx, options_.listen, "w1", dir_);
+  CoordinatorClient client(options_.listen);
+  auto submit = [&](int dp) {
+    schema::EnvelopeBuilder req;
+    std::string spec = "kind = \"extract\"\nname = \"cap\"\n[model]\nhidden = 32\nheads = 2\nsequence = 16\n[data]\npath = \"" + dir_ +
+                       "/corpus.txt\"\n[parallel]\ndp = " + std::to_string(dp) + "\n";
+    req.root().initSubmitRun().setSpecToml(spec);
+    auto reply = client.Call(req);
+    EXPECT_TRUE(reply.ok()) << reply.status().ToString();
+    return reply.ok() ? std::string((*reply)->root().getSubmitted().getRunId().cStr()) : std::string();
+  };
+  auto state_of = [&](const std::string& run_id) {
+    schema::EnvelopeBuilder status;
+    status.root().initStatusRequest().setRunId(run_id);
+    auto reply = client.Call(status);
+    EXPECT_TRUE(reply.ok());
+    auto r = (*reply)->root().getStatusReply().getRuns()[0];
+    return std::make_pair(r.getState(), std::string(r.getMessage().cStr()));
+  };
+  const std::string too_wide = submit(64);
+  ASSERT_FALSE(too_wide.empty());
+  const auto [state, message] = state_of(too_wide);  // the submit's reply came after the schedule pass
+  EXPECT_EQ(state, RunState::FAILED);
+  EXPECT_NE(message.find("parallel.dp = 64"), std::string::npos) << message;
+  EXPECT_NE(message.find("2 live worker"), std::string::npos) << message;
+  // One the cluster can place still starts.
+  const std::string fits = submit(2);
+  ASSERT_FALSE(fits.empty());
+  EXPECT_NE(state_of(fits).first, RunState::FAILED) << state_of(fits).second;
+}
+
 TEST(CoordinatorClientTest, UnreachableCoordinatorFailsFastWithAHint) {
   CoordinatorClient client("ipc:///tmp/strata-nobody-listens-here.sock", 500);
   schema::EnvelopeBuilder req;

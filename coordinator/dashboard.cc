@@ -121,7 +121,7 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
                          {"restarts", r.restarts},
                          {"events", std::move(events)}});
   }
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // stored names may not be UTF-8
 }
 
 std::string RenderMetrics(const DashboardSnapshot& s) {

@@ -86,6 +86,18 @@ constexpr double kDataParallelZero0Saving = 2.0;  // bytes per parameter, measur
 
 int64_t ActivationBytesPerElement(bool fp32_activations) { return fp32_activations ? 4 : 2; }
 
+// Every estimate is computed in double (products such as sequence x micro-batch x hidden x layers
+// x micro-batches in flight overflow an int64 long before the run spec's bounds) and rounded here,
+// clamped to [0, 2^58] bytes (256 PiB): far beyond any device, so a plan at the ceiling never fits,
+// and the six parts of MemoryEstimate::total() cannot overflow their int64 sum. A negative or NaN
+// input (a caller's bug) counts as 0 rather than wrapping.
+constexpr int64_t kCeilingBytes = int64_t{1} << 58;
+int64_t ToBytes(double bytes) {
+  if (!(bytes > 0)) return 0;
+  if (bytes >= static_cast<double>(kCeilingBytes)) return kCeilingBytes;
+  return std::llround(bytes);
+}
+
 }  // namespace
 
 int64_t ParameterCount(const ModelSpec& spec) {
@@ -102,9 +114,9 @@ MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero,
   const double gradient_share = zero >= 3 || (zero == 2 && layout == StateLayout::kZeroPaperMixed) ? 1.0 / dp : 1.0;
   const double optimizer_share = zero >= 1 ? 1.0 / dp : 1.0;
   MemoryEstimate m;
-  m.weights = std::llround(p * (b.weights + b.weight_cache) * weight_share);
-  m.gradients = std::llround(p * b.gradients * gradient_share);
-  m.optimizer_state = offload ? 0 : std::llround(p * b.optimizer * optimizer_share);
+  m.weights = ToBytes(p * (b.weights + b.weight_cache) * weight_share);
+  m.gradients = ToBytes(p * b.gradients * gradient_share);
+  m.optimizer_state = offload ? 0 : ToBytes(p * b.optimizer * optimizer_share);
   return m;
 }
 
@@ -116,16 +128,18 @@ int64_t LayerActivationBytes(const ModelSpec& spec, int64_t sequence, int64_t mi
   const double mlp = wide_tensors * 2.0 * model.ffn / h;  // 2 bytes per 16-bit element
   const double scores = fused_attention ? 0.0 : 5.0 * a * s / h;
   const double per_sbh = 10.0 + (8.0 + mlp + scores) / t;
-  return std::llround(s * b * h * per_sbh * (fp32_activations ? 2.0 : 1.0));
+  return ToBytes(s * b * h * per_sbh * (fp32_activations ? 2.0 : 1.0));
 }
 
 int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
                              bool fp32_activations, bool fused_attention, int64_t layers, int64_t in_flight,
                              bool recompute) {
-  const int64_t full = LayerActivationBytes(model, sequence, micro_batch, tp, fp32_activations, fused_attention);
-  if (!recompute) return in_flight * layers * full;
-  const int64_t layer_input = sequence * micro_batch * model.hidden * ActivationBytesPerElement(fp32_activations);
-  return in_flight * layers * layer_input + full;
+  const double full = static_cast<double>(LayerActivationBytes(model, sequence, micro_batch, tp, fp32_activations, fused_attention));
+  const double held = static_cast<double>(in_flight) * static_cast<double>(layers);
+  if (!recompute) return ToBytes(held * full);
+  const double layer_input = static_cast<double>(sequence) * static_cast<double>(micro_batch) *
+                             static_cast<double>(model.hidden) * static_cast<double>(ActivationBytesPerElement(fp32_activations));
+  return ToBytes(held * layer_input + full);
 }
 
 namespace internal {
@@ -288,7 +302,9 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
   const int64_t s = problem.job.sequence, b = c.micro_batch;
   const int64_t local_batch = problem.job.global_batch / c.dp;
   const int64_t m = local_batch / b;  // micro-batches per step per dp rank
-  const double boundary_bytes = static_cast<double>(s * b * model.hidden * ActivationBytesPerElement(fp32_acts));
+  // Token-sized products in double (see ToBytes): s * b * hidden alone reaches 2^60 within bounds.
+  const double sbh = static_cast<double>(s) * static_cast<double>(b) * static_cast<double>(model.hidden);
+  const double boundary_bytes = sbh * static_cast<double>(ActivationBytesPerElement(fp32_acts));
   const double compute_bytes = problem.layout == StateLayout::kFp32 ? 4.0 : 2.0;
   const StateBytesPerParam per_param = BytesPerParam(problem.layout);
   const UnitParams u = CountUnits(model, c.pp);
@@ -311,31 +327,31 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     const double flops_params = layers * layer_per_rank + (last ? static_cast<double>(model.vocab * model.hidden) / c.tp : 0);
     const double flops = (recompute ? 8.0 : 6.0) * flops_params * static_cast<double>(local_batch * s);
 
-    MemoryEstimate mem = ModelStateBytes(std::llround(params), problem.layout, c.zero, c.dp, c.offload);
+    MemoryEstimate mem = ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload);
     if (c.zero == 0 && c.dp > 1 && problem.layout == StateLayout::kBf16Autocast) {
-      mem.gradients -= std::llround(kDataParallelZero0Saving * params);  // see Calibration: measured
+      mem.gradients = ToBytes(static_cast<double>(mem.gradients) - kDataParallelZero0Saving * params);  // see Calibration: measured
     }
     const int64_t in_flight = c.pp > 1 ? std::min(c.pp - k, m) : 1;
     // The paper's layers (a recomputed layer keeps its fp32 residual input), scaled as measured,
     // the logits on the last stage (vocab padded to 64 as the trainer does), step temporaries.
     double acts = StageActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, layers, in_flight, recompute);
-    if (recompute && !fp32_acts) acts += static_cast<double>(in_flight * layers * s * b * model.hidden) * 2;
+    if (recompute && !fp32_acts) acts += static_cast<double>(in_flight * layers) * sbh * 2;
     acts *= kActivationScale;
-    if (last) acts += kLogitBytes * static_cast<double>(s * b * ((model.vocab + 63) / 64 * 64));
+    if (last) acts += kLogitBytes * static_cast<double>(s) * static_cast<double>(b) * static_cast<double>((model.vocab + 63) / 64 * 64);
     if (model.family == "llama") {
-      acts += kLlamaLayerExtraPerSbh * static_cast<double>((recompute ? 1 : in_flight * layers) * s * b * model.hidden);
+      acts += kLlamaLayerExtraPerSbh * static_cast<double>(recompute ? 1 : in_flight * layers) * sbh;
     }
     if (!recompute && problem.layout == StateLayout::kBf16Autocast) {
       const double matmul_weights = layers * static_cast<double>(u.layer_sharded) / c.tp + (last ? static_cast<double>(model.vocab * model.hidden) : 0);
       acts += kAutocastWeightCopyBytes * static_cast<double>(in_flight) * matmul_weights;
     }
-    mem.activations = std::llround(acts) + kStepTemporaryBytes;
+    mem.activations = ToBytes(acts + static_cast<double>(kStepTemporaryBytes));
     const double gradient_bytes = params * per_param.gradients;
     double buffers = 0;  // gradients are all-reduced in place, one unit at a time
     if (c.tp > 1) buffers += 2 * boundary_bytes;
     if (c.pp > 1) buffers += 2 * boundary_bytes;  // one send and one receive buffer
     if (c.zero >= 3 && c.dp > 1) buffers += 2 * layer_per_rank * compute_bytes;  // gathered layer + prefetch
-    mem.communication_buffers = std::llround(buffers);
+    mem.communication_buffers = ToBytes(buffers);
     mem.workspace = opt.workspace_bytes;
 
     const double total = static_cast<double>(mem.total());

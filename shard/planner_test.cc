@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <regex>
@@ -478,6 +479,53 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
                               (p.recompute ? " recompute" : "") + " rank " + std::to_string(p.rank);
     EXPECT_LE(std::abs(error), 0.05) << where << ": error " << error * 100 << "%";
   }
+}
+
+
+// Issue #20: global_batch = 2^40 spun `strata plan` for minutes (divisors counted one by one);
+// hidden = 2^62 printed "-8589934591.76 GiB". Within the run spec's bounds the search is quick
+// and every estimate is a positive byte count; beyond them the planner refuses, naming the bound.
+TEST(ChoosePlan, LargestBatchAllowedPlansQuicklyAndHugeOnesAreRefused) {
+  ClusterView cluster = Workers(8, 80 * kGiB);
+  JobSpec job;
+  job.global_batch = 14'414'400;  // under 2^24 with 576 divisors: the most candidates a spec can ask for
+  const auto start = std::chrono::steady_clock::now();
+  auto plan = ChoosePlan(Gpt2Small(), job, cluster);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_LT(seconds, 2.0);
+  EXPECT_EQ(plan->dp * plan->micro_batch * plan->gradient_accumulation, job.global_batch);
+  job.global_batch = int64_t{1} << 40;
+  auto refused = ChoosePlan(Gpt2Small(), job, cluster);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("train.global_batch = 1099511627776 is over the bound of 16777216"), std::string::npos)
+      << refused.status().message();
+}
+
+TEST(ChoosePlan, EstimatesAtTheBoundsSaturateInsteadOfWrapping) {
+  ModelSpec m;
+  m.layers = 1024, m.hidden = 65536, m.heads = 1024, m.vocab = int64_t{1} << 24, m.sequence = int64_t{1} << 20;
+  m.ffn = int64_t{1} << 20;
+  JobSpec job;
+  job.global_batch = int64_t{1} << 24;
+  job.micro_batch = int64_t{1} << 24;
+  auto plan = ChoosePlan(m, job, Workers(2, 80 * kGiB));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_FALSE(std::regex_search(plan.status().message(), std::regex("(^|[ (=])-[0-9]"))) << "a negative size: " << plan.status().message();
+  const MemoryEstimate state = ModelStateBytes(ParameterCount(m), StateLayout::kFp32, 0, 1);
+  EXPECT_GT(state.total(), 0);
+  for (bool recompute : {false, true}) {
+    const int64_t acts = StageActivationBytes(m, m.sequence, job.global_batch, 1, true, false, m.layers, 1024, recompute);
+    EXPECT_GT(acts, int64_t{1} << 50) << recompute;  // clamped high, never wrapped negative
+  }
+  ModelSpec huge = Gpt2Small();
+  huge.hidden = int64_t{1} << 62;
+  auto refused = ChoosePlan(huge, JobSpec{}, Workers(2, 80 * kGiB));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("model.hidden = 4611686018427387904 is over the bound of 65536"), std::string::npos)
+      << refused.status().message();
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -24,12 +25,17 @@ namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
+// Ascending. Trial division up to sqrt(n) (pairs d, n / d): 4096 steps for the largest global
+// batch a spec allows (2^24), where counting to n spun the planner for minutes at 2^40.
 std::vector<int64_t> Divisors(int64_t n) {
-  std::vector<int64_t> out;
-  for (int64_t d = 1; d <= n; ++d) {
-    if (n % d == 0) out.push_back(d);
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d <= n / d; ++d) {
+    if (n % d != 0) continue;
+    low.push_back(d);
+    if (d != n / d) high.push_back(n / d);
   }
-  return out;
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 double DefaultBandwidth(const std::string& link) {
@@ -68,6 +74,19 @@ Status ValidateModel(ModelSpec& m) {
   for (const auto& [field, value] : std::initializer_list<std::pair<const char*, int64_t>>{{"hidden", m.hidden}, {"heads", m.heads}, {"vocab", m.vocab}, {"sequence", m.sequence}}) {
     if (value < 1) return InvalidArgument(std::string("model.") + field + " = " + Str(value) + "; it must be >= 1");
   }
+  // The run spec's bounds (common/run_spec.h), again here for callers that build a ModelSpec
+  // themselves, and before anything multiplies them: within them every parameter count and
+  // per-layer product fits an int64 (kv_heads and ffn as given: 0 fills in within bounds).
+  for (const auto& [field, value, bound] : std::initializer_list<std::tuple<const char*, int64_t, int64_t>>{
+           {"layers", m.layers, spec_bounds::kLayers}, {"hidden", m.hidden, spec_bounds::kHidden},
+           {"heads", m.heads, spec_bounds::kHeads}, {"kv_heads", m.kv_heads, spec_bounds::kHeads},
+           {"ffn", m.ffn, spec_bounds::kFfn}, {"vocab", m.vocab, spec_bounds::kVocab},
+           {"sequence", m.sequence, spec_bounds::kSequence}}) {
+    if (value > bound) {
+      return InvalidArgument(std::string("model.") + field + " = " + Str(value) + " is over the bound of " + Str(bound) +
+                             "; the planner's estimates are defined up to the run spec's bounds, use a smaller one");
+    }
+  }
   if (m.hidden % m.heads != 0) return InvalidArgument("model.hidden = " + Str(m.hidden) + " is not a multiple of model.heads = " + Str(m.heads) + "; pick heads that divide hidden");
   if (m.kv_heads == 0) m.kv_heads = m.heads;
   if (m.ffn == 0) m.ffn = 4 * m.hidden;
@@ -78,6 +97,13 @@ Status ValidateModel(ModelSpec& m) {
 
 Status ValidateJob(const ModelSpec& model, JobSpec& job, int64_t workers) {
   if (job.global_batch < 1) return InvalidArgument("train.global_batch = " + Str(job.global_batch) + "; it must be >= 1");
+  if (job.global_batch > spec_bounds::kGlobalBatch) {
+    return InvalidArgument("train.global_batch = " + Str(job.global_batch) + " is over the bound of " + Str(spec_bounds::kGlobalBatch) +
+                           "; use a smaller global batch (more steps)");
+  }
+  if (job.sequence > spec_bounds::kSequence) {
+    return InvalidArgument("job sequence = " + Str(job.sequence) + " is over the bound of " + Str(spec_bounds::kSequence));
+  }
   if (job.sequence == 0) job.sequence = model.sequence;
   if (job.sequence < 1) return InvalidArgument("job sequence = " + Str(job.sequence) + "; it must be >= 1 (0 = model.sequence)");
   if (model.family == "gpt2" && job.sequence > model.sequence) {
@@ -110,7 +136,10 @@ Status ValidateJob(const ModelSpec& model, JobSpec& job, int64_t workers) {
   if (job.micro_batch && job.global_batch % *job.micro_batch != 0) {
     return InvalidArgument("parallel.micro_batch = " + Str(*job.micro_batch) + " does not divide train.global_batch = " + Str(job.global_batch));
   }
-  const int64_t fixed = job.dp.value_or(1) * job.pp.value_or(1) * job.tp.value_or(1);
+  int64_t fixed = 1;  // overflow-checked: each factor may be up to 2^63 from a caller other than the run spec
+  for (const std::optional<int64_t>& factor : {job.dp, job.pp, job.tp}) {
+    if (factor && __builtin_mul_overflow(fixed, *factor, &fixed)) fixed = std::numeric_limits<int64_t>::max();
+  }
   if (fixed > workers) {  // a fixed mesh smaller than the cluster takes the workers with the most free memory
     return InvalidArgument("parallel.dp * parallel.pp * parallel.tp = " + Str(fixed) + " but the cluster has " + Str(workers) +
                            " workers; make the product at most " + Str(workers) + " or set one of them to \"auto\"");

@@ -253,6 +253,11 @@ class TorchExecutor final : public TaskExecutor {
       threads = std::max<int64_t>(threads, static_cast<int64_t>(std::thread::hardware_concurrency()) / gpus);
     }
 #endif
+    const int64_t cores = static_cast<int64_t>(std::thread::hardware_concurrency());
+    if (const int64_t clamped = ClampWorkerThreads(threads, cores); clamped != threads) {
+      STRATA_LOG(kWarn) << "worker.threads = " << threads << " is more than this machine's " << cores << " cores; using " << clamped;
+      threads = clamped;
+    }
     if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
     return Status::Ok();
   }
