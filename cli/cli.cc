@@ -237,7 +237,7 @@ Result<int> SpawnDaemon(const std::vector<std::string>& argv, const std::string&
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
@@ -328,6 +328,7 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
   }
   const std::string bin = BinaryDir();
   int started = 0;
+  std::vector<int> started_pids;
   ClusterProcess* coord = find("coordinator");
   if (!IsStrataProcess(coord->pid)) {
     std::vector<std::string> argv = {bin + "/strata-coordinator", "--listen", file.endpoint, "--state-dir",
@@ -347,6 +348,7 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
     auto pid = SpawnDaemon(argv, dir + "/logs/coordinator.log");
     if (!pid.ok()) return Fail(pid.status());
     coord->pid = *pid;
+    started_pids.push_back(*pid);
     ++started;
   }
   for (int i = 0; i < workers; ++i) {
@@ -367,14 +369,16 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
     auto pid = SpawnDaemon(argv, dir + "/logs/" + name + ".log");
     if (!pid.ok()) return Fail(pid.status());
     p->pid = *pid;
+    started_pids.push_back(*pid);
     ++started;
   }
   if (Status st = WriteClusterFile(file); !st.ok()) {
-    // Nothing may run that `strata down` cannot find: stop what this call started.
-    for (const auto& p : file.processes) {
-      if (IsStrataProcess(p.pid)) kill(p.pid, SIGTERM);
+    // Nothing may run that `strata down` cannot find: stop what this call started (what ran
+    // before is in the cluster.json left as it was).
+    for (int pid : started_pids) {
+      if (IsStrataProcess(pid)) kill(pid, SIGTERM);
     }
-    return Fail(Status(st.code(), st.message() + "; the processes this call started were stopped"));
+    return Fail(Status(st.code(), st.message() + (started_pids.empty() ? "" : "; the processes this call started were stopped")));
   }
   // Wait until the coordinator answers and every worker has registered.
   const int64_t deadline = net::SteadyMs() + 60000;

@@ -27,7 +27,7 @@ const std::map<std::string, std::set<std::string>>& AllowedKeys() {
       {"model", {"family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence", "rope_theta", "norm_eps", "init_from"}},
       {"data", {"path", "format"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
-                 "beta2", "grad_clip", "seed", "checkpoint_every", "precision"}},
+                 "beta2", "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision"}},
       {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "stages"}},
       {"worker", {"threads"}},
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode"}},
@@ -456,6 +456,9 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.Float("train", "grad_clip", &t.grad_clip, 0.0, 1e9));
   STRATA_RETURN_IF_ERROR(r.Int("train", "seed", &t.seed, 0, std::numeric_limits<int64_t>::max()));
   STRATA_RETURN_IF_ERROR(r.Int("train", "checkpoint_every", &t.checkpoint_every, 0, spec_bounds::kSteps));
+  // Retention: the newest N complete checkpoints are kept (0: all). A million is more than any
+  // disk holds of a model worth checkpointing.
+  STRATA_RETURN_IF_ERROR(r.Int("train", "keep_checkpoints", &t.keep_checkpoints, 0, 1000000));
   if (t.lr <= 0) return InvalidArgument("run spec: train.lr must be > 0");
   STRATA_RETURN_IF_ERROR(r.String("train", "lr_schedule", &t.lr_schedule));
   if (t.lr_schedule != "constant" && t.lr_schedule != "cosine") {
@@ -591,6 +594,7 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"grad_clip", spec.train.grad_clip},
                                    {"seed", spec.train.seed},
                                    {"checkpoint_every", spec.train.checkpoint_every},
+                                   {"keep_checkpoints", spec.train.keep_checkpoints},
                                    {"lr_schedule", spec.train.lr_schedule},
                                    {"warmup_steps", spec.train.warmup_steps},
                                    {"min_lr", spec.train.min_lr},

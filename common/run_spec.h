@@ -7,7 +7,7 @@
 //               rope_theta (llama), norm_eps, init_from (a Hugging Face model directory)
 //   [data]      path = "corpus.txt", format = "bytes" | "u16"
 //   [train]     steps, global_batch, lr, lr_schedule, warmup_steps, min_lr, weight_decay, beta1,
-//               beta2, grad_clip, seed, checkpoint_every, precision
+//               beta2, grad_clip, seed, checkpoint_every, keep_checkpoints, precision
 //   [parallel]  dp, pp, tp, micro_batch, zero, recompute (a train run takes dp x pp x tp workers)
 //   [worker]    threads (intra-op threads per CPU worker; 0 = LibTorch's default)
 //   [extract]   layers, sites, dtype, precision, batch, tokens (kind = "extract": capture
@@ -92,6 +92,9 @@ struct TrainSpec {
   double grad_clip = 0.0;  // 0 = off
   int64_t seed = 1234;
   int64_t checkpoint_every = 0;  // 0 = only at the end
+  // Keep only the newest N complete checkpoints of the run (0: keep all); older ones are deleted
+  // from every store once a newer one is complete. Unreadable ones are kept for inspection.
+  int64_t keep_checkpoints = 0;
   std::string lr_schedule = "constant";  // or "cosine": linear warmup, then cosine down to min_lr
   int64_t warmup_steps = 0;
   double min_lr = 0.0;

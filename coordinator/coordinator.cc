@@ -16,6 +16,8 @@
 //   "act/"  + str(run id) + u64(chunk)   -> ChunkLocation: the index of an extract run's stored
 //                                           chunks (which worker's store holds which rows)
 //   "task/" + str(run id) + str(worker)  -> ChunkList: the chunks an extract task was given
+//   "ckptdel/" + str(store path) + str(key run) + u64(step) -> (empty) a shard retention deleted
+//                                           from the coordinator's view, until its store no longer holds it
 //   "ckptbad/" + str(run id) + u64(step) -> why that checkpoint cannot be resumed from (a rank
 //                                           could not read it, or a store no longer holds a shard)
 //
@@ -136,6 +138,7 @@ struct RunEntry {
   // Train runs started from a checkpoint (of another run, under any mesh): its run and step.
   std::string resume_run;
   int64_t resume_step = 0;
+  bool resume_step_asked = false;  // `submit --resume RUN@STEP` named the step: never another one
   int64_t recover_until_ms = 0;  // steady clock: after a lost worker, when to re-plan onto who is there
   int64_t grow_back_to_dp = 0;   // the dp it ran with before a lost worker made it smaller (0: never shrunk)
   // After an out-of-memory stop: the step whose state the ranks of attempt `token` are saving (its
@@ -509,6 +512,7 @@ class CoordinatorImpl final : public Coordinator {
     if (!req.getStoredCheckpointsKnown() || w.store_path.empty()) return;
     std::set<std::pair<std::string, int64_t>> held;
     for (auto c : req.getStoredCheckpoints()) held.insert({c.getKeyRun().cStr(), c.getStep()});
+    RetryDeletedShards(w, held);
     auto manifests = store_->ScanMetadata("ckpt/");
     if (!manifests.ok()) {
       STRATA_LOG(kError) << "cannot reconcile the checkpoints of " << w.id << "'s store: " << manifests.status().message();
@@ -573,6 +577,13 @@ class CoordinatorImpl final : public Coordinator {
       AddEvent(run, "checkpoint-unreadable", what);
       return FailRun(run, "the checkpoint of " + source + " at step " + std::to_string(step) + " is unreadable and " + source +
                               " has no older complete one; resume from another run or start fresh");
+    }
+    if (run.resume_step_asked && source != run.id) {  // the user named this one: no other
+      AddEvent(run, "checkpoint-unreadable", what);
+      return FailRun(run, "the checkpoint of " + source + " at step " + std::to_string(step) + " that --resume named is unreadable (" +
+                              why + "); " +
+                              (older > 0 ? "resume from " + source + "@" + std::to_string(older) + ", the newest readable one before it"
+                                         : std::string("no older checkpoint of it is readable")));
     }
     if (older == 0) {
       run.resume_run.clear();
@@ -865,6 +876,7 @@ class CoordinatorImpl final : public Coordinator {
     }
     run.resume_run = source_id;
     run.resume_step = chosen;
+    run.resume_step_asked = step != 0;
     run.step = chosen;
     run.losses.assign(source->second.losses.begin(),
                       source->second.losses.begin() + std::min<size_t>(chosen, source->second.losses.size()));
@@ -1316,7 +1328,87 @@ class CoordinatorImpl final : public Coordinator {
     run.pending_shards.erase(step);
     AddEvent(run, "checkpoint", "checkpoint at step " + std::to_string(step) + " committed (" + std::to_string(shard_count) +
                                     " shards" + (copied == shard_count && copied > 0 ? ", each with a copy on another host" : "") + ")");
+    ApplyRetention(run);
     MaybeGrowBack(run, step);
+  }
+
+  // train.keep_checkpoints = N: once a checkpoint is complete, readable ones older than the newest
+  // N go. Safe order: a tombstone per shard location first, then the manifest (from then on no
+  // resume or export can choose it), then each holder is told to delete its shard; a holder that
+  // is away is told again when it registers (ReconcileStoredCheckpoints) until its store no
+  // longer holds it. Unreadable checkpoints are kept for inspection, and a checkpoint a live run
+  // resumes from is never deleted.
+  void ApplyRetention(RunEntry& run) {
+    const int64_t keep = run.spec.train.keep_checkpoints;
+    if (keep <= 0) return;
+    auto list = store_->ScanMetadata("ckpt/" + EncodeKeyString(run.id));
+    if (!list.ok()) return;
+    int64_t readable = 0;
+    for (auto it = list->rbegin(); it != list->rend(); ++it) {
+      auto manifest = schema::DecodedRecord<CheckpointManifest>::Decode(it->second);
+      if (!manifest.ok()) continue;
+      const int64_t step = manifest->root().getStep();
+      if (Unreadable(run.id, step) || ++readable <= keep) continue;
+      bool in_use = false;
+      for (const auto& [id, other] : runs_) in_use = in_use || (!other.terminal() && other.resume_run == run.id && other.resume_step == step);
+      if (in_use) continue;
+      std::vector<std::pair<std::string, std::string>> locations;  // store path, key run
+      for (auto shard : manifest->root().getShards()) {
+        locations.emplace_back(shard.getStorePath().cStr(), shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : run.id);
+        for (auto copy : shard.getCopies()) {
+          locations.emplace_back(copy.getStorePath().cStr(), copy.getKeyRun().size() > 0 ? copy.getKeyRun().cStr() : run.id);
+        }
+      }
+      Status st = Status::Ok();
+      for (const auto& [store_path, key_run] : locations) {
+        if (st.ok()) st = store_->PutMetadata(DeletedShardKey(store_path, key_run, step), {}, true);
+      }
+      if (st.ok()) st = store_->DeleteMetadata(it->first);
+      if (!st.ok()) {
+        STRATA_LOG(kError) << "run " << run.id << ": could not retire the checkpoint at step " << step << ": " << st.ToString();
+        return;
+      }
+      for (const auto& [store_path, key_run] : locations) {
+        if (const WorkerEntry* holder = WorkerWithStore(store_path); holder && holder->state != WorkerState::LOST) {
+          SendDeleteCheckpoint(*holder, key_run, step);
+        }
+      }
+      AddEvent(run, "checkpoint-deleted", "checkpoint at step " + std::to_string(step) + " deleted from " +
+                                              std::to_string(locations.size()) + " store(s) (train.keep_checkpoints = " +
+                                              std::to_string(keep) + ")");
+    }
+  }
+
+  static std::string DeletedShardKey(const std::string& store_path, const std::string& key_run, int64_t step) {
+    return "ckptdel/" + EncodeKeyString(store_path) + EncodeKeyString(key_run) + EncodeKeyU64(step);
+  }
+
+  void SendDeleteCheckpoint(const WorkerEntry& w, const std::string& key_run, int64_t step) {
+    schema::EnvelopeBuilder msg;
+    auto d = msg.root().initDeleteCheckpoint();
+    d.setKeyRun(key_run);
+    d.setStep(step);
+    Send(w.identity, msg.Serialize());
+  }
+
+  // Shards retention deleted that this worker's store still holds are deleted again; tombstones
+  // of shards it no longer holds are done.
+  void RetryDeletedShards(const WorkerEntry& w, const std::set<std::pair<std::string, int64_t>>& held) {
+    const std::string prefix = "ckptdel/" + EncodeKeyString(w.store_path);
+    auto tombstones = store_->ScanMetadata(prefix);
+    if (!tombstones.ok()) return;
+    for (auto& [key, value] : *tombstones) {
+      std::string_view rest(key);
+      rest.remove_prefix(prefix.size());
+      std::string key_run;
+      uint64_t step = 0;
+      if (!storage::ConsumeKeyString(&rest, &key_run) || !storage::ConsumeKeyU64(&rest, &step)) continue;
+      if (held.count({key_run, static_cast<int64_t>(step)})) {
+        SendDeleteCheckpoint(w, key_run, static_cast<int64_t>(step));
+      } else {
+        (void)store_->DeleteMetadata(key);
+      }
+    }
   }
 
   // A run that a lost worker made smaller (Replan) takes workers back at a complete checkpoint:

@@ -45,7 +45,16 @@ struct Envelope {
     checkpointPieceData @27 :ActivationData;  # followed by one frame of raw bytes
     replicateShard @28 :ReplicateShard;       # coordinator -> worker
     shardReplicated @29 :ShardReplicated;     # worker -> coordinator
+    deleteCheckpoint @30 :DeleteCheckpoint;   # coordinator -> worker: retention
   }
+}
+
+# Retention (train.keep_checkpoints): the coordinator no longer lists this checkpoint; the worker
+# deletes its shard (or copy) stored under (keyRun, step). Resent at registration until the
+# worker's store no longer holds it.
+struct DeleteCheckpoint {
+  keyRun @0 :Text;
+  step @1 :Int64;
 }
 
 struct Error {

@@ -479,6 +479,19 @@ class WorkerImpl final : public Worker {
           replicator_->Add(std::move(request));
           break;
         }
+        case Envelope::DELETE_CHECKPOINT: {
+          // Retention: the coordinator already forgot this checkpoint, so nothing resumes from it.
+          auto d = root.getDeleteCheckpoint();
+          Status deleted = store_->DeleteCheckpoint(d.getKeyRun().cStr(), d.getStep());
+          if (deleted.ok()) {
+            STRATA_LOG(kInfo) << "deleted the checkpoint shard " << d.getKeyRun().cStr() << " at step " << d.getStep()
+                              << " (the run keeps only its newest checkpoints)";
+          } else if (deleted.code() != StatusCode::kNotFound) {
+            STRATA_LOG(kWarn) << "could not delete the checkpoint shard " << d.getKeyRun().cStr() << " at step " << d.getStep()
+                              << ": " << deleted.ToString() << " (asked again at the next registration)";
+          }
+          break;
+        }
         case Envelope::SHUTDOWN:
           STRATA_LOG(kInfo) << "coordinator asked this worker to shut down";
           stop_requested_.store(true);

@@ -34,11 +34,11 @@ def strata(state, *args):
     return r.stdout
 
 
-def spec(work, name, family, parallel, precision):
+def spec(work, name, family, parallel, precision, extra_train=""):
     model = 'family = "llama"\nkv_heads = 2\nffn = 256\n' if family == "llama" else 'family = "gpt2"\n'
     body = (f'name = "{name}"\n[model]\n{model}layers = 4\nhidden = 128\nheads = 4\nvocab = 256\nsequence = 64\n'
             f'[data]\npath = "{work}/corpus.txt"\n'
-            f'[train]\nsteps = 10\nglobal_batch = 8\nlr = 0.001\ngrad_clip = 1.0\nseed = 5\nprecision = "{precision}"\n'
+            f'[train]\nsteps = 10\nglobal_batch = 8\nlr = 0.001\ngrad_clip = 1.0\nseed = 5\nprecision = "{precision}"\n{extra_train}'
             f'[parallel]\nmicro_batch = 2\n{parallel}')
     path = f"{work}/{name}.toml"
     with open(path, "w") as f:
@@ -46,8 +46,11 @@ def spec(work, name, family, parallel, precision):
     return path
 
 
-def train(state, work, name, family, parallel="", precision="fp32"):
-    run = strata(state, "submit", spec(work, name, family, parallel, precision), "--follow").splitlines()[0]
+def train(state, work, name, family, parallel="", precision="fp32", extra_train="", resume=None):
+    args = ["submit", spec(work, name, family, parallel, precision, extra_train)] + (["--resume", resume] if resume else [])
+    run = strata(state, *args, "--follow").splitlines()[0]
+    if resume is None and "checkpoint_every" in extra_train:
+        train.last_run = run
     status = json.loads(strata(state, "status", run, "--json"))
     if status["state"] != "finished":
         print(strata(state, "events", run), file=sys.stderr)
@@ -85,6 +88,21 @@ def main():
                     if not ok:
                         failures.append(name)
                         print("  per step:", " ".join(f"{d:.1e}" for d in diffs))
+        if n >= 2:
+            # Issue #20: a checkpoint written under tp=2 resumes under tp=1 (and dp=2 ZeRO-3) on the
+            # GPU - the restore's pinned staging path - and continues the uninterrupted run.
+            for family in ("gpt2", "llama"):
+                whole = train(gpu, work, f"{family}-tp2-ckpt", family, "tp = 2\n", "fp32", "checkpoint_every = 5\n")
+                source = train.last_run
+                for mesh, parallel in (("tp1", "tp = 1\ndp = 1\npp = 1\n"), ("dp2z3", "dp = 2\nzero = 3\ntp = 1\n")):
+                    name = f"{family}-tp2-resumed-{mesh}"
+                    losses = train(gpu, work, name, family, parallel, "fp32", resume=f"{source}@5")
+                    worst = max(abs(a - b) / b for a, b in zip(losses[5:], whole[5:]))
+                    ok = len(losses) == len(whole) and worst <= 1e-4
+                    print(f"{name}: steps 6-10 vs the uninterrupted tp=2 run: max relative difference {worst:.2e} "
+                          f"(tolerance 1e-4) {'ok' if ok else 'FAIL'}")
+                    if not ok:
+                        failures.append(name)
     finally:
         for state in (cpu, gpu):
             try:

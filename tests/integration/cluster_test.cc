@@ -509,10 +509,50 @@ class DamagedCheckpointTest : public ClusterTest {
     const auto after = status["losses"].get<std::vector<double>>();
     ASSERT_EQ(after.size(), 10u);
     for (size_t i = 0; i < before.size(); ++i) EXPECT_NEAR(after[i], before[i], 1e-5 * std::abs(before[i])) << "step " << i + 1;
-    // The damaged checkpoint is still listed (kept, not deleted); a plain resume now skips it.
+    // The damaged checkpoint is still listed (kept, not deleted) as unreadable, never as
+    // complete; a plain resume now skips it.
     EXPECT_EQ(StrataJson("checkpoints " + source).back()["step"], 8);
+    EXPECT_EQ(StrataJson("checkpoints " + source).back()["state"], "unreadable");
+  }
+
+  // Cuts the step-8 data file of run `source` in `store` (STORE/checkpoints/<hex of the run>/) in half.
+  static void CutStep8DataFile(const std::string& store, const std::string& source) {
+    std::string hex;
+    for (unsigned char c : source) {
+      hex += "0123456789abcdef"[c >> 4];
+      hex += "0123456789abcdef"[c & 15];
+    }
+    int cut = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(store + "/checkpoints/" + hex)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("8-", 0) != 0 || entry.path().extension() != ".bin") continue;
+      std::filesystem::resize_file(entry.path(), std::filesystem::file_size(entry.path()) / 2);
+      ++cut;
+    }
+    ASSERT_EQ(cut, 1) << "the step-8 shard has no data file in " << store;
   }
 };
+
+// Issue #20: `--resume RUN@8` of a damaged step used to start from step 6 with only an event to
+// say so. The step was named: the run fails naming it and the older one to use; asked again, the
+// submit itself is refused.
+TEST_F(DamagedCheckpointTest, ZzExplicitResumeOfADamagedStepFailsInsteadOfTakingAnOlderOne) {
+  const std::string source = SubmitAndFollow("named", Spec("named", 1, 8, 2));
+  const json checkpoints = StrataJson("checkpoints " + source);
+  ASSERT_EQ(checkpoints.back()["step"], 8) << checkpoints.dump();
+  ASSERT_EQ(Strata("down").rc, 0);
+  CutStep8DataFile(checkpoints.back()["shards"][0]["store_path"], source);
+  ASSERT_EQ(Strata("up --workers 2").rc, 0);
+  auto r = Strata("submit " + WriteSpec("named-resumed", Spec("named-resumed", 1, 10, 0)) + " --resume " + source + "@8 --follow");
+  EXPECT_NE(r.rc, 0) << r.out;
+  const std::string resumed = r.out.substr(0, r.out.find('\n'));
+  const json status = StrataJson("status " + resumed);
+  EXPECT_EQ(status["state"], "failed");
+  EXPECT_NE(status["message"].get<std::string>().find(source + "@6"), std::string::npos) << status["message"];
+  auto again = Strata("submit " + WriteSpec("named-again", Spec("named-again", 1, 10, 0)) + " --resume " + source + "@8");
+  EXPECT_EQ(again.rc, 2) << again.out << again.err;
+  EXPECT_NE(again.err.find("unreadable"), std::string::npos) << again.err;
+}
 
 TEST_F(DamagedCheckpointTest, ZzTruncatedRecordFallsBackToTheOlderOne) {
   const std::string source = SubmitAndFollow("damaged", Spec("damaged", 1, 8, 2));
@@ -540,17 +580,9 @@ TEST_F(DamagedCheckpointTest, ZzTruncatedDataFileFallsBackToTheOlderOne) {
   const std::string source = SubmitAndFollow("cut-file", Spec("cut-file", 1, 8, 2));
   const json checkpoints = StrataJson("checkpoints " + source);
   ASSERT_EQ(checkpoints.back()["step"], 8) << checkpoints.dump();
-  const std::string store = checkpoints.back()["shards"][0]["store_path"];
   ASSERT_EQ(Strata("down").rc, 0);
   // The step-8 data file (STORE/checkpoints/<hex of the run>/8-*.bin) loses its second half.
-  int cut = 0;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(store + "/checkpoints")) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("8-", 0) != 0 || entry.path().extension() != ".bin") continue;
-    std::filesystem::resize_file(entry.path(), std::filesystem::file_size(entry.path()) / 2);
-    ++cut;
-  }
-  ASSERT_EQ(cut, 1) << "the step-8 shard has no data file in " << store;
+  CutStep8DataFile(checkpoints.back()["shards"][0]["store_path"], source);
   ResumeFallsBackToStep6(source);
 }
 
