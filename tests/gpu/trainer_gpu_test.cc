@@ -1,6 +1,9 @@
 // GPU tests (ctest label `gpu`): skip cleanly where LibTorch has no CUDA or no device is visible.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <fstream>
 
 #include "worker/torch_compat.h"
@@ -100,7 +103,13 @@ TEST_F(GpuTest, ExecutorReportsAllocatorStats) {
   EXPECT_EQ(fresh.device, "cuda:0");
   EXPECT_GT(fresh.total_bytes, 10ull << 30);
   auto big = torch::empty({256, 1024, 1024}, torch::TensorOptions().device(torch::kCUDA, 0));  // 1 GiB
+  // A GPU worker reports what its sampler thread read last (every 200 ms, so heartbeats never
+  // wait on the driver): the allocation shows within a few samples.
   auto m = (*executor)->ReadMemory();
+  for (int i = 0; i < 50 && m.allocated_bytes < (1ull << 30); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    m = (*executor)->ReadMemory();
+  }
   EXPECT_EQ(m.device, "cuda:0");
   EXPECT_GT(m.total_bytes, 10ull << 30);
   EXPECT_GE(m.allocated_bytes, 1ull << 30);

@@ -9,6 +9,7 @@
 //   - a full disk (a real 64 MiB tmpfs; skipped with the reason where mount is not allowed): the
 //     run fails naming the store and its free space, no daemon aborts, cluster.json stays whole,
 //     `strata down` stops everything.
+//   - `strata down` with cluster.json emptied still stops the state directory's daemons.
 //   - train.keep_checkpoints = 2: older checkpoints leave the listing and the store's disk.
 #include <signal.h>
 #include <sys/mount.h>
@@ -239,6 +240,26 @@ TEST_F(DamageTest, AFullDiskFailsTheRunNamingTheStoreAndNoDaemonAborts) {
   for (int pid : pids) EXPECT_EQ(::kill(pid, 0), 0) << "daemon " << pid << " died on the full disk";
   auto down = Strata("down");
   EXPECT_EQ(down.rc, 0) << down.err;
+  for (int pid : pids) {
+    bool gone = false;
+    for (int i = 0; i < 50 && !gone; ++i) {
+      gone = ::kill(pid, 0) != 0;
+      if (!gone) ::usleep(100000);
+    }
+    EXPECT_TRUE(gone) << "daemon " << pid << " still runs after `strata down`";
+  }
+}
+
+// An older `up` on a full disk left cluster.json empty, after which `down` refused and the
+// daemons ran on unmanaged: `down` now finds them by their command lines.
+TEST_F(DamageTest, DownStopsTheDaemonsOfAStateDirWhoseClusterJsonIsGone) {
+  ASSERT_EQ(Strata("up --workers 2").rc, 0);
+  const std::vector<int> pids = ClusterPids();
+  ASSERT_EQ(pids.size(), 3u);
+  { std::ofstream truncate(dir_ + "/state/cluster.json", std::ios::trunc); }
+  auto down = Strata("down");
+  EXPECT_EQ(down.rc, 0) << down.err;
+  EXPECT_NE(down.err.find("3 process(es)"), std::string::npos) << down.err;
   for (int pid : pids) {
     bool gone = false;
     for (int i = 0; i < 50 && !gone; ++i) {
