@@ -366,8 +366,8 @@ TEST_P(MeshTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
 
 // Issue #20: a checkpoint written under any mesh resumes under any other and continues the
 // single worker's run (tp 2 -> 1 used to train on never-written halves of every split tensor).
-// Every pair of six meshes - one worker, dp=2 ZeRO-3, pp=2, tp=2, dp2 x tp2 ZeRO-1, dp2 x pp2 x
-// tp2 ZeRO-2 - for both families: checkpoint at step 3, resume, steps 4-5 within 1e-5.
+// Every pair of seven meshes - one worker, dp=2 ZeRO-3, pp=2, tp=2, dp2 x tp2 ZeRO-1, dp2 x pp2 x
+// tp2 ZeRO-2, dp=4 ZeRO-3 - for both families: checkpoint at step 3, resume, steps 4-5 within 1e-5.
 TEST_P(MeshTest, EveryCheckpointMeshResumesUnderEveryOther) {
   if (GetParam() == "llama") spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6};
   spec_.model.layers = 4;
@@ -375,7 +375,8 @@ TEST_P(MeshTest, EveryCheckpointMeshResumesUnderEveryOther) {
   spec_.parallel.micro_batch = 2;
   const auto straight = Train(5)[0];
   const std::vector<MeshCase> meshes = {{1, 1, 1, 0, false}, {2, 1, 1, 3, false}, {1, 2, 1, 0, false},
-                                        {1, 1, 2, 0, false}, {2, 1, 2, 1, false}, {2, 2, 2, 2, false}};
+                                        {1, 1, 2, 0, false}, {2, 1, 2, 1, false}, {2, 2, 2, 2, false},
+                                        {4, 1, 1, 3, false}};
   std::vector<std::pair<std::string, ResumePoint>> checkpoints;
   for (const MeshCase& written : meshes) {
     SetMesh(written.dp, written.pp, written.tp, written.zero, written.recompute);
