@@ -95,6 +95,18 @@ class DamageTest : public ::testing::Test {
   std::string mounted_;
 };
 
+// Each of `pids` (daemons `strata up` started, reaped by init) is gone within `ms`.
+void ExpectAllExitWithin(const std::vector<int>& pids, int ms) {
+  for (int pid : pids) {
+    bool gone = false;
+    for (int waited = 0; waited < ms && !gone; waited += 100) {
+      gone = ::kill(pid, 0) != 0;
+      if (!gone) ::usleep(100000);
+    }
+    EXPECT_TRUE(gone) << "daemon " << pid << " still runs after `strata down`";
+  }
+}
+
 // Flips `count` bytes in the middle of the largest write-ahead log of the store at `store`.
 void FlipBytesInTheLog(const std::string& store, int count) {
   std::string log;
@@ -240,14 +252,7 @@ TEST_F(DamageTest, AFullDiskFailsTheRunNamingTheStoreAndNoDaemonAborts) {
   for (int pid : pids) EXPECT_EQ(::kill(pid, 0), 0) << "daemon " << pid << " died on the full disk";
   auto down = Strata("down");
   EXPECT_EQ(down.rc, 0) << down.err;
-  for (int pid : pids) {
-    bool gone = false;
-    for (int i = 0; i < 50 && !gone; ++i) {
-      gone = ::kill(pid, 0) != 0;
-      if (!gone) ::usleep(100000);
-    }
-    EXPECT_TRUE(gone) << "daemon " << pid << " still runs after `strata down`";
-  }
+  ExpectAllExitWithin(pids, 5000);
 }
 
 // An older `up` on a full disk left cluster.json empty, after which `down` refused and the
@@ -260,14 +265,7 @@ TEST_F(DamageTest, DownStopsTheDaemonsOfAStateDirWhoseClusterJsonIsGone) {
   auto down = Strata("down");
   EXPECT_EQ(down.rc, 0) << down.err;
   EXPECT_NE(down.err.find("3 process(es)"), std::string::npos) << down.err;
-  for (int pid : pids) {
-    bool gone = false;
-    for (int i = 0; i < 50 && !gone; ++i) {
-      gone = ::kill(pid, 0) != 0;
-      if (!gone) ::usleep(100000);
-    }
-    EXPECT_TRUE(gone) << "daemon " << pid << " still runs after `strata down`";
-  }
+  ExpectAllExitWithin(pids, 5000);
 }
 
 TEST_F(DamageTest, KeepCheckpointsDeletesOlderOnesFromTheListingAndTheDisk) {

@@ -1,6 +1,7 @@
 #include "tests/integration/harness.h"
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 namespace strata::testing {
 
@@ -23,6 +25,35 @@ CommandResult RunCommand(const std::string& command, const std::string& scratch_
   r.out = ReadFile(base + ".out");
   r.err = ReadFile(base + ".err");
   return r;
+}
+
+int SpawnDaemon(std::vector<std::string> argv, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (!freopen(log.c_str(), "w", stdout)) _exit(126);
+    dup2(fileno(stdout), STDERR_FILENO);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+void StopDaemons(const std::vector<int>& pids, int grace_ms) {
+  for (int pid : pids) kill(pid, SIGTERM);
+  for (int pid : pids) {
+    const int64_t deadline = NowMs() + grace_ms;
+    while (waitpid(pid, nullptr, WNOHANG) == 0) {
+      if (NowMs() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
 }
 
 std::string MakeClusterScratchDir(const std::string& mkdtemp_template) {

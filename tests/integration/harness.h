@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace strata::testing {
 
@@ -24,6 +25,11 @@ std::string ReadFile(const std::string& path);
 // corpus in DIR/corpus.txt (the GPL every Debian machine ships, else a repeated sentence).
 std::string MakeClusterScratchDir(const std::string& mkdtemp_template);
 int64_t NowMs();
+
+// Starts argv[0] with `argv` in a child process, stdout and stderr to `log`; returns its pid.
+int SpawnDaemon(std::vector<std::string> argv, const std::string& log);
+// SIGTERM to each, then waits for each up to `grace_ms` before SIGKILL; reaps them all.
+void StopDaemons(const std::vector<int>& pids, int grace_ms = 5000);
 // A loopback TCP port that was free a moment ago.
 int FreePort();
 

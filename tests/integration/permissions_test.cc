@@ -32,33 +32,13 @@ class PermissionsTest : public ::testing::Test {
     previous_umask_ = ::umask(022);  // what a login shell usually has: daemons used to inherit it
   }
   void TearDown() override {
-    for (int pid : pids_) kill(pid, SIGTERM);
-    for (int pid : pids_) {
-      const int64_t deadline = NowMs() + 5000;
-      while (waitpid(pid, nullptr, WNOHANG) == 0) {
-        if (NowMs() > deadline) {
-          kill(pid, SIGKILL);
-          waitpid(pid, nullptr, 0);
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
+    testing::StopDaemons(pids_);
     ::umask(previous_umask_);
     if (!std::getenv("STRATA_KEEP_TEST_DIRS")) fs::remove_all(dir_);
   }
 
   void Spawn(std::vector<std::string> argv, const std::string& log) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      if (!freopen(log.c_str(), "w", stdout)) _exit(126);
-      dup2(fileno(stdout), STDERR_FILENO);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
+    const int pid = testing::SpawnDaemon(std::move(argv), log);
     pids_.push_back(pid);
   }
   testing::CommandResult Strata(const std::string& args) {

@@ -130,18 +130,7 @@ class SecurityTest : public ::testing::Test {
 
   void TearDown() override {
     if (fs::exists(dir_ + "/state/cluster.json")) Strata("down");  // a test that failed after `up`
-    for (int pid : pids_) kill(pid, SIGTERM);
-    for (int pid : pids_) {
-      const int64_t deadline = NowMs() + 5000;
-      while (waitpid(pid, nullptr, WNOHANG) == 0) {
-        if (NowMs() > deadline) {
-          kill(pid, SIGKILL);
-          waitpid(pid, nullptr, 0);
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
+    testing::StopDaemons(pids_);
     if (!std::getenv("STRATA_KEEP_TEST_DIRS")) fs::remove_all(dir_);
   }
 
@@ -150,16 +139,7 @@ class SecurityTest : public ::testing::Test {
 
   // Starts a binary in the background with output to `log`; TearDown stops it.
   int Spawn(std::vector<std::string> argv, const std::string& log) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      freopen(log.c_str(), "w", stdout);
-      dup2(fileno(stdout), STDERR_FILENO);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
+    const int pid = testing::SpawnDaemon(std::move(argv), log);
     pids_.push_back(pid);
     return pid;
   }
