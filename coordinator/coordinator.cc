@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <numeric>
@@ -57,6 +58,7 @@
 #include "common/run_spec.h"
 #include "coordinator/dashboard.h"
 #include "schema/envelope.h"
+#include "shard/layout.h"
 #include "shard/planner.h"
 #include "storage/shard_store.h"
 
@@ -88,7 +90,12 @@ struct WorkerEntry {
   std::string serve_address;  // its store server (activation reads)
   std::string current_run;
   int64_t last_heartbeat_ms = 0;  // steady clock
+  // For the dashboard's memory chart: a heartbeat's memory at most once a second, the last
+  // kMemoryHistory of them (10 minutes).
+  std::deque<DashboardMemorySample> memory_history;
 };
+
+constexpr size_t kMemoryHistory = 600;
 
 // Extract runs: where each stored chunk is, and who is capturing what.
 struct ExtractState {
@@ -96,6 +103,7 @@ struct ExtractState {
   uint64_t total_rows = 0;
   std::map<uint64_t, std::string> stored;  // chunk -> serialized ChunkLocation (persisted under act/)
   uint64_t stored_bytes = 0;
+  uint64_t stored_rows = 0;
   std::map<std::string, std::set<uint64_t>> tasks;  // worker -> its task's chunks not yet stored
   struct Reservation {
     int64_t until_ms = 0;  // steady clock
@@ -104,6 +112,8 @@ struct ExtractState {
   std::map<std::string, Reservation> reserved;  // lost worker -> chunks waiting for it
   int64_t started_ms = 0;                        // steady clock of the first assignment here
   uint64_t computed_rows = 0;                    // rows computed since started_ms
+  uint64_t computed_bytes = 0;                   // their bytes
+  double bytes_per_second = 0;                   // computed_bytes over the time since started_ms
   // Reports since this coordinator started: chunks computed (duplicates included, so a chunk
   // computed twice shows), and chunks a resumed task found already in its store.
   uint64_t computed_reports = 0, found_reports = 0;
@@ -373,6 +383,12 @@ class CoordinatorImpl final : public Coordinator {
     w.identity = identity;
     w.last_heartbeat_ms = net::SteadyMs();
     w.memory = schema::ReadMemoryStats(hb.getMemory());
+    const int64_t now_ms = net::NowUnixMs();
+    if (w.memory_history.empty() || now_ms - w.memory_history.back().unix_ms >= 1000) {
+      const uint64_t used = w.memory.total_bytes >= w.memory.free_bytes ? w.memory.total_bytes - w.memory.free_bytes : 0;
+      w.memory_history.push_back({now_ms, used, w.memory.allocated_bytes});
+      if (w.memory_history.size() > kMemoryHistory) w.memory_history.pop_front();
+    }
   }
 
   void CheckHeartbeats() {
@@ -1573,6 +1589,7 @@ class CoordinatorImpl final : public Coordinator {
     run.workers.clear();
     run.extract.started_ms = net::SteadyMs();
     run.extract.computed_rows = 0;
+    run.extract.computed_bytes = 0;
     const std::vector<uint64_t> chunks = UnassignedChunks(run);
     if (chunks.empty()) return FinishExtract(run);
     AssignBlocks(run, chunks, workers);
@@ -1719,12 +1736,15 @@ class CoordinatorImpl final : public Coordinator {
     }
     x.stored[chunk] = bytes;
     x.stored_bytes += c.getBytes();
+    x.stored_rows += c.getRowCount();
     run.step = static_cast<int64_t>(x.stored.size());
     run.updated_ms = net::NowUnixMs();
     if (c.getComputed()) {
       x.computed_rows += c.getRowCount();
       const double seconds = std::max(1e-3, (net::SteadyMs() - x.started_ms) / 1000.0);
       run.tokens_per_second = static_cast<double>(x.computed_rows) / seconds;
+      x.computed_bytes += c.getBytes();
+      x.bytes_per_second = static_cast<double>(x.computed_bytes) / seconds;
     }
     if (x.stored.size() == x.total_chunks) FinishExtract(run);
   }
@@ -1767,6 +1787,7 @@ class CoordinatorImpl final : public Coordinator {
       if (!loc.ok()) continue;
       run.extract.stored[loc->root().getChunk()] = std::string(value.begin(), value.end());
       run.extract.stored_bytes += loc->root().getBytes();
+      run.extract.stored_rows += loc->root().getRowCount();
     }
     run.step = static_cast<int64_t>(run.extract.stored.size());
     const std::string prefix = "task/" + EncodeKeyString(run.id);
@@ -1934,7 +1955,7 @@ class CoordinatorImpl final : public Coordinator {
     for (const auto& [id, w] : workers_) {
       s->workers.push_back({w.id, w.host, w.pid, schema::WorkerStateName(w.state), w.memory.device, w.memory.total_bytes,
                             w.memory.free_bytes, w.memory.allocated_bytes, w.memory.peak_bytes, last_snapshot_ms_ - w.last_heartbeat_ms,
-                            w.current_run});
+                            w.current_run, {w.memory_history.begin(), w.memory_history.end()}});
     }
     std::vector<const RunEntry*> runs;
     for (const auto& [id, run] : runs_) runs.push_back(&run);
@@ -1965,8 +1986,38 @@ class CoordinatorImpl final : public Coordinator {
       r.checkpoints = cache.checkpoints;
       r.workers_lost = cache.workers_lost;
       r.ooms = cache.ooms;
+      r.kind = run->spec.kind;
+      for (const auto& [kind, count] : run->handled) r.handled.emplace_back(kind, count);
+      for (const auto& m : run->memory) r.memory.push_back({m.worker, m.estimate, m.workspace, m.measured});
+      if (run->spec.is_extract()) {
+        r.rows_stored = run->extract.stored_rows;
+        r.rows_total = run->extract.total_rows;
+        r.bytes_stored = run->extract.stored_bytes;
+        r.bytes_per_second = run->extract.bytes_per_second;
+      } else {
+        r.plan = PlanOf(run->spec);
+      }
     }
     options_.publish_snapshot(std::move(s));
+  }
+
+  // The run's parallel plan as it stands (derived like the CLI's RunToJson in cli/cli.cc).
+  static DashboardPlan PlanOf(const RunSpec& spec) {
+    const ParallelSpec& p = spec.parallel;
+    DashboardPlan plan;
+    plan.known = true;
+    plan.dp = p.dp;
+    plan.pp = p.pp;
+    plan.tp = p.tp;
+    plan.zero = p.zero;
+    plan.micro_batch = spec.micro_batch_rows();
+    plan.gradient_accumulation = spec.local_batch() / std::max<int64_t>(plan.micro_batch, 1);
+    plan.recompute = p.recompute;
+    for (int64_t k = 0; k < p.pp && p.planned(); ++k) {
+      const auto [first, last] = shard::StageLayers(spec.model.layers, p.pp, k, p.stages);
+      plan.stages.push_back(last - first);
+    }
+    return plan;
   }
 
   struct RunEventCache {

@@ -65,6 +65,13 @@ class MetricsWriter {
   std::string out_;
 };
 
+// [[unix_ms, used, allocated], ...]: arrays, not objects, since a worker carries up to 600.
+json MemoryHistoryJson(const std::vector<DashboardMemorySample>& samples) {
+  json out = json::array();
+  for (const auto& m : samples) out.push_back({m.unix_ms, m.used, m.allocated});
+  return out;
+}
+
 }  // namespace
 
 double EstimatedSecondsLeft(const DashboardRun& run) {
@@ -90,7 +97,8 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
                                         {"allocated", w.memory_allocated},
                                         {"peak", w.memory_peak}}},
                             {"heartbeat_age_ms", w.heartbeat_age_ms},
-                            {"current_run", w.current_run}});
+                            {"current_run", w.current_run},
+                            {"memory_history", MemoryHistoryJson(w.memory_history)}});
   }
   j["runs"] = json::array();
   for (const auto& r : s.runs) {
@@ -102,8 +110,26 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
     json events = json::array();
     for (const auto& e : r.events) events.push_back({{"unix_ms", e.unix_ms}, {"kind", e.kind}, {"message", e.message}});
     const double eta = EstimatedSecondsLeft(r);
+    json handled = json::object();
+    for (const auto& [kind, count] : r.handled) handled[kind] = count;
+    json memory = json::array();
+    for (const auto& m : r.memory) {
+      memory.push_back({{"worker", m.worker}, {"estimate", m.estimate}, {"workspace", m.workspace}, {"measured_peak", m.measured_peak}});
+    }
+    json plan = nullptr;
+    if (r.plan.known) {
+      plan = {{"dp", r.plan.dp}, {"pp", r.plan.pp}, {"tp", r.plan.tp}, {"zero", r.plan.zero}, {"micro_batch", r.plan.micro_batch},
+              {"gradient_accumulation", r.plan.gradient_accumulation}, {"recompute", r.plan.recompute}, {"stages", r.plan.stages}};
+    }
+    json extract = nullptr;
+    if (r.kind == "extract") {
+      extract = {{"rows_stored", r.rows_stored}, {"rows_total", r.rows_total}, {"bytes_stored", r.bytes_stored},
+                 {"bytes_per_second", r.bytes_per_second}};
+    }
+    const bool timed = r.kind != "extract" && r.tokens_per_second > 0 && r.tokens_per_step > 0;
     j["runs"].push_back({{"id", r.id},
                          {"name", r.name},
+                         {"kind", r.kind.empty() ? "train" : r.kind},
                          {"state", r.state},
                          {"created_unix_ms", r.created_unix_ms},
                          {"updated_unix_ms", r.updated_unix_ms},
@@ -112,6 +138,7 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
                          {"loss", r.losses.empty() ? json(nullptr) : json(r.losses.back())},
                          {"loss_points", std::move(points)},
                          {"tokens_per_second", r.tokens_per_second},
+                         {"step_seconds", timed ? json(static_cast<double>(r.tokens_per_step) / r.tokens_per_second) : json(nullptr)},
                          {"eta_seconds", eta < 0 ? json(nullptr) : json(eta)},
                          {"workers", r.workers},
                          {"message", r.message},
@@ -119,6 +146,10 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
                          {"workers_lost", r.workers_lost},
                          {"ooms", r.ooms},
                          {"restarts", r.restarts},
+                         {"handled", std::move(handled)},
+                         {"plan", std::move(plan)},
+                         {"memory", std::move(memory)},
+                         {"extract", std::move(extract)},
                          {"events", std::move(events)}});
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // stored names may not be UTF-8

@@ -11,6 +11,13 @@
 
 namespace strata::coordinator {
 
+// One heartbeat's memory, kept by the coordinator at most once a second per worker.
+struct DashboardMemorySample {
+  int64_t unix_ms = 0;
+  uint64_t used = 0;       // total - free (any process)
+  uint64_t allocated = 0;  // held by the worker's tensors
+};
+
 struct DashboardWorker {
   std::string id;
   std::string host;
@@ -20,6 +27,7 @@ struct DashboardWorker {
   uint64_t memory_total = 0, memory_free = 0, memory_allocated = 0, memory_peak = 0;
   int64_t heartbeat_age_ms = 0;
   std::string current_run;
+  std::vector<DashboardMemorySample> memory_history;  // oldest first, the last ~10 minutes
 };
 
 struct DashboardEvent {
@@ -28,8 +36,25 @@ struct DashboardEvent {
   std::string message;
 };
 
+// A train run's current parallel plan: the [parallel] fields of its spec after any re-planning
+// (what `strata status RUN` prints as "plan:").
+struct DashboardPlan {
+  bool known = false;  // false for extract runs and specs that do not parse
+  int64_t dp = 1, pp = 1, tp = 1, zero = 0;
+  int64_t micro_batch = 0, gradient_accumulation = 1;
+  bool recompute = false;
+  std::vector<int64_t> stages;  // layers per pipeline stage
+};
+
+// One rank's memory: the planner's estimate against the highest peak the rank reported.
+struct DashboardRankMemory {
+  std::string worker;
+  uint64_t estimate = 0, workspace = 0, measured_peak = 0;
+};
+
 struct DashboardRun {
   std::string id;
+  std::string kind;  // "train" | "extract"
   std::string name;
   std::string state;  // "pending" | "running" | "finished" | "failed" | "cancelled"
   int64_t created_unix_ms = 0;
@@ -47,6 +72,13 @@ struct DashboardRun {
   uint64_t workers_lost = 0;
   uint64_t ooms = 0;
   uint64_t restarts = 0;  // runs are not restarted yet
+  // Failures the run got through, by event kind (worker-lost, oom, stalled, ...): RunRecord.handled.
+  std::vector<std::pair<std::string, uint64_t>> handled;
+  DashboardPlan plan;
+  std::vector<DashboardRankMemory> memory;  // by rank (train runs)
+  // Extract runs: token rows stored of the total, bytes stored, and the capture's speed.
+  uint64_t rows_stored = 0, rows_total = 0, bytes_stored = 0;
+  double bytes_per_second = 0;
 };
 
 struct DashboardSnapshot {

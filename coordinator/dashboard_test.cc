@@ -33,8 +33,8 @@ DashboardSnapshot HandMade() {
   s.checkpoints_total = 3;
   s.run_workers_lost_total = 1;
   s.workers.push_back({"worker-0", "host-a", 42, "busy", "cuda:0", 80ull << 30, 60ull << 30, 12ull << 30,
-                       15ull << 30, 250, "r1"});
-  s.workers.push_back({"worker-\"1\"", "host-a", 43, "lost", "cpu", 0, 0, 0, 0, 4500, ""});
+                       15ull << 30, 250, "r1", {{1699999999000, 20ull << 30, 11ull << 30}, {1700000000000, 20ull << 30, 12ull << 30}}});
+  s.workers.push_back({"worker-\"1\"", "host-a", 43, "lost", "cpu", 0, 0, 0, 0, 4500, "", {}});
   DashboardRun r;
   r.id = "r1";
   r.name = "tiny";
@@ -47,7 +47,21 @@ DashboardSnapshot HandMade() {
   r.workers = {"worker-0"};
   r.events = {{1700000000000, "submitted", "run r1 submitted"}, {1700000000100, "checkpoint", "at step 2"}};
   r.checkpoints = 1;
+  r.kind = "train";
+  r.handled = {{"worker-lost", 1}, {"oom", 2}};
+  r.plan = {true, 2, 2, 1, 1, 4, 2, false, {3, 5}};
+  r.memory = {{"worker-0", 10ull << 30, 1ull << 30, 9ull << 30}};
   s.runs.push_back(r);
+  DashboardRun x;
+  x.id = "x1";
+  x.name = "acts";
+  x.kind = "extract";
+  x.state = "running";
+  x.rows_stored = 4096;
+  x.rows_total = 16384;
+  x.bytes_stored = 1 << 20;
+  x.bytes_per_second = 2.5e8;
+  s.runs.push_back(x);
   DashboardRun done;
   done.id = "r0";
   done.name = "old";
@@ -76,7 +90,7 @@ TEST(DashboardRender, MetricsAreExactPrometheusText) {
   EXPECT_NE(text.find("strata_run_tokens_per_second{run=\"r1\",name=\"tiny\"} 500\n"), std::string::npos);
   EXPECT_EQ(text.find("run=\"r0\""), std::string::npos) << "finished runs get no per-run series";
   EXPECT_NE(text.find("strata_runs{state=\"finished\"} 1\n"), std::string::npos);
-  EXPECT_NE(text.find("strata_runs{state=\"running\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("strata_runs{state=\"running\"} 2\n"), std::string::npos);
   EXPECT_NE(text.find("# TYPE strata_checkpoints_committed_total counter\nstrata_checkpoints_committed_total 3\n"),
             std::string::npos);
   EXPECT_NE(text.find("# TYPE strata_workers_lost_total counter\nstrata_workers_lost_total 1\n"), std::string::npos);
@@ -110,7 +124,7 @@ TEST(DashboardRender, StateJsonCarriesWorkersRunsEventsAndEta) {
   EXPECT_EQ(j["workers"][0]["memory"]["free"], 60ull << 30);
   EXPECT_EQ(j["workers"][0]["heartbeat_age_ms"], 250);
   EXPECT_EQ(j["workers"][1]["id"], "worker-\"1\"");
-  ASSERT_EQ(j["runs"].size(), 2u);
+  ASSERT_EQ(j["runs"].size(), 3u);
   const json& r = j["runs"][0];
   EXPECT_EQ(r["state"], "running");
   EXPECT_EQ(r["step"], 3);
@@ -120,7 +134,29 @@ TEST(DashboardRender, StateJsonCarriesWorkersRunsEventsAndEta) {
   EXPECT_DOUBLE_EQ(r["eta_seconds"].get<double>(), 7 * 1000 / 500.0);  // 7 steps x 1000 tokens at 500 tok/s
   ASSERT_EQ(r["events"].size(), 2u);
   EXPECT_EQ(r["events"][1]["kind"], "checkpoint");
-  EXPECT_TRUE(j["runs"][1]["eta_seconds"].is_null()) << "no ETA for a finished run";
+  EXPECT_TRUE(j["runs"][2]["eta_seconds"].is_null()) << "no ETA for a finished run";
+  EXPECT_EQ(j["workers"][0]["memory_history"], json::parse("[[1699999999000,21474836480,11811160064],[1700000000000,21474836480,12884901888]]"));
+  EXPECT_EQ(j["workers"][1]["memory_history"], json::array());
+}
+
+TEST(DashboardRender, StateJsonCarriesPlanFailuresRankMemoryAndExtractRows) {
+  const json j = json::parse(RenderStateJson(HandMade()));
+  const json& r = j["runs"][0];
+  EXPECT_EQ(r["kind"], "train");
+  EXPECT_EQ(r["handled"], json::parse(R"({"oom": 2, "worker-lost": 1})"));
+  EXPECT_EQ(r["plan"], json::parse(R"({"dp": 2, "pp": 2, "tp": 1, "zero": 1, "micro_batch": 4, "gradient_accumulation": 2,
+                                       "recompute": false, "stages": [3, 5]})"));
+  EXPECT_EQ(r["memory"], json::parse(R"([{"worker": "worker-0", "estimate": 10737418240, "workspace": 1073741824,
+                                         "measured_peak": 9663676416}])"));
+  EXPECT_DOUBLE_EQ(r["step_seconds"].get<double>(), 1000 / 500.0);  // 1000 tokens a step at 500 tok/s
+  EXPECT_TRUE(r["extract"].is_null());
+  const json& x = j["runs"][1];
+  EXPECT_EQ(x["kind"], "extract");
+  EXPECT_TRUE(x["plan"].is_null());
+  EXPECT_TRUE(x["step_seconds"].is_null());
+  EXPECT_EQ(x["extract"], json::parse(R"({"rows_stored": 4096, "rows_total": 16384, "bytes_stored": 1048576, "bytes_per_second": 2.5e8})"));
+  EXPECT_EQ(j["runs"][2]["kind"], "train") << "a run without a kind is a train run";
+  EXPECT_EQ(j["runs"][2]["handled"], json::object());
 }
 
 TEST(DashboardRender, LongLossCurvesAreThinnedButKeepTheLastStep) {

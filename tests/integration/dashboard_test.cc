@@ -1,7 +1,9 @@
 // The coordinator's HTTP dashboard on a real local cluster (`strata up --workers 2`: real
 // processes, a real dp=2 run): /metrics must pass a strict Prometheus text-format parser and carry
 // the workers' memory gauges, cancel must need the token, and the page, rendered by headless
-// Chromium, must show the workers, the run and its loss curve.
+// Chromium, must show the workers, the run and its loss curve; a run that lost a worker must show
+// the failure it got through and its new plan on its card, and an extract run its rows.
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -187,7 +189,7 @@ class DashboardTest : public ::testing::Test {
     setenv("STRATA_STATE_DIR", (dir_ + "/state").c_str(), 1);
     unsetenv("STRATA_CLUSTER");
     unsetenv("STRATA_KEYS");
-    auto up = Strata("up --workers 2");
+    auto up = Strata(UpArgs());
     ASSERT_EQ(up.rc, 0) << up.out << up.err;
     EXPECT_NE(up.out.find("dashboard: http://127.0.0.1:"), std::string::npos) << up.out;
     const json cluster = json::parse(ReadFile(dir_ + "/state/cluster.json"));
@@ -203,6 +205,8 @@ class DashboardTest : public ::testing::Test {
     while (!token_.empty() && token_.back() == '\n') token_.pop_back();
     ASSERT_GE(token_.size(), 32u);
   }
+
+  virtual std::string UpArgs() const { return "up --workers 2"; }
 
   void TearDown() override {
     Strata("down");
@@ -242,6 +246,51 @@ class DashboardTest : public ::testing::Test {
     EXPECT_EQ(s.value("state", ""), "running") << s.dump();
     EXPECT_GE(s.value("step", 0), min_steps) << s.dump();
     return run;
+  }
+
+  // Headless Chromium on the dashboard (`fragment` selects a run: "#run=ID"); "" when there is none.
+  static std::string FindChromium() {
+    for (const char* candidate : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"}) {
+      if (access(candidate, X_OK) == 0) return candidate;
+    }
+    return "";
+  }
+  // Chromium as root needs --no-sandbox; a fresh profile and no background traffic keep it quiet
+  // and offline. The virtual-time budget lets the page's fetch/refresh timers run.
+  CommandResult Chrome(const std::string& chromium, const std::string& profile, const std::string& args,
+                       const std::string& fragment = "") {
+    return Run("timeout 60 " + chromium + " --headless --no-sandbox --disable-gpu --disable-background-networking" +
+               " --disable-component-update --disable-sync --no-first-run --disable-dev-shm-usage --hide-scrollbars" +
+               " --user-data-dir=" + dir_ + "/" + profile + " --virtual-time-budget=5000 " + args + " '" + url_ + "/" + fragment + "'");
+  }
+  // What the page rendered (the script source, with its templates, is cut off).
+  CommandResult Dom(const std::string& chromium, const std::string& profile, const std::string& fragment = "") {
+    CommandResult dom = Chrome(chromium, profile, "--dump-dom", fragment);
+    dom.out = dom.out.substr(0, dom.out.find("<script"));
+    return dom;
+  }
+  // Screenshots go to $STRATA_DASHBOARD_SCREENSHOTS (created), else the scratch directory.
+  std::string Screenshot(const std::string& chromium, const std::string& name, const std::string& fragment = "") {
+    std::string dir = dir_;
+    if (const char* env = std::getenv("STRATA_DASHBOARD_SCREENSHOTS"); env && *env) dir = env;
+    fs::create_directories(dir);
+    const std::string shot = dir + "/" + name;
+    fs::remove(shot);
+    auto png = Chrome(chromium, "chrome-shot-" + name, "--window-size=1280,900 --screenshot=" + shot, fragment);
+    EXPECT_EQ(png.rc, 0) << png.err.substr(0, 2000);
+    const std::string bytes = fs::exists(shot) ? ReadFile(shot) : "";
+    EXPECT_GT(bytes.size(), 10000u) << shot << ": screenshot too small to show anything";
+    EXPECT_EQ(bytes.substr(1, 3), "PNG") << shot;
+    std::cout << "screenshot: " << shot << std::endl;
+    return shot;
+  }
+
+  int ProcessPid(const std::string& name) {
+    const json cluster = json::parse(ReadFile(dir_ + "/state/cluster.json"));
+    for (const auto& p : cluster["processes"]) {
+      if (p["name"] == name) return p["pid"].get<int>();
+    }
+    return 0;
   }
 
   std::string dir_, url_, token_;
@@ -354,26 +403,12 @@ TEST_F(DashboardTest, MetricsParseStrictlyAndCancelNeedsTheToken) {
 }
 
 TEST_F(DashboardTest, PageShowsWorkersRunAndLossCurveInHeadlessChromium) {
-  std::string chromium;
-  for (const char* candidate : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"}) {
-    if (access(candidate, X_OK) == 0) {
-      chromium = candidate;
-      break;
-    }
-  }
+  const std::string chromium = FindChromium();
   if (chromium.empty()) GTEST_SKIP() << "no chromium (deploy/install-deps.sh installs it): cannot render the page";
   const std::string run = SubmitLongRun(30);
-  // Chromium as root needs --no-sandbox; a fresh profile and no background traffic keep it quiet
-  // and offline. The virtual-time budget lets the page's fetch/refresh timers run.
-  auto chrome = [&](const std::string& profile, const std::string& args) {
-    return Run("timeout 60 " + chromium + " --headless --no-sandbox --disable-gpu --disable-background-networking" +
-               " --disable-component-update --disable-sync --no-first-run --disable-dev-shm-usage --hide-scrollbars" +
-               " --user-data-dir=" + dir_ + "/" + profile + " --virtual-time-budget=5000 " + args + " " + url_ + "/");
-  };
-  auto dom = chrome("chrome-dom", "--dump-dom");
+  auto dom = Dom(chromium, "chrome-dom");
   ASSERT_EQ(dom.rc, 0) << dom.err.substr(0, 2000);
-  // What the page rendered (the script source, with its templates, is cut off).
-  const std::string body = dom.out.substr(0, dom.out.find("<script"));
+  const std::string& body = dom.out;
   EXPECT_NE(body.find("data-ready=\"1\""), std::string::npos) << "the page never loaded /api/state:\n" << body;
   EXPECT_NE(body.find("data-worker-id=\"worker-0\""), std::string::npos) << body;
   EXPECT_NE(body.find("data-worker-id=\"worker-1\""), std::string::npos) << body;
@@ -382,13 +417,12 @@ TEST_F(DashboardTest, PageShowsWorkersRunAndLossCurveInHeadlessChromium) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(body, m, std::regex("class=\"loss\" data-points=\"([0-9]+)\""))) << body;
   EXPECT_GE(std::stoi(m[1]), 30) << "loss curve points";
+  // The plan on the card, and each worker's memory chart has samples (one a second).
+  EXPECT_TRUE(std::regex_search(body, std::regex("dp 2 · pp 1 · tp 1 · ZeRO-[0-3] · micro-batch [0-9]+ x [0-9]+"))) << body;
+  EXPECT_TRUE(std::regex_search(body, m, std::regex("class=\"mem\" data-samples=\"([0-9]+)\""))) << body;
+  EXPECT_GE(std::stoi(m[1]), 2) << "memory chart samples";
 
-  const std::string shot = dir_ + "/dashboard.png";
-  auto png = chrome("chrome-shot", "--window-size=1280,900 --screenshot=" + shot);
-  ASSERT_EQ(png.rc, 0) << png.err.substr(0, 2000);
-  const std::string bytes = ReadFile(shot);
-  ASSERT_GT(bytes.size(), 10000u) << "screenshot too small to show anything";
-  EXPECT_EQ(bytes.substr(1, 3), "PNG");
+  const std::string shot = Screenshot(chromium, "dashboard.png");
   // The documentation's picture (docs/dashboard.md) is this screenshot; refreshed on request only,
   // so a test run leaves the checkout clean.
   if (std::getenv("STRATA_UPDATE_DOCS")) {
@@ -396,6 +430,108 @@ TEST_F(DashboardTest, PageShowsWorkersRunAndLossCurveInHeadlessChromium) {
     fs::copy_file(shot, std::string(STRATA_SOURCE_DIR) + "/docs/dashboard.png", fs::copy_options::overwrite_existing, ec);
     EXPECT_FALSE(ec) << "cannot copy the screenshot to docs/: " << ec.message();
   }
+  Strata("cancel " + run);
+}
+
+// A lost worker is declared within 1 s and the run re-plans onto the survivor at once (no grace
+// for a replacement), so the test sees the recovered run quickly.
+class DashboardFailureTest : public DashboardTest {
+ protected:
+  std::string UpArgs() const override {
+    return "up --workers 2 --heartbeat-timeout-ms 1000 --replace-grace-ms 0 --grow-back-min-saving-s 0";
+  }
+};
+
+// The card of the run `id` in the page's DOM (up to the next card or the end of the list).
+std::string Card(const std::string& body, const std::string& id) {
+  const size_t at = body.find("data-run-id=\"" + id + "\"");
+  if (at == std::string::npos) return "";
+  const size_t begin = body.rfind("<div class=\"run", at);
+  if (begin == std::string::npos) return "";
+  const size_t end = std::min(body.find("<div class=\"run", begin + 1), body.find("id=\"detail\"", begin));
+  return body.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+TEST_F(DashboardFailureTest, RunThatLostAWorkerShowsItsFailuresAndPlanAndExtractShowsRows) {
+  const std::string chromium = FindChromium();
+  if (chromium.empty()) GTEST_SKIP() << "no chromium (deploy/install-deps.sh installs it): cannot render the page";
+  // (1) An extract run on both workers, to its end.
+  const std::string extract_spec = dir_ + "/extract.toml";
+  std::ofstream(extract_spec) << "name = \"acts\"\nkind = \"extract\"\n[model]\nfamily = \"gpt2\"\nlayers = 2\nhidden = 32\n"
+                              << "heads = 4\nvocab = 256\nsequence = 64\n[data]\npath = \"/usr/share/common-licenses/GPL-3\"\n"
+                              << "[train]\nseed = 7\n[parallel]\ndp = 2\n[extract]\nlayers = [0, 1]\nsites = [\"resid_post\"]\n"
+                              << "batch = 8\ntokens = 16384\n";
+  auto submitted = Strata("submit " + extract_spec + " --follow");
+  ASSERT_EQ(submitted.rc, 0) << submitted.out << submitted.err;
+  const std::string extract = submitted.out.substr(0, submitted.out.find('\n'));
+  ASSERT_EQ(Status(extract).value("state", ""), "finished") << Status(extract).dump();
+
+  // (2) A dp=2 run with checkpoints loses its rank-1 worker to kill -9 and goes on with dp=1.
+  const std::string run = SubmitLongRun(20);
+  json s = Status(run);
+  ASSERT_EQ(s["workers"].size(), 2u) << s.dump();
+  const std::string lost = s["workers"][1];
+  const int victim = ProcessPid(lost);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  int64_t replanned_at = -1;
+  for (const int64_t start = NowMs(); NowMs() - start < 30000;) {
+    s = Status(run);
+    if (replanned_at < 0 && s.value("world_size", 0) == 1 && s.value("state", "") == "running") replanned_at = s.value("step", 0);
+    if (replanned_at >= 0 && s.value("step", 0) >= replanned_at + 5) break;  // training again
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GE(replanned_at, 0) << "the run did not re-plan onto the survivor: " << s.dump();
+  ASSERT_EQ(s.value("state", ""), "running") << s.dump();
+  EXPECT_EQ(s["handled"].value("worker-lost", 0), 1) << s.dump();
+  // The dashboard publishes every 250 ms: let it catch up with what status says.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+
+  // (3) The page, the train run selected (the active run is by default).
+  auto dom = Dom(chromium, "chrome-dom");
+  ASSERT_EQ(dom.rc, 0) << dom.err.substr(0, 2000);
+  const std::string& body = dom.out;
+  ASSERT_NE(body.find("data-ready=\"1\""), std::string::npos) << "the page never loaded /api/state:\n" << body;
+  const std::string card = Card(body, run);
+  ASSERT_FALSE(card.empty()) << body;
+  EXPECT_NE(card.find("class=\"run selected hurt\""), std::string::npos) << "a run that lost a worker must not look normal: " << card;
+  EXPECT_NE(card.find("data-handled=\"worker-lost\">worker-lost 1<"), std::string::npos) << card;
+  EXPECT_TRUE(std::regex_search(card, std::regex("dp 1 · pp 1 · tp 1 · ZeRO-[0-3] · micro-batch [0-9]+ x [0-9]+")))
+      << "the plan after the re-plan: " << card;
+  EXPECT_NE(card.find("tokens/s <b>"), std::string::npos) << card;
+  EXPECT_TRUE(std::regex_search(card, std::regex("step <b>[0-9]+ ms</b>"))) << "step time: " << card;
+  // The detail: plan, failures, per-rank memory, and only this run's events.
+  const std::string detail = body.substr(body.find("id=\"detail\""));
+  EXPECT_NE(detail.find("data-run-id=\"" + run + "\""), std::string::npos) << detail;
+  EXPECT_NE(detail.find("data-rank=\"0\""), std::string::npos) << "per-rank memory: " << detail;
+  EXPECT_NE(detail.find("data-run=\"" + run + "\""), std::string::npos) << detail;
+  EXPECT_NE(detail.find("data-kind=\"worker-lost\""), std::string::npos) << detail;
+  EXPECT_EQ(detail.find("data-kind=\"finished\""), std::string::npos) << "the extract run's events leaked in: " << detail;
+  // The extract run's card: rows stored / total (all of them) and a speed, no loss.
+  const std::string xcard = Card(body, extract);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(xcard, m, std::regex("rows ([0-9,]+) / ([0-9,]+) \\(100%\\)"))) << xcard;
+  EXPECT_EQ(m[1].str(), m[2].str());
+  EXPECT_NE(xcard.find("GB/s"), std::string::npos) << xcard;
+  EXPECT_EQ(xcard.find("loss"), std::string::npos) << xcard;
+  // Each worker's memory chart: the survivor's has samples.
+  const std::string survivor = s["workers"][0];
+  const size_t row = body.find("data-worker-id=\"" + survivor + "\"");
+  ASSERT_NE(row, std::string::npos) << body;
+  ASSERT_TRUE(std::regex_search(body.cbegin() + row, body.cend(), m, std::regex("class=\"mem\" data-samples=\"([0-9]+)\"")));
+  EXPECT_GE(std::stoi(m[1]), 5) << "memory chart samples of " << survivor;
+  Screenshot(chromium, "dashboard-failures.png");
+
+  // (4) The extract run selected: rows and GB/s instead of a loss chart; its events only.
+  auto xdom = Dom(chromium, "chrome-dom-x", "#run=" + extract);
+  ASSERT_EQ(xdom.rc, 0) << xdom.err.substr(0, 2000);
+  const std::string xdetail = xdom.out.substr(xdom.out.find("id=\"detail\""));
+  EXPECT_NE(xdetail.find("data-run-id=\"" + extract + "\""), std::string::npos) << xdetail;
+  EXPECT_NE(xdetail.find("class=\"loss hidden\""), std::string::npos) << "an extract run has no loss chart: " << xdetail;
+  EXPECT_TRUE(std::regex_search(xdetail, std::regex("rows [0-9,]+ / [0-9,]+ \\(100%\\) · [0-9.]+ GB/s"))) << xdetail;
+  EXPECT_NE(xdetail.find("data-kind=\"finished\""), std::string::npos) << xdetail;
+  EXPECT_EQ(xdetail.find("data-kind=\"worker-lost\""), std::string::npos) << xdetail;
+  Screenshot(chromium, "dashboard-extract.png", "#run=" + extract);
   Strata("cancel " + run);
 }
 
