@@ -38,6 +38,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -1892,8 +1893,8 @@ class CoordinatorImpl final : public Coordinator {
     auto number = [](double v) {
       if (!std::isfinite(v)) return std::string("null");
       char text[40];
-      std::snprintf(text, sizeof(text), "%.17g", v);
-      return std::string(text);
+      const auto end = std::to_chars(text, text + sizeof(text), v).ptr;  // shortest that reads back equal
+      return std::string(text, end);
     };
     const std::string line = "{\"step\":" + std::to_string(step) + ",\"loss\":" + number(s.getLoss()) +
                              ",\"lr\":" + number(LearningRate(run.spec.train, step)) +
@@ -1955,6 +1956,14 @@ class CoordinatorImpl final : public Coordinator {
           tried = " (worker " + w->id + " is on host " + w->host + " and this coordinator, on " + own_host_ +
                   ", reads logs only from stores on its own host)";
         }
+      }
+      // A rank of a live run that has not started yet (the run waits for workers, or is being
+      // re-planned) has no log so far: empty, so `strata logs --follow` waits for it.
+      if (path.empty() && !run.terminal() && rank < std::max<int64_t>(1, run.spec.parallel.workers())) {
+        schema::EnvelopeBuilder reply(rid);
+        reply.root().initRunFileReply();
+        Send(identity, reply.Serialize());
+        return;
       }
       if (path.empty()) {
         Send(identity, schema::MakeErrorReply(rid, NotFound("no log of rank " + std::to_string(rank) + " of run " + id +
