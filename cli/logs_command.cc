@@ -135,13 +135,7 @@ int ShowMetrics(const CoordinatorAddress& coordinator, const std::string& run, b
       if (i) out += ',';
       auto v = row.find(columns[i]);
       if (v == row.end() || v->is_null()) continue;
-      if (v->is_number_float()) {
-        char number[40];
-        std::snprintf(number, sizeof(number), "%.17g", v->get<double>());
-        out += number;
-      } else {
-        out += v->dump();
-      }
+      out += v->dump();  // numbers: the shortest text that reads back equal
     }
     out += '\n';
   }
