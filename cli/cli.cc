@@ -23,6 +23,7 @@
 #include "cli/activations_command.h"
 #include "cli/cluster_file.h"
 #include "cli/exit.h"
+#include "cli/logs_command.h"
 #include "cli/plan_command.h"
 #include "cli/export.h"
 #include "common/byte_size.h"
@@ -969,6 +970,17 @@ int RunCli(int argc, char** argv) {
   get_cmd->add_option("--out", get.out, "FILE.npy, FILE.safetensors, or - for .npy on stdout (an existing FILE is refused)")->required();
   get_cmd->add_flag("--force", get.force, "replace an existing --out file");
 
+  LogsRequest logs_request;
+  auto* logs_cmd = app.add_subcommand("logs", "show one rank's log of a run (its task's log lines and one line per step)");
+  logs_cmd->add_option("run", logs_request.run)->required();
+  logs_cmd->add_option("--rank", logs_request.rank, "the rank (default 0)");
+  logs_cmd->add_flag("--follow,-f", logs_request.follow, "keep printing new lines until the run ends");
+  logs_cmd->add_option("--since", logs_request.since, "only lines from the last DURATION (500ms, 30s, 10m, 2h, 1d)");
+  bool metrics_csv = false;
+  auto* metrics_cmd = app.add_subcommand("metrics", "a run's per-step metrics (loss, lr, tokens/s, memory), one JSON object a line");
+  metrics_cmd->add_option("run", run)->required();
+  metrics_cmd->add_flag("--csv", metrics_csv, "CSV with a header instead of JSON lines");
+
   PlanRequest plan_request;
   auto* plan_cmd = app.add_subcommand("plan", "the planner's mesh, ZeRO stage and micro-batch for a run spec, with each worker's memory estimate");
   plan_cmd->add_option("spec", plan_request.spec_path, "run spec file")->required();
@@ -997,6 +1009,14 @@ int RunCli(int argc, char** argv) {
       return CmdExport(g, run, export_step_option->count() > 0 ? std::optional<int64_t>(export_step) : std::nullopt, export_dir, export_force);
     }
     if (*plan_cmd) return PlanRun(plan_request, plan_request.cluster_spec.empty() ? ResolveCoordinator(g) : Result<CoordinatorAddress>(CoordinatorAddress{}));
+    if (*logs_cmd || *metrics_cmd) {
+      if (*logs_cmd && !logs_request.since.empty()) {
+        if (auto d = ParseDurationMs(logs_request.since); !d.ok()) return Fail(d.status());  // before resolving the cluster
+      }
+      auto coordinator = ResolveCoordinator(g);
+      if (!coordinator.ok()) return Fail(coordinator.status());
+      return *logs_cmd ? ShowLogs(*coordinator, logs_request) : ShowMetrics(*coordinator, run, metrics_csv);
+    }
     if (*activations_cmd) {
       if (*get_cmd) {
         if (Status st = CheckActivationsOut(get); !st.ok()) return Fail(st);  // before resolving the cluster

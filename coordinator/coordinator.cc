@@ -34,7 +34,14 @@
 // global batch, so the losses stay those of the uninterrupted run (checkpoints are mesh-free).
 #include "coordinator/coordinator.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
 
 #include <atomic>
 #include <deque>
@@ -53,6 +60,7 @@
 #include <zmq.hpp>
 
 #include "common/log.h"
+#include "common/task_log.h"
 #include "common/curve.h"
 #include "common/net.h"
 #include "common/run_spec.h"
@@ -291,6 +299,7 @@ class CoordinatorImpl final : public Coordinator {
       case Envelope::CANCEL_RUN: return HandleCancelRun(identity, rid, root.getCancelRun());
       case Envelope::CHECKPOINTS_REQUEST: return HandleCheckpointsRequest(identity, rid, root.getCheckpointsRequest());
       case Envelope::ACTIVATIONS_REQUEST: return HandleActivationsRequest(identity, rid, root.getActivationsRequest());
+      case Envelope::RUN_FILE_REQUEST: return HandleRunFileRequest(identity, rid, root.getRunFileRequest());
       case Envelope::SHARD_REPLICATED: return HandleShardReplicated(identity, root.getShardReplicated());
       case Envelope::SHUTDOWN: return HandleShutdown(identity, rid);
       case Envelope::ACK: return;
@@ -1138,6 +1147,7 @@ class CoordinatorImpl final : public Coordinator {
         const std::string bytes = schema::StructToBytes(s);
         Status st = store_->PutMetadata("loss/" + EncodeKeyString(run.id) + EncodeKeyU64(step), AsBytes(bytes), false);
         if (!st.ok()) STRATA_LOG(kError) << "could not persist step " << step << " of " << run.id << ": " << st.ToString();
+        AppendMetrics(run, step, s);
         break;
       }
       case TaskEvent::CHECKPOINT_SAVED: {
@@ -1888,6 +1898,123 @@ class CoordinatorImpl final : public Coordinator {
     Send(identity, reply.Serialize());
   }
 
+  // --- Per-run files: metrics (written here) and each rank's log (written by its worker) ---
+
+  std::string MetricsPath(const std::string& run_id) const { return options_.state_dir + "/metrics/" + run_id + ".jsonl"; }
+
+  // One JSON line per step, from rank 0's report, appended to STATE_DIR/metrics/RUN.jsonl (0600):
+  // a step already written (a replay after a recovery, a resent report) is not written again, so
+  // the file has one line per step with the loss `strata status` shows. The learning rate is the
+  // spec's schedule at that step; the reports carry no gradient norm, so there is none.
+  void AppendMetrics(const RunEntry& run, int64_t step, StepReport::Reader s) {
+    auto written = metrics_step_.find(run.id);
+    if (written == metrics_step_.end()) written = metrics_step_.emplace(run.id, LastMetricsStep(run.id)).first;
+    if (step <= written->second) return;
+    written->second = step;
+    auto number = [](double v) {
+      if (!std::isfinite(v)) return std::string("null");
+      char text[40];
+      const auto end = std::to_chars(text, text + sizeof(text), v).ptr;  // shortest that reads back equal
+      return std::string(text, end);
+    };
+    const std::string line = "{\"step\":" + std::to_string(step) + ",\"loss\":" + number(s.getLoss()) +
+                             ",\"lr\":" + number(LearningRate(run.spec.train, step)) +
+                             ",\"tokens_per_second\":" + number(s.getTokensPerSecond()) +
+                             ",\"memory_bytes\":" + std::to_string(std::max(s.getSchedulePeakBytes(), s.getUpdatePeakBytes())) +
+                             ",\"unix_ms\":" + std::to_string(net::NowUnixMs()) + "}\n";
+    std::error_code ec;
+    std::filesystem::create_directories(options_.state_dir + "/metrics", ec);
+    const std::string path = MetricsPath(run.id);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0 || ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      STRATA_LOG(kWarn) << "could not append step " << step << " of " << run.id << " to " << path << ": " << std::strerror(errno);
+    }
+    if (fd >= 0) ::close(fd);
+  }
+
+  // The last step in a run's metrics file (0 if none): a restarted coordinator goes on after it.
+  int64_t LastMetricsStep(const std::string& run_id) const {
+    std::ifstream in(MetricsPath(run_id));
+    int64_t last = 0;
+    for (std::string line; std::getline(in, line);) {
+      long long step = 0;
+      if (std::sscanf(line.c_str(), "{\"step\":%lld", &step) == 1) last = std::max<int64_t>(last, step);
+    }
+    return last;
+  }
+
+  // A piece of a run's metrics file or of one rank's log. Logs are read by path: the store of the
+  // worker that ran the rank last (else any known worker's store holding that rank's log) must be
+  // on this host's filesystem; a worker on another host gets an error saying so.
+  void HandleRunFileRequest(const std::string& identity, uint64_t rid, RunFileRequest::Reader req) {
+    const std::string id = req.getRunId().cStr();
+    auto it = runs_.find(id);
+    if (it == runs_.end()) {
+      Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
+      return;
+    }
+    const RunEntry& run = it->second;
+    std::string path;
+    if (req.getKind() == RunFileRequest::Kind::METRICS) {
+      path = MetricsPath(id);
+    } else {
+      const uint32_t rank = req.getRank();
+      std::vector<const WorkerEntry*> candidates;
+      if (rank < run.workers.size()) {
+        if (auto w = workers_.find(run.workers[rank]); w != workers_.end()) candidates.push_back(&w->second);
+      }
+      for (const auto& [name, w] : workers_) candidates.push_back(&w);
+      std::string tried;
+      for (const WorkerEntry* w : candidates) {
+        if (w->store_path.empty()) continue;
+        const std::string p = log::TaskLogPath(w->store_path, id, rank);
+        std::error_code ec;
+        if (std::filesystem::exists(p, ec)) {
+          path = p;
+          break;
+        }
+        if (tried.empty() && w->host != own_host_) {
+          tried = " (worker " + w->id + " is on host " + w->host + " and this coordinator, on " + own_host_ +
+                  ", reads logs only from stores on its own host)";
+        }
+      }
+      // A rank of a live run that has not started yet (the run waits for workers, or is being
+      // re-planned) has no log so far: empty, so `strata logs --follow` waits for it.
+      if (path.empty() && !run.terminal() && rank < std::max<int64_t>(1, run.spec.parallel.workers())) {
+        schema::EnvelopeBuilder reply(rid);
+        reply.root().initRunFileReply();
+        Send(identity, reply.Serialize());
+        return;
+      }
+      if (path.empty()) {
+        Send(identity, schema::MakeErrorReply(rid, NotFound("no log of rank " + std::to_string(rank) + " of run " + id +
+                                                            " in the stores of the known workers" + tried +
+                                                            "; the run has ranks 0-" + std::to_string(std::max<int64_t>(1, run.spec.parallel.workers()) - 1))));
+        return;
+      }
+    }
+    schema::EnvelopeBuilder reply(rid);
+    auto r = reply.root().initRunFileReply();
+    r.setPath(path);
+    r.setTerminal(run.terminal());
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      struct stat st {};
+      ::fstat(fd, &st);
+      const uint64_t size = static_cast<uint64_t>(st.st_size);
+      r.setSize(size);
+      const uint64_t offset = std::min<uint64_t>(req.getOffset(), size);
+      std::string data(std::min<uint64_t>(size - offset, kRunFileChunk), '\0');
+      const ssize_t n = ::pread(fd, data.data(), data.size(), static_cast<off_t>(offset));
+      data.resize(n > 0 ? static_cast<size_t>(n) : 0);
+      ::close(fd);
+      r.setData(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(data.data()), data.size()));
+    }  // no metrics file yet: no step reported, empty
+    Send(identity, reply.Serialize());
+  }
+
+  static constexpr uint64_t kRunFileChunk = 1 << 20;
+
   void HandleEventsRequest(const std::string& identity, uint64_t rid, RunRef::Reader req) {
     ReplyWithRunRecords<Event>(identity, rid, req, "evt/",
                                [](schema::EnvelopeBuilder& reply, size_t n) { return reply.root().initEventsReply().initEvents(n); });
@@ -2219,6 +2346,12 @@ class CoordinatorImpl final : public Coordinator {
   std::atomic<bool> stop_requested_{false};
   std::map<std::string, WorkerEntry> workers_;
   std::map<std::string, RunEntry> runs_;
+  std::map<std::string, int64_t> metrics_step_;  // run -> last step in its metrics file
+  std::string own_host_ = [] {
+    char name[256] = {};
+    ::gethostname(name, sizeof(name) - 1);
+    return std::string(name);
+  }();
   int64_t last_check_ms_ = 0;
   int64_t last_snapshot_ms_ = 0;
   uint64_t workers_lost_ = 0;                             // since this process started

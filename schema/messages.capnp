@@ -46,6 +46,9 @@ struct Envelope {
     replicateShard @28 :ReplicateShard;       # coordinator -> worker
     shardReplicated @29 :ShardReplicated;     # worker -> coordinator
     deleteCheckpoint @30 :DeleteCheckpoint;   # coordinator -> worker: retention
+    # `strata logs` / `strata metrics`: bytes of a run's per-rank log or metrics file
+    runFileRequest @31 :RunFileRequest;
+    runFileReply @32 :RunFileReply;
   }
 }
 
@@ -392,4 +395,26 @@ struct ActivationData {
   dtype @0 :StoreSchema.DType;
   shape @1 :List(Int64);
   checksum @2 :UInt64;      # XXH3-64 of the bytes frame
+}
+
+# A piece of one of a run's files, read from `offset`: a rank's log (the worker's
+# STORE/logs/<hex run id>/rank-R.log; the coordinator reads it by path, so the worker's store must
+# be on the coordinator's host) or the run's metrics (STATE_DIR/metrics/<run id>.jsonl, one JSON
+# object per step).
+struct RunFileRequest {
+  runId @0 :Text;
+  kind @1 :Kind;
+  rank @2 :UInt32;
+  offset @3 :UInt64;
+  enum Kind {
+    log @0;
+    metrics @1;
+  }
+}
+
+struct RunFileReply {
+  data @0 :Data;        # at most 1 MiB from the offset asked for
+  size @1 :UInt64;      # the file's size when read
+  terminal @2 :Bool;    # the run has ended: the file will not grow
+  path @3 :Text;        # where the file is (on the host of the worker or coordinator)
 }

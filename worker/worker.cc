@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <optional>
 #include <mutex>
+#include <cstdio>
 #include <thread>
 
 #include <capnp/message.h>
@@ -22,6 +23,7 @@
 
 #include "common/curve.h"
 #include "common/log.h"
+#include "common/task_log.h"
 #include "common/net.h"
 #include "schema/envelope.h"
 #include "worker/store_client.h"
@@ -159,6 +161,15 @@ class RunningTask final : public TaskReporter {
     s.setSchedulePeakBytes(static_cast<uint64_t>(std::max<int64_t>(0, memory.schedule_peak_bytes)));
     s.setUpdatePeakBytes(static_cast<uint64_t>(std::max<int64_t>(0, memory.update_peak_bytes)));
     PushAndRemember(msg.Serialize());
+    if (task_log_) {
+      // The trainer's reporter carries no gradient norm, so the line has none (task.h is seen by
+      // every LibTorch file; widening it is for a change that also exposes the norm).
+      char line[256];
+      std::snprintf(line, sizeof(line), "step %lld loss %.6f lr %.6g tokens/s %.1f memory %lld bytes",
+                    static_cast<long long>(step), loss, LearningRate(train_, step), tokens_per_second,
+                    static_cast<long long>(std::max(memory.schedule_peak_bytes, memory.update_peak_bytes)));
+      task_log_->Append(log::Level::kInfo, line);
+    }
   }
 
   void ReportCheckpoint(int64_t step, const std::string& key_run, const std::vector<storage::CheckpointTensorInfo>& tensors) override {
@@ -280,6 +291,8 @@ class RunningTask final : public TaskReporter {
   std::mutex history_mutex_;
   std::deque<std::string> history_;  // guarded by history_mutex_
   std::string store_path_;
+  TrainSpec train_;                         // set before the task thread starts
+  std::shared_ptr<log::TaskLog> task_log_;  // STORE/logs/<hex run>/rank-R.log; null if it could not open
   std::thread thread;
   std::atomic<bool> cancelled{false};
   std::atomic<int64_t> snapshot_step{0};  // set before `cancelled` (CancelTask.snapshotStep)
@@ -606,6 +619,12 @@ class WorkerImpl final : public Worker {
         resume.shards.push_back(std::move(s));
       }
     }
+    task->train_ = spec->train;
+    if (auto opened = log::TaskLog::Open(log::TaskLogPath(options_.store_path, run_id, a.getRank())); opened.ok()) {
+      task->task_log_ = *opened;
+    } else {
+      STRATA_LOG(kWarn) << "run " << run_id << ": no per-run log: " << opened.status().message();
+    }
     if (spec->is_extract()) {
       STRATA_LOG(kInfo) << "starting capture of run " << run_id << ": " << chunks.size() << " chunks";
     } else {
@@ -621,6 +640,9 @@ class WorkerImpl final : public Worker {
   // Task thread body: owns the communicator; reports the end; never throws.
   void RunTaskThread(RunningTask* t, RunSpec spec, ZmqCommunicatorOptions comm_options, std::vector<uint64_t> chunks,
                      ResumePoint resume) {
+    // This thread's log lines also go to the run's own log (`strata logs RUN --rank R`).
+    log::ScopedThreadTaskLog scoped_log(t->task_log_);
+    STRATA_LOG(kInfo) << "worker " << options_.name << " (host " << host_ << ") runs run " << t->run_id_ << " as rank " << comm_options.rank;
     Status status;
     ResumePoint resumed_from;
     resumed_from.run_id = resume.run_id;

@@ -1,0 +1,146 @@
+#include "cli/logs_command.h"
+
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "cli/exit.h"
+#include "common/net.h"
+#include "common/run_spec.h"
+#include "common/task_log.h"
+#include "coordinator/client.h"
+#include "schema/envelope.h"
+
+namespace strata::cli {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr auto kFollowPoll = std::chrono::milliseconds(500);
+
+struct FilePiece {
+  std::string data;
+  uint64_t size = 0;
+  bool terminal = false;
+};
+
+Result<FilePiece> ReadPiece(coordinator::CoordinatorClient& client, const std::string& run, RunFileRequest::Kind kind,
+                            uint32_t rank, uint64_t offset) {
+  schema::EnvelopeBuilder req;
+  auto r = req.root().initRunFileRequest();
+  r.setRunId(run);
+  r.setKind(kind);
+  r.setRank(rank);
+  r.setOffset(offset);
+  STRATA_ASSIGN_OR_RETURN(auto reply, client.Call(req));
+  if (reply->root().which() != Envelope::RUN_FILE_REPLY) return Internal("the coordinator answered a log read with another message");
+  auto f = reply->root().getRunFileReply();
+  FilePiece piece;
+  piece.data.assign(reinterpret_cast<const char*>(f.getData().begin()), f.getData().size());
+  piece.size = f.getSize();
+  piece.terminal = f.getTerminal();
+  return piece;
+}
+
+}  // namespace
+
+Result<int64_t> ParseDurationMs(const std::string& text) {
+  auto bad = [&] {
+    return InvalidArgument("--since " + EscapeForTerminal(text) + " is not a duration; write a number and a unit: 500ms, 30s, 10m, 2h or 1d");
+  };
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  if (digits == 0 || digits > 12) return bad();
+  const int64_t n = std::stoll(text.substr(0, digits));
+  const std::string unit = text.substr(digits);
+  if (unit == "ms") return n;
+  if (unit == "s") return n * 1000;
+  if (unit == "m") return n * 60 * 1000;
+  if (unit == "h") return n * 3600 * 1000;
+  if (unit == "d") return n * 86400 * 1000;
+  return bad();
+}
+
+int ShowLogs(const CoordinatorAddress& coordinator, const LogsRequest& request) {
+  int64_t since_ms = 0;
+  if (!request.since.empty()) {
+    auto d = ParseDurationMs(request.since);
+    if (!d.ok()) return Fail(d.status());
+    since_ms = net::NowUnixMs() - *d;
+  }
+  coordinator::CoordinatorClient client(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
+  uint64_t offset = 0;
+  std::string pending;  // the end of the file read so far, short of its newline
+  bool show = request.since.empty();  // a line without a timestamp goes with the line before it
+  auto print_line = [&](const std::string& line) {
+    int64_t at = 0;
+    if (log::ParseTaskLogTime(line, &at)) show = at >= since_ms;
+    if (show) std::printf("%s\n", EscapeForTerminal(line).c_str());
+  };
+  for (;;) {
+    auto piece = ReadPiece(client, request.run, RunFileRequest::Kind::LOG, request.rank, offset);
+    if (!piece.ok()) return Fail(piece.status());
+    offset += piece->data.size();
+    pending += piece->data;
+    size_t start = 0;
+    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+      print_line(pending.substr(start, nl - start));
+    }
+    pending.erase(0, start);
+    std::fflush(stdout);
+    if (offset < piece->size) continue;        // more is there already
+    if (!request.follow || piece->terminal) break;  // the run has ended: the log will not grow
+    std::this_thread::sleep_for(kFollowPoll);
+  }
+  if (!pending.empty()) print_line(pending);
+  return kExitOk;
+}
+
+int ShowMetrics(const CoordinatorAddress& coordinator, const std::string& run, bool csv) {
+  coordinator::CoordinatorClient client(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
+  std::string text;
+  for (;;) {
+    auto piece = ReadPiece(client, run, RunFileRequest::Kind::METRICS, 0, text.size());
+    if (!piece.ok()) return Fail(piece.status());
+    text += piece->data;
+    if (piece->data.empty() || text.size() >= piece->size) break;
+  }
+  if (!csv) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return kExitOk;
+  }
+  // CSV: a header, then one row per step; grad_norm only when some step has it.
+  std::vector<json> rows;
+  bool grad_norm = false;
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    json row = json::parse(text.substr(start, nl - start), nullptr, /*allow_exceptions=*/false);
+    if (!row.is_object()) continue;  // a line cut by a crash mid-write
+    grad_norm = grad_norm || row.contains("grad_norm");
+    rows.push_back(std::move(row));
+  }
+  std::vector<std::string> columns = {"step", "loss", "lr", "tokens_per_second"};
+  if (grad_norm) columns.push_back("grad_norm");
+  columns.push_back("memory_bytes");
+  columns.push_back("unix_ms");
+  std::string out;
+  for (size_t i = 0; i < columns.size(); ++i) out += (i ? "," : "") + columns[i];
+  out += '\n';
+  for (const json& row : rows) {
+    for (size_t i = 0; i < columns.size(); ++i) {
+      if (i) out += ',';
+      auto v = row.find(columns[i]);
+      if (v == row.end() || v->is_null()) continue;
+      out += v->dump();  // numbers: the shortest text that reads back equal
+    }
+    out += '\n';
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return kExitOk;
+}
+
+}  // namespace strata::cli
