@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -22,6 +24,7 @@
 
 #include "cli/activations_command.h"
 #include "cli/cluster_file.h"
+#include "cli/version.h"
 #include "cli/exit.h"
 #include "cli/logs_command.h"
 #include "cli/plan_command.h"
@@ -407,7 +410,10 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
   return kExitOk;
 }
 
-int CmdDown(GlobalOptions& g) {
+// Returns once every process of the cluster has exited: asked to shut down, then SIGTERM, each
+// given `grace_s`, then SIGKILL (2 s). What survives even that is named, with its pid, cluster.json
+// is kept (so `strata down` can be run again) and the exit code is 1.
+int CmdDown(GlobalOptions& g, int grace_s) {
   auto file = ReadClusterFile(g.state_dir);
   if (!file.ok()) {
     // No readable cluster.json (deleted, or emptied by an older `up` on a full disk): stop the
@@ -423,30 +429,43 @@ int CmdDown(GlobalOptions& g) {
     recovered.processes = std::move(found);
     file = std::move(recovered);
   }
+  auto alive = [&] {
+    int n = 0;
+    for (auto& p : file->processes) n += IsStrataProcess(p.pid);
+    return n;
+  };
+  const int running = alive();
   {
     auto client = MakeClient(g, file->endpoint, 2000);
     schema::EnvelopeBuilder req;
     req.root().setShutdown();
     if (client.ok()) (void)(*client)->Call(req);  // the coordinator tells its workers; stragglers get signals below
   }
-  auto alive = [&] {
-    int n = 0;
-    for (auto& p : file->processes) n += IsStrataProcess(p.pid);
-    return n;
-  };
   for (int sig : {0, SIGTERM, SIGKILL}) {
     if (sig != 0) {
       for (auto& p : file->processes) {
         if (IsStrataProcess(p.pid)) kill(p.pid, sig);
       }
     }
-    const int64_t deadline = net::SteadyMs() + (sig == SIGKILL ? 2000 : 8000);
+    const int64_t deadline = net::SteadyMs() + (sig == SIGKILL ? 2000 : grace_s * 1000LL);
     while (alive() > 0 && net::SteadyMs() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (alive() == 0) break;
   }
+  std::string survivors;
+  for (auto& p : file->processes) {
+    if (IsStrataProcess(p.pid)) survivors += (survivors.empty() ? "" : ", ") + p.name + " (pid " + std::to_string(p.pid) + ")";
+  }
+  if (!survivors.empty()) {
+    std::cerr << "strata: not down: " << survivors << " did not exit within " << 2 * grace_s + 2
+              << " s (shutdown request, SIGTERM, SIGKILL); it may be stuck in the kernel (a device or disk): check it "
+                 "with `ps -o pid,stat,wchan -p PID`, and run `strata down` again once it is gone (cluster.json in "
+              << file->state_dir << " is kept for that)" << std::endl;
+    return kExitFailure;
+  }
   std::error_code ec;
   fs::remove(ClusterFilePath(file->state_dir), ec);
-  std::cout << "cluster down (state kept in " << file->state_dir << ")" << std::endl;
+  std::cout << "cluster down: " << running << " process(es) exited (state kept in " << file->state_dir << ")"
+            << std::endl;
   return kExitOk;
 }
 
@@ -509,6 +528,52 @@ Result<std::unique_ptr<schema::DecodedEnvelope>> FetchCheckpoints(const GlobalOp
   schema::EnvelopeBuilder req;
   req.root().initCheckpointsRequest().setRunId(run);
   return Call(g, req);
+}
+
+// What a user may type for RUN: a run id, a unique prefix of one, a run name (names repeat
+// across submits: the newest run of that name), or `latest` (the newest run of all). Resolved
+// from one status listing, in that order; text that matches nothing is passed on unchanged so the
+// coordinator's own "no such run" answers. An id prefix that matches several runs is refused
+// (exit 2) listing them: guessing there could cancel or export the wrong run.
+Result<std::string> ResolveRun(const GlobalOptions& g, const std::string& text) {
+  if (text.empty()) return text;
+  STRATA_ASSIGN_OR_RETURN(auto reply, FetchStatus(g, "", /*last_loss_only=*/true));
+  auto runs = reply->root().getStatusReply().getRuns();
+  struct Candidate {
+    std::string id;
+    int64_t created;
+  };
+  std::vector<Candidate> named, prefixed;
+  std::optional<Candidate> newest;
+  for (auto r : runs) {
+    Candidate c{r.getRunId().cStr(), r.getCreatedUnixMs()};
+    if (c.id == text) return c.id;
+    if (!newest || c.created > newest->created) newest = c;
+    if (std::string(r.getName().cStr()) == text) named.push_back(c);
+    if (c.id.rfind(text, 0) == 0) prefixed.push_back(c);
+  }
+  auto by_newest = [](const Candidate& a, const Candidate& b) { return a.created > b.created; };
+  if (text == "latest") {
+    if (!newest) return NotFound("`latest` names the newest run, and there are no runs yet; `strata submit SPEC` starts one");
+    return newest->id;
+  }
+  if (!named.empty()) {
+    std::sort(named.begin(), named.end(), by_newest);
+    if (named.size() > 1) {
+      std::cerr << "strata: " << Printable(text) << " names " << named.size() << " runs; using the newest, "
+                << Printable(named[0].id) << " (give a run id for another; `strata status` lists them)" << std::endl;
+    }
+    return named[0].id;
+  }
+  if (prefixed.size() == 1) return prefixed[0].id;
+  if (prefixed.size() > 1) {
+    std::sort(prefixed.begin(), prefixed.end(), by_newest);
+    std::string list;
+    for (const auto& c : prefixed) list += "\n  " + Printable(c.id);
+    return InvalidArgument("run " + Printable(text) + " is ambiguous: it begins " + std::to_string(prefixed.size()) +
+                           " run ids; give more of the id (newest first):" + list);
+  }
+  return text;
 }
 
 // One run: everything, its whole loss history and checkpoint steps included. All runs: a listing
@@ -665,7 +730,9 @@ class ProgressTracker {
     std::string mesh = (extract ? "workers=" : "dp=") + std::to_string(r.getWorldSize());
     if (!extract) {
       auto spec = ParseStoredRunSpec(r.getSpecToml().cStr());
-      if (spec.ok()) {
+      if (spec.ok() && !spec->parallel.planned()) {
+        mesh = "mesh planned when it starts";
+      } else if (spec.ok()) {
         const ParallelSpec& p = spec->parallel;
         mesh = "dp=" + std::to_string(p.dp) + (p.pp > 1 ? " pp=" + std::to_string(p.pp) : "") +
                (p.tp > 1 ? " tp=" + std::to_string(p.tp) : "") + (p.zero > 0 ? " zero=" + std::to_string(p.zero) : "");
@@ -681,12 +748,12 @@ class ProgressTracker {
 };
 
 // Polls the run until it ends, printing events as they happen and its progress: on a terminal
-// one live line, rewritten in place; into a pipe or file one line per step (at most ~200 lines).
-// 0 iff it finished.
-int Follow(GlobalOptions& g, const std::string& run) {
+// one live line, rewritten in place; into a pipe or file (a log) a line every `every_s` seconds
+// or every 5% of the steps, whichever comes first, and the last step. 0 iff it finished.
+int Follow(GlobalOptions& g, const std::string& run, int every_s) {
   const bool tty = isatty(STDOUT_FILENO);
   ProgressTracker progress;
-  int64_t printed_step = 0;
+  int64_t printed_step = 0, printed_ms = net::SteadyMs();
   size_t printed_events = 0;
   int failures = 0, pending_polls = 0;
   bool waiting_noted = false, live_line = false;
@@ -716,10 +783,13 @@ int Follow(GlobalOptions& g, const std::string& run) {
       std::printf("%s", line.c_str());
       live_line = true;
     } else {
-      const int64_t every = std::max<int64_t>(1, r.getTotalSteps() / 200);
-      if (r.getStep() > printed_step && (r.getStep() - printed_step >= every || r.getStep() == r.getTotalSteps())) {
+      const int64_t every = std::max<int64_t>(1, r.getTotalSteps() / 20);  // 5%
+      const int64_t now = net::SteadyMs();
+      if (r.getStep() > printed_step && (r.getStep() - printed_step >= every || now - printed_ms >= every_s * 1000LL ||
+                                         r.getStep() == r.getTotalSteps())) {
         std::printf("%s\n", line.c_str());
         printed_step = r.getStep();
+        printed_ms = now;
       }
     }
     std::fflush(stdout);
@@ -749,8 +819,10 @@ int Follow(GlobalOptions& g, const std::string& run) {
   }
 }
 
-// `status --watch` without a run: one live line per run until interrupted or all have ended.
-int WatchAll(GlobalOptions& g) {
+// `status --watch` without a run: a header, then one line per active (pending or running) run, or
+// per run with `all`, until interrupted or no run is active. On a terminal the screen is
+// redrawn each second; into a pipe or file a block every 5 s.
+int WatchAll(GlobalOptions& g, bool all) {
   std::map<std::string, ProgressTracker> trackers;
   const bool tty = isatty(STDOUT_FILENO);
   while (true) {
@@ -758,14 +830,18 @@ int WatchAll(GlobalOptions& g) {
     if (!reply.ok()) return Fail(reply.status());
     auto runs = (*reply)->root().getStatusReply().getRuns();
     if (tty) std::printf("\033[H\033[2J");
-    bool active = false;
+    std::printf("%-28s %-10s %s\n", "RUN", "STATE", "PROGRESS");
+    int active = 0;
     for (auto r : runs) {
+      const bool is_active = r.getState() == RunState::PENDING || r.getState() == RunState::RUNNING;
+      active += is_active;
+      if (!is_active && !all) continue;
       const std::string line = trackers[r.getRunId().cStr()].Line(r);
       std::printf("%-28s %-10s %s\n", Printable(r.getRunId()).c_str(), schema::RunStateName(r.getState()), line.c_str());
-      active |= r.getState() == RunState::PENDING || r.getState() == RunState::RUNNING;
     }
+    if (active == 0) std::printf("(no active run%s)\n", all ? "" : "; `strata status` or `--watch --all` shows the ended ones");
     std::fflush(stdout);
-    if (!active) return kExitOk;
+    if (active == 0) return kExitOk;
     std::this_thread::sleep_for(std::chrono::milliseconds(tty ? 1000 : 5000));
   }
 }
@@ -782,7 +858,16 @@ Result<std::pair<std::string, int64_t>> ParseResume(const std::string& text) {
   return std::make_pair(text.substr(0, at), static_cast<int64_t>(std::stoll(step)));
 }
 
-int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow, const std::string& resume, bool skip_estimate) {
+struct SubmitOptions {
+  bool follow = false;
+  bool skip_estimate = false;
+  bool queue = false;  // a fixed mesh larger than the live cluster waits for workers instead of being refused
+  std::string resume;
+  int progress_every_s = 10;
+};
+
+int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o) {
+  const std::string& resume = o.resume;
   auto text = ReadSpecFile(path, "run spec");  // a regular file of at most 1 MiB: not /dev/zero, not a FIFO
   if (!text.ok()) return Fail(text.status());
   const std::string base = fs::absolute(path).parent_path().string();
@@ -796,11 +881,30 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow, const std:
   }
   auto endpoint = ResolveEndpoint(g);
   if (!endpoint.ok()) return Fail(endpoint.status());
+  if (!resume_from.first.empty()) {
+    auto id = ResolveRun(g, resume_from.first);
+    if (!id.ok()) return Fail(id.status());
+    resume_from.first = *id;
+  }
+  // A fixed mesh needs dp x pp x tp workers at once: more than the cluster has would wait
+  // forever unless workers come, so that takes --queue.
+  if (const ParallelSpec& p = spec->parallel;
+      !spec->is_extract() && !p.automatic.count("dp") && !p.automatic.count("pp") && !p.automatic.count("tp") && !o.queue) {
+    auto live = CountLiveWorkers(g, *endpoint);
+    if (!live.ok()) return Fail(live.status());
+    if (p.workers() > *live) {
+      return Fail(InvalidArgument(
+          path + ": parallel.dp x parallel.pp x parallel.tp = " + std::to_string(p.dp) + " x " + std::to_string(p.pp) + " x " +
+          std::to_string(p.tp) + " = " + std::to_string(p.workers()) + " workers, but the cluster has " + std::to_string(*live) +
+          " live; lower them or set them to \"auto\", start more workers (`strata up --workers N`), or pass --queue to "
+          "submit it to wait for workers"));
+    }
+  }
   auto client = MakeClient(g, *endpoint, g.timeout_ms);
   if (!client.ok()) return Fail(client.status());
   // The estimate goes to stderr: stdout's first line stays the run id, for scripts.
   auto estimate = EstimateForSubmit(*spec, **client);
-  if (!estimate.ok() && !skip_estimate) return Fail(estimate.status());
+  if (!estimate.ok() && !o.skip_estimate) return Fail(estimate.status());
   if (!estimate.ok()) {
     std::string why = estimate.status().message();
     if (why.rfind("not submitted: ", 0) == 0) why = why.substr(15);
@@ -818,16 +922,17 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, bool follow, const std:
   if (!reply.ok()) return Fail(reply.status());
   const std::string run = (*reply)->root().getSubmitted().getRunId().cStr();
   std::cout << Printable(run) << std::endl;
-  if (!follow) return kExitOk;
-  return Follow(g, run);
+  if (!o.follow) return kExitOk;
+  return Follow(g, run, o.progress_every_s);
 }
 
 // `step` empty: the latest complete checkpoint. Writes into `out_dir` only if it is new or empty,
 // or with `force` (which replaces its config.json and model.safetensors, nothing else).
-int CmdExport(GlobalOptions& g, const std::string& run, std::optional<int64_t> step, const std::string& out_dir, bool force) {
+int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int64_t> step, const std::string& out_dir,
+              bool force) {
   if (step && *step < 0) {
     return Fail(InvalidArgument("--step " + std::to_string(*step) + " is not a checkpoint step; give a step that `strata checkpoints " +
-                                run + "` lists, or leave --step out for the latest"));
+                                typed_run + "` lists, or leave --step out for the latest"));
   }
   std::error_code ec;
   const fs::file_status out_status = fs::status(out_dir, ec);
@@ -839,6 +944,9 @@ int CmdExport(GlobalOptions& g, const std::string& run, std::optional<int64_t> s
     return Fail(InvalidArgument("--out " + out_dir + " is not empty; export into a new or empty directory, or pass --force "
                                 "to replace its config.json and model.safetensors"));
   }
+  auto id = ResolveRun(g, typed_run);  // a name, an id prefix or `latest`: after the checks that need no cluster
+  if (!id.ok()) return Fail(id.status());
+  const std::string& run = *id;
   auto status = FetchStatus(g, run);
   if (!status.ok()) return Fail(status.status());
   const std::string spec_toml = (*status)->root().getStatusReply().getRuns()[0].getSpecToml().cStr();
@@ -868,9 +976,70 @@ int CmdExport(GlobalOptions& g, const std::string& run, std::optional<int64_t> s
 
 }  // namespace
 
+std::string VersionText() {
+  return std::string("strata ") + STRATA_VERSION + " (git " + STRATA_GIT_REVISION + ")\nLibTorch " + STRATA_TORCH_VERSION +
+         " (the workers'; the CLI does not link it), CUDA " + STRATA_CUDA_VERSION;
+}
+
+// A bash completion script made from the parser itself, so it never drifts from the commands:
+// subcommand names, and each (sub)command's long options. Global options complete everywhere.
+std::string BashCompletion(const CLI::App& app) {
+  auto option_names = [](const CLI::App& a) {
+    std::string names;
+    for (const CLI::Option* o : a.get_options()) {
+      for (const std::string& n : o->get_lnames()) names += " --" + n;
+      for (const std::string& n : o->get_snames()) names += " -" + n;
+    }
+    return names;
+  };
+  auto sub_names = [](const CLI::App& a) {
+    std::string names;
+    for (const CLI::App* sub : a.get_subcommands({})) names += " " + sub->get_name();
+    return names;
+  };
+  std::ostringstream s;
+  s << "# bash completion for strata, made by `strata completion bash`; load it with\n"
+    << "#   source <(strata completion bash)\n"
+    << "_strata() {\n"
+    << "  local cur=${COMP_WORDS[COMP_CWORD]} path= w i\n"
+    << "  for ((i = 1; i < COMP_CWORD; i++)); do\n"
+    << "    w=${COMP_WORDS[i]}\n"
+    << "    case \"$path $w\" in\n";
+  std::string cases;
+  std::ostringstream words;
+  // Each command path ("", " submit", " activations get") and the words that complete after it.
+  std::function<void(const CLI::App&, const std::string&)> walk = [&](const CLI::App& a, const std::string& path) {
+    for (const CLI::App* sub : a.get_subcommands({})) {
+      s << "      \"" << path << " " << sub->get_name() << "\") path=\"" << path << " " << sub->get_name() << "\" ;;\n";
+    }
+    words << "    \"" << path << "\") words=\"" << sub_names(a) << option_names(a) << option_names(app) << "\" ;;\n";
+    for (const CLI::App* sub : a.get_subcommands({})) walk(*sub, path + " " + sub->get_name());
+  };
+  walk(app, "");
+  s << "    esac\n"
+    << "  done\n"
+    << "  local words\n"
+    << "  case \"$path\" in\n"
+    << words.str()
+    << "  esac\n"
+    << "  if [[ $cur == -* || -n $words ]]; then COMPREPLY=($(compgen -W \"$words\" -- \"$cur\")); fi\n"
+    << "  [[ $cur != -* ]] && COMPREPLY+=($(compgen -f -- \"$cur\"))\n"
+    << "}\n"
+    << "complete -F _strata strata\n";
+  return s.str();
+}
+
+constexpr const char* kRunHelp =
+    "RUN: a run id, a unique prefix of one, a run name (its newest run) or `latest` (the newest run)";
+
 int RunCli(int argc, char** argv) {
   CLI::App app{"strata: train and inspect transformer models on a cluster of workers"};
   app.require_subcommand(1);
+  // Global options go anywhere on the line (`strata status --state-dir X` as `strata --state-dir X
+  // status`): subcommands made after this inherit fallthrough. Every help shows the defaults.
+  app.fallthrough();
+  app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", VersionText(), "print the version, git revision and LibTorch / CUDA versions, then exit");
   GlobalOptions g;
   g.state_dir = DefaultStateDir();
   app.add_option("--state-dir", g.state_dir, "local cluster state ($STRATA_STATE_DIR, default ~/.local/share/strata)");
@@ -913,57 +1082,78 @@ int RunCli(int argc, char** argv) {
   up->add_option("--stuck-task-restart-ms", up_options.stuck_task_restart_ms,
                  "a worker whose cancelled task has not stopped after this (stuck in a device call) restarts its process")
       ->check(CLI::Range(1000, 3600000));
-  auto* down = app.add_subcommand("down", "stop the local cluster (state is kept)");
+  auto* down = app.add_subcommand("down", "stop the local cluster (state is kept); returns once its processes have exited");
+  int down_grace_s = 8;
+  down->add_option("--grace-s", down_grace_s,
+                   "seconds to wait after the shutdown request, and again after SIGTERM, before SIGKILL")
+      ->check(CLI::Range(1, 3600));
+
+  std::string completion_shell;
+  auto* completion = app.add_subcommand("completion", "print a shell completion script: `source <(strata completion bash)`");
+  completion->add_option("shell", completion_shell, "the shell (bash)")->required()->check(CLI::IsMember({"bash"}));
 
   bool as_json = false;
   auto* workers_cmd = app.add_subcommand("workers", "list workers, their memory and runs");
   workers_cmd->add_flag("--json", as_json, "machine-readable output");
 
   std::string spec_path;
-  bool follow = false;
+  SubmitOptions submit_options;
   auto* submit = app.add_subcommand("submit", "submit a run spec (TOML)");
   submit->add_option("spec", spec_path, "run spec file")->required();
-  submit->add_flag("--follow,-f", follow, "print progress until the run ends");
-  bool skip_estimate = false;
-  submit->add_flag("--skip-estimate", skip_estimate,
+  submit->add_flag("--follow,-f", submit_options.follow, "print progress until the run ends");
+  submit->add_flag("--skip-estimate", submit_options.skip_estimate,
                    "submit even if the memory estimate says the plan does not fit (on out of memory the run re-plans and replays)");
-  std::string resume;
-  submit->add_option("--resume", resume,
-                     "start from RUN's latest checkpoint (or RUN@STEP), under this spec's mesh, whatever mesh wrote it");
+  submit->add_flag("--queue", submit_options.queue,
+                   "accept a fixed mesh (dp x pp x tp) larger than the live cluster: the run waits until enough workers are idle");
+  submit->add_option("--progress-every-s", submit_options.progress_every_s,
+                     "with --follow into a pipe or file: a progress line at most every this many seconds, or every 5% of "
+                     "the steps if sooner (on a terminal the line is live)")
+      ->check(CLI::Range(1, 86400));
+  submit->add_option("--resume", submit_options.resume,
+                     "start from RUN's latest checkpoint (or RUN@STEP), under this spec's mesh, whatever mesh wrote it; RUN as "
+                     "everywhere: an id, a unique id prefix, a run name (its newest run) or `latest`");
 
   std::string run;
   auto* status = app.add_subcommand("status", "show runs");
-  status->add_option("run", run, "one run (default: all)");
+  status->add_option("run", run, std::string(kRunHelp) + " (default: all runs)");
   status->add_flag("--json", as_json, "machine-readable output");
   bool with_losses = false;
   status->add_flag("--losses", with_losses,
                    "with RUN: its whole loss history in --json (as without the flag: one run's JSON always has it); the "
                    "listing of all runs has each run's last loss only");
   bool watch = false;
-  status->add_flag("--watch,-w", watch, "live progress (step, loss, tokens/s, ETA, plan) and events until the run(s) end");
+  status->add_flag("--watch,-w", watch,
+                   "live progress (step, loss, tokens/s, ETA, plan) and events until the run(s) end; without RUN the "
+                   "active (pending / running) runs");
+  bool watch_all = false;
+  status->add_flag("--all", watch_all, "with --watch and no RUN: every run, ended ones too");
+  int watch_every_s = 10;
+  status->add_option("--progress-every-s", watch_every_s,
+                     "--watch RUN into a pipe or file: a progress line at most every this many seconds, or every 5% of the steps if sooner")
+      ->check(CLI::Range(1, 86400));
   auto* events = app.add_subcommand("events", "show a run's event log");
-  events->add_option("run", run)->required();
+  events->add_option("run", run, kRunHelp)->required();
   events->add_flag("--json", as_json, "machine-readable output");
   auto* cancel = app.add_subcommand("cancel", "cancel a run");
-  cancel->add_option("run", run)->required();
+  cancel->add_option("run", run, kRunHelp)->required();
   auto* checkpoints = app.add_subcommand("checkpoints", "list a run's complete checkpoints");
-  checkpoints->add_option("run", run)->required();
+  checkpoints->add_option("run", run, kRunHelp)->required();
   checkpoints->add_flag("--json", as_json, "machine-readable output");
   int64_t export_step = 0;
   std::string export_dir;
   bool export_force = false;
   auto* export_cmd = app.add_subcommand("export", "write a checkpoint as a Hugging Face directory (config.json + model.safetensors)");
-  export_cmd->add_option("run", run)->required();
+  export_cmd->add_option("run", run, kRunHelp)->required();
   auto* export_step_option = export_cmd->add_option("--step", export_step, "checkpoint step (default: the latest complete one)");
   export_cmd->add_option("--out", export_dir, "output directory (new or empty)")->required();
   export_cmd->add_flag("--force", export_force, "write into a non-empty --out, replacing its config.json and model.safetensors");
 
   auto* activations_cmd = app.add_subcommand("activations", "list what an extract run stored (layers, sites, rows, bytes)");
-  activations_cmd->add_option("run", run, "the extract run");
+  activations_cmd->add_option("run", run, std::string("the extract run: ") + kRunHelp);
   activations_cmd->add_flag("--json", as_json, "machine-readable output");
   ActivationsGet get;
   auto* get_cmd = activations_cmd->add_subcommand("get", "write rows of one layer to .npy / .safetensors (or .npy on stdout)");
-  get_cmd->add_option("run", get.run, "the extract run")->required();
+  get_cmd->add_option("run", get.run, std::string("the extract run: ") + kRunHelp)->required();
   get_cmd->add_option("--layer", get.layer, "layer index")->required();
   get_cmd->add_option("--site", get.site, "resid_post, attn_out or mlp_out (default: the run's only site, else resid_post)");
   get_cmd->add_option("--rows", get.rows, "token rows A:B (default: every stored row)");
@@ -996,11 +1186,22 @@ int RunCli(int argc, char** argv) {
 
   auto dispatch = [&]() -> int {
     if (*keygen) return CmdKeygen(keygen_dir, keygen_force);
+    if (*completion) {
+      std::cout << BashCompletion(app);
+      return kExitOk;
+    }
     if (*up) return CmdUp(g, up_options);
-    if (*down) return CmdDown(g);
+    if (*down) return CmdDown(g, down_grace_s);
     if (*workers_cmd) return CmdWorkers(g, as_json);
-    if (*submit) return CmdSubmit(g, spec_path, follow, resume, skip_estimate);
-    if (*status && watch) return run.empty() ? WatchAll(g) : Follow(g, run);
+    if (*submit) return CmdSubmit(g, spec_path, submit_options);
+    // RUN as typed (a name, an id prefix, `latest`) becomes a run id first.
+    for (auto* cmd : {status, events, cancel, checkpoints}) {  // export: after its --out checks
+      if (!*cmd || run.empty()) continue;
+      auto id = ResolveRun(g, run);
+      if (!id.ok()) return Fail(id.status());
+      run = *id;
+    }
+    if (*status && watch) return run.empty() ? WatchAll(g, watch_all) : Follow(g, run, watch_every_s);
     if (*status) return CmdStatus(g, run, as_json, with_losses);
     if (*events) return CmdEvents(g, run, as_json);
     if (*cancel) return CmdCancel(g, run);
@@ -1023,6 +1224,12 @@ int RunCli(int argc, char** argv) {
       }
       auto coordinator = ResolveCoordinator(g);
       if (!coordinator.ok()) return Fail(coordinator.status());
+      for (std::string* r : {&run, &get.run}) {
+        if (r->empty()) continue;
+        auto id = ResolveRun(g, *r);
+        if (!id.ok()) return Fail(id.status());
+        *r = *id;
+      }
       if (*get_cmd) return GetActivations(*coordinator, get);
       if (run.empty()) return Fail(InvalidArgument("name the run: `strata activations RUN` (runs: `strata status`)"));
       return ListActivations(*coordinator, run, as_json);

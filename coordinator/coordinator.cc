@@ -835,10 +835,18 @@ class CoordinatorImpl final : public Coordinator {
                                         std::to_string(stored.extract.total_chunks) + " chunks on " +
                                         std::to_string(stored.spec.parallel.dp) + " worker(s)");
     } else {
+      // An auto-planned run's mesh is chosen when it starts (the `planned` event says what): until
+      // then its parallel fields hold placeholders, so they are not printed as if decided.
+      const ParallelSpec& p = stored.spec.parallel;
+      std::string automatic;
+      for (const std::string& field : p.automatic) automatic += (automatic.empty() ? "" : ", ") + field;
+      const bool fixed_mesh = !p.automatic.count("dp") && !p.automatic.count("pp") && !p.automatic.count("tp");
+      const std::string mesh = !fixed_mesh ? ", mesh planned when it starts (auto: " + automatic + ")"
+                               : " on " + std::to_string(p.workers()) + " worker(s) (dp=" + std::to_string(p.dp) + " pp=" +
+                                     std::to_string(p.pp) + " tp=" + std::to_string(p.tp) + ")" +
+                                     (p.planned() ? "" : "; " + automatic + " planned when it starts");
       AddEvent(stored, "submitted", "run " + stored.id + " submitted: " + std::to_string(stored.spec.train.steps) +
-                                        " steps on " + std::to_string(stored.spec.parallel.workers()) + " worker(s) (dp=" +
-                                        std::to_string(stored.spec.parallel.dp) + " pp=" + std::to_string(stored.spec.parallel.pp) +
-                                        " tp=" + std::to_string(stored.spec.parallel.tp) + ")" +
+                                        " steps" + mesh +
                                         (stored.resume_run.empty() ? std::string()
                                                                    : ", resuming from " + stored.resume_run + " at step " +
                                                                          std::to_string(stored.resume_step)));
@@ -993,6 +1001,13 @@ class CoordinatorImpl final : public Coordinator {
   bool PlanRun(RunEntry& run, std::vector<WorkerEntry*>* idle) {
     shard::ClusterView cluster = ClusterOf(*idle, false);
     if (cluster.workers.empty()) return false;
+    // A fixed dp x pp x tp waits for that many idle workers (busy ones may free up, more may
+    // register; `strata submit` refuses one larger than the live cluster unless --queue).
+    const ParallelSpec& mesh = run.spec.parallel;
+    if (!mesh.automatic.count("dp") && !mesh.automatic.count("pp") && !mesh.automatic.count("tp") &&
+        mesh.workers() > static_cast<int64_t>(cluster.workers.size())) {
+      return false;
+    }
     auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), cluster);
     const bool others_busy = std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.state == WorkerState::BUSY; });
     if (!plan.ok()) {

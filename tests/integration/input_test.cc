@@ -196,7 +196,7 @@ TEST_F(InputTest, StoredNamesWithControlBytesPrintEscaped) {
     if (status.rc == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  CommandResult watch = Strata("--cluster " + endpoint + " status --watch");  // every run has ended: one pass
+  CommandResult watch = Strata("--cluster " + endpoint + " status --watch --all");  // every run has ended: one pass
   CommandResult json = Strata("--cluster " + endpoint + " status --json");
   testing::RunCommand("kill $(cat " + dir_ + "/coord.pid)", dir_);
   ASSERT_EQ(status.rc, 0) << status.err << ReadFile(dir_ + "/coord.log");
