@@ -27,7 +27,7 @@ namespace {
 
 int main(int argc, char** argv) {
   strata::RunSpec spec;
-  spec.model = {"gpt2", 12, 768, 12, 50257, 1024, 12, 3072, 10000.0, 1e-5};
+  spec.model = {"gpt2", 12, 768, 12, 50257, 1024, 12, 3072, 10000.0, 1e-5, ""};
   spec.train.global_batch = 8;
   spec.train.lr = 3e-4;
   spec.train.weight_decay = 0.1;

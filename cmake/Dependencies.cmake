@@ -1,7 +1,7 @@
 # Finds every third-party dependency the same way on Debian 12 (packages under /usr) and on the
 # GPU node (Debian .debs unpacked under a prefix named by CMAKE_PREFIX_PATH, pip LibTorch).
 # Packaged CMake configs that misbehave there (Cap'n Proto hard-codes /usr, RocksDB's exports the
-# static library) are bypassed with find_program / find_path / find_library. See TOOLCHAIN.md.
+# static library) are bypassed with find_program / find_path / find_library. The GPU node's bundle: scripts/gpu-node/
 find_package(Threads REQUIRED)
 
 # --- Cap'n Proto -------------------------------------------------------------------------------

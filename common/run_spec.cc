@@ -27,7 +27,7 @@ const std::map<std::string, std::set<std::string>>& AllowedKeys() {
       {"model", {"family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence", "rope_theta", "norm_eps", "init_from"}},
       {"data", {"path", "format"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
-                 "beta2", "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision"}},
+                 "beta2", "eps", "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision"}},
       {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "stages"}},
       {"worker", {"threads"}},
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode"}},
@@ -453,6 +453,10 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.Float("train", "weight_decay", &t.weight_decay, 0.0, 10.0));
   STRATA_RETURN_IF_ERROR(r.Float("train", "beta1", &t.beta1, 0.0, 0.999999));
   STRATA_RETURN_IF_ERROR(r.Float("train", "beta2", &t.beta2, 0.0, 0.999999));
+  STRATA_RETURN_IF_ERROR(r.Float("train", "eps", &t.eps, 0.0, spec_bounds::kMaxEps));
+  if (!(t.eps > 0)) {
+    return InvalidArgument("run spec: train.eps = 0 must be > 0 (AdamW divides by sqrt(v) + eps); the default is 1e-8");
+  }
   STRATA_RETURN_IF_ERROR(r.Float("train", "grad_clip", &t.grad_clip, 0.0, 1e9));
   STRATA_RETURN_IF_ERROR(r.Int("train", "seed", &t.seed, 0, std::numeric_limits<int64_t>::max()));
   STRATA_RETURN_IF_ERROR(r.Int("train", "checkpoint_every", &t.checkpoint_every, 0, spec_bounds::kSteps));
@@ -591,6 +595,7 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"weight_decay", spec.train.weight_decay},
                                    {"beta1", spec.train.beta1},
                                    {"beta2", spec.train.beta2},
+                                   {"eps", spec.train.eps},
                                    {"grad_clip", spec.train.grad_clip},
                                    {"seed", spec.train.seed},
                                    {"checkpoint_every", spec.train.checkpoint_every},

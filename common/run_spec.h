@@ -7,7 +7,7 @@
 //               rope_theta (llama), norm_eps, init_from (a Hugging Face model directory)
 //   [data]      path = "corpus.txt", format = "bytes" | "u16"
 //   [train]     steps, global_batch, lr, lr_schedule, warmup_steps, min_lr, weight_decay, beta1,
-//               beta2, grad_clip, seed, checkpoint_every, keep_checkpoints, precision
+//               beta2, eps, grad_clip, seed, checkpoint_every, keep_checkpoints, precision
 //   [parallel]  dp, pp, tp, micro_batch, zero, recompute (a train run takes dp x pp x tp workers)
 //   [worker]    threads (intra-op threads per CPU worker; 0 = LibTorch's default)
 //   [extract]   layers, sites, dtype, precision, batch, tokens (kind = "extract": capture
@@ -41,6 +41,7 @@ inline constexpr int64_t kSequence = int64_t{1} << 20; // 1M tokens of context
 inline constexpr int64_t kSteps = 1000000000;          // 10^9 optimizer steps (years of training)
 inline constexpr int64_t kGlobalBatch = int64_t{1} << 24;  // 16.7M sequences per step
 inline constexpr int64_t kWorkers = 65536;             // dp, tp, and dp * pp * tp (workers per run)
+inline constexpr double kMaxEps = 1e-2;                // train.eps: (0, 1e-2]; larger stops being Adam
 inline constexpr int64_t kThreads = 1024;              // worker.threads; a worker clamps to its cores
 inline constexpr int64_t kExtractBatch = 65536;        // sequences per stored chunk
 inline constexpr int64_t kExtractTokens = int64_t{1} << 48;  // 281T tokens: more than any corpus
@@ -89,6 +90,7 @@ struct TrainSpec {
   double weight_decay = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.95;
+  double eps = 1e-8;       // AdamW's denominator term: sqrt(v_hat) + eps; in (0, kMaxEps]
   double grad_clip = 0.0;  // 0 = off
   int64_t seed = 1234;
   int64_t checkpoint_every = 0;  // 0 = only at the end

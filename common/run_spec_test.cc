@@ -199,6 +199,27 @@ TEST_F(RunSpecTest, AutoIsTheOnlyWordAParallelFieldTakes) {
 }
 
 
+// Issue #24: AdamW's eps is a spec field (default 1e-8, the value every run used before), in
+// (0, 1e-2], written into the canonical TOML and read back.
+TEST_F(RunSpecTest, AdamEpsDefaultsParsesAndIsBounded) {
+  auto defaults = ParseRunSpec(Valid(), dir_, true);
+  ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  EXPECT_EQ(defaults->train.eps, 1e-8);
+  auto spec = ParseRunSpec(Valid("", "eps = 1e-6\n"), dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->train.eps, 1e-6);
+  const std::string canonical = RunSpecToToml(*spec);
+  EXPECT_NE(canonical.find("\neps = "), std::string::npos) << canonical;
+  auto again = ParseStoredRunSpec(canonical);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->train.eps, 1e-6);
+  EXPECT_TRUE(ParseRunSpec(Valid("", "eps = 0.01\n"), dir_, true).ok());  // the bound itself
+  for (const char* v : {"0", "-1e-8", "0.02", "1", "nan", "inf"}) {
+    ExpectRejected(Valid("", std::string("eps = ") + v + "\n"), "train.eps");
+  }
+  ExpectRejected(Valid("", "eps = \"small\"\n"), "train.eps must be a number");
+}
+
 // Issue #20: every number has an upper bound, refused at parse naming the field, value and bound
 // (before: layers = 2^31 grew submit to 23.7 GB, global_batch = 2^40 spun the planner for minutes,
 // hidden = 2^62 printed a negative estimate, steps = 10^18 was accepted).
@@ -247,7 +268,7 @@ TEST_F(RunSpecTest, RunNamesAreShortAndOfASafeCharacterSet) {
   ExpectRejected(named("-rf"), "starts with '-'");
   ExpectRejected(named("a/b"), "holds the character '/'");
   ExpectRejected(named("caf\\u00e9"), "\\xC3");
-  for (const std::string ok : {std::string("gpt2-tiny"), std::string("run_1.v2"), std::string("A"), std::string(64, 'x')}) {
+  for (const std::string& ok : {std::string("gpt2-tiny"), std::string("run_1.v2"), std::string("A"), std::string(64, 'x')}) {
     auto spec = ParseRunSpec(named(ok), dir_, true);
     EXPECT_TRUE(spec.ok()) << ok << ": " << spec.status().ToString();
   }

@@ -824,7 +824,7 @@ class CoordinatorImpl final : public Coordinator {
     }
     // The run is accepted only once its record is durable: a submit that cannot be journaled (a
     // full disk) is refused, never a run that a restart would forget.
-    if (Status st = Persist(run); !st.ok()) {
+    if (Status st = PersistRecord(run); !st.ok()) {
       Send(identity, schema::MakeErrorReply(rid, Status(st.code(), "the run was not submitted: " + st.message())));
       return;
     }
@@ -2225,9 +2225,11 @@ class CoordinatorImpl final : public Coordinator {
     }
   }
 
-  // Journals the run record. A failure (a full disk) is logged and returned; the run goes on in
-  // memory, and the next transition that persists writes the record whole again.
-  Status Persist(RunEntry& run) {
+  // Journals the run record. A failure (a full disk) is logged; the run goes on in memory, and the
+  // next transition that persists writes the record whole again. Submit, which must not accept a
+  // run it could not journal, uses PersistRecord for the status.
+  void Persist(RunEntry& run) { static_cast<void>(PersistRecord(run)); }
+  Status PersistRecord(RunEntry& run) {
     run.updated_ms = net::NowUnixMs();
     capnp::MallocMessageBuilder message;
     FillRunRecord(run, message.initRoot<RunRecord>(), /*with_losses=*/false);

@@ -458,7 +458,7 @@ TEST_F(CoordinatorTest, RunsSurviveARestart) {
 // checkpoint after training ("File name too long").
 TEST_F(CoordinatorTest, SubmitMessagesWithUnsafeRunNamesAreRefused) {
   CoordinatorClient client(options_.listen);
-  for (const std::string name : {std::string("a\\u0000b"), std::string(115, 'n'), std::string("x\\u001b[2J"), std::string("../up")}) {
+  for (const std::string& name : {std::string("a\\u0000b"), std::string(115, 'n'), std::string("x\\u001b[2J"), std::string("../up")}) {
     std::string spec = Spec();
     spec.replace(spec.find("name = \"t\""), 10, "name = \"" + name + "\"");
     schema::EnvelopeBuilder req;

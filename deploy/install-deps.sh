@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages Strata builds and runs with. Idempotent: installs only what is
+# Installs the Debian 12 packages Strata builds and runs with, and every package its tests use
+# (with them, only the GPU tests skip on a machine without a GPU). Idempotent: installs only what is
 # missing, and does nothing (not even apt-get update) when everything is there. Run as root, or
 # as a user with sudo.
 set -euo pipefail
@@ -20,6 +21,7 @@ PKGS=(
   chromium                                       # headless dashboard test
   debootstrap                                    # offline-bundle test in a fresh Debian root
   docker-compose                                 # validates deploy/docker/compose.yaml offline
+  python3-numpy                                  # tests read what Strata writes (.npy, safetensors)
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.deps}
 rm -rf "$out"  # bundle.sh counts the .debs it finds there
-bash ../shared/gpu-node/bundle.sh "$out"
+bash scripts/gpu-node/bundle.sh "$out"
 (cd "$out" && apt-get download -q libxxhash-dev libxxhash0 libsystemd-dev libbrotli-dev libssl-dev zlib1g-dev 2>&1 | grep -v -e '^Get:' -e 'unsandboxed' || true)
 ls "$out"/libxxhash-dev_*.deb "$out"/libsystemd-dev_*.deb >/dev/null
 echo "gpu-bundle: $(ls "$out"/*.deb | wc -l) .debs in $out"

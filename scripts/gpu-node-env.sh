@@ -1,5 +1,5 @@
 # source scripts/gpu-node-env.sh  -- on the GPU node (Ubuntu 24.04, g++ 13, pip PyTorch 2.11):
-# unpacks the Debian dependency bundle carried in .deps (see ../shared/gpu-node/bundle.sh) and
+# unpacks the Debian dependency bundle carried in .deps (made by scripts/gpu-bundle.sh with scripts/gpu-node/bundle.sh) and
 # exports CMAKE_PREFIX_PATH (bundle + pip LibTorch), LD_LIBRARY_PATH and CUDACXX.
 #
 # It also mends one known incompatibility: Cap'n Proto 0.9.2's capnp/blob.h defines

@@ -68,7 +68,7 @@ const char* const kValues[] = {"\"auto\"", "\"\"", "\"all\"", "true", "false", "
                                "\"\\u001b[2J\"", "\"bf16\"", "\"llama\"", "\"extract\"", "\"cosine\"", "[[1], [2]]"};
 const char* const kKeys[] = {"name", "kind", "family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence",
                              "rope_theta", "norm_eps", "init_from", "path", "format", "steps", "global_batch", "lr",
-                             "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "seed",
+                             "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "seed",
                              "checkpoint_every", "precision", "dp", "pp", "tp", "micro_batch", "zero", "recompute", "stages",
                              "threads", "sites", "dtype", "batch", "tokens", "mode"};
 const char* const kTables[] = {"[model]", "[data]", "[train]", "[parallel]", "[worker]", "[extract]", "[[nodes]]", "[model.sub]"};
@@ -195,6 +195,7 @@ int CheckSpec(const std::string& text, const std::string& base_dir) {
     return fail("accepted a number over its bound");
   }
   if (!std::isfinite(spec->train.lr) || !std::isfinite(spec->model.rope_theta)) return fail("accepted a non-finite float");
+  if (!(spec->train.eps > 0 && spec->train.eps <= b::kMaxEps)) return fail("accepted train.eps outside (0, 1e-2]");
   if (!ValidateRunName(spec->name).ok()) return fail("accepted the name " + EscapeForTerminal(spec->name));
   const std::string canonical = RunSpecToToml(*spec);
   auto again = ParseRunSpec(canonical, "", false);

@@ -15,8 +15,8 @@ class HfFormatTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     char tmpl[] = "/tmp/strata-hf-XXXXXX";
     dir_ = mkdtemp(tmpl);
-    spec_ = GetParam() == "llama" ? ModelSpec{"llama", 2, 64, 8, 256, 32, 2, 160, 10000.0, 1e-6}
-                                  : ModelSpec{"gpt2", 2, 64, 4, 256, 32, 4, 256, 10000.0, 1e-5};
+    spec_ = GetParam() == "llama" ? ModelSpec{"llama", 2, 64, 8, 256, 32, 2, 160, 10000.0, 1e-6, ""}
+                                  : ModelSpec{"gpt2", 2, 64, 4, 256, 32, 4, 256, 10000.0, 1e-5, ""};
   }
   std::string dir_;
   ModelSpec spec_;

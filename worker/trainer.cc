@@ -318,7 +318,7 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
       if (tr.weight_decay > 0) p.mul_(m.decay_mask.mul(-lr * tr.weight_decay).add_(1.0));
       m.exp_avg.mul_(tr.beta1).add_(g, 1.0 - tr.beta1);
       m.exp_avg_sq.mul_(tr.beta2).addcmul_(g, g, 1.0 - tr.beta2);
-      auto denom = (m.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(1e-8);
+      auto denom = (m.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(tr.eps);
       p.addcdiv_(m.exp_avg, denom, -lr / bc1);
       if (zero == 1 || zero == 2) AllGatherTensor(*dp_group_, flat);
       if (unit.sharded) {

@@ -38,7 +38,7 @@ class TrainerTest : public ::testing::Test {
     for (int i = 0; i < 200; ++i) out << "the quick brown fox jumps over the lazy dog. pack my box with five dozen jugs. ";
     out.close();
     spec_.name = "t";
-    spec_.model = {"gpt2", 2, 32, 4, 256, 32, 4, 128, 10000.0, 1e-5};
+    spec_.model = {"gpt2", 2, 32, 4, 256, 32, 4, 128, 10000.0, 1e-5, ""};
     spec_.data.path = dir_ + "/corpus.txt";
     spec_.train.global_batch = 4;
     spec_.train.lr = 3e-3;
@@ -59,7 +59,7 @@ class TrainerTest : public ::testing::Test {
     for (uint32_t r = 0; r < world; ++r) {
       threads.emplace_back([&, r] {
         torch::set_num_threads(1);
-        auto comm = CreateZmqCommunicator(zmq_context, {r, addresses, 5, 30000});
+        auto comm = CreateZmqCommunicator(zmq_context, {r, addresses, 5, 30000, std::nullopt});
         ASSERT_TRUE(comm.ok());
         TaskContext context;
         context.run_id = "run";
@@ -128,7 +128,7 @@ class MeshTest : public TrainerTest, public ::testing::WithParamInterface<std::s
 
 TEST_P(MeshTest, EveryMeshGivesTheSingleWorkerLosses) {
   if (GetParam() == "llama") {
-    spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6};
+    spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6, ""};
   } else {
     spec_.model.layers = 4;
   }
@@ -216,6 +216,25 @@ TEST_F(TrainerTest, CosineScheduleChangesTheTrajectory) {
   EXPECT_NE(scheduled[1], constant[1]);         // a third of the lr in the first update
 }
 
+// Issue #24: AdamW's eps is train.eps. The default (1e-8, the constant the update added before it
+// was a field: the same double, so the same arithmetic) keeps the losses this fixture gave before
+// (printed with %.17g on x86-64; 1e-6 relative leaves room for another CPU's kernels). Another
+// eps changes the trajectory from the second step on (the first loss is before any update).
+TEST_F(TrainerTest, AdamEpsIsTheSpecFieldAndTheDefaultKeepsTheOldLosses) {
+  const double old_losses[] = {5.536475658416748, 5.271855354309082, 5.1594510078430176, 5.0234642028808594, 4.8836956024169922};
+  ASSERT_EQ(spec_.train.eps, 1e-8);
+  auto defaults = Train(5)[0];
+  ASSERT_EQ(defaults.size(), 5u);
+  for (size_t i = 0; i < defaults.size(); ++i) {
+    EXPECT_NEAR(defaults[i], old_losses[i], 1e-6 * old_losses[i]) << "step " << i + 1;
+  }
+  spec_.train.eps = 1e-3;  // near the size of sqrt(v): the steps shrink
+  auto larger = Train(5)[0];
+  EXPECT_EQ(larger[0], defaults[0]);  // same weights before the first update
+  for (size_t i = 1; i < larger.size(); ++i) EXPECT_NE(larger[i], defaults[i]) << "step " << i + 1;
+  EXPECT_GT(larger[4], defaults[4]);  // smaller steps: less progress by step 5
+}
+
 TEST_F(TrainerTest, InitFromAHuggingFaceDirectoryStartsFromThoseWeights) {
   spec_.train.seed = 21;
   auto reference = Train(3)[0];
@@ -244,7 +263,7 @@ TEST_F(TrainerTest, LlamaWithGroupedQueryAttentionLearnsAndMatchesAcrossRanks) {
 }
 
 TEST_F(TrainerTest, LlamaParametersCarryHuggingFaceNamesAndShapes) {
-  spec_.model = {"llama", 2, 64, 8, 256, 32, 2, 160, 10000.0, 1e-6};
+  spec_.model = {"llama", 2, 64, 8, 256, 32, 2, 160, 10000.0, 1e-6, ""};
   torch::manual_seed(0);
   auto model = CreateCausalLm(spec_.model);
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -261,7 +280,7 @@ TEST_F(TrainerTest, LlamaParametersCarryHuggingFaceNamesAndShapes) {
 }
 
 TEST_F(TrainerTest, LlamaAttentionIsCausal) {
-  spec_.model = {"llama", 1, 32, 4, 256, 16, 2, 64, 10000.0, 1e-6};
+  spec_.model = {"llama", 1, 32, 4, 256, 16, 2, 64, 10000.0, 1e-6, ""};
   torch::manual_seed(1);
   auto model = CreateCausalLm(spec_.model);
   torch::NoGradGuard no_grad;
@@ -332,7 +351,7 @@ TEST_F(TrainerTest, CheckpointPiecesAssembleIntoTheLiveParameters) {
 // Both families: 6 steps under pp=2, checkpoint pieces into two stores; then resume under dp=2
 // ZeRO-3 and under tp=2 (with recompute): steps 7-10 give the uninterrupted run's losses.
 TEST_P(MeshTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
-  if (GetParam() == "llama") spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6};
+  if (GetParam() == "llama") spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6, ""};
   spec_.train.global_batch = 8;
   spec_.parallel.micro_batch = 2;
   auto straight = Train(10)[0];
@@ -346,7 +365,7 @@ TEST_P(MeshTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
   Train(6, [&](uint32_t r, Trainer& t) {
     auto saved = t.SaveCheckpointShard();
     ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-    ResumePoint::Shard shard{dir_ + "/resume-store" + std::to_string(r), {}};
+    ResumePoint::Shard shard{dir_ + "/resume-store" + std::to_string(r), {}, {}};
     for (auto& info : saved->tensors) shard.tensors.push_back(info.name);
     checkpoint.shards.push_back(shard);
   });
@@ -369,7 +388,7 @@ TEST_P(MeshTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
 // Every pair of seven meshes - one worker, dp=2 ZeRO-3, pp=2, tp=2, dp2 x tp2 ZeRO-1, dp2 x pp2 x
 // tp2 ZeRO-2, dp=4 ZeRO-3 - for both families: checkpoint at step 3, resume, steps 4-5 within 1e-5.
 TEST_P(MeshTest, EveryCheckpointMeshResumesUnderEveryOther) {
-  if (GetParam() == "llama") spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6};
+  if (GetParam() == "llama") spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6, ""};
   spec_.model.layers = 4;
   spec_.train.global_batch = 8;
   spec_.parallel.micro_batch = 2;
@@ -446,7 +465,7 @@ TEST_F(TrainerTest, ShardOfAStepCutForAnotherMeshGoesUnderAKeyOfItsOwn) {
     ASSERT_TRUE(again.ok()) << again.status().ToString();
     EXPECT_EQ(again->key_run, saved->key_run);
     EXPECT_EQ(again->tensors.size(), saved->tensors.size());
-    ResumePoint::Shard shard{store0, {}};
+    ResumePoint::Shard shard{store0, {}, {}};
     for (auto& info : saved->tensors) shard.tensors.push_back(info.name);
     shard.copies.push_back({store0, saved->key_run, "", ""});
     recut.shards.push_back(shard);

@@ -263,7 +263,7 @@ TEST(ZmqCommunicatorTest, AbortUnblocksAWaitingRank) {
   const std::string dir = mkdtemp(tmpl);
   std::vector<std::string> addresses = {"ipc://" + dir + "/a", "ipc://" + dir + "/b"};
   zmq::context_t context;
-  auto comm = CreateZmqCommunicator(context, {0, addresses, 1, 60000});
+  auto comm = CreateZmqCommunicator(context, {0, addresses, 1, 60000, std::nullopt});
   ASSERT_TRUE(comm.ok());
   std::thread aborter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -280,7 +280,7 @@ TEST(ZmqCommunicatorTest, SilentPeerTimesOutNamingIt) {
   const std::string dir = mkdtemp(tmpl);
   std::vector<std::string> addresses = {"ipc://" + dir + "/a", "ipc://" + dir + "/b"};
   zmq::context_t context;
-  auto comm = CreateZmqCommunicator(context, {0, addresses, 1, 300});
+  auto comm = CreateZmqCommunicator(context, {0, addresses, 1, 300, std::nullopt});
   ASSERT_TRUE(comm.ok());
   std::vector<float> data(8, 1.0f);
   Status st = (*comm)->AllReduceSum(data.data(), data.size());
@@ -321,7 +321,7 @@ TEST(ZmqCommunicatorCurveTest, TcpWithoutKeysIsRefused) {
   zmq::context_t context;
   std::vector<std::string> addresses = {"tcp://127.0.0.1:" + std::to_string(FreePort()),
                                         "tcp://127.0.0.1:" + std::to_string(FreePort())};
-  auto comm = CreateZmqCommunicator(context, {0, addresses, 1, 1000});
+  auto comm = CreateZmqCommunicator(context, {0, addresses, 1, 1000, std::nullopt});
   ASSERT_FALSE(comm.ok());
   EXPECT_NE(comm.status().message().find("--keys"), std::string::npos) << comm.status().ToString();
 }

@@ -38,8 +38,8 @@ TEST_P(HfParityTest, LogitsMatchTransformers) {
   }
   char tmpl[] = "/tmp/strata-parity-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
-  const ModelSpec spec = GetParam() == "llama" ? ModelSpec{"llama", 3, 128, 8, 512, 64, 2, 352, 10000.0, 1e-6}
-                                               : ModelSpec{"gpt2", 3, 128, 4, 512, 64, 4, 512, 10000.0, 1e-5};
+  const ModelSpec spec = GetParam() == "llama" ? ModelSpec{"llama", 3, 128, 8, 512, 64, 2, 352, 10000.0, 1e-6, ""}
+                                               : ModelSpec{"gpt2", 3, 128, 4, 512, 64, 4, 512, 10000.0, 1e-5, ""};
   torch::manual_seed(5);
   auto model = CreateCausalLm(spec);
   {
@@ -83,8 +83,8 @@ TEST_P(HfParityTest, TrainedFromSavePretrainedExportsWhatItComputes) {
   }
   TaskContext context;
   context.run_id = "parity";
-  context.spec.model = llama ? ModelSpec{"llama", 2, 64, 4, 256, 64, 2, 128, 10000.0, 1e-6}
-                             : ModelSpec{"gpt2", 2, 64, 4, 256, 64, 4, 256, 10000.0, 1e-5};
+  context.spec.model = llama ? ModelSpec{"llama", 2, 64, 4, 256, 64, 2, 128, 10000.0, 1e-6, ""}
+                             : ModelSpec{"gpt2", 2, 64, 4, 256, 64, 4, 256, 10000.0, 1e-5, ""};
   context.spec.model.init_from = dir + "/hf";
   context.spec.data.path = dir + "/corpus.txt";
   context.spec.train.global_batch = 8;

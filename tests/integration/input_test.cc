@@ -105,7 +105,7 @@ TEST_F(InputTest, SpecFilesMustBeSmallRegularFilesAndAreNeverBlockedOn) {
 // Before: a NUL in a name wedged the cluster, 115+ characters failed the checkpoint after
 // training, escapes and newlines printed raw.
 TEST_F(InputTest, UnsafeRunNamesAreRefusedNamingTheRule) {
-  for (const std::string name : std::vector<std::string>{"a\\u0000b", std::string(115, 'n'), "red\\u001b[31m", "two\\nlines", ".hidden", "a/b"}) {
+  for (const std::string& name : std::vector<std::string>{"a\\u0000b", std::string(115, 'n'), "red\\u001b[31m", "two\\nlines", ".hidden", "a/b"}) {
     ExpectBadInput("submit " + WriteSpec("name", Valid(name)), "a run name is 1 to 64 characters of A-Z a-z 0-9 . _ -");
   }
   CommandResult r = Strata("submit " + WriteSpec("name", Valid("red\\u001b[31m")));

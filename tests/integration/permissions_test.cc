@@ -80,7 +80,7 @@ TEST_F(PermissionsTest, HandStartedDaemonsKeepStoresAndCheckpointsPrivate) {
   ASSERT_EQ(json::parse(checkpoints.out).size(), 2u) << checkpoints.out;
 
   size_t files = 0, dirs = 0;
-  for (const std::string root : {dir_ + "/coordinator", dir_ + "/worker-0"}) {
+  for (const std::string& root : {dir_ + "/coordinator", dir_ + "/worker-0"}) {
     ASSERT_TRUE(fs::is_directory(root)) << root;
     std::vector<fs::path> paths{root};
     for (const auto& entry : fs::recursive_directory_iterator(root)) paths.push_back(entry.path());
