@@ -1830,14 +1830,19 @@ class CoordinatorImpl final : public Coordinator {
     return Status::Ok();
   }
 
+  // The run `id`, or null after answering the request with NotFound.
+  RunEntry* RunOrReplyNotFound(const std::string& identity, uint64_t rid, const std::string& id) {
+    auto it = runs_.find(id);
+    if (it != runs_.end()) return &it->second;
+    Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
+    return nullptr;
+  }
+
   void HandleActivationsRequest(const std::string& identity, uint64_t rid, RunRef::Reader req) {
     const std::string id = req.getRunId().cStr();
-    auto it = runs_.find(id);
-    if (it == runs_.end()) {
-      Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
-      return;
-    }
-    const RunEntry& run = it->second;
+    const RunEntry* found = RunOrReplyNotFound(identity, rid, id);
+    if (!found) return;
+    const RunEntry& run = *found;
     if (!run.spec.is_extract()) {
       Send(identity, schema::MakeErrorReply(rid, InvalidArgument("run " + id + " is a training run; activations are stored by "
                                                                  "runs of kind = \"extract\"")));
@@ -1963,12 +1968,9 @@ class CoordinatorImpl final : public Coordinator {
   // on this host's filesystem; a worker on another host gets an error saying so.
   void HandleRunFileRequest(const std::string& identity, uint64_t rid, RunFileRequest::Reader req) {
     const std::string id = req.getRunId().cStr();
-    auto it = runs_.find(id);
-    if (it == runs_.end()) {
-      Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
-      return;
-    }
-    const RunEntry& run = it->second;
+    const RunEntry* found = RunOrReplyNotFound(identity, rid, id);
+    if (!found) return;
+    const RunEntry& run = *found;
     std::string path;
     if (req.getKind() == RunFileRequest::Kind::METRICS) {
       path = MetricsPath(id);
@@ -2053,10 +2055,7 @@ class CoordinatorImpl final : public Coordinator {
   void ReplyWithRunRecords(const std::string& identity, uint64_t rid, RunRef::Reader req, const std::string& prefix,
                            InitList init_list, const std::function<void(schema::EnvelopeBuilder&)>& finish = nullptr) {
     const std::string id = req.getRunId().cStr();
-    if (!runs_.count(id)) {
-      Send(identity, schema::MakeErrorReply(rid, NotFound(UnknownRun(id))));
-      return;
-    }
+    if (!RunOrReplyNotFound(identity, rid, id)) return;
     auto records = store_->ScanMetadata(prefix + EncodeKeyString(id));
     if (!records.ok()) {
       Send(identity, schema::MakeErrorReply(rid, records.status()));

@@ -38,16 +38,7 @@ class CliExperienceTest : public ::testing::Test {
 
   static CommandResult Run(const std::string& command) { return testing::RunCommand(command, dir_); }
   static CommandResult Strata(const std::string& args) { return Run(std::string(STRATA_BIN_DIR) + "/strata " + args); }
-  static json StrataJson(const std::string& args) {
-    auto r = Strata(args + " --json");
-    EXPECT_EQ(r.rc, 0) << args << ": " << r.err;
-    try {
-      return json::parse(r.out);
-    } catch (const std::exception&) {
-      ADD_FAILURE() << args << ": not JSON: " << r.out;
-      return json();
-    }
-  }
+  static json StrataJson(const std::string& args) { return testing::RunStrataJson(args, dir_); }
 
   // A tiny model; `parallel` is the [parallel] table ("" leaves every field auto).
   static std::string Spec(const std::string& name, int steps, const std::string& parallel = "") {

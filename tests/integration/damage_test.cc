@@ -50,16 +50,7 @@ class DamageTest : public ::testing::Test {
   CommandResult Strata(const std::string& args) {
     return testing::RunCommand(std::string(STRATA_BIN_DIR) + "/strata " + args, dir_);
   }
-  json StrataJson(const std::string& args) {
-    auto r = Strata(args + " --json");
-    EXPECT_EQ(r.rc, 0) << args << ": " << r.err;
-    try {
-      return json::parse(r.out);
-    } catch (const std::exception&) {
-      ADD_FAILURE() << args << ": not JSON: " << r.out;
-      return json();
-    }
-  }
+  json StrataJson(const std::string& args) { return testing::RunStrataJson(args, dir_); }
   std::string WriteSpec(const std::string& name, const std::string& body) {
     const std::string path = dir_ + "/" + name + ".toml";
     std::ofstream(path) << body;

@@ -1,5 +1,7 @@
 #include "tests/integration/harness.h"
 
+#include <gtest/gtest.h>
+
 #include <arpa/inet.h>
 #include <signal.h>
 #include <netinet/in.h>
@@ -73,6 +75,17 @@ std::string MakeClusterScratchDir(const std::string& mkdtemp_template) {
 
 CommandResult RunStrata(const std::string& args, const std::string& scratch_dir) {
   return RunCommand(std::string(STRATA_BIN_DIR) + "/strata " + args, scratch_dir);
+}
+
+nlohmann::json RunStrataJson(const std::string& args, const std::string& scratch_dir) {
+  const CommandResult r = RunStrata(args + " --json", scratch_dir);
+  EXPECT_EQ(r.rc, 0) << args << ": " << r.err;
+  try {
+    return nlohmann::json::parse(r.out);
+  } catch (const std::exception&) {
+    ADD_FAILURE() << args << ": not JSON: " << r.out;
+    return nlohmann::json();
+  }
 }
 
 std::string ReadFile(const std::string& path) {

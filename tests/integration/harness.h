@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,9 @@ struct CommandResult {
 CommandResult RunCommand(const std::string& command, const std::string& scratch_dir);
 // Runs STRATA_BIN_DIR/strata with `args`.
 CommandResult RunStrata(const std::string& args, const std::string& scratch_dir);
+// `strata ARGS --json`: its output parsed; a non-zero exit or output that is not JSON fails the
+// running test (and gives null).
+nlohmann::json RunStrataJson(const std::string& args, const std::string& scratch_dir);
 
 std::string ReadFile(const std::string& path);
 // A scratch directory for a test suite's local cluster: made under /tmp from `mkdtemp_template`
