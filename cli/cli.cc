@@ -1,5 +1,7 @@
 #include "cli/cli.h"
 
+#include "shard/plan_summary.h"
+
 #include <signal.h>
 #include <fcntl.h>
 #include <spawn.h>
@@ -161,16 +163,10 @@ json RunToJson(RunRecord::Reader r, bool with_plan = true) {
   json plan = json::object();
   if (auto spec = with_plan ? ParseStoredRunSpec(r.getSpecToml().cStr()) : Result<RunSpec>(InvalidArgument("not asked for"));
       spec.ok() && !spec->is_extract()) {
-    const ParallelSpec& p = spec->parallel;
-    const int64_t micro = spec->micro_batch_rows();
-    json stages = json::array();  // layers per pipeline stage, as the ranks run them
-    for (int64_t k = 0; k < p.pp && p.planned(); ++k) {
-      const auto [first, last] = shard::StageLayers(spec->model.layers, p.pp, k, p.stages);
-      stages.push_back(last - first);
-    }
-    plan = {{"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero}, {"micro_batch", micro},
-            {"gradient_accumulation", spec->local_batch() / std::max<int64_t>(micro, 1)}, {"recompute", p.recompute},
-            {"stages", stages}, {"planned", p.planned()}};
+    const shard::PlanSummary p = shard::SummarizePlan(*spec);  // stages: layers per pipeline stage, as the ranks run them
+    plan = {{"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero}, {"micro_batch", p.micro_batch},
+            {"gradient_accumulation", p.gradient_accumulation}, {"recompute", p.recompute},
+            {"stages", p.stages}, {"planned", p.planned}};
   }
   return {{"memory", memory}, {"handled", handled}, {"plan", plan}, {"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
           {"state", schema::RunStateName(r.getState())}, {"step", r.getStep()},

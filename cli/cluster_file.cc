@@ -1,6 +1,7 @@
 #include "cli/cluster_file.h"
 
 #include "common/atomic_file.h"
+#include "common/hex.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -67,11 +68,7 @@ Result<std::string> EnsureHttpTokenFile(const std::string& state_dir) {
   unsigned char bytes[16];
   std::ifstream random("/dev/urandom", std::ios::binary);
   if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) return IoError("cannot read /dev/urandom for the dashboard token");
-  std::string token;
-  for (unsigned char b : bytes) {
-    token += "0123456789abcdef"[b >> 4];
-    token += "0123456789abcdef"[b & 15];
-  }
+  std::string token = HexOf(std::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
   token += "\n";
   // Created 0600 from the start (the token never sits world-readable, even briefly) and whole or
   // not at all: a half-written token on a full disk would be kept forever.

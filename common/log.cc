@@ -1,5 +1,7 @@
 #include "common/log.h"
 
+#include "common/hex.h"
+
 #include <fcntl.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -105,13 +107,7 @@ void TaskLog::Append(Level level, const std::string& text) {
 }
 
 std::string TaskLogPath(const std::string& store_path, const std::string& run_id, uint32_t rank) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char c : run_id) {
-    hex += kHex[c >> 4];
-    hex += kHex[c & 15];
-  }
-  return store_path + "/logs/" + hex + "/rank-" + std::to_string(rank) + ".log";
+  return store_path + "/logs/" + HexOf(run_id) + "/rank-" + std::to_string(rank) + ".log";
 }
 
 ScopedThreadTaskLog::ScopedThreadTaskLog(std::shared_ptr<TaskLog> log) : previous_(std::move(thread_task_log)) {

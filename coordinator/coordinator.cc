@@ -34,6 +34,8 @@
 // global batch, so the losses stay those of the uninterrupted run (checkpoints are mesh-free).
 #include "coordinator/coordinator.h"
 
+#include "shard/plan_summary.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -2142,23 +2144,11 @@ class CoordinatorImpl final : public Coordinator {
     options_.publish_snapshot(std::move(s));
   }
 
-  // The run's parallel plan as it stands (derived like the CLI's RunToJson in cli/cli.cc).
+  // The run's parallel plan as it stands (shard::SummarizePlan, as `strata status` shows it).
   static DashboardPlan PlanOf(const RunSpec& spec) {
-    const ParallelSpec& p = spec.parallel;
-    DashboardPlan plan;
-    plan.known = true;
-    plan.dp = p.dp;
-    plan.pp = p.pp;
-    plan.tp = p.tp;
-    plan.zero = p.zero;
-    plan.micro_batch = spec.micro_batch_rows();
-    plan.gradient_accumulation = spec.local_batch() / std::max<int64_t>(plan.micro_batch, 1);
-    plan.recompute = p.recompute;
-    for (int64_t k = 0; k < p.pp && p.planned(); ++k) {
-      const auto [first, last] = shard::StageLayers(spec.model.layers, p.pp, k, p.stages);
-      plan.stages.push_back(last - first);
-    }
-    return plan;
+    const shard::PlanSummary summary = shard::SummarizePlan(spec);
+    return {true, summary.dp, summary.pp, summary.tp, summary.zero, summary.micro_batch, summary.gradient_accumulation,
+            summary.recompute, summary.stages};
   }
 
   struct RunEventCache {

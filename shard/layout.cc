@@ -1,5 +1,7 @@
 #include "shard/layout.h"
+#include "shard/plan_summary.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <sstream>
@@ -266,6 +268,24 @@ std::vector<std::string> TensorAssembler::names() const {
   std::vector<std::string> out;
   for (const auto& [name, _] : partial_) out.push_back(name);
   return out;
+}
+
+PlanSummary SummarizePlan(const RunSpec& spec) {
+  const ParallelSpec& p = spec.parallel;
+  PlanSummary plan;
+  plan.dp = p.dp;
+  plan.pp = p.pp;
+  plan.tp = p.tp;
+  plan.zero = p.zero;
+  plan.micro_batch = spec.micro_batch_rows();
+  plan.gradient_accumulation = spec.local_batch() / std::max<int64_t>(plan.micro_batch, 1);
+  plan.recompute = p.recompute;
+  plan.planned = p.planned();
+  for (int64_t k = 0; k < p.pp && plan.planned; ++k) {
+    const auto [first, last] = StageLayers(spec.model.layers, p.pp, k, p.stages);
+    plan.stages.push_back(last - first);
+  }
+  return plan;
 }
 
 }  // namespace strata::shard

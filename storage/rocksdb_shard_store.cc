@@ -36,6 +36,7 @@
 #include <shared_mutex>
 #include <thread>
 
+#include "common/hex.h"
 #include "common/log.h"
 #include "storage/keys.h"
 #include "storage/records.h"
@@ -158,17 +159,6 @@ Status ReadFileRange(const std::string& path, const char* what, uint64_t offset,
   }
   ::close(fd);
   return Status::Ok();
-}
-
-// Hex of a run id: run ids are user text and must not become paths.
-std::string HexOf(const std::string& run) {
-  static const char* digits = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char c : run) {
-    hex += digits[c >> 4];
-    hex += digits[c & 15];
-  }
-  return hex;
 }
 
 bool UnhexOf(const std::string& hex, std::string* run) {

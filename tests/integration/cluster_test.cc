@@ -23,6 +23,7 @@
 
 #include <rocksdb/db.h>
 
+#include "common/hex.h"
 #include "storage/keys.h"
 #include "storage/safetensors.h"
 #include "tests/integration/harness.h"
@@ -508,13 +509,8 @@ class DamagedCheckpointTest : public ClusterTest {
 
   // Cuts the step-8 data file of run `source` in `store` (STORE/checkpoints/<hex of the run>/) in half.
   static void CutStep8DataFile(const std::string& store, const std::string& source) {
-    std::string hex;
-    for (unsigned char c : source) {
-      hex += "0123456789abcdef"[c >> 4];
-      hex += "0123456789abcdef"[c & 15];
-    }
     int cut = 0;
-    for (const auto& entry : std::filesystem::directory_iterator(store + "/checkpoints/" + hex)) {
+    for (const auto& entry : std::filesystem::directory_iterator(store + "/checkpoints/" + HexOf(source))) {
       const std::string name = entry.path().filename().string();
       if (name.rfind("8-", 0) != 0 || entry.path().extension() != ".bin") continue;
       std::filesystem::resize_file(entry.path(), std::filesystem::file_size(entry.path()) / 2);

@@ -484,8 +484,22 @@ TEST_F(DashboardFailureTest, RunThatLostAWorkerShowsItsFailuresAndPlanAndExtract
   ASSERT_GE(replanned_at, 0) << "the run did not re-plan onto the survivor: " << s.dump();
   ASSERT_EQ(s.value("state", ""), "running") << s.dump();
   EXPECT_EQ(s["handled"].value("worker-lost", 0), 1) << s.dump();
-  // The dashboard publishes every 250 ms: let it catch up with what status says.
+  // The dashboard publishes every 250 ms and samples each worker's memory once a second: wait
+  // until it has caught up with what status says and the survivor's chart has 5 samples.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  {
+    httplib::Client web("127.0.0.1", port_);
+    const std::string survivor = s["workers"][0];
+    size_t samples = 0;
+    for (const int64_t start = NowMs(); NowMs() - start < 15000 && samples < 5;) {
+      if (auto api = web.Get("/api/state"); api && api->status == 200) {
+        for (const auto& w : json::parse(api->body)["workers"]) {
+          if (w.value("id", "") == survivor) samples = w["memory_history"].size();
+        }
+      }
+      if (samples < 5) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
 
   // (3) The page, the train run selected (the active run is by default).
   auto dom = Dom(chromium, "chrome-dom");
