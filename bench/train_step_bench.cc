@@ -27,7 +27,14 @@ namespace {
 
 int main(int argc, char** argv) {
   strata::RunSpec spec;
-  spec.model = {"gpt2", 12, 768, 12, 50257, 1024, 12, 3072, 10000.0, 1e-5, ""};
+  spec.model.family = "gpt2";  // GPT-2 124M unless flags say otherwise
+  spec.model.layers = 12;
+  spec.model.hidden = 768;
+  spec.model.heads = 12;
+  spec.model.vocab = 50257;
+  spec.model.sequence = 1024;
+  spec.model.kv_heads = 12;
+  spec.model.ffn = 3072;
   spec.train.global_batch = 8;
   spec.train.lr = 3e-4;
   spec.train.weight_decay = 0.1;
@@ -59,6 +66,11 @@ int main(int argc, char** argv) {
   }
   if (spec.model.family == "llama") spec.model.norm_eps = 1e-6;
   if (spec.model.kv_heads == 12 && spec.model.heads != 12) spec.model.kv_heads = spec.model.heads;
+  spec.model.tie_embeddings = spec.model.family == "gpt2" || spec.model.family == "gemma";
+  if (strata::Status valid = strata::ValidateModelSpec(spec.model, "model: "); !valid.ok()) {
+    std::fprintf(stderr, "%s\n", valid.ToString().c_str());
+    return 2;
+  }
   spec.model.ffn = spec.model.ffn == 3072 && spec.model.hidden != 768 ? 4 * spec.model.hidden : spec.model.ffn;
 
   // Random token ids in a u16 file: throughput does not depend on the text.

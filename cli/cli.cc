@@ -31,6 +31,7 @@
 #include "cli/logs_command.h"
 #include "cli/plan_command.h"
 #include "cli/export.h"
+#include "model/hf_checkpoint.h"
 #include "common/byte_size.h"
 #include "common/curve.h"
 #include "common/net.h"
@@ -869,6 +870,11 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o)
   const std::string base = fs::absolute(path).parent_path().string();
   auto spec = ParseRunSpec(*text, base, /*check_files=*/true);
   if (!spec.ok()) return Fail(InvalidArgument(path + ": " + spec.status().message()));
+  if (!spec->model.init_from.empty()) {  // the weights' headers, before anything starts
+    if (Status weights = model::CheckHfCheckpoint(spec->model.init_from, spec->model); !weights.ok()) {
+      return Fail(InvalidArgument(path + ": " + weights.message()));
+    }
+  }
   std::pair<std::string, int64_t> resume_from;
   if (!resume.empty()) {
     auto parsed = ParseResume(resume);
@@ -925,7 +931,7 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o)
 // `step` empty: the latest complete checkpoint. Writes into `out_dir` only if it is new or empty,
 // or with `force` (which replaces its config.json and model.safetensors, nothing else).
 int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int64_t> step, const std::string& out_dir,
-              bool force) {
+              bool force, const ExportOptions& options) {
   if (step && *step < 0) {
     return Fail(InvalidArgument("--step " + std::to_string(*step) + " is not a checkpoint step; give a step that `strata checkpoints " +
                                 typed_run + "` lists, or leave --step out for the latest"));
@@ -958,10 +964,13 @@ int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int6
         return Fail(Corruption("the checkpoint of run " + Printable(run) + " at step " + std::to_string(m.getStep()) + " is " +
                                state + ": " + why + "; `strata checkpoints` lists the complete ones"));
       }
-      auto summary = ExportCheckpoint(spec_toml, m, out_dir);
+      auto summary = ExportCheckpoint(spec_toml, m, out_dir, options);
       if (!summary.ok()) return Fail(summary.status());
-      std::printf("exported run %s step %ld: %zu tensors (%s) to %s\n", Printable(run).c_str(), static_cast<long>(m.getStep()),
-                  summary->tensors, HumanBytes(summary->bytes).c_str(), out_dir.c_str());
+      std::printf("exported run %s step %ld: %zu tensors (%s, %s) in %zu file%s to %s", Printable(run).c_str(), static_cast<long>(m.getStep()),
+                  summary->tensors, HumanBytes(summary->bytes).c_str(), options.dtype.c_str(), summary->files,
+                  summary->files == 1 ? "" : "s", out_dir.c_str());
+      if (summary->companion_files > 0) std::printf(" (+%zu tokenizer/config files from init_from)", summary->companion_files);
+      std::printf("\n");
       return kExitOk;
     }
     steps += (steps.empty() ? "" : ", ") + std::to_string(m.getStep());
@@ -1138,11 +1147,16 @@ int RunCli(int argc, char** argv) {
   int64_t export_step = 0;
   std::string export_dir;
   bool export_force = false;
-  auto* export_cmd = app.add_subcommand("export", "write a checkpoint as a Hugging Face directory (config.json + model.safetensors)");
+  std::string export_dtype = "fp32", export_shard_size = "5GB";
+  auto* export_cmd = app.add_subcommand("export", "write a checkpoint as a Hugging Face directory (config.json + safetensors, as save_pretrained)");
   export_cmd->add_option("run", run, kRunHelp)->required();
   auto* export_step_option = export_cmd->add_option("--step", export_step, "checkpoint step (default: the latest complete one)");
   export_cmd->add_option("--out", export_dir, "output directory (new or empty)")->required();
   export_cmd->add_flag("--force", export_force, "write into a non-empty --out, replacing its config.json and model.safetensors");
+  export_cmd->add_option("--dtype", export_dtype, "dtype of the written weights: fp32 or bf16")->capture_default_str();
+  export_cmd->add_option("--max-shard-size", export_shard_size,
+                         "largest safetensors file; a larger model is split into several with model.safetensors.index.json")
+      ->capture_default_str();
 
   auto* activations_cmd = app.add_subcommand("activations", "list what an extract run stored (layers, sites, rows, bytes)");
   activations_cmd->add_option("run", run, std::string("the extract run: ") + kRunHelp);
@@ -1203,7 +1217,15 @@ int RunCli(int argc, char** argv) {
     if (*cancel) return CmdCancel(g, run);
     if (*checkpoints) return CmdCheckpoints(g, run, as_json);
     if (*export_cmd) {
-      return CmdExport(g, run, export_step_option->count() > 0 ? std::optional<int64_t>(export_step) : std::nullopt, export_dir, export_force);
+      if (export_dtype != "fp32" && export_dtype != "bf16") {
+        return Fail(InvalidArgument("--dtype " + export_dtype + " is not supported; use fp32 or bf16"));
+      }
+      auto shard_bytes = ParseByteSize(export_shard_size, "--max-shard-size");
+      if (!shard_bytes.ok()) return Fail(shard_bytes.status());
+      if (*shard_bytes < (uint64_t{1} << 20)) return Fail(InvalidArgument("--max-shard-size " + export_shard_size + " is below 1MB; use e.g. 5GB"));
+      ExportOptions options{export_dtype, *shard_bytes};
+      return CmdExport(g, run, export_step_option->count() > 0 ? std::optional<int64_t>(export_step) : std::nullopt, export_dir, export_force,
+                       options);
     }
     if (*plan_cmd) return PlanRun(plan_request, plan_request.cluster_spec.empty() ? ResolveCoordinator(g) : Result<CoordinatorAddress>(CoordinatorAddress{}));
     if (*logs_cmd || *metrics_cmd) {

@@ -1,5 +1,8 @@
-// `strata export`: a complete checkpoint as a Hugging Face directory (config.json +
-// model.safetensors, fp32) that transformers' from_pretrained loads.
+// `strata export`: a complete checkpoint as a Hugging Face directory that transformers'
+// from_pretrained loads, laid out as save_pretrained writes it: config.json (the init_from
+// model's config with every field kept, Strata's fields overwritten), model.safetensors or, past
+// max_shard_bytes, model-0000K-of-0000N.safetensors with model.safetensors.index.json, and the
+// tokenizer / generation files of model.init_from copied along.
 #pragma once
 
 #include <string>
@@ -9,14 +12,21 @@
 
 namespace strata::cli {
 
+struct ExportOptions {
+  std::string dtype = "fp32";                  // "fp32" or "bf16" (round to nearest even, as torch)
+  uint64_t max_shard_bytes = 5'000'000'000;    // save_pretrained's default "5GB"
+};
+
 struct ExportSummary {
   size_t tensors = 0;
   uint64_t bytes = 0;
+  size_t files = 0;            // safetensors files written
+  size_t companion_files = 0;  // copied from model.init_from
 };
 
 // Reads the parameters of `manifest` from the shard stores it names (opened read-only, so the
 // workers may keep running), checks each against the manifest's checksum, and writes `out_dir`.
 Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointManifest::Reader manifest,
-                                       const std::string& out_dir);
+                                       const std::string& out_dir, const ExportOptions& options = {});
 
 }  // namespace strata::cli

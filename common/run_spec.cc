@@ -11,9 +11,12 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <toml++/toml.h>
+
+#include "common/hf_config.h"
 
 namespace strata {
 namespace {
@@ -24,7 +27,9 @@ namespace fs = std::filesystem;
 const std::map<std::string, std::set<std::string>>& AllowedKeys() {
   static const std::map<std::string, std::set<std::string>> keys = {
       {"", {"name", "kind", "model", "data", "train", "parallel", "worker", "extract"}},
-      {"model", {"family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence", "rope_theta", "norm_eps", "init_from"}},
+      {"model", {"family", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "sequence", "max_positions",
+                 "rope_theta", "rope_scaling", "rotary_pct", "norm_eps", "attention_bias", "mlp_bias", "tie_embeddings",
+                 "sliding_window", "parallel_residual", "activation", "init_from"}},
       {"data", {"path", "format"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
                  "beta2", "eps", "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision"}},
@@ -33,6 +38,12 @@ const std::map<std::string, std::set<std::string>>& AllowedKeys() {
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode"}},
   };
   return keys;
+}
+
+std::string FamilyList() {
+  std::string list;
+  for (const auto& f : ModelFamilies()) list += (list.empty() ? "\"" : ", \"") + f + "\"";
+  return list;
 }
 
 std::string Closest(const std::string& key, const std::set<std::string>& allowed) {
@@ -177,6 +188,48 @@ class Reader {
     return Status::Ok();
   }
 
+  Status OptionalBool(const std::string& table, const std::string& key, std::optional<bool>* out) {
+    if (!Find(table, key)) return Status::Ok();
+    bool v = false;
+    STRATA_RETURN_IF_ERROR(Bool(table, key, &v));
+    *out = v;
+    return Status::Ok();
+  }
+
+  // The keys present in [table].
+  std::set<std::string> Keys(const std::string& table) {
+    std::set<std::string> keys;
+    if (const toml::table* t = root_[table].as_table()) {
+      for (const auto& [key, _] : *t) keys.insert(std::string(key.str()));
+    }
+    return keys;
+  }
+
+  // model.rope_scaling = { type = "llama3", factor = 8.0, low_freq_factor = 1.0,
+  //                        high_freq_factor = 4.0, original_max_positions = 8192 }
+  Status RopeScalingTable(const std::string& table, const std::string& key, RopeScaling* out) {
+    const toml::node* node = Find(table, key);
+    if (!node) return Status::Ok();
+    const toml::table* t = node->as_table();
+    const std::string path = Path(table, key);
+    if (!t) return InvalidArgument("run spec: " + path + " must be a table, e.g. { type = \"llama3\", factor = 8.0 }");
+    static const std::set<std::string> allowed = {"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions"};
+    for (const auto& [sub, _] : *t) {
+      if (!allowed.count(std::string(sub.str()))) {
+        return InvalidArgument("run spec: unknown key '" + path + "." + std::string(sub.str()) + "'; keys are: " + Closest("", allowed));
+      }
+    }
+    toml::table wrapped;  // one table named "model.rope_scaling": messages name the field in full
+    wrapped.insert(path, *t);
+    Reader inner(wrapped);
+    STRATA_RETURN_IF_ERROR(inner.String(path, "type", &out->type));
+    STRATA_RETURN_IF_ERROR(inner.Float(path, "factor", &out->factor, 1.0, 1e6));
+    STRATA_RETURN_IF_ERROR(inner.Float(path, "low_freq_factor", &out->low_freq_factor, 1e-6, 1e6));
+    STRATA_RETURN_IF_ERROR(inner.Float(path, "high_freq_factor", &out->high_freq_factor, 1e-6, 1e6));
+    STRATA_RETURN_IF_ERROR(inner.Int(path, "original_max_positions", &out->original_max_positions, 1, spec_bounds::kSequence));
+    return Status::Ok();
+  }
+
  private:
   static std::string Path(const std::string& table, const std::string& key) {
     return table.empty() ? key : table + "." + key;
@@ -188,6 +241,73 @@ class Reader {
   }
   const toml::table& root_;
 };
+
+// The [model] table. With model.init_from (and `resolve_config`), DIR/config.json supplies every
+// field the spec leaves out and must agree with every one it gives (ResolveHuggingFaceConfig);
+// only model.sequence, the run's window, is the spec's own.
+Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, ModelSpec* out) {
+  ModelSpec& m = *out;
+  const std::set<std::string> given = r.Keys("model");
+  STRATA_RETURN_IF_ERROR(r.String("model", "family", &m.family));
+  if (std::find(ModelFamilies().begin(), ModelFamilies().end(), m.family) == ModelFamilies().end()) {
+    return InvalidArgument("run spec: model.family = \"" + m.family + "\" is not supported; use one of " + FamilyList());
+  }
+  STRATA_RETURN_IF_ERROR(r.Int("model", "layers", &m.layers, 1, spec_bounds::kLayers));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "hidden", &m.hidden, 1, spec_bounds::kHidden));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "heads", &m.heads, 1, spec_bounds::kHeads));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "vocab", &m.vocab, 2, spec_bounds::kVocab));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "sequence", &m.sequence, 2, spec_bounds::kSequence));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "max_positions", &m.max_positions, 0, spec_bounds::kSequence));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "kv_heads", &m.kv_heads, 0, spec_bounds::kHeads));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "head_dim", &m.head_dim, 0, spec_bounds::kHidden));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "ffn", &m.ffn, 0, spec_bounds::kFfn));
+  STRATA_RETURN_IF_ERROR(r.Float("model", "rope_theta", &m.rope_theta, 1.0, 1e12));
+  STRATA_RETURN_IF_ERROR(r.RopeScalingTable("model", "rope_scaling", &m.rope_scaling));
+  STRATA_RETURN_IF_ERROR(r.Float("model", "rotary_pct", &m.rotary_pct, 0.0, 1.0));
+  STRATA_RETURN_IF_ERROR(r.Float("model", "norm_eps", &m.norm_eps, 0.0, 1.0));
+  std::optional<bool> attention_bias, tie_embeddings;
+  STRATA_RETURN_IF_ERROR(r.OptionalBool("model", "attention_bias", &attention_bias));
+  STRATA_RETURN_IF_ERROR(r.Bool("model", "mlp_bias", &m.mlp_bias));
+  STRATA_RETURN_IF_ERROR(r.OptionalBool("model", "tie_embeddings", &tie_embeddings));
+  STRATA_RETURN_IF_ERROR(r.Int("model", "sliding_window", &m.sliding_window, 0, spec_bounds::kSequence));
+  STRATA_RETURN_IF_ERROR(r.Bool("model", "parallel_residual", &m.parallel_residual));
+  STRATA_RETURN_IF_ERROR(r.String("model", "activation", &m.activation));
+  STRATA_RETURN_IF_ERROR(r.String("model", "init_from", &m.init_from));
+  if (m.family == "gpt2" && tie_embeddings == false) {
+    return InvalidArgument("run spec: model.tie_embeddings = false: gpt2's head is always its token embedding; remove it");
+  }
+  // Family defaults for what the spec leaves out.
+  m.attention_bias = attention_bias.value_or(m.family == "gpt_neox");
+  m.tie_embeddings = tie_embeddings.value_or(m.family == "gpt2" || m.family == "gemma");
+
+  // Fields that mean something to some families only: given to another, they are a mistake.
+  static const std::map<std::string, std::set<std::string>> kFamilyOnly = {
+      {"kv_heads", {"llama", "mistral", "qwen2", "gemma"}},
+      {"head_dim", {"llama", "mistral", "qwen2", "gemma"}},
+      {"rope_theta", {"llama", "mistral", "qwen2", "gemma", "gpt_neox"}},
+      {"rope_scaling", {"llama", "mistral", "qwen2"}},
+      {"rotary_pct", {"gpt_neox"}},
+      {"attention_bias", {"llama", "gemma", "gpt_neox"}},
+      {"mlp_bias", {"llama"}},
+      {"sliding_window", {"mistral"}},
+      {"parallel_residual", {"gpt_neox"}},
+  };
+  for (const auto& [field, families] : kFamilyOnly) {
+    if (given.count(field) && !families.count(m.family)) {
+      std::string list;
+      for (const auto& f : families) list += (list.empty() ? "" : ", ") + f;
+      return InvalidArgument("run spec: model." + field + " applies to families " + list + " only; remove it for " + m.family);
+    }
+  }
+
+  if (!m.init_from.empty()) {
+    fs::path init(m.init_from);
+    if (init.is_relative() && !base_dir.empty()) init = fs::path(base_dir) / init;
+    m.init_from = init.lexically_normal().string();
+    if (resolve_config) STRATA_RETURN_IF_ERROR(ResolveHuggingFaceConfig(m.init_from, given, &m));
+  }
+  return ValidateModelSpec(m, "run spec: ");
+}
 
 Status ParseExtract(Reader& r, RunSpec* spec) {
   ExtractSpec& e = spec->extract;
@@ -336,6 +456,72 @@ Result<std::string> ReadSpecFile(const std::string& path, const std::string& wha
   return text;
 }
 
+const std::vector<std::string>& ModelFamilies() {
+  static const std::vector<std::string> families = {"gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox"};
+  return families;
+}
+
+int64_t ModelSpec::rotary_dims() const {
+  if (!rotary()) return 0;
+  const int64_t dims = static_cast<int64_t>(static_cast<double>(head_size()) * rotary_pct);  // as transformers: int(head_size * pct)
+  return dims - dims % 2;
+}
+
+Status ValidateModelSpec(ModelSpec& m, const std::string& context) {
+  const auto msg = [&](const std::string& text) { return InvalidArgument(context + text); };
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  const bool grouped = m.family != "gpt2" && m.family != "gpt_neox";  // families with kv_heads and head_dim
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  if (m.ffn == 0) m.ffn = 4 * m.hidden;
+  if (m.norm_eps == 0.0) m.norm_eps = m.rms_norm() ? 1e-6 : 1e-5;
+  if (m.activation.empty()) m.activation = m.family == "gpt_neox" ? "gelu" : m.rms_norm() && m.family != "gemma" ? "silu" : "gelu_tanh";
+  if (m.family == "gpt2" && m.max_positions == 0) m.max_positions = m.sequence;
+  if (!grouped || m.head_dim == 0) {
+    if (m.hidden % m.heads != 0) {
+      return msg("model.heads = " + str(m.heads) + " does not divide model.hidden = " + str(m.hidden) +
+                 "; choose heads so that hidden % heads == 0" + (grouped ? " (or set model.head_dim)" : ""));
+    }
+    if (m.head_dim != 0 && m.head_dim != m.hidden / m.heads) {
+      return msg("model.head_dim = " + str(m.head_dim) + " but " + m.family + " heads are hidden / heads = " + str(m.hidden / m.heads));
+    }
+    m.head_dim = m.hidden / m.heads;
+  }
+  if (m.heads % m.kv_heads != 0) {
+    return msg("model.kv_heads = " + str(m.kv_heads) + " does not divide model.heads = " + str(m.heads) +
+               "; each key/value head must serve a whole number of query heads");
+  }
+  if (!grouped && m.kv_heads != m.heads) {
+    return msg("model.kv_heads applies to families llama, mistral, qwen2, gemma only; remove it for " + m.family);
+  }
+  if (m.heads * m.head_dim > spec_bounds::kFfn) return msg("model.heads x model.head_dim = " + str(m.heads * m.head_dim) + " is over the bound of " + str(spec_bounds::kFfn));
+  if (m.rotary() && (m.rotary_dims() < 2 || m.rotary_dims() % 2 != 0 || (m.rotary_pct == 1.0 && m.head_size() % 2 != 0))) {
+    return msg("the rotary part of a head is " + str(m.rotary_dims()) + " dimensions (model.head_dim " + str(m.head_size()) +
+               (m.family == "gpt_neox" ? " x model.rotary_pct" : "") + "); rotary embeddings need an even number >= 2");
+  }
+  static const std::map<std::string, std::set<std::string>> kActivations = {
+      {"gpt2", {"gelu_tanh"}}, {"llama", {"silu"}}, {"mistral", {"silu"}}, {"qwen2", {"silu"}},
+      {"gemma", {"gelu_tanh", "gelu"}}, {"gpt_neox", {"gelu", "gelu_tanh"}}};
+  if (!kActivations.at(m.family).count(m.activation)) {
+    std::string list;
+    for (const auto& a : kActivations.at(m.family)) list += (list.empty() ? "\"" : ", \"") + a + "\"";
+    return msg("model.activation = \"" + m.activation + "\" is not supported for " + m.family + "; use " + list);
+  }
+  if (m.family == "gpt2") m.tie_embeddings = true;  // its head is always the token embedding
+  const RopeScaling& rs = m.rope_scaling;
+  if (rs.type != "none" && rs.type != "linear" && rs.type != "llama3") {
+    return msg("model.rope_scaling.type = \"" + rs.type + "\" is not supported; use \"none\", \"linear\" or \"llama3\"");
+  }
+  if (rs.type == "llama3" && !(rs.high_freq_factor > rs.low_freq_factor)) {
+    return msg("model.rope_scaling.high_freq_factor must be larger than low_freq_factor (Llama 3.1: 4.0 and 1.0)");
+  }
+  if (m.max_positions > 0 && m.sequence > m.max_positions) {
+    return msg("model.sequence = " + str(m.sequence) + " exceeds model.max_positions = " + str(m.max_positions) +
+               (m.family == "gpt2" ? " (gpt2's learned positions)" : " (the positions the model was trained for)") +
+               "; shorten model.sequence");
+  }
+  return Status::Ok();
+}
+
 namespace {
 Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir, bool check_files, bool check_name);
 }  // namespace
@@ -375,48 +561,8 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   }
 
   ModelSpec& m = spec.model;
-  STRATA_RETURN_IF_ERROR(r.String("model", "family", &m.family));
-  if (m.family != "gpt2" && m.family != "llama") {
-    return InvalidArgument("run spec: model.family = \"" + m.family + "\" is not supported; use \"gpt2\" or \"llama\"");
-  }
-  STRATA_RETURN_IF_ERROR(r.Int("model", "layers", &m.layers, 1, spec_bounds::kLayers));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "hidden", &m.hidden, 1, spec_bounds::kHidden));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "heads", &m.heads, 1, spec_bounds::kHeads));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "vocab", &m.vocab, 2, spec_bounds::kVocab));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "sequence", &m.sequence, 2, spec_bounds::kSequence));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "kv_heads", &m.kv_heads, 0, spec_bounds::kHeads));
-  STRATA_RETURN_IF_ERROR(r.Int("model", "ffn", &m.ffn, 0, spec_bounds::kFfn));
-  STRATA_RETURN_IF_ERROR(r.Float("model", "rope_theta", &m.rope_theta, 1.0, 1e12));
-  STRATA_RETURN_IF_ERROR(r.Float("model", "norm_eps", &m.norm_eps, 0.0, 1.0));
-  if (m.hidden % m.heads != 0) {
-    return InvalidArgument("run spec: model.heads = " + std::to_string(m.heads) + " does not divide model.hidden = " +
-                           std::to_string(m.hidden) + "; choose heads so that hidden % heads == 0");
-  }
-  if (m.kv_heads == 0) m.kv_heads = m.heads;
-  if (m.ffn == 0) m.ffn = 4 * m.hidden;
-  if (m.norm_eps == 0.0) m.norm_eps = m.family == "llama" ? 1e-6 : 1e-5;
-  if (m.heads % m.kv_heads != 0) {
-    return InvalidArgument("run spec: model.kv_heads = " + std::to_string(m.kv_heads) + " does not divide model.heads = " +
-                           std::to_string(m.heads) + "; each key/value head must serve a whole number of query heads");
-  }
-  if (m.family == "gpt2" && m.kv_heads != m.heads) {
-    return InvalidArgument("run spec: model.kv_heads applies to family \"llama\" only; remove it for gpt2");
-  }
-  STRATA_RETURN_IF_ERROR(r.String("model", "init_from", &m.init_from));
-  if (!m.init_from.empty()) {
-    fs::path init(m.init_from);
-    if (init.is_relative() && !base_dir.empty()) init = fs::path(base_dir) / init;
-    m.init_from = init.lexically_normal().string();
-    std::error_code ec;
-    if (check_files && !fs::is_regular_file(init / "model.safetensors", ec)) {
-      return InvalidArgument("run spec: model.init_from = \"" + m.init_from +
-                             "\" holds no model.safetensors; point it at a directory saved by save_pretrained or `strata export`");
-    }
-  }
-  if (m.family == "llama" && (m.hidden / m.heads) % 2 != 0) {
-    return InvalidArgument("run spec: model.hidden / model.heads = " + std::to_string(m.hidden / m.heads) +
-                           " must be even for rotary position embeddings (llama)");
-  }
+  // A stored spec (ParseStoredRunSpec) carries every field already; its init_from may be gone.
+  STRATA_RETURN_IF_ERROR(ParseModel(r, base_dir, /*resolve_config=*/check_name, &m));
 
   STRATA_RETURN_IF_ERROR(r.String("data", "path", &spec.data.path));
   STRATA_RETURN_IF_ERROR(r.String("data", "format", &spec.data.format));
@@ -552,7 +698,7 @@ Status ValidateParallel(const RunSpec& spec) {
   }
   if (fixed("tp") && (m.heads % p.tp != 0 || m.kv_heads % p.tp != 0)) {
     return InvalidArgument("run spec: parallel.tp = " + std::to_string(p.tp) + " does not divide model.heads = " +
-                           std::to_string(m.heads) + (m.family == "llama" ? " and model.kv_heads = " + std::to_string(m.kv_heads) : "") +
+                           std::to_string(m.heads) + (m.kv_heads != m.heads ? " and model.kv_heads = " + std::to_string(m.kv_heads) : "") +
                            "; each tensor-parallel rank takes whole heads");
   }
   if (fixed("tp") && m.ffn % p.tp != 0) {
@@ -573,21 +719,45 @@ double LearningRate(const TrainSpec& train, int64_t step) {
   return train.min_lr + 0.5 * (train.lr - train.min_lr) * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
 }
 
+namespace {
+
+// Every [model] key of the family (ParseModel refuses the others), values as validated.
+toml::table ModelToToml(const ModelSpec& m) {
+  toml::table t{{"family", m.family}, {"layers", m.layers},     {"hidden", m.hidden},   {"heads", m.heads},
+                {"ffn", m.ffn},       {"vocab", m.vocab},       {"sequence", m.sequence}, {"norm_eps", m.norm_eps},
+                {"activation", m.activation}, {"tie_embeddings", m.tie_embeddings}};
+  if (m.max_positions > 0) t.insert("max_positions", m.max_positions);
+  const std::string& f = m.family;
+  const bool grouped = f != "gpt2" && f != "gpt_neox";
+  if (grouped) {
+    t.insert("kv_heads", m.kv_heads);
+    t.insert("head_dim", m.head_dim);
+  }
+  if (m.rotary()) t.insert("rope_theta", m.rope_theta);
+  if (f == "llama" || f == "mistral" || f == "qwen2") {
+    const RopeScaling& rs = m.rope_scaling;
+    t.insert("rope_scaling", toml::table{{"type", rs.type}, {"factor", rs.factor}, {"low_freq_factor", rs.low_freq_factor},
+                                         {"high_freq_factor", rs.high_freq_factor},
+                                         {"original_max_positions", rs.original_max_positions}});
+  }
+  if (f == "gpt_neox") {
+    t.insert("rotary_pct", m.rotary_pct);
+    t.insert("parallel_residual", m.parallel_residual);
+  }
+  if (f == "llama" || f == "gemma" || f == "gpt_neox") t.insert("attention_bias", m.attention_bias);
+  if (f == "llama") t.insert("mlp_bias", m.mlp_bias);
+  if (f == "mistral") t.insert("sliding_window", m.sliding_window);
+  if (!m.init_from.empty()) t.insert("init_from", m.init_from);
+  return t;
+}
+
+}  // namespace
+
 std::string RunSpecToToml(const RunSpec& spec) {
   toml::table root;
   root.insert("name", spec.name);
   root.insert("kind", spec.kind);
-  root.insert("model", toml::table{{"family", spec.model.family},
-                                   {"layers", spec.model.layers},
-                                   {"hidden", spec.model.hidden},
-                                   {"heads", spec.model.heads},
-                                   {"kv_heads", spec.model.kv_heads},
-                                   {"ffn", spec.model.ffn},
-                                   {"vocab", spec.model.vocab},
-                                   {"sequence", spec.model.sequence},
-                                   {"rope_theta", spec.model.rope_theta},
-                                   {"norm_eps", spec.model.norm_eps}});
-  if (!spec.model.init_from.empty()) root["model"].as_table()->insert("init_from", spec.model.init_from);
+  root.insert("model", ModelToToml(spec.model));
   root.insert("data", toml::table{{"path", spec.data.path}, {"format", spec.data.format}});
   root.insert("train", toml::table{{"steps", spec.train.steps},
                                    {"global_batch", spec.train.global_batch},

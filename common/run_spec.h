@@ -3,8 +3,11 @@
 //
 //   name = "gpt2-tiny"
 //   kind = "train" | "extract"
-//   [model]     family = "gpt2" | "llama", layers, hidden, heads, kv_heads, ffn, vocab, sequence,
-//               rope_theta (llama), norm_eps, init_from (a Hugging Face model directory)
+//   [model]     family (gpt2 | llama | mistral | qwen2 | gemma | gpt_neox), layers, hidden, heads,
+//               kv_heads, head_dim, ffn, vocab, sequence, max_positions, rope_theta, rope_scaling,
+//               rotary_pct, norm_eps, attention_bias, mlp_bias, tie_embeddings, sliding_window,
+//               parallel_residual, activation, init_from (a Hugging Face model directory, whose
+//               config.json fills every other [model] field; docs/models.md)
 //   [data]      path = "corpus.txt", format = "bytes" | "u16"
 //   [train]     steps, global_batch, lr, lr_schedule, warmup_steps, min_lr, weight_decay, beta1,
 //               beta2, eps, grad_clip, seed, checkpoint_every, keep_checkpoints, precision
@@ -64,6 +67,27 @@ std::string EscapeForTerminal(const std::string& text);
 Result<std::string> ReadSpecFile(const std::string& path, const std::string& what,
                                  size_t max_bytes = spec_bounds::kSpecFileBytes);
 
+// Rotary position scaling (Hugging Face's rope_scaling): "none"; "linear" divides every
+// frequency by factor; "llama3" (Llama 3.1+) divides the low frequencies by factor, keeps the
+// high ones and blends in between (docs/run-spec.md has the formula).
+struct RopeScaling {
+  std::string type = "none";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_positions = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
+
+// The model families (docs/models.md): the block maths of each is in worker/family_*.cc.
+//   gpt2      learned positions, LayerNorm, GELU(tanh) MLP, tied head
+//   llama     RMSNorm, rotary, SwiGLU, grouped-query attention (Llama 2/3.x)
+//   mistral   llama + sliding-window attention
+//   qwen2     llama + q/k/v biases
+//   gemma     llama with RMSNorm (1 + w), GeGLU(tanh), embeddings x sqrt(hidden), tied head
+//   gpt_neox  Pythia: LayerNorm with bias, partial rotary, parallel attention and MLP, GELU
+const std::vector<std::string>& ModelFamilies();
+
 struct ModelSpec {
   std::string family = "gpt2";
   int64_t layers = 2;
@@ -71,11 +95,34 @@ struct ModelSpec {
   int64_t heads = 4;
   int64_t vocab = 256;
   int64_t sequence = 64;
-  int64_t kv_heads = 0;     // llama grouped-query attention; 0 -> heads
-  int64_t ffn = 0;          // MLP width; 0 -> 4 * hidden
+  int64_t kv_heads = 0;       // grouped-query attention; 0 -> heads
+  int64_t ffn = 0;            // MLP width; 0 -> 4 * hidden
+  int64_t head_dim = 0;       // width of one attention head; 0 -> hidden / heads
+  int64_t max_positions = 0;  // positions the model supports; 0 -> sequence (gpt2: its position table's rows)
   double rope_theta = 10000.0;
-  double norm_eps = 0.0;    // 0 -> 1e-5 (gpt2 LayerNorm) or 1e-6 (llama RMSNorm)
-  std::string init_from;    // start from this Hugging Face directory (config.json + model.safetensors)
+  RopeScaling rope_scaling;
+  double rotary_pct = 1.0;    // gpt_neox: the share of each head's dimensions that rotates
+  double norm_eps = 0.0;      // 0 -> 1e-5 (LayerNorm families) or 1e-6 (RMSNorm families)
+  bool attention_bias = false;  // biases on q/k/v/o (llama, gemma, gpt_neox); qwen2 always has q/k/v ones
+  bool mlp_bias = false;        // biases on gate/up/down (llama)
+  bool tie_embeddings = false;  // the head reuses the token embedding (always for gpt2)
+  int64_t sliding_window = 0;   // mistral: a token attends to the last N positions; 0 = all
+  bool parallel_residual = true;  // gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
+  std::string activation;     // MLP nonlinearity: "gelu_tanh" | "gelu" | "silu"; "" -> the family's
+  std::string init_from;      // start from this Hugging Face directory (config.json + safetensors)
+
+  int64_t head_size() const { return head_dim > 0 ? head_dim : hidden / heads; }
+  // Dimensions of a head that rotary embeddings turn (even); 0 for gpt2.
+  int64_t rotary_dims() const;
+  bool rotary() const { return family != "gpt2"; }
+  // The head is the token embedding (gpt2 always; tie_embeddings for the others).
+  bool tied() const { return family == "gpt2" || tie_embeddings; }
+  bool rms_norm() const { return family != "gpt2" && family != "gpt_neox"; }
+  bool gated_mlp() const { return rms_norm(); }
+  // Biases on the attention's q/k/v, its output, and the MLP's projections.
+  bool qkv_bias() const { return family == "gpt2" || family == "qwen2" || attention_bias; }
+  bool attn_out_bias() const { return family == "gpt2" || (family != "qwen2" && attention_bias); }
+  bool mlp_biases() const { return family == "gpt2" || family == "gpt_neox" || mlp_bias; }
 };
 
 struct DataSpec {
@@ -167,8 +214,13 @@ struct RunSpec {
   ExtractSpec extract;
 };
 
+// Fills a model's defaults (kv_heads, ffn, head_dim, norm_eps, activation, gpt2's max_positions)
+// and checks the fields against each other; messages start with `context`.
+Status ValidateModelSpec(ModelSpec& m, const std::string& context);
+
 // Parses and validates. Relative data paths are resolved against `base_dir`. Does not touch
-// the file system except to check that the data file exists when `check_files` is set.
+// the file system except to check that the data file exists when `check_files` is set, and to
+// read model.init_from's config.json (common/hf_config.h), which fills the [model] table.
 // Every number is checked against its bound (spec_bounds) and the name against ValidateRunName.
 Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& base_dir, bool check_files);
 

@@ -34,6 +34,7 @@
 // global batch, so the losses stay those of the uninterrupted run (checkpoints are mesh-free).
 #include "coordinator/coordinator.h"
 
+#include "model/hf_checkpoint.h"
 #include "shard/plan_summary.h"
 
 #include <fcntl.h>
@@ -791,6 +792,9 @@ class CoordinatorImpl final : public Coordinator {
     // The CLI resolved paths; check again here, as the coordinator is the one that must not start
     // a run it cannot finish.
     auto spec = ParseRunSpec(req.getSpecToml().cStr(), "", /*check_files=*/true);
+    if (spec.ok() && !spec->model.init_from.empty()) {
+      if (Status weights = model::CheckHfCheckpoint(spec->model.init_from, spec->model); !weights.ok()) spec = weights;
+    }
     if (!spec.ok()) {
       Send(identity, schema::MakeErrorReply(rid, spec.status()));
       return;

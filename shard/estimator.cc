@@ -64,6 +64,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "model/parameters.h"
 #include "shard/internal.h"
 #include "shard/layout.h"
 
@@ -124,7 +125,7 @@ int64_t LayerActivationBytes(const ModelSpec& spec, int64_t sequence, int64_t mi
                              bool fp32_activations, bool fused_attention) {
   const ModelSpec model = Filled(spec);
   const double s = sequence, b = micro_batch, h = model.hidden, a = model.heads, t = tp;
-  const double wide_tensors = model.family == "llama" ? 4.0 : 2.0;
+  const double wide_tensors = model.gated_mlp() ? 4.0 : 2.0;
   const double mlp = wide_tensors * 2.0 * model.ffn / h;  // 2 bytes per 16-bit element
   const double scores = fused_attention ? 0.0 : 5.0 * a * s / h;
   const double per_sbh = 10.0 + (8.0 + mlp + scores) / t;
@@ -146,20 +147,19 @@ namespace internal {
 
 UnitParams CountUnits(const ModelSpec& spec, int64_t pp) {
   const ModelSpec m = Filled(spec);
-  const int64_t h = m.hidden, f = m.ffn, v = m.vocab;
   UnitParams u;
-  u.embedding_replicated = v * h;  // worker/trainer replicates embedding and head over tp
-  if (m.family == "llama") {
-    const int64_t d = h / m.heads;
-    u.layer_replicated = 2 * h;
-    u.layer_sharded = h * (m.heads * d) + 2 * h * (m.kv_heads * d) + (m.heads * d) * h + 3 * h * f;
-    u.head_replicated = h + v * h;
-  } else {
-    u.embedding_replicated += m.sequence * h;
-    u.layer_replicated = 4 * h + 2 * h;  // LayerNorms and the row-parallel biases (proj, mlp_proj)
-    u.layer_sharded = (3 * h * h + 3 * h) + h * h + (h * f + f) + f * h;
-    u.head_replicated = 2 * h + (pp > 1 ? v * h : 0);  // tied: the last stage keeps its own copy of wte
+  // From the family's parameter table (model/parameters.h): a block's tensors split over tp or
+  // replicated as shard/layout.h cuts them; embedding and head replicated over tp.
+  for (const model::Parameter& p : model::BlockParameters(m)) {
+    const bool replicated = TensorParallelSplit(m, model::BlockPrefix(m, 0) + p.name, p.shape).replicated();
+    (replicated ? u.layer_replicated : u.layer_sharded) += p.numel();
   }
+  for (const std::string& name : model::EmbeddingNames(m)) {
+    u.embedding_replicated += name == "wpe.weight" ? (m.max_positions > 0 ? m.max_positions : m.sequence) * m.hidden : m.vocab * m.hidden;
+  }
+  u.head_replicated = static_cast<int64_t>(model::FinalNormNames(m).size()) * m.hidden;
+  // Untied: the head's own weight. Tied: the last stage keeps its own copy of the embedding.
+  if (!m.tied() || pp > 1) u.head_replicated += m.vocab * m.hidden;
   return u;
 }
 
@@ -338,7 +338,7 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     if (recompute && !fp32_acts) acts += static_cast<double>(in_flight * layers) * sbh * 2;
     acts *= kActivationScale;
     if (last) acts += kLogitBytes * static_cast<double>(s) * static_cast<double>(b) * static_cast<double>((model.vocab + 63) / 64 * 64);
-    if (model.family == "llama") {
+    if (model.rms_norm()) {
       acts += kLlamaLayerExtraPerSbh * static_cast<double>(recompute ? 1 : in_flight * layers) * sbh;
     }
     if (!recompute && problem.layout == StateLayout::kBf16Autocast) {

@@ -90,10 +90,17 @@ TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, 
     if (EndsWith(name, "attn_proj.weight") || EndsWith(name, "mlp_proj.weight")) return columns();
     return {};
   }
-  for (const char* column_parallel : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight"}) {
+  // Column-parallel (output rows split, biases with them); row-parallel (input columns split;
+  // their biases are added after the all-reduce, so replicated). GPT-NeoX's fused
+  // query_key_value holds each head's q, k, v rows together, so cutting its rows gives whole heads.
+  for (const char* column_parallel : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
+                                      "q_proj.bias", "k_proj.bias", "v_proj.bias", "gate_proj.bias", "up_proj.bias",
+                                      "query_key_value.weight", "query_key_value.bias", "dense_h_to_4h.weight", "dense_h_to_4h.bias"}) {
     if (EndsWith(name, column_parallel)) return rows();
   }
-  if (EndsWith(name, "o_proj.weight") || EndsWith(name, "down_proj.weight")) return columns();
+  for (const char* row_parallel : {"o_proj.weight", "down_proj.weight", "attention.dense.weight", "dense_4h_to_h.weight"}) {
+    if (EndsWith(name, row_parallel)) return columns();
+  }
   return {};
 }
 

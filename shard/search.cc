@@ -69,7 +69,11 @@ Status ValidateWorkers(const ClusterView& cluster, std::vector<WorkerView>* out)
 }
 
 Status ValidateModel(ModelSpec& m) {
-  if (m.family != "gpt2" && m.family != "llama") return InvalidArgument("model.family = \"" + m.family + "\"; use \"gpt2\" or \"llama\"");
+  if (std::find(ModelFamilies().begin(), ModelFamilies().end(), m.family) == ModelFamilies().end()) {
+    std::string list;
+    for (const auto& f : ModelFamilies()) list += (list.empty() ? "" : ", ") + f;
+    return InvalidArgument("model.family = \"" + m.family + "\"; use one of " + list);
+  }
   if (m.layers < 1) return InvalidArgument("model.layers = " + Str(m.layers) + "; a model needs at least one layer, set model.layers >= 1");
   for (const auto& [field, value] : std::initializer_list<std::pair<const char*, int64_t>>{{"hidden", m.hidden}, {"heads", m.heads}, {"vocab", m.vocab}, {"sequence", m.sequence}}) {
     if (value < 1) return InvalidArgument(std::string("model.") + field + " = " + Str(value) + "; it must be >= 1");
@@ -87,12 +91,10 @@ Status ValidateModel(ModelSpec& m) {
                              "; the planner's estimates are defined up to the run spec's bounds, use a smaller one");
     }
   }
-  if (m.hidden % m.heads != 0) return InvalidArgument("model.hidden = " + Str(m.hidden) + " is not a multiple of model.heads = " + Str(m.heads) + "; pick heads that divide hidden");
-  if (m.kv_heads == 0) m.kv_heads = m.heads;
-  if (m.ffn == 0) m.ffn = 4 * m.hidden;
-  if (m.kv_heads < 0 || m.heads % m.kv_heads != 0) return InvalidArgument("model.kv_heads = " + Str(m.kv_heads) + " does not divide model.heads = " + Str(m.heads));
+  if (m.kv_heads < 0) return InvalidArgument("model.kv_heads = " + Str(m.kv_heads) + "; it must be >= 0 (0 = heads)");
   if (m.ffn < 0) return InvalidArgument("model.ffn = " + Str(m.ffn) + "; it must be >= 0 (0 = 4 * hidden)");
-  return Status::Ok();
+  if (m.head_dim < 0 || m.head_dim > spec_bounds::kHidden) return InvalidArgument("model.head_dim = " + Str(m.head_dim) + "; it must be in [0, " + Str(spec_bounds::kHidden) + "] (0 = hidden / heads)");
+  return ValidateModelSpec(m, "");
 }
 
 Status ValidateJob(const ModelSpec& model, JobSpec& job, int64_t workers) {

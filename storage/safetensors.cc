@@ -1,7 +1,15 @@
 #include "storage/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -107,30 +115,43 @@ Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorVi
   return Status::Ok();
 }
 
-Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot open " + path);
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+namespace {
+
+struct HeaderEntry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, size = 0;  // in the file
+};
+struct Header {
+  std::vector<HeaderEntry> entries;
+  std::map<std::string, std::string> metadata;
+};
+
+// Parses and checks the header of a file of `file_size` bytes whose first bytes `read(offset,
+// n, out)` returns. Every tensor must lie inside the file: a truncated file is Corruption naming
+// the first tensor past its end.
+using ReadFn = std::function<bool(uint64_t offset, uint64_t n, char* out)>;
+Result<Header> ParseHeader(const std::string& path, uint64_t file_size, const ReadFn& read) {
   unsigned char len[8];
-  if (file_size < 8 || !in.read(reinterpret_cast<char*>(len), 8)) return Corruption(path + ": shorter than a safetensors header");
+  if (file_size < 8 || !read(0, 8, reinterpret_cast<char*>(len))) return Corruption(path + ": shorter than a safetensors header");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
   if (n > file_size - 8 || n > (100u << 20)) return Corruption(path + ": header length " + std::to_string(n) + " exceeds the file");
   std::string text(n, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(n));
+  if (!read(8, n, text.data())) return Corruption(path + ": cannot read its header");
   const uint64_t data_size = file_size - 8 - n;
-  SafetensorsFile file;
+  Header out;
   try {
     json header = json::parse(text);
     if (!header.is_object()) return Corruption(path + ": header is not a JSON object");
     for (auto& [name, entry] : header.items()) {
       if (name == "__metadata__") {
-        for (auto& [k, v] : entry.items()) file.metadata[k] = v.get<std::string>();
+        for (auto& [k, v] : entry.items()) out.metadata[k] = v.get<std::string>();
         continue;
       }
-      Tensor t;
+      HeaderEntry t;
+      t.name = name;
       if (!ParseDType(entry.at("dtype").get<std::string>(), &t.dtype)) {
         return Corruption(path + ": tensor '" + name + "' has unsupported dtype " + entry.at("dtype").dump());
       }
@@ -152,22 +173,80 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
                           " has more bytes than fit in 64 bits");
       }
       std::optional<std::vector<uint64_t>> offsets = UnsignedList(entry.at("data_offsets"));
-      if (!offsets || offsets->size() != 2 || (*offsets)[0] > (*offsets)[1] || (*offsets)[1] > data_size ||
-          (*offsets)[1] - (*offsets)[0] != *expected) {
-        return Corruption(path + ": tensor '" + name + "' has data_offsets outside the file or not matching its shape");
+      if (!offsets || offsets->size() != 2 || (*offsets)[0] > (*offsets)[1] || (*offsets)[1] - (*offsets)[0] != *expected) {
+        return Corruption(path + ": tensor '" + name + "' has data_offsets not matching its shape and dtype");
       }
-      t.bytes.resize(*expected);
-      in.seekg(static_cast<std::streamoff>(8 + n + (*offsets)[0]));
-      if (!in.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(*expected))) {
-        return Corruption(path + ": tensor '" + name + "' is truncated");
+      if ((*offsets)[1] > data_size) {
+        return Corruption(path + ": tensor '" + name + "' ends at byte " + std::to_string(8 + n + (*offsets)[1]) + " but the file has " +
+                          std::to_string(file_size) + " bytes: the file is truncated (copy or download it again)");
       }
-      t.checksum = Checksum(t.bytes);
-      file.tensors.emplace(name, std::move(t));
+      t.begin = 8 + n + (*offsets)[0];
+      t.size = *expected;
+      out.entries.push_back(std::move(t));
     }
   } catch (const std::exception& e) {
     return Corruption(path + ": malformed safetensors header: " + e.what());
   }
+  return out;
+}
+
+}  // namespace
+
+Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot open " + path);
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  auto read = [&](uint64_t offset, uint64_t n, char* out) {
+    in.seekg(static_cast<std::streamoff>(offset));
+    return static_cast<bool>(in.read(out, static_cast<std::streamsize>(n)));
+  };
+  STRATA_ASSIGN_OR_RETURN(Header header, ParseHeader(path, file_size, read));
+  SafetensorsFile file;
+  file.metadata = header.metadata;
+  for (const HeaderEntry& e : header.entries) {
+    Tensor t;
+    t.dtype = e.dtype;
+    t.shape = e.shape;
+    t.bytes.resize(e.size);
+    if (!read(e.begin, e.size, reinterpret_cast<char*>(t.bytes.data()))) return Corruption(path + ": tensor '" + e.name + "' is truncated");
+    t.checksum = Checksum(t.bytes);
+    file.tensors.emplace(e.name, std::move(t));
+  }
   return file;
+}
+
+Result<std::unique_ptr<MappedSafetensors>> MappedSafetensors::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NotFound("cannot open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(path + " is not a regular file");
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  void* base = size > 0 ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+  ::close(fd);  // the mapping keeps the file
+  if (size > 0 && base == MAP_FAILED) return IoError("cannot map " + path + ": " + std::strerror(errno));
+  std::unique_ptr<MappedSafetensors> file(new MappedSafetensors());
+  file->path_ = path;
+  file->base_ = static_cast<const uint8_t*>(base);
+  file->size_ = size;
+  auto read = [&](uint64_t offset, uint64_t n, char* out) {
+    if (offset + n > size) return false;
+    std::memcpy(out, file->base_ + offset, n);
+    return true;
+  };
+  STRATA_ASSIGN_OR_RETURN(Header header, ParseHeader(path, size, read));
+  file->metadata_ = header.metadata;
+  for (const HeaderEntry& e : header.entries) {
+    file->tensors_[e.name] = TensorView{e.dtype, e.shape, std::span<const uint8_t>(file->base_ + e.begin, e.size)};
+  }
+  return file;
+}
+
+MappedSafetensors::~MappedSafetensors() {
+  if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), size_);
 }
 
 }  // namespace strata::storage

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,5 +43,29 @@ struct SafetensorsFile {
 // Reads and validates every header field (dtype known, offsets in range and consistent with
 // shape x dtype size); a malformed file is Corruption naming the path and the field.
 Result<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+// A safetensors file memory-mapped read-only, every header field checked as by ReadSafetensors
+// (a tensor past the end of the file, i.e. a truncated file, is Corruption naming it). Tensors
+// are views into the mapping: pages are read from disk only where touched, so a rank that needs
+// a slice of a tensor reads that slice, and the page cache, not this process, holds the bytes.
+class MappedSafetensors {
+ public:
+  static Result<std::unique_ptr<MappedSafetensors>> Open(const std::string& path);
+  ~MappedSafetensors();
+  MappedSafetensors(const MappedSafetensors&) = delete;
+  MappedSafetensors& operator=(const MappedSafetensors&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  MappedSafetensors() = default;
+  std::string path_;
+  const uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
 
 }  // namespace strata::storage

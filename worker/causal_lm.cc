@@ -2,39 +2,117 @@
 
 #include <mutex>
 
-#include "worker/gpt2.h"
+#include "model/parameters.h"
 #include "worker/hf_format.h"
-#include "worker/llama.h"
+#include "worker/model_family.h"
 
 namespace strata::worker {
-
-std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec) {
-  if (spec.family == "llama") return std::make_shared<Llama>(spec);
-  return std::make_shared<Gpt2>(spec);  // the run spec admits only these two families
-}
-
 namespace {
-thread_local bool skip_random_init = false;
+
+bool StartsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+
 }  // namespace
 
-bool RandomInitSkipped() { return skip_random_init; }
+CausalLm::CausalLm(const ModelSpec& spec) : spec_(spec), family_(CreateModelFamily(spec)) {
+  // Modules along each dotted name ("layers" -> "layers.3" -> "layers.3.self_attn" -> ...), so
+  // named_parameters() gives the table's names and a block moves as one module.
+  for (const model::Parameter& p : model::Parameters(spec)) {
+    torch::nn::Module* node = this;
+    std::string path;
+    size_t begin = 0;
+    for (size_t dot = p.name.find('.'); dot != std::string::npos; dot = p.name.find('.', begin)) {
+      const std::string segment = p.name.substr(begin, dot - begin);
+      path += (path.empty() ? "" : ".") + segment;
+      auto& child = nodes_[path];
+      if (!child) child = node->register_module(segment, std::make_shared<torch::nn::Module>());
+      node = child.get();
+      begin = dot + 1;
+    }
+    names_.push_back(p.name);
+    params_.push_back(node->register_parameter(p.name.substr(begin), torch::empty(p.shape)));
+  }
+  auto view_of = [&](const std::vector<std::string>& wanted, const std::string& strip) {
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> tensors;
+    for (size_t i = 0; i < names_.size(); ++i) {
+      for (const auto& w : wanted) {
+        if (names_[i] == w || (!strip.empty() && w == strip && StartsWith(names_[i], strip))) {
+          names.push_back(names_[i].substr(strip.size()));
+          tensors.push_back(params_[i]);
+        }
+      }
+    }
+    return ParamView(std::move(names), std::move(tensors));
+  };
+  embedding_ = std::make_unique<ParamView>(view_of(model::EmbeddingNames(spec), ""));
+  final_norm_ = std::make_unique<ParamView>(view_of(model::FinalNormNames(spec), ""));
+  for (int64_t layer = 0; layer < spec.layers; ++layer) {
+    const std::string prefix = model::BlockPrefix(spec, layer);
+    blocks_.push_back(view_of({prefix}, prefix));
+  }
+  for (size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == model::HeadWeightName(spec)) head_ = params_[i];
+  }
+}
 
-DenseImpl::DenseImpl(int64_t in, int64_t out, bool with_bias) {
-  weight = register_parameter("weight", torch::empty({out, in}));
-  if (with_bias) bias = register_parameter("bias", torch::empty({out}));
+CausalLm::~CausalLm() = default;
+
+void CausalLm::Initialize() {
+  // GPT-2 draws its blocks first and its embeddings last (Strata always has: a seed keeps giving
+  // the same model); every other family draws in table order.
+  const bool gpt2 = spec_.family == "gpt2";
+  auto last = [&](const std::string& name) { return gpt2 && (name == "wte.weight" || name == "wpe.weight"); };
+  for (size_t i = 0; i < names_.size(); ++i) {
+    if (!last(names_[i])) family_->Initialize(names_[i], params_[i]);
+  }
+  for (size_t i = 0; i < names_.size(); ++i) {
+    if (last(names_[i])) family_->Initialize(names_[i], params_[i]);
+  }
+}
+
+torch::Tensor CausalLm::Embed(const torch::Tensor& tokens) { return family_->Embed(*embedding_, tokens); }
+
+BlockOutputs CausalLm::RunBlock(int64_t layer, const torch::Tensor& x) { return family_->Block(blocks_[layer], x, TensorParallel{}); }
+
+void CausalLm::RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit) {
+  auto x = Embed(tokens);
+  for (int64_t i = 0; i <= last_layer && i < num_blocks(); ++i) {
+    BlockOutputs out = RunBlock(i, x);
+    visit(i, out);
+    x = out.resid_post;
+  }
+}
+
+torch::Tensor CausalLm::Logits(const torch::Tensor& tokens) {
+  auto x = Embed(tokens);
+  for (int64_t i = 0; i < num_blocks(); ++i) x = RunBlock(i, x).resid_post;
+  return torch::linear(family_->FinalNorm(*final_norm_, x), head_);
+}
+
+void CausalLm::MoveEmbedding(const torch::Device& device, torch::ScalarType type) {
+  for (const std::string& name : model::EmbeddingNames(spec_)) nodes_.at(name.substr(0, name.find('.')))->to(device, type);
+}
+
+void CausalLm::MoveBlock(int64_t layer, const torch::Device& device, torch::ScalarType type) {
+  const std::string prefix = model::BlockPrefix(spec_, layer);
+  nodes_.at(prefix.substr(0, prefix.size() - 1))->to(device, type);
+}
+
+std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec) {
+  auto model = std::make_shared<CausalLm>(spec);
+  model->Initialize();
+  return model;
 }
 
 Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed, bool for_resume) {
-  std::shared_ptr<CausalLm> model;
-  {
+  std::shared_ptr<CausalLm> model = std::make_shared<CausalLm>(spec);
+  if (!for_resume) {
     // The generator is process-global: tasks sharing a process (tests) must not interleave
     // their initialisation.
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(static_cast<uint64_t>(seed));
-    skip_random_init = for_resume;
-    model = CreateCausalLm(spec);
-    skip_random_init = false;
+    model->Initialize();
   }
   if (!spec.init_from.empty() && !for_resume) STRATA_RETURN_IF_ERROR(LoadHuggingFace(spec.init_from, spec, *model));
   return model;

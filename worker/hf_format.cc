@@ -1,12 +1,27 @@
 #include "worker/hf_format.h"
 
-#include <filesystem>
-#include <fstream>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <filesystem>
+
+#include "common/atomic_file.h"
+#include "common/hf_config.h"
 #include "storage/safetensors.h"
-#include "worker/hf_layout.h"
 
 namespace strata::worker {
+namespace {
+
+// Drops the pages of `bytes` from this process's mapping (they stay in the page cache): what a
+// rank has copied out no longer counts against its resident memory.
+void ReleasePages(std::span<const uint8_t> bytes) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(bytes.data()) + page - 1) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size()) & ~(page - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+}  // namespace
 
 Status ExportHuggingFace(CausalLm& model, const ModelSpec& spec, const std::string& dir) {
   std::error_code ec;
@@ -16,38 +31,46 @@ Status ExportHuggingFace(CausalLm& model, const ModelSpec& spec, const std::stri
   std::vector<storage::NamedTensorView> views;
   for (auto& item : model.named_parameters()) {
     auto t = item.value().detach().to(torch::kCPU, torch::kFloat);
-    const HfTensorName hf = ToHuggingFace(spec, item.key());
+    const model::HfTensorName hf = model::ToHuggingFace(spec, item.key());
     if (hf.transposed) t = t.t();
     t = t.contiguous();
     keep_alive.push_back(t);
     views.push_back({hf.name, ViewOf(t)});
   }
   STRATA_RETURN_IF_ERROR(storage::WriteSafetensors(dir + "/model.safetensors", views, {{"format", "pt"}}));
-  std::ofstream(dir + "/config.json") << HuggingFaceConfigJson(spec);
-  return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(std::string config, HuggingFaceConfigJson(spec, "", "float32"));
+  return WriteFileAtomically(dir + "/config.json", config, 0644);
+}
+
+Result<torch::Tensor> LoadHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param) {
+  const model::HfTensorName hf = model::ToHuggingFace(spec, param.name);
+  STRATA_ASSIGN_OR_RETURN(storage::TensorView src, checkpoint.Find(hf.name));
+  torch::ScalarType type;
+  switch (src.dtype) {
+    case storage::DType::kF32: type = torch::kFloat; break;
+    case storage::DType::kBF16: type = torch::kBFloat16; break;
+    case storage::DType::kF16: type = torch::kHalf; break;
+    default:
+      return InvalidArgument("tensor '" + hf.name + "' has dtype " + storage::DTypeName(src.dtype) + "; expected F32, BF16 or F16");
+  }
+  auto t = torch::from_blob(const_cast<uint8_t*>(src.bytes.data()), src.shape, type);
+  if (hf.transposed) t = t.t();
+  if (t.sizes().vec() != param.shape) {
+    return InvalidArgument("tensor '" + hf.name + "' has shape " + c10::str(t.sizes()) + " but the model needs " +
+                           c10::str(c10::IntArrayRef(param.shape)) + "; check the run spec's [model] against config.json");
+  }
+  torch::Tensor out = t.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  ReleasePages(src.bytes);
+  return out;
 }
 
 Status LoadHuggingFace(const std::string& dir, const ModelSpec& spec, CausalLm& model) {
-  STRATA_ASSIGN_OR_RETURN(auto file, storage::ReadSafetensors(dir + "/model.safetensors"));
+  STRATA_ASSIGN_OR_RETURN(model::HfCheckpoint checkpoint, model::HfCheckpoint::Open(dir));
+  std::map<std::string, model::Parameter> table;
+  for (model::Parameter& p : model::Parameters(spec)) table.emplace(p.name, std::move(p));
   torch::NoGradGuard no_grad;
   for (auto& item : model.named_parameters()) {
-    const HfTensorName hf_name = ToHuggingFace(spec, item.key());
-    const std::string& hf = hf_name.name;
-    auto it = file.tensors.find(hf);
-    if (it == file.tensors.end()) return NotFound(dir + "/model.safetensors has no tensor '" + hf + "'");
-    const storage::Tensor& src = it->second;
-    torch::ScalarType type = src.dtype == storage::DType::kBF16   ? torch::kBFloat16
-                             : src.dtype == storage::DType::kF16 ? torch::kHalf
-                                                                 : torch::kFloat;
-    if (src.dtype != storage::DType::kF32 && src.dtype != storage::DType::kBF16 && src.dtype != storage::DType::kF16) {
-      return InvalidArgument("tensor '" + hf + "' has dtype " + storage::DTypeName(src.dtype) + "; expected a float type");
-    }
-    auto t = torch::from_blob(const_cast<uint8_t*>(src.bytes.data()), src.shape, type);
-    if (hf_name.transposed) t = t.t();
-    if (t.sizes() != item.value().sizes()) {
-      return InvalidArgument("tensor '" + hf + "' has shape " + c10::str(t.sizes()) + " but the model spec needs " +
-                             c10::str(item.value().sizes()) + "; check the run spec's [model] against config.json");
-    }
+    STRATA_ASSIGN_OR_RETURN(torch::Tensor t, LoadHfParameter(checkpoint, spec, table.at(item.key())));
     item.value().copy_(t);
   }
   return Status::Ok();

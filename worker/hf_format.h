@@ -1,11 +1,14 @@
-// Export to and load from Hugging Face directories (config.json + model.safetensors), so a
-// model exported here loads in transformers (GPT2LMHeadModel / LlamaForCausalLM) and one saved
-// by transformers' save_pretrained loads here. Names and layouts: hf_layout.h.
+// Export to and load from Hugging Face directories, so a model exported here loads in
+// transformers and one saved by save_pretrained loads here: config.json (common/hf_config.h),
+// weights as model.safetensors or several files with an index (model/hf_checkpoint.h), names
+// and layouts from model/parameters.h. Source tensors may be F32, BF16 or F16.
 #pragma once
 
 #include <string>
 
 #include "common/status.h"
+#include "model/hf_checkpoint.h"
+#include "model/parameters.h"
 #include "worker/causal_lm.h"
 
 namespace strata::worker {
@@ -13,8 +16,12 @@ namespace strata::worker {
 // Writes DIR/config.json and DIR/model.safetensors (fp32) of `model`.
 Status ExportHuggingFace(CausalLm& model, const ModelSpec& spec, const std::string& dir);
 
-// Loads DIR/model.safetensors into `model` (built for `spec`): every parameter must be present
-// with the right shape (NotFound / InvalidArgument name the tensor); extra tensors are ignored.
+// One parameter of `spec` read from `checkpoint`: fp32, contiguous, in our layout (GPT-2's
+// Conv1D weights transposed). NotFound / InvalidArgument name the tensor. The mapped pages it
+// read are given back afterwards, so loading a whole model keeps one tensor in host memory.
+Result<torch::Tensor> LoadHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param);
+
+// Loads every parameter of `model` (built for `spec`) from DIR; extra tensors are ignored.
 Status LoadHuggingFace(const std::string& dir, const ModelSpec& spec, CausalLm& model);
 
 }  // namespace strata::worker

@@ -15,8 +15,19 @@ class HfFormatTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     char tmpl[] = "/tmp/strata-hf-XXXXXX";
     dir_ = mkdtemp(tmpl);
-    spec_ = GetParam() == "llama" ? ModelSpec{"llama", 2, 64, 8, 256, 32, 2, 160, 10000.0, 1e-6, ""}
-                                  : ModelSpec{"gpt2", 2, 64, 4, 256, 32, 4, 256, 10000.0, 1e-5, ""};
+    spec_.family = GetParam();
+    spec_.layers = 2;
+    spec_.hidden = 64;
+    spec_.heads = GetParam() == "gpt2" ? 4 : 8;
+    spec_.vocab = 256;
+    spec_.sequence = 32;
+    if (GetParam() != "gpt2" && GetParam() != "gpt_neox") spec_.kv_heads = 2;
+    spec_.ffn = GetParam() == "gpt2" ? 256 : 160;
+    spec_.tie_embeddings = GetParam() == "gemma" || GetParam() == "qwen2";
+    spec_.attention_bias = GetParam() == "gpt_neox";
+    spec_.rotary_pct = GetParam() == "gpt_neox" ? 0.25 : 1.0;
+    spec_.sliding_window = GetParam() == "mistral" ? 8 : 0;
+    ASSERT_TRUE(ValidateModelSpec(spec_, "").ok());
   }
   std::string dir_;
   ModelSpec spec_;
@@ -47,7 +58,7 @@ TEST_P(HfFormatTest, FileUsesHuggingFaceNamesShapesAndConfig) {
     EXPECT_EQ(file->tensors.count("transformer.wte.weight"), 1u);
     EXPECT_EQ(config["n_embd"], 64);
     EXPECT_EQ(config["model_type"], "gpt2");
-  } else {
+  } else if (spec_.family == "llama") {
     EXPECT_EQ(file->tensors.at("model.layers.1.self_attn.k_proj.weight").shape, (std::vector<int64_t>{16, 64}));
     EXPECT_EQ(file->tensors.count("lm_head.weight"), 1u);
     EXPECT_EQ(config["num_key_value_heads"], 2);
@@ -64,10 +75,11 @@ TEST_P(HfFormatTest, MismatchedSpecNamesTheTensor) {
   auto other = CreateCausalLm(wider);
   Status st = LoadHuggingFace(dir_, wider, *other);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find(spec_.family == "gpt2" ? "c_fc" : "gate_proj"), std::string::npos) << st.message();
+  const char* first_mlp = spec_.family == "gpt2" ? "c_fc" : spec_.family == "gpt_neox" ? "dense_h_to_4h" : "gate_proj";
+  EXPECT_NE(st.message().find(first_mlp), std::string::npos) << st.message();
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfFormatTest, ::testing::Values("gpt2", "llama"));
+INSTANTIATE_TEST_SUITE_P(Families, HfFormatTest, ::testing::Values("gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox"));
 
 }  // namespace
 }  // namespace strata::worker

@@ -83,21 +83,6 @@ struct ReduceFromTensorParallelFn : torch::autograd::Function<ReduceFromTensorPa
   }
 };
 
-torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  auto x32 = x.to(torch::kFloat);
-  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
-}
-
-torch::Tensor RotateHalf(const torch::Tensor& x) {
-  auto halves = x.chunk(2, -1);
-  return torch::cat({-halves[1], halves[0]}, -1);
-}
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- recomputed and ZeRO-3 calls
@@ -198,73 +183,68 @@ struct UnitCallFunction : torch::autograd::Function<UnitCallFunction> {
 // ---------------------------------------------------------------- the stage
 
 StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
-                       const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::Device device, Groups groups,
-                       Weights weights)
-    : spec_(spec), mesh_(mesh), position_(position), device_(device), groups_(groups) {
-  std::map<std::string, torch::Tensor> by_name(full.begin(), full.end());
-  const auto [first, last] = shard::StageLayers(spec.model.layers, mesh.pp, position.stage, spec.parallel.stages);
+                       const WeightLoader& load, torch::Device device, Groups groups)
+    : spec_(spec), mesh_(mesh), position_(position), device_(device), groups_(groups), family_(CreateModelFamily(spec.model)) {
+  const ModelSpec& m = spec.model;
+  std::map<std::string, model::Parameter> table;
+  for (model::Parameter& p : model::Parameters(m)) table.emplace(p.name, std::move(p));
+  const auto [first, last] = shard::StageLayers(m.layers, mesh.pp, position.stage, spec.parallel.stages);
   first_layer_ = first;
-  const bool gpt2 = spec.model.family == "gpt2";
   auto add = [&](const std::string& label, std::vector<std::string> names, bool tied_copy = false) {
-    AddUnit(label, names, by_name, tied_copy, weights);
+    AddUnit(label, names, table, tied_copy, load);
     return static_cast<int>(units_.size() - 1);
   };
+  const std::string token_embedding = model::TokenEmbeddingName(m);
   if (first_stage()) {
-    if (gpt2) {
-      wte_unit_ = add("wte", {"wte.weight"});
-      embed_units_ = {wte_unit_, add("wpe", {"wpe.weight"})};
-    } else {
-      embed_units_ = {add("embed", {"embed_tokens.weight"})};
+    // The token embedding is a unit of its own: a tied head shares exactly it.
+    const int tokens = add("embed", {token_embedding});
+    embed_units_ = {tokens};
+    if (m.tied()) wte_unit_ = tokens;
+    for (const std::string& name : model::EmbeddingNames(m)) {
+      if (name != token_embedding) embed_units_.push_back(add(name.substr(0, name.find('.')), {name}));
     }
   }
+  const std::vector<model::Parameter> block = model::BlockParameters(m);
   for (int64_t layer = first; layer < last; ++layer) {
-    const std::string prefix = (gpt2 ? "h." : "layers.") + std::to_string(layer) + ".";
     std::vector<std::string> names;
-    for (const auto& [name, tensor] : full) {
-      if (name.compare(0, prefix.size(), prefix) == 0) names.push_back(name);
-    }
+    for (const model::Parameter& p : block) names.push_back(model::BlockPrefix(m, layer) + p.name);
     block_units_.push_back(add("block " + std::to_string(layer), names));
   }
   if (last_stage()) {
-    if (gpt2) {
-      const int ln_f = add("ln_f", {"ln_f.weight", "ln_f.bias"});
+    if (m.tied()) {
+      const int norm = add("final norm", model::FinalNormNames(m));
       // Tied head: the first stage's embedding when it is on this rank, else a copy whose
       // gradient is summed with the first stage's (Megatron's embedding group).
-      if (wte_unit_ < 0) tied_copy_unit_ = add("wte (tied copy)", {"wte.weight"}, /*tied_copy=*/true);
-      head_units_ = {ln_f, wte_unit_ >= 0 ? wte_unit_ : tied_copy_unit_};
+      if (wte_unit_ < 0) tied_copy_unit_ = add("embed (tied copy)", {token_embedding}, /*tied_copy=*/true);
+      head_units_ = {norm, wte_unit_ >= 0 ? wte_unit_ : tied_copy_unit_};
     } else {
-      head_units_ = {add("head", {"norm.weight", "lm_head.weight"})};
+      std::vector<std::string> names = model::FinalNormNames(m);
+      names.push_back(model::HeadWeightName(m));
+      head_units_ = {add("head", names)};
     }
   }
-  if (!gpt2) {
-    const int64_t d = spec.model.hidden / spec.model.heads;
-    inv_freq_ = (1.0 / torch::pow(spec.model.rope_theta, torch::arange(0, d, 2, torch::kFloat) / static_cast<double>(d)))
-                    .to(device_);
+  if (mesh_.tp > 1) {
+    Communicator* tp = groups_.tp;
+    tensor_parallel_.size = mesh_.tp;
+    tensor_parallel_.enter = [tp](const torch::Tensor& t) { return CopyToTensorParallelFn::apply(t, reinterpret_cast<int64_t>(tp)); };
+    tensor_parallel_.leave = [tp](const torch::Tensor& t) { return ReduceFromTensorParallelFn::apply(t, reinterpret_cast<int64_t>(tp)); };
   }
 }
 
 void StageModel::AddUnit(const std::string& label, const std::vector<std::string>& names,
-                         const std::map<std::string, torch::Tensor>& full, bool tied_copy, Weights weights) {
+                         const std::map<std::string, model::Parameter>& table, bool tied_copy, const WeightLoader& load) {
   ParamUnit unit;
   unit.label = label;
   unit.names = names;
   unit.tied_copy = tied_copy;
-  const bool copied = weights == Weights::kCopied;
-  std::vector<torch::Tensor> pieces;
+  std::vector<shard::TensorSplit> splits;
   for (const auto& name : names) {
-    const torch::Tensor& param = full.at(name);
-    const std::vector<int64_t> shape = param.sizes().vec();
+    const std::vector<int64_t>& shape = table.at(name).shape;
     const shard::TensorSplit split = shard::TensorParallelSplit(spec_.model, name, shape);
     const auto slice_shape = shard::SliceShape(split, shape, mesh_.tp);
     int64_t slice_numel = 1;
     for (int64_t d : slice_shape) slice_numel *= d;
-    if (copied) {
-      const torch::Tensor whole = param.detach().to(torch::kCPU, torch::kFloat).contiguous();
-      auto slice = torch::empty(slice_shape, torch::kFloat);
-      shard::CopySlice(split, shape, mesh_.tp, position_.tp_rank, sizeof(float),
-                       static_cast<const uint8_t*>(whole.data_ptr()), static_cast<uint8_t*>(slice.data_ptr()));
-      pieces.push_back(slice.reshape({-1}));
-    }
+    splits.push_back(split);
     unit.shapes.push_back(slice_shape);
     unit.full_shapes.push_back(shape);
     unit.replicated.push_back(split.replicated() || mesh_.tp == 1);
@@ -277,12 +257,25 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
   unit.shard_end = static_cast<int64_t>(end);
   unit.sharded = spec_.parallel.zero == 3;
   const int64_t held_begin = unit.sharded ? unit.shard_begin : 0, held_end = unit.sharded ? unit.shard_end : unit.numel;
-  const auto on_device = torch::TensorOptions().dtype(torch::kFloat).device(device_);
-  torch::Tensor held = copied ? torch::cat(pieces).narrow(0, held_begin, held_end - held_begin).to(device_)
-                              : torch::empty({held_end - held_begin}, on_device);
+  torch::Tensor held = torch::empty({held_end - held_begin}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  if (load) {
+    // One parameter at a time: load it whole, cut this rank's slice, copy the part of the slice
+    // this rank holds straight to the device.
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < names.size(); ++i) {
+      int64_t n = 1;
+      for (int64_t d : unit.shapes[i]) n *= d;
+      const int64_t from = std::max(unit.offsets[i], held_begin), to = std::min(unit.offsets[i] + n, held_end);
+      if (from >= to) continue;  // ZeRO-3: none of this parameter is in this rank's shard
+      const torch::Tensor whole = load(table.at(names[i]));
+      auto slice = torch::empty(unit.shapes[i], torch::kFloat);
+      shard::CopySlice(splits[i], unit.full_shapes[i], mesh_.tp, position_.tp_rank, sizeof(float),
+                       static_cast<const uint8_t*>(whole.data_ptr()), static_cast<uint8_t*>(slice.data_ptr()));
+      held.narrow(0, from - held_begin, to - from).copy_(slice.reshape({-1}).narrow(0, from - unit.offsets[i], to - from));
+    }
+  }
   if (unit.sharded) {
-    // The leaf: its gradient is this rank's shard. A narrow of the host copy is cut loose from it.
-    unit.flat = (copied && device_.is_cpu() ? held.clone() : held).requires_grad_(true);
+    unit.flat = held.requires_grad_(true);  // the leaf: its gradient is this rank's shard
   } else {
     // Parameters are leaves that alias the flat vector; their gradients are views of one flat
     // buffer, so autograd accumulates into it in place (a contiguous gradient buffer).
@@ -293,6 +286,20 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
     for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].mutable_grad() = grads[i];
   }
   units_.push_back(std::move(unit));
+}
+
+ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vector<std::vector<torch::Tensor>>& tensors,
+                                 const std::string& strip) const {
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> views;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const ParamUnit& unit = units_[units[u]];
+    for (size_t i = 0; i < unit.names.size(); ++i) {
+      names.push_back(unit.names[i].substr(strip.size()));
+      views.push_back(tensors[u][i]);
+    }
+  }
+  return ParamView(std::move(names), std::move(views));
 }
 
 std::vector<torch::Tensor> StageModel::ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const {
@@ -327,93 +334,35 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
 }
 
 torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
-  const bool gpt2 = spec_.model.family == "gpt2";
-  return Run(embed_units_, tokens, [gpt2](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
-    if (!gpt2) return torch::embedding(v[0][0], t);
-    auto positions = torch::arange(t.size(1), torch::TensorOptions().dtype(torch::kLong).device(t.device()));
-    return torch::embedding(v[0][0], t) + torch::embedding(v[1][0], positions);
+  return Run(embed_units_, tokens, [this](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
+    return family_->Embed(ViewOfUnit(embed_units_, v), t);
   }, /*recompute=*/false);
 }
 
 torch::Tensor StageModel::Blocks(torch::Tensor x) {
   for (size_t i = 0; i < block_units_.size(); ++i) {
-    const int64_t layer = first_layer_ + static_cast<int64_t>(i);
-    x = Run({block_units_[i]}, x, [this, layer](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
-      return BlockForward(layer, in, v[0]);
+    const int unit = block_units_[i];
+    const std::string prefix = model::BlockPrefix(spec_.model, first_layer_ + static_cast<int64_t>(i));
+    x = Run({unit}, x, [this, unit, prefix](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
+      return family_->Block(ViewOfUnit({unit}, v, prefix), in, tensor_parallel_).resid_post;
     }, spec_.parallel.recompute);
   }
   return x;
 }
 
 torch::Tensor StageModel::Head(const torch::Tensor& x) {
-  const ModelSpec m = spec_.model;
-  return Run(head_units_, x, [m](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
+  const ModelSpec& m = spec_.model;
+  return Run(head_units_, x, [this, &m](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
     // The head's rows padded to a multiple of 64: an odd vocabulary (GPT-2's 50257) leaves the
     // logits' leading dimension unaligned, and cuBLAS then falls back to slow align-1 kernels
     // (measured: the largest matmul of a GPT-2 124M step ran 3x slower). The padded logits are
     // sliced back to the vocabulary, so nothing downstream sees the padding.
-    auto padded = [&](const torch::Tensor& w) {
-      const int64_t pad = (64 - m.vocab % 64) % 64;
-      return pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
-    };
-    torch::Tensor logits;
-    if (m.family == "gpt2") {
-      auto normed = torch::layer_norm(in, {m.hidden}, v[0][0], v[0][1], m.norm_eps);
-      logits = torch::matmul(normed, padded(v[1][0]).t());  // tied LM head
-    } else {
-      logits = torch::linear(RmsNorm(in, v[0][0], m.norm_eps), padded(v[0][1]));
-    }
-    return logits.narrow(-1, 0, m.vocab);
+    const ParamView p = ViewOfUnit(head_units_, v);
+    const torch::Tensor& w = p(model::HeadWeightName(m));
+    const int64_t pad = (64 - m.vocab % 64) % 64;
+    const torch::Tensor padded = pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
+    return torch::linear(family_->FinalNorm(p, in), padded).narrow(-1, 0, m.vocab);
   }, /*recompute=*/false);
-}
-
-torch::Tensor StageModel::BlockForward(int64_t layer, const torch::Tensor& x, const std::vector<torch::Tensor>& p) {
-  const ParamUnit& unit = units_[block_units_[layer - first_layer_]];
-  auto param = [&](const char* suffix) -> const torch::Tensor& {
-    const std::string dotted = std::string(".") + suffix;
-    for (size_t i = 0; i < unit.names.size(); ++i) {
-      if (EndsWith(unit.names[i], dotted)) return p[i];
-    }
-    throw std::runtime_error(unit.label + " has no parameter " + suffix);
-  };
-  Communicator* tp = mesh_.tp > 1 ? groups_.tp : nullptr;
-  auto f = [tp](const torch::Tensor& t) {
-    return tp ? CopyToTensorParallelFn::apply(t, reinterpret_cast<int64_t>(tp)) : t;
-  };
-  auto g = [tp](const torch::Tensor& t) {
-    return tp ? ReduceFromTensorParallelFn::apply(t, reinterpret_cast<int64_t>(tp)) : t;
-  };
-  const ModelSpec& m = spec_.model;
-  const int64_t b = x.size(0), t = x.size(1), hd = m.hidden / m.heads, heads = m.heads / mesh_.tp;
-  if (m.family == "gpt2") {
-    auto a = f(torch::layer_norm(x, {m.hidden}, param("ln_1.weight"), param("ln_1.bias"), m.norm_eps));
-    auto qkv = torch::linear(a, param("c_attn.weight"), param("c_attn.bias")).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
-    auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape({b, t, heads * hd});
-    auto h = x + (g(torch::linear(y, param("attn_proj.weight"))) + param("attn_proj.bias"));
-    auto mlp = f(torch::layer_norm(h, {m.hidden}, param("ln_2.weight"), param("ln_2.bias"), m.norm_eps));
-    mlp = torch::gelu(torch::linear(mlp, param("c_fc.weight"), param("c_fc.bias")), "tanh");
-    return h + (g(torch::linear(mlp, param("mlp_proj.weight"))) + param("mlp_proj.bias"));
-  }
-  const int64_t kv_heads = m.kv_heads / mesh_.tp;
-  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
-  auto freqs = torch::outer(positions, inv_freq_);
-  auto emb = torch::cat({freqs, freqs}, -1);
-  auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
-  auto a = f(RmsNorm(x, param("input_layernorm.weight"), m.norm_eps));
-  auto q = torch::linear(a, param("q_proj.weight")).view({b, t, heads, hd}).transpose(1, 2);
-  auto k = torch::linear(a, param("k_proj.weight")).view({b, t, kv_heads, hd}).transpose(1, 2);
-  auto v = torch::linear(a, param("v_proj.weight")).view({b, t, kv_heads, hd}).transpose(1, 2);
-  q = q * cos + RotateHalf(q) * sin;
-  k = k * cos + RotateHalf(k) * sin;
-  if (kv_heads != heads) {  // each kv head serves heads / kv_heads consecutive query heads
-    k = k.repeat_interleave(heads / kv_heads, 1);
-    v = v.repeat_interleave(heads / kv_heads, 1);
-  }
-  auto y = compat::CausalAttention(q, k, v).transpose(1, 2).reshape({b, t, heads * hd});
-  auto h = x + g(torch::linear(y, param("o_proj.weight")));
-  auto mlp = f(RmsNorm(h, param("post_attention_layernorm.weight"), m.norm_eps));
-  mlp = torch::silu(torch::linear(mlp, param("gate_proj.weight"))) * torch::linear(mlp, param("up_proj.weight"));
-  return h + g(torch::linear(mlp, param("down_proj.weight")));
 }
 
 }  // namespace strata::worker

@@ -33,8 +33,10 @@
 #include <vector>
 
 #include "common/run_spec.h"
+#include "model/parameters.h"
 #include "shard/layout.h"
 #include "worker/communicator.h"
+#include "worker/model_family.h"
 
 namespace strata::worker {
 
@@ -71,21 +73,21 @@ class StageModel {
     Communicator* tp = nullptr;   // ranks with the same stage and data-parallel rank
   };
 
-  // What the units start with. kLoadedLater: a resume is about to write every element from a
-  // checkpoint, so `full` gives only names and shapes and the units are allocated on `device`
-  // uninitialised - no host copies of gigabytes that would be overwritten at once.
-  enum class Weights { kCopied, kLoadedLater };
+  // A whole parameter by name: fp32, contiguous, on the host. Called once per parameter this
+  // rank holds a part of, one at a time, so host memory stays near one tensor beyond the units.
+  // Empty: a resume is about to write every element from a checkpoint, and the units are
+  // allocated on `device` uninitialised - no host copies of gigabytes overwritten at once.
+  using WeightLoader = std::function<torch::Tensor(const model::Parameter& whole)>;
 
-  // Slices `full` (every parameter of the whole model, by name, fp32 on the host) for this
-  // rank's position and moves its units to `device`.
+  // Builds this rank's units (the model's parameter table, model/parameters.h, cut for its
+  // stage and tensor-parallel rank) on `device`, filled through `load`.
   StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
-             const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::Device device, Groups groups,
-             Weights weights = Weights::kCopied);
+             const WeightLoader& load, torch::Device device, Groups groups);
 
   bool first_stage() const { return position_.stage == 0; }
   bool last_stage() const { return position_.stage == mesh_.pp - 1; }
   std::vector<ParamUnit>& units() { return units_; }
-  // The unit holding GPT-2's token embedding on this rank (the first stage's, or the last
+  // The unit holding a tied token embedding on this rank (the first stage's, or the last
   // stage's tied copy); -1 when none.
   int first_wte_unit() const { return wte_unit_; }
   int tied_copy_unit() const { return tied_copy_unit_; }
@@ -106,10 +108,12 @@ class StageModel {
   friend struct UnitCallFunction;
 
   void AddUnit(const std::string& label, const std::vector<std::string>& names,
-               const std::map<std::string, torch::Tensor>& full, bool tied_copy, Weights weights);
+               const std::map<std::string, model::Parameter>& table, bool tied_copy, const WeightLoader& load);
   torch::Tensor Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute);
   std::vector<torch::Tensor> ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const;
-  torch::Tensor BlockForward(int64_t layer, const torch::Tensor& x, const std::vector<torch::Tensor>& p);
+  // A unit's parameters for the family, names relative to `strip`.
+  ParamView ViewOfUnit(const std::vector<int>& units, const std::vector<std::vector<torch::Tensor>>& tensors,
+                       const std::string& strip = "") const;
 
   RunSpec spec_;
   shard::MeshShape mesh_;
@@ -120,7 +124,8 @@ class StageModel {
   std::vector<int> embed_units_, block_units_, head_units_;
   int64_t first_layer_ = 0;
   int wte_unit_ = -1, tied_copy_unit_ = -1;
-  torch::Tensor inv_freq_;  // llama rotary frequencies
+  std::unique_ptr<ModelFamily> family_;
+  TensorParallel tensor_parallel_;
   std::deque<std::shared_ptr<Call>> calls_;
 };
 

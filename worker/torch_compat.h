@@ -61,15 +61,24 @@ class AutocastGuard {
 
 // Causal attention over q, k, v of shape [batch, heads, time, head_dim]. LibTorch 2.x uses the
 // fused kernel (flash / memory-efficient on GPU); 1.13 has none, so it is spelled out:
-// softmax(q k^T / sqrt(d) + causal mask) v.
-inline torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+// softmax(q k^T / sqrt(d) + mask) v. `window` > 0 (Mistral's sliding window): query i attends
+// to keys j with i - window < j <= i, as transformers' sliding_window_causal_mask.
+inline torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t window = 0) {
+  const int64_t t = q.size(-2);
+  const bool windowed = window > 0 && t > window;
+  torch::Tensor allowed;
+  if (windowed) {
+    auto i = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(q.device())).unsqueeze(1);
+    auto j = i.transpose(0, 1);
+    allowed = (j <= i).logical_and(j > i - window);
+  }
 #if STRATA_TORCH_HAS_SDPA
+  if (windowed) return at::scaled_dot_product_attention(q, k, v, allowed, /*dropout_p=*/0.0, /*is_causal=*/false);
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
 #else
-  const int64_t t = q.size(-2);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
-  auto mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  if (!windowed) allowed = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).tril();
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
   return torch::matmul(torch::softmax(scores, -1), v);
 #endif
 }

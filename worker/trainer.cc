@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "common/log.h"
 #include "worker/causal_lm.h"
 #include "worker/device_memory.h"
+#include "worker/hf_format.h"
 #include "worker/torch_compat.h"
 
 namespace strata::worker {
@@ -65,19 +67,45 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   position_ = shard::PositionOf(mesh_, context.rank);
   init_status_ = BuildGroups();
   if (!init_status_.ok()) return;
-  // Every rank builds the whole model from the same seed (or init_from) and keeps its part, so
-  // any mesh starts from exactly the weights of a single worker.
+  // Where the weights come from. A resume: the checkpoint, loaded later into uninitialised
+  // units. init_from: each rank reads only the tensors it holds a part of from the memory-mapped
+  // files, one at a time. Otherwise every rank builds the whole model from the same seed and
+  // keeps its part, so any mesh starts from exactly the weights of a single worker.
   const bool resuming = !context.resume.run_id.empty();
-  auto full = BuildCausalLm(context.spec.model, context.spec.train.seed, /*for_resume=*/resuming);
-  if (!full.ok()) {
-    init_status_ = full.status();
+  const ModelSpec& model_spec = context.spec.model;
+  StageModel::WeightLoader load;
+  std::shared_ptr<CausalLm> full;
+  std::optional<model::HfCheckpoint> checkpoint;
+  Status load_status;
+  if (!resuming && !model_spec.init_from.empty()) {
+    auto opened = model::HfCheckpoint::Open(model_spec.init_from);
+    if (!opened.ok()) {
+      init_status_ = opened.status();
+      return;
+    }
+    checkpoint.emplace(std::move(*opened));
+    load = [&](const model::Parameter& p) {
+      auto t = LoadHfParameter(*checkpoint, model_spec, p);
+      if (t.ok()) return *t;
+      if (load_status.ok()) load_status = t.status();
+      return torch::zeros(p.shape);
+    };
+  } else if (!resuming) {
+    auto built = BuildCausalLm(model_spec, context.spec.train.seed);
+    if (!built.ok()) {
+      init_status_ = built.status();
+      return;
+    }
+    full = *built;
+    load = [&](const model::Parameter& p) { return full->named_parameters()[p.name].detach().to(torch::kCPU, torch::kFloat).contiguous(); };
+  }
+  model_ = std::make_unique<StageModel>(context.spec, mesh_, position_, load, device_,
+                                        StageModel::Groups{dp_group_.get(), tp_group_.get()});
+  if (!load_status.ok()) {
+    init_status_ = load_status;
     return;
   }
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (auto& item : (*full)->named_parameters()) named.emplace_back(item.key(), item.value());
-  model_ = std::make_unique<StageModel>(context.spec, mesh_, position_, named, device_,
-                                        StageModel::Groups{dp_group_.get(), tp_group_.get()},
-                                        resuming ? StageModel::Weights::kLoadedLater : StageModel::Weights::kCopied);
+  full.reset();
   const bool sharded_moments = context.spec.parallel.zero >= 1;
   for (auto& unit : model_->units()) {
     Moments m;

@@ -28,6 +28,49 @@ class NullReporter : public TaskReporter {
   void ReportStalled(int64_t, const std::string&) override {}
 };
 
+// A tiny model of `family` (4 layers), with the variant fields that change its maths on.
+ModelSpec TinyModel(const std::string& family, int64_t layers = 4) {
+  ModelSpec m;
+  m.family = family;
+  m.layers = layers;
+  m.hidden = 32;
+  m.heads = 4;
+  m.vocab = 256;
+  m.sequence = 32;
+  if (family == "gpt2") {
+    m.ffn = 128;
+  } else if (family == "gpt_neox") {
+    m.ffn = 96;
+    m.rotary_pct = 0.5;
+    m.attention_bias = true;
+  } else {
+    m.kv_heads = 2;
+    m.ffn = 96;
+    if (family == "llama") {
+      m.head_dim = 16;  // != hidden / heads
+      m.attention_bias = true;
+      m.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 16};
+    }
+    if (family == "mistral") m.sliding_window = 8;
+    m.tie_embeddings = family == "qwen2" || family == "gemma";
+  }
+  EXPECT_TRUE(ValidateModelSpec(m, "").ok());
+  return m;
+}
+
+ModelSpec LlamaModel(int64_t layers, int64_t hidden, int64_t heads, int64_t sequence, int64_t kv_heads, int64_t ffn) {
+  ModelSpec m;
+  m.family = "llama";
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.sequence = sequence;
+  m.kv_heads = kv_heads;
+  m.ffn = ffn;
+  EXPECT_TRUE(ValidateModelSpec(m, "").ok());
+  return m;
+}
+
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -38,7 +81,7 @@ class TrainerTest : public ::testing::Test {
     for (int i = 0; i < 200; ++i) out << "the quick brown fox jumps over the lazy dog. pack my box with five dozen jugs. ";
     out.close();
     spec_.name = "t";
-    spec_.model = {"gpt2", 2, 32, 4, 256, 32, 4, 128, 10000.0, 1e-5, ""};
+    spec_.model = TinyModel("gpt2", 2);
     spec_.data.path = dir_ + "/corpus.txt";
     spec_.train.global_batch = 4;
     spec_.train.lr = 3e-3;
@@ -125,13 +168,11 @@ struct MeshCase {
 };
 
 class MeshTest : public TrainerTest, public ::testing::WithParamInterface<std::string> {};
+// The resume matrix: every checkpoint mesh under every other, for families of each layout kind.
+class MeshResumeTest : public MeshTest {};
 
 TEST_P(MeshTest, EveryMeshGivesTheSingleWorkerLosses) {
-  if (GetParam() == "llama") {
-    spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6, ""};
-  } else {
-    spec_.model.layers = 4;
-  }
+  spec_.model = TinyModel(GetParam());
   spec_.train.global_batch = 8;
   spec_.train.grad_clip = 0.5;  // exercises the global norm across stages, tp ranks and shards
   spec_.parallel.micro_batch = 2;
@@ -155,7 +196,8 @@ TEST_P(MeshTest, EveryMeshGivesTheSingleWorkerLosses) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, MeshTest, ::testing::Values("gpt2", "llama"));
+INSTANTIATE_TEST_SUITE_P(Families, MeshTest, ::testing::Values("gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox"));
+INSTANTIATE_TEST_SUITE_P(Families, MeshResumeTest, ::testing::Values("gpt2", "llama", "gpt_neox"));
 
 TEST_F(TrainerTest, MicroBatchesAccumulateToTheSameSteps) {
   spec_.train.global_batch = 8;
@@ -263,7 +305,7 @@ TEST_F(TrainerTest, LlamaWithGroupedQueryAttentionLearnsAndMatchesAcrossRanks) {
 }
 
 TEST_F(TrainerTest, LlamaParametersCarryHuggingFaceNamesAndShapes) {
-  spec_.model = {"llama", 2, 64, 8, 256, 32, 2, 160, 10000.0, 1e-6, ""};
+  spec_.model = LlamaModel(2, 64, 8, 32, 2, 160);
   torch::manual_seed(0);
   auto model = CreateCausalLm(spec_.model);
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -280,7 +322,7 @@ TEST_F(TrainerTest, LlamaParametersCarryHuggingFaceNamesAndShapes) {
 }
 
 TEST_F(TrainerTest, LlamaAttentionIsCausal) {
-  spec_.model = {"llama", 1, 32, 4, 256, 16, 2, 64, 10000.0, 1e-6, ""};
+  spec_.model = LlamaModel(1, 32, 4, 16, 2, 64);
   torch::manual_seed(1);
   auto model = CreateCausalLm(spec_.model);
   torch::NoGradGuard no_grad;
@@ -350,8 +392,8 @@ TEST_F(TrainerTest, CheckpointPiecesAssembleIntoTheLiveParameters) {
 
 // Both families: 6 steps under pp=2, checkpoint pieces into two stores; then resume under dp=2
 // ZeRO-3 and under tp=2 (with recompute): steps 7-10 give the uninterrupted run's losses.
-TEST_P(MeshTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
-  if (GetParam() == "llama") spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6, ""};
+TEST_P(MeshResumeTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
+  spec_.model = TinyModel(GetParam());
   spec_.train.global_batch = 8;
   spec_.parallel.micro_batch = 2;
   auto straight = Train(10)[0];
@@ -387,8 +429,8 @@ TEST_P(MeshTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
 // single worker's run (tp 2 -> 1 used to train on never-written halves of every split tensor).
 // Every pair of seven meshes - one worker, dp=2 ZeRO-3, pp=2, tp=2, dp2 x tp2 ZeRO-1, dp2 x pp2 x
 // tp2 ZeRO-2, dp=4 ZeRO-3 - for both families: checkpoint at step 3, resume, steps 4-5 within 1e-5.
-TEST_P(MeshTest, EveryCheckpointMeshResumesUnderEveryOther) {
-  if (GetParam() == "llama") spec_.model = {"llama", 4, 32, 4, 256, 32, 2, 96, 10000.0, 1e-6, ""};
+TEST_P(MeshResumeTest, EveryCheckpointMeshResumesUnderEveryOther) {
+  spec_.model = TinyModel(GetParam());
   spec_.model.layers = 4;
   spec_.train.global_batch = 8;
   spec_.parallel.micro_batch = 2;

@@ -16,8 +16,10 @@ directory = sys.argv[1]
 expected = load_file(f"{directory}/expected.safetensors")
 model = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32, attn_implementation="eager")
 model.eval()
+if torch.cuda.is_available():  # the same device as Strata's logits: fp32 on both, no TF32
+    model = model.cuda()
 with torch.no_grad():
-    logits = model(expected["tokens"]).logits
+    logits = model(expected["tokens"].to(model.device)).logits.float().cpu()
 diff = (logits - expected["logits"]).abs().max().item()
 family = json.load(open(f"{directory}/config.json"))["model_type"]
 print(f"{family}: max |logits - transformers| = {diff:.3e} over {tuple(logits.shape)}")

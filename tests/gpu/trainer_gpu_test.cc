@@ -30,13 +30,21 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
                           const std::string& precision = "fp32", const std::string& family = "gpt2", int64_t zero = 0) {
   TaskContext context;
   context.run_id = "gpu";
-  context.spec.model = {"gpt2", 2, 64, 4, 256, 64, 4, 256, 10000.0, 1e-5, ""};
+  ModelSpec& m = context.spec.model;
+  m.family = family;
+  m.layers = 2;
+  m.hidden = 64;
+  m.heads = 4;
+  m.vocab = 256;
+  m.sequence = 64;
+  m.kv_heads = family == "llama" ? 2 : 4;
+  m.ffn = family == "llama" ? 192 : 256;
+  EXPECT_TRUE(ValidateModelSpec(m, "").ok());
   context.spec.data.path = corpus;
   context.spec.train.global_batch = 8;
   context.spec.train.lr = 3e-3;
   context.spec.train.precision = precision;
   context.spec.parallel.zero = zero;
-  if (family == "llama") context.spec.model = {"llama", 2, 64, 4, 256, 64, 2, 192, 10000.0, 1e-6, ""};
   auto comm = strata::worker::CreateSoloCommunicator();
   context.communicator = comm.get();
   auto data = TokenData::Load(context.spec.data, 256);

@@ -1,0 +1,122 @@
+#include "model/hf_checkpoint.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "model/parameters.h"
+
+namespace strata::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+Status AsInvalid(const Status& s) { return s.ok() ? s : InvalidArgument("model.init_from: " + s.message()); }
+
+}  // namespace
+
+Result<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
+  HfCheckpoint checkpoint;
+  checkpoint.dir_ = dir;
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  std::error_code ec;
+  if (fs::is_regular_file(index_path, ec)) {
+    checkpoint.layout_ = index_path.string();
+    auto text = ReadSpecFile(index_path.string(), "safetensors index", 64 << 20);
+    if (!text.ok()) return AsInvalid(text.status());
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(*text);
+    } catch (const nlohmann::json::exception& e) {
+      return InvalidArgument("model.init_from: " + index_path.string() + " is not valid JSON: " + e.what());
+    }
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      return InvalidArgument("model.init_from: " + index_path.string() + " has no \"weight_map\" object");
+    }
+    std::map<std::string, size_t> file_index;
+    for (const auto& [tensor, file] : index["weight_map"].items()) {
+      if (!file.is_string()) return InvalidArgument("model.init_from: " + index_path.string() + " maps '" + tensor + "' to a non-string");
+      const std::string name = file.get<std::string>();
+      if (name.find('/') != std::string::npos || name == ".." || name.empty()) {
+        return InvalidArgument("model.init_from: " + index_path.string() + " maps '" + tensor + "' to \"" + name +
+                               "\", which is not a file name in the directory");
+      }
+      auto [it, inserted] = file_index.emplace(name, checkpoint.files_.size());
+      if (inserted) {
+        const fs::path path = fs::path(dir) / name;
+        if (!fs::is_regular_file(path, ec)) {
+          return InvalidArgument("model.init_from: " + index_path.string() + " names " + name + ", which is missing from " + dir +
+                                 "; download or copy every shard of the model");
+        }
+        auto mapped = storage::MappedSafetensors::Open(path.string());
+        if (!mapped.ok()) return AsInvalid(mapped.status());
+        checkpoint.files_.push_back(std::move(*mapped));
+      }
+      const auto& tensors = checkpoint.files_[it->second]->tensors();
+      if (!tensors.count(tensor)) {
+        return InvalidArgument("model.init_from: " + index_path.string() + " places tensor '" + tensor + "' in " + name +
+                               ", which does not hold it; the index and the files are from different models or versions");
+      }
+      checkpoint.where_[tensor] = it->second;
+    }
+  } else if (fs::is_regular_file(single, ec)) {
+    checkpoint.layout_ = single.string();
+    auto mapped = storage::MappedSafetensors::Open(single.string());
+    if (!mapped.ok()) return AsInvalid(mapped.status());
+    checkpoint.files_.push_back(std::move(*mapped));
+    for (const auto& [name, _] : checkpoint.files_[0]->tensors()) checkpoint.where_[name] = 0;
+  } else {
+    return InvalidArgument("model.init_from = \"" + dir + "\" holds neither model.safetensors nor model.safetensors.index.json; "
+                           "point it at a directory saved by save_pretrained (safetensors) or `strata export`");
+  }
+  return checkpoint;
+}
+
+Result<storage::TensorView> HfCheckpoint::Find(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) return NotFound(layout_ + " has no tensor '" + name + "'");
+  return files_[it->second]->tensors().at(name);
+}
+
+Status CheckHfCheckpoint(const std::string& dir, const ModelSpec& m) {
+  STRATA_ASSIGN_OR_RETURN(HfCheckpoint checkpoint, HfCheckpoint::Open(dir));
+  for (const Parameter& p : Parameters(m)) {
+    const HfTensorName hf = ToHuggingFace(m, p.name);
+    auto t = checkpoint.Find(hf.name);
+    if (!t.ok()) {
+      return InvalidArgument("model.init_from: " + t.status().message() + ", which a " + m.family +
+                             " model of this config needs; the weights do not match config.json");
+    }
+    std::vector<int64_t> expected = p.shape;
+    if (hf.transposed && expected.size() == 2) std::swap(expected[0], expected[1]);
+    if (t->shape != expected) {
+      auto str = [](const std::vector<int64_t>& s) {
+        std::string out = "[";
+        for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+        return out + "]";
+      };
+      return InvalidArgument("model.init_from: tensor '" + hf.name + "' has shape " + str(t->shape) + " but config.json implies " +
+                             str(expected) + "; the weights do not match config.json");
+    }
+    if (t->dtype != storage::DType::kF32 && t->dtype != storage::DType::kBF16 && t->dtype != storage::DType::kF16) {
+      return InvalidArgument("model.init_from: tensor '" + hf.name + "' has dtype " + storage::DTypeName(t->dtype) +
+                             "; Strata loads F32, BF16 and F16 weights (quantized checkpoints are not supported)");
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<std::string> CompanionFiles(const std::string& dir) {
+  static const std::set<std::string> known = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                                              "special_tokens_map.json", "generation_config.json", "vocab.json",
+                                              "merges.txt", "added_tokens.json", "chat_template.jinja"};
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& name : known) {
+    if (fs::is_regular_file(fs::path(dir) / name, ec)) out.push_back(name);
+  }
+  return out;
+}
+
+}  // namespace strata::model

@@ -1,0 +1,48 @@
+// A Hugging Face model directory's weights as published: one model.safetensors, or
+// model.safetensors.index.json mapping each tensor to one of several files (every 7B+ model).
+// Files are memory-mapped, so opening reads headers only and a rank that copies out its slices
+// (pipeline stage, tensor-parallel part) reads just those pages: host memory stays near one
+// rank's share however large the model (docs/models.md).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/run_spec.h"
+#include "common/status.h"
+#include "storage/safetensors.h"
+
+namespace strata::model {
+
+class HfCheckpoint {
+ public:
+  // InvalidArgument naming the directory, the index or the file: no weights, an index that is
+  // not JSON or names a missing file, a truncated or malformed file, a tensor the index places
+  // in a file that does not hold it.
+  static Result<HfCheckpoint> Open(const std::string& dir);
+
+  // The tensor of Hugging Face name `name` (a view into its file's mapping), or NotFound naming
+  // where it should have been.
+  Result<storage::TensorView> Find(const std::string& name) const;
+  const std::string& dir() const { return dir_; }
+  size_t file_count() const { return files_.size(); }
+
+ private:
+  std::string dir_;
+  std::vector<std::shared_ptr<storage::MappedSafetensors>> files_;
+  std::map<std::string, size_t> where_;  // tensor -> index into files_
+  std::string layout_;                   // "model.safetensors" or the index's name, for messages
+};
+
+// The submit-time check of model.init_from's weights (headers only): every parameter of `m` is
+// present with its shape and a float dtype (F32, BF16, F16). InvalidArgument names the tensor,
+// the file and what to do.
+Status CheckHfCheckpoint(const std::string& dir, const ModelSpec& m);
+
+// Files published beside the weights that an export carries along: tokenizer files,
+// generation_config.json, special_tokens_map.json, ...
+std::vector<std::string> CompanionFiles(const std::string& dir);
+
+}  // namespace strata::model

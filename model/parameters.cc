@@ -1,0 +1,126 @@
+#include "model/parameters.h"
+
+namespace strata::model {
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+int64_t Parameter::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<Parameter> BlockParameters(const ModelSpec& m) {
+  const int64_t h = m.hidden, f = m.ffn, d = m.head_size();
+  const int64_t q = m.heads * d, kv = m.kv_heads * d;
+  std::vector<Parameter> p;
+  auto linear = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
+    p.push_back({name + ".weight", {out, in}});
+    if (bias) p.push_back({name + ".bias", {out}});
+  };
+  auto norm = [&](const std::string& name, bool bias) {
+    p.push_back({name + ".weight", {h}});
+    if (bias) p.push_back({name + ".bias", {h}});
+  };
+  if (m.family == "gpt2") {
+    norm("ln_1", true);
+    linear("c_attn", 3 * h, h, true);
+    linear("attn_proj", h, h, true);
+    norm("ln_2", true);
+    linear("c_fc", f, h, true);
+    linear("mlp_proj", h, f, true);
+  } else if (m.family == "gpt_neox") {
+    norm("input_layernorm", true);
+    norm("post_attention_layernorm", true);
+    linear("attention.query_key_value", 3 * h, h, m.attention_bias);
+    linear("attention.dense", h, h, m.attention_bias);
+    linear("mlp.dense_h_to_4h", f, h, true);
+    linear("mlp.dense_4h_to_h", h, f, true);
+  } else {
+    norm("input_layernorm", false);
+    linear("self_attn.q_proj", q, h, m.qkv_bias());
+    linear("self_attn.k_proj", kv, h, m.qkv_bias());
+    linear("self_attn.v_proj", kv, h, m.qkv_bias());
+    linear("self_attn.o_proj", h, q, m.attn_out_bias());
+    norm("post_attention_layernorm", false);
+    linear("mlp.gate_proj", f, h, m.mlp_biases());
+    linear("mlp.up_proj", f, h, m.mlp_biases());
+    linear("mlp.down_proj", h, f, m.mlp_biases());
+  }
+  return p;
+}
+
+std::string BlockPrefix(const ModelSpec& m, int64_t layer) {
+  return (m.family == "gpt2" ? "h." : "layers.") + std::to_string(layer) + ".";
+}
+
+std::string TokenEmbeddingName(const ModelSpec& m) {
+  if (m.family == "gpt2") return "wte.weight";
+  if (m.family == "gpt_neox") return "embed_in.weight";
+  return "embed_tokens.weight";
+}
+
+std::vector<std::string> EmbeddingNames(const ModelSpec& m) {
+  if (m.family == "gpt2") return {"wte.weight", "wpe.weight"};
+  return {TokenEmbeddingName(m)};
+}
+
+std::vector<std::string> FinalNormNames(const ModelSpec& m) {
+  if (m.family == "gpt2") return {"ln_f.weight", "ln_f.bias"};
+  if (m.family == "gpt_neox") return {"final_layer_norm.weight", "final_layer_norm.bias"};
+  return {"norm.weight"};
+}
+
+std::string HeadWeightName(const ModelSpec& m) {
+  if (m.tied()) return TokenEmbeddingName(m);
+  return m.family == "gpt_neox" ? "embed_out.weight" : "lm_head.weight";
+}
+
+std::vector<Parameter> Parameters(const ModelSpec& m) {
+  std::vector<Parameter> p;
+  p.push_back({TokenEmbeddingName(m), {m.vocab, m.hidden}});
+  if (m.family == "gpt2") p.push_back({"wpe.weight", {m.max_positions > 0 ? m.max_positions : m.sequence, m.hidden}});
+  const std::vector<Parameter> block = BlockParameters(m);
+  for (int64_t layer = 0; layer < m.layers; ++layer) {
+    const std::string prefix = BlockPrefix(m, layer);
+    for (const Parameter& b : block) p.push_back({prefix + b.name, b.shape});
+  }
+  for (const std::string& name : FinalNormNames(m)) p.push_back({name, {m.hidden}});
+  if (!m.tied()) p.push_back({HeadWeightName(m), {m.vocab, m.hidden}});
+  return p;
+}
+
+int64_t ParameterCount(const ModelSpec& m) {
+  int64_t block = 0;
+  for (const Parameter& b : BlockParameters(m)) block += b.numel();
+  int64_t n = m.layers * block + m.vocab * m.hidden + static_cast<int64_t>(FinalNormNames(m).size()) * m.hidden;
+  if (m.family == "gpt2") n += (m.max_positions > 0 ? m.max_positions : m.sequence) * m.hidden;
+  if (!m.tied()) n += m.vocab * m.hidden;
+  return n;
+}
+
+HfTensorName ToHuggingFace(const ModelSpec& m, const std::string& ours) {
+  if (m.family == "gpt_neox") return {ours == "embed_out.weight" ? ours : "gpt_neox." + ours, false};
+  if (m.family != "gpt2") return {ours == "lm_head.weight" ? ours : "model." + ours, false};
+  HfTensorName hf{ours, false};
+  for (const char* suffix : {"c_attn.weight", "attn_proj.weight", "c_fc.weight", "mlp_proj.weight"}) {
+    hf.transposed |= EndsWith(ours, suffix);
+  }
+  auto replace = [&](const std::string& from, const std::string& to) {
+    auto pos = hf.name.find(from);
+    if (pos != std::string::npos) hf.name.replace(pos, from.size(), to);
+  };
+  replace(".c_attn.", ".attn.c_attn.");
+  replace(".attn_proj.", ".attn.c_proj.");
+  replace(".c_fc.", ".mlp.c_fc.");
+  replace(".mlp_proj.", ".mlp.c_proj.");
+  hf.name = "transformer." + hf.name;
+  return hf;
+}
+
+}  // namespace strata::model

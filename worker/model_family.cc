@@ -1,0 +1,115 @@
+#include "worker/model_family.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "model/parameters.h"
+
+namespace strata::worker {
+
+// Defined in the family files.
+std::unique_ptr<ModelFamily> CreateGpt2Family(const ModelSpec& spec);
+std::unique_ptr<ModelFamily> CreateLlamaFamily(const ModelSpec& spec);
+std::unique_ptr<ModelFamily> CreateGemmaFamily(const ModelSpec& spec);
+std::unique_ptr<ModelFamily> CreateGptNeoxFamily(const ModelSpec& spec);
+
+std::unique_ptr<ModelFamily> CreateModelFamily(const ModelSpec& spec) {
+  if (spec.family == "gpt2") return CreateGpt2Family(spec);
+  if (spec.family == "gemma") return CreateGemmaFamily(spec);
+  if (spec.family == "gpt_neox") return CreateGptNeoxFamily(spec);
+  return CreateLlamaFamily(spec);  // llama, mistral, qwen2 (the run spec admits no other)
+}
+
+ParamView::ParamView(std::vector<std::string> names, std::vector<torch::Tensor> tensors)
+    : names_(std::move(names)), tensors_(std::move(tensors)) {}
+
+const torch::Tensor& ParamView::operator()(const std::string& name) const {
+  for (size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == name) return tensors_[i];
+  }
+  throw std::runtime_error("the model has no parameter " + name + " here (a family and its parameter table disagree)");
+}
+
+torch::Tensor ParamView::Optional(const std::string& name) const {
+  for (size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == name) return tensors_[i];
+  }
+  return {};
+}
+
+// Rotary frequencies (Su et al. 2021) as transformers: inv_freq_i = theta^(-2i/d) over the d
+// rotary dimensions, then rope_scaling:
+//   linear   inv_freq / factor
+//   llama3   wavelength w = 2 pi / inv_freq; w > L / low_freq_factor: inv_freq / factor;
+//            w < L / high_freq_factor: kept; between: (1 - s) inv_freq / factor + s inv_freq
+//            with s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor),
+//            L = original_max_positions.
+ModelFamily::ModelFamily(const ModelSpec& spec) : spec_(spec) {
+  if (!spec.rotary()) return;
+  const int64_t d = spec.rotary_dims();
+  inv_freq_ = 1.0 / torch::pow(spec.rope_theta, torch::arange(0, d, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(d));
+  const RopeScaling& rs = spec.rope_scaling;
+  if (rs.type == "linear") inv_freq_ = inv_freq_ / rs.factor;
+  if (rs.type == "llama3") {
+    const double old_context = static_cast<double>(rs.original_max_positions);
+    const double low_wavelen = old_context / rs.low_freq_factor, high_wavelen = old_context / rs.high_freq_factor;
+    auto wavelen = 2 * M_PI / inv_freq_;
+    auto scaled = torch::where(wavelen > low_wavelen, inv_freq_ / rs.factor, inv_freq_);
+    auto smooth = (old_context / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+    auto smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled;
+    auto medium = (wavelen < high_wavelen).logical_not().logical_and((wavelen > low_wavelen).logical_not());
+    inv_freq_ = torch::where(medium, smoothed, scaled);
+  }
+}
+
+torch::Tensor ModelFamily::Embed(const ParamView& p, const torch::Tensor& tokens) const {
+  return torch::embedding(p(model::TokenEmbeddingName(spec_)), tokens);
+}
+
+void ModelFamily::Initialize(const std::string& name, torch::Tensor& t) const {
+  torch::NoGradGuard no_grad;
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  const bool norm = name.find("norm") != std::string::npos || name.find("ln_") != std::string::npos;
+  if (ends_with("bias")) {
+    t.zero_();
+  } else if (norm) {
+    t.fill_(spec_.family == "gemma" ? 0.0 : 1.0);  // Gemma scales by (1 + w)
+  } else {
+    t.normal_(0.0, 0.02);
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> ModelFamily::Rotary(const torch::Tensor& x) const {
+  const int64_t t = x.size(1);
+  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
+  auto freqs = torch::outer(positions, inv_freq_.to(x.device()));
+  auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
+}
+
+torch::Tensor ModelFamily::ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const {
+  const int64_t d = spec_.rotary_dims();
+  auto rotate = [&](const torch::Tensor& r) {
+    auto halves = r.chunk(2, -1);
+    return r * cos + torch::cat({-halves[1], halves[0]}, -1) * sin;
+  };
+  if (d == x.size(-1)) return rotate(x);
+  return torch::cat({rotate(x.narrow(-1, 0, d)), x.narrow(-1, d, x.size(-1) - d)}, -1);
+}
+
+torch::Tensor ModelFamily::Activation(const torch::Tensor& x) const {
+  if (spec_.activation == "silu") return torch::silu(x);
+  if (spec_.activation == "gelu") return torch::gelu(x);
+  return torch::gelu(x, "tanh");
+}
+
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool gemma_style) {
+  auto x32 = x.to(torch::kFloat);
+  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  if (gemma_style) return (normed * (1.0 + weight.to(torch::kFloat))).to(x.scalar_type());
+  return weight * normed.to(x.scalar_type());
+}
+
+}  // namespace strata::worker

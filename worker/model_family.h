@@ -1,0 +1,82 @@
+// The model-family interface (internal to worker/, includes LibTorch): what one family computes,
+// written once and used by every path that runs a model - training under any mesh (StageModel,
+// with its tensor-parallel hooks), activation capture and export (CausalLm, tp = 1).
+//
+// A family computes on parameters it is handed, not on parameters it owns: a ParamView maps the
+// names of one unit (the embedding, one block relative to its prefix, the final norm) to
+// tensors, which are a CausalLm's own parameters, a rank's tensor-parallel slices, or ZeRO-3's
+// gathered copies. Names and shapes come from model/parameters.h.
+//
+// Tensor parallelism (Megatron's f and g): `enter` before a column-parallel matmul (identity
+// forward, all-reduce of the gradient), `leave` after a row-parallel one (all-reduce forward);
+// biases of row-parallel layers are added after `leave`. Under tp, a block sees heads / tp query
+// and kv_heads / tp key/value heads and ffn / tp MLP columns; both are identity at tp = 1.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/run_spec.h"
+#include "worker/causal_lm.h"
+
+namespace strata::worker {
+
+class ParamView {
+ public:
+  ParamView() = default;
+  // `names` relative to the unit (the block prefix already removed).
+  ParamView(std::vector<std::string> names, std::vector<torch::Tensor> tensors);
+  const torch::Tensor& operator()(const std::string& name) const;  // throws naming a missing one
+  torch::Tensor Optional(const std::string& name) const;            // undefined when absent (no bias)
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> tensors_;
+};
+
+struct TensorParallel {
+  int64_t size = 1;
+  std::function<torch::Tensor(const torch::Tensor&)> enter = [](const torch::Tensor& t) { return t; };
+  std::function<torch::Tensor(const torch::Tensor&)> leave = [](const torch::Tensor& t) { return t; };
+};
+
+class ModelFamily {
+ public:
+  explicit ModelFamily(const ModelSpec& spec);
+  virtual ~ModelFamily() = default;
+
+  // tokens [b, t] -> residual stream [b, t, hidden]; `p` is the embedding unit.
+  virtual torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens) const;
+  // One block: its attention and MLP outputs and the residual stream after it.
+  virtual BlockOutputs Block(const ParamView& p, const torch::Tensor& x, const TensorParallel& tp) const = 0;
+  // The final norm before the head (the head itself, logits = norm(x) W^T, is the caller's).
+  virtual torch::Tensor FinalNorm(const ParamView& p, const torch::Tensor& x) const = 0;
+  // A parameter's initial value, drawn from the seeded generator in parameter order.
+  virtual void Initialize(const std::string& name, torch::Tensor& t) const;
+
+  const ModelSpec& spec() const { return spec_; }
+
+ protected:
+  // cos and sin [t, rotary_dims] for x's length, device and dtype (fp32 frequencies, as
+  // transformers computes them, then cast).
+  std::pair<torch::Tensor, torch::Tensor> Rotary(const torch::Tensor& x) const;
+  // Rotates the first rotary_dims of each head of q or k [b, heads, t, head_dim].
+  torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
+  torch::Tensor Activation(const torch::Tensor& x) const;
+
+  ModelSpec spec_;
+  torch::Tensor inv_freq_;  // [rotary_dims / 2], fp32, host
+};
+
+std::unique_ptr<ModelFamily> CreateModelFamily(const ModelSpec& spec);
+
+// x / sqrt(mean(x^2) + eps) in fp32, then scaled: Llama's w * normed (cast back first), or
+// Gemma's normed * (1 + w) (cast back after), exactly as transformers orders them.
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool gemma_style = false);
+
+}  // namespace strata::worker
