@@ -1222,7 +1222,7 @@ int RunCli(int argc, char** argv) {
       }
       auto shard_bytes = ParseByteSize(export_shard_size, "--max-shard-size");
       if (!shard_bytes.ok()) return Fail(shard_bytes.status());
-      if (*shard_bytes < (uint64_t{1} << 20)) return Fail(InvalidArgument("--max-shard-size " + export_shard_size + " is below 1MB; use e.g. 5GB"));
+      if (*shard_bytes < (uint64_t{1} << 10)) return Fail(InvalidArgument("--max-shard-size " + export_shard_size + " is below 1KiB; use e.g. 5GB"));
       ExportOptions options{export_dtype, *shard_bytes};
       return CmdExport(g, run, export_step_option->count() > 0 ? std::optional<int64_t>(export_step) : std::nullopt, export_dir, export_force,
                        options);
