@@ -1945,6 +1945,7 @@ class CoordinatorImpl final : public Coordinator {
     };
     const std::string line = "{\"step\":" + std::to_string(step) + ",\"loss\":" + number(s.getLoss()) +
                              ",\"lr\":" + number(LearningRate(run.spec.train, step)) +
+                             ",\"grad_norm\":" + number(s.getGradNorm()) +
                              ",\"tokens_per_second\":" + number(s.getTokensPerSecond()) +
                              ",\"memory_bytes\":" + std::to_string(std::max(s.getSchedulePeakBytes(), s.getUpdatePeakBytes())) +
                              ",\"unix_ms\":" + std::to_string(net::NowUnixMs()) + "}\n";

@@ -197,6 +197,7 @@ struct StepReport {
   # forward/backward schedule, and during the optimizer update.
   schedulePeakBytes @3 :UInt64;
   updatePeakBytes @4 :UInt64;
+  gradNorm @5 :Float64;     # global L2 norm of the step's gradient, before clipping
 }
 
 struct CheckpointShard {

@@ -49,7 +49,8 @@ struct OutOfMemoryReport {
 class TaskReporter {
  public:
   virtual ~TaskReporter() = default;
-  virtual void ReportStep(int64_t step, double loss, double tokens_per_second, const StepMemory& memory) = 0;
+  // `grad_norm`: the global L2 norm of the step's gradient, before clipping.
+  virtual void ReportStep(int64_t step, double loss, double grad_norm, double tokens_per_second, const StepMemory& memory) = 0;
   // Called after the shard of `step` is committed (durable) in this worker's store, under
   // (key_run, step): the run's id, or a key of its own for a shard cut unlike one already there.
   virtual void ReportCheckpoint(int64_t step, const std::string& key_run, const std::vector<storage::CheckpointTensorInfo>& tensors) = 0;

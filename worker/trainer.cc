@@ -327,6 +327,7 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
                       "; lower train.lr or set train.grad_clip");
     }
     const double norm = std::sqrt(scalars[1].item<double>());
+    last_grad_norm_ = norm;
     const double clip = tr.grad_clip > 0 && norm > tr.grad_clip ? tr.grad_clip / (norm + 1e-6) : 1.0;
 
     // From here on this rank changes its state: a failure part-way leaves it torn.

@@ -80,6 +80,8 @@ class Trainer {
   int64_t step() const { return step_; }
   // Peak memory of the last Step's phases on this rank.
   const StepMemory& last_step_memory() const { return last_step_memory_; }
+  // The global L2 norm of the last step's gradient (over every rank's share), before clipping.
+  double last_grad_norm() const { return last_grad_norm_; }
 
   // Writes this rank's pieces of the checkpoint at the current step (shard/layout.h: parameters
   // and AdamW moments, each its tensor-parallel slice cut by data-parallel rank) and commits them:
@@ -142,6 +144,7 @@ class Trainer {
   int64_t step_ = 0;
   bool torn_ = false;
   StepMemory last_step_memory_;
+  double last_grad_norm_ = 0;
   Status init_status_;
 };
 

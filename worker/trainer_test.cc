@@ -20,7 +20,7 @@ namespace {
 
 class NullReporter : public TaskReporter {
  public:
-  void ReportStep(int64_t, double, double, const StepMemory&) override {}
+  void ReportStep(int64_t, double, double, double, const StepMemory&) override {}
   void ReportCheckpoint(int64_t, const std::string&, const std::vector<storage::CheckpointTensorInfo>&) override {}
   void ReportChunk(const storage::ActivationChunkInfo&, bool) override {}
   void ReportNotice(const std::string&, const std::string&) override {}

@@ -150,7 +150,7 @@ class RunningTask final : public TaskReporter {
   RunningTask(std::string run_id, uint32_t rank, uint64_t task_token, Outbox* outbox)
       : run_id_(std::move(run_id)), rank_(rank), task_token_(task_token), outbox_(outbox) {}
 
-  void ReportStep(int64_t step, double loss, double tokens_per_second, const StepMemory& memory) override {
+  void ReportStep(int64_t step, double loss, double grad_norm, double tokens_per_second, const StepMemory& memory) override {
     current_step_.store(step);
     schema::EnvelopeBuilder msg;
     auto ev = Event(msg);
@@ -158,15 +158,14 @@ class RunningTask final : public TaskReporter {
     s.setStep(step);
     s.setLoss(loss);
     s.setTokensPerSecond(tokens_per_second);
+    s.setGradNorm(grad_norm);
     s.setSchedulePeakBytes(static_cast<uint64_t>(std::max<int64_t>(0, memory.schedule_peak_bytes)));
     s.setUpdatePeakBytes(static_cast<uint64_t>(std::max<int64_t>(0, memory.update_peak_bytes)));
     PushAndRemember(msg.Serialize());
     if (task_log_) {
-      // The trainer's reporter carries no gradient norm, so the line has none (task.h is seen by
-      // every LibTorch file; widening it is for a change that also exposes the norm).
       char line[256];
-      std::snprintf(line, sizeof(line), "step %lld loss %.6f lr %.6g tokens/s %.1f memory %lld bytes",
-                    static_cast<long long>(step), loss, LearningRate(train_, step), tokens_per_second,
+      std::snprintf(line, sizeof(line), "step %lld loss %.6f lr %.6g grad_norm %.6g tokens/s %.1f memory %lld bytes",
+                    static_cast<long long>(step), loss, LearningRate(train_, step), grad_norm, tokens_per_second,
                     static_cast<long long>(std::max(memory.schedule_peak_bytes, memory.update_peak_bytes)));
       task_log_->Append(log::Level::kInfo, line);
     }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -96,7 +97,7 @@ TEST_F(LogsTest, EachRankLogHasItsStepLinesAndNothingOfAnotherRunAndMetricsMatch
   for (int step = 1; step <= 6; ++step) {
     EXPECT_EQ(CountSubstring(logs.out, "step " + std::to_string(step) + " loss "), 1) << "step " << step << ":\n" << logs.out;
   }
-  EXPECT_NE(logs.out.find(" lr 0.003 "), std::string::npos) << logs.out;
+  EXPECT_NE(logs.out.find(" lr 0.003 grad_norm "), std::string::npos) << logs.out;
   EXPECT_NE(logs.out.find("tokens/s "), std::string::npos) << logs.out;
   EXPECT_NE(logs.out.find(" memory "), std::string::npos) << logs.out;
   EXPECT_NE(logs.out.find("runs run " + a + " as rank 1"), std::string::npos) << "the task thread's own log lines:\n" << logs.out;
@@ -125,7 +126,7 @@ TEST_F(LogsTest, EachRankLogHasItsStepLinesAndNothingOfAnotherRunAndMetricsMatch
   ASSERT_EQ(csv.rc, 0) << csv.err;
   auto rows = Lines(csv.out);
   ASSERT_EQ(rows.size(), 7u) << csv.out;
-  EXPECT_EQ(rows[0], "step,loss,lr,tokens_per_second,memory_bytes,unix_ms");
+  EXPECT_EQ(rows[0], "step,loss,lr,tokens_per_second,grad_norm,memory_bytes,unix_ms");
   for (size_t i = 1; i < rows.size(); ++i) {
     std::istringstream fields(rows[i]);
     std::string step, loss;
@@ -144,6 +145,8 @@ TEST_F(LogsTest, EachRankLogHasItsStepLinesAndNothingOfAnotherRunAndMetricsMatch
     EXPECT_EQ(m["loss"].get<double>(), losses[i]);
     EXPECT_DOUBLE_EQ(m["lr"].get<double>(), 0.003);
     EXPECT_GT(m["tokens_per_second"].get<double>(), 0);
+    EXPECT_GT(m["grad_norm"].get<double>(), 0);  // the global norm, before clipping
+    EXPECT_TRUE(std::isfinite(m["grad_norm"].get<double>()));
     EXPECT_GT(m["memory_bytes"].get<int64_t>(), 0);
     EXPECT_GT(m["unix_ms"].get<int64_t>(), 0);
   }
