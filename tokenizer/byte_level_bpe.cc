@@ -37,6 +37,7 @@
 #include <unordered_map>
 
 #include "tokenizer/added_tokens.h"
+#include "tokenizer/flat_map.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/unicode_text.h"
 
@@ -49,12 +50,6 @@ using json = nlohmann::json;
 // symbols, each with one optional leading space; whitespace runs leave their last space to the
 // next word.
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-using BytesToId = std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>>;
 
 // ---------------------------------------------------------------------------------------------
 // The BPE model
@@ -95,17 +90,14 @@ struct BpeScratch {
 };
 
 struct BpeModel {
-  BytesToId vocab;  // the bytes a token stands for -> id
-  std::unordered_map<uint64_t, MergeRule> merges;
+  FlatStringMap<uint32_t> vocab;  // the bytes a token stands for -> id
+  FlatPairMap<MergeRule> merges;   // (left id, right id) -> rank and merged id
   std::array<ByteSymbol, 256> byte_symbols;
   std::optional<uint32_t> unk_id;
   bool fuse_unk = false;
   bool ignore_merges = false;
 
-  const MergeRule* FindMerge(uint32_t left, uint32_t right) const {
-    const auto it = merges.find((static_cast<uint64_t>(left) << 32) | right);
-    return it == merges.end() ? nullptr : &it->second;
-  }
+  const MergeRule* FindMerge(uint32_t left, uint32_t right) const { return merges.Find(left, right); }
 
   // The ids of one word (without the cache), appended to *out.
   void MergeWord(std::string_view word, BpeScratch& scratch, std::vector<uint32_t>* out) const {
@@ -188,25 +180,28 @@ struct BpeModel {
 class WordCache {
  public:
   bool Lookup(std::string_view word, std::vector<uint32_t>* out) const {
-    const auto it = words_.find(word);
-    if (it == words_.end()) return false;
-    out->insert(out->end(), ids_.begin() + it->second.first, ids_.begin() + it->second.first + it->second.second);
+    const Span* span = words_.Find(word);
+    if (span == nullptr) return false;
+    out->insert(out->end(), ids_.begin() + span->offset, ids_.begin() + span->offset + span->count);
     return true;
   }
   void Insert(std::string_view word, const std::vector<uint32_t>& ids) {
     if (word.size() > kMaxWordBytes) return;
     if (words_.size() >= kMaxWords) {
-      words_.clear();
+      words_.Clear();
       ids_.clear();
     }
-    words_.emplace(std::string(word), std::make_pair(static_cast<uint32_t>(ids_.size()), static_cast<uint32_t>(ids.size())));
+    words_.Insert(word, {static_cast<uint32_t>(ids_.size()), static_cast<uint32_t>(ids.size())});
     ids_.insert(ids_.end(), ids.begin(), ids.end());
   }
 
  private:
   static constexpr size_t kMaxWords = 1 << 18;  // ~25 MB
   static constexpr size_t kMaxWordBytes = 256;  // longer "words" (base64, long runs) rarely repeat
-  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>> words_;  // -> (offset, count) in ids_
+  struct Span {
+    uint32_t offset, count;  // in ids_
+  };
+  FlatStringMap<Span> words_;
   std::vector<uint32_t> ids_;
 };
 
@@ -548,8 +543,8 @@ void BpeStream::EncodeWord(std::string_view word, std::vector<uint32_t>* ids) {
   if (word.empty()) return;
   const BpeModel& model = t_.model_;
   if (model.ignore_merges) {
-    if (const auto it = model.vocab.find(word); it != model.vocab.end()) {
-      ids->push_back(it->second);
+    if (const uint32_t* id = model.vocab.Find(word)) {
+      ids->push_back(*id);
       return;
     }
   }
@@ -744,7 +739,7 @@ Status Loader::LoadModel(const json& model, ByteLevelBpeTokenizer* t, std::unord
       bytes.push_back(static_cast<char>(b));
       i += std::max<size_t>(length, 1);
     }
-    if (byte_level) m.vocab.emplace(std::move(bytes), value);
+    if (byte_level) m.vocab.Insert(bytes, value);
   }
   t->id_to_token_.assign(vocab->empty() ? 0 : size_t{max_id} + 1, std::string());
   for (const auto& [token, id] : *vocab_by_text) t->id_to_token_[id] = token;
@@ -783,7 +778,7 @@ Status Loader::LoadModel(const json& model, ByteLevelBpeTokenizer* t, std::unord
     symbol.kind = m.unk_id ? ByteSymbol::kUnknown : ByteSymbol::kDropped;
   }
 
-  m.merges.reserve(merges->size());
+  m.merges.Reserve(merges->size());
   for (size_t rank = 0; rank < merges->size(); ++rank) {
     const json& merge = (*merges)[rank];
     const std::string field = "model.merges[" + std::to_string(rank) + "]";
@@ -807,7 +802,7 @@ Status Loader::LoadModel(const json& model, ByteLevelBpeTokenizer* t, std::unord
     if (r == vocab_by_text->end()) return Bad(field, "names " + Quoted(right) + ", which is not in model.vocab");
     if (merged == vocab_by_text->end()) return Bad(field, "makes " + Quoted(left + right) + ", which is not in model.vocab");
     // A pair listed twice takes its later rank, as tokenizers' merge map does.
-    m.merges[(static_cast<uint64_t>(l->second) << 32) | r->second] = {static_cast<uint32_t>(rank), merged->second};
+    m.merges.Insert(l->second, r->second, {static_cast<uint32_t>(rank), merged->second});
   }
   return Status::Ok();
 }
