@@ -67,6 +67,11 @@ find_library(ICU_UC_LIB icuuc REQUIRED)
 add_library(strata_icu INTERFACE)
 target_include_directories(strata_icu INTERFACE ${ICU_INCLUDE_DIR})
 target_link_libraries(strata_icu INTERFACE ${ICU_UC_LIB})
+# Debian's libsentencepiece carries its own protobuf-lite and exports its symbols, which clash with
+# the libprotobuf that Debian's LibTorch loads: a process that loads both crashes before main().
+# So strata_tokenizer does not carry it in its link interface (a test that links strata_cli and
+# LibTorch would load it): a program that calls into the tokenizer links strata_sentencepiece
+# itself (the strata CLI, the tokenizer tests and bench; nothing that links LibTorch).
 find_path(SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h REQUIRED)
 find_library(SENTENCEPIECE_LIB sentencepiece REQUIRED)
 add_library(strata_sentencepiece INTERFACE)

@@ -110,7 +110,8 @@ size_t AddedTokenMatcher::Split(std::string_view text, bool final, char32_t char
   size_t hold = n;
   if (!final) {
     hold = PartialTokenStart(text);
-    if (any_lstrip_) hold = std::min(hold, WhitespaceRunEndingAt(text, n));
+    // An lstrip token that comes next takes the whitespace before it.
+    if (any_lstrip_) hold = WhitespaceRunEndingAt(text, hold);
   }
   size_t piece_start = 0;  // where the current text piece began (`start_offset` in `tokenizers`)
   size_t pos = 0;          // where the search for the next match resumes

@@ -36,8 +36,9 @@ class AddedTokenMatcher {
 
   // Splits text[0, returned) into pieces (appended to *pieces, in order, covering it). When
   // `final` is false the text may continue: it stops before anything that more text could turn
-  // into a token or a different one (the start of a partial token; with lstrip tokens, trailing
-  // whitespace; a token whose rstrip / single_word needs the next character), and a text piece at
+  // into a token or a different one (the start of a partial token; with lstrip tokens, the
+  // whitespace before it or at the end; a token whose rstrip / single_word needs the next
+  // character), and a text piece at
   // the end stays open (it continues in the next call). `char_before` is the character before
   // text[0] in the same split (0: none), which single_word looks at.
   size_t Split(std::string_view text, bool final, char32_t char_before, std::vector<TextPiece>* pieces) const;
