@@ -1,16 +1,27 @@
 // SentencePiece tokenizer.model files (Llama 2, Gemma), through Debian's libsentencepiece:
 // SentencePieceProcessor::Encode, no BOS / EOS.
 //
-// Streaming. SentencePiece encodes a text as one sentence: spaces become '▁', a dummy '▁' may be
-// put in front of the whole (add_dummy_prefix), leading spaces may be dropped
-// (remove_extra_whitespaces), and pieces never cross a '▁' that starts a word (split_by_whitespace).
-// So a long text is cut just before a space that has a letter or digit on each side, and the part
-// after the cut is encoded behind a probe word: Encode("a" + " word ...") minus the ids of
-// Encode("a") is exactly what the part gives inside the whole text, whatever the model's options.
-// Where that does not hold (the probe's ids are not a prefix: a model whose pieces cross spaces),
-// or where no such space comes within 64 MiB (Chinese without spaces), the part is encoded on its
-// own, after a newline, and counted in inexact_cuts(): there the ids may differ from the whole
-// text's by the pieces at the cut.
+// Parts. SentencePiece encodes a text as one sentence: spaces become '▁', a dummy '▁' may be put in
+// front of the whole (add_dummy_prefix), leading spaces may be dropped (remove_extra_whitespaces),
+// and pieces never cross a '▁' that starts a word (split_by_whitespace). So a text can be cut just
+// before a space that has a letter or digit on each side, and the part after the cut encoded
+// behind a probe word: Encode("a" + " word ...") minus the ids of Encode("a") is what the part
+// gives inside the whole text, whatever the model's options.
+//
+// A text longer than 256 bytes is encoded in such parts, of about 256 bytes (a few words), because
+// a unigram model's Viterbi loses score precision as a sentence grows: where two segmentations of a
+// word score almost the same, which one wins depends on how much text came before it in the
+// sentence. Measured on a 6 MB text with a 16,000-piece unigram model: Debian's libsentencepiece
+// 0.1.97 and pip's sentencepiece 0.2.2 each give other pieces for a few words when the whole text is
+// one sentence (and differ from each other there), and the same words alone or in a line give one
+// answer, which parts of 64 bytes to 1 KiB all reproduce (ids word for word: "the same word, the
+// same pieces"). Parts are also faster: 0.1.97's time grows faster than a sentence's length (0.04 s
+// for 100 kB, 0.8 s for 1 MB). Encode uses the same parts, so a stream and Encode agree.
+//
+// Where no such space comes within 256 KiB (Chinese without spaces), the cut is made before a
+// newline instead, and counted in inexact_cuts(): pieces may cross a newline, so the ids next to it
+// may differ from the whole text's. So is a cut where the probe's ids are not a prefix of the
+// part's (a model whose pieces cross spaces); that part is then encoded on its own.
 #include <sentencepiece_processor.h>
 
 #include <algorithm>
@@ -23,10 +34,8 @@
 namespace strata::tokenizer {
 namespace {
 
-// Encode about this much at a time: libsentencepiece's encoding of one sentence grows faster than
-// its length (0.04 s for 100 kB, 0.8 s for 1 MB, 2.5 s for 2.3 MB of English with a small BPE).
-constexpr size_t kCutEvery = 256 << 10;
-constexpr size_t kMaxWithoutSpace = 64 << 20;  // then cut at a newline, inexactly
+constexpr size_t kPartBytes = 256;              // see the top of the file
+constexpr size_t kMaxWithoutSpace = 256 << 10;  // then cut before a newline, inexactly
 constexpr const char* kProbe = "a";            // the word a part after a cut is encoded behind
 
 // A character on either side of a space where SentencePiece may be cut: letters and digits of the
@@ -60,12 +69,12 @@ class SentencePieceStream final : public EncodeStream {
 
  private:
   void EncodePart(std::string_view part, std::vector<uint32_t>* ids);
+  bool CutAt(size_t start, size_t i) const;
 
   const SentencePieceTokenizer& t_;
   std::string held_;
   size_t searched_ = 0;     // held_[0, searched_) has no place to cut at a space
   bool after_cut_ = false;  // held_ starts at a cut (with its space), not at the start of the text
-  bool after_newline_cut_ = false;
   int64_t inexact_cuts_ = 0;
 };
 
@@ -78,11 +87,20 @@ class SentencePieceTokenizer final : public Tokenizer {
                              "); the file is damaged or of another kind: fetch the model's tokenizer.model again");
     }
     path_ = path;
-    probe_ids_ = Encode(kProbe);
+    probe_ids_ = EncodeSentence(kProbe);
     return Status::Ok();
   }
 
   std::vector<uint32_t> Encode(std::string_view text) const override {
+    if (text.size() <= kPartBytes) return EncodeSentence(text);
+    std::vector<uint32_t> ids;
+    SentencePieceStream stream(*this);
+    stream.Feed(text, &ids);
+    stream.Finish(&ids);
+    return ids;
+  }
+  // One call of the processor on `text`.
+  std::vector<uint32_t> EncodeSentence(std::string_view text) const {
     std::vector<int> ids;
     (void)processor_.Encode(text, &ids);  // fails only without a model; Load made sure there is one
     return std::vector<uint32_t>(ids.begin(), ids.end());
@@ -109,8 +127,8 @@ class SentencePieceTokenizer final : public Tokenizer {
 };
 
 void SentencePieceStream::EncodePart(std::string_view part, std::vector<uint32_t>* ids) {
-  if (after_cut_ && !after_newline_cut_) {  // part starts with the space of a cut
-    const std::vector<uint32_t> probed = t_.Encode(std::string(kProbe) + std::string(part));
+  if (after_cut_) {  // part starts with the space (or newline) of a cut
+    const std::vector<uint32_t> probed = t_.EncodeSentence(std::string(kProbe) + std::string(part));
     const std::vector<uint32_t>& probe = t_.probe_ids();
     if (probed.size() >= probe.size() && std::equal(probe.begin(), probe.end(), probed.begin())) {
       ids->insert(ids->end(), probed.begin() + static_cast<std::ptrdiff_t>(probe.size()), probed.end());
@@ -118,48 +136,52 @@ void SentencePieceStream::EncodePart(std::string_view part, std::vector<uint32_t
     }
     ++inexact_cuts_;
   }
-  const std::vector<uint32_t> part_ids = t_.Encode(part);
+  const std::vector<uint32_t> part_ids = t_.EncodeSentence(part);
   ids->insert(ids->end(), part_ids.begin(), part_ids.end());
+}
+
+// A space at held_[i] with a cut neighbour on both sides, after `start` (a part is never empty).
+bool SentencePieceStream::CutAt(size_t start, size_t i) const {
+  if (i <= start || i + 1 >= held_.size() || held_[i] != ' ') return false;
+  size_t before = i - 1;
+  while (before > start && (static_cast<unsigned char>(held_[before]) & 0xC0) == 0x80) --before;
+  return IsCutNeighbour(held_, before) && IsCutNeighbour(held_, i + 1);
 }
 
 void SentencePieceStream::Feed(std::string_view text, std::vector<uint32_t>* ids) {
   held_.append(text);
-  if (held_.size() < kCutEvery) return;
-  // The last space with a cut neighbour on both sides, not in the first byte (a part is never
-  // empty); held text searched before had none.
-  size_t cut = std::string::npos;
-  const size_t searched = std::max<size_t>(searched_, 1);
-  searched_ = held_.size() - 2;  // a space in the last byte needs the next one
-  for (size_t i = held_.size() - 1; i > searched; --i) {
-    if (held_[i] != ' ' || i + 1 >= held_.size()) continue;
-    size_t before = i - 1;
-    while (before > 0 && (static_cast<unsigned char>(held_[before]) & 0xC0) == 0x80) --before;
-    if (IsCutNeighbour(held_, before) && IsCutNeighbour(held_, i + 1)) {
-      cut = i;
-      break;
+  size_t start = 0;  // of what is not encoded yet
+  while (held_.size() - start > kPartBytes) {
+    // The last place to cut within a part's length, else the first one after it (within 256 KiB).
+    size_t cut = std::string::npos;
+    for (size_t i = start + kPartBytes; i > start && cut == std::string::npos; --i) {
+      if (CutAt(start, i)) cut = i;
     }
+    const size_t search_end = std::min(held_.size(), start + kMaxWithoutSpace);
+    for (size_t i = std::max(start + kPartBytes, searched_); cut == std::string::npos && i < search_end; ++i) {
+      if (CutAt(start, i)) cut = i;
+    }
+    if (cut == std::string::npos) {
+      searched_ = held_.size() - 1;  // held text so far has no place to cut: do not search it again
+      if (held_.size() - start < kMaxWithoutSpace) break;
+      const size_t newline = held_.rfind('\n', start + kMaxWithoutSpace);
+      if (newline == std::string::npos || newline <= start) break;
+      cut = newline;
+      ++inexact_cuts_;
+    }
+    EncodePart(std::string_view(held_).substr(start, cut - start), ids);
+    start = cut;
+    after_cut_ = true;
   }
-  bool newline_cut = false;
-  if (cut == std::string::npos) {
-    if (held_.size() < kMaxWithoutSpace) return;
-    const size_t newline = held_.rfind('\n');
-    if (newline == std::string::npos || newline == 0) return;
-    cut = newline + 1;
-    newline_cut = true;
-  }
-  EncodePart(std::string_view(held_).substr(0, cut), ids);
-  held_.erase(0, cut);
-  searched_ = 0;
-  after_cut_ = true;
-  after_newline_cut_ = newline_cut;
-  if (newline_cut) ++inexact_cuts_;
+  held_.erase(0, start);
+  searched_ = searched_ > start ? searched_ - start : 0;
 }
 
 void SentencePieceStream::Finish(std::vector<uint32_t>* ids) {
   if (!held_.empty() || !after_cut_) EncodePart(held_, ids);
   held_.clear();
   searched_ = 0;
-  after_cut_ = after_newline_cut_ = false;
+  after_cut_ = false;
 }
 
 }  // namespace

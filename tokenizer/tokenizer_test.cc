@@ -519,8 +519,8 @@ class SentencePieceTest : public TokenizerTest {
     }
     const std::string input = Write("corpus.txt", corpus);
     const auto status = sentencepiece::SentencePieceTrainer::Train(
-        "--input=" + input + " --model_prefix=" + dir_ + "/tokenizer --vocab_size=120 --model_type=bpe " +
-        "--character_coverage=1.0 --minloglevel=2 " + extra_args);
+        "--input=" + input + " --model_prefix=" + dir_ + "/tokenizer --vocab_size=120 " +
+        "--character_coverage=1.0 --num_threads=1 --minloglevel=2 " + extra_args);
     ASSERT_TRUE(status.ok()) << status.ToString();
     ASSERT_TRUE(fs::exists(dir_ + "/tokenizer.model"));
     words_ = words;
@@ -529,7 +529,7 @@ class SentencePieceTest : public TokenizerTest {
 };
 
 TEST_F(SentencePieceTest, EncodesAsTheProcessorWithoutBos) {
-  TrainModel();
+  TrainModel("--model_type=bpe");
   auto tok = LoadTokenizer(dir_);
   ASSERT_TRUE(tok.ok()) << tok.status().message();
   sentencepiece::SentencePieceProcessor reference;
@@ -544,19 +544,28 @@ TEST_F(SentencePieceTest, EncodesAsTheProcessorWithoutBos) {
   EXPECT_NE((*tok)->description().find("SentencePiece"), std::string::npos);
 }
 
-TEST_F(SentencePieceTest, StreamCutsAtSpacesGiveTheWholeTextsIds) {
-  for (const std::string args : {"", "--add_dummy_prefix=false", "--remove_extra_whitespaces=false"}) {
+TEST_F(SentencePieceTest, PartsCutAtSpacesGiveTheWholeSentencesIds) {
+  // 120 kB: several 16 KiB parts, each after the first encoded behind the probe word; the reference
+  // is the processor on the whole text as one sentence (short enough to be exact).
+  for (const std::string args : {"--model_type=bpe", "--model_type=bpe --add_dummy_prefix=false",
+                                 "--model_type=bpe --remove_extra_whitespaces=false", "--model_type=unigram --hard_vocab_limit=false",
+                                 "--model_type=unigram --hard_vocab_limit=false --add_dummy_prefix=false --remove_extra_whitespaces=false"}) {
     SCOPED_TRACE("trained with '" + args + "'");
     TrainModel(args);
     auto tok = LoadTokenizer(dir_);
     ASSERT_TRUE(tok.ok()) << tok.status().message();
+    sentencepiece::SentencePieceProcessor reference;
+    ASSERT_TRUE(reference.Load(dir_ + "/tokenizer.model").ok());
     std::string text;
     std::mt19937 rng(5);
-    while (text.size() < (1200u << 10)) text += words_[rng() % words_.size()] + (rng() % 9 == 0 ? "\n" : " ");  // a few cuts
-    const Ids whole = (*tok)->Encode(text);
+    while (text.size() < 120000) text += words_[rng() % words_.size()] + (rng() % 9 == 0 ? "\n" : rng() % 7 == 0 ? "  " : " ");
+    std::vector<int> expected;
+    ASSERT_TRUE(reference.Encode(text, &expected).ok());
+    const Ids whole(expected.begin(), expected.end());
+    EXPECT_TRUE((*tok)->Encode(text) == whole);
     auto stream = (*tok)->NewStream();
     Ids streamed;
-    for (size_t pos = 0; pos < text.size(); pos += 100000) stream->Feed(std::string_view(text).substr(pos, 100000), &streamed);
+    for (size_t pos = 0; pos < text.size(); pos += 7000) stream->Feed(std::string_view(text).substr(pos, 7000), &streamed);
     stream->Finish(&streamed);
     EXPECT_EQ(stream->inexact_cuts(), 0);
     EXPECT_EQ(streamed.size(), whole.size());
@@ -565,7 +574,7 @@ TEST_F(SentencePieceTest, StreamCutsAtSpacesGiveTheWholeTextsIds) {
 }
 
 TEST_F(SentencePieceTest, UnsupportedJsonGivesWayToTokenizerModel) {
-  TrainModel();
+  TrainModel("--model_type=bpe");
   TokenizerJson t;
   json metaspace = t.Build();
   metaspace["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "▁"}};

@@ -13,8 +13,11 @@ the same bytes on every run), trains small tokenizers on it with `tokenizers`:
 and, when the `sentencepiece` package imports, a BPE and a unigram tokenizer.model. For each, it
 runs `STRATA_BIN tokenize DIR TEXT --out IDS.u32` and compares every id with
 tokenizers.Tokenizer.encode(text, add_special_tokens=False) (and with transformers'
-PreTrainedTokenizerFast when transformers imports; SentencePieceProcessor.encode for .model),
-printing the first mismatch with its context. Speed: MB/s of both on one thread
+PreTrainedTokenizerFast when transformers imports), printing the first mismatch with its context.
+For a tokenizer.model the reference is SentencePieceProcessor.encode of the same parts strata cuts
+the text into (a few words each, see tokenizer/sentencepiece_tokenizer.cc: a unigram model encodes
+one long sentence with less precision, in sentencepiece 0.2 as in Debian's 0.1.97); whether the
+whole text as one sentence gave the same ids is reported beside it. Speed: MB/s of both on one thread
 (RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM=false; one encode of the whole text each; strata's
 figure is its own "MB/s" line, which leaves out loading the tokenizer, and the wall time of the
 process, which does not).
@@ -151,6 +154,72 @@ def other_merge_form(spec):
         return spec, "strings"
     spec["model"]["merges"] = [m.split(" ") for m in merges]
     return spec, "pairs"
+
+
+SPM_PART_BYTES = 256            # tokenizer/sentencepiece_tokenizer.cc: kPartBytes
+SPM_MAX_WITHOUT_SPACE = 256 << 10  # kMaxWithoutSpace
+SPM_PROBE = "a"                # kProbe
+
+
+def _spm_cut_neighbour(b, i):
+    c = b[i]
+    if c < 0x80:
+        return chr(c).isalnum()
+    if c & 0xC0 == 0x80:
+        return False
+    ch = b[i:i + 4].decode("utf-8", errors="ignore")[:1]
+    if not ch:
+        return False
+    o = ord(ch)
+    return ((0xC0 <= o <= 0x24F and o not in (0xD7, 0xF7)) or 0x391 <= o <= 0x3C9 or 0x400 <= o <= 0x4FF
+            or 0x5D0 <= o <= 0x5EA or 0x620 <= o <= 0x64A or 0x3041 <= o <= 0x30FF or 0x4E00 <= o <= 0x9FFF
+            or 0xAC00 <= o <= 0xD7A3)
+
+
+def spm_parts(text):
+    """The parts strata encodes a text in for SentencePiece (the rules of sentencepiece_tokenizer.cc):
+    [(part, after_cut)], part as str. See there for why: on a unigram model, one long sentence is
+    encoded with less precision, in both libsentencepiece 0.1.97 and sentencepiece 0.2."""
+    b = text.encode("utf-8")
+
+    def cut_at(start, i):
+        if i <= start or i + 1 >= len(b) or b[i] != 0x20:
+            return False
+        before = i - 1
+        while before > start and b[before] & 0xC0 == 0x80:
+            before -= 1
+        return _spm_cut_neighbour(b, before) and _spm_cut_neighbour(b, i + 1)
+
+    parts, start = [], 0
+    while len(b) - start > SPM_PART_BYTES:
+        cut = next((i for i in range(start + SPM_PART_BYTES, start, -1) if cut_at(start, i)), None)
+        if cut is None:
+            end = min(len(b), start + SPM_MAX_WITHOUT_SPACE)
+            cut = next((i for i in range(start + SPM_PART_BYTES, end) if cut_at(start, i)), None)
+        if cut is None:
+            if len(b) - start < SPM_MAX_WITHOUT_SPACE:
+                break
+            newline = b.rfind(b"\n", 0, start + SPM_MAX_WITHOUT_SPACE + 1)
+            if newline <= start:
+                break
+            cut = newline
+        parts.append((b[start:cut].decode("utf-8"), start > 0))
+        start = cut
+    parts.append((b[start:].decode("utf-8"), start > 0))
+    return parts
+
+
+def spm_encode_in_parts(sp, text):
+    probe = sp.encode(SPM_PROBE)
+    ids = []
+    for part, after_cut in spm_parts(text):
+        if after_cut:
+            probed = sp.encode(SPM_PROBE + part)
+            if probed[:len(probe)] == probe:
+                ids += probed[len(probe):]
+                continue
+        ids += sp.encode(part)
+    return ids
 
 
 def run_strata(strata, model_dir, text_path, out_path):
@@ -307,8 +376,12 @@ def main():
         else:
             sp = spm.SentencePieceProcessor(model_file=path)
             t0 = time.perf_counter()
-            theirs = sp.encode(text)
+            whole = sp.encode(text)
             seconds = time.perf_counter() - t0
+            # The reference is the same parts strata encodes (see spm_parts); the whole text as one
+            # sentence is reported beside it (a unigram model may differ there by a few words).
+            theirs = spm_encode_in_parts(sp, text)
+            result["reference"] = "sentencepiece (same parts)"
             offsets = None
             token_text = lambda t, sp=sp: sp.id_to_piece(t) if 0 <= t < sp.get_piece_size() else "?"
             result["vocab_size"] = sp.get_piece_size()
@@ -323,6 +396,9 @@ def main():
             result["first_mismatch"] = first_mismatch(ours, theirs, text, offsets, token_text)
             result["equal"] = result["first_mismatch"] is None
             all_equal = all_equal and result["equal"]
+            if reference == "sentencepiece":
+                result["whole_text_as_one_sentence_equal"] = ours == whole
+                result["whole_text_as_one_sentence_ids"] = len(whole)
         report(result)
         summary["results"].append(result)
 
