@@ -8,15 +8,16 @@
 // behind a probe word: Encode("a" + " word ...") minus the ids of Encode("a") is what the part
 // gives inside the whole text, whatever the model's options.
 //
-// A text longer than 256 bytes is encoded in such parts, of about 256 bytes (a few words), because
-// a unigram model's Viterbi loses score precision as a sentence grows: where two segmentations of a
-// word score almost the same, which one wins depends on how much text came before it in the
-// sentence. Measured on a 6 MB text with a 16,000-piece unigram model: Debian's libsentencepiece
-// 0.1.97 and pip's sentencepiece 0.2.2 each give other pieces for a few words when the whole text is
-// one sentence (and differ from each other there), and the same words alone or in a line give one
-// answer, which parts of 64 bytes to 1 KiB all reproduce (ids word for word: "the same word, the
-// same pieces"). Parts are also faster: 0.1.97's time grows faster than a sentence's length (0.04 s
-// for 100 kB, 0.8 s for 1 MB). Encode uses the same parts, so a stream and Encode agree.
+// A text longer than 256 bytes is encoded in such parts, of about 256 bytes (a few words). A
+// unigram model's Viterbi adds up scores in float along the whole sentence, so where two
+// segmentations of a word score (nearly) the same ("222" as 22 2 or as 2 22; "▁种" or "▁" "种"),
+// which one wins depends on the text before it in the sentence. Given a 6 MB text as one sentence,
+// Debian's libsentencepiece 0.1.97 and pip's sentencepiece 0.2.2 segment a few dozen such words one
+// way or the other, and not alike. In parts, a word's pieces depend only on its part: a stream and
+// Encode agree, and so does any program that cuts the text the same way
+// (tests/gpu/tokenizer_parity.py does). Parts are also faster: 0.1.97's time grows faster than a
+// sentence's length (0.04 s for 100 kB, 0.8 s for 1 MB). BPE models do not drift: for them the
+// parts give the whole sentence's ids.
 //
 // Where no such space comes within 256 KiB (Chinese without spaces), the cut is made before a
 // newline instead, and counted in inexact_cuts(): pieces may cross a newline, so the ids next to it
