@@ -9,7 +9,7 @@
 //    Qwen2 and their kin): ids equal to `tokenizers`' encode(text, add_special_tokens=False),
 //    added tokens written in the text (<|endoftext|>) included;
 //  - else DIR/tokenizer.model of SentencePiece (Llama 2, Gemma): SentencePieceProcessor::Encode,
-//    no BOS / EOS.
+//    no BOS / EOS, on parts of a few words (sentencepiece_tokenizer.cc says why).
 // A tokenizer.json of another kind (WordPiece, Unigram, a Metaspace BPE) gives way to a
 // tokenizer.model beside it; without one it is refused, naming the field that is not supported.
 #pragma once
