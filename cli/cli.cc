@@ -30,6 +30,7 @@
 #include "cli/exit.h"
 #include "cli/logs_command.h"
 #include "cli/plan_command.h"
+#include "cli/tokenize_command.h"
 #include "cli/export.h"
 #include "model/hf_checkpoint.h"
 #include "common/byte_size.h"
@@ -1186,6 +1187,7 @@ int RunCli(int argc, char** argv) {
   plan_cmd->add_option("spec", plan_request.spec_path, "run spec file")->required();
   plan_cmd->add_option("--cluster-spec", plan_request.cluster_spec, "plan for a described cluster (TOML [[nodes]]) instead of the live one");
   plan_cmd->add_flag("--json", plan_request.as_json, "machine-readable output");
+  TokenizeCommand tokenize(app);
 
   try {
     app.parse(argc, argv);
@@ -1200,6 +1202,7 @@ int RunCli(int argc, char** argv) {
       std::cout << BashCompletion(app);
       return kExitOk;
     }
+    if (tokenize.selected()) return tokenize.Run();
     if (*up) return CmdUp(g, up_options);
     if (*down) return CmdDown(g, down_grace_s);
     if (*workers_cmd) return CmdWorkers(g, as_json);

@@ -56,6 +56,32 @@ target_include_directories(strata_httplib INTERFACE ${HTTPLIB_INCLUDE_DIR})
 target_compile_definitions(strata_httplib INTERFACE CPPHTTPLIB_OPENSSL_SUPPORT CPPHTTPLIB_ZLIB_SUPPORT CPPHTTPLIB_BROTLI_SUPPORT)
 target_link_libraries(strata_httplib INTERFACE ${HTTPLIB_LIB} Threads::Threads)
 
+# --- Tokenizers (tokenizer/): PCRE2 runs the pre-tokenizer regexes, ICU's NFC, SentencePiece ------
+find_path(PCRE2_INCLUDE_DIR pcre2.h REQUIRED)
+find_library(PCRE2_LIB pcre2-8 REQUIRED)
+add_library(strata_pcre2 INTERFACE)
+target_include_directories(strata_pcre2 INTERFACE ${PCRE2_INCLUDE_DIR})
+target_link_libraries(strata_pcre2 INTERFACE ${PCRE2_LIB})
+find_path(ICU_INCLUDE_DIR unicode/normalizer2.h REQUIRED)
+find_library(ICU_UC_LIB icuuc REQUIRED)
+add_library(strata_icu INTERFACE)
+target_include_directories(strata_icu INTERFACE ${ICU_INCLUDE_DIR})
+target_link_libraries(strata_icu INTERFACE ${ICU_UC_LIB})
+# Debian's libsentencepiece carries its own protobuf-lite and exports its symbols, which clash with
+# the libprotobuf that Debian's LibTorch loads: a process that loads both crashes before main().
+# So strata_tokenizer does not carry it in its link interface (a test that links strata_cli and
+# LibTorch would load it): a program that calls into the tokenizer links strata_sentencepiece
+# itself (the strata CLI, the tokenizer tests and bench; nothing that links LibTorch).
+find_path(SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h REQUIRED)
+find_library(SENTENCEPIECE_LIB sentencepiece REQUIRED)
+add_library(strata_sentencepiece INTERFACE)
+target_include_directories(strata_sentencepiece INTERFACE ${SENTENCEPIECE_INCLUDE_DIR})
+target_link_libraries(strata_sentencepiece INTERFACE ${SENTENCEPIECE_LIB})
+# The trainer: only the tests, which make a small model rather than ship one.
+find_library(SENTENCEPIECE_TRAIN_LIB sentencepiece_train REQUIRED)
+add_library(strata_sentencepiece_train INTERFACE)
+target_link_libraries(strata_sentencepiece_train INTERFACE ${SENTENCEPIECE_TRAIN_LIB} strata_sentencepiece)
+
 # --- header-only helpers -----------------------------------------------------------------------
 find_path(TOMLPP_INCLUDE_DIR toml++/toml.h REQUIRED)
 find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)

@@ -14,6 +14,7 @@ PKGS=(
   libxxhash-dev                                  # record checksums
   libspdlog-dev libfmt-dev                       # logging (behind common/log.h)
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libcpp-httplib-dev
+  libpcre2-dev libicu-dev libsentencepiece-dev    # strata tokenize: regexes, NFC, SentencePiece (tokenizer/)
   libgtest-dev libgmock-dev
   base-files                                     # /usr/share/common-licenses: the demo corpus
   systemd                                        # systemd-analyze verify of the units (tests)

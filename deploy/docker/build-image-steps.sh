@@ -32,6 +32,7 @@ install_image_packages() {
     libzmq3-dev cppzmq-dev capnproto libcapnp-dev librocksdb-dev libxxhash-dev
     libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
     libcpp-httplib-dev libbrotli-dev zlib1g-dev libsystemd-dev
+    libpcre2-dev libicu-dev libsentencepiece-dev
   )
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
