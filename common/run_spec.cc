@@ -1,4 +1,5 @@
 #include "common/run_spec.h"
+#include "common/token_file.h"  // [data] file layouts (check_files)
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,8 +15,6 @@
 #include <set>
 #include <sstream>
 #include <toml++/toml.h>
-
-#include "common/token_file.h"
 
 namespace strata {
 namespace {
