@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
     for (auto& t : tokens) t = static_cast<uint16_t>(rng() % spec.model.vocab);
     std::ofstream(data_path, std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
   }
-  spec.data = {data_path, "u16"};
+  spec.data.path = data_path;
+  spec.data.format = "u16";
 
   auto executor = strata::worker::CreateTorchExecutor({device});
   if (!executor.ok()) {

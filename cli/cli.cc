@@ -32,6 +32,7 @@
 #include "cli/plan_command.h"
 #include "cli/tokenize_command.h"
 #include "cli/export.h"
+#include "cli/text_data.h"
 #include "model/hf_checkpoint.h"
 #include "common/byte_size.h"
 #include "common/curve.h"
@@ -875,6 +876,10 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o)
     if (Status weights = model::CheckHfCheckpoint(spec->model.init_from, spec->model); !weights.ok()) {
       return Fail(InvalidArgument(path + ": " + weights.message()));
     }
+  }
+  // data.format = "text": tokenized once into a cached u32 file, which the run then reads.
+  if (Status text_data = PrepareTextData(&*spec, g.state_dir, o.progress_every_s); !text_data.ok()) {
+    return Fail(text_data.code() == StatusCode::kInvalidArgument ? InvalidArgument(path + ": " + text_data.message()) : text_data);
   }
   std::pair<std::string, int64_t> resume_from;
   if (!resume.empty()) {

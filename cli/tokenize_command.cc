@@ -266,7 +266,7 @@ int Tokenize(const TokenizeRequest& r) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   char rate[64];
   std::snprintf(rate, sizeof(rate), "%.2f s, %.1f MB/s", seconds, seconds > 0 ? totals.bytes / seconds / 1e6 : 0.0);
-  std::cout << "wrote " << totals.tokens << " token ids (" << r.format << ", " << Size(totals.tokens * (u16 ? 2 : 4))
+  (r.summary_to_stderr ? std::cerr : std::cout) << "wrote " << totals.tokens << " token ids (" << r.format << ", " << Size(totals.tokens * (u16 ? 2 : 4))
             << ") to " << EscapeForTerminal(r.out) << " from " << Size(totals.bytes) << " of text in " << rate
             << "; tokenizer: " << tok.description() << std::endl;
   if (totals.inexact_cuts > 0) {

@@ -1,4 +1,5 @@
 #include "common/run_spec.h"
+#include "common/token_file.h"  // [data] file layouts (check_files)
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -30,7 +31,7 @@ const std::map<std::string, std::set<std::string>>& AllowedKeys() {
       {"model", {"family", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "sequence", "max_positions",
                  "rope_theta", "rope_scaling", "rotary_pct", "norm_eps", "attention_bias", "mlp_bias", "tie_embeddings",
                  "sliding_window", "parallel_residual", "activation", "init_from"}},
-      {"data", {"path", "format"}},
+      {"data", {"path", "format", "documents", "sample_within_documents", "tokenizer"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
                  "beta2", "eps", "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision"}},
       {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "stages"}},
@@ -566,29 +567,75 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
 
   STRATA_RETURN_IF_ERROR(r.String("data", "path", &spec.data.path));
   STRATA_RETURN_IF_ERROR(r.String("data", "format", &spec.data.format));
-  if (spec.data.path.empty()) {
-    return InvalidArgument("run spec: data.path is missing; set it to a text file (format = \"bytes\") or a u16 token file");
+  STRATA_RETURN_IF_ERROR(r.String("data", "documents", &spec.data.documents));
+  STRATA_RETURN_IF_ERROR(r.Bool("data", "sample_within_documents", &spec.data.sample_within_documents));
+  STRATA_RETURN_IF_ERROR(r.String("data", "tokenizer", &spec.data.tokenizer));
+  const bool text = spec.data.format == "text";
+  if (!spec.data.tokenizer.empty() && !text) {
+    return InvalidArgument("run spec: data.tokenizer applies to data.format = \"text\" only; remove it, or set the format");
   }
-  if (spec.data.format != "bytes" && spec.data.format != "u16") {
-    return InvalidArgument("run spec: data.format = \"" + spec.data.format + "\" is not supported; use \"bytes\" or \"u16\"");
+  if (text && spec.data.tokenizer.empty()) spec.data.tokenizer = m.init_from;
+  if (text && spec.data.tokenizer.empty()) {
+    return InvalidArgument("run spec: data.format = \"text\" needs a tokenizer: set data.tokenizer to a model directory with "
+                           "tokenizer.json or tokenizer.model (or model.init_from, whose tokenizer is the default)");
+  }
+  if (spec.data.path.empty()) {
+    return InvalidArgument("run spec: data.path is missing; set it to a text file (format = \"bytes\") or a token file (\"u16\", \"u32\", \"npy\")");
+  }
+  if (!IsTokenFormat(spec.data.format) && !text) {
+    return InvalidArgument("run spec: data.format = \"" + spec.data.format + "\" is not supported; use " + kTokenFormats +
+                           ", or \"text\" with data.tokenizer");
   }
   if (spec.data.format == "bytes" && m.vocab < 256) {
     return InvalidArgument("run spec: model.vocab = " + std::to_string(m.vocab) +
                            " is too small for data.format = \"bytes\"; byte tokens need vocab >= 256");
   }
-  fs::path data_path(spec.data.path);
-  if (data_path.is_relative() && !base_dir.empty()) data_path = fs::path(base_dir) / data_path;
-  spec.data.path = data_path.lexically_normal().string();
-  if (check_files) {
+  if (spec.data.sample_within_documents && spec.data.documents.empty()) {
+    return InvalidArgument("run spec: data.sample_within_documents = true needs data.documents, a file of document start offsets "
+                           "(little-endian u64, or a .npy of int64)");
+  }
+  if (!spec.data.documents.empty() && !spec.data.sample_within_documents) {
+    return InvalidArgument("run spec: data.documents is read only with data.sample_within_documents = true; set it, or remove data.documents");
+  }
+  if (spec.data.sample_within_documents && spec.is_extract()) {
+    return InvalidArgument("run spec: data.sample_within_documents applies to train runs; an extract run captures the file's "
+                           "sequences in order, so remove it and data.documents");
+  }
+  auto absolute = [&](const std::string& path) {
+    fs::path p(path);
+    if (p.is_relative() && !base_dir.empty()) p = fs::path(base_dir) / p;
+    return p.lexically_normal().string();
+  };
+  spec.data.path = absolute(spec.data.path);
+  if (!spec.data.documents.empty()) spec.data.documents = absolute(spec.data.documents);
+  if (!spec.data.tokenizer.empty()) spec.data.tokenizer = absolute(spec.data.tokenizer);
+  if (check_files && text) {
     std::error_code ec;
-    if (!fs::is_regular_file(data_path, ec)) {
+    if (!fs::is_regular_file(spec.data.path, ec)) {
       return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" does not exist or is not a file");
     }
-    const uintmax_t size = fs::file_size(data_path, ec);
-    const uintmax_t token_bytes = spec.data.format == "u16" ? 2 : 1;
-    if (ec || size / token_bytes < static_cast<uintmax_t>(m.sequence + 1)) {
-      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" holds fewer than model.sequence + 1 = " +
-                             std::to_string(m.sequence + 1) + " tokens; use a larger file or a shorter sequence");
+    if (!fs::is_regular_file(spec.data.tokenizer + "/tokenizer.json", ec) && !fs::is_regular_file(spec.data.tokenizer + "/tokenizer.model", ec)) {
+      return InvalidArgument("run spec: data.tokenizer = \"" + spec.data.tokenizer + "\" holds neither tokenizer.json nor tokenizer.model");
+    }
+  } else if (check_files) {
+    std::error_code ec;
+    if (!fs::is_regular_file(spec.data.path, ec)) {
+      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" does not exist or is not a file");
+    }
+    auto layout = ReadTokenFileLayout(spec.data.path, spec.data.format);
+    if (!layout.ok()) return InvalidArgument("run spec: " + layout.status().message());
+    if (layout->tokens < static_cast<uint64_t>(m.sequence + 1)) {
+      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" holds " + std::to_string(layout->tokens) +
+                             " tokens, fewer than model.sequence + 1 = " + std::to_string(m.sequence + 1) +
+                             "; use a larger file or a shorter sequence");
+    }
+    if (!spec.data.documents.empty()) {
+      if (!fs::is_regular_file(spec.data.documents, ec)) {
+        return InvalidArgument("run spec: data.documents = \"" + spec.data.documents + "\" does not exist or is not a file");
+      }
+      // The size and header here; the offsets themselves when a worker loads them (TokenData).
+      auto documents = ReadDocumentsLayout(spec.data.documents);
+      if (!documents.ok()) return InvalidArgument("run spec: " + documents.status().message());
     }
   }
 
@@ -759,6 +806,11 @@ std::string RunSpecToToml(const RunSpec& spec) {
   root.insert("kind", spec.kind);
   root.insert("model", ModelToToml(spec.model));
   root.insert("data", toml::table{{"path", spec.data.path}, {"format", spec.data.format}});
+  if (!spec.data.documents.empty()) {
+    root["data"].as_table()->insert("documents", spec.data.documents);
+    root["data"].as_table()->insert("sample_within_documents", spec.data.sample_within_documents);
+  }
+  if (!spec.data.tokenizer.empty()) root["data"].as_table()->insert("tokenizer", spec.data.tokenizer);
   root.insert("train", toml::table{{"steps", spec.train.steps},
                                    {"global_batch", spec.train.global_batch},
                                    {"lr", spec.train.lr},

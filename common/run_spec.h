@@ -8,7 +8,7 @@
 //               rotary_pct, norm_eps, attention_bias, mlp_bias, tie_embeddings, sliding_window,
 //               parallel_residual, activation, init_from (a Hugging Face model directory, whose
 //               config.json fills every other [model] field; docs/models.md)
-//   [data]      path = "corpus.txt", format = "bytes" | "u16"
+//   [data]      path, format = "bytes" | "u16" | "u32" | "npy", documents, sample_within_documents
 //   [train]     steps, global_batch, lr, lr_schedule, warmup_steps, min_lr, weight_decay, beta1,
 //               beta2, eps, grad_clip, seed, checkpoint_every, keep_checkpoints, precision
 //   [parallel]  dp, pp, tp, micro_batch, zero, recompute (a train run takes dp x pp x tp workers)
@@ -127,7 +127,13 @@ struct ModelSpec {
 
 struct DataSpec {
   std::string path;              // absolute after ParseRunSpec
-  std::string format = "bytes";  // "bytes": each byte is a token; "u16": little-endian u16 ids
+  std::string format = "bytes";  // "bytes" (a byte per token), "u16", "u32" (little-endian ids) or "npy" (common/token_file.h)
+  std::string documents;         // document start offsets (u64, or .npy of int64/uint64); absolute; empty: none
+  bool sample_within_documents = false;  // train windows never cross a document boundary (needs documents)
+  // format "text": the model directory whose tokenizer (tokenizer.json or tokenizer.model) turns
+  // the text into ids; absolute; empty: model.init_from. `strata submit` tokenizes the text once
+  // into a cached u32 file and submits that (cli/text_data.h): workers never see "text".
+  std::string tokenizer;
 };
 
 struct TrainSpec {

@@ -67,6 +67,60 @@ TEST_F(RunSpecTest, MissingDataFileIsNamed) {
   std::remove((dir_ + "/corpus.txt").c_str());
   ExpectRejected(Valid(), "data.path");
 }
+
+// [data] (docs/run-spec.md): every format's file is checked at submit for its size, its header
+// and sequence + 1 tokens; the documents keys go together and only with train runs.
+TEST_F(RunSpecTest, DataFormatsAreCheckedAgainstTheirFiles) {
+  auto data = [&](const std::string& body) { return With("[data]\npath = \"corpus.txt\"\n", "[data]\n" + body); };
+  auto write = [&](const std::string& name, const std::string& bytes) { std::ofstream(dir_ + "/" + name, std::ios::binary) << bytes; };
+  write("ids.u32", std::string(4 * 33, '\0'));  // 33 ids: sequence 32 + 1
+  write("ids.u16", std::string(2 * 33, '\0'));
+  write("short.u32", std::string(4 * 32, '\0'));
+  write("odd.u32", std::string(4 * 40 + 2, '\0'));
+  std::string dict = "{'descr': '<u4', 'fortran_order': False, 'shape': (33,), }";
+  dict.append(128 - 10 - dict.size() - 1, ' ');  // np.save pads the header to a multiple of 64 bytes
+  write("ids.npy", std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(dict.size() + 1) + '\0' + dict + "\n" + std::string(4 * 33, '\0'));
+  std::string fortran = dict;
+  fortran.replace(fortran.find("False"), 5, "True ");
+  write("fortran.npy", std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(dict.size() + 1) + '\0' + fortran + "\n" + std::string(4 * 33, '\0'));
+  for (const char* ok : {"path = \"ids.u32\"\nformat = \"u32\"\n", "path = \"ids.u16\"\nformat = \"u16\"\n",
+                                "path = \"ids.npy\"\nformat = \"npy\"\n"}) {
+    auto spec = ParseRunSpec(data(ok), dir_, true);
+    EXPECT_TRUE(spec.ok()) << ok << spec.status().ToString();
+  }
+  ExpectRejected(data("path = \"ids.u32\"\nformat = \"u64\"\n"), "data.format = \"u64\" is not supported; use \"bytes\", \"u16\", \"u32\" or \"npy\"");
+  ExpectRejected(data("path = \"short.u32\"\nformat = \"u32\"\n"), "holds 32 tokens, fewer than model.sequence + 1 = 33");
+  ExpectRejected(data("path = \"odd.u32\"\nformat = \"u32\"\n"), "odd.u32\" holds 162 bytes, not a multiple of 4");
+  ExpectRejected(data("path = \"ids.u16\"\nformat = \"npy\"\n"), "ids.u16\" is not a valid .npy file");
+  ExpectRejected(data("path = \"fortran.npy\"\nformat = \"npy\"\n"), "fortran.npy\": .npy header field 'fortran_order' is True");
+  // Without check_files (strata plan) the format name is still checked, the file is not.
+  EXPECT_TRUE(ParseRunSpec(data("path = \"gone.u32\"\nformat = \"u32\"\n"), dir_, false).ok());
+  EXPECT_FALSE(ParseRunSpec(data("path = \"gone.u32\"\nformat = \"u8\"\n"), dir_, false).ok());
+}
+
+TEST_F(RunSpecTest, DocumentsGoWithSampleWithinDocumentsOnTrainRuns) {
+  auto data = [&](const std::string& body) { return With("[data]\npath = \"corpus.txt\"\n", "[data]\npath = \"corpus.txt\"\n" + body); };
+  std::ofstream(dir_ + "/docs.idx", std::ios::binary) << std::string(16, '\0');
+  std::ofstream(dir_ + "/odd.idx", std::ios::binary) << std::string(12, '\0');
+  auto spec = ParseRunSpec(data("documents = \"docs.idx\"\nsample_within_documents = true\n"), dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->data.documents, dir_ + "/docs.idx");
+  EXPECT_TRUE(spec->data.sample_within_documents);
+  auto again = ParseRunSpec(RunSpecToToml(*spec), "", true);  // the canonical form keeps both, absolute
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->data.documents, dir_ + "/docs.idx");
+  EXPECT_TRUE(again->data.sample_within_documents);
+  EXPECT_EQ(RunSpecToToml(*again), RunSpecToToml(*spec));
+  auto plain = ParseRunSpec(Valid(), dir_, true);
+  EXPECT_EQ(RunSpecToToml(*plain).find("documents"), std::string::npos);  // default: unchanged
+  ExpectRejected(data("sample_within_documents = true\n"), "data.sample_within_documents = true needs data.documents");
+  ExpectRejected(data("documents = \"docs.idx\"\n"), "data.documents is read only with data.sample_within_documents = true");
+  ExpectRejected(data("documents = \"gone.idx\"\nsample_within_documents = true\n"), "data.documents = \"" + dir_ + "/gone.idx\" does not exist");
+  ExpectRejected(data("documents = \"odd.idx\"\nsample_within_documents = true\n"), "odd.idx\" holds 12 bytes, not a multiple of 8");
+  ExpectRejected(data("sample_within_documents = 1\n"), "data.sample_within_documents must be true or false");
+  ExpectRejected("kind = \"extract\"\n" + data("documents = \"docs.idx\"\nsample_within_documents = true\n"),
+                 "data.sample_within_documents applies to train runs");
+}
 TEST_F(RunSpecTest, LlamaDefaultsAndGroupedQueryAttention) {
   auto spec = ParseRunSpec(With("layers = 2", "family = \"llama\"\nlayers = 2\nkv_heads = 2"), dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();

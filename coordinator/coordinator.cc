@@ -67,6 +67,7 @@
 #include "common/curve.h"
 #include "common/net.h"
 #include "common/run_spec.h"
+#include "common/token_file.h"
 #include "coordinator/dashboard.h"
 #include "schema/envelope.h"
 #include "shard/layout.h"
@@ -1573,10 +1574,8 @@ class CoordinatorImpl final : public Coordinator {
   // Counts the run's rows and chunks from its data file (the coordinator's host sees the same
   // data path as the workers, as for training runs).
   static Status SizeExtract(RunEntry& run) {
-    std::error_code ec;
-    const uintmax_t size = std::filesystem::file_size(run.spec.data.path, ec);
-    if (ec) return InvalidArgument("data.path = \"" + run.spec.data.path + "\" cannot be read: " + ec.message());
-    const int64_t tokens = static_cast<int64_t>(size / (run.spec.data.format == "u16" ? 2 : 1));
+    STRATA_ASSIGN_OR_RETURN(TokenFileLayout layout, ReadTokenFileLayout(run.spec.data.path, run.spec.data.format));
+    const int64_t tokens = static_cast<int64_t>(layout.tokens);
     const int64_t sequences = ExtractSequences(run.spec, tokens);
     if (sequences <= 0) {
       return InvalidArgument("data.path = \"" + run.spec.data.path + "\" holds fewer tokens than one sequence (model.sequence = " +

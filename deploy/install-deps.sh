@@ -22,6 +22,7 @@ PKGS=(
   chromium                                       # headless dashboard test
   debootstrap                                    # offline-bundle test in a fresh Debian root
   docker-compose                                 # validates deploy/docker/compose.yaml offline
+  podman runc                                    # builds and runs the image in CI, no registry (runc: hybrid cgroup hosts)
   python3-numpy                                  # tests read what Strata writes (.npy, safetensors)
 )
 missing=()

@@ -405,6 +405,26 @@ void KeySeeds(SeedWriter& out) {
                           storage::EncodeKeyString("resid_post") + storage::EncodeKeyU64(3) + storage::EncodeKeyU64(1536));
 }
 
+void NpyHeaderSeeds(SeedWriter& out) {
+  // np.save's headers (format 1.0 and 2.0) of token and document-offset arrays.
+  struct Header {
+    int major;
+    const char* descr;
+    uint64_t n;
+  };
+  for (const Header& h : {Header{1, "<u2", 1000}, Header{1, "<u4", 7}, Header{2, "<i8", 3}, Header{1, "|u1", 0},
+                          Header{3, "<u8", 12345678901}}) {
+    const auto& [major, descr, n] = h;
+    std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }";
+    const size_t prefix = major == 1 ? 10 : 12;
+    dict.append((64 - (prefix + dict.size() + 1) % 64) % 64, ' ');
+    dict += '\n';
+    std::string bytes = std::string("\x93NUMPY", 6) + static_cast<char>(major) + '\0';
+    for (size_t i = 0; i < prefix - 8; ++i) bytes += static_cast<char>((dict.size() >> (8 * i)) & 0xff);
+    out.Add("npy_header_fuzz", bytes + dict + std::string(16, '\x01'));
+  }
+}
+
 }  // namespace
 }  // namespace strata
 
@@ -420,6 +440,7 @@ int main(int argc, char** argv) {
   strata::ManifestSeeds(out);
   strata::SafetensorsSeeds(out);
   strata::KeySeeds(out);
+  strata::NpyHeaderSeeds(out);
   std::cout << "strata_fuzz_seeds: " << out.total() << " seeds in " << argv[1] << "\n";
   return 0;
 }

@@ -13,7 +13,7 @@ runs=${1:-20000}
 [ $# -gt 0 ] && shift
 fuzzers=("$@")
 if [ ${#fuzzers[@]} -eq 0 ]; then
-  fuzzers=(envelope_fuzz store_record_fuzz tensor_record_fuzz manifest_fuzz safetensors_fuzz key_fuzz)
+  fuzzers=(envelope_fuzz store_record_fuzz tensor_record_fuzz manifest_fuzz safetensors_fuzz key_fuzz npy_header_fuzz)
 fi
 build=${FUZZ_BUILD_DIR:-build-fuzz}
 

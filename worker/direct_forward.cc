@@ -11,7 +11,8 @@ Result<std::string> DirectForwardActivations(const RunSpec& spec, int64_t layer,
   try {
     if (spec.worker.threads > 0) torch::set_num_threads(static_cast<int>(spec.worker.threads));
     STRATA_ASSIGN_OR_RETURN(auto model, BuildCausalLm(spec.model, spec.train.seed));
-    STRATA_ASSIGN_OR_RETURN(TokenData data, TokenData::Load(spec.data, spec.model.vocab));
+    STRATA_ASSIGN_OR_RETURN(TokenData data, TokenData::Load(spec.data, spec.model.vocab, spec.model.sequence,
+                                                            TokenData::Access::kSequential));
     torch::NoGradGuard no_grad;
     model->eval();
     const torch::ScalarType stored = ScalarTypeOf(spec.extract.dtype);
@@ -20,8 +21,8 @@ Result<std::string> DirectForwardActivations(const RunSpec& spec, int64_t layer,
     std::string out;
     for (int64_t begin = 0; begin < sequences; begin += spec.extract.batch) {
       const int64_t end = std::min(begin + spec.extract.batch, sequences);
-      auto tokens = torch::from_blob(const_cast<int32_t*>(data.tokens().data()) + begin * t, {end - begin, t}, torch::kInt)
-                        .to(torch::kLong);
+      auto tokens = torch::empty({end - begin, t}, torch::kLong);
+      STRATA_RETURN_IF_ERROR(data.Read(begin * t, (end - begin) * t, tokens.data_ptr<int64_t>()));
       model->RunBlocks(tokens, layer, [&](int64_t l, const BlockOutputs& block) {
         if (l != layer) return;
         const torch::Tensor& v = site == "attn_out" ? block.attn_out : site == "mlp_out" ? block.mlp_out : block.resid_post;

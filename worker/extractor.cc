@@ -152,14 +152,18 @@ Extractor::Chunk Extractor::NewChunk(uint64_t chunk_index) const {
   return chunk;
 }
 
-std::vector<torch::Tensor> Extractor::Forward(int64_t begin, int64_t end) {
+Result<torch::Tensor> Extractor::Tokens(int64_t begin, int64_t end) const {
+  const int64_t t = context_.spec.model.sequence;
+  auto tokens = torch::empty({end - begin, t}, torch::kLong);
+  STRATA_RETURN_IF_ERROR(data_.Read(begin * t, (end - begin) * t, tokens.data_ptr<int64_t>()));
+  return tokens;
+}
+
+std::vector<torch::Tensor> Extractor::Forward(const torch::Tensor& tokens) {
   const RunSpec& spec = context_.spec;
-  const int64_t t = spec.model.sequence;
-  auto tokens = torch::from_blob(const_cast<int32_t*>(data_.tokens().data()) + begin * t, {end - begin, t}, torch::kInt)
-                    .to(device_, torch::kLong);
   const auto& layers = spec.extract.layers;
   std::vector<torch::Tensor> out;
-  model_->RunBlocks(tokens, layers.back(), [&](int64_t layer, const BlockOutputs& block) {
+  model_->RunBlocks(tokens.to(device_), layers.back(), [&](int64_t layer, const BlockOutputs& block) {
     if (!std::binary_search(layers.begin(), layers.end(), layer)) return;
     for (const std::string& site : spec.extract.sites) {
       const torch::Tensor& value = site == "attn_out" ? block.attn_out : site == "mlp_out" ? block.mlp_out : block.resid_post;
@@ -182,9 +186,10 @@ Result<Extractor::Chunk> Extractor::Compute(uint64_t chunk_index) {
   for (int64_t begin = first; begin < last;) {
     if (context_.cancelled->load()) return Aborted("cancelled");
     const int64_t end = std::min(begin + micro_batch_, last);
+    STRATA_ASSIGN_OR_RETURN(torch::Tensor tokens, Tokens(begin, end));
     std::vector<torch::Tensor> outputs;
     try {
-      outputs = Forward(begin, end);
+      outputs = Forward(tokens);
     } catch (const c10::OutOfMemoryError& e) {
       ReleaseCachedMemory(device_);
       if (micro_batch_ == 1) {
@@ -237,9 +242,8 @@ Status Extractor::ComputeLayerwise(const std::vector<uint64_t>& chunks, const st
       const int64_t last = first + static_cast<int64_t>(group[c].info.row_count) / t;
       for (int64_t begin = first; begin < last; begin += micro_batch_) {
         const int64_t end = std::min(begin + micro_batch_, last);
-        auto tokens = torch::from_blob(const_cast<int32_t*>(data_.tokens().data()) + begin * t, {end - begin, t}, torch::kInt)
-                          .to(device_, torch::kLong);
-        residual[c].push_back(ToHost(model_->Embed(tokens)));
+        STRATA_ASSIGN_OR_RETURN(torch::Tensor tokens, Tokens(begin, end));
+        residual[c].push_back(ToHost(model_->Embed(tokens.to(device_))));
       }
     }
     model_->MoveEmbedding(torch::kCPU, compute_type_);

@@ -58,8 +58,10 @@ class Extractor {
   Status ComputeLayerwise(const std::vector<uint64_t>& chunks, const std::function<bool(Chunk)>& push);
   Chunk NewChunk(uint64_t chunk_index) const;
   torch::Tensor ToHost(const torch::Tensor& t) const;  // pinned on CUDA, contiguous
-  // One forward of sequences [begin, end) -> host tensors per asked (layer, site), in order.
-  std::vector<torch::Tensor> Forward(int64_t begin, int64_t end);
+  // Sequences [begin, end) of the data: [end - begin, sequence] int64 ids on the host.
+  Result<torch::Tensor> Tokens(int64_t begin, int64_t end) const;
+  // One forward of `tokens` (from Tokens) -> host tensors per asked (layer, site), in order.
+  std::vector<torch::Tensor> Forward(const torch::Tensor& tokens);
 
   const TaskContext& context_;
   TokenData data_;

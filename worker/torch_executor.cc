@@ -269,7 +269,7 @@ class TorchExecutor final : public TaskExecutor {
       return InvalidArgument("extract.precision = \"bf16\" needs a CUDA worker and this one runs on " + device_.str() +
                              "; use precision = \"fp32\" on CPU workers");
     }
-    STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab));
+    STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab, spec.model.sequence, TokenData::Access::kSequential));
     Extractor extractor(context, std::move(data), device_, ReadDeviceMemory());
     return extractor.Run();
   }
@@ -310,7 +310,7 @@ class TorchExecutor final : public TaskExecutor {
   Status Train(TaskContext& context, bool* oom_reported) {
     const auto& spec = context.spec;
     STRATA_RETURN_IF_ERROR(SetUpThread(spec));
-    STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab));
+    STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab, spec.model.sequence));
     if (data.size() < static_cast<size_t>(spec.model.sequence + 1)) {
       return InvalidArgument("data.path holds fewer than model.sequence + 1 tokens");
     }

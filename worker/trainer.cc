@@ -178,7 +178,7 @@ Result<double> Trainer::Step() {
   auto* w = window.data_ptr<int64_t>();
   for (int64_t row = 0; row < local_batch; ++row) {
     const int64_t start = offsets[position_.dp_rank * local_batch + row];
-    for (int64_t i = 0; i <= t; ++i) w[row * (t + 1) + i] = data_.tokens()[start + i];
+    STRATA_RETURN_IF_ERROR(data_.Read(start, t + 1, w + row * (t + 1)));
   }
   window = window.to(device_);
   torch::Tensor ballast;  // a test's memory spike in this step (see TestBallast); freed with the step

@@ -50,6 +50,11 @@ for name in workers:
     if len(devs) != 1 or devs[0]["driver"] != "nvidia" or len(devs[0]["device_ids"]) != 1: problems.append(f"{name}: does not reserve exactly one NVIDIA GPU")
 stores = [v.split(":")[0] for n in workers for v in s[n]["volumes"] if ":/var/lib/strata/" in v]
 if len(set(stores)) != len(stores): problems.append("workers share a store volume")
+# The coordinator tells stores apart by their --store path (checkpoint copies, resumes), so each
+# worker needs its own even in containers of its own (tests/deploy/image_run_test.sh saw copies
+# read from the wrong store when both were /var/lib/strata/worker).
+paths = [a for n in workers for a in s[n]["command"] if a.startswith("--store=")]
+if len(paths) != len(workers) or len(set(paths)) != len(paths): problems.append(f"workers' --store paths are not distinct: {paths}")
 if "--listen=tcp://0.0.0.0:5555" not in s["coordinator"]["command"]: problems.append("coordinator does not listen on tcp port 5555")
 print("\n".join(problems))
 sys.exit(1 if problems else 0)

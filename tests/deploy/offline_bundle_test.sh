@@ -5,13 +5,11 @@
 # --workers 2`, a short 2-worker run followed to the end, its checkpoints, `strata down`.
 # Prints each phase's time. Exit 77 (ctest: skipped) when it cannot run here: not root, or
 # debootstrap/unshare missing, or the binaries are not built.
-# Environment: STRATA_BUILD_DIR (default build/), STRATA_DEBOOTSTRAP_CACHE (default
-# /var/cache/strata-test-debootstrap), STRATA_DEBIAN_MIRROR (default: this machine's apt source),
-# STRATA_KEEP_TEST_DIRS=1 keeps the temp dir.
+# Environment: STRATA_BUILD_DIR (default build/), STRATA_DEBOOTSTRAP_CACHE and STRATA_DEBIAN_MIRROR
+# (tests/deploy/debian_base.sh), STRATA_KEEP_TEST_DIRS=1 keeps the temp dir.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${STRATA_BUILD_DIR:-$repo/build}
-cache=${STRATA_DEBOOTSTRAP_CACHE:-/var/cache/strata-test-debootstrap}
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "needs root (debootstrap, chroot, unshare --net)"
 for t in debootstrap unshare chroot mount; do command -v "$t" >/dev/null || skip "$t is missing (deploy/install-deps.sh installs it)"; done
@@ -33,24 +31,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# 1. A minimal Debian 12 root, debootstrapped once per machine and cached as a tarball (~30 s
-# cold with a nearby mirror, ~3 s to unpack afterwards).
-mirror=${STRATA_DEBIAN_MIRROR:-}
-if [ -z "$mirror" ]; then
-  mirror=$(grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
-             | grep -oE 'https?://[^ ]+' | head -n1 || true)
-  mirror=${mirror:-http://deb.debian.org/debian}
-fi
-tarball=$cache/bookworm-minbase.tar
-if [ ! -f "$tarball" ]; then
-  echo "debootstrap: bookworm minbase from $mirror into the cache $tarball"
-  mkdir -p "$cache"
-  debootstrap --variant=minbase bookworm "$work/fresh" "$mirror" > "$work/debootstrap.log" 2>&1 \
-    || { tail -n 30 "$work/debootstrap.log"; echo "FAIL: debootstrap from $mirror failed (set STRATA_DEBIAN_MIRROR?)"; exit 1; }
-  tar -C "$work/fresh" -cf "$tarball.tmp.$$" . && mv "$tarball.tmp.$$" "$tarball"
-  rm -rf "$work/fresh"
-  phase "debootstrap (cold)"
-fi
+# 1. A minimal Debian 12 root, debootstrapped once per machine and cached as a tarball
+# (tests/deploy/debian_base.sh: ~30 s cold with a nearby mirror, ~3 s to unpack afterwards).
+tarball=$(bash "$repo/tests/deploy/debian_base.sh")
 mkdir -p "$root"
 tar -C "$root" -xf "$tarball"
 phase "unpack Debian 12 root"

@@ -178,6 +178,66 @@ TEST_F(ModelsTest, ExportLoadsBackAndExportsTheSameBytes) {
   }
 }
 
+// A byte-level BPE tokenizer.json (GPT-2's pre-tokenizer) over printable ASCII, the space and the
+// newline, with a few merges: ids below 300.
+json AsciiTokenizer() {
+  auto byte_level = [](const std::string& text) {
+    std::string out;
+    for (const char c : text) out += c == ' ' ? "\xC4\xA0" : c == '\n' ? "\xC4\x8A" : std::string(1, c);
+    return out;
+  };
+  json vocab = json::object();
+  for (int b = 33; b < 127; ++b) vocab[std::string(1, static_cast<char>(b))] = b;
+  vocab[byte_level(" ")] = 32;
+  vocab[byte_level("\n")] = 10;
+  json merges = json::array();
+  int next = 256;
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{{"t", "h"}, {"th", "e"}, {" ", "the"}, {"o", "n"}}) {
+    merges.push_back(byte_level(a) + " " + byte_level(b));
+    vocab[byte_level(a + b)] = next++;
+  }
+  return {{"version", "1.0"}, {"added_tokens", json::array()}, {"normalizer", nullptr},
+          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"decoder", {{"type", "ByteLevel"}}}, {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+}
+
+// data.format = "text": tokenized once with the model's own tokenizer, the cached ids reused.
+TEST_F(ModelsTest, TextDataIsTokenizedOnceWithTheModelsTokenizer) {
+  const std::string model = dir_ + "/text-model";
+  WriteModel(model, TinyConfig("llama"));
+  std::ofstream(model + "/tokenizer.json") << AsciiTokenizer().dump();
+  {
+    std::ofstream text(dir_ + "/story.txt");
+    for (int i = 0; i < 300; ++i) text << "the fox ran on the hill and the dog sat on the mat " << i << "\n";
+  }
+  const std::string body = std::string("[train]\nsteps = 2\nglobal_batch = 4\nlr = 0.001\n[parallel]\ndp = 1\n");
+  const std::string spec = dir_ + "/text.toml";
+  std::ofstream(spec) << "name = \"text\"\n[model]\ninit_from = \"" << model << "\"\nsequence = 32\n"
+                      << "[data]\npath = \"story.txt\"\nformat = \"text\"\n" << body;
+  auto first = Strata("submit " + spec + " --follow");
+  ASSERT_EQ(first.rc, 0) << first.out << first.err;
+  EXPECT_NE(first.err.find("tokenizing " + dir_ + "/story.txt"), std::string::npos) << first.err;
+  json status = testing::RunStrataJson("status " + RunId(first), dir_);
+  EXPECT_EQ(status["state"], "finished");
+  int cached = 0;
+  for (const auto& entry : fs::directory_iterator(dir_)) cached += entry.path().filename().string().rfind("story.txt.tok-", 0) == 0;
+  EXPECT_EQ(cached, 1);
+  auto second = Strata("submit " + spec + " --follow");
+  ASSERT_EQ(second.rc, 0) << second.err;
+  EXPECT_NE(second.err.find("tokenized before"), std::string::npos) << second.err;
+  EXPECT_EQ(testing::RunStrataJson("status " + RunId(second), dir_)["losses"], status["losses"]);  // the same ids
+  // A tokenizer whose ids do not fit the model's vocabulary.
+  json big = AsciiTokenizer();
+  big["added_tokens"].push_back({{"id", 5000}, {"content", "<|big|>"}, {"special", true}, {"normalized", false}});
+  fs::create_directories(dir_ + "/big-tokenizer");
+  std::ofstream(dir_ + "/big-tokenizer/tokenizer.json") << big.dump();
+  std::ofstream(spec) << "name = \"text\"\n[model]\ninit_from = \"" << model << "\"\nsequence = 32\n"
+                      << "[data]\npath = \"story.txt\"\nformat = \"text\"\ntokenizer = \"big-tokenizer\"\n" << body;
+  auto refused = Strata("submit " + spec);
+  EXPECT_EQ(refused.rc, 2) << refused.err;
+  EXPECT_NE(refused.err.find("5001 ids but model.vocab = 300"), std::string::npos) << refused.err;
+}
+
 TEST_F(ModelsTest, WhatWouldLoadWrongIsRefusedAtSubmitNamingIt) {
   const std::string model = dir_ + "/bad";
   json config = TinyConfig("llama");
