@@ -10,27 +10,44 @@
 
 namespace strata::tokenizer {
 
+namespace {
+
+// Well-formed UTF-8 (Unicode table 3-7): the sequence length a lead byte starts, and the range of
+// the second byte after it (overlong forms, surrogates and code points above U+10FFFF are
+// ill-formed); length 0 for a byte that starts no sequence.
+struct LeadByte {
+  size_t length = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+};
+
+LeadByte ClassifyLeadByte(unsigned char b0) {
+  LeadByte lead;
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    lead.length = 2;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    lead.length = 3;
+    if (b0 == 0xE0) lead.lo = 0xA0;
+    if (b0 == 0xED) lead.hi = 0x9F;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    lead.length = 4;
+    if (b0 == 0xF0) lead.lo = 0x90;
+    if (b0 == 0xF4) lead.hi = 0x8F;
+  }
+  return lead;
+}
+
+}  // namespace
+
 // Well-formed UTF-8 (Unicode table 3-7): the second byte's range depends on the first byte, so
 // that overlong forms, surrogates and code points above U+10FFFF are ill-formed.
 size_t Utf8SequenceLength(std::string_view text, size_t i) {
   const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
   const unsigned char b0 = byte(i);
   if (b0 < 0x80) return 1;
-  size_t length = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    length = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    length = 3;
-    if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    length = 4;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
+  const LeadByte lead = ClassifyLeadByte(b0);
+  const size_t length = lead.length;
+  const unsigned char lo = lead.lo, hi = lead.hi;
+  if (length == 0) return 0;
   if (i + length > text.size()) return 0;
   if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
   for (size_t k = 2; k < length; ++k) {
@@ -88,21 +105,10 @@ namespace {
 // well-formed sequence that is there (at least one byte). Each becomes one U+FFFD.
 size_t MaximalSubpart(std::string_view text, size_t i) {
   const unsigned char b0 = static_cast<unsigned char>(text[i]);
-  size_t length = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    length = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    length = 3;
-    if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    length = 4;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;
-  } else {
-    return 1;
-  }
+  const LeadByte lead = ClassifyLeadByte(b0);
+  const size_t length = lead.length;
+  const unsigned char lo = lead.lo, hi = lead.hi;
+  if (length == 0) return 1;
   size_t k = 1;
   for (; k < length && i + k < text.size(); ++k) {
     const unsigned char b = static_cast<unsigned char>(text[i + k]);
