@@ -13,7 +13,7 @@ bool StartsWith(const std::string& s, const std::string& prefix) { return s.comp
 
 }  // namespace
 
-CausalLm::CausalLm(const ModelSpec& spec) : spec_(spec), family_(CreateModelFamily(spec)) {
+CausalLm::CausalLm(const ModelSpec& spec, const torch::TensorOptions& options) : spec_(spec), family_(CreateModelFamily(spec)) {
   // Modules along each dotted name ("layers" -> "layers.3" -> "layers.3.self_attn" -> ...), so
   // named_parameters() gives the table's names and a block moves as one module.
   for (const model::Parameter& p : model::Parameters(spec)) {
@@ -29,7 +29,7 @@ CausalLm::CausalLm(const ModelSpec& spec) : spec_(spec), family_(CreateModelFami
       begin = dot + 1;
     }
     names_.push_back(p.name);
-    params_.push_back(node->register_parameter(p.name.substr(begin), torch::empty(p.shape)));
+    params_.push_back(node->register_parameter(p.name.substr(begin), torch::empty(p.shape, options)));
   }
   auto view_of = [&](const std::vector<std::string>& wanted, const std::string& strip) {
     std::vector<std::string> names;
@@ -104,9 +104,15 @@ std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec) {
   return model;
 }
 
-Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed, bool for_resume) {
-  std::shared_ptr<CausalLm> model = std::make_shared<CausalLm>(spec);
-  if (!for_resume) {
+Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed, bool for_resume,
+                                                const torch::TensorOptions& options) {
+  const bool loaded = !spec.init_from.empty() && !for_resume;
+  // Weights read from init_from go straight to their place; drawn ones are drawn on the host in
+  // fp32 (what the seed means everywhere) and moved after.
+  std::shared_ptr<CausalLm> model = std::make_shared<CausalLm>(spec, loaded ? options : torch::TensorOptions(torch::kFloat));
+  if (loaded) {
+    STRATA_RETURN_IF_ERROR(LoadHuggingFace(spec.init_from, spec, *model));
+  } else if (!for_resume) {
     // The generator is process-global: tasks sharing a process (tests) must not interleave
     // their initialisation.
     static std::mutex init_mutex;
@@ -114,7 +120,7 @@ Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t s
     torch::manual_seed(static_cast<uint64_t>(seed));
     model->Initialize();
   }
-  if (!spec.init_from.empty() && !for_resume) STRATA_RETURN_IF_ERROR(LoadHuggingFace(spec.init_from, spec, *model));
+  if (!loaded) model->to(options.device(), options.dtype().toScalarType());
   return model;
 }
 

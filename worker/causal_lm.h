@@ -33,8 +33,9 @@ using BlockVisitor = std::function<void(int64_t layer, const BlockOutputs& outpu
 
 class CausalLm : public torch::nn::Module {
  public:
-  // Parameters uninitialised: the caller initialises (Initialize) or loads every one.
-  explicit CausalLm(const ModelSpec& spec);
+  // Parameters uninitialised, allocated with `options` (device, dtype): the caller initialises
+  // (Initialize) or loads every one.
+  explicit CausalLm(const ModelSpec& spec, const torch::TensorOptions& options = torch::kFloat);
   ~CausalLm() override;
 
   torch::Tensor Logits(const torch::Tensor& tokens);
@@ -72,11 +73,14 @@ class CausalLm : public torch::nn::Module {
 // (callers seed it).
 std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec);
 
-// The model a task starts from: initialised from `seed` (the same on every rank and process),
-// then overwritten by spec.init_from's safetensors when set. Errors name the mismatching tensor.
-// `for_resume`: every parameter is about to be loaded from a checkpoint, so the random
+// The model a task starts from, its parameters placed by `options` (default: host, fp32): read
+// from spec.init_from's safetensors when set (one tensor at a time, straight from the mapped file
+// to its place: host memory never holds the model twice), else initialised from `seed` (the same
+// on every rank and process; drawn on the host in fp32, then moved). Errors name the mismatching
+// tensor. `for_resume`: every parameter is about to be loaded from a checkpoint, so
 // initialisation and init_from are skipped: on a resume they are only time before training again.
-Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed, bool for_resume = false);
+Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed, bool for_resume = false,
+                                                const torch::TensorOptions& options = torch::kFloat);
 
 // "fp32" / "bf16" / "fp16" (run spec dtype and precision names) as a LibTorch scalar type.
 torch::ScalarType ScalarTypeOf(const std::string& name);

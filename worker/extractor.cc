@@ -98,17 +98,20 @@ Extractor::Extractor(const TaskContext& context, TokenData data, torch::Device d
   sequences_ = ExtractSequences(spec, static_cast<int64_t>(data_.size()));
   micro_batch_ = spec.extract.batch;
   stored_type_ = ScalarTypeOf(spec.extract.dtype);
-  auto model = BuildCausalLm(spec.model, spec.train.seed);
+  // bf16 inference runs the whole model in bf16 (as transformers does with torch_dtype=bf16).
+  compute_type_ = ScalarTypeOf(spec.extract.precision);
+  std::tie(mode_, mode_reason_) = ChooseMode();
+  // The weights go where the mode keeps them (whole: the device; layerwise: host memory, visiting
+  // the device a block at a time), read there tensor by tensor from init_from.
+  const torch::Device place = mode_ == "whole" ? device_ : torch::Device(torch::kCPU);
+  auto model = BuildCausalLm(spec.model, spec.train.seed, /*for_resume=*/false,
+                             torch::TensorOptions().device(place).dtype(compute_type_));
   if (!model.ok()) {
     init_status_ = model.status();
     return;
   }
   model_ = *model;
   model_->eval();
-  // bf16 inference runs the whole model in bf16 (as transformers does with torch_dtype=bf16). The
-  // weights stay on the host until Run() knows the mode.
-  compute_type_ = ScalarTypeOf(spec.extract.precision);
-  model_->to(torch::kCPU, compute_type_);
 }
 
 std::pair<std::string, std::string> Extractor::ChooseMode() const {
@@ -306,9 +309,8 @@ Status Extractor::ComputeLayerwise(const std::vector<uint64_t>& chunks, const st
 Status Extractor::Run() {
   STRATA_RETURN_IF_ERROR(init_status_);
   torch::NoGradGuard no_grad;
-  const auto [mode, why] = ChooseMode();
-  context_.reporter->ReportNotice("plan", why);
-  STRATA_LOG(kInfo) << "extract plan: " << why;
+  context_.reporter->ReportNotice("plan", mode_reason_);
+  STRATA_LOG(kInfo) << "extract plan: " << mode_reason_;
   ChunkWriter<Chunk> writer([this](Chunk& chunk) -> Status {
     std::vector<storage::ActivationRecordView> records;
     for (size_t i = 0; i < chunk.tensors.size(); ++i) {
@@ -329,10 +331,9 @@ Status Extractor::Run() {
     }
   }
   Status status;
-  if (mode == "layerwise") {
+  if (mode_ == "layerwise") {
     status = ComputeLayerwise(todo, [&](Chunk chunk) { return writer.Push(std::move(chunk)); });
   } else {
-    model_->to(device_, compute_type_);
     for (uint64_t chunk : todo) {
       if (context_.cancelled->load()) break;
       Result<Chunk> computed = Compute(chunk);

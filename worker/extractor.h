@@ -70,6 +70,7 @@ class Extractor {
   Status init_status_;
   MemorySnapshot device_memory_;
   torch::ScalarType compute_type_ = torch::kFloat;
+  std::string mode_, mode_reason_;  // ChooseMode's, decided before the weights are placed
   int64_t sequences_ = 0;  // captured sequences in total (all chunks of the run)
   int64_t micro_batch_ = 1;
   torch::ScalarType stored_type_ = torch::kFloat;

@@ -42,7 +42,8 @@ Status ExportHuggingFace(CausalLm& model, const ModelSpec& spec, const std::stri
   return WriteFileAtomically(dir + "/config.json", config, 0644);
 }
 
-Result<torch::Tensor> LoadHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param) {
+Status WithHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param,
+                       const std::function<void(const torch::Tensor&)>& use) {
   const model::HfTensorName hf = model::ToHuggingFace(spec, param.name);
   STRATA_ASSIGN_OR_RETURN(storage::TensorView src, checkpoint.Find(hf.name));
   torch::ScalarType type;
@@ -54,13 +55,21 @@ Result<torch::Tensor> LoadHfParameter(const model::HfCheckpoint& checkpoint, con
       return InvalidArgument("tensor '" + hf.name + "' has dtype " + storage::DTypeName(src.dtype) + "; expected F32, BF16 or F16");
   }
   auto t = torch::from_blob(const_cast<uint8_t*>(src.bytes.data()), src.shape, type);
-  if (hf.transposed) t = t.t();
+  if (hf.transposed) t = t.t().contiguous();  // GPT-2's Conv1D: the one layout that needs a copy
   if (t.sizes().vec() != param.shape) {
     return InvalidArgument("tensor '" + hf.name + "' has shape " + c10::str(t.sizes()) + " but the model needs " +
                            c10::str(c10::IntArrayRef(param.shape)) + "; check the run spec's [model] against config.json");
   }
-  torch::Tensor out = t.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  use(t);
   ReleasePages(src.bytes);
+  return Status::Ok();
+}
+
+Result<torch::Tensor> LoadHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param) {
+  torch::Tensor out;
+  STRATA_RETURN_IF_ERROR(WithHfParameter(checkpoint, spec, param, [&](const torch::Tensor& t) {
+    out = t.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  }));
   return out;
 }
 
@@ -70,8 +79,10 @@ Status LoadHuggingFace(const std::string& dir, const ModelSpec& spec, CausalLm& 
   for (model::Parameter& p : model::Parameters(spec)) table.emplace(p.name, std::move(p));
   torch::NoGradGuard no_grad;
   for (auto& item : model.named_parameters()) {
-    STRATA_ASSIGN_OR_RETURN(torch::Tensor t, LoadHfParameter(checkpoint, spec, table.at(item.key())));
-    item.value().copy_(t);
+    // Straight from the mapped bytes into the parameter, converting dtype and crossing to the
+    // device in one copy: no host copy of the model, whatever its size.
+    torch::Tensor& dest = item.value();
+    STRATA_RETURN_IF_ERROR(WithHfParameter(checkpoint, spec, table.at(item.key()), [&](const torch::Tensor& t) { dest.copy_(t); }));
   }
   return Status::Ok();
 }

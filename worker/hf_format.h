@@ -4,6 +4,7 @@
 // and layouts from model/parameters.h. Source tensors may be F32, BF16 or F16.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "common/status.h"
@@ -16,12 +17,19 @@ namespace strata::worker {
 // Writes DIR/config.json and DIR/model.safetensors (fp32) of `model`.
 Status ExportHuggingFace(CausalLm& model, const ModelSpec& spec, const std::string& dir);
 
+// Calls use(t) with `param` as `checkpoint` holds it: the source dtype (F32, BF16 or F16), our
+// layout, a view of the memory-mapped file where no transpose is needed. Its pages are given back
+// after use returns, so t must not outlive the call. NotFound / InvalidArgument name the tensor.
+Status WithHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param,
+                       const std::function<void(const torch::Tensor&)>& use);
+
 // One parameter of `spec` read from `checkpoint`: fp32, contiguous, in our layout (GPT-2's
 // Conv1D weights transposed). NotFound / InvalidArgument name the tensor. The mapped pages it
 // read are given back afterwards, so loading a whole model keeps one tensor in host memory.
 Result<torch::Tensor> LoadHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param);
 
-// Loads every parameter of `model` (built for `spec`) from DIR; extra tensors are ignored.
+// Loads every parameter of `model` (built for `spec`, on any device and dtype) from DIR, one tensor
+// at a time from the mapped files; extra tensors are ignored.
 Status LoadHuggingFace(const std::string& dir, const ModelSpec& spec, CausalLm& model);
 
 }  // namespace strata::worker

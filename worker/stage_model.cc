@@ -267,11 +267,18 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
       for (int64_t d : unit.shapes[i]) n *= d;
       const int64_t from = std::max(unit.offsets[i], held_begin), to = std::min(unit.offsets[i] + n, held_end);
       if (from >= to) continue;  // ZeRO-3: none of this parameter is in this rank's shard
-      const torch::Tensor whole = load(table.at(names[i]));
-      auto slice = torch::empty(unit.shapes[i], torch::kFloat);
-      shard::CopySlice(splits[i], unit.full_shapes[i], mesh_.tp, position_.tp_rank, sizeof(float),
-                       static_cast<const uint8_t*>(whole.data_ptr()), static_cast<uint8_t*>(slice.data_ptr()));
-      held.narrow(0, from - held_begin, to - from).copy_(slice.reshape({-1}).narrow(0, from - unit.offsets[i], to - from));
+      load(table.at(names[i]), [&](const torch::Tensor& whole) {
+        // In the source's dtype until the device: host memory holds the source tensor and at most
+        // this rank's slice of it, never an fp32 copy.
+        const torch::Tensor source = whole.contiguous();
+        torch::Tensor slice = source;
+        if (!unit.replicated[i]) {
+          slice = torch::empty(unit.shapes[i], source.options());
+          shard::CopySlice(splits[i], unit.full_shapes[i], mesh_.tp, position_.tp_rank, source.element_size(),
+                           static_cast<const uint8_t*>(source.data_ptr()), static_cast<uint8_t*>(slice.data_ptr()));
+        }
+        held.narrow(0, from - held_begin, to - from).copy_(slice.reshape({-1}).narrow(0, from - unit.offsets[i], to - from));
+      });
     }
   }
   if (unit.sharded) {

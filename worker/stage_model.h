@@ -73,11 +73,13 @@ class StageModel {
     Communicator* tp = nullptr;   // ranks with the same stage and data-parallel rank
   };
 
-  // A whole parameter by name: fp32, contiguous, on the host. Called once per parameter this
-  // rank holds a part of, one at a time, so host memory stays near one tensor beyond the units.
+  // Hands a whole parameter (on the host, in our layout, any float dtype; e.g. a view of a
+  // memory-mapped file valid only during the call) to `use`. Called once per parameter this rank
+  // holds a part of, one at a time, so host memory stays near one tensor beyond the units.
   // Empty: a resume is about to write every element from a checkpoint, and the units are
   // allocated on `device` uninitialised - no host copies of gigabytes overwritten at once.
-  using WeightLoader = std::function<torch::Tensor(const model::Parameter& whole)>;
+  using WeightUse = std::function<void(const torch::Tensor& whole)>;
+  using WeightLoader = std::function<void(const model::Parameter& whole, const WeightUse& use)>;
 
   // Builds this rank's units (the model's parameter table, model/parameters.h, cut for its
   // stage and tensor-parallel rank) on `device`, filled through `load`.

@@ -75,6 +75,7 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   const ModelSpec& model_spec = context.spec.model;
   StageModel::WeightLoader load;
   std::shared_ptr<CausalLm> full;
+  std::map<std::string, torch::Tensor> drawn;  // full's parameters by name
   std::optional<model::HfCheckpoint> checkpoint;
   Status load_status;
   if (!resuming && !model_spec.init_from.empty()) {
@@ -84,11 +85,9 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
       return;
     }
     checkpoint.emplace(std::move(*opened));
-    load = [&](const model::Parameter& p) {
-      auto t = LoadHfParameter(*checkpoint, model_spec, p);
-      if (t.ok()) return *t;
-      if (load_status.ok()) load_status = t.status();
-      return torch::zeros(p.shape);
+    load = [&](const model::Parameter& p, const StageModel::WeightUse& use) {
+      if (!load_status.ok()) return;  // the first error is the one reported
+      load_status = WithHfParameter(*checkpoint, model_spec, p, use);
     };
   } else if (!resuming) {
     auto built = BuildCausalLm(model_spec, context.spec.train.seed);
@@ -97,7 +96,8 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
       return;
     }
     full = *built;
-    load = [&](const model::Parameter& p) { return full->named_parameters()[p.name].detach().to(torch::kCPU, torch::kFloat).contiguous(); };
+    for (const auto& item : full->named_parameters()) drawn.emplace(item.key(), item.value().detach());
+    load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(drawn.at(p.name)); };
   }
   model_ = std::make_unique<StageModel>(context.spec, mesh_, position_, load, device_,
                                         StageModel::Groups{dp_group_.get(), tp_group_.get()});
@@ -105,6 +105,7 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
     init_status_ = load_status;
     return;
   }
+  drawn.clear();
   full.reset();
   const bool sharded_moments = context.spec.parallel.zero >= 1;
   for (auto& unit : model_->units()) {
