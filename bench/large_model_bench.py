@@ -126,10 +126,16 @@ class RssSampler:
                 self.peak[pid] = max(self.peak.get(pid, 0), rss)
             time.sleep(0.02)
 
+    def mark(self):
+        """The peaks so far (e.g. up to the first step: the loading window)."""
+        self.marked = dict(self.peak)
+
     def finish(self):
         self.stop = True
         self.thread.join()
-        return [{"pid": pid, "idle_gib": round(self.baseline.get(pid, 0) / 2**30, 2), "peak_gib": round(peak / 2**30, 2)}
+        marked = getattr(self, "marked", {})
+        return [{"pid": pid, "idle_gib": round(self.baseline.get(pid, 0) / 2**30, 2),
+                 "peak_to_first_step_gib": round(marked.get(pid, 0) / 2**30, 2), "peak_gib": round(peak / 2**30, 2)}
                 for pid, peak in sorted(self.peak.items())]
 
 
@@ -159,6 +165,7 @@ def run(state, spec_path, wait_first_step):
         s = json.loads(strata(state, "status", run_id, "--json"))
         if first_step is None and wait_first_step and s.get("step", 0) >= 1:
             first_step = time.time() - t0
+            sampler.mark()
         if s["state"] not in ("pending", "running", "recovering"):
             break
         time.sleep(0.1)
@@ -173,7 +180,7 @@ def main():
     ap.add_argument("--work", default="/tmp/strata-7b")
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--out", default=".")
-    ap.add_argument("--train-steps", type=int, default=3)
+    ap.add_argument("--train-steps", type=int, default=2)
     ap.add_argument("--transformers-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.transformers_only:
@@ -191,7 +198,7 @@ def main():
     common = f'[model]\ninit_from = "{model_dir}"\nsequence = 1024\n[data]\npath = "{args.work}/tokens.u32"\nformat = "u32"\n'
     with open(f"{args.work}/extract.toml", "w") as f:
         f.write(f'name = "llama3-8b-extract"\nkind = "extract"\n{common}'
-                f'[extract]\nsites = ["resid_post"]\nprecision = "bf16"\ndtype = "bf16"\nbatch = 4\ntokens = {16 * 1024 * args.gpus}\n')
+                f'[parallel]\ndp = {args.gpus}\n[extract]\nsites = ["resid_post"]\nprecision = "bf16"\ndtype = "bf16"\nbatch = 4\ntokens = {16 * 1024 * args.gpus}\n')
     with open(f"{args.work}/train.toml", "w") as f:
         f.write(f'name = "llama3-8b-train"\n{common}[train]\nsteps = {args.train_steps}\nglobal_batch = {4 * args.gpus}\n'
                 f'lr = 0.00003\nprecision = "bf16"\ncheckpoint_every = 0\n')
@@ -201,8 +208,12 @@ def main():
         cluster_up(state, args.gpus)
         try:
             run_id, s, wall, first_step, rss, events = run(state, f"{args.work}/{kind}.toml", kind == "train")
+            t_submit = next(e["unix_ms"] for e in events if e["kind"] == "submitted")
             res = {"run": run_id, "state": s["state"], "message": s.get("message", ""), "wall_s": round(wall, 1),
-                   "workers_rss": rss, "events": [(e["kind"], e["message"][:300]) for e in events]}
+                   "workers_rss": rss, "events": [(e["kind"], round((e["unix_ms"] - t_submit) / 1000, 2), e["message"][:300]) for e in events],
+                   "worker_log": [line.strip() for n in range(args.gpus) if os.path.exists(f"{state}/logs/worker-{n}.log")
+                                  for line in open(f"{state}/logs/worker-{n}.log")
+                                  if "placed its part" in line or "extract plan" in line]}
             if kind == "train":
                 plan = s.get("plan") or {}
                 ways = plan.get("pp", 1) * plan.get("tp", 1) * (plan.get("dp", 1) if plan.get("zero", 0) == 3 else 1)
@@ -212,14 +223,12 @@ def main():
             else:
                 index = json.loads(strata(state, "activations", run_id, "--json"))
                 res.update(activations=index, rank_share_gib=round(size / 2**30, 2))
-                if s["state"] == "finished":
-                    t0 = next(e["unix_ms"] for e in events if e["kind"] == "submitted")
-                    first = [e["unix_ms"] for e in events if e["kind"] in ("chunk", "assigned")]
-                    res["assigned_s"] = round((min(first) - t0) / 1000, 1) if first else None
             results[kind] = res
-            log(kind + ":", json.dumps({k: v for k, v in res.items() if k not in ("events", "activations")}))
-            for k, m in res["events"]:
-                log(f"  {k}: {m}")
+            log(kind + ":", json.dumps({k: v for k, v in res.items() if k not in ("events", "activations", "worker_log")}))
+            for k, at, m in res["events"]:
+                log(f"  {at:7.2f} s {k}: {m}")
+            for line in res["worker_log"]:
+                log("  log:", line)
         finally:
             strata(state, "down", check=False)
     with open(f"{args.out}/large_model_bench.json", "w") as f:

@@ -277,7 +277,9 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
           shard::CopySlice(splits[i], unit.full_shapes[i], mesh_.tp, position_.tp_rank, source.element_size(),
                            static_cast<const uint8_t*>(source.data_ptr()), static_cast<uint8_t*>(slice.data_ptr()));
         }
-        held.narrow(0, from - held_begin, to - from).copy_(slice.reshape({-1}).narrow(0, from - unit.offsets[i], to - from));
+        // To the device in the source dtype, converted there: a CPU-to-GPU copy_ that also
+        // converts would widen to fp32 on the host first (twice the bytes, one thread).
+        held.narrow(0, from - held_begin, to - from).copy_(slice.reshape({-1}).narrow(0, from - unit.offsets[i], to - from).to(device_));
       });
     }
   }

@@ -8,10 +8,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iomanip>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <system_error>
 #include <thread>
 
@@ -76,6 +78,8 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   StageModel::WeightLoader load;
   std::shared_ptr<CausalLm> full;
   std::map<std::string, torch::Tensor> drawn;  // full's parameters by name
+  uint64_t read_bytes = 0;
+  const auto load_start = std::chrono::steady_clock::now();
   std::optional<model::HfCheckpoint> checkpoint;
   Status load_status;
   if (!resuming && !model_spec.init_from.empty()) {
@@ -87,7 +91,10 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
     checkpoint.emplace(std::move(*opened));
     load = [&](const model::Parameter& p, const StageModel::WeightUse& use) {
       if (!load_status.ok()) return;  // the first error is the one reported
-      load_status = WithHfParameter(*checkpoint, model_spec, p, use);
+      load_status = WithHfParameter(*checkpoint, model_spec, p, [&](const torch::Tensor& whole) {
+        read_bytes += static_cast<uint64_t>(whole.nbytes());
+        use(whole);
+      });
     };
   } else if (!resuming) {
     auto built = BuildCausalLm(model_spec, context.spec.train.seed);
@@ -104,6 +111,13 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   if (!load_status.ok()) {
     init_status_ = load_status;
     return;
+  }
+  if (checkpoint) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    std::ostringstream what;
+    what << std::fixed << std::setprecision(1) << "rank " << context.rank << " read " << double(read_bytes) / double(1ull << 30)
+         << " GiB of " << model_spec.init_from << " and placed its part on " << device_.str() << " in " << seconds << " s";
+    STRATA_LOG(kInfo) << what.str();
   }
   drawn.clear();
   full.reset();

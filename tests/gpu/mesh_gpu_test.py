@@ -91,6 +91,10 @@ def main():
         # MESH_GPU_FAMILIES picks families (default: all; the families beyond gpt2 and llama run
         # bf16 only, the precision their published checkpoints train in).
         families = os.environ.get("MESH_GPU_FAMILIES", " ".join(FAMILY_MODELS)).split()
+        # MESH_GPU_MESHES picks meshes by name (1gpu dp2 dp2z3 pp2 tp2 pp2tp2; default: all, and
+        # the resume checks).
+        if os.environ.get("MESH_GPU_MESHES"):
+            meshes = [m for m in meshes if m[0] in os.environ["MESH_GPU_MESHES"].split()]
         for family in () if os.environ.get("MESH_GPU_RESUME_ONLY") else families:
             reference = train(cpu, work, f"{family}-cpu", family)
             precisions = (("fp32", 1e-3), ("bf16", 3e-2)) if family in ("gpt2", "llama") else (("bf16", 3e-2),)
@@ -108,7 +112,7 @@ def main():
                     if not ok:
                         failures.append(name)
                         print("  per step:", " ".join(f"{d:.1e}" for d in diffs))
-        if n >= 2:
+        if n >= 2 and not os.environ.get("MESH_GPU_MESHES"):
             # Issue #20: a checkpoint written under tp=2 resumes under tp=1 (and dp=2 ZeRO-3) on the
             # GPU - the restore's pinned staging path - and continues the uninterrupted run.
             for family in ("gpt2", "llama"):
