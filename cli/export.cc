@@ -63,102 +63,138 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
   STRATA_ASSIGN_OR_RETURN(RunSpec spec, ParseStoredRunSpec(spec_toml));  // as stored, older names included
   const std::string run = manifest.getRunId().cStr();
   const int64_t step = manifest.getStep();
-  std::map<std::string, storage::Tensor> tensors;  // HF name -> tensor in HF layout
-  // Each rank wrote pieces of the parameters (its tensor-parallel slice, cut by data-parallel
-  // rank; shard/layout.h): assemble them whole, whatever the mesh was.
-  shard::TensorAssembler assembler(spec.model);
-  std::map<std::string, storage::DType> dtypes;
-  std::map<std::string, std::vector<int64_t>> shapes;
+  // Where each parameter's pieces are: each rank wrote pieces of the parameters (its
+  // tensor-parallel slice, cut by data-parallel rank; shard/layout.h). Nothing is read yet.
+  struct OpenStore {
+    std::unique_ptr<storage::ShardStore> store;
+    std::string path, key_run;
+  };
+  struct PieceRef {
+    size_t store;
+    std::string name;
+    uint64_t checksum;
+    shard::PieceName piece;
+  };
+  std::vector<OpenStore> stores;
+  std::map<std::string, std::vector<PieceRef>> pieces;  // parameter -> its pieces
   for (auto shard : manifest.getShards()) {
     // The shard's own store, else its copy on another host (a cluster spanning hosts), whichever
     // this machine reaches by path.
     std::string store_path = shard.getStorePath().cStr();
     std::string key_run = shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : run;
-    storage::StoreOptions options;
-    options.create_if_missing = false;
-    options.read_only = true;
-    auto store = storage::ShardStore::Open(store_path, options);
+    storage::StoreOptions store_options;
+    store_options.create_if_missing = false;
+    store_options.read_only = true;
+    auto store = storage::ShardStore::Open(store_path, store_options);
     for (auto copy : shard.getCopies()) {
       if (store.ok()) break;
-      store = storage::ShardStore::Open(copy.getStorePath().cStr(), options);
+      store = storage::ShardStore::Open(copy.getStorePath().cStr(), store_options);
       if (store.ok()) store_path = copy.getStorePath().cStr(), key_run = copy.getKeyRun().cStr();
     }
     if (!store.ok()) return store.status();
+    stores.push_back({std::move(*store), store_path, key_run});
     for (auto entry : shard.getTensors()) {
       const std::string name = entry.getName().cStr();
       if (name.rfind(kParamPrefix, 0) != 0) continue;  // optimizer moments stay behind
       STRATA_ASSIGN_OR_RETURN(shard::PieceName piece, shard::ParsePiece(name));
-      STRATA_ASSIGN_OR_RETURN(storage::Tensor t, (*store)->ReadCheckpointTensor(key_run, step, name));
-      if (t.checksum != entry.getChecksum()) {
-        return Corruption("tensor '" + name + "' in " + store_path + " does not match the checkpoint manifest; "
-                          "export an older checkpoint (`strata checkpoints " + run + "`)");
-      }
-      const size_t element = storage::DTypeSize(t.dtype);
-      if (t.bytes.size() != static_cast<size_t>(piece.end - piece.begin) * element) {
-        return Corruption("tensor '" + name + "' in " + store_path + " holds " + std::to_string(t.bytes.size()) +
-                          " bytes, not the piece its name describes");
-      }
-      STRATA_RETURN_IF_ERROR(assembler.Add(piece, element, t.bytes.data()));
-      dtypes[piece.name] = t.dtype;
-      shapes[piece.name] = piece.shape;
+      pieces[piece.name].push_back({stores.size() - 1, name, entry.getChecksum(), piece});
     }
   }
-  // In the family's parameter order (embeddings, blocks, head), as save_pretrained lays them out.
-  std::vector<std::pair<std::string, storage::Tensor>> ordered;
-  for (const model::Parameter& p : model::Parameters(spec.model)) {
-    if (!dtypes.count(p.name)) return Corruption("checkpoint " + std::to_string(step) + " of run " + run + " has no parameter " + p.name);
-    storage::Tensor t;
-    STRATA_ASSIGN_OR_RETURN(t.bytes, assembler.Take(p.name));
-    t.dtype = dtypes[p.name];
-    t.shape = shapes[p.name];
-    const model::HfTensorName hf = model::ToHuggingFace(spec.model, p.name);
-    if (hf.transposed && t.shape.size() == 2) {
-      t.bytes = Transpose2d(t);
-      std::swap(t.shape[0], t.shape[1]);
-    }
-    if (options.dtype == "bf16" && t.dtype == storage::DType::kF32) {
-      t.bytes = ToBf16(t.bytes);
-      t.dtype = storage::DType::kBF16;
-    }
-    ordered.emplace_back(hf.name, std::move(t));
-  }
-  if (ordered.empty()) return NotFound("checkpoint " + std::to_string(step) + " of run " + run + " holds no parameters");
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return IoError("cannot create " + out_dir + ": " + ec.message());
-  // Files of at most max_shard_bytes, filled in order (a tensor larger than the limit gets a
-  // file of its own), as save_pretrained shards.
-  std::vector<std::vector<size_t>> files(1);
-  uint64_t in_file = 0;
+
+  // One parameter at a time, in the family's order (embeddings, blocks, head, as save_pretrained
+  // lays them out), assembled whole whatever the mesh was, into files of at most max_shard_bytes
+  // (a larger tensor gets a file of its own). A file is written as soon as it is full, under a
+  // provisional name until the count is known: host memory holds one file and one tensor.
   ExportSummary summary;
-  for (size_t i = 0; i < ordered.size(); ++i) {
-    const uint64_t size = ordered[i].second.bytes.size();
-    if (!files.back().empty() && in_file + size > options.max_shard_bytes) {
-      files.emplace_back();
-      in_file = 0;
-    }
-    files.back().push_back(i);
-    in_file += size;
-    summary.bytes += size;
-  }
+  std::vector<std::string> provisional;                    // written files, in order
+  std::vector<std::vector<std::string>> names_in_file;     // their tensors
+  std::vector<std::pair<std::string, storage::Tensor>> pending;  // the file being filled
+  uint64_t pending_bytes = 0;
   const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"strata_run", run}, {"strata_step", std::to_string(step)}};
-  nlohmann::json weight_map = nlohmann::json::object();
-  for (size_t k = 0; k < files.size(); ++k) {
-    const std::string name = files.size() == 1 ? "model.safetensors" : ShardFileName(k + 1, files.size());
+  auto remove_provisional = [&] {
+    for (const std::string& path : provisional) std::filesystem::remove(path, ec);
+  };
+  auto flush = [&]() -> Status {
+    if (pending.empty()) return Status::Ok();
+    const std::string path = out_dir + "/.export-" + std::to_string(provisional.size() + 1) + ".safetensors.partial";
     std::vector<storage::NamedTensorView> views;
-    for (size_t i : files[k]) {
-      const auto& [hf_name, t] = ordered[i];
+    names_in_file.emplace_back();
+    for (const auto& [hf_name, t] : pending) {
       views.push_back({hf_name, {t.dtype, t.shape, t.bytes}});
-      weight_map[hf_name] = name;
+      names_in_file.back().push_back(hf_name);
     }
-    STRATA_RETURN_IF_ERROR(storage::WriteSafetensors(out_dir + "/" + name, views, metadata));
+    provisional.push_back(path);
+    STRATA_RETURN_IF_ERROR(storage::WriteSafetensors(path, views, metadata));
+    pending.clear();
+    pending_bytes = 0;
+    return Status::Ok();
+  };
+  auto export_all = [&]() -> Status {
+    shard::TensorAssembler assembler(spec.model);
+    for (const model::Parameter& p : model::Parameters(spec.model)) {
+      auto found = pieces.find(p.name);
+      if (found == pieces.end()) return Corruption("checkpoint " + std::to_string(step) + " of run " + run + " has no parameter " + p.name);
+      storage::Tensor t;
+      for (const PieceRef& ref : found->second) {
+        const OpenStore& from = stores[ref.store];
+        STRATA_ASSIGN_OR_RETURN(storage::Tensor read, from.store->ReadCheckpointTensor(from.key_run, step, ref.name));
+        if (read.checksum != ref.checksum) {
+          return Corruption("tensor '" + ref.name + "' in " + from.path + " does not match the checkpoint manifest; "
+                            "export an older checkpoint (`strata checkpoints " + run + "`)");
+        }
+        const size_t element = storage::DTypeSize(read.dtype);
+        if (read.bytes.size() != static_cast<size_t>(ref.piece.end - ref.piece.begin) * element) {
+          return Corruption("tensor '" + ref.name + "' in " + from.path + " holds " + std::to_string(read.bytes.size()) +
+                            " bytes, not the piece its name describes");
+        }
+        STRATA_RETURN_IF_ERROR(assembler.Add(ref.piece, element, read.bytes.data()));
+        t.dtype = read.dtype;
+        t.shape = ref.piece.shape;
+      }
+      STRATA_ASSIGN_OR_RETURN(t.bytes, assembler.Take(p.name));
+      const model::HfTensorName hf = model::ToHuggingFace(spec.model, p.name);
+      if (hf.transposed && t.shape.size() == 2) {
+        t.bytes = Transpose2d(t);
+        std::swap(t.shape[0], t.shape[1]);
+      }
+      if (options.dtype == "bf16" && t.dtype == storage::DType::kF32) {
+        t.bytes = ToBf16(t.bytes);
+        t.dtype = storage::DType::kBF16;
+      }
+      const uint64_t size = t.bytes.size();
+      if (!pending.empty() && pending_bytes + size > options.max_shard_bytes) STRATA_RETURN_IF_ERROR(flush());
+      pending.emplace_back(hf.name, std::move(t));
+      pending_bytes += size;
+      summary.bytes += size;
+      ++summary.tensors;
+    }
+    if (summary.tensors == 0) return NotFound("checkpoint " + std::to_string(step) + " of run " + run + " holds no parameters");
+    return flush();
+  };
+  if (Status st = export_all(); !st.ok()) {
+    remove_provisional();
+    return st;
   }
-  if (files.size() > 1) {
+  // Final names, now that the count is known, and the index.
+  nlohmann::json weight_map = nlohmann::json::object();
+  const size_t n = provisional.size();
+  for (size_t k = 0; k < n; ++k) {
+    const std::string name = n == 1 ? "model.safetensors" : ShardFileName(k + 1, n);
+    std::filesystem::rename(provisional[k], out_dir + "/" + name, ec);
+    if (ec) {
+      remove_provisional();
+      return IoError("cannot rename " + provisional[k] + " to " + out_dir + "/" + name + ": " + ec.message());
+    }
+    for (const std::string& tensor : names_in_file[k]) weight_map[tensor] = name;
+  }
+  if (n > 1) {
     nlohmann::json index = {{"metadata", {{"total_size", summary.bytes}}}, {"weight_map", weight_map}};
     STRATA_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/model.safetensors.index.json", index.dump(2) + "\n", 0644));
   }
-  summary.tensors = ordered.size();
-  summary.files = files.size();
+  summary.files = n;
   // config.json: the source model's, so rope_scaling, token ids and the rest survive.
   std::string source_config;
   const std::string& init_from = spec.model.init_from;

@@ -25,7 +25,9 @@ struct ExportSummary {
 };
 
 // Reads the parameters of `manifest` from the shard stores it names (opened read-only, so the
-// workers may keep running), checks each against the manifest's checksum, and writes `out_dir`.
+// workers may keep running), checks each against the manifest's checksum, and writes `out_dir`
+// one file at a time: host memory holds one output file and one tensor, not the model. On an
+// error no weight file of this export is left behind.
 Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointManifest::Reader manifest,
                                        const std::string& out_dir, const ExportOptions& options = {});
 
