@@ -25,6 +25,9 @@
 #define STRATA_TORCH_DEVICE_AUTOCAST 0
 #endif
 
+// LibTorch's own multi-tensor fused AdamW (at::_fused_adamw_), compared against in bench/kernels_bench.
+#define STRATA_TORCH_HAS_FUSED_ADAMW (TORCH_VERSION_MAJOR >= 2)
+
 namespace strata::worker::compat {
 
 // bf16 autocast on a CUDA device for the guard's lifetime: matmuls and attention run in bf16,

@@ -1,5 +1,9 @@
 #include "worker/trainer.h"
 
+#ifdef STRATA_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -18,6 +22,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "kernels/kernels.h"
 #include "worker/causal_lm.h"
 #include "worker/device_memory.h"
 #include "worker/hf_format.h"
@@ -25,6 +30,19 @@
 
 namespace strata::worker {
 namespace {
+
+// Where the fused kernels run: the device's current stream (LibTorch's work is queued there too).
+kernels::Place KernelPlace(const torch::Device& device) {
+  kernels::Place place;
+#ifdef STRATA_WITH_CUDA
+  if (device.is_cuda()) {
+    place.cuda = true;
+    place.stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  }
+#endif
+  return place;
+}
+
 
 // The partition of the world into groups of ranks that differ only in the coordinate `vary`.
 std::vector<std::vector<uint32_t>> GroupsAlong(const shard::MeshShape& mesh, char vary) {
@@ -143,6 +161,7 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
     m.norm_mask = norm.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).clone();
     moments_.push_back(std::move(m));
   }
+  norm_scratch_ = torch::empty({kernels::MaskedSquareSumScratch()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
 }
 
 Status Trainer::BuildGroups() {
@@ -316,11 +335,12 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
   const int64_t zero = spec.parallel.zero;
   auto& units = model_->units();
   std::vector<torch::Tensor> grads;
+  const kernels::Place place = KernelPlace(device_);
   torch::Tensor square_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
   try {
     for (size_t u = 0; u < units.size(); ++u) {
       ParamUnit& unit = units[u];
-      torch::Tensor g = unit.sharded ? (unit.flat.grad().defined() ? unit.flat.grad() : torch::zeros_like(unit.flat)) : unit.grad;
+      torch::Tensor g = unit.sharded ? (unit.flat.grad().defined() ? unit.flat.grad().contiguous() : torch::zeros_like(unit.flat)) : unit.grad;
       if (static_cast<int>(u) == model_->first_wte_unit() || static_cast<int>(u) == model_->tied_copy_unit()) {
         AllReduceTensor(*tie_group_, g);
       }
@@ -328,7 +348,8 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
       if (zero == 2) ReduceScatterTensor(*dp_group_, g);  // zero 3 reduce-scattered in backward
       g.div_(static_cast<double>(mesh_.dp));
       auto shard = unit.sharded ? g : g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
-      square_sum += (shard * moments_[u].norm_mask).pow(2).sum();
+      kernels::MaskedSquareSum(place, shard.data_ptr<float>(), moments_[u].norm_mask.data_ptr<float>(), shard.numel(),
+                               square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
       grads.push_back(g);
     }
     // The loss (from the last stage's tensor-parallel rank 0) and the squared norm: one all-reduce.
@@ -349,8 +370,6 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
     torn_ = true;
     ++step_;
     const double lr = LearningRate(tr, step_);
-    const double bc1 = 1.0 - std::pow(tr.beta1, static_cast<double>(step_));
-    const double bc2 = 1.0 - std::pow(tr.beta2, static_cast<double>(step_));
     for (size_t u = 0; u < units.size(); ++u) {
       ParamUnit& unit = units[u];
       Moments& m = moments_[u];
@@ -358,12 +377,10 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
       auto p = unit.sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin);
       auto g = grads[u];
       if (!unit.sharded && zero >= 1) g = g.narrow(0, m.begin, m.end - m.begin);
-      if (clip != 1.0) g = g * clip;
-      if (tr.weight_decay > 0) p.mul_(m.decay_mask.mul(-lr * tr.weight_decay).add_(1.0));
-      m.exp_avg.mul_(tr.beta1).add_(g, 1.0 - tr.beta1);
-      m.exp_avg_sq.mul_(tr.beta2).addcmul_(g, g, 1.0 - tr.beta2);
-      auto denom = (m.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(tr.eps);
-      p.addcdiv_(m.exp_avg, denom, -lr / bc1);
+      // One fused pass (kernels/kernels.h has the maths): clipping, decay, moments, update.
+      kernels::AdamW(place, {lr, tr.beta1, tr.beta2, tr.eps, tr.weight_decay, step_, clip}, p.data_ptr<float>(),
+                     g.data_ptr<float>(), m.exp_avg.data_ptr<float>(), m.exp_avg_sq.data_ptr<float>(),
+                     m.decay_mask.data_ptr<float>(), p.numel());
       if (zero == 1 || zero == 2) AllGatherTensor(*dp_group_, flat);
       if (unit.sharded) {
         unit.flat.mutable_grad() = torch::Tensor();

@@ -140,6 +140,7 @@ class Trainer {
   std::unique_ptr<Communicator> dp_group_, tp_group_, pipe_forward_, pipe_backward_, tie_group_;
   std::unique_ptr<StageModel> model_;
   std::vector<Moments> moments_;  // one per unit
+  torch::Tensor norm_scratch_;    // kernels::MaskedSquareSum's partial sums, on the device
   std::vector<torch::Tensor> checkpoint_blocks_;  // GPU workers: the page-locked host copy of the last checkpoint, reused
   int64_t step_ = 0;
   bool torn_ = false;
