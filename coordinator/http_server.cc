@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "common/log.h"
-#include "coordinator/client.h"
+#include "client/coordinator_client.h"
 #include "schema/envelope.h"
 
 namespace strata::coordinator {
@@ -609,7 +609,7 @@ class HttpServerImpl final : public HttpServer {
   std::mutex snapshot_mu_;
   std::shared_ptr<const DashboardSnapshot> snapshot_;
   std::mutex client_mu_;
-  CoordinatorClient client_;
+  client::CoordinatorClient client_;
 };
 
 }  // namespace
