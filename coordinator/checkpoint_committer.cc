@@ -34,7 +34,7 @@ void CheckpointCommitter::AddServeAddresses(CheckpointManifest::Builder manifest
 // A checkpoint must outlive any one host with its disks: when the live workers span hosts,
 // each rank's shard is copied to a store on another host (the worker there pulls it from the
 // shard's store server: ReplicateShard), and the checkpoint is committed once every copy is
-// durable (HandleShardReplicated). True when copies were asked for; false when the cluster is
+// durable (ShardReplicated). True when copies were asked for; false when the cluster is
 // one host (commit now), or a shard cannot be copied (its worker serves no store: committed
 // without copies, and the journal says so).
 bool CheckpointCommitter::ReplicateAcrossHosts(RunEntry& run, int64_t step) {

@@ -257,7 +257,7 @@ void ExtractScheduler::ReservationExpired(const std::string& run_id, const std::
   RunEntry* run = c_.FindRun(run_id);
   if (!run || !run->running()) return;
   auto it = run->extract.reserved.find(worker);
-  if (it == run->extract.reserved.end() || it->second.timer != serial) return;
+  if (it == run->extract.reserved.end() || it->second.serial != serial) return;
   c_.AddEvent(*run, EventKind::kReservationExpired, worker + " did not come back within " + std::to_string(c_.options.replace_grace_ms) +
                                                         " ms: its " + std::to_string(it->second.chunks.size()) +
                                                         " chunks go to the other workers");

@@ -40,7 +40,7 @@ struct ExtractState {
   uint64_t stored_rows = 0;
   std::map<std::string, std::set<uint64_t>> tasks;  // worker -> its task's chunks not yet stored
   struct Reservation {
-    uint64_t timer = 0;  // TimerQueue id of its expiry
+    uint64_t serial = 0;  // which reservation its expiry timer is for (a worker lost twice has two)
     std::set<uint64_t> chunks;
   };
   std::map<std::string, Reservation> reserved;  // lost worker -> chunks waiting for it

@@ -73,7 +73,7 @@ void TrainRun::WorkerLost(RunEntry& run, const std::string& lost, const std::str
   Recover(run, "rank on " + lost + " was lost: the run re-plans", lost);
 }
 
-// Stops the run's ranks still reachable but `lost` (told `why`), then resumes as TrainWorkerLost
+// Stops the run's ranks still reachable but `lost` (told `why`), then recovers as WorkerLost
 // says.
 void TrainRun::Recover(RunEntry& run, const std::string& why, const std::string& lost) {
   c_.CancelRanks(run, why, lost);
