@@ -7,7 +7,8 @@
 #include <zmq.hpp>
 
 #include "common/net.h"
-#include "coordinator/client.h"
+#include "client/coordinator_client.h"
+#include "client/request.h"
 #include "schema/envelope.h"
 
 namespace strata::activations {
@@ -120,58 +121,38 @@ class ReaderImpl final : public ActivationReader {
     }
     auto it = sockets_.find(c.serve_address);
     if (it != sockets_.end()) return &it->second;
-    const auto [endpoint, server_key] = curve::SplitAddressKey(c.serve_address);
-    zmq::socket_t socket(context_, zmq::socket_type::dealer);
-    socket.set(zmq::sockopt::linger, 0);
-    socket.set(zmq::sockopt::rcvhwm, 0);
-    if (!server_key.empty()) {
-      if (!keys_) return InvalidArgument("worker " + c.worker + " serves over tcp:// with CURVE: pass --keys DIR");
-      curve::ConfigureClient(socket, keys_->own, server_key);
-    }
-    try {
-      socket.connect(endpoint);
-    } catch (const zmq::error_t& e) {
-      return Unavailable("cannot reach worker " + c.worker + " at " + endpoint + ": " + e.what());
-    }
+    const std::string endpoint = curve::SplitAddressKey(c.serve_address).first;
+    STRATA_ASSIGN_OR_RETURN(zmq::socket_t socket,
+                            client::ConnectDealer(context_, c.serve_address, keys_,
+                                                  "worker " + c.worker + " serves over tcp:// with CURVE: pass --keys DIR",
+                                                  "worker " + c.worker + " at " + endpoint));
     return &sockets_.emplace(c.serve_address, std::move(socket)).first->second;
   }
 
   Result<zmq::message_t> Receive(zmq::socket_t* socket, uint64_t request_id, const StoredChunk& c, uint64_t row_bytes) {
-    std::vector<zmq::message_t> frames;
-    const int64_t deadline = net::SteadyMs() + timeout_ms_;
-    while (true) {
-      const int64_t left = deadline - net::SteadyMs();
-      if (left <= 0 || !net::RecvMultipart(*socket, &frames, static_cast<int>(left))) {
-        return Unavailable("worker " + c.worker + " (" + c.serve_address + ") did not answer within " +
-                           std::to_string(timeout_ms_) + " ms; is it running? (`strata workers`; `strata up` restarts it)");
-      }
-      if (frames.empty()) continue;
-      auto decoded = schema::DecodeEnvelope(net::Bytes(frames[0]));
-      if (!decoded.ok()) return decoded.status();
-      auto root = (*decoded)->root();
-      if (root.getRequestId() != request_id) continue;  // a late answer to an abandoned request
-      if (root.which() == Envelope::ERROR) {
-        const Status error = schema::StatusFromError(root.getError());
-        return Status(error.code(), "worker " + c.worker + ": " + error.message());
-      }
-      if (root.which() != Envelope::ACTIVATION_DATA || frames.size() != 2) {
-        return Internal("worker " + c.worker + " answered a read with something else");
-      }
-      auto data = root.getActivationData();
-      if (frames[1].size() != c.row_count * row_bytes) {
-        return Corruption("worker " + c.worker + " sent " + std::to_string(frames[1].size()) + " bytes for rows " +
-                          std::to_string(c.row_begin) + ".." + std::to_string(c.row_begin + c.row_count) + ", expected " +
-                          std::to_string(c.row_count * row_bytes));
-      }
-      if (storage::Checksum(net::Bytes(frames[1])) != data.getChecksum()) {
-        return Corruption("rows " + std::to_string(c.row_begin) + ".. from worker " + c.worker +
-                          " fail their checksum; the transfer or its store is damaged");
-      }
-      return std::move(frames[1]);
+    STRATA_ASSIGN_OR_RETURN(client::Reply reply, client::AwaitReply(*socket, request_id, timeout_ms_, "worker " + c.worker + ": ", [&] {
+      return "worker " + c.worker + " (" + c.serve_address + ") did not answer within " + std::to_string(timeout_ms_) +
+             " ms; is it running? (`strata workers`; `strata up` restarts it)";
+    }));
+    auto root = reply.envelope->root();
+    if (root.which() != Envelope::ACTIVATION_DATA || reply.frames.size() != 2) {
+      return Internal("worker " + c.worker + " answered a read with something else");
     }
+    auto data = root.getActivationData();
+    zmq::message_t& bytes = reply.frames[1];
+    if (bytes.size() != c.row_count * row_bytes) {
+      return Corruption("worker " + c.worker + " sent " + std::to_string(bytes.size()) + " bytes for rows " +
+                        std::to_string(c.row_begin) + ".." + std::to_string(c.row_begin + c.row_count) + ", expected " +
+                        std::to_string(c.row_count * row_bytes));
+    }
+    if (storage::Checksum(net::Bytes(bytes)) != data.getChecksum()) {
+      return Corruption("rows " + std::to_string(c.row_begin) + ".. from worker " + c.worker +
+                        " fail their checksum; the transfer or its store is damaged");
+    }
+    return std::move(bytes);
   }
 
-  coordinator::CoordinatorClient client_;
+  client::CoordinatorClient client_;
   int timeout_ms_;
   std::optional<curve::ClientKeys> keys_;
   zmq::context_t context_{1};

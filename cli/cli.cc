@@ -38,7 +38,7 @@
 #include "common/curve.h"
 #include "common/net.h"
 #include "common/run_spec.h"
-#include "coordinator/client.h"
+#include "client/coordinator_client.h"
 #include "schema/envelope.h"
 #include "shard/layout.h"
 
@@ -105,13 +105,13 @@ std::string ResolveKeysDir(const GlobalOptions& g) {
   return "";
 }
 
-Result<std::unique_ptr<coordinator::CoordinatorClient>> MakeClient(const GlobalOptions& g, const std::string& endpoint,
+Result<std::unique_ptr<client::CoordinatorClient>> MakeClient(const GlobalOptions& g, const std::string& endpoint,
                                                                    int timeout_ms) {
   std::optional<curve::ClientKeys> keys;
   if (const std::string dir = ResolveKeysDir(g); !dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(keys, curve::LoadClientKeys(dir));
   }
-  return std::make_unique<coordinator::CoordinatorClient>(endpoint, timeout_ms, std::move(keys));
+  return std::make_unique<client::CoordinatorClient>(endpoint, timeout_ms, std::move(keys));
 }
 
 Result<CoordinatorAddress> ResolveCoordinator(const GlobalOptions& g) {

@@ -12,7 +12,7 @@
 #include "common/net.h"
 #include "common/run_spec.h"
 #include "common/task_log.h"
-#include "coordinator/client.h"
+#include "client/coordinator_client.h"
 #include "schema/envelope.h"
 
 namespace strata::cli {
@@ -28,7 +28,7 @@ struct FilePiece {
   bool terminal = false;
 };
 
-Result<FilePiece> ReadPiece(coordinator::CoordinatorClient& client, const std::string& run, RunFileRequest::Kind kind,
+Result<FilePiece> ReadPiece(client::CoordinatorClient& client, const std::string& run, RunFileRequest::Kind kind,
                             uint32_t rank, uint64_t offset) {
   schema::EnvelopeBuilder req;
   auto r = req.root().initRunFileRequest();
@@ -72,7 +72,7 @@ int ShowLogs(const CoordinatorAddress& coordinator, const LogsRequest& request) 
     if (!d.ok()) return Fail(d.status());
     since_ms = net::NowUnixMs() - *d;
   }
-  coordinator::CoordinatorClient client(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
+  client::CoordinatorClient client(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
   uint64_t offset = 0;
   std::string pending;  // the end of the file read so far, short of its newline
   bool show = request.since.empty();  // a line without a timestamp goes with the line before it
@@ -101,7 +101,7 @@ int ShowLogs(const CoordinatorAddress& coordinator, const LogsRequest& request) 
 }
 
 int ShowMetrics(const CoordinatorAddress& coordinator, const std::string& run, bool csv) {
-  coordinator::CoordinatorClient client(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
+  client::CoordinatorClient client(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
   std::string text;
   for (;;) {
     auto piece = ReadPiece(client, run, RunFileRequest::Kind::METRICS, 0, text.size());

@@ -13,7 +13,7 @@
 #include "cli/exit.h"
 #include "common/byte_size.h"
 #include "common/run_spec.h"
-#include "coordinator/client.h"
+#include "client/coordinator_client.h"
 #include "schema/envelope.h"
 #include "shard/planner.h"
 
@@ -79,7 +79,7 @@ Result<shard::ClusterView> ClusterFromSpec(const std::string& path) {
   return view;
 }
 
-Result<shard::ClusterView> ClusterFromCoordinator(coordinator::CoordinatorClient& client) {
+Result<shard::ClusterView> ClusterFromCoordinator(client::CoordinatorClient& client) {
   schema::EnvelopeBuilder request;
   request.root().setWorkersRequest();
   STRATA_ASSIGN_OR_RETURN(auto reply, client.Call(request));
@@ -118,7 +118,7 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
   Result<shard::ClusterView> cluster = request.cluster_spec.empty() ? Result<shard::ClusterView>(coordinator.status())
                                                                     : ClusterFromSpec(request.cluster_spec);
   if (request.cluster_spec.empty() && coordinator.ok()) {
-    coordinator::CoordinatorClient client(coordinator->endpoint, 3000, coordinator->keys);
+    client::CoordinatorClient client(coordinator->endpoint, 3000, coordinator->keys);
     cluster = ClusterFromCoordinator(client);
     if (cluster.ok() && cluster->workers.empty()) {
       cluster = Unavailable("the cluster has no live workers to plan for; `strata up` or pass --cluster-spec FILE");
@@ -186,7 +186,7 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
   return kExitOk;
 }
 
-Result<std::string> EstimateForSubmit(const RunSpec& spec, coordinator::CoordinatorClient& client) {
+Result<std::string> EstimateForSubmit(const RunSpec& spec, client::CoordinatorClient& client) {
   if (spec.is_extract()) return std::string();  // the worker plans its capture (extract.mode)
   auto live = ClusterFromCoordinator(client);
   STRATA_RETURN_IF_ERROR(live.status());  // unreachable: say so now rather than after a second timeout

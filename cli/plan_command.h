@@ -16,7 +16,7 @@
 
 #include "cli/activations_command.h"  // CoordinatorAddress
 #include "common/run_spec.h"
-#include "coordinator/client.h"
+#include "client/coordinator_client.h"
 
 namespace strata::cli {
 
@@ -35,6 +35,6 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
 // free, what to change) when it cannot fit; an empty line when there is nothing to check against
 // (no coordinator, fewer live workers than dp: the run will wait).
 // Asks over `client`, the connection the submit then uses.
-Result<std::string> EstimateForSubmit(const RunSpec& spec, coordinator::CoordinatorClient& client);
+Result<std::string> EstimateForSubmit(const RunSpec& spec, client::CoordinatorClient& client);
 
 }  // namespace strata::cli

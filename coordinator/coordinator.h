@@ -13,6 +13,7 @@
 namespace strata::coordinator {
 
 struct DashboardSnapshot;  // coordinator/dashboard.h
+class Clock;               // coordinator/clock.h
 
 struct CoordinatorOptions {
   std::string listen = "ipc:///tmp/strata-coordinator.sock";
@@ -48,6 +49,9 @@ struct CoordinatorOptions {
   // Optional: receives an immutable snapshot of workers and runs about every 250 ms, on the
   // event-loop thread (main.cc hands it to the HTTP dashboard, which only ever reads snapshots).
   std::function<void(std::shared_ptr<const DashboardSnapshot>)> publish_snapshot;
+  // The clock every deadline and timestamp comes from (not owned; must outlive the coordinator).
+  // Null: the system's. Tests pass a FakeClock and move time instead of sleeping.
+  const Clock* clock = nullptr;
 };
 
 class Coordinator {

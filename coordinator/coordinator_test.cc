@@ -1,5 +1,7 @@
 // Coordinator tests against a real coordinator (its own thread, real ZeroMQ ipc sockets, real
-// RocksDB), talking to it as workers and clients do.
+// RocksDB), talking to it as workers and clients do. Its deadlines run on a FakeClock the tests
+// move (heartbeat timeouts, stall windows); run_machine_test.cc covers the run state machine
+// without sockets.
 #include "coordinator/coordinator.h"
 
 #include <gtest/gtest.h>
@@ -12,10 +14,13 @@
 #include <thread>
 
 #include "common/net.h"
-#include "coordinator/client.h"
+#include "coordinator/clock.h"
+#include "client/coordinator_client.h"
 
 namespace strata::coordinator {
 namespace {
+
+using client::CoordinatorClient;
 
 class CoordinatorTest : public ::testing::Test {
  protected:
@@ -25,6 +30,7 @@ class CoordinatorTest : public ::testing::Test {
     options_.state_dir = dir_ + "/state";
     options_.listen = "ipc://" + dir_ + "/c.sock";
     options_.heartbeat_timeout_ms = 600;
+    options_.clock = &clock_;
     std::ofstream(dir_ + "/corpus.txt") << std::string(10000, 'x');
     Start();
   }
@@ -49,6 +55,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   std::string dir_;
+  FakeClock clock_;
   CoordinatorOptions options_;
   std::unique_ptr<Coordinator> coordinator_;
   std::thread thread_;
@@ -251,7 +258,8 @@ TEST_F(CoordinatorTest, SilentWorkerIsMarkedLostAndItsRunWaitsToRecover) {
     ASSERT_TRUE(reply.ok());
     state = (*reply)->root().getWorkersReply().getWorkers()[0].getState();
     if (state == WorkerState::LOST) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    clock_.Advance(100);  // the worker stays silent while time passes
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(state, WorkerState::LOST);
 
@@ -300,6 +308,7 @@ class StallTest : public CoordinatorTest {
     const int64_t start = net::SteadyMs();
     while (found.empty() && net::SteadyMs() - start < 3000) {
       for (auto& w : workers) w->Heartbeat();
+      clock_.Advance(100);  // towards the stall window's end (every worker heartbeats meanwhile)
       schema::EnvelopeBuilder req;
       req.root().initEventsRequest().setRunId(run_id);
       auto reply = client.Call(req);

@@ -16,12 +16,14 @@
 #include <thread>
 
 #include "common/net.h"
-#include "coordinator/client.h"
+#include "client/coordinator_client.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http_server.h"
 
 namespace strata::coordinator {
 namespace {
+
+using client::CoordinatorClient;
 
 using json = nlohmann::json;
 

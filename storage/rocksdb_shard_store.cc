@@ -41,6 +41,7 @@
 #include "storage/keys.h"
 #include "storage/records.h"
 #include "storage/shard_store.h"
+#include "storage/metadata_batch.h"
 
 namespace strata::storage {
 namespace {
@@ -666,6 +667,21 @@ class RocksDbShardStore final : public ShardStore {
     return out;
   }
 
+  Status PutMetadataBatch(std::span<const MetadataPut> puts) {
+    size_t bytes = 0;
+    rocksdb::WriteBatch batch;
+    for (const MetadataPut& put : puts) {
+      bytes += put.key.size() + put.value.size();
+      rocksdb::Status s = batch.Put(metadata_, put.key, put.value);
+      if (!s.ok()) return FromRocks(s, path_, "batching metadata key '" + PrintableKey(put.key) + "'");
+    }
+    const std::string action = "writing " + std::to_string(puts.size()) + " metadata keys";
+    STRATA_RETURN_IF_ERROR(EnsureSpace(bytes, action));
+    rocksdb::WriteOptions options;
+    options.sync = true;
+    return FromRocks(db_->Write(options, &batch), path_, action);
+  }
+
   Status DeleteMetadata(const std::string& key) override {
     rocksdb::WriteOptions options;
     options.sync = true;
@@ -987,6 +1003,14 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
   auto store = std::make_unique<RocksDbShardStore>(path, db, std::move(handles), options.read_only, options.file_threshold);
   if (!options.read_only) store->CollectOrphans();
   return std::unique_ptr<ShardStore>(std::move(store));
+}
+
+Status PutMetadataBatch(ShardStore& store, std::span<const MetadataPut> puts) {
+  if (auto* rocks = dynamic_cast<RocksDbShardStore*>(&store)) return rocks->PutMetadataBatch(puts);
+  for (const MetadataPut& put : puts) {
+    STRATA_RETURN_IF_ERROR(store.PutMetadata(put.key, {reinterpret_cast<const uint8_t*>(put.value.data()), put.value.size()}, true));
+  }
+  return Status::Ok();
 }
 
 }  // namespace strata::storage

@@ -7,7 +7,7 @@
 
 #include <mutex>
 
-#include "worker/store_client.h"
+#include "client/store_client.h"
 
 namespace strata::worker {
 namespace {
@@ -34,7 +34,7 @@ class LocalShardReader final : public ShardReader {
 
 class RemoteShardReader final : public ShardReader {
  public:
-  RemoteShardReader(std::unique_ptr<StoreClient> client, std::string key_run, int64_t step, std::string where)
+  RemoteShardReader(std::unique_ptr<client::StoreClient> client, std::string key_run, int64_t step, std::string where)
       : client_(std::move(client)), key_run_(std::move(key_run)), step_(step), where_(std::move(where)) {}
 
   Status ReadInto(const std::string& name, storage::DType, std::span<uint8_t> out) override {
@@ -46,7 +46,7 @@ class RemoteShardReader final : public ShardReader {
 
  private:
   std::mutex mutex_;
-  std::unique_ptr<StoreClient> client_;
+  std::unique_ptr<client::StoreClient> client_;
   std::string key_run_;
   int64_t step_;
   std::string where_;
@@ -81,7 +81,7 @@ Result<std::unique_ptr<ShardReader>> OpenShardReader(const ResumePoint& resume, 
       tried += "; " + copy.store_path + " on host " + copy.host + ": no live worker serves it";
       continue;
     }
-    auto client = StoreClient::Connect(copy.serve_address, access.keys, access.timeout_ms);
+    auto client = client::StoreClient::Connect(copy.serve_address, access.keys, access.timeout_ms);
     if (client.ok()) {
       return std::unique_ptr<ShardReader>(std::make_unique<RemoteShardReader>(std::move(client).value(), key_run, resume.step,
                                                                               copy.store_path + " on host " + copy.host + " (via " + copy.serve_address + ")"));

@@ -26,7 +26,7 @@
 #include "common/task_log.h"
 #include "common/net.h"
 #include "schema/envelope.h"
-#include "worker/store_client.h"
+#include "client/store_client.h"
 #include "worker/store_server.h"
 
 namespace strata::worker {
@@ -122,7 +122,7 @@ class ShardReplicator {
   Status Copy(const Request& r, uint64_t* bytes) {
     STRATA_ASSIGN_OR_RETURN(auto existing, store_->GetCheckpoint(r.key_run, r.step));
     if (existing) return Status::Ok();  // committed by an earlier request
-    STRATA_ASSIGN_OR_RETURN(auto client, StoreClient::Connect(r.source, keys_, 30000));
+    STRATA_ASSIGN_OR_RETURN(auto client, client::StoreClient::Connect(r.source, keys_, 30000));
     for (const auto& name : r.names) {
       if (stopping_.load()) return Aborted("the worker is stopping");
       STRATA_ASSIGN_OR_RETURN(storage::Tensor piece, client->ReadCheckpointPiece(r.source_key_run, r.step, name));

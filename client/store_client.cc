@@ -1,4 +1,6 @@
-#include "worker/store_client.h"
+#include "client/store_client.h"
+
+#include "client/request.h"
 
 #include <cstring>
 
@@ -7,27 +9,19 @@
 #include "common/net.h"
 #include "schema/envelope.h"
 
-namespace strata::worker {
+namespace strata::client {
 namespace {
 
 class StoreClientImpl final : public StoreClient {
  public:
   StoreClientImpl(std::string address, int timeout_ms)
-      : address_(std::move(address)), timeout_ms_(timeout_ms), socket_(context_, zmq::socket_type::dealer) {}
+      : address_(std::move(address)), timeout_ms_(timeout_ms) {}
 
   Status Connect(const std::optional<curve::ClientKeys>& keys) {
-    const auto [endpoint, server_key] = curve::SplitAddressKey(address_);
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.set(zmq::sockopt::rcvhwm, 0);
-    if (!server_key.empty()) {
-      if (!keys) return InvalidArgument("the store server " + endpoint + " uses CURVE: this worker needs --keys DIR");
-      curve::ConfigureClient(socket_, keys->own, server_key);
-    }
-    try {
-      socket_.connect(endpoint);
-    } catch (const zmq::error_t& e) {
-      return Unavailable("cannot reach the store server " + endpoint + ": " + e.what());
-    }
+    const std::string endpoint = curve::SplitAddressKey(address_).first;
+    STRATA_ASSIGN_OR_RETURN(socket_, ConnectDealer(context_, address_, keys,
+                                                   "the store server " + endpoint + " uses CURVE: this worker needs --keys DIR",
+                                                   "the store server " + endpoint));
     return Status::Ok();
   }
 
@@ -67,32 +61,18 @@ class StoreClientImpl final : public StoreClient {
     r.setName(name);
     const std::string bytes = req.Serialize();
     socket_.send(net::Buffer(bytes), zmq::send_flags::none);
-    std::vector<zmq::message_t> frames;
-    const int64_t deadline = net::SteadyMs() + timeout_ms_;
-    while (true) {
-      const int64_t left = deadline - net::SteadyMs();
-      if (left <= 0 || !net::RecvMultipart(socket_, &frames, static_cast<int>(left))) {
-        return Unavailable("the store server " + address_ + " did not answer a read of '" + name + "' within " +
-                           std::to_string(timeout_ms_) + " ms");
-      }
-      if (frames.empty()) continue;
-      auto decoded = schema::DecodeEnvelope(net::Bytes(frames[0]));
-      if (!decoded.ok()) return decoded.status();
-      auto root = (*decoded)->root();
-      if (root.getRequestId() != request_id) continue;  // a late answer to an abandoned request
-      if (root.which() == Envelope::ERROR) {
-        const Status error = schema::StatusFromError(root.getError());
-        return Status(error.code(), "store server " + address_ + ": " + error.message());
-      }
-      if (root.which() != Envelope::CHECKPOINT_PIECE_DATA || frames.size() != 2) {
-        return Internal("the store server " + address_ + " answered a checkpoint read with something else");
-      }
-      auto data = root.getCheckpointPieceData();
-      if (storage::Checksum(net::Bytes(frames[1])) != data.getChecksum()) {
-        return Corruption("piece '" + name + "' from " + address_ + " fails its checksum; the transfer or its store is damaged");
-      }
-      return take(data, frames[1]);
+    STRATA_ASSIGN_OR_RETURN(Reply reply, AwaitReply(socket_, request_id, timeout_ms_, "store server " + address_ + ": ", [&] {
+      return "the store server " + address_ + " did not answer a read of '" + name + "' within " + std::to_string(timeout_ms_) + " ms";
+    }));
+    auto root = reply.envelope->root();
+    if (root.which() != Envelope::CHECKPOINT_PIECE_DATA || reply.frames.size() != 2) {
+      return Internal("the store server " + address_ + " answered a checkpoint read with something else");
     }
+    auto data = root.getCheckpointPieceData();
+    if (storage::Checksum(net::Bytes(reply.frames[1])) != data.getChecksum()) {
+      return Corruption("piece '" + name + "' from " + address_ + " fails its checksum; the transfer or its store is damaged");
+    }
+    return take(data, reply.frames[1]);
   }
 
   std::string address_;
@@ -111,4 +91,4 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const std::string& ser
   return std::unique_ptr<StoreClient>(std::move(client));
 }
 
-}  // namespace strata::worker
+}  // namespace strata::client

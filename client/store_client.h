@@ -1,4 +1,4 @@
-// Reads committed checkpoint pieces from another worker's store server (worker/store_server.h):
+// Reads committed checkpoint pieces from a worker's store server (worker/store_server.h):
 // how a rank resumes from a shard whose store is on another host, and how a replica of a shard is
 // copied to a store on another host. One request in flight at a time; every answer's bytes are
 // checked against the checksum the store keeps for them.
@@ -13,7 +13,7 @@
 #include "common/status.h"
 #include "storage/shard_store.h"
 
-namespace strata::worker {
+namespace strata::client {
 
 class StoreClient {
  public:
@@ -29,4 +29,4 @@ class StoreClient {
   virtual const std::string& address() const = 0;
 };
 
-}  // namespace strata::worker
+}  // namespace strata::client

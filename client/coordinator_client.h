@@ -12,7 +12,7 @@
 #include "common/status.h"
 #include "schema/envelope.h"
 
-namespace strata::coordinator {
+namespace strata::client {
 
 class CoordinatorClient {
  public:
@@ -37,4 +37,4 @@ class CoordinatorClient {
   zmq::socket_t socket_;
 };
 
-}  // namespace strata::coordinator
+}  // namespace strata::client

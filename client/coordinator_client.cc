@@ -1,10 +1,12 @@
-#include "coordinator/client.h"
+#include "client/coordinator_client.h"
+
+#include "client/request.h"
 
 #include <random>
 
 #include "common/net.h"
 
-namespace strata::coordinator {
+namespace strata::client {
 
 CoordinatorClient::CoordinatorClient(std::string endpoint, int timeout_ms, std::optional<curve::ClientKeys> keys)
     : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms), socket_(context_, zmq::socket_type::dealer) {
@@ -31,24 +33,11 @@ Result<std::unique_ptr<schema::DecodedEnvelope>> CoordinatorClient::Call(schema:
                          "; start a cluster with `strata up` or point --cluster / STRATA_CLUSTER at a running one");
     }
   }
-  const int64_t deadline = net::SteadyMs() + timeout_ms_;
-  std::vector<zmq::message_t> frames;
-  while (true) {
-    const int64_t left = deadline - net::SteadyMs();
-    if (left <= 0 || !net::RecvMultipart(socket_, &frames, static_cast<int>(left))) {
-      return Unavailable("the coordinator at " + endpoint_ + " did not answer within " +
-                         std::to_string(timeout_ms_ / 1000.0).substr(0, 3) +
-                         " s; check it runs (`strata up` starts one) and see its log under the state dir" +
-                         AuthHint());
-    }
-    if (frames.empty()) continue;
-    auto decoded = schema::DecodeEnvelope(net::Bytes(frames.back()));
-    if (!decoded.ok()) return decoded.status();
-    auto root = (*decoded)->root();
-    if (root.getRequestId() != id) continue;  // a late answer to an earlier, timed-out request
-    if (root.which() == Envelope::ERROR) return schema::StatusFromError(root.getError());
-    return std::move(decoded).value();
-  }
+  STRATA_ASSIGN_OR_RETURN(Reply reply, AwaitReply(socket_, id, timeout_ms_, "", [&] {
+    return "the coordinator at " + endpoint_ + " did not answer within " + std::to_string(timeout_ms_ / 1000.0).substr(0, 3) +
+           " s; check it runs (`strata up` starts one) and see its log under the state dir" + AuthHint();
+  }));
+  return std::move(reply.envelope);
 }
 
 // A refused CURVE handshake looks like silence to a DEALER: say what to check.
@@ -64,4 +53,4 @@ std::string CoordinatorClient::AuthHint() const {
   return "";
 }
 
-}  // namespace strata::coordinator
+}  // namespace strata::client
