@@ -42,6 +42,7 @@
 #include "storage/records.h"
 #include "storage/shard_store.h"
 #include "storage/metadata_batch.h"
+#include "storage/wal_tail.h"
 
 namespace strata::storage {
 namespace {
@@ -899,6 +900,19 @@ class RocksDbShardStore final : public ShardStore {
   std::shared_ptr<const CheckpointInfo> last_manifest_;  // guarded by manifest_mu_
 };
 
+// RocksDB's two reports, under kAbsoluteConsistency, of a record running past the end of the
+// log (log_reader.cc: a bad record length at EOF, a fragmented record at EOF). A flipped length
+// field in the last block reads the same, so the log itself decides (storage/wal_tail.h).
+bool LogIsCut(const std::string& store_path) {
+  Result<bool> cut = LogEndsInCutRecord(NewestLog(store_path));
+  return cut.ok() && *cut;
+}
+
+bool IsTornLogTail(const rocksdb::Status& status) {
+  const std::string what = status.ToString();
+  return what.find("truncated record body") != std::string::npos || what.find("error reading trailing data") != std::string::npos;
+}
+
 }  // namespace
 
 // Copies the store's log and descriptor files to STORE/damaged-<unix time>/ before a salvage
@@ -935,9 +949,10 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
   // at any damage. RocksDB's default (point-in-time recovery) drops every record after the damage
   // without a word, and "tolerate corrupted tail records" treats all of the log's last 32 KiB
   // block as the tail: 8 flipped bytes there dropped two of four commits silently (measured,
-  // storage_test). A process killed mid-write cannot tear a record (each record of ours is written
-  // by one write(2)); a power loss can tear the unsynced end of the log, which then needs
-  // --salvage (it loses only what came after the last synced commit).
+  // storage_test). A process killed mid-write can cut the log's last record short (a write(2) of
+  // more than a page stops at a fatal signal): that, and only that, opens up to the cut (below).
+  // A power loss can tear the unsynced end of the log, which then needs --salvage (it loses only
+  // what came after the last synced commit).
   db_options.paranoid_checks = true;
   db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kAbsoluteConsistency;
   // A read-only open reads the log of a writer that may be mid-write: its last record can be
@@ -979,6 +994,16 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
                                      "opening the store read-only"));
   } else {
     rocksdb::Status opened = rocksdb::DB::Open(db_options, path, families, &handles, &db);
+    if (opened.IsCorruption() && IsTornLogTail(opened) && LogIsCut(path)) {
+      // A writer killed mid-write (SIGKILL, OOM killer): a write(2) of more than a page can stop
+      // part-way, so the log's last record runs past its end. Every record before it replayed
+      // intact (the log is read in order and this was the first error), and the cut record's
+      // write never returned, so nothing acknowledged is in it: replay up to it.
+      STRATA_LOG(kWarn) << "the store at " << path << " ends in a log record cut short (" << opened.ToString()
+                        << "): its writer stopped mid-write; opening it with what was written before";
+      db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+      opened = rocksdb::DB::Open(db_options, path, families, &handles, &db);
+    }
     if (opened.IsCorruption() && options.salvage) {
       STRATA_ASSIGN_OR_RETURN(std::string kept, KeepDamagedFiles(path));
       STRATA_LOG(kWarn) << "the store at " << path << " is damaged (" << opened.ToString() << "); salvaging what is intact (the damaged "

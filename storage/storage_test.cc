@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "storage/shard_store.h"
+#include "storage/wal_tail.h"
 
 extern char** environ;
 
@@ -724,6 +725,37 @@ TEST_F(ShardStoreTest, WriterKilledMidCheckpointLeavesLastCommitIntact) {
 // Issue #20: 8 flipped bytes in the write-ahead log used to open without a word, minus every
 // commit after them (RocksDB's point-in-time recovery). Now the open refuses, naming the store and
 // --salvage, and changes nothing; a salvage keeps the damaged files and what is intact.
+// What a writer killed mid-write(2) leaves: the log's last record cut short. The store opens
+// without --salvage, with every commit before the cut; a flipped length field (the test below)
+// still refuses to open.
+TEST_F(ShardStoreTest, LogCutByAKilledWriterOpensWithTheCommitsBeforeIt) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    for (int64_t step : {1, 2}) {
+      PutAll(*store, "run", step, {MakeTensor("w", DType::kF32, {64}, step)});
+      ASSERT_TRUE(store->CommitCheckpoint("run", step).ok());
+    }
+    // The last record: a tensor of 2,000 floats, larger than a page, as a killed write leaves it.
+    PutAll(*store, "run", 3, {MakeTensor("w", DType::kF32, {2000}, 3)});
+  }
+  const std::string log = NewestLog(path_);
+  ASSERT_FALSE(log.empty());
+  auto whole = LogEndsInCutRecord(log);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_FALSE(*whole) << "a log of whole records reads as cut";
+  std::filesystem::resize_file(log, std::filesystem::file_size(log) - 3000);
+  auto cut = LogEndsInCutRecord(log);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_TRUE(*cut);
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr) << "a log cut by a killed writer needed --salvage";
+  auto list = store->ListCheckpoints("run");
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  EXPECT_EQ(Steps(*list), (std::vector<int64_t>{1, 2}));
+  for (int64_t step : {1, 2}) ExpectReadsBack(*store, "run", step, MakeTensor("w", DType::kF32, {64}, step));
+}
+
 TEST_F(ShardStoreTest, DamagedWriteAheadLogRefusesToOpenAndSalvageKeepsWhatIsIntact) {
   {
     auto store = OpenStore();

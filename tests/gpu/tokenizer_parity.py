@@ -18,8 +18,9 @@ For a tokenizer.model the reference is SentencePieceProcessor.encode of the same
 the text into (a few words each, see tokenizer/sentencepiece_tokenizer.cc: a unigram model encodes
 one long sentence with less precision, in sentencepiece 0.2 as in Debian's 0.1.97); whether the
 whole text as one sentence gave the same ids is reported beside it. Ids that differ only by the
-order of two adjacent pieces of a unigram model ("1" "11" / "11" "1": an exact tie, which
-sentencepiece releases break differently) count as equal and are reported as tied_swaps. Speed: MB/s of both on one thread
+order of the same pieces in a short window of a unigram model ("1" "11" / "11" "1", "7" "7" "77" /
+"77" "7" "7": an exact tie, which sentencepiece releases break differently) count as equal and
+are reported as tied_swaps. Speed: MB/s of both on one thread
 (RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM=false; one encode of the whole text each; strata's
 figure is its own "MB/s" line, which leaves out loading the tokenizer, and the wall time of the
 process, which does not).
@@ -245,18 +246,22 @@ def run_strata(strata, model_dir, text_path, out_path):
 
 
 def tied_swaps(ours, theirs):
-    """How many places the two differ only by the order of two adjacent pieces ("1" "11" against
-    "11" "1": the same pieces, so the same score, and the same text); None if they differ otherwise.
-    A unigram model's Viterbi breaks such exact ties one way in Debian's libsentencepiece 0.1.97
-    and another in newer sentencepiece releases."""
+    """How many places the two differ only by the order of the same pieces within a short window
+    ("1" "11" against "11" "1", or "7" "7" "77" against "77" "7" "7": the same pieces, so the same
+    score, over the same text); None if they differ otherwise. A unigram model's Viterbi breaks
+    such exact ties one way in Debian's libsentencepiece 0.1.97 and another in newer releases."""
     if len(ours) != len(theirs):
         return None
-    diff = [i for i in range(len(ours)) if ours[i] != theirs[i]]
-    swaps, k = 0, 0
-    while k < len(diff):
-        i = diff[k]
-        if k + 1 < len(diff) and diff[k + 1] == i + 1 and ours[i] == theirs[i + 1] and ours[i + 1] == theirs[i]:
-            swaps, k = swaps + 1, k + 2
+    swaps, i, n = 0, 0, len(ours)
+    while i < n:
+        if ours[i] == theirs[i]:
+            i += 1
+            continue
+        # The shortest window from i over which both hold the same pieces (a permutation).
+        for j in range(i + 2, min(n, i + 8) + 1):
+            if sorted(ours[i:j]) == sorted(theirs[i:j]):
+                swaps, i = swaps + 1, j
+                break
         else:
             return None
     return swaps
