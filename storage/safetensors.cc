@@ -99,6 +99,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorVi
   }
   STRATA_ASSIGN_OR_RETURN(std::string prefix, SafetensorsPrefix(entries, metadata));
   const std::string tmp = path + ".tmp";
+  std::error_code ec;
+  bool written = false;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) return IoError("cannot write " + tmp + ": check the directory exists and is writable");
@@ -107,11 +109,19 @@ Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorVi
       out.write(reinterpret_cast<const char*>(t.tensor.bytes.data()), static_cast<std::streamsize>(t.tensor.bytes.size()));
     }
     out.flush();
-    if (!out) return IoError("writing " + tmp + " failed (disk full?)");
+    written = static_cast<bool>(out);
   }
-  std::error_code ec;
+  // A failed write or move leaves no partial file behind (on a full disk, least of all).
+  if (!written) {
+    std::filesystem::remove(tmp, ec);
+    return IoError("writing " + tmp + " failed (disk full?); nothing was left at " + path);
+  }
   std::filesystem::rename(tmp, path, ec);
-  if (ec) return IoError("cannot move " + tmp + " to " + path + ": " + ec.message());
+  if (ec) {
+    const std::string why = ec.message();
+    std::filesystem::remove(tmp, ec);
+    return IoError("cannot move " + tmp + " to " + path + ": " + why);
+  }
   return Status::Ok();
 }
 
