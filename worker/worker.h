@@ -1,9 +1,28 @@
 // The worker process: one per GPU (or CPU slot). Its control thread owns the coordinator socket
 // and all worker state: it registers, heartbeats every interval with memory stats, starts one
-// task at a time on a task thread, forwards the task's reports, and cancels it on request. The
-// task thread owns the task's communicator; the two threads share only the Outbox (locked) and
-// the cancel flag (atomic). A third thread, the store server, owns its own socket and only reads
-// the (thread-safe) shard store.
+// task at a time on a task thread, forwards the task's reports, and cancels it on request.
+//
+// Threads, and what each owns (everything else is the control thread's):
+//
+//   thread               started by / lives              owns                         shares, and how
+//   control              main, the process               coordinator socket, tasks,   Outbox (locked), cancel flag
+//                                                        worker state                 (atomic), memory sample (locked)
+//   task                 control, one per task           the task's communicators,    Outbox, cancel flag; its
+//                                                        Trainer / Extractor          reporter writes the Outbox
+//   store server         control, while serving          its ROUTER socket            the shard store (thread-safe)
+//   shard replicator     control, on the first copy      its request queue (locked),  the shard store, Outbox
+//                        request; until exit             its client sockets
+//   memory sampler       executor (detached, 200 ms)     its sample (locked)          never waits on the device
+//   checkpoint writer    task, per checkpoint (async)    the host copy it writes      the shard store; one at a time
+//   checkpoint pool      checkpoint writer, 4 threads    pieces by an atomic index    the shard store
+//   cancel watcher       task, GPU tasks with NCCL       nothing                      polls the cancel flag (50 ms)
+//   abort                cancel watcher (detached)       the communicator's abort     a done flag (atomic)
+//   NCCL watchdog        NCCL communicator               collective deadlines         reports stalls via the reporter
+//   extract writer       Extractor, per extract task     the chunk queue (locked)     the shard store
+//
+// Test seams read from the environment (STRATA_TEST_STEP_BALLAST in trainer.cc,
+// STRATA_TEST_HANG_AT_STEP in torch_executor.cc) are still there: issue #21 item 6 replaces them
+// with an injected FaultInjector.
 #pragma once
 
 #include <functional>
