@@ -65,14 +65,6 @@ Status WithHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& s
   return Status::Ok();
 }
 
-Result<torch::Tensor> LoadHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param) {
-  torch::Tensor out;
-  STRATA_RETURN_IF_ERROR(WithHfParameter(checkpoint, spec, param, [&](const torch::Tensor& t) {
-    out = t.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
-  }));
-  return out;
-}
-
 Status LoadHuggingFace(const std::string& dir, const ModelSpec& spec, CausalLm& model) {
   STRATA_ASSIGN_OR_RETURN(model::HfCheckpoint checkpoint, model::HfCheckpoint::Open(dir));
   std::map<std::string, model::Parameter> table;

@@ -23,11 +23,6 @@ Status ExportHuggingFace(CausalLm& model, const ModelSpec& spec, const std::stri
 Status WithHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param,
                        const std::function<void(const torch::Tensor&)>& use);
 
-// One parameter of `spec` read from `checkpoint`: fp32, contiguous, in our layout (GPT-2's
-// Conv1D weights transposed). NotFound / InvalidArgument name the tensor. The mapped pages it
-// read are given back afterwards, so loading a whole model keeps one tensor in host memory.
-Result<torch::Tensor> LoadHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param);
-
 // Loads every parameter of `model` (built for `spec`, on any device and dtype) from DIR, one tensor
 // at a time from the mapped files; extra tensors are ignored.
 Status LoadHuggingFace(const std::string& dir, const ModelSpec& spec, CausalLm& model);
