@@ -367,6 +367,11 @@ const std::vector<std::string>& ExtractSites() {
   return sites;
 }
 
+std::vector<int64_t> ExtractSiteRowShape(const RunSpec& spec, const std::string& site) {
+  (void)site;  // every site so far is residual-width
+  return {spec.model.hidden};
+}
+
 int64_t ExtractSequences(const RunSpec& spec, int64_t data_tokens) {
   int64_t tokens = data_tokens;
   if (spec.extract.tokens > 0) tokens = std::min(tokens, spec.extract.tokens);

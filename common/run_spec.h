@@ -195,6 +195,13 @@ struct ExtractSpec {
 // The sites a block exposes, in storage order.
 const std::vector<std::string>& ExtractSites();
 
+struct RunSpec;
+
+// The shape of one stored row (one token position) of `site` for this spec's model: [hidden]
+// for the residual-width sites. A site's record of a chunk is [row_count, shape...]. Readers
+// (activations index, Python package, export) take row widths from here, never from model.hidden.
+std::vector<int64_t> ExtractSiteRowShape(const RunSpec& spec, const std::string& site);
+
 struct WorkerSpec {
   int64_t threads = 1;
 };
