@@ -9,7 +9,7 @@ GPT-2 124M (or RECOVERY_MODEL=llama1b: a Llama-style 1.1B), sequence 1024, bf16,
 once onto the survivor, dp 2 -> 1 with the same global batch).
 
 RECOVERY_FAULT=hang: instead of the kill, rank 1 stops before step RECOVERY_KILL_STEP + 1 while its heartbeats go on
-(STRATA_TEST_HANG_AT_STEP), so only the hang watchdog can notice: `--peer-timeout-ms`
+(`strata up --inject-fault hang:STEP:1`), so only the hang watchdog can notice: `--peer-timeout-ms`
 RECOVERY_PEER_TIMEOUT_MS (default 5000) on the workers; on GPU the NCCL watchdog fires and the
 coordinator names the rank that reported no stall of its own. Detect = hang -> "stalled" event.
 
@@ -66,8 +66,8 @@ def main():
         up_env = dict(os.environ, STRATA_STATE_DIR=state)
         hang_args = []
         if hang:
-            up_env["STRATA_TEST_HANG_AT_STEP"] = f"{kill_step + 1}:1"
-            hang_args = ["--peer-timeout-ms", os.environ.get("RECOVERY_PEER_TIMEOUT_MS", "5000")]
+            hang_args = ["--peer-timeout-ms", os.environ.get("RECOVERY_PEER_TIMEOUT_MS", "5000"),
+                         "--inject-fault", f"hang:{kill_step + 1}:1"]
         subprocess.run([f"{BIN}/strata", "up", *(["--workers", "2"] if cpu else ["--gpus", "2"]), "--heartbeat-timeout-ms",
                         "1000", "--replace-grace-ms", "0", *hang_args], env=up_env, check=True)
         # A fault-free run must not meet the hang: it then runs on rank 0 alone (same global batch).

@@ -282,6 +282,7 @@ struct UpOptions {
   int grow_back_min_saving_s = 30;
   std::string memory_limit;
   bool salvage = false;  // start daemons whose stores are damaged, keeping what is intact
+  std::vector<std::string> inject_faults;  // tests only: passed to every worker (worker/fault_injector.h)
 };
 
 int CmdUp(GlobalOptions& g, const UpOptions& up) {
@@ -369,6 +370,7 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
                              std::to_string(up.stuck_task_restart_ms)});
     argv.insert(argv.end(), keys_args.begin(), keys_args.end());
     if (up.salvage) argv.push_back("--salvage");
+    for (const auto& fault : up.inject_faults) argv.insert(argv.end(), {"--inject-fault", fault});
     auto pid = SpawnDaemon(argv, dir + "/logs/" + name + ".log");
     if (!pid.ok()) return Fail(pid.status());
     p->pid = *pid;
@@ -1093,6 +1095,7 @@ int RunCli(int argc, char** argv) {
   up->add_option("--stuck-task-restart-ms", up_options.stuck_task_restart_ms,
                  "a worker whose cancelled task has not stopped after this (stuck in a device call) restarts its process")
       ->check(CLI::Range(1000, 3600000));
+  up->add_option("--inject-fault", up_options.inject_faults, "")->group("");  // tests only: worker/fault_injector.h
   auto* down = app.add_subcommand("down", "stop the local cluster (state is kept); returns once its processes have exited");
   int down_grace_s = 8;
   down->add_option("--grace-s", down_grace_s,

@@ -52,10 +52,28 @@ int main(int argc, char** argv) {
                  "umask for everything this daemon creates (store, checkpoints, logs, sockets); the default 0077 "
                  "keeps them to this user (the systemd units pass their group-readable UMask)")
       ->capture_default_str();
+  std::vector<std::string> faults;
+  app.add_option("--inject-fault", faults, "")->group("");  // tests only: worker/fault_injector.h
   CLI11_PARSE(app, argc, argv);
-  options.restart_argv.assign(argv, argv + argc);
+  for (int i = 0; i < argc; ++i) {  // a restarted worker suffers no injected fault again
+    const std::string arg = argv[i];
+    if (arg == "--inject-fault") {
+      ++i;
+    } else if (arg.rfind("--inject-fault=", 0) != 0) {
+      options.restart_argv.push_back(arg);
+    }
+  }
 
   strata::log::Init(options.name);
+  if (!faults.empty()) {
+    auto injector = strata::worker::ParseFaults(faults);
+    if (!injector.ok()) {
+      STRATA_LOG(kError) << injector.status().message();
+      return 2;
+    }
+    options.faults = std::move(injector).value();
+    STRATA_LOG(kWarn) << "test faults injected: " << faults.size();
+  }
   if (auto st = strata::ApplyUmask(umask); !st.ok()) {
     STRATA_LOG(kError) << st.message();
     return 2;

@@ -13,7 +13,9 @@
 #include "common/curve.h"
 #include "common/memory_snapshot.h"
 #include "common/run_spec.h"
+#include "worker/fault_injector.h"
 #include "common/status.h"
+#include "worker/fault_injector.h"
 #include "storage/shard_store.h"
 #include "worker/communicator.h"
 
@@ -137,6 +139,7 @@ struct TaskContext {
   // peer died mid-collective (NCCL cannot free such a communicator). The device is unusable from
   // this process: the worker restarts its process.
   std::atomic<bool>* device_stuck = nullptr;
+  FaultInjector* faults = &NoFaults();  // tests only (fault_injector.h)
 };
 
 // Runs tasks on this worker's device (LibTorch lives behind this interface).

@@ -28,28 +28,15 @@
 namespace strata::worker {
 namespace {
 
-// STRATA_TEST_HANG_AT_STEP=STEP:RANK[:stuck]: rank RANK stops before step STEP, once per worker, as
-// a rank stuck in its own work would: its heartbeats go on while its peers wait in the step's
-// first collective, which the hang watchdog must notice. It wakes when cancelled, or with
-// ":stuck" never (a device call that will not return: the worker must restart its process).
-// Unset (always, outside tests): nothing.
-void TestHangBeforeStep(const TaskContext& context, int64_t step) {
-  struct Seam {
-    long long step = 0, rank = -1;
-    bool stuck = false;
-  };
-  static const Seam seam = [] {  // the environment is read once, not every step
-    Seam s;
-    const char* value = std::getenv("STRATA_TEST_HANG_AT_STEP");
-    if (!value || std::sscanf(value, "%lld:%lld", &s.step, &s.rank) != 2) return Seam{};
-    s.stuck = std::string(value).find(":stuck") != std::string::npos;
-    return s;
-  }();
-  static std::atomic<bool> hung{false};
-  if (seam.step != step || seam.rank != static_cast<long long>(context.rank) || hung.exchange(true)) return;
-  STRATA_LOG(kWarn) << "STRATA_TEST_HANG_AT_STEP: rank " << seam.rank << " hangs before step " << step
-                    << (seam.stuck ? " for good" : " until cancelled");
-  while (seam.stuck || !context.cancelled->load()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+// A test's hang before `step` (fault_injector.h): heartbeats go on while the peers wait in the
+// step's first collective, which the hang watchdog must notice.
+void InjectedHangBeforeStep(const TaskContext& context, int64_t step) {
+  const auto hang = context.faults->HangBeforeStep(step, context.rank);
+  if (hang == FaultInjector::Hang::kNone) return;
+  const bool forever = hang == FaultInjector::Hang::kForever;
+  STRATA_LOG(kWarn) << "injected fault: rank " << context.rank << " hangs before step " << step
+                    << (forever ? " for good" : " until cancelled");
+  while (forever || !context.cancelled->load()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
 // Aborts `comm` from a thread of its own and waits up to kAbortDeadlineMs for it. An abort that
@@ -363,7 +350,7 @@ class TorchExecutor final : public TaskExecutor {
     while (trainer.step() < spec.train.steps) {
       if (context.cancelled->load()) return Stop(context, trainer, writer);
       const auto start = std::chrono::steady_clock::now();
-      TestHangBeforeStep(context, trainer.step() + 1);
+      InjectedHangBeforeStep(context, trainer.step() + 1);
       profiler.BeforeStep(trainer.step() + 1);
       auto stepped = trainer.Step();
       if (!stepped.ok() && context.cancelled->load()) return Stop(context, trainer, writer);

@@ -64,21 +64,8 @@ std::string MeshName(const shard::MeshShape& m) {
 
 }  // namespace
 
-// STRATA_TEST_STEP_BALLAST=STEP:BYTES[:RANK]: step STEP (on rank RANK, default every rank) also
-// allocates BYTES per sequence of its micro-batch, so a test can make one exact step of a run
-// need more memory than the rest, as a longer batch would; the allocation and its failure are
-// real. Unset (always, outside tests): nothing.
-Trainer::Ballast Trainer::TestBallast() {
-  Ballast b;
-  const char* value = std::getenv("STRATA_TEST_STEP_BALLAST");
-  if (!value) return b;
-  long long step = 0, bytes = 0, rank = -1;
-  if (std::sscanf(value, "%lld:%lld:%lld", &step, &bytes, &rank) >= 2) b = {step, bytes, rank};
-  return b;
-}
-
 Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device device)
-    : context_(context), data_(std::move(data)), device_(device), mesh_(shard::MeshOf(context.spec.parallel)), ballast_(TestBallast()) {
+    : context_(context), data_(std::move(data)), device_(device), mesh_(shard::MeshOf(context.spec.parallel)) {
   if (mesh_.size() != static_cast<int64_t>(context.world_size)) {
     init_status_ = InvalidArgument("the run's mesh " + MeshName(mesh_) + " needs " + std::to_string(mesh_.size()) +
                                    " workers but the task has " + std::to_string(context.world_size));
@@ -215,10 +202,11 @@ Result<double> Trainer::Step() {
     STRATA_RETURN_IF_ERROR(data_.Read(start, t + 1, w + row * (t + 1)));
   }
   window = window.to(device_);
-  torch::Tensor ballast;  // a test's memory spike in this step (see TestBallast); freed with the step
-  if (ballast_.step == step_ + 1 && (ballast_.rank < 0 || ballast_.rank == static_cast<int64_t>(context_.rank))) {
+  // A test's memory spike in this step (fault_injector.h); freed with the step.
+  torch::Tensor ballast;
+  if (const int64_t bytes = context_.faults->StepBallastBytesPerSequence(step_ + 1, context_.rank); bytes > 0) {
     try {
-      ballast = torch::ones({ballast_.bytes_per_sequence * micro_batch()}, torch::TensorOptions().dtype(torch::kByte).device(device_));
+      ballast = torch::ones({bytes * micro_batch()}, torch::TensorOptions().dtype(torch::kByte).device(device_));
     } catch (const std::exception& e) {
       if (!compat::IsOutOfMemory(e)) throw;
       return OutOfMemoryInStep(e);

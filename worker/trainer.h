@@ -124,16 +124,10 @@ class Trainer {
   Status RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum);
   Result<double> Update(const torch::Tensor& loss_sum);
 
-  struct Ballast {
-    int64_t step = 0, bytes_per_sequence = 0, rank = -1;
-  };
-  static Ballast TestBallast();
-
   const TaskContext& context_;
   TokenData data_;
   torch::Device device_;
   shard::MeshShape mesh_;
-  Ballast ballast_;
   shard::MeshPosition position_;
   // The pipeline has one group per direction (activations forward, gradients backward), so each
   // keeps a single order of transfers on every rank (nccl_communicator.cc).

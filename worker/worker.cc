@@ -550,7 +550,6 @@ class WorkerImpl final : public Worker {
     for (auto& bytes : outbox_.Take()) Send(bytes);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // ZeroMQ's I/O thread sends them
     if (!options_.restart_argv.empty()) {
-      unsetenv("STRATA_TEST_HANG_AT_STEP");  // a test seam fires once per worker, restarts included
       MarkDescriptorsCloseOnExec();
       std::vector<char*> argv;
       for (auto& arg : options_.restart_argv) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -682,6 +681,7 @@ class WorkerImpl final : public Worker {
     context.snapshot_step = &t->snapshot_step;
     context.device_stuck = &t->device_stuck;
     context.collective_timeout_ms = options_.peer_timeout_ms;
+    if (options_.faults) context.faults = options_.faults.get();
     return context;
   }
 

@@ -20,9 +20,8 @@
 //   NCCL watchdog        NCCL communicator               collective deadlines         reports stalls via the reporter
 //   extract writer       Extractor, per extract task     the chunk queue (locked)     the shard store
 //
-// Test seams read from the environment (STRATA_TEST_STEP_BALLAST in trainer.cc,
-// STRATA_TEST_HANG_AT_STEP in torch_executor.cc) are still there: issue #21 item 6 replaces them
-// with an injected FaultInjector.
+// Tests inject faults at exact instants (a memory spike in one step, a rank that hangs) through
+// WorkerOptions::faults / TaskContext::faults (fault_injector.h); nothing reads the environment.
 #pragma once
 
 #include <functional>
@@ -54,7 +53,10 @@ struct WorkerOptions {
   // itself with restart_argv, same pid) rather than hold a device it can no longer use. A device
   // call known to be stuck (TaskContext::device_stuck) restarts it at once.
   int stuck_task_restart_ms = 30000;
-  std::vector<std::string> restart_argv;  // this process's argv; empty: exit(3) for a supervisor instead
+  // This process's argv without --inject-fault (a restarted worker suffers no test fault again);
+  // empty: exit(3) for a supervisor instead.
+  std::vector<std::string> restart_argv;
+  std::shared_ptr<FaultInjector> faults;  // tests only (fault_injector.h); null: none
   // CURVE key directory (`strata keygen`; worker.key/.pub if present, else client.key/.pub, plus
   // coordinator.pub and authorized_keys). Required when the coordinator or data address is tcp://.
   std::string keys_dir;

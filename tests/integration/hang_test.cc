@@ -1,5 +1,5 @@
 // The hang watchdog on real worker processes: one rank of a dp=2 run stops before a step while
-// its heartbeats go on (STRATA_TEST_HANG_AT_STEP, torch_executor.cc: a rank stuck in its own work),
+// its heartbeats go on (an injected fault, worker/fault_injector.h: a rank stuck in its own work),
 // so heartbeats cannot notice. Its peer gives up waiting after --peer-timeout-ms and names it; the
 // coordinator treats it as lost, the run resumes from its checkpoint on the worker left and
 // finishes with the losses of a run that never hung.
@@ -82,8 +82,9 @@ class HangTest : public ::testing::Test {
 TEST_F(HangTest, RankStuckWhileHeartbeatingIsNamedAndTheRunFinishesWithTheSameLosses) {
   // Rank 1 hangs before step 6, once per process; the reference runs on rank 0 alone (dp = 1,
   // the same global batch), so it never meets the hang.
-  auto up = testing::RunCommand("STRATA_TEST_HANG_AT_STEP=6:1 " + std::string(STRATA_BIN_DIR) +
-                                    "/strata up --workers 2 --peer-timeout-ms 2000 --replace-grace-ms 0",
+  auto up = testing::RunCommand(std::string(STRATA_BIN_DIR) +
+                                    "/strata up --workers 2 --peer-timeout-ms 2000 --replace-grace-ms 0 "
+                                    "--inject-fault hang:6:1",
                                 dir_);
   ASSERT_EQ(up.rc, 0) << up.err;
   const auto reference = Status(Follow("reference", Spec("reference", 1)))["losses"].get<std::vector<double>>();
@@ -109,9 +110,9 @@ TEST_F(HangTest, RankStuckWhileHeartbeatingIsNamedAndTheRunFinishesWithTheSameLo
 // restarts its own process (same pid, so `strata up` and systemd still know it) and registers
 // again, while the run finishes on the other worker.
 TEST_F(HangTest, RankStuckForGoodRestartsItsWorkerInPlaceAndTheRunFinishes) {
-  auto up = testing::RunCommand("STRATA_TEST_HANG_AT_STEP=6:1:stuck " + std::string(STRATA_BIN_DIR) +
+  auto up = testing::RunCommand(std::string(STRATA_BIN_DIR) +
                                     "/strata up --workers 2 --peer-timeout-ms 2000 --replace-grace-ms 0 "
-                                    "--stuck-task-restart-ms 2000",
+                                    "--stuck-task-restart-ms 2000 --inject-fault hang:6:1:stuck",
                                 dir_);
   ASSERT_EQ(up.rc, 0) << up.err;
   const auto reference = Status(Follow("reference", Spec("reference", 1)))["losses"].get<std::vector<double>>();

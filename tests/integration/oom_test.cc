@@ -34,12 +34,12 @@ class OutOfMemoryTest : public ::testing::Test {
     // purpose: the baseline counts whatever is mapped at startup (thread stacks that go later),
     // and with the earlier model (vocab 8192, 75 MiB, ~20 MiB to spare) a micro-batch of 16
     // once fitted in a CI run. Step 3 of rank 1 also needs 16 MiB per sequence more
-    // (STRATA_TEST_STEP_BALLAST, trainer.cc): a spike at an exact step, as a longer batch would
+    // (an injected fault, worker/fault_injector.h): a spike at an exact step, as a longer batch would
     // make, so the replay has a step before it to start from; at dp=2 it fails at micro-batch
     // 8 (~224 MiB) and fits at 4 (~112 MiB). 12 MiB per sequence stopped failing at 8 once in
     // three runs after the fused AdamW (kernels/) left out the update's temporaries.
-    auto up = testing::RunCommand("STRATA_TEST_STEP_BALLAST=3:16777216:1 " + std::string(STRATA_BIN_DIR) +
-                                      "/strata up --workers 2 --memory-limit 160MiB",
+    auto up = testing::RunCommand(std::string(STRATA_BIN_DIR) +
+                                      "/strata up --workers 2 --memory-limit 160MiB --inject-fault ballast:3:16777216:1",
                                   dir_);
     ASSERT_EQ(up.rc, 0) << up.err;
   }
