@@ -96,7 +96,7 @@ void TaskLog::Append(Level level, const std::string& text) {
   line += ' ';
   line += text;
   line += '\n';
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   size_t done = 0;
   while (done < line.size()) {
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);

@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace strata::log {
 
@@ -29,7 +30,7 @@ class TaskLog {
 
  private:
   explicit TaskLog(int fd) : fd_(fd) {}
-  std::mutex mutex_;
+  Mutex mutex_;
   const int fd_;
 };
 

@@ -91,12 +91,13 @@ Lobby::Lobby(Limits limits, std::function<void(int, const std::string&)> dispatc
 
 void Lobby::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
   }
   Wake();
   thread_.join();
+  MutexLock lock(mu_);  // the lobby's thread is gone; the lock is for the analysis
   for (auto& [fd, c] : conns_) {
     if (c.parked) ::close(fd);
   }
@@ -108,7 +109,7 @@ bool Lobby::Admit(int fd, std::string* address_out) {
   *address_out = address;
   std::vector<int> evicted;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) {
       ::close(fd);
       return false;
@@ -131,7 +132,7 @@ bool Lobby::Admit(int fd, std::string* address_out) {
   if (!evicted.empty()) Wake();
   const Arrival a = PeekRequest(fd);
   if (a == Arrival::kComplete) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     conns_.erase(fd);  // still counted until Done
     return true;
   }
@@ -140,7 +141,7 @@ bool Lobby::Admit(int fd, std::string* address_out) {
     return false;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     conns_[fd].parked = true;
   }
   Wake();
@@ -148,7 +149,7 @@ bool Lobby::Admit(int fd, std::string* address_out) {
 }
 
 void Lobby::Done(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (--per_address_[address] <= 0) per_address_.erase(address);
   --total_;
 }
@@ -211,7 +212,7 @@ void Lobby::Finish(int fd, Arrival a) {
     default:
       ::close(fd);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Forget(fd);
 }
 
@@ -222,7 +223,7 @@ void Lobby::Loop() {
     fds.assign(1, pollfd{wake_, POLLIN, 0});
     std::vector<int> closing;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
       const int64_t now = Now();
       for (auto it = conns_.begin(); it != conns_.end();) {
@@ -253,7 +254,7 @@ void Lobby::Loop() {
       if (fds[i].revents == 0) continue;
       const int fd = fds[i].fd;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         auto it = conns_.find(fd);
         if (it == conns_.end() || !it->second.parked || it->second.evicted) continue;  // next round closes it
       }
@@ -265,7 +266,7 @@ void Lobby::Loop() {
       }
       std::string address;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         auto it = conns_.find(fd);
         if (it == conns_.end() || it->second.evicted) continue;  // evicted meanwhile: next round closes it
         address = it->second.address;

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/thread_annotations.h"
 namespace strata::coordinator::http {
 
 constexpr size_t kMaxRequestBytes = 16 * 1024;  // request line, headers and body together
@@ -64,12 +65,11 @@ class Lobby {
 
   void Wake();
 
-  // REQUIRES: mu_ held. Shuts down (does not close: the fd number must not be reused while the
-  // lobby's thread may poll it) the oldest parked connection, of `address` if given.
-  bool EvictOldestParked(const std::string* address, std::vector<int>* evicted);
+  // Shuts down (does not close: the fd number must not be reused while the lobby's thread may
+  // poll it) the oldest parked connection, of `address` if given.
+  bool EvictOldestParked(const std::string* address, std::vector<int>* evicted) STRATA_REQUIRES(mu_);
 
-  // REQUIRES: mu_ held.
-  void Forget(int fd);
+  void Forget(int fd) STRATA_REQUIRES(mu_);
 
   // A parked or just-admitted connection that will not be served: answer why (best effort), close.
   void Finish(int fd, Arrival a);
@@ -80,13 +80,13 @@ class Lobby {
   const std::function<void(int, const std::string&)> dispatch_;
   int wake_ = -1;
   std::thread thread_;
-  std::mutex mu_;
-  bool stopping_ = false;                  // guarded by mu_
-  std::map<int, Conn> conns_;              // guarded by mu_: admitted, not yet being served
-  std::map<std::string, int> per_address_;  // guarded by mu_: counted connections by peer address
-  int total_ = 0;                          // guarded by mu_
-  uint64_t sequence_ = 0;                  // guarded by mu_
-  uint64_t evictions_ = 0;                 // guarded by mu_
+  Mutex mu_;
+  bool stopping_ STRATA_GUARDED_BY(mu_) = false;
+  std::map<int, Conn> conns_ STRATA_GUARDED_BY(mu_);  // admitted, not yet being served
+  std::map<std::string, int> per_address_ STRATA_GUARDED_BY(mu_);  // counted connections by peer address
+  int total_ STRATA_GUARDED_BY(mu_) = 0;
+  uint64_t sequence_ STRATA_GUARDED_BY(mu_) = 0;
+  uint64_t evictions_ STRATA_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace strata::coordinator::http

@@ -1,4 +1,5 @@
 #include "coordinator/http_server.h"
+#include "common/thread_annotations.h"
 
 #include <arpa/inet.h>
 #include <httplib.h>
@@ -190,13 +191,13 @@ class HttpServerImpl final : public HttpServer {
   int port() const override { return port_; }
 
   void Publish(std::shared_ptr<const DashboardSnapshot> snapshot) override {
-    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    MutexLock lock(snapshot_mu_);
     snapshot_ = std::move(snapshot);
   }
 
  private:
   std::shared_ptr<const DashboardSnapshot> Latest() {
-    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    MutexLock lock(snapshot_mu_);
     return snapshot_;
   }
 
@@ -275,9 +276,9 @@ class HttpServerImpl final : public HttpServer {
       const std::string run = httplib::detail::decode_url(req.matches[1], false);
       schema::EnvelopeBuilder request;
       request.root().initCancelRun().setRunId(run);
-      std::unique_lock<std::mutex> lock(client_mu_);  // one DEALER socket, one caller at a time
+      MutexLock lock(client_mu_);  // one DEALER socket, one caller at a time
       auto reply = client_.Call(request);
-      lock.unlock();
+      lock.Unlock();
       if (!reply.ok()) {
         const StatusCode code = reply.status().code();
         return Error(res, code == StatusCode::kNotFound ? 404 : code == StatusCode::kInvalidArgument ? 409 : 502,
@@ -300,10 +301,10 @@ class HttpServerImpl final : public HttpServer {
   GuardedServer server_;
   std::thread thread_;
   int port_ = 0;
-  std::mutex snapshot_mu_;
-  std::shared_ptr<const DashboardSnapshot> snapshot_;
-  std::mutex client_mu_;
-  client::CoordinatorClient client_;
+  Mutex snapshot_mu_;
+  std::shared_ptr<const DashboardSnapshot> snapshot_ STRATA_GUARDED_BY(snapshot_mu_);
+  Mutex client_mu_;
+  client::CoordinatorClient client_ STRATA_GUARDED_BY(client_mu_);
 };
 
 }  // namespace

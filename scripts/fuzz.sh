@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (fuzz/) with clang, ASan and UBSan into build-fuzz/ and runs each
+# Builds the libFuzzer targets (fuzz/) with clang, ASan and UBSan into build-fuzz/ (with the
+# libraries whose threads share state, so clang's -Wthread-safety checks their locking) and runs each
 # for RUNS inputs (default 20000: about a minute for all of them), starting from the seeds that
 # strata_fuzz_seeds writes plus the corpus earlier runs kept in build-fuzz/corpus/. Fails if a
 # fuzzer crashes, leaks, times out or breaks an invariant; the input is kept in
@@ -20,7 +21,7 @@ build=${FUZZ_BUILD_DIR:-build-fuzz}
 start=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DSTRATA_FUZZ=ON -DSTRATA_BUILD_TESTS=OFF >/dev/null
-cmake --build "$build" -j "${JOBS:-$(nproc)}" --target strata_fuzz
+cmake --build "$build" -j "${JOBS:-$(nproc)}" --target strata_fuzz strata_thread_safety
 echo "fuzz: build $(( $(date +%s) - start )) s"
 rm -rf "$build/seeds"
 "$build/bin/strata_fuzz_seeds" "$build/seeds"

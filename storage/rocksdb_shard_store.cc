@@ -37,6 +37,7 @@
 #include <thread>
 
 #include "common/hex.h"
+#include "common/thread_annotations.h"
 #include "common/log.h"
 #include "storage/keys.h"
 #include "storage/records.h"
@@ -244,7 +245,7 @@ class RocksDbShardStore final : public ShardStore {
   Status CommitCheckpoint(const std::string& run, int64_t step) override {
     STRATA_RETURN_IF_ERROR(ValidateCheckpointId(run, step));
     // Serializes commits so that two racing commits of one step cannot both succeed.
-    std::lock_guard<std::mutex> lock(commit_mu_);
+    MutexLock lock(commit_mu_);
     STRATA_ASSIGN_OR_RETURN(bool committed, ManifestExists(run, step));
     if (committed) {
       return Status(StatusCode::kAlreadyExists, "the " + Describe(run, step) + " is already committed");
@@ -254,7 +255,7 @@ class RocksDbShardStore final : public ShardStore {
     // This process's data file of the step is closed (no more writes) and synced below.
     std::shared_ptr<StagingFile> staged;
     {
-      std::lock_guard<std::mutex> staging(staging_mu_);
+      MutexLock staging(staging_mu_);
       auto found = staging_.find({run, step});
       if (found != staging_.end()) {
         staged = found->second;
@@ -364,7 +365,7 @@ class RocksDbShardStore final : public ShardStore {
   Status DeleteCheckpoint(const std::string& run, int64_t step) override {
     STRATA_RETURN_IF_ERROR(ValidateCheckpointId(run, step));
     if (read_only_) return InvalidArgument("deleting the " + Describe(run, step) + ": the store at " + path_ + " is open read-only");
-    std::lock_guard<std::mutex> lock(commit_mu_);
+    MutexLock lock(commit_mu_);
     STRATA_ASSIGN_OR_RETURN(bool committed, ManifestExists(run, step));
     if (!committed) return NotFound("run " + run + " has no committed checkpoint at step " + std::to_string(step));
     const std::string action = "deleting the " + Describe(run, step);
@@ -373,7 +374,7 @@ class RocksDbShardStore final : public ShardStore {
     // The manifest goes first: from then on the checkpoint is neither listed nor read.
     STRATA_RETURN_IF_ERROR(FromRocks(db_->Delete(durable, checkpoints_, keys::ManifestKey(run, step)), path_, action));
     {
-      std::lock_guard<std::mutex> cache(manifest_mu_);
+      MutexLock cache(manifest_mu_);
       if (last_manifest_ && last_manifest_->run == run && last_manifest_->step == step) last_manifest_.reset();
     }
     STRATA_RETURN_IF_ERROR(DeleteTensorRecords(run, step, action));
@@ -770,7 +771,7 @@ class RocksDbShardStore final : public ShardStore {
   }
 
   Result<std::shared_ptr<StagingFile>> StagingFileFor(const std::string& run, int64_t step) {
-    std::lock_guard<std::mutex> lock(staging_mu_);
+    MutexLock lock(staging_mu_);
     std::shared_ptr<StagingFile>& file = staging_[{run, step}];
     if (file) return file;  // a commit closes a file only after taking it out of staging_
     const std::string dir = CheckpointDir(run);
@@ -860,7 +861,7 @@ class RocksDbShardStore final : public ShardStore {
   // reads (the last one asked for is kept: a committed manifest never changes).
   Result<std::shared_ptr<const CheckpointInfo>> CommittedManifest(const std::string& run, int64_t step) {
     {
-      std::lock_guard<std::mutex> lock(manifest_mu_);
+      MutexLock lock(manifest_mu_);
       if (last_manifest_ && last_manifest_->run == run && last_manifest_->step == step) return last_manifest_;
     }
     rocksdb::PinnableSlice value;
@@ -869,7 +870,7 @@ class RocksDbShardStore final : public ShardStore {
     STRATA_RETURN_IF_ERROR(FromRocks(s, path_, "reading the manifest of the " + Describe(run, step)));
     STRATA_ASSIGN_OR_RETURN(CheckpointInfo info, DecodeManifestAt(run, step, value));
     auto decoded = std::make_shared<const CheckpointInfo>(std::move(info));
-    std::lock_guard<std::mutex> lock(manifest_mu_);
+    MutexLock lock(manifest_mu_);
     last_manifest_ = decoded;
     return decoded;
   }
@@ -893,11 +894,11 @@ class RocksDbShardStore final : public ShardStore {
   const bool read_only_;
   rocksdb::ColumnFamilyHandle* metadata_ = nullptr;
   const uint64_t file_threshold_;
-  std::mutex commit_mu_;
-  std::mutex staging_mu_;
-  std::map<std::pair<std::string, int64_t>, std::shared_ptr<StagingFile>> staging_;  // guarded by staging_mu_
-  std::mutex manifest_mu_;
-  std::shared_ptr<const CheckpointInfo> last_manifest_;  // guarded by manifest_mu_
+  Mutex commit_mu_;
+  Mutex staging_mu_;
+  std::map<std::pair<std::string, int64_t>, std::shared_ptr<StagingFile>> staging_ STRATA_GUARDED_BY(staging_mu_);
+  Mutex manifest_mu_;
+  std::shared_ptr<const CheckpointInfo> last_manifest_ STRATA_GUARDED_BY(manifest_mu_);
 };
 
 // RocksDB's two reports, under kAbsoluteConsistency, of a record running past the end of the

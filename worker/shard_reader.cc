@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "client/store_client.h"
+#include "common/thread_annotations.h"
 
 namespace strata::worker {
 namespace {
@@ -38,15 +39,15 @@ class RemoteShardReader final : public ShardReader {
       : client_(std::move(client)), key_run_(std::move(key_run)), step_(step), where_(std::move(where)) {}
 
   Status ReadInto(const std::string& name, storage::DType, std::span<uint8_t> out) override {
-    std::lock_guard<std::mutex> lock(mutex_);  // one socket: one request at a time
+    MutexLock lock(mutex_);  // one socket: one request at a time
     return client_->ReadCheckpointPieceInto(key_run_, step_, name, out);
   }
   const std::string& where() const override { return where_; }
   bool remote() const override { return true; }
 
  private:
-  std::mutex mutex_;
-  std::unique_ptr<client::StoreClient> client_;
+  Mutex mutex_;
+  const std::unique_ptr<client::StoreClient> client_ STRATA_PT_GUARDED_BY(mutex_);
   std::string key_run_;
   int64_t step_;
   std::string where_;

@@ -13,6 +13,7 @@
 #include "common/curve.h"
 #include "common/memory_snapshot.h"
 #include "common/run_spec.h"
+#include "common/thread_annotations.h"
 #include "worker/fault_injector.h"
 #include "common/status.h"
 #include "worker/fault_injector.h"
@@ -116,6 +117,46 @@ Result<std::unique_ptr<ShardReader>> OpenShardReader(const ResumePoint& resume, 
                                                      storage::ShardStore* own_store, const std::string& own_store_path,
                                                      const ShardAccess& access);
 
+// A task's cancel: set once by the control thread, read between steps by the task thread, and
+// waited on by threads that must act on it at once (the NCCL cancel watcher), which sleep on a
+// condition variable instead of polling.
+class CancelFlag {
+ public:
+  bool load() const { return set_.load(); }
+  void Set() {
+    {
+      MutexLock lock(mutex_);
+      set_.store(true);
+    }
+    changed_.NotifyAll();
+  }
+  // Wakes the waiters without cancelling: what they watch is over.
+  void Release() {
+    {
+      MutexLock lock(mutex_);
+      released_ = true;
+    }
+    changed_.NotifyAll();
+  }
+  // Blocks until Set (true) or Release (false).
+  bool Wait() {
+    MutexLock lock(mutex_);
+    changed_.Wait(lock, [&]() STRATA_REQUIRES(mutex_) { return set_.load() || released_; });
+    return set_.load();
+  }
+  // Sleeps up to `ms` unless Set first; true when cancelled.
+  bool WaitFor(int64_t ms) {
+    MutexLock lock(mutex_);
+    return changed_.WaitFor(lock, std::chrono::milliseconds(ms), [&] { return set_.load(); });
+  }
+
+ private:
+  Mutex mutex_;
+  CondVar changed_;
+  std::atomic<bool> set_{false};  // written under mutex_ (so a waiter cannot miss it), read without
+  bool released_ STRATA_GUARDED_BY(mutex_) = false;
+};
+
 struct TaskContext {
   std::string run_id;
   RunSpec spec;
@@ -127,7 +168,7 @@ struct TaskContext {
   ShardAccess shard_access;  // how a resume reaches the shards of other workers' stores
   ResumePoint resume;      // train runs
   TaskReporter* reporter = nullptr;
-  const std::atomic<bool>* cancelled = nullptr;  // checked between steps
+  CancelFlag* cancelled = nullptr;  // checked between steps
   // Set with a cancel (> 0): save the state of this step before stopping, if it is the state held
   // (schema CancelTask.snapshotStep).
   const std::atomic<int64_t>* snapshot_step = nullptr;

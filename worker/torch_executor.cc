@@ -14,6 +14,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "common/thread_annotations.h"
 #include "worker/device_memory.h"
 #include "worker/extractor.h"
 #include "worker/trainer.h"
@@ -36,7 +37,10 @@ void InjectedHangBeforeStep(const TaskContext& context, int64_t step) {
   const bool forever = hang == FaultInjector::Hang::kForever;
   STRATA_LOG(kWarn) << "injected fault: rank " << context.rank << " hangs before step " << step
                     << (forever ? " for good" : " until cancelled");
-  while (forever || !context.cancelled->load()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (forever) {
+    while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  context.cancelled->Wait();
 }
 
 // Aborts `comm` from a thread of its own and waits up to kAbortDeadlineMs for it. An abort that
@@ -47,14 +51,14 @@ void InjectedHangBeforeStep(const TaskContext& context, int64_t step) {
 [[maybe_unused]] void AbortOrDeclareStuck(const TaskContext& context, std::shared_ptr<Communicator> comm) {
   constexpr int kAbortDeadlineMs = 1000;  // a working abort takes milliseconds
   STRATA_LOG(kInfo) << "run " << context.run_id << ": cancelled, aborting its communicators";
-  auto done = std::make_shared<std::atomic<bool>>(false);
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> aborted = done->get_future();
   const int64_t start = net::SteadyMs();
   std::thread([comm, done] {  // holds the communicator alive for as long as its abort takes
     comm->Abort();
-    done->store(true);
+    done->set_value();
   }).detach();
-  while (!done->load() && net::SteadyMs() - start < kAbortDeadlineMs) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (done->load()) {
+  if (aborted.wait_for(std::chrono::milliseconds(kAbortDeadlineMs)) == std::future_status::ready) {
     STRATA_LOG(kInfo) << "run " << context.run_id << ": communicators aborted in " << net::SteadyMs() - start << " ms";
     return;
   }
@@ -116,38 +120,39 @@ class MemorySampler {
     // Detached, holding its own state: a thread stuck in a device call must not hold up the
     // worker's exit (the destructor waits for it only briefly).
     std::thread([state = state_, read = std::move(read)] {
-      std::unique_lock<std::mutex> lock(state->mutex);
-      while (!state->stop) {
-        state->wake.wait_for(lock, std::chrono::milliseconds(kEveryMs));
-        if (state->stop) break;
-        lock.unlock();
+      State& s = *state;
+      MutexLock lock(s.mutex);
+      while (!s.wake.WaitFor(lock, std::chrono::milliseconds(kEveryMs), [&]() STRATA_REQUIRES(s.mutex) { return s.stop; })) {
+        lock.Unlock();
         MemorySnapshot fresh = read();
-        lock.lock();
-        state->sample = std::move(fresh);
+        lock.Lock();
+        s.sample = std::move(fresh);
       }
-      state->done = true;
-      state->wake.notify_all();
+      s.done = true;
+      s.wake.NotifyAll();
     }).detach();
   }
 
   ~MemorySampler() {
-    std::unique_lock<std::mutex> lock(state_->mutex);
-    state_->stop = true;
-    state_->wake.notify_all();
-    state_->wake.wait_for(lock, std::chrono::milliseconds(1000), [&] { return state_->done; });
+    State& s = *state_;
+    MutexLock lock(s.mutex);
+    s.stop = true;
+    s.wake.NotifyAll();
+    s.wake.WaitFor(lock, std::chrono::milliseconds(1000), [&]() STRATA_REQUIRES(s.mutex) { return s.done; });
   }
 
   MemorySnapshot Latest() const {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    MutexLock lock(state_->mutex);
     return state_->sample;
   }
 
  private:
   struct State {
-    std::mutex mutex;
-    std::condition_variable wake;
-    MemorySnapshot sample;  // guarded by mutex
-    bool stop = false, done = false;
+    Mutex mutex;
+    CondVar wake;
+    MemorySnapshot sample STRATA_GUARDED_BY(mutex);
+    bool stop STRATA_GUARDED_BY(mutex) = false;
+    bool done STRATA_GUARDED_BY(mutex) = false;
   };
   std::shared_ptr<State> state_;
 };
@@ -307,7 +312,6 @@ class TorchExecutor final : public TaskExecutor {
     }
     // GPU ranks talk over NCCL (bootstrapped over the task's ZeroMQ world), CPU ranks over ZeroMQ.
     std::shared_ptr<Communicator> nccl;
-    std::atomic<bool> task_over{false};
     std::thread cancel_watcher;
 #ifdef STRATA_WITH_CUDA
     if (device_.is_cuda() && context.world_size > 1) {
@@ -320,21 +324,18 @@ class TorchExecutor final : public TaskExecutor {
       // A cancel (e.g. a peer was lost) must also reach NCCL: kernels waiting for a dead peer
       // never return on their own, and this thread may be blocked on one.
       cancel_watcher = std::thread([&] {
-        while (!task_over.load()) {
-          if (context.cancelled->load()) return AbortOrDeclareStuck(context, nccl);
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        }
+        if (context.cancelled->Wait()) AbortOrDeclareStuck(context, nccl);
       });
     }
 #endif
     struct JoinOnExit {
-      std::atomic<bool>& over;
+      CancelFlag& cancelled;
       std::thread& thread;
       ~JoinOnExit() {
-        over.store(true);
+        cancelled.Release();  // the watcher wakes and ends without aborting anything
         if (thread.joinable()) thread.join();
       }
-    } join_watcher{task_over, cancel_watcher};
+    } join_watcher{*context.cancelled, cancel_watcher};
     const int64_t build_start = net::SteadyMs();
     Trainer trainer(context, std::move(data), device_);
     STRATA_RETURN_IF_ERROR(trainer.init_status());

@@ -24,6 +24,7 @@
 #include "common/curve.h"
 #include "common/log.h"
 #include "common/task_log.h"
+#include "common/thread_annotations.h"
 #include "common/net.h"
 #include "schema/envelope.h"
 #include "client/store_client.h"
@@ -35,18 +36,18 @@ namespace {
 // Messages the task thread wants sent; the control thread drains and sends them.
 class Outbox {
  public:
-  void Push(std::string bytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void Push(std::string bytes) STRATA_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     queue_.push_back(std::move(bytes));
   }
-  std::deque<std::string> Take() {
-    std::lock_guard<std::mutex> lock(mutex_);
+  std::deque<std::string> Take() STRATA_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     return std::exchange(queue_, {});
   }
 
  private:
-  std::mutex mutex_;
-  std::deque<std::string> queue_;  // guarded by mutex_
+  Mutex mutex_;
+  std::deque<std::string> queue_ STRATA_GUARDED_BY(mutex_);
 };
 
 
@@ -62,12 +63,14 @@ class ShardReplicator {
       : store_(store), store_path_(std::move(store_path)), keys_(std::move(keys)), outbox_(outbox) {}
   ~ShardReplicator() {
     stopping_.store(true);  // a copy in progress stops at its next piece
+    std::thread thread;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       stop_ = true;
+      thread = std::move(thread_);
     }
-    wake_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    wake_.NotifyAll();
+    if (thread.joinable()) thread.join();
   }
 
   struct Request {
@@ -77,22 +80,22 @@ class ShardReplicator {
     std::vector<std::string> names;
   };
 
-  void Add(Request request) {
+  void Add(Request request) STRATA_EXCLUDES(mutex_) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       queue_.push_back(std::move(request));
       if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
     }
-    wake_.notify_all();
+    wake_.NotifyAll();
   }
 
  private:
-  void Loop() {
+  void Loop() STRATA_EXCLUDES(mutex_) {
     while (true) {
       Request r;
       {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        MutexLock lock(mutex_);
+        wake_.Wait(lock, [&]() STRATA_REQUIRES(mutex_) { return stop_ || !queue_.empty(); });
         if (stop_) return;
         r = std::move(queue_.front());
         queue_.pop_front();
@@ -136,12 +139,12 @@ class ShardReplicator {
   std::string store_path_;
   std::optional<curve::ClientKeys> keys_;
   Outbox* outbox_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Request> queue_;  // guarded by mutex_
-  bool stop_ = false;          // guarded by mutex_
+  Mutex mutex_;
+  CondVar wake_;
+  std::deque<Request> queue_ STRATA_GUARDED_BY(mutex_);
+  bool stop_ STRATA_GUARDED_BY(mutex_) = false;
   std::atomic<bool> stopping_{false};
-  std::thread thread_;
+  std::thread thread_ STRATA_GUARDED_BY(mutex_);  // started by the first Add; joined by the destructor
 };
 
 // A running task: its thread, cancel flag and reporter.
@@ -192,8 +195,8 @@ class RunningTask final : public TaskReporter {
   // Step and checkpoint reports sent during a coordinator outage (or in flight when it died) are
   // lost with it; they are idempotent, so after re-registering the control thread sends them all
   // again (the restarted coordinator keeps what it lacks).
-  std::vector<std::string> History() {
-    std::lock_guard<std::mutex> lock(history_mutex_);
+  std::vector<std::string> History() STRATA_EXCLUDES(history_mutex_) {
+    MutexLock lock(history_mutex_);
     return {history_.begin(), history_.end()};
   }
 
@@ -271,9 +274,9 @@ class RunningTask final : public TaskReporter {
     return ev;
   }
 
-  void PushAndRemember(std::string bytes) {
+  void PushAndRemember(std::string bytes) STRATA_EXCLUDES(history_mutex_) {
     {
-      std::lock_guard<std::mutex> lock(history_mutex_);
+      MutexLock lock(history_mutex_);
       history_.push_back(bytes);
       if (history_.size() > kHistoryLimit) history_.pop_front();
     }
@@ -287,19 +290,20 @@ class RunningTask final : public TaskReporter {
   Outbox* outbox_;
   std::atomic<bool> end_reported_{false};
   std::atomic<bool> stall_reported_{false};
-  std::mutex history_mutex_;
-  std::deque<std::string> history_;  // guarded by history_mutex_
+  Mutex history_mutex_;
+  std::deque<std::string> history_ STRATA_GUARDED_BY(history_mutex_);
   std::string store_path_;
   TrainSpec train_;                         // set before the task thread starts
   std::shared_ptr<log::TaskLog> task_log_;  // STORE/logs/<hex run>/rank-R.log; null if it could not open
   std::thread thread;
-  std::atomic<bool> cancelled{false};
+  CancelFlag cancelled;
   std::atomic<int64_t> snapshot_step{0};  // set before `cancelled` (CancelTask.snapshotStep)
   std::atomic<bool> done{false};
   std::atomic<bool> device_stuck{false};  // TaskContext::device_stuck
   std::atomic<int64_t> current_step_{0};
-  std::atomic<Communicator*> communicator{nullptr};  // set by the task thread while it exists
-  std::mutex communicator_mutex;                     // held while using or clearing `communicator`
+  // Set by the task thread while it exists; the control thread aborts it on a cancel.
+  Mutex communicator_mutex;
+  Communicator* communicator STRATA_GUARDED_BY(communicator_mutex) = nullptr;
 };
 
 class WorkerImpl final : public Worker {
@@ -694,7 +698,7 @@ class WorkerImpl final : public Worker {
   Status RunTrainTask(RunningTask* t, RunSpec spec, const ZmqCommunicatorOptions& comm_options, ResumePoint resume) {
     STRATA_ASSIGN_OR_RETURN(auto comm, CreateZmqCommunicator(context_, comm_options));
     {
-      std::lock_guard<std::mutex> lock(t->communicator_mutex);
+      MutexLock lock(t->communicator_mutex);
       t->communicator = comm.get();
     }
     TaskContext context = MakeContext(t, std::move(spec));
@@ -709,7 +713,7 @@ class WorkerImpl final : public Worker {
         (comm->missing_peer() >= 0 || status.code() == StatusCode::kDeadlineExceeded)) {
       t->ReportStalled(comm->missing_peer(), status.message());
     }
-    std::lock_guard<std::mutex> lock(t->communicator_mutex);
+    MutexLock lock(t->communicator_mutex);
     t->communicator = nullptr;
     return status;
   }
@@ -718,9 +722,9 @@ class WorkerImpl final : public Worker {
     if (!task_) return;
     STRATA_LOG(kInfo) << "cancelling run " << task_->run_id_ << ": " << why;
     if (!task_->cancelled.load()) cancelled_at_ms_ = net::SteadyMs();
-    task_->cancelled.store(true);
-    std::lock_guard<std::mutex> lock(task_->communicator_mutex);
-    if (Communicator* c = task_->communicator.load()) c->Abort();
+    task_->cancelled.Set();
+    MutexLock lock(task_->communicator_mutex);
+    if (Communicator* c = task_->communicator) c->Abort();
   }
 
   void ReapTask(bool wait = false) {

@@ -15,11 +15,15 @@
 //   memory sampler       executor (detached, 200 ms)     its sample (locked)          never waits on the device
 //   checkpoint writer    task, per checkpoint (async)    the host copy it writes      the shard store; one at a time
 //   checkpoint pool      checkpoint writer, 4 threads    pieces by an atomic index    the shard store
-//   cancel watcher       task, GPU tasks with NCCL       nothing                      polls the cancel flag (50 ms)
+//   cancel watcher       task, GPU tasks with NCCL       nothing                      waits on the CancelFlag (task.h)
 //   abort                cancel watcher (detached)       the communicator's abort     a done flag (atomic)
 //   NCCL watchdog        NCCL communicator               collective deadlines         reports stalls via the reporter
 //   extract writer       Extractor, per extract task     the chunk queue (locked)     the shard store
 //
+// Shared state is annotated for clang's -Wthread-safety (common/thread_annotations.h: Mutex,
+// GUARDED_BY), checked as errors in the clang build (scripts/fuzz.sh); threads wait on condition
+// variables, never poll (the NCCL watchdog alone polls: CUDA events cannot be waited on with a
+// deadline).
 // Tests inject faults at exact instants (a memory spike in one step, a rank that hangs) through
 // WorkerOptions::faults / TaskContext::faults (fault_injector.h); nothing reads the environment.
 #pragma once
