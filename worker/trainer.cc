@@ -22,7 +22,6 @@
 #include <thread>
 
 #include "common/log.h"
-#include "kernels/kernels.h"
 #include "worker/causal_lm.h"
 #include "worker/device_memory.h"
 #include "worker/hf_format.h"
@@ -31,17 +30,6 @@
 namespace strata::worker {
 namespace {
 
-// Where the fused kernels run: the device's current stream (LibTorch's work is queued there too).
-kernels::Place KernelPlace(const torch::Device& device) {
-  kernels::Place place;
-#ifdef STRATA_WITH_CUDA
-  if (device.is_cuda()) {
-    place.cuda = true;
-    place.stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  }
-#endif
-  return place;
-}
 
 
 // The partition of the world into groups of ranks that differ only in the coordinate `vary`.
@@ -126,29 +114,7 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   }
   drawn.clear();
   full.reset();
-  const bool sharded_moments = context.spec.parallel.zero >= 1;
-  for (auto& unit : model_->units()) {
-    Moments m;
-    m.begin = sharded_moments ? unit.shard_begin : 0;
-    m.end = sharded_moments ? unit.shard_end : unit.numel;
-    auto options = torch::TensorOptions().dtype(torch::kFloat).device(device_);
-    m.exp_avg = torch::zeros({m.end - m.begin}, options);
-    m.exp_avg_sq = torch::zeros({m.end - m.begin}, options);
-    // Masks over the whole unit, then cut: decay on matrices; the norm counts each element once.
-    // Made where they are used: on a GPU, host masks would be gigabytes filled and copied.
-    auto decay = torch::zeros({unit.numel}, options), norm = torch::zeros({unit.numel}, options);
-    for (size_t i = 0; i < unit.names.size(); ++i) {
-      int64_t n = 1;
-      for (int64_t d : unit.shapes[i]) n *= d;
-      if (unit.full_shapes[i].size() >= 2) decay.narrow(0, unit.offsets[i], n).fill_(1.0);
-      const bool counted = !unit.tied_copy && (!unit.replicated[i] || position_.tp_rank == 0);
-      if (counted) norm.narrow(0, unit.offsets[i], n).fill_(1.0);
-    }
-    m.decay_mask = decay.narrow(0, m.begin, m.end - m.begin).clone();
-    m.norm_mask = norm.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).clone();
-    moments_.push_back(std::move(m));
-  }
-  norm_scratch_ = torch::empty({kernels::MaskedSquareSumScratch()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  optimizer_ = std::make_unique<UnitOptimizer>(*model_, context.spec.parallel.zero, mesh_.dp, position_.tp_rank, device_);
 }
 
 Status Trainer::BuildGroups() {
@@ -171,11 +137,7 @@ Status Trainer::BuildGroups() {
   return Status::Ok();
 }
 
-int64_t Trainer::optimizer_state_elements() const {
-  int64_t n = 0;
-  for (const auto& m : moments_) n += m.end - m.begin;
-  return n;
-}
+int64_t Trainer::optimizer_state_elements() const { return optimizer_->state_elements(); }
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::parameters() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
@@ -243,103 +205,14 @@ Status Trainer::OutOfMemoryInStep(const std::exception& e) const {
 
 int64_t Trainer::micro_batch() const { return context_.spec.micro_batch_rows(); }
 
-void Trainer::ClearGradients() {
-  torch::NoGradGuard no_grad;
-  for (ParamUnit& unit : model_->units()) {
-    if (unit.sharded) {
-      unit.flat.mutable_grad() = torch::Tensor();
-    } else {
-      unit.grad.zero_();  // the parameters' .grad views stay pointed at it
-    }
-  }
-}
-
-Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum) {
-  const auto& spec = context_.spec;
-  const int64_t local_batch = window.size(0);
-  const int64_t t = spec.model.sequence;
-  const int64_t micro = micro_batch();
-  const int64_t count = local_batch / micro;
-  const double share = static_cast<double>(micro) / static_cast<double>(local_batch);
-  const std::vector<int64_t> activation_shape = {micro, t, spec.model.hidden};
-  const auto stage = static_cast<uint32_t>(position_.stage);
-
-  struct InFlight {
-    torch::Tensor input;   // received activation (leaf), undefined on the first stage
-    torch::Tensor output;  // scaled loss (last stage) or the activation sent on
-  };
-  std::deque<InFlight> in_flight;
-  auto forward = [&](int64_t i) {
-    auto rows = window.narrow(0, i * micro, micro);
-    InFlight f;
-    compat::AutocastGuard autocast(device_, spec.train.precision == "bf16");
-    torch::Tensor x;
-    if (model_->first_stage()) {
-      x = model_->Embed(rows.narrow(1, 0, t));
-    } else {
-      f.input = RecvTensor(*pipe_forward_, activation_shape, device_, stage - 1).requires_grad_(true);
-      x = f.input;
-    }
-    x = model_->Blocks(x);
-    if (model_->last_stage()) {
-      auto logits = model_->Head(x);
-      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, spec.model.vocab}).to(torch::kFloat).contiguous(),
-                                                       rows.narrow(1, 1, t).reshape({-1}));
-      *loss_sum += loss.detach() * share;
-      f.output = loss * share;
-    } else {
-      SendTensor(*pipe_forward_, x, stage + 1);
-      f.output = x;
-    }
-    in_flight.push_back(std::move(f));
-  };
-  auto backward = [&] {
-    InFlight f = std::move(in_flight.front());
-    in_flight.pop_front();
-    if (model_->last_stage()) {
-      f.output.backward();
-    } else {
-      auto grad = RecvTensor(*pipe_backward_, activation_shape, device_, stage + 1);
-      f.output.backward(grad.to(f.output.scalar_type()));
-    }
-    if (!model_->first_stage()) SendTensor(*pipe_backward_, f.input.grad(), stage - 1);
-  };
-  // 1F1B: warm up with the forwards the later stages need to start, then one forward and one
-  // backward at a time, then drain.
-  const int64_t warmup = std::min<int64_t>(mesh_.pp - 1 - position_.stage, count);
-  for (int64_t i = 0; i < warmup; ++i) forward(i);
-  for (int64_t i = warmup; i < count; ++i) {
-    forward(i);
-    backward();
-  }
-  while (!in_flight.empty()) backward();
-  return Status::Ok();
-}
+void Trainer::ClearGradients() { optimizer_->DiscardGradients(); }
 
 Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
   torch::NoGradGuard no_grad;
-  const auto& spec = context_.spec;
-  const auto& tr = spec.train;
-  const int64_t zero = spec.parallel.zero;
-  auto& units = model_->units();
-  std::vector<torch::Tensor> grads;
-  const kernels::Place place = KernelPlace(device_);
-  torch::Tensor square_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  const auto& tr = context_.spec.train;
+  const UnitOptimizer::Groups groups{dp_group_.get(), tie_group_.get()};
   try {
-    for (size_t u = 0; u < units.size(); ++u) {
-      ParamUnit& unit = units[u];
-      torch::Tensor g = unit.sharded ? (unit.flat.grad().defined() ? unit.flat.grad().contiguous() : torch::zeros_like(unit.flat)) : unit.grad;
-      if (static_cast<int>(u) == model_->first_wte_unit() || static_cast<int>(u) == model_->tied_copy_unit()) {
-        AllReduceTensor(*tie_group_, g);
-      }
-      if (zero <= 1) AllReduceTensor(*dp_group_, g);
-      if (zero == 2) ReduceScatterTensor(*dp_group_, g);  // zero 3 reduce-scattered in backward
-      g.div_(static_cast<double>(mesh_.dp));
-      auto shard = unit.sharded ? g : g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
-      kernels::MaskedSquareSum(place, shard.data_ptr<float>(), moments_[u].norm_mask.data_ptr<float>(), shard.numel(),
-                               square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
-      grads.push_back(g);
-    }
+    const torch::Tensor square_sum = optimizer_->ReduceGradients(groups);
     // The loss (from the last stage's tensor-parallel rank 0) and the squared norm: one all-reduce.
     const bool reports_loss = model_->last_stage() && position_.tp_rank == 0;
     auto scalars = torch::stack({reports_loss ? loss_sum : torch::zeros_like(loss_sum), square_sum}).contiguous();
@@ -358,24 +231,7 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
     torn_ = true;
     ++step_;
     const double lr = LearningRate(tr, step_);
-    for (size_t u = 0; u < units.size(); ++u) {
-      ParamUnit& unit = units[u];
-      Moments& m = moments_[u];
-      torch::Tensor flat = unit.flat.detach();
-      auto p = unit.sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin);
-      auto g = grads[u];
-      if (!unit.sharded && zero >= 1) g = g.narrow(0, m.begin, m.end - m.begin);
-      // One fused pass (kernels/kernels.h has the maths): clipping, decay, moments, update.
-      kernels::AdamW(place, {lr, tr.beta1, tr.beta2, tr.eps, tr.weight_decay, step_, clip}, p.data_ptr<float>(),
-                     g.data_ptr<float>(), m.exp_avg.data_ptr<float>(), m.exp_avg_sq.data_ptr<float>(),
-                     m.decay_mask.data_ptr<float>(), p.numel());
-      if (zero == 1 || zero == 2) AllGatherTensor(*dp_group_, flat);
-      if (unit.sharded) {
-        unit.flat.mutable_grad() = torch::Tensor();
-      } else {
-        unit.grad.zero_();  // the parameters' .grad views stay pointed at it
-      }
-    }
+    optimizer_->Apply(tr, step_, lr, clip, groups);
     torn_ = false;
     return mean_loss;
   } catch (const std::exception& e) {
@@ -395,350 +251,6 @@ torch::Tensor Trainer::Logits(const torch::Tensor& tokens) {
   compat::AutocastGuard autocast(device_, context_.spec.train.precision == "bf16");
   auto logits = model_->Head(model_->Blocks(model_->Embed(tokens.to(device_))));
   return logits.to(torch::kCPU, torch::kFloat).contiguous();
-}
-
-// One parameter unit at a time: its pieces (of every kind, from every shard's store) are read
-// straight into their place in the assembled tensors, cut to this rank's part and placed, then
-// dropped, so host memory holds one unit's state, not the whole checkpoint (a 7B model's full
-// state is ~112 GB on every rank that resumes).
-Status Trainer::Resume(const ResumePoint& resume) {
-  const std::string where = "checkpoint of run " + resume.run_id + " at step " + std::to_string(resume.step);
-  const auto start = std::chrono::steady_clock::now();
-  std::map<std::string, size_t> unit_of;  // parameter name -> its unit
-  for (size_t u = 0; u < model_->units().size(); ++u) {
-    for (const auto& name : model_->units()[u].names) unit_of[name] = u;
-  }
-  // Where each shard is read (this worker's store, a store of this host, or another host's store
-  // server: OpenShardReader) and, per unit, the pieces to read: (reader, stored name, piece).
-  std::vector<std::unique_ptr<ShardReader>> readers;
-  struct Source {
-    ShardReader* reader;
-    const std::string* name;
-    shard::PieceName piece;
-  };
-  std::vector<std::vector<Source>> sources(model_->units().size());
-  for (const auto& shard : resume.shards) {
-    auto reader = OpenShardReader(resume, shard, context_.store, context_.store_path, context_.shard_access);
-    // No copy reachable is this checkpoint unreadable here: the coordinator then takes an older one.
-    if (!reader.ok()) return Corruption(where + ": " + reader.status().message());
-    readers.push_back(std::move(reader).value());
-    ShardReader* source_reader = readers.back().get();
-    for (const auto& name : shard.tensors) {
-      auto piece = shard::ParsePiece(name);
-      if (!piece.ok()) {
-        return InvalidArgument(where + " holds '" + name + "', which is not a checkpoint piece (written before mesh-"
-                               "independent checkpoints); resume from a newer checkpoint");
-      }
-      auto unit = unit_of.find(piece->name);
-      if (unit == unit_of.end() || (piece->kind != "param" && piece->kind != "adam_m" && piece->kind != "adam_v")) continue;
-      sources[unit->second].push_back({source_reader, &name, std::move(piece).value()});
-    }
-  }
-
-  // Where the time goes, for the log: opening the shards' stores, the store reads, the copies to
-  // the device (issue #5's time to train again is mostly this function on a large model).
-  using Clock = std::chrono::steady_clock;
-  auto ms_since = [](Clock::time_point t) { return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count(); };
-  const int64_t open_ms = ms_since(start);
-  int64_t read_ms = 0, place_ms = 0;
-  int64_t read_bytes = 0;
-  torch::NoGradGuard no_grad;
-  const bool host_is_device = device_.is_cpu();
-  for (size_t u = 0; u < model_->units().size(); ++u) {
-    ParamUnit& unit = model_->units()[u];
-    Moments& m = moments_[u];
-    std::map<std::string, size_t> index_of;  // parameter name -> its place in the unit
-    for (size_t i = 0; i < unit.names.size(); ++i) index_of[unit.names[i]] = i;
-    auto slice_numel = [&](size_t i) {
-      int64_t n = 1;
-      for (int64_t d : unit.shapes[i]) n *= d;
-      return n;
-    };
-    // Per kind, the range [lo, hi) of the unit's flat vector this rank holds (all of it, its ZeRO-3
-    // shard, or its optimizer range) and where it lands: the tensor itself on a CPU worker, else
-    // a pinned host buffer copied to the device once the unit is read.
-    struct Target {
-      torch::Tensor host, device;
-      int64_t lo = 0, hi = 0;
-    };
-    std::map<std::string, Target> targets;
-    auto target = [&](const torch::Tensor& on_device, int64_t lo, int64_t hi) {
-      Target t{on_device, on_device, lo, hi};
-      if (!host_is_device) t.host = torch::empty({hi - lo}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
-      return t;
-    };
-    targets["param"] = target(unit.flat.detach(), unit.sharded ? unit.shard_begin : 0, unit.sharded ? unit.shard_end : unit.numel);
-    targets["adam_m"] = target(m.exp_avg, m.begin, m.end);
-    targets["adam_v"] = target(m.exp_avg_sq, m.begin, m.end);
-
-    // Each piece goes straight into its place when it is a range of this rank's tensor-parallel
-    // slice (written under the same tp, or replicated): one copy, from the store to where the
-    // state lives. Pieces of another tp rank's slice are not read; a tensor written under
-    // another tp is assembled whole, then this rank's slice is cut from it.
-    std::map<std::string, shard::TensorAssembler> assemblers;
-    std::set<std::pair<std::string, size_t>> assembled;
-    // Per kind and tensor: which elements of this rank's slice the pieces read directly cover
-    // (each exactly once; shard::ElementCoverage).
-    std::map<std::pair<std::string, size_t>, shard::ElementCoverage> covered;
-    struct Read {
-      const Source* source;
-      std::span<uint8_t> into;
-      std::vector<uint8_t> staging;  // a piece only part of which this rank holds
-      uint8_t* part_to = nullptr;
-      int64_t part_offset = 0, part_bytes = 0;
-    };
-    std::vector<Read> reads;
-    for (const Source& source : sources[u]) {
-      const shard::PieceName& piece = source.piece;
-      const size_t i = index_of.at(piece.name);
-      Target& t = targets.at(piece.kind);
-      // This rank's slice of tensor i is cut under tp = layout_tp (1: the whole tensor). A piece
-      // written under the same cut is a range of some tp rank's slice; one written under another
-      // (tp 2 -> 1, 1 -> 2, 2 -> 4) is assembled whole first.
-      const int64_t layout_tp = unit.replicated[i] ? 1 : mesh_.tp;
-      const bool same_cut = piece.tp == layout_tp;
-      if (same_cut && layout_tp > 1 && piece.tp_rank != position_.tp_rank) continue;
-      if (!same_cut) {
-        if (!assemblers.count(piece.kind)) assemblers.emplace(piece.kind, shard::TensorAssembler(context_.spec.model));
-        STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, assemblers.at(piece.kind).Slot(piece, sizeof(float)));
-        assembled.insert({piece.kind, i});
-        reads.push_back({&source, slot, {}, nullptr, 0, 0});
-        continue;
-      }
-      if (piece.begin < 0 || piece.end > slice_numel(i) || piece.begin >= piece.end) {
-        return Corruption(where + ": piece '" + *source.name + "' runs past the " + std::to_string(slice_numel(i)) +
-                          " elements of its slice");
-      }
-      auto [slot, fresh] = covered.try_emplace({piece.kind, i}, slice_numel(i));
-      if (Status added = slot->second.Add(piece.begin, piece.end); !added.ok()) {
-        return Corruption(where + ": piece '" + *source.name + "': " + added.message());
-      }
-      const int64_t a = unit.offsets[i] + piece.begin, b = unit.offsets[i] + piece.end;
-      const int64_t lo = std::max(a, t.lo), hi = std::min(b, t.hi);
-      if (lo >= hi) continue;  // another data-parallel rank's part
-      auto* base = static_cast<uint8_t*>(t.host.data_ptr());
-      if (lo == a && hi == b) {
-        reads.push_back({&source, {base + (a - t.lo) * sizeof(float), static_cast<size_t>(b - a) * sizeof(float)}, {}, nullptr, 0, 0});
-      } else {
-        Read r{&source, {}, std::vector<uint8_t>(static_cast<size_t>(b - a) * sizeof(float)), base + (lo - t.lo) * sizeof(float),
-               static_cast<int64_t>((lo - a) * sizeof(float)), static_cast<int64_t>((hi - lo) * sizeof(float))};
-        r.into = std::span<uint8_t>(r.staging);
-        reads.push_back(std::move(r));
-      }
-    }
-    // Every tensor of every kind is whole: all its pieces were there (read or not needed here).
-    for (const char* kind : {"param", "adam_m", "adam_v"}) {
-      for (size_t i = 0; i < unit.names.size(); ++i) {
-        if (assembled.count({kind, i})) continue;
-        const auto found = covered.find({kind, i});
-        if (found == covered.end() || !found->second.complete()) {
-          const int64_t have = found == covered.end() ? 0 : found->second.covered();
-          const int64_t missing = found == covered.end() ? 0 : found->second.first_missing();
-          return Corruption(where + ": " + kind + " of " + unit.names[i] + " has " + std::to_string(have) + " of its " +
-                            std::to_string(slice_numel(i)) + " elements in the checkpoint's pieces (element " +
-                            std::to_string(missing) + " is in none)");
-        }
-      }
-    }
-    // The reads are independent: they run on the intra-op threads at once.
-    std::mutex failed_mutex;
-    Status failed = Status::Ok();
-    const auto reads_start = Clock::now();
-    at::parallel_for(0, static_cast<int64_t>(reads.size()), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        Read& r = reads[static_cast<size_t>(k)];
-        Status read = r.source->reader->ReadInto(*r.source->name, storage::DType::kF32, r.into);
-        if (read.code() == StatusCode::kInvalidArgument) {
-          read = Corruption(where + ": piece '" + *r.source->name + "' in " + r.source->reader->where() +
-                            " is not the fp32 range its name describes (" + read.message() + ")");
-        }
-        if (read.ok()) {
-          if (r.part_to) std::memcpy(r.part_to, r.staging.data() + r.part_offset, static_cast<size_t>(r.part_bytes));
-          continue;
-        }
-        std::lock_guard<std::mutex> lock(failed_mutex);
-        if (failed.ok()) failed = read;
-      }
-    });
-    STRATA_RETURN_IF_ERROR(failed);
-    read_ms += ms_since(reads_start);
-    for (const Read& r : reads) read_bytes += static_cast<int64_t>(r.into.size());
-    const auto place_start = Clock::now();
-    // Tensors written under another tp: this rank's slice, then the part of it this rank holds.
-    for (const auto& [kind, i] : assembled) {
-      auto full = assemblers.at(kind).Take(unit.names[i]);
-      if (!full.ok()) return Status(full.status().code(), where + ", " + kind + " of " + unit.names[i] + ": " + full.status().message());
-      const auto split = shard::TensorParallelSplit(context_.spec.model, unit.names[i], unit.full_shapes[i]);
-      std::vector<uint8_t> slice(static_cast<size_t>(slice_numel(i)) * sizeof(float));
-      shard::CopySlice(split, unit.full_shapes[i], mesh_.tp, position_.tp_rank, sizeof(float), full->data(), slice.data());
-      Target& t = targets.at(kind);
-      const int64_t a = unit.offsets[i], b = a + slice_numel(i);
-      const int64_t lo = std::max(a, t.lo), hi = std::min(b, t.hi);
-      if (lo < hi) {
-        std::memcpy(static_cast<uint8_t*>(t.host.data_ptr()) + (lo - t.lo) * sizeof(float), slice.data() + (lo - a) * sizeof(float),
-                    static_cast<size_t>(hi - lo) * sizeof(float));
-      }
-    }
-    if (!host_is_device) {
-      for (auto& [kind, t] : targets) t.device.copy_(t.host);
-    }
-    place_ms += ms_since(place_start);
-  }
-  step_ = resume.step;
-  STRATA_LOG(kInfo) << where << ": read and placed " << (read_bytes >> 20) << " MiB on " << device_.str() << " in "
-                    << ms_since(start) << " ms (opening the stores " << open_ms << " ms, reading " << read_ms
-                    << " ms on " << at::get_num_threads() << " threads, placing " << place_ms
-                    << " ms), one parameter unit at a time ("
-                    << std::count_if(readers.begin(), readers.end(), [](const auto& r) { return r->remote(); }) << " of "
-                    << readers.size() << " shards through another host's store server)";
-  return Status::Ok();
-}
-
-Result<SavedShard> Trainer::SaveCheckpointShard() {
-  STRATA_ASSIGN_OR_RETURN(HostCheckpoint copy, CopyCheckpointShard());
-  return WriteCheckpointShard(*context_.store, std::move(copy));
-}
-
-Result<HostCheckpoint> Trainer::CopyCheckpointShard() {
-  HostCheckpoint copy;
-  copy.step = step_;
-  // An earlier attempt of this run (stopped by a lost worker or a replay) may have committed this
-  // step's shard here before the checkpoint was complete everywhere. The state at a step is the
-  // same in every attempt, so the same pieces are that shard: report it again rather than write.
-  // Pieces cut for another mesh (or other stages) stay where they are: committed shards are
-  // immutable, and a checkpoint of the coordinator may name them. This shard then goes under a
-  // key named by its own cut (a hash of its piece names), which a later attempt cut the same way
-  // finds in turn.
-  std::set<std::string> want;
-  CollectCheckpointPieces(nullptr, &want);
-  std::string names;
-  for (const auto& name : want) names += name + '\n';
-  char cut[17];
-  std::snprintf(cut, sizeof(cut), "%016llx",
-                static_cast<unsigned long long>(storage::Checksum({reinterpret_cast<const uint8_t*>(names.data()), names.size()})));
-  const std::string keys[] = {context_.run_id, context_.run_id + "/rank-" + std::to_string(context_.rank) + "-cut-" + cut};
-  for (const std::string& key : keys) {
-    STRATA_ASSIGN_OR_RETURN(std::optional<storage::CheckpointInfo> at_step, context_.store->GetCheckpoint(key, step_));
-    if (!at_step) {
-      copy.key_run = key;
-      CollectCheckpointPieces(&copy.pieces, nullptr);
-      return copy;
-    }
-    std::set<std::string> have;
-    for (const auto& t : at_step->tensors) have.insert(t.name);
-    if (have == want) {
-      copy.key_run = key;
-      copy.existing = at_step->tensors;
-      return copy;
-    }
-  }
-  return Status(StatusCode::kAlreadyExists, "the checkpoint of step " + std::to_string(step_) + " is already in this worker's store under " +
-                                                keys[1] + ", cut differently; the store is not the one this rank wrote");
-}
-
-Result<SavedShard> Trainer::WriteCheckpointShard(storage::ShardStore& store, HostCheckpoint copy) {
-  if (!copy.existing.empty()) return SavedShard{copy.key_run, copy.existing};
-  const std::string& run = copy.key_run;
-  // A few threads stage the pieces at once: copying gigabytes into the page cache is CPU-bound on
-  // one thread (~2 GB/s), below a fast disk. Not the intra-op pool: training uses it meanwhile.
-  constexpr size_t kWriteThreads = 4;
-  std::atomic<size_t> next{0};
-  std::vector<Status> results(std::min(kWriteThreads, copy.pieces.size()));
-  auto stage = [&](size_t t) {
-    for (size_t i = next.fetch_add(1); i < copy.pieces.size() && results[t].ok(); i = next.fetch_add(1)) {
-      const auto& [name, values] = copy.pieces[i];
-      results[t] = store.PutCheckpointTensor(run, copy.step, name, ViewOf(values));
-    }
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < results.size(); ++t) {
-    try {
-      pool.emplace_back(stage, t);
-    } catch (const std::system_error&) {
-      break;  // no thread to be had (e.g. under a worker's --memory-limit): fewer threads do it all
-    }
-  }
-  if (!results.empty()) stage(0);
-  for (auto& thread : pool) thread.join();
-  for (const Status& result : results) STRATA_RETURN_IF_ERROR(result);
-  STRATA_RETURN_IF_ERROR(store.CommitCheckpoint(run, copy.step));
-  STRATA_ASSIGN_OR_RETURN(std::optional<storage::CheckpointInfo> committed, store.GetCheckpoint(run, copy.step));
-  if (committed) return SavedShard{run, std::move(committed->tensors)};
-  return Internal("checkpoint at step " + std::to_string(copy.step) + " missing right after its commit");
-}
-
-// This rank's pieces of the checkpoint (shard/layout.h): host copies of their values into
-// `pieces` (owned copies, never views of live parameters: a write may outlast the next step), or
-// only their names into `names`. The copies are views of host blocks, filled by non-blocking
-// copies and one wait: on a GPU the blocks are page-locked and kept for the next checkpoint once
-// its write has let go of them (page-locking gigabytes takes seconds; the copy itself ~20 GB/s).
-void Trainer::CollectCheckpointPieces(std::vector<std::pair<std::string, torch::Tensor>>* pieces, std::set<std::string>* names) {
-  torch::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, torch::Tensor>> sources;  // piece name -> its range of live state
-  const int64_t zero = context_.spec.parallel.zero;
-  for (size_t u = 0; u < model_->units().size(); ++u) {
-    const ParamUnit& unit = model_->units()[u];
-    const Moments& m = moments_[u];
-    if (unit.tied_copy) continue;  // the first stage writes wte
-    for (size_t i = 0; i < unit.names.size(); ++i) {
-      const bool split = !unit.replicated[i];
-      if (!split && position_.tp_rank != 0) continue;  // replicated: tensor-parallel rank 0 writes it
-      int64_t n = 1;
-      for (int64_t d : unit.shapes[i]) n *= d;
-      // This rank's piece: its data-parallel shard of the unit, where it overlaps parameter i.
-      const int64_t begin = std::max(unit.offsets[i], unit.shard_begin);
-      const int64_t end = std::min(unit.offsets[i] + n, unit.shard_end);
-      if (end <= begin) continue;
-      shard::PieceName piece;
-      piece.name = unit.names[i];
-      piece.tp_rank = split ? position_.tp_rank : 0;
-      piece.tp = split ? mesh_.tp : 1;
-      piece.begin = begin - unit.offsets[i];
-      piece.end = end - unit.offsets[i];
-      piece.shape = unit.full_shapes[i];
-      const int64_t param_at = unit.sharded ? begin - unit.shard_begin : begin;
-      const int64_t moment_at = zero >= 1 ? begin - unit.shard_begin : begin;
-      for (const char* kind : {"param", "adam_m", "adam_v"}) {
-        piece.kind = kind;
-        if (names) names->insert(shard::FormatPiece(piece));
-        if (!pieces) continue;
-        const torch::Tensor& from = piece.kind == "param" ? unit.flat.detach() : piece.kind == "adam_m" ? m.exp_avg : m.exp_avg_sq;
-        sources.emplace_back(shard::FormatPiece(piece), from.narrow(0, piece.kind == "param" ? param_at : moment_at, end - begin));
-      }
-    }
-  }
-  if (!pieces) return;
-  // Pieces are packed into blocks of up to kBlockFloats (a bigger piece gets a block of its own):
-  // page-locking is slow (~1.5-3 GB/s) and holds the driver's lock while it runs, so each call is
-  // kept short and other device users of the process get in between. (Heartbeats never wait on
-  // it: they send the memory TorchExecutor samples on a thread of its own.)
-  constexpr int64_t kBlockFloats = (int64_t{256} << 20) / static_cast<int64_t>(sizeof(float));
-  std::vector<int64_t> block_numel;
-  std::vector<std::pair<size_t, int64_t>> place;  // per piece: block, offset
-  for (const auto& [name, range] : sources) {
-    const int64_t n = range.numel();
-    if (block_numel.empty() || (block_numel.back() > 0 && block_numel.back() + n > kBlockFloats)) block_numel.push_back(0);
-    place.emplace_back(block_numel.size() - 1, block_numel.back());
-    block_numel.back() += n;
-  }
-  // Reused only when the layout is the same and no write still holds a view of a block.
-  const bool keep = device_.is_cuda();  // a CPU worker's copy is plain memory: no reason to hold it between checkpoints
-  bool reuse = keep && checkpoint_blocks_.size() == block_numel.size();
-  for (size_t b = 0; reuse && b < block_numel.size(); ++b) {
-    reuse = checkpoint_blocks_[b].numel() == block_numel[b] && checkpoint_blocks_[b].storage().use_count() == 1;
-  }
-  if (!reuse) {
-    checkpoint_blocks_.clear();  // let go of the old ones first: both may not fit
-    for (int64_t n : block_numel) checkpoint_blocks_.push_back(HostBufferFor(device_, n, torch::kFloat));
-  }
-  for (size_t i = 0; i < sources.size(); ++i) {
-    auto& [name, range] = sources[i];
-    auto into = checkpoint_blocks_[place[i].first].narrow(0, place[i].second, range.numel());
-    into.copy_(range, /*non_blocking=*/true);
-    pieces->emplace_back(std::move(name), into);
-  }
-  if (!keep) checkpoint_blocks_.clear();
-  WaitForDevice(device_);
 }
 
 }  // namespace strata::worker

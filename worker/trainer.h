@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "shard/layout.h"
+#include "worker/optimizer.h"
 #include "worker/stage_model.h"
 #include "worker/task.h"
 #include "worker/token_data.h"
@@ -111,16 +112,10 @@ class Trainer {
   const shard::MeshPosition& position() const { return position_; }
 
  private:
-  struct Moments {
-    torch::Tensor exp_avg, exp_avg_sq, decay_mask, norm_mask;  // over the unit's optimizer range
-    int64_t begin = 0, end = 0;                                 // that range, in the unit's flat vector
-  };
-
   Status BuildGroups();
   void ClearGradients();
   void CollectCheckpointPieces(std::vector<std::pair<std::string, torch::Tensor>>* pieces, std::set<std::string>* names);
   Status OutOfMemoryInStep(const std::exception& e) const;
-  torch::Tensor MicroBatchLoss(const torch::Tensor& rows, torch::Tensor* input, torch::Tensor* output);
   Status RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum);
   Result<double> Update(const torch::Tensor& loss_sum);
 
@@ -133,8 +128,7 @@ class Trainer {
   // keeps a single order of transfers on every rank (nccl_communicator.cc).
   std::unique_ptr<Communicator> dp_group_, tp_group_, pipe_forward_, pipe_backward_, tie_group_;
   std::unique_ptr<StageModel> model_;
-  std::vector<Moments> moments_;  // one per unit
-  torch::Tensor norm_scratch_;    // kernels::MaskedSquareSum's partial sums, on the device
+  std::unique_ptr<UnitOptimizer> optimizer_;
   std::vector<torch::Tensor> checkpoint_blocks_;  // GPU workers: the page-locked host copy of the last checkpoint, reused
   int64_t step_ = 0;
   bool torn_ = false;
