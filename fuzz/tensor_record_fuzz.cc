@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/check.h"
 #include "storage/records.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -26,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!decoded.ok()) return 0;
   STRATA_CHECK(DTypeSize(decoded->dtype) != 0);
   STRATA_CHECK(records::ByteSize(decoded->dtype, decoded->shape) == decoded->bytes.size());
-  STRATA_CHECK(Checksum(decoded->bytes) == decoded->checksum);
+  STRATA_CHECK_EQ(Checksum(decoded->bytes), decoded->checksum);
   STRATA_CHECK(decoded->bytes.data() + decoded->bytes.size() == data + size);  // borrows the tail
 
   TensorView view{decoded->dtype, decoded->shape, decoded->bytes};

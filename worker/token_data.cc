@@ -21,6 +21,7 @@
 #include <random>
 #include <type_traits>
 
+#include "common/check.h"
 #include "common/token_file.h"
 
 namespace strata::worker {
@@ -309,7 +310,7 @@ std::vector<int64_t> TokenData::BatchOffsets(int64_t seed, int64_t step, int64_t
   std::mt19937_64 rng(static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(step));
   std::vector<int64_t> offsets(global_batch);
   if (impl_->within_documents) {
-    STRATA_CHECK(sequence == impl_->sequence);
+    STRATA_CHECK_EQ(sequence, impl_->sequence);
     for (auto& o : offsets) o = static_cast<int64_t>(impl_->Offset(rng() % impl_->windows));
     return offsets;
   }
