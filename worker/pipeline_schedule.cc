@@ -59,9 +59,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
     }
     x = model_->Blocks(x);
     if (model_->last_stage()) {
-      auto logits = model_->Head(x);
-      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, spec.model.vocab}).to(torch::kFloat).contiguous(),
-                                                       rows.narrow(1, 1, t).reshape({-1}));
+      auto loss = model_->HeadLoss(x, rows.narrow(1, 1, t));
       *loss_sum += loss.detach() * share;
       f.output = loss * share;
     } else {

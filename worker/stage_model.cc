@@ -3,6 +3,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "worker/fused_loss.h"
 #include "worker/torch_compat.h"
 
 namespace strata::worker {
@@ -371,6 +372,19 @@ torch::Tensor StageModel::Head(const torch::Tensor& x) {
     const int64_t pad = (64 - m.vocab % 64) % 64;
     const torch::Tensor padded = pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
     return torch::linear(family_->FinalNorm(p, in), padded).narrow(-1, 0, m.vocab);
+  }, /*recompute=*/false);
+}
+
+torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& targets) {
+  const ModelSpec& m = spec_.model;
+  const torch::ScalarType compute = spec_.train.precision == "bf16" && device_.is_cuda() ? torch::kBFloat16 : torch::kFloat;
+  return Run(head_units_, x, [this, &m, targets, compute](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
+    const ParamView p = ViewOfUnit(head_units_, v);
+    const torch::Tensor& w = p(model::HeadWeightName(m));
+    const int64_t pad = (64 - m.vocab % 64) % 64;  // aligned logits for cuBLAS, as Head
+    const torch::Tensor padded = pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
+    const torch::Tensor normed = family_->FinalNorm(p, in);
+    return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), padded, m.vocab, targets.reshape({-1}), compute);
   }, /*recompute=*/false);
 }
 

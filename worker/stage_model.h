@@ -100,6 +100,9 @@ class StageModel {
   torch::Tensor Blocks(torch::Tensor x);
   // Residual stream -> logits [b, t, vocab] (last stage).
   torch::Tensor Head(const torch::Tensor& x);
+  // The mean next-token cross-entropy of the head over x [b, t, hidden] against targets [b, t]
+  // (fused_loss.h: logits in row chunks, never whole).
+  torch::Tensor HeadLoss(const torch::Tensor& x, const torch::Tensor& targets);
 
   // Releases what recomputed calls hold between forward and backward (after each step).
   void EndStep() { calls_.clear(); }
