@@ -161,6 +161,18 @@ class PythonPackageTest(unittest.TestCase):
         self.assertEqual(len(list(capture.batches(2, "mlp_out", 1000, drop_last=True))), 4)
         type(self).online_batches = [r for r, _ in a]
 
+    def test_e_bf16_reads_as_uint16_bits_equal_to_the_widened_cli_export(self):
+        spec = dict(SPEC, name="py-bf16", extract=dict(SPEC["extract"], dtype="bf16", tokens=1024, sites=["mlp_out"]))
+        run = self.cluster.submit(spec, base_dir=self.dir)
+        self.cluster.wait(run, progress=False, timeout=120)
+        capture = strata.open_activations(run, cluster=self.cluster)
+        self.assertEqual((capture.dtype, capture.stored_dtype), (np.uint16, "bf16"))
+        bits = capture[2, "mlp_out"][:]
+        out = os.path.join(self.dir, "bf16.npy")
+        cli("activations", "get", run, "--layer", "2", "--site", "mlp_out", "--out", out)
+        widened = (bits.astype(np.uint32) << 16).view(np.float32)
+        self.assertEqual(widened.tobytes(), np.load(out).tobytes())
+
     # ------------------------------------------------------------ with the cluster down
 
     def test_z_reading_with_the_cluster_down(self):
