@@ -1310,46 +1310,61 @@ int RunCli(int argc, char** argv) {
 namespace api {
 namespace {
 
-GlobalOptions Options(const Target& target) {
+// A state directory named by the program is the cluster it means: its cluster.json wins over
+// $STRATA_CLUSTER (which, for the CLI, overrides the default state directory).
+Result<GlobalOptions> Options(const Target& target) {
   GlobalOptions g;
   g.state_dir = target.state_dir.empty() ? DefaultStateDir() : target.state_dir;
   g.cluster = target.cluster;
   g.keys_dir = target.keys_dir;
   g.timeout_ms = target.timeout_ms;
+  if (!target.state_dir.empty() && target.cluster.empty()) {
+    STRATA_ASSIGN_OR_RETURN(ClusterFile file, ReadClusterFile(g.state_dir));
+    g.cluster = file.endpoint;
+  }
   return g;
 }
 
 }  // namespace
 
-Result<CoordinatorAddress> Coordinator(const Target& target) { return ResolveCoordinator(Options(target)); }
+Result<CoordinatorAddress> Coordinator(const Target& target) {
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  return ResolveCoordinator(g);
+}
 
 Result<std::string> Submit(const Target& target, const std::string& spec_path) {
-  return SubmitSpecFile(Options(target), spec_path, SubmitOptions{});
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  return SubmitSpecFile(g, spec_path, SubmitOptions{});
 }
 
 Result<std::string> SubmitText(const Target& target, const std::string& toml, const std::string& base_dir,
                                const std::string& label) {
-  return SubmitSpecText(Options(target), toml, base_dir, label, SubmitOptions{});
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  return SubmitSpecText(g, toml, base_dir, label, SubmitOptions{});
 }
 
 Result<std::string> ResolveRun(const Target& target, const std::string& run) {
-  return cli::ResolveRun(Options(target), run);
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  return cli::ResolveRun(g, run);
 }
 
 Result<std::string> StatusJson(const Target& target, const std::string& run) {
-  STRATA_ASSIGN_OR_RETURN(json out, cli::StatusJson(Options(target), run));
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  STRATA_ASSIGN_OR_RETURN(json out, cli::StatusJson(g, run));
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 Result<std::string> EventsJson(const Target& target, const std::string& run) {
-  STRATA_ASSIGN_OR_RETURN(json out, cli::EventsJson(Options(target), run));
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  STRATA_ASSIGN_OR_RETURN(json out, cli::EventsJson(g, run));
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 Status Cancel(const Target& target, const std::string& run) {
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
   schema::EnvelopeBuilder req;
   req.root().initCancelRun().setRunId(run);
-  STRATA_ASSIGN_OR_RETURN(auto reply, Call(Options(target), req));
+  STRATA_ASSIGN_OR_RETURN(auto reply, Call(g, req));
   (void)reply;
   return Status::Ok();
 }

@@ -80,6 +80,12 @@ class PythonPackageTest(unittest.TestCase):
         self.assertEqual(self.cluster.resolve("py-extract"), self.run_id)
         with self.assertRaises(ConnectionError):
             strata.connect("ipc://" + os.path.join(self.dir, "nobody.sock"), timeout=0.3)
+        # A state directory named in the call is the cluster meant, whatever $STRATA_CLUSTER says.
+        os.environ["STRATA_CLUSTER"] = "ipc://" + os.path.join(self.dir, "nobody.sock")
+        try:
+            self.assertEqual(strata.connect(self.state).status(self.run_id)["state"], "finished")
+        finally:
+            del os.environ["STRATA_CLUSTER"]
 
     def test_b_every_site_with_tokens_equals_the_cli_export(self):
         capture = strata.open_activations(self.run_id, cluster=self.cluster)
@@ -123,6 +129,8 @@ class PythonPackageTest(unittest.TestCase):
             capture.tokens(np.array([1, 99999]))
         with self.assertRaisesRegex(ValueError, "layer 7 was not captured"):
             next(capture.batches(7, "resid_post", 16))
+        with self.assertRaisesRegex(ValueError, "already finished"):
+            self.cluster.cancel(self.run_id)
         with self.assertRaisesRegex(ValueError, "model.family"):
             self.cluster.submit({"name": "bad", "kind": "extract", "model": {"family": object()}})
         with self.assertRaisesRegex(ValueError, "family"):
