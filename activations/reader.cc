@@ -260,8 +260,8 @@ class StoreReaderImpl final : public ReaderBase {
         return NotFound("run " + run + " has chunks in " + index.source + " but no run record: it was captured by a "
                         "Strata before stores kept one; read it through the cluster (`strata up`), or capture it again");
       }
-      return NotFound("unknown run " + run + ": none of " + index.source + " holds activations of it (`strata runs` "
-                      "lists runs while the cluster is up)");
+      return NotFound("unknown run " + run + ": none of " + index.source + " holds activations of it (give the run id: "
+                      "`strata status` lists them while the cluster is up)");
     }
     index.layers = info->layers;
     index.sites = info->sites;

@@ -138,6 +138,7 @@ class PythonPackageTest(unittest.TestCase):
 
     def test_d_batches_cover_every_row_once_per_epoch_reproducibly(self):
         capture = strata.open_activations(self.run_id, cluster=self.cluster)
+        self.assertEqual(len({worker for _, _, worker in capture.chunks()}), 2)  # both workers hold rows
         whole = {(l, s): capture[l, s][:] for l in (0, 2) for s in ("resid_post", "mlp_out")}
 
         def run(seed, **kw):
