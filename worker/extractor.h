@@ -63,6 +63,8 @@ class Extractor {
   storage::ActivationRunInfo RunRecord() const;
   // The chunk's token record: per row (token id, document, position), storage::kActivationTokensSite.
   Result<std::vector<int64_t>> TokenRows(const storage::ActivationChunkInfo& chunk) const;
+  // data.documents' start offsets into document_starts_ (none without it: a sequence is a document).
+  Status LoadDocumentStarts();
   torch::Tensor ToHost(const torch::Tensor& t) const;  // pinned on CUDA, contiguous
   // Sequences [begin, end) of the data: [end - begin, sequence] int64 ids on the host.
   Result<torch::Tensor> Tokens(int64_t begin, int64_t end) const;
@@ -80,6 +82,7 @@ class Extractor {
   int64_t sequences_ = 0;  // captured sequences in total (all chunks of the run)
   int64_t micro_batch_ = 1;
   torch::ScalarType stored_type_ = torch::kFloat;
+  std::vector<uint64_t> document_starts_;  // data.documents, ascending; empty without it
 };
 
 }  // namespace strata::worker

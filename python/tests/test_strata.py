@@ -171,7 +171,11 @@ class PythonPackageTest(unittest.TestCase):
         type(self).online_batches = [r for r, _ in a]
 
     def test_e_bf16_reads_as_uint16_bits_equal_to_the_widened_cli_export(self):
-        spec = dict(SPEC, name="py-bf16", extract=dict(SPEC["extract"], dtype="bf16", tokens=1024, sites=["mlp_out"]))
+        # With data.documents: the tokens' document and position follow the given starts.
+        starts = np.array([0, 100, 101, 700, 3000], dtype=np.uint64)
+        starts.tofile(os.path.join(self.dir, "docs.u64"))
+        spec = dict(SPEC, name="py-bf16", data=dict(SPEC["data"], documents="docs.u64"),
+                    extract=dict(SPEC["extract"], dtype="bf16", tokens=1024, sites=["mlp_out"]))
         run = self.cluster.submit(spec, base_dir=self.dir)
         self.cluster.wait(run, progress=False, timeout=120)
         capture = strata.open_activations(run, cluster=self.cluster)
@@ -181,6 +185,11 @@ class PythonPackageTest(unittest.TestCase):
         cli("activations", "get", run, "--layer", "2", "--site", "mlp_out", "--out", out)
         widened = (bits.astype(np.uint32) << 16).view(np.float32)
         self.assertEqual(widened.tobytes(), np.load(out).tobytes())
+        rows = np.arange(1024)
+        document = np.searchsorted(starts.astype(np.int64), rows, side="right") - 1
+        tokens = capture.tokens()
+        np.testing.assert_array_equal(tokens[:, 1], document)
+        np.testing.assert_array_equal(tokens[:, 2], rows - starts.astype(np.int64)[document])
 
     # ------------------------------------------------------------ with the cluster down
 
