@@ -54,7 +54,7 @@ class ReaderBase : public ActivationReader {
 
  protected:
   // Delivers the whole record (layer, site) of each of `chunks`, in order, to `take`.
-  virtual Status Fetch(const ActivationIndex& index, int64_t layer, const std::string& site, uint64_t row_bytes,
+  virtual Status Fetch(const ActivationIndex& index, int64_t layer, const std::string& site,
                        const std::vector<const StoredChunk*>& chunks,
                        const std::function<Status(const StoredChunk&, std::span<const uint8_t>)>& take) = 0;
 
@@ -65,7 +65,7 @@ class ReaderBase : public ActivationReader {
     for (const StoredChunk& c : index.chunks) {
       if (c.row_begin < end && c.row_begin + c.row_count > begin) needed.push_back(&c);
     }
-    return Fetch(index, layer, site, row_bytes, needed, [&](const StoredChunk& c, std::span<const uint8_t> bytes) {
+    return Fetch(index, layer, site, needed, [&](const StoredChunk& c, std::span<const uint8_t> bytes) {
       if (bytes.size() != c.row_count * row_bytes) {
         return Corruption(c.worker + " gave " + std::to_string(bytes.size()) + " bytes of " + site + " for rows " +
                           RangeText(c.row_begin, c.row_begin + c.row_count) + ", expected " +
@@ -139,7 +139,7 @@ class ReaderImpl final : public ReaderBase {
   }
 
  protected:
-  Status Fetch(const ActivationIndex& index, int64_t layer, const std::string& site, uint64_t row_bytes,
+  Status Fetch(const ActivationIndex& index, int64_t layer, const std::string& site,
                const std::vector<const StoredChunk*>& needed,
                const std::function<Status(const StoredChunk&, std::span<const uint8_t>)>& take) override {
     struct InFlight {
@@ -275,7 +275,7 @@ class StoreReaderImpl final : public ReaderBase {
   }
 
  protected:
-  Status Fetch(const ActivationIndex& index, int64_t layer, const std::string& site, uint64_t,
+  Status Fetch(const ActivationIndex& index, int64_t layer, const std::string& site,
                const std::vector<const StoredChunk*>& needed,
                const std::function<Status(const StoredChunk&, std::span<const uint8_t>)>& take) override {
     for (const StoredChunk* c : needed) {
