@@ -37,20 +37,42 @@ Result<std::pair<uint64_t, uint64_t>> ParseRows(const std::string& text, uint64_
   }
 }
 
+Result<std::unique_ptr<activations::ActivationReader>> OpenReader(const CoordinatorAddress& coordinator,
+                                                                   const std::vector<std::string>& stores) {
+  if (!stores.empty()) return activations::ActivationReader::OpenStores(stores);
+  return activations::ActivationReader::Connect(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
+}
+
+// FILE.npy -> FILE.tokens.npy (FILE.safetensors -> FILE.tokens.npy): where --with-tokens writes.
+std::string TokensPath(const std::string& out) {
+  const size_t dot = out.rfind('.');
+  const size_t slash = out.rfind('/');
+  const std::string stem = dot != std::string::npos && (slash == std::string::npos || dot > slash) ? out.substr(0, dot) : out;
+  return stem + ".tokens.npy";
+}
+
 }  // namespace
 
-int ListActivations(const CoordinatorAddress& coordinator, const std::string& run, bool as_json) {
-  auto reader = activations::ActivationReader::Connect(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
+int ListActivations(const CoordinatorAddress& coordinator, const std::vector<std::string>& stores, const std::string& run,
+                    bool as_json) {
+  auto reader = OpenReader(coordinator, stores);
   if (!reader.ok()) return Fail(reader.status());
   auto index = (*reader)->Index(run);
   if (!index.ok()) return Fail(index.status());
-  const uint64_t row_bytes = static_cast<uint64_t>(index->hidden) * storage::DTypeSize(index->dtype);
+  // Every site's rows are reported at the first site's width when they differ; bytes sum per site.
+  uint64_t all_sites_row_bytes = 0;
+  for (const auto& site : index->sites) all_sites_row_bytes += index->RowBytes(site);
+  const uint64_t row_bytes = index->sites.empty() ? 0 : index->RowBytes(index->sites[0]);
   const uint64_t stored = index->stored_rows();
   std::map<std::string, uint64_t> rows_by_worker;
   for (const auto& c : index->chunks) rows_by_worker[c.worker] += c.row_count;
   if (as_json) {
     json sites = index->sites, layers = index->layers;
     json workers = json::object();
+    json missing = json::array();
+    for (auto [a, b] : index->MissingRows()) missing.push_back({a, b});
+    json shapes = json::object();
+    for (const auto& site : index->sites) shapes[site] = index->RowShape(site);
     for (auto& [w, rows] : rows_by_worker) workers[w] = rows;
     json out = {{"run_id", index->run},
                 {"state", index->state},
@@ -58,12 +80,14 @@ int ListActivations(const CoordinatorAddress& coordinator, const std::string& ru
                 {"sites", sites},
                 {"dtype", storage::DTypeName(index->dtype)},
                 {"hidden", index->hidden},
+                {"row_shapes", shapes},
                 {"rows_total", index->total_rows},
                 {"rows_stored", stored},
                 {"rows_complete_from_0", index->contiguous_rows()},
                 {"complete", index->complete()},
                 {"bytes_per_layer_site", stored * row_bytes},
-                {"bytes", stored * row_bytes * index->layers.size() * index->sites.size()},
+                {"bytes", stored * all_sites_row_bytes * index->layers.size()},
+                {"missing_rows", missing},
                 {"chunks", index->chunks.size()},
                 {"rows_by_worker", workers}};
     std::cout << out.dump(2) << std::endl;
@@ -73,16 +97,22 @@ int ListActivations(const CoordinatorAddress& coordinator, const std::string& ru
             << " token rows stored" << (index->complete() ? "" : " - capture still in progress") << "\n";
   std::cout << "dtype " << storage::DTypeName(index->dtype) << ", hidden " << index->hidden << ", "
             << HumanBytes(stored * row_bytes) << " per layer and site, "
-            << HumanBytes(stored * row_bytes * index->layers.size() * index->sites.size()) << " in all\n";
+            << HumanBytes(stored * all_sites_row_bytes * index->layers.size()) << " in all\n";
   std::cout << std::left << std::setw(8) << "LAYER" << std::setw(12) << "SITE" << std::setw(14) << "ROWS" << "BYTES\n";
   for (int64_t layer : index->layers) {
     for (const auto& site : index->sites) {
-      std::cout << std::setw(8) << layer << std::setw(12) << site << std::setw(14) << stored << HumanBytes(stored * row_bytes) << "\n";
+      std::cout << std::setw(8) << layer << std::setw(12) << site << std::setw(14) << stored
+                << HumanBytes(stored * index->RowBytes(site)) << "\n";
     }
   }
   std::cout << "stored on:";
   for (auto& [w, rows] : rows_by_worker) std::cout << " " << w << " (" << rows << " rows)";
   std::cout << std::endl;
+  if (index->offline && !index->complete()) {
+    std::cout << "missing (in none of the given stores): rows";
+    for (auto [a, b] : index->MissingRows()) std::cout << " " << a << ":" << b;
+    std::cout << std::endl;
+  }
   return kExitOk;
 }
 
@@ -93,19 +123,27 @@ Status CheckActivationsOut(const ActivationsGet& request) {
       std::filesystem::symlink_status(request.out, ec).type() != std::filesystem::file_type::not_found) {
     return InvalidArgument("--out " + request.out + " already exists; choose a new path, remove it, or pass --force to replace it");
   }
+  if (request.with_tokens && request.out == "-") {
+    return InvalidArgument("--with-tokens writes NAME.tokens.npy beside --out; give --out FILE.npy, not -");
+  }
+  if (request.with_tokens && !request.force &&
+      std::filesystem::symlink_status(TokensPath(request.out), ec).type() != std::filesystem::file_type::not_found) {
+    return InvalidArgument("--with-tokens: " + TokensPath(request.out) + " already exists; remove it or pass --force");
+  }
   return Status::Ok();
 }
 
 int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& request) {
   if (Status st = CheckActivationsOut(request); !st.ok()) return Fail(st);
-  auto reader = activations::ActivationReader::Connect(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
+  auto reader = OpenReader(coordinator, request.stores);
   if (!reader.ok()) return Fail(reader.status());
   auto index = (*reader)->Index(request.run);
   if (!index.ok()) return Fail(index.status());
   std::string site = request.site;
   if (site.empty()) site = index->sites.size() == 1 ? index->sites[0] : "resid_post";
   // Without --rows a running capture yields the rows complete from row 0, and says so.
-  const uint64_t available = index->complete() ? index->total_rows : index->contiguous_rows();
+  // Read from stores (--store), every row is asked for: the read names the rows none of them holds.
+  const uint64_t available = index->complete() || index->offline ? index->total_rows : index->contiguous_rows();
   auto rows = ParseRows(request.rows, available);
   if (!rows.ok()) return Fail(rows.status());
   auto [begin, end] = *rows;
@@ -118,7 +156,7 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
               << " of " << index->total_rows << " rows complete so far" << std::endl;
   }
   const uint64_t n = end > begin ? end - begin : 0;
-  auto writer = ArrayFileWriter::Create(request.out, index->dtype, n, static_cast<uint64_t>(index->hidden),
+  auto writer = ArrayFileWriter::Create(request.out, index->dtype, n, index->RowShape(site),
                                         "layer" + std::to_string(request.layer) + "." + site,
                                         {{"strata_run", index->run},
                                          {"layer", std::to_string(request.layer)},
@@ -132,6 +170,14 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
     bytes += data.size();
     return (*writer)->Append(data);
   });
+  if (st.ok() && request.with_tokens) {
+    // Written before --out is moved into place: a failed tokens read leaves neither file.
+    auto tokens = ArrayFileWriter::Create(TokensPath(request.out), storage::DType::kI64, n, {storage::kActivationTokenColumns},
+                                          "tokens", {}, request.force);
+    st = tokens.status();
+    if (st.ok()) st = (*reader)->ReadTokens(*index, begin, end, [&](std::span<const uint8_t> data) { return (*tokens)->Append(data); });
+    if (st.ok()) st = (*tokens)->Commit();
+  }
   if (st.ok()) st = (*writer)->Commit();
   if (!st.ok()) return Fail(st);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

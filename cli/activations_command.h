@@ -1,10 +1,12 @@
 // `strata activations RUN` (what an extract run has stored) and `strata activations get RUN
-// --layer L [--site S] [--rows A:B] --out FILE` (rows of one layer to .npy / .safetensors).
+// --layer L [--site S] [--rows A:B] [--with-tokens] --out FILE` (rows of one layer to .npy /
+// .safetensors). Both take --store DIR (repeated) to read worker stores without a cluster.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/curve.h"
 #include "common/status.h"
@@ -24,6 +26,8 @@ struct ActivationsGet {
   std::string rows;  // "A:B", "A:" or empty (every stored row)
   std::string out;   // FILE.npy, FILE.safetensors or "-"
   bool force = false;  // replace an existing --out
+  bool with_tokens = false;  // also NAME.tokens.npy beside --out (not with --out -)
+  std::vector<std::string> stores;  // --store: read these store directories, not the cluster
 };
 
 // An --out that exists is refused unless request.force (checked again when the file is moved
@@ -31,7 +35,9 @@ struct ActivationsGet {
 Status CheckActivationsOut(const ActivationsGet& request);
 
 // Both return the process exit code (cli/exit.h).
-int ListActivations(const CoordinatorAddress& coordinator, const std::string& run, bool as_json);
+// With `stores` non-empty the coordinator is not asked (activations::ActivationReader::OpenStores).
+int ListActivations(const CoordinatorAddress& coordinator, const std::vector<std::string>& stores, const std::string& run,
+                    bool as_json);
 int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& request);
 
 }  // namespace strata::cli

@@ -19,9 +19,11 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 
 // NPY format 1.0: magic, version, u16 header length, then a Python dict literal padded with
 // spaces and a newline so that the data starts on a 64-byte boundary.
-std::string NpyHeader(const char* descr, uint64_t rows, uint64_t cols) {
-  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + std::to_string(rows) +
-                     ", " + std::to_string(cols) + "), }";
+std::string NpyHeader(const char* descr, const std::vector<int64_t>& shape) {
+  std::string dims;
+  for (int64_t d : shape) dims += std::to_string(d) + ", ";
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" +
+                     dims.substr(0, shape.size() == 1 ? dims.size() : dims.size() - 2) + "), }";
   const size_t unpadded = 10 + dict.size() + 1;
   dict.append((64 - unpadded % 64) % 64, ' ');
   dict += '\n';
@@ -40,8 +42,12 @@ class Writer final : public ArrayFileWriter {
     if (!committed_ && !tmp_.empty()) std::filesystem::remove(tmp_);
   }
 
-  Status Open(const std::string& path, storage::DType dtype, uint64_t rows, uint64_t cols, const std::string& name,
-              const std::map<std::string, std::string>& metadata, bool replace) {
+  Status Open(const std::string& path, storage::DType dtype, uint64_t rows, const std::vector<int64_t>& row_shape,
+              const std::string& name, const std::map<std::string, std::string>& metadata, bool replace) {
+    std::vector<int64_t> shape = {static_cast<int64_t>(rows)};
+    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+    std::string shape_text;
+    for (int64_t d : shape) shape_text += (shape_text.empty() ? "" : ", ") + std::to_string(d);
     path_ = path;
     replace_ = replace;
     if (path != "-" && !replace && Exists(path)) return Clobber(path);
@@ -53,15 +59,14 @@ class Writer final : public ArrayFileWriter {
         case storage::DType::kF32: descr = "<f4"; break;
         case storage::DType::kF16: descr = "<f2"; break;
         case storage::DType::kBF16: descr = "<f4"; widen_bf16_ = true; break;
+        case storage::DType::kI64: descr = "<i8"; break;
         default: return InvalidArgument(std::string("cannot write dtype ") + storage::DTypeName(dtype) + " as .npy");
       }
-      prefix = NpyHeader(descr, rows, cols);
-      description_ = std::string(widen_bf16_ ? "float32 (widened from bf16)" : descr) + " [" + std::to_string(rows) +
-                     ", " + std::to_string(cols) + "] .npy";
+      prefix = NpyHeader(descr, shape);
+      description_ = std::string(widen_bf16_ ? "float32 (widened from bf16)" : descr) + " [" + shape_text + "] .npy";
     } else if (EndsWith(path, ".safetensors")) {
-      STRATA_ASSIGN_OR_RETURN(prefix, storage::SafetensorsPrefix({{name, dtype, {static_cast<int64_t>(rows), static_cast<int64_t>(cols)}}}, metadata));
-      description_ = std::string(storage::DTypeName(dtype)) + " [" + std::to_string(rows) + ", " + std::to_string(cols) +
-                     "] .safetensors tensor '" + name + "'";
+      STRATA_ASSIGN_OR_RETURN(prefix, storage::SafetensorsPrefix({{name, dtype, shape}}, metadata));
+      description_ = std::string(storage::DTypeName(dtype)) + " [" + shape_text + "] .safetensors tensor '" + name + "'";
     } else {
       return InvalidArgument("--out " + path + ": the extension must be .npy or .safetensors (or - for .npy on stdout)");
     }
@@ -145,10 +150,11 @@ class Writer final : public ArrayFileWriter {
 }  // namespace
 
 Result<std::unique_ptr<ArrayFileWriter>> ArrayFileWriter::Create(const std::string& path, storage::DType dtype, uint64_t rows,
-                                                                 uint64_t cols, const std::string& tensor_name,
+                                                                 const std::vector<int64_t>& row_shape,
+                                                                 const std::string& tensor_name,
                                                                  const std::map<std::string, std::string>& metadata, bool replace) {
   auto writer = std::make_unique<Writer>();
-  STRATA_RETURN_IF_ERROR(writer->Open(path, dtype, rows, cols, tensor_name, metadata, replace));
+  STRATA_RETURN_IF_ERROR(writer->Open(path, dtype, rows, row_shape, tensor_name, metadata, replace));
   return std::unique_ptr<ArrayFileWriter>(std::move(writer));
 }
 

@@ -1,4 +1,4 @@
-// One 2-D array streamed to a file the user's tools load: .npy (numpy.load) or .safetensors
+// One array [rows, row shape...] streamed to a file the user's tools load: .npy (numpy.load) or .safetensors
 // (safetensors / transformers), chosen by the path's extension; "-" streams .npy to stdout.
 // Atomic: bytes go to a temp file beside PATH (PATH.tmp.XXXXXX), moved to PATH by Commit(); a
 // writer dropped without Commit removes its temp file, so a failed query leaves nothing behind.
@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "storage/shard_store.h"
@@ -24,12 +25,12 @@ class ArrayFileWriter {
   // InvalidArgument for an extension other than .npy / .safetensors, or for an existing PATH
   // without `replace`; IoError if the temp file cannot be created (the message names the path).
   static Result<std::unique_ptr<ArrayFileWriter>> Create(const std::string& path, storage::DType dtype, uint64_t rows,
-                                                         uint64_t cols, const std::string& tensor_name,
+                                                         const std::vector<int64_t>& row_shape, const std::string& tensor_name,
                                                          const std::map<std::string, std::string>& metadata, bool replace);
   virtual ~ArrayFileWriter() = default;
   virtual Status Append(std::span<const uint8_t> bytes) = 0;  // row-major data of `dtype`
   virtual Status Commit() = 0;                                // every byte appended: move into place
-  virtual std::string description() const = 0;                // "float32 [rows, cols] .npy"
+  virtual std::string description() const = 0;                // "float32 [rows, 768] .npy"
 };
 
 }  // namespace strata::cli

@@ -25,6 +25,7 @@
 #include <zmq.hpp>
 
 #include "cli/activations_command.h"
+#include "cli/api.h"
 #include "cli/cluster_file.h"
 #include "cli/version.h"
 #include "cli/exit.h"
@@ -580,37 +581,57 @@ Result<std::string> ResolveRun(const GlobalOptions& g, const std::string& text) 
 // One run: everything, its whole loss history and checkpoint steps included. All runs: a listing
 // without loss histories or checkpoint steps, one request to the coordinator however many runs
 // there are (with 450 runs, whole histories and a checkpoints request per run took 611 ms).
+// `strata status [RUN] --json`: one run's object, or the array of all runs.
+Result<json> StatusJson(const GlobalOptions& g, const std::string& run) {
+  STRATA_ASSIGN_OR_RETURN(auto reply, FetchStatus(g, run, /*last_loss_only=*/run.empty()));
+  auto runs = reply->root().getStatusReply().getRuns();
+  json out = json::array();
+  for (auto r : runs) {
+    json entry = RunToJson(r, /*with_plan=*/!run.empty());
+    auto losses = r.getLosses();
+    entry["loss"] = losses.size() > 0 ? json(losses[losses.size() - 1]) : json(nullptr);
+    if (run.empty()) {
+      entry.erase("losses");
+      entry.erase("plan");
+      out.push_back(std::move(entry));
+      continue;
+    }
+    // Checkpoints ride along so one call shows everything a user checks after a restart.
+    json steps = json::array();
+    if (auto c = FetchCheckpoints(g, r.getRunId().cStr()); c.ok()) {
+      for (auto m : (*c)->root().getCheckpointsReply().getCheckpoints()) steps.push_back(m.getStep());
+    }
+    entry["checkpoint_steps"] = steps;
+    out.push_back(entry);
+  }
+  if (!run.empty() && out.empty()) return NotFound("no run " + run);
+  return run.empty() ? out : out[0];
+}
+
+// `strata events RUN --json`.
+Result<json> EventsJson(const GlobalOptions& g, const std::string& run) {
+  STRATA_ASSIGN_OR_RETURN(auto reply, FetchEvents(g, run));
+  json out = json::array();
+  for (auto e : reply->root().getEventsReply().getEvents()) {
+    out.push_back({{"unix_ms", e.getUnixMs()}, {"kind", e.getKind().cStr()}, {"message", e.getMessage().cStr()}});
+  }
+  return out;
+}
+
 int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_losses) {
   if (with_losses && run.empty()) {
     return Fail(InvalidArgument("--losses needs a run: the listing of all runs carries each run's last loss only; "
                                 "use `strata status RUN --json --losses`"));
   }
+  if (as_json) {
+    auto out = StatusJson(g, run);
+    if (!out.ok()) return Fail(out.status());
+    std::cout << out->dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+    return kExitOk;
+  }
   auto reply = FetchStatus(g, run, /*last_loss_only=*/run.empty());
   if (!reply.ok()) return Fail(reply.status());
   auto runs = (*reply)->root().getStatusReply().getRuns();
-  if (as_json) {
-    json out = json::array();
-    for (auto r : runs) {
-      json entry = RunToJson(r, /*with_plan=*/!run.empty());
-      auto losses = r.getLosses();
-      entry["loss"] = losses.size() > 0 ? json(losses[losses.size() - 1]) : json(nullptr);
-      if (run.empty()) {
-        entry.erase("losses");
-        entry.erase("plan");
-        out.push_back(std::move(entry));
-        continue;
-      }
-      // Checkpoints ride along so one call shows everything a user checks after a restart.
-      json steps = json::array();
-      if (auto c = FetchCheckpoints(g, r.getRunId().cStr()); c.ok()) {
-        for (auto m : (*c)->root().getCheckpointsReply().getCheckpoints()) steps.push_back(m.getStep());
-      }
-      entry["checkpoint_steps"] = steps;
-      out.push_back(entry);
-    }
-    std::cout << (run.empty() ? out : out[0]).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
-    return kExitOk;
-  }
   std::printf("%-28s %-10s %-13s %-10s %-12s %s\n", "RUN", "STATE", "STEP", "LOSS", "TOKENS/S", "WORKERS");
   for (auto r : runs) {
     auto losses = r.getLosses();
@@ -638,15 +659,15 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
 }
 
 int CmdEvents(GlobalOptions& g, const std::string& run, bool as_json) {
+  if (as_json) {
+    auto out = EventsJson(g, run);
+    if (!out.ok()) return Fail(out.status());
+    std::cout << out->dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+    return kExitOk;
+  }
   auto reply = FetchEvents(g, run);
   if (!reply.ok()) return Fail(reply.status());
   auto events = (*reply)->root().getEventsReply().getEvents();
-  if (as_json) {
-    json out = json::array();
-    for (auto e : events) out.push_back({{"unix_ms", e.getUnixMs()}, {"kind", e.getKind().cStr()}, {"message", e.getMessage().cStr()}});
-    std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
-    return kExitOk;
-  }
   for (auto e : events) {
     std::printf("%s  %-22s %s\n", FormatTime(e.getUnixMs()).c_str(), Printable(e.getKind()).c_str(), Printable(e.getMessage()).c_str());
   }
@@ -867,54 +888,48 @@ struct SubmitOptions {
   int progress_every_s = 10;
 };
 
-int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o) {
+// Checks, prepares and submits the spec at `path`; the run id. The estimate goes to stderr.
+// `path` names the spec in messages; relative paths in it are taken from `base`.
+Result<std::string> SubmitSpecText(const GlobalOptions& g, const std::string& text, const std::string& base,
+                                   const std::string& path, const SubmitOptions& o) {
   const std::string& resume = o.resume;
-  auto text = ReadSpecFile(path, "run spec");  // a regular file of at most 1 MiB: not /dev/zero, not a FIFO
-  if (!text.ok()) return Fail(text.status());
-  const std::string base = fs::absolute(path).parent_path().string();
-  auto spec = ParseRunSpec(*text, base, /*check_files=*/true);
-  if (!spec.ok()) return Fail(InvalidArgument(path + ": " + spec.status().message()));
+  auto spec = ParseRunSpec(text, base, /*check_files=*/true);
+  if (!spec.ok()) return InvalidArgument(path + ": " + spec.status().message());
   if (!spec->model.init_from.empty()) {  // the weights' headers, before anything starts
     if (Status weights = model::CheckHfCheckpoint(spec->model.init_from, spec->model); !weights.ok()) {
-      return Fail(InvalidArgument(path + ": " + weights.message()));
+      return InvalidArgument(path + ": " + weights.message());
     }
   }
   // data.format = "text": tokenized once into a cached u32 file, which the run then reads.
   if (Status text_data = PrepareTextData(&*spec, g.state_dir, o.progress_every_s); !text_data.ok()) {
-    return Fail(text_data.code() == StatusCode::kInvalidArgument ? InvalidArgument(path + ": " + text_data.message()) : text_data);
+    return text_data.code() == StatusCode::kInvalidArgument ? InvalidArgument(path + ": " + text_data.message()) : text_data;
   }
   std::pair<std::string, int64_t> resume_from;
   if (!resume.empty()) {
-    auto parsed = ParseResume(resume);
-    if (!parsed.ok()) return Fail(parsed.status());
-    resume_from = *parsed;
+    STRATA_ASSIGN_OR_RETURN(resume_from, ParseResume(resume));
   }
-  auto endpoint = ResolveEndpoint(g);
-  if (!endpoint.ok()) return Fail(endpoint.status());
+  STRATA_ASSIGN_OR_RETURN(std::string endpoint_text, ResolveEndpoint(g));
+  const std::string* endpoint = &endpoint_text;
   if (!resume_from.first.empty()) {
-    auto id = ResolveRun(g, resume_from.first);
-    if (!id.ok()) return Fail(id.status());
-    resume_from.first = *id;
+    STRATA_ASSIGN_OR_RETURN(resume_from.first, ResolveRun(g, resume_from.first));
   }
   // A fixed mesh needs dp x pp x tp workers at once: more than the cluster has would wait
   // forever unless workers come, so that takes --queue.
   if (const ParallelSpec& p = spec->parallel;
       !spec->is_extract() && !p.automatic.count("dp") && !p.automatic.count("pp") && !p.automatic.count("tp") && !o.queue) {
-    auto live = CountLiveWorkers(g, *endpoint);
-    if (!live.ok()) return Fail(live.status());
-    if (p.workers() > *live) {
-      return Fail(InvalidArgument(
+    STRATA_ASSIGN_OR_RETURN(auto live, CountLiveWorkers(g, *endpoint));
+    if (p.workers() > live) {
+      return InvalidArgument(
           path + ": parallel.dp x parallel.pp x parallel.tp = " + std::to_string(p.dp) + " x " + std::to_string(p.pp) + " x " +
-          std::to_string(p.tp) + " = " + std::to_string(p.workers()) + " workers, but the cluster has " + std::to_string(*live) +
+          std::to_string(p.tp) + " = " + std::to_string(p.workers()) + " workers, but the cluster has " + std::to_string(live) +
           " live; lower them or set them to \"auto\", start more workers (`strata up --workers N`), or pass --queue to "
-          "submit it to wait for workers"));
+          "submit it to wait for workers");
     }
   }
-  auto client = MakeClient(g, *endpoint, g.timeout_ms);
-  if (!client.ok()) return Fail(client.status());
+  STRATA_ASSIGN_OR_RETURN(auto client, MakeClient(g, *endpoint, g.timeout_ms));
   // The estimate goes to stderr: stdout's first line stays the run id, for scripts.
-  auto estimate = EstimateForSubmit(*spec, **client);
-  if (!estimate.ok() && !o.skip_estimate) return Fail(estimate.status());
+  auto estimate = EstimateForSubmit(*spec, *client);
+  if (!estimate.ok() && !o.skip_estimate) return estimate.status();
   if (!estimate.ok()) {
     std::string why = estimate.status().message();
     if (why.rfind("not submitted: ", 0) == 0) why = why.substr(15);
@@ -928,9 +943,20 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o)
   submit.setSpecToml(RunSpecToToml(*spec));
   submit.setResumeRun(resume_from.first);
   submit.setResumeStep(resume_from.second);
-  auto reply = (*client)->Call(req);
-  if (!reply.ok()) return Fail(reply.status());
-  const std::string run = (*reply)->root().getSubmitted().getRunId().cStr();
+  STRATA_ASSIGN_OR_RETURN(auto reply, client->Call(req));
+  return std::string(reply->root().getSubmitted().getRunId().cStr());
+}
+
+Result<std::string> SubmitSpecFile(const GlobalOptions& g, const std::string& path, const SubmitOptions& o) {
+  // A regular file of at most 1 MiB: not /dev/zero, not a FIFO.
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSpecFile(path, "run spec"));
+  return SubmitSpecText(g, text, fs::absolute(path).parent_path().string(), path, o);
+}
+
+int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o) {
+  auto submitted = SubmitSpecFile(g, path, o);
+  if (!submitted.ok()) return Fail(submitted.status());
+  const std::string run = *submitted;
   std::cout << Printable(run) << std::endl;
   if (!o.follow) return kExitOk;
   return Follow(g, run, o.progress_every_s);
@@ -1178,6 +1204,11 @@ int RunCli(int argc, char** argv) {
   get_cmd->add_option("--rows", get.rows, "token rows A:B (default: every stored row)");
   get_cmd->add_option("--out", get.out, "FILE.npy, FILE.safetensors, or - for .npy on stdout (an existing FILE is refused)")->required();
   get_cmd->add_flag("--force", get.force, "replace an existing --out file");
+  get_cmd->add_flag("--with-tokens", get.with_tokens,
+                    "also write the rows' tokens beside --out: NAME.tokens.npy, int64 [rows, 3] (token id, document, position)");
+  get_cmd->add_option("--store", get.stores,
+                      "read this worker store directory instead of asking the cluster (works with it down); once per worker");
+  activations_cmd->add_option("--store", get.stores, "list from these worker store directories instead of the cluster");
 
   LogsRequest logs_request;
   auto* logs_cmd = app.add_subcommand("logs", "show one rank's log of a run (its task's log lines and one line per step)");
@@ -1251,6 +1282,13 @@ int RunCli(int argc, char** argv) {
       if (*get_cmd) {
         if (Status st = CheckActivationsOut(get); !st.ok()) return Fail(st);  // before resolving the cluster
       }
+      // --store: the stores alone, no cluster asked (RUN must be the run id: names and prefixes
+      // are the coordinator's to resolve).
+      if (!get.stores.empty()) {
+        if (*get_cmd) return GetActivations(CoordinatorAddress{}, get);
+        if (run.empty()) return Fail(InvalidArgument("name the run: `strata activations RUN --store DIR`"));
+        return ListActivations(CoordinatorAddress{}, get.stores, run, as_json);
+      }
       auto coordinator = ResolveCoordinator(g);
       if (!coordinator.ok()) return Fail(coordinator.status());
       for (std::string* r : {&run, &get.run}) {
@@ -1261,7 +1299,7 @@ int RunCli(int argc, char** argv) {
       }
       if (*get_cmd) return GetActivations(*coordinator, get);
       if (run.empty()) return Fail(InvalidArgument("name the run: `strata activations RUN` (runs: `strata status`)"));
-      return ListActivations(*coordinator, run, as_json);
+      return ListActivations(*coordinator, {}, run, as_json);
     }
     return kExitBadInput;
   };
@@ -1271,5 +1309,69 @@ int RunCli(int argc, char** argv) {
     return Fail(Unavailable(std::string("ZeroMQ refused the connection: ") + e.what() + "; check --cluster / STRATA_CLUSTER"));
   }
 }
+
+namespace api {
+namespace {
+
+// A state directory named by the program is the cluster it means: its cluster.json wins over
+// $STRATA_CLUSTER (which, for the CLI, overrides the default state directory).
+Result<GlobalOptions> Options(const Target& target) {
+  GlobalOptions g;
+  g.state_dir = target.state_dir.empty() ? DefaultStateDir() : target.state_dir;
+  g.cluster = target.cluster;
+  g.keys_dir = target.keys_dir;
+  g.timeout_ms = target.timeout_ms;
+  if (!target.state_dir.empty() && target.cluster.empty()) {
+    STRATA_ASSIGN_OR_RETURN(ClusterFile file, ReadClusterFile(g.state_dir));
+    g.cluster = file.endpoint;
+  }
+  return g;
+}
+
+}  // namespace
+
+Result<CoordinatorAddress> Coordinator(const Target& target) {
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  return ResolveCoordinator(g);
+}
+
+Result<std::string> Submit(const Target& target, const std::string& spec_path) {
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  return SubmitSpecFile(g, spec_path, SubmitOptions{});
+}
+
+Result<std::string> SubmitText(const Target& target, const std::string& toml, const std::string& base_dir,
+                               const std::string& label) {
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  return SubmitSpecText(g, toml, base_dir, label, SubmitOptions{});
+}
+
+Result<std::string> ResolveRun(const Target& target, const std::string& run) {
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  return cli::ResolveRun(g, run);
+}
+
+Result<std::string> StatusJson(const Target& target, const std::string& run) {
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  STRATA_ASSIGN_OR_RETURN(json out, cli::StatusJson(g, run));
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+Result<std::string> EventsJson(const Target& target, const std::string& run) {
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  STRATA_ASSIGN_OR_RETURN(json out, cli::EventsJson(g, run));
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+Status Cancel(const Target& target, const std::string& run) {
+  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
+  schema::EnvelopeBuilder req;
+  req.root().initCancelRun().setRunId(run);
+  STRATA_ASSIGN_OR_RETURN(auto reply, Call(g, req));
+  (void)reply;
+  return Status::Ok();
+}
+
+}  // namespace api
 
 }  // namespace strata::cli

@@ -599,12 +599,13 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
     return InvalidArgument("run spec: data.sample_within_documents = true needs data.documents, a file of document start offsets "
                            "(little-endian u64, or a .npy of int64)");
   }
-  if (!spec.data.documents.empty() && !spec.data.sample_within_documents) {
-    return InvalidArgument("run spec: data.documents is read only with data.sample_within_documents = true; set it, or remove data.documents");
+  if (!spec.data.documents.empty() && !spec.data.sample_within_documents && !spec.is_extract()) {
+    return InvalidArgument("run spec: data.documents is read only with data.sample_within_documents = true (or by extract "
+                           "runs, to number the rows' documents); set it, or remove data.documents");
   }
   if (spec.data.sample_within_documents && spec.is_extract()) {
     return InvalidArgument("run spec: data.sample_within_documents applies to train runs; an extract run captures the file's "
-                           "sequences in order, so remove it and data.documents");
+                           "sequences in order, so remove it (data.documents alone numbers the rows' documents)");
   }
   auto absolute = [&](const std::string& path) {
     fs::path p(path);

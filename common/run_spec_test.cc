@@ -120,6 +120,10 @@ TEST_F(RunSpecTest, DocumentsGoWithSampleWithinDocumentsOnTrainRuns) {
   ExpectRejected(data("sample_within_documents = 1\n"), "data.sample_within_documents must be true or false");
   ExpectRejected("kind = \"extract\"\n" + data("documents = \"docs.idx\"\nsample_within_documents = true\n"),
                  "data.sample_within_documents applies to train runs");
+  // An extract run reads data.documents alone: it numbers the rows' documents (their tokens record).
+  auto extract = ParseRunSpec("kind = \"extract\"\n" + data("documents = \"docs.idx\"\n"), dir_, true);
+  ASSERT_TRUE(extract.ok()) << extract.status().ToString();
+  EXPECT_EQ(extract->data.documents, dir_ + "/docs.idx");
 }
 TEST_F(RunSpecTest, LlamaDefaultsAndGroupedQueryAttention) {
   auto spec = ParseRunSpec(With("layers = 2", "family = \"llama\"\nlayers = 2\nkv_heads = 2"), dir_, true);

@@ -283,6 +283,13 @@ void RpcHandlers::HandleActivationsRequest(const std::string& identity, uint64_t
   const std::string& dtype = run.spec.extract.dtype;
   r.setDtype(dtype == "bf16" ? ::DType::BF16 : dtype == "fp16" ? ::DType::F16 : ::DType::F32);
   r.setHidden(static_cast<uint64_t>(run.spec.model.hidden));
+  auto shapes = r.initRowShapes(run.spec.extract.sites.size());
+  for (size_t i = 0; i < run.spec.extract.sites.size(); ++i) {
+    const std::vector<int64_t> shape = ExtractSiteRowShape(run.spec, run.spec.extract.sites[i]);
+    auto dims = shapes.init(i, shape.size());
+    for (size_t d = 0; d < shape.size(); ++d) dims.set(d, shape[d]);
+  }
+  r.setSequence(static_cast<uint64_t>(run.spec.model.sequence));
   r.setTotalRows(run.extract.total_rows);
   auto chunks = r.initChunks(run.extract.stored.size());
   size_t i = 0;

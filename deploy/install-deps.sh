@@ -23,7 +23,8 @@ PKGS=(
   debootstrap                                    # offline-bundle test in a fresh Debian root
   docker-compose                                 # validates deploy/docker/compose.yaml offline
   podman runc                                    # builds and runs the image in CI, no registry (runc: hybrid cgroup hosts)
-  python3-numpy                                  # tests read what Strata writes (.npy, safetensors)
+  python3-numpy                                  # tests read what Strata writes (.npy, safetensors); the Python package
+  pybind11-dev python3-dev                       # the Python package (python/): its extension module
 )
 missing=()
 for p in "${PKGS[@]}"; do

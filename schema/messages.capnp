@@ -382,6 +382,10 @@ struct ActivationsReply {
   hidden @5 :UInt64;
   totalRows @6 :UInt64;     # rows the run will have when complete
   chunks @7 :List(ChunkLocation);   # stored so far, ascending by rowBegin
+  # Per site, in the order of sites: the shape of one stored row (ExtractSiteRowShape), so readers
+  # never assume [hidden]. Empty from a coordinator older than it: readers then take [hidden].
+  rowShapes @8 :List(List(Int64));
+  sequence @9 :UInt64;      # tokens per sequence (model.sequence): row r is position r % sequence
 }
 
 # One stored record: (run, layer, site) rows [rowBegin, rowBegin + rowCount of its chunk).

@@ -77,6 +77,8 @@ std::string ActivationCursorKey(const std::string& run, uint64_t chunk) {
   return ActivationCursorPrefix(run) + EncodeKeyU64(chunk);
 }
 
+std::string ActivationRunKey(const std::string& run) { return "i" + EncodeKeyString(run); }
+
 }  // namespace keys
 
 bool ConsumeKeyString(std::string_view* in, std::string* out) {

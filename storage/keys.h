@@ -28,6 +28,8 @@ std::string ManifestKey(const std::string& run, int64_t step);
 std::string ActivationRecordKey(const std::string& run, const std::string& site, int64_t layer, uint64_t row_begin);
 std::string ActivationCursorPrefix(const std::string& run);
 std::string ActivationCursorKey(const std::string& run, uint64_t chunk);
+//   run     'i' + EncodeKeyString(run)   (ActivationRunInfo)
+std::string ActivationRunKey(const std::string& run);
 
 
 }  // namespace strata::storage::keys

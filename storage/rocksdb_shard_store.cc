@@ -602,6 +602,29 @@ class RocksDbShardStore final : public ShardStore {
     return FromRocks(db_->Write(durable, &batch), path_, action + " (index)");
   }
 
+  Status PutActivationRun(const std::string& run, const ActivationRunInfo& info) override {
+    const std::string action = "storing the activation run record of run " + run;
+    if (run.empty()) return InvalidArgument("activation run record: run name is empty");
+    if (info.row_shapes.size() != info.sites.size()) {
+      return InvalidArgument(action + ": " + std::to_string(info.row_shapes.size()) + " row shapes for " +
+                             std::to_string(info.sites.size()) + " sites; give one per site");
+    }
+    if (read_only_) return InvalidArgument(action + ": the store at " + path_ + " is open read-only");
+    rocksdb::WriteOptions durable;
+    durable.sync = true;
+    return FromRocks(db_->Put(durable, activations_, keys::ActivationRunKey(run), EncodeRunInfo(info)), path_, action);
+  }
+
+  Result<std::optional<ActivationRunInfo>> GetActivationRun(const std::string& run) override {
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), activations_, keys::ActivationRunKey(run), &value);
+    if (s.IsNotFound()) return std::optional<ActivationRunInfo>();
+    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, "reading the activation run record of run " + run));
+    ActivationRunInfo info;
+    if (!DecodeRunInfo(View(value), &info)) return Damaged("the activation run record of run " + run, "is malformed");
+    return std::optional<ActivationRunInfo>(std::move(info));
+  }
+
   Result<std::optional<ActivationChunkInfo>> GetActivationChunk(const std::string& run, uint64_t chunk) override {
     rocksdb::PinnableSlice value;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), activations_, keys::ActivationCursorKey(run, chunk), &value);
@@ -835,6 +858,48 @@ class RocksDbShardStore final : public ShardStore {
     }
     const auto expected = records::ByteSize(ref->dtype, ref->shape);
     return v.empty() && expected && *expected == ref->size;
+  }
+
+  // [dtype u64][total_rows][sequence][layer count][layers...][site count]([site][rank][dims...])...
+  // in key pieces (order-preserving encodings reused as a plain serialization).
+  static std::string EncodeRunInfo(const ActivationRunInfo& info) {
+    std::string out = EncodeKeyU64(static_cast<uint64_t>(info.dtype)) + EncodeKeyU64(info.total_rows) +
+                      EncodeKeyU64(info.sequence) + EncodeKeyU64(info.layers.size());
+    for (int64_t l : info.layers) out += EncodeKeyU64(static_cast<uint64_t>(l));
+    out += EncodeKeyU64(info.sites.size());
+    for (size_t i = 0; i < info.sites.size(); ++i) {
+      out += EncodeKeyString(info.sites[i]) + EncodeKeyU64(info.row_shapes[i].size());
+      for (int64_t d : info.row_shapes[i]) out += EncodeKeyU64(static_cast<uint64_t>(d));
+    }
+    return out;
+  }
+  static bool DecodeRunInfo(std::string_view v, ActivationRunInfo* info) {
+    uint64_t dtype = 0, layers = 0, sites = 0;
+    if (!ConsumeKeyU64(&v, &dtype) || dtype > static_cast<uint64_t>(DType::kU8) || !ConsumeKeyU64(&v, &info->total_rows) ||
+        !ConsumeKeyU64(&v, &info->sequence) || !ConsumeKeyU64(&v, &layers) || layers > v.size() / 8) {
+      return false;
+    }
+    info->dtype = static_cast<DType>(dtype);
+    for (uint64_t i = 0; i < layers; ++i) {
+      uint64_t l = 0;
+      if (!ConsumeKeyU64(&v, &l)) return false;
+      info->layers.push_back(static_cast<int64_t>(l));
+    }
+    if (!ConsumeKeyU64(&v, &sites) || sites > v.size() / 12) return false;
+    for (uint64_t i = 0; i < sites; ++i) {
+      std::string site;
+      uint64_t rank = 0;
+      if (!ConsumeKeyString(&v, &site) || !ConsumeKeyU64(&v, &rank) || rank > v.size() / 8) return false;
+      std::vector<int64_t> shape;
+      for (uint64_t d = 0; d < rank; ++d) {
+        uint64_t dim = 0;
+        if (!ConsumeKeyU64(&v, &dim)) return false;
+        shape.push_back(static_cast<int64_t>(dim));
+      }
+      info->sites.push_back(std::move(site));
+      info->row_shapes.push_back(std::move(shape));
+    }
+    return v.empty();
   }
 
   static std::string EncodeCursor(const ActivationChunkInfo& c) {

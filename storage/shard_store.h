@@ -83,6 +83,25 @@ struct ActivationRecordView {
   TensorView tensor;  // [row_count, hidden]
 };
 
+// Extract runs: what a store keeps of the run beside its chunks, so that it can be read without a
+// coordinator (`strata activations get --store`, Python `stores=`): every worker of the run writes
+// the same record before its first chunk.
+struct ActivationRunInfo {
+  std::vector<int64_t> layers;                   // ascending
+  std::vector<std::string> sites;                // storage order
+  std::vector<std::vector<int64_t>> row_shapes;  // per site: the shape of one row (ExtractSiteRowShape)
+  DType dtype = DType::kF32;
+  uint64_t total_rows = 0;  // rows of the whole capture (all workers)
+  uint64_t sequence = 0;    // tokens per sequence
+  bool operator==(const ActivationRunInfo&) const = default;
+};
+
+// The pseudo-site of a chunk's token record, stored beside its activations at layer 0: int64
+// [row_count, 3], per row (token id, document, position) - docs/python.md, "Tokens". No real
+// site starts with '#'.
+inline constexpr const char* kActivationTokensSite = "#tokens";
+inline constexpr int64_t kActivationTokenColumns = 3;
+
 struct StoreOptions {
   bool create_if_missing = true;
   // Opens a store that another process may hold open for writing (no lock taken): reads see what
@@ -147,6 +166,11 @@ class ShardStore {
   // STORE/activations/ (each byte written once, fdatasync'ed); RocksDB holds the index.
   virtual Status PutActivationChunk(const std::string& run, const ActivationChunkInfo& chunk,
                                     std::span<const ActivationRecordView> records) = 0;
+  // The run record of an extract run (ActivationRunInfo), replaced if present; synced.
+  virtual Status PutActivationRun(const std::string& run, const ActivationRunInfo& info) = 0;
+  // nullopt when this store holds no record of `run` (another run, or a capture of a version
+  // before the record existed).
+  virtual Result<std::optional<ActivationRunInfo>> GetActivationRun(const std::string& run) = 0;
   virtual Result<std::optional<ActivationChunkInfo>> GetActivationChunk(const std::string& run, uint64_t chunk) = 0;
   virtual Result<std::vector<ActivationChunkInfo>> ListActivationChunks(const std::string& run) = 0;
   // The record of (run, layer, site) of the stored chunk starting at row_begin. NotFound if no

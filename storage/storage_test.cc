@@ -906,6 +906,34 @@ TEST_F(ShardStoreTest, ActivationChunksRoundTripAndAreInvisibleUntilTheirCursor)
   ExpectCode(store->ReadActivation("run", 3, "resid_post", 320).status(), StatusCode::kCorruption, "checksum");
 }
 
+TEST_F(ShardStoreTest, ActivationRunRecordRoundTripsAndReadsReadOnly) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  auto none = store->GetActivationRun("run");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  ActivationRunInfo info;
+  info.layers = {0, 2, 11};
+  info.sites = {"resid_post", "q"};
+  info.row_shapes = {{768}, {12, 64}};
+  info.dtype = DType::kBF16;
+  info.total_rows = 1 << 20;
+  info.sequence = 1024;
+  ASSERT_TRUE(store->PutActivationRun("run", info).ok());
+  info.row_shapes.pop_back();
+  ExpectCode(store->PutActivationRun("run", info), StatusCode::kInvalidArgument, "one per site");
+  info.row_shapes.push_back({12, 64});
+  store.reset();
+  // Read-only, as `strata activations get --store` opens it.
+  auto reader = OpenStore({.create_if_missing = false, .read_only = true});
+  ASSERT_NE(reader, nullptr);
+  auto got = reader->GetActivationRun("run");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ(**got, info);
+  ExpectCode(reader->PutActivationRun("run", info), StatusCode::kInvalidArgument, "read-only");
+}
+
 TEST(ShardStoreReadOnlyTest, ReadsCommittedCheckpointsWhileAWriterHoldsTheStore) {
   char tmpl[] = "/tmp/strata-ro-XXXXXX";
   const std::string path = std::string(mkdtemp(tmpl)) + "/store";

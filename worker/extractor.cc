@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <iomanip>
 #include <sstream>
 #include <mutex>
 #include <thread>
 
 #include "common/log.h"
+#include "common/token_file.h"
 #include "shard/planner.h"
 
 #ifdef STRATA_WITH_CUDA
@@ -306,16 +308,84 @@ Status Extractor::ComputeLayerwise(const std::vector<uint64_t>& chunks, const st
   return Status::Ok();
 }
 
+storage::ActivationRunInfo Extractor::RunRecord() const {
+  const RunSpec& spec = context_.spec;
+  storage::ActivationRunInfo info;
+  info.layers = spec.extract.layers;
+  info.sites = spec.extract.sites;
+  for (const std::string& site : spec.extract.sites) info.row_shapes.push_back(ExtractSiteRowShape(spec, site));
+  const std::string& dtype = spec.extract.dtype;
+  info.dtype = dtype == "bf16" ? storage::DType::kBF16 : dtype == "fp16" ? storage::DType::kF16 : storage::DType::kF32;
+  info.total_rows = static_cast<uint64_t>(sequences_ * spec.model.sequence);
+  info.sequence = static_cast<uint64_t>(spec.model.sequence);
+  return info;
+}
+
+Status Extractor::LoadDocumentStarts() {
+  const std::string& path = context_.spec.data.documents;
+  if (path.empty()) return Status::Ok();
+  const std::string what = "data.documents = \"" + path + "\"";
+  STRATA_ASSIGN_OR_RETURN(DocumentsLayout layout, ReadDocumentsLayout(path));
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(layout.data_offset));
+  std::vector<int64_t> raw(layout.count);
+  in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size() * sizeof(int64_t)));
+  if (!in) return IoError(what + ": cannot read its " + std::to_string(layout.count) + " offsets");
+  document_starts_.clear();
+  for (uint64_t d = 0; d < layout.count; ++d) {
+    const uint64_t start = static_cast<uint64_t>(raw[d]);  // u64 or i64, little-endian like this host
+    if ((layout.type.is_signed && raw[d] < 0) || start > data_.size() || (d == 0 && start != 0) ||
+        (d > 0 && start < document_starts_.back())) {
+      return InvalidArgument(what + ": offset " + std::to_string(d) + " is " + std::to_string(raw[d]) +
+                             "; offsets start at 0 and ascend within the " + std::to_string(data_.size()) + " tokens");
+    }
+    document_starts_.push_back(start);
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<int64_t>> Extractor::TokenRows(const storage::ActivationChunkInfo& chunk) const {
+  // Row r is token r of the file (sequence i covers tokens [i T, (i + 1) T)). Its document: the
+  // last of data.documents' starts at or before r, else its sequence; its position: r minus
+  // that document's start (within the sequence: r mod T).
+  const uint64_t t = static_cast<uint64_t>(context_.spec.model.sequence);
+  std::vector<int64_t> ids(chunk.row_count);
+  STRATA_RETURN_IF_ERROR(data_.Read(static_cast<int64_t>(chunk.row_begin), static_cast<int64_t>(chunk.row_count), ids.data()));
+  std::vector<int64_t> rows(chunk.row_count * storage::kActivationTokenColumns);
+  for (uint64_t i = 0; i < chunk.row_count; ++i) {
+    const uint64_t row = chunk.row_begin + i;
+    uint64_t document = row / t, start = document * t;
+    if (!document_starts_.empty()) {
+      document = static_cast<uint64_t>(std::upper_bound(document_starts_.begin(), document_starts_.end(), row) -
+                                       document_starts_.begin()) - 1;
+      start = document_starts_[document];
+    }
+    rows[i * 3] = ids[i];
+    rows[i * 3 + 1] = static_cast<int64_t>(document);
+    rows[i * 3 + 2] = static_cast<int64_t>(row - start);
+  }
+  return rows;
+}
+
 Status Extractor::Run() {
   STRATA_RETURN_IF_ERROR(init_status_);
   torch::NoGradGuard no_grad;
   context_.reporter->ReportNotice("plan", mode_reason_);
   STRATA_LOG(kInfo) << "extract plan: " << mode_reason_;
+  // The run record first, so this store can be read with the coordinator gone (every worker of
+  // the run writes the same one; a resumed task rewrites it).
+  STRATA_RETURN_IF_ERROR(LoadDocumentStarts());
+  STRATA_RETURN_IF_ERROR(context_.store->PutActivationRun(context_.run_id, RunRecord()));
   ChunkWriter<Chunk> writer([this](Chunk& chunk) -> Status {
     std::vector<storage::ActivationRecordView> records;
     for (size_t i = 0; i < chunk.tensors.size(); ++i) {
       records.push_back({chunk.names[i].first, chunk.names[i].second, ViewOf(chunk.tensors[i])});
     }
+    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> tokens, TokenRows(chunk.info));
+    records.push_back({0, storage::kActivationTokensSite,
+                       {storage::DType::kI64,
+                        {static_cast<int64_t>(chunk.info.row_count), storage::kActivationTokenColumns},
+                        {reinterpret_cast<const uint8_t*>(tokens.data()), tokens.size() * sizeof(int64_t)}}});
     STRATA_RETURN_IF_ERROR(context_.store->PutActivationChunk(context_.run_id, chunk.info, records));
     context_.reporter->ReportChunk(chunk.info, /*computed=*/true);
     return Status::Ok();

@@ -5,8 +5,10 @@
 // [c B T, min((c + 1) B, S) T). For every chunk of the task not already in the store:
 //   forward micro-batches of up to `micro` sequences through blocks 0..max(extract.layers),
 //   copy each asked (layer, site) output to the host as [rows, hidden] in the stored dtype,
-//   and hand the whole chunk to a writer thread that stores it (ShardStore::PutActivationChunk)
-//   and reports it to the coordinator.
+//   and hand the whole chunk to a writer thread that stores it (ShardStore::PutActivationChunk,
+//   with its token record: id, document and position per row) and reports it to the coordinator.
+// Before the first chunk the run record (layers, sites, row shapes, rows) goes to the store, so a
+// store alone can be read (activations/reader.h, OpenStores).
 // The queue to the writer holds at most kMaxQueuedChunks chunks, so host memory stays bounded
 // (queued + the one being written + the one being built) while the device computes the next
 // chunk as the previous one is written.
@@ -57,6 +59,12 @@ class Extractor {
   // Layerwise: computes `chunks` (all not yet stored) and hands each to `push` in order.
   Status ComputeLayerwise(const std::vector<uint64_t>& chunks, const std::function<bool(Chunk)>& push);
   Chunk NewChunk(uint64_t chunk_index) const;
+  // What the store keeps of the run beside its chunks (ShardStore::PutActivationRun).
+  storage::ActivationRunInfo RunRecord() const;
+  // The chunk's token record: per row (token id, document, position), storage::kActivationTokensSite.
+  Result<std::vector<int64_t>> TokenRows(const storage::ActivationChunkInfo& chunk) const;
+  // data.documents' start offsets into document_starts_ (none without it: a sequence is a document).
+  Status LoadDocumentStarts();
   torch::Tensor ToHost(const torch::Tensor& t) const;  // pinned on CUDA, contiguous
   // Sequences [begin, end) of the data: [end - begin, sequence] int64 ids on the host.
   Result<torch::Tensor> Tokens(int64_t begin, int64_t end) const;
@@ -74,6 +82,7 @@ class Extractor {
   int64_t sequences_ = 0;  // captured sequences in total (all chunks of the run)
   int64_t micro_batch_ = 1;
   torch::ScalarType stored_type_ = torch::kFloat;
+  std::vector<uint64_t> document_starts_;  // data.documents, ascending; empty without it
 };
 
 }  // namespace strata::worker

@@ -234,10 +234,10 @@ TEST_F(ExtractTest, BadQueriesExitNonZeroAndLeaveNothingBehind) {
   const std::string out = dir_ + "/bad.npy";
   auto layer = Strata("activations get " + run + " --layer 1 --out " + out);
   EXPECT_EQ(layer.rc, 2);
-  EXPECT_NE(layer.err.find("--layer 1 was not captured"), std::string::npos) << layer.err;
+  EXPECT_NE(layer.err.find("layer 1 was not captured"), std::string::npos) << layer.err;
   auto site = Strata("activations get " + run + " --layer 0 --site logits --out " + out);
   EXPECT_EQ(site.rc, 2);
-  EXPECT_NE(site.err.find("--site logits"), std::string::npos) << site.err;
+  EXPECT_NE(site.err.find("site logits"), std::string::npos) << site.err;
   auto rows = Strata("activations get " + run + " --layer 0 --rows 0:5000 --out " + out);
   EXPECT_EQ(rows.rc, 2);
   EXPECT_NE(rows.err.find("beyond the 4096 rows"), std::string::npos) << rows.err;

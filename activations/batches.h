@@ -1,0 +1,75 @@
+// Shuffled batches of captured rows, for training on them (sparse autoencoders and their peers):
+// every stored row exactly once per epoch, in an order fixed by (seed, epoch), read by a thread of
+// the stream's own while the caller consumes earlier batches.
+//
+// Order (docs/python.md, "Shuffled batches"). For epoch e, a SplitMix64 generator seeded with
+// seed and e drives every draw, and Fisher-Yates (with unbiased bounded draws) every shuffle:
+//   1. the chunks are shuffled;
+//   2. they are taken in that order into a buffer until it holds at least buffer_rows rows (and
+//      the rows carried over from the window before);
+//   3. the buffer's rows are shuffled; whole batches of batch_rows go out in that order, and
+//      what is left (fewer than batch_rows) stays in the buffer for the next window;
+//   4. after the last window the rest is one short batch (unless drop_last).
+// With buffer_rows >= the capture's rows the epoch is one uniform permutation of all rows. With
+// shuffle off the rows come in row order. The same (index, options) give the same batches.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "activations/reader.h"
+#include "common/status.h"
+
+namespace strata::activations {
+
+struct BatchOptions {
+  std::vector<std::pair<int64_t, std::string>> records;  // (layer, site) of each array of a batch
+  uint64_t batch_rows = 4096;
+  bool shuffle = true;
+  uint64_t seed = 0;
+  int64_t epochs = 1;
+  // Rows shuffled together (step 2). 0: what 256 MiB of the asked records hold, at least a batch.
+  uint64_t buffer_rows = 0;
+  bool drop_last = false;  // no short batch at the end of an epoch
+  size_t prefetch = 4;     // batches made ahead of the caller
+};
+
+struct Batch {
+  int64_t epoch = 0;
+  std::vector<uint64_t> rows;              // the capture's row numbers, in batch order
+  std::vector<std::vector<uint8_t>> data;  // per record: [rows.size(), row shape...] of index.dtype
+};
+
+// The generator of the order: SplitMix64 over a state made from (seed, epoch).
+class SplitMix64 {
+ public:
+  SplitMix64(uint64_t seed, uint64_t stream);
+  uint64_t Next();
+  uint64_t Below(uint64_t n);  // uniform in [0, n), n > 0 (Lemire's method, rejection keeps it unbiased)
+  template <typename T>
+  void Shuffle(std::vector<T>& v) {  // Fisher-Yates
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[Below(i)]);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+class BatchStream {
+ public:
+  using OpenReader = std::function<Result<std::unique_ptr<ActivationReader>>()>;
+  // `open` makes the reader of the stream's thread (a reader serves one thread). InvalidArgument
+  // for a record not captured or batch_rows = 0; Unavailable / NotFound when rows are missing
+  // (a running capture, or stores not given), naming them.
+  static Result<std::unique_ptr<BatchStream>> Start(OpenReader open, ActivationIndex index, BatchOptions options);
+  virtual ~BatchStream() = default;  // stops and joins the thread
+  // The next batch (blocks until it is ready); nullopt after the last; a read error once met.
+  virtual Result<std::optional<Batch>> Next() = 0;
+};
+
+}  // namespace strata::activations

@@ -1,0 +1,358 @@
+"""Strata from Python: submit and follow runs, and read captured activations into numpy.
+
+    import strata
+    cluster = strata.connect()                       # the local cluster (`strata up`)
+    run = cluster.submit({"kind": "extract", ...})   # a dict (rendered to TOML) or a spec path
+    cluster.wait(run)
+    capture = strata.open_activations(run, cluster=cluster)
+    x = capture[3, "resid_post"][0:4096]             # numpy [4096, hidden]
+    for batch in capture.batches(3, "resid_post", batch_rows=4096, seed=0):
+        ...                                          # shuffled, every row once per epoch
+
+With the cluster down, read the workers' stores directly:
+    capture = strata.open_activations(run, stores=["STATE/workers/worker-0", ...])
+
+Errors are Python exceptions carrying Strata's message: ValueError (bad layer, site, spec),
+IndexError (rows out of range), LookupError (unknown run; rows in none of the given stores),
+ConnectionError (cluster or worker unreachable), OSError (damaged bytes). See docs/python.md.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from . import _strata
+
+__all__ = ["connect", "open_activations", "Cluster", "Capture", "SiteView", "RunFailed", "to_toml", "as_torch"]
+
+TOKEN_COLUMNS = ("token", "document", "position")
+
+
+class RunFailed(RuntimeError):
+    """wait() on a run that ended failed or cancelled; .status is its last status."""
+
+    def __init__(self, message, status):
+        super().__init__(message)
+        self.status = status
+
+
+# ---------------------------------------------------------------- run specs
+
+
+def _toml_value(value, where):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"run spec: {where} = {value} is not a finite number")
+        return repr(value)
+    if isinstance(value, (str, os.PathLike)):
+        return json.dumps(os.fspath(value))  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v, where) for v in value) + "]"
+    raise ValueError(f"run spec: {where} is a {type(value).__name__}; give a string, number, bool or list")
+
+
+def to_toml(spec):
+    """A run spec dict as TOML: top-level keys first, each nested dict as a [section]."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"run spec: expected a dict of keys and [sections], got {type(spec).__name__}")
+    top, sections = [], []
+    for key, value in spec.items():
+        if isinstance(value, dict):
+            lines = [f"[{key}]"]
+            for k, v in value.items():
+                if isinstance(v, dict):
+                    raise ValueError(f"run spec: [{key}].{k} is a table; sections nest one level")
+                lines.append(f"{k} = {_toml_value(v, key + '.' + k)}")
+            sections.append("\n".join(lines))
+        else:
+            top.append(f"{key} = {_toml_value(value, key)}")
+    return "\n\n".join(["\n".join(top)] + sections) + "\n"
+
+
+# ---------------------------------------------------------------- the cluster
+
+
+class Cluster:
+    """A Strata cluster, found the way the `strata` command finds it (see connect())."""
+
+    def __init__(self, target):
+        self._target = target
+
+    def __repr__(self):
+        return f"strata.Cluster({_strata.coordinator_endpoint(self._target)!r})"
+
+    def submit(self, spec, *, base_dir=None):
+        """Submits a run spec (a dict, rendered to TOML, or a path to a .toml file); its run id.
+
+        The checks are `strata submit`'s (spec, weights, memory estimate). Relative paths in a
+        dict are taken from base_dir (default: the working directory)."""
+        if isinstance(spec, dict):
+            base = os.path.abspath(base_dir or os.getcwd())
+            return _strata.submit_text(self._target, to_toml(spec), base, "run spec (dict)")
+        if isinstance(spec, (str, os.PathLike)):
+            return _strata.submit_file(self._target, os.fspath(spec))
+        raise ValueError(f"submit: give a dict or the path of a .toml spec, not a {type(spec).__name__}")
+
+    def resolve(self, run):
+        """A run id from an id, unique id prefix, run name or 'latest' (as the CLI takes RUN)."""
+        return _strata.resolve_run(self._target, run)
+
+    def runs(self):
+        """Every run, as `strata status --json` lists them (dicts)."""
+        return json.loads(_strata.status_json(self._target, ""))
+
+    def status(self, run):
+        """One run's status dict (`strata status RUN --json`)."""
+        return json.loads(_strata.status_json(self._target, self.resolve(run)))
+
+    def events(self, run):
+        """The run's events: dicts of unix_ms, kind, message."""
+        return json.loads(_strata.events_json(self._target, self.resolve(run)))
+
+    def cancel(self, run):
+        _strata.cancel(self._target, self.resolve(run))
+
+    def wait(self, run, progress=True, timeout=None, poll=0.5):
+        """Waits until the run ends; its last status. RunFailed if it failed or was cancelled,
+        TimeoutError after `timeout` seconds. progress: a line on stderr as it goes."""
+        run = self.resolve(run)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_line = None
+        while True:
+            s = self.status(run)
+            state = s.get("state")
+            if progress:
+                unit = "chunk" if s.get("kind") == "extract" else "step"
+                line = f"{run}: {state} {unit} {s.get('step', 0)}/{s.get('total_steps', 0)}"
+                if line != last_line:
+                    end = "\r" if sys.stderr.isatty() and state in ("pending", "running") else "\n"
+                    print(line, end=end, file=sys.stderr, flush=True)
+                    last_line = line
+            if state not in ("pending", "running"):
+                if progress and sys.stderr.isatty():
+                    print(file=sys.stderr)
+                if state != "finished":
+                    raise RunFailed(f"run {run} {state}: {s.get('message', '')}", s)
+                return s
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {run} is still {state} after {timeout} s")
+            time.sleep(poll)
+
+    def activations(self, run):
+        return open_activations(run, cluster=self)
+
+
+def connect(target=None, *, keys=None, timeout=3.0):
+    """A Cluster: target is a state directory (where `strata up` wrote cluster.json) or a
+    coordinator address (tcp://HOST:PORT, ipc://PATH); None: $STRATA_CLUSTER, else the default
+    state directory, as the `strata` command. keys: a CURVE key directory for tcp:// clusters
+    (default: $STRATA_KEYS, else STATE_DIR/keys). Raises ConnectionError if nothing answers."""
+    target = "" if target is None else os.fspath(target)
+    address = "://" in target
+    t = _strata.Target(state_dir="" if address else target, cluster=target if address else "",
+                       keys_dir=os.fspath(keys) if keys else "", timeout_ms=int(timeout * 1000))
+    cluster = Cluster(t)
+    cluster.runs()  # fails now, with the CLI's message, rather than at the first real call
+    return cluster
+
+
+# ---------------------------------------------------------------- activations
+
+
+def _rows(spec, total, what="rows"):
+    """An int, slice, range or sequence of row numbers -> (begin, end) or an int array."""
+    if isinstance(spec, (int, np.integer)):
+        i = int(spec)
+        if i < 0:
+            i += total
+        if not 0 <= i < total:
+            raise IndexError(f"{what} {int(spec)} is out of range: the capture has {total} rows")
+        return (i, i + 1)
+    if isinstance(spec, range) and spec.step == 1:
+        spec = slice(spec.start, spec.stop)
+    if isinstance(spec, slice):
+        begin, end, step = spec.indices(total)
+        if (spec.stop is not None and spec.stop > total) or (spec.start is not None and spec.start > total):
+            raise IndexError(f"{what} {spec.start}:{spec.stop} goes beyond the {total} rows of the capture")
+        if step != 1:
+            raise IndexError(f"{what} with a step ({spec.step}) are not read; read the range, then slice the array")
+        return (begin, max(begin, end))
+    rows = np.asarray(spec)
+    if rows.dtype == bool:
+        rows = np.flatnonzero(rows)
+    if rows.ndim != 1 or not np.issubdtype(rows.dtype, np.integer):
+        raise IndexError(f"{what}: give an int, a slice A:B, or a 1-D array of row numbers")
+    rows = rows.astype(np.int64)
+    rows = np.where(rows < 0, rows + total, rows)
+    bad = rows[(rows < 0) | (rows >= total)]
+    if bad.size:
+        raise IndexError(f"{what} {bad[:5].tolist()} are out of range: the capture has {total} rows")
+    return rows
+
+
+class SiteView:
+    """capture[layer, site]: rows read on indexing -> numpy [rows, *row_shape]."""
+
+    def __init__(self, capture, layer, site):
+        self._capture, self.layer, self.site = capture, layer, site
+        self.shape = (capture.rows,) + tuple(capture.row_shape(site))
+        self.dtype = capture.dtype
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        return f"<strata activations {self._capture.run} layer {self.layer} {self.site} {self.shape} {self.dtype}>"
+
+    def __getitem__(self, rows):
+        return self._capture._read(self.layer, self.site, rows)
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+
+class Capture:
+    """The stored activations of one extract run (see open_activations)."""
+
+    def __init__(self, reader, index):
+        self._reader, self._index = reader, index
+        self.run = index.run
+        self.layers = list(index.layers)
+        self.sites = list(index.sites)
+        self.rows = index.total_rows
+        self.dtype = index.numpy_dtype  # float32, float16, or uint16 holding bf16 bits
+        self.stored_dtype = index.dtype  # "f32", "f16", "bf16"
+        self.sequence = index.sequence
+
+    def __repr__(self):
+        return (f"<strata capture {self.run}: layers {self.layers}, sites {self.sites}, {self.rows} rows, "
+                f"{self.stored_dtype}, from {self._index.source}>")
+
+    @property
+    def state(self):
+        return self._index.state
+
+    @property
+    def stored_rows(self):
+        return self._index.stored_rows
+
+    def missing_rows(self):
+        """[(begin, end), ...] row ranges not stored (or, from stores=, in none of the stores)."""
+        return self._index.missing_rows()
+
+    def chunks(self):
+        """[(row_begin, row_count, worker or store), ...]"""
+        return self._index.chunks
+
+    def row_shape(self, site):
+        self._check(None, site)
+        return tuple(self._index.row_shape(site))
+
+    def _check(self, layer, site):
+        if layer is not None and layer not in self.layers:
+            raise ValueError(f"layer {layer} was not captured by run {self.run}; its layers are {self.layers}")
+        if site not in self.sites:
+            raise ValueError(f"site {site!r} was not captured by run {self.run}; its sites are {self.sites}")
+
+    def __getitem__(self, key):
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise KeyError(f"index a capture by (layer, site), e.g. capture[{self.layers[0]}, {self.sites[0]!r}]")
+        layer, site = key
+        self._check(layer, site)
+        return SiteView(self, layer, site)
+
+    def _read(self, layer, site, rows):
+        sel = _rows(rows, self.rows)
+        if isinstance(sel, tuple):
+            begin, end = sel
+            if begin == end:
+                shape = (0,) + (tuple(self._index.row_shape(site)) if layer is not None else (3,))
+                return np.empty(shape, dtype=self.dtype if layer is not None else np.int64)
+            out = self._reader.read(self._index, layer if layer is not None else 0, site, begin, end)
+            return out[0] if isinstance(rows, (int, np.integer)) else out
+        # Any rows: each stored chunk that holds some is read once.
+        if sel.size == 0:
+            return self._read(layer, site, slice(0, 0))
+        starts = np.array([c[0] for c in self._index.chunks], dtype=np.int64)
+        counts = np.array([c[1] for c in self._index.chunks], dtype=np.int64)
+        which = np.searchsorted(starts, sel, side="right") - 1
+        if (which < 0).any() or (sel >= starts[np.maximum(which, 0)] + counts[np.maximum(which, 0)]).any():
+            bad = sel[(which < 0) | (sel >= starts[np.maximum(which, 0)] + counts[np.maximum(which, 0)])]
+            raise LookupError(f"rows {bad[:5].tolist()} of run {self.run} are not stored "
+                              f"(missing: {self.missing_rows()})")
+        out = None
+        for c in np.unique(which):
+            part = self._read(layer, site, slice(int(starts[c]), int(starts[c] + counts[c])))
+            if out is None:
+                out = np.empty((sel.size,) + part.shape[1:], dtype=part.dtype)
+            mask = which == c
+            out[mask] = part[sel[mask] - starts[c]]
+        return out
+
+    def read(self, layer, site, rows=slice(None)):
+        """capture[layer, site][rows]."""
+        return self[layer, site][rows]
+
+    def tokens(self, rows=slice(None)):
+        """int64 [n, 3] per row: (token id, document, position) - docs/python.md, "Tokens"."""
+        return self._read(None, _strata.TOKENS_SITE, rows)
+
+    def batches(self, layers, sites, batch_rows, shuffle=True, seed=0, epochs=1, *, buffer_rows=0,
+                drop_last=False, prefetch=4, with_rows=False):
+        """Shuffled batches for training: every row exactly once per epoch, the order fixed by
+        (seed, epoch) - docs/python.md, "Shuffled batches". Read ahead on a C++ thread.
+
+        layers, sites: one each (then each batch is an array [n, *row_shape]) or lists (then a
+        dict {(layer, site): array}). with_rows: yield (rows, batch) with the row numbers."""
+        single = not isinstance(layers, (list, tuple)) and not isinstance(sites, (list, tuple))
+        layers = list(layers) if isinstance(layers, (list, tuple)) else [layers]
+        sites = list(sites) if isinstance(sites, (list, tuple)) else [sites]
+        records = []
+        for layer in layers:
+            for site in sites:
+                self._check(layer, site)
+                records.append((int(layer), site))
+        if int(batch_rows) < 1:
+            raise ValueError(f"batch_rows = {batch_rows}; give at least 1")
+        stream = self._reader.batches(self._index, records, int(batch_rows), bool(shuffle), int(seed), int(epochs),
+                                      int(buffer_rows), bool(drop_last), int(prefetch))
+        for _epoch, rows, arrays in stream:
+            batch = arrays[0] if single else dict(zip(records, arrays))
+            yield (rows, batch) if with_rows else batch
+
+
+def open_activations(run, *, cluster=None, stores=None):
+    """The activations an extract run stored: from the cluster (a Cluster, a target for
+    connect(), or None for the default cluster), or, with stores=[DIR, ...], from the workers'
+    store directories alone (the cluster may be down; rows in none of them are reported missing).
+    Raises LookupError for an unknown run."""
+    if stores is not None:
+        if isinstance(stores, (str, os.PathLike)):
+            stores = [stores]
+        reader = _strata.open_stores([os.path.expanduser(os.fspath(s)) for s in stores])
+        return Capture(reader, reader.index(run))
+    if not isinstance(cluster, Cluster):
+        cluster = connect(cluster)
+    run = cluster.resolve(run)
+    reader = _strata.connect_reader(cluster._target, 10000)
+    return Capture(reader, reader.index(run))
+
+
+def as_torch(array, stored_dtype=None):
+    """A numpy array from a capture as a torch.Tensor (needs torch): uint16 arrays holding bf16
+    bits become torch.bfloat16 when stored_dtype is "bf16" (Capture.stored_dtype)."""
+    import torch  # optional: only this helper needs it
+
+    array = np.ascontiguousarray(array)
+    if stored_dtype == "bf16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
