@@ -6,15 +6,22 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/run_spec.h"
 #include "common/status.h"
 
 namespace strata::worker {
 
-// Rows of (layer, site) for every sequence the run captures, [rows, hidden] row-major in
-// extract.dtype. Uses spec.worker.threads intra-op threads (sets LibTorch's process-wide count),
+// Rows of (layer, site) for every sequence the run captures, [rows, row shape...] row-major in
+// the site's stored dtype (ExtractSiteRowShape, ExtractSiteDType); model-level sites at layer
+// model.layers - 1; a patch run's loss (and logits) with its ablation applied. Uses spec.worker.threads intra-op threads (sets LibTorch's process-wide count),
 // as a CPU worker does, so fp32 results are bit-identical to theirs.
 Result<std::string> DirectForwardActivations(const RunSpec& spec, int64_t layer, const std::string& site);
+
+// A patch run's per-row loss (zero ablation of patch.sites at patch.layers), computed apart
+// from the capture code (its own block loop and LibTorch's cross_entropy), in fp32: the
+// independent reference the stored loss is checked against. NaN at each sequence's last row.
+Result<std::vector<float>> DirectForwardZeroAblationLoss(const RunSpec& spec);
 
 }  // namespace strata::worker
