@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
@@ -424,7 +425,7 @@ Status ParseExtract(Reader& r, RunSpec* spec) {
   return Status::Ok();
 }
 
-Status ParsePatch(Reader& r, RunSpec* spec) {
+Status ParsePatch(Reader& r, const std::string& base_dir, bool check_files, RunSpec* spec) {
   PatchSpec& p = spec->patch;
   const int64_t layers = spec->model.layers;
   STRATA_RETURN_IF_ERROR(r.IntList("patch", "layers", &p.layers));
@@ -456,15 +457,51 @@ Status ParsePatch(Reader& r, RunSpec* spec) {
     if (std::find(p.sites.begin(), p.sites.end(), site) != p.sites.end()) ordered.push_back(site);
   }
   p.sites = ordered;
-  if (p.ablation == "mean" || p.ablation == "capture") {
-    return InvalidArgument("run spec: patch.ablation = \"" + p.ablation + "\" is not built yet; use \"zero\" (zero ablation)");
+  if (p.ablation == "capture") {
+    return InvalidArgument("run spec: patch.ablation = \"capture\" is not built yet; use \"zero\", or \"mean\" with "
+                           "patch.source = a .npy of the values");
   }
-  if (p.ablation != "zero") {
-    return InvalidArgument("run spec: patch.ablation = \"" + p.ablation + "\" is not supported; use \"zero\"");
+  if (p.ablation != "zero" && p.ablation != "mean") {
+    return InvalidArgument("run spec: patch.ablation = \"" + p.ablation + "\" is not supported; use \"zero\" or \"mean\"");
   }
-  if (!p.source.empty()) {
-    return InvalidArgument("run spec: patch.source names the capture that supplies values for ablation = \"capture\"; "
-                           "remove it for ablation = \"" + p.ablation + "\"");
+  if (p.ablation == "zero" && !p.source.empty()) {
+    return InvalidArgument("run spec: patch.source is the .npy of values for ablation = \"mean\"; remove it for ablation = \"zero\"");
+  }
+  if (p.ablation == "mean") {
+    // One vector replaces the site at every row: the mean of a capture, e.g. numpy's
+    // np.load(activations get's .npy).mean(0), saved as fp32.
+    if (p.sites.size() != 1 || p.layers.size() != 1) {
+      return InvalidArgument("run spec: patch.ablation = \"mean\" replaces one site at one layer with the values in patch.source; "
+                             "name exactly one in patch.layers and patch.sites (they hold " + std::to_string(p.layers.size()) +
+                             " and " + std::to_string(p.sites.size()) + ")");
+    }
+    const std::vector<int64_t> shape = ExtractSiteRowShape(*spec, p.sites[0]);
+    std::string want;
+    for (int64_t d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+    if (p.source.empty()) {
+      return InvalidArgument("run spec: patch.ablation = \"mean\" needs patch.source, an fp32 .npy of shape (" + want +
+                             ") holding the value " + p.sites[0] + " takes at every row (e.g. a capture's mean over its rows)");
+    }
+    fs::path source(p.source);
+    if (source.is_relative() && !base_dir.empty()) source = fs::path(base_dir) / source;
+    p.source = source.lexically_normal().string();
+    if (check_files) {
+      const std::string what = "patch.source = \"" + p.source + "\"";
+      std::ifstream in(p.source, std::ios::binary);
+      if (!in) return InvalidArgument("run spec: " + what + " does not exist or cannot be read");
+      std::string head(4096, '\0');
+      in.read(head.data(), static_cast<std::streamsize>(head.size()));
+      head.resize(static_cast<size_t>(in.gcount()));
+      auto header = ParseNpyHeader(head, what);
+      if (!header.ok()) return InvalidArgument("run spec: " + header.status().message());
+      std::vector<int64_t> got(header->shape.begin(), header->shape.end());
+      if (header->descr != "<f4" || header->fortran_order || got != shape) {
+        std::string have;
+        for (int64_t d : got) have += (have.empty() ? "" : ", ") + std::to_string(d);
+        return InvalidArgument("run spec: " + what + " holds a " + header->descr + " array of shape (" + have + "); " + p.sites[0] +
+                               " needs fp32 ('<f4', C order) of shape (" + want + ")");
+      }
+    }
   }
   return Status::Ok();
 }
@@ -823,7 +860,7 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   ParallelSpec& p = spec.parallel;
   if (spec.is_extract()) {  // workers to capture with; not planned
     STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &p.dp, 1, spec_bounds::kWorkers));
-    if (spec.is_patch()) STRATA_RETURN_IF_ERROR(ParsePatch(r, &spec));
+    if (spec.is_patch()) STRATA_RETURN_IF_ERROR(ParsePatch(r, base_dir, check_files, &spec));
     STRATA_RETURN_IF_ERROR(ParseExtract(r, &spec));
     return spec;
   }

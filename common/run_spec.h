@@ -210,8 +210,8 @@ struct ExtractSpec {
 struct PatchSpec {
   std::vector<int64_t> layers;     // ascending
   std::vector<std::string> sites;  // PatchableSites()
-  std::string ablation = "zero";   // zero (mean and capture: named, refused until built)
-  std::string source;              // ablation = "capture": the run whose stored sites supply values
+  std::string ablation = "zero";   // zero | mean (capture: named, refused until built)
+  std::string source;              // ablation = "mean": an fp32 .npy of the site's row shape
   bool logits = false;
 };
 

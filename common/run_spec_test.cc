@@ -299,7 +299,18 @@ TEST_F(RunSpecTest, PatchBadInputNamesTheField) {
   ExpectRejected(head + "[patch]\nlayers = [2]\nsites = [\"attn_out\"]\n", "patch.layers holds 2");
   ExpectRejected(head + "[patch]\nlayers = [0]\n", "patch.sites is missing");
   ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"q\"]\n", "patch.sites holds \"q\", which cannot be replaced");
-  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"mean\"\n", "not built yet");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"capture\"\n", "not built yet");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"mean\"\n",
+                 "needs patch.source, an fp32 .npy of shape (64)");
+  ExpectRejected(head + "[patch]\nlayers = [0, 1]\nsites = [\"attn_out\"]\nablation = \"mean\"\nsource = \"m.npy\"\n",
+                 "name exactly one in patch.layers and patch.sites (they hold 2 and 1)");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"mean\"\nsource = \"m.npy\"\n",
+                 "m.npy\" does not exist");
+  std::string npy_header = "{'descr': '<f4', 'fortran_order': False, 'shape': (32,), }";
+  npy_header.resize(117, ' ');
+  std::ofstream(dir_ + "/m.npy") << std::string("\x93NUMPY\x01\x00\x76\x00", 10) << npy_header << '\n' << std::string(128, '\0');
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"mlp_out\"]\nablation = \"mean\"\nsource = \"m.npy\"\n",
+                 "holds a <f4 array of shape (32); mlp_out needs fp32 ('<f4', C order) of shape (64)");
   ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"half\"\n", "patch.ablation = \"half\"");
   ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nsource = \"r1\"\n", "patch.source");
   ExpectRejected(head + "[extract]\nsites = [\"q\"]\n[patch]\nlayers = [0]\nsites = [\"attn_out\"]\n", "do not apply");

@@ -1,10 +1,14 @@
 #include "worker/causal_lm.h"
 
 #include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <tuple>
 
+#include "common/token_file.h"
 #include "model/parameters.h"
 #include "worker/hf_format.h"
 #include "worker/model_family.h"
@@ -140,6 +144,27 @@ std::vector<std::pair<int64_t, std::string>> ExtractRecordNames(const RunSpec& s
   return names;
 }
 
+namespace {
+
+// patch.source for ablation = "mean": an fp32 .npy of the site's row shape (checked at submit;
+// checked again here, since the file may have changed since).
+torch::Tensor ReadMeanValues(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), "patch.source = \"", path, "\" cannot be read");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto header = ParseNpyHeader(bytes, "patch.source = \"" + path + "\"");
+  TORCH_CHECK(header.ok(), header.status().message());
+  TORCH_CHECK(header->descr == "<f4" && !header->fortran_order, "patch.source = \"", path, "\" is not a C-order fp32 .npy");
+  std::vector<int64_t> shape(header->shape.begin(), header->shape.end());
+  auto values = torch::empty(shape, torch::kFloat);
+  const size_t size = static_cast<size_t>(values.numel()) * sizeof(float);
+  TORCH_CHECK(bytes.size() >= header->data_offset + size, "patch.source = \"", path, "\" is shorter than its header says");
+  std::memcpy(values.data_ptr<float>(), bytes.data() + header->data_offset, size);
+  return values;
+}
+
+}  // namespace
+
 BlockRequest ExtractRequest(const RunSpec& spec, int64_t layer) {
   BlockRequest request;
   const auto& layers = spec.extract.layers;
@@ -148,9 +173,14 @@ BlockRequest ExtractRequest(const RunSpec& spec, int64_t layer) {
                          std::find(sites.begin(), sites.end(), "attn_pattern") != sites.end();
   if (spec.is_patch() && std::binary_search(spec.patch.layers.begin(), spec.patch.layers.end(), layer)) {
     const std::vector<std::string> patched = spec.patch.sites;
-    // Zero ablation: the site's value replaced by zeros of its shape and dtype.
-    request.patch = [patched](const std::string& site, const torch::Tensor& value) {
-      return std::find(patched.begin(), patched.end(), site) != patched.end() ? torch::zeros_like(value) : value;
+    // zero: the site's value replaced by zeros of its shape and dtype; mean: every row by the
+    // given vector (broadcast over batch and time), cast to the compute dtype.
+    torch::Tensor mean;
+    if (spec.patch.ablation == "mean") mean = ReadMeanValues(spec.patch.source);
+    request.patch = [patched, mean](const std::string& site, const torch::Tensor& value) {
+      if (std::find(patched.begin(), patched.end(), site) == patched.end()) return value;
+      if (!mean.defined()) return torch::zeros_like(value);
+      return mean.to(value.options()).expand_as(value);
     };
   }
   return request;

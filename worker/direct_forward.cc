@@ -51,7 +51,7 @@ Result<std::string> DirectForwardActivations(const RunSpec& spec, int64_t layer,
   }
 }
 
-Result<std::vector<float>> DirectForwardZeroAblationLoss(const RunSpec& spec) {
+Result<std::vector<float>> DirectForwardPatchedLoss(const RunSpec& spec, const std::vector<float>& mean) {
   try {
     if (spec.worker.threads > 0) torch::set_num_threads(static_cast<int>(spec.worker.threads));
     STRATA_ASSIGN_OR_RETURN(auto model, BuildCausalLm(spec.model, spec.train.seed));
@@ -73,7 +73,10 @@ Result<std::vector<float>> DirectForwardZeroAblationLoss(const RunSpec& spec) {
         if (std::binary_search(spec.patch.layers.begin(), spec.patch.layers.end(), layer)) {
           request.patch = [&](const std::string& site, const torch::Tensor& value) {
             const auto& sites = spec.patch.sites;
-            return std::find(sites.begin(), sites.end(), site) == sites.end() ? value : value * 0;
+            if (std::find(sites.begin(), sites.end(), site) == sites.end()) return value;
+            if (mean.empty()) return value * 0;
+            return torch::from_blob(const_cast<float*>(mean.data()), {static_cast<int64_t>(mean.size())}, torch::kFloat)
+                .expand_as(value);
           };
         }
         x = model->RunBlock(layer, x, request).resid_post;

@@ -19,9 +19,11 @@ namespace strata::worker {
 // as a CPU worker does, so fp32 results are bit-identical to theirs.
 Result<std::string> DirectForwardActivations(const RunSpec& spec, int64_t layer, const std::string& site);
 
-// A patch run's per-row loss (zero ablation of patch.sites at patch.layers), computed apart
-// from the capture code (its own block loop and LibTorch's cross_entropy), in fp32: the
-// independent reference the stored loss is checked against. NaN at each sequence's last row.
-Result<std::vector<float>> DirectForwardZeroAblationLoss(const RunSpec& spec);
+// A patch run's per-row loss, computed apart from the capture code (its own block loop and
+// LibTorch's cross_entropy), in fp32: the independent reference the stored loss is checked
+// against. patch.sites at patch.layers are replaced by zeros, or (non-empty `mean`, of a
+// [hidden]-wide site) by `mean` at every row; patch.source is not read. NaN at each sequence's
+// last row.
+Result<std::vector<float>> DirectForwardPatchedLoss(const RunSpec& spec, const std::vector<float>& mean = {});
 
 }  // namespace strata::worker

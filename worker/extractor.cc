@@ -121,7 +121,13 @@ std::pair<std::string, std::string> Extractor::ChooseMode() const {
   const uint64_t weights = static_cast<uint64_t>(shard::ParameterCount(spec.model)) * element;
   // A block's forward keeps a few [rows, hidden] and [rows, ffn] tensors alive at once.
   const uint64_t rows = static_cast<uint64_t>(spec.extract.batch * spec.model.sequence);
-  const uint64_t working = rows * (6 * spec.model.hidden + 2 * spec.model.ffn) * element;
+  uint64_t working = rows * (6 * spec.model.hidden + 2 * spec.model.ffn) * element;
+  // Sites that grow past the residual width: attn_pattern's [heads, t] scores, softmax and
+  // copy per row; the head's logits (and their fp32 copy for the loss) per row.
+  const auto& sites = spec.extract.sites;
+  const auto asked = [&](const char* site) { return std::find(sites.begin(), sites.end(), site) != sites.end(); };
+  if (asked("attn_pattern")) working += rows * static_cast<uint64_t>(spec.model.heads * spec.model.sequence) * (element + 8);
+  if (asked("logits") || asked("loss")) working += rows * static_cast<uint64_t>(spec.model.vocab) * (element + 8);
   const uint64_t budget = static_cast<uint64_t>(0.9 * static_cast<double>(device_memory_.free_bytes));
   std::ostringstream why;
   why << std::fixed << std::setprecision(2) << weights / gib << " GiB of weights + ~" << working / gib

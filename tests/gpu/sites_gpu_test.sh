@@ -4,7 +4,8 @@
 # tiny random transformers model of every family, saved with save_pretrained): an extract run of
 # every site (docs/extract.md) equals transformers' hooks (tests/gpu/sites_reference.py) in fp32
 # within 1e-5 relative at every layer, and patch runs zero-ablating attn_out, mlp_out and
-# resid_post at a layer store the per-row loss transformers gives with the same hook. One JSON
+# resid_post at a layer, and mean-ablating attn_out (transformers' mean over the rows), store the
+# per-row loss transformers gives with the same hook. One JSON
 # line per check (and to $SITES_PARITY_OUT if set). One line to run it on the node:
 #   STRATA_BIN_DIR=build/bin bash tests/gpu/sites_gpu_test.sh
 set -euo pipefail
@@ -62,10 +63,13 @@ SPEC
   if result=$(python3 "$here/sites_reference.py" compare "$d" "$d/ours" 0,1,2 $seq); then status=ok; else status=FAILED; failed=1; fi
   report "$variant sites" $status "$result"
 
-  for ablation in "attn_out 1" "mlp_out 0" "resid_post 1"; do
+  python3 "$here/sites_reference.py" mean "$d" "$d/mean.npy" attn_out 0 $seq
+  for ablation in "attn_out 1 zero" "mlp_out 0 zero" "resid_post 1 zero" "attn_out 0 mean"; do
     set -- $ablation
-    cat > "$d/patch-$1.toml" <<SPEC
-name = "patch-$variant-$1"
+    source=""; mean_arg=""
+    if [ "$3" = mean ]; then source="source = \"$d/mean.npy\""; mean_arg="$d/mean.npy"; fi
+    cat > "$d/patch-$1-$3.toml" <<SPEC
+name = "patch-$variant-$1-$3"
 kind = "patch"
 [model]
 init_from = "$d"
@@ -80,12 +84,13 @@ batch = 4
 [patch]
 layers = [$2]
 sites = ["$1"]
-ablation = "zero"
+ablation = "$3"
+$source
 SPEC
-    if ! id=$(submit "$d/patch-$1.toml"); then report "$variant patch $1" FAILED; failed=1; continue; fi
-    "$bin/strata" activations get "$id" --layer $((layers - 1)) --site loss --out "$d/ours/loss-$1.npy" >/dev/null
-    if result=$(python3 "$here/sites_reference.py" patch "$d" "$d/ours/loss-$1.npy" "$1" "$2" $seq); then status=ok; else status=FAILED; failed=1; fi
-    report "$variant patch $1 at layer $2" $status "$result"
+    if ! id=$(submit "$d/patch-$1-$3.toml"); then report "$variant patch $1 $3" FAILED; failed=1; continue; fi
+    "$bin/strata" activations get "$id" --layer $((layers - 1)) --site loss --out "$d/ours/loss-$1-$3.npy" >/dev/null
+    if result=$(python3 "$here/sites_reference.py" patch "$d" "$d/ours/loss-$1-$3.npy" "$1" "$2" $seq $mean_arg); then status=ok; else status=FAILED; failed=1; fi
+    report "$variant patch $1 at layer $2 ($3)" $status "$result"
   done
 done
 exit $failed

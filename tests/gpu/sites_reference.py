@@ -3,8 +3,11 @@
   compare DIR NPY_DIR LAYERS SEQ          every site Strata stored (NPY_DIR/l{L}_{site}.npy; the
                                           model-level ones at the last layer) against transformers
                                           in fp32 with eager attention, on DIR/tokens.u16
-  patch DIR NPY SITE LAYER SEQ            a patch run's stored loss (zero ablation of SITE at
-                                          LAYER) against transformers with the same ablation hook
+  patch DIR NPY SITE LAYER SEQ [MEAN]     a patch run's stored loss (zero ablation of SITE at
+                                          LAYER, or with MEAN.npy every row's value) against
+                                          transformers with the same ablation hook
+  mean DIR OUT SITE LAYER SEQ             transformers' mean of SITE at LAYER over every row,
+                                          saved as fp32 OUT (patch.source of a mean ablation)
 Models come from family_reference.py's `make` (tiny random models of every family). Exit 0 when
 every max |ours - theirs| / max |theirs| <= 1e-5; prints one JSON object.
 
@@ -94,7 +97,7 @@ def capture(model, tokens):
     hooks.append(final.register_forward_hook(lambda _m, _i, o: captured.__setitem__("final_norm", o)))
     try:
         with torch.no_grad():
-            logits = model(tokens).logits
+            logits = model(tokens, use_cache=False).logits
     finally:
         for h in hooks:
             h.remove()
@@ -139,20 +142,31 @@ def compare(directory, ours, layers, seq):
     return 0 if worst <= REL_TOL else 1
 
 
-def patch(directory, ours, site, layer, seq):
+def mean(directory, out, site, layer, seq):
+    model, tokens = load(directory, seq)
+    values = capture(model, tokens)[(layer, site)]
+    np.save(out, values.mean(0).astype(np.float32))
+    return 0
+
+
+def patch(directory, ours, site, layer, seq, mean_path=None):
     model, tokens = load(directory, seq)
     blocks, _ = parts(model)
     block, attn, mlp, _ = blocks[layer]
     module = {"attn_out": attn, "mlp_out": mlp, "resid_post": block}[site]
+    vector = torch.from_numpy(np.load(mean_path)).cuda() if mean_path else None
+
+    def replaced(t):
+        return torch.zeros_like(t) if vector is None else vector.expand_as(t).clone()
 
     def zero(_m, _i, o):
         if isinstance(o, tuple):
-            return (torch.zeros_like(o[0]),) + tuple(o[1:])
-        return torch.zeros_like(o)
+            return (replaced(o[0]),) + tuple(o[1:])
+        return replaced(o)
 
     hook = module.register_forward_hook(zero)
     with torch.no_grad():
-        logits = model(tokens).logits.float()
+        logits = model(tokens, use_cache=False).logits.float()
     hook.remove()
     b, t, v = logits.shape
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, v), tokens[:, 1:].reshape(-1), reduction="none")
@@ -163,7 +177,8 @@ def patch(directory, ours, site, layer, seq):
         return 1
     nan_same = bool(np.array_equal(np.isnan(mine), np.isnan(loss)))
     rel = relative(mine, loss)
-    print(json.dumps({"site": site, "layer": layer, "max_rel": rel, "nan_positions_match": nan_same}))
+    print(json.dumps({"site": site, "layer": layer, "ablation": "mean" if mean_path else "zero", "max_rel": rel,
+                      "nan_positions_match": nan_same}))
     return 0 if rel <= REL_TOL and nan_same else 1
 
 
@@ -171,5 +186,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "compare":
         sys.exit(compare(sys.argv[2], sys.argv[3], [int(x) for x in sys.argv[4].split(",")], int(sys.argv[5])))
     if sys.argv[1] == "patch":
-        sys.exit(patch(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])))
+        sys.exit(patch(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]),
+                       sys.argv[7] if len(sys.argv) > 7 else None))
+    if sys.argv[1] == "mean":
+        sys.exit(mean(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])))
     sys.exit(2)

@@ -226,13 +226,13 @@ TEST_F(SitesTest, ZeroAblationPatchRunsStoreTheLossOfAnIndependentForward) {
     const std::string name = "patch-" + std::to_string(n++);
     auto [run, spec] = Run(name, PatchSpec(name, c.family, c.patch, c.mode));
     ASSERT_TRUE(spec.is_patch());
-    auto expected = worker::DirectForwardZeroAblationLoss(spec);
+    auto expected = worker::DirectForwardPatchedLoss(spec);
     ASSERT_TRUE(expected.ok()) << expected.status().ToString();
     ExpectLoss(Stored(spec, run, 1, "loss"), *expected, name);
     // The ablation changed the loss: the same forward without it differs.
     RunSpec clean = spec;
     clean.patch.layers.clear();
-    auto unablated = worker::DirectForwardZeroAblationLoss(clean);
+    auto unablated = worker::DirectForwardPatchedLoss(clean);
     ASSERT_TRUE(unablated.ok());
     EXPECT_NE((*unablated)[0], (*expected)[0]);
     if (spec.patch.logits) {
@@ -240,6 +240,39 @@ TEST_F(SitesTest, ZeroAblationPatchRunsStoreTheLossOfAnIndependentForward) {
       EXPECT_EQ(logits.size(), 256u * 256u * 4u);
       EXPECT_TRUE(logits == Reference(spec, 1, "logits"));
     }
+  }
+}
+
+// Mean ablation: attn_out of layer 0 replaced at every row by its mean over a capture of the
+// same model (computed here from the direct forward, saved as the .npy the spec names).
+TEST_F(SitesTest, MeanAblationReplacesTheSiteWithTheGivenValuesAtEveryRow) {
+  for (const std::string family : {"gpt2", "qwen2"}) {
+    SCOPED_TRACE(family);
+    auto capture = ParseRunSpec(ExtractSpec("c", family, "layers = [0]\nsites = [\"attn_out\"]\nbatch = 4\ntokens = 256\n"), dir_, true);
+    ASSERT_TRUE(capture.ok()) << capture.status().ToString();
+    const std::string rows = Reference(*capture, 0, "attn_out");
+    ASSERT_EQ(rows.size(), 256u * 32u * 4u);
+    std::vector<float> values(rows.size() / 4), mean(32, 0.0f);
+    std::memcpy(values.data(), rows.data(), rows.size());
+    for (size_t i = 0; i < values.size(); ++i) mean[i % 32] += values[i] / 256.0f;
+    // A .npy (format 1.0) of shape (32,), fp32: a 118-byte dict padded to 128 with the magic.
+    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (32,), }";
+    header.resize(128 - 10 - 1, ' ');
+    header += '\n';
+    std::ofstream npy(dir_ + "/mean-" + family + ".npy", std::ios::binary);
+    npy << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size() & 0xff) << static_cast<char>(header.size() >> 8) << header;
+    npy.write(reinterpret_cast<const char*>(mean.data()), static_cast<std::streamsize>(mean.size() * 4));
+    npy.close();
+    const std::string name = "mean-" + family;
+    auto [run, spec] = Run(name, PatchSpec(name, family, "layers = [0]\nsites = [\"attn_out\"]\nablation = \"mean\"\nsource = \"mean-" +
+                                                             family + ".npy\"\n", "whole"));
+    ASSERT_EQ(spec.patch.source, dir_ + "/mean-" + family + ".npy");
+    auto expected = worker::DirectForwardPatchedLoss(spec, mean);
+    ASSERT_TRUE(expected.ok()) << expected.status().ToString();
+    ExpectLoss(Stored(spec, run, 1, "loss"), *expected, name);
+    auto zero = worker::DirectForwardPatchedLoss(spec);  // the same run with zeros instead
+    ASSERT_TRUE(zero.ok());
+    EXPECT_NE((*zero)[0], (*expected)[0]);
   }
 }
 
