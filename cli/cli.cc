@@ -737,7 +737,8 @@ class ProgressTracker {
     std::string workers;
     for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + Printable(w);
     char buf[512];
-    const bool extract = std::string(r.getKind().cStr()) == "extract";  // steps count stored chunks
+    const std::string kind = r.getKind().cStr();
+    const bool extract = kind == "extract" || kind == "patch";  // steps count stored chunks
     int n = std::snprintf(buf, sizeof(buf), "%s %5ld/%ld", extract ? "chunk" : "step", static_cast<long>(step),
                           static_cast<long>(r.getTotalSteps()));
     if (losses.size() > 0) n += std::snprintf(buf + n, sizeof(buf) - n, "  loss %.4f", losses[losses.size() - 1]);
@@ -825,7 +826,7 @@ int Follow(GlobalOptions& g, const std::string& run, int every_s) {
     if (state == RunState::FINISHED || state == RunState::FAILED || state == RunState::CANCELLED) {
       if (tty) std::printf("\n");
       if (state == RunState::FINISHED) {
-        if (std::string(r.getKind().cStr()) == "extract") {
+        if (const std::string kind = r.getKind().cStr(); kind == "extract" || kind == "patch") {
           std::printf("run %s finished: %ld chunks stored, %.0f tokens/s; `strata activations %s` lists them\n", run.c_str(),
                       static_cast<long>(r.getStep()), r.getTokensPerSecond(), run.c_str());
         } else {

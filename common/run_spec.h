@@ -2,7 +2,7 @@
 // values are errors whose message names the key and says how to fix it.
 //
 //   name = "gpt2-tiny"
-//   kind = "train" | "extract"
+//   kind = "train" | "extract" | "patch"
 //   [model]     family (gpt2 | llama | mistral | qwen2 | gemma | gpt_neox), layers, hidden, heads,
 //               kv_heads, head_dim, ffn, vocab, sequence, max_positions, rope_theta, rope_scaling,
 //               rotary_pct, norm_eps, attention_bias, mlp_bias, tie_embeddings, sliding_window,
@@ -16,7 +16,9 @@
 //   [extract]   layers, sites, dtype, precision, batch, tokens (kind = "extract": capture
 //               activations of the model over the data instead of training; parallel.dp is the
 //               number of workers; the model's weights come from model.init_from, or from
-//               train.seed when it is empty)
+//               train.seed when it is empty); logits_top_k
+//   [patch]     layers, sites, ablation, source, logits (kind = "patch": run the model with those
+//               sites replaced and store each row's loss; chunked as an extract run)
 #pragma once
 
 #include <algorithm>
@@ -48,6 +50,12 @@ inline constexpr double kMaxEps = 1e-2;                // train.eps: (0, 1e-2]; 
 inline constexpr int64_t kThreads = 1024;              // worker.threads; a worker clamps to its cores
 inline constexpr int64_t kExtractBatch = 65536;        // sequences per stored chunk
 inline constexpr int64_t kExtractTokens = int64_t{1} << 48;  // 281T tokens: more than any corpus
+// attn_pattern rows are [heads, sequence]: a capture grows with sequence^2, so it is admitted up
+// to this sequence length, and only while one chunk's records fit kExtractChunkBytes.
+inline constexpr int64_t kAttnPatternSequence = 2048;
+// One chunk's records are held in host memory while computed and queued for the writer (up to
+// four at once, worker/extractor.h): 4 GiB keeps that within a worker's host memory.
+inline constexpr uint64_t kExtractChunkBytes = uint64_t{4} << 30;
 inline constexpr size_t kNameLength = 64;              // run names; ids add "-NNNNNNNN-NNN"
 inline constexpr size_t kSpecFileBytes = size_t{1} << 20;  // a spec file (submit, plan): 1 MiB
 }  // namespace spec_bounds
@@ -181,7 +189,7 @@ struct ParallelSpec {
 // [i * model.sequence, (i + 1) * model.sequence)) gives rows [i * sequence, (i + 1) * sequence).
 struct ExtractSpec {
   std::vector<int64_t> layers;                    // ascending; default every layer
-  std::vector<std::string> sites = {"resid_post"};  // resid_post | attn_out | mlp_out
+  std::vector<std::string> sites = {"resid_post"};  // ExtractSites(); docs/extract.md defines each
   std::string dtype = "fp32";      // stored dtype: fp32 | bf16 | fp16
   std::string precision = "fp32";  // compute: fp32, or bf16 autocast (CUDA workers)
   int64_t batch = 8;               // sequences per chunk (the unit of storage and resume)
@@ -190,10 +198,31 @@ struct ExtractSpec {
   // device one block at a time (models larger than the device); "auto": whole when the estimate
   // fits the device's free memory, else layerwise.
   std::string mode = "auto";
+  // > 0: the logits site keeps only each row's top k (values, descending) and their token ids
+  // (site logits_ids, int32); 0: the whole [vocab] row.
+  int64_t logits_top_k = 0;
 };
 
-// The sites a block exposes, in storage order.
+// Patch runs (kind = "patch"): the model runs with `sites` of `layers` replaced, and stores the
+// per-row next-token loss (site "loss") and, with `logits`, the logits (site "logits", top-k by
+// extract.logits_top_k), chunked and scheduled as an extract run ([extract] batch, tokens, dtype,
+// precision, mode apply).
+struct PatchSpec {
+  std::vector<int64_t> layers;     // ascending
+  std::vector<std::string> sites;  // PatchableSites()
+  std::string ablation = "zero";   // zero | mean (capture: named, refused until built)
+  std::string source;              // ablation = "mean": an fp32 .npy of the site's row shape
+  bool logits = false;
+};
+
+// The sites an extract run can capture, in storage order: per-block sites, then the model-level
+// final_norm and logits (stored under layer model.layers - 1), logits_ids (top-k only), and loss
+// (patch runs only).
 const std::vector<std::string>& ExtractSites();
+// The sites a patch run can replace.
+const std::vector<std::string>& PatchableSites();
+// Sites computed once per model rather than per block; addressed as layer model.layers - 1.
+bool IsModelLevelSite(const std::string& site);
 
 struct RunSpec;
 
@@ -201,6 +230,10 @@ struct RunSpec;
 // for the residual-width sites. A site's record of a chunk is [row_count, shape...]. Readers
 // (activations index, Python package, export) take row widths from here, never from model.hidden.
 std::vector<int64_t> ExtractSiteRowShape(const RunSpec& spec, const std::string& site);
+// The dtype name a site's records are stored in: extract.dtype, except logits_ids ("i32").
+std::string ExtractSiteDType(const RunSpec& spec, const std::string& site);
+// Bytes of one chunk's records (every captured layer and site) at the spec's extract.batch.
+uint64_t ExtractChunkBytes(const RunSpec& spec);
 
 struct WorkerSpec {
   int64_t threads = 1;
@@ -213,8 +246,9 @@ inline int64_t ClampWorkerThreads(int64_t threads, int64_t cores) { return std::
 
 struct RunSpec {
   std::string name;
-  std::string kind = "train";  // or "extract"
-  bool is_extract() const { return kind == "extract"; }
+  std::string kind = "train";  // or "extract", or "patch" (an extract run that patches)
+  bool is_extract() const { return kind == "extract" || kind == "patch"; }
+  bool is_patch() const { return kind == "patch"; }
   // Train runs: sequences per data-parallel rank per step, and per forward/backward on a rank
   // (parallel.micro_batch, 0 = all of them).
   int64_t local_batch() const { return train.global_batch / std::max<int64_t>(parallel.dp, 1); }
@@ -225,6 +259,7 @@ struct RunSpec {
   ParallelSpec parallel;
   WorkerSpec worker;
   ExtractSpec extract;
+  PatchSpec patch;
 };
 
 // Fills a model's defaults (kv_heads, ffn, head_dim, norm_eps, activation, gpt2's max_positions)

@@ -226,13 +226,99 @@ TEST_F(RunSpecTest, ExtractSitesAreStoredInCanonicalOrderAndTokensCap) {
 TEST_F(RunSpecTest, ExtractBadInputNamesTheKey) {
   const std::string head = "kind = \"extract\"\n" + Valid();
   ExpectRejected(head + "[extract]\nlayers = [2]\n", "extract.layers holds 2");
-  ExpectRejected(head + "[extract]\nsites = [\"logits\"]\n", "unknown site \"logits\"");
+  ExpectRejected(head + "[extract]\nsites = [\"logit\"]\n", "unknown site \"logit\"");
   ExpectRejected(head + "[extract]\ndtype = \"int8\"\n", "extract.dtype");
   ExpectRejected(head + "[extract]\nbatch = 0\n", "extract.batch");
   ExpectRejected(head + "[extract]\ntokens = 5\n", "extract.tokens");
   ExpectRejected(head + "[extract]\nsizes = 1\n", "extract.sizes");
   ExpectRejected(Valid() + "[extract]\nbatch = 2\n", "needs kind = \"extract\"");
   ExpectRejected("kind = \"finetune\"\n" + Valid(), "kind = \"finetune\"");
+}
+
+TEST_F(RunSpecTest, EverySiteHasARowShapeAndModelLevelSitesAddTheLastLayer) {
+  auto spec = ParseRunSpec("kind = \"extract\"\n" + Valid("kv_heads = 2\nfamily = \"llama\"\nffn = 96\n") +
+                               "[extract]\nlayers = [0]\nsites = [\"logits\", \"q\", \"k\", \"attn_pattern\", \"mlp_hidden\", "
+                               "\"final_norm\", \"resid_mid\"]\nlogits_top_k = 7\n",
+                           dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  // final_norm and logits are stored as the last layer's; logits_ids comes with top-k.
+  EXPECT_EQ(spec->extract.layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(spec->extract.sites, (std::vector<std::string>{"resid_mid", "q", "k", "attn_pattern", "mlp_hidden", "final_norm",
+                                                           "logits", "logits_ids"}));
+  EXPECT_EQ(ExtractSiteRowShape(*spec, "q"), (std::vector<int64_t>{4, 16}));
+  EXPECT_EQ(ExtractSiteRowShape(*spec, "k"), (std::vector<int64_t>{2, 16}));
+  EXPECT_EQ(ExtractSiteRowShape(*spec, "attn_pattern"), (std::vector<int64_t>{4, 32}));
+  EXPECT_EQ(ExtractSiteRowShape(*spec, "mlp_hidden"), (std::vector<int64_t>{96}));
+  EXPECT_EQ(ExtractSiteRowShape(*spec, "final_norm"), (std::vector<int64_t>{64}));
+  EXPECT_EQ(ExtractSiteRowShape(*spec, "logits"), (std::vector<int64_t>{7}));
+  EXPECT_EQ(ExtractSiteDType(*spec, "logits_ids"), "i32");
+  EXPECT_EQ(ExtractSiteDType(*spec, "logits"), "fp32");
+  auto back = ParseRunSpec(RunSpecToToml(*spec), "", false);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->extract.sites, spec->extract.sites);
+  EXPECT_EQ(back->extract.layers, spec->extract.layers);
+  EXPECT_EQ(back->extract.logits_top_k, 7);
+}
+
+TEST_F(RunSpecTest, SitesThatCannotBeCapturedAreRefusedNamingTheNumbers) {
+  std::ofstream(dir_ + "/corpus.txt") << std::string(8192, 'a');  // one sequence of 4096 and its target
+  const std::string head = "kind = \"extract\"\n";
+  ExpectRejected(head + With("sequence = 32", "sequence = 4096\nmax_positions = 4096") + "[extract]\nsites = [\"attn_pattern\"]\n",
+                 "model.sequence = 4096 is over the 2048 it is captured up to");
+  // 64 sequences x 2048 rows x [4 heads, 2048] fp32 x 2 layers = 8 GiB per chunk.
+  ExpectRejected(head + With("sequence = 32", "sequence = 2048\nmax_positions = 2048") +
+                     "[extract]\nsites = [\"attn_pattern\"]\nbatch = 64\n",
+                 "one chunk of 64 sequences would hold 8192 MiB of attn_pattern (over 2 layer(s), 2048 tokens each), over "
+                 "the 4096 MiB");
+  ExpectRejected(head + Valid("vocab = 200000\n") + "[extract]\nsites = [\"logits\"]\nbatch = 256\n", "set extract.logits_top_k");
+  ExpectRejected(head + Valid() + "[extract]\nlogits_top_k = 5\n", "logits_top_k = 5 applies to the logits site");
+  ExpectRejected(head + Valid() + "[extract]\nsites = [\"logits\"]\nlogits_top_k = 300\n", "extract.logits_top_k");
+  ExpectRejected(head + Valid() + "[extract]\nsites = [\"logits_ids\"]\n", "set logits_top_k instead");
+  ExpectRejected(head + Valid() + "[extract]\nsites = [\"loss\"]\n", "which patch runs store");
+}
+
+TEST_F(RunSpecTest, PatchRunsStoreTheLossAtTheLastLayerAndRoundTrip) {
+  auto spec = ParseRunSpec("kind = \"patch\"\n" + Valid() +
+                               "[extract]\nbatch = 2\n[patch]\nlayers = [1, 0]\nsites = [\"mlp_out\", \"attn_out\"]\nlogits = true\n",
+                           dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_TRUE(spec->is_extract());
+  EXPECT_TRUE(spec->is_patch());
+  EXPECT_EQ(spec->patch.layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(spec->patch.sites, (std::vector<std::string>{"attn_out", "mlp_out"}));
+  EXPECT_EQ(spec->extract.layers, (std::vector<int64_t>{1}));
+  EXPECT_EQ(spec->extract.sites, (std::vector<std::string>{"logits", "loss"}));
+  EXPECT_EQ(ExtractSiteRowShape(*spec, "loss"), (std::vector<int64_t>{1}));
+  auto back = ParseRunSpec(RunSpecToToml(*spec), "", false);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->patch.layers, spec->patch.layers);
+  EXPECT_EQ(back->patch.sites, spec->patch.sites);
+  EXPECT_EQ(back->extract.sites, spec->extract.sites);
+  EXPECT_EQ(back->extract.batch, 2);
+}
+
+TEST_F(RunSpecTest, PatchBadInputNamesTheField) {
+  const std::string head = "kind = \"patch\"\n" + Valid();
+  ExpectRejected(head + "[patch]\nsites = [\"attn_out\"]\n", "patch.layers is missing");
+  ExpectRejected(head + "[patch]\nlayers = [2]\nsites = [\"attn_out\"]\n", "patch.layers holds 2");
+  ExpectRejected(head + "[patch]\nlayers = [0]\n", "patch.sites is missing");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"q\"]\n", "patch.sites holds \"q\", which cannot be replaced");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"capture\"\n", "not built yet");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"mean\"\n",
+                 "needs patch.source, an fp32 .npy of shape (64)");
+  ExpectRejected(head + "[patch]\nlayers = [0, 1]\nsites = [\"attn_out\"]\nablation = \"mean\"\nsource = \"m.npy\"\n",
+                 "name exactly one in patch.layers and patch.sites (they hold 2 and 1)");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"mean\"\nsource = \"m.npy\"\n",
+                 "m.npy\" does not exist");
+  std::string npy_header = "{'descr': '<f4', 'fortran_order': False, 'shape': (32,), }";
+  npy_header.resize(117, ' ');
+  std::ofstream(dir_ + "/m.npy") << std::string("\x93NUMPY\x01\x00\x76\x00", 10) << npy_header << '\n' << std::string(128, '\0');
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"mlp_out\"]\nablation = \"mean\"\nsource = \"m.npy\"\n",
+                 "holds a <f4 array of shape (32); mlp_out needs fp32 ('<f4', C order) of shape (64)");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"half\"\n", "patch.ablation = \"half\"");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nsource = \"r1\"\n", "patch.source");
+  ExpectRejected(head + "[extract]\nsites = [\"q\"]\n[patch]\nlayers = [0]\nsites = [\"attn_out\"]\n", "do not apply");
+  ExpectRejected("kind = \"extract\"\n" + Valid() + "[patch]\nlayers = [0]\n", "needs kind = \"patch\"");
 }
 
 // [parallel] fields the spec leaves out, or sets to "auto", are the planner's; the canonical TOML

@@ -122,11 +122,11 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
               {"gradient_accumulation", r.plan.gradient_accumulation}, {"recompute", r.plan.recompute}, {"stages", r.plan.stages}};
     }
     json extract = nullptr;
-    if (r.kind == "extract") {
+    if (r.kind == "extract" || r.kind == "patch") {
       extract = {{"rows_stored", r.rows_stored}, {"rows_total", r.rows_total}, {"bytes_stored", r.bytes_stored},
                  {"bytes_per_second", r.bytes_per_second}};
     }
-    const bool timed = r.kind != "extract" && r.tokens_per_second > 0 && r.tokens_per_step > 0;
+    const bool timed = r.kind != "extract" && r.kind != "patch" && r.tokens_per_second > 0 && r.tokens_per_step > 0;
     j["runs"].push_back({{"id", r.id},
                          {"name", r.name},
                          {"kind", r.kind.empty() ? "train" : r.kind},

@@ -191,7 +191,7 @@ function handledHtml(h) {
   const kinds = Object.keys(h || {});
   return kinds.map((k) => `<span class="fail ${esc(k)}" data-handled="${esc(k)}">${esc(k)} ${h[k]}</span>`).join(" ");
 }
-const isExtract = (r) => r.kind === "extract";
+const isExtract = (r) => r.kind === "extract" || r.kind === "patch";
 const rate = (b) => (b / 1e9).toFixed(b >= 1e9 ? 2 : 3) + " GB/s";
 function progress(r) {
   if (isExtract(r)) {

@@ -137,7 +137,16 @@ void RpcHandlers::HandleSubmitRun(const std::string& identity, uint64_t rid, Sub
     return;
   }
   RunEntry& stored = c_.runs[run.id] = std::move(run);
-  if (stored.spec.is_extract()) {
+  if (stored.spec.is_patch()) {
+    std::string what;
+    for (const auto& site : stored.spec.patch.sites) what += (what.empty() ? "" : ", ") + site;
+    std::string layers;
+    for (int64_t l : stored.spec.patch.layers) layers += (layers.empty() ? "" : ", ") + std::to_string(l);
+    c_.AddEvent(stored, EventKind::kSubmitted, "run " + stored.id + " submitted: the loss of " + std::to_string(stored.extract.total_rows) +
+                                      " token rows with " + what + " of layer(s) " + layers + " replaced (" +
+                                      stored.spec.patch.ablation + " ablation), in " + std::to_string(stored.extract.total_chunks) +
+                                      " chunks on " + std::to_string(stored.spec.parallel.dp) + " worker(s)");
+  } else if (stored.spec.is_extract()) {
     c_.AddEvent(stored, EventKind::kSubmitted, "run " + stored.id + " submitted: capture " + std::to_string(stored.extract.total_rows) +
                                       " token rows of " + std::to_string(stored.spec.extract.layers.size()) + " layer(s) in " +
                                       std::to_string(stored.extract.total_chunks) + " chunks on " +

@@ -21,15 +21,44 @@ namespace strata::worker {
 class ModelFamily;
 class ParamView;
 
-// What one transformer block computes, for activation capture: the attention and MLP outputs
-// (before they are added to the residual stream) and the block's output (the residual stream
-// after it, which Hugging Face returns as hidden_states[layer + 1]).
+// What one transformer block computes, for activation capture and patching (docs/extract.md
+// defines every site). Each tensor is laid out [batch, time, row shape...] so that
+// reshape({-1, ExtractSiteRowShape(site)...}) gives the stored rows (views, not copies, until
+// then):
+//   resid_pre    [b, t, hidden]       the block's input
+//   attn_out     [b, t, hidden]       attention's output, before it is added to the residual
+//   resid_mid    [b, t, hidden]       resid_pre + attn_out (for GPT-NeoX's parallel residual the
+//                                     same sum, though the MLP reads resid_pre there)
+//   q            [b, t, heads, hd]    queries after rotary (GPT-2: no rotary)
+//   k, v         [b, t, kv_heads, hd] keys after rotary, values; before GQA's repeat
+//   attn_pattern [b, t, heads, t]     softmax(q k^T / sqrt(hd) + causal mask), per query row;
+//                                     only when BlockRequest::attn_pattern
+//   mlp_hidden   [b, t, ffn]          act(fc(x)), or act(gate(x)) * up(x) for gated MLPs
+//   mlp_out      [b, t, hidden]       the MLP's output, before the residual add
+//   resid_post   [b, t, hidden]       the block's output (Hugging Face's hidden_states[layer + 1])
 struct BlockOutputs {
+  torch::Tensor resid_pre;
   torch::Tensor attn_out;
+  torch::Tensor resid_mid;
+  torch::Tensor q, k, v;
+  torch::Tensor attn_pattern;
+  torch::Tensor mlp_hidden;
   torch::Tensor mlp_out;
   torch::Tensor resid_post;
+  // The site by name (ExtractSites()); undefined for a site a block does not produce.
+  const torch::Tensor& Site(const std::string& site) const;
+};
+
+// What a caller asks of one block beyond its output. `patch`, when set, sees each patchable
+// site's value as computed ([b, t, row shape...], as in BlockOutputs) and returns the value the
+// block goes on with (the same tensor to leave it); patchable: resid_pre, attn_out, resid_mid,
+// mlp_hidden, mlp_out, resid_post.
+struct BlockRequest {
+  bool attn_pattern = false;  // costs a [b, heads, t, t] softmax beside the fused attention
+  std::function<torch::Tensor(const std::string& site, const torch::Tensor& value)> patch;
 };
 using BlockVisitor = std::function<void(int64_t layer, const BlockOutputs& outputs)>;
+using BlockRequestFn = std::function<BlockRequest(int64_t layer)>;
 
 class CausalLm : public torch::nn::Module {
  public:
@@ -45,13 +74,19 @@ class CausalLm : public torch::nn::Module {
   // device runs one part at a time: MoveEmbedding / MoveBlock put a part's weights on a device.
   int64_t num_blocks() const { return spec_.layers; }
   torch::Tensor Embed(const torch::Tensor& tokens);
-  BlockOutputs RunBlock(int64_t layer, const torch::Tensor& x);
+  BlockOutputs RunBlock(int64_t layer, const torch::Tensor& x, const BlockRequest& request = {});
+  // The final norm of the residual stream after the last block, and the head on it (logits).
+  torch::Tensor FinalNorm(const torch::Tensor& x);
+  torch::Tensor Head(const torch::Tensor& normed);
   void MoveEmbedding(const torch::Device& device, torch::ScalarType type);
   void MoveBlock(int64_t layer, const torch::Device& device, torch::ScalarType type);
+  void MoveFinal(const torch::Device& device, torch::ScalarType type);  // final norm and head
 
-  // Embedding and blocks 0..last_layer, calling `visit` after each block. Stops early: capturing
-  // layer 3 of 48 costs 4 blocks.
-  void RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit);
+  // Embedding and blocks 0..last_layer, calling `visit` after each block; `request` (when set)
+  // says what each layer's block is asked for. Returns the residual stream after last_layer.
+  // Stops early: capturing layer 3 of 48 costs 4 blocks.
+  torch::Tensor RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit,
+                          const BlockRequestFn& request = nullptr);
 
   // Every parameter from the seeded LibTorch generator by the family's rule, in the table's order
   // (GPT-2: its embeddings last).
@@ -68,6 +103,28 @@ class CausalLm : public torch::nn::Module {
   std::vector<ParamView> blocks_;
   torch::Tensor head_;
 };
+
+// Capture (extract and patch runs), shared by the extractor and the direct forward reference so
+// both store the same bytes:
+//   ExtractRecordNames   the (layer, site) records of a chunk, in storage order: for each of
+//                        extract.layers, its per-block sites; at layer model.layers - 1 also the
+//                        model-level ones (final_norm, logits, logits_ids, loss).
+//   ExtractRequest       what block `layer` is asked: its attention pattern when captured there,
+//                        and (patch runs) patch.sites replaced at patch.layers.
+//   ExtractRows          the rows of `layer`'s records from its block outputs, [b * t, row
+//                        shape...] in the stored dtype (ExtractSiteDType), on the block's device;
+//                        at the last layer the model's final norm and head run on resid_post.
+// Model-level sites, from h = resid_post of the last block:
+//   final_norm   the final norm of h                                   [hidden]
+//   logits       final_norm W_head^T, in the compute dtype, then cast  [vocab], or the top
+//                logits_top_k values, descending (torch.topk)          [k]
+//   logits_ids   their token ids (int32)                               [k]
+//   loss         -log softmax(logits in fp32)[next token] at positions 0..t-2 of each
+//                sequence; NaN at its last position, whose next token is not in the sequence [1]
+std::vector<std::pair<int64_t, std::string>> ExtractRecordNames(const RunSpec& spec);
+BlockRequest ExtractRequest(const RunSpec& spec, int64_t layer);
+std::vector<torch::Tensor> ExtractRows(CausalLm& model, const RunSpec& spec, int64_t layer, const BlockOutputs& block,
+                                       const torch::Tensor& tokens);
 
 // The family named by spec.family, parameters initialised from the current LibTorch generator
 // (callers seed it).

@@ -123,7 +123,13 @@ std::pair<std::string, std::string> Extractor::ChooseMode() const {
   const uint64_t weights = static_cast<uint64_t>(shard::ParameterCount(spec.model)) * element;
   // A block's forward keeps a few [rows, hidden] and [rows, ffn] tensors alive at once.
   const uint64_t rows = static_cast<uint64_t>(spec.extract.batch * spec.model.sequence);
-  const uint64_t working = rows * (6 * spec.model.hidden + 2 * spec.model.ffn) * element;
+  uint64_t working = rows * (6 * spec.model.hidden + 2 * spec.model.ffn) * element;
+  // Sites that grow past the residual width: attn_pattern's [heads, t] scores, softmax and
+  // copy per row; the head's logits (and their fp32 copy for the loss) per row.
+  const auto& sites = spec.extract.sites;
+  const auto asked = [&](const char* site) { return std::find(sites.begin(), sites.end(), site) != sites.end(); };
+  if (asked("attn_pattern")) working += rows * static_cast<uint64_t>(spec.model.heads * spec.model.sequence) * (element + 8);
+  if (asked("logits") || asked("loss")) working += rows * static_cast<uint64_t>(spec.model.vocab) * (element + 8);
   const uint64_t budget = static_cast<uint64_t>(0.9 * static_cast<double>(device_memory_.free_bytes));
   std::ostringstream why;
   why << std::fixed << std::setprecision(2) << weights / gib << " GiB of weights + ~" << working / gib
@@ -151,9 +157,7 @@ Extractor::Chunk Extractor::NewChunk(uint64_t chunk_index) const {
   chunk.info.chunk = chunk_index;
   chunk.info.row_begin = static_cast<uint64_t>(first * spec.model.sequence);
   chunk.info.row_count = static_cast<uint64_t>(std::max<int64_t>(0, last - first) * spec.model.sequence);
-  for (int64_t layer : spec.extract.layers) {
-    for (const std::string& site : spec.extract.sites) chunk.names.emplace_back(layer, site);
-  }
+  chunk.names = ExtractRecordNames(spec);
   return chunk;
 }
 
@@ -168,13 +172,12 @@ std::vector<torch::Tensor> Extractor::Forward(const torch::Tensor& tokens) {
   const RunSpec& spec = context_.spec;
   const auto& layers = spec.extract.layers;
   std::vector<torch::Tensor> out;
-  model_->RunBlocks(tokens.to(device_), layers.back(), [&](int64_t layer, const BlockOutputs& block) {
-    if (!std::binary_search(layers.begin(), layers.end(), layer)) return;
-    for (const std::string& site : spec.extract.sites) {
-      const torch::Tensor& value = site == "attn_out" ? block.attn_out : site == "mlp_out" ? block.mlp_out : block.resid_post;
-      out.push_back(ToHost(value.reshape({-1, spec.model.hidden}).to(stored_type_)));
-    }
-  });
+  model_->RunBlocks(
+      tokens.to(device_), layers.back(),
+      [&](int64_t layer, const BlockOutputs& block) {
+        for (const torch::Tensor& rows : ExtractRows(*model_, spec, layer, block, tokens)) out.push_back(ToHost(rows));
+      },
+      [&](int64_t layer) { return ExtractRequest(spec, layer); });
   return out;
 }
 
@@ -226,11 +229,11 @@ Status Extractor::ComputeLayerwise(const std::vector<uint64_t>& chunks, const st
   const RunSpec& spec = context_.spec;
   const int64_t t = spec.model.sequence, width = spec.model.hidden;
   const uint64_t compute_size = compute_type_ == torch::kFloat ? 4 : 2;
-  const uint64_t stored_size = torch::elementSize(stored_type_);
   // Host bytes a chunk needs while its group is in flight: its hidden state and its captures.
   const uint64_t chunk_rows = static_cast<uint64_t>(spec.extract.batch * t);
-  const uint64_t per_chunk = chunk_rows * width *
-                             (compute_size + stored_size * spec.extract.layers.size() * spec.extract.sites.size());
+  const uint64_t per_chunk = chunk_rows * width * compute_size + ExtractChunkBytes(spec);
+  const auto names = ExtractRecordNames(spec);
+  const bool model_level = std::any_of(names.begin(), names.end(), [](const auto& n) { return IsModelLevelSite(n.second); });
   const uint64_t budget = std::max<uint64_t>(ReadCpuMemory().free_bytes / 4, per_chunk);
   const size_t group_size = std::max<size_t>(1, budget / std::max<uint64_t>(per_chunk, 1));
   const int64_t last_layer = spec.extract.layers.back();
@@ -255,10 +258,12 @@ Status Extractor::ComputeLayerwise(const std::vector<uint64_t>& chunks, const st
     for (int64_t layer = 0; layer <= last_layer; ++layer) {
       if (context_.cancelled->load()) return Aborted("cancelled");
       model_->MoveBlock(layer, device_, compute_type_);
+      const bool last = layer == spec.model.layers - 1;
+      if (last && model_level) model_->MoveFinal(device_, compute_type_);
       const bool captured = std::binary_search(spec.extract.layers.begin(), spec.extract.layers.end(), layer);
-      const size_t first_record = captured ? static_cast<size_t>(std::lower_bound(spec.extract.layers.begin(), spec.extract.layers.end(), layer) -
-                                                                 spec.extract.layers.begin()) * spec.extract.sites.size()
-                                           : 0;
+      const size_t first_record = static_cast<size_t>(
+          std::count_if(names.begin(), names.end(), [&](const auto& n) { return n.first < layer; }));
+      const BlockRequest request = ExtractRequest(spec, layer);
       for (size_t c = 0; c < group.size(); ++c) {
         for (size_t m = 0; m < residual[c].size();) {
           if (residual[c][m].size(0) > micro_batch_) {  // made before an OOM shrank the micro-batch
@@ -268,7 +273,7 @@ Status Extractor::ComputeLayerwise(const std::vector<uint64_t>& chunks, const st
           }
           BlockOutputs out;
           try {
-            out = model_->RunBlock(layer, residual[c][m].to(device_));
+            out = model_->RunBlock(layer, residual[c][m].to(device_), request);
           } catch (const c10::OutOfMemoryError& e) {
             ReleaseCachedMemory(device_);
             if (residual[c][m].size(0) == 1) {
@@ -285,17 +290,21 @@ Status Extractor::ComputeLayerwise(const std::vector<uint64_t>& chunks, const st
             continue;
           }
           if (captured) {
-            for (size_t si = 0; si < spec.extract.sites.size(); ++si) {
-              const std::string& site = spec.extract.sites[si];
-              const torch::Tensor& v = site == "attn_out" ? out.attn_out : site == "mlp_out" ? out.mlp_out : out.resid_post;
-              parts[c][first_record + si].push_back(ToHost(v.reshape({-1, width}).to(stored_type_)));
+            torch::Tensor tokens;  // the loss's next tokens: this micro-batch's sequences
+            if (last && model_level) {
+              int64_t begin = static_cast<int64_t>(group[c].info.row_begin) / t;
+              for (size_t before = 0; before < m; ++before) begin += residual[c][before].size(0);
+              STRATA_ASSIGN_OR_RETURN(tokens, Tokens(begin, begin + residual[c][m].size(0)));
             }
+            std::vector<torch::Tensor> rows = ExtractRows(*model_, spec, layer, out, tokens);
+            for (size_t r = 0; r < rows.size(); ++r) parts[c][first_record + r].push_back(ToHost(rows[r]));
           }
           residual[c][m] = ToHost(out.resid_post);
           ++m;
         }
       }
       model_->MoveBlock(layer, torch::kCPU, compute_type_);
+      if (last && model_level) model_->MoveFinal(torch::kCPU, compute_type_);
     }
     for (size_t c = 0; c < group.size(); ++c) {
       for (auto& p : parts[c]) {

@@ -4,7 +4,9 @@
 // extract.batch, chunk c holds sequences [c B, min((c + 1) B, S)), i.e. token rows
 // [c B T, min((c + 1) B, S) T). For every chunk of the task not already in the store:
 //   forward micro-batches of up to `micro` sequences through blocks 0..max(extract.layers),
-//   copy each asked (layer, site) output to the host as [rows, hidden] in the stored dtype,
+//   copy each asked (layer, site) record to the host as [rows, row shape...] in its stored dtype
+//   (ExtractRows in causal_lm.h: per-block sites, and at the last layer the final norm, logits
+//   and - patch runs, whose blocks run with their sites replaced - the per-row loss),
 //   and hand the whole chunk to a writer thread that stores it (ShardStore::PutActivationChunk,
 //   with its token record: id, document and position per row) and reports it to the coordinator.
 // Before the first chunk the run record (layers, sites, row shapes, rows) goes to the store, so a
@@ -51,7 +53,7 @@ class Extractor {
   struct Chunk {
     storage::ActivationChunkInfo info;
     std::vector<std::pair<int64_t, std::string>> names;  // (layer, site) of each tensor
-    std::vector<torch::Tensor> tensors;                  // host, contiguous, [rows, hidden]
+    std::vector<torch::Tensor> tensors;                  // host, contiguous, [rows, row shape...]
   };
   // "whole" or "layerwise", with the numbers behind the choice (reported as a "plan" event).
   std::pair<std::string, std::string> ChooseMode() const;

@@ -20,20 +20,27 @@ class Gpt2Family : public ModelFamily {
     return torch::embedding(p("wte.weight"), tokens) + torch::embedding(p("wpe.weight"), positions);
   }
 
-  BlockOutputs Block(const ParamView& p, const torch::Tensor& x, const TensorParallel& tp) const override {
-    const int64_t b = x.size(0), t = x.size(1), hd = spec_.head_size(), heads = spec_.heads / tp.size;
+  BlockOutputs Block(const ParamView& p, const torch::Tensor& x_in, const TensorParallel& tp,
+                     const BlockRequest& request = {}) const override {
+    const int64_t b = x_in.size(0), t = x_in.size(1), hd = spec_.head_size(), heads = spec_.heads / tp.size;
     const double eps = spec_.norm_eps;
+    BlockOutputs out;
+    out.resid_pre = Patched(request, "resid_pre", x_in);
+    const torch::Tensor& x = out.resid_pre;
     auto a = tp.enter(torch::layer_norm(x, {spec_.hidden}, p("ln_1.weight"), p("ln_1.bias"), eps));
     // [b, t, 3 * heads * hd] -> 3 x [b, heads, t, hd]
     auto qkv = torch::linear(a, p("c_attn.weight"), p("c_attn.bias")).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
+    out.q = qkv[0].transpose(1, 2);
+    out.k = qkv[1].transpose(1, 2);
+    out.v = qkv[2].transpose(1, 2);
+    if (request.attn_pattern) out.attn_pattern = AttentionPattern(qkv[0], qkv[1]);
     auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape({b, t, heads * hd});
-    BlockOutputs out;
-    out.attn_out = tp.leave(torch::linear(y, p("attn_proj.weight"))) + p("attn_proj.bias");
-    auto h = x + out.attn_out;
-    auto m = tp.enter(torch::layer_norm(h, {spec_.hidden}, p("ln_2.weight"), p("ln_2.bias"), eps));
-    m = Activation(torch::linear(m, p("c_fc.weight"), p("c_fc.bias")));
-    out.mlp_out = tp.leave(torch::linear(m, p("mlp_proj.weight"))) + p("mlp_proj.bias");
-    out.resid_post = h + out.mlp_out;
+    out.attn_out = Patched(request, "attn_out", tp.leave(torch::linear(y, p("attn_proj.weight"))) + p("attn_proj.bias"));
+    out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
+    auto m = tp.enter(torch::layer_norm(out.resid_mid, {spec_.hidden}, p("ln_2.weight"), p("ln_2.bias"), eps));
+    out.mlp_hidden = Patched(request, "mlp_hidden", Activation(torch::linear(m, p("c_fc.weight"), p("c_fc.bias"))));
+    out.mlp_out = Patched(request, "mlp_out", tp.leave(torch::linear(out.mlp_hidden, p("mlp_proj.weight"))) + p("mlp_proj.bias"));
+    out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);
     return out;
   }
 

@@ -15,8 +15,12 @@ class GptNeoxFamily : public ModelFamily {
  public:
   using ModelFamily::ModelFamily;
 
-  BlockOutputs Block(const ParamView& p, const torch::Tensor& x, const TensorParallel& tp) const override {
-    const int64_t b = x.size(0), t = x.size(1), hd = spec_.head_size(), heads = spec_.heads / tp.size;
+  BlockOutputs Block(const ParamView& p, const torch::Tensor& x_in, const TensorParallel& tp,
+                     const BlockRequest& request = {}) const override {
+    const int64_t b = x_in.size(0), t = x_in.size(1), hd = spec_.head_size(), heads = spec_.heads / tp.size;
+    BlockOutputs out;
+    out.resid_pre = Patched(request, "resid_pre", x_in);
+    const torch::Tensor& x = out.resid_pre;
     auto [cos, sin] = Rotary(x);
     auto a = tp.enter(LayerNorm(x, p, "input_layernorm"));
     auto qkv = torch::linear(a, p("attention.query_key_value.weight"), p.Optional("attention.query_key_value.bias"))
@@ -24,16 +28,29 @@ class GptNeoxFamily : public ModelFamily {
                    .transpose(1, 2);
     auto parts = qkv.chunk(3, -1);
     auto q = ApplyRotary(parts[0], cos, sin), k = ApplyRotary(parts[1], cos, sin);
+    out.q = q.transpose(1, 2);
+    out.k = k.transpose(1, 2);
+    out.v = parts[2].transpose(1, 2);
+    if (request.attn_pattern) out.attn_pattern = AttentionPattern(q, k);
     auto y = compat::CausalAttention(q, k, parts[2]).transpose(1, 2).reshape({b, t, heads * hd});
-    BlockOutputs out;
-    out.attn_out = tp.leave(torch::linear(y, p("attention.dense.weight")));
-    if (auto bias = p.Optional("attention.dense.bias"); bias.defined()) out.attn_out = out.attn_out + bias;
-    const torch::Tensor mlp_in = spec_.parallel_residual ? x : x + out.attn_out;
+    auto attn = tp.leave(torch::linear(y, p("attention.dense.weight")));
+    if (auto bias = p.Optional("attention.dense.bias"); bias.defined()) attn = attn + bias;
+    out.attn_out = Patched(request, "attn_out", attn);
+    // resid_mid = x + attn_out under both residuals. Sequential: the MLP's input, as in every
+    // other family. Parallel: the MLP reads x itself, and resid_mid is only the partial sum that
+    // resid_post completes (resid_post = resid_mid + mlp_out); patching it changes resid_post,
+    // not the MLP.
+    const torch::Tensor mid = x + out.attn_out;
+    out.resid_mid = Patched(request, "resid_mid", mid);
+    const torch::Tensor& mlp_in = spec_.parallel_residual ? x : out.resid_mid;
     auto m = tp.enter(LayerNorm(mlp_in, p, "post_attention_layernorm"));
-    m = Activation(torch::linear(m, p("mlp.dense_h_to_4h.weight"), p("mlp.dense_h_to_4h.bias")));
-    out.mlp_out = tp.leave(torch::linear(m, p("mlp.dense_4h_to_h.weight"))) + p("mlp.dense_4h_to_h.bias");
-    // transformers adds mlp + attn + x (parallel) and mlp + (attn + x) (sequential).
-    out.resid_post = spec_.parallel_residual ? out.mlp_out + out.attn_out + x : out.mlp_out + mlp_in;
+    out.mlp_hidden = Patched(request, "mlp_hidden", Activation(torch::linear(m, p("mlp.dense_h_to_4h.weight"), p("mlp.dense_h_to_4h.bias"))));
+    out.mlp_out = Patched(request, "mlp_out", tp.leave(torch::linear(out.mlp_hidden, p("mlp.dense_4h_to_h.weight"))) + p("mlp.dense_4h_to_h.bias"));
+    // transformers adds mlp + attn + x (parallel) and mlp + (attn + x) (sequential); kept in
+    // that order (fp32 addition is not associative) unless resid_mid was patched.
+    const bool mid_patched = !out.resid_mid.is_same(mid);
+    out.resid_post = Patched(request, "resid_post", spec_.parallel_residual && !mid_patched ? out.mlp_out + out.attn_out + x
+                                                                                             : out.mlp_out + out.resid_mid);
     return out;
   }
 

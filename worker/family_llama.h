@@ -18,7 +18,8 @@ namespace strata::worker {
 class LlamaFamily : public ModelFamily {
  public:
   using ModelFamily::ModelFamily;
-  BlockOutputs Block(const ParamView& p, const torch::Tensor& x, const TensorParallel& tp) const override;
+  BlockOutputs Block(const ParamView& p, const torch::Tensor& x, const TensorParallel& tp,
+                     const BlockRequest& request = {}) const override;
   torch::Tensor FinalNorm(const ParamView& p, const torch::Tensor& x) const override { return Norm(x, p("norm.weight")); }
 
  protected:

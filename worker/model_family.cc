@@ -1,6 +1,7 @@
 #include "worker/model_family.h"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "model/parameters.h"
@@ -103,6 +104,17 @@ torch::Tensor ModelFamily::Activation(const torch::Tensor& x) const {
   if (spec_.activation == "silu") return torch::silu(x);
   if (spec_.activation == "gelu") return torch::gelu(x);
   return torch::gelu(x, "tanh");
+}
+
+torch::Tensor ModelFamily::AttentionPattern(const torch::Tensor& q, const torch::Tensor& k, int64_t window) const {
+  const int64_t t = q.size(-2);
+  auto i = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(q.device())).unsqueeze(1);
+  auto j = i.transpose(0, 1);
+  auto allowed = j <= i;
+  if (window > 0) allowed = allowed.logical_and(j > i - window);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  return torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type()).transpose(1, 2);  // [b, t, heads, t]
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool gemma_style) {

@@ -52,8 +52,9 @@ class ModelFamily {
 
   // tokens [b, t] -> residual stream [b, t, hidden]; `p` is the embedding unit.
   virtual torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens) const;
-  // One block: its attention and MLP outputs and the residual stream after it.
-  virtual BlockOutputs Block(const ParamView& p, const torch::Tensor& x, const TensorParallel& tp) const = 0;
+  // One block: its sites (BlockOutputs), patched as `request` says.
+  virtual BlockOutputs Block(const ParamView& p, const torch::Tensor& x, const TensorParallel& tp,
+                             const BlockRequest& request = {}) const = 0;
   // The final norm before the head (the head itself, logits = norm(x) W^T, is the caller's).
   virtual torch::Tensor FinalNorm(const ParamView& p, const torch::Tensor& x) const = 0;
   // A parameter's initial value, drawn from the seeded generator in parameter order.
@@ -68,6 +69,15 @@ class ModelFamily {
   // Rotates the first rotary_dims of each head of q or k [b, heads, t, head_dim].
   torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor Activation(const torch::Tensor& x) const;
+  // request.patch applied to `site`'s value (the value itself when there is no patch).
+  static torch::Tensor Patched(const BlockRequest& request, const char* site, const torch::Tensor& value) {
+    return request.patch ? request.patch(site, value) : value;
+  }
+  // Attention probabilities [b, t, heads, t] of q, k [b, heads, t, hd] (k already repeated for
+  // GQA) as transformers' eager attention: softmax in fp32 of q k^T / sqrt(hd) with the causal
+  // (and sliding-window) mask, cast to q's dtype. The fused attention that computes attn_out is
+  // not replaced by this: it stays the same whether or not the pattern is asked.
+  torch::Tensor AttentionPattern(const torch::Tensor& q, const torch::Tensor& k, int64_t window = 0) const;
 
   ModelSpec spec_;
   torch::Tensor inv_freq_;  // [rotary_dims / 2], fp32, host
