@@ -9,6 +9,7 @@
 #include <zmq.hpp>
 
 #include "common/net.h"
+#include "common/run_spec.h"
 #include "client/coordinator_client.h"
 #include "client/request.h"
 #include "schema/envelope.h"
@@ -300,8 +301,12 @@ std::vector<int64_t> ActivationIndex::RowShape(const std::string& site) const {
   return {hidden};
 }
 
+storage::DType ActivationIndex::SiteDType(const std::string& site) const {
+  return ExtractSiteHoldsIds(site) ? storage::DType::kI32 : dtype;
+}
+
 uint64_t ActivationIndex::RowBytes(const std::string& site) const {
-  uint64_t n = storage::DTypeSize(dtype);
+  uint64_t n = storage::DTypeSize(SiteDType(site));
   for (int64_t d : RowShape(site)) n *= static_cast<uint64_t>(d);
   return n;
 }

@@ -56,6 +56,8 @@ struct ActivationIndex {
   // The shape of one row of `site` ([hidden] for a site not listed), and its size in bytes.
   std::vector<int64_t> RowShape(const std::string& site) const;
   uint64_t RowBytes(const std::string& site) const;
+  // The dtype of a site's records: `dtype`, except token-id sites (logits_ids: int32).
+  storage::DType SiteDType(const std::string& site) const;
   // InvalidArgument naming `layer` or `site` and listing the captured ones, when not captured.
   Status CheckSite(int64_t layer, const std::string& site) const;
   // [begin, end) ranges of rows of [0, total_rows) that no stored chunk holds, ascending.

@@ -156,7 +156,7 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
               << " of " << index->total_rows << " rows complete so far" << std::endl;
   }
   const uint64_t n = end > begin ? end - begin : 0;
-  auto writer = ArrayFileWriter::Create(request.out, index->dtype, n, index->RowShape(site),
+  auto writer = ArrayFileWriter::Create(request.out, index->SiteDType(site), n, index->RowShape(site),
                                         "layer" + std::to_string(request.layer) + "." + site,
                                         {{"strata_run", index->run},
                                          {"layer", std::to_string(request.layer)},

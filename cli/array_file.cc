@@ -60,6 +60,7 @@ class Writer final : public ArrayFileWriter {
         case storage::DType::kF16: descr = "<f2"; break;
         case storage::DType::kBF16: descr = "<f4"; widen_bf16_ = true; break;
         case storage::DType::kI64: descr = "<i8"; break;
+        case storage::DType::kI32: descr = "<i4"; break;
         default: return InvalidArgument(std::string("cannot write dtype ") + storage::DTypeName(dtype) + " as .npy");
       }
       prefix = NpyHeader(descr, shape);

@@ -537,7 +537,7 @@ std::vector<int64_t> ExtractSiteRowShape(const RunSpec& spec, const std::string&
 }
 
 std::string ExtractSiteDType(const RunSpec& spec, const std::string& site) {
-  return site == "logits_ids" ? "i32" : spec.extract.dtype;
+  return ExtractSiteHoldsIds(site) ? "i32" : spec.extract.dtype;
 }
 
 uint64_t ExtractChunkBytes(const RunSpec& spec) {

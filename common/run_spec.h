@@ -230,8 +230,10 @@ struct RunSpec;
 // for the residual-width sites. A site's record of a chunk is [row_count, shape...]. Readers
 // (activations index, Python package, export) take row widths from here, never from model.hidden.
 std::vector<int64_t> ExtractSiteRowShape(const RunSpec& spec, const std::string& site);
-// The dtype name a site's records are stored in: extract.dtype, except logits_ids ("i32").
+// The dtype name a site's records are stored in: extract.dtype, except the sites of token ids
+// (ExtractSiteHoldsIds: logits_ids, "i32").
 std::string ExtractSiteDType(const RunSpec& spec, const std::string& site);
+inline bool ExtractSiteHoldsIds(const std::string& site) { return site == "logits_ids"; }
 // Bytes of one chunk's records (every captured layer and site) at the spec's extract.batch.
 uint64_t ExtractChunkBytes(const RunSpec& spec);
 

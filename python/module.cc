@@ -62,6 +62,7 @@ py::dtype NumpyDType(storage::DType d) {
     case storage::DType::kF16: return py::dtype("<f2");
     case storage::DType::kBF16: return py::dtype("<u2");  // numpy has no bfloat16: the raw bits
     case storage::DType::kI64: return py::dtype("<i8");
+    case storage::DType::kI32: return py::dtype("<i4");
     default: throw std::runtime_error(std::string("no numpy dtype for ") + storage::DTypeName(d));
   }
 }
@@ -92,7 +93,7 @@ class Reader {
   py::array Read(const activations::ActivationIndex& index, int64_t layer, const std::string& site, uint64_t begin,
                  uint64_t end) {
     const bool tokens = site == storage::kActivationTokensSite;
-    const storage::DType dtype = tokens ? storage::DType::kI64 : index.dtype;
+    const storage::DType dtype = tokens ? storage::DType::kI64 : index.SiteDType(site);
     std::vector<int64_t> shape = {static_cast<int64_t>(end > begin ? end - begin : 0)};
     if (tokens) {
       shape.push_back(storage::kActivationTokenColumns);
@@ -153,7 +154,7 @@ class Stream {
     for (size_t r = 0; r < b.data.size(); ++r) {
       std::vector<int64_t> shape = {n};
       for (int64_t d : index_.RowShape(options_.records[r].second)) shape.push_back(d);
-      arrays.append(OwningArray(index_.dtype, shape, std::move(b.data[r])));
+      arrays.append(OwningArray(index_.SiteDType(options_.records[r].second), shape, std::move(b.data[r])));
     }
     return py::make_tuple(b.epoch, rows_array, arrays);
   }
