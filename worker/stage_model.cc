@@ -384,6 +384,12 @@ torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& 
     const int64_t pad = (64 - m.vocab % 64) % 64;  // aligned logits for cuBLAS, as Head
     const torch::Tensor padded = pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
     const torch::Tensor normed = family_->FinalNorm(p, in);
+    const int64_t rows = normed.numel() / normed.size(-1);
+    if (rows * padded.size(0) * static_cast<int64_t>(sizeof(float)) <= kWholeLogitBytes) {
+      // Small enough to hold whole: LibTorch's own loss is faster (fused_loss.h has the numbers).
+      const torch::Tensor logits = torch::linear(normed, padded).narrow(-1, 0, m.vocab);
+      return torch::nn::functional::cross_entropy(logits.reshape({-1, m.vocab}).to(torch::kFloat).contiguous(), targets.reshape({-1}));
+    }
     return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), padded, m.vocab, targets.reshape({-1}), compute);
   }, /*recompute=*/false);
 }
