@@ -130,7 +130,7 @@ class Cluster:
             s = self.status(run)
             state = s.get("state")
             if progress:
-                unit = "chunk" if s.get("kind") == "extract" else "step"
+                unit = "chunk" if s.get("kind") in ("extract", "patch") else "step"
                 line = f"{run}: {state} {unit} {s.get('step', 0)}/{s.get('total_steps', 0)}"
                 if line != last_line:
                     end = "\r" if sys.stderr.isatty() and state in ("pending", "running") else "\n"
