@@ -377,19 +377,18 @@ torch::Tensor StageModel::Head(const torch::Tensor& x) {
 
 torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& targets) {
   const ModelSpec& m = spec_.model;
+  const int64_t pad = (64 - m.vocab % 64) % 64;  // aligned logits for cuBLAS, as Head
+  const int64_t rows = x.numel() / x.size(-1);
+  if (rows * (m.vocab + pad) * static_cast<int64_t>(sizeof(float)) <= kWholeLogitBytes) {
+    // Small enough to hold whole: LibTorch's own loss is faster (fused_loss.h has the numbers).
+    return torch::nn::functional::cross_entropy(Head(x).reshape({-1, m.vocab}).to(torch::kFloat).contiguous(), targets.reshape({-1}));
+  }
   const torch::ScalarType compute = spec_.train.precision == "bf16" && device_.is_cuda() ? torch::kBFloat16 : torch::kFloat;
-  return Run(head_units_, x, [this, &m, targets, compute](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
+  return Run(head_units_, x, [this, &m, pad, targets, compute](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
     const ParamView p = ViewOfUnit(head_units_, v);
     const torch::Tensor& w = p(model::HeadWeightName(m));
-    const int64_t pad = (64 - m.vocab % 64) % 64;  // aligned logits for cuBLAS, as Head
     const torch::Tensor padded = pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
     const torch::Tensor normed = family_->FinalNorm(p, in);
-    const int64_t rows = normed.numel() / normed.size(-1);
-    if (rows * padded.size(0) * static_cast<int64_t>(sizeof(float)) <= kWholeLogitBytes) {
-      // Small enough to hold whole: LibTorch's own loss is faster (fused_loss.h has the numbers).
-      const torch::Tensor logits = torch::linear(normed, padded).narrow(-1, 0, m.vocab);
-      return torch::nn::functional::cross_entropy(logits.reshape({-1, m.vocab}).to(torch::kFloat).contiguous(), targets.reshape({-1}));
-    }
     return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), padded, m.vocab, targets.reshape({-1}), compute);
   }, /*recompute=*/false);
 }
