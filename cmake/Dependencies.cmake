@@ -104,3 +104,10 @@ if(STRATA_WITH_CUDA AND NOT STRATA_TORCH_HAS_CUDA)
   message(FATAL_ERROR "STRATA_WITH_CUDA=ON but the LibTorch found at ${Torch_DIR} has no CUDA")
 endif()
 message(STATUS "Strata: LibTorch ${Torch_VERSION} from ${Torch_DIR}; CUDA parts: ${STRATA_WITH_CUDA}")
+
+# LibTorch's headers cost about 30 s to parse and 30 s more to compile in every file that includes
+# them (measured on a 2-core box); one precompiled <torch/torch.h>, built with strata_worker_exec,
+# serves every target that sees LibTorch. Targets call strata_use_torch_pch(TARGET).
+function(strata_use_torch_pch target)
+  target_precompile_headers(${target} REUSE_FROM strata_worker_exec)
+endfunction()

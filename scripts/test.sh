@@ -8,7 +8,9 @@ bash deploy/install-deps.sh
 start=$(date +%s)
 bash scripts/build.sh
 echo "build: $(( $(date +%s) - start )) s"
-(cd build && ctest --output-on-failure --timeout 600 "$@")
+# Tests in parallel, one per core: most wait on processes and sockets (RUN_SERIAL marks the ones
+# that must be alone).
+(cd build && ctest --output-on-failure --timeout 600 -j "$(nproc)" "$@")
 # A short run of every fuzzer under ASan/UBSan (fuzz/; about a minute with its build).
 # STRATA_FUZZ_RUNS=0 skips it.
 fuzz_runs=${STRATA_FUZZ_RUNS:-200000}
