@@ -133,6 +133,69 @@ Status CheckActivationsOut(const ActivationsGet& request) {
   return Status::Ok();
 }
 
+namespace {
+
+// What `--head` keeps of each row: all of it, or the bytes of one head of a [heads, x] row. Reads
+// arrive in spans that need not end on a row boundary, so a partial row waits for the next span.
+class HeadSlice {
+ public:
+  static Result<HeadSlice> For(const activations::ActivationIndex& index, const std::string& site, int64_t head) {
+    HeadSlice slice;
+    slice.row_shape = index.RowShape(site);
+    if (head < 0) return slice;
+    if (slice.row_shape.size() != 2) {
+      return InvalidArgument("--head " + std::to_string(head) + ": site " + site +
+                             " has no heads (its rows are [" + std::to_string(slice.row_shape[0]) +
+                             "]); sites with heads: q, k, v, attn_pattern");
+    }
+    const int64_t heads = slice.row_shape[0];
+    if (head >= heads) {
+      return InvalidArgument("--head " + std::to_string(head) + " is out of range: site " + site + " has " +
+                             std::to_string(heads) + (heads == 1 ? " head" : " heads") + " (0 to " +
+                             std::to_string(heads - 1) + ")");
+    }
+    const uint64_t element = storage::DTypeSize(index.SiteDType(site));
+    slice.head_bytes_ = static_cast<uint64_t>(slice.row_shape[1]) * element;
+    slice.row_bytes_ = slice.head_bytes_ * static_cast<uint64_t>(heads);
+    slice.offset_ = slice.head_bytes_ * static_cast<uint64_t>(head);
+    slice.row_shape = {slice.row_shape[1]};
+    return slice;
+  }
+
+  Status Append(std::span<const uint8_t> data, ArrayFileWriter& writer) {
+    if (row_bytes_ == 0) return writer.Append(data);
+    while (!data.empty()) {
+      if (!partial_.empty() || data.size() < row_bytes_) {
+        const size_t take = std::min<size_t>(row_bytes_ - partial_.size(), data.size());
+        partial_.insert(partial_.end(), data.begin(), data.begin() + take);
+        data = data.subspan(take);
+        if (partial_.size() < row_bytes_) return Status::Ok();
+        STRATA_RETURN_IF_ERROR(writer.Append(std::span<const uint8_t>(partial_).subspan(offset_, head_bytes_)));
+        partial_.clear();
+        continue;
+      }
+      STRATA_RETURN_IF_ERROR(writer.Append(data.subspan(offset_, head_bytes_)));
+      data = data.subspan(row_bytes_);
+    }
+    return Status::Ok();
+  }
+
+  Status CheckNoPartialRow() const {
+    if (partial_.empty()) return Status::Ok();
+    return Internal("the store returned " + std::to_string(partial_.size()) + " bytes past the last whole row");
+  }
+
+  std::vector<int64_t> row_shape;  // of what is written
+
+ private:
+  uint64_t row_bytes_ = 0;  // 0: whole rows pass through
+  uint64_t head_bytes_ = 0;
+  uint64_t offset_ = 0;
+  std::vector<uint8_t> partial_;
+};
+
+}  // namespace
+
 int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& request) {
   if (Status st = CheckActivationsOut(request); !st.ok()) return Fail(st);
   auto reader = OpenReader(coordinator, request.stores);
@@ -156,20 +219,28 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
               << " of " << index->total_rows << " rows complete so far" << std::endl;
   }
   const uint64_t n = end > begin ? end - begin : 0;
-  auto writer = ArrayFileWriter::Create(request.out, index->SiteDType(site), n, index->RowShape(site),
-                                        "layer" + std::to_string(request.layer) + "." + site,
-                                        {{"strata_run", index->run},
-                                         {"layer", std::to_string(request.layer)},
-                                         {"site", site},
-                                         {"rows", std::to_string(begin) + ":" + std::to_string(end)}},
+  if (Status st = index->CheckSite(request.layer, site); !st.ok()) return Fail(st);
+  auto head = HeadSlice::For(*index, site, request.head);
+  if (!head.ok()) return Fail(head.status());
+  std::map<std::string, std::string> metadata = {{"strata_run", index->run},
+                                                 {"layer", std::to_string(request.layer)},
+                                                 {"site", site},
+                                                 {"rows", std::to_string(begin) + ":" + std::to_string(end)}};
+  std::string tensor_name = "layer" + std::to_string(request.layer) + "." + site;
+  if (request.head >= 0) {
+    metadata["head"] = std::to_string(request.head);
+    tensor_name += ".head" + std::to_string(request.head);
+  }
+  auto writer = ArrayFileWriter::Create(request.out, index->SiteDType(site), n, head->row_shape, tensor_name, metadata,
                                         request.force);
   if (!writer.ok()) return Fail(writer.status());
   const auto start = std::chrono::steady_clock::now();
   uint64_t bytes = 0;
   Status st = (*reader)->ReadRows(*index, request.layer, site, begin, end, [&](std::span<const uint8_t> data) {
     bytes += data.size();
-    return (*writer)->Append(data);
+    return head->Append(data, **writer);
   });
+  if (st.ok()) st = head->CheckNoPartialRow();
   if (st.ok() && request.with_tokens) {
     // Written before --out is moved into place: a failed tokens read leaves neither file.
     auto tokens = ArrayFileWriter::Create(TokensPath(request.out), storage::DType::kI64, n, {storage::kActivationTokenColumns},

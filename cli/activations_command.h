@@ -23,6 +23,7 @@ struct ActivationsGet {
   std::string run;
   int64_t layer = -1;
   std::string site;  // empty: the run's only site, else resid_post
+  int64_t head = -1;  // >= 0: only this head of a site with heads (q, k, v, attn_pattern)
   std::string rows;  // "A:B", "A:" or empty (every stored row)
   std::string out;   // FILE.npy, FILE.safetensors or "-"
   bool force = false;  // replace an existing --out

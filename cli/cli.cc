@@ -1201,7 +1201,12 @@ int RunCli(int argc, char** argv) {
   auto* get_cmd = activations_cmd->add_subcommand("get", "write rows of one layer to .npy / .safetensors (or .npy on stdout)");
   get_cmd->add_option("run", get.run, std::string("the extract run: ") + kRunHelp)->required();
   get_cmd->add_option("--layer", get.layer, "layer index")->required();
-  get_cmd->add_option("--site", get.site, "resid_post, attn_out or mlp_out (default: the run's only site, else resid_post)");
+  get_cmd->add_option("--site", get.site,
+                      "a captured site: resid_pre, resid_mid, resid_post, attn_out, mlp_out, q, k, v, attn_pattern, "
+                      "mlp_hidden, final_norm, logits, logits_ids (default: the run's only site, else resid_post)");
+  get_cmd->add_option("--head", get.head,
+                      "only this attention head of a site with heads (q, k, v, attn_pattern): rows [n, head_dim] or "
+                      "[n, sequence] instead of [n, heads, ...]");
   get_cmd->add_option("--rows", get.rows, "token rows A:B (default: every stored row)");
   get_cmd->add_option("--out", get.out, "FILE.npy, FILE.safetensors, or - for .npy on stdout (an existing FILE is refused)")->required();
   get_cmd->add_flag("--force", get.force, "replace an existing --out file");

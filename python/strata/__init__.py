@@ -199,21 +199,36 @@ def _rows(spec, total, what="rows"):
 
 
 class SiteView:
-    """capture[layer, site]: rows read on indexing -> numpy [rows, *row_shape]."""
+    """capture[layer, site] (or capture[layer, site, head]): rows read on indexing -> numpy
+    [rows, *row_shape] (one head: [rows, *row_shape[1:]])."""
 
-    def __init__(self, capture, layer, site):
-        self._capture, self.layer, self.site = capture, layer, site
-        self.shape = (capture.rows,) + tuple(capture.row_shape(site))
+    def __init__(self, capture, layer, site, head=None):
+        self._capture, self.layer, self.site, self.head = capture, layer, site, head
+        row_shape = tuple(capture.row_shape(site))
+        if head is not None:
+            if len(row_shape) != 2:
+                raise ValueError(f"site {site!r} has no heads (its rows are {list(row_shape)}); "
+                                 f"sites with heads: q, k, v, attn_pattern")
+            if not isinstance(head, (int, np.integer)) or not 0 <= head < row_shape[0]:
+                raise IndexError(f"head {head} is out of range: site {site!r} has {row_shape[0]} heads "
+                                 f"(0 to {row_shape[0] - 1})")
+            row_shape = row_shape[1:]
+        self.shape = (capture.rows,) + row_shape
         self.dtype = capture.dtype
 
     def __len__(self):
         return self.shape[0]
 
     def __repr__(self):
-        return f"<strata activations {self._capture.run} layer {self.layer} {self.site} {self.shape} {self.dtype}>"
+        head = "" if self.head is None else f" head {self.head}"
+        return f"<strata activations {self._capture.run} layer {self.layer} {self.site}{head} {self.shape} {self.dtype}>"
 
     def __getitem__(self, rows):
-        return self._capture._read(self.layer, self.site, rows)
+        out = self._capture._read(self.layer, self.site, rows)
+        if self.head is None:
+            return out
+        # Rows are stored [heads, x]: a head is a strided slice of each row, copied contiguous.
+        return np.ascontiguousarray(out[..., self.head, :])
 
     def __array__(self, dtype=None, copy=None):
         out = self[:]
@@ -264,11 +279,12 @@ class Capture:
             raise ValueError(f"site {site!r} was not captured by run {self.run}; its sites are {self.sites}")
 
     def __getitem__(self, key):
-        if not (isinstance(key, tuple) and len(key) == 2):
-            raise KeyError(f"index a capture by (layer, site), e.g. capture[{self.layers[0]}, {self.sites[0]!r}]")
-        layer, site = key
+        if not (isinstance(key, tuple) and len(key) in (2, 3)):
+            raise KeyError(f"index a capture by (layer, site) or (layer, site, head), "
+                           f"e.g. capture[{self.layers[0]}, {self.sites[0]!r}]")
+        layer, site = key[:2]
         self._check(layer, site)
-        return SiteView(self, layer, site)
+        return SiteView(self, layer, site, key[2] if len(key) == 3 else None)
 
     def _read(self, layer, site, rows):
         sel = _rows(rows, self.rows)

@@ -1,7 +1,7 @@
-"""The Python package against a real local cluster (`strata up --workers 2`): submit an extract
-run from a dict, read every layer and site back with tokens (equal bit for bit to the CLI's .npy
-export), shuffled batches over both workers' stores, errors, and reading with the cluster down
-through stores=. Run by ctest (python/CMakeLists.txt) with PYTHONPATH at the built package."""
+"""The Python package against a real local cluster (`strata up --workers 2`): submit extract
+runs from a dict, read every layer and site of every family back with tokens, whole and per head
+(equal bit for bit to the CLI's .npy export), shuffled batches over both workers' stores, errors,
+and reading with the cluster down through stores=. Run by ctest (python/CMakeLists.txt) with PYTHONPATH at the built package."""
 
 import glob
 import json
@@ -28,6 +28,22 @@ SPEC = {
     "extract": {"layers": [0, 2], "sites": ["resid_post", "attn_out", "mlp_out"], "batch": 4, "tokens": 4096},
 }
 ROWS = 4096
+
+# Every family, every site (docs/extract.md), as tests/integration/sites_test.cc builds them: tiny
+# models whose heads, kv_heads, head_dim and ffn differ where the family allows.
+FAMILY_MODELS = {
+    "gpt2": {},
+    "llama": {"kv_heads": 2, "ffn": 48, "head_dim": 16},
+    "mistral": {"kv_heads": 2, "ffn": 48, "sliding_window": 8},
+    "qwen2": {"kv_heads": 1, "ffn": 40},
+    "gemma": {"kv_heads": 2, "ffn": 48, "head_dim": 8},
+    "gpt_neox": {"ffn": 56, "rotary_pct": 0.25, "parallel_residual": True},
+}
+ALL_SITES = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v", "attn_pattern",
+             "mlp_hidden", "final_norm", "logits"]
+MODEL_LEVEL_SITES = {"final_norm", "logits", "logits_ids"}  # stored at the last layer only
+HEAD_SITES = {"q", "k", "v", "attn_pattern"}
+FAMILY_ROWS = 256
 
 
 def cli(*args, check=True):
@@ -64,9 +80,9 @@ class PythonPackageTest(unittest.TestCase):
         if not os.environ.get("STRATA_KEEP_TEST_DIRS"):
             shutil.rmtree(cls.dir, ignore_errors=True)
 
-    def export(self, layer, site, name, *extra):
+    def export(self, layer, site, name, *extra, run=None):
         out = os.path.join(self.dir, name + ".npy")
-        cli("activations", "get", self.run_id, "--layer", str(layer), "--site", site, "--out", out, "--with-tokens",
+        cli("activations", "get", run or self.run_id, "--layer", str(layer), "--site", site, "--out", out, "--with-tokens",
             "--force", *extra)
         return np.load(out), np.load(os.path.join(self.dir, name + ".tokens.npy"))
 
@@ -191,6 +207,62 @@ class PythonPackageTest(unittest.TestCase):
         np.testing.assert_array_equal(tokens[:, 1], document)
         np.testing.assert_array_equal(tokens[:, 2], rows - starts.astype(np.int64)[document])
 
+    def test_f_every_site_of_every_family_with_tokens_equals_the_cli_export(self):
+        type(self).family_runs = {}
+        for family, extra in FAMILY_MODELS.items():
+            with self.subTest(family=family):
+                model = dict(family=family, layers=2, hidden=32, heads=4, vocab=256, sequence=32, **extra)
+                extract = {"layers": [0], "sites": ALL_SITES, "batch": 4, "tokens": FAMILY_ROWS}
+                if family == "qwen2":  # top-k logits: values and their int32 token ids
+                    extract["logits_top_k"] = 5
+                spec = {"name": f"py-{family}", "kind": "extract", "model": model, "data": {"path": "corpus.txt"},
+                        "train": {"seed": 11}, "parallel": {"dp": 2}, "extract": extract}
+                run = self.cluster.submit(spec, base_dir=self.dir)
+                self.assertEqual(self.cluster.wait(run, progress=False, timeout=180)["state"], "finished")
+                capture = strata.open_activations(run, cluster=self.cluster)
+                expected_sites = ALL_SITES + (["logits_ids"] if family == "qwen2" else [])
+                self.assertEqual(sorted(capture.sites), sorted(expected_sites))
+                self.assertEqual(capture.layers, [0, 1])  # final_norm and logits add the last layer
+                self.assertEqual(capture.rows, FAMILY_ROWS)
+                read = {}
+                for layer in capture.layers:
+                    for site in capture.sites:
+                        if site in MODEL_LEVEL_SITES and layer != 1:
+                            continue
+                        mine = capture[layer, site][:]
+                        theirs, tokens = self.export(layer, site, f"{family}-l{layer}-{site}", run=run)
+                        self.assertEqual(mine.dtype, theirs.dtype, (family, layer, site))
+                        self.assertEqual(mine.shape, theirs.shape, (family, layer, site))
+                        self.assertEqual(mine.tobytes(), theirs.tobytes(), (family, layer, site))
+                        self.assertEqual(capture.tokens().tobytes(), tokens.tobytes(), (family, layer, site))
+                        read[(layer, site)] = mine
+                        if site in HEAD_SITES:
+                            heads = capture.row_shape(site)[0]
+                            for head in range(heads):
+                                np.testing.assert_array_equal(capture[layer, site, head][:], mine[:, head])
+                            last = heads - 1
+                            one, _ = self.export(layer, site, f"{family}-l{layer}-{site}-h", "--head", str(last), run=run)
+                            self.assertEqual(one.tobytes(), np.ascontiguousarray(mine[:, last]).tobytes())
+                            with self.assertRaisesRegex(IndexError, f"head {heads} is out of range"):
+                                capture[layer, site, heads]
+                            r = cli("activations", "get", run, "--layer", str(layer), "--site", site, "--head",
+                                    str(heads), "--out", os.path.join(self.dir, "bad-head.npy"), check=False)
+                            self.assertNotEqual(r.returncode, 0)
+                            self.assertIn(f"--head {heads} is out of range", r.stderr)
+                # Row shapes say what each site is: heads and head_dim, the sequence, the vocabulary.
+                heads, kv = 4, extra.get("kv_heads", 4)
+                head_dim = extra.get("head_dim", 8)
+                self.assertEqual(read[(0, "q")].shape, (FAMILY_ROWS, heads, head_dim))
+                self.assertEqual(read[(0, "k")].shape, (FAMILY_ROWS, kv, head_dim))
+                self.assertEqual(read[(0, "attn_pattern")].shape, (FAMILY_ROWS, heads, 32))
+                self.assertEqual(read[(0, "mlp_hidden")].shape[1], extra.get("ffn", 128))
+                self.assertEqual(read[(1, "logits")].shape, (FAMILY_ROWS, 5 if family == "qwen2" else 256))
+                if family == "qwen2":
+                    self.assertEqual(read[(1, "logits_ids")].dtype, np.int32)
+                with self.assertRaisesRegex(ValueError, "has no heads"):
+                    capture[0, "resid_post", 0]
+                type(self).family_runs[family] = (run, read)
+
     # ------------------------------------------------------------ with the cluster down
 
     def test_z_reading_with_the_cluster_down(self):
@@ -234,6 +306,12 @@ class PythonPackageTest(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn(f"rows {begin}:{end}", r.stderr)
         self.assertIn("in none of the given store", r.stderr)
+        # Every site of every family, from the stores alone, equal to what was read online.
+        for family, (run, read) in getattr(type(self), "family_runs", {}).items():
+            capture = strata.open_activations(run, stores=self.stores)
+            self.assertEqual(capture.missing_rows(), [], family)
+            for (layer, site), array in read.items():
+                self.assertEqual(capture[layer, site][:].tobytes(), array.tobytes(), (family, layer, site))
         with self.assertRaisesRegex(LookupError, "no-such-run"):
             strata.open_activations("no-such-run", stores=self.stores)
         with self.assertRaisesRegex(LookupError, "does not exist"):
