@@ -47,28 +47,9 @@ dtype = \"bf16\"
 batch = 16"
 printf '%s\n' "$spec" > "$work/capture.toml"
 
+source "$here/capture_lib.sh"
 capture() {  # STATE_DIR LABEL
-  export STRATA_STATE_DIR=$1
-  "$bin/strata" up --gpus 1 >/dev/null
-  local id
-  local submitted
-  submitted=$("$bin/strata" submit "$work/capture.toml")
-  id=${submitted%%$'\n'*}
-  while "$bin/strata" status "$id" --json | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["state"] in ("running", "pending") else 1)'; do sleep 0.2; done
-  "$bin/strata" events "$id" --json > "$out/events-$2.json"
-  "$bin/strata" activations "$id" --json > "$out/activations-$2.json"
-  python3 - "$out/events-$2.json" "$out/activations-$2.json" "$2" <<'PY' | tee "$out/strata-$2.json"
-import json, sys
-events = json.load(open(sys.argv[1]))
-index = json.load(open(sys.argv[2]))
-start = next(e["unix_ms"] for e in events if e["kind"] == "assigned")
-end = next(e["unix_ms"] for e in events if e["kind"] == "finished")
-seconds = (end - start) / 1000
-print(json.dumps({"method": "strata extract (" + sys.argv[3] + ")", "tokens": index["rows_stored"], "bytes": index["bytes"],
-                  "seconds": seconds, "GB_per_s": round(index["bytes"] / seconds / 1e9, 3),
-                  "tokens_per_s": round(index["rows_stored"] / seconds)}))
-PY
-  echo "$id"
+  strata_capture "$1" "$work/capture.toml" "$2"
 }
 
 echo "== strata into a store on the disk"

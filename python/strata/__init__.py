@@ -23,9 +23,11 @@ import os
 import sys
 import time
 
-import numpy as np
+# The extension first: built against PyTorch's pybind11 on the GPU node (Ubuntu 24.04, pip numpy
+# 2.5), loading it after numpy crashes in its initialization (not understood yet; docs/python.md).
+from . import _strata  # noqa: I001
 
-from . import _strata
+import numpy as np
 
 __all__ = ["connect", "open_activations", "Cluster", "Capture", "SiteView", "RunFailed", "to_toml", "as_torch"]
 

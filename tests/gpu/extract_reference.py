@@ -1,7 +1,8 @@
 """Reference side of the GPU extract checks (tests/gpu/extract_gpu_test.sh).
 
   make DIR FAMILY SEQUENCES SEQ   a transformers model (FAMILY gpt2 / llama: a small config;
-                                  gpt2-124m: GPT2Config's defaults), save_pretrained to DIR
+                                  gpt2-124m: GPT2Config's defaults; llama-1b: TinyLlama 1.1B's
+                                  shape), save_pretrained to DIR
                                   (safetensors), and DIR/tokens.u16 with SEQUENCES x SEQ random ids
   compare DIR NPY_PREFIX LAYERS   our stored residual stream (NPY_PREFIX<layer>.npy) against the
                                   transformers block outputs for the same tokens, in fp32
@@ -22,6 +23,12 @@ def make(directory, family, sequences, seq):
     if family == "gpt2-124m":
         config = GPT2Config()
         model = GPT2LMHeadModel(config)
+    elif family == "llama-1b":  # TinyLlama 1.1B's shape (vocab 32000 fits u16 tokens), saved in bf16
+        config = LlamaConfig(num_hidden_layers=22, hidden_size=2048, num_attention_heads=32, num_key_value_heads=4,
+                             intermediate_size=5632, vocab_size=32000, max_position_embeddings=max(seq, 2048),
+                             tie_word_embeddings=False)
+        with torch.device("cuda"):  # random init of 1.1B parameters: seconds on the GPU, minutes on the CPU
+            model = LlamaForCausalLM(config).to(torch.bfloat16)
     elif family == "gpt2":
         config = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=1000, n_positions=seq)
         model = GPT2LMHeadModel(config)

@@ -59,6 +59,13 @@ def first(output):
 
 def capture(model, tokens):
     """Every site of every layer, as numpy [rows, row shape...] in fp32."""
+    return {k: v.detach().float().cpu().numpy() for k, v in capture_tensors(model, tokens).items()}
+
+
+def capture_tensors(model, tokens):
+    """Every site of every layer, as tensors [rows, row shape...] in the model's dtype, on its
+    device ((layer, site) -> tensor; the model-level sites at the last layer). Also the users'
+    method of bench/hf_sites_baseline.py."""
     captured = {}
     blocks, final = parts(model)
     attention_calls = []
@@ -116,7 +123,7 @@ def capture(model, tokens):
     last = len(blocks) - 1
     out[(last, "final_norm")] = captured["final_norm"].reshape(-1, captured["final_norm"].shape[-1])
     out[(last, "logits")] = logits.reshape(-1, logits.shape[-1])
-    return {k: v.detach().float().cpu().numpy() for k, v in out.items()}
+    return out
 
 
 def relative(mine, theirs):

@@ -1,0 +1,84 @@
+"""Shuffled training batches from a capture, as a sparse-autoencoder trainer reads them
+(bench/activations_bench.sh): `capture.batches(layer, site, 4096, shuffle=True)` over every row of
+one layer, from the worker stores alone (stores=, no cluster), twice:
+  - cold: every file of the stores dropped from the page cache first (posix_fadvise DONTNEED after
+    a sync), so the bytes come from the disk;
+  - warm: right after, from the page cache.
+Also the disk's own sequential read bandwidth on the same files (cold, 16 MiB reads) for scale.
+
+usage: batches_bench.py RUN LAYER SITE STORE_DIR [STORE_DIR...]
+Prints one JSON line per measurement: bytes delivered into numpy, seconds, GB/s.
+"""
+import json
+import os
+import sys
+import time
+
+import strata  # before numpy: see python/strata/__init__.py
+
+import numpy as np
+
+
+def store_files(stores):
+    for store in stores:
+        for root, _, files in os.walk(store):
+            for name in files:
+                yield os.path.join(root, name)
+
+
+def drop_cache(stores):
+    os.sync()
+    for path in store_files(stores):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def disk_read(stores):
+    """Sequential read of the largest store files (the chunk files), cold."""
+    files = sorted(store_files(stores), key=lambda p: -os.path.getsize(p))[:64]
+    drop_cache(stores)
+    total, start = 0, time.time()
+    buf = bytearray(16 << 20)
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                n = f.readinto(buf)
+                if not n:
+                    break
+                total += n
+    seconds = time.time() - start
+    return {"measure": "disk sequential read (cold, 16 MiB reads)", "bytes": total, "seconds": round(seconds, 3),
+            "GB_per_s": round(total / seconds / 1e9, 3)}
+
+
+def batches(capture, layer, site, label):
+    total, count, start = 0, 0, time.time()
+    for batch in capture.batches(layer, site, 4096, shuffle=True, seed=1):
+        assert isinstance(batch, np.ndarray)
+        total += batch.nbytes
+        count += 1
+    seconds = time.time() - start
+    assert total == capture.rows * int(np.prod(capture.row_shape(site))) * np.dtype(capture.dtype).itemsize, total
+    return {"measure": f"batches(4096 rows, shuffled), {label}", "layer": layer, "site": site, "batches": count,
+            "bytes": total, "seconds": round(seconds, 3), "GB_per_s": round(total / seconds / 1e9, 3)}
+
+
+def main():
+    run, layer, site, stores = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+    capture = strata.open_activations(run, stores=stores)
+    print(json.dumps({"capture": repr(capture), "store_bytes": sum(os.path.getsize(p) for p in store_files(stores))}))
+    print(json.dumps(disk_read(stores)), flush=True)
+    drop_cache(stores)
+    print(json.dumps(batches(capture, layer, site, "cold: from the disk")), flush=True)
+    print(json.dumps(batches(capture, layer, site, "warm: from the page cache")), flush=True)
+    print(json.dumps(batches(capture, layer, site, "warm again")), flush=True)
+
+
+if __name__ == "__main__":
+    main()
