@@ -312,7 +312,11 @@ def run_entry_points(docs, kdir, work):
         secret_dir = coord.dirs[next(v["name"] for v in coord.spec["volumes"] if "secret" in v
                                      and v["secret"]["secretName"] == "strata-coordinator-keys")]
         argv = [re.sub(r"^--keys=.*", f"--keys={secret_dir}", a) for a in argv]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            fail("the coordinator started with the keys straight from the secret volume (0440): the init container "
+                 "would be unnecessary, or the key check changed")
         if r.returncode == 0 or "readable by other users" not in r.stdout + r.stderr:
             fail(f"the coordinator took the keys straight from the secret volume (rc {r.returncode}): the init container "
                  f"would be unnecessary, or the check changed: {r.stdout}{r.stderr}")
