@@ -19,7 +19,9 @@
    dp=2 run submitted with the coordinator container's keys (as `kubectl exec` does) trains to the
    end with its checkpoints committed; the CLI from outside with the keygen directory (as through
    `kubectl port-forward`) sees it; the coordinator restarted on the same state volume still has
-   it. And the init container is needed: the secret volume's keys as mounted are refused.
+   it; a worker killed and started again on its claim with new ports (a new pod IP) comes back as
+   itself with its checkpoints complete, and another dp=2 run trains with it. And the init
+   container is needed: the secret volume's keys as mounted are refused.
 
 Exit 77 (ctest: skipped) after parts 1-2 when build/bin has no binaries (part 3 needs them).
 Environment: STRATA_BUILD_DIR (default build/), STRATA_KEEP_TEST_DIRS=1 keeps the temp dir.
@@ -427,6 +429,8 @@ threads = 1
         # A worker pod killed and started again (same name, same claim): it comes back as itself
         # and its store still holds its shards (a lost shard would read missing-shard).
         workers[0].stop(signal.SIGKILL)
+        # A pod that comes back elsewhere gets a new IP: here, new ports for its data endpoints.
+        workers[0].ports = {p: free_port() for p in workers[0].ports}
         workers[0].start(pods, logdir)
         deadline = time.time() + 30
         while True:
@@ -443,6 +447,18 @@ threads = 1
         if [(x["step"], x["state"]) for x in json.loads(cli("checkpoints", run, "--json").stdout)] != [(2, "complete"), (4, "complete")]:
             fail(f"after {workers[0].name} restarted, the checkpoints of {run} are not both complete")
         phase(f"{workers[0].name} killed and restarted on its claim: back as itself, checkpoints complete")
+
+        # Its peers reach it at the address it registered this time: another dp=2 run trains.
+        with open(spec) as f:
+            again = f.read().replace('name = "k8s-tiny"', 'name = "k8s-again"').replace("steps = 4", "steps = 2")
+        with open(spec, "w") as f:
+            f.write(again)
+        r = cli("submit", spec, "--follow", keys=inside_keys, timeout=120)
+        second = r.stdout.splitlines()[0] if r.returncode == 0 else ""
+        if r.returncode != 0 or json.loads(cli("status", second, "--json").stdout).get("state") != "finished":
+            logs()
+            fail(f"a dp=2 run after {workers[0].name} came back with a new address did not finish: {r.stdout}{r.stderr}")
+        phase(f"dp=2 run {second} finished with the restarted worker's new address")
     finally:
         for p in pods:
             p.stop()
