@@ -409,6 +409,42 @@ TEST(HttpServer, BeyondLoopbackReadsNeedTheToken) {
   EXPECT_EQ(res->status, 200);
 }
 
+// GET /healthz, what the Kubernetes probes ask (docs/deploy-k8s.md): 503 until the first snapshot,
+// 200 while snapshots keep coming, 503 once they stop (a stuck event loop), and no token needed
+// beyond loopback, where the kubelet probes from (it shows no data).
+TEST(HttpServer, HealthzFollowsTheEventLoopsSnapshots) {
+  HttpServerOptions o = LocalOptions("s3cret");
+  o.host = "0.0.0.0";
+  o.health_stale_ms = 300;
+  auto server = HttpServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  httplib::Client web("127.0.0.1", (*server)->port());
+  auto starting = web.Get("/healthz");
+  ASSERT_TRUE(starting);
+  EXPECT_EQ(starting->status, 503);
+  EXPECT_NE(starting->body.find("not published"), std::string::npos) << starting->body;
+
+  (*server)->Publish(std::make_shared<const DashboardSnapshot>(HandMade()));
+  auto ok = web.Get("/healthz");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_EQ(ok->body.rfind("ok", 0), 0u) << ok->body;
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // no snapshot for longer than 300 ms
+  auto stale = web.Get("/healthz");
+  ASSERT_TRUE(stale);
+  EXPECT_EQ(stale->status, 503);
+  EXPECT_NE(stale->body.find("event loop"), std::string::npos) << stale->body;
+
+  (*server)->Publish(std::make_shared<const DashboardSnapshot>(HandMade()));
+  auto again = web.Get("/healthz");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200) << again->body;
+  auto state = web.Get("/api/state");  // the token still guards the data
+  ASSERT_TRUE(state);
+  EXPECT_EQ(state->status, 401);
+}
+
 // DNS rebinding: a page from another site whose name resolves to 127.0.0.1 still sends its own
 // name as Host; a loopback dashboard answers only loopback names.
 TEST(HttpServer, LoopbackAnswersOnlyLoopbackHostNames) {

@@ -193,12 +193,19 @@ class HttpServerImpl final : public HttpServer {
   void Publish(std::shared_ptr<const DashboardSnapshot> snapshot) override {
     MutexLock lock(snapshot_mu_);
     snapshot_ = std::move(snapshot);
+    published_ms_ = SteadyNowMs();
   }
 
  private:
   std::shared_ptr<const DashboardSnapshot> Latest() {
     MutexLock lock(snapshot_mu_);
     return snapshot_;
+  }
+
+  // How long ago the newest snapshot came; -1 before the first.
+  int64_t PublishedAgeMs() {
+    MutexLock lock(snapshot_mu_);
+    return published_ms_ < 0 ? -1 : SteadyNowMs() - published_ms_;
   }
 
   // Before any route: the Host check (loopback binds) and the token for reads (other binds).
@@ -215,8 +222,10 @@ class HttpServerImpl final : public HttpServer {
       }
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    // Beyond loopback every read but the page itself (which holds no data) needs the token.
-    if (options_.public_read || req.method == "POST" || (req.method == "GET" && req.path == "/")) {
+    // Beyond loopback every read but the page itself and /healthz (which hold no data) needs the
+    // token: the kubelet probes /healthz without one.
+    if (options_.public_read || req.method == "POST" ||
+        (req.method == "GET" && (req.path == "/" || req.path == "/healthz"))) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     if (!Authorized(req)) {
@@ -253,6 +262,16 @@ class HttpServerImpl final : public HttpServer {
     server_.Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
       res.set_content(std::string(DashboardPageHtml()), "text/html; charset=utf-8");
+    });
+    server_.Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-store");
+      const int64_t age = PublishedAgeMs();
+      if (age < 0) return Error(res, 503, "starting: the coordinator has not published its state yet");
+      if (age > options_.health_stale_ms) {
+        return Error(res, 503, "the coordinator's event loop last published its state " + std::to_string(age) +
+                                   " ms ago (it does every ~250 ms): it is stuck or starved");
+      }
+      res.set_content("ok: state published " + std::to_string(age) + " ms ago\n", "text/plain; charset=utf-8");
     });
     server_.Get("/api/state", [this](const httplib::Request&, httplib::Response& res) {
       auto s = Latest();
@@ -303,6 +322,7 @@ class HttpServerImpl final : public HttpServer {
   int port_ = 0;
   Mutex snapshot_mu_;
   std::shared_ptr<const DashboardSnapshot> snapshot_ STRATA_GUARDED_BY(snapshot_mu_);
+  int64_t published_ms_ STRATA_GUARDED_BY(snapshot_mu_) = -1;  // steady clock
   Mutex client_mu_;
   client::CoordinatorClient client_ STRATA_GUARDED_BY(client_mu_);
 };

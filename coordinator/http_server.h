@@ -1,5 +1,6 @@
 // The coordinator's HTTP dashboard: GET / (page), GET /api/state (JSON), GET /metrics
-// (Prometheus), POST /api/runs/<id>/cancel (Authorization: Bearer <token>).
+// (Prometheus), POST /api/runs/<id>/cancel (Authorization: Bearer <token>), GET /healthz (for
+// Kubernetes probes: 200 while the event loop keeps publishing snapshots, else 503).
 //
 // It runs on its own threads and never touches the coordinator's state: the event loop hands it
 // immutable snapshots (Publish), and a cancel goes to the coordinator over its normal control
@@ -31,6 +32,9 @@ struct HttpServerOptions {
   int request_deadline_ms = 10000;
   int max_connections_per_address = 32;
   int max_connections = 256;
+  // GET /healthz answers 503 once the newest snapshot is older than this: the event loop publishes
+  // one every ~250 ms, so an older one means it is stuck (what systemd's watchdog sees too).
+  int health_stale_ms = 10000;
 };
 
 class HttpServer {

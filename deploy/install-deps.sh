@@ -24,6 +24,7 @@ PKGS=(
   docker-compose                                 # validates deploy/docker/compose.yaml offline
   podman runc                                    # builds and runs the image in CI, no registry (runc: hybrid cgroup hosts)
   python3-numpy                                  # tests read what Strata writes (.npy, safetensors); the Python package
+  python3-jsonschema python3-yaml                # deploy/k8s validated offline against Kubernetes' JSON schemas (deploy_k8s_manifests)
   pybind11-dev python3-dev                       # the Python package (python/): its extension module
 )
 missing=()
