@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -35,12 +36,158 @@ uint64_t SplitMix64::Below(uint64_t n) {
   return static_cast<uint64_t>(m >> 64);
 }
 
+Bytes BufferPool::Take(size_t size) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < kept_.size(); ++i) {
+      if (kept_[i].capacity() >= size) {
+        Bytes b = std::move(kept_[i]);
+        kept_[i] = std::move(kept_.back());
+        kept_.pop_back();
+        b.resize(size);
+        return b;
+      }
+    }
+  }
+  Bytes b;
+  b.resize(size);
+  return b;
+}
+
+void BufferPool::Give(Bytes&& buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (kept_.size() < kKept) kept_.push_back(std::move(buffer));
+}
+
 namespace {
+
+size_t ThreadCount(size_t asked) {
+  if (asked > 0) return std::min<size_t>(asked, 64);
+  return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+}
+
+// Rows of the window buffer: their row numbers and, per record, their bytes.
+struct Segment {
+  std::vector<uint64_t> rows;
+  std::vector<Bytes> data;  // per record: rows.size() rows
+};
+
+// Reads one epoch's chunks, in the epoch's order, on one thread per reader, at most `ahead`
+// chunks beyond the one the consumer waits for; Take(i) hands chunk i over in order.
+class ChunkPrefetcher {
+ public:
+  ChunkPrefetcher(const std::vector<std::unique_ptr<ActivationReader>>& readers, const ActivationIndex& index,
+                  const BatchOptions& options, const std::vector<uint64_t>& row_bytes, std::vector<size_t> order,
+                  size_t ahead)
+      : index_(index), options_(options), row_bytes_(row_bytes), order_(std::move(order)), ahead_(ahead) {
+    for (const auto& reader : readers) threads_.emplace_back([this, r = reader.get()] { Work(r); });
+  }
+
+  ~ChunkPrefetcher() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  // Buffers of segments the consumer is done with, for the next chunks (their pages are already
+  // mapped: fresh allocations of this size cost a page fault and a zeroed page per 4 KiB).
+  void Recycle(Segment&& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Bytes& b : s.data) {
+      if (spare_.size() < 4 * options_.records.size() * threads_.size()) spare_.push_back(std::move(b));
+    }
+  }
+
+  Result<Segment> Take(size_t i) {
+    std::unique_lock<std::mutex> lock(mu_);
+    taken_ = i;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return done_.count(i) > 0; });
+    Result<Segment> out = std::move(done_.at(i));
+    done_.erase(i);
+    return out;
+  }
+
+ private:
+  void Work(ActivationReader* reader) {
+    for (;;) {
+      size_t i;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        changed_.wait(lock, [&] { return stop_ || next_ >= order_.size() || next_ <= taken_ + ahead_; });
+        if (stop_ || next_ >= order_.size()) return;
+        i = next_++;
+      }
+      Result<Segment> segment = Read(reader, index_.chunks[order_[i]]);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_.emplace(i, std::move(segment));
+      }
+      changed_.notify_all();
+    }
+  }
+
+  Bytes TakeBuffer() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spare_.empty()) return Bytes();
+    Bytes b = std::move(spare_.back());
+    spare_.pop_back();
+    return b;
+  }
+
+  Result<Segment> Read(ActivationReader* reader, const StoredChunk& c) {
+    Segment s;
+    s.rows.resize(c.row_count);
+    for (uint64_t k = 0; k < c.row_count; ++k) s.rows[k] = c.row_begin + k;
+    s.data.resize(options_.records.size());
+    for (size_t r = 0; r < options_.records.size(); ++r) {
+      const auto& [layer, site] = options_.records[r];
+      Bytes& out = s.data[r];
+      out = TakeBuffer();
+      out.resize(c.row_count * row_bytes_[r]);  // not zero-filled: every byte is read into
+      size_t at = 0;
+      STRATA_RETURN_IF_ERROR(reader->ReadRows(index_, layer, site, c.row_begin, c.row_begin + c.row_count,
+                                              [&](std::span<const uint8_t> bytes) {
+                                                if (at + bytes.size() > out.size()) {
+                                                  return Internal("the reader gave more bytes than chunk rows " +
+                                                                  std::to_string(c.row_begin) + "+ hold");
+                                                }
+                                                std::memcpy(out.data() + at, bytes.data(), bytes.size());
+                                                at += bytes.size();
+                                                return Status::Ok();
+                                              }));
+      if (at != out.size()) {
+        return Internal("the reader gave " + std::to_string(at) + " of the " + std::to_string(out.size()) +
+                        " bytes of chunk rows " + std::to_string(c.row_begin) + "+");
+      }
+    }
+    return s;
+  }
+
+  const ActivationIndex& index_;
+  const BatchOptions& options_;
+  const std::vector<uint64_t>& row_bytes_;
+  const std::vector<size_t> order_;
+  const size_t ahead_;
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  size_t next_ = 0;   // the next chunk (position in order_) a thread takes up
+  size_t taken_ = 0;  // the chunk the consumer waits for
+  std::map<size_t, Result<Segment>> done_;
+  std::vector<Bytes> spare_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
 
 class StreamImpl final : public BatchStream {
  public:
   StreamImpl(OpenReader open, ActivationIndex index, BatchOptions options)
-      : open_(std::move(open)), index_(std::move(index)), options_(std::move(options)) {
+      : open_(std::move(open)), index_(std::move(index)), options_(std::move(options)),
+        threads_(ThreadCount(options_.threads)) {
     for (const auto& [layer, site] : options_.records) row_bytes_.push_back(index_.RowBytes(site));
     thread_ = std::thread([this] { Produce(); });
   }
@@ -67,11 +214,30 @@ class StreamImpl final : public BatchStream {
     return std::optional<Batch>();
   }
 
+  std::shared_ptr<BufferPool> buffers() const override { return buffers_; }
+
  private:
-  // The buffer of one window: row numbers and, per record, their bytes.
-  struct Pool {
+  // The window buffer: its segments (rows carried over first, then chunks in the epoch's order)
+  // and, per buffer row, where its bytes are for each record.
+  struct Window {
+    std::vector<Segment> segments;
     std::vector<uint64_t> rows;
-    std::vector<std::vector<uint8_t>> data;
+    std::vector<std::vector<const uint8_t*>> where;  // [record][buffer row]
+
+    void Add(Segment s, const std::vector<uint64_t>& row_bytes) {
+      where.resize(row_bytes.size());
+      rows.insert(rows.end(), s.rows.begin(), s.rows.end());
+      for (size_t r = 0; r < row_bytes.size(); ++r) {
+        for (size_t k = 0; k < s.rows.size(); ++k) where[r].push_back(s.data[r].data() + k * row_bytes[r]);
+      }
+      segments.push_back(std::move(s));  // moving a vector keeps its buffer: `where` stays valid
+    }
+
+    // Empties the window, handing its buffers back for reuse.
+    void Release(ChunkPrefetcher& prefetch) {
+      for (Segment& s : segments) prefetch.Recycle(std::move(s));
+      *this = Window{};
+    }
   };
 
   void Produce() {
@@ -97,24 +263,56 @@ class StreamImpl final : public BatchStream {
     return stop_;
   }
 
-  // Rows `order[from, to)` of `pool`, in that order.
-  Batch Gather(const Pool& pool, const std::vector<uint64_t>& order, size_t from, size_t to, int64_t epoch) const {
+  // Buffer rows `order[from, to)` of `window`, in that order.
+  Batch Gather(const Window& window, const std::vector<uint64_t>& order, size_t from, size_t to, int64_t epoch) const {
     Batch b;
     b.epoch = epoch;
-    b.rows.reserve(to - from);
-    for (size_t i = from; i < to; ++i) b.rows.push_back(pool.rows[order[i]]);
+    b.rows.resize(to - from);
+    for (size_t i = from; i < to; ++i) b.rows[i - from] = window.rows[order[i]];
     for (size_t r = 0; r < row_bytes_.size(); ++r) {
       const uint64_t n = row_bytes_[r];
-      std::vector<uint8_t> out((to - from) * n);
-      const uint8_t* src = pool.data[r].data();
-      for (size_t i = from; i < to; ++i) std::memcpy(out.data() + (i - from) * n, src + order[i] * n, n);
+      Bytes out = buffers_->Take((to - from) * n);
+      const std::vector<const uint8_t*>& src = window.where[r];
+      // Rows come from random places of a buffer far larger than the caches: ask for the row
+      // kAhead rows on while copying this one, so the copy does not wait on memory row by row.
+      constexpr size_t kAhead = 8;
+      for (size_t i = from; i < to; ++i) {
+        if (i + kAhead < to) {
+          const uint8_t* next = src[order[i + kAhead]];
+          for (uint64_t line = 0; line < n; line += 64) __builtin_prefetch(next + line);
+        }
+        std::memcpy(out.data() + (i - from) * n, src[order[i]], n);
+      }
       b.data.push_back(std::move(out));
     }
     return b;
   }
 
+  // The whole batches of a window, gathered by threads_ threads, in order.
+  std::vector<Batch> GatherAll(const Window& window, const std::vector<uint64_t>& order, size_t count, int64_t epoch) {
+    const uint64_t batch = options_.batch_rows;
+    std::vector<Batch> out(count);
+    const size_t threads = std::min(threads_, count);
+    if (threads <= 1) {
+      for (size_t b = 0; b < count; ++b) out[b] = Gather(window, order, b * batch, (b + 1) * batch, epoch);
+      return out;
+    }
+    std::vector<std::thread> workers;
+    for (size_t t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        for (size_t b = t; b < count; b += threads) out[b] = Gather(window, order, b * batch, (b + 1) * batch, epoch);
+      });
+    }
+    for (auto& w : workers) w.join();
+    return out;
+  }
+
   Status Run() {
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ActivationReader> reader, open_());
+    std::vector<std::unique_ptr<ActivationReader>> readers;
+    for (size_t t = 0; t < threads_; ++t) {
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ActivationReader> reader, open_());
+      readers.push_back(std::move(reader));
+    }
     const uint64_t batch = options_.batch_rows;
     uint64_t buffer_rows = options_.buffer_rows;
     if (buffer_rows == 0) {
@@ -129,44 +327,34 @@ class StreamImpl final : public BatchStream {
       std::vector<size_t> order(chunks);
       for (size_t i = 0; i < chunks; ++i) order[i] = i;
       if (options_.shuffle) rng.Shuffle(order);
-      Pool pool;
-      pool.data.resize(row_bytes_.size());
+      ChunkPrefetcher prefetch(readers, index_, options_, row_bytes_, order, 2 * threads_);
+      Window window;
       size_t next = 0;
       while (next < chunks) {
-        while (next < chunks && (pool.rows.empty() || pool.rows.size() < buffer_rows)) {
+        while (next < chunks && (window.rows.empty() || window.rows.size() < buffer_rows)) {
           if (Stopped()) return Status::Ok();
-          const StoredChunk& c = index_.chunks[order[next++]];
-          for (uint64_t row = c.row_begin; row < c.row_begin + c.row_count; ++row) pool.rows.push_back(row);
-          for (size_t r = 0; r < options_.records.size(); ++r) {
-            const auto& [layer, site] = options_.records[r];
-            std::vector<uint8_t>& out = pool.data[r];
-            STRATA_RETURN_IF_ERROR(reader->ReadRows(index_, layer, site, c.row_begin, c.row_begin + c.row_count,
-                                                    [&](std::span<const uint8_t> bytes) {
-                                                      out.insert(out.end(), bytes.begin(), bytes.end());
-                                                      return Status::Ok();
-                                                    }));
-          }
+          STRATA_ASSIGN_OR_RETURN(Segment segment, prefetch.Take(next++));
+          window.Add(std::move(segment), row_bytes_);
         }
         const bool last = next == chunks;
-        std::vector<uint64_t> perm(pool.rows.size());
+        std::vector<uint64_t> perm(window.rows.size());
         for (size_t i = 0; i < perm.size(); ++i) perm[i] = i;
         if (options_.shuffle) rng.Shuffle(perm);
         const size_t full = perm.size() / batch * batch;
-        for (size_t from = 0; from < full; from += batch) {
-          if (!Push(Gather(pool, perm, from, from + batch, epoch))) return Status::Ok();
+        for (Batch& b : GatherAll(window, perm, full / batch, epoch)) {
+          if (!Push(std::move(b))) return Status::Ok();
         }
         if (full == perm.size()) {
-          pool = Pool{};
-          pool.data.resize(row_bytes_.size());
+          window.Release(prefetch);
           continue;
         }
+        Batch rest = Gather(window, perm, full, perm.size(), epoch);  // in drawn order
         if (last) {
-          if (!options_.drop_last && !Push(Gather(pool, perm, full, perm.size(), epoch))) return Status::Ok();
+          if (!options_.drop_last && !Push(std::move(rest))) return Status::Ok();
           continue;
         }
-        Batch rest = Gather(pool, perm, full, perm.size(), epoch);  // carried over, in drawn order
-        pool.rows = std::move(rest.rows);
-        pool.data = std::move(rest.data);
+        window.Release(prefetch);  // what is left is carried over into the next window, first
+        window.Add(Segment{std::move(rest.rows), std::move(rest.data)}, row_bytes_);
       }
     }
     return Status::Ok();
@@ -175,7 +363,9 @@ class StreamImpl final : public BatchStream {
   OpenReader open_;
   const ActivationIndex index_;
   const BatchOptions options_;
+  const size_t threads_;
   std::vector<uint64_t> row_bytes_;  // per record
+  const std::shared_ptr<BufferPool> buffers_ = std::make_shared<BufferPool>();
 
   std::mutex mu_;
   std::condition_variable ready_, space_;

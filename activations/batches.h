@@ -1,6 +1,6 @@
 // Shuffled batches of captured rows, for training on them (sparse autoencoders and their peers):
-// every stored row exactly once per epoch, in an order fixed by (seed, epoch), read by a thread of
-// the stream's own while the caller consumes earlier batches.
+// every stored row exactly once per epoch, in an order fixed by (seed, epoch), read and gathered
+// by threads of the stream's own while the caller consumes earlier batches.
 //
 // Order (docs/python.md, "Shuffled batches"). For epoch e, a SplitMix64 generator seeded with
 // seed and e drives every draw, and Fisher-Yates (with unbiased bounded draws) every shuffle:
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -37,12 +38,50 @@ struct BatchOptions {
   uint64_t buffer_rows = 0;
   bool drop_last = false;  // no short batch at the end of an epoch
   size_t prefetch = 4;     // batches made ahead of the caller
+  // Threads reading chunks (each with a reader of its own) and gathering rows into batches.
+  // 0: the machine's cores, at most 8. The order does not depend on it.
+  size_t threads = 0;
+};
+
+// Bytes that are not zero-filled when allocated: a batch's every byte is written before it is read.
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <typename U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using Bytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
+
+// Buffers for batches, given back when their user is done with them (the Python arrays' capsules
+// do), so that steady-state batches reuse mapped pages: a fresh multi-MiB allocation costs a page
+// fault and a zeroed page per 4 KiB, a quarter of the time of making a batch. Thread-safe.
+class BufferPool {
+ public:
+  Bytes Take(size_t size);  // a kept buffer that holds `size` bytes, or a new one; not zero-filled
+  void Give(Bytes&& buffer);  // kept while fewer than kKept are, else freed
+
+ private:
+  static constexpr size_t kKept = 64;
+  std::mutex mu_;
+  std::vector<Bytes> kept_;
 };
 
 struct Batch {
   int64_t epoch = 0;
-  std::vector<uint64_t> rows;              // the capture's row numbers, in batch order
-  std::vector<std::vector<uint8_t>> data;  // per record: [rows.size(), row shape...] of index.dtype
+  std::vector<uint64_t> rows;  // the capture's row numbers, in batch order
+  std::vector<Bytes> data;     // per record: [rows.size(), row shape...] of index.dtype
 };
 
 // The generator of the order: SplitMix64 over a state made from (seed, epoch).
@@ -70,6 +109,8 @@ class BatchStream {
   virtual ~BatchStream() = default;  // stops and joins the thread
   // The next batch (blocks until it is ready); nullopt after the last; a read error once met.
   virtual Result<std::optional<Batch>> Next() = 0;
+  // Where a batch's buffers came from: give them back there when done (optional).
+  virtual std::shared_ptr<BufferPool> buffers() const = 0;
 };
 
 }  // namespace strata::activations

@@ -320,7 +320,26 @@ Status ActivationIndex::CheckSite(int64_t layer, const std::string& site) const 
   if (std::find(sites.begin(), sites.end(), site) == sites.end()) {
     return InvalidArgument("site " + site + " was not captured by run " + run + "; its sites are " + Join(sites));
   }
+  if (!Holds(layer, site)) {
+    const std::string last = std::to_string(*std::max_element(layers.begin(), layers.end()));
+    return InvalidArgument("site " + site + " is the model's, stored once at the last layer (" + last + "), not at layer " +
+                           std::to_string(layer) + "; read layer " + last);
+  }
   return Status::Ok();
+}
+
+bool ActivationIndex::Holds(int64_t layer, const std::string& site) const {
+  if (std::find(layers.begin(), layers.end(), layer) == layers.end()) return false;
+  if (std::find(sites.begin(), sites.end(), site) == sites.end()) return false;
+  return !IsModelLevelSite(site) || layer == *std::max_element(layers.begin(), layers.end());
+}
+
+uint64_t ActivationIndex::StoredBytesPerRow() const {
+  uint64_t n = 0;
+  for (int64_t layer : layers) {
+    for (const auto& site : sites) n += Holds(layer, site) ? RowBytes(site) : 0;
+  }
+  return n;
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> ActivationIndex::MissingRows() const {

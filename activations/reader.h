@@ -58,8 +58,13 @@ struct ActivationIndex {
   uint64_t RowBytes(const std::string& site) const;
   // The dtype of a site's records: `dtype`, except token-id sites (logits_ids: int32).
   storage::DType SiteDType(const std::string& site) const;
-  // InvalidArgument naming `layer` or `site` and listing the captured ones, when not captured.
+  // InvalidArgument naming `layer` or `site` and listing the captured ones, when not captured (a
+  // model-level site - final_norm, logits, logits_ids - is stored at the last layer only).
   Status CheckSite(int64_t layer, const std::string& site) const;
+  // Whether the run stores (layer, site): a captured layer and site, model-level sites at the last layer.
+  bool Holds(int64_t layer, const std::string& site) const;
+  // The bytes of every record of one row: each (layer, site) the run stores.
+  uint64_t StoredBytesPerRow() const;
   // [begin, end) ranges of rows of [0, total_rows) that no stored chunk holds, ascending.
   std::vector<std::pair<uint64_t, uint64_t>> MissingRows() const;
 

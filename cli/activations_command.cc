@@ -60,8 +60,7 @@ int ListActivations(const CoordinatorAddress& coordinator, const std::vector<std
   auto index = (*reader)->Index(run);
   if (!index.ok()) return Fail(index.status());
   // Every site's rows are reported at the first site's width when they differ; bytes sum per site.
-  uint64_t all_sites_row_bytes = 0;
-  for (const auto& site : index->sites) all_sites_row_bytes += index->RowBytes(site);
+  const uint64_t stored_row_bytes = index->StoredBytesPerRow();
   const uint64_t row_bytes = index->sites.empty() ? 0 : index->RowBytes(index->sites[0]);
   const uint64_t stored = index->stored_rows();
   std::map<std::string, uint64_t> rows_by_worker;
@@ -86,7 +85,7 @@ int ListActivations(const CoordinatorAddress& coordinator, const std::vector<std
                 {"rows_complete_from_0", index->contiguous_rows()},
                 {"complete", index->complete()},
                 {"bytes_per_layer_site", stored * row_bytes},
-                {"bytes", stored * all_sites_row_bytes * index->layers.size()},
+                {"bytes", stored * stored_row_bytes},
                 {"missing_rows", missing},
                 {"chunks", index->chunks.size()},
                 {"rows_by_worker", workers}};
@@ -97,10 +96,11 @@ int ListActivations(const CoordinatorAddress& coordinator, const std::vector<std
             << " token rows stored" << (index->complete() ? "" : " - capture still in progress") << "\n";
   std::cout << "dtype " << storage::DTypeName(index->dtype) << ", hidden " << index->hidden << ", "
             << HumanBytes(stored * row_bytes) << " per layer and site, "
-            << HumanBytes(stored * all_sites_row_bytes * index->layers.size()) << " in all\n";
+            << HumanBytes(stored * stored_row_bytes) << " in all\n";
   std::cout << std::left << std::setw(8) << "LAYER" << std::setw(12) << "SITE" << std::setw(14) << "ROWS" << "BYTES\n";
   for (int64_t layer : index->layers) {
     for (const auto& site : index->sites) {
+      if (!index->Holds(layer, site)) continue;
       std::cout << std::setw(8) << layer << std::setw(12) << site << std::setw(14) << stored
                 << HumanBytes(stored * index->RowBytes(site)) << "\n";
     }

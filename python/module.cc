@@ -134,9 +134,25 @@ class Stream {
       : index_(index), options_(options) {
     py::gil_scoped_release release;
     stream_ = Take(activations::BatchStream::Start(reader.opener(), index, std::move(options)));
+    buffers_ = stream_->buffers();
   }
 
   // (epoch, rows, [array per record]); StopIteration after the last.
+  // An array over a batch buffer that goes back to the stream's pool when the array is freed.
+  py::array PooledArray(storage::DType dtype, const std::vector<int64_t>& shape, activations::Bytes bytes) {
+    struct Owned {
+      activations::Bytes bytes;
+      std::shared_ptr<activations::BufferPool> pool;
+    };
+    auto* owned = new Owned{std::move(bytes), buffers_};
+    py::capsule free(owned, [](void* p) {
+      auto* o = static_cast<Owned*>(p);
+      o->pool->Give(std::move(o->bytes));
+      delete o;
+    });
+    return py::array(NumpyDType(dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()), owned->bytes.data(), free);
+  }
+
   py::tuple Next() {
     Result<std::optional<activations::Batch>> next = std::optional<activations::Batch>();
     {
@@ -154,7 +170,7 @@ class Stream {
     for (size_t r = 0; r < b.data.size(); ++r) {
       std::vector<int64_t> shape = {n};
       for (int64_t d : index_.RowShape(options_.records[r].second)) shape.push_back(d);
-      arrays.append(OwningArray(index_.SiteDType(options_.records[r].second), shape, std::move(b.data[r])));
+      arrays.append(PooledArray(index_.SiteDType(options_.records[r].second), shape, std::move(b.data[r])));
     }
     return py::make_tuple(b.epoch, rows_array, arrays);
   }
@@ -163,6 +179,7 @@ class Stream {
   activations::ActivationIndex index_;
   activations::BatchOptions options_;
   std::unique_ptr<activations::BatchStream> stream_;
+  std::shared_ptr<activations::BufferPool> buffers_;
 };
 
 }  // namespace
@@ -237,7 +254,7 @@ PYBIND11_MODULE(_strata, m) {
       .def("batches",
            [](const Reader& reader, const activations::ActivationIndex& index,
               std::vector<std::pair<int64_t, std::string>> records, uint64_t batch_rows, bool shuffle, uint64_t seed,
-              int64_t epochs, uint64_t buffer_rows, bool drop_last, size_t prefetch) {
+              int64_t epochs, uint64_t buffer_rows, bool drop_last, size_t prefetch, size_t threads) {
              activations::BatchOptions o;
              o.records = std::move(records);
              o.batch_rows = batch_rows;
@@ -247,6 +264,7 @@ PYBIND11_MODULE(_strata, m) {
              o.buffer_rows = buffer_rows;
              o.drop_last = drop_last;
              o.prefetch = prefetch;
+             o.threads = threads;
              return std::make_unique<Stream>(reader, index, std::move(o));
            });
 

@@ -325,9 +325,10 @@ class Capture:
         return self._read(None, _strata.TOKENS_SITE, rows)
 
     def batches(self, layers, sites, batch_rows, shuffle=True, seed=0, epochs=1, *, buffer_rows=0,
-                drop_last=False, prefetch=4, with_rows=False):
+                drop_last=False, prefetch=4, with_rows=False, threads=0):
         """Shuffled batches for training: every row exactly once per epoch, the order fixed by
-        (seed, epoch) - docs/python.md, "Shuffled batches". Read ahead on a C++ thread.
+        (seed, epoch) - docs/python.md, "Shuffled batches". Read ahead and gathered on C++ threads
+        (threads: 0 = the machine's cores, at most 8; the order does not depend on it).
 
         layers, sites: one each (then each batch is an array [n, *row_shape]) or lists (then a
         dict {(layer, site): array}). with_rows: yield (rows, batch) with the row numbers."""
@@ -342,7 +343,7 @@ class Capture:
         if int(batch_rows) < 1:
             raise ValueError(f"batch_rows = {batch_rows}; give at least 1")
         stream = self._reader.batches(self._index, records, int(batch_rows), bool(shuffle), int(seed), int(epochs),
-                                      int(buffer_rows), bool(drop_last), int(prefetch))
+                                      int(buffer_rows), bool(drop_last), int(prefetch), int(threads))
         for _epoch, rows, arrays in stream:
             batch = arrays[0] if single else dict(zip(records, arrays))
             yield (rows, batch) if with_rows else batch

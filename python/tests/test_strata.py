@@ -261,6 +261,8 @@ class PythonPackageTest(unittest.TestCase):
                     self.assertEqual(read[(1, "logits_ids")].dtype, np.int32)
                 with self.assertRaisesRegex(ValueError, "has no heads"):
                     capture[0, "resid_post", 0]
+                with self.assertRaisesRegex(ValueError, r"stored once at the last layer \(1\)"):
+                    capture[0, "final_norm"][:]
                 type(self).family_runs[family] = (run, read)
 
     # ------------------------------------------------------------ with the cluster down
