@@ -57,15 +57,16 @@ def disk_read(stores):
             "GB_per_s": round(total / seconds / 1e9, 3)}
 
 
-def batches(capture, layer, site, label):
+def batches(capture, layer, site, label, threads=0):
     total, count, start = 0, 0, time.time()
-    for batch in capture.batches(layer, site, 4096, shuffle=True, seed=1):
+    for batch in capture.batches(layer, site, 4096, shuffle=True, seed=1, threads=threads):
         assert isinstance(batch, np.ndarray)
         total += batch.nbytes
         count += 1
     seconds = time.time() - start
     assert total == capture.rows * int(np.prod(capture.row_shape(site))) * np.dtype(capture.dtype).itemsize, total
-    return {"measure": f"batches(4096 rows, shuffled), {label}", "layer": layer, "site": site, "batches": count,
+    return {"measure": f"batches(4096 rows, shuffled), {label}", "threads": threads, "layer": layer, "site": site,
+            "batches": count,
             "bytes": total, "seconds": round(seconds, 3), "GB_per_s": round(total / seconds / 1e9, 3)}
 
 
@@ -74,8 +75,10 @@ def main():
     capture = strata.open_activations(run, stores=stores)
     print(json.dumps({"capture": repr(capture), "store_bytes": sum(os.path.getsize(p) for p in store_files(stores))}))
     print(json.dumps(disk_read(stores)), flush=True)
-    drop_cache(stores)
-    print(json.dumps(batches(capture, layer, site, "cold: from the disk")), flush=True)
+    # BATCHES_THREADS=2,4,8: the cold read once per thread count (threads=0 is the default).
+    for threads in [int(t) for t in os.environ.get("BATCHES_THREADS", "0").split(",")]:
+        drop_cache(stores)
+        print(json.dumps(batches(capture, layer, site, "cold: from the disk", threads)), flush=True)
     print(json.dumps(batches(capture, layer, site, "warm: from the page cache")), flush=True)
     print(json.dumps(batches(capture, layer, site, "warm again")), flush=True)
 
