@@ -308,10 +308,18 @@ class StreamImpl final : public BatchStream {
   }
 
   Status Run() {
+    // Opened at once: each open reads the store's index (RocksDB) and, cold, costs tens of ms.
+    std::vector<Result<std::unique_ptr<ActivationReader>>> opened;
+    for (size_t t = 0; t < threads_; ++t) opened.emplace_back(Internal("not opened"));
+    {
+      std::vector<std::thread> openers;
+      for (size_t t = 0; t < threads_; ++t) openers.emplace_back([&, t] { opened[t] = open_(); });
+      for (auto& o : openers) o.join();
+    }
     std::vector<std::unique_ptr<ActivationReader>> readers;
-    for (size_t t = 0; t < threads_; ++t) {
-      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ActivationReader> reader, open_());
-      readers.push_back(std::move(reader));
+    for (auto& reader : opened) {
+      if (!reader.ok()) return reader.status();
+      readers.push_back(std::move(reader).value());
     }
     const uint64_t batch = options_.batch_rows;
     uint64_t buffer_rows = options_.buffer_rows;
