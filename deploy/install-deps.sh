@@ -25,6 +25,7 @@ PKGS=(
   podman runc                                    # builds and runs the image in CI, no registry (runc: hybrid cgroup hosts)
   python3-numpy                                  # tests read what Strata writes (.npy, safetensors); the Python package
   pybind11-dev python3-dev                       # the Python package (python/): its extension module
+  iproute2                                       # tests/multihost: network namespaces, veth pairs, a bridge
   slurm-wlm munge                                # tests/slurm: its own slurmctld + slurmd (and munged) run deploy/slurm/strata.sbatch
 )
 missing=()

@@ -137,17 +137,18 @@ wait_job_end() {  # wait_job_end ID SECONDS
   done
   fail "job $1 still $(job_field "$1" JobState) after $2 s"
 }
-submit_job() {  # submit_job NAME JOB_DIR [SPEC]: sbatch as a user would, from $work (the submit dir)
-  local name=$1 dir=$2; shift 2
+submit_job() {  # submit_job NAME JOB_DIR NET_INTERFACE [SPEC]: sbatch as a user would, from $work (the submit dir)
+  local name=$1 dir=$2 iface=$3; shift 3
   local id
   id=$(cd "$work" && STRATA_BIN_DIR=$bin STRATA_JOB_DIR=$dir STRATA_CPU_WORKERS=2 STRATA_HEARTBEAT_TIMEOUT_MS=2000 \
-    sbatch --parsable --output="$work/$name.out" "$repo/deploy/slurm/strata.sbatch" "$@")
+    STRATA_NET_INTERFACE=$iface sbatch --parsable --output="$work/$name.out" "$repo/deploy/slurm/strata.sbatch" "$@")
   jobs_submitted+=("$id")
   echo "$id"
 }
 
 # ---- A: a spec trained to the end inside the job
-a=$(submit_job a "$work/jobA" "$(spec slurm-a 16)")
+# (addresses from Slurm's NodeAddr)
+a=$(submit_job a "$work/jobA" "" "$(spec slurm-a 16)")
 wait_job_end "$a" 90
 [ "$(job_field "$a" JobState)" = COMPLETED ] && [ "$(job_field "$a" ExitCode)" = 0:0 ] ||
   fail "job A: $(job_field "$a" JobState) exit $(job_field "$a" ExitCode), want COMPLETED 0:0; $(cat "$work/a.out")"
@@ -156,7 +157,8 @@ grep -q "cluster up on $node: coordinator tcp://127.0.0.1:.*, 2 worker(s)" "$wor
 log "job A: trained to the end (16 steps) and completed"
 
 # ---- B: serve, submit from the "login node", scancel mid-run
-b=$(submit_job b "$work/jobB")
+# (addresses from STRATA_NET_INTERFACE, here lo, which also reaches each worker as --net-interface)
+b=$(submit_job b "$work/jobB" lo)
 for _ in $(seq 300); do [ -f "$work/jobB/cluster.env" ] && break; sleep 0.2; done
 [ -f "$work/jobB/cluster.env" ] || fail "job B's cluster did not come up: $(cat "$work/b.out")"
 # shellcheck disable=SC1091
@@ -177,11 +179,12 @@ wait_job_end "$b" 60
 [ "$(job_field "$b" JobState)" = CANCELLED ] || fail "job B: $(job_field "$b" JobState) after scancel"
 left=$(pgrep -f -- "$work/jobB" || true)
 [ -z "$left" ] || fail "processes of job B outlived it: $(ps -o pid,args -p "$left" | tail -n +2)"
+grep -q "NCCL_SOCKET_IFNAME=lo (--net-interface)" "$work"/jobB/logs/worker-*-0.log || fail "job B's workers were not given --net-interface lo"
 log "job B: $run cancelled by scancel after checkpoints at steps $committed"
 
 # ---- C: the same directory in a new job; the CLI reads B's checkpoints back
 rm -f "$work/jobB/cluster.env"
-c=$(submit_job c "$work/jobB")
+c=$(submit_job c "$work/jobB" lo)
 for _ in $(seq 300); do [ -f "$work/jobB/cluster.env" ] && break; sleep 0.2; done
 [ -f "$work/jobB/cluster.env" ] || fail "job C's cluster did not come up: $(cat "$work/c.out")"
 source "$work/jobB/cluster.env"
