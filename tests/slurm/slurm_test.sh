@@ -22,7 +22,7 @@ py=/usr/bin/python3
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || skip "needs root to run slurmd (it starts jobs as their users)"
-for t in slurmctld slurmd sbatch scancel scontrol sinfo munged mungekey; do
+for t in slurmctld slurmd sbatch srun scancel scontrol sinfo munged mungekey; do
   command -v "$t" >/dev/null || skip "$t is missing: apt-get install slurm-wlm munge (deploy/install-deps.sh installs them)"
 done
 for b in strata strata-coordinator strata-worker; do [ -x "$bin/$b" ] || skip "$bin/$b is not built; build first"; done
