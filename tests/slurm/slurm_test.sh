@@ -9,10 +9,8 @@
 #      cluster.env and `strata submit`s a longer run; once it has committed checkpoints, `scancel`.
 #      The job ends CANCELLED, with no Strata process of it left.
 #   C. A new job over B's directory (STRATA_JOB_DIR) serves the same stores and metadata: the CLI
-#      reads B's checkpoints back, every one committed before the cancel complete, and exports one.
-#      (The restarted coordinator also tries to resume the run there; that is not asserted: its
-#      two workers re-registering within milliseconds of each other can leave the run assigned
-#      twice and stuck, a coordinator race this test does not cover.)
+#      reads B's checkpoints back, every one committed before the cancel complete, and exports one;
+#      the cancelled run resumes from the last of them.
 # Exit 77 (ctest: skipped) with the reason only where slurmd cannot run here (not root, slurm-wlm
 # or munge missing, slurmd or slurmctld failing to start). Environment: STRATA_BUILD_DIR (default
 # build/), STRATA_KEEP_TEST_DIRS=1 keeps the temp dir.
@@ -205,6 +203,13 @@ PY
 last=${committed##* }
 strata export "$run" --step "$last" --out "$work/export" >/dev/null || fail "strata export $run --step $last failed"
 [ -s "$work/export/model.safetensors" ] || fail "export wrote no model.safetensors"
+# And the run itself continues in the new job, from the last checkpoint the cancel left.
+for _ in $(seq 150); do
+  strata events "$run" >"$work/b.events"
+  grep -q "loaded the checkpoint of $run at step $last" "$work/b.events" && break
+  sleep 0.2
+done
+grep -q "loaded the checkpoint of $run at step $last" "$work/b.events" || fail "run $run did not resume from step $last in job C: $(cat "$work/b.events")"
 scancel "$c"
 wait_job_end "$c" 60
-log "PASS: job C read back the checkpoints at steps $committed of the cancelled run and exported step $last"
+log "PASS: job C read back the checkpoints at steps $committed of the cancelled run, exported step $last and resumed the run there"
