@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -282,6 +283,7 @@ struct UpOptions {
   int heartbeat_timeout_ms = 2000, replace_grace_ms = 10000, peer_timeout_ms = 120000, stuck_task_restart_ms = 30000;
   int grow_back_min_saving_s = 30;
   std::string memory_limit;
+  std::string net_interface;  // passed to every worker (strata-worker --net-interface)
   bool salvage = false;  // start daemons whose stores are damaged, keeping what is intact
   std::vector<std::string> inject_faults;  // tests only: passed to every worker (worker/fault_injector.h)
 };
@@ -293,6 +295,10 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
     auto limit = ParseByteSize(up.memory_limit, "--memory-limit");
     if (!limit.ok()) return Fail(limit.status());
     if (*limit == 0) return Fail(InvalidArgument("--memory-limit " + up.memory_limit + " is 0; give a size such as 8GiB, or leave it out"));
+  }
+  if (!up.net_interface.empty() && if_nametoindex(up.net_interface.c_str()) == 0) {
+    return Fail(InvalidArgument("--net-interface " + up.net_interface + ": this host has no such network interface; name "
+                                "one it has (list them with `ip -br addr`), or leave the flag out"));
   }
   if (up.hosts > (up.gpus > 0 ? up.gpus : up.workers)) {
     return Fail(InvalidArgument("--hosts " + std::to_string(up.hosts) + " is more than the " +
@@ -367,6 +373,7 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
     if (up.gpus > 0) argv.insert(argv.end(), {"--device", "cuda:" + std::to_string(i)});
     if (up.hosts > 1) argv.insert(argv.end(), {"--host", "host-" + std::to_string(i % up.hosts)});
     if (!up.memory_limit.empty()) argv.insert(argv.end(), {"--memory-limit", up.memory_limit});
+    if (!up.net_interface.empty()) argv.insert(argv.end(), {"--net-interface", up.net_interface});
     argv.insert(argv.end(), {"--peer-timeout-ms", std::to_string(up.peer_timeout_ms), "--stuck-task-restart-ms",
                              std::to_string(up.stuck_task_restart_ms)});
     argv.insert(argv.end(), keys_args.begin(), keys_args.end());
@@ -1106,6 +1113,9 @@ int RunCli(int argc, char** argv) {
                "--salvage); without it a damaged store stops its daemon with a message naming it");
   up->add_option("--memory-limit", up_options.memory_limit,
                  "each worker uses at most this much memory, e.g. 8GiB (GPU: the allocator's cap; CPU: address space the OS lets it add)");
+  up->add_option("--net-interface", up_options.net_interface,
+                 "network interface NCCL uses between hosts (each worker's --net-interface: sets NCCL_SOCKET_IFNAME); "
+                 "see docs/multi-host.md");
   up->add_option("--heartbeat-timeout-ms", up_options.heartbeat_timeout_ms, "mark a silent worker lost after this")
       ->check(CLI::Range(200, 600000));
   up->add_option("--replace-grace-ms", up_options.replace_grace_ms,

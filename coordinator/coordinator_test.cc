@@ -462,6 +462,41 @@ TEST_F(CoordinatorTest, RunsSurviveARestart) {
   EXPECT_EQ(runs[0].getWorldSize(), 2u);
 }
 
+// A coordinator restarted under a running run keeps a placeholder for each of its workers (no
+// address until it registers again). The first to re-register has lost its task, so the run
+// re-plans; the other's placeholder is not a worker to plan onto: assigning it a rank handed the
+// ranks an empty peer address, the re-registering worker then ignored its second assignment and
+// the run hung (seen under Slurm, tests/slurm/slurm_test.sh, when both re-registered at once).
+TEST_F(CoordinatorTest, AfterARestartARunIsNotAssignedToWorkersThatHaveNotRegisteredAgain) {
+  std::string run_id;
+  {
+    zmq::context_t ctx;
+    FakeWorker a(ctx, options_.listen, "wa", dir_), b(ctx, options_.listen, "wb", dir_);
+    CoordinatorClient client(options_.listen);
+    schema::EnvelopeBuilder submit;
+    submit.root().initSubmitRun().setSpecToml(Spec(2));
+    auto submitted = client.Call(submit);
+    ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+    run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
+    ASSERT_TRUE(a.AwaitAssignment(run_id));
+    ASSERT_TRUE(b.AwaitAssignment(run_id));
+  }
+  Stop();
+  Start();
+  zmq::context_t ctx;
+  FakeWorker a(ctx, options_.listen, "wa", dir_);  // registers again, without its task
+  std::vector<std::string> peers;
+  a.Await(Envelope::ASSIGN_TASK, [&](Envelope::Reader root) {
+    for (auto p : root.getAssignTask().getPeerDataAddresses()) peers.push_back(p.cStr());
+    return true;
+  });
+  for (const auto& p : peers) EXPECT_FALSE(p.empty()) << "a rank was assigned to a worker that has not registered since the restart";
+  EXPECT_TRUE(peers.empty()) << "assigned before wb registered again: " << peers.size() << " peers";
+  FakeWorker b(ctx, options_.listen, "wb", dir_);  // once both are back, the run resumes on them
+  EXPECT_TRUE(a.AwaitAssignment(run_id));
+  EXPECT_TRUE(b.AwaitAssignment(run_id));
+}
+
 // Issue #20: a client can bypass the CLI, so the coordinator checks names itself. A name with a
 // NUL byte wedged the cluster (workers trained under the id cut at the NUL); a long one failed its
 // checkpoint after training ("File name too long").

@@ -26,6 +26,8 @@ PKGS=(
   python3-numpy                                  # tests read what Strata writes (.npy, safetensors); the Python package
   python3-jsonschema python3-yaml                # deploy/k8s validated offline against Kubernetes' JSON schemas (deploy_k8s_manifests)
   pybind11-dev python3-dev                       # the Python package (python/): its extension module
+  iproute2                                       # tests/multihost: network namespaces, veth pairs, a bridge
+  slurm-wlm munge                                # tests/slurm: its own slurmctld + slurmd (and munged) run deploy/slurm/strata.sbatch
 )
 missing=()
 for p in "${PKGS[@]}"; do

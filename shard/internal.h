@@ -74,9 +74,12 @@ Plan Evaluate(const Problem& problem, const Candidate& candidate, StageCache& ca
               Fill* fill = nullptr);
 Candidate CandidateOf(const Plan& plan);
 
-// The workers a plan on `count` workers uses: the `count` with the most free memory, ordered by
-// node then name so consecutive ranks (tensor-parallel groups) share a node.
-std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int64_t count);
+// The workers a plan on `count` workers uses, ordered by node then name so consecutive ranks
+// (tensor-parallel groups) share a node: the `count` with the most free memory, or with
+// `whole_nodes` (plans with tp > 1) the nodes with the most workers first, each node's roomiest
+// workers first. Taking the roomiest alone from two 4-worker nodes would give a tp = 4 plan on
+// 4 of 8 workers two of each node, and every tensor-parallel all-reduce would cross the network.
+std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int64_t count, bool whole_nodes = false);
 
 // Largest ratio of estimated total to budget over the plan's workers (> 1: does not fit), and the
 // index of that worker. `scale` multiplies every estimate (Replan's calibration after an OOM).

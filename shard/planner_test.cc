@@ -236,6 +236,91 @@ TEST(ChoosePlan, StagesPutEmbeddingFirstAndHeadLast) {
       << wrong.status().message();
 }
 
+// Two hosts of four GPUs, named so that name order alone would alternate between them (w0 on A,
+// w1 on B, ...), as `strata up --hosts 2` and cluster specs with round-robin names do.
+ClusterView TwoHostsOfFour() {
+  ClusterView c;
+  for (int i = 0; i < 8; ++i) c.workers.push_back({"w" + std::to_string(i), 80 * kGiB, 80 * kGiB, i % 2 ? "hostB" : "hostA", "nvlink", 989e12, 0});
+  return c;
+}
+
+std::string NodeOf(const ClusterView& cluster, const std::string& worker) {
+  for (const auto& w : cluster.workers) {
+    if (w.name == worker) return w.node;
+  }
+  return "?";
+}
+
+// Every tensor-parallel group (same stage and dp rank) inside one node: its all-reduces run on
+// every layer, forward and backward, and would crawl over the inter-node network.
+void ExpectTensorParallelInsideNodes(const Plan& plan, const ClusterView& cluster) {
+  for (const auto& a : plan.workers) {
+    for (const auto& b : plan.workers) {
+      if (a.stage == b.stage && a.dp_rank == b.dp_rank) {
+        EXPECT_EQ(NodeOf(cluster, a.worker), NodeOf(cluster, b.worker))
+            << "tp group (stage " << a.stage << ", dp rank " << a.dp_rank << ") spans " << a.worker << " and " << b.worker;
+      }
+    }
+  }
+}
+
+TEST(ChoosePlan, TensorParallelStaysInsideAHostAndDataOrPipelineParallelSpansHosts) {
+  const ClusterView cluster = TwoHostsOfFour();
+  JobSpec job;
+  job.global_batch = 16, job.dp = 2, job.pp = 1, job.tp = 4;
+  auto dp_plan = ChoosePlan(Gpt2Small(), job, cluster);
+  ASSERT_TRUE(dp_plan.ok()) << dp_plan.status().ToString();
+  ExpectTensorParallelInsideNodes(*dp_plan, cluster);
+  // The two data-parallel replicas are the two hosts: each dp group (same tp rank) crosses them.
+  for (const auto& a : dp_plan->workers) {
+    for (const auto& b : dp_plan->workers) {
+      if (a.tp_rank == b.tp_rank && a.dp_rank != b.dp_rank) {
+        EXPECT_NE(NodeOf(cluster, a.worker), NodeOf(cluster, b.worker)) << a.worker << " " << b.worker;
+      }
+    }
+  }
+
+  job.dp = 1, job.pp = 2;
+  auto pp_plan = ChoosePlan(Gpt2Small(), job, cluster);
+  ASSERT_TRUE(pp_plan.ok()) << pp_plan.status().ToString();
+  ExpectTensorParallelInsideNodes(*pp_plan, cluster);
+  // One pipeline stage per host: only stage boundaries' activations cross the network.
+  std::string stage_node[2];
+  for (const auto& w : pp_plan->workers) {
+    if (stage_node[w.stage].empty()) stage_node[w.stage] = NodeOf(cluster, w.worker);
+    EXPECT_EQ(NodeOf(cluster, w.worker), stage_node[w.stage]) << w.worker << " in stage " << w.stage;
+  }
+  EXPECT_NE(stage_node[0], stage_node[1]);
+
+  // Mesh left to the planner, tp = 2 fixed: whatever it picks keeps each pair on one host; and
+  // after losing a worker of host A the re-plan still does.
+  JobSpec open;
+  open.global_batch = 16, open.tp = 2;
+  auto auto_plan = ChoosePlan(Gpt2Small(), open, cluster);
+  ASSERT_TRUE(auto_plan.ok()) << auto_plan.status().ToString();
+  ExpectTensorParallelInsideNodes(*auto_plan, cluster);
+  ClusterView shrunk = cluster;
+  shrunk.workers.erase(shrunk.workers.begin());  // w0, host A
+  auto change = Replan(*dp_plan, Gpt2Small(), job, shrunk, ReplanReason::WorkerLost("w0"));
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  ExpectTensorParallelInsideNodes(change->plan, shrunk);
+}
+
+// Why the planner avoids splitting a tensor-parallel group across hosts where it has a choice:
+// such a group is priced at the inter-node bandwidth. Four workers, tp = 4 forced: two on each of
+// two hosts communicate for longer than four on one host.
+TEST(ChoosePlan, TensorParallelAcrossHostsCostsInterNodeBandwidth) {
+  JobSpec job;
+  job.global_batch = 8, job.dp = 1, job.pp = 1, job.tp = 4;
+  ClusterView split = Workers(4, 80 * kGiB);
+  for (size_t i = 0; i < split.workers.size(); ++i) split.workers[i].node = i < 2 ? "hostA" : "hostB";
+  auto across = ChoosePlan(Gpt2Small(), job, split);
+  auto inside = ChoosePlan(Gpt2Small(), job, Workers(4, 80 * kGiB));
+  ASSERT_TRUE(across.ok()) << across.status().ToString();
+  ASSERT_TRUE(inside.ok()) << inside.status().ToString();
+  EXPECT_GT(across->step_time.communication_s, inside->step_time.communication_s);
+}
+
 TEST(ChoosePlan, InfeasibleNamesTheMemoryNeeded) {
   JobSpec job;
   job.global_batch = 8;

@@ -154,10 +154,11 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
   const int64_t smallest = oom ? largest : 1;
   for (int64_t n = largest; n >= smallest; --n) {
     const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
-    internal::StageCache stages(problem, workers);
+    const std::vector<WorkerView> whole_nodes = internal::PickWorkers(problem.workers, n, /*whole_nodes=*/true);
+    internal::StageCache stages(problem, workers), tp_stages(problem, whole_nodes);
     internal::ForEachCandidate(problem, n, [&](const internal::Candidate& c) {
       if (oom && c.micro_batch > baseline_micro_batch) return;  // a larger micro-batch cannot cure an OOM
-      Plan plan = internal::Evaluate(problem, c, stages);
+      Plan plan = internal::Evaluate(problem, c, c.tp > 1 ? tp_stages : stages);
       if (internal::WorstFill(plan, scale, nullptr) > 1.0) return;
       auto key = std::make_tuple(ChangeRank(current, plan), ChangeSize(current, baseline_micro_batch, plan),
                                  plan.step_time.total_s(), plan.step_time.communication_s);

@@ -230,9 +230,24 @@ void ForEachCandidate(const Problem& problem, int64_t n, const std::function<voi
   }
 }
 
-std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int64_t count) {
+std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int64_t count, bool whole_nodes) {
   std::vector<WorkerView> picked = workers;
   std::stable_sort(picked.begin(), picked.end(), [](const WorkerView& a, const WorkerView& b) { return a.free_bytes > b.free_bytes; });
+  if (whole_nodes && count < static_cast<int64_t>(picked.size())) {
+    // Per node: its worker count and where its roomiest worker stands (a tie-break that keeps the
+    // memory order between nodes of equal size). Workers of one node compare equal, so the stable
+    // sort keeps them roomiest first.
+    std::map<std::string, std::pair<int64_t, size_t>> nodes;
+    for (size_t i = 0; i < picked.size(); ++i) {
+      auto& node = nodes[picked[i].node];
+      if (node.first++ == 0) node.second = i;
+    }
+    std::stable_sort(picked.begin(), picked.end(), [&](const WorkerView& a, const WorkerView& b) {
+      const auto& na = nodes.at(a.node);
+      const auto& nb = nodes.at(b.node);
+      return std::make_pair(-na.first, na.second) < std::make_pair(-nb.first, nb.second);
+    });
+  }
   picked.resize(static_cast<size_t>(count));
   std::sort(picked.begin(), picked.end(), [](const WorkerView& a, const WorkerView& b) { return std::tie(a.node, a.name) < std::tie(b.node, b.name); });
   return picked;
@@ -309,10 +324,11 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   for (int64_t n = all; n >= 1 && !best; --n) {
     used = n;
     const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
-    internal::StageCache stages(problem, workers);
+    const std::vector<WorkerView> whole_nodes = internal::PickWorkers(problem.workers, n, /*whole_nodes=*/true);
+    internal::StageCache stages(problem, workers), tp_stages(problem, whole_nodes);
     internal::ForEachCandidate(problem, n, [&](const internal::Candidate& c) {
       internal::Fill fill;
-      Kept kept{internal::Evaluate(problem, c, stages, /*with_workers=*/false, &fill), n};
+      Kept kept{internal::Evaluate(problem, c, c.tp > 1 ? tp_stages : stages, /*with_workers=*/false, &fill), n};
       const Plan& plan = kept.plan;
       ++evaluated;
       const double need = fill.largest_total / (1.0 - options.safety_margin);  // free memory its hungriest worker asks
@@ -337,7 +353,7 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   // The reported plans with their workers.
   auto expand = [&](const std::optional<Kept>& kept) -> std::optional<Plan> {
     if (!kept) return std::nullopt;
-    const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, kept->n);
+    const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, kept->n, /*whole_nodes=*/kept->plan.tp > 1);
     internal::StageCache stages(problem, workers);
     return internal::Evaluate(problem, internal::CandidateOf(kept->plan), stages);
   };

@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/private_files.h"
 #include "common/service_notify.h"
+#include "worker/net_interface.h"
 #include "worker/task.h"
 #include "worker/torch_executor.h"
 #include "worker/worker.h"
@@ -38,6 +39,11 @@ int main(int argc, char** argv) {
   app.add_option("--host", options.host,
                  "host name this worker reports (default: the machine's); workers of a host read each other's stores by "
                  "path, and a cluster spanning hosts keeps every checkpoint shard on two of them");
+  std::string net_interface;
+  app.add_option("--net-interface", net_interface,
+                 "network interface (e.g. eth1, ib0) that NCCL uses across hosts: sets NCCL_SOCKET_IFNAME before any "
+                 "communicator is made; name the one on the network the other hosts reach (CPU workers' ZeroMQ data "
+                 "plane uses --data-address and ignores it)");
   app.add_option("--peer-timeout-ms", options.peer_timeout_ms, "give up on a silent peer after this");
   app.add_option("--stuck-task-restart-ms", options.stuck_task_restart_ms,
                  "restart this worker process (same pid) when a cancelled task has not stopped after this");
@@ -78,6 +84,13 @@ int main(int argc, char** argv) {
     STRATA_LOG(kError) << st.message();
     return 2;
   }
+  // Here, before the executor and the worker start threads (setenv is not thread-safe) and before
+  // any task creates an NCCL communicator.
+  if (auto st = strata::worker::UseNetInterface(net_interface); !st.ok()) {
+    STRATA_LOG(kError) << st.message();
+    return 2;
+  }
+  if (!net_interface.empty()) STRATA_LOG(kInfo) << "NCCL_SOCKET_IFNAME=" << net_interface << " (--net-interface)";
   if (!memory_limit.empty()) {
     auto bytes = strata::ParseByteSize(memory_limit, "--memory-limit");
     if (!bytes.ok()) {
