@@ -34,16 +34,8 @@ dd_write() {  # LABEL
   rm -f "$work/dd.bin"
 }
 
-# all_sites_part LABEL MODEL SEQUENCES BATCH (the model's shape comes from its config.json)
-all_sites_part() {
-  cleanup; mkdir -p "$work/model"
-  python3 "$here/../tests/gpu/extract_reference.py" make "$work/model" "$2" "$3" 1024
-  df -h "$work" | tail -1 | tee "$out/disk.txt"
-  echo "== $1: dd (sequential write, fdatasync)"
-  dd_write "$1"
-  echo "== $1: users' method (transformers hooks on every site + torch.save)"
-  python3 "$here/hf_sites_baseline.py" "$work/model" "$work/model/tokens.u16" 1024 "$4" "$work/hf-out" | tee "$out/hf-$1.json"
-  rm -rf "$work/hf-out"
+# capture_spec NAME SITES BATCH: an extract run of the model in $work/model on its tokens, bf16.
+capture_spec() {
   cat > "$work/capture.toml" <<TOML
 name = "$1"
 kind = "extract"
@@ -54,11 +46,24 @@ init_from = "$work/model"
 path = "$work/model/tokens.u16"
 format = "u16"
 [extract]
-sites = $all_sites
+sites = $2
 precision = "bf16"
 dtype = "bf16"
-batch = $4
+batch = $3
 TOML
+}
+
+# all_sites_part LABEL MODEL SEQUENCES BATCH (the model's shape comes from its config.json)
+all_sites_part() {
+  cleanup; mkdir -p "$work/model"
+  python3 "$here/../tests/gpu/extract_reference.py" make "$work/model" "$2" "$3" 1024
+  df -h "$work" | tail -1 | tee "$out/disk.txt"
+  echo "== $1: dd (sequential write, fdatasync)"
+  dd_write "$1"
+  echo "== $1: users' method (transformers hooks on every site + torch.save)"
+  python3 "$here/hf_sites_baseline.py" "$work/model" "$work/model/tokens.u16" 1024 "$4" "$work/hf-out" | tee "$out/hf-$1.json"
+  rm -rf "$work/hf-out"
+  capture_spec "$1" "$all_sites" "$4"
   echo "== $1: strata, every site into a store on the disk"
   strata_capture "$work/state" "$work/capture.toml" "$1" >/dev/null
   "$bin/strata" activations latest > "$out/listing-$1.txt"
@@ -68,21 +73,7 @@ TOML
 batches_part() {
   cleanup; mkdir -p "$work/model"
   python3 "$here/../tests/gpu/extract_reference.py" make "$work/model" gpt2-124m 1024 1024
-  cat > "$work/capture.toml" <<TOML
-name = "resid-1m"
-kind = "extract"
-[model]
-sequence = 1024
-init_from = "$work/model"
-[data]
-path = "$work/model/tokens.u16"
-format = "u16"
-[extract]
-sites = ["resid_post"]
-precision = "bf16"
-dtype = "bf16"
-batch = 16
-TOML
+  capture_spec resid-1m '["resid_post"]' 16
   echo "== batches: capture resid_post of 12 blocks, 1M tokens"
   local id
   id=$(strata_capture "$work/state" "$work/capture.toml" batches | tail -1)

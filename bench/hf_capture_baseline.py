@@ -9,14 +9,11 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
+from hf_inputs import load
 
 model_dir, tokens_path, seq, batch, out_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16).cuda().eval()
-tokens = torch.from_numpy(np.fromfile(tokens_path, dtype="<u2").astype(np.int64))
-tokens = tokens[: len(tokens) // seq * seq].view(-1, seq)
+model, tokens = load(model_dir, tokens_path, seq)
 os.makedirs(out_dir, exist_ok=True)
 written = 0
 torch.cuda.synchronize()

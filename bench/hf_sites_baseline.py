@@ -12,17 +12,14 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
+from hf_inputs import load
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
 from sites_reference import capture_tensors  # noqa: E402
 
 model_dir, tokens_path, seq, batch, out_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16, attn_implementation="eager").cuda().eval()
-tokens = torch.from_numpy(np.fromfile(tokens_path, dtype="<u2").astype(np.int64))
-tokens = tokens[: len(tokens) // seq * seq].view(-1, seq)
+model, tokens = load(model_dir, tokens_path, seq, attn_implementation="eager")
 os.makedirs(out_dir, exist_ok=True)
 written = 0
 torch.cuda.synchronize()
