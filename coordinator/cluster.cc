@@ -50,11 +50,11 @@ void Cluster::ReleaseWorkers(RunEntry& run) {
     WorkerEntry* w = workers.Find(id);
     if (!w || w->current_run != run.id) continue;
     w->current_run.clear();
-    // A placeholder made at a restart (WorkerRegistry::ExpectBack) has no address until its
-    // worker registers again: it stays out of Idle() until then (registering makes it IDLE) or
-    // until the heartbeat timeout turns it lost. Freed here, a re-plan would give it a rank and
-    // every other rank an empty address for it.
-    if (w->state == WorkerState::BUSY && !w->data_address.empty()) w->state = WorkerState::IDLE;
+    // A placeholder made at a restart (WorkerRegistry::ExpectBack: pid 0, no address) stays out
+    // of Idle() until its worker registers again (registering makes it IDLE) or the heartbeat
+    // timeout turns it lost. Freed here, a re-plan would give it a rank and every other rank an
+    // empty address for it.
+    if (w->state == WorkerState::BUSY && w->pid != 0) w->state = WorkerState::IDLE;
   }
 }
 
