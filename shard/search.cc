@@ -230,6 +230,12 @@ void ForEachCandidate(const Problem& problem, int64_t n, const std::function<voi
   }
 }
 
+bool HasCandidate(const Problem& problem, int64_t n) {
+  bool any = false;
+  ForEachCandidate(problem, n, [&](const Candidate&) { any = true; });
+  return any;
+}
+
 std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int64_t count) {
   std::vector<WorkerView> picked = workers;
   std::stable_sort(picked.begin(), picked.end(), [](const WorkerView& a, const WorkerView& b) { return a.free_bytes > b.free_bytes; });
@@ -308,6 +314,7 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   int64_t evaluated = 0, fitting = 0, used = all;
   for (int64_t n = all; n >= 1 && !best; --n) {
     used = n;
+    if (!internal::HasCandidate(problem, n)) continue;  // at 10k workers, skipping is the whole cost
     const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
     internal::StageCache stages(problem, workers);
     internal::ForEachCandidate(problem, n, [&](const internal::Candidate& c) {
