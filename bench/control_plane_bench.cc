@@ -70,6 +70,7 @@ struct Options {
   int workers_per_host = 8;
   int http_port = 18765;
   std::string work_dir;
+  bool http = true;      // --no-http: start the coordinator without a dashboard (no /api/state)
   std::string perf_dir;  // non-empty: `perf record -g` the coordinator over the steady window
 };
 
@@ -438,9 +439,12 @@ BenchResult RunOne(const Options& opt, int n) {
   std::filesystem::create_directories(dir + "/state");
   const std::string endpoint = "ipc://" + dir + "/coordinator.sock";
   const int http_port = opt.http_port;
-  const pid_t coordinator = Spawn({opt.coordinator, "--listen", endpoint, "--state-dir", dir + "/state", "--http",
-                                   "127.0.0.1:" + std::to_string(http_port)},
-                                  dir + "/coordinator.log");
+  std::vector<std::string> coordinator_argv = {opt.coordinator, "--listen", endpoint, "--state-dir", dir + "/state"};
+  if (opt.http) {
+    coordinator_argv.push_back("--http");
+    coordinator_argv.push_back("127.0.0.1:" + std::to_string(http_port));
+  }
+  const pid_t coordinator = Spawn(coordinator_argv, dir + "/coordinator.log");
   // Wait until it answers.
   {
     strata::client::CoordinatorClient probe(endpoint, 500);
@@ -602,7 +606,7 @@ BenchResult RunOne(const Options& opt, int n) {
     }
     result.cli_workers_ms = Summarize(times);
   }
-  {
+  if (opt.http) {
     httplib::Client http("127.0.0.1", http_port);
     http.set_read_timeout(60, 0);
     std::vector<double> times;
@@ -668,11 +672,12 @@ int main(int argc, char** argv) {
     else if (arg == "--http-port") opt.http_port = std::stoi(value());
     else if (arg == "--work-dir") opt.work_dir = value();
     else if (arg == "--perf-dir") opt.perf_dir = value();
+    else if (arg == "--no-http") opt.http = false;
     else {
       fprintf(stderr,
               "usage: control_plane_bench [--coordinator PATH] [--cli PATH] [--workers 1000,5000,10000] [--seconds 20]\n"
               "       [--warmup-seconds 3] [--sender-threads 2] [--workers-per-process 4000] [--probe-hz 10] [--submits 5] [--listings 5]\n"
-              "       [--http-port 18765] [--work-dir DIR] [--perf-dir DIR (perf record -g the coordinator's window)]\n");
+              "       [--http-port 18765] [--work-dir DIR] [--no-http] [--perf-dir DIR (perf record -g the coordinator's window)]\n");
       return 2;
     }
   }
