@@ -285,8 +285,8 @@ class SenderThread {
           break;
         case Envelope::ERROR:
           shared_.errors_received.fetch_add(1);
-          if (std::string(root.getError().getCode().cStr()) == "NotFound") {
-            w.registered = false;  // lost: register again, as a real worker does
+          if (w.registered && std::string(root.getError().getCode().cStr()) == "NotFound") {
+            w.registered = false;  // declared lost: register again, as a real worker does
             w.last_register_ms = 0;
             shared_.registered.fetch_sub(1);
           }
