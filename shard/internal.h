@@ -74,6 +74,11 @@ Plan Evaluate(const Problem& problem, const Candidate& candidate, StageCache& ca
               Fill* fill = nullptr);
 Candidate CandidateOf(const Plan& plan);
 
+// Whether ForEachCandidate(problem, n, ...) visits anything: most sizes have no mesh (dp must
+// divide global_batch, tp the heads, pp <= layers; a fixed mesh allows one size), and a search
+// over 1..N workers must not pay PickWorkers' O(N log N) copy and sorts for each of them.
+bool HasCandidate(const Problem& problem, int64_t n);
+
 // The workers a plan on `count` workers uses, ordered by node then name so consecutive ranks
 // (tensor-parallel groups) share a node: the `count` with the most free memory, or with
 // `whole_nodes` (plans with tp > 1) the nodes with the most workers first, each node's roomiest

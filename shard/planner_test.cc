@@ -153,6 +153,28 @@ TEST(ChoosePlan, OneRoomyWorkerRunsUnsharded) {
   ExpectFits(*plan, cluster, 0.1);
 }
 
+// A cluster of 10,000 workers and a fixed 1 x 1 x 1 mesh (a one-worker job, or any spec whose
+// dp, pp and tp are set): the search goes over sizes 10,000 down to 1, and only size 1 has a mesh.
+// It used to copy and sort all 10,000 workers for every size (minutes; the coordinator's event
+// loop stalled until every worker was declared lost); sizes without a mesh are now skipped.
+// The plan is the one it always was: the worker with the most free memory.
+TEST(ChoosePlan, FixedMeshOnTenThousandWorkersSkipsSizesWithoutAMesh) {
+  JobSpec job;
+  job.global_batch = 8;
+  job.dp = 1;
+  job.pp = 1;
+  job.tp = 1;
+  ClusterView cluster = Workers(10000, 40 * kGiB);
+  cluster.workers[7321].free_bytes = 60 * kGiB;
+  const auto start = std::chrono::steady_clock::now();
+  auto plan = ChoosePlan(Gpt2Small(), job, cluster);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->workers.size(), 1u);
+  EXPECT_EQ(plan->workers[0].worker, "w7321");
+  EXPECT_LT(seconds, 5.0) << "a plan for one worker of 10,000 should take milliseconds";
+}
+
 // Two workers whose budget is 16 bytes per parameter: replicated fp32 state (24), ZeRO-1 and -2
 // (4 + 4 + 16/2 = 16, plus activations and temporaries) and two pipeline stages (about 12 each,
 // the last plus the tied-head copy) do not fit; ZeRO-3 (24/2 = 12, plus activations) does.

@@ -153,6 +153,7 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
   const int64_t largest = oom ? std::min<int64_t>(available, static_cast<int64_t>(current.workers.size())) : available;
   const int64_t smallest = oom ? largest : 1;
   for (int64_t n = largest; n >= smallest; --n) {
+    if (!internal::HasCandidate(problem, n)) continue;  // no mesh of n workers: skip picking them
     const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
     const std::vector<WorkerView> whole_nodes = internal::PickWorkers(problem.workers, n, /*whole_nodes=*/true);
     internal::StageCache stages(problem, workers), tp_stages(problem, whole_nodes);

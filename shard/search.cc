@@ -230,6 +230,12 @@ void ForEachCandidate(const Problem& problem, int64_t n, const std::function<voi
   }
 }
 
+bool HasCandidate(const Problem& problem, int64_t n) {
+  bool any = false;
+  ForEachCandidate(problem, n, [&](const Candidate&) { any = true; });
+  return any;
+}
+
 std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int64_t count, bool whole_nodes) {
   std::vector<WorkerView> picked = workers;
   std::stable_sort(picked.begin(), picked.end(), [](const WorkerView& a, const WorkerView& b) { return a.free_bytes > b.free_bytes; });
@@ -323,6 +329,7 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   int64_t evaluated = 0, fitting = 0, used = all;
   for (int64_t n = all; n >= 1 && !best; --n) {
     used = n;
+    if (!internal::HasCandidate(problem, n)) continue;  // at 10k workers, skipping is the whole cost
     const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
     const std::vector<WorkerView> whole_nodes = internal::PickWorkers(problem.workers, n, /*whole_nodes=*/true);
     internal::StageCache stages(problem, workers), tp_stages(problem, whole_nodes);
