@@ -76,10 +76,13 @@ struct Segment {
 // chunks beyond the one the consumer waits for; Take(i) hands chunk i over in order.
 class ChunkPrefetcher {
  public:
+  // Chunk bytes go into buffers from `buffers` (those of segments the consumer is done with: their
+  // pages are already mapped, where a fresh allocation costs a page fault and a zeroed page per 4 KiB).
   ChunkPrefetcher(const std::vector<std::unique_ptr<ActivationReader>>& readers, const ActivationIndex& index,
                   const BatchOptions& options, const std::vector<uint64_t>& row_bytes, std::vector<size_t> order,
-                  size_t ahead)
-      : index_(index), options_(options), row_bytes_(row_bytes), order_(std::move(order)), ahead_(ahead) {
+                  size_t ahead, BufferPool& buffers)
+      : index_(index), options_(options), row_bytes_(row_bytes), order_(std::move(order)), ahead_(ahead),
+        buffers_(buffers) {
     for (const auto& reader : readers) threads_.emplace_back([this, r = reader.get()] { Work(r); });
   }
 
@@ -90,15 +93,6 @@ class ChunkPrefetcher {
     }
     changed_.notify_all();
     for (auto& t : threads_) t.join();
-  }
-
-  // Buffers of segments the consumer is done with, for the next chunks (their pages are already
-  // mapped: fresh allocations of this size cost a page fault and a zeroed page per 4 KiB).
-  void Recycle(Segment&& s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (Bytes& b : s.data) {
-      if (spare_.size() < 4 * options_.records.size() * threads_.size()) spare_.push_back(std::move(b));
-    }
   }
 
   Result<Segment> Take(size_t i) {
@@ -130,14 +124,6 @@ class ChunkPrefetcher {
     }
   }
 
-  Bytes TakeBuffer() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (spare_.empty()) return Bytes();
-    Bytes b = std::move(spare_.back());
-    spare_.pop_back();
-    return b;
-  }
-
   Result<Segment> Read(ActivationReader* reader, const StoredChunk& c) {
     Segment s;
     s.rows.resize(c.row_count);
@@ -146,8 +132,7 @@ class ChunkPrefetcher {
     for (size_t r = 0; r < options_.records.size(); ++r) {
       const auto& [layer, site] = options_.records[r];
       Bytes& out = s.data[r];
-      out = TakeBuffer();
-      out.resize(c.row_count * row_bytes_[r]);  // not zero-filled: every byte is read into
+      out = buffers_.Take(c.row_count * row_bytes_[r]);  // not zero-filled: every byte is read into
       size_t at = 0;
       STRATA_RETURN_IF_ERROR(reader->ReadRows(index_, layer, site, c.row_begin, c.row_begin + c.row_count,
                                               [&](std::span<const uint8_t> bytes) {
@@ -172,13 +157,13 @@ class ChunkPrefetcher {
   const std::vector<uint64_t>& row_bytes_;
   const std::vector<size_t> order_;
   const size_t ahead_;
+  BufferPool& buffers_;
 
   std::mutex mu_;
   std::condition_variable changed_;
   size_t next_ = 0;   // the next chunk (position in order_) a thread takes up
   size_t taken_ = 0;  // the chunk the consumer waits for
   std::map<size_t, Result<Segment>> done_;
-  std::vector<Bytes> spare_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };
@@ -234,8 +219,10 @@ class StreamImpl final : public BatchStream {
     }
 
     // Empties the window, handing its buffers back for reuse.
-    void Release(ChunkPrefetcher& prefetch) {
-      for (Segment& s : segments) prefetch.Recycle(std::move(s));
+    void Release(BufferPool& buffers) {
+      for (Segment& s : segments) {
+        for (Bytes& b : s.data) buffers.Give(std::move(b));
+      }
       *this = Window{};
     }
   };
@@ -308,18 +295,10 @@ class StreamImpl final : public BatchStream {
   }
 
   Status Run() {
-    // Opened at once: each open reads the store's index (RocksDB) and, cold, costs tens of ms.
-    std::vector<Result<std::unique_ptr<ActivationReader>>> opened;
-    for (size_t t = 0; t < threads_; ++t) opened.emplace_back(Internal("not opened"));
-    {
-      std::vector<std::thread> openers;
-      for (size_t t = 0; t < threads_; ++t) openers.emplace_back([&, t] { opened[t] = open_(); });
-      for (auto& o : openers) o.join();
-    }
     std::vector<std::unique_ptr<ActivationReader>> readers;
-    for (auto& reader : opened) {
-      if (!reader.ok()) return reader.status();
-      readers.push_back(std::move(reader).value());
+    for (size_t t = 0; t < threads_; ++t) {
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ActivationReader> reader, open_());
+      readers.push_back(std::move(reader));
     }
     const uint64_t batch = options_.batch_rows;
     uint64_t buffer_rows = options_.buffer_rows;
@@ -335,7 +314,7 @@ class StreamImpl final : public BatchStream {
       std::vector<size_t> order(chunks);
       for (size_t i = 0; i < chunks; ++i) order[i] = i;
       if (options_.shuffle) rng.Shuffle(order);
-      ChunkPrefetcher prefetch(readers, index_, options_, row_bytes_, order, 2 * threads_);
+      ChunkPrefetcher prefetch(readers, index_, options_, row_bytes_, order, 2 * threads_, chunk_buffers_);
       Window window;
       size_t next = 0;
       while (next < chunks) {
@@ -353,7 +332,7 @@ class StreamImpl final : public BatchStream {
           if (!Push(std::move(b))) return Status::Ok();
         }
         if (full == perm.size()) {
-          window.Release(prefetch);
+          window.Release(chunk_buffers_);
           continue;
         }
         Batch rest = Gather(window, perm, full, perm.size(), epoch);  // in drawn order
@@ -361,7 +340,7 @@ class StreamImpl final : public BatchStream {
           if (!options_.drop_last && !Push(std::move(rest))) return Status::Ok();
           continue;
         }
-        window.Release(prefetch);  // what is left is carried over into the next window, first
+        window.Release(chunk_buffers_);  // what is left is carried over into the next window, first
         window.Add(Segment{std::move(rest.rows), std::move(rest.data)}, row_bytes_);
       }
     }
@@ -373,7 +352,8 @@ class StreamImpl final : public BatchStream {
   const BatchOptions options_;
   const size_t threads_;
   std::vector<uint64_t> row_bytes_;  // per record
-  const std::shared_ptr<BufferPool> buffers_ = std::make_shared<BufferPool>();
+  const std::shared_ptr<BufferPool> buffers_ = std::make_shared<BufferPool>();  // of batches
+  BufferPool chunk_buffers_;  // of chunks read, across epochs
 
   std::mutex mu_;
   std::condition_variable ready_, space_;

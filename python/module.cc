@@ -134,17 +134,15 @@ class Stream {
       : index_(index), options_(options) {
     py::gil_scoped_release release;
     stream_ = Take(activations::BatchStream::Start(reader.opener(), index, std::move(options)));
-    buffers_ = stream_->buffers();
   }
 
-  // (epoch, rows, [array per record]); StopIteration after the last.
   // An array over a batch buffer that goes back to the stream's pool when the array is freed.
   py::array PooledArray(storage::DType dtype, const std::vector<int64_t>& shape, activations::Bytes bytes) {
     struct Owned {
       activations::Bytes bytes;
       std::shared_ptr<activations::BufferPool> pool;
     };
-    auto* owned = new Owned{std::move(bytes), buffers_};
+    auto* owned = new Owned{std::move(bytes), stream_->buffers()};
     py::capsule free(owned, [](void* p) {
       auto* o = static_cast<Owned*>(p);
       o->pool->Give(std::move(o->bytes));
@@ -153,6 +151,7 @@ class Stream {
     return py::array(NumpyDType(dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()), owned->bytes.data(), free);
   }
 
+  // (epoch, rows, [array per record]); StopIteration after the last.
   py::tuple Next() {
     Result<std::optional<activations::Batch>> next = std::optional<activations::Batch>();
     {
@@ -179,7 +178,6 @@ class Stream {
   activations::ActivationIndex index_;
   activations::BatchOptions options_;
   std::unique_ptr<activations::BatchStream> stream_;
-  std::shared_ptr<activations::BufferPool> buffers_;
 };
 
 }  // namespace

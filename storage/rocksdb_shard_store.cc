@@ -150,12 +150,6 @@ Status ReadFileRange(const std::string& path, const char* what, uint64_t offset,
     return Corruption(std::string("the ") + what + " file " + path + " named by the store's index cannot be opened (" +
                       std::strerror(errno) + "); the store is damaged");
   }
-  // A large read: ask for the whole range at once, so a cold file is read as one deep queue of
-  // requests rather than readahead window after window (pread alone starts each record from a
-  // cold readahead state: 0.95 GB/s on a disk that reads 1.43 GB/s sequentially).
-  if (out.size() >= (size_t{1} << 20)) {
-    (void)::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(out.size()), POSIX_FADV_WILLNEED);
-  }
   size_t done = 0;
   while (done < out.size()) {
     const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
