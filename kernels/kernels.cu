@@ -10,17 +10,8 @@
 #include <string>
 
 #include "kernels/adamw_scalars.h"
+#include "kernels/cuda_check.h"
 #include "kernels/kernels.h"
-
-// Every CUDA call checked, naming the file and line: a failed launch is a fault, not a result.
-#define STRATA_CUDA_CHECK(call)                                                                                   \
-  do {                                                                                                            \
-    cudaError_t strata_cuda_error = (call);                                                                       \
-    if (strata_cuda_error != cudaSuccess) {                                                                       \
-      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #call " failed: " + \
-                               cudaGetErrorString(strata_cuda_error));                                            \
-    }                                                                                                             \
-  } while (0)
 
 namespace strata::kernels {
 namespace {

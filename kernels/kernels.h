@@ -18,6 +18,16 @@
 // counting each element once (mask 0 for tensor-parallel replicas and tied copies). Accumulated
 // into *out, so the units of a step add into one scalar; deterministic (a fixed reduction order
 // for a given n), unlike atomics.
+//
+// CrossEntropyGradInPlace: the softmax cross-entropy of each row of logits z ([rows, row_stride],
+// of which the first `vocab` columns are the vocabulary and the rest padding), and its gradient
+// written over the logits - the loss's whole elementwise work in one kernel reading each row
+// twice (the second read mostly from L2) and writing it once, where the unfused form widens to
+// fp32 and makes ~12 passes. In fp32 whatever the storage dtype:
+//   m_i = max_{v < V} z_iv,   lse_i = m_i + log sum_{v < V} exp(z_iv - m_i)
+//   row_loss[i] = lse_i - z_{i t_i}
+//   z_iv <- grad_scale * (exp(z_iv - lse_i) - [v = t_i])   for v < V;   0 for V <= v < row_stride
+// rounded to the storage dtype (bf16: round to nearest even, as LibTorch converts).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +39,9 @@ struct Place {
   bool cuda = false;
   void* stream = nullptr;  // a cudaStream_t (CUDA only); null: the default stream
 };
+
+// Storage dtype of a kernel's tensors where it takes more than fp32 (bf16 as raw uint16 bits).
+enum class DType { kFloat32, kBFloat16 };
 
 struct AdamWArgs {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
@@ -46,9 +59,15 @@ void AdamW(const Place& place, const AdamWArgs& args, float* param, const float*
 void MaskedSquareSum(const Place& place, const float* grad, const float* mask, int64_t n, float* out, float* scratch);
 int64_t MaskedSquareSumScratch();
 
+// `targets` [rows] in [0, vocab); `row_loss` [rows] fp32; all on the place's device.
+void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
+                             const int64_t* targets, float grad_scale, float* row_loss);
+
 // The CPU references (what the Place-dispatching calls run on the CPU).
 void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                     const float* decay_mask, int64_t n);
 void MaskedSquareSumReference(const float* grad, const float* mask, int64_t n, float* out);
+void CrossEntropyGradInPlaceReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
+                                      const int64_t* targets, float grad_scale, float* row_loss);
 
 }  // namespace strata::kernels

@@ -1,7 +1,11 @@
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "kernels/adamw_scalars.h"
+#include "kernels/bf16.h"
 #include "kernels/kernels.h"
 
 namespace strata::kernels {
@@ -24,6 +28,31 @@ void MaskedSquareSumReference(const float* grad, const float* mask, int64_t n, f
 
 int64_t MaskedSquareSumScratch() { return 1024; }
 
+void CrossEntropyGradInPlaceReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
+                                      const int64_t* targets, float grad_scale, float* row_loss) {
+  std::vector<float> z(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < rows; ++i) {
+    float* f32 = dtype == DType::kFloat32 ? static_cast<float*>(logits) + i * row_stride : nullptr;
+    uint16_t* b16 = dtype == DType::kBFloat16 ? static_cast<uint16_t*>(logits) + i * row_stride : nullptr;
+    for (int64_t v = 0; v < vocab; ++v) z[v] = f32 ? f32[v] : Bf16ToFloat(b16[v]);
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t v = 0; v < vocab; ++v) m = std::max(m, z[v]);
+    double sum = 0;  // double: the order of a long fp32 sum would otherwise decide its last bits
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - m);
+    const float lse = m + static_cast<float>(std::log(sum));
+    const int64_t t = targets[i];
+    row_loss[i] = lse - z[t];
+    for (int64_t v = 0; v < row_stride; ++v) {
+      const float g = v < vocab ? grad_scale * (std::exp(z[v] - lse) - (v == t ? 1.0f : 0.0f)) : 0.0f;
+      if (f32) {
+        f32[v] = g;
+      } else {
+        b16[v] = FloatToBf16(g);
+      }
+    }
+  }
+}
+
 #ifndef STRATA_KERNELS_WITH_CUDA
 bool HasCuda() { return false; }
 
@@ -42,6 +71,12 @@ void AdamW(const Place& place, const AdamWArgs& args, float* param, const float*
 void MaskedSquareSum(const Place& place, const float* grad, const float* mask, int64_t n, float* out, float* scratch) {
   if (place.cuda) NoCuda("kernels::MaskedSquareSum");
   MaskedSquareSumReference(grad, mask, n, out);
+}
+
+void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
+                             const int64_t* targets, float grad_scale, float* row_loss) {
+  if (place.cuda) NoCuda("kernels::CrossEntropyGradInPlace");
+  CrossEntropyGradInPlaceReference(dtype, logits, rows, vocab, row_stride, targets, grad_scale, row_loss);
 }
 #endif
 

@@ -80,5 +80,49 @@ TEST(KernelsTest, MaskedSquareSumEqualsLibTorchAndAccumulates) {
   EXPECT_EQ(again, out);
 }
 
+// The loss and gradient as LibTorch's own ops give them, in fp32 from the stored logits.
+void LibTorchCrossEntropy(const torch::Tensor& logits, int64_t vocab, const torch::Tensor& targets, float scale,
+                          torch::Tensor* row_loss, torch::Tensor* grad) {
+  auto z = logits.to(torch::kFloat).narrow(1, 0, vocab).clone().requires_grad_(true);
+  auto losses = torch::nn::functional::cross_entropy(
+      z, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  (losses.sum() * scale).backward();
+  *row_loss = losses.detach();
+  *grad = torch::zeros({logits.size(0), logits.size(1)});
+  grad->narrow(1, 0, vocab).copy_(z.grad());
+}
+
+TEST(KernelsTest, CrossEntropyReferenceEqualsLibTorchInFp32AndBf16) {
+  torch::manual_seed(8);
+  const int64_t rows = 37, vocab = 1003, stride = 1024;  // padding columns past the vocabulary
+  auto logits = torch::randn({rows, stride}) * 4;
+  logits.narrow(1, vocab, stride - vocab).fill_(100.0f);  // padding must not count
+  auto targets = torch::randint(0, vocab, {rows}, torch::kLong);
+  targets[0] = vocab - 1;
+  targets[1] = 0;
+  const float scale = 1.0f / rows;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    auto stored = logits.to(dtype).contiguous();
+    torch::Tensor expected_loss, expected_grad;
+    LibTorchCrossEntropy(stored, vocab, targets, scale, &expected_loss, &expected_grad);
+    auto ours = stored.clone();
+    auto loss = torch::empty({rows});
+    CrossEntropyGradInPlace(Place{}, dtype == torch::kFloat ? DType::kFloat32 : DType::kBFloat16, ours.data_ptr(), rows, vocab,
+                            stride, targets.data_ptr<int64_t>(), scale, loss.data_ptr<float>());
+    EXPECT_LE(MaxRelative(loss, expected_loss), 1e-6) << dtype;
+    if (dtype == torch::kFloat) {
+      EXPECT_LE((ours - expected_grad).abs().max().item<double>(), 1e-6 * scale) << "fp32 gradient";
+    } else {
+      // The same fp32 gradient rounded once to bf16: equal to LibTorch's gradient rounded to
+      // bf16, except where the two fp32 values straddle a rounding boundary (one bf16 ulp).
+      auto theirs = expected_grad.to(torch::kBFloat16).to(torch::kFloat);
+      auto diff = (ours.to(torch::kFloat) - theirs).abs();
+      EXPECT_LE((diff - theirs.abs() * (1.0 / 128)).max().item<double>(), 1e-12) << "bf16 gradient within one ulp";
+      EXPECT_GT(diff.eq(0).to(torch::kFloat).mean().item<double>(), 0.99) << "bf16 gradient mostly bit-equal";
+    }
+    EXPECT_EQ(ours.narrow(1, vocab, stride - vocab).abs().max().item<double>(), 0.0) << "padding columns get gradient 0";
+  }
+}
+
 }  // namespace
 }  // namespace strata::kernels

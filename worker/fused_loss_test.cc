@@ -38,12 +38,32 @@ TEST(LinearCrossEntropyTest, EqualsThePlainLossAndItsGradientsForAnyChunking) {
 }
 
 TEST(LinearCrossEntropyTest, ChunksHoldAFixedBudgetOfLogits) {
-  EXPECT_EQ(LinearCrossEntropyChunkRows(100, 256), 100);  // fits whole
-  const int64_t gpt2 = LinearCrossEntropyChunkRows(8 * 1024, 50304);
-  EXPECT_EQ(gpt2 % 64, 0);
-  EXPECT_LE(gpt2 * 50304 * 4, kChunkLogitBytes);
-  EXPECT_GT((gpt2 + 64) * 50304 * 4, kChunkLogitBytes);
-  EXPECT_EQ(LinearCrossEntropyChunkRows(1 << 20, int64_t{1} << 30), 64);  // at least 64 rows
+  EXPECT_EQ(LinearCrossEntropyChunkRows(100, 256, 4), 100);  // fits whole
+  for (int64_t bytes : {2, 4}) {
+    const int64_t gpt2 = LinearCrossEntropyChunkRows(8 * 1024, 50304, bytes);
+    EXPECT_EQ(gpt2 % 64, 0);
+    EXPECT_LE(gpt2 * 50304 * bytes, kChunkLogitBytes);
+    EXPECT_GT((gpt2 + 64) * 50304 * bytes, kChunkLogitBytes);
+  }
+  EXPECT_EQ(LinearCrossEntropyChunkRows(1 << 20, int64_t{1} << 30, 2), 64);  // at least 64 rows
+}
+
+TEST(LinearCrossEntropyTest, GradientsOnlyWhereRequiredAndScaledByTheIncomingGradient) {
+  torch::manual_seed(11);
+  const int64_t rows = 33, hidden = 8, vocab = 64;
+  const auto x0 = torch::randn({rows, hidden}), w0 = torch::randn({vocab, hidden});
+  const auto targets = torch::randint(0, vocab, {rows}, torch::kLong);
+  auto x_ref = x0.clone().requires_grad_(true);
+  (PlainLoss(x_ref, w0, vocab, targets) * 3.0).backward();
+  auto x = x0.clone().requires_grad_(true);
+  const auto w = w0.clone();  // frozen: no dW is made
+  (LinearCrossEntropy(x, w, vocab, targets, torch::kFloat, 10) * 3.0).backward();
+  EXPECT_LT(MaxRelative(x.grad(), x_ref.grad()), 1e-5);
+  EXPECT_FALSE(w.grad().defined());
+  // Without any gradient wanted it is just the loss.
+  torch::NoGradGuard no_grad;
+  EXPECT_NEAR(LinearCrossEntropy(x0, w0, vocab, targets, torch::kFloat).item<double>(),
+              PlainLoss(x0, w0, vocab, targets).item<double>(), 1e-5);
 }
 
 }  // namespace

@@ -1,27 +1,8 @@
 #include "worker/optimizer.h"
 
-#ifdef STRATA_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
-
-#include "kernels/kernels.h"
+#include "worker/kernel_place.h"
 
 namespace strata::worker {
-namespace {
-
-// Where the fused kernels run: the device's current stream (LibTorch's work is queued there too).
-kernels::Place KernelPlace(const torch::Device& device) {
-  kernels::Place place;
-#ifdef STRATA_WITH_CUDA
-  if (device.is_cuda()) {
-    place.cuda = true;
-    place.stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  }
-#endif
-  return place;
-}
-
-}  // namespace
 
 UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device)
     : model_(model), zero_(zero), dp_(dp), device_(device) {

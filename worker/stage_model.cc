@@ -376,13 +376,11 @@ torch::Tensor StageModel::Head(const torch::Tensor& x) {
 }
 
 torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& targets) {
+  // The fused head + loss (fused_loss.h) on every device: on a GPU it is faster than LibTorch's
+  // whole-logits loss and holds a fraction of its memory (docs/benchmarks.md has both); on the
+  // CPU it runs kernels/'s reference. The head's rows padded to 64 for cuBLAS, as Head.
   const ModelSpec& m = spec_.model;
-  const int64_t pad = (64 - m.vocab % 64) % 64;  // aligned logits for cuBLAS, as Head
-  const int64_t rows = x.numel() / x.size(-1);
-  if (rows * (m.vocab + pad) * static_cast<int64_t>(sizeof(float)) <= kWholeLogitBytes) {
-    // Small enough to hold whole: LibTorch's own loss is faster (fused_loss.h has the numbers).
-    return torch::nn::functional::cross_entropy(Head(x).reshape({-1, m.vocab}).to(torch::kFloat).contiguous(), targets.reshape({-1}));
-  }
+  const int64_t pad = (64 - m.vocab % 64) % 64;
   const torch::ScalarType compute = spec_.train.precision == "bf16" && device_.is_cuda() ? torch::kBFloat16 : torch::kFloat;
   return Run(head_units_, x, [this, &m, pad, targets, compute](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
     const ParamView p = ViewOfUnit(head_units_, v);

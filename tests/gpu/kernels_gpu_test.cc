@@ -64,5 +64,31 @@ TEST_F(KernelsGpuTest, MaskedSquareSumEqualsTheReferenceAndIsDeterministic) {
   EXPECT_EQ(results[1], results[2]);
 }
 
+TEST_F(KernelsGpuTest, CrossEntropyEqualsTheReferenceVectorizedAndNot) {
+  torch::manual_seed(9);
+  // GPT-2's vocabulary padded to 64 (vector path) and unpadded (odd stride: element path).
+  for (int64_t stride : {50304, 50257}) {
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      const int64_t rows = 129, vocab = 50257;
+      auto logits = (torch::randn({rows, stride}) * 3).to(dtype);
+      auto targets = torch::randint(0, vocab, {rows}, torch::kLong);
+      const DType d = dtype == torch::kFloat ? DType::kFloat32 : DType::kBFloat16;
+      auto ref = logits.clone();
+      auto ref_loss = torch::empty({rows});
+      CrossEntropyGradInPlaceReference(d, ref.data_ptr(), rows, vocab, stride, targets.data_ptr<int64_t>(), 0.5f, ref_loss.data_ptr<float>());
+      auto gpu = logits.cuda();
+      auto gpu_targets = targets.cuda();
+      auto gpu_loss = torch::empty({rows}, gpu.options().dtype(torch::kFloat));
+      CrossEntropyGradInPlace(place_, d, gpu.data_ptr(), rows, vocab, stride, gpu_targets.data_ptr<int64_t>(), 0.5f,
+                              gpu_loss.data_ptr<float>());
+      EXPECT_LE(MaxRelative(gpu_loss, ref_loss), 1e-6) << "stride " << stride << " " << dtype;
+      auto diff = (gpu.cpu().to(torch::kFloat) - ref.to(torch::kFloat)).abs();
+      // fp32: exp's rounding; bf16: at most one ulp where the fp32 values straddle a boundary.
+      const double bound = dtype == torch::kFloat ? 4e-6 : 1.0 / 128;
+      EXPECT_LE((diff - ref.to(torch::kFloat).abs() * bound).max().item<double>(), 1e-9) << "stride " << stride << " " << dtype;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::kernels
