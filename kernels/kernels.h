@@ -28,6 +28,21 @@
 //   row_loss[i] = lse_i - z_{i t_i}
 //   z_iv <- grad_scale * (exp(z_iv - lse_i) - [v = t_i])   for v < V;   0 for V <= v < row_stride
 // rounded to the storage dtype (bf16: round to nearest even, as LibTorch converts).
+//
+// Block pieces (block_ops.cu), each a forward and a backward, in fp32 maths whatever the storage
+// dtype, rounding once on store (where LibTorch's op-by-op form under autocast widens, computes,
+// narrows and casts again for every consumer):
+//   RmsNorm (Llama's, one row of `cols` at a time):
+//     r = 1 / sqrt(mean_j x_j^2 + eps),   y_j = w_j * (x_j * r)
+//     dx_j = r * w_j dy_j - x_j * (r^3 / cols) * sum_k w_k dy_k x_k,   dw_j = sum_rows dy_j x_j r
+//     dw comes as fp32 partial sums, [RmsNormWeightPartialRows(place, rows), cols], which the
+//     caller adds up (a fixed order: deterministic).
+//   SwiGlu (SiLU-gated MLP hidden):  y = silu(g) * u,  silu(g) = g * sigmoid(g)
+//     dg = dy * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),   du = dy * silu(g)
+//   Rotary (RoPE as transformers, rotate_half over the first `rotary_dims` of each head; the rest
+//   passes through): for x [batch, seq, heads, head_dim], position p of its row, h = rotary_dims/2,
+//     y_i = x_i cos_{p,i} - x_{i+h} sin_{p,i},   y_{i+h} = x_{i+h} cos_{p,i} + x_i sin_{p,i}   (i < h)
+//   with cos, sin [seq, h] fp32. Its backward is the same rotation with -sin (`inverse`).
 #pragma once
 
 #include <cstdint>
@@ -63,11 +78,38 @@ int64_t MaskedSquareSumScratch();
 void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                              const int64_t* targets, float grad_scale, float* row_loss);
 
+void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
+                    int64_t rows, int64_t cols, float eps);
+int64_t RmsNormWeightPartialRows(const Place& place, int64_t rows);
+// dx in x_dtype; dy in y_dtype (the forward's output dtype).
+void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
+                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols);
+
+// All of g, u, y (and the gradients) in one dtype; n elements.
+void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n);
+void SwiGluBackward(const Place& place, DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup,
+                    int64_t n);
+
+struct RotaryShape {
+  int64_t batch = 0, seq = 0, heads = 0, head_dim = 0, rotary_dims = 0;  // rotary_dims even, <= head_dim
+};
+void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
+            const float* sin, bool inverse);
+
 // The CPU references (what the Place-dispatching calls run on the CPU).
 void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                     const float* decay_mask, int64_t n);
 void MaskedSquareSumReference(const float* grad, const float* mask, int64_t n, float* out);
 void CrossEntropyGradInPlaceReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                                       const int64_t* targets, float grad_scale, float* row_loss);
+void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows,
+                             int64_t cols, float eps);
+// One partial row: dweight_partials [cols].
+void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype, const void* dy,
+                              void* dx, float* dweight_partials, int64_t rows, int64_t cols);
+void SwiGluForwardReference(DType dtype, const void* gate, const void* up, void* y, int64_t n);
+void SwiGluBackwardReference(DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n);
+void RotaryReference(const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
+                     const float* sin, bool inverse);
 
 }  // namespace strata::kernels

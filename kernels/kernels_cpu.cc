@@ -6,6 +6,7 @@
 
 #include "kernels/adamw_scalars.h"
 #include "kernels/bf16.h"
+#include "kernels/internal.h"
 #include "kernels/kernels.h"
 
 namespace strata::kernels {
@@ -56,11 +57,7 @@ void CrossEntropyGradInPlaceReference(DType dtype, void* logits, int64_t rows, i
 #ifndef STRATA_KERNELS_WITH_CUDA
 bool HasCuda() { return false; }
 
-namespace {
-[[noreturn]] void NoCuda(const char* what) {
-  throw std::logic_error(std::string(what) + ": this build has no CUDA kernels (configure with a CUDA LibTorch)");
-}
-}  // namespace
+using internal::NoCuda;
 
 void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
            const float* decay_mask, int64_t n) {

@@ -1,5 +1,6 @@
 #include "worker/family_llama.h"
 
+#include "worker/fused_ops.h"
 #include "worker/torch_compat.h"
 
 namespace strata::worker {
@@ -11,13 +12,15 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
   BlockOutputs out;
   out.resid_pre = Patched(request, "resid_pre", x_in);
   const torch::Tensor& x = out.resid_pre;
-  auto [cos, sin] = Rotary(x);
+  const torch::ScalarType compute = compat::ComputeType(x);
+  auto [cos, sin] = RotaryHalf(x);
   auto a = tp.enter(Norm(x, p("input_layernorm.weight")));
-  auto q = torch::linear(a, p("self_attn.q_proj.weight"), p.Optional("self_attn.q_proj.bias")).view({b, t, heads, hd}).transpose(1, 2);
-  auto k = torch::linear(a, p("self_attn.k_proj.weight"), p.Optional("self_attn.k_proj.bias")).view({b, t, kv_heads, hd}).transpose(1, 2);
+  // RoPE on [b, t, heads, hd] as the projections lay it out, then the heads-first view attention takes.
+  auto q = FusedRotary(torch::linear(a, p("self_attn.q_proj.weight"), p.Optional("self_attn.q_proj.bias")).view({b, t, heads, hd}),
+                       cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
+  auto k = FusedRotary(torch::linear(a, p("self_attn.k_proj.weight"), p.Optional("self_attn.k_proj.bias")).view({b, t, kv_heads, hd}),
+                       cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
   auto v = torch::linear(a, p("self_attn.v_proj.weight"), p.Optional("self_attn.v_proj.bias")).view({b, t, kv_heads, hd}).transpose(1, 2);
-  q = ApplyRotary(q, cos, sin);
-  k = ApplyRotary(k, cos, sin);
   out.q = q.transpose(1, 2);
   out.k = k.transpose(1, 2);  // kv_heads, before the repeat below
   out.v = v.transpose(1, 2);
@@ -32,14 +35,18 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
   out.attn_out = Patched(request, "attn_out", attn);
   out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
   auto m = tp.enter(Norm(out.resid_mid, p("post_attention_layernorm.weight")));
-  out.mlp_hidden = Patched(request, "mlp_hidden",
-                           Activation(torch::linear(m, p("mlp.gate_proj.weight"), p.Optional("mlp.gate_proj.bias"))) *
-                               torch::linear(m, p("mlp.up_proj.weight"), p.Optional("mlp.up_proj.bias")));
+  auto gate = torch::linear(m, p("mlp.gate_proj.weight"), p.Optional("mlp.gate_proj.bias"));
+  auto up = torch::linear(m, p("mlp.up_proj.weight"), p.Optional("mlp.up_proj.bias"));
+  out.mlp_hidden = Patched(request, "mlp_hidden", spec_.activation == "silu" ? FusedSwiGlu(gate, up) : Activation(gate) * up);
   auto mlp = tp.leave(torch::linear(out.mlp_hidden, p("mlp.down_proj.weight")));
   if (auto bias = p.Optional("mlp.down_proj.bias"); bias.defined()) mlp = mlp + bias;
   out.mlp_out = Patched(request, "mlp_out", mlp);
   out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);
   return out;
+}
+
+torch::Tensor LlamaFamily::Norm(const torch::Tensor& x, const torch::Tensor& weight) const {
+  return FusedRmsNorm(x, weight, spec_.norm_eps, compat::ComputeType(x));
 }
 
 std::unique_ptr<ModelFamily> CreateLlamaFamily(const ModelSpec& spec) { return std::make_unique<LlamaFamily>(spec); }

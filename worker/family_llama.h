@@ -23,9 +23,8 @@ class LlamaFamily : public ModelFamily {
   torch::Tensor FinalNorm(const ParamView& p, const torch::Tensor& x) const override { return Norm(x, p("norm.weight")); }
 
  protected:
-  virtual torch::Tensor Norm(const torch::Tensor& x, const torch::Tensor& weight) const {
-    return RmsNorm(x, weight, spec_.norm_eps);
-  }
+  // Llama's RMSNorm, fused (fused_ops.h), its output in the compute dtype.
+  virtual torch::Tensor Norm(const torch::Tensor& x, const torch::Tensor& weight) const;
 };
 
 }  // namespace strata::worker

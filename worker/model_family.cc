@@ -90,6 +90,12 @@ std::pair<torch::Tensor, torch::Tensor> ModelFamily::Rotary(const torch::Tensor&
   return {emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
 }
 
+std::pair<torch::Tensor, torch::Tensor> ModelFamily::RotaryHalf(const torch::Tensor& x) const {
+  auto positions = torch::arange(x.size(1), torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
+  auto freqs = torch::outer(positions, inv_freq_.to(x.device()));
+  return {freqs.cos().contiguous(), freqs.sin().contiguous()};
+}
+
 torch::Tensor ModelFamily::ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const {
   const int64_t d = spec_.rotary_dims();
   auto rotate = [&](const torch::Tensor& r) {

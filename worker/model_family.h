@@ -66,6 +66,8 @@ class ModelFamily {
   // cos and sin [t, rotary_dims] for x's length, device and dtype (fp32 frequencies, as
   // transformers computes them, then cast).
   std::pair<torch::Tensor, torch::Tensor> Rotary(const torch::Tensor& x) const;
+  // cos and sin [t, rotary_dims / 2] fp32 on x's device: the tables of FusedRotary.
+  std::pair<torch::Tensor, torch::Tensor> RotaryHalf(const torch::Tensor& x) const;
   // Rotates the first rotary_dims of each head of q or k [b, heads, t, head_dim].
   torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor Activation(const torch::Tensor& x) const;

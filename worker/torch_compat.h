@@ -62,6 +62,21 @@ class AutocastGuard {
   bool active_;
 };
 
+// Whether bf16 autocast (AutocastGuard) is on for CUDA in this thread.
+inline bool CudaAutocastEnabled() {
+#if STRATA_TORCH_DEVICE_AUTOCAST
+  return at::autocast::is_autocast_enabled(at::kCUDA);
+#else
+  return at::autocast::is_enabled();
+#endif
+}
+
+// The dtype an op's output should take so that no consumer casts it again: bf16 for a CUDA
+// tensor under autocast (what autocast would cast it to for the next matmul), else x's own.
+inline torch::ScalarType ComputeType(const torch::Tensor& x) {
+  return x.is_cuda() && CudaAutocastEnabled() ? torch::kBFloat16 : x.scalar_type();
+}
+
 // Causal attention over q, k, v of shape [batch, heads, time, head_dim]. LibTorch 2.x uses the
 // fused kernel (flash / memory-efficient on GPU); 1.13 has none, so it is spelled out:
 // softmax(q k^T / sqrt(d) + mask) v. `window` > 0 (Mistral's sliding window): query i attends

@@ -90,5 +90,65 @@ TEST_F(KernelsGpuTest, CrossEntropyEqualsTheReferenceVectorizedAndNot) {
   }
 }
 
+DType Of(torch::ScalarType t) { return t == torch::kFloat ? DType::kFloat32 : DType::kBFloat16; }
+// fp32: a few ulps of reordered sums and exp; bf16: one rounding step apart at most.
+double Bound(torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : 1.0 / 64; }
+
+TEST_F(KernelsGpuTest, RmsNormForwardAndBackwardEqualTheReference) {
+  torch::manual_seed(10);
+  const int64_t rows = 300, cols = 2048;
+  for (auto xt : {torch::kFloat, torch::kBFloat16}) {
+    for (auto yt : {torch::kFloat, torch::kBFloat16}) {
+      auto x = torch::randn({rows, cols}).to(xt), w = torch::randn({cols}), dy = torch::randn({rows, cols}).to(yt);
+      auto y = torch::empty({rows, cols}, torch::TensorOptions().dtype(yt)), rstd = torch::empty({rows});
+      auto dx = torch::empty_like(x), dw = torch::empty({cols});
+      RmsNormForwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), Of(yt), y.data_ptr(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
+      RmsNormBackwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), Of(yt), dy.data_ptr(), dx.data_ptr(),
+                               dw.data_ptr<float>(), rows, cols);
+      auto xd = x.cuda(), wd = w.cuda(), dyd = dy.cuda();
+      auto yd = torch::empty({rows, cols}, wd.options().dtype(yt)), rstdd = torch::empty({rows}, wd.options()), dxd = torch::empty_like(xd);
+      auto partials = torch::empty({RmsNormWeightPartialRows(place_, rows), cols}, wd.options());
+      RmsNormForward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), Of(yt), yd.data_ptr(), rstdd.data_ptr<float>(), rows, cols, 1e-5f);
+      RmsNormBackward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), rstdd.data_ptr<float>(), Of(yt), dyd.data_ptr(), dxd.data_ptr(),
+                      partials.data_ptr<float>(), rows, cols);
+      EXPECT_LE(MaxRelative(rstdd, rstd), 1e-6) << xt << " " << yt;
+      EXPECT_LE(MaxRelative(yd.to(torch::kFloat), y.to(torch::kFloat)), Bound(yt)) << xt << " " << yt;
+      EXPECT_LE(MaxRelative(dxd.to(torch::kFloat), dx.to(torch::kFloat)), Bound(xt)) << xt << " " << yt;
+      EXPECT_LE(MaxRelative(partials.sum(0), dw), 1e-5) << xt << " " << yt;
+    }
+  }
+}
+
+TEST_F(KernelsGpuTest, SwiGluAndRotaryEqualTheReference) {
+  torch::manual_seed(11);
+  for (auto t : {torch::kFloat, torch::kBFloat16}) {
+    const int64_t n = 1'000'003;
+    auto g = (torch::randn({n}) * 3).to(t), u = torch::randn({n}).to(t), dy = torch::randn({n}).to(t);
+    auto y = torch::empty_like(g), dg = torch::empty_like(g), du = torch::empty_like(g);
+    SwiGluForwardReference(Of(t), g.data_ptr(), u.data_ptr(), y.data_ptr(), n);
+    SwiGluBackwardReference(Of(t), g.data_ptr(), u.data_ptr(), dy.data_ptr(), dg.data_ptr(), du.data_ptr(), n);
+    auto gd = g.cuda(), ud = u.cuda(), dyd = dy.cuda();
+    auto yd = torch::empty_like(gd), dgd = torch::empty_like(gd), dud = torch::empty_like(gd);
+    SwiGluForward(place_, Of(t), gd.data_ptr(), ud.data_ptr(), yd.data_ptr(), n);
+    SwiGluBackward(place_, Of(t), gd.data_ptr(), ud.data_ptr(), dyd.data_ptr(), dgd.data_ptr(), dud.data_ptr(), n);
+    EXPECT_LE(MaxRelative(yd.to(torch::kFloat), y.to(torch::kFloat)), Bound(t)) << t;
+    EXPECT_LE(MaxRelative(dgd.to(torch::kFloat), dg.to(torch::kFloat)), Bound(t)) << t;
+    EXPECT_LE(MaxRelative(dud.to(torch::kFloat), du.to(torch::kFloat)), Bound(t)) << t;
+
+    const RotaryShape shape{2, 37, 4, 64, 32};  // partial rotation: the rest passes through
+    auto x = torch::randn({2, 37, 4, 64}).to(t);
+    auto freqs = torch::outer(torch::arange(37).to(torch::kFloat), torch::rand({16}));
+    auto cos = freqs.cos().contiguous(), sin = freqs.sin().contiguous();
+    for (bool inverse : {false, true}) {
+      auto ry = torch::empty_like(x);
+      RotaryReference(shape, Of(t), x.data_ptr(), Of(t), ry.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), inverse);
+      auto xd = x.cuda(), cd = cos.cuda(), sd = sin.cuda();
+      auto yd2 = torch::empty_like(xd);
+      Rotary(place_, shape, Of(t), xd.data_ptr(), Of(t), yd2.data_ptr(), cd.data_ptr<float>(), sd.data_ptr<float>(), inverse);
+      EXPECT_LE(MaxRelative(yd2.to(torch::kFloat), ry.to(torch::kFloat)), Bound(t)) << t << " inverse " << inverse;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::kernels

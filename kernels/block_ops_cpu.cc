@@ -1,0 +1,123 @@
+// CPU references of kernels.h's block pieces: the maths written once per element, in fp32 with
+// double accumulation for the row sums, storage dtypes read and written through internal.h.
+#include <cmath>
+#include <vector>
+
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+namespace strata::kernels {
+
+using internal::Get;
+using internal::Set;
+
+void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows,
+                             int64_t cols, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double squares = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float v = Get(x_dtype, x, r * cols + j);
+      squares += static_cast<double>(v) * v;
+    }
+    const float inv = 1.0f / std::sqrt(static_cast<float>(squares / static_cast<double>(cols)) + eps);
+    rstd[r] = inv;
+    for (int64_t j = 0; j < cols; ++j) Set(y_dtype, y, r * cols + j, weight[j] * (Get(x_dtype, x, r * cols + j) * inv));
+  }
+}
+
+void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype, const void* dy,
+                              void* dx, float* dweight_partials, int64_t rows, int64_t cols) {
+  std::vector<double> dw(static_cast<size_t>(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = rstd[r];
+    double dot = 0;  // sum_k w_k dy_k x_k
+    for (int64_t j = 0; j < cols; ++j) {
+      const float xv = Get(x_dtype, x, r * cols + j), g = Get(dy_dtype, dy, r * cols + j);
+      dot += static_cast<double>(weight[j] * g) * xv;
+      dw[j] += static_cast<double>(g * (xv * inv));
+    }
+    const float coef = inv * inv * inv / static_cast<float>(cols) * static_cast<float>(dot);
+    for (int64_t j = 0; j < cols; ++j) {
+      const float xv = Get(x_dtype, x, r * cols + j), g = Get(dy_dtype, dy, r * cols + j);
+      Set(x_dtype, dx, r * cols + j, inv * (weight[j] * g) - xv * coef);
+    }
+  }
+  for (int64_t j = 0; j < cols; ++j) dweight_partials[j] = static_cast<float>(dw[j]);
+}
+
+namespace {
+// As LibTorch's silu: g / (1 + exp(-g)), so fp32 results are LibTorch's bit for bit.
+float Silu(float g) { return g / (1.0f + std::exp(-g)); }
+float Sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
+}  // namespace
+
+void SwiGluForwardReference(DType dtype, const void* gate, const void* up, void* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = Get(dtype, gate, i);
+    Set(dtype, y, i, Silu(g) * Get(dtype, up, i));
+  }
+}
+
+void SwiGluBackwardReference(DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = Get(dtype, gate, i), u = Get(dtype, up, i), d = Get(dtype, dy, i);
+    const float s = Sigmoid(g);
+    Set(dtype, dgate, i, d * u * (s * (1.0f + g * (1.0f - s))));
+    Set(dtype, dup, i, d * Silu(g));
+  }
+}
+
+void RotaryReference(const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
+                     const float* sin, bool inverse) {
+  const int64_t half = shape.rotary_dims / 2, rows = shape.batch * shape.seq;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t p = row % shape.seq;
+    for (int64_t h = 0; h < shape.heads; ++h) {
+      const int64_t base = (row * shape.heads + h) * shape.head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float c = cos[p * half + i], s = inverse ? -sin[p * half + i] : sin[p * half + i];
+        const float a = Get(x_dtype, x, base + i), b = Get(x_dtype, x, base + i + half);
+        Set(y_dtype, y, base + i, a * c - b * s);
+        Set(y_dtype, y, base + i + half, b * c + a * s);
+      }
+      for (int64_t i = shape.rotary_dims; i < shape.head_dim; ++i) Set(y_dtype, y, base + i, Get(x_dtype, x, base + i));
+    }
+  }
+}
+
+#ifndef STRATA_KERNELS_WITH_CUDA
+using internal::NoCuda;
+
+void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
+                    int64_t rows, int64_t cols, float eps) {
+  if (place.cuda) NoCuda("kernels::RmsNormForward");
+  RmsNormForwardReference(x_dtype, x, weight, y_dtype, y, rstd, rows, cols, eps);
+}
+
+int64_t RmsNormWeightPartialRows(const Place&, int64_t) { return 1; }
+
+void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
+                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols) {
+  if (place.cuda) NoCuda("kernels::RmsNormBackward");
+  RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols);
+}
+
+void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n) {
+  if (place.cuda) NoCuda("kernels::SwiGluForward");
+  SwiGluForwardReference(dtype, gate, up, y, n);
+}
+
+void SwiGluBackward(const Place& place, DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup,
+                    int64_t n) {
+  if (place.cuda) NoCuda("kernels::SwiGluBackward");
+  SwiGluBackwardReference(dtype, gate, up, dy, dgate, dup, n);
+}
+
+void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
+            const float* sin, bool inverse) {
+  if (place.cuda) NoCuda("kernels::Rotary");
+  RotaryReference(shape, x_dtype, x, y_dtype, y, cos, sin, inverse);
+}
+#endif
+
+}  // namespace strata::kernels
