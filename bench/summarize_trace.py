@@ -37,7 +37,7 @@ by_name = collections.Counter()
 count = collections.Counter()
 for e in kernels:
     by_group[group(e["name"])] += e["dur"]
-    by_name[e["name"][:90]] += e["dur"]
+    by_name[e["name"][:150]] += e["dur"]
     count[group(e["name"])] += 1
 start = min(e["ts"] for e in kernels)
 end = max(e["ts"] + e["dur"] for e in kernels)
@@ -49,3 +49,10 @@ for name, dur in by_group.most_common():
 print("  top kernels:")
 for name, dur in by_name.most_common(8):
     print(f"    {dur / 1e3:7.1f} ms  {name}")
+# The largest kernels of the unfused groups: where the next fusion would pay.
+for label in ("other elementwise / reduce", "copy / cast"):
+    named = collections.Counter({n: d for n, d in by_name.items() if group(n) == label})
+    if named:
+        print(f"  top {label}:")
+        for name, dur in named.most_common(6):
+            print(f"    {dur / 1e3:7.1f} ms  {name}")

@@ -55,46 +55,82 @@ int ElementBlocks(int64_t n) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(SmCount()) * 16)));
 }
 
-// ---- RmsNorm
+// Blocks of the backward: enough to fill every SM (8 blocks of 256 threads each) with loads in
+// flight; each writes one partial row of dw.
+int64_t NormPartialRows(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, int64_t(SmCount()) * 8)); }
 
-template <typename TX, typename TY>
-__global__ void __launch_bounds__(kNormThreads) RmsNormForwardKernel(const TX* x, const float* w, TY* y, float* rstd, int64_t cols,
-                                                                     float eps) {
+// ---- RmsNorm and LayerNorm: one pair of kernels, kCentered for LayerNorm (mu and bias).
+//   xhat = (x - mu) r;  y = w xhat (+ b)
+//   dx = r (g - [mean(g)] - xhat mean(g xhat)),  g = w dy;  dw = sum dy xhat;  db = sum dy
+
+template <bool kCentered, typename TX, typename TY>
+__global__ void __launch_bounds__(kNormThreads) NormForwardKernel(const TX* x, const float* w, const float* b, TY* y, float* mean,
+                                                                  float* rstd, int64_t cols, float eps) {
   __shared__ float scratch[kNormThreads / 32];
   const int64_t row = blockIdx.x;
   const TX* xr = x + row * cols;
+  float mu = 0;
+  if (kCentered) {
+    float sum = 0;
+    for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) sum += Load(xr, j);
+    mu = BlockSum(sum, scratch) / static_cast<float>(cols);
+  }
   float squares = 0;
   for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
-    const float v = Load(xr, j);
+    const float v = Load(xr, j) - mu;
     squares += v * v;
   }
   const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
-  if (threadIdx.x == 0) rstd[row] = inv;
+  if (threadIdx.x == 0) {
+    rstd[row] = inv;
+    if (kCentered) mean[row] = mu;
+  }
   TY* yr = y + row * cols;
-  for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) Store(yr, j, w[j] * (Load(xr, j) * inv));
+  for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
+    const float v = w[j] * ((Load(xr, j) - mu) * inv);
+    Store(yr, j, kCentered ? v + b[j] : v);
+  }
 }
 
-template <typename TX, typename TD>
-__global__ void __launch_bounds__(kNormThreads) RmsNormBackwardKernel(const TX* x, const float* w, const float* rstd, const TD* dy,
-                                                                      TX* dx, float* partials, int64_t rows, int64_t cols) {
-  extern __shared__ float dw[];  // [cols]: this block's partial sums; thread t owns columns t + k * kNormThreads
+template <bool kCentered, typename TX, typename TD>
+__global__ void __launch_bounds__(kNormThreads) NormBackwardKernel(const TX* x, const float* w, const float* mean, const float* rstd,
+                                                                   const TD* dy, TX* dx, float* dw_partials, float* db_partials,
+                                                                   int64_t rows, int64_t cols) {
+  // [cols] dw partial sums, then (LayerNorm) [cols] db: thread t owns columns t + k * kNormThreads.
+  extern __shared__ float sums[];
+  float* dw = sums;
+  float* db = sums + cols;
   __shared__ float scratch[kNormThreads / 32];
-  for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) dw[j] = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
+    dw[j] = 0;
+    if (kCentered) db[j] = 0;
+  }
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const TX* xr = x + row * cols;
     const TD* dyr = dy + row * cols;
-    const float inv = rstd[row];
-    float dot = 0;
+    const float inv = rstd[row], mu = kCentered ? mean[row] : 0.0f;
+    float g_sum = 0, gx_sum = 0;
     for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
-      const float xv = Load(xr, j), g = Load(dyr, j);
-      dot += w[j] * g * xv;
-      dw[j] += g * (xv * inv);
+      const float xhat = (Load(xr, j) - mu) * inv, d = Load(dyr, j), g = w[j] * d;
+      gx_sum += g * xhat;
+      dw[j] += d * xhat;
+      if (kCentered) {
+        g_sum += g;
+        db[j] += d;
+      }
     }
-    const float coef = inv * inv * inv / static_cast<float>(cols) * BlockSum(dot, scratch);
+    const float c2 = BlockSum(gx_sum, scratch) / static_cast<float>(cols);
+    const float c1 = kCentered ? BlockSum(g_sum, scratch) / static_cast<float>(cols) : 0.0f;
     TX* dxr = dx + row * cols;
-    for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) Store(dxr, j, inv * (w[j] * Load(dyr, j)) - Load(xr, j) * coef);
+    for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
+      const float xhat = (Load(xr, j) - mu) * inv;
+      Store(dxr, j, inv * (w[j] * Load(dyr, j) - c1 - xhat * c2));
+    }
   }
-  for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) partials[int64_t(blockIdx.x) * cols + j] = dw[j];
+  for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
+    dw_partials[int64_t(blockIdx.x) * cols + j] = dw[j];
+    if (kCentered) db_partials[int64_t(blockIdx.x) * cols + j] = db[j];
+  }
 }
 
 // ---- SwiGlu
@@ -120,25 +156,35 @@ __global__ void SwiGluBackwardKernel(const T* gate, const T* up, const T* dy, T*
   }
 }
 
-// ---- Rotary: one thread per element of y.
+// ---- Rotary: one thread per (head row, 4 consecutive pairs i..i+3), indices in 32 bits where
+// the tensor allows (64-bit division costs more than the rotation itself); the pass-through
+// dimensions of a partial rotation are copied by a second kernel.
+
+template <typename Index, typename TX, typename TY>
+__global__ void RotaryKernel(RotaryShape shape, const TX* x, TY* y, const float* cos, const float* sin, float sign, Index quads) {
+  const Index half = static_cast<Index>(shape.rotary_dims / 2), per_row = half / 4;
+  const Index heads = static_cast<Index>(shape.heads), seq = static_cast<Index>(shape.seq), hd = static_cast<Index>(shape.head_dim);
+  for (Index q = blockIdx.x * Index(blockDim.x) + threadIdx.x; q < quads; q += Index(gridDim.x) * blockDim.x) {
+    const Index head_row = q / per_row, i0 = (q - head_row * per_row) * 4;
+    const Index p = (head_row / heads) % seq;
+    const Index base = head_row * hd;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const Index i = i0 + k;
+      const float c = cos[p * half + i], s = sign * sin[p * half + i];
+      const float a = Load(x, base + i), b = Load(x, base + i + half);
+      Store(y, base + i, a * c - b * s);
+      Store(y, base + i + half, b * c + a * s);
+    }
+  }
+}
 
 template <typename TX, typename TY>
-__global__ void RotaryKernel(RotaryShape shape, const TX* x, TY* y, const float* cos, const float* sin, float sign, int64_t n) {
-  const int64_t half = shape.rotary_dims / 2;
+__global__ void RotaryPassThrough(RotaryShape shape, const TX* x, TY* y, int64_t n) {
+  const int64_t rest = shape.head_dim - shape.rotary_dims;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = e % shape.head_dim;
-    if (d >= shape.rotary_dims) {
-      Store(y, e, Load(x, e));
-      continue;
-    }
-    const int64_t p = (e / (shape.head_dim * shape.heads)) % shape.seq;
-    const int64_t i = d < half ? d : d - half;
-    const float c = cos[p * half + i], s = sign * sin[p * half + i];
-    if (d < half) {
-      Store(y, e, Load(x, e) * c - Load(x, e + half) * s);
-    } else {
-      Store(y, e, Load(x, e) * c + Load(x, e - half) * s);
-    }
+    const int64_t head_row = e / rest, d = shape.rotary_dims + (e - head_row * rest);
+    Store(y, head_row * shape.head_dim + d, Load(x, head_row * shape.head_dim + d));
   }
 }
 
@@ -160,45 +206,74 @@ void WithType(DType dtype, void* p, F f) {
   }
 }
 
-int64_t NormPartialRows(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, int64_t(SmCount()) * 2)); }
 
 }  // namespace
 
-void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
-                    int64_t rows, int64_t cols, float eps) {
-  if (!place.cuda) return RmsNormForwardReference(x_dtype, x, weight, y_dtype, y, rstd, rows, cols, eps);
-  if (rows <= 0) return;
+namespace {
+
+template <bool kCentered>
+void NormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
+                 float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
   auto stream = static_cast<cudaStream_t>(place.stream);
   WithType(x_dtype, x, [&](auto xt) {
     WithType(y_dtype, y, [&](auto yt) {
-      RmsNormForwardKernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(xt, weight, yt, rstd, cols, eps);
+      NormForwardKernel<kCentered><<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(xt, weight, bias, yt, mean, rstd, cols, eps);
     });
   });
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
-int64_t RmsNormWeightPartialRows(const Place& place, int64_t rows) { return place.cuda ? NormPartialRows(rows) : 1; }
-
-void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
-                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols) {
-  if (!place.cuda) return RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols);
-  if (rows <= 0) return;
-  const size_t shared = static_cast<size_t>(cols) * sizeof(float);
-  if (shared > 200 * 1024) throw std::invalid_argument("kernels::RmsNormBackward: rows of more than 51,200 columns");
+template <bool kCentered>
+void NormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
+                  DType dy_dtype, const void* dy, void* dx, float* dw_partials, float* db_partials, int64_t rows, int64_t cols) {
+  const size_t shared = static_cast<size_t>(cols) * sizeof(float) * (kCentered ? 2 : 1);
+  if (shared > 200 * 1024) throw std::invalid_argument("kernels: a norm backward over rows of more than 25,600 columns");
   auto stream = static_cast<cudaStream_t>(place.stream);
   const int blocks = static_cast<int>(NormPartialRows(rows));
   WithType(x_dtype, x, [&](auto xt) {
     using TX = std::remove_const_t<std::remove_pointer_t<decltype(xt)>>;
     WithType(dy_dtype, dy, [&](auto dyt) {
       using TD = std::remove_const_t<std::remove_pointer_t<decltype(dyt)>>;
-      auto kernel = RmsNormBackwardKernel<TX, TD>;
+      auto kernel = NormBackwardKernel<kCentered, TX, TD>;
       if (shared > 48 * 1024) {
         STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
       }
-      kernel<<<blocks, kNormThreads, shared, stream>>>(xt, weight, rstd, dyt, static_cast<TX*>(dx), dweight_partials, rows, cols);
+      kernel<<<blocks, kNormThreads, shared, stream>>>(xt, weight, mean, rstd, dyt, static_cast<TX*>(dx), dw_partials, db_partials, rows,
+                                                       cols);
     });
   });
   STRATA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
+                    int64_t rows, int64_t cols, float eps) {
+  if (!place.cuda) return RmsNormForwardReference(x_dtype, x, weight, y_dtype, y, rstd, rows, cols, eps);
+  if (rows > 0) NormForward<false>(place, x_dtype, x, weight, nullptr, y_dtype, y, nullptr, rstd, rows, cols, eps);
+}
+
+int64_t NormWeightPartialRows(const Place& place, int64_t rows) { return place.cuda ? NormPartialRows(rows) : 1; }
+
+void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
+                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols) {
+  if (!place.cuda) return RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols);
+  if (rows > 0) NormBackward<false>(place, x_dtype, x, weight, nullptr, rstd, dy_dtype, dy, dx, dweight_partials, nullptr, rows, cols);
+}
+
+void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
+                      float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+  if (!place.cuda) return LayerNormForwardReference(x_dtype, x, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
+  if (rows > 0) NormForward<true>(place, x_dtype, x, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
+}
+
+void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
+                       DType dy_dtype, const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows,
+                       int64_t cols) {
+  if (!place.cuda) {
+    return LayerNormBackwardReference(x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols);
+  }
+  if (rows > 0) NormBackward<true>(place, x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols);
 }
 
 void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n) {
@@ -227,16 +302,33 @@ void SwiGluBackward(const Place& place, DType dtype, const void* gate, const voi
 
 void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
             const float* sin, bool inverse) {
-  if (!place.cuda) return RotaryReference(shape, x_dtype, x, y_dtype, y, cos, sin, inverse);
   const int64_t n = shape.batch * shape.seq * shape.heads * shape.head_dim;
+  if (!place.cuda || (shape.rotary_dims / 2) % 4 != 0) {
+    // The CPU, or a rotation of an odd number of pair quads (no such model today): the reference
+    // maths on the host would be wrong for device pointers, so it is an error on a GPU.
+    if (place.cuda) throw std::invalid_argument("kernels::Rotary: rotary_dims must be a multiple of 8 on a GPU");
+    return RotaryReference(shape, x_dtype, x, y_dtype, y, cos, sin, inverse);
+  }
   if (n <= 0) return;
   auto stream = static_cast<cudaStream_t>(place.stream);
+  const int64_t head_rows = shape.batch * shape.seq * shape.heads;
+  const int64_t quads = head_rows * (shape.rotary_dims / 8);
   WithType(x_dtype, x, [&](auto xt) {
     WithType(y_dtype, y, [&](auto yt) {
-      RotaryKernel<<<ElementBlocks(n), kElementThreads, 0, stream>>>(shape, xt, yt, cos, sin, inverse ? -1.0f : 1.0f, n);
+      const float sign = inverse ? -1.0f : 1.0f;
+      if (n < (int64_t{1} << 31)) {
+        RotaryKernel<uint32_t><<<ElementBlocks(quads), kElementThreads, 0, stream>>>(shape, xt, yt, cos, sin, sign, static_cast<uint32_t>(quads));
+      } else {
+        RotaryKernel<int64_t><<<ElementBlocks(quads), kElementThreads, 0, stream>>>(shape, xt, yt, cos, sin, sign, quads);
+      }
+      STRATA_CUDA_CHECK(cudaGetLastError());
+      if (shape.rotary_dims < shape.head_dim) {
+        const int64_t rest = head_rows * (shape.head_dim - shape.rotary_dims);
+        RotaryPassThrough<<<ElementBlocks(rest), kElementThreads, 0, stream>>>(shape, xt, yt, rest);
+        STRATA_CUDA_CHECK(cudaGetLastError());
+      }
     });
   });
-  STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace strata::kernels

@@ -45,6 +45,51 @@ void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight,
   for (int64_t j = 0; j < cols; ++j) dweight_partials[j] = static_cast<float>(dw[j]);
 }
 
+void LayerNormForwardReference(DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
+                               float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (int64_t j = 0; j < cols; ++j) sum += Get(x_dtype, x, r * cols + j);
+    const float mu = static_cast<float>(sum / static_cast<double>(cols));
+    double squares = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float v = Get(x_dtype, x, r * cols + j) - mu;
+      squares += static_cast<double>(v) * v;
+    }
+    const float inv = 1.0f / std::sqrt(static_cast<float>(squares / static_cast<double>(cols)) + eps);
+    mean[r] = mu;
+    rstd[r] = inv;
+    for (int64_t j = 0; j < cols; ++j) {
+      Set(y_dtype, y, r * cols + j, weight[j] * ((Get(x_dtype, x, r * cols + j) - mu) * inv) + bias[j]);
+    }
+  }
+}
+
+void LayerNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd, DType dy_dtype,
+                                const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows, int64_t cols) {
+  std::vector<double> dw(static_cast<size_t>(cols), 0.0), db(static_cast<size_t>(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = rstd[r], mu = mean[r];
+    double g_sum = 0, gx_sum = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float xhat = (Get(x_dtype, x, r * cols + j) - mu) * inv, d = Get(dy_dtype, dy, r * cols + j), g = weight[j] * d;
+      g_sum += g;
+      gx_sum += static_cast<double>(g) * xhat;
+      dw[j] += static_cast<double>(d) * xhat;
+      db[j] += d;
+    }
+    const float c1 = static_cast<float>(g_sum / static_cast<double>(cols)), c2 = static_cast<float>(gx_sum / static_cast<double>(cols));
+    for (int64_t j = 0; j < cols; ++j) {
+      const float xhat = (Get(x_dtype, x, r * cols + j) - mu) * inv;
+      Set(x_dtype, dx, r * cols + j, inv * (weight[j] * Get(dy_dtype, dy, r * cols + j) - c1 - xhat * c2));
+    }
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    dweight_partials[j] = static_cast<float>(dw[j]);
+    dbias_partials[j] = static_cast<float>(db[j]);
+  }
+}
+
 namespace {
 // As LibTorch's silu: g / (1 + exp(-g)), so fp32 results are LibTorch's bit for bit.
 float Silu(float g) { return g / (1.0f + std::exp(-g)); }
@@ -94,12 +139,25 @@ void RmsNormForward(const Place& place, DType x_dtype, const void* x, const floa
   RmsNormForwardReference(x_dtype, x, weight, y_dtype, y, rstd, rows, cols, eps);
 }
 
-int64_t RmsNormWeightPartialRows(const Place&, int64_t) { return 1; }
+int64_t NormWeightPartialRows(const Place&, int64_t) { return 1; }
 
 void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
                      const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols) {
   if (place.cuda) NoCuda("kernels::RmsNormBackward");
   RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols);
+}
+
+void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
+                      float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+  if (place.cuda) NoCuda("kernels::LayerNormForward");
+  LayerNormForwardReference(x_dtype, x, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
+}
+
+void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
+                       DType dy_dtype, const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows,
+                       int64_t cols) {
+  if (place.cuda) NoCuda("kernels::LayerNormBackward");
+  LayerNormBackwardReference(x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols);
 }
 
 void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n) {

@@ -35,8 +35,12 @@
 //   RmsNorm (Llama's, one row of `cols` at a time):
 //     r = 1 / sqrt(mean_j x_j^2 + eps),   y_j = w_j * (x_j * r)
 //     dx_j = r * w_j dy_j - x_j * (r^3 / cols) * sum_k w_k dy_k x_k,   dw_j = sum_rows dy_j x_j r
-//     dw comes as fp32 partial sums, [RmsNormWeightPartialRows(place, rows), cols], which the
+//     dw comes as fp32 partial sums, [NormWeightPartialRows(place, rows), cols], which the
 //     caller adds up (a fixed order: deterministic).
+//   LayerNorm (GPT-2's, GPT-NeoX's):  mu = mean_j x_j,  r = 1 / sqrt(mean_j (x_j - mu)^2 + eps),
+//     xhat = (x - mu) r,  y = w xhat + b
+//     dx = r (g - mean_j g_j - xhat mean_j g_j xhat_j),  g = w dy;  dw = sum_rows dy xhat,  db = sum_rows dy
+//     (dw and db as RmsNorm's dw: partial rows the caller adds up)
 //   SwiGlu (SiLU-gated MLP hidden):  y = silu(g) * u,  silu(g) = g * sigmoid(g)
 //     dg = dy * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),   du = dy * silu(g)
 //   Rotary (RoPE as transformers, rotate_half over the first `rotary_dims` of each head; the rest
@@ -80,10 +84,17 @@ void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int6
 
 void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
                     int64_t rows, int64_t cols, float eps);
-int64_t RmsNormWeightPartialRows(const Place& place, int64_t rows);
+int64_t NormWeightPartialRows(const Place& place, int64_t rows);
 // dx in x_dtype; dy in y_dtype (the forward's output dtype).
 void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
                      const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols);
+
+// mean and rstd [rows] fp32 (saved for the backward); dweight and dbias partials as RmsNorm's.
+void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
+                      float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
+void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
+                       DType dy_dtype, const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows,
+                       int64_t cols);
 
 // All of g, u, y (and the gradients) in one dtype; n elements.
 void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n);
@@ -107,6 +118,10 @@ void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, 
 // One partial row: dweight_partials [cols].
 void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype, const void* dy,
                               void* dx, float* dweight_partials, int64_t rows, int64_t cols);
+void LayerNormForwardReference(DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
+                               float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
+void LayerNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd, DType dy_dtype,
+                                const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows, int64_t cols);
 void SwiGluForwardReference(DType dtype, const void* gate, const void* up, void* y, int64_t n);
 void SwiGluBackwardReference(DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n);
 void RotaryReference(const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,

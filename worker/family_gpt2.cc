@@ -5,6 +5,7 @@
 // projections N(0, 0.02 / sqrt(2 * layers)).
 #include <cmath>
 
+#include "worker/fused_ops.h"
 #include "worker/model_family.h"
 #include "worker/torch_compat.h"
 
@@ -27,7 +28,8 @@ class Gpt2Family : public ModelFamily {
     BlockOutputs out;
     out.resid_pre = Patched(request, "resid_pre", x_in);
     const torch::Tensor& x = out.resid_pre;
-    auto a = tp.enter(torch::layer_norm(x, {spec_.hidden}, p("ln_1.weight"), p("ln_1.bias"), eps));
+    const torch::ScalarType compute = compat::ComputeType(x);
+    auto a = tp.enter(FusedLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute));
     // [b, t, 3 * heads * hd] -> 3 x [b, heads, t, hd]
     auto qkv = torch::linear(a, p("c_attn.weight"), p("c_attn.bias")).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
     out.q = qkv[0].transpose(1, 2);
@@ -35,17 +37,24 @@ class Gpt2Family : public ModelFamily {
     out.v = qkv[2].transpose(1, 2);
     if (request.attn_pattern) out.attn_pattern = AttentionPattern(qkv[0], qkv[1]);
     auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape({b, t, heads * hd});
-    out.attn_out = Patched(request, "attn_out", tp.leave(torch::linear(y, p("attn_proj.weight"))) + p("attn_proj.bias"));
+    out.attn_out = Patched(request, "attn_out", Projected(y, p, "attn_proj", tp));
     out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
-    auto m = tp.enter(torch::layer_norm(out.resid_mid, {spec_.hidden}, p("ln_2.weight"), p("ln_2.bias"), eps));
+    auto m = tp.enter(FusedLayerNorm(out.resid_mid, p("ln_2.weight"), p("ln_2.bias"), eps, compute));
     out.mlp_hidden = Patched(request, "mlp_hidden", Activation(torch::linear(m, p("c_fc.weight"), p("c_fc.bias"))));
-    out.mlp_out = Patched(request, "mlp_out", tp.leave(torch::linear(out.mlp_hidden, p("mlp_proj.weight"))) + p("mlp_proj.bias"));
+    out.mlp_out = Patched(request, "mlp_out", Projected(out.mlp_hidden, p, "mlp_proj", tp));
     out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);
     return out;
   }
 
   torch::Tensor FinalNorm(const ParamView& p, const torch::Tensor& x) const override {
-    return torch::layer_norm(x, {spec_.hidden}, p("ln_f.weight"), p("ln_f.bias"), spec_.norm_eps);
+    return FusedLayerNorm(x, p("ln_f.weight"), p("ln_f.bias"), spec_.norm_eps, compat::ComputeType(x));
+  }
+
+  // A row-split projection and its bias. One rank: the bias goes into the matmul (one kernel,
+  // its output in the compute dtype). Tensor parallel: added once after the partial sums meet.
+  static torch::Tensor Projected(const torch::Tensor& y, const ParamView& p, const std::string& name, const TensorParallel& tp) {
+    if (tp.size == 1) return torch::linear(y, p(name + ".weight"), p(name + ".bias"));
+    return tp.leave(torch::linear(y, p(name + ".weight"))) + p(name + ".bias");
   }
 
   void Initialize(const std::string& name, torch::Tensor& t) const override {

@@ -5,6 +5,7 @@
 //   x' = x + attn(ln1(x)) + mlp(ln2(x))          (parallel)
 //   h = x + attn(ln1(x));  x' = h + mlp(ln2(h))  (sequential)
 // The head (embed_out) is untied unless tie_word_embeddings.
+#include "worker/fused_ops.h"
 #include "worker/model_family.h"
 #include "worker/torch_compat.h"
 
@@ -58,7 +59,7 @@ class GptNeoxFamily : public ModelFamily {
 
  private:
   torch::Tensor LayerNorm(const torch::Tensor& x, const ParamView& p, const std::string& name) const {
-    return torch::layer_norm(x, {spec_.hidden}, p(name + ".weight"), p(name + ".bias"), spec_.norm_eps);
+    return FusedLayerNorm(x, p(name + ".weight"), p(name + ".bias"), spec_.norm_eps, compat::ComputeType(x));
   }
 };
 

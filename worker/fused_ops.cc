@@ -36,12 +36,46 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     const int64_t cols = x.size(-1), rows = x.numel() / cols;
     const kernels::Place place = KernelPlace(x.device());
     auto dx = torch::empty_like(x);
-    auto partials = torch::empty({kernels::RmsNormWeightPartialRows(place, rows), cols}, x.options().dtype(torch::kFloat));
+    auto partials = torch::empty({kernels::NormWeightPartialRows(place, rows), cols}, x.options().dtype(torch::kFloat));
     kernels::RmsNormBackward(place, KernelType(x.scalar_type()), x.data_ptr(), weight.data_ptr<float>(), rstd.data_ptr<float>(),
                              KernelType(dy.scalar_type()), dy.data_ptr(), dx.data_ptr(), partials.data_ptr<float>(), rows, cols);
     const auto x_type = static_cast<torch::ScalarType>(ctx->saved_data["x_type"].toInt());
     const auto w_type = static_cast<torch::ScalarType>(ctx->saved_data["w_type"].toInt());
     return {dx.to(x_type), partials.sum(0).to(w_type), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x_in, torch::Tensor weight_in, torch::Tensor bias_in, double eps,
+                               int64_t out_type) {
+    const torch::Tensor x = Ready(x_in), weight = weight_in.to(torch::kFloat).contiguous(), bias = bias_in.to(torch::kFloat).contiguous();
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    const auto out = Storage(static_cast<torch::ScalarType>(out_type));
+    auto y = torch::empty(x.sizes(), x.options().dtype(out));
+    auto mean = torch::empty({rows}, x.options().dtype(torch::kFloat)), rstd = torch::empty_like(mean);
+    kernels::LayerNormForward(KernelPlace(x.device()), KernelType(x.scalar_type()), x.data_ptr(), weight.data_ptr<float>(),
+                              bias.data_ptr<float>(), KernelType(out), y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows,
+                              cols, static_cast<float>(eps));
+    ctx->save_for_backward({x, weight, mean, rstd});
+    ctx->saved_data["x_type"] = static_cast<int64_t>(x_in.scalar_type());
+    ctx->saved_data["w_type"] = static_cast<int64_t>(weight_in.scalar_type());
+    ctx->saved_data["b_type"] = static_cast<int64_t>(bias_in.scalar_type());
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
+    const torch::Tensor dy = Ready(grad[0]);
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    const kernels::Place place = KernelPlace(x.device());
+    auto dx = torch::empty_like(x);
+    auto dw = torch::empty({kernels::NormWeightPartialRows(place, rows), cols}, x.options().dtype(torch::kFloat)), db = torch::empty_like(dw);
+    kernels::LayerNormBackward(place, KernelType(x.scalar_type()), x.data_ptr(), weight.data_ptr<float>(), mean.data_ptr<float>(),
+                               rstd.data_ptr<float>(), KernelType(dy.scalar_type()), dy.data_ptr(), dx.data_ptr(), dw.data_ptr<float>(),
+                               db.data_ptr<float>(), rows, cols);
+    auto type = [&](const char* key) { return static_cast<torch::ScalarType>(ctx->saved_data[key].toInt()); };
+    return {dx.to(type("x_type")), dw.sum(0).to(type("w_type")), db.sum(0).to(type("b_type")), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -104,6 +138,13 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::ScalarType out_type) {
   TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "FusedRmsNorm: weight [cols] for x [..., cols]");
   return RmsNormFunction::apply(x, weight, eps, static_cast<int64_t>(out_type));
+}
+
+torch::Tensor FusedLayerNorm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps,
+                             torch::ScalarType out_type) {
+  TORCH_CHECK(weight.dim() == 1 && bias.dim() == 1 && x.size(-1) == weight.size(0) && x.size(-1) == bias.size(0),
+              "FusedLayerNorm: weight and bias [cols] for x [..., cols]");
+  return LayerNormFunction::apply(x, weight, bias, eps, static_cast<int64_t>(out_type));
 }
 
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {

@@ -14,6 +14,11 @@ namespace strata::worker {
 // weight [cols] (fp32 master or any float: read as fp32).
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::ScalarType out_type);
 
+// LayerNorm over the last dimension: w * (x - mean) / sqrt(var + eps) + b (biased variance, as
+// torch.nn.LayerNorm); weight and bias [cols], read as fp32.
+torch::Tensor FusedLayerNorm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps,
+                             torch::ScalarType out_type);
+
 // silu(gate) * up, elementwise, in gate's dtype.
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 

@@ -53,6 +53,18 @@ TEST(FusedOpsTest, RmsNormEqualsThePlainOpsAndItsGradients) {
   EXPECT_LE(MaxRelative(y, PlainRmsNorm(x, w, 1e-6).to(torch::kBFloat16)), 1.0 / 128);
 }
 
+TEST(FusedOpsTest, LayerNormEqualsLibTorchsAndItsGradients) {
+  torch::manual_seed(4);
+  const auto x = torch::randn({3, 5, 96}) * 2 + 0.5, w = torch::randn({96}), b = torch::randn({96});
+  const auto r = Compare({x, w, b}, [](auto& v) { return FusedLayerNorm(v[0], v[1], v[2], 1e-5, torch::kFloat); },
+                         [](auto& v) { return torch::layer_norm(v[0], {96}, v[1], v[2], 1e-5); });
+  EXPECT_LE(r.value, 1e-6);
+  for (double g : r.grads) EXPECT_LE(g, 1e-5);
+  auto y = FusedLayerNorm(x, w, b, 1e-5, torch::kBFloat16);
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  EXPECT_LE(MaxRelative(y, torch::layer_norm(x, {96}, w, b, 1e-5)), 1.0 / 128);
+}
+
 TEST(FusedOpsTest, SwiGluEqualsSiluTimesUpAndItsGradients) {
   torch::manual_seed(2);
   const auto g = torch::randn({4, 7, 33}) * 3, u = torch::randn({4, 7, 33});

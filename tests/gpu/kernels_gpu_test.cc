@@ -107,7 +107,7 @@ TEST_F(KernelsGpuTest, RmsNormForwardAndBackwardEqualTheReference) {
                                dw.data_ptr<float>(), rows, cols);
       auto xd = x.cuda(), wd = w.cuda(), dyd = dy.cuda();
       auto yd = torch::empty({rows, cols}, wd.options().dtype(yt)), rstdd = torch::empty({rows}, wd.options()), dxd = torch::empty_like(xd);
-      auto partials = torch::empty({RmsNormWeightPartialRows(place_, rows), cols}, wd.options());
+      auto partials = torch::empty({NormWeightPartialRows(place_, rows), cols}, wd.options());
       RmsNormForward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), Of(yt), yd.data_ptr(), rstdd.data_ptr<float>(), rows, cols, 1e-5f);
       RmsNormBackward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), rstdd.data_ptr<float>(), Of(yt), dyd.data_ptr(), dxd.data_ptr(),
                       partials.data_ptr<float>(), rows, cols);
@@ -116,6 +116,34 @@ TEST_F(KernelsGpuTest, RmsNormForwardAndBackwardEqualTheReference) {
       EXPECT_LE(MaxRelative(dxd.to(torch::kFloat), dx.to(torch::kFloat)), Bound(xt)) << xt << " " << yt;
       EXPECT_LE(MaxRelative(partials.sum(0), dw), 1e-5) << xt << " " << yt;
     }
+  }
+}
+
+TEST_F(KernelsGpuTest, LayerNormForwardAndBackwardEqualTheReference) {
+  torch::manual_seed(12);
+  const int64_t rows = 300, cols = 768;
+  for (auto xt : {torch::kFloat, torch::kBFloat16}) {
+    auto x = (torch::randn({rows, cols}) + 0.3).to(xt), w = torch::randn({cols}), b = torch::randn({cols});
+    auto dy = torch::randn({rows, cols}).to(torch::kBFloat16);
+    auto y = torch::empty({rows, cols}, torch::kBFloat16), mean = torch::empty({rows}), rstd = torch::empty({rows});
+    auto dx = torch::empty_like(x), dw = torch::empty({cols}), db = torch::empty({cols});
+    LayerNormForwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), b.data_ptr<float>(), DType::kBFloat16, y.data_ptr(),
+                              mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
+    LayerNormBackwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                               DType::kBFloat16, dy.data_ptr(), dx.data_ptr(), dw.data_ptr<float>(), db.data_ptr<float>(), rows, cols);
+    auto xd = x.cuda(), wd = w.cuda(), bd = b.cuda(), dyd = dy.cuda();
+    auto yd = torch::empty({rows, cols}, wd.options().dtype(torch::kBFloat16)), meand = torch::empty({rows}, wd.options());
+    auto rstdd = torch::empty_like(meand), dxd = torch::empty_like(xd);
+    auto dwp = torch::empty({NormWeightPartialRows(place_, rows), cols}, wd.options()), dbp = torch::empty_like(dwp);
+    LayerNormForward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), bd.data_ptr<float>(), DType::kBFloat16, yd.data_ptr(),
+                     meand.data_ptr<float>(), rstdd.data_ptr<float>(), rows, cols, 1e-5f);
+    LayerNormBackward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), meand.data_ptr<float>(), rstdd.data_ptr<float>(),
+                      DType::kBFloat16, dyd.data_ptr(), dxd.data_ptr(), dwp.data_ptr<float>(), dbp.data_ptr<float>(), rows, cols);
+    EXPECT_LE(MaxRelative(rstdd, rstd), 1e-5) << xt;
+    EXPECT_LE(MaxRelative(yd.to(torch::kFloat), y.to(torch::kFloat)), Bound(torch::kBFloat16)) << xt;
+    EXPECT_LE(MaxRelative(dxd.to(torch::kFloat), dx.to(torch::kFloat)), Bound(xt)) << xt;
+    EXPECT_LE(MaxRelative(dwp.sum(0), dw), 1e-5) << xt;
+    EXPECT_LE(MaxRelative(dbp.sum(0), db), 1e-5) << xt;
   }
 }
 
