@@ -59,9 +59,11 @@ __device__ MaxSum BlockMerge(MaxSum st) {
   return all;
 }
 
-// Storage of VEC elements in one 16-byte transaction.
+// Storage of VEC elements in one transaction (16 bytes when vectorized; one element otherwise,
+// aligned as the element itself - a 16-byte alignment there would make the compiler emit wide
+// loads on element-aligned addresses).
 template <typename T, int VEC>
-struct alignas(16) Pack {
+struct alignas(sizeof(T) * VEC) Pack {
   T x[VEC];
 };
 
