@@ -5,6 +5,7 @@
 //                    --sequence 1024 --batch 8 --micro-batch 8 --precision bf16 --steps 10
 //
 // Prints one JSON line: tokens/s over the timed steps (after warm-up) and the allocator's peak.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -101,7 +102,10 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   for (int s = 0; s < steps; ++s) loss = trainer.Step().value();  // .item() inside syncs each step
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto memory = (*executor)->ReadMemory();
+  // The step's peak: Trainer::Step resets the allocator's peak between the schedule (forward and
+  // backward) and the update, so the executor's own reading would hold the update's alone.
+  const auto& step_memory = trainer.last_step_memory();
+  const double peak_bytes = static_cast<double>(std::max(step_memory.schedule_peak_bytes, step_memory.update_peak_bytes));
   if (!profile.empty()) {
     strata::worker::StepProfiler profiler(profile, 1, 2);
     for (int64_t s = 1; s <= 2; ++s) {
@@ -118,6 +122,6 @@ int main(int argc, char** argv) {
       spec.model.family.c_str(), static_cast<long>(params), static_cast<long>(spec.train.global_batch),
       static_cast<long>(spec.model.sequence), spec.train.precision.c_str(),
       steps * spec.train.global_batch * spec.model.sequence / seconds, 1000 * seconds / steps,
-      memory.peak_bytes / double(1ull << 30), loss);
+      peak_bytes / double(1ull << 30), loss);
   return 0;
 }
