@@ -1,11 +1,11 @@
 // CUDA versions of kernels.h's block pieces (RmsNorm, SwiGlu, Rotary); the maths is in kernels.h.
-// All are memory-bound: each reads its inputs once and writes its outputs once (RmsNorm reads its
-// row twice, the second time from L1/L2), in the storage dtypes, computing in fp32.
-//   RmsNorm forward   one block per row: sum of squares, a block reduction, then the scaled row.
-//   RmsNorm backward  a grid of a few blocks per SM, each looping over rows: the row's dot
-//                     product (a block reduction), dx, and the block's dw partial sums kept in
-//                     shared memory for the columns its threads own, written once at the end.
-//   SwiGlu, Rotary    elementwise, grid-stride.
+// All are memory-bound: each reads its inputs once and writes its outputs once (the norms read
+// a row two or three times, after the first from L1), in the storage dtypes, computing in fp32.
+//   norm forward   one warp per row: sums by warp shuffles, then the scaled row.
+//   norm backward  a grid of a few blocks per SM whose warps take rows in turn: the row's dot
+//                  products (warp shuffles), dx, and each warp's dw (db) partial sums in its own
+//                  slice of shared memory, added in warp order into the block's partial row.
+//   SwiGlu, Rotary elementwise, grid-stride, in 16-byte (SwiGlu) or 4-element (Rotary) packs.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,25 +20,12 @@
 namespace strata::kernels {
 namespace {
 
-constexpr int kNormThreads = 256;
 constexpr int kElementThreads = 256;
 
 __device__ inline float Load(const float* p, int64_t i) { return p[i]; }
 __device__ inline float Load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 __device__ inline void Store(float* p, int64_t i, float x) { p[i] = x; }
 __device__ inline void Store(__nv_bfloat16* p, int64_t i, float x) { p[i] = __float2bfloat16_rn(x); }
-
-// Sum over the block, returned to every thread. `scratch`: kNormThreads / 32 floats.
-__device__ float BlockSum(float v, float* scratch) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = 0;
-  for (int w = 0; w < kNormThreads / 32; ++w) total += scratch[w];  // same order in every thread
-  return total;
-}
 
 int SmCount() {
   static int sms = [] {
@@ -62,55 +49,65 @@ int64_t NormPartialRows(int64_t rows) { return std::max<int64_t>(1, std::min<int
 // ---- RmsNorm and LayerNorm: one pair of kernels, kCentered for LayerNorm (mu and bias).
 //   xhat = (x - mu) r;  y = w xhat (+ b)
 //   dx = r (g - [mean(g)] - xhat mean(g xhat)),  g = w dy;  dw = sum dy xhat;  db = sum dy
+// One warp per row: the row's reductions are warp shuffles (no block barriers), and a row
+// (3-16 KB) stays in L1 between the passes over it. Rows of a model's width are short enough
+// that a block per row spends more time in barriers than in loads (measured: 1.2-1.6 TB/s).
+
+constexpr int kNormWarps = 8;  // rows per block in the forward
+
+__device__ inline float WarpSum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;  // the same in every lane: a fixed butterfly order
+}
 
 template <bool kCentered, typename TX, typename TY>
-__global__ void __launch_bounds__(kNormThreads) NormForwardKernel(const TX* x, const float* w, const float* b, TY* y, float* mean,
-                                                                  float* rstd, int64_t cols, float eps) {
-  __shared__ float scratch[kNormThreads / 32];
-  const int64_t row = blockIdx.x;
+__global__ void __launch_bounds__(kNormWarps * 32) NormForwardKernel(const TX* x, const float* w, const float* b, TY* y, float* mean,
+                                                                     float* rstd, int64_t rows, int64_t cols, float eps) {
+  const int64_t row = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
   const TX* xr = x + row * cols;
   float mu = 0;
   if (kCentered) {
     float sum = 0;
-    for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) sum += Load(xr, j);
-    mu = BlockSum(sum, scratch) / static_cast<float>(cols);
+    for (int64_t j = lane; j < cols; j += 32) sum += Load(xr, j);
+    mu = WarpSum(sum) / static_cast<float>(cols);
   }
   float squares = 0;
-  for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
+  for (int64_t j = lane; j < cols; j += 32) {
     const float v = Load(xr, j) - mu;
     squares += v * v;
   }
-  const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
-  if (threadIdx.x == 0) {
+  const float inv = rsqrtf(WarpSum(squares) / static_cast<float>(cols) + eps);
+  if (lane == 0) {
     rstd[row] = inv;
     if (kCentered) mean[row] = mu;
   }
   TY* yr = y + row * cols;
-  for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
+  for (int64_t j = lane; j < cols; j += 32) {
     const float v = w[j] * ((Load(xr, j) - mu) * inv);
     Store(yr, j, kCentered ? v + b[j] : v);
   }
 }
 
+// Warps of a block take rows in turn; each warp sums its rows' dw (and db) into its own slice
+// of shared memory, and the block adds the slices in warp order at the end: deterministic.
 template <bool kCentered, typename TX, typename TD>
-__global__ void __launch_bounds__(kNormThreads) NormBackwardKernel(const TX* x, const float* w, const float* mean, const float* rstd,
-                                                                   const TD* dy, TX* dx, float* dw_partials, float* db_partials,
-                                                                   int64_t rows, int64_t cols) {
-  // [cols] dw partial sums, then (LayerNorm) [cols] db: thread t owns columns t + k * kNormThreads.
-  extern __shared__ float sums[];
-  float* dw = sums;
-  float* db = sums + cols;
-  __shared__ float scratch[kNormThreads / 32];
-  for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
-    dw[j] = 0;
-    if (kCentered) db[j] = 0;
-  }
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+__global__ void NormBackwardKernel(const TX* x, const float* w, const float* mean, const float* rstd, const TD* dy, TX* dx,
+                                   float* dw_partials, float* db_partials, int64_t rows, int64_t cols) {
+  extern __shared__ float sums[];  // [warps][kCentered ? 2 : 1][cols]
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t slice = (kCentered ? 2 : 1) * cols;
+  float* dw = sums + warp * slice;
+  float* db = dw + cols;
+  for (int64_t j = threadIdx.x; j < warps * slice; j += blockDim.x) sums[j] = 0;
+  __syncthreads();
+  for (int64_t row = int64_t(blockIdx.x) * warps + warp; row < rows; row += int64_t(gridDim.x) * warps) {
     const TX* xr = x + row * cols;
     const TD* dyr = dy + row * cols;
     const float inv = rstd[row], mu = kCentered ? mean[row] : 0.0f;
     float g_sum = 0, gx_sum = 0;
-    for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
+    for (int64_t j = lane; j < cols; j += 32) {
       const float xhat = (Load(xr, j) - mu) * inv, d = Load(dyr, j), g = w[j] * d;
       gx_sum += g * xhat;
       dw[j] += d * xhat;
@@ -119,17 +116,23 @@ __global__ void __launch_bounds__(kNormThreads) NormBackwardKernel(const TX* x, 
         db[j] += d;
       }
     }
-    const float c2 = BlockSum(gx_sum, scratch) / static_cast<float>(cols);
-    const float c1 = kCentered ? BlockSum(g_sum, scratch) / static_cast<float>(cols) : 0.0f;
+    const float c2 = WarpSum(gx_sum) / static_cast<float>(cols);
+    const float c1 = kCentered ? WarpSum(g_sum) / static_cast<float>(cols) : 0.0f;
     TX* dxr = dx + row * cols;
-    for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
+    for (int64_t j = lane; j < cols; j += 32) {
       const float xhat = (Load(xr, j) - mu) * inv;
       Store(dxr, j, inv * (w[j] * Load(dyr, j) - c1 - xhat * c2));
     }
   }
-  for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
-    dw_partials[int64_t(blockIdx.x) * cols + j] = dw[j];
-    if (kCentered) db_partials[int64_t(blockIdx.x) * cols + j] = db[j];
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    float dw_total = 0, db_total = 0;
+    for (int v = 0; v < warps; ++v) {
+      dw_total += sums[v * slice + j];
+      if (kCentered) db_total += sums[v * slice + cols + j];
+    }
+    dw_partials[int64_t(blockIdx.x) * cols + j] = dw_total;
+    if (kCentered) db_partials[int64_t(blockIdx.x) * cols + j] = db_total;
   }
 }
 
@@ -181,21 +184,35 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // the tensor allows (64-bit division costs more than the rotation itself); the pass-through
 // dimensions of a partial rotation are copied by a second kernel.
 
-template <typename Index, typename TX, typename TY>
+template <typename Index, int VEC, typename TX, typename TY>
 __global__ void RotaryKernel(RotaryShape shape, const TX* x, TY* y, const float* cos, const float* sin, float sign, Index quads) {
+  using PX = Pack<TX, VEC>;
+  using PY = Pack<TY, VEC>;
   const Index half = static_cast<Index>(shape.rotary_dims / 2), per_row = half / 4;
   const Index heads = static_cast<Index>(shape.heads), seq = static_cast<Index>(shape.seq), hd = static_cast<Index>(shape.head_dim);
   for (Index q = blockIdx.x * Index(blockDim.x) + threadIdx.x; q < quads; q += Index(gridDim.x) * blockDim.x) {
     const Index head_row = q / per_row, i0 = (q - head_row * per_row) * 4;
     const Index p = (head_row / heads) % seq;
     const Index base = head_row * hd;
+    // VEC 4: the quad's first-half and second-half elements in one load each; VEC 1: four each.
+    PX a[4 / VEC], b[4 / VEC];
+#pragma unroll
+    for (int k = 0; k < 4 / VEC; ++k) {
+      a[k] = reinterpret_cast<const PX*>(x + base + i0)[k];
+      b[k] = reinterpret_cast<const PX*>(x + base + i0 + half)[k];
+    }
+    PY ya[4 / VEC], yb[4 / VEC];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const Index i = i0 + k;
-      const float c = cos[p * half + i], s = sign * sin[p * half + i];
-      const float a = Load(x, base + i), b = Load(x, base + i + half);
-      Store(y, base + i, a * c - b * s);
-      Store(y, base + i + half, b * c + a * s);
+      const float c = cos[p * half + i0 + k], s = sign * sin[p * half + i0 + k];
+      const float av = Load(a[k / VEC].x, k % VEC), bv = Load(b[k / VEC].x, k % VEC);
+      Store(ya[k / VEC].x, k % VEC, av * c - bv * s);
+      Store(yb[k / VEC].x, k % VEC, bv * c + av * s);
+    }
+#pragma unroll
+    for (int k = 0; k < 4 / VEC; ++k) {
+      reinterpret_cast<PY*>(y + base + i0)[k] = ya[k];
+      reinterpret_cast<PY*>(y + base + i0 + half)[k] = yb[k];
     }
   }
 }
@@ -238,7 +255,8 @@ void NormForward(const Place& place, DType x_dtype, const void* x, const float* 
   auto stream = static_cast<cudaStream_t>(place.stream);
   WithType(x_dtype, x, [&](auto xt) {
     WithType(y_dtype, y, [&](auto yt) {
-      NormForwardKernel<kCentered><<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(xt, weight, bias, yt, mean, rstd, cols, eps);
+      const auto blocks = static_cast<unsigned>((rows + kNormWarps - 1) / kNormWarps);
+      NormForwardKernel<kCentered><<<blocks, kNormWarps * 32, 0, stream>>>(xt, weight, bias, yt, mean, rstd, rows, cols, eps);
     });
   });
   STRATA_CUDA_CHECK(cudaGetLastError());
@@ -247,7 +265,10 @@ void NormForward(const Place& place, DType x_dtype, const void* x, const float* 
 template <bool kCentered>
 void NormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
                   DType dy_dtype, const void* dy, void* dx, float* dw_partials, float* db_partials, int64_t rows, int64_t cols) {
-  const size_t shared = static_cast<size_t>(cols) * sizeof(float) * (kCentered ? 2 : 1);
+  // Warps per block: 8, fewer where their shared slices would pass 96 KB (wide models).
+  const size_t per_warp = static_cast<size_t>(cols) * sizeof(float) * (kCentered ? 2 : 1);
+  const int warps = static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, (96 * 1024) / per_warp)));
+  const size_t shared = per_warp * static_cast<size_t>(warps);
   if (shared > 200 * 1024) throw std::invalid_argument("kernels: a norm backward over rows of more than 25,600 columns");
   auto stream = static_cast<cudaStream_t>(place.stream);
   const int blocks = static_cast<int>(NormPartialRows(rows));
@@ -259,7 +280,7 @@ void NormBackward(const Place& place, DType x_dtype, const void* x, const float*
       if (shared > 48 * 1024) {
         STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
       }
-      kernel<<<blocks, kNormThreads, shared, stream>>>(xt, weight, mean, rstd, dyt, static_cast<TX*>(dx), dw_partials, db_partials, rows,
+      kernel<<<blocks, warps * 32, shared, stream>>>(xt, weight, mean, rstd, dyt, static_cast<TX*>(dx), dw_partials, db_partials, rows,
                                                        cols);
     });
   });
@@ -352,10 +373,22 @@ void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const v
   WithType(x_dtype, x, [&](auto xt) {
     WithType(y_dtype, y, [&](auto yt) {
       const float sign = inverse ? -1.0f : 1.0f;
+      // Quads start at multiples of 4 elements of rows of head_dim (a multiple of 8), so 4-wide
+      // packs are aligned wherever the tensors' bases are.
+      const bool packed = (reinterpret_cast<uintptr_t>(xt) % (4 * sizeof(*xt))) == 0 && (reinterpret_cast<uintptr_t>(yt) % (4 * sizeof(*yt))) == 0 &&
+                          shape.head_dim % 4 == 0;
+      const int blocks = ElementBlocks(quads);
       if (n < (int64_t{1} << 31)) {
-        RotaryKernel<uint32_t><<<ElementBlocks(quads), kElementThreads, 0, stream>>>(shape, xt, yt, cos, sin, sign, static_cast<uint32_t>(quads));
+        const auto q32 = static_cast<uint32_t>(quads);
+        if (packed) {
+          RotaryKernel<uint32_t, 4><<<blocks, kElementThreads, 0, stream>>>(shape, xt, yt, cos, sin, sign, q32);
+        } else {
+          RotaryKernel<uint32_t, 1><<<blocks, kElementThreads, 0, stream>>>(shape, xt, yt, cos, sin, sign, q32);
+        }
+      } else if (packed) {
+        RotaryKernel<int64_t, 4><<<blocks, kElementThreads, 0, stream>>>(shape, xt, yt, cos, sin, sign, quads);
       } else {
-        RotaryKernel<int64_t><<<ElementBlocks(quads), kElementThreads, 0, stream>>>(shape, xt, yt, cos, sin, sign, quads);
+        RotaryKernel<int64_t, 1><<<blocks, kElementThreads, 0, stream>>>(shape, xt, yt, cos, sin, sign, quads);
       }
       STRATA_CUDA_CHECK(cudaGetLastError());
       if (shape.rotary_dims < shape.head_dim) {
