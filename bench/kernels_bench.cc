@@ -4,6 +4,11 @@
 //
 //   kernels_bench [--sizes 124439808,885784576] [--iterations 20]
 //
+// The block pieces run at the shapes of the benchmarked models (GPT-2 124M and Llama 886M at
+// 8 x 2048 / 8 x 1024 tokens), forward and backward together, against the op-by-op LibTorch
+// form they replaced (autocast's dtypes: fp32 residual in, bf16 out) differentiated by autograd.
+// "Bytes it must move" counts each input read once and each output written once, fwd + bwd.
+//
 // Prints one JSON line per (kernel, implementation, size) and a markdown table. Needs a CUDA build.
 #include <chrono>
 #include <cstdio>
@@ -108,6 +113,125 @@ int main(int argc, char** argv) {
                     8.0 * n});
     rows.push_back({"MaskedSquareSum", "LibTorch (g * mask).pow(2).sum()", n,
                     1e3 * Seconds([&] { out += (g * mask).pow(2).sum(); }, iterations), 8.0 * n});
+  }
+  // ---- block pieces, forward + backward
+  {
+    const auto bf16 = opts.dtype(torch::kBFloat16);
+    using strata::kernels::DType;
+    auto grad_of = [](const torch::Tensor& y, const std::vector<torch::Tensor>& inputs, const torch::Tensor& dy) {
+      return torch::autograd::grad({y}, inputs, {dy});
+    };
+    // Cross-entropy over GPT-2's logits (8 x 1024 rows, 50257 padded to 50304), bf16: loss and
+    // gradient in one kernel; LibTorch: widen, logsumexp, softmax minus one-hot, scale, narrow.
+    {
+      const int64_t n_rows = 8192, vocab = 50257, stride = 50304;
+      auto z = torch::randn({n_rows, stride}, bf16), targets = torch::randint(0, vocab, {n_rows}, opts.dtype(torch::kLong));
+      auto loss = torch::empty({n_rows}, opts);
+      auto work = z.clone();
+      rows.push_back({"CrossEntropy (fwd+bwd)", "kernels::CrossEntropyGradInPlace", n_rows * stride,
+                      1e3 * Seconds([&] {
+                        work.copy_(z);
+                        strata::kernels::CrossEntropyGradInPlace(place, DType::kBFloat16, work.data_ptr(), n_rows, vocab, stride,
+                                                                 targets.data_ptr<int64_t>(), 1.0f / n_rows, loss.data_ptr<float>());
+                      }, iterations) - 1e3 * Seconds([&] { work.copy_(z); }, iterations),
+                      4.0 * n_rows * stride});
+      rows.push_back({"CrossEntropy (fwd+bwd)", "LibTorch ops (widen, logsumexp, softmax - one-hot, narrow)", n_rows * stride,
+                      1e3 * Seconds([&] {
+                        torch::NoGradGuard no_grad;
+                        auto zf = z.narrow(1, 0, vocab).to(torch::kFloat);
+                        auto lse = torch::logsumexp(zf, 1, true);
+                        loss.copy_((lse.squeeze(1) - zf.gather(1, targets.unsqueeze(1)).squeeze(1)));
+                        auto dz = torch::exp(zf - lse);
+                        dz.scatter_add_(1, targets.unsqueeze(1), torch::full({n_rows, 1}, -1.0f, opts));
+                        work.narrow(1, 0, vocab).copy_(dz.mul_(1.0 / n_rows));
+                      }, iterations),
+                      4.0 * n_rows * stride});
+    }
+    struct NormCase {
+      const char* name;
+      int64_t rows, cols;
+      bool centered;
+    };
+    for (const NormCase& c : {NormCase{"RmsNorm (fwd+bwd), Llama 2048", 16384, 2048, false}, NormCase{"LayerNorm (fwd+bwd), GPT-2 768", 8192, 768, true}}) {
+      auto x = torch::randn({c.rows, c.cols}, opts), w = torch::randn({c.cols}, opts), b = torch::randn({c.cols}, opts);
+      auto dy = torch::randn({c.rows, c.cols}, bf16), y = torch::empty({c.rows, c.cols}, bf16), dx = torch::empty_like(x);
+      auto mean = torch::empty({c.rows}, opts), rstd = torch::empty({c.rows}, opts);
+      auto dw = torch::empty({strata::kernels::NormWeightPartialRows(place, c.rows), c.cols}, opts), db = torch::empty_like(dw);
+      rows.push_back({c.name, "kernels (fused, bf16 out)", c.rows * c.cols,
+                      1e3 * Seconds([&] {
+                        if (c.centered) {
+                          strata::kernels::LayerNormForward(place, DType::kFloat32, x.data_ptr(), w.data_ptr<float>(), b.data_ptr<float>(),
+                                                            DType::kBFloat16, y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                                                            c.rows, c.cols, 1e-5f);
+                          strata::kernels::LayerNormBackward(place, DType::kFloat32, x.data_ptr(), w.data_ptr<float>(), mean.data_ptr<float>(),
+                                                             rstd.data_ptr<float>(), DType::kBFloat16, dy.data_ptr(), dx.data_ptr(),
+                                                             dw.data_ptr<float>(), db.data_ptr<float>(), c.rows, c.cols);
+                          db.sum(0);
+                        } else {
+                          strata::kernels::RmsNormForward(place, DType::kFloat32, x.data_ptr(), w.data_ptr<float>(), DType::kBFloat16,
+                                                          y.data_ptr(), rstd.data_ptr<float>(), c.rows, c.cols, 1e-5f);
+                          strata::kernels::RmsNormBackward(place, DType::kFloat32, x.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(),
+                                                           DType::kBFloat16, dy.data_ptr(), dx.data_ptr(), dw.data_ptr<float>(), c.rows, c.cols);
+                        }
+                        dw.sum(0);
+                      }, iterations),
+                      16.0 * c.rows * c.cols});
+      auto xl = x.clone().requires_grad_(true), wl = w.clone().requires_grad_(true), bl = b.clone().requires_grad_(true);
+      rows.push_back({c.name, "LibTorch ops (fp32 norm, then cast to bf16) + autograd", c.rows * c.cols,
+                      1e3 * Seconds([&] {
+                        torch::Tensor out;
+                        if (c.centered) {
+                          out = torch::layer_norm(xl, {c.cols}, wl, bl, 1e-5).to(torch::kBFloat16);
+                          grad_of(out, {xl, wl, bl}, dy);
+                        } else {
+                          out = (wl * (xl * torch::rsqrt(xl.pow(2).mean(-1, true) + 1e-5))).to(torch::kBFloat16);
+                          grad_of(out, {xl, wl}, dy);
+                        }
+                      }, iterations),
+                      16.0 * c.rows * c.cols});
+    }
+    {
+      const int64_t n = int64_t{16384} * 5632;  // Llama 886M's MLP hidden at 8 x 2048 tokens
+      auto g = torch::randn({n}, bf16), u = torch::randn({n}, bf16), dy = torch::randn({n}, bf16);
+      auto y = torch::empty_like(g), dg = torch::empty_like(g), du = torch::empty_like(g);
+      rows.push_back({"SwiGlu (fwd+bwd), Llama MLP", "kernels (fused)", n,
+                      1e3 * Seconds([&] {
+                        strata::kernels::SwiGluForward(place, DType::kBFloat16, g.data_ptr(), u.data_ptr(), y.data_ptr(), n);
+                        strata::kernels::SwiGluBackward(place, DType::kBFloat16, g.data_ptr(), u.data_ptr(), dy.data_ptr(), dg.data_ptr(),
+                                                        du.data_ptr(), n);
+                      }, iterations),
+                      16.0 * n});
+      auto gl = g.clone().requires_grad_(true), ul = u.clone().requires_grad_(true);
+      rows.push_back({"SwiGlu (fwd+bwd), Llama MLP", "LibTorch silu(g) * u + autograd", n,
+                      1e3 * Seconds([&] { grad_of(torch::silu(gl) * ul, {gl, ul}, dy); }, iterations), 16.0 * n});
+    }
+    {
+      const int64_t b = 8, t = 2048, heads = 16, hd = 128, n = b * t * heads * hd;
+      auto x = torch::randn({b, t, heads, hd}, bf16), dy = torch::randn({b, t, heads, hd}, bf16);
+      auto y = torch::empty_like(x), dx = torch::empty_like(x);
+      auto freqs = torch::outer(torch::arange(t, opts), torch::rand({hd / 2}, opts));
+      auto cos = freqs.cos().contiguous(), sin = freqs.sin().contiguous();
+      const strata::kernels::RotaryShape shape{b, t, heads, hd, hd};
+      rows.push_back({"Rotary (fwd+bwd), Llama q", "kernels (fused)", n,
+                      1e3 * Seconds([&] {
+                        strata::kernels::Rotary(place, shape, DType::kBFloat16, x.data_ptr(), DType::kBFloat16, y.data_ptr(),
+                                                cos.data_ptr<float>(), sin.data_ptr<float>(), false);
+                        strata::kernels::Rotary(place, shape, DType::kBFloat16, dy.data_ptr(), DType::kBFloat16, dx.data_ptr(),
+                                                cos.data_ptr<float>(), sin.data_ptr<float>(), true);
+                      }, iterations),
+                      8.0 * n});
+      // The form before kernels/: [b, heads, t, hd] with duplicated-half cos, sin in fp32 (the
+      // residual's dtype under autocast), so q * cos widens to fp32.
+      auto xl = x.transpose(1, 2).clone().requires_grad_(true);
+      auto c2 = torch::cat({freqs, freqs}, -1).cos(), s2 = torch::cat({freqs, freqs}, -1).sin();
+      rows.push_back({"Rotary (fwd+bwd), Llama q", "LibTorch rotate_half + autograd", n,
+                      1e3 * Seconds([&] {
+                        auto halves = xl.chunk(2, -1);
+                        auto out = xl * c2 + torch::cat({-halves[1], halves[0]}, -1) * s2;
+                        grad_of(out, {xl}, dy.transpose(1, 2).to(torch::kFloat));
+                      }, iterations),
+                      8.0 * n});
+    }
   }
   std::printf("{\"device\": \"%s\", \"copy_GB_per_s\": %.0f}\n", torch::cuda::device_count() > 0 ?
               at::cuda::getDeviceProperties(0)->name : "?", copy_gbs);
