@@ -4,13 +4,20 @@ one layer, from the worker stores alone (stores=, no cluster), twice:
   - cold: every file of the stores dropped from the page cache first (posix_fadvise DONTNEED after
     a sync), so the bytes come from the disk;
   - warm: right after, from the page cache.
-Also the disk's own sequential read bandwidth on the same files (cold, 16 MiB reads) for scale.
+Also the disk's own sequential read bandwidth on the same files (cold, 16 MiB reads) for scale,
+and the batches' read pattern with plain preads and nothing else (bench/read_pattern_bench.cc: the
+same records in the same order by as many threads, cold; buffered and O_DIRECT, and the chunk
+files read whole by as many threads): pattern vs disk vs ours. The block device's queue settings
+(read_ahead_kb, max_sectors_kb, ...) are printed first, since buffered reads depend on them.
 
 usage: batches_bench.py RUN LAYER SITE STORE_DIR [STORE_DIR...]
+  BATCHES_THREADS=0,2,8  cold batches once per thread count (0: the default, min(cores, 8))
+  STRATA_BIN_DIR         where read_pattern_bench is (default: the build's bin/ beside python/)
 Prints one JSON line per measurement: bytes delivered into numpy, seconds, GB/s.
 """
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -57,6 +64,34 @@ def disk_read(stores):
             "GB_per_s": round(total / seconds / 1e9, 3)}
 
 
+def block_queue(path):
+    """The queue settings of the block device holding `path` (its whole disk's, for a partition)."""
+    st = os.stat(path)
+    dev = os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    queue = os.path.join(dev, "queue")
+    if not os.path.isdir(queue):
+        queue = os.path.join(os.path.dirname(dev), "queue")  # a partition: its disk's queue
+    out = {"device": os.path.basename(dev)}
+    for name in ("read_ahead_kb", "max_sectors_kb", "nr_requests", "scheduler", "rotational", "logical_block_size"):
+        try:
+            with open(os.path.join(queue, name)) as f:
+                out[name] = f.read().strip()
+        except OSError:
+            pass
+    return out
+
+
+def read_pattern(run, layer, site, stores, threads):
+    """bench/read_pattern_bench: batches' byte ranges with plain preads, cold (it drops the cache)."""
+    bin_dir = os.environ.get("STRATA_BIN_DIR") or os.path.join(os.path.dirname(strata.__file__), "..", "..", "bin")
+    tool = os.path.join(bin_dir, "read_pattern_bench")
+    if not os.path.exists(tool):
+        return [{"measure": "read pattern", "error": f"{tool} not built (ninja read_pattern_bench)"}]
+    out = subprocess.run([tool, run, str(layer), site, str(threads), "1", "records,records-direct,files", *stores],
+                         check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
 def batches(capture, layer, site, label, threads=0):
     total, count, start = 0, 0, time.time()
     for batch in capture.batches(layer, site, 4096, shuffle=True, seed=1, threads=threads):
@@ -74,7 +109,10 @@ def main():
     run, layer, site, stores = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
     capture = strata.open_activations(run, stores=stores)
     print(json.dumps({"capture": repr(capture), "store_bytes": sum(os.path.getsize(p) for p in store_files(stores))}))
+    print(json.dumps({"block_queue": block_queue(stores[0])}))
     print(json.dumps(disk_read(stores)), flush=True)
+    for line in read_pattern(run, layer, site, stores, 0):
+        print(json.dumps(line), flush=True)
     # BATCHES_THREADS=2,4,8: the cold read once per thread count (threads=0 is the default).
     for threads in [int(t) for t in os.environ.get("BATCHES_THREADS", "0").split(",")]:
         drop_cache(stores)
