@@ -357,12 +357,18 @@ class StreamImpl final : public BatchStream {
     buffer_rows = std::max(buffer_rows, batch);
     const size_t chunks = index_.chunks.size();
     const storage::ColdRead cold = ColdReadOf(options_, index_, row_bytes_);
+    // Chunks read ahead of the one the window waits for: a window's worth beyond 2 per thread. The
+    // window takes no chunk while its batches are gathered and handed out, so with less the readers
+    // stop there and the disk idles (seen with 2 threads: 0.3 s gaps after every window, cold
+    // batches at 55-65% of the disk).
+    const uint64_t mean_chunk_rows = std::max<uint64_t>(index_.total_rows / std::max<size_t>(chunks, 1), 1);
+    const size_t ahead = 2 * threads_ + static_cast<size_t>((buffer_rows + mean_chunk_rows - 1) / mean_chunk_rows);
     for (int64_t epoch = 0; epoch < options_.epochs; ++epoch) {
       SplitMix64 rng(options_.seed, static_cast<uint64_t>(epoch));
       std::vector<size_t> order(chunks);
       for (size_t i = 0; i < chunks; ++i) order[i] = i;
       if (options_.shuffle) rng.Shuffle(order);
-      ChunkPrefetcher prefetch(readers, index_, options_, row_bytes_, order, 2 * threads_, chunk_buffers_, cold);
+      ChunkPrefetcher prefetch(readers, index_, options_, row_bytes_, order, ahead, chunk_buffers_, cold);
       Window window;
       size_t next = 0;
       while (next < chunks) {

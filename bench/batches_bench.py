@@ -1,12 +1,14 @@
 """Shuffled training batches from a capture, as a sparse-autoencoder trainer reads them
 (bench/activations_bench.sh): `capture.batches(layer, site, 4096, shuffle=True)` over every row of
-one layer, from the worker stores alone (stores=, no cluster), twice:
+one layer, from the worker stores alone (stores=, no cluster):
   - cold: every file of the stores dropped from the page cache first (posix_fadvise DONTNEED after
     a sync), so the bytes come from the disk;
+  - cold through the page cache (page_cache=True: buffered reads, as before O_DIRECT), which
+    leaves the layer's records cached;
   - warm: right after, from the page cache.
 Also the disk's own sequential read bandwidth on the same files (cold, 16 MiB reads) for scale,
 and the batches' read pattern with plain preads and nothing else (bench/read_pattern_bench.cc: the
-same records in the same order by as many threads, cold; buffered and O_DIRECT, and the chunk
+same records in the same order by as many threads, cold; buffered, after WILLNEED and O_DIRECT, and the chunk
 files read whole by as many threads): pattern vs disk vs ours. The block device's queue settings
 (read_ahead_kb, max_sectors_kb, ...) are printed first, since buffered reads depend on them.
 
@@ -15,6 +17,7 @@ usage: batches_bench.py RUN LAYER SITE STORE_DIR [STORE_DIR...]
   STRATA_BIN_DIR         where read_pattern_bench is (default: the build's bin/ beside python/)
 Prints one JSON line per measurement: bytes delivered into numpy, seconds, GB/s.
 """
+import inspect
 import json
 import os
 import subprocess
@@ -87,20 +90,20 @@ def read_pattern(run, layer, site, stores, threads):
     tool = os.path.join(bin_dir, "read_pattern_bench")
     if not os.path.exists(tool):
         return [{"measure": "read pattern", "error": f"{tool} not built (ninja read_pattern_bench)"}]
-    out = subprocess.run([tool, run, str(layer), site, str(threads), "1", "records,records-direct,files", *stores],
+    out = subprocess.run([tool, run, str(layer), site, str(threads), "1", "records,records-willneed,records-direct,files", *stores],
                          check=True, capture_output=True, text=True).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def batches(capture, layer, site, label, threads=0):
+def batches(capture, layer, site, label, threads=0, **options):
     total, count, start = 0, 0, time.time()
-    for batch in capture.batches(layer, site, 4096, shuffle=True, seed=1, threads=threads):
+    for batch in capture.batches(layer, site, 4096, shuffle=True, seed=1, threads=threads, **options):
         assert isinstance(batch, np.ndarray)
         total += batch.nbytes
         count += 1
     seconds = time.time() - start
     assert total == capture.rows * int(np.prod(capture.row_shape(site))) * np.dtype(capture.dtype).itemsize, total
-    return {"measure": f"batches(4096 rows, shuffled), {label}", "threads": threads, "layer": layer, "site": site,
+    return {"measure": f"batches(4096 rows, shuffled), {label}", "threads": threads, **options, "layer": layer, "site": site,
             "batches": count,
             "bytes": total, "seconds": round(seconds, 3), "GB_per_s": round(total / seconds / 1e9, 3)}
 
@@ -117,6 +120,11 @@ def main():
     for threads in [int(t) for t in os.environ.get("BATCHES_THREADS", "0").split(",")]:
         drop_cache(stores)
         print(json.dumps(batches(capture, layer, site, "cold: from the disk", threads)), flush=True)
+    # Cold records bypass the page cache by default (O_DIRECT) and stay out of it: the warm passes
+    # follow a cold one through it (page_cache=True, the buffered reads of earlier versions).
+    through = {"page_cache": True} if "page_cache" in inspect.signature(capture.batches).parameters else {}
+    drop_cache(stores)
+    print(json.dumps(batches(capture, layer, site, "cold, through the page cache", **through)), flush=True)
     print(json.dumps(batches(capture, layer, site, "warm: from the page cache")), flush=True)
     print(json.dumps(batches(capture, layer, site, "warm again")), flush=True)
 
