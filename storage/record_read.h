@@ -18,9 +18,10 @@ namespace strata::storage {
 //
 // How (kDirect): when every page of the range is in the page cache (mincore over a mapping of it), one
 // buffered pread copies it from there. Otherwise one O_DIRECT pread of the range's 4 KiB-aligned
-// cover: a single request of the whole record lets the block layer queue it all at once (in
-// max_sectors_kb pieces), where a buffered read keeps only about one read-ahead window
-// (read_ahead_kb, 128 KiB by default) in flight per reader. The bytes do not enter the page cache.
+// cover: a single request of the whole record lets the block layer queue it all at once (in pieces
+// of max_sectors_kb, or of max_segments pages: RecordBuffer's huge pages keep those pieces large),
+// where a buffered read keeps only about one read-ahead window (read_ahead_kb, 128 KiB by default)
+// in flight per reader. The bytes do not enter the page cache.
 // Where O_DIRECT is refused (tmpfs, some network file systems) the read is buffered.
 // With kThroughPageCache a cold range is read buffered, like a warm one.
 Result<std::span<const uint8_t>> ReadFileRecord(const std::string& path, const char* what, uint64_t offset,

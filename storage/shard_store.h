@@ -108,7 +108,8 @@ struct ActivationLocation {
 enum class ColdRead { kDirect, kThroughPageCache };
 
 // A buffer that record reads reuse (ShardStore::ReadActivationInto): 4 KiB-aligned, as reads that
-// bypass the page cache (O_DIRECT) need, and never zero-filled. Move-only; not thread-safe.
+// bypass the page cache (O_DIRECT) need, and never zero-filled; from 2 MiB on, 2 MiB-aligned and
+// asked to be on huge pages (MADV_HUGEPAGE). Move-only; not thread-safe.
 class RecordBuffer {
  public:
   static constexpr size_t kAlignment = 4096;

@@ -979,6 +979,31 @@ TEST_F(ShardStoreTest, ActivationRecordsReadIntoABufferColdAndWarm) {
   EXPECT_TRUE(store->ReadActivationInto("run", 3, "resid_post", 0, buffer, ColdRead::kDirect).ok());
 }
 
+// A record of MBs (read into a buffer on 2 MiB pages, where O_DIRECT requests can be large) at an
+// unaligned offset, read cold and then warm, reusing the buffer.
+TEST_F(ShardStoreTest, ABigActivationRecordReadsColdAndWarm) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const TestTensor odd = MakeTensor("odd", DType::kI64, {7, 3}, 31);
+  const TestTensor big = MakeTensor("big", DType::kF32, {7, 100000}, 32);  // 2.8 MB
+  const std::vector<ActivationRecordView> records = {{0, "#odd", odd.View()}, {5, "resid_post", big.View()}};
+  ASSERT_TRUE(store->PutActivationChunk("run", {0, 0, 7, 0}, records).ok());
+  auto where = store->LocateActivation("run", 5, "resid_post", 0);
+  ASSERT_TRUE(where.ok()) << where.status().ToString();
+  EXPECT_EQ(where->offset, odd.bytes.size());
+  const int fd = ::open(where->file.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  RecordBuffer buffer;
+  for (ColdRead cold : {ColdRead::kDirect, ColdRead::kDirect, ColdRead::kThroughPageCache, ColdRead::kDirect}) {
+    auto read = store->ReadActivationInto("run", 5, "resid_post", 0, buffer, cold);
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    EXPECT_TRUE(std::equal(read->begin(), read->end(), big.bytes.begin(), big.bytes.end()));
+  }
+  EXPECT_EQ(buffer.capacity() % (2 << 20), 0u);
+}
+
 TEST_F(ShardStoreTest, ActivationRunRecordRoundTripsAndReadsReadOnly) {
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
