@@ -131,7 +131,7 @@ def read_pattern(run, layer, site, stores, threads):
     if not os.path.exists(tool):
         return [{"measure": "read pattern", "error": f"{tool} not built (ninja read_pattern_bench)"}]
     lines = []
-    for mode in ("records", "records-willneed", "records-direct", "files"):  # one at a time, for the disk's counts
+    for mode in ("records", "records-willneed", "records-direct-4k", "records-direct", "files"):  # one at a time, for the disk's counts
         disk = DiskReads(device_of(stores[0])[0]).start()
         out = subprocess.run([tool, run, str(layer), site, str(threads), "1", mode, *stores],
                              check=True, capture_output=True, text=True).stdout

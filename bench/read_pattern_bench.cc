@@ -8,11 +8,14 @@
 // usage: read_pattern_bench RUN LAYER SITE THREADS SEED MODE[,MODE...] STORE_DIR [STORE_DIR...]
 //   MODE records         one buffered pread per record (what the store did before O_DIRECT reads)
 //        records-willneed  the same after posix_fadvise(WILLNEED) of the record (all of it queued at once)
-//        records-direct  one O_DIRECT pread per record (its 4 KiB-aligned cover)
+//        records-direct  one O_DIRECT pread per record (its 4 KiB-aligned cover), into a buffer on
+//                        2 MiB pages where the kernel gives them (as the store reads)
+//        records-direct-4k  the same into 4 KiB pages (the requests are cut at max_segments pages)
 //        files           every chunk file the pattern touches, whole, 16 MiB buffered reads
 // Every mode starts cold: the stores' files are synced and dropped from the page cache
 // (posix_fadvise DONTNEED) first. Prints one JSON line per mode.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,16 +76,27 @@ uint64_t ReadAll(int fd, uint8_t* out, uint64_t size, uint64_t offset) {
 
 // `work(thread, item, buffer)` over items [0, count), taken in order by `threads` threads; the bytes
 // they return summed.
+// Each thread's buffer is a RecordBuffer (on huge pages from 2 MiB, as the store reads into), or
+// with `small_pages` one on 4 KiB pages (MADV_NOHUGEPAGE).
 template <typename Work>
-uint64_t Parallel(size_t threads, size_t count, size_t buffer_bytes, Work work) {
+uint64_t Parallel(size_t threads, size_t count, size_t buffer_bytes, Work work, bool small_pages = false) {
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> total{0};
   std::vector<std::thread> pool;
   for (size_t t = 0; t < threads; ++t) {
     pool.emplace_back([&] {
       storage::RecordBuffer buffer;
-      buffer.Reserve(buffer_bytes);
-      for (size_t i; (i = next.fetch_add(1)) < count;) total += work(i, buffer.data());
+      uint8_t* data = nullptr;
+      std::unique_ptr<uint8_t, decltype(&std::free)> small(nullptr, &std::free);
+      if (small_pages) {
+        const size_t rounded = (buffer_bytes + 4095) / 4096 * 4096;
+        small.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, rounded)));
+        ::madvise(small.get(), rounded, MADV_NOHUGEPAGE);
+        data = small.get();
+      } else {
+        data = buffer.Reserve(buffer_bytes);
+      }
+      for (size_t i; (i = next.fetch_add(1)) < count;) total += work(i, data);
     });
   }
   for (auto& t : pool) t.join();
@@ -146,9 +161,11 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     uint64_t bytes = 0;
     std::string what;
-    if (mode == "records" || mode == "records-direct" || mode == "records-willneed") {
-      const bool direct = mode == "records-direct", willneed = mode == "records-willneed";
-      what = direct     ? "read pattern: one O_DIRECT pread per record, batches' order"
+    if (mode == "records" || mode == "records-direct" || mode == "records-willneed" || mode == "records-direct-4k") {
+      const bool small_pages = mode == "records-direct-4k";
+      const bool direct = mode == "records-direct" || small_pages, willneed = mode == "records-willneed";
+      what = small_pages ? "read pattern: one O_DIRECT pread per record into 4 KiB pages, batches' order"
+             : direct    ? "read pattern: one O_DIRECT pread per record, batches' order"
              : willneed ? "read pattern: WILLNEED then one buffered pread per record, batches' order"
                         : "read pattern: one buffered pread per record, batches' order";
       constexpr uint64_t kAlign = storage::RecordBuffer::kAlignment;
@@ -162,7 +179,7 @@ int main(int argc, char** argv) {
         ReadAll(fd, buffer, end - begin, begin);
         ::close(fd);
         return r.size;
-      });
+      }, small_pages);
     } else if (mode == "files") {
       what = "chunk files read whole, sequentially (16 MiB buffered preads)";
       constexpr uint64_t kBlock = 16 << 20;
@@ -175,7 +192,7 @@ int main(int argc, char** argv) {
         return done;
       });
     } else {
-      Fail("unknown mode " + mode + " (records, records-willneed, records-direct, files)");
+      Fail("unknown mode " + mode + " (records, records-willneed, records-direct, records-direct-4k, files)");
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("{\"measure\": \"%s\", \"mode\": \"%s\", \"threads\": %zu, \"records\": %zu, \"bytes\": %llu, "
