@@ -281,9 +281,12 @@ class StoreReaderImpl final : public ReaderBase {
                const std::vector<const StoredChunk*>& needed,
                const std::function<Status(const StoredChunk&, std::span<const uint8_t>)>& take) override {
     for (const StoredChunk* c : needed) {
-      // The store checks the bytes against the checksum in its index.
-      STRATA_ASSIGN_OR_RETURN(storage::Tensor t, stores_[c->store]->ReadActivation(index.run, layer, site, c->row_begin));
-      STRATA_RETURN_IF_ERROR(take(*c, t.bytes));
+      // The store checks the bytes against the checksum in its index. Through the page cache: reads
+      // of rows come back to the same records (a notebook's slices), unlike an epoch of batches.
+      STRATA_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes,
+                              stores_[c->store]->ReadActivationInto(index.run, layer, site, c->row_begin, buffer_,
+                                                                    storage::ColdRead::kThroughPageCache));
+      STRATA_RETURN_IF_ERROR(take(*c, bytes));
     }
     return Status::Ok();
   }
@@ -313,6 +316,7 @@ class StoreReaderImpl final : public ReaderBase {
  private:
   std::vector<std::string> dirs_;
   std::vector<std::unique_ptr<storage::ShardStore>> stores_;
+  storage::RecordBuffer buffer_;  // Fetch's, reused (a reader serves one thread at a time)
 };
 
 }  // namespace
