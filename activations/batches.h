@@ -41,6 +41,14 @@ struct BatchOptions {
   // Threads reading chunks (each with a reader of its own) and gathering rows into batches.
   // 0: the machine's cores, at most 8. The order does not depend on it.
   size_t threads = 0;
+  // How chunks that are not in the page cache are read from stores (ActivationReader::ReadChunk;
+  // chunks it holds are copied from it either way). false: around it (O_DIRECT, one request per
+  // record: the disk's sequential bandwidth, where buffered reads reached 61-69% of it, and no
+  // other cached data pushed out), and they stay uncached; true: through it, slower from the disk,
+  // but the next read of them comes from memory. Unset: true when this stream reads them again
+  // (epochs > 1) and one epoch's records fit in half the memory available now, else false. A
+  // program that opens a stream per epoch over a capture that fits in memory passes true.
+  std::optional<bool> page_cache;
 };
 
 // Bytes that are not zero-filled when allocated: a batch's every byte is written before it is read.

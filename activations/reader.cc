@@ -1,6 +1,7 @@
 #include "activations/reader.h"
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -280,16 +281,42 @@ class StoreReaderImpl final : public ReaderBase {
                const std::vector<const StoredChunk*>& needed,
                const std::function<Status(const StoredChunk&, std::span<const uint8_t>)>& take) override {
     for (const StoredChunk* c : needed) {
-      // The store checks the bytes against the checksum in its index.
-      STRATA_ASSIGN_OR_RETURN(storage::Tensor t, stores_[c->store]->ReadActivation(index.run, layer, site, c->row_begin));
-      STRATA_RETURN_IF_ERROR(take(*c, t.bytes));
+      // The store checks the bytes against the checksum in its index. Through the page cache: reads
+      // of rows come back to the same records (a notebook's slices), unlike an epoch of batches.
+      STRATA_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes,
+                              stores_[c->store]->ReadActivationInto(index.run, layer, site, c->row_begin, buffer_,
+                                                                    storage::ColdRead::kThroughPageCache));
+      STRATA_RETURN_IF_ERROR(take(*c, bytes));
     }
     return Status::Ok();
+  }
+
+ public:
+  Result<std::span<const uint8_t>> ReadChunk(const ActivationIndex& index, const StoredChunk& chunk, int64_t layer,
+                                             const std::string& site, storage::RecordBuffer& buffer,
+                                             storage::ColdRead cold) override {
+    STRATA_RETURN_IF_ERROR(index.CheckSite(layer, site));
+    if (chunk.store >= stores_.size()) {
+      return InvalidArgument("chunk at row " + std::to_string(chunk.row_begin) + " names store " +
+                             std::to_string(chunk.store) + " of " + std::to_string(stores_.size()) +
+                             "; pass a chunk of the index this reader made");
+    }
+    // The store reads the record straight into `buffer` and checks it against its checksum.
+    STRATA_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes,
+                            stores_[chunk.store]->ReadActivationInto(index.run, layer, site, chunk.row_begin, buffer, cold));
+    const uint64_t expected = chunk.row_count * index.RowBytes(site);
+    if (bytes.size() != expected) {
+      return Corruption(chunk.worker + " holds " + std::to_string(bytes.size()) + " bytes of " + site + " for rows " +
+                        RangeText(chunk.row_begin, chunk.row_begin + chunk.row_count) + ", expected " +
+                        std::to_string(expected));
+    }
+    return bytes;
   }
 
  private:
   std::vector<std::string> dirs_;
   std::vector<std::unique_ptr<storage::ShardStore>> stores_;
+  storage::RecordBuffer buffer_;  // Fetch's, reused (a reader serves one thread at a time)
 };
 
 }  // namespace
@@ -367,6 +394,29 @@ uint64_t ActivationIndex::stored_until(uint64_t row) const {
     covered = c.row_begin + c.row_count;
   }
   return covered;
+}
+
+Result<std::span<const uint8_t>> ActivationReader::ReadChunk(const ActivationIndex& index, const StoredChunk& chunk,
+                                                              int64_t layer, const std::string& site,
+                                                              storage::RecordBuffer& buffer, storage::ColdRead) {
+  const uint64_t size = chunk.row_count * index.RowBytes(site);
+  uint8_t* out = buffer.Reserve(size);
+  uint64_t at = 0;
+  STRATA_RETURN_IF_ERROR(ReadRows(index, layer, site, chunk.row_begin, chunk.row_begin + chunk.row_count,
+                                  [&](std::span<const uint8_t> bytes) {
+                                    if (at + bytes.size() > size) {
+                                      return Internal("the reader gave more bytes than chunk rows " +
+                                                      std::to_string(chunk.row_begin) + "+ hold");
+                                    }
+                                    std::memcpy(out + at, bytes.data(), bytes.size());
+                                    at += bytes.size();
+                                    return Status::Ok();
+                                  }));
+  if (at != size) {
+    return Internal("the reader gave " + std::to_string(at) + " of the " + std::to_string(size) + " bytes of chunk rows " +
+                    std::to_string(chunk.row_begin) + "+");
+  }
+  return std::span<const uint8_t>(out, size);
 }
 
 Result<std::unique_ptr<ActivationReader>> ActivationReader::Connect(const std::string& coordinator, int timeout_ms,

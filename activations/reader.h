@@ -96,6 +96,15 @@ class ActivationReader {
   // the given stores, named).
   virtual Status ReadRows(const ActivationIndex& index, int64_t layer, const std::string& site, uint64_t begin,
                           uint64_t end, const std::function<Status(std::span<const uint8_t>)>& sink) = 0;
+  // The whole record (layer, site) of one stored chunk of `index`, into `buffer` (reused across
+  // calls: nothing allocated or zero-filled per chunk); the span of its bytes there (row_count rows),
+  // valid until the buffer's next use, every byte checked against the record's checksum. From
+  // stores (OpenStores) a record not in the page cache is read as `cold` says
+  // (ShardStore::ReadActivationInto: kDirect is one O_DIRECT request); from the cluster it is
+  // copied out of what ReadRows streams (the store servers' reads are theirs).
+  virtual Result<std::span<const uint8_t>> ReadChunk(const ActivationIndex& index, const StoredChunk& chunk,
+                                                     int64_t layer, const std::string& site,
+                                                     storage::RecordBuffer& buffer, storage::ColdRead cold);
   // The same for the rows' tokens: int64 [rows, 3], per row (token id, document, position).
   // NotFound for a capture stored before chunks kept their tokens.
   virtual Status ReadTokens(const ActivationIndex& index, uint64_t begin, uint64_t end,

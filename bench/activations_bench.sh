@@ -79,7 +79,7 @@ batches_part() {
   id=$(strata_capture "$work/state" "$work/capture.toml" batches | tail -1)
   "$bin/strata" down >/dev/null
   echo "== batches: shuffled 4096-row batches of layer 6 from the stores"
-  PYTHONPATH=$python_dir python3 "$here/batches_bench.py" "$id" 6 resid_post "$work"/state/workers/* | tee "$out/batches.jsonl"
+  PYTHONPATH=$python_dir STRATA_BIN_DIR=$bin python3 "$here/batches_bench.py" "$id" 6 resid_post "$work"/state/workers/* | tee "$out/batches.jsonl"
 }
 
 for part in "$@"; do

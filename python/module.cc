@@ -252,7 +252,8 @@ PYBIND11_MODULE(_strata, m) {
       .def("batches",
            [](const Reader& reader, const activations::ActivationIndex& index,
               std::vector<std::pair<int64_t, std::string>> records, uint64_t batch_rows, bool shuffle, uint64_t seed,
-              int64_t epochs, uint64_t buffer_rows, bool drop_last, size_t prefetch, size_t threads) {
+              int64_t epochs, uint64_t buffer_rows, bool drop_last, size_t prefetch, size_t threads,
+              std::optional<bool> page_cache) {
              activations::BatchOptions o;
              o.records = std::move(records);
              o.batch_rows = batch_rows;
@@ -263,6 +264,7 @@ PYBIND11_MODULE(_strata, m) {
              o.drop_last = drop_last;
              o.prefetch = prefetch;
              o.threads = threads;
+             o.page_cache = page_cache;
              return std::make_unique<Stream>(reader, index, std::move(o));
            });
 

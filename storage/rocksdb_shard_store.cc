@@ -40,6 +40,7 @@
 #include "common/thread_annotations.h"
 #include "common/log.h"
 #include "storage/keys.h"
+#include "storage/record_read.h"
 #include "storage/records.h"
 #include "storage/shard_store.h"
 #include "storage/metadata_batch.h"
@@ -648,20 +649,29 @@ class RocksDbShardStore final : public ShardStore {
 
   Result<Tensor> ReadActivation(const std::string& run, int64_t layer, const std::string& site,
                                 uint64_t row_begin) override {
-    const std::string what = site + " of layer " + std::to_string(layer) + " at row " + std::to_string(row_begin) +
-                             " of run " + run;
-    rocksdb::PinnableSlice value;
-    rocksdb::Status s =
-        db_->Get(rocksdb::ReadOptions(), activations_, keys::ActivationRecordKey(run, site, layer, row_begin), &value);
-    if (s.IsNotFound()) return NotFound("this store holds no activations for " + what);
-    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, "reading activations " + what));
-    RecordRef ref;
-    if (!DecodeRecordRef(View(value), &ref)) return Damaged("the index entry of activations " + what, "is malformed");
+    const std::string what = ActivationWhat(run, layer, site, row_begin);
+    STRATA_ASSIGN_OR_RETURN(RecordRef ref, FindRecord(run, layer, site, row_begin, what));
     Tensor tensor{ref.dtype, ref.shape, std::vector<uint8_t>(ref.size), ref.checksum};
     const std::string file = ChunkFile(run, ref.chunk);
     STRATA_RETURN_IF_ERROR(ReadFileRange(file, "activation", ref.offset, tensor.bytes));
     if (Checksum(tensor.bytes) != ref.checksum) return Damaged("activations " + what + " in " + file, "fail their checksum");
     return tensor;
+  }
+
+  Result<std::span<const uint8_t>> ReadActivationInto(const std::string& run, int64_t layer, const std::string& site,
+                                                      uint64_t row_begin, RecordBuffer& buffer, ColdRead cold) override {
+    const std::string what = ActivationWhat(run, layer, site, row_begin);
+    STRATA_ASSIGN_OR_RETURN(RecordRef ref, FindRecord(run, layer, site, row_begin, what));
+    const std::string file = ChunkFile(run, ref.chunk);
+    STRATA_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes, ReadFileRecord(file, "activation", ref.offset, ref.size, buffer, cold));
+    if (Checksum(bytes) != ref.checksum) return Damaged("activations " + what + " in " + file, "fail their checksum");
+    return bytes;
+  }
+
+  Result<ActivationLocation> LocateActivation(const std::string& run, int64_t layer, const std::string& site,
+                                              uint64_t row_begin) override {
+    STRATA_ASSIGN_OR_RETURN(RecordRef ref, FindRecord(run, layer, site, row_begin, ActivationWhat(run, layer, site, row_begin)));
+    return ActivationLocation{ChunkFile(run, ref.chunk), ref.offset, ref.size, ref.checksum};
   }
 
   Status PutMetadata(const std::string& key, std::span<const uint8_t> value, bool sync) override {
@@ -829,6 +839,10 @@ class RocksDbShardStore final : public ShardStore {
 
   // Chunk files live under STORE/activations/<hex of run id>/<chunk>.bin (hex: run ids are user
   // text and must not become paths).
+  static std::string ActivationWhat(const std::string& run, int64_t layer, const std::string& site, uint64_t row_begin) {
+    return site + " of layer " + std::to_string(layer) + " at row " + std::to_string(row_begin) + " of run " + run;
+  }
+
   std::string ChunkDir(const std::string& run) const { return path_ + "/activations/" + HexOf(run); }
   std::string ChunkFile(const std::string& run, uint64_t chunk) const { return ChunkDir(run) + "/" + std::to_string(chunk) + ".bin"; }
 
@@ -858,6 +872,19 @@ class RocksDbShardStore final : public ShardStore {
     }
     const auto expected = records::ByteSize(ref->dtype, ref->shape);
     return v.empty() && expected && *expected == ref->size;
+  }
+
+  // The index entry of one activation record (`what` names it in messages).
+  Result<RecordRef> FindRecord(const std::string& run, int64_t layer, const std::string& site, uint64_t row_begin,
+                               const std::string& what) {
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s =
+        db_->Get(rocksdb::ReadOptions(), activations_, keys::ActivationRecordKey(run, site, layer, row_begin), &value);
+    if (s.IsNotFound()) return NotFound("this store holds no activations for " + what);
+    STRATA_RETURN_IF_ERROR(FromRocks(s, path_, "reading activations " + what));
+    RecordRef ref;
+    if (!DecodeRecordRef(View(value), &ref)) return Damaged("the index entry of activations " + what, "is malformed");
+    return ref;
   }
 
   // [dtype u64][total_rows][sequence][layer count][layers...][site count]([site][rank][dims...])...

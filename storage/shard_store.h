@@ -96,6 +96,39 @@ struct ActivationRunInfo {
   bool operator==(const ActivationRunInfo&) const = default;
 };
 
+// Where one activation record's bytes lie in its store.
+struct ActivationLocation {
+  std::string file;  // its chunk file (STORE/activations/RUN/CHUNK.bin)
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  uint64_t checksum = 0;  // XXH3-64 of the bytes
+};
+
+// How a read of a record that is not in the page cache goes to the disk (ReadActivationInto).
+enum class ColdRead { kDirect, kThroughPageCache };
+
+// A buffer that record reads reuse (ShardStore::ReadActivationInto): 4 KiB-aligned, as reads that
+// bypass the page cache (O_DIRECT) need, and never zero-filled; from 2 MiB on, 2 MiB-aligned and
+// asked to be on huge pages (MADV_HUGEPAGE). Move-only; not thread-safe.
+class RecordBuffer {
+ public:
+  static constexpr size_t kAlignment = 4096;
+  RecordBuffer() = default;
+  RecordBuffer(RecordBuffer&& other) noexcept;
+  RecordBuffer& operator=(RecordBuffer&& other) noexcept;
+  RecordBuffer(const RecordBuffer&) = delete;
+  RecordBuffer& operator=(const RecordBuffer&) = delete;
+  ~RecordBuffer();
+  // At least `size` bytes, aligned; what the buffer held is lost when it grows.
+  uint8_t* Reserve(size_t size);
+  uint8_t* data() const { return data_; }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
 // The pseudo-site of a chunk's token record, stored beside its activations at layer 0: int64
 // [row_count, 3], per row (token id, document, position) - docs/python.md, "Tokens". No real
 // site starts with '#'.
@@ -177,6 +210,19 @@ class ShardStore {
   // stored chunk starts there or it lacks that layer/site; Corruption if its bytes are damaged.
   virtual Result<Tensor> ReadActivation(const std::string& run, int64_t layer, const std::string& site,
                                         uint64_t row_begin) = 0;
+  // The same record read into `buffer` (grown as needed, reused across calls: no allocation and no
+  // zero-fill per record); the span of its bytes in `buffer`, valid until the buffer's next use,
+  // checksum verified. A record the page cache holds whole is copied from it. One it does not is
+  // read as `cold` says: kDirect (O_DIRECT, one request for the whole record: the disk's
+  // sequential bandwidth, and nothing else the page cache holds is pushed out, but the next read
+  // of it is cold again) or kThroughPageCache (a buffered read: the kernel's read-ahead paces it,
+  // and the record stays cached for the next read while memory lasts).
+  virtual Result<std::span<const uint8_t>> ReadActivationInto(const std::string& run, int64_t layer,
+                                                              const std::string& site, uint64_t row_begin,
+                                                              RecordBuffer& buffer, ColdRead cold) = 0;
+  // Where that record's bytes lie, for readers that schedule their own I/O (bench/read_pattern_bench).
+  virtual Result<ActivationLocation> LocateActivation(const std::string& run, int64_t layer, const std::string& site,
+                                                      uint64_t row_begin) = 0;
 
   // ---- metadata (small records under caller-chosen keys, ordered bytewise) ----
   virtual Status PutMetadata(const std::string& key, std::span<const uint8_t> value, bool sync = true) = 0;

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <thread>
 
+#include "storage/record_read.h"
 #include "storage/shard_store.h"
 #include "storage/wal_tail.h"
 
@@ -904,6 +905,103 @@ TEST_F(ShardStoreTest, ActivationChunksRoundTripAndAreInvisibleUntilTheirCursor)
     f.put(static_cast<char>(big.bytes[100] ^ 0x40));
   }
   ExpectCode(store->ReadActivation("run", 3, "resid_post", 320).status(), StatusCode::kCorruption, "checksum");
+}
+
+// ReadActivationInto: a cold record comes in one O_DIRECT read of its aligned cover (and stays out
+// of the page cache) or, asked, through the page cache; a warm one from the page cache; records at
+// unaligned offsets, a reused buffer, and a damaged record is Corruption naming it on both paths.
+TEST_F(ShardStoreTest, ActivationRecordsReadIntoABufferColdAndWarm) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const TestTensor odd = MakeTensor("odd", DType::kI64, {7, 3}, 21);  // 168 bytes
+  const TestTensor a = MakeTensor("a", DType::kBF16, {300, 96}, 22);   // 57,600 bytes: b starts unaligned
+  const TestTensor b = MakeTensor("b", DType::kF32, {300, 96}, 23);    // 115,200 bytes
+  const std::vector<ActivationRecordView> records = {
+      {0, "#odd", odd.View()}, {3, "resid_post", a.View()}, {3, "mlp_out", b.View()}};
+  ASSERT_TRUE(store->PutActivationChunk("run", {0, 0, 300, 0}, std::vector<ActivationRecordView>{records[1], records[2]}).ok());
+  ASSERT_TRUE(store->PutActivationChunk("run", {1, 300, 7, 0}, std::vector<ActivationRecordView>{records[0]}).ok());
+  auto where = store->LocateActivation("run", 3, "mlp_out", 0);
+  ASSERT_TRUE(where.ok()) << where.status().ToString();
+  EXPECT_EQ(where->offset, a.bytes.size());
+  EXPECT_EQ(where->size, b.bytes.size());
+  EXPECT_EQ(where->checksum, Checksum(b.bytes));
+  ExpectCode(store->LocateActivation("run", 4, "mlp_out", 0).status(), StatusCode::kNotFound, "layer 4");
+
+  auto drop = [&](const std::string& file) {
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  };
+  auto cached = [&](const ActivationLocation& l) {
+    const int fd = ::open(l.file.c_str(), O_RDONLY);
+    const bool in = RangeInPageCache(fd, l.offset, l.size);
+    ::close(fd);
+    return in;
+  };
+  drop(where->file);
+  // Where the file system keeps files in memory (tmpfs), nothing is cold: the warm path is tested alone.
+  const bool can_be_cold = !cached(*where);
+  RecordBuffer buffer;
+  auto cold = store->ReadActivationInto("run", 3, "mlp_out", 0, buffer, ColdRead::kDirect);
+  ASSERT_TRUE(cold.ok()) << cold.status().ToString();
+  EXPECT_TRUE(std::equal(cold->begin(), cold->end(), b.bytes.begin(), b.bytes.end()));
+  if (can_be_cold) {
+    EXPECT_FALSE(cached(*where)) << "a cold record is read around the page cache";
+  }
+  auto first = store->ReadActivationInto("run", 3, "resid_post", 0, buffer, ColdRead::kDirect);  // the same buffer again
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_TRUE(std::equal(first->begin(), first->end(), a.bytes.begin(), a.bytes.end()));
+  // Through the page cache: the record is cached after, and later reads copy it from there.
+  auto through = store->ReadActivationInto("run", 3, "mlp_out", 0, buffer, ColdRead::kThroughPageCache);
+  ASSERT_TRUE(through.ok()) << through.status().ToString();
+  EXPECT_TRUE(std::equal(through->begin(), through->end(), b.bytes.begin(), b.bytes.end()));
+  EXPECT_TRUE(cached(*where));
+  auto warm = store->ReadActivationInto("run", 3, "mlp_out", 0, buffer, ColdRead::kDirect);
+  ASSERT_TRUE(warm.ok()) << warm.status().ToString();
+  EXPECT_TRUE(std::equal(warm->begin(), warm->end(), b.bytes.begin(), b.bytes.end()));
+  auto tiny = store->ReadActivationInto("run", 0, "#odd", 300, buffer, ColdRead::kDirect);
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  EXPECT_TRUE(std::equal(tiny->begin(), tiny->end(), odd.bytes.begin(), odd.bytes.end()));
+
+  // A flipped byte: Corruption naming the record, from the page cache and from the disk.
+  {
+    std::fstream f(where->file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(where->offset + 5000));
+    f.put(static_cast<char>(b.bytes[5000] ^ 0x01));
+  }
+  ExpectCode(store->ReadActivationInto("run", 3, "mlp_out", 0, buffer, ColdRead::kDirect).status(), StatusCode::kCorruption,
+             "mlp_out of layer 3 at row 0");
+  drop(where->file);
+  ExpectCode(store->ReadActivationInto("run", 3, "mlp_out", 0, buffer, ColdRead::kDirect).status(), StatusCode::kCorruption, "checksum");
+  // The other record of the file is intact.
+  EXPECT_TRUE(store->ReadActivationInto("run", 3, "resid_post", 0, buffer, ColdRead::kDirect).ok());
+}
+
+// A record of MBs (read into a buffer on 2 MiB pages, where O_DIRECT requests can be large) at an
+// unaligned offset, read cold and then warm, reusing the buffer.
+TEST_F(ShardStoreTest, ABigActivationRecordReadsColdAndWarm) {
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const TestTensor odd = MakeTensor("odd", DType::kI64, {7, 3}, 31);
+  const TestTensor big = MakeTensor("big", DType::kF32, {7, 100000}, 32);  // 2.8 MB
+  const std::vector<ActivationRecordView> records = {{0, "#odd", odd.View()}, {5, "resid_post", big.View()}};
+  ASSERT_TRUE(store->PutActivationChunk("run", {0, 0, 7, 0}, records).ok());
+  auto where = store->LocateActivation("run", 5, "resid_post", 0);
+  ASSERT_TRUE(where.ok()) << where.status().ToString();
+  EXPECT_EQ(where->offset, odd.bytes.size());
+  const int fd = ::open(where->file.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  RecordBuffer buffer;
+  for (ColdRead cold : {ColdRead::kDirect, ColdRead::kDirect, ColdRead::kThroughPageCache, ColdRead::kDirect}) {
+    auto read = store->ReadActivationInto("run", 5, "resid_post", 0, buffer, cold);
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    EXPECT_TRUE(std::equal(read->begin(), read->end(), big.bytes.begin(), big.bytes.end()));
+  }
+  EXPECT_EQ(buffer.capacity() % (2 << 20), 0u);
 }
 
 TEST_F(ShardStoreTest, ActivationRunRecordRoundTripsAndReadsReadOnly) {

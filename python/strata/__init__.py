@@ -325,13 +325,18 @@ class Capture:
         return self._read(None, _strata.TOKENS_SITE, rows)
 
     def batches(self, layers, sites, batch_rows, shuffle=True, seed=0, epochs=1, *, buffer_rows=0,
-                drop_last=False, prefetch=4, with_rows=False, threads=0):
+                drop_last=False, prefetch=4, with_rows=False, threads=0, page_cache=None):
         """Shuffled batches for training: every row exactly once per epoch, the order fixed by
         (seed, epoch) - docs/python.md, "Shuffled batches". Read ahead and gathered on C++ threads
         (threads: 0 = the machine's cores, at most 8; the order does not depend on it).
 
         layers, sites: one each (then each batch is an array [n, *row_shape]) or lists (then a
-        dict {(layer, site): array}). with_rows: yield (rows, batch) with the row numbers."""
+        dict {(layer, site): array}). with_rows: yield (rows, batch) with the row numbers.
+        page_cache: how records not in the page cache are read from stores - False: around it
+        (O_DIRECT, the disk's full bandwidth, they stay uncached), True: through it (slower from
+        the disk, the next read comes from memory), None: True only when epochs > 1 and an epoch's
+        records fit in half the available memory. Pass True when you open a stream per epoch over
+        a capture that fits in memory."""
         single = not isinstance(layers, (list, tuple)) and not isinstance(sites, (list, tuple))
         layers = list(layers) if isinstance(layers, (list, tuple)) else [layers]
         sites = list(sites) if isinstance(sites, (list, tuple)) else [sites]
@@ -343,7 +348,8 @@ class Capture:
         if int(batch_rows) < 1:
             raise ValueError(f"batch_rows = {batch_rows}; give at least 1")
         stream = self._reader.batches(self._index, records, int(batch_rows), bool(shuffle), int(seed), int(epochs),
-                                      int(buffer_rows), bool(drop_last), int(prefetch), int(threads))
+                                      int(buffer_rows), bool(drop_last), int(prefetch), int(threads),
+                                      None if page_cache is None else bool(page_cache))
         for _epoch, rows, arrays in stream:
             batch = arrays[0] if single else dict(zip(records, arrays))
             yield (rows, batch) if with_rows else batch
