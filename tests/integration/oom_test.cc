@@ -29,17 +29,20 @@ class OutOfMemoryTest : public ::testing::Test {
     ASSERT_EQ(reference_.size(), 5u);
     ASSERT_EQ(Strata("down").rc, 0);
     // Two workers, each limited to 160 MiB beyond what it maps at startup. What a step needs
-    // grows with the logits (micro-batch x 64 tokens x 16384 vocab, several fp32 copies: about
-    // 12 MiB per sequence), so micro-batch 16 must fail and 8 must fit. The margins are wide on
+    // grows with the logits (micro-batch x 160 tokens x 16384 vocab: the fused loss holds them
+    // as one fp32 chunk, 10 MiB per sequence, and attention's fp32 scores add ~1 MiB; before
+    // the fused loss, 64 tokens in several fp32 copies cost 12 MiB), so micro-batch 16 must fail
+    // and 8 must fit. The margins are wide on
     // purpose: the baseline counts whatever is mapped at startup (thread stacks that go later),
     // and with the earlier model (vocab 8192, 75 MiB, ~20 MiB to spare) a micro-batch of 16
-    // once fitted in a CI run. Step 3 of rank 1 also needs 16 MiB per sequence more
+    // once fitted in a CI run. Step 3 of rank 1 also needs 12 MiB per sequence more
     // (an injected fault, worker/fault_injector.h): a spike at an exact step, as a longer batch would
     // make, so the replay has a step before it to start from; at dp=2 it fails at micro-batch
-    // 8 (~224 MiB) and fits at 4 (~112 MiB). 12 MiB per sequence stopped failing at 8 once in
-    // three runs after the fused AdamW (kernels/) left out the update's temporaries.
+    // 8 (~184 MiB) and fits at 4 (~92 MiB). (The spike was 16 MiB per sequence with 64 tokens;
+    // 12 MiB stopped failing at 8 once in three runs after the fused AdamW left out the update's
+    // temporaries, and with 160 tokens 16 MiB failed at 4 as well.)
     auto up = testing::RunCommand(std::string(STRATA_BIN_DIR) +
-                                      "/strata up --workers 2 --memory-limit 160MiB --inject-fault ballast:3:16777216:1",
+                                      "/strata up --workers 2 --memory-limit 160MiB --inject-fault ballast:3:12582912:1",
                                   dir_);
     ASSERT_EQ(up.rc, 0) << up.err;
   }
@@ -55,7 +58,7 @@ class OutOfMemoryTest : public ::testing::Test {
   static std::string Spec(const std::string& name, int dp, int micro_batch, int checkpoint_every) {
     std::ostringstream s;
     s << "name = \"" << name << "\"\n"
-      << "[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 16384\nsequence = 64\n"
+      << "[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 16384\nsequence = 160\n"
       << "[data]\npath = \"corpus.txt\"\n"
       << "[train]\nsteps = 5\nglobal_batch = 16\nlr = 0.003\nseed = 7\ncheckpoint_every = " << checkpoint_every << "\n"
       << "[parallel]\ndp = " << dp << "\npp = 1\ntp = 1\nzero = 0\nrecompute = false\nmicro_batch = " << micro_batch << "\n";
