@@ -46,12 +46,6 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
 }
 
 torch::Tensor LlamaFamily::Norm(const torch::Tensor& x, const torch::Tensor& weight) const {
-  // On the CPU, LibTorch's ops: with kernels/'s CPU reference here, a dp=2 Llama run resumed on
-  // other workers after a hang (mesh_test's StoppedWorkerIsNamedAndTheRunRecovers) drifted from
-  // its fault-free twin by 3e-5 after 160 steps, where LibTorch's ops keep the two bit for bit.
-  // The cause is not found (the reference is a deterministic loop; fused_ops_test holds it to
-  // LibTorch's values); until it is, CPU workers keep the exact path.
-  if (!x.is_cuda()) return RmsNorm(x, weight, spec_.norm_eps);
   return FusedRmsNorm(x, weight, spec_.norm_eps, compat::ComputeType(x));
 }
 
