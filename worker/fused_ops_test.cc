@@ -4,6 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "common/run_spec.h"
+#include "model/parameters.h"
+#include "worker/model_family.h"
+#include "worker/torch_compat.h"
+
 namespace strata::worker {
 namespace {
 
@@ -100,6 +107,98 @@ TEST(FusedOpsTest, RotaryEqualsRotateHalfWithPartialDimsAndItsGradient) {
                            [&](auto& v) { return PlainRotary(v[0], cos, sin, rot); });
     EXPECT_LE(r.value, 1e-6) << rot;
     EXPECT_LE(r.grads[0], 1e-6) << rot;
+  }
+}
+
+// A whole block of each family whose pieces are fused, against the same block written op by op
+// in LibTorch (transformers' order of operations): the family's output and the gradients of its
+// input and of every parameter. fp32 on the CPU, so the fused path is kernels/'s references.
+struct BlockCase {
+  ModelSpec spec;
+  std::map<std::string, torch::Tensor> params;  // block-relative names
+};
+
+BlockCase MakeBlock(const std::string& family) {
+  BlockCase c;
+  c.spec.family = family;
+  c.spec.layers = 1;
+  c.spec.hidden = 32;
+  c.spec.heads = 4;
+  c.spec.vocab = 64;
+  c.spec.sequence = 12;
+  c.spec.ffn = family == "gpt2" ? 128 : 96;
+  if (family == "llama") c.spec.kv_heads = 2;
+  EXPECT_TRUE(ValidateModelSpec(c.spec, "").ok());
+  torch::manual_seed(21);
+  for (const model::Parameter& p : model::BlockParameters(c.spec)) {
+    const bool norm = p.name.find("norm") != std::string::npos || p.name.find("ln_") != std::string::npos;
+    auto t = torch::randn(p.shape) * (norm ? 0.1 : 0.2);
+    if (norm && p.name.find("bias") == std::string::npos) t += 1.0;
+    c.params[p.name] = t;
+  }
+  return c;
+}
+
+torch::Tensor PlainLlamaBlock(const ModelSpec& m, const std::map<std::string, torch::Tensor>& p, const torch::Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), hd = m.head_size(), heads = m.heads, kv = m.kv_heads;
+  auto norm = [&](const torch::Tensor& v, const torch::Tensor& w) { return PlainRmsNorm(v, w, m.norm_eps); };
+  auto inv_freq = 1.0 / torch::pow(m.rope_theta, torch::arange(0, hd, 2).to(torch::kFloat) / static_cast<double>(hd));
+  auto freqs = torch::outer(torch::arange(t).to(torch::kFloat), inv_freq);
+  auto cos = torch::cat({freqs, freqs}, -1).cos(), sin = torch::cat({freqs, freqs}, -1).sin();
+  auto rope = [&](const torch::Tensor& r) {
+    auto halves = r.chunk(2, -1);
+    return r * cos + torch::cat({-halves[1], halves[0]}, -1) * sin;
+  };
+  auto a = norm(x, p.at("input_layernorm.weight"));
+  auto q = rope(torch::linear(a, p.at("self_attn.q_proj.weight")).view({b, t, heads, hd}).transpose(1, 2));
+  auto k = rope(torch::linear(a, p.at("self_attn.k_proj.weight")).view({b, t, kv, hd}).transpose(1, 2));
+  auto v = torch::linear(a, p.at("self_attn.v_proj.weight")).view({b, t, kv, hd}).transpose(1, 2);
+  k = k.repeat_interleave(heads / kv, 1);
+  v = v.repeat_interleave(heads / kv, 1);
+  auto y = compat::CausalAttention(q, k, v).transpose(1, 2).reshape({b, t, heads * hd});
+  auto mid = x + torch::linear(y, p.at("self_attn.o_proj.weight"));
+  auto n = norm(mid, p.at("post_attention_layernorm.weight"));
+  auto hidden = torch::silu(torch::linear(n, p.at("mlp.gate_proj.weight"))) * torch::linear(n, p.at("mlp.up_proj.weight"));
+  return mid + torch::linear(hidden, p.at("mlp.down_proj.weight"));
+}
+
+torch::Tensor PlainGpt2Block(const ModelSpec& m, const std::map<std::string, torch::Tensor>& p, const torch::Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), hd = m.head_size(), heads = m.heads;
+  auto ln = [&](const torch::Tensor& v, const std::string& name) {
+    return torch::layer_norm(v, {m.hidden}, p.at(name + ".weight"), p.at(name + ".bias"), m.norm_eps);
+  };
+  auto qkv = torch::linear(ln(x, "ln_1"), p.at("c_attn.weight"), p.at("c_attn.bias")).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
+  auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape({b, t, heads * hd});
+  auto mid = x + torch::linear(y, p.at("attn_proj.weight")) + p.at("attn_proj.bias");
+  auto hidden = torch::gelu(torch::linear(ln(mid, "ln_2"), p.at("c_fc.weight"), p.at("c_fc.bias")), "tanh");
+  return mid + torch::linear(hidden, p.at("mlp_proj.weight")) + p.at("mlp_proj.bias");
+}
+
+TEST(FusedOpsTest, FusedBlocksEqualTheOpByOpBlockAndItsGradients) {
+  for (const std::string family : {"llama", "gpt2"}) {
+    BlockCase c = MakeBlock(family);
+    auto fused_family = CreateModelFamily(c.spec);
+    const auto x0 = torch::randn({2, c.spec.sequence, c.spec.hidden});
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> ours, theirs;
+    std::map<std::string, torch::Tensor> plain_params;
+    for (const auto& [name, t] : c.params) {
+      names.push_back(name);
+      ours.push_back(t.clone().requires_grad_(true));
+      theirs.push_back(t.clone().requires_grad_(true));
+      plain_params[name] = theirs.back();
+    }
+    auto x_ours = x0.clone().requires_grad_(true), x_theirs = x0.clone().requires_grad_(true);
+    const auto y_ours = fused_family->Block(ParamView(names, ours), x_ours, TensorParallel{}).resid_post;
+    const auto y_theirs = family == "llama" ? PlainLlamaBlock(c.spec, plain_params, x_theirs) : PlainGpt2Block(c.spec, plain_params, x_theirs);
+    EXPECT_LE(MaxRelative(y_ours, y_theirs), 1e-5) << family;
+    const auto dy = torch::randn(y_ours.sizes());
+    y_ours.backward(dy);
+    y_theirs.backward(dy);
+    EXPECT_LE(MaxRelative(x_ours.grad(), x_theirs.grad()), 1e-5) << family << " input gradient";
+    for (size_t i = 0; i < names.size(); ++i) {
+      EXPECT_LE(MaxRelative(ours[i].grad(), theirs[i].grad()), 1e-5) << family << " " << names[i];
+    }
   }
 }
 
