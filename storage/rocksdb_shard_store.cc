@@ -40,7 +40,7 @@
 #include "common/thread_annotations.h"
 #include "common/log.h"
 #include "storage/keys.h"
-#include "storage/record_read.h"
+#include "storage/data_files.h"
 #include "storage/records.h"
 #include "storage/shard_store.h"
 #include "storage/metadata_batch.h"
@@ -88,82 +88,8 @@ Status FromRocks(const rocksdb::Status& s, const std::string& path, const std::s
                  "); check that the directory is writable and its disk is healthy");
 }
 
-// Writes one chunk file with pwrite(2) straight from the caller's buffers; WriteAt may be called
-// from several threads at once (disjoint ranges).
+// Threads writing one chunk file's records (ChunkFileWriter::WriteAt takes disjoint ranges at once).
 constexpr size_t kChunkWriteThreads = 4;
-
-class ChunkFileWriter {
- public:
-  ~ChunkFileWriter() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Status Open(const std::string& path) {
-    path_ = path;
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd_ < 0) return IoError("cannot create " + path + ": " + std::strerror(errno));
-    return Status::Ok();
-  }
-  Status WriteAt(uint64_t offset, std::span<const uint8_t> bytes) {
-    constexpr size_t kPiece = size_t{64} << 20;
-    while (!bytes.empty()) {
-      const ssize_t n = ::pwrite(fd_, bytes.data(), std::min(bytes.size(), kPiece), static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        return Status(errno == ENOSPC ? StatusCode::kResourceExhausted : StatusCode::kIoError,
-                      "writing " + path_ + " failed: " + std::strerror(errno) + "; free space or choose another --store");
-      }
-      // Start writeback of this piece now: the disk works while later pieces are copied in,
-      // instead of idling until the final fdatasync.
-      ::sync_file_range(fd_, static_cast<off_t>(offset), n, SYNC_FILE_RANGE_WRITE);
-      offset += static_cast<uint64_t>(n);
-      bytes = bytes.subspan(static_cast<size_t>(n));
-    }
-    return Status::Ok();
-  }
-  Status SyncAndClose() {
-    const bool ok = ::fdatasync(fd_) == 0;
-    const int err = errno;
-    ::close(fd_);
-    fd_ = -1;
-    if (!ok) return IoError("syncing " + path_ + " failed: " + std::strerror(err));
-    return Status::Ok();
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
-// Makes a rename in `dir` durable.
-Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError("cannot open " + dir + ": " + std::strerror(errno));
-  const bool ok = ::fsync(fd) == 0;
-  ::close(fd);
-  return ok ? Status::Ok() : IoError("cannot sync " + dir + ": " + std::strerror(errno));
-}
-
-// Reads out.size() bytes at `offset` of the data file `path` (`what`: "activation" or
-// "checkpoint", for the message) straight into `out`.
-Status ReadFileRange(const std::string& path, const char* what, uint64_t offset, std::span<uint8_t> out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return Corruption(std::string("the ") + what + " file " + path + " named by the store's index cannot be opened (" +
-                      std::strerror(errno) + "); the store is damaged");
-  }
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      return Corruption(std::string("the ") + what + " file " + path + " is shorter than the store's index says; the store is damaged");
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return Status::Ok();
-}
 
 bool UnhexOf(const std::string& hex, std::string* run) {
   if (hex.empty() || hex.size() % 2 != 0) return false;

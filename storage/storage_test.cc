@@ -20,7 +20,7 @@
 #include <fstream>
 #include <thread>
 
-#include "storage/record_read.h"
+#include "storage/data_files.h"
 #include "storage/shard_store.h"
 #include "storage/wal_tail.h"
 

@@ -1,4 +1,4 @@
-#include "storage/record_read.h"
+#include "storage/data_files.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -66,6 +66,11 @@ class Fd {
   int fd_;
 };
 
+Status CannotOpen(const std::string& path, const char* what) {
+  return Corruption(std::string("the ") + what + " file " + path + " named by the store's index cannot be opened (" +
+                    std::strerror(errno) + "); the store is damaged");
+}
+
 Status Shorter(const std::string& path, const char* what) {
   return Corruption(std::string("the ") + what + " file " + path + " is shorter than the store's index says; the store is damaged");
 }
@@ -85,6 +90,61 @@ int64_t PreadFully(int fd, uint8_t* out, uint64_t size, uint64_t offset) {
 
 }  // namespace
 
+ChunkFileWriter::~ChunkFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status ChunkFileWriter::Open(const std::string& path) {
+  path_ = path;
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd_ < 0) return IoError("cannot create " + path + ": " + std::strerror(errno));
+  return Status::Ok();
+}
+
+Status ChunkFileWriter::WriteAt(uint64_t offset, std::span<const uint8_t> bytes) {
+  constexpr size_t kPiece = size_t{64} << 20;
+  while (!bytes.empty()) {
+    const ssize_t n = ::pwrite(fd_, bytes.data(), std::min(bytes.size(), kPiece), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return Status(errno == ENOSPC ? StatusCode::kResourceExhausted : StatusCode::kIoError,
+                    "writing " + path_ + " failed: " + std::strerror(errno) + "; free space or choose another --store");
+    }
+    // Start writeback of this piece now: the disk works while later pieces are copied in,
+    // instead of idling until the final fdatasync.
+    ::sync_file_range(fd_, static_cast<off_t>(offset), n, SYNC_FILE_RANGE_WRITE);
+    offset += static_cast<uint64_t>(n);
+    bytes = bytes.subspan(static_cast<size_t>(n));
+  }
+  return Status::Ok();
+}
+
+Status ChunkFileWriter::SyncAndClose() {
+  const bool ok = ::fdatasync(fd_) == 0;
+  const int err = errno;
+  ::close(fd_);
+  fd_ = -1;
+  if (!ok) return IoError("syncing " + path_ + " failed: " + std::strerror(err));
+  return Status::Ok();
+}
+
+Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return IoError("cannot open " + dir + ": " + std::strerror(errno));
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok ? Status::Ok() : IoError("cannot sync " + dir + ": " + std::strerror(errno));
+}
+
+Status ReadFileRange(const std::string& path, const char* what, uint64_t offset, std::span<uint8_t> out) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return CannotOpen(path, what);
+  const int64_t n = PreadFully(fd.get(), out.data(), out.size(), offset);
+  if (n < 0) return IoError(std::string("reading the ") + what + " file " + path + ": " + std::strerror(static_cast<int>(-n)));
+  if (static_cast<uint64_t>(n) < out.size()) return Shorter(path, what);
+  return Status::Ok();
+}
+
 bool RangeInPageCache(int fd, uint64_t offset, uint64_t size) {
   if (size == 0) return true;
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -103,10 +163,7 @@ bool RangeInPageCache(int fd, uint64_t offset, uint64_t size) {
 Result<std::span<const uint8_t>> ReadFileRecord(const std::string& path, const char* what, uint64_t offset,
                                                 uint64_t size, RecordBuffer& buffer, ColdRead cold) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    return Corruption(std::string("the ") + what + " file " + path + " named by the store's index cannot be opened (" +
-                      std::strerror(errno) + "); the store is damaged");
-  }
+  if (fd.get() < 0) return CannotOpen(path, what);
   auto buffered = [&]() -> Result<std::span<const uint8_t>> {
     uint8_t* out = buffer.Reserve(size);
     const int64_t n = PreadFully(fd.get(), out, size, offset);

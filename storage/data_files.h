@@ -1,5 +1,6 @@
-// Reading one record's byte range of a data file into a reusable buffer, at the disk's sequential
-// bandwidth when it is cold and at page-cache speed when it is warm (private to storage/).
+// The data files beside the store's RocksDB (private to storage/): checkpoint tensors and
+// activation chunks, each byte written once from the caller's buffers and read straight into the
+// reader's (rocksdb_shard_store.cc says why they are not RocksDB values).
 #pragma once
 
 #include <cstdint>
@@ -11,10 +12,35 @@
 
 namespace strata::storage {
 
+// Writes one data file with pwrite(2) straight from the caller's buffers, starting writeback of
+// each piece as it goes; WriteAt may be called from several threads at once (disjoint ranges).
+class ChunkFileWriter {
+ public:
+  ChunkFileWriter() = default;
+  ChunkFileWriter(const ChunkFileWriter&) = delete;
+  ChunkFileWriter& operator=(const ChunkFileWriter&) = delete;
+  ~ChunkFileWriter();
+  Status Open(const std::string& path);
+  // A full disk is kResourceExhausted, other failures kIoError, both naming the file.
+  Status WriteAt(uint64_t offset, std::span<const uint8_t> bytes);
+  Status SyncAndClose();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Makes a rename in `dir` durable.
+Status SyncDirectory(const std::string& dir);
+
+// Reads out.size() bytes at `offset` of the data file `path` straight into `out`. `what`
+// ("activation", "checkpoint") names the file in messages; Corruption when the file cannot be
+// opened or is shorter than the range (the store's index names a range it does not hold).
+Status ReadFileRange(const std::string& path, const char* what, uint64_t offset, std::span<uint8_t> out);
+
 // Reads [offset, offset + size) of the data file `path` into `buffer` and returns those bytes (a
 // span inside `buffer`, which may start past its beginning: O_DIRECT reads whole aligned blocks).
-// `what` ("activation", "checkpoint") names the file in messages. Corruption when the file cannot
-// be opened or is shorter than the range (the store's index names a range it does not hold).
+// `what` and the errors as ReadFileRange's.
 //
 // How (kDirect): when every page of the range is in the page cache (mincore over a mapping of it), one
 // buffered pread copies it from there. Otherwise one O_DIRECT pread of the range's 4 KiB-aligned
