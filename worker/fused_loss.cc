@@ -12,7 +12,6 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
                                int64_t vocab, int64_t chunk_rows, int64_t compute_type) {
     // Both operands are cast to the compute dtype here, so an enclosing autocast changes nothing.
     const auto compute = static_cast<torch::ScalarType>(compute_type);
-    const kernels::DType kernel_dtype = compute == torch::kBFloat16 ? kernels::DType::kBFloat16 : kernels::DType::kFloat32;
     const kernels::Place place = KernelPlace(x.device());
     const int64_t n = x.size(0), padded_vocab = weight.size(0);
     const bool need_dx = x.requires_grad(), need_dw = weight.requires_grad();
@@ -25,7 +24,7 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
       const int64_t rows = std::min(chunk_rows, n - begin);
       const torch::Tensor x_chunk = xc.narrow(0, begin, rows);
       torch::Tensor z = torch::mm(x_chunk, wc.t());  // [rows, V'], contiguous
-      kernels::CrossEntropyGradInPlace(place, kernel_dtype, z.data_ptr(), rows, vocab, padded_vocab,
+      kernels::CrossEntropyGradInPlace(place, KernelType(compute), z.data_ptr(), rows, vocab, padded_vocab,
                                        row_targets.data_ptr<int64_t>() + begin, 1.0f / static_cast<float>(n),
                                        row_loss.data_ptr<float>() + begin);
       if (need_dx) {

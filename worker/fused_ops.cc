@@ -10,7 +10,6 @@ using torch::autograd::variable_list;
 
 bool Supported(torch::ScalarType t) { return t == torch::kFloat || t == torch::kBFloat16; }
 torch::ScalarType Storage(torch::ScalarType t) { return Supported(t) ? t : torch::kFloat; }
-kernels::DType KernelType(torch::ScalarType t) { return t == torch::kBFloat16 ? kernels::DType::kBFloat16 : kernels::DType::kFloat32; }
 // In a dtype the kernels take, contiguous (no copy when it already is).
 torch::Tensor Ready(const torch::Tensor& t) { return t.to(Storage(t.scalar_type())).contiguous(); }
 

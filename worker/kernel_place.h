@@ -26,4 +26,9 @@ inline kernels::Place KernelPlace(const torch::Device& device) {
   return place;
 }
 
+// kernels/'s name for a storage dtype it takes (fp32 or bf16; callers widen anything else first).
+inline kernels::DType KernelType(torch::ScalarType t) {
+  return t == torch::kBFloat16 ? kernels::DType::kBFloat16 : kernels::DType::kFloat32;
+}
+
 }  // namespace strata::worker

@@ -82,18 +82,15 @@ void ModelFamily::Initialize(const std::string& name, torch::Tensor& t) const {
   }
 }
 
-std::pair<torch::Tensor, torch::Tensor> ModelFamily::Rotary(const torch::Tensor& x) const {
-  const int64_t t = x.size(1);
-  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
-  auto freqs = torch::outer(positions, inv_freq_.to(x.device()));
-  auto emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
-}
-
 std::pair<torch::Tensor, torch::Tensor> ModelFamily::RotaryHalf(const torch::Tensor& x) const {
   auto positions = torch::arange(x.size(1), torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
   auto freqs = torch::outer(positions, inv_freq_.to(x.device()));
   return {freqs.cos().contiguous(), freqs.sin().contiguous()};
+}
+
+std::pair<torch::Tensor, torch::Tensor> ModelFamily::Rotary(const torch::Tensor& x) const {
+  auto [cos, sin] = RotaryHalf(x);  // each half of a head turns by the same angles
+  return {torch::cat({cos, cos}, -1).to(x.scalar_type()), torch::cat({sin, sin}, -1).to(x.scalar_type())};
 }
 
 torch::Tensor ModelFamily::ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const {

@@ -360,34 +360,34 @@ torch::Tensor StageModel::Blocks(torch::Tensor x) {
   return x;
 }
 
-torch::Tensor StageModel::Head(const torch::Tensor& x) {
+// The head's rows padded to a multiple of 64: an odd vocabulary (GPT-2's 50257) leaves the
+// logits' leading dimension unaligned, and cuBLAS then falls back to slow align-1 kernels
+// (measured: the largest matmul of a GPT-2 124M step ran 3x slower). Logits past the vocabulary
+// are dropped (Head) or never count (HeadLoss), so nothing downstream sees the padding.
+torch::Tensor StageModel::PaddedHeadWeight(const ParamView& p) const {
   const ModelSpec& m = spec_.model;
-  return Run(head_units_, x, [this, &m](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
-    // The head's rows padded to a multiple of 64: an odd vocabulary (GPT-2's 50257) leaves the
-    // logits' leading dimension unaligned, and cuBLAS then falls back to slow align-1 kernels
-    // (measured: the largest matmul of a GPT-2 124M step ran 3x slower). The padded logits are
-    // sliced back to the vocabulary, so nothing downstream sees the padding.
+  const torch::Tensor& w = p(model::HeadWeightName(m));
+  const int64_t pad = (64 - m.vocab % 64) % 64;
+  return pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
+}
+
+torch::Tensor StageModel::Head(const torch::Tensor& x) {
+  return Run(head_units_, x, [this](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
     const ParamView p = ViewOfUnit(head_units_, v);
-    const torch::Tensor& w = p(model::HeadWeightName(m));
-    const int64_t pad = (64 - m.vocab % 64) % 64;
-    const torch::Tensor padded = pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
-    return torch::linear(family_->FinalNorm(p, in), padded).narrow(-1, 0, m.vocab);
+    return torch::linear(family_->FinalNorm(p, in), PaddedHeadWeight(p)).narrow(-1, 0, spec_.model.vocab);
   }, /*recompute=*/false);
 }
 
 torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& targets) {
   // The fused head + loss (fused_loss.h) on every device: on a GPU it is faster than LibTorch's
   // whole-logits loss and holds a fraction of its memory (docs/benchmarks.md has both); on the
-  // CPU it runs kernels/'s reference. The head's rows padded to 64 for cuBLAS, as Head.
-  const ModelSpec& m = spec_.model;
-  const int64_t pad = (64 - m.vocab % 64) % 64;
+  // CPU it runs kernels/'s reference.
   const torch::ScalarType compute = spec_.train.precision == "bf16" && device_.is_cuda() ? torch::kBFloat16 : torch::kFloat;
-  return Run(head_units_, x, [this, &m, pad, targets, compute](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
+  return Run(head_units_, x, [this, targets, compute](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
     const ParamView p = ViewOfUnit(head_units_, v);
-    const torch::Tensor& w = p(model::HeadWeightName(m));
-    const torch::Tensor padded = pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
     const torch::Tensor normed = family_->FinalNorm(p, in);
-    return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), padded, m.vocab, targets.reshape({-1}), compute);
+    return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), PaddedHeadWeight(p), spec_.model.vocab, targets.reshape({-1}),
+                              compute);
   }, /*recompute=*/false);
 }
 

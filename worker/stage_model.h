@@ -116,6 +116,8 @@ class StageModel {
                const std::map<std::string, model::Parameter>& table, bool tied_copy, const WeightLoader& load);
   torch::Tensor Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute);
   std::vector<torch::Tensor> ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const;
+  // The head's weight with its rows padded to a multiple of 64 (stage_model.cc says why).
+  torch::Tensor PaddedHeadWeight(const ParamView& p) const;
   // A unit's parameters for the family, names relative to `strip`.
   ParamView ViewOfUnit(const std::vector<int>& units, const std::vector<std::vector<torch::Tensor>>& tensors,
                        const std::string& strip = "") const;
