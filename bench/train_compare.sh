@@ -4,7 +4,8 @@
 # with Kineto traces of both summarised by kernel group (bench/summarize_trace.py).
 # Parts: gpt2 (124M, 8 x 1024), llama886 (16 x 2048, GQA 16/8, ffn 5632, vocab 32000, 8 x 2048),
 #        llama1b (bench/scaling_bench.py's llama1b: the same model at 8 x 1024).
-# usage: bench/train_compare.sh BUILD_DIR OUT_DIR PART... [--no-baseline]   (on the GPU node)
+# usage: bench/train_compare.sh BUILD_DIR OUT_DIR PART... [--no-baseline] [--eager-too]   (on the GPU node)
+# --eager-too: Strata once more with train.cuda_graphs off (every kernel launched every step).
 set -euo pipefail
 bin=$1/bin
 out=$2
@@ -12,9 +13,14 @@ shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 baseline=1
+eager_too=0
 parts=()
 for a in "$@"; do
-  if [[ $a == --no-baseline ]]; then baseline=0; else parts+=("$a"); fi
+  case $a in
+    --no-baseline) baseline=0 ;;
+    --eager-too) eager_too=1 ;;
+    *) parts+=("$a") ;;
+  esac
 done
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 run() {  # NAME STEPS FLAGS...
@@ -23,6 +29,10 @@ run() {  # NAME STEPS FLAGS...
   echo "== $name: strata"
   "$bin/train_step_bench" "$@" --steps "$steps" --precision bf16 --profile "$out/$name-strata.json" 2>&1 | grep -v '^\[W' | tee "$out/$name-strata.txt"
   python3 "$here/summarize_trace.py" "$out/$name-strata.json" strata | tee -a "$out/$name-strata.txt"
+  if [[ $eager_too == 1 ]]; then
+    echo "== $name: strata, train.cuda_graphs off"
+    "$bin/train_step_bench" "$@" --steps "$steps" --precision bf16 --cuda-graphs 0 2>&1 | grep -v '^\[W' | tee -a "$out/$name-strata.txt"
+  fi
   if [[ $baseline == 1 ]]; then
     echo "== $name: pytorch --fused --compile"
     python3 "$here/pytorch_train_baseline.py" "$@" --steps "$steps" --precision bf16 --fused --compile \

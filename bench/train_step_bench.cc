@@ -3,6 +3,7 @@
 //
 //   train_step_bench --family gpt2|llama --layers 12 --hidden 768 --heads 12 --vocab 50257
 //                    --sequence 1024 --batch 8 --micro-batch 8 --precision bf16 --steps 10
+//                    [--cuda-graphs 0]   (train.cuda_graphs, on by default)
 //
 // Prints one JSON line: tokens/s over the timed steps (after warm-up) and the allocator's peak.
 #include <algorithm>
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
     else if (k == "--steps") steps = std::stoi(v);
     else if (k == "--device") device = v;
     else if (k == "--profile") profile = v;
+    else if (k == "--cuda-graphs") spec.train.cuda_graphs = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -118,9 +120,9 @@ int main(int argc, char** argv) {
   for (auto& [name, p] : trainer.parameters()) params += p.numel();
   std::printf(
       "{\"impl\": \"strata\", \"family\": \"%s\", \"params\": %ld, \"batch\": %ld, \"sequence\": %ld, \"precision\": "
-      "\"%s\", \"tokens_per_s\": %.0f, \"step_ms\": %.1f, \"peak_gib\": %.2f, \"loss\": %.4f}\n",
+      "\"%s\", \"cuda_graph\": %s, \"tokens_per_s\": %.0f, \"step_ms\": %.1f, \"peak_gib\": %.2f, \"loss\": %.4f}\n",
       spec.model.family.c_str(), static_cast<long>(params), static_cast<long>(spec.train.global_batch),
-      static_cast<long>(spec.model.sequence), spec.train.precision.c_str(),
+      static_cast<long>(spec.model.sequence), spec.train.precision.c_str(), trainer.last_step_replayed_graph() ? "true" : "false",
       steps * spec.train.global_batch * spec.model.sequence / seconds, 1000 * seconds / steps,
       peak_bytes / double(1ull << 30), loss);
   return 0;

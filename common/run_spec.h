@@ -10,7 +10,8 @@
 //               config.json fills every other [model] field; docs/models.md)
 //   [data]      path, format = "bytes" | "u16" | "u32" | "npy", documents, sample_within_documents
 //   [train]     steps, global_batch, lr, lr_schedule, warmup_steps, min_lr, weight_decay, beta1,
-//               beta2, eps, grad_clip, seed, checkpoint_every, keep_checkpoints, precision
+//               beta2, eps, grad_clip, seed, checkpoint_every, keep_checkpoints, precision,
+//               cuda_graphs
 //   [parallel]  dp, pp, tp, micro_batch, zero, recompute (a train run takes dp x pp x tp workers)
 //   [worker]    threads (intra-op threads per CPU worker; 0 = LibTorch's default)
 //   [extract]   layers, sites, dtype, precision, batch, tokens (kind = "extract": capture
@@ -162,6 +163,9 @@ struct TrainSpec {
   int64_t warmup_steps = 0;
   double min_lr = 0.0;
   std::string precision = "fp32";  // or "bf16": bf16 compute, fp32 master weights (CUDA workers)
+  // CUDA workers: replay each step's forwards and backwards as one CUDA graph where the schedule
+  // is static (one pipeline stage, tp = 1, ZeRO < 3); false launches every kernel each step.
+  bool cuda_graphs = true;
 };
 
 struct ParallelSpec {

@@ -151,6 +151,13 @@ TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
   ExpectRejected(Valid() + "[parallel]\npp = 3\n", "parallel.pp = 3 exceeds model.layers = 2");
   ExpectRejected(Valid() + "[parallel]\ntp = 3\n", "parallel.tp = 3 does not divide model.heads");
   ExpectRejected(Valid() + "[parallel]\nrecompute = 1\n", "parallel.recompute must be true or false");
+  ExpectRejected(Valid("", "cuda_graphs = \"on\"\n"), "train.cuda_graphs must be true or false");
+  auto graphs_off = ParseRunSpec(Valid("", "cuda_graphs = false\n"), dir_, true);
+  ASSERT_TRUE(graphs_off.ok()) << graphs_off.status().ToString();
+  EXPECT_FALSE(graphs_off->train.cuda_graphs);
+  auto graphs_again = ParseRunSpec(RunSpecToToml(*graphs_off), dir_, true);
+  ASSERT_TRUE(graphs_again.ok()) << graphs_again.status().ToString();
+  EXPECT_FALSE(graphs_again->train.cuda_graphs);
   auto spec = ParseRunSpec(Valid() + "[parallel]\ndp = 2\npp = 2\ntp = 2\nzero = 3\nrecompute = true\n", dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_EQ(spec->parallel.workers(), 8);

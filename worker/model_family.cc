@@ -83,9 +83,18 @@ void ModelFamily::Initialize(const std::string& name, torch::Tensor& t) const {
 }
 
 std::pair<torch::Tensor, torch::Tensor> ModelFamily::RotaryHalf(const torch::Tensor& x) const {
+  const std::pair<std::string, int64_t> key{x.device().str(), x.size(1)};
+  std::lock_guard<std::mutex> lock(rotary_mutex_);
+  if (auto it = rotary_tables_.find(key); it != rotary_tables_.end()) return it->second;
+  // A handful of lengths in practice (the run's sequence, an extraction's batches); a caller
+  // cycling through many must not grow this without bound.
+  if (rotary_tables_.size() >= 16) rotary_tables_.clear();
+  torch::NoGradGuard no_grad;
   auto positions = torch::arange(x.size(1), torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
   auto freqs = torch::outer(positions, inv_freq_.to(x.device()));
-  return {freqs.cos().contiguous(), freqs.sin().contiguous()};
+  std::pair<torch::Tensor, torch::Tensor> tables{freqs.cos().contiguous(), freqs.sin().contiguous()};
+  rotary_tables_.emplace(key, tables);
+  return tables;
 }
 
 std::pair<torch::Tensor, torch::Tensor> ModelFamily::Rotary(const torch::Tensor& x) const {

@@ -15,6 +15,9 @@
 
 #include <torch/torch.h>
 
+#include <map>
+#include <mutex>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -83,6 +86,13 @@ class ModelFamily {
 
   ModelSpec spec_;
   torch::Tensor inv_freq_;  // [rotary_dims / 2], fp32, host
+
+ private:
+  // RotaryHalf's tables by (device, length), built once: every block of every step reads the
+  // same ones, and building them copies inv_freq_ from the host, which a CUDA graph capture
+  // (step_graph.h) cannot contain. Extraction and training may run on different threads.
+  mutable std::mutex rotary_mutex_;
+  mutable std::map<std::pair<std::string, int64_t>, std::pair<torch::Tensor, torch::Tensor>> rotary_tables_;
 };
 
 std::unique_ptr<ModelFamily> CreateModelFamily(const ModelSpec& spec);

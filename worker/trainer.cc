@@ -115,6 +115,10 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   drawn.clear();
   full.reset();
   optimizer_ = std::make_unique<UnitOptimizer>(*model_, context.spec.parallel.zero, mesh_.dp, position_.tp_rank, device_);
+  // A static schedule (step_graph.h): no pipeline sends, no collectives or gathers inside it.
+  const bool graphable = context.spec.train.cuda_graphs && device_.is_cuda() && mesh_.pp == 1 && mesh_.tp == 1 &&
+                         context.spec.parallel.zero < 3;
+  step_graph_ = std::make_unique<StepGraph>(device_, graphable);
 }
 
 Status Trainer::BuildGroups() {
@@ -163,7 +167,6 @@ Result<double> Trainer::Step() {
     const int64_t start = offsets[position_.dp_rank * local_batch + row];
     STRATA_RETURN_IF_ERROR(data_.Read(start, t + 1, w + row * (t + 1)));
   }
-  window = window.to(device_);
   // A test's memory spike in this step (fault_injector.h); freed with the step.
   torch::Tensor ballast;
   if (const int64_t bytes = context_.faults->StepBallastBytesPerSequence(step_ + 1, context_.rank); bytes > 0) {
@@ -174,10 +177,11 @@ Result<double> Trainer::Step() {
       return OutOfMemoryInStep(e);
     }
   }
-  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-  ResetPeakMemory(device_);
+  torch::Tensor loss_sum;
+  int64_t schedule_peak = 0;
   try {
-    STRATA_RETURN_IF_ERROR(RunSchedule(window, &loss_sum));
+    auto schedule = [this](const torch::Tensor& on_device, torch::Tensor* sum) { return RunSchedule(on_device, sum); };
+    STRATA_ASSIGN_OR_RETURN(loss_sum, step_graph_->Run(window, schedule, &schedule_peak));
   } catch (const std::exception& e) {
     // Out of memory, or a collective failed inside autograd (a peer was lost or the task was
     // cancelled). The micro-batches' activations are gone with the schedule's frame; the partly
@@ -191,7 +195,7 @@ Result<double> Trainer::Step() {
     return Unavailable(std::string("step ") + std::to_string(step_ + 1) + " failed: " + e.what());
   }
   model_->EndStep();
-  last_step_memory_.schedule_peak_bytes = PeakMemory(device_);
+  last_step_memory_.schedule_peak_bytes = schedule_peak;
   ResetPeakMemory(device_);
   auto loss = Update(loss_sum);
   last_step_memory_.update_peak_bytes = PeakMemory(device_);

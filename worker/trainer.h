@@ -34,6 +34,7 @@
 #include "shard/layout.h"
 #include "worker/optimizer.h"
 #include "worker/stage_model.h"
+#include "worker/step_graph.h"
 #include "worker/task.h"
 #include "worker/token_data.h"
 
@@ -81,6 +82,8 @@ class Trainer {
   int64_t step() const { return step_; }
   // Peak memory of the last Step's phases on this rank.
   const StepMemory& last_step_memory() const { return last_step_memory_; }
+  // Whether the last Step's forwards and backwards ran as a CUDA graph (step_graph.h).
+  bool last_step_replayed_graph() const { return step_graph_->replaying(); }
   // The global L2 norm of the last step's gradient (over every rank's share), before clipping.
   double last_grad_norm() const { return last_grad_norm_; }
 
@@ -129,6 +132,7 @@ class Trainer {
   std::unique_ptr<Communicator> dp_group_, tp_group_, pipe_forward_, pipe_backward_, tie_group_;
   std::unique_ptr<StageModel> model_;
   std::unique_ptr<UnitOptimizer> optimizer_;
+  std::unique_ptr<StepGraph> step_graph_;  // the schedule as one CUDA graph where it is static
   std::vector<torch::Tensor> checkpoint_blocks_;  // GPU workers: the page-locked host copy of the last checkpoint, reused
   int64_t step_ = 0;
   bool torn_ = false;

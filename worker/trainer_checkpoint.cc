@@ -37,6 +37,7 @@ namespace strata::worker {
 // dropped, so host memory holds one unit's state, not the whole checkpoint (a 7B model's full
 // state is ~112 GB on every rank that resumes).
 Status Trainer::Resume(const ResumePoint& resume) {
+  step_graph_->Reset();  // the loaded values go into the same tensors, but a graph is cheap to capture again
   const std::string where = "checkpoint of run " + resume.run_id + " at step " + std::to_string(resume.step);
   const auto start = std::chrono::steady_clock::now();
   std::map<std::string, size_t> unit_of;  // parameter name -> its unit

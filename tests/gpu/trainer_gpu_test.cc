@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <functional>
 #include <thread>
 
 #include <fstream>
@@ -27,7 +29,8 @@ class GpuTest : public ::testing::Test {
 };
 
 std::vector<double> Train(const std::string& corpus, torch::Device device, int steps,
-                          const std::string& precision = "fp32", const std::string& family = "gpt2", int64_t zero = 0) {
+                          const std::string& precision = "fp32", const std::string& family = "gpt2", int64_t zero = 0,
+                          const std::function<void(RunSpec&)>& adjust = {}, int* graph_steps = nullptr) {
   TaskContext context;
   context.run_id = "gpu";
   ModelSpec& m = context.spec.model;
@@ -45,6 +48,7 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
   context.spec.train.lr = 3e-3;
   context.spec.train.precision = precision;
   context.spec.parallel.zero = zero;
+  if (adjust) adjust(context.spec);
   auto comm = strata::worker::CreateSoloCommunicator();
   context.communicator = comm.get();
   auto data = TokenData::Load(context.spec.data, 256);
@@ -55,6 +59,7 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
     auto loss = trainer.Step();
     EXPECT_TRUE(loss.ok()) << loss.status().ToString();
     losses.push_back(loss.ok() ? *loss : 0.0);
+    if (graph_steps && trainer.last_step_replayed_graph()) ++*graph_steps;
   }
   return losses;
 }
@@ -64,6 +69,37 @@ TEST_F(GpuTest, CudaTrainingMatchesCpuInFp32) {
   auto gpu = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), 10);
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 2e-3 * cpu[i]) << "step " << i + 1;
   EXPECT_LT(gpu.back(), gpu.front());
+}
+
+// train.cuda_graphs: from the second step on, the forwards and backwards replay as one graph, and
+// the losses are those of the op-by-op run (the same kernels in the same order; only attention's
+// backward may add in another order). With gradient accumulation (4 micro-batches) and ZeRO-1.
+TEST_F(GpuTest, CudaGraphStepsGiveTheLossesOfOpByOpSteps) {
+  const int steps = 12;
+  for (const std::string family : {"gpt2", "llama"}) {
+    for (const std::string precision : {"fp32", "bf16"}) {
+      for (const int64_t micro : {int64_t{0}, int64_t{2}}) {
+        const std::string what = family + " " + precision + " micro_batch " + std::to_string(micro);
+        auto eager = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, micro ? 1 : 0,
+                           [&](RunSpec& spec) {
+                             spec.train.cuda_graphs = false;
+                             spec.parallel.micro_batch = micro;
+                           });
+        int graph_steps = 0;
+        auto graphed = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, micro ? 1 : 0,
+                             [&](RunSpec& spec) { spec.parallel.micro_batch = micro; }, &graph_steps);
+        EXPECT_EQ(graph_steps, steps - 1) << what << ": the first step runs eagerly, every later one as the graph";
+        const double bound = precision == "fp32" ? 1e-5 : 2e-3;
+        double worst = 0;
+        for (int i = 0; i < steps; ++i) {
+          worst = std::max(worst, std::abs(graphed[i] - eager[i]) / eager[i]);
+          EXPECT_NEAR(graphed[i], eager[i], bound * eager[i]) << what << " step " << i + 1;
+        }
+        std::printf("%s: largest relative loss difference graph vs op by op %.3g\n", what.c_str(), worst);
+        EXPECT_LT(graphed.back(), graphed.front()) << what;
+      }
+    }
+  }
 }
 
 TEST_F(GpuTest, AutocastGuardRunsMatmulsInBf16OnlyWhileAlive) {
