@@ -206,6 +206,27 @@ int main(int argc, char** argv) {
                       1e3 * Seconds([&] { grad_of(torch::silu(gl) * ul, {gl, ul}, dy); }, iterations), 16.0 * n});
     }
     {
+      // GPT-2 124M's MLP up projection at 8 x 1024 tokens: bias + GELU (tanh) on its bf16 output.
+      const int64_t r = 8192, c = 3072, n = r * c;
+      auto h = torch::randn({r, c}, bf16), dy = torch::randn({r, c}, bf16), bias = torch::randn({c}, opts);
+      auto y = torch::empty_like(h), dh = torch::empty_like(h);
+      auto db = torch::empty({strata::kernels::BiasPartialRows(place, r), c}, opts);
+      rows.push_back({"BiasGelu (fwd+bwd), GPT-2 MLP", "kernels (fused)", n,
+                      1e3 * Seconds([&] {
+                        strata::kernels::BiasGeluForward(place, strata::kernels::Gelu::kTanh, DType::kBFloat16, h.data_ptr(),
+                                                         bias.data_ptr<float>(), y.data_ptr(), r, c);
+                        strata::kernels::BiasGeluBackward(place, strata::kernels::Gelu::kTanh, DType::kBFloat16, h.data_ptr(),
+                                                          bias.data_ptr<float>(), dy.data_ptr(), dh.data_ptr(), db.data_ptr<float>(), r, c);
+                        db.sum(0);
+                      }, iterations),
+                      10.0 * n});
+      // The form before: the bf16 bias inside the matmul (here an add), LibTorch's GELU, and
+      // autograd's bias gradient (a bf16 column sum).
+      auto hl = h.clone().requires_grad_(true), bl = bias.to(torch::kBFloat16).requires_grad_(true);
+      rows.push_back({"BiasGelu (fwd+bwd), GPT-2 MLP", "LibTorch gelu(h + b) + autograd", n,
+                      1e3 * Seconds([&] { grad_of(torch::gelu(hl + bl, "tanh"), {hl, bl}, dy); }, iterations), 10.0 * n});
+    }
+    {
       const int64_t b = 8, t = 2048, heads = 16, hd = 128, n = b * t * heads * hd;
       auto x = torch::randn({b, t, heads, hd}, bf16), dy = torch::randn({b, t, heads, hd}, bf16);
       auto y = torch::empty_like(x), dx = torch::empty_like(x);

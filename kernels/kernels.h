@@ -47,6 +47,15 @@
 //   passes through): for x [batch, seq, heads, head_dim], position p of its row, h = rotary_dims/2,
 //     y_i = x_i cos_{p,i} - x_{i+h} sin_{p,i},   y_{i+h} = x_{i+h} cos_{p,i} + x_i sin_{p,i}   (i < h)
 //   with cos, sin [seq, h] fp32. Its backward is the same rotation with -sin (`inverse`).
+//   BiasGelu (GPT-2's and GPT-NeoX's MLP: the bias of the up projection and its GELU, on the
+//   matmul's output h [rows, cols] with the bias [cols] fp32):
+//     z = h + b,   y = gelu(z)
+//     tanh (GPT-2's gelu_new):  gelu(z) = z/2 (1 + tanh(k (z + 0.044715 z^3))),  k = sqrt(2/pi)
+//       gelu'(z) = (1 + t)/2 + z/2 (1 - t^2) k (1 + 3 0.044715 z^2),  t = tanh(k (z + 0.044715 z^3))
+//     erf:  gelu(z) = z/2 (1 + erf(z / sqrt 2)),  gelu'(z) = (1 + erf(z / sqrt 2))/2 + z exp(-z^2/2) / sqrt(2 pi)
+//     dh = dy gelu'(z) (z recomputed from the saved h),  db = sum_rows dh (before rounding dh),
+//   as fp32 partial sums [BiasPartialRows(place, rows), cols] the caller adds up. What it
+//   replaces: the bias inside the matmul, a GELU kernel each way, and a bf16 column reduction.
 #pragma once
 
 #include <cstdint>
@@ -107,6 +116,13 @@ struct RotaryShape {
 void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
             const float* sin, bool inverse);
 
+enum class Gelu { kTanh, kErf };
+// h, y, dy and dh in one dtype; bias fp32.
+void BiasGeluForward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, void* y, int64_t rows, int64_t cols);
+int64_t BiasPartialRows(const Place& place, int64_t rows);
+void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, const void* dy, void* dh,
+                      float* dbias_partials, int64_t rows, int64_t cols);
+
 // The CPU references (what the Place-dispatching calls run on the CPU).
 void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                     const float* decay_mask, int64_t n);
@@ -126,5 +142,9 @@ void SwiGluForwardReference(DType dtype, const void* gate, const void* up, void*
 void SwiGluBackwardReference(DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n);
 void RotaryReference(const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
                      const float* sin, bool inverse);
+void BiasGeluForwardReference(Gelu kind, DType dtype, const void* h, const float* bias, void* y, int64_t rows, int64_t cols);
+// One partial row: dbias_partials [cols].
+void BiasGeluBackwardReference(Gelu kind, DType dtype, const void* h, const float* bias, const void* dy, void* dh,
+                               float* dbias_partials, int64_t rows, int64_t cols);
 
 }  // namespace strata::kernels

@@ -30,8 +30,10 @@ class Gpt2Family : public ModelFamily {
     const torch::Tensor& x = out.resid_pre;
     const torch::ScalarType compute = compat::ComputeType(x);
     auto a = tp.enter(FusedLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute));
-    // [b, t, 3 * heads * hd] -> 3 x [b, heads, t, hd]
-    auto qkv = torch::linear(a, p("c_attn.weight"), p("c_attn.bias")).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
+    // [b, t, 3 * heads * hd] -> 3 x [b, heads, t, hd]. One unbind, not three indexings: its
+    // backward stacks the three gradients in one copy, where indexing would give each its own
+    // zero-filled [3, ...] buffer and add them up.
+    const auto qkv = torch::linear(a, p("c_attn.weight"), p("c_attn.bias")).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4}).unbind(0);
     out.q = qkv[0].transpose(1, 2);
     out.k = qkv[1].transpose(1, 2);
     out.v = qkv[2].transpose(1, 2);
@@ -40,7 +42,8 @@ class Gpt2Family : public ModelFamily {
     out.attn_out = Patched(request, "attn_out", Projected(y, p, "attn_proj", tp));
     out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
     auto m = tp.enter(FusedLayerNorm(out.resid_mid, p("ln_2.weight"), p("ln_2.bias"), eps, compute));
-    out.mlp_hidden = Patched(request, "mlp_hidden", Activation(torch::linear(m, p("c_fc.weight"), p("c_fc.bias"))));
+    // The bias and the GELU in one kernel each way (kernels.h BiasGelu), after a bias-free matmul.
+    out.mlp_hidden = Patched(request, "mlp_hidden", FusedBiasGelu(torch::linear(m, p("c_fc.weight")), p("c_fc.bias"), /*tanh=*/true));
     out.mlp_out = Patched(request, "mlp_out", Projected(out.mlp_hidden, p, "mlp_proj", tp));
     out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);
     return out;

@@ -45,7 +45,8 @@ class GptNeoxFamily : public ModelFamily {
     out.resid_mid = Patched(request, "resid_mid", mid);
     const torch::Tensor& mlp_in = spec_.parallel_residual ? x : out.resid_mid;
     auto m = tp.enter(LayerNorm(mlp_in, p, "post_attention_layernorm"));
-    out.mlp_hidden = Patched(request, "mlp_hidden", Activation(torch::linear(m, p("mlp.dense_h_to_4h.weight"), p("mlp.dense_h_to_4h.bias"))));
+    out.mlp_hidden = Patched(request, "mlp_hidden", FusedBiasGelu(torch::linear(m, p("mlp.dense_h_to_4h.weight")), p("mlp.dense_h_to_4h.bias"),
+                                                                  /*tanh=*/spec_.activation == "gelu_tanh"));
     out.mlp_out = Patched(request, "mlp_out", tp.leave(torch::linear(out.mlp_hidden, p("mlp.dense_4h_to_h.weight"))) + p("mlp.dense_4h_to_h.bias"));
     // transformers adds mlp + attn + x (parallel) and mlp + (attn + x) (sequential); kept in
     // that order (fp32 addition is not associative) unless resid_mid was patched.

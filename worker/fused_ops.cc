@@ -131,8 +131,43 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
     return {dx.to(x_type), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
+// The bias of an up projection and its GELU (kernels.h): h is the matmul's output without the
+// bias; z = h + b is recomputed in the backward from the saved h instead of being kept.
+struct BiasGeluFunction : torch::autograd::Function<BiasGeluFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor h_in, torch::Tensor bias_in, int64_t kind) {
+    const torch::Tensor h = Ready(h_in), bias = bias_in.to(torch::kFloat).contiguous();
+    const int64_t cols = h.size(-1), rows = h.numel() / cols;
+    auto y = torch::empty_like(h);
+    kernels::BiasGeluForward(KernelPlace(h.device()), static_cast<kernels::Gelu>(kind), KernelType(h.scalar_type()), h.data_ptr(),
+                             bias.data_ptr<float>(), y.data_ptr(), rows, cols);
+    ctx->save_for_backward({h, bias});
+    ctx->saved_data["kind"] = kind;
+    ctx->saved_data["h_type"] = static_cast<int64_t>(h_in.scalar_type());
+    ctx->saved_data["b_type"] = static_cast<int64_t>(bias_in.scalar_type());
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &h = saved[0], &bias = saved[1];
+    const torch::Tensor dy = grad[0].to(h.scalar_type()).contiguous();
+    const int64_t cols = h.size(-1), rows = h.numel() / cols;
+    const kernels::Place place = KernelPlace(h.device());
+    auto dh = torch::empty_like(h);
+    auto partials = torch::empty({kernels::BiasPartialRows(place, rows), cols}, h.options().dtype(torch::kFloat));
+    kernels::BiasGeluBackward(place, static_cast<kernels::Gelu>(ctx->saved_data["kind"].toInt()), KernelType(h.scalar_type()), h.data_ptr(),
+                              bias.data_ptr<float>(), dy.data_ptr(), dh.data_ptr(), partials.data_ptr<float>(), rows, cols);
+    return {dh.to(static_cast<torch::ScalarType>(ctx->saved_data["h_type"].toInt())),
+            partials.sum(0).to(static_cast<torch::ScalarType>(ctx->saved_data["b_type"].toInt())), torch::Tensor()};
+  }
+};
 
 }  // namespace
+
+torch::Tensor FusedBiasGelu(const torch::Tensor& h, const torch::Tensor& bias, bool tanh_approximation) {
+  TORCH_CHECK(bias.dim() == 1 && h.size(-1) == bias.size(0), "FusedBiasGelu: bias [cols] for h [..., cols]");
+  return BiasGeluFunction::apply(h, bias, static_cast<int64_t>(tanh_approximation ? kernels::Gelu::kTanh : kernels::Gelu::kErf));
+}
 
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::ScalarType out_type) {
   TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "FusedRmsNorm: weight [cols] for x [..., cols]");

@@ -19,6 +19,10 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
 torch::Tensor FusedLayerNorm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps,
                              torch::ScalarType out_type);
 
+// gelu(h + bias) in h's dtype: the tanh approximation (GPT-2's gelu_new) or the exact erf form;
+// bias [cols] read as fp32, h the up projection's output [..., cols] without its bias.
+torch::Tensor FusedBiasGelu(const torch::Tensor& h, const torch::Tensor& bias, bool tanh_approximation);
+
 // silu(gate) * up, elementwise, in gate's dtype.
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 

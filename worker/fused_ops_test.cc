@@ -86,6 +86,23 @@ TEST(FusedOpsTest, SwiGluEqualsSiluTimesUpAndItsGradients) {
   EXPECT_LE(rb.grads[1], 2.0 / 128);
 }
 
+TEST(FusedOpsTest, BiasGeluEqualsGeluOfTheBiasedInputAndItsGradients) {
+  torch::manual_seed(5);
+  const auto h = torch::randn({4, 6, 40}) * 2, b = torch::randn({40});
+  for (const bool tanh : {true, false}) {
+    const auto r = Compare({h, b}, [&](auto& v) { return FusedBiasGelu(v[0], v[1], tanh); },
+                           [&](auto& v) { return torch::gelu(v[0] + v[1], tanh ? "tanh" : "none"); });
+    EXPECT_LE(r.value, 1e-6) << "tanh " << tanh;
+    EXPECT_LE(r.grads[0], 1e-5) << "tanh " << tanh;
+    EXPECT_LE(r.grads[1], 1e-5) << "tanh " << tanh;  // the bias: the column sums of dh
+    // bf16 storage (autocast's matmul output): the fp32 result rounded once.
+    const auto hb = h.to(torch::kBFloat16);
+    const auto y = FusedBiasGelu(hb, b, tanh);
+    EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+    EXPECT_LE(MaxRelative(y, torch::gelu(hb.to(torch::kFloat) + b, tanh ? "tanh" : "none")), 1.0 / 128);
+  }
+}
+
 // transformers' rotate_half RoPE on [b, heads, t, hd] with duplicated-half cos, sin.
 torch::Tensor PlainRotary(const torch::Tensor& x_bthd, const torch::Tensor& cos, const torch::Tensor& sin, int64_t rot) {
   auto x = x_bthd.transpose(1, 2);

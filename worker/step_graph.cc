@@ -127,7 +127,7 @@ Result<torch::Tensor> StepGraph::Run(const torch::Tensor& window, const Schedule
           graph.reset();
           s.phase = State::Phase::kOff;
           const auto line = failure.find('\n');
-          STRATA_LOG(kWarning) << "the step could not be captured as a CUDA graph (" << failure.substr(0, line)
+          STRATA_LOG(kWarn) << "the step could not be captured as a CUDA graph (" << failure.substr(0, line)
                                << "); it runs op by op from now on (train.cuda_graphs = false skips the attempt)";
           break;  // out stays empty: run eagerly below, off the side stream
         }

@@ -178,5 +178,35 @@ TEST_F(KernelsGpuTest, SwiGluAndRotaryEqualTheReference) {
   }
 }
 
+// Vectorised (cols a multiple of the pack) and element paths, both GELU forms; the bias
+// gradient's partial rows added up on the host.
+TEST_F(KernelsGpuTest, BiasGeluForwardAndBackwardEqualTheReference) {
+  torch::manual_seed(12);
+  for (auto t : {torch::kFloat, torch::kBFloat16}) {
+    for (const int64_t cols : {int64_t{3072}, int64_t{1001}}) {
+      for (const Gelu kind : {Gelu::kTanh, Gelu::kErf}) {
+        const int64_t rows = 2053;
+        auto h = (torch::randn({rows, cols}) * 2).to(t), dy = torch::randn({rows, cols}).to(t);
+        auto bias = torch::randn({cols});
+        auto y = torch::empty_like(h), dh = torch::empty_like(h), db = torch::empty({cols});
+        BiasGeluForwardReference(kind, Of(t), h.data_ptr(), bias.data_ptr<float>(), y.data_ptr(), rows, cols);
+        BiasGeluBackwardReference(kind, Of(t), h.data_ptr(), bias.data_ptr<float>(), dy.data_ptr(), dh.data_ptr(), db.data_ptr<float>(),
+                                  rows, cols);
+        auto hd = h.cuda(), dyd = dy.cuda(), bd = bias.cuda();
+        auto yd = torch::empty_like(hd), dhd = torch::empty_like(hd);
+        auto partials = torch::empty({BiasPartialRows(place_, rows), cols}, bd.options());
+        BiasGeluForward(place_, kind, Of(t), hd.data_ptr(), bd.data_ptr<float>(), yd.data_ptr(), rows, cols);
+        BiasGeluBackward(place_, kind, Of(t), hd.data_ptr(), bd.data_ptr<float>(), dyd.data_ptr(), dhd.data_ptr(), partials.data_ptr<float>(),
+                         rows, cols);
+        const std::string what = std::string(t == torch::kFloat ? "fp32" : "bf16") + " cols " + std::to_string(cols) +
+                                 (kind == Gelu::kTanh ? " tanh" : " erf");
+        EXPECT_LE(MaxRelative(yd.to(torch::kFloat), y.to(torch::kFloat)), Bound(t)) << what;
+        EXPECT_LE(MaxRelative(dhd.to(torch::kFloat), dh.to(torch::kFloat)), Bound(t)) << what;
+        EXPECT_LE(MaxRelative(partials.sum(0), db), 1e-5) << what;  // fp32 sums in another order
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::kernels
