@@ -9,6 +9,9 @@
 // form they replaced (autocast's dtypes: fp32 residual in, bf16 out) differentiated by autograd.
 // "Bytes it must move" counts each input read once and each output written once, fwd + bwd.
 //
+// The residual norms (AddRmsNorm, AddLayerNorm with the backward's residual gradient) against
+// LibTorch's add, norm and autograd at the same shapes.
+//
 // Prints one JSON line per (kernel, implementation, size) and a markdown table. Needs a CUDA build.
 #include <chrono>
 #include <cstdio>
@@ -189,6 +192,59 @@ int main(int argc, char** argv) {
                         }
                       }, iterations),
                       16.0 * c.rows * c.cols});
+    }
+    // The residual add and the norm after it (resid_mid = x + attn_out; m = norm(resid_mid)),
+    // forward and backward with both outputs' gradients: fp32 residual x, bf16 sublayer output
+    // a and norm output y, as under autocast. Bytes: forward reads x (4) and a (2) and writes s
+    // (4) and y (2); backward reads s (4), dy (2) and d_residual (4) and writes ds (4) and its
+    // bf16 copy da (2) - 28 a column. LibTorch: the add, the norm, autograd's fp32 add of s's two
+    // gradients and the cast of da, which the fused pair does in its two kernels.
+    for (const NormCase& c : {NormCase{"AddRmsNorm (fwd+bwd), Llama 2048", 16384, 2048, false},
+                              NormCase{"AddLayerNorm (fwd+bwd), GPT-2 768", 8192, 768, true}}) {
+      auto x = torch::randn({c.rows, c.cols}, opts), a = torch::randn({c.rows, c.cols}, bf16);
+      auto w = torch::randn({c.cols}, opts), b = torch::randn({c.cols}, opts);
+      auto dy = torch::randn({c.rows, c.cols}, bf16), d_residual = torch::randn({c.rows, c.cols}, opts);
+      auto s = torch::empty_like(x), y = torch::empty({c.rows, c.cols}, bf16), ds = torch::empty_like(x), da = torch::empty_like(a);
+      auto mean = torch::empty({c.rows}, opts), rstd = torch::empty({c.rows}, opts);
+      auto dw = torch::empty({strata::kernels::NormWeightPartialRows(place, c.rows), c.cols}, opts), db = torch::empty_like(dw);
+      const strata::kernels::NormResidualGrad residual{d_residual.data_ptr(), da.data_ptr(), DType::kBFloat16};
+      rows.push_back({c.name, "kernels (fused add + norm, residual gradient in the backward)", c.rows * c.cols,
+                      1e3 * Seconds([&] {
+                        if (c.centered) {
+                          strata::kernels::AddLayerNormForward(place, DType::kFloat32, x.data_ptr(), DType::kBFloat16, a.data_ptr(), s.data_ptr(),
+                                                               w.data_ptr<float>(), b.data_ptr<float>(), DType::kBFloat16, y.data_ptr(),
+                                                               mean.data_ptr<float>(), rstd.data_ptr<float>(), c.rows, c.cols, 1e-5f);
+                          strata::kernels::LayerNormBackward(place, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), mean.data_ptr<float>(),
+                                                             rstd.data_ptr<float>(), DType::kBFloat16, dy.data_ptr(), ds.data_ptr(),
+                                                             dw.data_ptr<float>(), db.data_ptr<float>(), c.rows, c.cols, residual);
+                          db.sum(0);
+                        } else {
+                          strata::kernels::AddRmsNormForward(place, DType::kFloat32, x.data_ptr(), DType::kBFloat16, a.data_ptr(), s.data_ptr(),
+                                                             w.data_ptr<float>(), DType::kBFloat16, y.data_ptr(), rstd.data_ptr<float>(), c.rows,
+                                                             c.cols, 1e-5f);
+                          strata::kernels::RmsNormBackward(place, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(),
+                                                           DType::kBFloat16, dy.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(), c.rows, c.cols,
+                                                           residual);
+                        }
+                        dw.sum(0);
+                      }, iterations),
+                      28.0 * c.rows * c.cols});
+      auto xl = x.clone().requires_grad_(true), al = a.clone().requires_grad_(true);
+      auto wl = w.clone().requires_grad_(true), bl = b.clone().requires_grad_(true);
+      rows.push_back({c.name, "LibTorch x + a, the norm (fp32, cast to bf16) + autograd", c.rows * c.cols,
+                      1e3 * Seconds([&] {
+                        auto sum = xl + al;
+                        torch::Tensor out;
+                        std::vector<torch::Tensor> inputs = {xl, al, wl};
+                        if (c.centered) {
+                          out = torch::layer_norm(sum, {c.cols}, wl, bl, 1e-5).to(torch::kBFloat16);
+                          inputs.push_back(bl);
+                        } else {
+                          out = (wl * (sum * torch::rsqrt(sum.pow(2).mean(-1, true) + 1e-5))).to(torch::kBFloat16);
+                        }
+                        torch::autograd::grad({sum, out}, inputs, {d_residual, dy});
+                      }, iterations),
+                      28.0 * c.rows * c.cols});
     }
     {
       const int64_t n = int64_t{16384} * 5632;  // Llama 886M's MLP hidden at 8 x 2048 tokens

@@ -1,10 +1,14 @@
-// CUDA versions of kernels.h's block pieces (RmsNorm, SwiGlu, Rotary); the maths is in kernels.h.
-// All are memory-bound: each reads its inputs once and writes its outputs once (the norms read
-// a row two or three times, after the first from L1), in the storage dtypes, computing in fp32.
-//   norm forward   one warp per row: sums by warp shuffles, then the scaled row.
+// CUDA versions of kernels.h's block pieces (RmsNorm, LayerNorm and their residual-add forms,
+// SwiGlu, Rotary); the maths is in kernels.h. All are memory-bound: each reads its inputs once
+// and writes its outputs once (the norms read a row two or three times, after the first from
+// L1), in the storage dtypes, computing in fp32.
+//   norm forward   one warp per row: sums by warp shuffles, then the scaled row. With an addend
+//                  (AddRmsNorm, AddLayerNorm) each pass reads x and a and forms s = x + a (the
+//                  same value every time), and the last also stores s.
 //   norm backward  a grid of a few blocks per SM taking rows in turn, a warp per row (<= 1024
 //                  columns; each warp's dw (db) partial sums in its own slice of shared memory,
-//                  added in warp order) or a block per row (wider; block reductions).
+//                  added in warp order) or a block per row (wider; block reductions). The
+//                  residual gradient, when given, is added to dx as it is stored.
 //   SwiGlu, Rotary elementwise, grid-stride, in 16-byte (SwiGlu) or 4-element (Rotary) packs.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,6 +30,9 @@ __device__ inline float Load(const float* p, int64_t i) { return p[i]; }
 __device__ inline float Load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 __device__ inline void Store(float* p, int64_t i, float x) { p[i] = x; }
 __device__ inline void Store(__nv_bfloat16* p, int64_t i, float x) { p[i] = __float2bfloat16_rn(x); }
+// x rounded to the dtype `p` points to (as Store then Load would give it back).
+__device__ inline float RoundedAs(const float*, float x) { return x; }
+__device__ inline float RoundedAs(const __nv_bfloat16*, float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 constexpr int kNormThreads = 256;
 
@@ -60,9 +67,10 @@ int ElementBlocks(int64_t n) {
 // flight; each writes one partial row of dw.
 int64_t NormPartialRows(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, int64_t(SmCount()) * 8)); }
 
-// ---- RmsNorm and LayerNorm: one pair of kernels, kCentered for LayerNorm (mu and bias).
+// ---- RmsNorm and LayerNorm: one pair of kernels, kCentered for LayerNorm (mu and bias), kAdd
+// for the forward of the norm of a residual add (s = x + a, the norm's input).
 //   xhat = (x - mu) r;  y = w xhat (+ b)
-//   dx = r (g - [mean(g)] - xhat mean(g xhat)),  g = w dy;  dw = sum dy xhat;  db = sum dy
+//   dx = r (g - [mean(g)] - xhat mean(g xhat)) (+ d_residual),  g = w dy;  dw = sum dy xhat;  db = sum dy
 // One warp per row: the row's reductions are warp shuffles (no block barriers), and a row
 // (3-16 KB) stays in L1 between the passes over it. Rows of a model's width are short enough
 // that a block per row spends more time in barriers than in loads (measured: 1.2-1.6 TB/s).
@@ -74,22 +82,32 @@ __device__ inline float WarpSum(float v) {
   return v;  // the same in every lane: a fixed butterfly order
 }
 
-template <bool kCentered, typename TX, typename TY>
-__global__ void __launch_bounds__(kNormWarps * 32) NormForwardKernel(const TX* x, const float* w, const float* b, TY* y, float* mean,
-                                                                     float* rstd, int64_t rows, int64_t cols, float eps) {
+// The norm's input at column j of a row: x, or (kAdd) s = x + a as stored in x's dtype - the
+// value the unfused form's norm would read back, so the two forms' y are equal.
+template <bool kAdd, typename TX, typename TA>
+__device__ inline float NormInput(const TX* xr, const TA* ar, int64_t j) {
+  if (kAdd) return RoundedAs(xr, Load(xr, j) + Load(ar, j));
+  return Load(xr, j);
+}
+
+// kAdd: a (the addend) and s (the sum, stored in x's dtype) [rows, cols]; else both null.
+template <bool kCentered, bool kAdd, typename TX, typename TA, typename TY>
+__global__ void __launch_bounds__(kNormWarps * 32) NormForwardKernel(const TX* x, const TA* a, TX* s, const float* w, const float* b, TY* y,
+                                                                     float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
   const int64_t row = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   const TX* xr = x + row * cols;
+  const TA* ar = kAdd ? a + row * cols : nullptr;
   float mu = 0;
   if (kCentered) {
     float sum = 0;
-    for (int64_t j = lane; j < cols; j += 32) sum += Load(xr, j);
+    for (int64_t j = lane; j < cols; j += 32) sum += NormInput<kAdd>(xr, ar, j);
     mu = WarpSum(sum) / static_cast<float>(cols);
   }
   float squares = 0;
   for (int64_t j = lane; j < cols; j += 32) {
-    const float v = Load(xr, j) - mu;
+    const float v = NormInput<kAdd>(xr, ar, j) - mu;
     squares += v * v;
   }
   const float inv = rsqrtf(WarpSum(squares) / static_cast<float>(cols) + eps);
@@ -98,17 +116,31 @@ __global__ void __launch_bounds__(kNormWarps * 32) NormForwardKernel(const TX* x
     if (kCentered) mean[row] = mu;
   }
   TY* yr = y + row * cols;
+  TX* sr = kAdd ? s + row * cols : nullptr;
   for (int64_t j = lane; j < cols; j += 32) {
-    const float v = w[j] * ((Load(xr, j) - mu) * inv);
+    const float in = NormInput<kAdd>(xr, ar, j);
+    if (kAdd) Store(sr, j, in);
+    const float v = w[j] * ((in - mu) * inv);
     Store(yr, j, kCentered ? v + b[j] : v);
   }
 }
 
+// dx_j of a norm backward stored: plus the residual gradient (dr, when not null) and again in
+// the copy's dtype (dc, when not null). __fadd_rn is never contracted with the product that made
+// dx_norm, so ds is the unfused form's (dx_norm rounded, then added) bit for bit in fp32.
+template <typename TX, typename TC>
+__device__ inline void StoreDx(TX* dxr, const TX* dr, TC* dc, int64_t j, float dx_norm) {
+  const float ds = dr != nullptr ? __fadd_rn(Load(dr, j), dx_norm) : dx_norm;
+  Store(dxr, j, ds);
+  if (dc != nullptr) Store(dc, j, ds);
+}
+
 // Warps of a block take rows in turn; each warp sums its rows' dw (and db) into its own slice
 // of shared memory, and the block adds the slices in warp order at the end: deterministic.
-template <bool kCentered, typename TX, typename TD>
-__global__ void NormBackwardKernel(const TX* x, const float* w, const float* mean, const float* rstd, const TD* dy, TX* dx,
-                                   float* dw_partials, float* db_partials, int64_t rows, int64_t cols) {
+// d_residual (x's dtype) and dx_copy (TC) [rows, cols] or null: NormResidualGrad's.
+template <bool kCentered, typename TX, typename TD, typename TC>
+__global__ void NormBackwardKernel(const TX* x, const float* w, const float* mean, const float* rstd, const TD* dy, const TX* d_residual,
+                                   TX* dx, TC* dx_copy, float* dw_partials, float* db_partials, int64_t rows, int64_t cols) {
   extern __shared__ float sums[];  // [warps][kCentered ? 2 : 1][cols]
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t slice = (kCentered ? 2 : 1) * cols;
@@ -133,9 +165,11 @@ __global__ void NormBackwardKernel(const TX* x, const float* w, const float* mea
     const float c2 = WarpSum(gx_sum) / static_cast<float>(cols);
     const float c1 = kCentered ? WarpSum(g_sum) / static_cast<float>(cols) : 0.0f;
     TX* dxr = dx + row * cols;
+    const TX* drr = d_residual != nullptr ? d_residual + row * cols : nullptr;
+    TC* dcr = dx_copy != nullptr ? dx_copy + row * cols : nullptr;
     for (int64_t j = lane; j < cols; j += 32) {
       const float xhat = (Load(xr, j) - mu) * inv;
-      Store(dxr, j, inv * (w[j] * Load(dyr, j) - c1 - xhat * c2));
+      StoreDx(dxr, drr, dcr, j, inv * (w[j] * Load(dyr, j) - c1 - xhat * c2));
     }
   }
   __syncthreads();
@@ -154,10 +188,10 @@ __global__ void NormBackwardKernel(const TX* x, const float* w, const float* mea
 // block's dw (db) partial sums in shared memory for the columns its threads own. Measured on an
 // H200 for Llama's 2048: faster than a warp per row, whose per-warp slices of shared memory
 // (8 KB a warp) leave too few warps per SM to keep loads in flight.
-template <bool kCentered, typename TX, typename TD>
+template <bool kCentered, typename TX, typename TD, typename TC>
 __global__ void __launch_bounds__(kNormThreads) NormBackwardBlockKernel(const TX* x, const float* w, const float* mean, const float* rstd,
-                                                                   const TD* dy, TX* dx, float* dw_partials, float* db_partials,
-                                                                   int64_t rows, int64_t cols) {
+                                                                   const TD* dy, const TX* d_residual, TX* dx, TC* dx_copy,
+                                                                   float* dw_partials, float* db_partials, int64_t rows, int64_t cols) {
   // [cols] dw partial sums, then (LayerNorm) [cols] db: thread t owns columns t + k * kNormThreads.
   extern __shared__ float sums[];
   float* dw = sums;
@@ -184,9 +218,11 @@ __global__ void __launch_bounds__(kNormThreads) NormBackwardBlockKernel(const TX
     const float c2 = BlockSum(gx_sum, scratch) / static_cast<float>(cols);
     const float c1 = kCentered ? BlockSum(g_sum, scratch) / static_cast<float>(cols) : 0.0f;
     TX* dxr = dx + row * cols;
+    const TX* drr = d_residual != nullptr ? d_residual + row * cols : nullptr;
+    TC* dcr = dx_copy != nullptr ? dx_copy + row * cols : nullptr;
     for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
       const float xhat = (Load(xr, j) - mu) * inv;
-      Store(dxr, j, inv * (w[j] * Load(dyr, j) - c1 - xhat * c2));
+      StoreDx(dxr, drr, dcr, j, inv * (w[j] * Load(dyr, j) - c1 - xhat * c2));
     }
   }
   for (int64_t j = threadIdx.x; j < cols; j += kNormThreads) {
@@ -308,14 +344,26 @@ void WithType(DType dtype, void* p, F f) {
 
 namespace {
 
+// `addend` null: the plain norm of x (`sum` unused); else the norm of s = x + addend, stored in `sum`.
 template <bool kCentered>
-void NormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
-                 float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+void NormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, const float* weight,
+                 const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
   auto stream = static_cast<cudaStream_t>(place.stream);
+  const auto blocks = static_cast<unsigned>((rows + kNormWarps - 1) / kNormWarps);
   WithType(x_dtype, x, [&](auto xt) {
+    using TX = std::remove_const_t<std::remove_pointer_t<decltype(xt)>>;
     WithType(y_dtype, y, [&](auto yt) {
-      const auto blocks = static_cast<unsigned>((rows + kNormWarps - 1) / kNormWarps);
-      NormForwardKernel<kCentered><<<blocks, kNormWarps * 32, 0, stream>>>(xt, weight, bias, yt, mean, rstd, rows, cols, eps);
+      using TY = std::remove_pointer_t<decltype(yt)>;
+      if (addend == nullptr) {
+        NormForwardKernel<kCentered, false, TX, TX, TY>
+            <<<blocks, kNormWarps * 32, 0, stream>>>(xt, nullptr, nullptr, weight, bias, yt, mean, rstd, rows, cols, eps);
+      } else {
+        WithType(addend_dtype, addend, [&](auto at) {
+          using TA = std::remove_const_t<std::remove_pointer_t<decltype(at)>>;
+          NormForwardKernel<kCentered, true, TX, TA, TY><<<blocks, kNormWarps * 32, 0, stream>>>(xt, at, static_cast<TX*>(sum), weight, bias, yt,
+                                                                                                  mean, rstd, rows, cols, eps);
+        });
+      }
     });
   });
   STRATA_CUDA_CHECK(cudaGetLastError());
@@ -323,7 +371,8 @@ void NormForward(const Place& place, DType x_dtype, const void* x, const float* 
 
 template <bool kCentered>
 void NormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
-                  DType dy_dtype, const void* dy, void* dx, float* dw_partials, float* db_partials, int64_t rows, int64_t cols) {
+                  DType dy_dtype, const void* dy, void* dx, float* dw_partials, float* db_partials, int64_t rows, int64_t cols,
+                  const NormResidualGrad& residual) {
   auto stream = static_cast<cudaStream_t>(place.stream);
   const int blocks = static_cast<int>(NormPartialRows(rows));
   const size_t per_slice = static_cast<size_t>(cols) * sizeof(float) * (kCentered ? 2 : 1);
@@ -332,16 +381,20 @@ void NormBackward(const Place& place, DType x_dtype, const void* x, const float*
     using TX = std::remove_const_t<std::remove_pointer_t<decltype(xt)>>;
     WithType(dy_dtype, dy, [&](auto dyt) {
       using TD = std::remove_const_t<std::remove_pointer_t<decltype(dyt)>>;
-      // Narrow rows (GPT-2's 768): a warp per row, 8 warps a block, each with its own slice.
-      // Wide rows: a block per row (see NormBackwardBlockKernel).
-      const bool warp_rows = cols <= 1024;
-      auto kernel = warp_rows ? NormBackwardKernel<kCentered, TX, TD> : NormBackwardBlockKernel<kCentered, TX, TD>;
-      const int threads = warp_rows ? 8 * 32 : kNormThreads;
-      const size_t shared = warp_rows ? per_slice * 8 : per_slice;
-      if (shared > 48 * 1024) {
-        STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-      }
-      kernel<<<blocks, threads, shared, stream>>>(xt, weight, mean, rstd, dyt, static_cast<TX*>(dx), dw_partials, db_partials, rows, cols);
+      WithType(residual.copy_dtype, residual.dx_copy, [&](auto dct) {
+        using TC = std::remove_pointer_t<decltype(dct)>;
+        // Narrow rows (GPT-2's 768): a warp per row, 8 warps a block, each with its own slice.
+        // Wide rows: a block per row (see NormBackwardBlockKernel).
+        const bool warp_rows = cols <= 1024;
+        auto kernel = warp_rows ? NormBackwardKernel<kCentered, TX, TD, TC> : NormBackwardBlockKernel<kCentered, TX, TD, TC>;
+        const int threads = warp_rows ? 8 * 32 : kNormThreads;
+        const size_t shared = warp_rows ? per_slice * 8 : per_slice;
+        if (shared > 48 * 1024) {
+          STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+        }
+        kernel<<<blocks, threads, shared, stream>>>(xt, weight, mean, rstd, dyt, static_cast<const TX*>(residual.d_residual),
+                                                    static_cast<TX*>(dx), dct, dw_partials, db_partials, rows, cols);
+      });
     });
   });
   STRATA_CUDA_CHECK(cudaGetLastError());
@@ -352,30 +405,52 @@ void NormBackward(const Place& place, DType x_dtype, const void* x, const float*
 void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
                     int64_t rows, int64_t cols, float eps) {
   if (!place.cuda) return RmsNormForwardReference(x_dtype, x, weight, y_dtype, y, rstd, rows, cols, eps);
-  if (rows > 0) NormForward<false>(place, x_dtype, x, weight, nullptr, y_dtype, y, nullptr, rstd, rows, cols, eps);
+  if (rows > 0) NormForward<false>(place, x_dtype, x, x_dtype, nullptr, nullptr, weight, nullptr, y_dtype, y, nullptr, rstd, rows, cols, eps);
 }
 
 int64_t NormWeightPartialRows(const Place& place, int64_t rows) { return place.cuda ? NormPartialRows(rows) : 1; }
 
 void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
-                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols) {
-  if (!place.cuda) return RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols);
-  if (rows > 0) NormBackward<false>(place, x_dtype, x, weight, nullptr, rstd, dy_dtype, dy, dx, dweight_partials, nullptr, rows, cols);
+                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual) {
+  if (!place.cuda) return RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols, residual);
+  if (rows > 0) {
+    NormBackward<false>(place, x_dtype, x, weight, nullptr, rstd, dy_dtype, dy, dx, dweight_partials, nullptr, rows, cols, residual);
+  }
 }
 
 void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
                       float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
   if (!place.cuda) return LayerNormForwardReference(x_dtype, x, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
-  if (rows > 0) NormForward<true>(place, x_dtype, x, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
+  if (rows > 0) NormForward<true>(place, x_dtype, x, x_dtype, nullptr, nullptr, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
 }
 
 void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
                        DType dy_dtype, const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows,
-                       int64_t cols) {
+                       int64_t cols, const NormResidualGrad& residual) {
   if (!place.cuda) {
-    return LayerNormBackwardReference(x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols);
+    return LayerNormBackwardReference(x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols,
+                                      residual);
   }
-  if (rows > 0) NormBackward<true>(place, x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols);
+  if (rows > 0) {
+    NormBackward<true>(place, x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols, residual);
+  }
+}
+
+void AddRmsNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                       const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols, float eps) {
+  if (!place.cuda) return AddRmsNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, y_dtype, y, rstd, rows, cols, eps);
+  if (addend == nullptr || sum == nullptr) throw std::invalid_argument("kernels::AddRmsNormForward: null addend or sum");
+  if (rows > 0) NormForward<false>(place, x_dtype, x, addend_dtype, addend, sum, weight, nullptr, y_dtype, y, nullptr, rstd, rows, cols, eps);
+}
+
+void AddLayerNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                         const float* weight, const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows,
+                         int64_t cols, float eps) {
+  if (!place.cuda) {
+    return AddLayerNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
+  }
+  if (addend == nullptr || sum == nullptr) throw std::invalid_argument("kernels::AddLayerNormForward: null addend or sum");
+  if (rows > 0) NormForward<true>(place, x_dtype, x, addend_dtype, addend, sum, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
 }
 
 void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n) {

@@ -11,6 +11,23 @@ namespace strata::kernels {
 using internal::Get;
 using internal::Set;
 
+namespace {
+
+// Element i of a norm backward's dx: the norm's own (dx_norm), plus the residual's gradient when
+// given, stored in x's dtype and, when asked, in the copy's.
+void StoreDx(DType x_dtype, void* dx, const NormResidualGrad& residual, int64_t i, float dx_norm) {
+  const float ds = residual.d_residual ? Get(x_dtype, residual.d_residual, i) + dx_norm : dx_norm;
+  Set(x_dtype, dx, i, ds);
+  if (residual.dx_copy) Set(residual.copy_dtype, residual.dx_copy, i, ds);
+}
+
+// s = x + a in fp32, stored in x's dtype: what the norm after it reads.
+void AddInto(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) Set(x_dtype, sum, i, Get(x_dtype, x, i) + Get(addend_dtype, addend, i));
+}
+
+}  // namespace
+
 void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows,
                              int64_t cols, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -26,7 +43,7 @@ void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, 
 }
 
 void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype, const void* dy,
-                              void* dx, float* dweight_partials, int64_t rows, int64_t cols) {
+                              void* dx, float* dweight_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual) {
   std::vector<double> dw(static_cast<size_t>(cols), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const float inv = rstd[r];
@@ -39,7 +56,7 @@ void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight,
     const float coef = inv * inv * inv / static_cast<float>(cols) * static_cast<float>(dot);
     for (int64_t j = 0; j < cols; ++j) {
       const float xv = Get(x_dtype, x, r * cols + j), g = Get(dy_dtype, dy, r * cols + j);
-      Set(x_dtype, dx, r * cols + j, inv * (weight[j] * g) - xv * coef);
+      StoreDx(x_dtype, dx, residual, r * cols + j, inv * (weight[j] * g) - xv * coef);
     }
   }
   for (int64_t j = 0; j < cols; ++j) dweight_partials[j] = static_cast<float>(dw[j]);
@@ -66,7 +83,8 @@ void LayerNormForwardReference(DType x_dtype, const void* x, const float* weight
 }
 
 void LayerNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd, DType dy_dtype,
-                                const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows, int64_t cols) {
+                                const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows, int64_t cols,
+                                const NormResidualGrad& residual) {
   std::vector<double> dw(static_cast<size_t>(cols), 0.0), db(static_cast<size_t>(cols), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const float inv = rstd[r], mu = mean[r];
@@ -81,13 +99,26 @@ void LayerNormBackwardReference(DType x_dtype, const void* x, const float* weigh
     const float c1 = static_cast<float>(g_sum / static_cast<double>(cols)), c2 = static_cast<float>(gx_sum / static_cast<double>(cols));
     for (int64_t j = 0; j < cols; ++j) {
       const float xhat = (Get(x_dtype, x, r * cols + j) - mu) * inv;
-      Set(x_dtype, dx, r * cols + j, inv * (weight[j] * Get(dy_dtype, dy, r * cols + j) - c1 - xhat * c2));
+      StoreDx(x_dtype, dx, residual, r * cols + j, inv * (weight[j] * Get(dy_dtype, dy, r * cols + j) - c1 - xhat * c2));
     }
   }
   for (int64_t j = 0; j < cols; ++j) {
     dweight_partials[j] = static_cast<float>(dw[j]);
     dbias_partials[j] = static_cast<float>(db[j]);
   }
+}
+
+void AddRmsNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, const float* weight,
+                                DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols, float eps) {
+  AddInto(x_dtype, x, addend_dtype, addend, sum, rows * cols);
+  RmsNormForwardReference(x_dtype, sum, weight, y_dtype, y, rstd, rows, cols, eps);
+}
+
+void AddLayerNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, const float* weight,
+                                  const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
+                                  float eps) {
+  AddInto(x_dtype, x, addend_dtype, addend, sum, rows * cols);
+  LayerNormForwardReference(x_dtype, sum, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
 }
 
 namespace {
@@ -142,9 +173,9 @@ void RmsNormForward(const Place& place, DType x_dtype, const void* x, const floa
 int64_t NormWeightPartialRows(const Place&, int64_t) { return 1; }
 
 void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
-                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols) {
+                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual) {
   if (place.cuda) NoCuda("kernels::RmsNormBackward");
-  RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols);
+  RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols, residual);
 }
 
 void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
@@ -155,9 +186,22 @@ void LayerNormForward(const Place& place, DType x_dtype, const void* x, const fl
 
 void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
                        DType dy_dtype, const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows,
-                       int64_t cols) {
+                       int64_t cols, const NormResidualGrad& residual) {
   if (place.cuda) NoCuda("kernels::LayerNormBackward");
-  LayerNormBackwardReference(x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols);
+  LayerNormBackwardReference(x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols, residual);
+}
+
+void AddRmsNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                       const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols, float eps) {
+  if (place.cuda) NoCuda("kernels::AddRmsNormForward");
+  AddRmsNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, y_dtype, y, rstd, rows, cols, eps);
+}
+
+void AddLayerNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                         const float* weight, const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows,
+                         int64_t cols, float eps) {
+  if (place.cuda) NoCuda("kernels::AddLayerNormForward");
+  AddLayerNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
 }
 
 void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n) {

@@ -41,6 +41,21 @@
 //     xhat = (x - mu) r,  y = w xhat + b
 //     dx = r (g - mean_j g_j - xhat mean_j g_j xhat_j),  g = w dy;  dw = sum_rows dy xhat,  db = sum_rows dy
 //     (dw and db as RmsNorm's dw: partial rows the caller adds up)
+//   AddRmsNorm, AddLayerNorm (a residual add and the norm after it, one kernel): for the
+//   residual stream x and a sublayer's output a (fp32 or bf16 each),
+//     s = x + a   in fp32, stored in x's dtype (under autocast x is the fp32 residual and a bf16:
+//                 s is fp32, as LibTorch's x + a)
+//     y = norm(s) of s as stored (rounded to x's dtype first), saving rstd (and mean)
+//   so y, rstd and mean are what the norm's forward gives reading s back; the add's pass over x
+//   and a is the norm's first pass over its row (x and a are re-read from L1 by the later ones).
+//   The norm backwards take an optional residual gradient (NormResidualGrad), for a norm whose
+//   input s also goes on as the residual stream (AddRmsNorm's s, or a block's input x that feeds
+//   its first norm and the residual add):
+//     ds = d_residual + dx_norm    (fp32; dx_norm the norm's dx above, d_residual absent: 0)
+//   stored as dx in x's dtype and, when asked, again in a second dtype (da of s = x + a: the bf16
+//   sublayer output's gradient) - what autograd did in two more kernels (an fp32 add of the two
+//   gradients of s, and a cast for a). The add is rounded apart from dx_norm's product, so in
+//   fp32 ds equals the unfused form's (dx_norm stored, then added) bit for bit.
 //   SwiGlu (SiLU-gated MLP hidden):  y = silu(g) * u,  silu(g) = g * sigmoid(g)
 //     dg = dy * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),   du = dy * silu(g)
 //   Rotary (RoPE as transformers, rotate_half over the first `rotary_dims` of each head; the rest
@@ -94,16 +109,33 @@ void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int6
 void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
                     int64_t rows, int64_t cols, float eps);
 int64_t NormWeightPartialRows(const Place& place, int64_t rows);
+
+// The norm backwards' optional residual gradient (see AddRmsNorm above); the default, all null,
+// is the plain backward. Both [rows, cols] on the place's device, neither aliasing dx.
+struct NormResidualGrad {
+  const void* d_residual = nullptr;  // in x_dtype: the gradient reaching the norm's input by the residual path
+  void* dx_copy = nullptr;           // dx (with d_residual added) written again, in copy_dtype
+  DType copy_dtype = DType::kBFloat16;
+};
+
 // dx in x_dtype; dy in y_dtype (the forward's output dtype).
 void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
-                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols);
+                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual = {});
 
 // mean and rstd [rows] fp32 (saved for the backward); dweight and dbias partials as RmsNorm's.
 void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
                       float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
 void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
                        DType dy_dtype, const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows,
-                       int64_t cols);
+                       int64_t cols, const NormResidualGrad& residual = {});
+
+// s = x + addend into `sum` (x_dtype; may not alias x or addend), y = the norm of s; the rest as
+// RmsNormForward / LayerNormForward. Their backward is the norm's backward of `sum`.
+void AddRmsNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                       const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols, float eps);
+void AddLayerNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                         const float* weight, const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows,
+                         int64_t cols, float eps);
 
 // All of g, u, y (and the gradients) in one dtype; n elements.
 void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n);
@@ -133,11 +165,17 @@ void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, 
                              int64_t cols, float eps);
 // One partial row: dweight_partials [cols].
 void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype, const void* dy,
-                              void* dx, float* dweight_partials, int64_t rows, int64_t cols);
+                              void* dx, float* dweight_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual = {});
 void LayerNormForwardReference(DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
                                float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
 void LayerNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd, DType dy_dtype,
-                                const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows, int64_t cols);
+                                const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows, int64_t cols,
+                                const NormResidualGrad& residual = {});
+void AddRmsNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, const float* weight,
+                                DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols, float eps);
+void AddLayerNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, const float* weight,
+                                  const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
+                                  float eps);
 void SwiGluForwardReference(DType dtype, const void* gate, const void* up, void* y, int64_t n);
 void SwiGluBackwardReference(DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n);
 void RotaryReference(const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,

@@ -124,5 +124,138 @@ TEST(KernelsTest, CrossEntropyReferenceEqualsLibTorchInFp32AndBf16) {
   }
 }
 
+DType Of(torch::ScalarType t) { return t == torch::kFloat ? DType::kFloat32 : DType::kBFloat16; }
+
+// The norm of a residual add (AddRmsNorm, AddLayerNorm) and the backward with a residual
+// gradient, against LibTorch's autograd of the op-by-op form: s = x + a, y = norm(s); the
+// gradient reaching s is d_residual (s's other use) plus the norm's. fp32 storage here: the
+// bound is fp32 rounding of the norm's sums; the add itself must be exact.
+struct AddNormCase {
+  bool centered;
+  torch::Tensor x, a, w, b, d_residual, dy;
+};
+
+AddNormCase MakeAddNormCase(bool centered, torch::ScalarType a_type) {
+  torch::manual_seed(centered ? 13 : 12);
+  const int64_t rows = 37, cols = 160;
+  return {centered,       torch::randn({rows, cols}) + 0.3, torch::randn({rows, cols}).to(a_type), torch::randn({cols}),
+          torch::randn({cols}), torch::randn({rows, cols}),  torch::randn({rows, cols})};
+}
+
+TEST(KernelsTest, AddNormForwardEqualsTheAddThenTheNormAndLibTorch) {
+  for (bool centered : {false, true}) {
+    for (auto a_type : {torch::kFloat, torch::kBFloat16}) {
+      SCOPED_TRACE(std::string(centered ? "LayerNorm" : "RmsNorm") + (a_type == torch::kFloat ? " fp32 addend" : " bf16 addend"));
+      AddNormCase c = MakeAddNormCase(centered, a_type);
+      const int64_t rows = c.x.size(0), cols = c.x.size(1);
+      auto sum = torch::empty_like(c.x), y = torch::empty_like(c.x), mean = torch::empty({rows}), rstd = torch::empty({rows});
+      // Through the Place-dispatching call (the CPU runs the reference).
+      if (centered) {
+        AddLayerNormForward(Place{}, DType::kFloat32, c.x.data_ptr(), Of(a_type), c.a.data_ptr(), sum.data_ptr(), c.w.data_ptr<float>(),
+                            c.b.data_ptr<float>(), DType::kFloat32, y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols,
+                            1e-5f);
+      } else {
+        AddRmsNormForward(Place{}, DType::kFloat32, c.x.data_ptr(), Of(a_type), c.a.data_ptr(), sum.data_ptr(), c.w.data_ptr<float>(),
+                          DType::kFloat32, y.data_ptr(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
+      }
+      const auto expected_sum = c.x + c.a;  // LibTorch's promotion: fp32
+      EXPECT_TRUE(torch::equal(sum, expected_sum)) << "the sum is LibTorch's x + a bit for bit";
+      // The norm part equals the plain norm of the stored sum bit for bit...
+      auto y2 = torch::empty_like(c.x), mean2 = torch::empty({rows}), rstd2 = torch::empty({rows});
+      if (centered) {
+        LayerNormForwardReference(DType::kFloat32, sum.data_ptr(), c.w.data_ptr<float>(), c.b.data_ptr<float>(), DType::kFloat32,
+                                  y2.data_ptr(), mean2.data_ptr<float>(), rstd2.data_ptr<float>(), rows, cols, 1e-5f);
+        EXPECT_TRUE(torch::equal(mean, mean2));
+      } else {
+        RmsNormForwardReference(DType::kFloat32, sum.data_ptr(), c.w.data_ptr<float>(), DType::kFloat32, y2.data_ptr(),
+                                rstd2.data_ptr<float>(), rows, cols, 1e-5f);
+      }
+      EXPECT_TRUE(torch::equal(y, y2));
+      EXPECT_TRUE(torch::equal(rstd, rstd2));
+      // ...and LibTorch's.
+      const auto expected = centered ? torch::layer_norm(expected_sum, {cols}, c.w, c.b, 1e-5)
+                                     : c.w * (expected_sum * torch::rsqrt(expected_sum.pow(2).mean(-1, true) + 1e-5));
+      EXPECT_LE(MaxRelative(y, expected), 1e-6);
+    }
+  }
+}
+
+TEST(KernelsTest, NormBackwardWithAResidualGradientEqualsLibTorchsAutograd) {
+  for (bool centered : {false, true}) {
+    SCOPED_TRACE(centered ? "LayerNorm" : "RmsNorm");
+    AddNormCase c = MakeAddNormCase(centered, torch::kFloat);
+    const int64_t rows = c.x.size(0), cols = c.x.size(1);
+    // LibTorch: s used twice (the residual path, whose gradient is d_residual, and the norm).
+    auto s = (c.x + c.a).requires_grad_(true);
+    auto w = c.w.clone().requires_grad_(true), b = c.b.clone().requires_grad_(true);
+    auto y = centered ? torch::layer_norm(s, {cols}, w, b, 1e-5) : w * (s * torch::rsqrt(s.pow(2).mean(-1, true) + 1e-5));
+    torch::autograd::backward({s, y}, {c.d_residual, c.dy});
+    // The kernels: forward for mean and rstd, then the backward with the residual gradient and a
+    // bf16 copy of ds (a bf16 sublayer output's gradient).
+    const auto sd = s.detach().contiguous();
+    auto yk = torch::empty_like(sd), mean = torch::empty({rows}), rstd = torch::empty({rows});
+    auto ds = torch::empty_like(sd), ds_bf16 = torch::empty(sd.sizes(), torch::kBFloat16), dw = torch::empty({cols}), db = torch::empty({cols});
+    auto plain_dx = torch::empty_like(sd), plain_dw = torch::empty({cols}), plain_db = torch::empty({cols});
+    const NormResidualGrad residual{c.d_residual.data_ptr(), ds_bf16.data_ptr(), DType::kBFloat16};
+    if (centered) {
+      LayerNormForwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), c.b.data_ptr<float>(), DType::kFloat32,
+                                yk.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
+      LayerNormBackward(Place{}, DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                        DType::kFloat32, c.dy.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(), db.data_ptr<float>(), rows, cols, residual);
+      LayerNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                                 DType::kFloat32, c.dy.data_ptr(), plain_dx.data_ptr(), plain_dw.data_ptr<float>(),
+                                 plain_db.data_ptr<float>(), rows, cols);
+      EXPECT_LE(MaxRelative(db, b.grad()), 1e-5);
+      EXPECT_TRUE(torch::equal(db, plain_db));
+    } else {
+      RmsNormForwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), DType::kFloat32, yk.data_ptr(), rstd.data_ptr<float>(),
+                              rows, cols, 1e-5f);
+      RmsNormBackward(Place{}, DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kFloat32,
+                      c.dy.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(), rows, cols, residual);
+      RmsNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kFloat32,
+                               c.dy.data_ptr(), plain_dx.data_ptr(), plain_dw.data_ptr<float>(), rows, cols);
+    }
+    EXPECT_LE(MaxRelative(ds, s.grad()), 1e-5) << "ds = d_residual + the norm's dx";
+    EXPECT_LE(MaxRelative(dw, w.grad()), 1e-5);
+    // Exactly the unfused form: the plain backward's dx, then one fp32 add.
+    EXPECT_TRUE(torch::equal(ds, plain_dx + c.d_residual));
+    EXPECT_TRUE(torch::equal(dw, plain_dw)) << "the weight's gradient does not see the residual";
+    EXPECT_TRUE(torch::equal(ds_bf16, ds.to(torch::kBFloat16))) << "the copy is ds rounded once to bf16";
+    // The copy alone (no residual gradient): the plain dx, again in bf16.
+    auto dx_only = torch::empty_like(sd), copy_only = torch::empty(sd.sizes(), torch::kBFloat16);
+    const NormResidualGrad copy{nullptr, copy_only.data_ptr(), DType::kBFloat16};
+    if (centered) {
+      LayerNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                                 DType::kFloat32, c.dy.data_ptr(), dx_only.data_ptr(), dw.data_ptr<float>(), db.data_ptr<float>(), rows,
+                                 cols, copy);
+    } else {
+      RmsNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kFloat32,
+                               c.dy.data_ptr(), dx_only.data_ptr(), dw.data_ptr<float>(), rows, cols, copy);
+    }
+    EXPECT_TRUE(torch::equal(dx_only, plain_dx));
+    EXPECT_TRUE(torch::equal(copy_only, plain_dx.to(torch::kBFloat16)));
+  }
+}
+
+TEST(KernelsTest, AddNormInBf16RoundsTheSumBeforeTheNormReadsIt) {
+  // x and a both bf16 (a model run in bf16): s is stored in bf16, and the norm is of that
+  // rounded s - what LibTorch's bf16 x + a followed by the norm computes.
+  torch::manual_seed(14);
+  const int64_t rows = 9, cols = 64;
+  auto x = torch::randn({rows, cols}).to(torch::kBFloat16), a = (torch::randn({rows, cols}) * 1e-2).to(torch::kBFloat16);
+  auto w = torch::randn({cols});
+  auto sum = torch::empty_like(x), y = torch::empty({rows, cols}), rstd = torch::empty({rows});
+  AddRmsNormForwardReference(DType::kBFloat16, x.data_ptr(), DType::kBFloat16, a.data_ptr(), sum.data_ptr(), w.data_ptr<float>(),
+                             DType::kFloat32, y.data_ptr(), rstd.data_ptr<float>(), rows, cols, 1e-6f);
+  const auto expected_sum = x + a;
+  ASSERT_EQ(expected_sum.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(sum, expected_sum));
+  const auto s32 = expected_sum.to(torch::kFloat);
+  EXPECT_LE(MaxRelative(y, w * (s32 * torch::rsqrt(s32.pow(2).mean(-1, true) + 1e-6))), 1e-6);
+  // The norm of the unrounded fp32 sum is far outside that bound: the test tells the two apart.
+  const auto unrounded = x.to(torch::kFloat) + a.to(torch::kFloat);
+  EXPECT_GT(MaxRelative(y, w * (unrounded * torch::rsqrt(unrounded.pow(2).mean(-1, true) + 1e-6))), 1e-4);
+}
+
 }  // namespace
 }  // namespace strata::kernels

@@ -23,6 +23,12 @@ class GemmaFamily : public LlamaFamily {
   torch::Tensor Norm(const torch::Tensor& x, const torch::Tensor& weight) const override {
     return RmsNorm(x, weight, spec_.norm_eps, /*gemma_style=*/true);
   }
+  // Gemma's norm has no fused form: the residual adds stay LibTorch's.
+  NormedResidual ResidualNorm(const torch::Tensor& x, const torch::Tensor& weight) const override { return {x, Norm(x, weight)}; }
+  NormedResidual AddNorm(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& weight) const override {
+    auto sum = x + y;
+    return {sum, Norm(sum, weight)};
+  }
 };
 
 }  // namespace

@@ -29,7 +29,13 @@ class Gpt2Family : public ModelFamily {
     out.resid_pre = Patched(request, "resid_pre", x_in);
     const torch::Tensor& x = out.resid_pre;
     const torch::ScalarType compute = compat::ComputeType(x);
-    auto a = tp.enter(FusedLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute));
+    // Unpatched, each LayerNorm takes in the residual add beside it (fused_ops.h), so backward
+    // sums the residual stream's two gradients in the norm's kernel, not in autograd's adds. A
+    // patch may replace resid_mid between its add and ln_2: op by op, every site as it always was.
+    const bool fuse_residual = !request.patch;
+    const NormedResidual first = fuse_residual ? FusedResidualLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute)
+                                               : NormedResidual{x, FusedLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute)};
+    auto a = tp.enter(first.normed);
     // [b, t, 3 * heads * hd] -> 3 x [b, heads, t, hd]. One unbind, not three indexings: its
     // backward stacks the three gradients in one copy, where indexing would give each its own
     // zero-filled [3, ...] buffer and add them up.
@@ -40,8 +46,15 @@ class Gpt2Family : public ModelFamily {
     if (request.attn_pattern) out.attn_pattern = AttentionPattern(qkv[0], qkv[1]);
     auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape({b, t, heads * hd});
     out.attn_out = Patched(request, "attn_out", Projected(y, p, "attn_proj", tp));
-    out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
-    auto m = tp.enter(FusedLayerNorm(out.resid_mid, p("ln_2.weight"), p("ln_2.bias"), eps, compute));
+    NormedResidual second;
+    if (fuse_residual) {
+      second = FusedAddLayerNorm(first.residual, out.attn_out, p("ln_2.weight"), p("ln_2.bias"), eps, compute);
+      out.resid_mid = second.residual;
+    } else {
+      out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
+      second = {out.resid_mid, FusedLayerNorm(out.resid_mid, p("ln_2.weight"), p("ln_2.bias"), eps, compute)};
+    }
+    auto m = tp.enter(second.normed);
     // The bias and the GELU in one kernel each way (kernels.h BiasGelu), after a bias-free matmul.
     out.mlp_hidden = Patched(request, "mlp_hidden", FusedBiasGelu(torch::linear(m, p("c_fc.weight")), p("c_fc.bias"), /*tanh=*/true));
     out.mlp_out = Patched(request, "mlp_out", Projected(out.mlp_hidden, p, "mlp_proj", tp));

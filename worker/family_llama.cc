@@ -14,7 +14,13 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
   const torch::Tensor& x = out.resid_pre;
   const torch::ScalarType compute = compat::ComputeType(x);
   auto [cos, sin] = RotaryHalf(x);
-  auto a = tp.enter(Norm(x, p("input_layernorm.weight")));
+  // Unpatched, each norm takes in the residual add beside it (ResidualNorm, AddNorm), so backward
+  // sums the residual stream's two gradients in the norm's kernel, not in autograd's adds. A patch
+  // may replace resid_mid between its add and its norm: op by op, every site as it always was.
+  const bool fuse_residual = !request.patch;
+  const NormedResidual first = fuse_residual ? ResidualNorm(x, p("input_layernorm.weight"))
+                                             : NormedResidual{x, Norm(x, p("input_layernorm.weight"))};
+  auto a = tp.enter(first.normed);
   // RoPE on [b, t, heads, hd] as the projections lay it out, then the heads-first view attention takes.
   auto q = FusedRotary(torch::linear(a, p("self_attn.q_proj.weight"), p.Optional("self_attn.q_proj.bias")).view({b, t, heads, hd}),
                        cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
@@ -33,8 +39,15 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
   auto attn = tp.leave(torch::linear(y, p("self_attn.o_proj.weight")));
   if (auto bias = p.Optional("self_attn.o_proj.bias"); bias.defined()) attn = attn + bias;
   out.attn_out = Patched(request, "attn_out", attn);
-  out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
-  auto m = tp.enter(Norm(out.resid_mid, p("post_attention_layernorm.weight")));
+  NormedResidual second;
+  if (fuse_residual) {
+    second = AddNorm(first.residual, out.attn_out, p("post_attention_layernorm.weight"));
+    out.resid_mid = second.residual;
+  } else {
+    out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
+    second = {out.resid_mid, Norm(out.resid_mid, p("post_attention_layernorm.weight"))};
+  }
+  auto m = tp.enter(second.normed);
   auto gate = torch::linear(m, p("mlp.gate_proj.weight"), p.Optional("mlp.gate_proj.bias"));
   auto up = torch::linear(m, p("mlp.up_proj.weight"), p.Optional("mlp.up_proj.bias"));
   out.mlp_hidden = Patched(request, "mlp_hidden", spec_.activation == "silu" ? FusedSwiGlu(gate, up) : Activation(gate) * up);
@@ -47,6 +60,14 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
 
 torch::Tensor LlamaFamily::Norm(const torch::Tensor& x, const torch::Tensor& weight) const {
   return FusedRmsNorm(x, weight, spec_.norm_eps, compat::ComputeType(x));
+}
+
+NormedResidual LlamaFamily::ResidualNorm(const torch::Tensor& x, const torch::Tensor& weight) const {
+  return FusedResidualRmsNorm(x, weight, spec_.norm_eps, compat::ComputeType(x));
+}
+
+NormedResidual LlamaFamily::AddNorm(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& weight) const {
+  return FusedAddRmsNorm(x, y, weight, spec_.norm_eps, compat::ComputeType(x));
 }
 
 std::unique_ptr<ModelFamily> CreateLlamaFamily(const ModelSpec& spec) { return std::make_unique<LlamaFamily>(spec); }

@@ -11,6 +11,7 @@
 // Tied embeddings (tie_embeddings) make the head the token embedding.
 #pragma once
 
+#include "worker/fused_ops.h"
 #include "worker/model_family.h"
 
 namespace strata::worker {
@@ -25,6 +26,10 @@ class LlamaFamily : public ModelFamily {
  protected:
   // Llama's RMSNorm, fused (fused_ops.h), its output in the compute dtype.
   virtual torch::Tensor Norm(const torch::Tensor& x, const torch::Tensor& weight) const;
+  // {x, Norm(x)} and {x + y, Norm(x + y)} with the residual's two gradients summed in the norm's
+  // backward kernel (fused_ops.h FusedResidualRmsNorm, FusedAddRmsNorm): the unpatched block's.
+  virtual NormedResidual ResidualNorm(const torch::Tensor& x, const torch::Tensor& weight) const;
+  virtual NormedResidual AddNorm(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& weight) const;
 };
 
 }  // namespace strata::worker

@@ -78,6 +78,108 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
   }
 };
 
+// A norm of s that also goes on as the residual stream (fused_ops.h): s = x (no y; the block's
+// input) or s = x + y (added by the forward kernel); RMSNorm, or LayerNorm when given a bias.
+// Outputs {s, norm(s)}. Backward: ds = d_s + dnorm(d_normed) by the norm's backward kernel, which
+// also writes ds in y's dtype when that differs (dy); either gradient may be undefined (its
+// output unused), so none is materialised as zeros.
+struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
+  static variable_list forward(AutogradContext* ctx, torch::Tensor x_in, c10::optional<torch::Tensor> y_in, torch::Tensor weight_in,
+                               c10::optional<torch::Tensor> bias_in, double eps, int64_t out_type) {
+    const bool add = y_in.has_value(), centered = bias_in.has_value();
+    // s in the dtype of LibTorch's x + y (the callers keep that to fp32 or bf16).
+    const auto s_type = add ? c10::promoteTypes(x_in.scalar_type(), y_in->scalar_type()) : Storage(x_in.scalar_type());
+    const torch::Tensor x = x_in.to(s_type).contiguous(), y = add ? Ready(*y_in) : torch::Tensor();
+    const torch::Tensor weight = weight_in.to(torch::kFloat).contiguous();
+    const torch::Tensor bias = centered ? bias_in->to(torch::kFloat).contiguous() : torch::Tensor();
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    const auto out = Storage(static_cast<torch::ScalarType>(out_type));
+    const kernels::Place place = KernelPlace(x.device());
+    const torch::Tensor s = add ? torch::empty(x.sizes(), x.options()) : x;
+    auto normed = torch::empty(x.sizes(), x.options().dtype(out));
+    auto rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
+    auto mean = centered ? torch::empty_like(rstd) : torch::Tensor();
+    const kernels::DType st = KernelType(s_type), ot = KernelType(out);
+    const auto fe = static_cast<float>(eps);
+    if (add && centered) {
+      kernels::AddLayerNormForward(place, st, x.data_ptr(), KernelType(y.scalar_type()), y.data_ptr(), s.data_ptr(), weight.data_ptr<float>(),
+                                   bias.data_ptr<float>(), ot, normed.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows,
+                                   cols, fe);
+    } else if (add) {
+      kernels::AddRmsNormForward(place, st, x.data_ptr(), KernelType(y.scalar_type()), y.data_ptr(), s.data_ptr(), weight.data_ptr<float>(),
+                                 ot, normed.data_ptr(), rstd.data_ptr<float>(), rows, cols, fe);
+    } else if (centered) {
+      kernels::LayerNormForward(place, st, x.data_ptr(), weight.data_ptr<float>(), bias.data_ptr<float>(), ot, normed.data_ptr(),
+                                mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols, fe);
+    } else {
+      kernels::RmsNormForward(place, st, x.data_ptr(), weight.data_ptr<float>(), ot, normed.data_ptr(), rstd.data_ptr<float>(), rows, cols,
+                              fe);
+    }
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward(centered ? variable_list{s, weight, rstd, mean} : variable_list{s, weight, rstd});
+    ctx->saved_data["x_type"] = static_cast<int64_t>(x_in.scalar_type());
+    ctx->saved_data["y_type"] = static_cast<int64_t>(add ? y_in->scalar_type() : s_type);
+    ctx->saved_data["add"] = add;
+    ctx->saved_data["w_type"] = static_cast<int64_t>(weight_in.scalar_type());
+    if (centered) ctx->saved_data["b_type"] = static_cast<int64_t>(bias_in->scalar_type());
+    // Without an add, s is x: given back as the input itself, which LibTorch turns into a view of
+    // x whose gradient edge is this node's first output (custom functions' rule for inputs
+    // returned unmodified), so x's two gradients meet here rather than in autograd's add.
+    return {add ? s : x_in, normed};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &s = saved[0], &weight = saved[1], &rstd = saved[2];
+    const bool centered = saved.size() == 4, add = ctx->saved_data["add"].toBool();
+    auto type = [&](const char* key) { return static_cast<torch::ScalarType>(ctx->saved_data[key].toInt()); };
+    const torch::ScalarType y_storage = Storage(type("y_type"));
+    torch::Tensor ds = grad[0], ds_copy, dw, db;  // the norm's output unused: ds is the residual's gradient alone
+    if (grad[1].defined()) {
+      const torch::Tensor dn = Ready(grad[1]);
+      const torch::Tensor dr = grad[0].defined() ? grad[0].to(s.scalar_type()).contiguous() : torch::Tensor();
+      const int64_t cols = s.size(-1), rows = s.numel() / cols;
+      const kernels::Place place = KernelPlace(s.device());
+      ds = torch::empty(s.sizes(), s.options());
+      // dy in y's dtype by the same kernel, when it is not s's (a bf16 sublayer output).
+      if (add && y_storage != s.scalar_type()) ds_copy = torch::empty(s.sizes(), s.options().dtype(y_storage));
+      const kernels::NormResidualGrad residual{dr.defined() ? dr.data_ptr() : nullptr, ds_copy.defined() ? ds_copy.data_ptr() : nullptr,
+                                               KernelType(y_storage)};
+      dw = torch::empty({kernels::NormWeightPartialRows(place, rows), cols}, s.options().dtype(torch::kFloat));
+      if (centered) {
+        db = torch::empty_like(dw);
+        kernels::LayerNormBackward(place, KernelType(s.scalar_type()), s.data_ptr(), weight.data_ptr<float>(), saved[3].data_ptr<float>(),
+                                   rstd.data_ptr<float>(), KernelType(dn.scalar_type()), dn.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(),
+                                   db.data_ptr<float>(), rows, cols, residual);
+        db = db.sum(0).to(type("b_type"));
+      } else {
+        kernels::RmsNormBackward(place, KernelType(s.scalar_type()), s.data_ptr(), weight.data_ptr<float>(), rstd.data_ptr<float>(),
+                                 KernelType(dn.scalar_type()), dn.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(), rows, cols, residual);
+      }
+      dw = dw.sum(0).to(type("w_type"));
+    }
+    torch::Tensor dx, dy;
+    if (ds.defined()) {
+      dx = ds.to(type("x_type"));
+      if (add) dy = (ds_copy.defined() ? ds_copy : ds).to(type("y_type"));
+    }
+    return {dx, dy, dw, db, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+NormedResidual ApplyResidualNorm(const torch::Tensor& x, c10::optional<torch::Tensor> y, const torch::Tensor& weight,
+                                 c10::optional<torch::Tensor> bias, double eps, torch::ScalarType out_type) {
+  auto out = ResidualNormFunction::apply(x, std::move(y), weight, std::move(bias), eps, static_cast<int64_t>(out_type));
+  return {out[0], out[1]};
+}
+
+// Whether s = x + y takes a dtype the kernels store (fp32 or bf16); else (fp16, fp64) the
+// callers add with LibTorch and norm after.
+bool AddFuses(const torch::Tensor& x, const torch::Tensor& y) {
+  TORCH_CHECK(x.sizes() == y.sizes() && x.device() == y.device(), "FusedAdd*Norm: x and y of one shape on one device");
+  return Supported(c10::promoteTypes(x.scalar_type(), y.scalar_type()));
+}
+
 struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor gate_in, torch::Tensor up_in) {
     const torch::Tensor gate = Ready(gate_in), up = up_in.to(gate.scalar_type()).contiguous();
@@ -179,6 +281,39 @@ torch::Tensor FusedLayerNorm(const torch::Tensor& x, const torch::Tensor& weight
   TORCH_CHECK(weight.dim() == 1 && bias.dim() == 1 && x.size(-1) == weight.size(0) && x.size(-1) == bias.size(0),
               "FusedLayerNorm: weight and bias [cols] for x [..., cols]");
   return LayerNormFunction::apply(x, weight, bias, eps, static_cast<int64_t>(out_type));
+}
+
+NormedResidual FusedResidualRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::ScalarType out_type) {
+  TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "FusedResidualRmsNorm: weight [cols] for x [..., cols]");
+  return ApplyResidualNorm(x, c10::nullopt, weight, c10::nullopt, eps, out_type);
+}
+
+NormedResidual FusedResidualLayerNorm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps,
+                                      torch::ScalarType out_type) {
+  TORCH_CHECK(weight.dim() == 1 && bias.dim() == 1 && x.size(-1) == weight.size(0) && x.size(-1) == bias.size(0),
+              "FusedResidualLayerNorm: weight and bias [cols] for x [..., cols]");
+  return ApplyResidualNorm(x, c10::nullopt, weight, bias, eps, out_type);
+}
+
+NormedResidual FusedAddRmsNorm(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& weight, double eps,
+                               torch::ScalarType out_type) {
+  TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "FusedAddRmsNorm: weight [cols] for x [..., cols]");
+  if (!AddFuses(x, y)) {
+    auto s = x + y;
+    return {s, FusedRmsNorm(s, weight, eps, out_type)};
+  }
+  return ApplyResidualNorm(x, y, weight, c10::nullopt, eps, out_type);
+}
+
+NormedResidual FusedAddLayerNorm(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& weight, const torch::Tensor& bias,
+                                 double eps, torch::ScalarType out_type) {
+  TORCH_CHECK(weight.dim() == 1 && bias.dim() == 1 && x.size(-1) == weight.size(0) && x.size(-1) == bias.size(0),
+              "FusedAddLayerNorm: weight and bias [cols] for x [..., cols]");
+  if (!AddFuses(x, y)) {
+    auto s = x + y;
+    return {s, FusedLayerNorm(s, weight, bias, eps, out_type)};
+  }
+  return ApplyResidualNorm(x, y, weight, bias, eps, out_type);
 }
 
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {

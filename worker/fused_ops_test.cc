@@ -72,6 +72,126 @@ TEST(FusedOpsTest, LayerNormEqualsLibTorchsAndItsGradients) {
   EXPECT_LE(MaxRelative(y, torch::layer_norm(x, {96}, w, b, 1e-5)), 1.0 / 128);
 }
 
+// The residual norms (FusedResidual*Norm, FusedAdd*Norm) against the op-by-op form, with each
+// of their two outputs used or not: `use_residual` / `use_normed` say which outputs the loss
+// reads, so an unused one's gradient reaches the op undefined.
+struct ResidualCase {
+  bool add, centered;
+  torch::ScalarType y_type = torch::kFloat;
+};
+
+struct ResidualResult {
+  torch::Tensor residual, normed;
+  std::vector<torch::Tensor> grads;  // x, (y,) weight, (bias,)
+};
+
+ResidualResult RunResidualNorm(const ResidualCase& c, bool fused, bool use_residual, bool use_normed, const torch::Tensor& x0,
+                               const torch::Tensor& y0, const torch::Tensor& w0, const torch::Tensor& b0, const torch::Tensor& d_residual,
+                               const torch::Tensor& d_normed) {
+  auto x = x0.clone().requires_grad_(true), y = y0.clone().requires_grad_(true);
+  auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+  NormedResidual out;
+  if (fused) {
+    if (c.add) {
+      out = c.centered ? FusedAddLayerNorm(x, y, w, b, 1e-5, torch::kFloat) : FusedAddRmsNorm(x, y, w, 1e-6, torch::kFloat);
+    } else {
+      out = c.centered ? FusedResidualLayerNorm(x, w, b, 1e-5, torch::kFloat) : FusedResidualRmsNorm(x, w, 1e-6, torch::kFloat);
+    }
+  } else {
+    out.residual = c.add ? x + y : x;
+    out.normed = c.centered ? torch::layer_norm(out.residual, {x.size(-1)}, w, b, 1e-5) : PlainRmsNorm(out.residual, w, 1e-6);
+  }
+  auto loss = torch::zeros({});
+  if (use_residual) loss = loss + (out.residual.to(torch::kFloat) * d_residual).sum();
+  if (use_normed) loss = loss + (out.normed * d_normed).sum();
+  loss.backward();
+  ResidualResult r{out.residual.detach(), out.normed.detach(), {x.grad()}};
+  if (c.add) r.grads.push_back(y.grad());
+  r.grads.push_back(w.grad());
+  if (c.centered) r.grads.push_back(b.grad());
+  return r;
+}
+
+TEST(FusedOpsTest, ResidualNormsEqualTheOpByOpFormWhicheverOutputsAreUsed) {
+  const std::vector<ResidualCase> cases = {{false, false}, {false, true}, {true, false}, {true, true}, {true, false, torch::kBFloat16},
+                                           {true, true, torch::kBFloat16}};
+  for (const ResidualCase& c : cases) {
+    for (auto [use_residual, use_normed] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+      SCOPED_TRACE(std::string(c.add ? "FusedAdd" : "FusedResidual") + (c.centered ? "LayerNorm" : "RmsNorm") +
+                   (c.y_type == torch::kBFloat16 ? " bf16 y" : "") + " residual " + (use_residual ? "used" : "unused") + ", normed " +
+                   (use_normed ? "used" : "unused"));
+      torch::manual_seed(31);
+      const auto x = torch::randn({3, 5, 96}) + 0.2, y = torch::randn({3, 5, 96}).to(c.y_type);
+      const auto w = torch::randn({96}) * 0.1 + 1, b = torch::randn({96}) * 0.1;
+      const auto d_residual = torch::randn({3, 5, 96}), d_normed = torch::randn({3, 5, 96});
+      const auto ours = RunResidualNorm(c, true, use_residual, use_normed, x, y, w, b, d_residual, d_normed);
+      const auto theirs = RunResidualNorm(c, false, use_residual, use_normed, x, y, w, b, d_residual, d_normed);
+      EXPECT_EQ(ours.residual.scalar_type(), theirs.residual.scalar_type());
+      EXPECT_TRUE(torch::equal(ours.residual, theirs.residual)) << "the residual is x (+ y) exactly";
+      EXPECT_LE(MaxRelative(ours.normed, theirs.normed), 1e-6);
+      ASSERT_EQ(ours.grads.size(), theirs.grads.size());
+      for (size_t i = 0; i < ours.grads.size(); ++i) {
+        ASSERT_EQ(ours.grads[i].defined(), theirs.grads[i].defined()) << "gradient " << i;
+        if (!theirs.grads[i].defined()) continue;  // the weight's, with the norm unused
+        EXPECT_EQ(ours.grads[i].scalar_type(), theirs.grads[i].scalar_type()) << "gradient " << i;
+        // bf16 y's gradient: the same fp32 value rounded once to bf16 (one ulp where the two
+        // fp32 values straddle a rounding boundary).
+        const bool bf16 = ours.grads[i].scalar_type() == torch::kBFloat16;
+        EXPECT_LE(MaxRelative(ours.grads[i], theirs.grads[i]), bf16 ? 1.0 / 128 : 1e-5) << "gradient " << i;
+      }
+      if (!use_normed) {
+        // No norm gradient: dx (and dy) is the residual's gradient alone, exactly.
+        EXPECT_TRUE(torch::equal(ours.grads[0], d_residual));
+      }
+    }
+  }
+}
+
+TEST(FusedOpsTest, FusedResidualNormGivesBackXItselfAndItsGradientMeetsTheNorms) {
+  torch::manual_seed(32);
+  const auto x0 = torch::randn({4, 7, 64}), w = torch::randn({64});
+  auto x = x0.clone().requires_grad_(true);
+  auto out = FusedResidualRmsNorm(x, w, 1e-6, torch::kFloat);
+  // A view of x, not a copy: no memory traffic in the forward.
+  EXPECT_EQ(out.residual.data_ptr(), x.data_ptr());
+  EXPECT_TRUE(torch::equal(out.residual, x0));
+  // Its gradient edge is the fused op's, so x's two gradients meet in the norm's kernel: x's
+  // gradient comes from one node, not an autograd add of two.
+  ASSERT_NE(out.residual.grad_fn(), nullptr);
+  EXPECT_EQ(out.residual.grad_fn(), out.normed.grad_fn());
+  // x that needs no gradient (a pipeline stage's detached input): the weight's is still right.
+  auto wg = w.clone().requires_grad_(true), wp = w.clone().requires_grad_(true);
+  auto dn = torch::randn({4, 7, 64});
+  auto fused = FusedResidualRmsNorm(x0, wg, 1e-6, torch::kFloat);
+  ((fused.residual * 2).sum() + (fused.normed * dn).sum()).backward();
+  (PlainRmsNorm(x0, wp, 1e-6) * dn).sum().backward();
+  EXPECT_LE(MaxRelative(wg.grad(), wp.grad()), 1e-5);
+  // Without autograd (activation capture): the same values, nothing recorded.
+  torch::NoGradGuard no_grad;
+  auto again = FusedAddRmsNorm(x, x0, w, 1e-6, torch::kFloat);
+  EXPECT_TRUE(torch::equal(again.residual, x0 + x0));
+  EXPECT_EQ(again.normed.grad_fn(), nullptr);
+  EXPECT_LE(MaxRelative(again.normed, PlainRmsNorm(x0 + x0, w, 1e-6)), 1e-6);
+}
+
+TEST(FusedOpsTest, FusedAddNormUnderAutocastTypesKeepsAnFp32ResidualAndBf16Outputs) {
+  // What the trainer's autocast hands the block: an fp32 residual, a bf16 sublayer output, the
+  // norm's output in bf16. The sum is fp32 (as LibTorch's), y's gradient bf16.
+  torch::manual_seed(33);
+  const auto x0 = torch::randn({2, 9, 128}), y0 = torch::randn({2, 9, 128}).to(torch::kBFloat16), w = torch::randn({128});
+  auto x = x0.clone().requires_grad_(true), y = y0.clone().requires_grad_(true);
+  auto out = FusedAddRmsNorm(x, y, w, 1e-6, torch::kBFloat16);
+  EXPECT_EQ(out.residual.scalar_type(), torch::kFloat);
+  EXPECT_EQ(out.normed.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(out.residual, x0 + y0));
+  EXPECT_LE(MaxRelative(out.normed, PlainRmsNorm(x0 + y0, w, 1e-6)), 1.0 / 128);
+  const auto d_residual = torch::randn({2, 9, 128});
+  torch::autograd::backward({out.residual, out.normed}, {d_residual, torch::randn({2, 9, 128}).to(torch::kBFloat16)});
+  EXPECT_EQ(x.grad().scalar_type(), torch::kFloat);
+  EXPECT_EQ(y.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(y.grad(), x.grad().to(torch::kBFloat16))) << "dy is dx rounded once";
+}
+
 TEST(FusedOpsTest, SwiGluEqualsSiluTimesUpAndItsGradients) {
   torch::manual_seed(2);
   const auto g = torch::randn({4, 7, 33}) * 3, u = torch::randn({4, 7, 33});
@@ -216,6 +336,53 @@ TEST(FusedOpsTest, FusedBlocksEqualTheOpByOpBlockAndItsGradients) {
     for (size_t i = 0; i < names.size(); ++i) {
       EXPECT_LE(MaxRelative(ours[i].grad(), theirs[i].grad()), 1e-5) << family << " " << names[i];
     }
+  }
+}
+
+// Fused (no patch) and op-by-op (a patch that leaves every site as it is) runs of one block: the
+// captured sites, the output and every gradient agree - on the CPU in fp32 the residual norms
+// compute the same sums in the same order, so within 1e-6 (in practice equal).
+TEST(FusedOpsTest, PatchedBlocksTakeTheOpByOpPathWithTheSameSitesAndGradients) {
+  for (const std::string family : {"llama", "gpt2", "gemma"}) {
+    SCOPED_TRACE(family);
+    BlockCase c = MakeBlock(family == "gemma" ? "llama" : family);
+    c.spec.family = family;
+    auto model = CreateModelFamily(c.spec);
+    const auto x0 = torch::randn({2, c.spec.sequence, c.spec.hidden});
+    std::vector<std::string> names;
+    for (const auto& [name, t] : c.params) names.push_back(name);
+    int patch_calls = 0;
+    BlockRequest identity;
+    identity.patch = [&](const std::string&, const torch::Tensor& v) {
+      ++patch_calls;
+      return v;
+    };
+    struct Run {
+      BlockOutputs out;
+      torch::Tensor x;
+      std::vector<torch::Tensor> params;
+    };
+    auto run = [&](const BlockRequest& request) {
+      Run r;
+      for (const auto& [name, t] : c.params) r.params.push_back(t.clone().requires_grad_(true));
+      r.x = x0.clone().requires_grad_(true);
+      r.out = model->Block(ParamView(names, r.params), r.x, TensorParallel{}, request);
+      torch::manual_seed(5);
+      r.out.resid_post.backward(torch::randn(r.out.resid_post.sizes()));
+      return r;
+    };
+    const Run fused = run({}), plain = run(identity);
+    EXPECT_EQ(patch_calls, 6) << "every patchable site offered to the patch";
+    // The two runs took different paths: resid_mid from the fused op, or from LibTorch's add.
+    auto made_by = [](const torch::Tensor& t) { return t.grad_fn() ? t.grad_fn()->name() : std::string("(none)"); };
+    const bool fused_norms = family != "gemma";  // Gemma's norm has no fused form
+    EXPECT_EQ(made_by(fused.out.resid_mid).find("ResidualNormFunction") != std::string::npos, fused_norms) << made_by(fused.out.resid_mid);
+    EXPECT_EQ(made_by(plain.out.resid_mid).find("ResidualNormFunction"), std::string::npos) << made_by(plain.out.resid_mid);
+    for (const char* site : {"resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "resid_post"}) {
+      EXPECT_LE(MaxRelative(fused.out.Site(site), plain.out.Site(site)), 1e-6) << site;
+    }
+    EXPECT_LE(MaxRelative(fused.x.grad(), plain.x.grad()), 1e-6) << "input gradient";
+    for (size_t i = 0; i < names.size(); ++i) EXPECT_LE(MaxRelative(fused.params[i].grad(), plain.params[i].grad()), 1e-6) << names[i];
   }
 }
 

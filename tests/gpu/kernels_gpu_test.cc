@@ -147,6 +147,110 @@ TEST_F(KernelsGpuTest, LayerNormForwardAndBackwardEqualTheReference) {
   }
 }
 
+// The norms of a residual add (AddRmsNorm, AddLayerNorm) and the backwards with a residual
+// gradient and a copy of dx, on the GPU against the CPU references and against the unfused
+// kernels on the GPU (which they must equal bit for bit in fp32: the same sums in the same
+// order), at GPT-2's width (the warp-per-row backward) and Llama's (block per row).
+TEST_F(KernelsGpuTest, AddNormsAndResidualGradientsEqualTheReferenceAndTheUnfusedKernels) {
+  torch::manual_seed(13);
+  const int64_t rows = 300;
+  for (int64_t cols : {768, 2048}) {
+    for (bool centered : {false, true}) {
+      for (auto xt : {torch::kFloat, torch::kBFloat16}) {
+        for (auto at : {torch::kFloat, torch::kBFloat16}) {
+          const std::string what = std::string(centered ? "LayerNorm " : "RmsNorm ") + std::to_string(cols) + " x " +
+                                   c10::toString(xt) + " a " + c10::toString(at);
+          const auto yt = torch::kBFloat16;  // the norm's output, as under autocast
+          auto x = (torch::randn({rows, cols}) + 0.3).to(xt), a = torch::randn({rows, cols}).to(at);
+          auto w = torch::randn({cols}), b = torch::randn({cols});
+          auto dy = torch::randn({rows, cols}).to(yt), dres = torch::randn({rows, cols}).to(xt);
+          // The CPU reference.
+          auto s = torch::empty_like(x), y = torch::empty({rows, cols}, yt), mean = torch::empty({rows}), rstd = torch::empty({rows});
+          auto ds = torch::empty_like(x), copy = torch::empty({rows, cols}, at), dw = torch::empty({cols}), db = torch::empty({cols});
+          const NormResidualGrad residual{dres.data_ptr(), copy.data_ptr(), Of(at)};
+          if (centered) {
+            AddLayerNormForwardReference(Of(xt), x.data_ptr(), Of(at), a.data_ptr(), s.data_ptr(), w.data_ptr<float>(), b.data_ptr<float>(),
+                                         Of(yt), y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
+            LayerNormBackwardReference(Of(xt), s.data_ptr(), w.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(), Of(yt),
+                                       dy.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(), db.data_ptr<float>(), rows, cols, residual);
+          } else {
+            AddRmsNormForwardReference(Of(xt), x.data_ptr(), Of(at), a.data_ptr(), s.data_ptr(), w.data_ptr<float>(), Of(yt), y.data_ptr(),
+                                       rstd.data_ptr<float>(), rows, cols, 1e-5f);
+            RmsNormBackwardReference(Of(xt), s.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), Of(yt), dy.data_ptr(), ds.data_ptr(),
+                                     dw.data_ptr<float>(), rows, cols, residual);
+          }
+          // The CUDA kernels: fused, then the unfused ones on the fused sum.
+          auto xd = x.cuda(), ad = a.cuda(), wd = w.cuda(), bd = b.cuda(), dyd = dy.cuda(), dresd = dres.cuda();
+          auto sd = torch::empty_like(xd), yd = torch::empty({rows, cols}, wd.options().dtype(yt)), meand = torch::empty({rows}, wd.options());
+          auto rstdd = torch::empty_like(meand), dsd = torch::empty_like(xd), copyd = torch::empty({rows, cols}, wd.options().dtype(at));
+          auto dwp = torch::empty({NormWeightPartialRows(place_, rows), cols}, wd.options()), dbp = torch::empty_like(dwp);
+          auto y2 = torch::empty_like(yd), mean2 = torch::empty_like(meand), rstd2 = torch::empty_like(meand), dx2 = torch::empty_like(xd);
+          auto dwp2 = torch::empty_like(dwp), dbp2 = torch::empty_like(dwp);
+          const NormResidualGrad residual_d{dresd.data_ptr(), copyd.data_ptr(), Of(at)};
+          if (centered) {
+            AddLayerNormForward(place_, Of(xt), xd.data_ptr(), Of(at), ad.data_ptr(), sd.data_ptr(), wd.data_ptr<float>(), bd.data_ptr<float>(),
+                                Of(yt), yd.data_ptr(), meand.data_ptr<float>(), rstdd.data_ptr<float>(), rows, cols, 1e-5f);
+            LayerNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), meand.data_ptr<float>(), rstdd.data_ptr<float>(), Of(yt),
+                              dyd.data_ptr(), dsd.data_ptr(), dwp.data_ptr<float>(), dbp.data_ptr<float>(), rows, cols, residual_d);
+            LayerNormForward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), bd.data_ptr<float>(), Of(yt), y2.data_ptr(),
+                             mean2.data_ptr<float>(), rstd2.data_ptr<float>(), rows, cols, 1e-5f);
+            LayerNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), mean2.data_ptr<float>(), rstd2.data_ptr<float>(), Of(yt),
+                              dyd.data_ptr(), dx2.data_ptr(), dwp2.data_ptr<float>(), dbp2.data_ptr<float>(), rows, cols);
+          } else {
+            AddRmsNormForward(place_, Of(xt), xd.data_ptr(), Of(at), ad.data_ptr(), sd.data_ptr(), wd.data_ptr<float>(), Of(yt), yd.data_ptr(),
+                              rstdd.data_ptr<float>(), rows, cols, 1e-5f);
+            RmsNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), rstdd.data_ptr<float>(), Of(yt), dyd.data_ptr(), dsd.data_ptr(),
+                            dwp.data_ptr<float>(), rows, cols, residual_d);
+            RmsNormForward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), Of(yt), y2.data_ptr(), rstd2.data_ptr<float>(), rows, cols,
+                           1e-5f);
+            RmsNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), rstd2.data_ptr<float>(), Of(yt), dyd.data_ptr(), dx2.data_ptr(),
+                            dwp2.data_ptr<float>(), rows, cols);
+          }
+          // Against the reference: the sum exactly (one fp32 add, one rounding), the rest as the norms'.
+          EXPECT_TRUE(torch::equal(sd.cpu(), s)) << what;
+          EXPECT_LE(MaxRelative(rstdd, rstd), 1e-5) << what;
+          EXPECT_LE(MaxRelative(yd.to(torch::kFloat), y.to(torch::kFloat)), Bound(yt)) << what;
+          EXPECT_LE(MaxRelative(dsd.to(torch::kFloat), ds.to(torch::kFloat)), Bound(xt)) << what;
+          EXPECT_LE(MaxRelative(copyd.to(torch::kFloat), copy.to(torch::kFloat)), Bound(at)) << what;
+          EXPECT_LE(MaxRelative(dwp.sum(0), dw), 1e-5) << what;
+          if (centered) {
+            EXPECT_LE(MaxRelative(dbp.sum(0), db), 1e-5) << what;
+            EXPECT_TRUE(torch::equal(dbp, dbp2)) << what;
+          }
+          // Against the unfused kernels: the norm of the stored sum, and the norm's dx plus the
+          // residual gradient added afterwards (in fp32, then rounded to x's dtype).
+          EXPECT_TRUE(torch::equal(yd, y2)) << what;
+          EXPECT_TRUE(torch::equal(rstdd, rstd2)) << what;
+          EXPECT_TRUE(torch::equal(dwp, dwp2)) << what;
+          const auto unfused_ds = (dx2.to(torch::kFloat) + dresd.to(torch::kFloat)).to(xt);
+          if (xt == torch::kFloat) {
+            EXPECT_TRUE(torch::equal(dsd, unfused_ds)) << what;
+          } else {
+            EXPECT_LE(MaxRelative(dsd.to(torch::kFloat), unfused_ds.to(torch::kFloat)), Bound(xt)) << what;  // dx2 was rounded once more
+          }
+          // The copy and dx are one fp32 value rounded to each's dtype: equal in the narrower.
+          const auto narrower = xt == torch::kBFloat16 ? xt : at;
+          EXPECT_TRUE(torch::equal(copyd.to(narrower), dsd.to(narrower))) << what << ": the copy is ds in a's dtype";
+        }
+      }
+    }
+  }
+  // Without a residual gradient the backward with a copy is the plain one, plus the copy.
+  const int64_t cols = 2048;
+  auto s = torch::randn({rows, cols}, torch::kCUDA), w = torch::randn({cols}, torch::kCUDA), rstd = torch::empty({rows}, torch::kCUDA);
+  auto y = torch::empty({rows, cols}, s.options().dtype(torch::kBFloat16)), dy = torch::randn({rows, cols}, y.options());
+  RmsNormForward(place_, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), DType::kBFloat16, y.data_ptr(), rstd.data_ptr<float>(), rows, cols,
+                 1e-5f);
+  auto dx = torch::empty_like(s), dx2 = torch::empty_like(s), copy = torch::empty_like(y);
+  auto dwp = torch::empty({NormWeightPartialRows(place_, rows), cols}, s.options()), dwp2 = torch::empty_like(dwp);
+  RmsNormBackward(place_, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kBFloat16, dy.data_ptr(),
+                  dx.data_ptr(), dwp.data_ptr<float>(), rows, cols, NormResidualGrad{nullptr, copy.data_ptr(), DType::kBFloat16});
+  RmsNormBackward(place_, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kBFloat16, dy.data_ptr(),
+                  dx2.data_ptr(), dwp2.data_ptr<float>(), rows, cols);
+  EXPECT_TRUE(torch::equal(dx, dx2));
+  EXPECT_TRUE(torch::equal(copy, dx2.to(torch::kBFloat16)));
+}
+
 TEST_F(KernelsGpuTest, SwiGluAndRotaryEqualTheReference) {
   torch::manual_seed(11);
   for (auto t : {torch::kFloat, torch::kBFloat16}) {
