@@ -51,7 +51,7 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
     }
     if (zero_ <= 1) AllReduceTensor(*groups.dp, g);
     if (zero_ == 2) ReduceScatterTensor(*groups.dp, g);  // zero 3 reduce-scattered in backward
-    g.div_(static_cast<double>(dp_));
+    if (dp_ > 1) g.div_(static_cast<double>(dp_));  // one pass over every gradient: skipped where it changes nothing
     auto shard = unit.sharded ? g : g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
     kernels::MaskedSquareSum(place, shard.data_ptr<float>(), moments_[u].norm_mask.data_ptr<float>(), shard.numel(),
                              square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
@@ -78,11 +78,12 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     if (zero_ == 1 || zero_ == 2) AllGatherTensor(*groups.dp, flat);
     if (unit.sharded) {
       unit.flat.mutable_grad() = torch::Tensor();
-    } else {
+    } else if (!unit.sink) {  // a sink unit's next step writes its gradients afresh (stage_model.h)
       unit.grad.zero_();  // the parameters' .grad views stay pointed at it
     }
   }
   reduced_.clear();
+  model_.RefreshWorkingWeights();
 }
 
 void UnitOptimizer::DiscardGradients() {

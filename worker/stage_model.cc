@@ -181,6 +181,84 @@ struct UnitCallFunction : torch::autograd::Function<UnitCallFunction> {
   }
 };
 
+// ---------------------------------------------------------------- the gradient sink
+
+// One use of a parameter: forward hands on the parameter itself (GradSinkFunction) or its bf16
+// working copy for a matmul (WorkingWeightFunction); backward writes the incoming gradient into
+// the slot (the step's first) or adds it, widening bf16 to fp32 in the same kernel, and gives
+// autograd nothing to accumulate.
+void SinkGradient(int64_t handle, const torch::Tensor& grad) {
+  if (!grad.defined()) return;
+  StageModel::GradSlot& slot = *reinterpret_cast<StageModel::GradSlot*>(handle);
+  torch::NoGradGuard no_grad;
+  if ((*slot.received)++ == 0) {
+    slot.grad.copy_(grad);
+  } else {
+    slot.grad.add_(grad);
+  }
+}
+
+struct GradSinkFunction : torch::autograd::Function<GradSinkFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor param, int64_t slot) {
+    ctx->saved_data["slot"] = slot;
+    return param;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    SinkGradient(ctx->saved_data["slot"].toInt(), grad[0]);
+    return {torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct WorkingWeightFunction : torch::autograd::Function<WorkingWeightFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor /*param*/, torch::Tensor working, int64_t slot) {
+    ctx->saved_data["slot"] = slot;
+    return working;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    SinkGradient(ctx->saved_data["slot"].toInt(), grad[0]);
+    return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+std::vector<torch::Tensor> StageModel::SinkViews(int u, bool matmul_weights) {
+  ParamUnit& unit = units_[u];
+  std::vector<torch::Tensor> working;
+  if (matmul_weights && unit.working.defined()) working = ViewsOf(unit, unit.working);
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const bool matrix = !working.empty() && unit.shapes[i].size() >= 2;
+    if (!torch::GradMode::is_enabled()) {  // no backward: the value alone
+      out.push_back(matrix ? working[i] : unit.params[i]);
+      continue;
+    }
+    GradSlot* slot = &slots_[static_cast<size_t>(slot_begin_[static_cast<size_t>(u)]) + i];
+    const auto handle = reinterpret_cast<int64_t>(slot);
+    out.push_back(matrix ? WorkingWeightFunction::apply(unit.params[i], working[i], handle) : GradSinkFunction::apply(unit.params[i], handle));
+  }
+  return out;
+}
+
+void StageModel::BeginGradients() {
+  for (ParamUnit& unit : units_) std::fill(unit.received.begin(), unit.received.end(), 0);
+}
+
+void StageModel::FinishGradients() {
+  torch::NoGradGuard no_grad;
+  for (ParamUnit& unit : units_) {
+    if (!unit.sink) continue;
+    for (size_t i = 0; i < unit.received.size(); ++i) {
+      if (unit.received[i] == 0) unit.params[i].mutable_grad().zero_();
+    }
+  }
+}
+
+void StageModel::RefreshWorkingWeights() {
+  torch::NoGradGuard no_grad;
+  for (ParamUnit& unit : units_) {
+    if (unit.working.defined()) unit.working.copy_(unit.flat.detach());
+  }
+}
+
 // ---------------------------------------------------------------- the stage
 
 StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
@@ -224,6 +302,21 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
       head_units_ = {add("head", names)};
     }
   }
+  // The gradient sink and the bf16 working copies (ParamUnit): every unit whose forward takes its
+  // parameters directly - not ZeRO-3 shards, not recomputed blocks.
+  const bool working_copies = spec.train.precision == "bf16" && device_.is_cuda();
+  slot_begin_.assign(units_.size(), 0);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    ParamUnit& unit = units_[u];
+    const bool recomputed = spec.parallel.recompute && std::find(block_units_.begin(), block_units_.end(), static_cast<int>(u)) != block_units_.end();
+    unit.sink = !unit.sharded && !recomputed;
+    if (!unit.sink) continue;
+    unit.received.assign(unit.params.size(), 0);
+    slot_begin_[u] = static_cast<int64_t>(slots_.size());
+    for (size_t i = 0; i < unit.params.size(); ++i) slots_.push_back(GradSlot{unit.params[i].grad(), &unit.received[i]});
+    if (working_copies) unit.working = torch::empty({unit.numel}, unit.flat.options().dtype(torch::kBFloat16).requires_grad(false));
+  }
+  RefreshWorkingWeights();
   if (mesh_.tp > 1) {
     Communicator* tp = groups_.tp;
     tensor_parallel_.size = mesh_.tp;
@@ -322,11 +415,11 @@ std::vector<torch::Tensor> StageModel::ViewsOf(const ParamUnit& unit, const torc
   return views;
 }
 
-torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute) {
+torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute, bool matmul_weights) {
   const bool sharded = spec_.parallel.zero == 3;
   if (!recompute && !sharded) {
     std::vector<std::vector<torch::Tensor>> views;
-    for (int u : units) views.push_back(units_[u].params);
+    for (int u : units) views.push_back(units_[u].sink ? SinkViews(u, matmul_weights) : units_[u].params);
     return fn(x, views);
   }
   auto call = std::make_shared<Call>(Call{this, units, std::move(fn), spec_.train.precision == "bf16"});
@@ -346,7 +439,7 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
 torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
   return Run(embed_units_, tokens, [this](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
     return family_->Embed(ViewOfUnit(embed_units_, v), t);
-  }, /*recompute=*/false);
+  }, /*recompute=*/false, /*matmul_weights=*/false);  // a lookup: the residual stream starts from the fp32 table
 }
 
 torch::Tensor StageModel::Blocks(torch::Tensor x) {

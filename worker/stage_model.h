@@ -64,6 +64,16 @@ struct ParamUnit {
   torch::Tensor flat;
   std::vector<torch::Tensor> params;
   torch::Tensor grad;
+  // Gradient sink (units that are neither ZeRO-3 shards nor recomputed): every use of a
+  // parameter goes through a function whose backward writes the step's first gradient of it
+  // into `grad` and adds the later ones, in place of autograd's AccumulateGrad. So `grad` needs
+  // no zeroing between steps, and no gradient is widened to fp32 and added to a zero buffer.
+  bool sink = false;
+  std::vector<int> received;  // this step's gradients per parameter so far (sink units)
+  // The bf16 working copy of `flat` that the matmuls of a CUDA bf16 run read (sink units;
+  // refreshed after every update, StageModel::RefreshWorkingWeights), in place of autograd's cast
+  // of every fp32 weight at every use. Undefined otherwise.
+  torch::Tensor working;
 };
 
 class StageModel {
@@ -106,6 +116,13 @@ class StageModel {
 
   // Releases what recomputed calls hold between forward and backward (after each step).
   void EndStep() { calls_.clear(); }
+  // Around one step's forwards and backwards (inside its CUDA graph when there is one): the
+  // gradient sink starts counting, and at the end a parameter that received no gradient (none is
+  // unused today; a guard) gets a zero one.
+  void BeginGradients();
+  void FinishGradients();
+  // Copies the fp32 weights into the bf16 working copies (after an update, a load or a resume).
+  void RefreshWorkingWeights();
 
  private:
   struct Call;
@@ -114,7 +131,17 @@ class StageModel {
 
   void AddUnit(const std::string& label, const std::vector<std::string>& names,
                const std::map<std::string, model::Parameter>& table, bool tied_copy, const WeightLoader& load);
-  torch::Tensor Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute);
+  torch::Tensor Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute, bool matmul_weights = true);
+  // Unit u's parameters as one use each through the gradient sink (bf16 working copies for
+  // matrices when `matmul_weights` and the unit has them).
+  std::vector<torch::Tensor> SinkViews(int u, bool matmul_weights);
+  // Where one parameter's gradient goes: its view of the unit's gradient buffer (shaped as the
+  // parameter), and the unit's count of gradients it received this step.
+  struct GradSlot {
+    torch::Tensor grad;
+    int* received;
+  };
+  friend void SinkGradient(int64_t handle, const torch::Tensor& grad);
   std::vector<torch::Tensor> ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const;
   // The head's weight with its rows padded to a multiple of 64 (stage_model.cc says why).
   torch::Tensor PaddedHeadWeight(const ParamView& p) const;
@@ -134,6 +161,8 @@ class StageModel {
   std::unique_ptr<ModelFamily> family_;
   TensorParallel tensor_parallel_;
   std::deque<std::shared_ptr<Call>> calls_;
+  std::deque<GradSlot> slots_;  // one per parameter of a sink unit; stable addresses (the sink's handles)
+  std::vector<int64_t> slot_begin_;  // per unit: the index of its first parameter's slot
 };
 
 }  // namespace strata::worker
