@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_util.cuh"
 #include "kernels/kernels.h"
 
 namespace strata::kernels {
@@ -26,10 +27,11 @@ namespace {
 
 constexpr int kElementThreads = 256;
 
-__device__ inline float Load(const float* p, int64_t i) { return p[i]; }
-__device__ inline float Load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ inline void Store(float* p, int64_t i, float x) { p[i] = x; }
-__device__ inline void Store(__nv_bfloat16* p, int64_t i, float x) { p[i] = __float2bfloat16_rn(x); }
+using cuda_util::Aligned16;
+using cuda_util::Load;
+using cuda_util::Pack;
+using cuda_util::SmCount;
+using cuda_util::Store;
 // x rounded to the dtype `p` points to (as Store then Load would give it back).
 __device__ inline float RoundedAs(const float*, float x) { return x; }
 __device__ inline float RoundedAs(const __nv_bfloat16*, float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
@@ -46,16 +48,6 @@ __device__ float BlockSum(float v, float* scratch) {
   float total = 0;
   for (int w = 0; w < kNormThreads / 32; ++w) total += scratch[w];  // same order in every thread
   return total;
-}
-
-int SmCount() {
-  static int sms = [] {
-    int device = 0, count = 0;
-    STRATA_CUDA_CHECK(cudaGetDevice(&device));
-    STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
-  return sms;
 }
 
 int ElementBlocks(int64_t n) {
@@ -237,11 +229,7 @@ __device__ inline float Silu(float g) { return g / (1.0f + expf(-g)); }  // as L
 __device__ inline float Sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 // 8 bf16 or 4 fp32 per 16-byte load where n and the pointers allow (the activations LibTorch
-// allocates always do), else one element at a time.
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T x[VEC];
-};
+// allocates always do), else one element at a time. (cuda_util::Pack).
 
 template <typename T, int VEC>
 __global__ void SwiGluForwardKernel(const T* gate, const T* up, T* y, int64_t packs) {
@@ -273,7 +261,6 @@ __global__ void SwiGluBackwardKernel(const T* gate, const T* up, const T* dy, T*
   }
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // ---- Rotary: one thread per (head row, 4 consecutive pairs i..i+3), indices in 32 bits where
 // the tensor allows (64-bit division costs more than the rotation itself); the pass-through

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_util.cuh"
 #include "kernels/kernels.h"
 
 namespace strata::kernels {
@@ -20,10 +21,8 @@ namespace {
 
 constexpr int kRowThreads = 512;
 
-__device__ inline float Load(const float* p) { return *p; }
-__device__ inline float Load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ inline void Store(float* p, float x) { *p = x; }
-__device__ inline void Store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+using cuda_util::Load;
+using cuda_util::Store;
 
 // Online softmax state: the running max and the sum of exp(x - max).
 struct MaxSum {
@@ -59,13 +58,10 @@ __device__ MaxSum BlockMerge(MaxSum st) {
   return all;
 }
 
-// Storage of VEC elements in one transaction (16 bytes when vectorized; one element otherwise,
-// aligned as the element itself - a 16-byte alignment there would make the compiler emit wide
-// loads on element-aligned addresses).
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T x[VEC];
-};
+// Storage of VEC elements in one transaction (cuda_util.cuh: 16 bytes when vectorized; one
+// element otherwise, aligned as the element itself - a 16-byte alignment there would make the
+// compiler emit wide loads on element-aligned addresses).
+using cuda_util::Pack;
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kRowThreads) CrossEntropyRows(T* logits, int64_t vocab, int64_t stride, const int64_t* targets,
@@ -79,21 +75,21 @@ __global__ void __launch_bounds__(kRowThreads) CrossEntropyRows(T* logits, int64
     const Pack<T, VEC> pack = reinterpret_cast<const Pack<T, VEC>*>(z)[p];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      if (p * VEC + j < vocab) Add(st, Load(&pack.x[j]));
+      if (p * VEC + j < vocab) Add(st, Load(pack.x, j));
     }
   }
   const MaxSum all = BlockMerge(st);
   const float lse = all.m + logf(all.s);
   const int64_t t = targets[row];
-  if (threadIdx.x == 0) row_loss[row] = lse - Load(z + t);
+  if (threadIdx.x == 0) row_loss[row] = lse - Load(z, t);
   __syncthreads();  // the target's logit is read before any thread overwrites it
   for (int64_t p = threadIdx.x; p < packs; p += kRowThreads) {
     Pack<T, VEC> pack = reinterpret_cast<const Pack<T, VEC>*>(z)[p];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const int64_t v = p * VEC + j;
-      const float g = v < vocab ? grad_scale * (expf(Load(&pack.x[j]) - lse) - (v == t ? 1.0f : 0.0f)) : 0.0f;
-      Store(&pack.x[j], g);
+      const float g = v < vocab ? grad_scale * (expf(Load(pack.x, j) - lse) - (v == t ? 1.0f : 0.0f)) : 0.0f;
+      Store(pack.x, j, g);
     }
     reinterpret_cast<Pack<T, VEC>*>(z)[p] = pack;
   }

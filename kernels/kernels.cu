@@ -11,6 +11,7 @@
 
 #include "kernels/adamw_scalars.h"
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_util.cuh"
 #include "kernels/kernels.h"
 
 namespace strata::kernels {
@@ -19,12 +20,7 @@ namespace {
 constexpr int kThreads = 256;
 
 int Blocks(int64_t work) {
-  static int sms = [] {
-    int device = 0, count = 0;
-    STRATA_CUDA_CHECK(cudaGetDevice(&device));
-    STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
+  const int sms = cuda_util::SmCount();
   const int64_t wanted = (work + kThreads - 1) / kThreads;
   return static_cast<int>(wanted < int64_t(sms) * 8 ? (wanted > 0 ? wanted : 1) : int64_t(sms) * 8);
 }
@@ -49,7 +45,7 @@ __global__ void AdamWScalar(AdamWScalars s, float* p, const float* g, float* m, 
   }
 }
 
-bool Aligned16(const void* a) { return (reinterpret_cast<uintptr_t>(a) & 15u) == 0; }
+using cuda_util::Aligned16;
 
 // Stage 1: each block sums its grid-stride share (fp32 per thread, then a tree in shared
 // memory) into partial[block]. Stage 2: one block sums the partials in a fixed order into *out.
