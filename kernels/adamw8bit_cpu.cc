@@ -41,14 +41,18 @@ std::array<float, kCodes> DynamicMap(bool is_signed) {
   return table;
 }
 
+// A table as adamw8bit::NearestCode reads it.
 struct CodeBook {
-  std::array<float, kCodes> codes;  // sorted
-  std::array<float, kCodes> tree;   // the 255 pivots level by level (adamw8bit_math.h); [255] unused
+  std::array<float, kCodes + 1> sorted;  // C, then C[255] again
+  std::array<float, kCodes> tree;        // the search's pivots in heap order, [0] unused
 };
 
 CodeBook MakeBook(bool is_signed) {
-  CodeBook book{DynamicMap(is_signed), {}};
-  for (int i = 0; i + 1 < kCodes; ++i) book.tree[i] = book.codes[adamw8bit::TreePivot(i)];
+  const std::array<float, kCodes> table = DynamicMap(is_signed);
+  CodeBook book{};
+  std::copy(table.begin(), table.end(), book.sorted.begin());
+  book.sorted[kCodes] = table[kCodes - 1];
+  for (int k = 1; k < kCodes; ++k) book.tree[k] = table[adamw8bit::TreePivot(k)];
   return book;
 }
 
@@ -58,14 +62,14 @@ const CodeBook& Book(bool is_signed) {
 }
 
 uint8_t QuantizeWith(const CodeBook& book, float x, float absmax) {
-  return adamw8bit::Quantize(book.tree.data(), book.codes[0], x, absmax);
+  return adamw8bit::Quantize(book.tree.data(), book.sorted.data(), x, absmax);
 }
 
 }  // namespace
 
 int64_t AdamW8bitBlocks(int64_t n) { return n <= 0 ? 0 : (n + kAdamW8bitBlock - 1) / kAdamW8bitBlock; }
 
-const float* AdamW8bitCodeTable(bool is_signed) { return Book(is_signed).codes.data(); }
+const float* AdamW8bitCodeTable(bool is_signed) { return Book(is_signed).sorted.data(); }
 
 void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes, float* exp_avg_scales,
                         uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, const float* decay_mask, int64_t n) {
@@ -77,8 +81,8 @@ void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, 
     float m_absmax = 0.0f, v_absmax = 0.0f;
     for (int j = 0; j < len; ++j) {
       const int64_t i = begin + j;
-      m[j] = adamw8bit::Mul(m_book.codes[exp_avg_codes[i]], exp_avg_scales[b]);
-      v[j] = adamw8bit::Mul(v_book.codes[exp_avg_sq_codes[i]], exp_avg_sq_scales[b]);
+      m[j] = adamw8bit::Mul(m_book.sorted[exp_avg_codes[i]], exp_avg_scales[b]);
+      v[j] = adamw8bit::Mul(v_book.sorted[exp_avg_sq_codes[i]], exp_avg_sq_scales[b]);
       adamw8bit::AdamWElementRounded(s, param[i], grad[i], m[j], v[j], decay_mask[i]);
       m_absmax = std::fmax(m_absmax, std::fabs(m[j]));
       v_absmax = std::fmax(v_absmax, std::fabs(v[j]));
@@ -104,7 +108,7 @@ void Quantize8bitReference(bool is_signed, const float* values, uint8_t* codes, 
 }
 
 void Dequantize8bitReference(bool is_signed, const uint8_t* codes, const float* scales, float* out, int64_t n) {
-  const float* table = Book(is_signed).codes.data();
+  const float* table = Book(is_signed).sorted.data();
   for (int64_t i = 0; i < n; ++i) out[i] = adamw8bit::Mul(table[codes[i]], scales[i / kAdamW8bitBlock]);
 }
 
