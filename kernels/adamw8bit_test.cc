@@ -8,8 +8,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
-#include <vector>
+#include <string>
 
 #include "kernels/kernels.h"
 
