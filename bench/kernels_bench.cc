@@ -94,6 +94,23 @@ int main(int argc, char** argv) {
                       p.addcdiv_(m, denom, -args.lr / (1 - std::pow(args.beta1, 10.0)));
                     }, iterations),
                     32.0 * n});
+    {
+      // 8-bit AdamW: the moments as blockwise codes (kernels.h). Reads g, p and the mask (4 bytes
+      // each) and the two codes (1 each), writes p and the codes, and reads and writes the two
+      // scales of each block of 256: 20 bytes per element and 16 per block. The first steps
+      // (the warm-up) take the state from zero to realistic codes.
+      auto m_codes = torch::empty({n}, opts.dtype(torch::kUInt8)), v_codes = torch::empty_like(m_codes);
+      auto m_scales = torch::empty({strata::kernels::AdamW8bitBlocks(n)}, opts), v_scales = torch::empty_like(m_scales);
+      strata::kernels::AdamW8bitInit(place, m_codes.data_ptr<uint8_t>(), m_scales.data_ptr<float>(), v_codes.data_ptr<uint8_t>(),
+                                     v_scales.data_ptr<float>(), n);
+      rows.push_back({"AdamW", "kernels::AdamW8bit (8-bit blockwise moments, decay mask)", n,
+                      1e3 * Seconds([&] {
+                        strata::kernels::AdamW8bit(place, args, p.data_ptr<float>(), g.data_ptr<float>(), m_codes.data_ptr<uint8_t>(),
+                                                   m_scales.data_ptr<float>(), v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(),
+                                                   mask.data_ptr<float>(), n);
+                      }, iterations),
+                      20.0 * n + 16.0 * strata::kernels::AdamW8bitBlocks(n)});
+    }
 #if STRATA_TORCH_HAS_FUSED_ADAMW
     {
       // LibTorch's own fused AdamW: one weight decay for the whole tensor (no mask), one step

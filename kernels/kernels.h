@@ -71,6 +71,46 @@
 //     dh = dy gelu'(z) (z recomputed from the saved h),  db = sum_rows dh (before rounding dh),
 //   as fp32 partial sums [BiasPartialRows(place, rows), cols] the caller adds up. What it
 //   replaces: the bias inside the matmul, a GELU kernel each way, and a bf16 column reduction.
+//
+// AdamW8bit: the AdamW above with its moments m and v kept as 8-bit codes, blockwise (Dettmers et
+// al. 2021, "8-bit Optimizers via Block-wise Quantization"; bitsandbytes' blockwise Adam8bit), so
+// the state costs 2 bytes per element (and 8 per block of 256) where fp32 AdamW's costs 8.
+//   blocks    the vector is cut into blocks of kAdamW8bitBlock = 256 consecutive elements from its
+//             first (the last may be partial). A ZeRO shard of a unit must start at a multiple of
+//             256 of the unit, so that its blocks are the unit's.
+//   state     per moment, per block b an fp32 scale S_b and per element i an 8-bit code q_i: an
+//             index into a sorted table C[0..255] of values in [-1, 1] (AdamW8bitCodeTable): m
+//             uses the signed table, v the unsigned one (values in [0, 1]). Element i stands for
+//               x_i = C[q_i] * S_b                                  (fp32, one rounding)
+//   quantize  S_b = max_{i in b} |x_i|   (m: the largest |m|; v: the largest v, v >= 0)
+//             q_i = argmin_k |fl(x_i / S_b) - C[k]|   (fp32 division and distances; ties to the
+//                                                      lower k; x_i / S_b taken as 0 if S_b = 0)
+//             Both tables hold exactly 0 and 1 (the signed one -1 too): a block's largest value
+//             and its zeros are stored exactly, a block of zeros is all codes of 0 with S_b = 0,
+//             and |C[q_i] S_b - x_i| <= S_b * (the table's largest gap) / 2 up to fp32 rounding
+//             (signed 0.0140625 / 2, unsigned 0.00703125 / 2, both in the top decade; each
+//             decade down has gaps a fifth as wide).
+//   tables    bitsandbytes' create_dynamic_map(signed, max_exponent_bits = 7, total_bits = 8).
+//             For each decade d = 0..6, N_d codes at the midpoints of N_d equal steps over
+//             [0.1, 1], scaled to the decade:
+//               c_{d,k} = 10^(d-6) * (0.1 + (k + 1/2) * 0.9 / N_d),   k = 0..N_d - 1
+//             unsigned (N_d = 2^(d+1)): the 254 c_{d,k}, 0 and 1.
+//             signed (N_d = 2^d): the 127 c_{d,k}, their negatives but -c_{0,0}, 0, 1 and -1.
+//             Computed in double, rounded to fp32 once, sorted. The one change to bitsandbytes'
+//             signed map: it has no -1 (its lowest code is -0.99296875, so a block whose largest
+//             |m| is negative could not keep it, and m's negative peaks would shrink 0.7% a
+//             step); -1 takes the place of -c_{0,0} = -0.55e-6 (negative values within 2e-6 of
+//             0, relative to the block's largest, now round to 0 or -3.25e-6). The largest gap
+//             stays, and the map is symmetric but for +0.55e-6.
+//   step      one pass over each block: per element dequantize m and v, then the AdamW above in
+//             fp32 with the same fp32 scalar factors, every operation rounded on its own (no
+//             fused multiply-add, so the CUDA kernel and the CPU reference agree bit for bit),
+//             store p; then quantize the new m and v (S_b from the block's new values) and store
+//             codes and scales. p moves by the new m and v before they are quantized. A step
+//             reads g, p and the decay mask (4 bytes each) and both codes (1 each) and writes p
+//             and the codes: 20 bytes per element, where fp32 AdamW moves 32.
+//             A non-finite gradient leaves p NaN, as fp32 AdamW does; the moments of its block
+//             are then meaningless too (a NaN x_i / S_b takes code 0).
 #pragma once
 
 #include <cstdint>
@@ -155,9 +195,36 @@ int64_t BiasPartialRows(const Place& place, int64_t rows);
 void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, const void* dy, void* dh,
                       float* dbias_partials, int64_t rows, int64_t cols);
 
+// ---- AdamW8bit (maths above). codes: n bytes per moment; scales: AdamW8bitBlocks(n) floats
+// per moment; all on the place's device. `param`, `grad`, `decay_mask` as AdamW's.
+constexpr int64_t kAdamW8bitBlock = 256;
+int64_t AdamW8bitBlocks(int64_t n);  // ceil(n / kAdamW8bitBlock): the scales per moment
+
+// The sorted code table, 256 floats on the host (built once, the same in every process): signed
+// for m, unsigned for v. C[code] * scale is a stored value.
+const float* AdamW8bitCodeTable(bool is_signed);
+
+void AdamW8bit(const Place& place, const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes,
+               float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, const float* decay_mask, int64_t n);
+
+// Fresh state (m = v = 0): every code the code of 0, every scale 0.
+void AdamW8bitInit(const Place& place, uint8_t* exp_avg_codes, float* exp_avg_scales, uint8_t* exp_avg_sq_codes,
+                   float* exp_avg_sq_scales, int64_t n);
+
+// Between fp32 values and blockwise codes, by the rule above (signed: m's table, unsigned: v's):
+// for checkpoints written or read in fp32, and for tests. Unsigned, negative values store as 0.
+void Dequantize8bit(const Place& place, bool is_signed, const uint8_t* codes, const float* scales, float* out, int64_t n);
+void Quantize8bit(const Place& place, bool is_signed, const float* values, uint8_t* codes, float* scales, int64_t n);
+
 // The CPU references (what the Place-dispatching calls run on the CPU).
 void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                     const float* decay_mask, int64_t n);
+void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes, float* exp_avg_scales,
+                        uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, const float* decay_mask, int64_t n);
+void AdamW8bitInitReference(uint8_t* exp_avg_codes, float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales,
+                            int64_t n);
+void Dequantize8bitReference(bool is_signed, const uint8_t* codes, const float* scales, float* out, int64_t n);
+void Quantize8bitReference(bool is_signed, const float* values, uint8_t* codes, float* scales, int64_t n);
 void MaskedSquareSumReference(const float* grad, const float* mask, int64_t n, float* out);
 void CrossEntropyGradInPlaceReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                                       const int64_t* targets, float grad_scale, float* row_loss);

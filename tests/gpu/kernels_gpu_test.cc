@@ -1,8 +1,13 @@
 // The CUDA kernels against their CPU references (kernels/kernels.h) on the same inputs, on the
 // GPU: aligned and unaligned (a ZeRO shard starting mid-vector) pointers, a length that is not
-// a multiple of the vector width, and the reduction accumulating into a device scalar.
+// a multiple of the vector width, and the reduction accumulating into a device scalar; 8-bit
+// AdamW's kernel bit for bit against its reference.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
 
 #include "kernels/kernels.h"
 
@@ -308,6 +313,132 @@ TEST_F(KernelsGpuTest, BiasGeluForwardAndBackwardEqualTheReference) {
         EXPECT_LE(MaxRelative(dhd.to(torch::kFloat), dh.to(torch::kFloat)), Bound(t)) << what;
         EXPECT_LE(MaxRelative(partials.sum(0), db), 1e-5) << what;  // fp32 sums in another order
       }
+    }
+  }
+}
+
+// AdamW8bit: the kernel and the reference compute every fp32 operation alike
+// (kernels/adamw8bit_math.h: _rn intrinsics, no fused multiply-add), so codes, scales and
+// parameters should be equal bit for bit. Checked twice: first the looser bound that would hold
+// even if some operation rounded differently on the GPU - scales and parameters within 1e-6, and
+// a code differing only by one, where the reference's m / S (or v / S) lies within 4 ulps of the
+// midpoint of the two codes (a tie flipped by last-bit differences), in under 1e-4 of the
+// elements - then equality. Each step starts the GPU from the reference's state, so that a
+// difference cannot carry into the next step. Whole blocks, a partial last block, and pointers
+// one element past an allocation (the kernel's one-element path: fp32 not 16-byte aligned,
+// codes not 4-byte); a block without gradient (scale 0) and one huge value.
+
+// A host tensor's values in a fresh device allocation, `offset` elements in.
+torch::Tensor OnDevice(const torch::Tensor& host, int64_t offset) {
+  auto device = torch::empty({host.numel() + offset}, host.options().device(torch::kCUDA));
+  device.narrow(0, offset, host.numel()).copy_(host);
+  return device.narrow(0, offset, host.numel());
+}
+
+struct AdamW8bitCase {
+  int64_t n, offset;
+};
+
+TEST_F(KernelsGpuTest, AdamW8bitEqualsTheReferenceBitForBit) {
+  torch::manual_seed(15);
+  const auto u8 = torch::TensorOptions().dtype(torch::kUInt8);
+  const auto m_table = torch::from_blob(const_cast<float*>(AdamW8bitCodeTable(true)), {256}).clone();
+  const auto v_table = torch::from_blob(const_cast<float*>(AdamW8bitCodeTable(false)), {256}).clone();
+  for (const AdamW8bitCase c : {AdamW8bitCase{4096 * kAdamW8bitBlock, 0}, AdamW8bitCase{1'000'003, 0}, AdamW8bitCase{1'000'003, 1}}) {
+    const int64_t n = c.n, blocks = AdamW8bitBlocks(n), zero_block = 7, huge_at = 11 * kAdamW8bitBlock + 5;
+    auto decay = (torch::rand({n}) > 0.3).to(torch::kFloat);
+    auto block_size = torch::pow(10.0, torch::randn({blocks}) * 1.5);
+    block_size[huge_at / kAdamW8bitBlock] = 1.0;
+    auto p = torch::randn({n});
+    auto m_codes = torch::empty({n}, u8), v_codes = torch::empty({n}, u8), m_scales = torch::empty({blocks}), v_scales = torch::empty({blocks});
+    AdamW8bitInit(Place{}, m_codes.data_ptr<uint8_t>(), m_scales.data_ptr<float>(), v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(), n);
+    {
+      auto mcd = OnDevice(torch::full({n}, 9, u8), c.offset), vcd = OnDevice(torch::full({n}, 9, u8), c.offset);
+      auto msd = OnDevice(torch::full({blocks}, 9.0f), 0), vsd = OnDevice(torch::full({blocks}, 9.0f), 0);
+      AdamW8bitInit(place_, mcd.data_ptr<uint8_t>(), msd.data_ptr<float>(), vcd.data_ptr<uint8_t>(), vsd.data_ptr<float>(), n);
+      EXPECT_TRUE(torch::equal(mcd.cpu(), m_codes) && torch::equal(vcd.cpu(), v_codes)) << "Init's codes, n " << n;
+      EXPECT_TRUE(torch::equal(msd.cpu(), m_scales) && torch::equal(vsd.cpu(), v_scales)) << "Init's scales, n " << n;
+    }
+    for (int64_t step = 1; step <= 5; ++step) {
+      const std::string what = "n " + std::to_string(n) + " offset " + std::to_string(c.offset) + " step " + std::to_string(step);
+      const AdamWArgs a{1e-3, 0.9, 0.95, 1e-8, 0.1, step, step == 3 ? 0.5 : 1.0};
+      auto g = torch::randn({n}) * block_size.repeat_interleave(kAdamW8bitBlock).narrow(0, 0, n);
+      g.narrow(0, zero_block * kAdamW8bitBlock, kAdamW8bitBlock).zero_();
+      g[huge_at] = 1e4;
+      // The GPU from the reference's state.
+      auto pd = OnDevice(p, c.offset), gd = OnDevice(g, c.offset), decayd = OnDevice(decay, c.offset);
+      auto mcd = OnDevice(m_codes, c.offset), vcd = OnDevice(v_codes, c.offset), msd = OnDevice(m_scales, 0), vsd = OnDevice(v_scales, 0);
+      AdamW8bit(place_, a, pd.data_ptr<float>(), gd.data_ptr<float>(), mcd.data_ptr<uint8_t>(), msd.data_ptr<float>(), vcd.data_ptr<uint8_t>(),
+                vsd.data_ptr<float>(), decayd.data_ptr<float>(), n);
+      // The fp32 moments before quantizing (fp32 AdamW on the dequantized state), to judge a
+      // differing code by; then the reference's step.
+      auto m = torch::empty({n}), v = torch::empty({n}), p32 = p.clone();
+      Dequantize8bit(Place{}, true, m_codes.data_ptr<uint8_t>(), m_scales.data_ptr<float>(), m.data_ptr<float>(), n);
+      Dequantize8bit(Place{}, false, v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(), v.data_ptr<float>(), n);
+      AdamWReference(a, p32.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), decay.data_ptr<float>(), n);
+      AdamW8bitReference(a, p.data_ptr<float>(), g.data_ptr<float>(), m_codes.data_ptr<uint8_t>(), m_scales.data_ptr<float>(),
+                         v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(), decay.data_ptr<float>(), n);
+      const auto gpu_m_codes = mcd.cpu(), gpu_v_codes = vcd.cpu(), gpu_m_scales = msd.cpu(), gpu_v_scales = vsd.cpu(), gpu_p = pd.cpu();
+      EXPECT_LE(MaxRelative(gpu_m_scales, m_scales), 1e-6) << what;
+      EXPECT_LE(MaxRelative(gpu_v_scales, v_scales), 1e-6) << what;
+      EXPECT_LE(MaxRelative(gpu_p, p), 1e-6) << what;
+      int64_t differing = 0;
+      for (const bool is_m : {true, false}) {
+        const auto& ours = is_m ? gpu_m_codes : gpu_v_codes;
+        const auto& ref = is_m ? m_codes : v_codes;
+        const auto at = ours.ne(ref).nonzero().squeeze(1);
+        differing += at.numel();
+        if (at.numel() == 0) continue;
+        const auto& table = is_m ? m_table : v_table;
+        const auto ci = ours.index({at}).to(torch::kLong), cr = ref.index({at}).to(torch::kLong);
+        const auto unit = (is_m ? m : v).index({at}) / (is_m ? m_scales : v_scales).index({torch::div(at, kAdamW8bitBlock, "floor")});
+        const auto midpoint = (table.index({ci}) + table.index({cr})) / 2;
+        EXPECT_TRUE((ci - cr).abs().eq(1).all().item<bool>()) << what << (is_m ? " m" : " v") << ": a differing code is a neighbour";
+        EXPECT_LE(((unit - midpoint).abs() - midpoint.abs() * std::ldexp(1.0, -21)).max().item<double>(), 0.0)
+            << what << (is_m ? " m" : " v") << ": a differing code is a tie within 4 ulps";
+      }
+      EXPECT_LE(differing, n / 10000) << what << ": ties are rare";
+      // Bit for bit.
+      EXPECT_EQ(differing, 0) << what;
+      EXPECT_TRUE(torch::equal(gpu_m_scales, m_scales) && torch::equal(gpu_v_scales, v_scales)) << what;
+      EXPECT_TRUE(torch::equal(gpu_p, p)) << what;
+      // Deterministic: the same step twice from one state gives the same bits.
+      auto again = [&] {
+        std::vector<torch::Tensor> state = {OnDevice(gpu_p, c.offset), OnDevice(gpu_m_codes, c.offset), OnDevice(gpu_m_scales, 0),
+                                            OnDevice(gpu_v_codes, c.offset), OnDevice(gpu_v_scales, 0)};
+        AdamW8bit(place_, a, state[0].data_ptr<float>(), gd.data_ptr<float>(), state[1].data_ptr<uint8_t>(), state[2].data_ptr<float>(),
+                  state[3].data_ptr<uint8_t>(), state[4].data_ptr<float>(), decayd.data_ptr<float>(), n);
+        return state;
+      };
+      const auto first = again(), second = again();
+      for (size_t k = 0; k < first.size(); ++k) EXPECT_TRUE(torch::equal(first[k], second[k])) << what << ": deterministic, tensor " << k;
+    }
+    EXPECT_EQ(m_scales[zero_block].item<float>(), 0.0f) << "a block without gradient keeps scale 0";
+    EXPECT_EQ(m_table[int64_t{m_codes[huge_at].item<uint8_t>()}].item<float>(), 1.0f) << "the huge value is its block's largest m";
+  }
+}
+
+// Quantize8bit and Dequantize8bit on the GPU as on the CPU, bit for bit (checkpoints written on
+// one read on the other), aligned and one element past an allocation.
+TEST_F(KernelsGpuTest, Quantize8bitAndDequantize8bitEqualTheReference) {
+  torch::manual_seed(16);
+  const int64_t n = 1'000'003;
+  for (const int64_t offset : {0, 1}) {
+    for (const bool is_signed : {true, false}) {
+      const std::string what = std::string(is_signed ? "signed" : "unsigned") + " offset " + std::to_string(offset);
+      auto x = torch::randn({n}) * torch::pow(10.0, torch::rand({n}) * 8 - 6);
+      if (!is_signed) x = x.abs();
+      x.narrow(0, 3 * kAdamW8bitBlock, kAdamW8bitBlock).zero_();
+      auto codes = torch::empty({n}, torch::kUInt8), scales = torch::empty({AdamW8bitBlocks(n)}), back = torch::empty({n});
+      Quantize8bit(Place{}, is_signed, x.data_ptr<float>(), codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), n);
+      Dequantize8bit(Place{}, is_signed, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), back.data_ptr<float>(), n);
+      auto xd = OnDevice(x, offset), codesd = OnDevice(torch::zeros({n}, torch::kUInt8), offset);
+      auto scalesd = OnDevice(torch::zeros({AdamW8bitBlocks(n)}), 0), backd = OnDevice(torch::zeros({n}), offset);
+      Quantize8bit(place_, is_signed, xd.data_ptr<float>(), codesd.data_ptr<uint8_t>(), scalesd.data_ptr<float>(), n);
+      Dequantize8bit(place_, is_signed, codesd.data_ptr<uint8_t>(), scalesd.data_ptr<float>(), backd.data_ptr<float>(), n);
+      EXPECT_TRUE(torch::equal(codesd.cpu(), codes)) << what;
+      EXPECT_TRUE(torch::equal(scalesd.cpu(), scales)) << what;
+      EXPECT_TRUE(torch::equal(backd.cpu(), back)) << what;
     }
   }
 }
