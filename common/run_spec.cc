@@ -34,7 +34,7 @@ const std::map<std::string, std::set<std::string>>& AllowedKeys() {
                  "sliding_window", "parallel_residual", "activation", "init_from"}},
       {"data", {"path", "format", "documents", "sample_within_documents", "tokenizer"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
-                 "beta2", "eps", "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision", "cuda_graphs"}},
+                 "beta2", "eps", "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision", "cuda_graphs", "optimizer"}},
       {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "stages"}},
       {"worker", {"threads"}},
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode", "logits_top_k"}},
@@ -857,6 +857,10 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
     return InvalidArgument("run spec: train.precision = \"" + t.precision + "\" is not supported; use \"fp32\" or \"bf16\"");
   }
   STRATA_RETURN_IF_ERROR(r.Bool("train", "cuda_graphs", &t.cuda_graphs));
+  STRATA_RETURN_IF_ERROR(r.String("train", "optimizer", &t.optimizer));
+  if (t.optimizer != "adamw" && t.optimizer != "adamw8bit") {
+    return InvalidArgument("run spec: train.optimizer = \"" + t.optimizer + "\" is not supported; use \"adamw\" or \"adamw8bit\"");
+  }
 
   STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0, spec_bounds::kThreads));
   ParallelSpec& p = spec.parallel;
@@ -1016,7 +1020,8 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"warmup_steps", spec.train.warmup_steps},
                                    {"min_lr", spec.train.min_lr},
                                    {"precision", spec.train.precision},
-                                   {"cuda_graphs", spec.train.cuda_graphs}});
+                                   {"cuda_graphs", spec.train.cuda_graphs},
+                                   {"optimizer", spec.train.optimizer}});
   toml::table parallel{{"dp", spec.parallel.dp},
                        {"pp", spec.parallel.pp},
                        {"tp", spec.parallel.tp},

@@ -11,7 +11,7 @@
 //   [data]      path, format = "bytes" | "u16" | "u32" | "npy", documents, sample_within_documents
 //   [train]     steps, global_batch, lr, lr_schedule, warmup_steps, min_lr, weight_decay, beta1,
 //               beta2, eps, grad_clip, seed, checkpoint_every, keep_checkpoints, precision,
-//               cuda_graphs
+//               cuda_graphs, optimizer
 //   [parallel]  dp, pp, tp, micro_batch, zero, recompute (a train run takes dp x pp x tp workers)
 //   [worker]    threads (intra-op threads per CPU worker; 0 = LibTorch's default)
 //   [extract]   layers, sites, dtype, precision, batch, tokens (kind = "extract": capture
@@ -166,6 +166,9 @@ struct TrainSpec {
   // CUDA workers: replay each step's forwards and backwards as one CUDA graph where the schedule
   // is static (one pipeline stage, tp = 1, ZeRO < 3); false launches every kernel each step.
   bool cuda_graphs = true;
+  // "adamw", or "adamw8bit": AdamW with its moments m and v as blockwise 8-bit codes
+  // (kernels.h AdamW8bit; Dettmers et al. 2021), about a quarter of their fp32 memory.
+  std::string optimizer = "adamw";
 };
 
 struct ParallelSpec {

@@ -158,6 +158,12 @@ TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
   auto graphs_again = ParseRunSpec(RunSpecToToml(*graphs_off), dir_, true);
   ASSERT_TRUE(graphs_again.ok()) << graphs_again.status().ToString();
   EXPECT_FALSE(graphs_again->train.cuda_graphs);
+  ExpectRejected(Valid("", "optimizer = \"sgd\"\n"), "train.optimizer = \"sgd\" is not supported; use \"adamw\" or \"adamw8bit\"");
+  auto eight_bit = ParseRunSpec(Valid("", "optimizer = \"adamw8bit\"\n"), dir_, true);
+  ASSERT_TRUE(eight_bit.ok()) << eight_bit.status().ToString();
+  auto eight_bit_again = ParseRunSpec(RunSpecToToml(*eight_bit), dir_, true);
+  ASSERT_TRUE(eight_bit_again.ok()) << eight_bit_again.status().ToString();
+  EXPECT_EQ(eight_bit_again->train.optimizer, "adamw8bit");
   auto spec = ParseRunSpec(Valid() + "[parallel]\ndp = 2\npp = 2\ntp = 2\nzero = 3\nrecompute = true\n", dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_EQ(spec->parallel.workers(), 8);

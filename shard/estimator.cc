@@ -107,8 +107,8 @@ int64_t ParameterCount(const ModelSpec& spec) {
          u.head_sharded + u.head_replicated;
 }
 
-MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, bool offload) {
-  const internal::StateBytesPerParam b = internal::BytesPerParam(layout);
+MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, bool offload, bool eight_bit_optimizer) {
+  const internal::StateBytesPerParam b = internal::BytesPerParam(layout, eight_bit_optimizer);
   const double p = static_cast<double>(params);
   const double weight_share = zero >= 3 ? 1.0 / dp : 1.0;
   // The ZeRO paper frees the gradients a rank does not own; our trainer reduce-scatters in place.
@@ -166,10 +166,15 @@ UnitParams CountUnits(const ModelSpec& spec, int64_t pp) {
 // Bytes per parameter of each kind of model state. The ZeRO paper's mixed precision keeps the
 // fp32 master copy inside the optimizer's 12 bytes; our trainer's master weights are the model
 // itself, and bf16 autocast adds a cached bf16 copy of every weight during forward/backward.
-StateBytesPerParam BytesPerParam(StateLayout layout) {
+StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer) {
+  // adamw8bit: m and v as one code byte each plus an fp32 scale per block of 256; the two fp32
+  // masks stay.
+  constexpr double kEightBitMoments = 2.0 * (1.0 + 4.0 / 256.0);
   switch (layout) {
-    case StateLayout::kFp32: return {4, 0, 4, 16};          // = 24: m, v and two fp32 masks
-    case StateLayout::kBf16Autocast: return {4, 0, 4, 16};  // = 24: casts are per micro-batch (activations)
+    case StateLayout::kFp32:  // = 24: m, v and two fp32 masks
+      return {4, 0, 4, eight_bit_optimizer ? 8 + kEightBitMoments : 16};
+    case StateLayout::kBf16Autocast:  // = 24: casts are per micro-batch (activations)
+      return {4, 0, 4, eight_bit_optimizer ? 8 + kEightBitMoments : 16};
     case StateLayout::kZeroPaperMixed: return {2, 0, 2, 12};  // = 16
   }
   return {4, 0, 4, 8};
@@ -306,7 +311,7 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
   const double sbh = static_cast<double>(s) * static_cast<double>(b) * static_cast<double>(model.hidden);
   const double boundary_bytes = sbh * static_cast<double>(ActivationBytesPerElement(fp32_acts));
   const double compute_bytes = problem.layout == StateLayout::kFp32 ? 4.0 : 2.0;
-  const StateBytesPerParam per_param = BytesPerParam(problem.layout);
+  const StateBytesPerParam per_param = BytesPerParam(problem.layout, problem.job.optimizer == "adamw8bit");
   const UnitParams u = CountUnits(model, c.pp);
   const double layer_per_rank = static_cast<double>(u.layer_sharded) / c.tp + u.layer_replicated;
   const MeshGeometry& geometry = cache.Geometry(c.dp, c.pp, c.tp);
@@ -327,7 +332,7 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     const double flops_params = layers * layer_per_rank + (last ? static_cast<double>(model.vocab * model.hidden) / c.tp : 0);
     const double flops = (recompute ? 8.0 : 6.0) * flops_params * static_cast<double>(local_batch * s);
 
-    MemoryEstimate mem = ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload);
+    MemoryEstimate mem = ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload, problem.job.optimizer == "adamw8bit");
     if (c.zero == 0 && c.dp > 1 && problem.layout == StateLayout::kBf16Autocast) {
       mem.gradients = ToBytes(static_cast<double>(mem.gradients) - kDataParallelZero0Saving * params);  // see Calibration: measured
     }

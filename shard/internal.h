@@ -105,7 +105,9 @@ struct StateBytesPerParam {
   double gradients;
   double optimizer;
 };
-StateBytesPerParam BytesPerParam(StateLayout layout);
+// `eight_bit_optimizer`: train.optimizer = "adamw8bit" (1 byte per moment element and an fp32
+// scale per 256).
+StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer = false);
 
 std::string FormatBytes(double bytes);
 std::string Describe(const Plan& plan);  // "dp=2 pp=1 tp=1, ZeRO-1, micro_batch 4 x 2, ..."

@@ -28,6 +28,7 @@ struct JobSpec {
   int64_t global_batch = 8;         // sequences per optimizer step, over all data-parallel ranks
   int64_t sequence = 0;             // tokens per sequence; 0 -> model.sequence
   std::string precision = "fp32";   // "fp32" or "bf16" (bf16 autocast, fp32 master/grads/moments)
+  std::string optimizer = "adamw";  // or "adamw8bit": 8-bit blockwise moments (about a quarter of the bytes)
   // The [parallel] fields; unset = "auto", searched.
   std::optional<int64_t> dp, pp, tp, zero, micro_batch;
   std::optional<bool> recompute, offload;
@@ -165,7 +166,8 @@ enum class StateLayout {
 // Weights, gradients and optimizer state of `params` parameters on one rank of a `dp`-wide
 // ZeRO group (stage 1 shards optimizer state, 2 also gradients, 3 also weights); `offload`
 // moves optimizer state to host memory. Other fields are zero.
-MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, bool offload = false);
+MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, bool offload = false,
+                               bool eight_bit_optimizer = false);
 
 // Activations one transformer layer stores for backward, one micro-batch, no recompute
 // (Korthikanti et al. 2022 with the MLP term scaled to the model's ffn width).

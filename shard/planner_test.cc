@@ -77,6 +77,19 @@ TEST(ModelStateBytes, ZeroPaperStagesAtDp4) {
   EXPECT_EQ(ModelStateBytes(p, StateLayout::kZeroPaperMixed, 3, 4).total(), 4'000'000'000);
 }
 
+TEST(ModelStateBytes, EightBitMomentsTakeAQuarterOfTheirFp32Bytes) {
+  const int64_t p = 1'000'000'000;
+  // adamw8bit: m and v as 1 byte + 4 bytes per 256 each = 2.03125 bytes, beside the 8 bytes of masks.
+  const MemoryEstimate eight = ModelStateBytes(p, StateLayout::kBf16Autocast, 0, 1, false, /*eight_bit_optimizer=*/true);
+  const MemoryEstimate fp32 = ModelStateBytes(p, StateLayout::kBf16Autocast, 0, 1);
+  EXPECT_EQ(eight.optimizer_state, 10'031'250'000);
+  EXPECT_EQ(fp32.optimizer_state - eight.optimizer_state, 5'968'750'000);
+  EXPECT_EQ(eight.weights, fp32.weights);
+  EXPECT_EQ(eight.gradients, fp32.gradients);
+  // Sharded like the fp32 moments under ZeRO-1.
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kBf16Autocast, 1, 4, false, true).optimizer_state, 2'507'812'500);
+}
+
 TEST(ModelStateBytes, OurTrainerLayouts) {
   const int64_t p = 1'000'000'000;
   // fp32: 4 weights + 4 grads + 16 (m, v and two fp32 masks) = 24; ZeRO-1 at dp 4: 4 + 4 + 4 = 12.

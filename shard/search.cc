@@ -112,6 +112,9 @@ Status ValidateJob(const ModelSpec& model, JobSpec& job, int64_t workers) {
     return InvalidArgument("job sequence = " + Str(job.sequence) + " exceeds model.sequence = " + Str(model.sequence) + " (GPT-2's learned positions); shorten it or raise model.sequence");
   }
   if (job.precision != "fp32" && job.precision != "bf16") return InvalidArgument("train.precision = \"" + job.precision + "\"; use \"fp32\" or \"bf16\"");
+  if (job.optimizer != "adamw" && job.optimizer != "adamw8bit") {
+    return InvalidArgument("train.optimizer = \"" + job.optimizer + "\"; use \"adamw\" or \"adamw8bit\"");
+  }
   for (const auto& [field, value] : std::initializer_list<std::pair<const char*, std::optional<int64_t>>>{{"dp", job.dp}, {"pp", job.pp}, {"tp", job.tp}, {"micro_batch", job.micro_batch}}) {
     if (value && *value < 1) return InvalidArgument(std::string("parallel.") + field + " = " + Str(*value) + "; it must be >= 1, or \"auto\"");
   }
@@ -271,6 +274,7 @@ JobSpec JobForRun(const RunSpec& spec) {
   job.global_batch = spec.train.global_batch;
   job.sequence = spec.model.sequence;
   job.precision = spec.train.precision;
+  job.optimizer = spec.train.optimizer;
   job.dp = fixed("dp", p.dp);
   job.pp = fixed("pp", p.pp);
   job.tp = fixed("tp", p.tp);

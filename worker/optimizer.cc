@@ -4,16 +4,28 @@
 
 namespace strata::worker {
 
-UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device)
-    : model_(model), zero_(zero), dp_(dp), device_(device) {
+UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device, bool eight_bit)
+    : model_(model), zero_(zero), dp_(dp), eight_bit_(eight_bit), device_(device) {
   const bool sharded_moments = zero >= 1;
   const auto options = torch::TensorOptions().dtype(torch::kFloat).device(device_);
   for (auto& unit : model_.units()) {
     Moments m;
     m.begin = sharded_moments ? unit.shard_begin : 0;
     m.end = sharded_moments ? unit.shard_end : unit.numel;
-    m.exp_avg = torch::zeros({m.end - m.begin}, options);
-    m.exp_avg_sq = torch::zeros({m.end - m.begin}, options);
+    const int64_t n = m.end - m.begin;
+    if (eight_bit_) {
+      const auto codes = options.dtype(torch::kByte);
+      const int64_t blocks = kernels::AdamW8bitBlocks(n);
+      m.exp_avg_codes = torch::empty({n}, codes);
+      m.exp_avg_sq_codes = torch::empty({n}, codes);
+      m.exp_avg_scales = torch::empty({blocks}, options);
+      m.exp_avg_sq_scales = torch::empty({blocks}, options);
+      kernels::AdamW8bitInit(KernelPlace(device_), m.exp_avg_codes.data_ptr<uint8_t>(), m.exp_avg_scales.data_ptr<float>(),
+                             m.exp_avg_sq_codes.data_ptr<uint8_t>(), m.exp_avg_sq_scales.data_ptr<float>(), n);
+    } else {
+      m.exp_avg = torch::zeros({n}, options);
+      m.exp_avg_sq = torch::zeros({n}, options);
+    }
     // Masks over the whole unit, then cut: decay on matrices; the norm counts each element once.
     // Made where they are used: on a GPU, host masks would be gigabytes filled and copied.
     auto decay = torch::zeros({unit.numel}, options), norm = torch::zeros({unit.numel}, options);
@@ -72,9 +84,15 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     auto g = reduced_[u];
     if (!unit.sharded && zero_ >= 1) g = g.narrow(0, m.begin, m.end - m.begin);
     // One fused pass (kernels/kernels.h has the maths): clipping, decay, moments, update.
-    kernels::AdamW(place, {lr, tr.beta1, tr.beta2, tr.eps, tr.weight_decay, step, clip}, p.data_ptr<float>(),
-                   g.data_ptr<float>(), m.exp_avg.data_ptr<float>(), m.exp_avg_sq.data_ptr<float>(),
-                   m.decay_mask.data_ptr<float>(), p.numel());
+    const kernels::AdamWArgs args{lr, tr.beta1, tr.beta2, tr.eps, tr.weight_decay, step, clip};
+    if (eight_bit_) {
+      kernels::AdamW8bit(place, args, p.data_ptr<float>(), g.data_ptr<float>(), m.exp_avg_codes.data_ptr<uint8_t>(),
+                         m.exp_avg_scales.data_ptr<float>(), m.exp_avg_sq_codes.data_ptr<uint8_t>(), m.exp_avg_sq_scales.data_ptr<float>(),
+                         m.decay_mask.data_ptr<float>(), p.numel());
+    } else {
+      kernels::AdamW(place, args, p.data_ptr<float>(), g.data_ptr<float>(), m.exp_avg.data_ptr<float>(), m.exp_avg_sq.data_ptr<float>(),
+                     m.decay_mask.data_ptr<float>(), p.numel());
+    }
     if (zero_ == 1 || zero_ == 2) AllGatherTensor(*groups.dp, flat);
     if (unit.sharded) {
       unit.flat.mutable_grad() = torch::Tensor();
@@ -84,6 +102,32 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
   }
   reduced_.clear();
   model_.RefreshWorkingWeights();
+}
+
+torch::Tensor UnitOptimizer::MomentValues(size_t unit, bool second) const {
+  const Moments& m = moments_[unit];
+  if (!eight_bit_) return second ? m.exp_avg_sq : m.exp_avg;
+  auto values = torch::empty({m.end - m.begin}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  const torch::Tensor& codes = second ? m.exp_avg_sq_codes : m.exp_avg_codes;
+  const torch::Tensor& scales = second ? m.exp_avg_sq_scales : m.exp_avg_scales;
+  kernels::Dequantize8bit(KernelPlace(device_), /*is_signed=*/!second, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(),
+                          values.data_ptr<float>(), values.numel());
+  return values;
+}
+
+void UnitOptimizer::SetMomentValues(size_t unit, bool second, const torch::Tensor& values) {
+  torch::NoGradGuard no_grad;
+  Moments& m = moments_[unit];
+  const torch::Tensor v = values.to(device_, torch::kFloat).contiguous();
+  TORCH_CHECK(v.numel() == m.end - m.begin, "SetMomentValues: ", v.numel(), " values for an optimizer range of ", m.end - m.begin);
+  if (!eight_bit_) {
+    (second ? m.exp_avg_sq : m.exp_avg).copy_(v);
+    return;
+  }
+  const torch::Tensor& codes = second ? m.exp_avg_sq_codes : m.exp_avg_codes;
+  const torch::Tensor& scales = second ? m.exp_avg_sq_scales : m.exp_avg_scales;
+  kernels::Quantize8bit(KernelPlace(device_), /*is_signed=*/!second, v.data_ptr<float>(), codes.data_ptr<uint8_t>(),
+                        scales.data_ptr<float>(), v.numel());
 }
 
 void UnitOptimizer::DiscardGradients() {

@@ -29,16 +29,21 @@ namespace strata::worker {
 class UnitOptimizer {
  public:
   struct Moments {
-    torch::Tensor exp_avg, exp_avg_sq, decay_mask, norm_mask;  // over the unit's optimizer range
-    int64_t begin = 0, end = 0;                                 // that range, in the unit's flat vector
+    torch::Tensor exp_avg, exp_avg_sq;  // fp32 over the unit's optimizer range (adamw; undefined under adamw8bit)
+    // adamw8bit: one uint8 code per element and one fp32 scale per block of kAdamW8bitBlock
+    // (kernels.h); the range starts on a block boundary of the unit (ParamUnit's padding).
+    torch::Tensor exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales;
+    torch::Tensor decay_mask, norm_mask;  // over the optimizer range, and this rank's shard
+    int64_t begin = 0, end = 0;           // the optimizer range, in the unit's flat vector
   };
   struct Groups {
     Communicator* dp = nullptr;   // the data-parallel group
     Communicator* tie = nullptr;  // GPT-2's tied embedding: the first and last stage
   };
 
-  // Zeroed moments for every unit of `model`: this rank's ZeRO shard of each when zero >= 1.
-  UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device);
+  // Zeroed moments for every unit of `model`: this rank's ZeRO shard of each when zero >= 1;
+  // fp32, or 8-bit codes when `eight_bit` (train.optimizer = "adamw8bit").
+  UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device, bool eight_bit = false);
 
   // Reduces every unit's gradient (above) and returns the squared norm of this rank's share, a
   // scalar on the device. The reduced gradients are kept for Apply.
@@ -49,6 +54,15 @@ class UnitOptimizer {
   // Drops the reduced gradients and clears the units' (a step that will be replayed).
   void DiscardGradients();
 
+  // The moment's values over the unit's optimizer range as fp32 (`second`: v, else m): the live
+  // tensor under adamw, a dequantized copy under adamw8bit. What checkpoints store: the 8-bit
+  // state is recovered from it exactly (SetMomentValues), so checkpoints keep one format.
+  torch::Tensor MomentValues(size_t unit, bool second) const;
+  // Sets the moment from fp32 values over the optimizer range (quantized under adamw8bit:
+  // values that are themselves dequantized 8-bit state give back the same codes and scales).
+  void SetMomentValues(size_t unit, bool second, const torch::Tensor& values);
+  bool eight_bit() const { return eight_bit_; }
+
   Moments& moments(size_t unit) { return moments_[unit]; }
   const Moments& moments(size_t unit) const { return moments_[unit]; }
   // Elements this rank holds per moment.
@@ -57,6 +71,7 @@ class UnitOptimizer {
  private:
   StageModel& model_;
   const int64_t zero_, dp_;
+  const bool eight_bit_;
   const torch::Device device_;
   std::vector<Moments> moments_;  // one per unit
   std::vector<torch::Tensor> reduced_;  // ReduceGradients' result per unit, until Apply

@@ -114,7 +114,8 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   }
   drawn.clear();
   full.reset();
-  optimizer_ = std::make_unique<UnitOptimizer>(*model_, context.spec.parallel.zero, mesh_.dp, position_.tp_rank, device_);
+  optimizer_ = std::make_unique<UnitOptimizer>(*model_, context.spec.parallel.zero, mesh_.dp, position_.tp_rank, device_,
+                                               context.spec.train.optimizer == "adamw8bit");
   // A static schedule (step_graph.h): no pipeline sends, no collectives or gathers inside it.
   const bool graphable = context.spec.train.cuda_graphs && device_.is_cuda() && mesh_.pp == 1 && mesh_.tp == 1 &&
                          context.spec.parallel.zero < 3;

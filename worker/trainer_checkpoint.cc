@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdint>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -104,8 +105,14 @@ Status Trainer::Resume(const ResumePoint& resume) {
       return t;
     };
     targets["param"] = target(unit.flat.detach(), unit.sharded ? unit.shard_begin : 0, unit.sharded ? unit.shard_end : unit.numel);
-    targets["adam_m"] = target(m.exp_avg, m.begin, m.end);
-    targets["adam_v"] = target(m.exp_avg_sq, m.begin, m.end);
+    // adamw8bit: the stored fp32 values land in zeroed buffers (the padding too: it joins the
+    // last block's scale) and are quantized once the unit is read.
+    const bool eight_bit = optimizer_->eight_bit();
+    const auto fp32 = torch::TensorOptions().dtype(torch::kFloat).device(device_);
+    const torch::Tensor m_values = eight_bit ? torch::zeros({m.end - m.begin}, fp32) : m.exp_avg;
+    const torch::Tensor v_values = eight_bit ? torch::zeros({m.end - m.begin}, fp32) : m.exp_avg_sq;
+    targets["adam_m"] = target(m_values, m.begin, m.end);
+    targets["adam_v"] = target(v_values, m.begin, m.end);
 
     // Each piece goes straight into its place when it is a range of this rank's tensor-parallel
     // slice (written under the same tp, or replicated): one copy, from the store to where the
@@ -218,6 +225,10 @@ Status Trainer::Resume(const ResumePoint& resume) {
     if (!host_is_device) {
       for (auto& [kind, t] : targets) t.device.copy_(t.host);
     }
+    if (eight_bit) {
+      optimizer_->SetMomentValues(u, false, m_values);
+      optimizer_->SetMomentValues(u, true, v_values);
+    }
     place_ms += ms_since(place_start);
   }
   step_ = resume.step;
@@ -311,11 +322,17 @@ Result<SavedShard> Trainer::WriteCheckpointShard(storage::ShardStore& store, Hos
 // its write has let go of them (page-locking gigabytes takes seconds; the copy itself ~20 GB/s).
 void Trainer::CollectCheckpointPieces(std::vector<std::pair<std::string, torch::Tensor>>* pieces, std::set<std::string>* names) {
   torch::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, torch::Tensor>> sources;  // piece name -> its range of live state
+  // Piece name -> which state (0 the parameters, 1 m, 2 v) of which unit, from where, how many.
+  struct Source {
+    std::string name;
+    size_t unit;
+    int state;
+    int64_t at, n;
+  };
+  std::vector<Source> sources;
   const int64_t zero = context_.spec.parallel.zero;
   for (size_t u = 0; u < model_->units().size(); ++u) {
     const ParamUnit& unit = model_->units()[u];
-    const UnitOptimizer::Moments& m = optimizer_->moments(u);
     if (unit.tied_copy) continue;  // the first stage writes wte
     for (size_t i = 0; i < unit.names.size(); ++i) {
       const bool split = !unit.replicated[i];
@@ -335,12 +352,12 @@ void Trainer::CollectCheckpointPieces(std::vector<std::pair<std::string, torch::
       piece.shape = unit.full_shapes[i];
       const int64_t param_at = unit.sharded ? begin - unit.shard_begin : begin;
       const int64_t moment_at = zero >= 1 ? begin - unit.shard_begin : begin;
+      int state = 0;
       for (const char* kind : {"param", "adam_m", "adam_v"}) {
         piece.kind = kind;
         if (names) names->insert(shard::FormatPiece(piece));
-        if (!pieces) continue;
-        const torch::Tensor& from = piece.kind == "param" ? unit.flat.detach() : piece.kind == "adam_m" ? m.exp_avg : m.exp_avg_sq;
-        sources.emplace_back(shard::FormatPiece(piece), from.narrow(0, piece.kind == "param" ? param_at : moment_at, end - begin));
+        if (pieces) sources.push_back({shard::FormatPiece(piece), u, state, state == 0 ? param_at : moment_at, end - begin});
+        ++state;
       }
     }
   }
@@ -352,8 +369,8 @@ void Trainer::CollectCheckpointPieces(std::vector<std::pair<std::string, torch::
   constexpr int64_t kBlockFloats = (int64_t{256} << 20) / static_cast<int64_t>(sizeof(float));
   std::vector<int64_t> block_numel;
   std::vector<std::pair<size_t, int64_t>> place;  // per piece: block, offset
-  for (const auto& [name, range] : sources) {
-    const int64_t n = range.numel();
+  for (const Source& source : sources) {
+    const int64_t n = source.n;
     if (block_numel.empty() || (block_numel.back() > 0 && block_numel.back() + n > kBlockFloats)) block_numel.push_back(0);
     place.emplace_back(block_numel.size() - 1, block_numel.back());
     block_numel.back() += n;
@@ -368,11 +385,27 @@ void Trainer::CollectCheckpointPieces(std::vector<std::pair<std::string, torch::
     checkpoint_blocks_.clear();  // let go of the old ones first: both may not fit
     for (int64_t n : block_numel) checkpoint_blocks_.push_back(HostBufferFor(device_, n, torch::kFloat));
   }
+  // The moments as fp32 values (UnitOptimizer::MomentValues): the live tensors, or under
+  // adamw8bit one unit's dequantized copies at a time, kept until their copies are done.
+  size_t values_unit = SIZE_MAX;
+  torch::Tensor values[2];
   for (size_t i = 0; i < sources.size(); ++i) {
-    auto& [name, range] = sources[i];
-    auto into = checkpoint_blocks_[place[i].first].narrow(0, place[i].second, range.numel());
-    into.copy_(range, /*non_blocking=*/true);
-    pieces->emplace_back(std::move(name), into);
+    Source& source = sources[i];
+    torch::Tensor from;
+    if (source.state == 0) {
+      from = model_->units()[source.unit].flat.detach();
+    } else {
+      if (source.unit != values_unit) {
+        if (optimizer_->eight_bit() && values_unit != SIZE_MAX) WaitForDevice(device_);  // the last unit's copies read them
+        values[0] = optimizer_->MomentValues(source.unit, false);
+        values[1] = optimizer_->MomentValues(source.unit, true);
+        values_unit = source.unit;
+      }
+      from = values[source.state - 1];
+    }
+    auto into = checkpoint_blocks_[place[i].first].narrow(0, place[i].second, source.n);
+    into.copy_(from.narrow(0, source.at, source.n), /*non_blocking=*/true);
+    pieces->emplace_back(std::move(source.name), into);
   }
   if (!keep) checkpoint_blocks_.clear();
   WaitForDevice(device_);
