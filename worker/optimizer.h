@@ -31,7 +31,8 @@ class UnitOptimizer {
   struct Moments {
     torch::Tensor exp_avg, exp_avg_sq;  // fp32 over the unit's optimizer range (adamw; undefined under adamw8bit)
     // adamw8bit: one uint8 code per element and one fp32 scale per block of kAdamW8bitBlock
-    // (kernels.h); the range starts on a block boundary of the unit (ParamUnit's padding).
+    // (kernels.h), the blocks counted from the start of the range (this rank's ZeRO shard under
+    // ZeRO >= 1, so they depend on dp: a resume under another dp requantizes).
     torch::Tensor exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales;
     torch::Tensor decay_mask, norm_mask;  // over the optimizer range, and this rank's shard
     int64_t begin = 0, end = 0;           // the optimizer range, in the unit's flat vector

@@ -172,7 +172,6 @@ struct UnitCallFunction : torch::autograd::Function<UnitCallFunction> {
       }
       std::vector<torch::Tensor> flat_pieces;
       for (auto& g : per_param) flat_pieces.push_back(g.to(torch::kFloat).reshape({-1}));
-      if (unit.numel > unit.params_numel) flat_pieces.push_back(torch::zeros({unit.numel - unit.params_numel}, flat_pieces[0].options()));
       auto g = torch::cat(flat_pieces);
       ReduceScatterTensor(*call.model->groups_.dp, g);  // each rank keeps its shard's sum
       out.push_back(g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).clone());
@@ -346,9 +345,6 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
     unit.offsets.push_back(unit.numel);
     unit.numel += slice_numel;
   }
-  unit.params_numel = unit.numel;
-  const int64_t multiple = mesh_.dp * kUnitAlignment;
-  unit.numel = (unit.params_numel + multiple - 1) / multiple * multiple;
   const auto [begin, end] = ShardRange(static_cast<size_t>(unit.numel), static_cast<uint32_t>(mesh_.dp),
                                        static_cast<uint32_t>(position_.dp_rank));
   unit.shard_begin = static_cast<int64_t>(begin);
@@ -356,9 +352,6 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
   unit.sharded = spec_.parallel.zero == 3;
   const int64_t held_begin = unit.sharded ? unit.shard_begin : 0, held_end = unit.sharded ? unit.shard_end : unit.numel;
   torch::Tensor held = torch::empty({held_end - held_begin}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-  if (const int64_t pad_from = std::max(unit.params_numel, held_begin); pad_from < held_end) {
-    held.narrow(0, pad_from - held_begin, held_end - pad_from).zero_();  // the padding: never a parameter, always 0
-  }
   if (load) {
     // One parameter at a time: load it whole, cut this rank's slice, copy the part of the slice
     // this rank holds straight to the device.

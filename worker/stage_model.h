@@ -48,8 +48,6 @@ void AllGatherTensor(Communicator& comm, torch::Tensor& t);
 void SendTensor(Communicator& comm, const torch::Tensor& t, uint32_t peer);
 torch::Tensor RecvTensor(Communicator& comm, const std::vector<int64_t>& shape, const torch::Device& device, uint32_t peer);
 
-constexpr int64_t kUnitAlignment = 256;
-
 struct ParamUnit {
   std::string label;                         // "embed", "block 3", "head", "wte (tied copy)"
   std::vector<std::string> names;            // the model's parameter names
@@ -57,13 +55,7 @@ struct ParamUnit {
   std::vector<std::vector<int64_t>> full_shapes;
   std::vector<int64_t> offsets;              // of each parameter in the unit's flat vector
   std::vector<bool> replicated;              // the same on every tensor-parallel rank
-  // Elements of the flat vector: the parameters (params_numel), then zero padding up to a
-  // multiple of dp x kUnitAlignment, so that every data-parallel rank's shard is the same size
-  // (NCCL's reduce-scatter and all-gather take equal blocks; an uneven unit fell back to an
-  // all-reduce) and starts on a multiple of kUnitAlignment whatever dp is (blockwise optimizer
-  // state, 8-bit AdamW's blocks of 256, then means the same blocks under every mesh).
   int64_t numel = 0;
-  int64_t params_numel = 0;
   int64_t shard_begin = 0, shard_end = 0;    // this data-parallel rank's range of the flat vector
   bool sharded = false;                      // ZeRO-3: `flat` holds [shard_begin, shard_end) only
   bool tied_copy = false;                    // GPT-2's wte on the last stage (the first stage's is the one counted)

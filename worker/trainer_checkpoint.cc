@@ -105,8 +105,7 @@ Status Trainer::Resume(const ResumePoint& resume) {
       return t;
     };
     targets["param"] = target(unit.flat.detach(), unit.sharded ? unit.shard_begin : 0, unit.sharded ? unit.shard_end : unit.numel);
-    // adamw8bit: the stored fp32 values land in zeroed buffers (the padding too: it joins the
-    // last block's scale) and are quantized once the unit is read.
+    // adamw8bit: the stored fp32 values land in fp32 buffers, quantized once the unit is read.
     const bool eight_bit = optimizer_->eight_bit();
     const auto fp32 = torch::TensorOptions().dtype(torch::kFloat).device(device_);
     const torch::Tensor m_values = eight_bit ? torch::zeros({m.end - m.begin}, fp32) : m.exp_avg;

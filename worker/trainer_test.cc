@@ -134,6 +134,29 @@ class TrainerTest : public ::testing::Test {
     return losses;
   }
 
+  // Trains `step` steps on the current mesh with one store per rank (DIR/<prefix><rank>) and saves
+  // a checkpoint there: the resume point of it (the stores are closed again, for the resumed
+  // ranks to open read-only).
+  ResumePoint CheckpointAt(int64_t step, const std::string& prefix) {
+    const auto world = spec_.parallel.workers();
+    for (int64_t r = 0; r < world; ++r) {
+      auto store = storage::ShardStore::Open(dir_ + "/" + prefix + std::to_string(r));
+      EXPECT_TRUE(store.ok());
+      if (store.ok()) stores_.push_back(std::move(store).value());
+    }
+    ResumePoint checkpoint{"run", step, {}};
+    checkpoint.shards.resize(static_cast<size_t>(world));
+    Train(static_cast<int>(step), [&](uint32_t r, Trainer& t) {
+      auto saved = t.SaveCheckpointShard();
+      ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+      ResumePoint::Shard shard{dir_ + "/" + prefix + std::to_string(r), {}, {}};
+      for (auto& info : saved->tensors) shard.tensors.push_back(info.name);
+      checkpoint.shards[r] = shard;
+    });
+    stores_.clear();
+    return checkpoint;
+  }
+
   void SetMesh(int64_t dp, int64_t pp, int64_t tp, int64_t zero = 0, bool recompute = false) {
     spec_.parallel.dp = dp;
     spec_.parallel.pp = pp;
@@ -241,21 +264,18 @@ TEST_F(TrainerTest, ZeroStagesShardStateAndTrainTheSameModel) {
         ++i;
       }
     });
-    // Each rank holds half of the AdamW moments: exactly half, since units are padded to a
-    // multiple of dp x 256 elements (stage_model.h), by less than 512 elements a unit.
-    EXPECT_EQ(state[0], state[1]) << "zero " << stage;
-    EXPECT_GE(state[0] + state[1], total) << "zero " << stage;
-    EXPECT_LT(state[0] + state[1] - total, int64_t{512} * 16) << "zero " << stage;
-    EXPECT_EQ(state[0] % kUnitAlignment, 0) << "zero " << stage;
+    // Each rank holds half of the AdamW moments.
+    EXPECT_EQ(state[0] + state[1], total) << "zero " << stage;
+    EXPECT_LE(std::abs(state[0] - state[1]), 8) << "zero " << stage;
     EXPECT_LT(max_diff, 1e-5) << "zero " << stage << ": parameters drifted from stage 0";
   }
 }
 
 // train.optimizer = "adamw8bit": the 8-bit moments track fp32 AdamW's run, and a checkpoint
 // (which stores the moments as their fp32 values) resumes with exactly the same 8-bit state:
-// under the mesh that wrote it the losses continue bit for bit; under other data-parallel and
-// pipeline meshes within the 1e-5 that float summation order allows (the quantization blocks are
-// the same 256-element blocks of each unit under every such mesh: ParamUnit's padding).
+// under the mesh that wrote it the losses continue bit for bit. Under other data-parallel and
+// pipeline meshes the quantization blocks start from other shard boundaries, so the moments are
+// requantized, and the losses stay within 1e-5.
 TEST_F(TrainerTest, EightBitAdamWTracksAdamWAndResumesItsStateExactly) {
   spec_.train.global_batch = 8;
   const auto fp32 = Train(10)[0];
@@ -267,21 +287,7 @@ TEST_F(TrainerTest, EightBitAdamWTracksAdamWAndResumesItsStateExactly) {
     EXPECT_EQ(straight[1][s], straight[0][s]) << "step " << s + 1;
   }
   EXPECT_LT(straight[0].back(), straight[0].front() * 0.9);
-  for (int r = 0; r < 2; ++r) {
-    auto store = storage::ShardStore::Open(dir_ + "/store8-" + std::to_string(r));
-    ASSERT_TRUE(store.ok());
-    stores_.push_back(std::move(store).value());
-  }
-  ResumePoint checkpoint{"run", 6, {}};
-  Train(6, [&](uint32_t r, Trainer& t) {
-    auto saved = t.SaveCheckpointShard();
-    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-    ResumePoint::Shard shard{dir_ + "/store8-" + std::to_string(r), {}, {}};
-    for (auto& info : saved->tensors) shard.tensors.push_back(info.name);
-    checkpoint.shards.push_back(shard);
-  });
-  stores_.clear();
-  resume_ = checkpoint;
+  resume_ = CheckpointAt(6, "store8-");
   auto same = Train(10);
   ASSERT_EQ(same[0].size(), 4u);
   for (int s = 0; s < 4; ++s) EXPECT_EQ(same[0][s], straight[0][s + 6]) << "same mesh, step " << s + 7;
@@ -447,21 +453,7 @@ TEST_P(MeshResumeTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
   spec_.parallel.micro_batch = 2;
   auto straight = Train(10)[0];
   SetMesh(1, 2, 1);
-  for (int r = 0; r < 2; ++r) {
-    auto store = storage::ShardStore::Open(dir_ + "/resume-store" + std::to_string(r));
-    ASSERT_TRUE(store.ok());
-    stores_.push_back(std::move(store).value());
-  }
-  ResumePoint checkpoint{"run", 6, {}};
-  Train(6, [&](uint32_t r, Trainer& t) {
-    auto saved = t.SaveCheckpointShard();
-    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-    ResumePoint::Shard shard{dir_ + "/resume-store" + std::to_string(r), {}, {}};
-    for (auto& info : saved->tensors) shard.tensors.push_back(info.name);
-    checkpoint.shards.push_back(shard);
-  });
-  stores_.clear();  // the resumed ranks open them read-only
-  resume_ = checkpoint;
+  resume_ = CheckpointAt(6, "resume-store");
   for (const auto& [dp, tp, zero, recompute] : {std::tuple{2, 1, 3, false}, std::tuple{1, 2, 0, true}}) {
     SetMesh(dp, 1, tp, zero, recompute);
     auto resumed = Train(10);
