@@ -15,11 +15,10 @@
 
 #include <torch/torch.h>
 
-#include <map>
-#include <mutex>
-
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>

@@ -309,7 +309,14 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
   for (size_t u = 0; u < units_.size(); ++u) {
     ParamUnit& unit = units_[u];
     const bool recomputed = spec.parallel.recompute && std::find(block_units_.begin(), block_units_.end(), static_cast<int>(u)) != block_units_.end();
-    unit.sink = !unit.sharded && !recomputed;
+    // A tied embedding on a one-stage rank has two uses per micro-batch (the lookup and the head).
+    // Autograd sums a micro-batch's uses before it accumulates, so data-parallel ranks and
+    // gradient accumulation add the same partial sums in the same order (dp = 2 equals dp = 1
+    // with two micro-batches bit for bit); the sink would add each use on its own. It stays
+    // with AccumulateGrad.
+    const bool two_uses = static_cast<int>(u) == wte_unit_ &&
+                          std::find(head_units_.begin(), head_units_.end(), wte_unit_) != head_units_.end();
+    unit.sink = !unit.sharded && !recomputed && !two_uses;
     if (!unit.sink) continue;
     unit.received.assign(unit.params.size(), 0);
     slot_begin_[u] = static_cast<int64_t>(slots_.size());

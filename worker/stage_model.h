@@ -64,7 +64,8 @@ struct ParamUnit {
   torch::Tensor flat;
   std::vector<torch::Tensor> params;
   torch::Tensor grad;
-  // Gradient sink (units that are neither ZeRO-3 shards nor recomputed): every use of a
+  // Gradient sink (units that are neither ZeRO-3 shards nor recomputed, nor a one-stage tied
+  // embedding, which stays with AccumulateGrad: stage_model.cc says why): every use of a
   // parameter goes through a function whose backward writes the step's first gradient of it
   // into `grad` and adds the later ones, in place of autograd's AccumulateGrad. So `grad` needs
   // no zeroing between steps, and no gradient is widened to fp32 and added to a zero buffer.
