@@ -222,8 +222,8 @@ struct WorkingWeightFunction : torch::autograd::Function<WorkingWeightFunction> 
 
 std::vector<torch::Tensor> StageModel::SinkViews(int u, bool matmul_weights) {
   ParamUnit& unit = units_[u];
-  std::vector<torch::Tensor> working;
-  if (matmul_weights && unit.working.defined()) working = ViewsOf(unit, unit.working);
+  static const std::vector<torch::Tensor> kNone;
+  const std::vector<torch::Tensor>& working = matmul_weights ? unit.working_params : kNone;
   std::vector<torch::Tensor> out;
   for (size_t i = 0; i < unit.params.size(); ++i) {
     const bool matrix = !working.empty() && unit.shapes[i].size() >= 2;
@@ -321,7 +321,10 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     unit.received.assign(unit.params.size(), 0);
     slot_begin_[u] = static_cast<int64_t>(slots_.size());
     for (size_t i = 0; i < unit.params.size(); ++i) slots_.push_back(GradSlot{unit.params[i].grad(), &unit.received[i]});
-    if (working_copies) unit.working = torch::empty({unit.numel}, unit.flat.options().dtype(torch::kBFloat16).requires_grad(false));
+    if (working_copies) {
+      unit.working = torch::empty({unit.numel}, unit.flat.options().dtype(torch::kBFloat16).requires_grad(false));
+      unit.working_params = ViewsOf(unit, unit.working);
+    }
   }
   RefreshWorkingWeights();
   if (mesh_.tp > 1) {

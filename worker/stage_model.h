@@ -75,6 +75,7 @@ struct ParamUnit {
   // refreshed after every update, StageModel::RefreshWorkingWeights), in place of autograd's cast
   // of every fp32 weight at every use. Undefined otherwise.
   torch::Tensor working;
+  std::vector<torch::Tensor> working_params;  // its per-parameter views, made once
 };
 
 class StageModel {
