@@ -13,12 +13,14 @@
 // LibTorch's add, norm and autograd at the same shapes.
 //
 // Prints one JSON line per (kernel, implementation, size) and a markdown table. Needs a CUDA build.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/cuda/CUDAContext.h>
@@ -75,48 +77,61 @@ int main(int argc, char** argv) {
   }
   for (int64_t n : sizes) {
     auto p = torch::randn({n}, opts), g = torch::randn({n}, opts), m = torch::zeros({n}, opts), v = torch::zeros({n}, opts);
-    auto mask = (torch::rand({n}, opts) > 0.01).to(torch::kFloat);
     const strata::kernels::AdamWArgs args{3e-4, 0.9, 0.95, 1e-8, 0.1, 10, 0.8};
-    rows.push_back({"AdamW", "kernels::AdamW (fused, decay mask)", n,
+    rows.push_back({"AdamW", "kernels::AdamW (fused)", n,
                     1e3 * Seconds([&] {
                       strata::kernels::AdamW(place, args, p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
-                                             v.data_ptr<float>(), mask.data_ptr<float>(), n);
+                                             v.data_ptr<float>(), n);
                     }, iterations),
-                    32.0 * n});
+                    28.0 * n});
     rows.push_back({"AdamW", "LibTorch ops (the trainer before kernels/)", n,
                     1e3 * Seconds([&] {
                       torch::NoGradGuard no_grad;
                       auto gs = g * args.grad_scale;
-                      p.mul_(mask.mul(-args.lr * args.weight_decay).add_(1.0));
+                      p.mul_(1.0 - args.lr * args.weight_decay);
                       m.mul_(args.beta1).add_(gs, 1.0 - args.beta1);
                       v.mul_(args.beta2).addcmul_(gs, gs, 1.0 - args.beta2);
                       auto denom = (v.sqrt() / std::sqrt(1 - std::pow(args.beta2, 10.0))).add_(args.eps);
                       p.addcdiv_(m, denom, -args.lr / (1 - std::pow(args.beta1, 10.0)));
                     }, iterations),
-                    32.0 * n});
+                    28.0 * n});
     {
-      // 8-bit AdamW: the moments as blockwise codes (kernels.h). Reads g, p and the mask (4 bytes
-      // each) and the two codes (1 each), writes p and the codes, and reads and writes the two
-      // scales of each block of 256: 20 bytes per element and 16 per block. The first steps
+      // The host AdamW of an offloaded optimizer ([parallel] offload), on this machine's cores
+      // over pinned host memory; its peak is the host's memory bandwidth, not the GPU's (the row's
+      // "share of peak" compares it to the GPU copy and is not meaningful for it).
+      const auto pinned = torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true);
+      auto hp = p.cpu().pin_memory(), hg = g.cpu().pin_memory(), hm = torch::zeros({n}, pinned), hv = torch::zeros({n}, pinned);
+      const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      rows.push_back({"AdamW", "kernels::AdamWHost (CPU, " + std::to_string(threads) + " threads)", n,
+                      1e3 * Seconds([&] {
+                        strata::kernels::AdamWHost(args, hp.data_ptr<float>(), hg.data_ptr<float>(), hm.data_ptr<float>(),
+                                                   hv.data_ptr<float>(), n, threads);
+                      }, std::max(1, iterations / 10)),
+                      28.0 * n});
+    }
+    {
+      // 8-bit AdamW: the moments as blockwise codes (kernels.h). Reads g and p (4 bytes each) and
+      // the two codes (1 each), writes p and the codes, and reads and writes the two scales of
+      // each block of 256: 16 bytes per element and 16 per block. The first steps
       // (the warm-up) take the state from zero to realistic codes.
       auto m_codes = torch::empty({n}, opts.dtype(torch::kUInt8)), v_codes = torch::empty_like(m_codes);
       auto m_scales = torch::empty({strata::kernels::AdamW8bitBlocks(n)}, opts), v_scales = torch::empty_like(m_scales);
       strata::kernels::AdamW8bitInit(place, m_codes.data_ptr<uint8_t>(), m_scales.data_ptr<float>(), v_codes.data_ptr<uint8_t>(),
                                      v_scales.data_ptr<float>(), n);
-      rows.push_back({"AdamW", "kernels::AdamW8bit (8-bit blockwise moments, decay mask)", n,
+      rows.push_back({"AdamW", "kernels::AdamW8bit (8-bit blockwise moments)", n,
                       1e3 * Seconds([&] {
                         strata::kernels::AdamW8bit(place, args, p.data_ptr<float>(), g.data_ptr<float>(), m_codes.data_ptr<uint8_t>(),
                                                    m_scales.data_ptr<float>(), v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(),
-                                                   mask.data_ptr<float>(), n);
+                                                   n);
                       }, iterations),
-                      20.0 * n + 16.0 * strata::kernels::AdamW8bitBlocks(n)});
+                      16.0 * n + 16.0 * strata::kernels::AdamW8bitBlocks(n)});
     }
 #if STRATA_TORCH_HAS_FUSED_ADAMW
     {
-      // LibTorch's own fused AdamW: one weight decay for the whole tensor (no mask), one step
-      // tensor; the same bytes less the mask's read.
+      // LibTorch's own fused AdamW: one weight decay for the whole tensor, one step tensor; the
+      // same bytes.
       auto step = torch::full({}, 10.0, opts);
-      rows.push_back({"AdamW", "at::_fused_adamw_ (LibTorch, no mask)", n,
+      rows.push_back({"AdamW", "at::_fused_adamw_ (LibTorch)", n,
                       1e3 * Seconds([&] {
                         at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {step}, args.lr, args.beta1, args.beta2, args.weight_decay,
                                           args.eps, /*amsgrad=*/false, /*maximize=*/false);
@@ -124,15 +139,14 @@ int main(int argc, char** argv) {
                       28.0 * n});
     }
 #endif
-    auto out = torch::zeros({1}, opts), scratch = torch::empty({strata::kernels::MaskedSquareSumScratch()}, opts);
-    rows.push_back({"MaskedSquareSum", "kernels::MaskedSquareSum", n,
+    auto out = torch::zeros({1}, opts), scratch = torch::empty({strata::kernels::SquareSumScratch()}, opts);
+    rows.push_back({"SquareSum", "kernels::SquareSum", n,
                     1e3 * Seconds([&] {
-                      strata::kernels::MaskedSquareSum(place, g.data_ptr<float>(), mask.data_ptr<float>(), n,
-                                                       out.data_ptr<float>(), scratch.data_ptr<float>());
+                      strata::kernels::SquareSum(place, g.data_ptr<float>(), n, out.data_ptr<float>(), scratch.data_ptr<float>());
                     }, iterations),
-                    8.0 * n});
-    rows.push_back({"MaskedSquareSum", "LibTorch (g * mask).pow(2).sum()", n,
-                    1e3 * Seconds([&] { out += (g * mask).pow(2).sum(); }, iterations), 8.0 * n});
+                    4.0 * n});
+    rows.push_back({"SquareSum", "LibTorch g.pow(2).sum()", n,
+                    1e3 * Seconds([&] { out += g.pow(2).sum(); }, iterations), 4.0 * n});
   }
   // ---- block pieces, forward + backward
   {

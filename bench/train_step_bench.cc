@@ -4,8 +4,15 @@
 //   train_step_bench --family gpt2|llama --layers 12 --hidden 768 --heads 12 --vocab 50257
 //                    --sequence 1024 --batch 8 --micro-batch 8 --precision bf16 --steps 10
 //                    [--cuda-graphs 0]   (train.cuda_graphs, on by default)
+//                    [--optimizer adamw8bit]   (train.optimizer)
+//                    [--markov 1]   (learnable tokens: below)
 //
-// Prints one JSON line: tokens/s over the timed steps (after warm-up) and the allocator's peak.
+// Prints one JSON line: tokens/s over the timed steps (after warm-up), the allocator's peak, the
+// optimizer state's bytes (its tensors: moments or codes and scales) and the mean loss of the
+// last 20 steps.
+// Tokens are uniform random (throughput does not depend on the text), or with --markov 1 a
+// chain in which each token is followed by one of 4 fixed successors, uniformly: a model can
+// learn it down to ln 4 = 1.386 nats, so long runs of two optimizers can be compared by loss.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -44,6 +51,7 @@ int main(int argc, char** argv) {
   int steps = 10, warmup = 3;
   std::string device = "cuda:0";
   std::string profile;
+  bool markov = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const std::string v = argv[i + 1];
@@ -62,6 +70,8 @@ int main(int argc, char** argv) {
     else if (k == "--device") device = v;
     else if (k == "--profile") profile = v;
     else if (k == "--cuda-graphs") spec.train.cuda_graphs = v != "0";
+    else if (k == "--optimizer") spec.train.optimizer = v;
+    else if (k == "--markov") markov = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -76,12 +86,18 @@ int main(int argc, char** argv) {
   }
   spec.model.ffn = spec.model.ffn == 3072 && spec.model.hidden != 768 ? 4 * spec.model.hidden : spec.model.ffn;
 
-  // Random token ids in a u16 file: throughput does not depend on the text.
-  const std::string data_path = "/tmp/strata-bench-tokens.u16";
+  // Token ids in a u16 file (above).
+  const std::string data_path = markov ? "/tmp/strata-bench-markov.u16" : "/tmp/strata-bench-tokens.u16";
   {
     std::mt19937 rng(1);
     std::vector<uint16_t> tokens(4 << 20);
-    for (auto& t : tokens) t = static_cast<uint16_t>(rng() % spec.model.vocab);
+    std::vector<uint16_t> successors(4 * static_cast<size_t>(spec.model.vocab));
+    for (auto& s : successors) s = static_cast<uint16_t>(rng() % spec.model.vocab);
+    uint16_t previous = 0;
+    for (auto& t : tokens) {
+      t = markov ? successors[4 * size_t{previous} + rng() % 4] : static_cast<uint16_t>(rng() % spec.model.vocab);
+      previous = t;
+    }
     std::ofstream(data_path, std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
   }
   spec.data.path = data_path;
@@ -101,8 +117,9 @@ int main(int argc, char** argv) {
   strata::worker::Trainer trainer(context, std::move(data).value(), torch::Device(device));
   double loss = 0;
   for (int s = 0; s < warmup; ++s) loss = trainer.Step().value();
+  std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
-  for (int s = 0; s < steps; ++s) loss = trainer.Step().value();  // .item() inside syncs each step
+  for (int s = 0; s < steps; ++s) losses.push_back(loss = trainer.Step().value());  // .item() inside syncs each step
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // The step's peak: Trainer::Step resets the allocator's peak between the schedule (forward and
   // backward) and the update, so the executor's own reading would hold the update's alone.
@@ -118,12 +135,17 @@ int main(int argc, char** argv) {
   }
   int64_t params = 0;
   for (auto& [name, p] : trainer.parameters()) params += p.numel();
+  const size_t tail = std::min<size_t>(20, losses.size());
+  double tail_loss = 0;
+  for (size_t i = losses.size() - tail; i < losses.size(); ++i) tail_loss += losses[i] / static_cast<double>(tail);
   std::printf(
       "{\"impl\": \"strata\", \"family\": \"%s\", \"params\": %ld, \"batch\": %ld, \"sequence\": %ld, \"precision\": "
-      "\"%s\", \"cuda_graph\": %s, \"tokens_per_s\": %.0f, \"step_ms\": %.1f, \"peak_gib\": %.2f, \"loss\": %.4f}\n",
+      "\"%s\", \"optimizer\": \"%s\", \"cuda_graph\": %s, \"tokens_per_s\": %.0f, \"step_ms\": %.1f, \"peak_gib\": %.3f, "
+      "\"optimizer_state_bytes\": %ld, \"loss\": %.4f, \"last20_loss\": %.4f}\n",
       spec.model.family.c_str(), static_cast<long>(params), static_cast<long>(spec.train.global_batch),
-      static_cast<long>(spec.model.sequence), spec.train.precision.c_str(), trainer.last_step_replayed_graph() ? "true" : "false",
+      static_cast<long>(spec.model.sequence), spec.train.precision.c_str(), spec.train.optimizer.c_str(),
+      trainer.last_step_replayed_graph() ? "true" : "false",
       steps * spec.train.global_batch * spec.model.sequence / seconds, 1000 * seconds / steps,
-      peak_bytes / double(1ull << 30), loss);
+      peak_bytes / double(1ull << 30), static_cast<long>(trainer.optimizer_state_bytes()), loss, tail_loss);
   return 0;
 }

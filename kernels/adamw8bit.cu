@@ -1,7 +1,7 @@
 // CUDA version of kernels.h's AdamW8bit (maths there), with the per-element pieces of
 // adamw8bit_math.h that the CPU reference uses too, so the two agree bit for bit.
-// Memory-bound: a step reads g, p and the decay mask (4 bytes each) and two codes (1 each), and
-// writes p and two codes - 20 bytes per element, and 16 per block of 256 for the scales.
+// Memory-bound: a step reads g and p (4 bytes each) and two codes (1 each), and writes p and two
+// codes - 16 bytes per element, and 16 per block of 256 for the scales.
 //   grid     one warp per quantization block at a time, each lane 8 of its 256 elements in two
 //            packs of 4 (elements 4 lane .. 4 lane + 3, and 128 more), so each load or store
 //            instruction of a warp covers 512 contiguous bytes of an fp32 array or 128 of a code
@@ -134,18 +134,17 @@ template <int VEC>
 __global__ void __launch_bounds__(kThreads)
     AdamW8bitKernel(AdamWScalars s, MomentTables tables, float* __restrict__ param, const float* __restrict__ grad,
                     uint8_t* __restrict__ m_codes, float* __restrict__ m_scales, uint8_t* __restrict__ v_codes,
-                    float* __restrict__ v_scales, const float* __restrict__ decay_mask, int64_t n) {
+                    float* __restrict__ v_scales, int64_t n) {
   __shared__ Staged m_table, v_table;
   Stage(tables.m, m_table);
   Stage(tables.v, v_table);
   __syncthreads();
   const int lane = threadIdx.x % kWarp;
   ForEachWarpBlock(n, [&](int64_t b, int64_t begin, int live) {
-    float p[kPerLane], g[kPerLane], decay[kPerLane], m[kPerLane], v[kPerLane];
+    float p[kPerLane], g[kPerLane], m[kPerLane], v[kPerLane];
     uint8_t m_code[kPerLane], v_code[kPerLane];
     LoadLane<VEC>(param + begin, live, lane, p, 0.0f);
     LoadLane<VEC>(grad + begin, live, lane, g, 0.0f);
-    LoadLane<VEC>(decay_mask + begin, live, lane, decay, 0.0f);
     LoadLane<VEC>(m_codes + begin, live, lane, m_code, adamw8bit::kSignedZeroCode);
     LoadLane<VEC>(v_codes + begin, live, lane, v_code, adamw8bit::kUnsignedZeroCode);
     // Every lane reads the scales before the shuffles (which wait for the whole warp); lane 0
@@ -158,7 +157,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kPerLane; ++j) {
       m[j] = adamw8bit::Mul(m_table.sorted[m_code[j]], m_scale);
       v[j] = adamw8bit::Mul(v_table.sorted[v_code[j]], v_scale);
-      adamw8bit::AdamWElementRounded(s, p[j], g[j], m[j], v[j], decay[j]);
+      AdamWElement(s, p[j], g[j], m[j], v[j]);
       m_max = fmaxf(m_max, fabsf(m[j]));
       v_max = fmaxf(v_max, fabsf(v[j]));
     }
@@ -232,21 +231,21 @@ bool Aligned4(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0
 }  // namespace
 
 void AdamW8bit(const Place& place, const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes,
-               float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, const float* decay_mask, int64_t n) {
+               float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, int64_t n) {
   if (!place.cuda) {
-    return AdamW8bitReference(args, param, grad, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, decay_mask, n);
+    return AdamW8bitReference(args, param, grad, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, n);
   }
   if (n <= 0) return;
   static const MomentTables tables{TableOf(true), TableOf(false)};
   auto stream = static_cast<cudaStream_t>(place.stream);
   const int64_t blocks = AdamW8bitBlocks(n);
-  if (cuda_util::Aligned16(param) && cuda_util::Aligned16(grad) && cuda_util::Aligned16(decay_mask) && Aligned4(exp_avg_codes) &&
+  if (cuda_util::Aligned16(param) && cuda_util::Aligned16(grad) && Aligned4(exp_avg_codes) &&
       Aligned4(exp_avg_sq_codes)) {
     AdamW8bitKernel<4><<<GridFor<AdamW8bitKernel<4>>(blocks, kWarpsPerBlock), kThreads, 0, stream>>>(
-        ScalarsOf(args), tables, param, grad, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, decay_mask, n);
+        ScalarsOf(args), tables, param, grad, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, n);
   } else {
     AdamW8bitKernel<1><<<GridFor<AdamW8bitKernel<1>>(blocks, kWarpsPerBlock), kThreads, 0, stream>>>(
-        ScalarsOf(args), tables, param, grad, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, decay_mask, n);
+        ScalarsOf(args), tables, param, grad, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, n);
   }
   STRATA_CUDA_CHECK(cudaGetLastError());
 }

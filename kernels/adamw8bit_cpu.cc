@@ -72,7 +72,7 @@ int64_t AdamW8bitBlocks(int64_t n) { return n <= 0 ? 0 : (n + kAdamW8bitBlock - 
 const float* AdamW8bitCodeTable(bool is_signed) { return Book(is_signed).sorted.data(); }
 
 void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes, float* exp_avg_scales,
-                        uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, const float* decay_mask, int64_t n) {
+                        uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, int64_t n) {
   const AdamWScalars s = ScalarsOf(args);
   const CodeBook &m_book = Book(true), &v_book = Book(false);
   float m[kAdamW8bitBlock], v[kAdamW8bitBlock];  // the block's new moments, before quantizing
@@ -83,7 +83,7 @@ void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, 
       const int64_t i = begin + j;
       m[j] = adamw8bit::Mul(m_book.sorted[exp_avg_codes[i]], exp_avg_scales[b]);
       v[j] = adamw8bit::Mul(v_book.sorted[exp_avg_sq_codes[i]], exp_avg_sq_scales[b]);
-      adamw8bit::AdamWElementRounded(s, param[i], grad[i], m[j], v[j], decay_mask[i]);
+      AdamWElement(s, param[i], grad[i], m[j], v[j]);
       m_absmax = std::fmax(m_absmax, std::fabs(m[j]));
       v_absmax = std::fmax(v_absmax, std::fabs(v[j]));
     }
@@ -125,9 +125,9 @@ void AdamW8bitInitReference(uint8_t* exp_avg_codes, float* exp_avg_scales, uint8
 using internal::NoCuda;
 
 void AdamW8bit(const Place& place, const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes,
-               float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, const float* decay_mask, int64_t n) {
+               float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, int64_t n) {
   if (place.cuda) NoCuda("kernels::AdamW8bit");
-  AdamW8bitReference(args, param, grad, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, decay_mask, n);
+  AdamW8bitReference(args, param, grad, exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, n);
 }
 
 void AdamW8bitInit(const Place& place, uint8_t* exp_avg_codes, float* exp_avg_scales, uint8_t* exp_avg_sq_codes,

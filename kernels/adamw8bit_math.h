@@ -1,10 +1,7 @@
 // The per-element pieces of kernels.h's AdamW8bit (maths there), written once for the CPU
 // reference and the CUDA kernel (host and device) so that the two agree bit for bit:
-//   - the AdamW update with every operation rounded on its own. nvcc fuses a * b + c into one
-//     fused multiply-add by default, which rounds once where the reference rounds twice; a last-
-//     bit difference in m or v can move a block's scale and flip a code at a midpoint. The
-//     device side spells each operation as its _rn intrinsic (never fused); the host side is
-//     compiled with -ffp-contract=off (kernels/CMakeLists.txt), for hosts that have an FMA.
+//   - the AdamW update with every operation rounded on its own (adamw_scalars.h: a last-bit
+//     difference in m or v could move a block's scale and flip a code at a midpoint);
 //   - the nearest code: a binary search over the sorted table C, whose 255 pivots are stored
 //     level by level (the pivot of the whole table, then the two of its halves, then the four
 //     of its quarters, ...: a heap): the up to 2^l pivots a warp may read at level l lie side
@@ -18,11 +15,7 @@
 
 #include "kernels/adamw_scalars.h"
 
-#ifdef __CUDACC__
-#define STRATA_ADAMW8BIT_HD __host__ __device__
-#else
-#define STRATA_ADAMW8BIT_HD
-#endif
+#define STRATA_ADAMW8BIT_HD STRATA_KERNELS_HD
 
 namespace strata::kernels::adamw8bit {
 
@@ -31,45 +24,10 @@ constexpr int kLevels = 8;  // 2^8 codes: 8 halvings
 // Where 0 sits in each table (the code of a fresh state).
 constexpr uint8_t kSignedZeroCode = 127, kUnsignedZeroCode = 0;
 
-STRATA_ADAMW8BIT_HD inline float Mul(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-STRATA_ADAMW8BIT_HD inline float Add(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-STRATA_ADAMW8BIT_HD inline float Div(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-STRATA_ADAMW8BIT_HD inline float Sqrt(float a) {
-#ifdef __CUDA_ARCH__
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
-
-// One element of the step on dequantized moments: AdamWElement's expression, operation by
-// operation in its order (what AdamWReference computes without an FMA).
-STRATA_ADAMW8BIT_HD inline void AdamWElementRounded(const AdamWScalars& s, float& p, float grad, float& m, float& v, float decay_mask) {
-  const float g = Mul(grad, s.grad_scale);
-  p = Mul(p, Add(Mul(decay_mask, s.decay), 1.0f));
-  m = Add(Mul(m, s.beta1), Mul(g, s.one_minus_beta1));
-  v = Add(Mul(v, s.beta2), Mul(Mul(g, g), s.one_minus_beta2));
-  const float denom = Add(Div(Sqrt(v), s.sqrt_bc2), s.eps);
-  p = Add(p, Mul(s.step_size, Div(m, denom)));
-}
+using rounded::Add;
+using rounded::Div;
+using rounded::Mul;
+using rounded::Sqrt;
 
 // The search tree: the 255 pivots of a binary search over the sorted table in heap order, so
 // that node k's children are 2k and 2k + 1 - node 1 is C[128], nodes 2, 3 are C[64], C[192],

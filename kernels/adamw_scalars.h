@@ -24,17 +24,58 @@ inline AdamWScalars ScalarsOf(const AdamWArgs& a) {
           static_cast<float>(-a.lr / bc1), static_cast<float>(a.eps), static_cast<float>(a.grad_scale)};
 }
 
-// One element, exactly as both implementations compute it.
 #if defined(__CUDACC__)
-__host__ __device__
+#define STRATA_KERNELS_HD __host__ __device__
+#else
+#define STRATA_KERNELS_HD
 #endif
-inline void AdamWElement(const AdamWScalars& s, float& p, float grad, float& m, float& v, float decay_mask) {
-  const float g = grad * s.grad_scale;
-  p = p * (decay_mask * s.decay + 1.0f);
-  m = m * s.beta1 + g * s.one_minus_beta1;
-  v = v * s.beta2 + g * g * s.one_minus_beta2;
-  const float denom = sqrtf(v) / s.sqrt_bc2 + s.eps;
-  p = p + s.step_size * (m / denom);
+
+// fp32 operations each rounded on its own. nvcc fuses a * b + c into one fused multiply-add by
+// default, which rounds once where the CPU rounds twice; the device side therefore spells each
+// operation as its _rn intrinsic (never fused), and the host side is compiled with
+// -ffp-contract=off (kernels/CMakeLists.txt) for hosts that have an FMA. So the CUDA kernels,
+// the CPU references and the vectorised host AdamW (offload) agree bit for bit.
+namespace rounded {
+STRATA_KERNELS_HD inline float Mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+STRATA_KERNELS_HD inline float Add(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+STRATA_KERNELS_HD inline float Div(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+STRATA_KERNELS_HD inline float Sqrt(float a) {
+#ifdef __CUDA_ARCH__
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+}  // namespace rounded
+
+// One element, exactly as every implementation computes it (weight decay is s.decay for every
+// element of a call: callers split a unit into spans of decayed and undecayed parameters).
+STRATA_KERNELS_HD inline void AdamWElement(const AdamWScalars& s, float& p, float grad, float& m, float& v) {
+  using namespace rounded;
+  const float g = Mul(grad, s.grad_scale);
+  p = Mul(p, Add(s.decay, 1.0f));
+  m = Add(Mul(m, s.beta1), Mul(g, s.one_minus_beta1));
+  v = Add(Mul(v, s.beta2), Mul(Mul(g, g), s.one_minus_beta2));
+  const float denom = Add(Div(Sqrt(v), s.sqrt_bc2), s.eps);
+  p = Add(p, Mul(s.step_size, Div(m, denom)));
 }
 
 }  // namespace strata::kernels

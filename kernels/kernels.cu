@@ -1,5 +1,5 @@
-// CUDA versions of kernels.h. Memory-bound elementwise passes: AdamW moves 32 bytes per element
-// (read p, g, m, v, mask; write p, m, v - 4 bytes each, the mask read only), so its time is that
+// CUDA versions of kernels.h. Memory-bound elementwise passes: AdamW moves 28 bytes per element
+// (read p, g, m, v; write p, m, v - 4 bytes each), so its time is that
 // over HBM bandwidth; bench/kernels_bench measures how close it gets.
 #include <cuda_runtime.h>
 
@@ -27,21 +27,21 @@ int Blocks(int64_t work) {
 
 // Four elements per thread per iteration where every pointer is 16-byte aligned; the rest (and
 // unaligned shards) one at a time. Same per-element maths either way.
-__global__ void AdamWVec4(AdamWScalars s, float4* p, const float4* g, float4* m, float4* v, const float4* mask, int64_t n4) {
+__global__ void AdamWVec4(AdamWScalars s, float4* p, const float4* g, float4* m, float4* v, int64_t n4) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
     float4 pp = p[i], mm = m[i], vv = v[i];
-    const float4 gg = g[i], dm = mask[i];
-    AdamWElement(s, pp.x, gg.x, mm.x, vv.x, dm.x);
-    AdamWElement(s, pp.y, gg.y, mm.y, vv.y, dm.y);
-    AdamWElement(s, pp.z, gg.z, mm.z, vv.z, dm.z);
-    AdamWElement(s, pp.w, gg.w, mm.w, vv.w, dm.w);
+    const float4 gg = g[i];
+    AdamWElement(s, pp.x, gg.x, mm.x, vv.x);
+    AdamWElement(s, pp.y, gg.y, mm.y, vv.y);
+    AdamWElement(s, pp.z, gg.z, mm.z, vv.z);
+    AdamWElement(s, pp.w, gg.w, mm.w, vv.w);
     p[i] = pp, m[i] = mm, v[i] = vv;
   }
 }
 
-__global__ void AdamWScalar(AdamWScalars s, float* p, const float* g, float* m, float* v, const float* mask, int64_t n) {
+__global__ void AdamWScalar(AdamWScalars s, float* p, const float* g, float* m, float* v, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    AdamWElement(s, p[i], g[i], m[i], v[i], mask[i]);
+    AdamWElement(s, p[i], g[i], m[i], v[i]);
   }
 }
 
@@ -49,12 +49,11 @@ using cuda_util::Aligned16;
 
 // Stage 1: each block sums its grid-stride share (fp32 per thread, then a tree in shared
 // memory) into partial[block]. Stage 2: one block sums the partials in a fixed order into *out.
-__global__ void SquareSumPartial(const float* g, const float* mask, int64_t n, float* partial) {
+__global__ void SquareSumPartial(const float* g, int64_t n, float* partial) {
   __shared__ float tile[kThreads];
   float sum = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float x = g[i] * mask[i];
-    sum += x * x;
+    sum += g[i] * g[i];
   }
   tile[threadIdx.x] = sum;
   __syncthreads();
@@ -82,36 +81,33 @@ __global__ void SquareSumFinal(const float* partial, int count, float* out) {
 
 bool HasCuda() { return true; }
 
-void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-           const float* decay_mask, int64_t n) {
-  if (!place.cuda) return AdamWReference(args, param, grad, exp_avg, exp_avg_sq, decay_mask, n);
+void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n) {
+  if (!place.cuda) return AdamWHost(args, param, grad, exp_avg, exp_avg_sq, n);
   if (n <= 0) return;
   const AdamWScalars s = ScalarsOf(args);
   auto stream = static_cast<cudaStream_t>(place.stream);
   int64_t done = 0;
-  if (Aligned16(param) && Aligned16(grad) && Aligned16(exp_avg) && Aligned16(exp_avg_sq) && Aligned16(decay_mask)) {
+  if (Aligned16(param) && Aligned16(grad) && Aligned16(exp_avg) && Aligned16(exp_avg_sq)) {
     const int64_t n4 = n / 4;
     if (n4 > 0) {
       AdamWVec4<<<Blocks(n4), kThreads, 0, stream>>>(s, reinterpret_cast<float4*>(param), reinterpret_cast<const float4*>(grad),
-                                                      reinterpret_cast<float4*>(exp_avg), reinterpret_cast<float4*>(exp_avg_sq),
-                                                      reinterpret_cast<const float4*>(decay_mask), n4);
+                                                      reinterpret_cast<float4*>(exp_avg), reinterpret_cast<float4*>(exp_avg_sq), n4);
       STRATA_CUDA_CHECK(cudaGetLastError());
     }
     done = n4 * 4;
   }
   if (done < n) {
-    AdamWScalar<<<Blocks(n - done), kThreads, 0, stream>>>(s, param + done, grad + done, exp_avg + done, exp_avg_sq + done,
-                                                            decay_mask + done, n - done);
+    AdamWScalar<<<Blocks(n - done), kThreads, 0, stream>>>(s, param + done, grad + done, exp_avg + done, exp_avg_sq + done, n - done);
     STRATA_CUDA_CHECK(cudaGetLastError());
   }
 }
 
-void MaskedSquareSum(const Place& place, const float* grad, const float* mask, int64_t n, float* out, float* scratch) {
-  if (!place.cuda) return MaskedSquareSumReference(grad, mask, n, out);
+void SquareSum(const Place& place, const float* grad, int64_t n, float* out, float* scratch) {
+  if (!place.cuda) return SquareSumReference(grad, n, out);
   if (n <= 0) return;
   auto stream = static_cast<cudaStream_t>(place.stream);
-  const int blocks = std::min<int>(Blocks(n), static_cast<int>(MaskedSquareSumScratch()));
-  SquareSumPartial<<<blocks, kThreads, 0, stream>>>(grad, mask, n, scratch);
+  const int blocks = std::min<int>(Blocks(n), static_cast<int>(SquareSumScratch()));
+  SquareSumPartial<<<blocks, kThreads, 0, stream>>>(grad, n, scratch);
   STRATA_CUDA_CHECK(cudaGetLastError());
   SquareSumFinal<<<1, kThreads, 0, stream>>>(scratch, blocks, out);
   STRATA_CUDA_CHECK(cudaGetLastError());

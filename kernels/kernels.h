@@ -3,20 +3,26 @@
 // version (kernels/*.cu) checked against it. Pointers of a CUDA call are device pointers of one
 // device; the call is queued on `place.stream` and returns before the kernel finishes.
 //
-// AdamW, for one flat fp32 vector (a parameter unit, or this rank's ZeRO shard of one), in one
-// pass over memory - what the unfused form spends ten kernels and ~40 bytes per element on:
+// AdamW, for one flat fp32 vector (a span of a parameter unit, or of this rank's ZeRO shard of
+// one, whose elements share one weight decay: the caller passes weight_decay 0 for the vectors
+// and norms' spans), in one pass over memory - what the unfused form spends ten kernels and ~40
+// bytes per element on:
 //   g  = grad * grad_scale                          (gradient clipping's factor, 1 without)
-//   p  = p * (1 - lr * weight_decay * decay[i])     (decay[i]: 1 for matrices, 0 otherwise)
+//   p  = p * (1 - lr * weight_decay)
 //   m  = beta1 * m + (1 - beta1) * g
 //   v  = beta2 * v + (1 - beta2) * g * g
 //   p  = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-// in fp32, with the scalar factors rounded to fp32 once (as LibTorch's tensor ops do), so it
-// equals LibTorch's op-by-op form to within fused multiply-add rounding (kernels_test states
-// the bound).
+// in fp32, with the scalar factors rounded to fp32 once (as LibTorch's tensor ops do) and every
+// operation rounded on its own (no fused multiply-add: adamw_scalars.h), so the CUDA kernel, the
+// CPU reference and AdamWHost agree bit for bit, and LibTorch's op-by-op form to within fused
+// multiply-add rounding (kernels_test states the bound).
+// AdamWHost: the same on the CPU, vectorised (AVX-512 / AVX2 where the CPU has them) and split
+// over up to `threads` threads; what AdamW runs on the CPU (threads = 1) and what an offloaded
+// optimizer runs ([parallel] offload).
 //
-// MaskedSquareSum: sum over i of (g[i] * mask[i])^2 - the gradient norm's share of one unit,
-// counting each element once (mask 0 for tensor-parallel replicas and tied copies). Accumulated
-// into *out, so the units of a step add into one scalar; deterministic (a fixed reduction order
+// SquareSum: sum over i of g[i]^2 - the gradient norm's share of one span of a unit (the caller
+// leaves out tensor-parallel replicas and tied copies, so each element counts once). Accumulated
+// into *out, so the spans of a step add into one scalar; deterministic (a fixed reduction order
 // for a given n), unlike atomics.
 //
 // CrossEntropyGradInPlace: the softmax cross-entropy of each row of logits z ([rows, row_stride],
@@ -74,10 +80,11 @@
 //
 // AdamW8bit: the AdamW above with its moments m and v kept as 8-bit codes, blockwise (Dettmers et
 // al. 2021, "8-bit Optimizers via Block-wise Quantization"; bitsandbytes' blockwise Adam8bit), so
-// the state costs 2 bytes per element (and 8 per block of 256) where fp32 AdamW's costs 8.
+// the state costs 2 bytes per element (and 8 per block of 256) where fp32 AdamW's costs 8. The
+// weight decay is one for the whole call, as AdamW's.
 //   blocks    the vector is cut into blocks of kAdamW8bitBlock = 256 consecutive elements from its
-//             first (the last may be partial). A ZeRO shard of a unit must start at a multiple of
-//             256 of the unit, so that its blocks are the unit's.
+//             first (the last may be partial): blocks are counted from the first element of
+//             each call (worker/optimizer.h: each span of this rank's optimizer range).
 //   state     per moment, per block b an fp32 scale S_b and per element i an 8-bit code q_i: an
 //             index into a sorted table C[0..255] of values in [-1, 1] (AdamW8bitCodeTable): m
 //             uses the signed table, v the unsigned one (values in [0, 1]). Element i stands for
@@ -107,8 +114,8 @@
 //             fused multiply-add, so the CUDA kernel and the CPU reference agree bit for bit),
 //             store p; then quantize the new m and v (S_b from the block's new values) and store
 //             codes and scales. p moves by the new m and v before they are quantized. A step
-//             reads g, p and the decay mask (4 bytes each) and both codes (1 each) and writes p
-//             and the codes: 20 bytes per element, where fp32 AdamW moves 32.
+//             reads g and p (4 bytes each) and both codes (1 each) and writes p and the codes:
+//             16 bytes per element, where fp32 AdamW moves 28.
 //             A non-finite gradient leaves p NaN, as fp32 AdamW does; the moments of its block
 //             are then meaningless too (a NaN x_i / S_b takes code 0).
 #pragma once
@@ -135,12 +142,12 @@ struct AdamWArgs {
 // True when this build has the CUDA kernels.
 bool HasCuda();
 
-void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-           const float* decay_mask, int64_t n);
+void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n);
+void AdamWHost(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, int threads = 1);
 
-// `scratch`: at least MaskedSquareSumScratch() floats on the same device (CUDA; unused on CPU).
-void MaskedSquareSum(const Place& place, const float* grad, const float* mask, int64_t n, float* out, float* scratch);
-int64_t MaskedSquareSumScratch();
+// `scratch`: at least SquareSumScratch() floats on the same device (CUDA; unused on CPU).
+void SquareSum(const Place& place, const float* grad, int64_t n, float* out, float* scratch);
+int64_t SquareSumScratch();
 
 // `targets` [rows] in [0, vocab); `row_loss` [rows] fp32; all on the place's device.
 void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
@@ -196,7 +203,7 @@ void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h,
                       float* dbias_partials, int64_t rows, int64_t cols);
 
 // ---- AdamW8bit (maths above). codes: n bytes per moment; scales: AdamW8bitBlocks(n) floats
-// per moment; all on the place's device. `param`, `grad`, `decay_mask` as AdamW's.
+// per moment; all on the place's device. `param`, `grad` as AdamW's.
 constexpr int64_t kAdamW8bitBlock = 256;
 int64_t AdamW8bitBlocks(int64_t n);  // ceil(n / kAdamW8bitBlock): the scales per moment
 
@@ -205,7 +212,7 @@ int64_t AdamW8bitBlocks(int64_t n);  // ceil(n / kAdamW8bitBlock): the scales pe
 const float* AdamW8bitCodeTable(bool is_signed);
 
 void AdamW8bit(const Place& place, const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes,
-               float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, const float* decay_mask, int64_t n);
+               float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, int64_t n);
 
 // Fresh state (m = v = 0): every code the code of 0, every scale 0.
 void AdamW8bitInit(const Place& place, uint8_t* exp_avg_codes, float* exp_avg_scales, uint8_t* exp_avg_sq_codes,
@@ -217,15 +224,14 @@ void Dequantize8bit(const Place& place, bool is_signed, const uint8_t* codes, co
 void Quantize8bit(const Place& place, bool is_signed, const float* values, uint8_t* codes, float* scales, int64_t n);
 
 // The CPU references (what the Place-dispatching calls run on the CPU).
-void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                    const float* decay_mask, int64_t n);
+void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n);
 void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes, float* exp_avg_scales,
-                        uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, const float* decay_mask, int64_t n);
+                        uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, int64_t n);
 void AdamW8bitInitReference(uint8_t* exp_avg_codes, float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales,
                             int64_t n);
 void Dequantize8bitReference(bool is_signed, const uint8_t* codes, const float* scales, float* out, int64_t n);
 void Quantize8bitReference(bool is_signed, const float* values, uint8_t* codes, float* scales, int64_t n);
-void MaskedSquareSumReference(const float* grad, const float* mask, int64_t n, float* out);
+void SquareSumReference(const float* grad, int64_t n, float* out);
 void CrossEntropyGradInPlaceReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                                       const int64_t* targets, float grad_scale, float* row_loss);
 void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows,

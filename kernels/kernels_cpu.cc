@@ -11,23 +11,22 @@
 
 namespace strata::kernels {
 
-void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                    const float* decay_mask, int64_t n) {
+void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n) {
   const AdamWScalars s = ScalarsOf(args);
-  for (int64_t i = 0; i < n; ++i) AdamWElement(s, param[i], grad[i], exp_avg[i], exp_avg_sq[i], decay_mask[i]);
+  for (int64_t i = 0; i < n; ++i) AdamWElement(s, param[i], grad[i], exp_avg[i], exp_avg_sq[i]);
 }
 
-void MaskedSquareSumReference(const float* grad, const float* mask, int64_t n, float* out) {
+void SquareSumReference(const float* grad, int64_t n, float* out) {
   // Double accumulation: the order of a long fp32 sum would otherwise decide its last bits.
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const double x = static_cast<double>(grad[i] * mask[i]);
+    const double x = static_cast<double>(grad[i]);
     sum += x * x;
   }
   *out += static_cast<float>(sum);
 }
 
-int64_t MaskedSquareSumScratch() { return 1024; }
+int64_t SquareSumScratch() { return 1024; }
 
 void CrossEntropyGradInPlaceReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                                       const int64_t* targets, float grad_scale, float* row_loss) {
@@ -59,15 +58,14 @@ bool HasCuda() { return false; }
 
 using internal::NoCuda;
 
-void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-           const float* decay_mask, int64_t n) {
+void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n) {
   if (place.cuda) NoCuda("kernels::AdamW");
-  AdamWReference(args, param, grad, exp_avg, exp_avg_sq, decay_mask, n);
+  AdamWHost(args, param, grad, exp_avg, exp_avg_sq, n);
 }
 
-void MaskedSquareSum(const Place& place, const float* grad, const float* mask, int64_t n, float* out, float* scratch) {
-  if (place.cuda) NoCuda("kernels::MaskedSquareSum");
-  MaskedSquareSumReference(grad, mask, n, out);
+void SquareSum(const Place& place, const float* grad, int64_t n, float* out, float* /*scratch*/) {
+  if (place.cuda) NoCuda("kernels::SquareSum");
+  SquareSumReference(grad, n, out);
 }
 
 void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,

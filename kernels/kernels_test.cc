@@ -31,17 +31,29 @@ double MaxRelative(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
 }
 
+// AdamW over [0, n) as the optimizer calls it: the decayed span [0, decayed) with
+// a.weight_decay, the rest with none.
+template <typename Update>
+void OverSpans(const AdamWArgs& a, int64_t decayed, int64_t n, Update update) {
+  update(a, 0, decayed);
+  AdamWArgs none = a;
+  none.weight_decay = 0;
+  update(none, decayed, n - decayed);
+}
+
 TEST(KernelsTest, AdamWReferenceEqualsLibTorchOpByOpOverManySteps) {
   torch::manual_seed(3);
-  const int64_t n = 10007;  // odd: no vector-width remainder hides
-  auto decay = (torch::rand({n}) > 0.3).to(torch::kFloat);
+  const int64_t n = 10007, decayed = 6001;  // odd: no vector-width remainder hides
+  auto decay = torch::cat({torch::ones({decayed}), torch::zeros({n - decayed})});
   AdamState ours{torch::randn({n}), torch::zeros({n}), torch::zeros({n})};
   AdamState theirs{ours.p.clone(), ours.m.clone(), ours.v.clone()};
   for (int64_t step = 1; step <= 50; ++step) {
     const AdamWArgs a{3e-3, 0.9, 0.95, 1e-8, 0.1, step, step % 3 == 0 ? 0.37 : 1.0};
     auto g = torch::randn({n}) * (step % 7 == 0 ? 1e-4 : 1.0);
-    AdamWReference(a, ours.p.data_ptr<float>(), g.data_ptr<float>(), ours.m.data_ptr<float>(), ours.v.data_ptr<float>(),
-                   decay.data_ptr<float>(), n);
+    OverSpans(a, decayed, n, [&](const AdamWArgs& args, int64_t at, int64_t len) {
+      AdamWReference(args, ours.p.data_ptr<float>() + at, g.data_ptr<float>() + at, ours.m.data_ptr<float>() + at,
+                     ours.v.data_ptr<float>() + at, len);
+    });
     LibTorchAdamW(a, theirs, g, decay);
   }
   EXPECT_LE(MaxRelative(ours.p, theirs.p), 1e-6);
@@ -52,31 +64,60 @@ TEST(KernelsTest, AdamWReferenceEqualsLibTorchOpByOpOverManySteps) {
 
 TEST(KernelsTest, AdamWWithoutDecayLeavesUndecayedWeightsToTheMomentsAlone) {
   // weight_decay 0 multiplies by exactly 1: one step from zero moments moves every weight by
-  // lr * sign(g) (Adam's first step), whatever the mask says.
+  // lr * sign(g) (Adam's first step).
   torch::manual_seed(7);
   const int64_t n = 64;
   auto p = torch::randn({n}), g = torch::randn({n}), m = torch::zeros({n}), v = torch::zeros({n});
-  auto mask = torch::ones({n});
   const auto before = p.clone();
   AdamWReference({1e-2, 0.9, 0.999, 1e-12, 0.0, 1, 1.0}, p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
-                 v.data_ptr<float>(), mask.data_ptr<float>(), n);
+                 v.data_ptr<float>(), n);
   // Within fp32 rounding of p itself: |p| < 8 here, whose ulp is 9.5e-7.
   EXPECT_LE(((before - p) - 1e-2 * g.sign()).abs().max().item<double>(), 1e-6);
   EXPECT_GT((before - p).abs().min().item<double>(), 0.9e-2);  // every weight moved by lr
 }
 
-TEST(KernelsTest, MaskedSquareSumEqualsLibTorchAndAccumulates) {
+// The host AdamW that CPU workers and offloaded optimizers run: vectorised and threaded, equal to
+// the reference bit for bit - over spans of odd lengths and offsets (no vector-width remainder or
+// alignment hides), across thread counts, with gradients spanning 1e-30..1e4, zeros, and
+// clipping's scale, over many steps.
+TEST(KernelsTest, HostAdamWEqualsTheReferenceBitForBit) {
+  torch::manual_seed(11);
+  const int64_t n = (3 << 20) + 7;  // over the threading threshold: several threads really run
+  for (const int threads : {1, 3, 8}) {
+    const auto p0 = torch::randn({n});
+    AdamState ref{p0.clone(), torch::zeros({n}), torch::zeros({n})}, host{p0.clone(), torch::zeros({n}), torch::zeros({n})};
+    for (int64_t step = 1; step <= 6; ++step) {
+      auto g = torch::randn({n}) * torch::pow(10.0, torch::randint(-30, 5, {n}).to(torch::kFloat));
+      g.narrow(0, 100, 50).zero_();
+      const AdamWArgs a{1e-3, 0.9, 0.95, 1e-8, 0.1, step, step == 3 ? 0.25 : 1.0};
+      for (auto [at, len] : {std::pair<int64_t, int64_t>{0, 1}, {1, 1000003}, {1000004, n - 1000004}}) {
+        AdamWArgs args = a;
+        if (at == 1) args.weight_decay = 0;  // a span of norms and biases
+        AdamWReference(args, ref.p.data_ptr<float>() + at, g.data_ptr<float>() + at, ref.m.data_ptr<float>() + at,
+                       ref.v.data_ptr<float>() + at, len);
+        AdamWHost(args, host.p.data_ptr<float>() + at, g.data_ptr<float>() + at, host.m.data_ptr<float>() + at,
+                  host.v.data_ptr<float>() + at, len, threads);
+      }
+    }
+    EXPECT_TRUE(torch::equal(host.p, ref.p)) << threads << " threads";
+    EXPECT_TRUE(torch::equal(host.m, ref.m)) << threads << " threads";
+    EXPECT_TRUE(torch::equal(host.v, ref.v)) << threads << " threads";
+    EXPECT_FALSE(torch::equal(host.p, p0));  // the parameters moved
+  }
+}
+
+TEST(KernelsTest, SquareSumEqualsLibTorchAndAccumulates) {
   torch::manual_seed(4);
   const int64_t n = 100003;
-  auto g = torch::randn({n}), mask = (torch::rand({n}) > 0.5).to(torch::kFloat);
-  float out = 2.5f;  // accumulates: units of a step add into one scalar
-  MaskedSquareSumReference(g.data_ptr<float>(), mask.data_ptr<float>(), n, &out);
-  const double expected = 2.5 + (g * mask).pow(2).sum().item<double>();
+  auto g = torch::randn({n});
+  float out = 2.5f;  // accumulates: spans of a step add into one scalar
+  SquareSumReference(g.data_ptr<float>(), n, &out);
+  const double expected = 2.5 + g.pow(2).sum().item<double>();
   EXPECT_NEAR(out, expected, 1e-6 * expected);
   // Place{cuda=false} runs the reference.
   float again = 2.5f;
   float scratch[1];
-  MaskedSquareSum(Place{}, g.data_ptr<float>(), mask.data_ptr<float>(), n, &again, scratch);
+  SquareSum(Place{}, g.data_ptr<float>(), n, &again, scratch);
   EXPECT_EQ(again, out);
 }
 

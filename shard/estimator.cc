@@ -54,9 +54,11 @@
 // over by 2-8%. Every fitted point is within 3.9% of its measured peak (the worst: dp=2 ZeRO-3).
 // Measured afterwards and not fitted (4x H200): 34 rank-runs of GPT-2 774M and Llama 886M on
 // dp=2 ZeRO 0-3, pp=2 (balanced stages) and tp=2, and 1 GPU at micro-batch 1 and 4: all within 1.4%.
-// The trainer's state is 24 bytes per parameter: fp32 weights 4, fp32 gradient buffer 4 (kept
-// whole under ZeRO-2: the reduce-scatter runs in place), AdamW m and v 8, and two fp32 masks
-// over the optimizer range (weight decay, norm ownership) 8; the logits are not split by tp
+// The trainer's state is 16 bytes per parameter: fp32 weights 4, fp32 gradient buffer 4 (kept
+// whole under ZeRO-2: the reduce-scatter runs in place), AdamW m and v 8 (until 2026-11-28 also
+// two fp32 masks over the optimizer range, 8 more: the fits above were made with them, and
+// BytesPerParam now leaves them out; weight decay and norm ownership are spans of parameters);
+// the logits are not split by tp
 // (the embedding and head are replicated over tensor-parallel ranks), and the residual stream
 // is fp32, so a recomputed layer keeps a 4-byte input per element.
 #include <algorithm>
@@ -167,14 +169,13 @@ UnitParams CountUnits(const ModelSpec& spec, int64_t pp) {
 // fp32 master copy inside the optimizer's 12 bytes; our trainer's master weights are the model
 // itself, and bf16 autocast adds a cached bf16 copy of every weight during forward/backward.
 StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer) {
-  // adamw8bit: m and v as one code byte each plus an fp32 scale per block of 256; the two fp32
-  // masks stay.
+  // adamw8bit: m and v as one code byte each plus an fp32 scale per block of 256.
   constexpr double kEightBitMoments = 2.0 * (1.0 + 4.0 / 256.0);
   switch (layout) {
-    case StateLayout::kFp32:  // = 24: m, v and two fp32 masks
-      return {4, 0, 4, eight_bit_optimizer ? 8 + kEightBitMoments : 16};
-    case StateLayout::kBf16Autocast:  // = 24: casts are per micro-batch (activations)
-      return {4, 0, 4, eight_bit_optimizer ? 8 + kEightBitMoments : 16};
+    case StateLayout::kFp32:  // = 16: weights, gradients, m and v
+      return {4, 0, 4, eight_bit_optimizer ? kEightBitMoments : 8};
+    case StateLayout::kBf16Autocast:  // = 16: casts are per micro-batch (activations)
+      return {4, 0, 4, eight_bit_optimizer ? kEightBitMoments : 8};
     case StateLayout::kZeroPaperMixed: return {2, 0, 2, 12};  // = 16
   }
   return {4, 0, 4, 8};

@@ -30,11 +30,10 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
   out.q = q.transpose(1, 2);
   out.k = k.transpose(1, 2);  // kv_heads, before the repeat below
   out.v = v.transpose(1, 2);
-  if (kv_heads != heads) {  // each kv head serves heads / kv_heads consecutive query heads
-    k = k.repeat_interleave(heads / kv_heads, 1);
-    v = v.repeat_interleave(heads / kv_heads, 1);
+  // Each kv head serves heads / kv_heads consecutive query heads (CausalAttention reads it in place).
+  if (request.attn_pattern) {
+    out.attn_pattern = AttentionPattern(q, kv_heads == heads ? k : k.repeat_interleave(heads / kv_heads, 1), spec_.sliding_window);
   }
-  if (request.attn_pattern) out.attn_pattern = AttentionPattern(q, k, spec_.sliding_window);
   auto y = compat::CausalAttention(q, k, v, spec_.sliding_window).transpose(1, 2).reshape({b, t, heads * hd});
   auto attn = tp.leave(torch::linear(y, p("self_attn.o_proj.weight")));
   if (auto bias = p.Optional("self_attn.o_proj.bias"); bias.defined()) attn = attn + bias;

@@ -2,7 +2,53 @@
 
 #include "worker/kernel_place.h"
 
+#include <algorithm>
+
 namespace strata::worker {
+namespace {
+
+struct Run {
+  int64_t begin = 0, length = 0;  // relative to the range asked for
+  bool on = false;
+};
+
+// [lo, hi) of `unit`'s flat vector cut into maximal runs of one flag: flag(i) over parameter i's
+// elements, false over elements of no parameter (there are none today; they would be updated,
+// undecayed and uncounted, as with the masks before).
+template <typename Flag>
+std::vector<Run> RunsOf(const ParamUnit& unit, int64_t lo, int64_t hi, Flag flag) {
+  struct Piece {
+    int64_t begin, end;
+    bool on;
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < unit.names.size(); ++i) {
+    int64_t n = 1;
+    for (int64_t d : unit.shapes[i]) n *= d;
+    pieces.push_back({unit.offsets[i], unit.offsets[i] + n, flag(i)});
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+  std::vector<Run> runs;
+  auto add = [&](int64_t b, int64_t e, bool on) {
+    b = std::max(b, lo), e = std::min(e, hi);
+    if (b >= e) return;
+    if (!runs.empty() && runs.back().on == on && runs.back().begin + runs.back().length == b - lo) {
+      runs.back().length += e - b;
+    } else {
+      runs.push_back({b - lo, e - b, on});
+    }
+  };
+  int64_t at = lo;
+  for (const Piece& p : pieces) {
+    if (p.begin > at) add(at, p.begin, false);
+    add(p.begin, p.end, p.on);
+    at = std::max(at, p.end);
+  }
+  if (at < hi) add(at, hi, false);
+  return runs;
+}
+
+}  // namespace
 
 UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device, bool eight_bit)
     : model_(model), zero_(zero), dp_(dp), eight_bit_(eight_bit), device_(device) {
@@ -13,40 +59,49 @@ UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_
     m.begin = sharded_moments ? unit.shard_begin : 0;
     m.end = sharded_moments ? unit.shard_end : unit.numel;
     const int64_t n = m.end - m.begin;
+    // Decay on matrices; the norm counts each element once.
+    int64_t blocks = 0;
+    for (const Run& r : RunsOf(unit, m.begin, m.end, [&](size_t i) { return unit.full_shapes[i].size() >= 2; })) {
+      m.update_spans.push_back({r.begin, r.length, r.on, blocks});
+      blocks += kernels::AdamW8bitBlocks(r.length);
+    }
+    for (const Run& r : RunsOf(unit, unit.shard_begin, unit.shard_end,
+                               [&](size_t i) { return !unit.tied_copy && (!unit.replicated[i] || tp_rank == 0); })) {
+      if (r.on) m.norm_spans.push_back({r.begin, r.length});
+    }
     if (eight_bit_) {
       const auto codes = options.dtype(torch::kByte);
-      const int64_t blocks = kernels::AdamW8bitBlocks(n);
       m.exp_avg_codes = torch::empty({n}, codes);
       m.exp_avg_sq_codes = torch::empty({n}, codes);
-      m.exp_avg_scales = torch::empty({blocks}, options);
-      m.exp_avg_sq_scales = torch::empty({blocks}, options);
+      // Zero scales: AdamW8bitInit below writes the first AdamW8bitBlocks(n) of them, and the
+      // spans' partial blocks can make more.
+      m.exp_avg_scales = torch::zeros({blocks}, options);
+      m.exp_avg_sq_scales = torch::zeros({blocks}, options);
       kernels::AdamW8bitInit(KernelPlace(device_), m.exp_avg_codes.data_ptr<uint8_t>(), m.exp_avg_scales.data_ptr<float>(),
                              m.exp_avg_sq_codes.data_ptr<uint8_t>(), m.exp_avg_sq_scales.data_ptr<float>(), n);
     } else {
       m.exp_avg = torch::zeros({n}, options);
       m.exp_avg_sq = torch::zeros({n}, options);
     }
-    // Masks over the whole unit, then cut: decay on matrices; the norm counts each element once.
-    // Made where they are used: on a GPU, host masks would be gigabytes filled and copied.
-    auto decay = torch::zeros({unit.numel}, options), norm = torch::zeros({unit.numel}, options);
-    for (size_t i = 0; i < unit.names.size(); ++i) {
-      int64_t n = 1;
-      for (int64_t d : unit.shapes[i]) n *= d;
-      if (unit.full_shapes[i].size() >= 2) decay.narrow(0, unit.offsets[i], n).fill_(1.0);
-      const bool counted = !unit.tied_copy && (!unit.replicated[i] || tp_rank == 0);
-      if (counted) norm.narrow(0, unit.offsets[i], n).fill_(1.0);
-    }
-    m.decay_mask = decay.narrow(0, m.begin, m.end - m.begin).clone();
-    m.norm_mask = norm.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).clone();
     moments_.push_back(std::move(m));
   }
-  norm_scratch_ = torch::empty({kernels::MaskedSquareSumScratch()}, options);
+  norm_scratch_ = torch::empty({kernels::SquareSumScratch()}, options);
 }
 
 int64_t UnitOptimizer::state_elements() const {
   int64_t n = 0;
   for (const auto& m : moments_) n += m.end - m.begin;
   return n;
+}
+
+int64_t UnitOptimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& m : moments_) {
+    for (const torch::Tensor* t : {&m.exp_avg, &m.exp_avg_sq, &m.exp_avg_codes, &m.exp_avg_scales, &m.exp_avg_sq_codes, &m.exp_avg_sq_scales}) {
+      if (t->defined()) bytes += t->numel() * static_cast<int64_t>(t->element_size());
+    }
+  }
+  return bytes;
 }
 
 torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
@@ -65,8 +120,9 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
     if (zero_ == 2) ReduceScatterTensor(*groups.dp, g);  // zero 3 reduce-scattered in backward
     if (dp_ > 1) g.div_(static_cast<double>(dp_));  // one pass over every gradient: skipped where it changes nothing
     auto shard = unit.sharded ? g : g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
-    kernels::MaskedSquareSum(place, shard.data_ptr<float>(), moments_[u].norm_mask.data_ptr<float>(), shard.numel(),
-                             square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
+    for (const Moments::Span& s : moments_[u].norm_spans) {
+      kernels::SquareSum(place, shard.data_ptr<float>() + s.begin, s.length, square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
+    }
     reduced_.push_back(g);
   }
   return square_sum;
@@ -83,15 +139,18 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     auto p = unit.sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin);
     auto g = reduced_[u];
     if (!unit.sharded && zero_ >= 1) g = g.narrow(0, m.begin, m.end - m.begin);
-    // One fused pass (kernels/kernels.h has the maths): clipping, decay, moments, update.
-    const kernels::AdamWArgs args{lr, tr.beta1, tr.beta2, tr.eps, tr.weight_decay, step, clip};
-    if (eight_bit_) {
-      kernels::AdamW8bit(place, args, p.data_ptr<float>(), g.data_ptr<float>(), m.exp_avg_codes.data_ptr<uint8_t>(),
-                         m.exp_avg_scales.data_ptr<float>(), m.exp_avg_sq_codes.data_ptr<uint8_t>(), m.exp_avg_sq_scales.data_ptr<float>(),
-                         m.decay_mask.data_ptr<float>(), p.numel());
-    } else {
-      kernels::AdamW(place, args, p.data_ptr<float>(), g.data_ptr<float>(), m.exp_avg.data_ptr<float>(), m.exp_avg_sq.data_ptr<float>(),
-                     m.decay_mask.data_ptr<float>(), p.numel());
+    // One fused pass per span (kernels/kernels.h has the maths): clipping, decay, moments, update.
+    for (const Moments::UpdateSpan& s : m.update_spans) {
+      const kernels::AdamWArgs args{lr, tr.beta1, tr.beta2, tr.eps, s.decay ? tr.weight_decay : 0.0, step, clip};
+      float* ps = p.data_ptr<float>() + s.begin;
+      const float* gs = g.data_ptr<float>() + s.begin;
+      if (eight_bit_) {
+        kernels::AdamW8bit(place, args, ps, gs, m.exp_avg_codes.data_ptr<uint8_t>() + s.begin, m.exp_avg_scales.data_ptr<float>() + s.scale_offset,
+                           m.exp_avg_sq_codes.data_ptr<uint8_t>() + s.begin, m.exp_avg_sq_scales.data_ptr<float>() + s.scale_offset,
+                           s.length);
+      } else {
+        kernels::AdamW(place, args, ps, gs, m.exp_avg.data_ptr<float>() + s.begin, m.exp_avg_sq.data_ptr<float>() + s.begin, s.length);
+      }
     }
     if (zero_ == 1 || zero_ == 2) AllGatherTensor(*groups.dp, flat);
     if (unit.sharded) {
@@ -110,8 +169,10 @@ torch::Tensor UnitOptimizer::MomentValues(size_t unit, bool second) const {
   auto values = torch::empty({m.end - m.begin}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
   const torch::Tensor& codes = second ? m.exp_avg_sq_codes : m.exp_avg_codes;
   const torch::Tensor& scales = second ? m.exp_avg_sq_scales : m.exp_avg_scales;
-  kernels::Dequantize8bit(KernelPlace(device_), /*is_signed=*/!second, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(),
-                          values.data_ptr<float>(), values.numel());
+  for (const Moments::UpdateSpan& s : m.update_spans) {
+    kernels::Dequantize8bit(KernelPlace(device_), /*is_signed=*/!second, codes.data_ptr<uint8_t>() + s.begin,
+                            scales.data_ptr<float>() + s.scale_offset, values.data_ptr<float>() + s.begin, s.length);
+  }
   return values;
 }
 
@@ -126,8 +187,10 @@ void UnitOptimizer::SetMomentValues(size_t unit, bool second, const torch::Tenso
   }
   const torch::Tensor& codes = second ? m.exp_avg_sq_codes : m.exp_avg_codes;
   const torch::Tensor& scales = second ? m.exp_avg_sq_scales : m.exp_avg_scales;
-  kernels::Quantize8bit(KernelPlace(device_), /*is_signed=*/!second, v.data_ptr<float>(), codes.data_ptr<uint8_t>(),
-                        scales.data_ptr<float>(), v.numel());
+  for (const Moments::UpdateSpan& s : m.update_spans) {
+    kernels::Quantize8bit(KernelPlace(device_), /*is_signed=*/!second, v.data_ptr<float>() + s.begin, codes.data_ptr<uint8_t>() + s.begin,
+                          scales.data_ptr<float>() + s.scale_offset, s.length);
+  }
 }
 
 void UnitOptimizer::DiscardGradients() {

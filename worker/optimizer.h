@@ -5,10 +5,11 @@
 //   reduce   g is summed over the tied-embedding group (GPT-2's wte on the first and last stage),
 //            then over the dp group - all-reduce (ZeRO 0, 1) or reduce-scatter (ZeRO 2; ZeRO 3
 //            reduce-scattered it in backward) - and divided by dp;
-//   norm     sum of g^2 over this rank's shard, each element counted once (norm mask: not in the
-//            tied copy, tensor-parallel rank 0 for replicated parameters);
+//   norm     sum of g^2 over this rank's shard, each element counted once (its counted spans:
+//            not in the tied copy, tensor-parallel rank 0 for replicated parameters);
 //   apply    AdamW with bias correction on the optimizer range [begin, end) - the whole unit, or
-//            this rank's 1/dp shard under ZeRO >= 1 - decay on matrices only (decay mask):
+//            this rank's 1/dp shard under ZeRO >= 1 - decay on matrices only, one kernel call
+//            per span of parameters that share it (the state holds no per-element masks):
 //              p -= lr wd p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //              p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 //            then ZeRO 1/2 all-gather the updated unit.
@@ -33,9 +34,20 @@ class UnitOptimizer {
     // adamw8bit: one uint8 code per element and one fp32 scale per block of kAdamW8bitBlock
     // (kernels.h), the blocks counted from the start of the range (this rank's ZeRO shard under
     // ZeRO >= 1, so they depend on dp: a resume under another dp requantizes).
+    // The blocks are counted from the start of each update span (below), so a span's scales
+    // start at its `scale_offset`.
     torch::Tensor exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales;
-    torch::Tensor decay_mask, norm_mask;  // over the optimizer range, and this rank's shard
-    int64_t begin = 0, end = 0;           // the optimizer range, in the unit's flat vector
+    int64_t begin = 0, end = 0;  // the optimizer range, in the unit's flat vector
+    struct UpdateSpan {
+      int64_t begin = 0, length = 0;  // in the optimizer range
+      bool decay = false;             // weight decay (matrices) or none (vectors, norms, gaps)
+      int64_t scale_offset = 0;       // adamw8bit: its first block's scale
+    };
+    std::vector<UpdateSpan> update_spans;  // cover the optimizer range, in order
+    struct Span {
+      int64_t begin = 0, length = 0;
+    };
+    std::vector<Span> norm_spans;  // the counted elements of this rank's shard, relative to shard_begin
   };
   struct Groups {
     Communicator* dp = nullptr;   // the data-parallel group
@@ -68,6 +80,8 @@ class UnitOptimizer {
   const Moments& moments(size_t unit) const { return moments_[unit]; }
   // Elements this rank holds per moment.
   int64_t state_elements() const;
+  // Bytes of every tensor the optimizer keeps (moments, codes, scales), wherever they live.
+  int64_t state_bytes() const;
 
  private:
   StageModel& model_;
@@ -76,7 +90,7 @@ class UnitOptimizer {
   const torch::Device device_;
   std::vector<Moments> moments_;  // one per unit
   std::vector<torch::Tensor> reduced_;  // ReduceGradients' result per unit, until Apply
-  torch::Tensor norm_scratch_;          // kernels::MaskedSquareSum's partial sums, on the device
+  torch::Tensor norm_scratch_;          // kernels::SquareSum's partial sums, on the device
 };
 
 }  // namespace strata::worker

@@ -25,6 +25,14 @@
 #define STRATA_TORCH_DEVICE_AUTOCAST 0
 #endif
 
+// scaled_dot_product_attention(..., enable_gqa): key/value heads shared by groups of query heads
+// without repeating them in memory (2.5+; the flash kernel reads each kv head for its group).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+#define STRATA_TORCH_HAS_SDPA_GQA 1
+#else
+#define STRATA_TORCH_HAS_SDPA_GQA 0
+#endif
+
 // LibTorch's own multi-tensor fused AdamW (at::_fused_adamw_), compared against in bench/kernels_bench.
 #define STRATA_TORCH_HAS_FUSED_ADAMW (TORCH_VERSION_MAJOR >= 2)
 
@@ -77,12 +85,15 @@ inline torch::ScalarType ComputeType(const torch::Tensor& x) {
   return x.is_cuda() && CudaAutocastEnabled() ? torch::kBFloat16 : x.scalar_type();
 }
 
-// Causal attention over q, k, v of shape [batch, heads, time, head_dim]. LibTorch 2.x uses the
-// fused kernel (flash / memory-efficient on GPU); 1.13 has none, so it is spelled out:
-// softmax(q k^T / sqrt(d) + mask) v. `window` > 0 (Mistral's sliding window): query i attends
-// to keys j with i - window < j <= i, as transformers' sliding_window_causal_mask.
-inline torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t window = 0) {
-  const int64_t t = q.size(-2);
+// Causal attention over q [batch, heads, time, head_dim] and k, v [batch, kv_heads, time, head_dim],
+// kv_heads dividing heads: query head h reads kv head h / (heads / kv_heads) (grouped-query
+// attention; kv_heads = heads is plain multi-head). LibTorch 2.x uses the fused kernel (flash /
+// memory-efficient on GPU), from 2.5 with the groups read in place (enable_gqa) rather than k and
+// v repeated in memory; 1.13 has none, so it is spelled out: softmax(q k^T / sqrt(d) + mask) v.
+// `window` > 0 (Mistral's sliding window): query i attends to keys j with i - window < j <= i, as
+// transformers' sliding_window_causal_mask.
+inline torch::Tensor CausalAttention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v, int64_t window = 0) {
+  const int64_t t = q.size(-2), group = q.size(-3) / k.size(-3);
   const bool windowed = window > 0 && t > window;
   torch::Tensor allowed;
   if (windowed) {
@@ -90,7 +101,21 @@ inline torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor
     auto j = i.transpose(0, 1);
     allowed = (j <= i).logical_and(j > i - window);
   }
-#if STRATA_TORCH_HAS_SDPA
+#if STRATA_TORCH_HAS_SDPA_GQA
+  // A mask rules the flash kernel out, and the memory-efficient one takes no groups: repeat there.
+  const bool gqa = group > 1 && !windowed;
+#else
+  const bool gqa = false;
+#endif
+  if (group > 1 && !gqa) {
+    k = k.repeat_interleave(group, -3);
+    v = v.repeat_interleave(group, -3);
+  }
+#if STRATA_TORCH_HAS_SDPA_GQA
+  if (windowed) return at::scaled_dot_product_attention(q, k, v, allowed, /*dropout_p=*/0.0, /*is_causal=*/false);
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, /*scale=*/std::nullopt,
+                                          /*enable_gqa=*/gqa);
+#elif STRATA_TORCH_HAS_SDPA
   if (windowed) return at::scaled_dot_product_attention(q, k, v, allowed, /*dropout_p=*/0.0, /*is_causal=*/false);
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
 #else

@@ -112,6 +112,7 @@ class Trainer {
   std::vector<std::pair<std::string, torch::Tensor>> parameters();
   // Elements of AdamW state this rank holds per moment.
   int64_t optimizer_state_elements() const;
+  int64_t optimizer_state_bytes() const;
   const shard::MeshPosition& position() const { return position_; }
 
  private:
