@@ -35,7 +35,7 @@ const std::map<std::string, std::set<std::string>>& AllowedKeys() {
       {"data", {"path", "format", "documents", "sample_within_documents", "tokenizer"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
                  "beta2", "eps", "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision", "cuda_graphs", "optimizer"}},
-      {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "stages"}},
+      {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "stages", "offload"}},
       {"worker", {"threads"}},
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode", "logits_top_k"}},
       {"patch", {"layers", "sites", "ablation", "source", "logits"}},
@@ -878,6 +878,14 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "zero", &p.zero, 0, std::numeric_limits<int64_t>::max(), &p.automatic));  // 0-3: ValidateParallel
   STRATA_RETURN_IF_ERROR(r.BoolOrAuto("parallel", "recompute", &p.recompute, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.IntList("parallel", "stages", &p.stages, "auto"));
+  STRATA_RETURN_IF_ERROR(r.String("parallel", "offload", &p.offload));
+  if (p.offload == "optimizer+params") {
+    return InvalidArgument("run spec: parallel.offload = \"optimizer+params\" (parameters streamed from host memory a layer at a time) "
+                           "is not built yet; use \"optimizer\" (optimizer state in host memory) or \"none\"");
+  }
+  if (p.offload != "none" && p.offload != "optimizer") {
+    return InvalidArgument("run spec: parallel.offload = \"" + p.offload + "\" is not supported; use \"none\" or \"optimizer\"");
+  }
   STRATA_RETURN_IF_ERROR(ValidateParallel(spec));
   return spec;
 }
@@ -1027,7 +1035,8 @@ std::string RunSpecToToml(const RunSpec& spec) {
                        {"tp", spec.parallel.tp},
                        {"micro_batch", spec.parallel.micro_batch},
                        {"zero", spec.parallel.zero},
-                       {"recompute", spec.parallel.recompute}};
+                       {"recompute", spec.parallel.recompute},
+                       {"offload", spec.parallel.offload}};
   if (!spec.parallel.stages.empty()) {
     toml::array stages;
     for (int64_t n : spec.parallel.stages) stages.push_back(n);

@@ -184,6 +184,9 @@ struct ParallelSpec {
   // coordinator fills in the planner's stages, balanced by compute and memory (the first stage
   // also holds the embedding, the last the head), when the run starts.
   std::vector<int64_t> stages;
+  // Where AdamW's state lives: "none" (on the device) or "optimizer" (m and v in pinned host
+  // memory, updated by the host's cores: worker/optimizer.h). Fixed by the spec, not searched.
+  std::string offload = "none";
   // Train runs: the fields above that the spec leaves to the planner ("auto", or absent), from
   // {"dp", "pp", "tp", "micro_batch", "zero", "recompute"}; until the coordinator plans the run
   // they hold the single-worker values. Empty for extract runs and once planned.

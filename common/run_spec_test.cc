@@ -172,6 +172,19 @@ TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
   EXPECT_TRUE(again->parallel.recompute);
   EXPECT_EQ(again->parallel.tp, 2);
 }
+TEST_F(RunSpecTest, OffloadIsNoneOrOptimizerAndRoundTrips) {
+  ExpectRejected(Valid() + "[parallel]\noffload = \"disk\"\n", "parallel.offload = \"disk\" is not supported; use \"none\" or \"optimizer\"");
+  ExpectRejected(Valid() + "[parallel]\noffload = \"optimizer+params\"\n", "parallel.offload = \"optimizer+params\"");
+  ExpectRejected(Valid() + "[parallel]\noffload = true\n", "parallel.offload");
+  auto defaults = ParseRunSpec(Valid(), dir_, true);
+  ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  EXPECT_EQ(defaults->parallel.offload, "none");
+  auto spec = ParseRunSpec(Valid() + "[parallel]\noffload = \"optimizer\"\n", dir_, true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto again = ParseRunSpec(RunSpecToToml(*spec), dir_, true);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->parallel.offload, "optimizer");
+}
 TEST_F(RunSpecTest, StagesAreOneLayerCountPerStageAddingUpToTheModel) {
   // Valid(): 2 layers.
   ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = [2]\n", "parallel.stages = [2] has 1 stages but parallel.pp is 2");

@@ -3,9 +3,18 @@
 #include "worker/kernel_place.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace strata::worker {
 namespace {
+
+// A unit's parameters and reduced gradient `g` over its optimizer range (the whole unit, or this
+// rank's ZeRO shard; a ZeRO-3 unit holds only its shard, as does its gradient).
+std::pair<torch::Tensor, torch::Tensor> OptimizerRange(const ParamUnit& unit, const UnitOptimizer::Moments& m, const torch::Tensor& g) {
+  torch::Tensor flat = unit.flat.detach();
+  if (unit.sharded) return {flat, g};
+  return {flat.narrow(0, m.begin, m.end - m.begin), g.narrow(0, m.begin, m.end - m.begin)};
+}
 
 struct Run {
   int64_t begin = 0, length = 0;  // relative to the range asked for
@@ -50,10 +59,18 @@ std::vector<Run> RunsOf(const ParamUnit& unit, int64_t lo, int64_t hi, Flag flag
 
 }  // namespace
 
-UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device, bool eight_bit)
-    : model_(model), zero_(zero), dp_(dp), eight_bit_(eight_bit), device_(device) {
+UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device, const Options& opts)
+    : model_(model),
+      zero_(zero),
+      dp_(dp),
+      eight_bit_(opts.eight_bit),
+      device_(device),
+      state_device_(opts.offload ? torch::Device(torch::kCPU) : device),
+      host_threads_(std::max(1, opts.host_threads)) {
   const bool sharded_moments = zero >= 1;
-  const auto options = torch::TensorOptions().dtype(torch::kFloat).device(device_);
+  if (opts.offload) offload_ = std::make_unique<HostCopies>(device_);
+  // The moments where they are updated: the device, or the host under offload.
+  const auto options = torch::TensorOptions().dtype(torch::kFloat).device(state_device_);
   for (auto& unit : model_.units()) {
     Moments m;
     m.begin = sharded_moments ? unit.shard_begin : 0;
@@ -77,15 +94,16 @@ UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_
       // spans' partial blocks can make more.
       m.exp_avg_scales = torch::zeros({blocks}, options);
       m.exp_avg_sq_scales = torch::zeros({blocks}, options);
-      kernels::AdamW8bitInit(KernelPlace(device_), m.exp_avg_codes.data_ptr<uint8_t>(), m.exp_avg_scales.data_ptr<float>(),
+      kernels::AdamW8bitInit(KernelPlace(state_device_), m.exp_avg_codes.data_ptr<uint8_t>(), m.exp_avg_scales.data_ptr<float>(),
                              m.exp_avg_sq_codes.data_ptr<uint8_t>(), m.exp_avg_sq_scales.data_ptr<float>(), n);
     } else {
       m.exp_avg = torch::zeros({n}, options);
       m.exp_avg_sq = torch::zeros({n}, options);
     }
+    if (offload_) host_.push_back({offload_->HostBuffer(n), offload_->HostBuffer(n), 0});
     moments_.push_back(std::move(m));
   }
-  norm_scratch_ = torch::empty({kernels::SquareSumScratch()}, options);
+  norm_scratch_ = torch::empty({kernels::SquareSumScratch()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
 }
 
 int64_t UnitOptimizer::state_elements() const {
@@ -124,6 +142,12 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
       kernels::SquareSum(place, shard.data_ptr<float>() + s.begin, s.length, square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
     }
     reduced_.push_back(g);
+    if (offload_) {  // on their way to the host while the next units are reduced
+      const auto [p, g_range] = OptimizerRange(unit, moments_[u], g);
+      HostUnit& host = host_[u];
+      host.ticket = offload_->Download(g_range, host.grad);
+      offload_->Download(p, host.param);  // ordered after the gradient's on the same stream
+    }
   }
   return square_sum;
 }
@@ -131,14 +155,16 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
 void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double clip, const Groups& groups) {
   torch::NoGradGuard no_grad;
   auto& units = model_.units();
-  const kernels::Place place = KernelPlace(device_);
+  const kernels::Place place = KernelPlace(state_device_);
   for (size_t u = 0; u < units.size(); ++u) {
     ParamUnit& unit = units[u];
     Moments& m = moments_[u];
-    torch::Tensor flat = unit.flat.detach();
-    auto p = unit.sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin);
-    auto g = reduced_[u];
-    if (!unit.sharded && zero_ >= 1) g = g.narrow(0, m.begin, m.end - m.begin);
+    auto [p, g] = OptimizerRange(unit, m, reduced_[u]);
+    if (offload_) {
+      offload_->WaitDownload(host_[u].ticket);
+      g = host_[u].grad;
+      p = host_[u].param;
+    }
     // One fused pass per span (kernels/kernels.h has the maths): clipping, decay, moments, update.
     for (const Moments::UpdateSpan& s : m.update_spans) {
       const kernels::AdamWArgs args{lr, tr.beta1, tr.beta2, tr.eps, s.decay ? tr.weight_decay : 0.0, step, clip};
@@ -148,10 +174,19 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
         kernels::AdamW8bit(place, args, ps, gs, m.exp_avg_codes.data_ptr<uint8_t>() + s.begin, m.exp_avg_scales.data_ptr<float>() + s.scale_offset,
                            m.exp_avg_sq_codes.data_ptr<uint8_t>() + s.begin, m.exp_avg_sq_scales.data_ptr<float>() + s.scale_offset,
                            s.length);
+      } else if (offload_) {
+        kernels::AdamWHost(args, ps, gs, m.exp_avg.data_ptr<float>() + s.begin, m.exp_avg_sq.data_ptr<float>() + s.begin, s.length,
+                           host_threads_);
       } else {
         kernels::AdamW(place, args, ps, gs, m.exp_avg.data_ptr<float>() + s.begin, m.exp_avg_sq.data_ptr<float>() + s.begin, s.length);
       }
     }
+    if (offload_) offload_->Upload(p, OptimizerRange(unit, m, reduced_[u]).first);  // back while the next unit is updated
+  }
+  if (offload_) offload_->CurrentStreamWaitsUploads();
+  for (size_t u = 0; u < units.size(); ++u) {
+    ParamUnit& unit = units[u];
+    torch::Tensor flat = unit.flat.detach();
     if (zero_ == 1 || zero_ == 2) AllGatherTensor(*groups.dp, flat);
     if (unit.sharded) {
       unit.flat.mutable_grad() = torch::Tensor();
@@ -166,11 +201,11 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
 torch::Tensor UnitOptimizer::MomentValues(size_t unit, bool second) const {
   const Moments& m = moments_[unit];
   if (!eight_bit_) return second ? m.exp_avg_sq : m.exp_avg;
-  auto values = torch::empty({m.end - m.begin}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  auto values = torch::empty({m.end - m.begin}, torch::TensorOptions().dtype(torch::kFloat).device(state_device_));
   const torch::Tensor& codes = second ? m.exp_avg_sq_codes : m.exp_avg_codes;
   const torch::Tensor& scales = second ? m.exp_avg_sq_scales : m.exp_avg_scales;
   for (const Moments::UpdateSpan& s : m.update_spans) {
-    kernels::Dequantize8bit(KernelPlace(device_), /*is_signed=*/!second, codes.data_ptr<uint8_t>() + s.begin,
+    kernels::Dequantize8bit(KernelPlace(state_device_), /*is_signed=*/!second, codes.data_ptr<uint8_t>() + s.begin,
                             scales.data_ptr<float>() + s.scale_offset, values.data_ptr<float>() + s.begin, s.length);
   }
   return values;
@@ -179,7 +214,7 @@ torch::Tensor UnitOptimizer::MomentValues(size_t unit, bool second) const {
 void UnitOptimizer::SetMomentValues(size_t unit, bool second, const torch::Tensor& values) {
   torch::NoGradGuard no_grad;
   Moments& m = moments_[unit];
-  const torch::Tensor v = values.to(device_, torch::kFloat).contiguous();
+  const torch::Tensor v = values.to(state_device_, torch::kFloat).contiguous();
   TORCH_CHECK(v.numel() == m.end - m.begin, "SetMomentValues: ", v.numel(), " values for an optimizer range of ", m.end - m.begin);
   if (!eight_bit_) {
     (second ? m.exp_avg_sq : m.exp_avg).copy_(v);
@@ -188,7 +223,7 @@ void UnitOptimizer::SetMomentValues(size_t unit, bool second, const torch::Tenso
   const torch::Tensor& codes = second ? m.exp_avg_sq_codes : m.exp_avg_codes;
   const torch::Tensor& scales = second ? m.exp_avg_sq_scales : m.exp_avg_scales;
   for (const Moments::UpdateSpan& s : m.update_spans) {
-    kernels::Quantize8bit(KernelPlace(device_), /*is_signed=*/!second, v.data_ptr<float>() + s.begin, codes.data_ptr<uint8_t>() + s.begin,
+    kernels::Quantize8bit(KernelPlace(state_device_), /*is_signed=*/!second, v.data_ptr<float>() + s.begin, codes.data_ptr<uint8_t>() + s.begin,
                           scales.data_ptr<float>() + s.scale_offset, s.length);
   }
 }
@@ -196,6 +231,7 @@ void UnitOptimizer::SetMomentValues(size_t unit, bool second, const torch::Tenso
 void UnitOptimizer::DiscardGradients() {
   torch::NoGradGuard no_grad;
   reduced_.clear();
+  if (offload_) offload_->CurrentStreamWaitsUploads();  // forgets this step's downloads
   for (ParamUnit& unit : model_.units()) {
     if (unit.sharded) {
       unit.flat.mutable_grad() = torch::Tensor();

@@ -15,6 +15,15 @@
 //            then ZeRO 1/2 all-gather the updated unit.
 // The trainer all-reduces the loss and the squared norm between reduce and apply, so the clip
 // factor is known before any parameter changes.
+//
+// Offload ([parallel] offload = "optimizer"): m and v live in host memory (pinned on a GPU). Each
+// unit's reduced gradient and current parameters over the optimizer range go to host buffers as
+// soon as the unit is reduced (HostCopies: a stream of their own); Apply waits for each unit in
+// turn, updates it with the host AdamW (kernels::AdamWHost: the GPU kernel's arithmetic, so the
+// losses equal the on-device optimizer's bit for bit) and sends the parameters back while the
+// next unit is updated; the device's stream waits for them before the ZeRO all-gather and the
+// next forward. Host memory: 16 bytes per parameter of the range (m, v, and the gradient and
+// parameter buffers); the device keeps none of the optimizer state. The update is not delayed.
 #pragma once
 
 #include <torch/torch.h>
@@ -23,6 +32,7 @@
 #include <vector>
 
 #include "common/run_spec.h"
+#include "worker/host_copies.h"
 #include "worker/stage_model.h"
 
 namespace strata::worker {
@@ -54,9 +64,14 @@ class UnitOptimizer {
     Communicator* tie = nullptr;  // GPT-2's tied embedding: the first and last stage
   };
 
+  struct Options {
+    bool eight_bit = false;  // train.optimizer = "adamw8bit"
+    bool offload = false;    // parallel.offload = "optimizer"
+    int host_threads = 1;    // the host AdamW's threads under offload
+  };
   // Zeroed moments for every unit of `model`: this rank's ZeRO shard of each when zero >= 1;
-  // fp32, or 8-bit codes when `eight_bit` (train.optimizer = "adamw8bit").
-  UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device, bool eight_bit = false);
+  // fp32, or 8-bit codes when `options.eight_bit`; on the host when `options.offload`.
+  UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device, const Options& options);
 
   // Reduces every unit's gradient (above) and returns the squared norm of this rank's share, a
   // scalar on the device. The reduced gradients are kept for Apply.
@@ -75,6 +90,7 @@ class UnitOptimizer {
   // values that are themselves dequantized 8-bit state give back the same codes and scales).
   void SetMomentValues(size_t unit, bool second, const torch::Tensor& values);
   bool eight_bit() const { return eight_bit_; }
+  bool offload() const { return offload_ != nullptr; }
 
   Moments& moments(size_t unit) { return moments_[unit]; }
   const Moments& moments(size_t unit) const { return moments_[unit]; }
@@ -88,6 +104,16 @@ class UnitOptimizer {
   const int64_t zero_, dp_;
   const bool eight_bit_;
   const torch::Device device_;
+  const torch::Device state_device_;  // where the moments live: device_, or the host under offload
+  const int host_threads_;
+  // Offload: the copies, and per unit the host buffers of its gradient and parameters over the
+  // optimizer range and the ticket of their download this step.
+  std::unique_ptr<HostCopies> offload_;
+  struct HostUnit {
+    torch::Tensor grad, param;
+    size_t ticket = 0;
+  };
+  std::vector<HostUnit> host_;
   std::vector<Moments> moments_;  // one per unit
   std::vector<torch::Tensor> reduced_;  // ReduceGradients' result per unit, until Apply
   torch::Tensor norm_scratch_;          // kernels::SquareSum's partial sums, on the device

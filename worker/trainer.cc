@@ -114,8 +114,16 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   }
   drawn.clear();
   full.reset();
-  optimizer_ = std::make_unique<UnitOptimizer>(*model_, context.spec.parallel.zero, mesh_.dp, position_.tp_rank, device_,
-                                               context.spec.train.optimizer == "adamw8bit");
+  UnitOptimizer::Options optimizer;
+  optimizer.eight_bit = context.spec.train.optimizer == "adamw8bit";
+  optimizer.offload = context.spec.parallel.offload == "optimizer";
+  // The host AdamW's threads: on a GPU this process's share of the host's cores (one worker per
+  // GPU); on a CPU worker its [worker] threads, which run its own step too.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  optimizer.host_threads = device_.is_cuda()
+                               ? std::max(1, cores / std::max<int>(1, static_cast<int>(torch::cuda::device_count())))
+                               : static_cast<int>(std::clamp<int64_t>(context.spec.worker.threads, 1, cores));
+  optimizer_ = std::make_unique<UnitOptimizer>(*model_, context.spec.parallel.zero, mesh_.dp, position_.tp_rank, device_, optimizer);
   // A static schedule (step_graph.h): no pipeline sends, no collectives or gathers inside it.
   const bool graphable = context.spec.train.cuda_graphs && device_.is_cuda() && mesh_.pp == 1 && mesh_.tp == 1 &&
                          context.spec.parallel.zero < 3;
