@@ -5,6 +5,7 @@
 //                    --sequence 1024 --batch 8 --micro-batch 8 --precision bf16 --steps 10
 //                    [--cuda-graphs 0]   (train.cuda_graphs, on by default)
 //                    [--optimizer adamw8bit]   (train.optimizer)
+//                    [--offload optimizer]     (parallel.offload)
 //                    [--markov 1]   (learnable tokens: below)
 //
 // Prints one JSON line: tokens/s over the timed steps (after warm-up), the allocator's peak, the
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
     else if (k == "--profile") profile = v;
     else if (k == "--cuda-graphs") spec.train.cuda_graphs = v != "0";
     else if (k == "--optimizer") spec.train.optimizer = v;
+    else if (k == "--offload") spec.parallel.offload = v;
     else if (k == "--markov") markov = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
@@ -140,11 +142,11 @@ int main(int argc, char** argv) {
   for (size_t i = losses.size() - tail; i < losses.size(); ++i) tail_loss += losses[i] / static_cast<double>(tail);
   std::printf(
       "{\"impl\": \"strata\", \"family\": \"%s\", \"params\": %ld, \"batch\": %ld, \"sequence\": %ld, \"precision\": "
-      "\"%s\", \"optimizer\": \"%s\", \"cuda_graph\": %s, \"tokens_per_s\": %.0f, \"step_ms\": %.1f, \"peak_gib\": %.3f, "
+      "\"%s\", \"optimizer\": \"%s\", \"offload\": \"%s\", \"cuda_graph\": %s, \"tokens_per_s\": %.0f, \"step_ms\": %.1f, \"peak_gib\": %.3f, "
       "\"optimizer_state_bytes\": %ld, \"loss\": %.4f, \"last20_loss\": %.4f}\n",
       spec.model.family.c_str(), static_cast<long>(params), static_cast<long>(spec.train.global_batch),
       static_cast<long>(spec.model.sequence), spec.train.precision.c_str(), spec.train.optimizer.c_str(),
-      trainer.last_step_replayed_graph() ? "true" : "false",
+      spec.parallel.offload.c_str(), trainer.last_step_replayed_graph() ? "true" : "false",
       steps * spec.train.global_batch * spec.model.sequence / seconds, 1000 * seconds / steps,
       peak_bytes / double(1ull << 30), static_cast<long>(trainer.optimizer_state_bytes()), loss, tail_loss);
   return 0;

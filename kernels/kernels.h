@@ -142,7 +142,11 @@ struct AdamWArgs {
 // True when this build has the CUDA kernels.
 bool HasCuda();
 
-void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n);
+// `param_bf16` (optional): also write the updated parameters rounded to bf16 (to nearest even,
+// as LibTorch's cast) - the working copy a bf16 run's matmuls read, made in the same pass rather
+// than a second one over the fp32 weights.
+void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+           uint16_t* param_bf16 = nullptr);
 void AdamWHost(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, int threads = 1);
 
 // `scratch`: at least SquareSumScratch() floats on the same device (CUDA; unused on CPU).
@@ -224,7 +228,8 @@ void Dequantize8bit(const Place& place, bool is_signed, const uint8_t* codes, co
 void Quantize8bit(const Place& place, bool is_signed, const float* values, uint8_t* codes, float* scales, int64_t n);
 
 // The CPU references (what the Place-dispatching calls run on the CPU).
-void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n);
+void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                    uint16_t* param_bf16 = nullptr);
 void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes, float* exp_avg_scales,
                         uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, int64_t n);
 void AdamW8bitInitReference(uint8_t* exp_avg_codes, float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales,

@@ -11,9 +11,13 @@
 
 namespace strata::kernels {
 
-void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n) {
+void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                    uint16_t* param_bf16) {
   const AdamWScalars s = ScalarsOf(args);
-  for (int64_t i = 0; i < n; ++i) AdamWElement(s, param[i], grad[i], exp_avg[i], exp_avg_sq[i]);
+  for (int64_t i = 0; i < n; ++i) {
+    AdamWElement(s, param[i], grad[i], exp_avg[i], exp_avg_sq[i]);
+    if (param_bf16) param_bf16[i] = FloatToBf16(param[i]);
+  }
 }
 
 void SquareSumReference(const float* grad, int64_t n, float* out) {
@@ -58,8 +62,10 @@ bool HasCuda() { return false; }
 
 using internal::NoCuda;
 
-void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n) {
+void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+           uint16_t* param_bf16) {
   if (place.cuda) NoCuda("kernels::AdamW");
+  if (param_bf16) return AdamWReference(args, param, grad, exp_avg, exp_avg_sq, n, param_bf16);
   AdamWHost(args, param, grad, exp_avg, exp_avg_sq, n);
 }
 

@@ -106,6 +106,23 @@ TEST(KernelsTest, HostAdamWEqualsTheReferenceBitForBit) {
   }
 }
 
+// The bf16 working copy written in the update's pass equals LibTorch's cast of the updated fp32
+// weights bit for bit (round to nearest even), and the fp32 update is the one without it.
+TEST(KernelsTest, AdamWWritesTheBf16WorkingCopyAsLibTorchCastsIt) {
+  torch::manual_seed(12);
+  const int64_t n = 4099;
+  auto p = torch::randn({n}) * torch::pow(10.0, torch::randint(-6, 6, {n}).to(torch::kFloat));
+  auto g = torch::randn({n}), m = torch::zeros({n}), v = torch::zeros({n});
+  auto p2 = p.clone(), m2 = m.clone(), v2 = v.clone();
+  auto working = torch::empty({n}, torch::kBFloat16);
+  const AdamWArgs a{1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0};
+  AdamW(Place{}, a, p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n,
+        reinterpret_cast<uint16_t*>(working.data_ptr()));
+  AdamWReference(a, p2.data_ptr<float>(), g.data_ptr<float>(), m2.data_ptr<float>(), v2.data_ptr<float>(), n);
+  EXPECT_TRUE(torch::equal(p, p2));
+  EXPECT_TRUE(torch::equal(working, p.to(torch::kBFloat16)));
+}
+
 TEST(KernelsTest, SquareSumEqualsLibTorchAndAccumulates) {
   torch::manual_seed(4);
   const int64_t n = 100003;

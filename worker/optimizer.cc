@@ -156,9 +156,14 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
   torch::NoGradGuard no_grad;
   auto& units = model_.units();
   const kernels::Place place = KernelPlace(state_device_);
+  // Units whose bf16 working copy the fp32 AdamW kernel writes in its pass: those it updates
+  // whole, on the device (ZeRO 1/2 with dp > 1 update a shard and gather the rest in fp32).
+  std::vector<bool> fresh(units.size(), false);
   for (size_t u = 0; u < units.size(); ++u) {
     ParamUnit& unit = units[u];
     Moments& m = moments_[u];
+    fresh[u] = unit.working.defined() && !unit.sharded && m.begin == 0 && m.end == unit.numel && !offload_ && !eight_bit_;
+    uint16_t* working = fresh[u] ? reinterpret_cast<uint16_t*>(unit.working.data_ptr()) : nullptr;
     auto [p, g] = OptimizerRange(unit, m, reduced_[u]);
     if (offload_) {
       offload_->WaitDownload(host_[u].ticket);
@@ -178,7 +183,8 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
         kernels::AdamWHost(args, ps, gs, m.exp_avg.data_ptr<float>() + s.begin, m.exp_avg_sq.data_ptr<float>() + s.begin, s.length,
                            host_threads_);
       } else {
-        kernels::AdamW(place, args, ps, gs, m.exp_avg.data_ptr<float>() + s.begin, m.exp_avg_sq.data_ptr<float>() + s.begin, s.length);
+        kernels::AdamW(place, args, ps, gs, m.exp_avg.data_ptr<float>() + s.begin, m.exp_avg_sq.data_ptr<float>() + s.begin, s.length,
+                       working ? working + s.begin : nullptr);
       }
     }
     if (offload_) offload_->Upload(p, OptimizerRange(unit, m, reduced_[u]).first);  // back while the next unit is updated
@@ -195,7 +201,7 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     }
   }
   reduced_.clear();
-  model_.RefreshWorkingWeights();
+  model_.RefreshWorkingWeights(fresh);
 }
 
 torch::Tensor UnitOptimizer::MomentValues(size_t unit, bool second) const {

@@ -252,10 +252,10 @@ void StageModel::FinishGradients() {
   }
 }
 
-void StageModel::RefreshWorkingWeights() {
+void StageModel::RefreshWorkingWeights(const std::vector<bool>& fresh) {
   torch::NoGradGuard no_grad;
-  for (ParamUnit& unit : units_) {
-    if (unit.working.defined()) unit.working.copy_(unit.flat.detach());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].working.defined() && !(u < fresh.size() && fresh[u])) units_[u].working.copy_(units_[u].flat.detach());
   }
 }
 

@@ -123,8 +123,9 @@ class StageModel {
   // unused today; a guard) gets a zero one.
   void BeginGradients();
   void FinishGradients();
-  // Copies the fp32 weights into the bf16 working copies (after an update, a load or a resume).
-  void RefreshWorkingWeights();
+  // Copies the fp32 weights into the bf16 working copies (after an update, a load or a resume),
+  // but for units whose `fresh[u]` is true (the update wrote their copy itself).
+  void RefreshWorkingWeights(const std::vector<bool>& fresh = {});
 
  private:
   struct Call;

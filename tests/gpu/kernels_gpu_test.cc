@@ -37,6 +37,7 @@ TEST_F(KernelsGpuTest, AdamWEqualsTheReferenceBitForBitAlignedAndNot) {
     auto host = [&] { return torch::randn({n + offset}); };
     auto p = host(), m = host().abs() * 0.1, v = host().abs() * 0.01;
     auto pd = p.cuda(), md = m.cuda(), vd = v.cuda();
+    auto working = torch::empty({n + offset}, pd.options().dtype(torch::kBFloat16));
     for (int64_t step = 1; step <= 5; ++step) {
       AdamWArgs a{1e-3, 0.9, 0.95, 1e-8, 0.1, step, step == 3 ? 0.5 : 1.0};
       if (step == 2) a.weight_decay = 0;  // a span of norms
@@ -44,9 +45,12 @@ TEST_F(KernelsGpuTest, AdamWEqualsTheReferenceBitForBitAlignedAndNot) {
       auto gd = g.cuda();
       AdamWReference(a, p.data_ptr<float>() + offset, g.data_ptr<float>() + offset, m.data_ptr<float>() + offset,
                      v.data_ptr<float>() + offset, n);
+      // Odd steps also write the bf16 working copy (the kernel's other variant; same fp32 update).
       AdamW(place_, a, pd.data_ptr<float>() + offset, gd.data_ptr<float>() + offset, md.data_ptr<float>() + offset,
-            vd.data_ptr<float>() + offset, n);
+            vd.data_ptr<float>() + offset, n, step % 2 ? reinterpret_cast<uint16_t*>(working.data_ptr()) + offset : nullptr);
     }
+    EXPECT_TRUE(torch::equal(working.narrow(0, offset, n).cpu(), pd.narrow(0, offset, n).cpu().to(torch::kBFloat16)))
+        << "offset " << offset << ": the working copy is the cast of the last update";
     EXPECT_TRUE(torch::equal(pd.cpu(), p)) << "offset " << offset << ", max relative " << MaxRelative(pd, p);
     EXPECT_TRUE(torch::equal(md.cpu(), m)) << "offset " << offset;
     EXPECT_TRUE(torch::equal(vd.cpu(), v)) << "offset " << offset;
