@@ -15,6 +15,7 @@
 #include "common/run_spec.h"
 #include "client/coordinator_client.h"
 #include "schema/envelope.h"
+#include "shard/capacity.h"
 #include "shard/planner.h"
 
 namespace strata::cli {
@@ -128,6 +129,8 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
   auto plan = shard::ChoosePlan(spec->model, job, *cluster);
   if (!plan.ok()) return Fail(plan.status());
   const shard::Plan& p = *plan;
+  // What each way of holding the optimizer state would train here, at this model's width.
+  const std::vector<shard::Capacity> capacities = shard::LargestTrainable(spec->model, job, *cluster);
   std::string recompute;
   for (bool r : p.recompute) recompute += r ? "1" : "0";
   if (request.as_json) {
@@ -145,6 +148,12 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
                 {"step_time_s", {{"compute", p.step_time.compute_s}, {"communication", p.step_time.communication_s},
                                  {"bubble", p.step_time.bubble_s}, {"total", p.step_time.total_s()}}},
                 {"why", p.why}, {"workers", workers}};
+    json largest = json::array();
+    for (const auto& c : capacities) {
+      largest.push_back({{"option", c.option.name}, {"optimizer", c.option.optimizer}, {"offload", c.option.offload ? "optimizer" : "none"},
+                         {"layers", c.layers}, {"parameters", c.parameters}, {"plan", c.plan}});
+    }
+    out["largest_trainable"] = largest;
     std::cout << out.dump(2) << std::endl;
     return kExitOk;
   }
@@ -182,7 +191,19 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
               << Gib(m.communication_buffers) << std::setw(8) << Gib(m.workspace) << std::setw(9) << Gib(m.total())
               << std::setw(10) << Gib(r.w.budget_bytes) << Gib(r.w.budget_bytes - m.total()) << "\n";
   }
-  std::cout << "(budget = free memory less a 10% margin)" << std::endl;
+  std::cout << "(budget = free memory less a 10% margin)\n\n";
+  std::cout << "largest model of this width (hidden " << spec->model.hidden << ", ffn " << spec->model.ffn << ", vocab "
+            << spec->model.vocab << ", sequence " << spec->model.sequence << ") each optimizer option trains on these workers:\n";
+  for (const auto& c : capacities) {
+    std::cout << "  " << std::left << std::setw(30) << c.option.name;
+    if (c.layers == 0) {
+      std::cout << "not even 1 layer: " << c.plan << "\n";
+      continue;
+    }
+    std::cout << std::setw(6) << c.layers << " layers, " << std::fixed << std::setprecision(2) << c.parameters / 1e9
+              << "B parameters (" << c.plan << ")\n";
+  }
+  std::cout << "(set train.optimizer or parallel.offload in the spec to use one)" << std::endl;
   return kExitOk;
 }
 

@@ -14,6 +14,10 @@ struct MemorySnapshot {
   uint64_t allocated_bytes = 0; // CPU: resident set; GPU: the caching allocator's allocated bytes
   uint64_t reserved_bytes = 0;
   uint64_t peak_bytes = 0;
+  // The worker's host (its cgroup limit or MemTotal, and MemAvailable within it), which an
+  // offloaded optimizer's state takes; 0: not reported (an older worker).
+  uint64_t host_total_bytes = 0;
+  uint64_t host_free_bytes = 0;
 };
 
 }  // namespace strata

@@ -133,6 +133,8 @@ MemorySnapshot ReadMemoryStats(::MemoryStats::Reader r) {
   m.allocated_bytes = r.getAllocatedBytes();
   m.reserved_bytes = r.getReservedBytes();
   m.peak_bytes = r.getPeakBytes();
+  m.host_total_bytes = r.getHostTotalBytes();
+  m.host_free_bytes = r.getHostFreeBytes();
   return m;
 }
 
@@ -143,6 +145,8 @@ void WriteMemoryStats(const MemorySnapshot& m, ::MemoryStats::Builder b) {
   b.setAllocatedBytes(m.allocated_bytes);
   b.setReservedBytes(m.reserved_bytes);
   b.setPeakBytes(m.peak_bytes);
+  b.setHostTotalBytes(m.host_total_bytes);
+  b.setHostFreeBytes(m.host_free_bytes);
 }
 
 std::string MakeErrorReply(uint64_t request_id, const Status& status) {

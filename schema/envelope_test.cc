@@ -25,6 +25,31 @@ TEST(EnvelopeTest, RoundTripsASubmit) {
   EXPECT_EQ(std::string(root.getSubmitRun().getSpecToml().cStr()), "name = \"x\"");
 }
 
+// A worker's memory report carries its host's memory beside its device's (optimizer offload
+// plans against it), and a report without it (an older worker) reads as 0: not reported.
+TEST(EnvelopeTest, MemoryStatsCarryTheHostsMemory) {
+  EnvelopeBuilder builder(7);
+  MemorySnapshot sent;
+  sent.device = "cuda:1";
+  sent.total_bytes = 80ull << 30, sent.free_bytes = 70ull << 30, sent.peak_bytes = 5;
+  sent.host_total_bytes = 512ull << 30, sent.host_free_bytes = 400ull << 30;
+  WriteMemoryStats(sent, builder.root().initHeartbeat().initMemory());
+  const std::string bytes = builder.Serialize();
+  auto decoded = DecodeEnvelope(AsBytes(bytes));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  const MemorySnapshot got = ReadMemoryStats((*decoded)->root().getHeartbeat().getMemory());
+  EXPECT_EQ(got.device, "cuda:1");
+  EXPECT_EQ(got.total_bytes, sent.total_bytes);
+  EXPECT_EQ(got.host_total_bytes, 512ull << 30);
+  EXPECT_EQ(got.host_free_bytes, 400ull << 30);
+  EnvelopeBuilder old(8);
+  old.root().initHeartbeat().initMemory().setTotalBytes(1);
+  const std::string old_bytes = old.Serialize();
+  auto old_decoded = DecodeEnvelope(AsBytes(old_bytes));
+  ASSERT_TRUE(old_decoded.ok());
+  EXPECT_EQ(ReadMemoryStats((*old_decoded)->root().getHeartbeat().getMemory()).host_total_bytes, 0u);
+}
+
 TEST(EnvelopeTest, WrongVersionIsRejectedWithBothVersionsNamed) {
   EnvelopeBuilder builder(1);
   builder.root().setVersion(999);

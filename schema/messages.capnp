@@ -72,6 +72,8 @@ struct MemoryStats {
   allocatedBytes @3 :UInt64; # CPU: resident set size; GPU: allocator's allocated bytes
   reservedBytes @4 :UInt64;
   peakBytes @5 :UInt64;
+  hostTotalBytes @6 :UInt64; # the worker's host memory (for optimizer offload); 0: not reported
+  hostFreeBytes @7 :UInt64;
 }
 
 struct RegisterWorker {

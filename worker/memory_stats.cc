@@ -96,6 +96,8 @@ MemorySnapshot ReadCpuMemory() {
   m.allocated_bytes = StatusKb("VmRSS") * 1024;
   m.reserved_bytes = m.allocated_bytes;
   m.peak_bytes = ReadCpuPeakBytes();
+  m.host_total_bytes = m.total_bytes;  // a CPU worker's device is its host
+  m.host_free_bytes = m.free_bytes;
   return m;
 }
 

@@ -214,6 +214,9 @@ class TorchExecutor final : public TaskExecutor {
         const uint64_t used = m.reserved_bytes;
         m.free_bytes = std::min<uint64_t>(m.free_bytes, m.total_bytes > used ? m.total_bytes - used : 0);
       }
+      const MemorySnapshot host = ReadCpuMemory();  // where an offloaded optimizer's state goes
+      m.host_total_bytes = host.total_bytes;
+      m.host_free_bytes = host.free_bytes;
       return m;
     }
 #endif
