@@ -103,6 +103,7 @@ UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_
     if (offload_) host_.push_back({offload_->HostBuffer(n), offload_->HostBuffer(n), 0});
     moments_.push_back(std::move(m));
   }
+  ParametersChanged();
   norm_scratch_ = torch::empty({kernels::SquareSumScratch()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
 }
 
@@ -142,11 +143,8 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
       kernels::SquareSum(place, shard.data_ptr<float>() + s.begin, s.length, square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
     }
     reduced_.push_back(g);
-    if (offload_) {  // on their way to the host while the next units are reduced
-      const auto [p, g_range] = OptimizerRange(unit, moments_[u], g);
-      HostUnit& host = host_[u];
-      host.ticket = offload_->Download(g_range, host.grad);
-      offload_->Download(p, host.param);  // ordered after the gradient's on the same stream
+    if (offload_) {  // on its way to the host while the next units are reduced
+      host_[u].ticket = offload_->Download(OptimizerRange(unit, moments_[u], g).second, host_[u].grad);
     }
   }
   return square_sum;
@@ -168,7 +166,7 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     if (offload_) {
       offload_->WaitDownload(host_[u].ticket);
       g = host_[u].grad;
-      p = host_[u].param;
+      p = host_[u].master;
     }
     // One fused pass per span (kernels/kernels.h has the maths): clipping, decay, moments, update.
     for (const Moments::UpdateSpan& s : m.update_spans) {
@@ -232,6 +230,18 @@ void UnitOptimizer::SetMomentValues(size_t unit, bool second, const torch::Tenso
     kernels::Quantize8bit(KernelPlace(state_device_), /*is_signed=*/!second, v.data_ptr<float>() + s.begin, codes.data_ptr<uint8_t>() + s.begin,
                           scales.data_ptr<float>() + s.scale_offset, s.length);
   }
+}
+
+void UnitOptimizer::ParametersChanged() {
+  if (!offload_) return;
+  torch::NoGradGuard no_grad;
+  auto& units = model_.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const torch::Tensor flat = units[u].flat.detach();
+    const Moments& m = moments_[u];
+    offload_->WaitDownload(offload_->Download(units[u].sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin), host_[u].master));
+  }
+  offload_->CurrentStreamWaitsUploads();  // forgets the tickets
 }
 
 void UnitOptimizer::DiscardGradients() {

@@ -16,14 +16,16 @@
 // The trainer all-reduces the loss and the squared norm between reduce and apply, so the clip
 // factor is known before any parameter changes.
 //
-// Offload ([parallel] offload = "optimizer"): m and v live in host memory (pinned on a GPU). Each
-// unit's reduced gradient and current parameters over the optimizer range go to host buffers as
-// soon as the unit is reduced (HostCopies: a stream of their own); Apply waits for each unit in
-// turn, updates it with the host AdamW (kernels::AdamWHost: the GPU kernel's arithmetic, so the
-// losses equal the on-device optimizer's bit for bit) and sends the parameters back while the
-// next unit is updated; the device's stream waits for them before the ZeRO all-gather and the
-// next forward. Host memory: 16 bytes per parameter of the range (m, v, and the gradient and
-// parameter buffers); the device keeps none of the optimizer state. The update is not delayed.
+// Offload ([parallel] offload = "optimizer"): m and v, and a master copy of the parameters over
+// the optimizer range, live in host memory (pinned on a GPU). Each unit's reduced gradient goes
+// to a host buffer as soon as the unit is reduced (HostCopies: a stream of their own); Apply
+// waits for each unit in turn, updates the master copy with the host AdamW (kernels::AdamWHost:
+// the GPU kernel's arithmetic, so the losses equal the on-device optimizer's bit for bit) and
+// sends it to the device's parameters while the next unit is updated; the device's stream waits
+// for them before the ZeRO all-gather and the next forward. Host memory: 16 bytes per parameter
+// of the range (m, v, master, gradient buffer); the device keeps none of the optimizer state.
+// The update is not delayed. Whoever writes the device's parameters otherwise (a resume) calls
+// ParametersChanged.
 #pragma once
 
 #include <torch/torch.h>
@@ -81,6 +83,9 @@ class UnitOptimizer {
   void Apply(const TrainSpec& train, int64_t step, double lr, double clip, const Groups& groups);
   // Drops the reduced gradients and clears the units' (a step that will be replayed).
   void DiscardGradients();
+  // The device's parameters were written from elsewhere (a checkpoint): under offload the host's
+  // master copy is taken from them again. A no-op otherwise.
+  void ParametersChanged();
 
   // The moment's values over the unit's optimizer range as fp32 (`second`: v, else m): the live
   // tensor under adamw, a dequantized copy under adamw8bit. What checkpoints store: the 8-bit
@@ -106,11 +111,11 @@ class UnitOptimizer {
   const torch::Device device_;
   const torch::Device state_device_;  // where the moments live: device_, or the host under offload
   const int host_threads_;
-  // Offload: the copies, and per unit the host buffers of its gradient and parameters over the
-  // optimizer range and the ticket of their download this step.
+  // Offload: the copies, and per unit over its optimizer range the host buffer of its gradient,
+  // the master copy of its parameters, and the ticket of this step's gradient download.
   std::unique_ptr<HostCopies> offload_;
   struct HostUnit {
-    torch::Tensor grad, param;
+    torch::Tensor grad, master;
     size_t ticket = 0;
   };
   std::vector<HostUnit> host_;

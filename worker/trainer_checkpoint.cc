@@ -232,6 +232,7 @@ Status Trainer::Resume(const ResumePoint& resume) {
   }
   step_ = resume.step;
   model_->RefreshWorkingWeights();
+  optimizer_->ParametersChanged();
   STRATA_LOG(kInfo) << where << ": read and placed " << (read_bytes >> 20) << " MiB on " << device_.str() << " in "
                     << ms_since(start) << " ms (opening the stores " << open_ms << " ms, reading " << read_ms
                     << " ms on " << at::get_num_threads() << " threads, placing " << place_ms
