@@ -10,17 +10,21 @@
 // Model state per parameter (ZeRO, Rajbhandari et al. 2020): weights W, gradients G, optimizer O
 // bytes; ZeRO stage 1 divides O by dp, stage 2 also G, stage 3 also W. See BytesPerParam.
 //
-// Activations per layer per micro-batch (Korthikanti et al. 2022), s = sequence, b = micro-batch,
-// a = heads, t = tp, 16-bit activations, sequence parallel off:
-//   s*b*h * (10 + (8 + mlp)/t + 5*a*s/(h*t)),  mlp = 16 for GPT-2's 4h GELU MLP
-// which is the paper's sbh(34 + 5as/h) at t = 1. The 10 are replicated over tp (LayerNorm
-// inputs 4, attention and MLP inputs 2 + 2, dropout masks 1 + 1); 8 are Q, K, V and the
-// projection input; mlp are the wide tensors: GELU keeps two of width f (4f/h), SwiGLU four
-// (gate, up, silu(gate), product: 8f/h). 5as/h is the s x s score matrix, softmax and dropout
-// mask, gone with fused (flash / SDPA) attention. fp32 activations double every term. Full
-// recompute keeps only each layer's input (2sbh) plus one layer's activations while it is
-// recomputed. Pipeline 1F1B: stage i holds min(pp - i, micro-batches) micro-batches in flight.
-// The last stage also holds the logits (see Calibration).
+// Activations per layer per micro-batch: the tensors worker/'s blocks save for backward
+// (family_gpt2.cc, family_llama.cc, with the fused norms, GELU, SwiGLU and RoPE of fused_ops.h
+// and SDPA attention), s = sequence, b = micro-batch, t = tp, e = 2 bytes (bf16) or 4 (fp32):
+//   s*b*h * (8 + e * (2 + (2q + kv + mlp + p) / t))
+// 8: the fp32 residual stream, saved by each of the two norms (they take it in fp32); 2: the two
+// norms' outputs, the attention's and the MLP's inputs (whole on every tensor-parallel rank);
+// q = heads * head_dim / h for q and again for attention's output, kv = 2 * kv_heads * head_dim / h
+// for k and v (SDPA saves q, k, v and its output); mlp the wide tensors: GELU's up projection
+// and activation (2f/h), SwiGLU's gate, up and their product (3f/h); p = heads * s / h, the
+// softmax probabilities of unfused attention (0 with SDPA). GPT-2 saves 36 bytes per element in
+// bf16 (Korthikanti et al. 2022 count 34 for the unfused 16-bit block). Full recompute keeps each
+// layer's fp32 input (4 bytes per element) plus one layer's activations while it is recomputed;
+// that layer's backward also casts its weights to bf16 again and makes their fp32 gradients.
+// Pipeline 1F1B: stage i holds min(pp - i, micro-batches) micro-batches in flight. The last
+// stage also holds the fused loss (see Calibration).
 //
 // Step time: compute = c * params * tokens / (peak_flops * efficiency), c = 6 (forward 2 +
 // backward 4) or 8 with recompute (one more forward); per worker with its own share of layers
@@ -32,35 +36,50 @@
 // link. Pipeline bubble: a fraction (pp-1)/(m+pp-1) of the step, i.e. compute * (pp-1)/m.
 //
 // Calibration (what worker/trainer really keeps, fitted to measured allocator peaks; the fit and
-// its residuals are in docs/benchmarks.md, "Estimate vs. measured peak"). 46 rank-runs, bf16,
-// sequence 1024 (2026-11-26): GPT-2 124M and 355M on H200 (1 GPU x micro-batch 1-8 x recompute
-// on/off; 2 GPUs as dp=2 ZeRO 0-3, pp=2 and tp=2 at micro-batch 2), GPT-2 774M and Llama 886M on
-// one H100 (micro-batch 1, 2, 8 x recompute on/off). Least squares (relative) over
-//   peak = state + buffers + a * activations + c * logits + d
-//          + 2 bytes x the matmul weights of every micro-batch in flight, without recompute
-//          + e * s*b*h per Llama layer kept, without recompute
-//          - 2 bytes x parameters under ZeRO-0 with dp > 1
-// gave a = 1.074 (our unfused blocks keep ~7% more than the paper's sbh(34 + ...)),
-// c = 11.4 bytes per logit (bf16 logits, their fp32 copy for the loss, log-softmax, gradient),
-// d = 179 MiB (cuBLAS workspaces and step temporaries in the caching allocator),
-// e = 13.3 (Llama's unfused RMSNorm keeps its fp32 input and a bf16 normed copy beside the
-// linear's input, and RoPE's products; the rest of the 13.3 is not broken down).
-// The bf16 weight copies: autocast caches one bf16 cast of every weight for a micro-batch's
-// forward, and the matmuls save it for their backward, so without recompute each micro-batch in
-// flight keeps a copy of the stage's matmul weights; a recomputed layer casts again, briefly.
-// The ZeRO-0 term (taken off the gradients' share) is measured, not explained: dp=2 ZeRO-0
-// peaks sit 2 bytes per parameter below dp=1 at the same micro-batch (GPT-2 124M and 355M,
-// recompute on and off, 4 points), while ZeRO-1/2 match the model; left out, those points were
-// over by 2-8%. Every fitted point is within 3.9% of its measured peak (the worst: dp=2 ZeRO-3).
-// Measured afterwards and not fitted (4x H200): 34 rank-runs of GPT-2 774M and Llama 886M on
-// dp=2 ZeRO 0-3, pp=2 (balanced stages) and tp=2, and 1 GPU at micro-batch 1 and 4: all within 1.4%.
-// The trainer's state is 16 bytes per parameter: fp32 weights 4, fp32 gradient buffer 4 (kept
-// whole under ZeRO-2: the reduce-scatter runs in place), AdamW m and v 8 (until 2026-11-28 also
-// two fp32 masks over the optimizer range, 8 more: the fits above were made with them, and
-// BytesPerParam now leaves them out; weight decay and norm ownership are spans of parameters);
-// the logits are not split by tp
-// (the embedding and head are replicated over tensor-parallel ranks), and the residual stream
-// is fp32, so a recomputed layer keeps a 4-byte input per element.
+// its residuals are in docs/benchmarks.md, "Estimate vs. measured peak"). Per rank:
+//   peak = state + working copies + a * activations + recompute's layer + loss + buffers + d
+//   state         16 bytes per parameter, sharded by ZeRO: fp32 weights 4, fp32 gradient buffer 4
+//                 (kept whole under ZeRO-2: the reduce-scatter runs in place), AdamW m and v 8
+//                 (adamw8bit: 2.03). See BytesPerParam.
+//   working       2 bytes per parameter of the units with a bf16 working copy (CUDA bf16 runs:
+//                 every unit but ZeRO-3 shards, recomputed blocks and a one-stage tied embedding;
+//                 worker/stage_model.cc), kept for the whole run.
+//   activations   the layers' saved tensors above, for the micro-batches in flight.
+//   recompute's   a recomputed layer's weights cast to bf16 and their fp32 gradients: 6 bytes
+//   layer         per parameter of one layer.
+//   loss          on the last stage (worker/fused_loss.cc), whole on every tensor-parallel rank:
+//                 c bytes per logit of one chunk (rows x vocab padded to 64, at most 256 MiB of
+//                 bf16 logits; fp32 in fp32 runs and on CPU workers); per element of the
+//                 [vocab padded, h] head weight, dW in fp32 and a chunk's partial dW in the
+//                 loss's dtype (6 bytes in bf16), plus the weight padded to 64 rows
+//                 (4 bytes from the fp32 master, 2 from a working copy) and, read from the fp32
+//                 master, its bf16 cast (2) and under ZeRO-3 the gathered fp32 unit (4); per
+//                 element of s*b*h, the final norm's fp32 input (4), its bf16 output (2) and the
+//                 loss's gradient for it (2).
+//   buffers       pp: a received activation and a received gradient (fp32); tp: an all-reduce's
+//                 fp32 copy of an activation; ZeRO-3: a layer gathered whole (fp32).
+//   d             cuBLAS workspaces and what else the caching allocator holds outside the step.
+// Least squares on the relative error over all 44 rank-runs measured on NVIDIA H200s, bf16,
+// sequence 1024, global batch 8 (2026-11-28; bench/results/calibration-2026-11-28-*.jsonl): one
+// GPU (GPT-2 124M and 355M at micro-batch 1, 2, 4, 8; GPT-2 774M and Llama 886M at 2 and 8;
+// recompute on and off) and two GPUs (GPT-2 124M at micro-batch 2: dp=2 ZeRO 0-3, pp=2 with the
+// planner's balanced stages, tp=2; recompute on and off, tp=2 off only) gave
+//   a = 1.153  (the blocks keep 15% more than the tensors counted above; not broken down),
+//   c = 1.76 bytes per logit (the chunk's bf16 logits, 2),
+//   d = 60 MiB.
+// Every two-GPU rank-run is within 4.9% (the worst: dp=2 ZeRO-3, +4.8%); nine of the 24 one-GPU
+// ones are not: -7.9% to +5.9% (the worst: GPT-2 355M at micro-batch 2 with recompute). The two
+// grids disagree by more than what a rank holds explains: GPT-2 124M at micro-batch 2 peaks 3.8%
+// (recompute off) and 7.1% (on) higher on one GPU than as a dp=2 ZeRO-0 rank, which holds the
+// same state, working copies and micro-batch (it runs 2 micro-batches a step, not 4; the pp=2
+// and tp=2 ranks run 4 and sit below the one-GPU runs too). And the one-GPU residuals grow with
+// the order the runs were made in, about 48 MiB a run (correlation 0.69), where the two-GPU
+// grid's ZeRO-1 and ZeRO-2 runs, which hold the same bytes, measured the same peak to the byte.
+// docs/benchmarks.md has the numbers.
+// Replaced: the fit of 2026-11-26 (46 rank-runs), made before the trainer dropped its fp32
+// optimizer masks, fused its loss and norms and kept bf16 working copies: it charged 11.4 bytes
+// per logit, autocast's bf16 weight casts per micro-batch in flight, an unexplained Llama term
+// and 2 bytes per parameter less at ZeRO-0 with dp > 1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -80,14 +99,16 @@ ModelSpec Filled(ModelSpec model) {
 }
 
 // See "Calibration" above.
-constexpr double kActivationScale = 1.074;
-constexpr double kLogitBytes = 11.4;
-constexpr int64_t kStepTemporaryBytes = int64_t{179} << 20;
-constexpr double kLlamaLayerExtraPerSbh = 13.3;
-constexpr double kAutocastWeightCopyBytes = 2.0;
-constexpr double kDataParallelZero0Saving = 2.0;  // bytes per parameter, measured
+constexpr double kActivationScale = 1.153;
+constexpr double kBytesPerChunkLogit = 1.76;
+constexpr int64_t kStepTemporaryBytes = int64_t{60} << 20;
+// worker/fused_loss.h: the fused loss makes its logits in row chunks of at most this many bytes.
+constexpr double kLossChunkBytes = double(int64_t{256} << 20);
+constexpr double kWorkingCopyBytes = 2;  // bf16
 
 int64_t ActivationBytesPerElement(bool fp32_activations) { return fp32_activations ? 4 : 2; }
+// The residual stream is fp32 in both precisions (worker/fused_ops.h: the norms take it in fp32).
+constexpr double kResidualBytes = 4;
 
 // Every estimate is computed in double (products such as sequence x micro-batch x hidden x layers
 // x micro-batches in flight overflow an int64 long before the run spec's bounds) and rounded here,
@@ -126,12 +147,14 @@ MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero,
 int64_t LayerActivationBytes(const ModelSpec& spec, int64_t sequence, int64_t micro_batch, int64_t tp,
                              bool fp32_activations, bool fused_attention) {
   const ModelSpec model = Filled(spec);
-  const double s = sequence, b = micro_batch, h = model.hidden, a = model.heads, t = tp;
-  const double wide_tensors = model.gated_mlp() ? 4.0 : 2.0;
-  const double mlp = wide_tensors * 2.0 * model.ffn / h;  // 2 bytes per 16-bit element
-  const double scores = fused_attention ? 0.0 : 5.0 * a * s / h;
-  const double per_sbh = 10.0 + (8.0 + mlp + scores) / t;
-  return ToBytes(s * b * h * per_sbh * (fp32_activations ? 2.0 : 1.0));
+  const double s = sequence, b = micro_batch, h = model.hidden, t = tp;
+  const double e = static_cast<double>(ActivationBytesPerElement(fp32_activations));
+  const double q = static_cast<double>(model.heads * model.head_size()) / h;  // q, and attention's output
+  const double kv = 2.0 * static_cast<double>(model.kv_heads * model.head_size()) / h;
+  const double mlp = (model.gated_mlp() ? 3.0 : 2.0) * static_cast<double>(model.ffn) / h;
+  const double scores = fused_attention ? 0.0 : static_cast<double>(model.heads) * s / h;
+  const double per_sbh = 2 * kResidualBytes + e * (2.0 + (2.0 * q + kv + mlp + scores) / t);
+  return ToBytes(s * b * h * per_sbh);
 }
 
 int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
@@ -140,8 +163,7 @@ int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t m
   const double full = static_cast<double>(LayerActivationBytes(model, sequence, micro_batch, tp, fp32_activations, fused_attention));
   const double held = static_cast<double>(in_flight) * static_cast<double>(layers);
   if (!recompute) return ToBytes(held * full);
-  const double layer_input = static_cast<double>(sequence) * static_cast<double>(micro_batch) *
-                             static_cast<double>(model.hidden) * static_cast<double>(ActivationBytesPerElement(fp32_activations));
+  const double layer_input = static_cast<double>(sequence) * static_cast<double>(micro_batch) * static_cast<double>(model.hidden) * kResidualBytes;
   return ToBytes(held * layer_input + full);
 }
 
@@ -167,14 +189,14 @@ UnitParams CountUnits(const ModelSpec& spec, int64_t pp) {
 
 // Bytes per parameter of each kind of model state. The ZeRO paper's mixed precision keeps the
 // fp32 master copy inside the optimizer's 12 bytes; our trainer's master weights are the model
-// itself, and bf16 autocast adds a cached bf16 copy of every weight during forward/backward.
+// itself (a bf16 run's working copies depend on the plan: Evaluate adds them).
 StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer) {
   // adamw8bit: m and v as one code byte each plus an fp32 scale per block of 256.
   constexpr double kEightBitMoments = 2.0 * (1.0 + 4.0 / 256.0);
   switch (layout) {
     case StateLayout::kFp32:  // = 16: weights, gradients, m and v
       return {4, 0, 4, eight_bit_optimizer ? kEightBitMoments : 8};
-    case StateLayout::kBf16Autocast:  // = 16: casts are per micro-batch (activations)
+    case StateLayout::kBf16Autocast:  // = 16, the same fp32 state
       return {4, 0, 4, eight_bit_optimizer ? kEightBitMoments : 8};
     case StateLayout::kZeroPaperMixed: return {2, 0, 2, 12};  // = 16
   }
@@ -311,10 +333,14 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
   // Token-sized products in double (see ToBytes): s * b * hidden alone reaches 2^60 within bounds.
   const double sbh = static_cast<double>(s) * static_cast<double>(b) * static_cast<double>(model.hidden);
   const double boundary_bytes = sbh * static_cast<double>(ActivationBytesPerElement(fp32_acts));
-  const double compute_bytes = problem.layout == StateLayout::kFp32 ? 4.0 : 2.0;
+  // bf16 on a GPU: working copies and a bf16 loss; on CPU workers the loss computes in fp32.
+  const bool bf16_cuda = problem.layout == StateLayout::kBf16Autocast && problem.cuda;
+  const double loss_bytes = bf16_cuda ? 2.0 : 4.0;
   const StateBytesPerParam per_param = BytesPerParam(problem.layout, problem.job.optimizer == "adamw8bit");
   const UnitParams u = CountUnits(model, c.pp);
   const double layer_per_rank = static_cast<double>(u.layer_sharded) / c.tp + u.layer_replicated;
+  const double embedding_per_rank = static_cast<double>(u.embedding_sharded) / c.tp + u.embedding_replicated;
+  const double head_per_rank = static_cast<double>(u.head_sharded) / c.tp + u.head_replicated;
   const MeshGeometry& geometry = cache.Geometry(c.dp, c.pp, c.tp);
 
   Plan plan;
@@ -328,35 +354,51 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     const bool first = k == 0, last = k == c.pp - 1, recompute = c.recompute[static_cast<size_t>(k)];
     const int64_t layers = plan.stages[static_cast<size_t>(k)].size();
     double params = layers * layer_per_rank;
-    if (first) params += static_cast<double>(u.embedding_sharded) / c.tp + u.embedding_replicated;
-    if (last) params += static_cast<double>(u.head_sharded) / c.tp + u.head_replicated;
+    if (first) params += embedding_per_rank;
+    if (last) params += head_per_rank;
     const double flops_params = layers * layer_per_rank + (last ? static_cast<double>(model.vocab * model.hidden) / c.tp : 0);
     const double flops = (recompute ? 8.0 : 6.0) * flops_params * static_cast<double>(local_batch * s);
 
     MemoryEstimate mem = ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload, problem.job.optimizer == "adamw8bit");
-    if (c.zero == 0 && c.dp > 1 && problem.layout == StateLayout::kBf16Autocast) {
-      mem.gradients = ToBytes(static_cast<double>(mem.gradients) - kDataParallelZero0Saving * params);  // see Calibration: measured
+    // The bf16 working copies the matmuls read (worker/stage_model.h, ParamUnit::working): every
+    // unit but ZeRO-3 shards, recomputed blocks and a one-stage tied embedding, whose head reads
+    // the fp32 master. The first stage's embedding keeps one though its lookup reads fp32.
+    const bool one_stage_tie = model.tied() && c.pp == 1;
+    if (bf16_cuda && c.zero < 3) {
+      double working = recompute ? 0 : layers * layer_per_rank;
+      if (first) working += embedding_per_rank - (one_stage_tie ? static_cast<double>(model.vocab * model.hidden) : 0);
+      if (last) working += head_per_rank;
+      mem.weights += ToBytes(kWorkingCopyBytes * working);
     }
     const int64_t in_flight = c.pp > 1 ? std::min(c.pp - k, m) : 1;
-    // The paper's layers (a recomputed layer keeps its fp32 residual input), scaled as measured,
-    // the logits on the last stage (vocab padded to 64 as the trainer does), step temporaries.
-    double acts = StageActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, layers, in_flight, recompute);
-    if (recompute && !fp32_acts) acts += static_cast<double>(in_flight * layers) * sbh * 2;
-    acts *= kActivationScale;
-    if (last) acts += kLogitBytes * static_cast<double>(s) * static_cast<double>(b) * static_cast<double>((model.vocab + 63) / 64 * 64);
-    if (model.rms_norm()) {
-      acts += kLlamaLayerExtraPerSbh * static_cast<double>(recompute ? 1 : in_flight * layers) * sbh;
-    }
-    if (!recompute && problem.layout == StateLayout::kBf16Autocast) {
-      const double matmul_weights = layers * static_cast<double>(u.layer_sharded) / c.tp + (last ? static_cast<double>(model.vocab * model.hidden) : 0);
-      acts += kAutocastWeightCopyBytes * static_cast<double>(in_flight) * matmul_weights;
+    // The layers' saved tensors for the micro-batches in flight (with recompute, their fp32
+    // inputs and one layer recomputed), scaled as measured; a recomputed layer's backward also
+    // casts its weights to bf16 again and makes their fp32 gradients.
+    double acts = kActivationScale * StageActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, layers, in_flight, recompute);
+    if (recompute) acts += ((fp32_acts ? 0.0 : 2.0) + 4.0) * layer_per_rank;
+    if (last) {
+      // The fused loss (worker/fused_loss.cc), whole on every tensor-parallel rank: one chunk of
+      // logits, the head-sized buffers it holds at its peak, and per token the final norm's fp32
+      // input and its output, and the loss's gradient for that output (dx).
+      const double vocab = static_cast<double>((model.vocab + 63) / 64 * 64);
+      const double rows = static_cast<double>(s) * static_cast<double>(b);
+      const double fit = std::floor(kLossChunkBytes / (vocab * loss_bytes));  // LinearCrossEntropyChunkRows
+      const double chunk = fit >= rows ? rows : std::max(64.0, std::floor(fit / 64) * 64);
+      acts += kBytesPerChunkLogit * chunk * vocab;
+      const bool master = !bf16_cuda || c.zero >= 3 || one_stage_tie;  // the head reads the fp32 weight
+      double per_weight = 4 + loss_bytes;                            // dW in fp32, a chunk's partial dW
+      if (c.zero >= 3) per_weight += 4;                               // the gathered fp32 unit
+      if (model.vocab % 64 != 0) per_weight += master ? 4 : 2;        // the weight padded to 64 rows
+      if (master && loss_bytes == 2) per_weight += 2;                 // its cast to bf16
+      acts += per_weight * vocab * static_cast<double>(model.hidden);
+      acts += (kResidualBytes + 2 * loss_bytes) * sbh;
     }
     mem.activations = ToBytes(acts + static_cast<double>(kStepTemporaryBytes));
     const double gradient_bytes = params * per_param.gradients;
     double buffers = 0;  // gradients are all-reduced in place, one unit at a time
-    if (c.tp > 1) buffers += 2 * boundary_bytes;
-    if (c.pp > 1) buffers += 2 * boundary_bytes;  // one send and one receive buffer
-    if (c.zero >= 3 && c.dp > 1) buffers += 2 * layer_per_rank * compute_bytes;  // gathered layer + prefetch
+    if (c.tp > 1) buffers += kResidualBytes * sbh;      // an all-reduce's fp32 copy of an activation
+    if (c.pp > 1) buffers += 2 * kResidualBytes * sbh;  // a received activation and a received gradient, fp32
+    if (c.zero >= 3 && c.dp > 1) buffers += 4 * layer_per_rank;  // a layer gathered whole, fp32
     mem.communication_buffers = ToBytes(buffers);
     mem.workspace = opt.workspace_bytes;
 

@@ -19,6 +19,9 @@ struct Problem {
   StateLayout layout = StateLayout::kFp32;
   std::vector<WorkerView> workers;  // as given
   PlannerOptions options;
+  // GPU workers: a bf16 run keeps bf16 working copies of its weights and computes its loss in
+  // bf16 (worker/stage_model.cc); CPU workers compute in fp32 from the fp32 weights.
+  bool cuda = true;
 };
 
 Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,

@@ -159,7 +159,7 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
 // How the trainer keeps model state; bytes per parameter in shard/estimator.cc.
 enum class StateLayout {
   kFp32,            // fp32 weights, grads, AdamW m and v
-  kBf16Autocast,    // our bf16 run: fp32 master weights/grads/moments + a bf16 autocast copy
+  kBf16Autocast,    // our bf16 run: fp32 master weights/grads/moments + bf16 working copies
   kZeroPaperMixed,  // ZeRO paper: fp16 weights and grads, fp32 master + m + v in the optimizer
 };
 
@@ -169,13 +169,13 @@ enum class StateLayout {
 MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, bool offload = false,
                                bool eight_bit_optimizer = false);
 
-// Activations one transformer layer stores for backward, one micro-batch, no recompute
-// (Korthikanti et al. 2022 with the MLP term scaled to the model's ffn width).
+// Activations one transformer layer stores for backward, one micro-batch, no recompute: the
+// tensors worker/'s blocks save (shard/estimator.cc lists them).
 int64_t LayerActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
                              bool fp32_activations, bool fused_attention);
 
 // Activations of `layers` layers with `in_flight` micro-batches held: full, or with full
-// recompute only each layer's input plus one layer being recomputed.
+// recompute only each layer's fp32 input plus one layer being recomputed.
 int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
                              bool fp32_activations, bool fused_attention, int64_t layers,
                              int64_t in_flight, bool recompute);

@@ -198,6 +198,7 @@ Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const Clust
   p.layout = p.job.precision == "bf16" ? StateLayout::kBf16Autocast : StateLayout::kFp32;
   if (std::none_of(p.workers.begin(), p.workers.end(), [](const WorkerView& w) { return w.gpu; })) {
     p.options.workspace_bytes = options.cpu_workspace_bytes;
+    p.cuda = false;
   }
   return p;
 }
