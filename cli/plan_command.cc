@@ -61,6 +61,11 @@ Result<shard::ClusterView> ClusterFromSpec(const std::string& path) {
     if (free > memory) return InvalidArgument(where + "free (" + HumanBytes(free) + ") exceeds memory (" + HumanBytes(memory) + ")");
     const std::string link = t->get("link") ? t->get("link")->value_or<std::string>("?") : "nvlink";
     if (link != "nvlink" && link != "pcie" && link != "tcp") return InvalidArgument(where + "link must be nvlink, pcie or tcp");
+    uint64_t host_memory = 0;  // 0: not given, offload's host memory not checked
+    if (t->get("host_memory")) {
+      STRATA_ASSIGN_OR_RETURN(host_memory, ParseByteSize(t->get("host_memory")->value_or<std::string>("?"), where + "host_memory"));
+      if (host_memory == 0) return InvalidArgument(where + "host_memory must be more than 0 (leave it out to not check host memory)");
+    }
     const double tflops = t->get("tflops") ? t->get("tflops")->value_or<double>(-1) : 989.0;
     if (!(tflops > 0)) return InvalidArgument(where + "tflops must be a number > 0");
     for (int64_t n = 0; n < count; ++n) {
@@ -72,6 +77,7 @@ Result<shard::ClusterView> ClusterFromSpec(const std::string& path) {
         w.free_bytes = static_cast<int64_t>(free);
         w.link = link;
         w.peak_flops = tflops * 1e12;
+        w.host_free_bytes = static_cast<int64_t>(host_memory);
         view.workers.push_back(std::move(w));
       }
     }
@@ -97,7 +103,7 @@ json EstimateJson(const shard::MemoryEstimate& m) {
   return {{"weights", m.weights},       {"gradients", m.gradients},
           {"optimizer_state", m.optimizer_state}, {"activations", m.activations},
           {"communication_buffers", m.communication_buffers}, {"workspace", m.workspace},
-          {"total", m.total()}};
+          {"total", m.total()}, {"host", m.host}};
 }
 
 std::string Gib(int64_t bytes) {
@@ -191,7 +197,12 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
               << Gib(m.communication_buffers) << std::setw(8) << Gib(m.workspace) << std::setw(9) << Gib(m.total())
               << std::setw(10) << Gib(r.w.budget_bytes) << Gib(r.w.budget_bytes - m.total()) << "\n";
   }
-  std::cout << "(budget = free memory less a 10% margin)\n\n";
+  std::cout << "(budget = free memory less a 10% margin)\n";
+  if (p.offload) {
+    std::cout << "host memory for the offloaded optimizer: " << Gib(p.workers.front().memory.host)
+              << " GiB on each worker of the first stage (m, v, a master copy of the parameters and a gradient buffer)\n";
+  }
+  std::cout << "\n";
   std::cout << "largest model of this width (hidden " << spec->model.hidden << ", ffn " << spec->model.ffn << ", vocab "
             << spec->model.vocab << ", sequence " << spec->model.sequence << ") each optimizer option trains on these workers:\n";
   for (const auto& c : capacities) {

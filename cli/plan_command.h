@@ -10,6 +10,9 @@
 //   free = "76GiB"       # per GPU, default = memory
 //   link = "nvlink"      # within the node: nvlink | pcie | tcp
 //   tflops = 989         # peak per GPU
+//   host_memory = "1TiB" # free host memory per node (an offloaded optimizer's state); default: not checked
+// Then the largest model of the spec's width that each optimizer option (AdamW, 8-bit AdamW,
+// AdamW offloaded to host memory) trains on those workers (shard/capacity.h).
 #pragma once
 
 #include <string>

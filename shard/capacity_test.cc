@@ -1,4 +1,5 @@
 #include "shard/capacity.h"
+#include "shard/parallel_change.h"
 
 #include <gtest/gtest.h>
 
@@ -54,6 +55,70 @@ TEST(LargestTrainable, NothingFitsSaysWhy) {
     EXPECT_EQ(c.layers, 0) << c.option.name;
     EXPECT_FALSE(c.plan.empty()) << c.option.name;
   }
+}
+
+}  // namespace
+}  // namespace strata::shard
+
+namespace strata::shard {
+namespace {
+
+// A node's host memory bounds what its workers can offload: 16 bytes a parameter (m, v, the
+// master copy and the gradient buffer) within the host's free memory less the safety margin.
+TEST(OffloadPlanning, HostMemoryBoundsTheOffloadedModel) {
+  JobSpec job;
+  job.global_batch = 8, job.precision = "bf16", job.dp = 1, job.pp = 1, job.tp = 1;
+  ClusterView cluster = OneGpu(141 * kGiB);
+  const int64_t unbounded = LargestTrainable(Llama4096(), job, cluster)[2].layers;
+  cluster.workers[0].host_free_bytes = 128 * kGiB;  // the GPU node's host
+  const Capacity bounded = LargestTrainable(Llama4096(), job, cluster)[2];
+  ASSERT_GT(bounded.layers, 0) << bounded.plan;
+  EXPECT_LT(bounded.layers, unbounded);
+  ModelSpec m = Llama4096();
+  m.layers = bounded.layers;
+  job.offload = true;
+  auto plan = ChoosePlan(m, job, cluster);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->workers[0].memory.host, 16 * ParameterCount(m));
+  EXPECT_LE(plan->workers[0].memory.host, static_cast<int64_t>(0.9 * 128 * kGiB));
+  m.layers = bounded.layers + 1;
+  auto refused = ChoosePlan(m, job, cluster);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("need more host memory than the nodes have free"), std::string::npos)
+      << refused.status().message();
+}
+
+// Two workers of one node share its host: ZeRO-1 halves each one's offloaded state, and the sum
+// is what the host must hold.
+TEST(OffloadPlanning, WorkersOfANodeShareItsHost) {
+  JobSpec job;
+  job.global_batch = 8, job.precision = "bf16", job.dp = 2, job.pp = 1, job.tp = 1, job.zero = 1, job.offload = true;
+  ClusterView cluster = OneGpu(141 * kGiB);
+  cluster.workers.push_back(cluster.workers[0]);
+  cluster.workers[1].name = "gpu1";
+  ModelSpec m = Llama4096();
+  const double per_node = 16.0 * static_cast<double>(ParameterCount(m));  // both halves
+  for (auto& w : cluster.workers) w.host_free_bytes = static_cast<int64_t>(per_node / 0.9 * 1.01);
+  auto fits = ChoosePlan(m, job, cluster);
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+  EXPECT_NEAR(static_cast<double>(fits->workers[0].memory.host), per_node / 2, per_node * 1e-6);
+  for (auto& w : cluster.workers) w.host_free_bytes = static_cast<int64_t>(per_node / 0.9 * 0.99);
+  EXPECT_FALSE(ChoosePlan(m, job, cluster).ok());
+}
+
+TEST(OffloadPlanning, TheSpecsOffloadIsTheJobsAndAPlanCarriesItBack) {
+  RunSpec spec;
+  spec.model = Llama4096();
+  spec.train.global_batch = 8;
+  spec.parallel.offload = "optimizer";
+  EXPECT_EQ(JobForRun(spec).offload, std::optional<bool>(true));
+  spec.parallel.offload = "none";
+  EXPECT_EQ(JobForRun(spec).offload, std::optional<bool>(false));
+  Plan plan;
+  plan.dp = 1, plan.pp = 1, plan.tp = 1, plan.micro_batch = 8, plan.offload = true, plan.recompute = {false};
+  EXPECT_EQ(ParallelFromPlan(spec.parallel, plan).offload, "optimizer");
+  plan.offload = false;
+  EXPECT_EQ(ParallelFromPlan(spec.parallel, plan).offload, "none");
 }
 
 }  // namespace

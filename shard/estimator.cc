@@ -84,6 +84,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 
 #include "model/parameters.h"
 #include "shard/internal.h"
@@ -401,6 +402,12 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     if (c.zero >= 3 && c.dp > 1) buffers += 4 * layer_per_rank;  // a layer gathered whole, fp32
     mem.communication_buffers = ToBytes(buffers);
     mem.workspace = opt.workspace_bytes;
+    if (c.offload) {
+      // The offloaded optimizer's host memory (worker/optimizer.h): over its optimizer range m and
+      // v (or their 8-bit codes and scales), the parameters' master copy and the gradient buffer.
+      const double moments = problem.job.optimizer == "adamw8bit" ? 2.0 * (1.0 + 4.0 / 256.0) : 8.0;
+      mem.host = ToBytes(params * (moments + 8.0) / (c.zero >= 1 ? c.dp : 1));
+    }
 
     const double total = static_cast<double>(mem.total());
     local_fill.worst = std::max(local_fill.worst, total / static_cast<double>(std::max<int64_t>(geometry.min_budget[k], 1)));
@@ -428,6 +435,32 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     if (c.offload) {
       const double shard = params * 4.0 / (c.zero >= 1 ? c.dp : 1);  // fp32 grads out, fp32 weights back
       offload_comm = std::max(offload_comm, 2.0 * shard / opt.host_bandwidth);
+    }
+  }
+  if (c.offload && problem.host_checked) {
+    // Each node's host holds the offloaded state of all its workers: within its free memory less
+    // the safety margin (every worker of a node reports the same host; the smallest counts).
+    std::map<std::string, std::pair<double, double>> nodes;  // node -> (bytes needed, free)
+    for (int64_t k = 0; k < c.pp; ++k) {
+      const int64_t layers = plan.stages[static_cast<size_t>(k)].size();
+      double params = layers * layer_per_rank;
+      if (k == 0) params += embedding_per_rank;
+      if (k == c.pp - 1) params += head_per_rank;
+      const double moments = problem.job.optimizer == "adamw8bit" ? 2.0 * (1.0 + 4.0 / 256.0) : 8.0;
+      const double host = params * (moments + 8.0) / (c.zero >= 1 ? c.dp : 1);
+      for (int64_t r = 0; r < c.dp * c.tp; ++r) {
+        const WorkerView& w = cache.Worker(k * c.dp * c.tp + r);
+        auto [it, fresh] = nodes.emplace(w.node, std::make_pair(0.0, static_cast<double>(w.host_free_bytes)));
+        it->second.first += host;
+        if (w.host_free_bytes > 0 && (fresh || it->second.second <= 0 || w.host_free_bytes < it->second.second)) {
+          it->second.second = static_cast<double>(w.host_free_bytes);
+        }
+      }
+    }
+    for (const auto& [node, need_free] : nodes) {
+      if (need_free.second <= 0) continue;  // not reported
+      const double ratio = need_free.first / (need_free.second * (1.0 - opt.safety_margin));
+      if (ratio > local_fill.worst) local_fill.worst = ratio, local_fill.host_limited = true;
     }
   }
   plan.step_time.compute_s = compute;

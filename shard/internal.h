@@ -22,6 +22,7 @@ struct Problem {
   // GPU workers: a bf16 run keeps bf16 working copies of its weights and computes its loss in
   // bf16 (worker/stage_model.cc); CPU workers compute in fp32 from the fp32 weights.
   bool cuda = true;
+  bool host_checked = false;  // some worker reported its host's free memory (offload is checked against it)
 };
 
 Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
@@ -70,8 +71,9 @@ std::vector<LayerRange> BalanceStages(const Problem& problem, int64_t pp);
 // With `with_workers` false the plan's per-worker list stays empty (the search's fast path) and
 // `fill` receives what WorstFill would say and the largest per-worker total.
 struct Fill {
-  double worst = 0;        // largest estimate / budget
+  double worst = 0;        // largest estimate / budget (a node's host memory too, under offload)
   double largest_total = 0;
+  bool host_limited = false;  // the worst is a node's host memory
 };
 Plan Evaluate(const Problem& problem, const Candidate& candidate, StageCache& cache, bool with_workers = true,
               Fill* fill = nullptr);

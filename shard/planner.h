@@ -47,6 +47,9 @@ struct WorkerView {
   double peak_flops = 989e12;       // per second; H100 dense bf16
   double bandwidth = 0;             // bytes/s to peers on the same node; 0 -> typical for `link`
   bool gpu = true;                  // false: a CPU worker (no CUDA context or cuBLAS workspace)
+  // Free memory of the worker's host (shared by the workers of its node), which an offloaded
+  // optimizer's state takes; 0: unknown, not checked.
+  int64_t host_free_bytes = 0;
 };
 
 struct ClusterView {
@@ -86,6 +89,8 @@ struct MemoryEstimate {
   int64_t total() const {
     return weights + gradients + optimizer_state + activations + communication_buffers + workspace;
   }
+  // Host memory the worker's offloaded optimizer keeps (not in total(), which is the device's).
+  int64_t host = 0;
 };
 
 struct LayerRange {

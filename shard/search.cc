@@ -200,6 +200,7 @@ Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const Clust
     p.options.workspace_bytes = options.cpu_workspace_bytes;
     p.cuda = false;
   }
+  p.host_checked = std::any_of(p.workers.begin(), p.workers.end(), [](const WorkerView& w) { return w.host_free_bytes > 0; });
   return p;
 }
 
@@ -286,8 +287,10 @@ JobSpec JobForRun(const RunSpec& spec) {
     else if (job.dp) job.micro_batch = spec.train.global_batch / *job.dp;
   }
   if (!p.automatic.count("recompute")) job.recompute = p.recompute || (job.zero == 3 && job.dp.value_or(2) > 1);
-  job.offload = false;
-  job.offload_supported = false;
+  // Offload changes no loss (the host's AdamW is the device's arithmetic): fixed as the spec
+  // says, and a re-plan after an out-of-memory may still turn it on.
+  job.offload = p.offload == "optimizer";
+  job.offload_supported = true;
   job.uniform_recompute = true;
   job.zero3_recomputes = true;
   job.stages = p.stages;
@@ -304,6 +307,7 @@ WorkerView WorkerFromMemory(std::string name, std::string node, const MemorySnap
   v.link = gpu ? "nvlink" : "tcp";
   v.peak_flops = gpu ? 989e12 : 1e11;
   v.gpu = gpu;
+  v.host_free_bytes = static_cast<int64_t>(memory.host_free_bytes);
   return v;
 }
 
@@ -332,6 +336,7 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   std::map<std::tuple<int64_t, int64_t, int64_t>, Kept> best_per_mesh;
   double leanest_need = 0;
   int64_t evaluated = 0, fitting = 0, used = all;
+  bool host_refused = false;  // an offload plan that fit the GPUs but not its node's host memory
   for (int64_t n = all; n >= 1 && !best; --n) {
     used = n;
     if (!internal::HasCandidate(problem, n)) continue;  // at 10k workers, skipping is the whole cost
@@ -346,6 +351,7 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
       const double need = fill.largest_total / (1.0 - options.safety_margin);  // free memory its hungriest worker asks
       if (!leanest || need < leanest_need) leanest = kept, leanest_need = need;
       if (fill.worst > 1.0) {
+        host_refused |= fill.host_limited;
         if (!fastest_rejected || internal::Better(plan, fastest_rejected->plan)) fastest_rejected = kept;
         return;
       }
@@ -385,7 +391,9 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
                       internal::Describe(*leanest_plan) + ") needs " + internal::FormatBytes(leanest_need) + " free per " + (gpus ? "GPU" : "worker") + " (with the " +
                       std::to_string(static_cast<int>(options.safety_margin * 100)) + "% safety margin), but worker \"" + w.worker + "\" has " +
                       internal::FormatBytes(free) + " free; add workers, free " + (gpus ? "GPU " : "") +
-                      "memory, or shorten the sequence / shrink the model");
+                      "memory, or shorten the sequence / shrink the model" +
+                      (host_refused ? " (plans with the optimizer offloaded fit the GPUs but need more host memory than the nodes have free)"
+                                    : ""));
   }
 
   // The runner-up is the best plan on another mesh (more telling than a ZeRO-stage variant of the

@@ -21,6 +21,7 @@
 
 #ifdef STRATA_WITH_CUDA
 #include "worker/nccl_communicator.h"
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -166,10 +167,17 @@ class TorchExecutor final : public TaskExecutor {
   }
 
   // The caching allocator keeps freed blocks; between tasks they are handed back, so heartbeats
-  // report the memory really free (to the planner, and to other processes on the GPU).
+  // report the memory really free (to the planner, and to other processes on the GPU). LibTorch
+  // also keeps a cuBLAS and a cuBLASLt workspace (32 MiB and more on Hopper) for every stream a
+  // matmul ever ran on, allocated from the caching allocator and never freed: a task's CUDA graph
+  // captures on a pool stream, so each task left its own pair behind (the one-GPU calibration
+  // grid of 2026-11-28 grew about 48 MiB a run). They go too; the next task makes its own.
   void ReleaseCachedMemory() {
 #ifdef STRATA_WITH_CUDA
-    if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+    if (device_.is_cuda()) {
+      at::cuda::clearCublasWorkspaces();
+      c10::cuda::CUDACachingAllocator::emptyCache();
+    }
 #endif
   }
 
