@@ -123,3 +123,38 @@ TEST(OffloadPlanning, TheSpecsOffloadIsTheJobsAndAPlanCarriesItBack) {
 
 }  // namespace
 }  // namespace strata::shard
+
+namespace strata::shard {
+namespace {
+
+// Out of memory at micro-batch 1 with recompute on, on one GPU: the re-plan's last resort before
+// giving up is the optimizer in host memory (same losses), and only where the host can hold it.
+TEST(OffloadPlanning, OutOfMemoryReplanTurnsOffloadOnWhenNothingElseFits) {
+  ModelSpec m = Llama4096();
+  JobSpec job;
+  job.global_batch = 8, job.precision = "bf16", job.offload = false;
+  ClusterView cluster = OneGpu(141 * kGiB);
+  m.layers = LargestTrainable(m, job, cluster)[0].layers;  // the most AdamW on the GPU trains
+  job.micro_batch = 1, job.recompute = true;  // nothing left to shrink (the re-plan opens every field)
+  auto current = ChoosePlan(m, job, cluster);
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  ASSERT_FALSE(current->offload);
+  ASSERT_EQ(current->micro_batch, 1) << "the test wants a plan with nothing left to shrink";
+  ASSERT_TRUE(current->recompute.front());
+  // The device's free memory turned out to be what the plan estimated, less a tenth.
+  ClusterView after = cluster;
+  after.workers[0].free_bytes = current->workers[0].memory.total() * 9 / 10;
+  const ReplanReason oom = ReplanReason::OutOfMemory("gpu0", 1);
+  auto change = Replan(*current, m, job, after, oom);
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  EXPECT_TRUE(change->plan.offload) << change->description;
+  EXPECT_NE(change->description.find("offload"), std::string::npos) << change->description;
+  // A host too small for the state: no re-plan, and the message says what to do.
+  for (auto& w : after.workers) w.host_free_bytes = 8 * kGiB;
+  auto none = Replan(*current, m, job, after, oom);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace strata::shard

@@ -351,6 +351,7 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
   Fill local_fill;
 
   double compute = 0, dp_comm = 0, tp_comm = 0, pp_comm = 0, offload_comm = 0;
+  std::vector<double> host_per_stage(static_cast<size_t>(c.pp), 0.0);  // offload: each worker's host bytes
   for (int64_t k = 0; k < c.pp; ++k) {
     const bool first = k == 0, last = k == c.pp - 1, recompute = c.recompute[static_cast<size_t>(k)];
     const int64_t layers = plan.stages[static_cast<size_t>(k)].size();
@@ -404,9 +405,9 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     mem.workspace = opt.workspace_bytes;
     if (c.offload) {
       // The offloaded optimizer's host memory (worker/optimizer.h): over its optimizer range m and
-      // v (or their 8-bit codes and scales), the parameters' master copy and the gradient buffer.
-      const double moments = problem.job.optimizer == "adamw8bit" ? 2.0 * (1.0 + 4.0 / 256.0) : 8.0;
-      mem.host = ToBytes(params * (moments + 8.0) / (c.zero >= 1 ? c.dp : 1));
+      // v (or their 8-bit codes and scales), the parameters' fp32 master copy and gradient buffer.
+      mem.host = ToBytes(params * (per_param.optimizer + 8.0) / (c.zero >= 1 ? c.dp : 1));
+      host_per_stage[static_cast<size_t>(k)] = static_cast<double>(mem.host);
     }
 
     const double total = static_cast<double>(mem.total());
@@ -433,8 +434,11 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     }
     if (!last) pp_comm = std::max(pp_comm, 2.0 * m * boundary_bytes / geometry.pp_bandwidth[k]);
     if (c.offload) {
-      const double shard = params * 4.0 / (c.zero >= 1 ? c.dp : 1);  // fp32 grads out, fp32 weights back
-      offload_comm = std::max(offload_comm, 2.0 * shard / opt.host_bandwidth);
+      // fp32 gradients out and fp32 weights back, unit by unit while the host updates the units
+      // between (28 bytes a parameter): the slower of the two sets the time.
+      const double shard_params = params / (c.zero >= 1 ? c.dp : 1);
+      const double copies = 2.0 * 4.0 * shard_params / opt.host_bandwidth, update = 28.0 * shard_params / opt.host_adamw_bandwidth;
+      offload_comm = std::max(offload_comm, std::max(copies, update));
     }
   }
   if (c.offload && problem.host_checked) {
@@ -442,12 +446,7 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     // the safety margin (every worker of a node reports the same host; the smallest counts).
     std::map<std::string, std::pair<double, double>> nodes;  // node -> (bytes needed, free)
     for (int64_t k = 0; k < c.pp; ++k) {
-      const int64_t layers = plan.stages[static_cast<size_t>(k)].size();
-      double params = layers * layer_per_rank;
-      if (k == 0) params += embedding_per_rank;
-      if (k == c.pp - 1) params += head_per_rank;
-      const double moments = problem.job.optimizer == "adamw8bit" ? 2.0 * (1.0 + 4.0 / 256.0) : 8.0;
-      const double host = params * (moments + 8.0) / (c.zero >= 1 ? c.dp : 1);
+      const double host = host_per_stage[static_cast<size_t>(k)];
       for (int64_t r = 0; r < c.dp * c.tp; ++r) {
         const WorkerView& w = cache.Worker(k * c.dp * c.tp + r);
         auto [it, fresh] = nodes.emplace(w.node, std::make_pair(0.0, static_cast<double>(w.host_free_bytes)));

@@ -159,8 +159,10 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
     internal::StageCache stages(problem, workers), tp_stages(problem, whole_nodes);
     internal::ForEachCandidate(problem, n, [&](const internal::Candidate& c) {
       if (oom && c.micro_batch > baseline_micro_batch) return;  // a larger micro-batch cannot cure an OOM
-      Plan plan = internal::Evaluate(problem, c, c.tp > 1 ? tp_stages : stages);
+      internal::Fill fill;
+      Plan plan = internal::Evaluate(problem, c, c.tp > 1 ? tp_stages : stages, /*with_workers=*/true, &fill);
       if (internal::WorstFill(plan, scale, nullptr) > 1.0) return;
+      if (fill.host_limited && fill.worst > 1.0) return;  // offloaded state beyond a node's host memory
       auto key = std::make_tuple(ChangeRank(current, plan), ChangeSize(current, baseline_micro_batch, plan),
                                  plan.step_time.total_s(), plan.step_time.communication_s);
       if (!best || key < best_key) best = std::move(plan), best_key = key;
