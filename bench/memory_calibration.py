@@ -3,11 +3,15 @@
 coordinator recorded for each rank. The rows feed the estimator's constants (shard/estimator.cc)
 and the calibration table in docs/benchmarks.md.
 
-usage: STRATA_BIN_DIR=build/bin python3 bench/memory_calibration.py OUT.jsonl [--grid one|two|smoke]
+usage: STRATA_BIN_DIR=build/bin python3 bench/memory_calibration.py OUT.jsonl [--grid one|two|smoke] [--fresh]
   one:   every model x micro-batch {1, 2, 4, 8} x recompute {off, on} on 1 GPU
   two:   every model x {dp=2 ZeRO 0-3, pp=2, tp=2} x micro-batch 2 x recompute {off, on}
   smoke: a tiny model on CPU workers (checks the script)
-Runs go as many at once as there are workers for them.
+Runs go as many at once as there are workers for them. --fresh: a new cluster (`strata down`,
+`strata up`) for every batch of runs, so no run's peak holds what a worker process kept from an
+earlier one (the one-GPU grid of 2026-11-28 drifted about 48 MiB a run without it).
+The cluster is taken down on any exit, a timeout's SIGTERM included: a cluster left running its
+last run would slow whatever the GPU runs next.
 Each line of OUT is one rank of one run: the plan, the estimate (tensor bytes, without the
 workspace allowance), the measured peak (CUDA: max allocated bytes over the run's steps) and the
 run's state (an OOM fails the run and says so).
@@ -15,6 +19,7 @@ run's state (an OOM fails the run and says so).
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -101,6 +106,7 @@ def main():
     ap.add_argument("--grid", default="one", choices=["one", "two", "smoke"])
     ap.add_argument("--models", default="", help="comma-separated subset of " + ", ".join(MODELS))
     ap.add_argument("--micro-batches", default="1,2,4,8")
+    ap.add_argument("--fresh", action="store_true", help="a new cluster for every batch of runs")
     args = ap.parse_args()
     global MODEL_FILTER, MICRO_BATCHES
     MODEL_FILTER = [m for m in args.models.split(",") if m]
@@ -114,13 +120,22 @@ def main():
         rng = random.Random(0)
         f.write(bytes(b for _ in range(1 << 20) for b in rng.randrange(256).to_bytes(2, "little")))
     workers = max(gpus, 2)
-    cli("up", *(["--gpus", str(gpus)] if gpus else ["--workers", "2"]))
-    precision = "bf16" if gpus else "fp32"
-    points = list(grid(args.grid))
+    up_args = ["--gpus", str(gpus)] if gpus else ["--workers", "2"]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` takes the cluster down
+    cli("up", *up_args)
+    try:
+        return run_grid(args, points_of=grid(args.grid), workers=workers, data=data, work=work,
+                        precision="bf16" if gpus else "fp32", up_args=up_args)
+    finally:
+        cli("down", check=False)
+
+
+def run_grid(args, points_of, workers, data, work, precision, up_args):
+    points = list(points_of)
     # As many runs at once as there are workers for.
     batch = []
     with open(args.out, "w") as out:
-        def flush():
+        def flush(more_to_come=True):
             for run_id, model, parallel, started in batch:
                 s = wait(run_id)
                 for rank, m in enumerate(s.get("memory", [])):
@@ -134,6 +149,9 @@ def main():
                     out.flush()
                     print(json.dumps(row), flush=True)
             batch.clear()
+            if args.fresh and more_to_come:  # the next batch on new worker processes
+                cli("down", check=False)
+                cli("up", *up_args)
         busy = 0
         for i, (model, parallel) in enumerate(points):
             path = os.path.join(work, f"p{i}.toml")
@@ -146,8 +164,8 @@ def main():
             run_id = cli("submit", path).stdout.strip().splitlines()[0]
             batch.append((run_id, model, parallel, time.time()))
             busy += ranks
-        flush()
-    cli("down", check=False)
+        flush(more_to_come=False)
+    return 0
 
 
 if __name__ == "__main__":
