@@ -139,7 +139,7 @@ MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero,
   const double gradient_share = zero >= 3 || (zero == 2 && layout == StateLayout::kZeroPaperMixed) ? 1.0 / dp : 1.0;
   const double optimizer_share = zero >= 1 ? 1.0 / dp : 1.0;
   MemoryEstimate m;
-  m.weights = ToBytes(p * (b.weights + b.weight_cache) * weight_share);
+  m.weights = ToBytes(p * b.weights * weight_share);
   m.gradients = ToBytes(p * b.gradients * gradient_share);
   m.optimizer_state = offload ? 0 : ToBytes(p * b.optimizer * optimizer_share);
   return m;
@@ -196,12 +196,12 @@ StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer) {
   constexpr double kEightBitMoments = 2.0 * (1.0 + 4.0 / 256.0);
   switch (layout) {
     case StateLayout::kFp32:  // = 16: weights, gradients, m and v
-      return {4, 0, 4, eight_bit_optimizer ? kEightBitMoments : 8};
+      return {4, 4, eight_bit_optimizer ? kEightBitMoments : 8};
     case StateLayout::kBf16Autocast:  // = 16, the same fp32 state
-      return {4, 0, 4, eight_bit_optimizer ? kEightBitMoments : 8};
-    case StateLayout::kZeroPaperMixed: return {2, 0, 2, 12};  // = 16
+      return {4, 4, eight_bit_optimizer ? kEightBitMoments : 8};
+    case StateLayout::kZeroPaperMixed: return {2, 2, 12};  // = 16
   }
-  return {4, 0, 4, 8};
+  return {4, 4, 8};
 }
 
 // Contiguous layers per stage minimising the largest stage cost, where a stage's cost is the
@@ -333,7 +333,9 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
   const int64_t m = local_batch / b;  // micro-batches per step per dp rank
   // Token-sized products in double (see ToBytes): s * b * hidden alone reaches 2^60 within bounds.
   const double sbh = static_cast<double>(s) * static_cast<double>(b) * static_cast<double>(model.hidden);
-  const double boundary_bytes = sbh * static_cast<double>(ActivationBytesPerElement(fp32_acts));
+  // What crosses a tensor-parallel all-reduce or a pipeline boundary: the residual stream, which
+  // the trainer sends in fp32 whatever the precision (worker/stage_model.cc AllReduced).
+  const double boundary_bytes = sbh * kResidualBytes;
   // bf16 on a GPU: working copies and a bf16 loss; on CPU workers the loss computes in fp32.
   const bool bf16_cuda = problem.layout == StateLayout::kBf16Autocast && problem.cuda;
   const double loss_bytes = bf16_cuda ? 2.0 : 4.0;

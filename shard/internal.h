@@ -106,7 +106,6 @@ UnitParams CountUnits(const ModelSpec& model, int64_t pp);
 
 struct StateBytesPerParam {
   double weights;       // persistent weights (master copy)
-  double weight_cache;  // transient lower-precision copy used by the forward pass
   double gradients;
   double optimizer;
 };
