@@ -15,24 +15,15 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 
-bin_dir = os.environ["STRATA_BIN_DIR"]
-strata = os.path.join(bin_dir, "strata")
+from memory_calibration import cli, wait  # the same `strata` calls (STRATA_BIN_DIR) and wait-then-cancel
 
 # Llama 3 8B's width at sequence 1024; the layer count is what the planner varies.
 WIDTH = dict(family="llama", hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, sequence=1024)
 SMOKE_WIDTH = dict(family="llama", hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, sequence=32)
-
-
-def cli(*args, check=True):
-    out = subprocess.run([strata, *args], capture_output=True, text=True)
-    if check and out.returncode != 0:
-        raise RuntimeError(f"strata {' '.join(args)}: {out.stderr.strip()}")
-    return out
 
 
 def spec_text(name, width, layers, data, precision, optimizer="adamw", offload="none", steps=1000):
@@ -41,22 +32,6 @@ def spec_text(name, width, layers, data, precision, optimizer="adamw", offload="
               "[train]", f"steps = {steps}", "global_batch = 8", "lr = 0.0003", "weight_decay = 0.1",
               f'precision = "{precision}"', f'optimizer = "{optimizer}"', "[parallel]", f'offload = "{offload}"']
     return "\n".join(lines) + "\n"
-
-
-def wait(run_id, steps, timeout):
-    """Until the run has done `steps` steps (then cancels it) or has ended."""
-    start = time.time()
-    while time.time() - start < timeout:
-        s = json.loads(cli("status", run_id, "--json").stdout)
-        if s["state"] in ("failed", "cancelled", "succeeded"):
-            return s
-        if s["step"] >= steps:
-            cli("cancel", run_id, check=False)
-            time.sleep(1)  # the cancel persists the record with the ranks' peaks
-            return json.loads(cli("status", run_id, "--json").stdout)
-        time.sleep(1)
-    cli("cancel", run_id, check=False)
-    return json.loads(cli("status", run_id, "--json").stdout)
 
 
 def main():
@@ -94,7 +69,7 @@ def main():
                 estimate = json.loads(cli("plan", path, "--json").stdout)
                 started = time.time()
                 run_id = cli("submit", path).stdout.strip().splitlines()[0]
-                s = wait(run_id, args.steps, args.timeout)
+                s = wait(run_id, timeout=args.timeout, steps=args.steps)
                 for rank, m in enumerate(s.get("memory", [])):
                     row = dict(option=option["option"], layers=option["layers"], parameters=option["parameters"], plan=option["plan"],
                                state=s["state"], steps=s["step"], message=s.get("message", ""),

@@ -21,39 +21,22 @@ struct Run {
   bool on = false;
 };
 
-// [lo, hi) of `unit`'s flat vector cut into maximal runs of one flag: flag(i) over parameter i's
-// elements, false over elements of no parameter (there are none today; they would be updated,
-// undecayed and uncounted, as with the masks before).
+// [lo, hi) of `unit`'s flat vector cut into maximal runs of one flag, flag(i) over parameter i's
+// elements. The parameters lie back to back in order and tile the vector (StageModel::AddUnit).
 template <typename Flag>
 std::vector<Run> RunsOf(const ParamUnit& unit, int64_t lo, int64_t hi, Flag flag) {
-  struct Piece {
-    int64_t begin, end;
-    bool on;
-  };
-  std::vector<Piece> pieces;
-  for (size_t i = 0; i < unit.names.size(); ++i) {
-    int64_t n = 1;
-    for (int64_t d : unit.shapes[i]) n *= d;
-    pieces.push_back({unit.offsets[i], unit.offsets[i] + n, flag(i)});
-  }
-  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
   std::vector<Run> runs;
-  auto add = [&](int64_t b, int64_t e, bool on) {
-    b = std::max(b, lo), e = std::min(e, hi);
-    if (b >= e) return;
-    if (!runs.empty() && runs.back().on == on && runs.back().begin + runs.back().length == b - lo) {
+  for (size_t i = 0; i < unit.names.size(); ++i) {
+    const int64_t end = i + 1 < unit.offsets.size() ? unit.offsets[i + 1] : unit.numel;
+    const int64_t b = std::max(unit.offsets[i], lo), e = std::min(end, hi);
+    if (b >= e) continue;
+    const bool on = flag(i);
+    if (!runs.empty() && runs.back().on == on) {
       runs.back().length += e - b;
     } else {
       runs.push_back({b - lo, e - b, on});
     }
-  };
-  int64_t at = lo;
-  for (const Piece& p : pieces) {
-    if (p.begin > at) add(at, p.begin, false);
-    add(p.begin, p.end, p.on);
-    at = std::max(at, p.end);
   }
-  if (at < hi) add(at, hi, false);
   return runs;
 }
 
@@ -162,7 +145,8 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     Moments& m = moments_[u];
     fresh[u] = unit.working.defined() && !unit.sharded && m.begin == 0 && m.end == unit.numel && !offload_ && !eight_bit_;
     uint16_t* working = fresh[u] ? reinterpret_cast<uint16_t*>(unit.working.data_ptr()) : nullptr;
-    auto [p, g] = OptimizerRange(unit, m, reduced_[u]);
+    const auto [device_p, device_g] = OptimizerRange(unit, m, reduced_[u]);
+    torch::Tensor p = device_p, g = device_g;
     if (offload_) {
       offload_->WaitDownload(host_[u].ticket);
       g = host_[u].grad;
@@ -185,7 +169,7 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
                        working ? working + s.begin : nullptr);
       }
     }
-    if (offload_) offload_->Upload(p, OptimizerRange(unit, m, reduced_[u]).first);  // back while the next unit is updated
+    if (offload_) offload_->Upload(p, device_p);  // back while the next unit is updated
   }
   if (offload_) offload_->CurrentStreamWaitsUploads();
   for (size_t u = 0; u < units.size(); ++u) {

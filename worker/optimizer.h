@@ -44,10 +44,9 @@ class UnitOptimizer {
   struct Moments {
     torch::Tensor exp_avg, exp_avg_sq;  // fp32 over the unit's optimizer range (adamw; undefined under adamw8bit)
     // adamw8bit: one uint8 code per element and one fp32 scale per block of kAdamW8bitBlock
-    // (kernels.h), the blocks counted from the start of the range (this rank's ZeRO shard under
-    // ZeRO >= 1, so they depend on dp: a resume under another dp requantizes).
-    // The blocks are counted from the start of each update span (below), so a span's scales
-    // start at its `scale_offset`.
+    // (kernels.h), the blocks counted from the start of each update span (below), whose scales
+    // start at its `scale_offset`. The spans are cut from this rank's optimizer range, so the
+    // blocks depend on dp: a resume under another dp requantizes.
     torch::Tensor exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales;
     int64_t begin = 0, end = 0;  // the optimizer range, in the unit's flat vector
     struct UpdateSpan {
@@ -95,7 +94,6 @@ class UnitOptimizer {
   // values that are themselves dequantized 8-bit state give back the same codes and scales).
   void SetMomentValues(size_t unit, bool second, const torch::Tensor& values);
   bool eight_bit() const { return eight_bit_; }
-  bool offload() const { return offload_ != nullptr; }
 
   Moments& moments(size_t unit) { return moments_[unit]; }
   const Moments& moments(size_t unit) const { return moments_[unit]; }
