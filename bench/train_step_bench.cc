@@ -120,8 +120,17 @@ int main(int argc, char** argv) {
   double loss = 0;
   for (int s = 0; s < warmup; ++s) loss = trainer.Step().value();
   std::vector<double> losses;
+  // Under offload a step's update runs on beside the next step's forward, which waits for it
+  // unit by unit: the timed steps hold the updates of the steps before them (the first, the last
+  // warm-up step's), as many updates as steps.
+  strata::worker::UnitOptimizer::OffloadTimes offload;
   const auto start = std::chrono::steady_clock::now();
-  for (int s = 0; s < steps; ++s) losses.push_back(loss = trainer.Step().value());  // .item() inside syncs each step
+  for (int s = 0; s < steps; ++s) {
+    losses.push_back(loss = trainer.Step().value());  // .item() inside syncs each step
+    offload.update += trainer.offload_times().update / steps;
+    offload.gradient_wait += trainer.offload_times().gradient_wait / steps;
+    offload.forward_wait += trainer.offload_times().forward_wait / steps;
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // The step's peak: Trainer::Step resets the allocator's peak between the schedule (forward and
   // backward) and the update, so the executor's own reading would hold the update's alone.
@@ -143,11 +152,13 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"impl\": \"strata\", \"family\": \"%s\", \"params\": %ld, \"batch\": %ld, \"sequence\": %ld, \"precision\": "
       "\"%s\", \"optimizer\": \"%s\", \"offload\": \"%s\", \"cuda_graph\": %s, \"tokens_per_s\": %.0f, \"step_ms\": %.1f, \"peak_gib\": %.3f, "
-      "\"optimizer_state_bytes\": %ld, \"loss\": %.4f, \"last20_loss\": %.4f}\n",
+      "\"optimizer_state_bytes\": %ld, \"offload_update_ms\": %.1f, \"offload_gradient_wait_ms\": %.1f, \"offload_forward_wait_ms\": %.1f, "
+      "\"loss\": %.4f, \"last20_loss\": %.4f}\n",
       spec.model.family.c_str(), static_cast<long>(params), static_cast<long>(spec.train.global_batch),
       static_cast<long>(spec.model.sequence), spec.train.precision.c_str(), spec.train.optimizer.c_str(),
       spec.parallel.offload.c_str(), trainer.last_step_replayed_graph() ? "true" : "false",
       steps * spec.train.global_batch * spec.model.sequence / seconds, 1000 * seconds / steps,
-      peak_bytes / double(1ull << 30), static_cast<long>(trainer.optimizer_state_bytes()), loss, tail_loss);
+      peak_bytes / double(1ull << 30), static_cast<long>(trainer.optimizer_state_bytes()), 1000 * offload.update,
+      1000 * offload.gradient_wait, 1000 * offload.forward_wait, loss, tail_loss);
   return 0;
 }

@@ -106,6 +106,43 @@ TEST(OffloadPlanning, WorkersOfANodeShareItsHost) {
   EXPECT_FALSE(ChoosePlan(m, job, cluster).ok());
 }
 
+// The offloaded update runs beside the next forward (worker/optimizer.h): the step pays only
+// what the forward does not hide, so offload's share of the step falls as the batch grows and
+// is gone once the forward outlasts the update. ZeRO-1 with dp > 1 gathers the updated shards
+// before any forward: there all of it counts.
+TEST(OffloadPlanning, TheNextForwardHidesTheUpdate) {
+  JobSpec job;
+  job.precision = "bf16", job.dp = 1, job.pp = 1, job.tp = 1, job.offload = true, job.micro_batch = 8;
+  const ClusterView cluster = OneGpu(141 * kGiB);
+  ModelSpec m = Llama4096();
+  m.layers = 4;
+  double last = -1;
+  for (const int64_t batch : {8, 16, 32, 4096}) {
+    job.global_batch = batch;
+    auto plan = ChoosePlan(m, job, cluster);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    const double offload = plan->step_time.communication_s;  // one GPU: offload is all of it
+    if (last >= 0) {
+      EXPECT_LT(offload, last) << "batch " << batch;
+    }
+    std::printf("batch %lld: offload's share of the step %.4f s\n", static_cast<long long>(batch), offload);
+    if (batch == 4096) {
+      EXPECT_EQ(offload, 0.0);
+    }
+    last = offload;
+  }
+  ClusterView two = cluster;
+  two.workers.push_back(two.workers[0]);
+  two.workers[1].name = "gpu1";
+  job.global_batch = 4096, job.dp = 2, job.zero = 0;
+  auto hidden = ChoosePlan(m, job, two);  // the gradients' all-reduce alone
+  job.zero = 1;
+  auto gathered = ChoosePlan(m, job, two);
+  ASSERT_TRUE(hidden.ok()) << hidden.status().ToString();
+  ASSERT_TRUE(gathered.ok()) << gathered.status().ToString();
+  EXPECT_GT(gathered->step_time.communication_s, hidden->step_time.communication_s);
+}
+
 TEST(OffloadPlanning, TheSpecsOffloadIsTheJobsAndAPlanCarriesItBack) {
   RunSpec spec;
   spec.model = Llama4096();

@@ -437,10 +437,17 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     if (!last) pp_comm = std::max(pp_comm, 2.0 * m * boundary_bytes / geometry.pp_bandwidth[k]);
     if (c.offload) {
       // fp32 gradients out and fp32 weights back, unit by unit while the host updates the units
-      // between (28 bytes a parameter): the slower of the two sets the time.
+      // between (28 bytes a parameter): the slower of the two sets the time. It runs beside the
+      // next step's forward (worker/optimizer.h), which hides as much of it as the forward takes
+      // (its matmuls: a third of the step's without recompute) - but not where ZeRO 1/2 gather
+      // the updated shards first.
       const double shard_params = params / (c.zero >= 1 ? c.dp : 1);
       const double copies = 2.0 * 4.0 * shard_params / opt.host_bandwidth, update = 28.0 * shard_params / opt.host_adamw_bandwidth;
-      offload_comm = std::max(offload_comm, std::max(copies, update));
+      const bool beside_forward = !((c.zero == 1 || c.zero == 2) && c.dp > 1);
+      const double forward = beside_forward ? 2.0 * flops_params * static_cast<double>(local_batch * s) /
+                                                  (geometry.min_peak_flops[k] * opt.compute_efficiency)
+                                            : 0.0;
+      offload_comm = std::max(offload_comm, std::max(0.0, std::max(copies, update) - forward));
     }
   }
   if (c.offload && problem.host_checked) {

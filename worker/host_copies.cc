@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <unordered_map>
 #include <vector>
 
 namespace strata::worker {
@@ -14,8 +15,9 @@ namespace strata::worker {
 #ifdef STRATA_WITH_CUDA
 struct HostCopies::Streams {
   c10::cuda::CUDAStream down, up;
-  std::vector<std::unique_ptr<at::cuda::CUDAEvent>> downloaded;  // one per ticket
-  at::cuda::CUDAEvent uploaded;
+  // The copies not yet waited for, by ticket (each is waited for once, then forgotten).
+  std::unordered_map<size_t, std::unique_ptr<at::cuda::CUDAEvent>> downloaded, uploaded;
+  size_t next_ticket = 0;
   explicit Streams(torch::Device d)
       : down(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())),
         up(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
@@ -52,8 +54,10 @@ size_t HostCopies::Download(const torch::Tensor& device_src, const torch::Tensor
     }
     auto done = std::make_unique<at::cuda::CUDAEvent>();
     done->record(streams_->down);
-    streams_->downloaded.push_back(std::move(done));
-    return streams_->downloaded.size() - 1;
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t ticket = streams_->next_ticket++;
+    streams_->downloaded.emplace(ticket, std::move(done));
+    return ticket;
   }
 #endif
   host_dst.copy_(device_src);
@@ -62,31 +66,90 @@ size_t HostCopies::Download(const torch::Tensor& device_src, const torch::Tensor
 
 void HostCopies::WaitDownload(size_t ticket) {
 #ifdef STRATA_WITH_CUDA
-  if (streams_) streams_->downloaded.at(ticket)->synchronize();
+  if (streams_) {
+    std::unique_ptr<at::cuda::CUDAEvent> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = streams_->downloaded.find(ticket);
+      TORCH_CHECK(it != streams_->downloaded.end(), "HostCopies: download ticket ", ticket, " is not pending");
+      done = std::move(it->second);
+      streams_->downloaded.erase(it);
+    }
+    done->synchronize();
+  }
 #else
   (void)ticket;
 #endif
 }
 
-void HostCopies::Upload(const torch::Tensor& host_src, const torch::Tensor& device_dst) {
+void HostCopies::CurrentStreamWaitsDownloads() {
+#ifdef STRATA_WITH_CUDA
+  if (streams_) {
+    at::cuda::CUDAEvent done;
+    done.record(streams_->down);
+    done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+  }
+#endif
+}
+
+size_t HostCopies::Upload(const torch::Tensor& host_src, const torch::Tensor& device_dst, const std::function<void()>& then) {
 #ifdef STRATA_WITH_CUDA
   if (streams_) {
     c10::cuda::CUDAGuard guard(device_);
     c10::cuda::CUDACachingAllocator::recordStream(device_dst.storage().data_ptr(), streams_->up);
-    c10::cuda::CUDAStreamGuard on_up(streams_->up);
-    // device_dst may be a view (a unit's shard): copy_ writes through it.
-    device_dst.copy_(host_src, /*non_blocking=*/true);
-    return;
+    auto done = std::make_unique<at::cuda::CUDAEvent>();
+    {
+      c10::cuda::CUDAStreamGuard on_up(streams_->up);
+      // device_dst may be a view (a unit's shard): copy_ writes through it.
+      device_dst.copy_(host_src, /*non_blocking=*/true);
+      if (then) then();
+      done->record(streams_->up);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t ticket = streams_->next_ticket++;
+    streams_->uploaded.emplace(ticket, std::move(done));
+    return ticket;
   }
 #endif
   device_dst.copy_(host_src);
+  if (then) then();
+  return 0;
+}
+
+void HostCopies::CurrentStreamWaitsUpload(size_t ticket) {
+#ifdef STRATA_WITH_CUDA
+  if (streams_) {
+    std::unique_ptr<at::cuda::CUDAEvent> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = streams_->uploaded.find(ticket);
+      TORCH_CHECK(it != streams_->uploaded.end(), "HostCopies: upload ticket ", ticket, " is not pending");
+      done = std::move(it->second);
+      streams_->uploaded.erase(it);
+    }
+    done->block(c10::cuda::getCurrentCUDAStream(device_.index()));
+  }
+#else
+  (void)ticket;
+#endif
 }
 
 void HostCopies::CurrentStreamWaitsUploads() {
 #ifdef STRATA_WITH_CUDA
   if (streams_) {
-    streams_->uploaded.record(streams_->up);
-    streams_->uploaded.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+    at::cuda::CUDAEvent done;
+    done.record(streams_->up);
+    done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_->uploaded.clear();
+  }
+#endif
+}
+
+void HostCopies::ForgetDownloads() {
+#ifdef STRATA_WITH_CUDA
+  if (streams_) {
+    std::lock_guard<std::mutex> lock(mu_);
     streams_->downloaded.clear();
   }
 #endif

@@ -3,6 +3,9 @@
 #include "worker/kernel_place.h"
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
+#include <stdexcept>
 #include <utility>
 
 namespace strata::worker {
@@ -106,7 +109,17 @@ int64_t UnitOptimizer::state_bytes() const {
   return bytes;
 }
 
+void UnitOptimizer::GradientReady(size_t u) {
+  if (!offload_ || dp_ != 1 || static_cast<int>(u) == model_.first_wte_unit() || static_cast<int>(u) == model_.tied_copy_unit()) return;
+  ParamUnit& unit = model_.units()[u];
+  if (unit.sharded || host_[u].downloading) return;
+  torch::NoGradGuard no_grad;
+  host_[u].ticket = offload_->Download(OptimizerRange(unit, moments_[u], unit.grad).second, host_[u].grad);
+  host_[u].downloading = true;
+}
+
 torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
+  SettleOrThrow();
   torch::NoGradGuard no_grad;
   auto& units = model_.units();
   const kernels::Place place = KernelPlace(device_);
@@ -126,56 +139,62 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
       kernels::SquareSum(place, shard.data_ptr<float>() + s.begin, s.length, square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
     }
     reduced_.push_back(g);
-    if (offload_) {  // on its way to the host while the next units are reduced
+    if (offload_ && !host_[u].downloading) {  // on its way to the host while the next units are reduced
       host_[u].ticket = offload_->Download(OptimizerRange(unit, moments_[u], g).second, host_[u].grad);
     }
+    if (offload_) host_[u].downloading = false;  // for the next step
   }
   return square_sum;
 }
 
 void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double clip, const Groups& groups) {
+  SettleOrThrow();
   torch::NoGradGuard no_grad;
   auto& units = model_.units();
-  const kernels::Place place = KernelPlace(state_device_);
-  // Units whose bf16 working copy the fp32 AdamW kernel writes in its pass: those it updates
-  // whole, on the device (ZeRO 1/2 with dp > 1 update a shard and gather the rest in fp32).
+  // Units whose bf16 working copy the update writes in its pass (the fp32 AdamW kernel) or right
+  // after it (offload, on the upload stream): those it updates whole (ZeRO 1/2 with dp > 1
+  // update a shard and gather the rest in fp32; the 8-bit kernel writes no copy).
   std::vector<bool> fresh(units.size(), false);
   for (size_t u = 0; u < units.size(); ++u) {
-    ParamUnit& unit = units[u];
-    Moments& m = moments_[u];
-    fresh[u] = unit.working.defined() && !unit.sharded && m.begin == 0 && m.end == unit.numel && !offload_ && !eight_bit_;
-    uint16_t* working = fresh[u] ? reinterpret_cast<uint16_t*>(unit.working.data_ptr()) : nullptr;
-    const auto [device_p, device_g] = OptimizerRange(unit, m, reduced_[u]);
-    torch::Tensor p = device_p, g = device_g;
-    if (offload_) {
-      offload_->WaitDownload(host_[u].ticket);
-      g = host_[u].grad;
-      p = host_[u].master;
-    }
-    // One fused pass per span (kernels/kernels.h has the maths): clipping, decay, moments, update.
-    for (const Moments::UpdateSpan& s : m.update_spans) {
-      const kernels::AdamWArgs args{lr, tr.beta1, tr.beta2, tr.eps, s.decay ? tr.weight_decay : 0.0, step, clip};
-      float* ps = p.data_ptr<float>() + s.begin;
-      const float* gs = g.data_ptr<float>() + s.begin;
-      if (eight_bit_) {
-        kernels::AdamW8bit(place, args, ps, gs, m.exp_avg_codes.data_ptr<uint8_t>() + s.begin, m.exp_avg_scales.data_ptr<float>() + s.scale_offset,
-                           m.exp_avg_sq_codes.data_ptr<uint8_t>() + s.begin, m.exp_avg_sq_scales.data_ptr<float>() + s.scale_offset,
-                           s.length);
-      } else if (offload_) {
-        kernels::AdamWHost(args, ps, gs, m.exp_avg.data_ptr<float>() + s.begin, m.exp_avg_sq.data_ptr<float>() + s.begin, s.length,
-                           host_threads_);
-      } else {
-        kernels::AdamW(place, args, ps, gs, m.exp_avg.data_ptr<float>() + s.begin, m.exp_avg_sq.data_ptr<float>() + s.begin, s.length,
-                       working ? working + s.begin : nullptr);
+    const Moments& m = moments_[u];
+    fresh[u] = units[u].working.defined() && !units[u].sharded && m.begin == 0 && m.end == units[u].numel && (offload_ || !eight_bit_);
+  }
+  if (offload_) {
+    // The gradients' buffers are zeroed or rewritten below and in the next backward: after their
+    // downloads. The update itself runs on a thread of its own (the header).
+    offload_->CurrentStreamWaitsDownloads();
+    pending_ = std::make_unique<Pending>();
+    pending_->uploaded.assign(units.size(), std::nullopt);
+    pending_->waited.assign(units.size(), false);
+    pending_step_ = step;
+    pending_->thread = std::thread([this, tr, step, lr, clip] { UpdateOnHost(tr, step, lr, clip); });
+    if ((zero_ == 1 || zero_ == 2) && dp_ > 1) SettleOrThrow();  // the all-gathers below read every unit
+  } else {
+    const kernels::Place place = KernelPlace(device_);
+    for (size_t u = 0; u < units.size(); ++u) {
+      Moments& m = moments_[u];
+      uint16_t* working = fresh[u] ? reinterpret_cast<uint16_t*>(units[u].working.data_ptr()) : nullptr;
+      const auto [p, g] = OptimizerRange(units[u], m, reduced_[u]);
+      // One fused pass per span (kernels/kernels.h has the maths): clipping, decay, moments, update.
+      for (const Moments::UpdateSpan& s : m.update_spans) {
+        const kernels::AdamWArgs args{lr, tr.beta1, tr.beta2, tr.eps, s.decay ? tr.weight_decay : 0.0, step, clip};
+        float* ps = p.data_ptr<float>() + s.begin;
+        const float* gs = g.data_ptr<float>() + s.begin;
+        if (eight_bit_) {
+          kernels::AdamW8bit(place, args, ps, gs, m.exp_avg_codes.data_ptr<uint8_t>() + s.begin,
+                             m.exp_avg_scales.data_ptr<float>() + s.scale_offset, m.exp_avg_sq_codes.data_ptr<uint8_t>() + s.begin,
+                             m.exp_avg_sq_scales.data_ptr<float>() + s.scale_offset, s.length);
+        } else {
+          kernels::AdamW(place, args, ps, gs, m.exp_avg.data_ptr<float>() + s.begin, m.exp_avg_sq.data_ptr<float>() + s.begin, s.length,
+                         working ? working + s.begin : nullptr);
+        }
       }
     }
-    if (offload_) offload_->Upload(p, device_p);  // back while the next unit is updated
   }
-  if (offload_) offload_->CurrentStreamWaitsUploads();
   for (size_t u = 0; u < units.size(); ++u) {
     ParamUnit& unit = units[u];
     torch::Tensor flat = unit.flat.detach();
-    if (zero_ == 1 || zero_ == 2) AllGatherTensor(*groups.dp, flat);
+    if ((zero_ == 1 || zero_ == 2) && dp_ > 1) AllGatherTensor(*groups.dp, flat);
     if (unit.sharded) {
       unit.flat.mutable_grad() = torch::Tensor();
     } else if (!unit.sink) {  // a sink unit's next step writes its gradients afresh (stage_model.h)
@@ -186,7 +205,96 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
   model_.RefreshWorkingWeights(fresh);
 }
 
-torch::Tensor UnitOptimizer::MomentValues(size_t unit, bool second) const {
+void UnitOptimizer::UpdateOnHost(const TrainSpec& tr, int64_t step, double lr, double clip) {
+  Pending& pending = *pending_;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  try {
+    torch::NoGradGuard no_grad;  // grad mode is per thread
+    auto& units = model_.units();
+    for (size_t u = 0; u < units.size(); ++u) {
+      ParamUnit& unit = units[u];
+      Moments& m = moments_[u];
+      HostUnit& host = host_[u];
+      const auto waiting = Clock::now();
+      offload_->WaitDownload(host.ticket);
+      pending.gradient_wait_s += std::chrono::duration<double>(Clock::now() - waiting).count();
+      float* p = host.master.data_ptr<float>();
+      const float* g = host.grad.data_ptr<float>();
+      for (const Moments::UpdateSpan& s : m.update_spans) {
+        const kernels::AdamWArgs args{lr, tr.beta1, tr.beta2, tr.eps, s.decay ? tr.weight_decay : 0.0, step, clip};
+        if (eight_bit_) {
+          kernels::AdamW8bit(kernels::Place{}, args, p + s.begin, g + s.begin, m.exp_avg_codes.data_ptr<uint8_t>() + s.begin,
+                             m.exp_avg_scales.data_ptr<float>() + s.scale_offset, m.exp_avg_sq_codes.data_ptr<uint8_t>() + s.begin,
+                             m.exp_avg_sq_scales.data_ptr<float>() + s.scale_offset, s.length);
+        } else {
+          kernels::AdamWHost(args, p + s.begin, g + s.begin, m.exp_avg.data_ptr<float>() + s.begin,
+                             m.exp_avg_sq.data_ptr<float>() + s.begin, s.length, host_threads_);
+        }
+      }
+      const torch::Tensor flat = unit.flat.detach();
+      const torch::Tensor device_p = unit.sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin);
+      std::function<void()> then;
+      if (unit.working.defined() && !unit.sharded && m.begin == 0 && m.end == unit.numel) {
+        then = [&unit, &flat] { unit.working.copy_(flat); };  // the bf16 copy the matmuls read (stage_model.h)
+      }
+      const size_t ticket = offload_->Upload(host.master, device_p, then);
+      {
+        std::lock_guard<std::mutex> lock(pending.mu);
+        pending.uploaded[u] = ticket;
+      }
+      pending.changed.notify_all();
+    }
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(pending.mu);
+    pending.failure = e.what();
+  }
+  {
+    std::lock_guard<std::mutex> lock(pending.mu);
+    pending.update_s = std::chrono::duration<double>(Clock::now() - start).count();
+    pending.done = true;
+  }
+  pending.changed.notify_all();
+}
+
+void UnitOptimizer::WaitForUnit(size_t unit) {
+  if (!pending_ || unit >= pending_->waited.size() || pending_->waited[unit]) return;
+  std::optional<size_t> ticket;
+  const auto waiting = std::chrono::steady_clock::now();
+  {
+    std::unique_lock<std::mutex> lock(pending_->mu);
+    pending_->changed.wait(lock, [&] { return pending_->uploaded[unit].has_value() || pending_->done; });
+    ticket = pending_->uploaded[unit];
+  }
+  pending_->forward_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
+  if (ticket) offload_->CurrentStreamWaitsUpload(*ticket);
+  pending_->waited[unit] = true;
+}
+
+Status UnitOptimizer::Settle() {
+  if (!pending_) return failed_ ? Internal("an earlier offloaded update failed; the run must resume from a checkpoint") : Status::Ok();
+  pending_->thread.join();
+  offload_->CurrentStreamWaitsUploads();
+  offload_times_ = {pending_->update_s, pending_->gradient_wait_s, pending_->forward_wait_s};
+  const std::string failure = pending_->failure;
+  pending_.reset();
+  if (failure.empty()) return Status::Ok();
+  failed_ = true;
+  return Internal("the offloaded optimizer's update of step " + std::to_string(pending_step_) + " failed on the host: " + failure +
+                  "; this rank's parameters are torn and the run must resume from a checkpoint");
+}
+
+void UnitOptimizer::SettleOrThrow() {
+  const Status settled = Settle();
+  if (!settled.ok()) throw std::runtime_error(settled.message());
+}
+
+UnitOptimizer::~UnitOptimizer() {
+  if (pending_ && pending_->thread.joinable()) pending_->thread.join();
+}
+
+torch::Tensor UnitOptimizer::MomentValues(size_t unit, bool second) {
+  SettleOrThrow();
   const Moments& m = moments_[unit];
   if (!eight_bit_) return second ? m.exp_avg_sq : m.exp_avg;
   auto values = torch::empty({m.end - m.begin}, torch::TensorOptions().dtype(torch::kFloat).device(state_device_));
@@ -200,6 +308,7 @@ torch::Tensor UnitOptimizer::MomentValues(size_t unit, bool second) const {
 }
 
 void UnitOptimizer::SetMomentValues(size_t unit, bool second, const torch::Tensor& values) {
+  SettleOrThrow();
   torch::NoGradGuard no_grad;
   Moments& m = moments_[unit];
   const torch::Tensor v = values.to(state_device_, torch::kFloat).contiguous();
@@ -218,6 +327,7 @@ void UnitOptimizer::SetMomentValues(size_t unit, bool second, const torch::Tenso
 
 void UnitOptimizer::ParametersChanged() {
   if (!offload_) return;
+  SettleOrThrow();
   torch::NoGradGuard no_grad;
   auto& units = model_.units();
   for (size_t u = 0; u < units.size(); ++u) {
@@ -225,13 +335,17 @@ void UnitOptimizer::ParametersChanged() {
     const Moments& m = moments_[u];
     offload_->WaitDownload(offload_->Download(units[u].sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin), host_[u].master));
   }
-  offload_->CurrentStreamWaitsUploads();  // forgets the tickets
 }
 
 void UnitOptimizer::DiscardGradients() {
+  SettleOrThrow();
   torch::NoGradGuard no_grad;
   reduced_.clear();
-  if (offload_) offload_->CurrentStreamWaitsUploads();  // forgets this step's downloads
+  if (offload_) {  // the gradients are zeroed below: after any download of them
+    offload_->CurrentStreamWaitsDownloads();
+    offload_->ForgetDownloads();
+    for (HostUnit& host : host_) host.downloading = false;
+  }
   for (ParamUnit& unit : model_.units()) {
     if (unit.sharded) {
       unit.flat.mutable_grad() = torch::Tensor();

@@ -18,20 +18,32 @@
 //
 // Offload ([parallel] offload = "optimizer"): m and v, and a master copy of the parameters over
 // the optimizer range, live in host memory (pinned on a GPU). Each unit's reduced gradient goes
-// to a host buffer as soon as the unit is reduced (HostCopies: a stream of their own); Apply
-// waits for each unit in turn, updates the master copy with the host AdamW (kernels::AdamWHost:
-// the GPU kernel's arithmetic, so the losses equal the on-device optimizer's bit for bit) and
-// sends it to the device's parameters while the next unit is updated; the device's stream waits
-// for them before the ZeRO all-gather and the next forward. Host memory: 16 bytes per parameter
-// of the range (m, v, master, gradient buffer); the device keeps none of the optimizer state.
-// The update is not delayed. Whoever writes the device's parameters otherwise (a resume) calls
-// ParametersChanged.
+// to a host buffer as soon as the unit is reduced (HostCopies: a stream of their own). Apply
+// then hands the update to a thread of its own and returns: that thread updates the units in
+// the forward's order - waits for the unit's gradient, updates the master copy with the host
+// AdamW (kernels::AdamWHost: the GPU kernel's arithmetic, so the losses equal the on-device
+// optimizer's bit for bit), and sends it to the device's parameters (and their bf16 working
+// copy) on the upload stream. Meanwhile the next step's forward runs: before it reads unit u it
+// waits for u's upload (WaitForUnit, StageModel's before-use hook), so the forward of the first
+// units hides the update of the later ones. The update is not delayed: no forward ever reads a
+// parameter of the step before. ZeRO 1/2 with dp > 1 all-gather the updated shards at once, so
+// there Apply waits for the whole update. Host memory: 16 bytes per parameter of the range (m,
+// v, master, gradient buffer); the device keeps none of the optimizer state. Whoever writes the
+// device's parameters otherwise (a resume) calls ParametersChanged; whoever reads them or the
+// state outside the forward calls Settle first (the optimizer's own methods do).
 #pragma once
 
 #include <torch/torch.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
 #include <vector>
+
+#include "common/status.h"
 
 #include "common/run_spec.h"
 #include "worker/host_copies.h"
@@ -73,13 +85,35 @@ class UnitOptimizer {
   // Zeroed moments for every unit of `model`: this rank's ZeRO shard of each when zero >= 1;
   // fp32, or 8-bit codes when `options.eight_bit`; on the host when `options.offload`.
   UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_t tp_rank, torch::Device device, const Options& options);
+  ~UnitOptimizer();  // waits for a running update
+  UnitOptimizer(const UnitOptimizer&) = delete;
+  UnitOptimizer& operator=(const UnitOptimizer&) = delete;
 
+  // The backward has written unit `unit`'s last gradient of the step (StageModel's gradient-ready
+  // hook, on the backward's thread). Under offload with nothing to reduce (dp = 1, not a tied
+  // embedding summed over stages), its download starts now, beside the rest of the backward.
+  void GradientReady(size_t unit);
   // Reduces every unit's gradient (above) and returns the squared norm of this rank's share, a
   // scalar on the device. The reduced gradients are kept for Apply.
   torch::Tensor ReduceGradients(const Groups& groups);
   // The update of step `step` with learning rate `lr` and gradient scale `clip`; clears the
-  // gradients. A failure part-way leaves the units torn (some updated, some not).
+  // gradients. A failure part-way leaves the units torn (some updated, some not). Under offload
+  // the update may still run when it returns (above).
   void Apply(const TrainSpec& train, int64_t step, double lr, double clip, const Groups& groups);
+  // Before the forward reads unit `unit`: the device's current stream waits for the unit's
+  // update (offload; returns at once otherwise or when the update has failed - Settle says so).
+  void WaitForUnit(size_t unit);
+  // Waits for the whole of a running update. Not OK when it failed (the state is then torn, and
+  // failed() stays true).
+  Status Settle();
+  bool failed() const { return failed_; }
+  // Under offload, where the last settled update's time went (host clock, seconds): the update
+  // thread from start to its last upload queued, of which waiting for gradients to reach the
+  // host, and the following forward's waits for units (WaitForUnit). For benchmarks.
+  struct OffloadTimes {
+    double update = 0, gradient_wait = 0, forward_wait = 0;
+  };
+  const OffloadTimes& offload_times() const { return offload_times_; }
   // Drops the reduced gradients and clears the units' (a step that will be replayed).
   void DiscardGradients();
   // The device's parameters were written from elsewhere (a checkpoint): under offload the host's
@@ -89,7 +123,7 @@ class UnitOptimizer {
   // The moment's values over the unit's optimizer range as fp32 (`second`: v, else m): the live
   // tensor under adamw, a dequantized copy under adamw8bit. What checkpoints store: the 8-bit
   // state is recovered from it exactly (SetMomentValues), so checkpoints keep one format.
-  torch::Tensor MomentValues(size_t unit, bool second) const;
+  torch::Tensor MomentValues(size_t unit, bool second);
   // Sets the moment from fp32 values over the optimizer range (quantized under adamw8bit:
   // values that are themselves dequantized 8-bit state give back the same codes and scales).
   void SetMomentValues(size_t unit, bool second, const torch::Tensor& values);
@@ -115,8 +149,31 @@ class UnitOptimizer {
   struct HostUnit {
     torch::Tensor grad, master;
     size_t ticket = 0;
+    bool downloading = false;  // this step's download queued by GradientReady
   };
   std::vector<HostUnit> host_;
+  // A running host update (offload): its thread, and per unit the ticket of its upload once
+  // queued (HostCopies::CurrentStreamWaitsUpload), under `mu`; and the units the forward has
+  // waited for already (a unit may be read by several calls: micro-batches, a tied embedding),
+  // the forward's own.
+  struct Pending {
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable changed;
+    std::vector<std::optional<size_t>> uploaded;
+    std::vector<bool> waited;
+    bool done = false;
+    std::string failure;  // what stopped it, if something did
+    double update_s = 0, gradient_wait_s = 0, forward_wait_s = 0;  // OffloadTimes
+  };
+  OffloadTimes offload_times_;
+  std::unique_ptr<Pending> pending_;
+  bool failed_ = false;
+  int64_t pending_step_ = 0;
+  // The host update of the units in order (Pending's thread).
+  void UpdateOnHost(const TrainSpec& train, int64_t step, double lr, double clip);
+  // Settle, for the methods that read or write the state: a failed update throws.
+  void SettleOrThrow();
   std::vector<Moments> moments_;  // one per unit
   std::vector<torch::Tensor> reduced_;  // ReduceGradients' result per unit, until Apply
   torch::Tensor norm_scratch_;          // kernels::SquareSum's partial sums, on the device

@@ -67,6 +67,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
       f.output = x;
     }
     in_flight.push_back(std::move(f));
+    model_->ForwardDone();
   };
   auto backward = [&] {
     InFlight f = std::move(in_flight.front());
@@ -81,7 +82,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
   };
   // 1F1B: warm up with the forwards the later stages need to start, then one forward and one
   // backward at a time, then drain.
-  model_->BeginGradients();
+  model_->BeginGradients(count);
   const int64_t warmup = std::min<int64_t>(mesh_.pp - 1 - position_.stage, count);
   for (int64_t i = 0; i < warmup; ++i) forward(i);
   for (int64_t i = warmup; i < count; ++i) {

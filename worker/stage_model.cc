@@ -196,6 +196,7 @@ void SinkGradient(int64_t handle, const torch::Tensor& grad) {
   } else {
     slot.grad.add_(grad);
   }
+  slot.model->MaybeGradientReady(slot.unit);
 }
 
 struct GradSinkFunction : torch::autograd::Function<GradSinkFunction> {
@@ -232,14 +233,29 @@ std::vector<torch::Tensor> StageModel::SinkViews(int u, bool matmul_weights) {
       continue;
     }
     GradSlot* slot = &slots_[static_cast<size_t>(slot_begin_[static_cast<size_t>(u)]) + i];
+    ++unit.uses[i];
     const auto handle = reinterpret_cast<int64_t>(slot);
     out.push_back(matrix ? WorkingWeightFunction::apply(unit.params[i], working[i], handle) : GradSinkFunction::apply(unit.params[i], handle));
   }
   return out;
 }
 
-void StageModel::BeginGradients() {
-  for (ParamUnit& unit : units_) std::fill(unit.received.begin(), unit.received.end(), 0);
+void StageModel::BeginGradients(int64_t forwards) {
+  forwards_expected_ = forwards;
+  forwards_done_ = 0;
+  for (ParamUnit& unit : units_) {
+    std::fill(unit.received.begin(), unit.received.end(), 0);
+    std::fill(unit.uses.begin(), unit.uses.end(), 0);
+  }
+}
+
+void StageModel::MaybeGradientReady(int u) {
+  if (!gradient_ready_ || forwards_done_ < forwards_expected_) return;
+  const ParamUnit& unit = units_[static_cast<size_t>(u)];
+  for (size_t i = 0; i < unit.received.size(); ++i) {
+    if (unit.uses[i] == 0 || unit.received[i] != unit.uses[i]) return;  // an unused one is zeroed at the end
+  }
+  gradient_ready_(static_cast<size_t>(u));
 }
 
 void StageModel::FinishGradients() {
@@ -319,8 +335,9 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     unit.sink = !unit.sharded && !recomputed && !two_uses;
     if (!unit.sink) continue;
     unit.received.assign(unit.params.size(), 0);
+    unit.uses.assign(unit.params.size(), 0);
     slot_begin_[u] = static_cast<int64_t>(slots_.size());
-    for (size_t i = 0; i < unit.params.size(); ++i) slots_.push_back(GradSlot{unit.params[i].grad(), &unit.received[i]});
+    for (size_t i = 0; i < unit.params.size(); ++i) slots_.push_back(GradSlot{unit.params[i].grad(), &unit.received[i], this, static_cast<int>(u)});
     if (working_copies) {
       unit.working = torch::empty({unit.numel}, unit.flat.options().dtype(torch::kBFloat16).requires_grad(false));
       unit.working_params = ViewsOf(unit, unit.working);
@@ -427,6 +444,9 @@ std::vector<torch::Tensor> StageModel::ViewsOf(const ParamUnit& unit, const torc
 
 torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute, bool matmul_weights) {
   const bool sharded = spec_.parallel.zero == 3;
+  if (before_use_) {
+    for (int u : units) before_use_(static_cast<size_t>(u));
+  }
   if (!recompute && !sharded) {
     std::vector<std::vector<torch::Tensor>> views;
     for (int u : units) views.push_back(units_[u].sink ? SinkViews(u, matmul_weights) : units_[u].params);

@@ -71,6 +71,7 @@ struct ParamUnit {
   // no zeroing between steps, and no gradient is widened to fp32 and added to a zero buffer.
   bool sink = false;
   std::vector<int> received;  // this step's gradients per parameter so far (sink units)
+  std::vector<int> uses;      // this step's forward uses per parameter so far (sink units)
   // The bf16 working copy of `flat` that the matmuls of a CUDA bf16 run read (sink units;
   // refreshed after every update, StageModel::RefreshWorkingWeights), in place of autograd's cast
   // of every fp32 weight at every use. Undefined otherwise.
@@ -116,12 +117,21 @@ class StageModel {
   // (fused_loss.h: logits in row chunks, never whole).
   torch::Tensor HeadLoss(const torch::Tensor& x, const torch::Tensor& targets);
 
+  // `hook(u)` runs before any forward reads unit u's parameters (the offloaded optimizer waits
+  // there for the unit's update, optimizer.h).
+  void SetBeforeUse(std::function<void(size_t unit)> hook) { before_use_ = std::move(hook); }
+
   // Releases what recomputed calls hold between forward and backward (after each step).
   void EndStep() { calls_.clear(); }
   // Around one step's forwards and backwards (inside its CUDA graph when there is one): the
   // gradient sink starts counting, and at the end a parameter that received no gradient (none is
-  // unused today; a guard) gets a zero one.
-  void BeginGradients();
+  // unused today; a guard) gets a zero one. `forwards`: the step's forwards on this rank; after
+  // the last of them has run (ForwardDone), a sink unit whose every parameter has received as
+  // many gradients as it had uses is complete, and `gradient_ready(u)` runs (on the thread
+  // running the backward, after the unit's last gradient was queued on the device's stream).
+  void BeginGradients(int64_t forwards);
+  void ForwardDone() { ++forwards_done_; }
+  void SetGradientReady(std::function<void(size_t unit)> hook) { gradient_ready_ = std::move(hook); }
   void FinishGradients();
   // Copies the fp32 weights into the bf16 working copies (after an update, a load or a resume),
   // but for units whose `fresh[u]` is true (the update wrote their copy itself).
@@ -143,6 +153,8 @@ class StageModel {
   struct GradSlot {
     torch::Tensor grad;
     int* received;
+    StageModel* model;
+    int unit;
   };
   friend void SinkGradient(int64_t handle, const torch::Tensor& grad);
   std::vector<torch::Tensor> ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const;
@@ -166,6 +178,11 @@ class StageModel {
   std::deque<std::shared_ptr<Call>> calls_;
   std::deque<GradSlot> slots_;  // one per parameter of a sink unit; stable addresses (the sink's handles)
   std::vector<int64_t> slot_begin_;  // per unit: the index of its first parameter's slot
+  std::function<void(size_t unit)> before_use_;
+  std::function<void(size_t unit)> gradient_ready_;
+  int64_t forwards_expected_ = 0, forwards_done_ = 0;
+  // Sink unit u complete for this step (BeginGradients): called by SinkGradient.
+  void MaybeGradientReady(int u);
 };
 
 }  // namespace strata::worker

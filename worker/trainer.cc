@@ -118,15 +118,21 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   optimizer.eight_bit = context.spec.train.optimizer == "adamw8bit";
   optimizer.offload = context.spec.parallel.offload == "optimizer";
   // The host AdamW's threads: on a GPU this process's share of the host's cores (one worker per
-  // GPU); on a CPU worker its [worker] threads, which run its own step too.
+  // GPU) but one, which issues the next forward beside the update; on a CPU worker its [worker]
+  // threads, which run its own step too.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   optimizer.host_threads = device_.is_cuda()
-                               ? std::max(1, cores / std::max<int>(1, static_cast<int>(torch::cuda::device_count())))
+                               ? std::max(1, cores / std::max<int>(1, static_cast<int>(torch::cuda::device_count())) - 1)
                                : static_cast<int>(std::clamp<int64_t>(context.spec.worker.threads, 1, cores));
   optimizer_ = std::make_unique<UnitOptimizer>(*model_, context.spec.parallel.zero, mesh_.dp, position_.tp_rank, device_, optimizer);
-  // A static schedule (step_graph.h): no pipeline sends, no collectives or gathers inside it.
+  if (optimizer.offload) {  // the update runs beside the backward's end and the next forward (optimizer.h)
+    model_->SetBeforeUse([opt = optimizer_.get()](size_t unit) { opt->WaitForUnit(unit); });
+    model_->SetGradientReady([opt = optimizer_.get()](size_t unit) { opt->GradientReady(unit); });
+  }
+  // A static schedule (step_graph.h): no pipeline sends, no collectives or gathers inside it, no
+  // offloaded update to wait for (the forward's waits are issued from the host, optimizer.h).
   const bool graphable = context.spec.train.cuda_graphs && device_.is_cuda() && mesh_.pp == 1 && mesh_.tp == 1 &&
-                         context.spec.parallel.zero < 3;
+                         context.spec.parallel.zero < 3 && !optimizer.offload;
   step_graph_ = std::make_unique<StepGraph>(device_, graphable);
 }
 
@@ -154,6 +160,8 @@ int64_t Trainer::optimizer_state_elements() const { return optimizer_->state_ele
 int64_t Trainer::optimizer_state_bytes() const { return optimizer_->state_bytes(); }
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::parameters() {
+  const Status settled = SettleOptimizer();
+  TORCH_CHECK(settled.ok(), settled.message());
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (auto& unit : model_->units()) {
     if (unit.sharded || unit.tied_copy) continue;
@@ -219,12 +227,26 @@ Status Trainer::OutOfMemoryInStep(const std::exception& e) const {
 
 int64_t Trainer::micro_batch() const { return context_.spec.micro_batch_rows(); }
 
-void Trainer::ClearGradients() { optimizer_->DiscardGradients(); }
+void Trainer::ClearGradients() {
+  // An offloaded update of the step before may still run (optimizer.h): it finishes first.
+  if (!optimizer_->Settle().ok()) {
+    torn_ = true;
+    return;
+  }
+  optimizer_->DiscardGradients();
+}
+
+Status Trainer::SettleOptimizer() {
+  Status settled = optimizer_->Settle();
+  if (!settled.ok()) torn_ = true;
+  return settled;
+}
 
 Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
   torch::NoGradGuard no_grad;
   const auto& tr = context_.spec.train;
   const UnitOptimizer::Groups groups{dp_group_.get(), tie_group_.get()};
+  STRATA_RETURN_IF_ERROR(SettleOptimizer());  // the step before's offloaded update (optimizer.h)
   try {
     const torch::Tensor square_sum = optimizer_->ReduceGradients(groups);
     // The loss (from the last stage's tensor-parallel rank 0) and the squared norm: one all-reduce.
@@ -261,6 +283,8 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
 
 torch::Tensor Trainer::Logits(const torch::Tensor& tokens) {
   TORCH_CHECK(mesh_.pp == 1 && mesh_.tp == 1 && context_.spec.parallel.zero < 3, "Logits needs the whole model on one rank");
+  const Status settled = SettleOptimizer();
+  TORCH_CHECK(settled.ok(), settled.message());
   torch::NoGradGuard no_grad;
   compat::AutocastGuard autocast(device_, context_.spec.train.precision == "bf16");
   auto logits = model_->Head(model_->Blocks(model_->Embed(tokens.to(device_))));

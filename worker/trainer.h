@@ -76,7 +76,7 @@ class Trainer {
   Result<double> Step();
   // False after an update that stopped part-way (a failure after its first parameter change):
   // this rank's state is then neither step_ nor step_ + 1 and must not be saved.
-  bool state_intact() const { return !torn_; }
+  bool state_intact() const { return !torn_ && !optimizer_->failed(); }
   // Sequences per forward of this rank (parallel.micro_batch, 0 = the per-rank batch).
   int64_t micro_batch() const;
   int64_t step() const { return step_; }
@@ -113,11 +113,15 @@ class Trainer {
   // Elements of AdamW state this rank holds per moment.
   int64_t optimizer_state_elements() const;
   int64_t optimizer_state_bytes() const;
+  // Under offload, where the last settled update's time went (optimizer.h; for benchmarks).
+  const UnitOptimizer::OffloadTimes& offload_times() const { return optimizer_->offload_times(); }
   const shard::MeshPosition& position() const { return position_; }
 
  private:
   Status BuildGroups();
   void ClearGradients();
+  // Waits for an offloaded update still running (optimizer.h); marks the state torn if it failed.
+  Status SettleOptimizer();
   void CollectCheckpointPieces(std::vector<std::pair<std::string, torch::Tensor>>* pieces, std::set<std::string>* names);
   Status OutOfMemoryInStep(const std::exception& e) const;
   Status RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum);

@@ -102,6 +102,43 @@ TEST_F(GpuTest, CudaGraphStepsGiveTheLossesOfOpByOpSteps) {
   }
 }
 
+// [parallel] offload = "optimizer" on a CUDA worker: the host AdamW, with gradients leaving during
+// the backward and each unit's update waited for by the next forward (worker/optimizer.h), gives
+// the on-GPU optimizer's losses - bit for bit where two on-GPU runs agree bit for bit (the host
+// AdamW's arithmetic is the GPU kernel's). With gradient accumulation (the last micro-batch's
+// backward sends the gradients) and with recompute (its units are sent after the backward).
+TEST_F(GpuTest, OffloadedOptimizerGivesTheOnGpuLosses) {
+  const int steps = 8;
+  for (const std::string family : {"gpt2", "llama"}) {
+    for (const std::string precision : {"fp32", "bf16"}) {
+      for (const auto& [micro, recompute] : {std::pair{int64_t{0}, false}, std::pair{int64_t{2}, false}, std::pair{int64_t{2}, true}}) {
+        const std::string what = family + " " + precision + " micro_batch " + std::to_string(micro) + (recompute ? " recompute" : "");
+        auto run = [&](const std::string& offload) {
+          return Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, 0, [&](RunSpec& spec) {
+            spec.train.cuda_graphs = false;
+            spec.parallel.micro_batch = micro;
+            spec.parallel.recompute = recompute;
+            spec.parallel.offload = offload;
+          });
+        };
+        const auto on_gpu = run("none");
+        const bool deterministic = run("none") == on_gpu;
+        const auto offloaded = run("optimizer");
+        for (int i = 0; i < steps; ++i) {
+          if (deterministic) {
+            EXPECT_EQ(offloaded[i], on_gpu[i]) << what << " step " << i + 1;
+          } else {
+            EXPECT_NEAR(offloaded[i], on_gpu[i], (precision == "fp32" ? 1e-5 : 2e-3) * on_gpu[i]) << what << " step " << i + 1;
+          }
+        }
+        std::printf("%s: on-GPU runs %s; offloaded vs on-GPU at the last step %.17g vs %.17g\n", what.c_str(),
+                    deterministic ? "agree bit for bit" : "differ", offloaded.back(), on_gpu.back());
+        EXPECT_LT(offloaded.back(), offloaded.front()) << what;
+      }
+    }
+  }
+}
+
 TEST_F(GpuTest, AutocastGuardRunsMatmulsInBf16OnlyWhileAlive) {
   auto a = torch::randn({8, 8}, torch::TensorOptions().device(torch::kCUDA, 0));
   {
