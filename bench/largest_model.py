@@ -30,7 +30,8 @@ def spec_text(name, width, layers, data, precision, optimizer="adamw", offload="
     lines = [f'name = "{name}"', "[model]", f"layers = {layers}"] + [f"{k} = {json.dumps(v)}" for k, v in width.items()]
     lines += ["[data]", f'path = "{data}"', 'format = "u16"',
               "[train]", f"steps = {steps}", "global_batch = 8", "lr = 0.0003", "weight_decay = 0.1",
-              f'precision = "{precision}"', f'optimizer = "{optimizer}"', "[parallel]", f'offload = "{offload}"']
+              f'precision = "{precision}"', f'optimizer = "{optimizer}"', "[parallel]", f'offload = "{offload}"',
+              "[worker]", f"threads = {os.cpu_count() or 1}"]  # the model is drawn on the host: one thread takes minutes
     return "\n".join(lines) + "\n"
 
 
@@ -40,6 +41,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run, model building included")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--options", default="", help="comma-separated optimizers/offloads to run, e.g. adamw8bit,optimizer (default: all)")
     args = ap.parse_args()
     width = SMOKE_WIDTH if args.smoke else WIDTH
     work = tempfile.mkdtemp(prefix="strata-largest-")
@@ -63,9 +65,19 @@ def main():
                 if option["layers"] == 0:
                     print(json.dumps({"option": option["option"], "layers": 0, "why": option["plan"]}), flush=True)
                     continue
+                wanted = [w for w in args.options.split(",") if w]
+                if wanted and option["optimizer"] not in wanted and option["offload"] not in wanted:
+                    continue
                 path = os.path.join(work, f"{option['optimizer']}-{option['offload']}.toml")
                 with open(path, "w") as f:
                     f.write(spec_text("largest", width, option["layers"], data, precision, option["optimizer"], option["offload"]))
+                # The worker frees the last run's GPU memory when that run's task ends, a moment
+                # after the cancel: until then the plan sees it taken.
+                for _ in range(120):
+                    planned = cli("plan", path, "--json", check=False)
+                    if planned.returncode == 0:
+                        break
+                    time.sleep(1)
                 estimate = json.loads(cli("plan", path, "--json").stdout)
                 started = time.time()
                 run_id = cli("submit", path).stdout.strip().splitlines()[0]

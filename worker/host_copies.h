@@ -22,7 +22,8 @@ class HostCopies {
   HostCopies(const HostCopies&) = delete;
   HostCopies& operator=(const HostCopies&) = delete;
 
-  // A host buffer of n fp32 values for this device's copies: pinned for a CUDA device.
+  // A host buffer of n fp32 values for this device's copies: pinned for a CUDA device, at exactly
+  // its size (mapped and registered with CUDA; not LibTorch's power-of-two pinned blocks).
   torch::Tensor HostBuffer(int64_t n) const;
   // Queues host <- device after the work queued so far on the device's current stream; returns
   // a ticket for WaitDownload. Both must stay alive and unchanged until the copy is waited for.
