@@ -159,16 +159,41 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     const Moments& m = moments_[u];
     fresh[u] = units[u].working.defined() && !units[u].sharded && m.begin == 0 && m.end == units[u].numel && (offload_ || !eight_bit_);
   }
+  // After the update: ZeRO 1/2 gather the updated shards; the gradients are cleared.
+  const bool gathers = (zero_ == 1 || zero_ == 2) && dp_ > 1;
+  auto finish_unit = [&](ParamUnit& unit) {
+    torch::Tensor flat = unit.flat.detach();
+    if (gathers) AllGatherTensor(*groups.dp, flat);
+    if (unit.sharded) {
+      unit.flat.mutable_grad() = torch::Tensor();
+    } else if (!unit.sink) {  // a sink unit's next step writes its gradients afresh (stage_model.h)
+      unit.grad.zero_();  // the parameters' .grad views stay pointed at it
+    }
+  };
   if (offload_) {
-    // The gradients' buffers are zeroed or rewritten below and in the next backward: after their
-    // downloads. The update itself runs on a thread of its own (the header).
+    // The gradients' buffers are zeroed here and rewritten in the next backward: after their
+    // downloads. The update runs on a thread of its own (the header), which gets the device
+    // tensors it writes and touches no unit: the units stay this thread's.
     offload_->CurrentStreamWaitsDownloads();
+    if (!gathers) {
+      for (ParamUnit& unit : units) finish_unit(unit);
+    }
+    std::vector<HostTarget> targets;
+    for (size_t u = 0; u < units.size(); ++u) {
+      const torch::Tensor flat = units[u].flat.detach();
+      const Moments& m = moments_[u];
+      targets.push_back({units[u].sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin), fresh[u] ? units[u].working : torch::Tensor(),
+                         fresh[u] ? flat : torch::Tensor()});
+    }
     pending_ = std::make_unique<Pending>();
     pending_->uploaded.assign(units.size(), std::nullopt);
     pending_->waited.assign(units.size(), false);
     pending_step_ = step;
-    pending_->thread = std::thread([this, tr, step, lr, clip] { UpdateOnHost(tr, step, lr, clip); });
-    if ((zero_ == 1 || zero_ == 2) && dp_ > 1) SettleOrThrow();  // the all-gathers below read every unit
+    pending_->thread = std::thread([this, tr, step, lr, clip, targets = std::move(targets)] { UpdateOnHost(tr, step, lr, clip, targets); });
+    if (gathers) {
+      SettleOrThrow();  // the all-gathers read every unit
+      for (ParamUnit& unit : units) finish_unit(unit);
+    }
   } else {
     const kernels::Place place = KernelPlace(device_);
     for (size_t u = 0; u < units.size(); ++u) {
@@ -190,30 +215,19 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
         }
       }
     }
-  }
-  for (size_t u = 0; u < units.size(); ++u) {
-    ParamUnit& unit = units[u];
-    torch::Tensor flat = unit.flat.detach();
-    if ((zero_ == 1 || zero_ == 2) && dp_ > 1) AllGatherTensor(*groups.dp, flat);
-    if (unit.sharded) {
-      unit.flat.mutable_grad() = torch::Tensor();
-    } else if (!unit.sink) {  // a sink unit's next step writes its gradients afresh (stage_model.h)
-      unit.grad.zero_();  // the parameters' .grad views stay pointed at it
-    }
+    for (ParamUnit& unit : units) finish_unit(unit);
   }
   reduced_.clear();
   model_.RefreshWorkingWeights(fresh);
 }
 
-void UnitOptimizer::UpdateOnHost(const TrainSpec& tr, int64_t step, double lr, double clip) {
+void UnitOptimizer::UpdateOnHost(const TrainSpec& tr, int64_t step, double lr, double clip, const std::vector<HostTarget>& targets) {
   Pending& pending = *pending_;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   try {
     torch::NoGradGuard no_grad;  // grad mode is per thread
-    auto& units = model_.units();
-    for (size_t u = 0; u < units.size(); ++u) {
-      ParamUnit& unit = units[u];
+    for (size_t u = 0; u < targets.size(); ++u) {
       Moments& m = moments_[u];
       HostUnit& host = host_[u];
       const auto waiting = Clock::now();
@@ -232,12 +246,12 @@ void UnitOptimizer::UpdateOnHost(const TrainSpec& tr, int64_t step, double lr, d
                              m.exp_avg_sq.data_ptr<float>() + s.begin, s.length, host_threads_);
         }
       }
-      const torch::Tensor flat = unit.flat.detach();
-      const torch::Tensor device_p = unit.sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin);
+      const HostTarget& target = targets[u];
       std::function<void()> then;
-      if (unit.working.defined() && !unit.sharded && m.begin == 0 && m.end == unit.numel) {
-        then = [&unit, &flat] { unit.working.copy_(flat); };  // the bf16 copy the matmuls read (stage_model.h)
+      if (target.working.defined()) {
+        then = [&target] { target.working.copy_(target.whole); };  // the bf16 copy the matmuls read (stage_model.h)
       }
+      const torch::Tensor& device_p = target.params;
       const size_t ticket = offload_->Upload(host.master, device_p, then);
       {
         std::lock_guard<std::mutex> lock(pending.mu);

@@ -170,8 +170,14 @@ class UnitOptimizer {
   std::unique_ptr<Pending> pending_;
   bool failed_ = false;
   int64_t pending_step_ = 0;
+  // What the host update writes on the device for a unit: its optimizer range of the parameters,
+  // and, where the update refreshes it, the bf16 working copy and the whole flat vector it is
+  // cast from (else undefined). Made by Apply's thread: Pending's thread touches no unit.
+  struct HostTarget {
+    torch::Tensor params, working, whole;
+  };
   // The host update of the units in order (Pending's thread).
-  void UpdateOnHost(const TrainSpec& train, int64_t step, double lr, double clip);
+  void UpdateOnHost(const TrainSpec& train, int64_t step, double lr, double clip, const std::vector<HostTarget>& targets);
   // Settle, for the methods that read or write the state: a failed update throws.
   void SettleOrThrow();
   std::vector<Moments> moments_;  // one per unit
