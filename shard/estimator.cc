@@ -194,14 +194,9 @@ UnitParams CountUnits(const ModelSpec& spec, int64_t pp) {
 StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer) {
   // adamw8bit: m and v as one code byte each plus an fp32 scale per block of 256.
   constexpr double kEightBitMoments = 2.0 * (1.0 + 4.0 / 256.0);
-  switch (layout) {
-    case StateLayout::kFp32:  // = 16: weights, gradients, m and v
-      return {4, 4, eight_bit_optimizer ? kEightBitMoments : 8};
-    case StateLayout::kBf16Autocast:  // = 16, the same fp32 state
-      return {4, 4, eight_bit_optimizer ? kEightBitMoments : 8};
-    case StateLayout::kZeroPaperMixed: return {2, 2, 12};  // = 16
-  }
-  return {4, 4, 8};
+  if (layout == StateLayout::kZeroPaperMixed) return {2, 2, 12};  // = 16
+  // The trainer's fp32 state in fp32 and bf16 runs alike: weights, gradients, m and v (= 16).
+  return {4, 4, eight_bit_optimizer ? kEightBitMoments : 8};
 }
 
 // Contiguous layers per stage minimising the largest stage cost, where a stage's cost is the
@@ -458,11 +453,9 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
       const double host = host_per_stage[static_cast<size_t>(k)];
       for (int64_t r = 0; r < c.dp * c.tp; ++r) {
         const WorkerView& w = cache.Worker(k * c.dp * c.tp + r);
-        auto [it, fresh] = nodes.emplace(w.node, std::make_pair(0.0, static_cast<double>(w.host_free_bytes)));
-        it->second.first += host;
-        if (w.host_free_bytes > 0 && (fresh || it->second.second <= 0 || w.host_free_bytes < it->second.second)) {
-          it->second.second = static_cast<double>(w.host_free_bytes);
-        }
+        auto& [need, free] = nodes[w.node];
+        need += host;
+        if (w.host_free_bytes > 0 && (free <= 0 || w.host_free_bytes < free)) free = static_cast<double>(w.host_free_bytes);
       }
     }
     for (const auto& [node, need_free] : nodes) {

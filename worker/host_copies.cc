@@ -24,6 +24,16 @@ struct HostCopies::Streams {
   // The copies not yet waited for, by ticket (each is waited for once, then forgotten).
   std::unordered_map<size_t, std::unique_ptr<at::cuda::CUDAEvent>> downloaded, uploaded;
   size_t next_ticket = 0;
+  // The event of `ticket` in `pending` (downloaded or uploaded), taken out: each is waited for once.
+  static std::unique_ptr<at::cuda::CUDAEvent> Take(std::mutex& mu, std::unordered_map<size_t, std::unique_ptr<at::cuda::CUDAEvent>>& pending,
+                                                   size_t ticket, const char* what) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = pending.find(ticket);
+    TORCH_CHECK(it != pending.end(), "HostCopies: ", what, " ticket ", ticket, " is not pending");
+    std::unique_ptr<at::cuda::CUDAEvent> event = std::move(it->second);
+    pending.erase(it);
+    return event;
+  }
   explicit Streams(torch::Device d)
       : down(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())),
         up(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
@@ -98,17 +108,7 @@ size_t HostCopies::Download(const torch::Tensor& device_src, const torch::Tensor
 
 void HostCopies::WaitDownload(size_t ticket) {
 #ifdef STRATA_WITH_CUDA
-  if (streams_) {
-    std::unique_ptr<at::cuda::CUDAEvent> done;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = streams_->downloaded.find(ticket);
-      TORCH_CHECK(it != streams_->downloaded.end(), "HostCopies: download ticket ", ticket, " is not pending");
-      done = std::move(it->second);
-      streams_->downloaded.erase(it);
-    }
-    done->synchronize();
-  }
+  if (streams_) Streams::Take(mu_, streams_->downloaded, ticket, "download")->synchronize();
 #else
   (void)ticket;
 #endif
@@ -150,17 +150,7 @@ size_t HostCopies::Upload(const torch::Tensor& host_src, const torch::Tensor& de
 
 void HostCopies::CurrentStreamWaitsUpload(size_t ticket) {
 #ifdef STRATA_WITH_CUDA
-  if (streams_) {
-    std::unique_ptr<at::cuda::CUDAEvent> done;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = streams_->uploaded.find(ticket);
-      TORCH_CHECK(it != streams_->uploaded.end(), "HostCopies: upload ticket ", ticket, " is not pending");
-      done = std::move(it->second);
-      streams_->uploaded.erase(it);
-    }
-    done->block(c10::cuda::getCurrentCUDAStream(device_.index()));
-  }
+  if (streams_) Streams::Take(mu_, streams_->uploaded, ticket, "upload")->block(c10::cuda::getCurrentCUDAStream(device_.index()));
 #else
   (void)ticket;
 #endif

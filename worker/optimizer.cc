@@ -109,8 +109,12 @@ int64_t UnitOptimizer::state_bytes() const {
   return bytes;
 }
 
+bool UnitOptimizer::SummedOverStages(size_t u) const {
+  return static_cast<int>(u) == model_.first_wte_unit() || static_cast<int>(u) == model_.tied_copy_unit();
+}
+
 void UnitOptimizer::GradientReady(size_t u) {
-  if (!offload_ || dp_ != 1 || static_cast<int>(u) == model_.first_wte_unit() || static_cast<int>(u) == model_.tied_copy_unit()) return;
+  if (!offload_ || dp_ != 1 || SummedOverStages(u)) return;
   ParamUnit& unit = model_.units()[u];
   if (unit.sharded || host_[u].downloading) return;
   torch::NoGradGuard no_grad;
@@ -128,9 +132,7 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
   for (size_t u = 0; u < units.size(); ++u) {
     ParamUnit& unit = units[u];
     torch::Tensor g = unit.sharded ? (unit.flat.grad().defined() ? unit.flat.grad().contiguous() : torch::zeros_like(unit.flat)) : unit.grad;
-    if (static_cast<int>(u) == model_.first_wte_unit() || static_cast<int>(u) == model_.tied_copy_unit()) {
-      AllReduceTensor(*groups.tie, g);
-    }
+    if (SummedOverStages(u)) AllReduceTensor(*groups.tie, g);
     if (zero_ <= 1) AllReduceTensor(*groups.dp, g);
     if (zero_ == 2) ReduceScatterTensor(*groups.dp, g);  // zero 3 reduce-scattered in backward
     if (dp_ > 1) g.div_(static_cast<double>(dp_));  // one pass over every gradient: skipped where it changes nothing
@@ -188,7 +190,7 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     pending_ = std::make_unique<Pending>();
     pending_->uploaded.assign(units.size(), std::nullopt);
     pending_->waited.assign(units.size(), false);
-    pending_step_ = step;
+    pending_->step = step;
     pending_->thread = std::thread([this, tr, step, lr, clip, targets = std::move(targets)] { UpdateOnHost(tr, step, lr, clip, targets); });
     if (gathers) {
       SettleOrThrow();  // the all-gathers read every unit
@@ -251,8 +253,7 @@ void UnitOptimizer::UpdateOnHost(const TrainSpec& tr, int64_t step, double lr, d
       if (target.working.defined()) {
         then = [&target] { target.working.copy_(target.whole); };  // the bf16 copy the matmuls read (stage_model.h)
       }
-      const torch::Tensor& device_p = target.params;
-      const size_t ticket = offload_->Upload(host.master, device_p, then);
+      const size_t ticket = offload_->Upload(host.master, target.params, then);
       {
         std::lock_guard<std::mutex> lock(pending.mu);
         pending.uploaded[u] = ticket;
@@ -291,10 +292,11 @@ Status UnitOptimizer::Settle() {
   offload_->CurrentStreamWaitsUploads();
   offload_times_ = {pending_->update_s, pending_->gradient_wait_s, pending_->forward_wait_s};
   const std::string failure = pending_->failure;
+  const int64_t step = pending_->step;
   pending_.reset();
   if (failure.empty()) return Status::Ok();
   failed_ = true;
-  return Internal("the offloaded optimizer's update of step " + std::to_string(pending_step_) + " failed on the host: " + failure +
+  return Internal("the offloaded optimizer's update of step " + std::to_string(step) + " failed on the host: " + failure +
                   "; this rank's parameters are torn and the run must resume from a checkpoint");
 }
 

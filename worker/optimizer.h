@@ -43,9 +43,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/status.h"
-
 #include "common/run_spec.h"
+#include "common/status.h"
 #include "worker/host_copies.h"
 #include "worker/stage_model.h"
 
@@ -162,6 +161,7 @@ class UnitOptimizer {
     std::condition_variable changed;
     std::vector<std::optional<size_t>> uploaded;
     std::vector<bool> waited;
+    int64_t step = 0;
     bool done = false;
     std::string failure;  // what stopped it, if something did
     double update_s = 0, gradient_wait_s = 0, forward_wait_s = 0;  // OffloadTimes
@@ -169,7 +169,8 @@ class UnitOptimizer {
   OffloadTimes offload_times_;
   std::unique_ptr<Pending> pending_;
   bool failed_ = false;
-  int64_t pending_step_ = 0;
+  // GPT-2's tied embedding on a rank of a pipeline: its gradient is summed with the other stage's.
+  bool SummedOverStages(size_t unit) const;
   // What the host update writes on the device for a unit: its optimizer range of the parameters,
   // and, where the update refreshes it, the bf16 working copy and the whole flat vector it is
   // cast from (else undefined). Made by Apply's thread: Pending's thread touches no unit.

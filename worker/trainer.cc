@@ -160,7 +160,7 @@ int64_t Trainer::optimizer_state_elements() const { return optimizer_->state_ele
 int64_t Trainer::optimizer_state_bytes() const { return optimizer_->state_bytes(); }
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::parameters() {
-  const Status settled = SettleOptimizer();
+  const Status settled = optimizer_->Settle();  // an offloaded update still running (optimizer.h)
   TORCH_CHECK(settled.ok(), settled.message());
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (auto& unit : model_->units()) {
@@ -228,25 +228,16 @@ Status Trainer::OutOfMemoryInStep(const std::exception& e) const {
 int64_t Trainer::micro_batch() const { return context_.spec.micro_batch_rows(); }
 
 void Trainer::ClearGradients() {
-  // An offloaded update of the step before may still run (optimizer.h): it finishes first.
-  if (!optimizer_->Settle().ok()) {
-    torn_ = true;
-    return;
-  }
-  optimizer_->DiscardGradients();
-}
-
-Status Trainer::SettleOptimizer() {
-  Status settled = optimizer_->Settle();
-  if (!settled.ok()) torn_ = true;
-  return settled;
+  // An offloaded update of the step before may still run (optimizer.h): it finishes first. If it
+  // failed, the state is torn (state_intact) and nothing is left to clear.
+  if (optimizer_->Settle().ok()) optimizer_->DiscardGradients();
 }
 
 Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
   torch::NoGradGuard no_grad;
   const auto& tr = context_.spec.train;
   const UnitOptimizer::Groups groups{dp_group_.get(), tie_group_.get()};
-  STRATA_RETURN_IF_ERROR(SettleOptimizer());  // the step before's offloaded update (optimizer.h)
+  STRATA_RETURN_IF_ERROR(optimizer_->Settle());  // the step before's offloaded update (optimizer.h)
   try {
     const torch::Tensor square_sum = optimizer_->ReduceGradients(groups);
     // The loss (from the last stage's tensor-parallel rank 0) and the squared norm: one all-reduce.
@@ -283,7 +274,7 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
 
 torch::Tensor Trainer::Logits(const torch::Tensor& tokens) {
   TORCH_CHECK(mesh_.pp == 1 && mesh_.tp == 1 && context_.spec.parallel.zero < 3, "Logits needs the whole model on one rank");
-  const Status settled = SettleOptimizer();
+  const Status settled = optimizer_->Settle();  // an offloaded update still running (optimizer.h)
   TORCH_CHECK(settled.ok(), settled.message());
   torch::NoGradGuard no_grad;
   compat::AutocastGuard autocast(device_, context_.spec.train.precision == "bf16");

@@ -120,8 +120,6 @@ class Trainer {
  private:
   Status BuildGroups();
   void ClearGradients();
-  // Waits for an offloaded update still running (optimizer.h); marks the state torn if it failed.
-  Status SettleOptimizer();
   void CollectCheckpointPieces(std::vector<std::pair<std::string, torch::Tensor>>* pieces, std::set<std::string>* names);
   Status OutOfMemoryInStep(const std::exception& e) const;
   Status RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum);

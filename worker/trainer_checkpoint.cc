@@ -38,7 +38,7 @@ namespace strata::worker {
 // dropped, so host memory holds one unit's state, not the whole checkpoint (a 7B model's full
 // state is ~112 GB on every rank that resumes).
 Status Trainer::Resume(const ResumePoint& resume) {
-  STRATA_RETURN_IF_ERROR(SettleOptimizer());
+  STRATA_RETURN_IF_ERROR(optimizer_->Settle());  // an offloaded update still running (optimizer.h)
   step_graph_->Reset();  // the loaded values go into the same tensors, but a graph is cheap to capture again
   const std::string where = "checkpoint of run " + resume.run_id + " at step " + std::to_string(resume.step);
   const auto start = std::chrono::steady_clock::now();
@@ -249,7 +249,7 @@ Result<SavedShard> Trainer::SaveCheckpointShard() {
 }
 
 Result<HostCheckpoint> Trainer::CopyCheckpointShard() {
-  STRATA_RETURN_IF_ERROR(SettleOptimizer());  // the parameters and moments of step_, whole
+  STRATA_RETURN_IF_ERROR(optimizer_->Settle());  // the parameters and moments of step_, whole
   HostCheckpoint copy;
   copy.step = step_;
   // An earlier attempt of this run (stopped by a lost worker or a replay) may have committed this
