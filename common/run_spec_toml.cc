@@ -1,0 +1,118 @@
+// RunSpecToToml (run_spec.h): a validated spec written back as the TOML it parses from.
+#include <toml++/toml.h>
+
+#include <sstream>
+
+#include "common/run_spec.h"
+
+namespace strata {
+
+namespace {
+
+// Every [model] key of the family (ParseModel refuses the others), values as validated.
+toml::table ModelToToml(const ModelSpec& m) {
+  toml::table t{{"family", m.family}, {"layers", m.layers},     {"hidden", m.hidden},   {"heads", m.heads},
+                {"ffn", m.ffn},       {"vocab", m.vocab},       {"sequence", m.sequence}, {"norm_eps", m.norm_eps},
+                {"activation", m.activation}, {"tie_embeddings", m.tie_embeddings}};
+  if (m.max_positions > 0) t.insert("max_positions", m.max_positions);
+  const std::string& f = m.family;
+  const bool grouped = f != "gpt2" && f != "gpt_neox";
+  if (grouped) {
+    t.insert("kv_heads", m.kv_heads);
+    t.insert("head_dim", m.head_dim);
+  }
+  if (m.rotary()) t.insert("rope_theta", m.rope_theta);
+  if (f == "llama" || f == "mistral" || f == "qwen2") {
+    const RopeScaling& rs = m.rope_scaling;
+    t.insert("rope_scaling", toml::table{{"type", rs.type}, {"factor", rs.factor}, {"low_freq_factor", rs.low_freq_factor},
+                                         {"high_freq_factor", rs.high_freq_factor},
+                                         {"original_max_positions", rs.original_max_positions}});
+  }
+  if (f == "gpt_neox") {
+    t.insert("rotary_pct", m.rotary_pct);
+    t.insert("parallel_residual", m.parallel_residual);
+  }
+  if (f == "llama" || f == "gemma" || f == "gpt_neox") t.insert("attention_bias", m.attention_bias);
+  if (f == "llama") t.insert("mlp_bias", m.mlp_bias);
+  if (f == "mistral") t.insert("sliding_window", m.sliding_window);
+  if (!m.init_from.empty()) t.insert("init_from", m.init_from);
+  return t;
+}
+
+}  // namespace
+
+std::string RunSpecToToml(const RunSpec& spec) {
+  toml::table root;
+  root.insert("name", spec.name);
+  root.insert("kind", spec.kind);
+  root.insert("model", ModelToToml(spec.model));
+  root.insert("data", toml::table{{"path", spec.data.path}, {"format", spec.data.format}});
+  if (!spec.data.documents.empty()) {
+    root["data"].as_table()->insert("documents", spec.data.documents);
+    root["data"].as_table()->insert("sample_within_documents", spec.data.sample_within_documents);
+  }
+  if (!spec.data.tokenizer.empty()) root["data"].as_table()->insert("tokenizer", spec.data.tokenizer);
+  root.insert("train", toml::table{{"steps", spec.train.steps},
+                                   {"global_batch", spec.train.global_batch},
+                                   {"lr", spec.train.lr},
+                                   {"weight_decay", spec.train.weight_decay},
+                                   {"beta1", spec.train.beta1},
+                                   {"beta2", spec.train.beta2},
+                                   {"eps", spec.train.eps},
+                                   {"grad_clip", spec.train.grad_clip},
+                                   {"seed", spec.train.seed},
+                                   {"checkpoint_every", spec.train.checkpoint_every},
+                                   {"keep_checkpoints", spec.train.keep_checkpoints},
+                                   {"lr_schedule", spec.train.lr_schedule},
+                                   {"warmup_steps", spec.train.warmup_steps},
+                                   {"min_lr", spec.train.min_lr},
+                                   {"precision", spec.train.precision},
+                                   {"cuda_graphs", spec.train.cuda_graphs},
+                                   {"optimizer", spec.train.optimizer}});
+  toml::table parallel{{"dp", spec.parallel.dp},
+                       {"pp", spec.parallel.pp},
+                       {"tp", spec.parallel.tp},
+                       {"micro_batch", spec.parallel.micro_batch},
+                       {"zero", spec.parallel.zero},
+                       {"recompute", spec.parallel.recompute},
+                       {"offload", spec.parallel.offload}};
+  if (!spec.parallel.stages.empty()) {
+    toml::array stages;
+    for (int64_t n : spec.parallel.stages) stages.push_back(n);
+    parallel.insert("stages", std::move(stages));
+  }
+  for (const auto& field : spec.parallel.automatic) parallel.insert_or_assign(field, "auto");
+  root.insert("parallel", std::move(parallel));
+  root.insert("worker", toml::table{{"threads", spec.worker.threads}});
+  if (spec.is_extract()) {
+    toml::array layers, sites;
+    for (int64_t l : spec.extract.layers) layers.push_back(l);
+    // logits_ids and loss follow from logits_top_k and kind; the parser adds them again.
+    for (const auto& site : spec.extract.sites) {
+      if (site != "logits_ids" && site != "loss") sites.push_back(site);
+    }
+    toml::table extract{{"dtype", spec.extract.dtype},         {"precision", spec.extract.precision},
+                        {"batch", spec.extract.batch},         {"tokens", spec.extract.tokens},
+                        {"mode", spec.extract.mode},           {"logits_top_k", spec.extract.logits_top_k}};
+    if (!spec.is_patch()) {  // a patch run's follow from [patch]
+      extract.insert("layers", layers);
+      extract.insert("sites", sites);
+    }
+    root.insert("extract", std::move(extract));
+  }
+  if (spec.is_patch()) {
+    toml::array layers, sites;
+    for (int64_t l : spec.patch.layers) layers.push_back(l);
+    for (const auto& site : spec.patch.sites) sites.push_back(site);
+    root.insert("patch", toml::table{{"layers", layers},
+                                     {"sites", sites},
+                                     {"ablation", spec.patch.ablation},
+                                     {"source", spec.patch.source},
+                                     {"logits", spec.patch.logits}});
+  }
+  std::ostringstream out;
+  out << root << "\n";
+  return out.str();
+}
+
+}  // namespace strata
