@@ -6,6 +6,7 @@ and the calibration table in docs/benchmarks.md.
 usage: STRATA_BIN_DIR=build/bin python3 bench/memory_calibration.py OUT.jsonl [--grid one|two|smoke] [--fresh]
   one:   every model x micro-batch {1, 2, 4, 8} x recompute {off, on} on 1 GPU
   two:   every model x {dp=2 ZeRO 0-3, pp=2, tp=2} x micro-batch 2 x recompute {off, on}
+         (--mesh dp2-zero3: that mesh's runs only)
   smoke: a tiny model on CPU workers (checks the script)
 Runs go as many at once as there are workers for them. --fresh: a new cluster (`strata down`,
 `strata up`) for every batch of runs, so no run's peak holds what a worker process kept from an
@@ -35,7 +36,7 @@ MODELS = {
 
 bin_dir = os.environ["STRATA_BIN_DIR"]
 THREADS = max(1, (os.cpu_count() or 2) // 4)
-MODEL_FILTER, MICRO_BATCHES = [], [1, 2, 4, 8]
+MODEL_FILTER, MICRO_BATCHES, MESH_FILTER = [], [1, 2, 4, 8], ""
 strata = os.path.join(bin_dir, "strata")
 
 
@@ -76,11 +77,12 @@ def grid(kind):
         for mb in (2,):
             for rc in (False, True):
                 for zero in (0, 1, 2, 3):
-                    if zero == 3 and not rc:
-                        continue  # ZeRO-3 always recomputes
-                    yield model, dict(global_batch=8, dp=2, zero=zero, micro_batch=mb, recompute=rc)
-                yield model, dict(global_batch=8, pp=2, micro_batch=mb, recompute=rc)
-                yield model, dict(global_batch=8, tp=2, micro_batch=mb, recompute=rc)
+                    if MESH_FILTER in ("", f"dp2-zero{zero}"):
+                        yield model, dict(global_batch=8, dp=2, zero=zero, micro_batch=mb, recompute=rc)
+                if MESH_FILTER in ("", "pp2"):
+                    yield model, dict(global_batch=8, pp=2, micro_batch=mb, recompute=rc)
+                if MESH_FILTER in ("", "tp2"):
+                    yield model, dict(global_batch=8, tp=2, micro_batch=mb, recompute=rc)
 
 
 def wait(run_id, timeout=600, steps=3):
@@ -106,9 +108,12 @@ def main():
     ap.add_argument("--grid", default="one", choices=["one", "two", "smoke"])
     ap.add_argument("--models", default="", help="comma-separated subset of " + ", ".join(MODELS))
     ap.add_argument("--micro-batches", default="1,2,4,8")
+    ap.add_argument("--mesh", default="", choices=["", "dp2-zero0", "dp2-zero1", "dp2-zero2", "dp2-zero3", "pp2", "tp2"],
+                    help="the two-GPU grid's runs of one mesh only")
     ap.add_argument("--fresh", action="store_true", help="a new cluster for every batch of runs")
     args = ap.parse_args()
-    global MODEL_FILTER, MICRO_BATCHES
+    global MODEL_FILTER, MICRO_BATCHES, MESH_FILTER
+    MESH_FILTER = args.mesh
     MODEL_FILTER = [m for m in args.models.split(",") if m]
     MICRO_BATCHES = [int(b) for b in args.micro_batches.split(",")]
     gpus = int(subprocess.run("nvidia-smi -L 2>/dev/null | grep -c '^GPU '", shell=True, capture_output=True, text=True).stdout or 0)

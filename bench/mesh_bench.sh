@@ -5,6 +5,10 @@
 # step's (steps take the same time after the first few).
 #
 # usage: STRATA_BIN_DIR=build/bin bash bench/mesh_bench.sh [STEPS]
+#   STRATA_BENCH_MODEL=llama-wide: a Llama of 8 layers x 4096 (32 heads, 8 kv heads, ffn 14336,
+#   vocab 32000), the width tensor parallelism is for, in place of GPT-2 124M
+#   STRATA_BENCH_RUNS="one-gpu tp2": the runs to make (default: the six above); also one-gpu-eager
+#   (cuda_graphs = false), pp2-m16 (16 micro-batches of 8), pp2-m8-stages (STRATA_BENCH_STAGES="[7, 5]")
 set -euo pipefail
 bin=${STRATA_BIN_DIR:?}
 steps=${1:-15}
@@ -13,24 +17,34 @@ n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 up="--gpus $n"
 if [ "$n" -eq 0 ]; then n=${STRATA_BENCH_CPU_WORKERS:-2}; up="--workers $n"; fi  # a CPU smoke run of the script
 layers=${STRATA_BENCH_LAYERS:-12} hidden=${STRATA_BENCH_HIDDEN:-768} sequence=${STRATA_BENCH_SEQUENCE:-1024}
+vocab=50257
+model_body="family = \"gpt2\"
+heads = 12"
+if [ "${STRATA_BENCH_MODEL:-gpt2}" = llama-wide ]; then
+  layers=${STRATA_BENCH_LAYERS:-8} hidden=${STRATA_BENCH_HIDDEN:-4096} vocab=32000
+  model_body="family = \"llama\"
+heads = 32
+kv_heads = 8
+ffn = 14336"
+fi
+runs=${STRATA_BENCH_RUNS:-one-gpu dp2-zero1 dp2-zero2 dp2-zero3 pp2-m8 tp2}
 work=$(mktemp -d /tmp/strata-mesh-bench-XXXXXX)
 export STRATA_STATE_DIR=$work/state
 trap '"$bin/strata" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 python3 -c "
 import array, os
 raw = array.array('H', os.urandom(2 * (16 << 20)))
-array.array('H', (t % 50257 for t in raw)).tofile(open('$work/tokens.u16', 'wb'))"
+array.array('H', (t % $vocab for t in raw)).tofile(open('$work/tokens.u16', 'wb'))"
 "$bin/strata" up $up >/dev/null
 
-bench() {  # NAME GLOBAL_BATCH PARALLEL_BODY
+bench() {  # NAME GLOBAL_BATCH PARALLEL_BODY [TRAIN_LINES]
   cat > "$work/$1.toml" <<SPEC
 name = "$1"
 [model]
-family = "gpt2"
+$model_body
 layers = $layers
 hidden = $hidden
-heads = 12
-vocab = 50257
+vocab = $vocab
 sequence = $sequence
 [data]
 path = "$work/tokens.u16"
@@ -41,6 +55,7 @@ global_batch = $2
 lr = 0.0003
 weight_decay = 0.1
 precision = "$precision"
+${4:-}
 [parallel]
 $(printf '%s\n' "dp = 1" "pp = 1" "tp = 1" "zero = 0" "recompute = false" "micro_batch = 0" "$3" | python3 -c "
 import sys  # every field fixed (later lines win): nothing is left to the planner
@@ -61,15 +76,21 @@ print(json.dumps({'run': '$1', 'gpus': s.get('world_size'), 'global_batch': $2, 
                   'loss': round(s['losses'][-1], 4)}))"
 }
 
-bench one-gpu 8 ""
-if [ "$n" -ge 2 ]; then
-  bench dp2-zero1 16 "dp = 2
-zero = 1"
-  bench dp2-zero2 16 "dp = 2
-zero = 2"
-  bench dp2-zero3 16 "dp = 2
-zero = 3"
-  bench pp2-m8 64 "pp = 2
-micro_batch = 8"
-  bench tp2 8 "tp = 2"
-fi
+for run in $runs; do
+  if [ "$run" != one-gpu ] && [ "$n" -lt 2 ]; then continue; fi
+  case $run in
+    one-gpu) bench one-gpu 8 "" ;;
+    dp2-zero[123]) bench "$run" 16 "dp = 2
+zero = ${run#dp2-zero}" ;;
+    pp2-m8) bench pp2-m8 64 "pp = 2
+micro_batch = 8" ;;
+    pp2-m16) bench pp2-m16 128 "pp = 2
+micro_batch = 8" ;;
+    pp2-m8-stages) bench pp2-m8-stages 64 "pp = 2
+micro_batch = 8
+stages = ${STRATA_BENCH_STAGES:?set STRATA_BENCH_STAGES, e.g. [7, 5]}" ;;
+    one-gpu-eager) bench one-gpu-eager 8 "" "cuda_graphs = false" ;;
+    tp2) bench tp2 8 "tp = 2" ;;
+    *) echo "mesh_bench: unknown run '$run' (one-gpu, one-gpu-eager, dp2-zero1..3, pp2-m8, pp2-m16, pp2-m8-stages, tp2)" >&2; exit 2 ;;
+  esac
+done

@@ -360,10 +360,14 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
 
     MemoryEstimate mem = ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload, problem.job.optimizer == "adamw8bit");
     // The bf16 working copies the matmuls read (worker/stage_model.h, ParamUnit::working): every
-    // unit but ZeRO-3 shards, recomputed blocks and a one-stage tied embedding, whose head reads
-    // the fp32 master. The first stage's embedding keeps one though its lookup reads fp32.
+    // unit but recomputed blocks and a one-stage tied embedding, whose head reads the fp32 master.
+    // The first stage's embedding keeps one though its lookup reads fp32. ZeRO-3 shards without
+    // recompute keep a copy of the shard (what is gathered); with recompute none.
     const bool one_stage_tie = model.tied() && c.pp == 1;
-    if (bf16_cuda && c.zero < 3) {
+    const bool streamed_zero3 = c.zero >= 3 && !recompute;  // gathered in bf16, kept for the backward
+    if (streamed_zero3 && bf16_cuda) {
+      mem.weights += ToBytes(kWorkingCopyBytes * params / c.dp);
+    } else if (bf16_cuda && c.zero < 3) {
       double working = recompute ? 0 : layers * layer_per_rank;
       if (first) working += embedding_per_rank - (one_stage_tie ? static_cast<double>(model.vocab * model.hidden) : 0);
       if (last) working += head_per_rank;
@@ -384,9 +388,13 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
       const double fit = std::floor(kLossChunkBytes / (vocab * loss_bytes));  // LinearCrossEntropyChunkRows
       const double chunk = fit >= rows ? rows : std::max(64.0, std::floor(fit / 64) * 64);
       acts += kBytesPerChunkLogit * chunk * vocab;
-      const bool master = !bf16_cuda || c.zero >= 3 || one_stage_tie;  // the head reads the fp32 weight
-      double per_weight = 4 + loss_bytes;                            // dW in fp32, a chunk's partial dW
-      if (c.zero >= 3) per_weight += 4;                               // the gathered fp32 unit
+      // The head reads the fp32 weight, or a bf16 copy (its working copy, or ZeRO-3's gather).
+      const bool master = !bf16_cuda || (c.zero >= 3 ? recompute : one_stage_tie);
+      double per_weight = 4 + loss_bytes;  // dW in fp32, a chunk's partial dW
+      // The gathered unit. Without recompute its fp32 gradient (ZeRO-3's, before the reduce-scatter)
+      // comes after the loss's chunk buffers are gone: the measured peak (GPT-2 124M, dp=2, the
+      // calibration point) holds no more of it.
+      if (c.zero >= 3) per_weight += recompute ? 4 : loss_bytes;
       if (model.vocab % 64 != 0) per_weight += master ? 4 : 2;        // the weight padded to 64 rows
       if (master && loss_bytes == 2) per_weight += 2;                 // its cast to bf16
       acts += per_weight * vocab * static_cast<double>(model.hidden);
@@ -397,7 +405,13 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     double buffers = 0;  // gradients are all-reduced in place, one unit at a time
     if (c.tp > 1) buffers += kResidualBytes * sbh;      // an all-reduce's fp32 copy of an activation
     if (c.pp > 1) buffers += 2 * kResidualBytes * sbh;  // a received activation and a received gradient, fp32
-    if (c.zero >= 3 && c.dp > 1) buffers += 4 * layer_per_rank;  // a layer gathered whole, fp32
+    if (streamed_zero3) {
+      // At the backward's start: the last layer gathered again and the one before it on its way
+      // (in the compute dtype), and the last layer's fp32 gradient before its reduce-scatter.
+      buffers += (2 * (bf16_cuda ? 2.0 : 4.0) + 4) * layer_per_rank;
+    } else if (c.zero >= 3 && c.dp > 1) {
+      buffers += 4 * layer_per_rank;  // a layer gathered whole, fp32
+    }
     mem.communication_buffers = ToBytes(buffers);
     mem.workspace = opt.workspace_bytes;
     if (c.offload) {
@@ -423,7 +437,11 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     // Collectives: each group's time at its slowest link; the slowest group sets the pace.
     if (c.dp > 1) {
       const double t = RingAllReduceSeconds(gradient_bytes, c.dp, geometry.dp_bandwidth[k]);
-      dp_comm = std::max(dp_comm, t * (c.zero >= 3 ? 1.5 : 1.0));
+      // ZeRO-3 gathers twice and reduce-scatters: in fp32 with recompute (1.5 all-reduces' bytes),
+      // gathers in bf16 without (one). Counted whole, as every collective here (planner.h).
+      double zero3 = 1.5;
+      if (c.zero >= 3 && !recompute) zero3 = bf16_cuda ? 1.0 : 1.5;
+      dp_comm = std::max(dp_comm, t * (c.zero >= 3 ? zero3 : 1.0));
     }
     if (c.tp > 1) {
       const double per_layer = (recompute ? 6.0 : 4.0) * RingAllReduceSeconds(boundary_bytes, c.tp, geometry.tp_bandwidth[k]);

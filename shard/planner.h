@@ -33,7 +33,6 @@ struct JobSpec {
   std::optional<int64_t> dp, pp, tp, zero, micro_batch;
   std::optional<bool> recompute, offload;
   bool uniform_recompute = false;  // recompute every stage or none (no per-stage choice)
-  bool zero3_recomputes = false;   // ZeRO-3 implies recompute
   std::vector<int64_t> stages;     // layers per stage when fixed for pp = stages.size(); else balanced
   bool offload_supported = true;   // false: the executor cannot offload, so neither search nor Replan offers it
 };

@@ -595,6 +595,9 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
     {"124m", 2, 1, 1, 1, 2, true, 0, 2362551296},
     {"124m", 2, 1, 1, 2, 2, true, 0, 2362551296},
     {"124m", 2, 1, 1, 3, 2, true, 0, 1997351424},
+    // ZeRO-3 without recompute (gathered in bf16, the next layer's gather beside the current one),
+    // 2026-11-28 session 18 (bench/results/calibration-2026-11-28-zero3-h200.jsonl).
+    {"124m", 2, 1, 1, 3, 2, false, 0, 2503841280},
     {"124m", 1, 2, 1, 0, 2, true, 0, 1955697664},
     {"124m", 1, 2, 1, 0, 2, true, 1, 1791303680},
   };

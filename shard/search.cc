@@ -222,7 +222,6 @@ void ForEachCandidate(const Problem& problem, int64_t n, const std::function<voi
         for (int64_t mb : micro_batches) {
           for (int64_t k = min_k; k <= max_k; ++k) {
             if (job.uniform_recompute && k != 0 && k != pp) continue;
-            if (job.zero3_recomputes && zero == 3 && dp > 1 && k != pp) continue;
             for (bool offload : offloads) {
               Candidate c{dp, pp, tp, zero, mb, std::vector<bool>(static_cast<size_t>(pp), false), offload};
               std::fill_n(c.recompute.begin(), k, true);
@@ -286,13 +285,12 @@ JobSpec JobForRun(const RunSpec& spec) {
     if (p.micro_batch > 0) job.micro_batch = p.micro_batch;
     else if (job.dp) job.micro_batch = spec.train.global_batch / *job.dp;
   }
-  if (!p.automatic.count("recompute")) job.recompute = p.recompute || (job.zero == 3 && job.dp.value_or(2) > 1);
+  if (!p.automatic.count("recompute")) job.recompute = p.recompute;
   // Offload changes no loss (the host's AdamW is the device's arithmetic): fixed as the spec
   // says, and a re-plan after an out-of-memory may still turn it on.
   job.offload = p.offload == "optimizer";
   job.offload_supported = true;
   job.uniform_recompute = true;
-  job.zero3_recomputes = true;
   job.stages = p.stages;
   return job;
 }

@@ -38,6 +38,9 @@ class Communicator {
   virtual Status ReduceScatterSum(float* data, size_t count) = 0;
   // Every rank contributes its own block of `data`; afterwards every rank holds all blocks.
   virtual Status AllGather(float* data, size_t count) = 0;
+  // The same over 16-bit elements (bf16 parameters gathered for the compute, ZeRO-3): blocks as
+  // above, counted in elements.
+  virtual Status AllGather16(uint16_t* data, size_t count) = 0;
   // Copies `root`'s `count` floats to every rank.
   virtual Status Broadcast(float* data, size_t count, uint32_t root) = 0;
   // Point-to-point, for pipeline stages: `bytes` bytes to / from rank `peer` of this group.

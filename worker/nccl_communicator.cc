@@ -241,6 +241,22 @@ class NcclCommunicator final : public Communicator {
     return Tracked(ncclAllGather(data + rank_ * block, data, block, ncclFloat, comm_, Stream()), "all-gather");
   }
 
+  Status AllGather16(uint16_t* data, size_t count) override {
+    STRATA_RETURN_IF_ERROR(Ready());
+    if (world_ == 1) return Status::Ok();
+    if (count % world_ != 0) {  // as AllGather: zero what is not mine, then sum (x + 0 is exact in bf16 too)
+      const auto [begin, end] = ShardRange(count, world_, rank_);
+      cudaStream_t stream = Stream();
+      if (cudaMemsetAsync(data, 0, begin * sizeof(uint16_t), stream) != cudaSuccess ||
+          cudaMemsetAsync(data + end, 0, (count - end) * sizeof(uint16_t), stream) != cudaSuccess) {
+        return Internal("cudaMemsetAsync failed before an uneven all-gather");
+      }
+      return Tracked(ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, comm_, Stream()), "all-gather (16-bit, uneven)");
+    }
+    const size_t block = count / world_;
+    return Tracked(ncclAllGather(data + rank_ * block, data, block, ncclBfloat16, comm_, Stream()), "all-gather (16-bit)");
+  }
+
   Status Broadcast(float* data, size_t count, uint32_t root) override {
     STRATA_RETURN_IF_ERROR(Ready());
     if (root >= world_) return InvalidArgument("broadcast: root " + std::to_string(root) + " is not a rank");

@@ -154,12 +154,13 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
   torch::NoGradGuard no_grad;
   auto& units = model_.units();
   // Units whose bf16 working copy the update writes in its pass (the fp32 AdamW kernel) or right
-  // after it (offload, on the upload stream): those it updates whole (ZeRO 1/2 with dp > 1
-  // update a shard and gather the rest in fp32; the 8-bit kernel writes no copy).
+  // after it (offload, on the upload stream): those it updates whole - a ZeRO-3 shard's copy is
+  // of the shard (ZeRO 1/2 with dp > 1 update a shard and gather the rest in fp32; the 8-bit
+  // kernel writes no copy).
   std::vector<bool> fresh(units.size(), false);
   for (size_t u = 0; u < units.size(); ++u) {
     const Moments& m = moments_[u];
-    fresh[u] = units[u].working.defined() && !units[u].sharded && m.begin == 0 && m.end == units[u].numel && (offload_ || !eight_bit_);
+    fresh[u] = units[u].working.defined() && (units[u].sharded || (m.begin == 0 && m.end == units[u].numel)) && (offload_ || !eight_bit_);
   }
   // After the update: ZeRO 1/2 gather the updated shards; the gradients are cleared.
   const bool gathers = (zero_ == 1 || zero_ == 2) && dp_ > 1;

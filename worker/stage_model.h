@@ -14,9 +14,20 @@
 //   recomputed    the forward runs without a graph, keeping only its input; in backward it runs
 //                 again with a graph and is differentiated at once (activation recompute; LibTorch
 //                 C++ has no checkpoint helper);
-//   ZeRO-3        as recomputed, but the units are held as this rank's 1/dp shard only: the forward
-//                 all-gathers them and drops them after, the backward all-gathers again, recomputes,
-//                 and reduce-scatters the unit gradients so each rank keeps its shard's sum.
+//   ZeRO-3        the units are held as this rank's 1/dp shard only. Without recompute (FSDP's
+//                 schedule): the forward all-gathers a unit in the compute dtype (bf16 from the
+//                 shard's working copy on a bf16 GPU run, else fp32) into a buffer of its own,
+//                 runs it as a direct call, and frees the buffer's memory, keeping the tensor
+//                 that autograd saved; the backward fills it again with a second gather before
+//                 the call's first gradient, and once every parameter of the unit has its
+//                 gradient, reduce-scatters the unit's fp32 gradient into the shard's and frees
+//                 both. Gathers and reduce-scatters run on a side stream (side_stream.h): the next
+//                 call's gather is queued before this call's compute (forward) and the previous
+//                 call's before this call's gradients (backward). Vectors (norms, biases) are read
+//                 in fp32, widened from the gathered bf16 (FSDP's param_dtype convention); the
+//                 embedding's lookup gathers fp32. With recompute: as recomputed, the forward
+//                 all-gathers fp32 and drops it, the backward all-gathers again, recomputes, and
+//                 reduce-scatters.
 //
 // Tensor parallelism inside a block (Megatron's f and g): CopyToTensorParallel is the identity
 // forward and an all-reduce of the gradient backward, ReduceFromTensorParallel an all-reduce
@@ -28,6 +39,7 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +49,7 @@
 #include "shard/layout.h"
 #include "worker/communicator.h"
 #include "worker/model_family.h"
+#include "worker/side_stream.h"
 
 namespace strata::worker {
 
@@ -72,9 +85,10 @@ struct ParamUnit {
   bool sink = false;
   std::vector<int> received;  // this step's gradients per parameter so far (sink units)
   std::vector<int> uses;      // this step's forward uses per parameter so far (sink units)
-  // The bf16 working copy of `flat` that the matmuls of a CUDA bf16 run read (sink units;
-  // refreshed after every update, StageModel::RefreshWorkingWeights), in place of autograd's cast
-  // of every fp32 weight at every use. Undefined otherwise.
+  // The bf16 working copy of `flat` that the matmuls of a CUDA bf16 run read (sink units, and
+  // ZeRO-3 shards without recompute, whose copy is what is gathered; refreshed after every
+  // update, StageModel::RefreshWorkingWeights), in place of autograd's cast of every fp32 weight
+  // at every use. Undefined otherwise.
   torch::Tensor working;
   std::vector<torch::Tensor> working_params;  // its per-parameter views, made once
 };
@@ -121,8 +135,9 @@ class StageModel {
   // there for the unit's update, optimizer.h).
   void SetBeforeUse(std::function<void(size_t unit)> hook) { before_use_ = std::move(hook); }
 
-  // Releases what recomputed calls hold between forward and backward (after each step).
-  void EndStep() { calls_.clear(); }
+  // Releases what recomputed and ZeRO-3 calls hold between forward and backward (after each
+  // step, and after a step that failed part-way).
+  void EndStep();
   // Around one step's forwards and backwards (inside its CUDA graph when there is one): the
   // gradient sink starts counting, and at the end a parameter that received no gradient (none is
   // unused today; a guard) gets a zero one. `forwards`: the step's forwards on this rank; after
@@ -132,6 +147,8 @@ class StageModel {
   void BeginGradients(int64_t forwards);
   void ForwardDone() { ++forwards_done_; }
   void SetGradientReady(std::function<void(size_t unit)> hook) { gradient_ready_ = std::move(hook); }
+  // ZeRO-3 without recompute: also reduce-scatters what a call's backward left incomplete, and
+  // the compute stream waits for every reduce-scatter into the shards' gradients.
   void FinishGradients();
   // Copies the fp32 weights into the bf16 working copies (after an update, a load or a resume),
   // but for units whose `fresh[u]` is true (the update wrote their copy itself).
@@ -139,12 +156,37 @@ class StageModel {
 
  private:
   struct Call;
+  struct ShardedCall;
+  // Where a parameter's gradient of one ZeRO-3 use goes (the sink's handle).
+  struct ShardSlot {
+    StageModel* model;
+    ShardedCall* call;
+    size_t use;
+    size_t param;
+  };
+  friend struct RegatherOnBackward;
+  friend void SinkShardedGradient(int64_t handle, const torch::Tensor& grad);
   using CallFn = std::function<torch::Tensor(const torch::Tensor& x, const std::vector<std::vector<torch::Tensor>>& views)>;
   friend struct UnitCallFunction;
 
   void AddUnit(const std::string& label, const std::vector<std::string>& names,
                const std::map<std::string, model::Parameter>& table, bool tied_copy, const WeightLoader& load);
   torch::Tensor Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute, bool matmul_weights = true);
+  // ZeRO-3 without recompute (the header): a call over sharded units.
+  torch::Tensor RunSharded(const std::vector<int>& units, const torch::Tensor& x, const CallFn& fn, bool matmul_weights);
+  // The units the forward reads after `units` on this stage (empty after the last), and whether
+  // that call reads bf16 working weights.
+  std::pair<std::vector<int>, bool> NextCall(const std::vector<int>& units) const;
+  // Unit u whole in the compute dtype (bf16 when `bf16`, else fp32) into `full` (allocated on the
+  // compute stream, numel elements), on the side stream.
+  std::shared_ptr<SideStream::Done> GatherInto(int u, const torch::Tensor& full);
+  // Queues the gathers of `units` for the next call (their buffers kept in prefetched_).
+  void Prefetch(const std::vector<int>& units, bool bf16);
+  // Before a ZeRO-3 call's backward: its units gathered again (waited for), and the call before
+  // it in the same micro-batch queued.
+  void Regather(ShardedCall& call, bool wait);
+  // Every parameter of the call's k-th unit has its gradient: reduce-scatter it into the shard's.
+  void ReduceScatterUse(ShardedCall& call, size_t k);
   // Unit u's parameters as one use each through the gradient sink (bf16 working copies for
   // matrices when `matmul_weights` and the unit has them).
   std::vector<torch::Tensor> SinkViews(int u, bool matmul_weights);
@@ -176,6 +218,16 @@ class StageModel {
   std::unique_ptr<ModelFamily> family_;
   TensorParallel tensor_parallel_;
   std::deque<std::shared_ptr<Call>> calls_;
+  // ZeRO-3 without recompute: this step's calls in forward order, the gathers queued for the next
+  // call (by unit), and the side stream they run on.
+  std::vector<std::shared_ptr<ShardedCall>> sharded_calls_;
+  struct Prefetched {
+    torch::Tensor full;
+    std::shared_ptr<SideStream::Done> ready;
+  };
+  std::map<int, Prefetched> prefetched_;
+  std::deque<std::deque<ShardSlot>> shard_slots_;  // the gradient handles of this step's calls (stable addresses)
+  std::unique_ptr<SideStream> side_;
   std::deque<GradSlot> slots_;  // one per parameter of a sink unit; stable addresses (the sink's handles)
   std::vector<int64_t> slot_begin_;  // per unit: the index of its first parameter's slot
   std::function<void(size_t unit)> before_use_;

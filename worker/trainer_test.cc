@@ -311,10 +311,14 @@ TEST_F(TrainerTest, EightBitAdamWTracksAdamWAndResumesItsStateExactly) {
 TEST_F(TrainerTest, OffloadedOptimizerGivesTheOnDeviceLossesBitForBit) {
   spec_.train.global_batch = 8;
   spec_.worker.threads = 3;  // the host AdamW splits larger units over threads
-  for (const auto& [dp, pp, zero, optimizer] : {std::tuple{1, 1, 0, "adamw"}, std::tuple{2, 1, 1, "adamw"}, std::tuple{2, 1, 2, "adamw"},
-                                                std::tuple{2, 1, 3, "adamw"}, std::tuple{1, 2, 0, "adamw"}, std::tuple{2, 1, 1, "adamw8bit"}}) {
-    SCOPED_TRACE(std::string(optimizer) + " dp " + std::to_string(dp) + " pp " + std::to_string(pp) + " zero " + std::to_string(zero));
-    SetMesh(dp, pp, 1, zero, /*recompute=*/zero == 3);
+  // ZeRO-3 with and without recompute: the gathered path and the streamed one (stage_model.h).
+  for (const auto& [dp, pp, zero, recompute, optimizer] :
+       {std::tuple{1, 1, 0, false, "adamw"}, std::tuple{2, 1, 1, false, "adamw"}, std::tuple{2, 1, 2, false, "adamw"},
+        std::tuple{2, 1, 3, true, "adamw"}, std::tuple{2, 1, 3, false, "adamw"}, std::tuple{1, 2, 0, false, "adamw"},
+        std::tuple{2, 1, 1, false, "adamw8bit"}}) {
+    SCOPED_TRACE(std::string(optimizer) + " dp " + std::to_string(dp) + " pp " + std::to_string(pp) + " zero " + std::to_string(zero) +
+                 (recompute ? " recompute" : ""));
+    SetMesh(dp, pp, 1, zero, recompute);
     spec_.train.optimizer = optimizer;
     spec_.parallel.offload = "none";
     const auto on_device = Train(8);

@@ -304,6 +304,10 @@ class ZmqCommunicator final : public Communicator {
     return RingPass(data, count, /*offset=*/0, /*accumulate=*/false);
   }
 
+  Status AllGather16(uint16_t* data, size_t count) override {
+    return RingPass(data, count, /*offset=*/0, /*accumulate=*/false);
+  }
+
   Status Broadcast(float* data, size_t count, uint32_t root) override {
     if (mesh_->aborted()) return Aborted("communicator aborted");
     const uint32_t n = world_size();
@@ -349,25 +353,26 @@ class ZmqCommunicator final : public Communicator {
 
   // n-1 ring steps; in step s rank r sends chunk (r - s + offset) mod n and receives chunk
   // (r - s - 1 + offset) mod n, adding it (reduce-scatter) or copying it (all-gather).
-  Status RingPass(float* data, size_t count, uint32_t offset, bool accumulate) {
+  template <typename T>
+  Status RingPass(T* data, size_t count, uint32_t offset, bool accumulate) {
     if (mesh_->aborted()) return Aborted("communicator aborted");
     const uint32_t n = world_size();
     if (n == 1) return Status::Ok();
     const uint32_t r = rank_;
-    std::vector<float> incoming;
+    std::vector<T> incoming;
     for (uint32_t s = 0; s + 1 < n; ++s) {
       const uint32_t send_c = (r + offset + n - s) % n;
       const uint32_t recv_c = (r + offset + 2 * n - s - 1) % n;
       const auto [send_begin, send_end] = ShardRange(count, n, send_c);
       const auto [recv_begin, recv_end] = ShardRange(count, n, recv_c);
-      STRATA_RETURN_IF_ERROR(mesh_->Send(group_, Next(), data + send_begin, (send_end - send_begin) * sizeof(float)));
+      STRATA_RETURN_IF_ERROR(mesh_->Send(group_, Next(), data + send_begin, (send_end - send_begin) * sizeof(T)));
       incoming.resize(recv_end - recv_begin);
-      STRATA_RETURN_IF_ERROR(mesh_->Recv(group_, Prev(), incoming.data(), incoming.size() * sizeof(float)));
-      float* dst = data + recv_begin;
+      STRATA_RETURN_IF_ERROR(mesh_->Recv(group_, Prev(), incoming.data(), incoming.size() * sizeof(T)));
+      T* dst = data + recv_begin;
       if (accumulate) {
         for (size_t i = 0; i < incoming.size(); ++i) dst[i] += incoming[i];
       } else {
-        std::memcpy(dst, incoming.data(), incoming.size() * sizeof(float));
+        std::memcpy(dst, incoming.data(), incoming.size() * sizeof(T));
       }
     }
     return Status::Ok();

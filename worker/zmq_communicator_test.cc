@@ -131,6 +131,26 @@ TEST_P(CollectivesTest, AllGatherAssemblesEveryShard) {
   for (auto& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
+// 16-bit elements (ZeRO-3's bf16 gathers): each element's bits arrive as they were sent.
+TEST_P(CollectivesTest, AllGather16AssemblesEveryShardBitForBit) {
+  const auto [n, count] = GetParam();
+  auto results = OnRanks(n, [count = count, n = n](Communicator& comm, uint32_t r) -> Status {
+    auto bits = [](uint32_t rank, size_t i) { return static_cast<uint16_t>((rank * 40503u + i * 2654435761u) >> 7); };
+    std::vector<uint16_t> data(count, 0xffff);
+    const auto [begin, end] = ShardRange(count, n, r);
+    for (size_t i = begin; i < end; ++i) data[i] = bits(r, i);
+    STRATA_RETURN_IF_ERROR(comm.AllGather16(data.data(), count));
+    for (uint32_t k = 0; k < n; ++k) {
+      const auto [b, e] = ShardRange(count, n, k);
+      for (size_t i = b; i < e; ++i) {
+        if (data[i] != bits(k, i)) return Internal("rank " + std::to_string(r) + " element " + std::to_string(i));
+      }
+    }
+    return Status::Ok();
+  });
+  for (auto& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
 TEST_P(CollectivesTest, BroadcastFromEveryRootThenAllReduceInOneSequence) {
   const auto [n, count] = GetParam();
   auto results = OnRanks(n, [count = count, n = n](Communicator& comm, uint32_t r) -> Status {
