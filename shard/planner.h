@@ -57,7 +57,7 @@ struct ClusterView {
 
 // The planner's job for a train run spec: its [parallel] fields fixed where the spec fixes them
 // (ParallelSpec::automatic lists the rest), and the search kept to what worker/trainer runs: no
-// optimizer offload, recompute on every stage or none, ZeRO-3 always recomputing.
+// optimizer offload, recompute on every stage or none.
 JobSpec JobForRun(const RunSpec& spec);
 
 // A worker as its heartbeats describe it: a GPU on NVLink at H100 bf16 peak, or a CPU worker

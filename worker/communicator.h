@@ -45,8 +45,14 @@ class Communicator {
   virtual Status Broadcast(float* data, size_t count, uint32_t root) = 0;
   // Point-to-point, for pipeline stages: `bytes` bytes to / from rank `peer` of this group.
   // Sends are buffered (ZeroMQ) or stream-ordered (NCCL): a send never waits for its receive.
+  // NCCL: a send runs on transfer_stream() after the work the calling thread's current stream has
+  // queued so far, and that stream does not wait for it - the caller keeps the buffer's memory
+  // from reuse until the transfer stream has passed it (the caching allocator's record_stream);
+  // a receive's buffer is ready for the current stream's later work.
   virtual Status Send(const void* data, size_t bytes, uint32_t peer) = 0;
   virtual Status Recv(void* data, size_t bytes, uint32_t peer) = 0;
+  // The CUDA stream (cudaStream_t) sends run on; null where a send copies its buffer at once.
+  virtual void* transfer_stream() { return nullptr; }
   // Every rank calls Split with the same partition of this communicator's ranks (each rank in
   // exactly one group); returns the communicator of this rank's group, ranked by position in it.
   virtual Result<std::unique_ptr<Communicator>> Split(const std::vector<std::vector<uint32_t>>& groups) = 0;

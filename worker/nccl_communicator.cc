@@ -266,12 +266,17 @@ class NcclCommunicator final : public Communicator {
 
   Status Send(const void* data, size_t bytes, uint32_t peer) override {
     return PointToPoint([&](cudaStream_t s) { return ncclSend(data, bytes, ncclUint8, static_cast<int>(peer), comm_, s); },
-                        "send");
+                        "send", /*compute_waits=*/false);
   }
 
   Status Recv(void* data, size_t bytes, uint32_t peer) override {
     return PointToPoint([&](cudaStream_t s) { return ncclRecv(data, bytes, ncclUint8, static_cast<int>(peer), comm_, s); },
-                        "recv");
+                        "recv", /*compute_waits=*/true);
+  }
+
+  void* transfer_stream() override {
+    if (!p2p_stream_ && !CreateTransferStream().ok()) return nullptr;
+    return p2p_stream_;
   }
 
   Result<std::unique_ptr<Communicator>> Split(const std::vector<std::vector<uint32_t>>& groups) override {
@@ -304,21 +309,28 @@ class NcclCommunicator final : public Communicator {
     return Status::Ok();
   }
 
-  template <typename Op>
-  Status PointToPoint(Op op, const char* what) {
-    STRATA_RETURN_IF_ERROR(Ready());
-    if (!p2p_stream_) {
-      if (cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking) != cudaSuccess ||
-          cudaEventCreateWithFlags(&p2p_done_, cudaEventDisableTiming) != cudaSuccess ||
-          cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming) != cudaSuccess) {
-        return Internal("cannot create the point-to-point CUDA stream");
-      }
+  Status CreateTransferStream() {
+    if (p2p_stream_) return Status::Ok();
+    if (cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&p2p_done_, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming) != cudaSuccess) {
+      return Internal("cannot create the point-to-point CUDA stream");
     }
+    return Status::Ok();
+  }
+
+  // `compute_waits`: the compute stream waits for the transfer (a receive, whose buffer it reads
+  // next); a send's compute goes on at once (the caller keeps its buffer, communicator.h).
+  template <typename Op>
+  Status PointToPoint(Op op, const char* what, bool compute_waits) {
+    STRATA_RETURN_IF_ERROR(Ready());
+    STRATA_RETURN_IF_ERROR(CreateTransferStream());
     cudaStream_t compute = Stream();
     cudaEventRecord(compute_ready_, compute);       // the buffer is written (send) or allocated (recv)
     cudaStreamWaitEvent(p2p_stream_, compute_ready_, 0);
     STRATA_RETURN_IF_ERROR(NcclStatus(op(p2p_stream_), comm_, what));
     shared_->Track(p2p_stream_, what, rank_);
+    if (!compute_waits) return Status::Ok();
     cudaEventRecord(p2p_done_, p2p_stream_);
     cudaStreamWaitEvent(compute, p2p_done_, 0);     // nothing on compute touches the buffer before
     return Status::Ok();

@@ -6,6 +6,11 @@
 #include "worker/fused_loss.h"
 #include "worker/torch_compat.h"
 
+#ifdef STRATA_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace strata::worker {
 
 // ---------------------------------------------------------------- collectives on tensors
@@ -43,6 +48,14 @@ void SendTensor(Communicator& comm, const torch::Tensor& t, uint32_t peer) {
   auto buffer = t.detach().to(torch::kFloat).contiguous();
   if (!comm.device_buffers()) buffer = buffer.to(torch::kCPU);
   Check(comm.Send(buffer.data_ptr(), static_cast<size_t>(buffer.numel()) * sizeof(float), peer));
+#ifdef STRATA_WITH_CUDA
+  // The compute stream goes on while the send runs on the transfer stream: the buffer's memory
+  // is not reused before the transfer stream has sent it, however soon it is dropped here.
+  if (void* stream = comm.transfer_stream(); stream && buffer.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::recordStream(
+        buffer.storage().data_ptr(), c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), buffer.device().index()));
+  }
+#endif
 }
 
 torch::Tensor RecvTensor(Communicator& comm, const std::vector<int64_t>& shape, const torch::Device& device, uint32_t peer) {
