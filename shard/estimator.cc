@@ -26,14 +26,27 @@
 // Pipeline 1F1B: stage i holds min(pp - i, micro-batches) micro-batches in flight. The last
 // stage also holds the fused loss (see Calibration).
 //
-// Step time: compute = c * params * tokens / (peak_flops * efficiency), c = 6 (forward 2 +
-// backward 4) or 8 with recompute (one more forward); per worker with its own share of layers
-// and tokens, and the slowest worker sets the pace. Communication (not overlapped, so the
-// prediction is conservative): ring all-reduce of gradients 2(n-1)/n * bytes / bandwidth over dp
-// (x1.5 for ZeRO-3, which all-gathers weights again in backward), 4 activation all-reduces per
-// layer per micro-batch over tp (6 with recompute), one activation send and one gradient send
-// per micro-batch between pipeline stages, and offload's gradient/weight copies over the host
-// link. Pipeline bubble: a fraction (pp-1)/(m+pp-1) of the step, i.e. compute * (pp-1)/m.
+// Step time, per worker with its own share of layers and tokens (the slowest sets the pace):
+//   compute = matmuls + elementwise + optimizer
+//     matmuls      c * params * tokens / (peak_flops * efficiency), c = 6 (forward 2 + backward
+//                  4) or 8 with recompute (one more forward); split by tp
+//     elementwise  norms, activations, residual adds, casts and attention: a time per element of
+//                  tokens x hidden per layer (x4/3 with recompute), NOT split by tp (its norms
+//                  and residual stream are whole on every rank); the loss's per logit
+//     optimizer    a time per parameter of the optimizer range (this rank's ZeRO shard)
+//   both at the peak of an H100/H200 (989 TFLOP/s) and scaled with peak_flops. Measured on 2x
+//   H200 (docs/benchmarks.md, session 18): matmul kernels at 0.71-0.76 of peak; the rest of a
+//   step, less the loss (about 7.8 ps a logit), 140 ps (GPT-2 124M) and 191 ps (Llama 8 x 4096)
+//   per element of tokens x hidden per layer (165 taken); the fused AdamW 3.9 ps per parameter
+//   (Llama; GPT-2's small units 9.2).
+// Communication (not overlapped, so the prediction is conservative; but ZeRO-3 without
+// recompute, whose collectives run beside the matmuls, counts what the matmuls do not hide):
+// ring all-reduce of gradients 2(n-1)/n * bytes / bandwidth over dp (x1.5 for ZeRO-3 with
+// recompute, which all-gathers fp32 weights again in backward; x1 without, gathering bf16), 4
+// activation all-reduces per layer per micro-batch over tp (6 with recompute), one activation
+// send and one gradient send per micro-batch between pipeline stages, and offload's
+// gradient/weight copies over the host link. Pipeline bubble: a fraction (pp-1)/(m+pp-1) of the
+// step, i.e. compute * (pp-1)/m.
 //
 // Calibration (what worker/trainer really keeps, fitted to measured allocator peaks; the fit and
 // its residuals are in docs/benchmarks.md, "Estimate vs. measured peak"). Per rank:
@@ -100,6 +113,12 @@ ModelSpec Filled(ModelSpec model) {
 }
 
 // See "Calibration" above.
+// Step-time terms at 989 TFLOP/s peak (the header's "Step time").
+constexpr double kReferencePeakFlops = 989e12;
+constexpr double kElementwiseSecondsPerElement = 165e-12;  // per element of tokens x hidden per layer
+constexpr double kLossSecondsPerLogit = 7.8e-12;           // the fused loss's elementwise work, per logit
+constexpr double kOptimizerSecondsPerParam = 4e-12;
+constexpr double kGatherSeconds = 110e-6;  // a streamed ZeRO-3 gather or reduce-scatter's fixed cost
 constexpr double kActivationScale = 1.153;
 constexpr double kBytesPerChunkLogit = 1.76;
 constexpr int64_t kStepTemporaryBytes = int64_t{60} << 20;
@@ -424,7 +443,14 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     const double total = static_cast<double>(mem.total());
     local_fill.worst = std::max(local_fill.worst, total / static_cast<double>(std::max<int64_t>(geometry.min_budget[k], 1)));
     local_fill.largest_total = std::max(local_fill.largest_total, total);
-    compute = std::max(compute, flops / (geometry.min_peak_flops[k] * opt.compute_efficiency));
+    const double slowdown = kReferencePeakFlops / geometry.min_peak_flops[k];
+    const double matmul_s = flops / (geometry.min_peak_flops[k] * opt.compute_efficiency);
+    const double tokens = static_cast<double>(local_batch * s);
+    double elementwise_s = (recompute ? 4.0 / 3.0 : 1.0) * kElementwiseSecondsPerElement * slowdown * tokens *
+                           static_cast<double>(model.hidden) * static_cast<double>(layers);
+    if (last) elementwise_s += kLossSecondsPerLogit * slowdown * tokens * static_cast<double>(model.vocab);
+    const double optimizer_s = kOptimizerSecondsPerParam * slowdown * params / (c.zero >= 1 ? c.dp : 1);
+    compute = std::max(compute, matmul_s + elementwise_s + optimizer_s);
     if (with_workers) {
       for (int64_t d = 0; d < c.dp; ++d) {
         for (int64_t r = 0; r < c.tp; ++r) {
@@ -439,9 +465,16 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
       const double t = RingAllReduceSeconds(gradient_bytes, c.dp, geometry.dp_bandwidth[k]);
       // ZeRO-3 gathers twice and reduce-scatters: in fp32 with recompute (1.5 all-reduces' bytes),
       // gathers in bf16 without (one). Counted whole, as every collective here (planner.h).
-      double zero3 = 1.5;
-      if (c.zero >= 3 && !recompute) zero3 = bf16_cuda ? 1.0 : 1.5;
-      dp_comm = std::max(dp_comm, t * (c.zero >= 3 ? zero3 : 1.0));
+      double exposed = t;
+      if (c.zero >= 3 && recompute) exposed = 1.5 * t;
+      if (streamed_zero3) {
+        // Beside the matmuls, but each unit's two gathers and reduce-scatter per micro-batch cost
+        // a fixed time the compute does not hide (GPT-2 124M's 2 ms layers: measured 76-81% of
+        // 2x one GPU; Llama 8 x 4096's 24 ms layers: 96%).
+        const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);
+        exposed = std::max(0.0, (bf16_cuda ? 1.0 : 1.5) * t - matmul_s) + 3.0 * units * static_cast<double>(m) * kGatherSeconds;
+      }
+      dp_comm = std::max(dp_comm, exposed);
     }
     if (c.tp > 1) {
       const double per_layer = (recompute ? 6.0 : 4.0) * RingAllReduceSeconds(boundary_bytes, c.tp, geometry.tp_bandwidth[k]);

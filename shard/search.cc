@@ -39,7 +39,10 @@ std::vector<int64_t> Divisors(int64_t n) {
 }
 
 double DefaultBandwidth(const std::string& link) {
-  if (link == "nvlink") return 450e9;  // H100 NVLink: 900 GB/s both directions
+  // NVLink: what NCCL's collectives reached between 2 H200s (docs/benchmarks.md, session 18: a
+  // 498 MB reduce-scatter in 1.25 ms, 134 MB all-reduces in 0.72 ms), not the 450 GB/s a
+  // direction of the link carries.
+  if (link == "nvlink") return 200e9;
   if (link == "pcie") return 25e9;     // PCIe 4.0 x16 in practice
   return 1.25e9;                       // 10 Gb/s Ethernet
 }

@@ -341,7 +341,10 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
                               torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat).device(device_));
       use.ready = GatherInto(u, use.full);
     }
-    if (it != prefetched_.end()) prefetched_.erase(it);
+    if (it != prefetched_.end()) {
+      if (!use.full.is_same(it->second.full)) side_->KeepUntilDone(it->second.full);  // dropped while it may still be written
+      prefetched_.erase(it);
+    }
     call->uses.push_back(std::move(use));
   }
   // The next call's gathers go before this call's compute, so they run beside it.
@@ -420,7 +423,10 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   });
   side_->KeepUntilDone(full);
   use.grad = torch::Tensor();
-  if (use.full.defined()) ReleaseMemory(use.full);  // after the backward that read it, on the compute stream
+  if (use.full.defined()) {
+    side_->Wait(use.ready);  // a gather queued for a backward that never came (FinishGradients) is done first
+    ReleaseMemory(use.full);  // after the backward that read it, on the compute stream
+  }
   use.filled = false;
 }
 
