@@ -113,25 +113,7 @@ bool UnitOptimizer::SummedOverStages(size_t u) const {
   return static_cast<int>(u) == model_.first_wte_unit() || static_cast<int>(u) == model_.tied_copy_unit();
 }
 
-void UnitOptimizer::ReduceInBackward(Communicator* dp) {
-  if (dp_ <= 1 || zero_ > 2 || offload_ || !dp) return;
-  early_dp_ = dp;
-  side_ = std::make_unique<SideStream>(device_);
-  reduced_early_.assign(moments_.size(), false);
-}
-
 void UnitOptimizer::GradientReady(size_t u) {
-  if (side_ && !SummedOverStages(u) && !reduced_early_[u]) {
-    ParamUnit& unit = model_.units()[u];
-    Communicator& dp = *early_dp_;
-    side_->Run([&] {
-      torch::NoGradGuard no_grad;
-      if (zero_ <= 1) AllReduceTensor(dp, unit.grad);
-      if (zero_ == 2) ReduceScatterTensor(dp, unit.grad);
-    });
-    reduced_early_[u] = true;
-    return;
-  }
   if (!offload_ || dp_ != 1 || SummedOverStages(u)) return;
   ParamUnit& unit = model_.units()[u];
   if (unit.sharded || host_[u].downloading) return;
@@ -147,15 +129,12 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
   const kernels::Place place = KernelPlace(device_);
   torch::Tensor square_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
   reduced_.clear();
-  if (side_) side_->WaitAll();  // the reductions started in the backward
   for (size_t u = 0; u < units.size(); ++u) {
     ParamUnit& unit = units[u];
     torch::Tensor g = unit.sharded ? (unit.flat.grad().defined() ? unit.flat.grad().contiguous() : torch::zeros_like(unit.flat)) : unit.grad;
-    const bool early = side_ && reduced_early_[u];
     if (SummedOverStages(u)) AllReduceTensor(*groups.tie, g);
-    if (zero_ <= 1 && !early) AllReduceTensor(*groups.dp, g);
-    if (zero_ == 2 && !early) ReduceScatterTensor(*groups.dp, g);  // zero 3 reduce-scattered in backward
-    if (side_) reduced_early_[u] = false;  // for the next step
+    if (zero_ <= 1) AllReduceTensor(*groups.dp, g);
+    if (zero_ == 2) ReduceScatterTensor(*groups.dp, g);  // zero 3 reduce-scattered in backward
     if (dp_ > 1) g.div_(static_cast<double>(dp_));  // one pass over every gradient: skipped where it changes nothing
     auto shard = unit.sharded ? g : g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
     for (const Moments::Span& s : moments_[u].norm_spans) {
@@ -379,10 +358,6 @@ void UnitOptimizer::DiscardGradients() {
   SettleOrThrow();
   torch::NoGradGuard no_grad;
   reduced_.clear();
-  if (side_) {  // reductions of the dropped step's gradients finish before they are zeroed
-    side_->WaitAll();
-    reduced_early_.assign(reduced_early_.size(), false);
-  }
   if (offload_) {  // the gradients are zeroed below: after any download of them
     offload_->CurrentStreamWaitsDownloads();
     offload_->ForgetDownloads();

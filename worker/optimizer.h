@@ -16,11 +16,6 @@
 // The trainer all-reduces the loss and the squared norm between reduce and apply, so the clip
 // factor is known before any parameter changes.
 //
-// Data parallelism with ZeRO 0-2 (dp > 1, no offload): a unit's reduction starts in the backward,
-// on a side stream (side_stream.h), as soon as the unit's last gradient of the step is queued
-// (StageModel's gradient-ready hook), so it runs beside the backward of the units before it;
-// ReduceGradients waits for them and reduces the rest (a tied embedding, recomputed blocks).
-//
 // Offload ([parallel] offload = "optimizer"): m and v, and a master copy of the parameters over
 // the optimizer range, live in host memory (pinned on a GPU). Each unit's reduced gradient goes
 // to a host buffer as soon as the unit is reduced (HostCopies: a stream of their own). Apply
@@ -51,7 +46,6 @@
 #include "common/run_spec.h"
 #include "common/status.h"
 #include "worker/host_copies.h"
-#include "worker/side_stream.h"
 #include "worker/stage_model.h"
 
 namespace strata::worker {
@@ -96,14 +90,8 @@ class UnitOptimizer {
 
   // The backward has written unit `unit`'s last gradient of the step (StageModel's gradient-ready
   // hook, on the backward's thread). Under offload with nothing to reduce (dp = 1, not a tied
-  // embedding summed over stages), its download starts now, beside the rest of the backward;
-  // with dp > 1 and ZeRO 0-2, its reduction (the header).
+  // embedding summed over stages), its download starts now, beside the rest of the backward.
   void GradientReady(size_t unit);
-  // From now on GradientReady reduces each unit over `dp` in the backward (the header) - where
-  // dp > 1, ZeRO 0-2 and no offload; else a no-op. The step then has collectives inside it (no
-  // CUDA graph): reduces_in_backward() says whether it does.
-  void ReduceInBackward(Communicator* dp);
-  bool reduces_in_backward() const { return side_ != nullptr; }
   // Reduces every unit's gradient (above) and returns the squared norm of this rank's share, a
   // scalar on the device. The reduced gradients are kept for Apply.
   torch::Tensor ReduceGradients(const Groups& groups);
@@ -194,10 +182,6 @@ class UnitOptimizer {
   // Settle, for the methods that read or write the state: a failed update throws.
   void SettleOrThrow();
   std::vector<Moments> moments_;  // one per unit
-  // Reductions started in the backward (the header): their stream, and which units they cover.
-  std::unique_ptr<SideStream> side_;
-  Communicator* early_dp_ = nullptr;
-  std::vector<bool> reduced_early_;
   std::vector<torch::Tensor> reduced_;  // ReduceGradients' result per unit, until Apply
   torch::Tensor norm_scratch_;          // kernels::SquareSum's partial sums, on the device
 };

@@ -125,19 +125,14 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
                                ? std::max(1, cores / std::max<int>(1, static_cast<int>(torch::cuda::device_count())) - 1)
                                : static_cast<int>(std::clamp<int64_t>(context.spec.worker.threads, 1, cores));
   optimizer_ = std::make_unique<UnitOptimizer>(*model_, context.spec.parallel.zero, mesh_.dp, position_.tp_rank, device_, optimizer);
-  // Data parallelism with ZeRO 0-2 reduces each unit's gradient during the backward (optimizer.h).
-  optimizer_->ReduceInBackward(dp_group_.get());
   if (optimizer.offload) {  // the update runs beside the backward's end and the next forward (optimizer.h)
     model_->SetBeforeUse([opt = optimizer_.get()](size_t unit) { opt->WaitForUnit(unit); });
-  }
-  if (optimizer.offload || optimizer_->reduces_in_backward()) {
     model_->SetGradientReady([opt = optimizer_.get()](size_t unit) { opt->GradientReady(unit); });
   }
-  // A static schedule (step_graph.h): no pipeline sends, no collectives or gathers inside it (so
-  // no reduction in the backward), no offloaded update to wait for (the forward's waits are
-  // issued from the host, optimizer.h).
+  // A static schedule (step_graph.h): no pipeline sends, no collectives or gathers inside it, no
+  // offloaded update to wait for (the forward's waits are issued from the host, optimizer.h).
   const bool graphable = context.spec.train.cuda_graphs && device_.is_cuda() && mesh_.pp == 1 && mesh_.tp == 1 &&
-                         context.spec.parallel.zero < 3 && !optimizer.offload && !optimizer_->reduces_in_backward();
+                         context.spec.parallel.zero < 3 && !optimizer.offload;
   step_graph_ = std::make_unique<StepGraph>(device_, graphable);
 }
 
