@@ -627,6 +627,42 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
 }
 
 
+// Issue #19: the step-time model orders 2-GPU meshes as they measured on 2x H200 (session 18,
+// docs/benchmarks.md: bench/mesh_bench.sh, fixed meshes, tokens/s against 2x one GPU). Only
+// pairs measured more than 5% apart are held, beyond the few percent machines of one kind
+// differ by: the Llama of 8 x 4096's ZeRO-3 (96.0%) over ZeRO-2 (91.7%) over tp=2 (68.6%),
+// and its pp=2 (97.1%) over tp=2; GPT-2 124M's ZeRO-1/2 (88-90%) and pp=2 (82-87%) over ZeRO-3
+// (76-81%) over tp=2 (34%). The model before ranked the Llama's tp=2 second of four and GPT-2's
+// ZeRO-3 first.
+TEST(StepTime, TwoGpuMeshesRankAsMeasured) {
+  ModelSpec llama;
+  llama.family = "llama", llama.layers = 8, llama.hidden = 4096, llama.heads = 32, llama.kv_heads = 8, llama.ffn = 14336;
+  llama.vocab = 32000, llama.sequence = 1024;
+  struct Mesh {
+    int64_t dp, pp, tp, zero, global_batch, micro_batch;
+  };
+  // Tokens/s the planner predicts for a mesh with every [parallel] field fixed, as the bench runs it.
+  auto predicted = [](const ModelSpec& model, const Mesh& mesh) {
+    RunSpec spec;
+    spec.model = model;
+    spec.train.global_batch = mesh.global_batch, spec.train.precision = "bf16";
+    spec.parallel.dp = mesh.dp, spec.parallel.pp = mesh.pp, spec.parallel.tp = mesh.tp, spec.parallel.zero = mesh.zero;
+    spec.parallel.micro_batch = mesh.micro_batch, spec.parallel.recompute = false;
+    auto plan = ChoosePlan(model, JobForRun(spec), Workers(static_cast<int>(mesh.dp * mesh.pp * mesh.tp), 140 * kGiB, 141 * kGiB));
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    return plan.ok() ? static_cast<double>(mesh.global_batch * model.sequence) / plan->step_time.total_s() : 0.0;
+  };
+  const Mesh zero2{2, 1, 1, 2, 16, 8}, zero3{2, 1, 1, 3, 16, 8}, pp2{1, 2, 1, 0, 64, 8}, tp2{1, 1, 2, 0, 8, 8}, zero1{2, 1, 1, 1, 16, 8};
+  EXPECT_GT(predicted(llama, zero3), predicted(llama, zero2));
+  EXPECT_GT(predicted(llama, zero2), predicted(llama, tp2));
+  EXPECT_GT(predicted(llama, pp2), predicted(llama, tp2));
+  const ModelSpec gpt2 = Gpt2Small();
+  EXPECT_GT(predicted(gpt2, zero1), predicted(gpt2, zero3));
+  EXPECT_GT(predicted(gpt2, zero2), predicted(gpt2, zero3));
+  EXPECT_GT(predicted(gpt2, pp2), predicted(gpt2, zero3));
+  EXPECT_GT(predicted(gpt2, zero3), predicted(gpt2, tp2));
+}
+
 // Issue #20: global_batch = 2^40 spun `strata plan` for minutes (divisors counted one by one);
 // hidden = 2^62 printed "-8589934591.76 GiB". Within the run spec's bounds the search is quick
 // and every estimate is a positive byte count; beyond them the planner refuses, naming the bound.
