@@ -187,6 +187,9 @@ class StageModel {
   void Regather(ShardedCall& call, bool wait);
   // Every parameter of the call's k-th unit has its gradient: reduce-scatter it into the shard's.
   void ReduceScatterUse(ShardedCall& call, size_t k);
+  // At the end of the step's backwards: what a call left incomplete is reduce-scattered, and the
+  // compute stream waits for every reduce-scatter.
+  void FinishShardedGradients();
   // Unit u's parameters as one use each through the gradient sink (bf16 working copies for
   // matrices when `matmul_weights` and the unit has them).
   std::vector<torch::Tensor> SinkViews(int u, bool matmul_weights);

@@ -1,0 +1,271 @@
+// StageModel's ZeRO-3 calls without recompute (stage_model.h has the schedule; split from
+// stage_model.cc). Per call and sharded unit u, with n = u's length and s its shard on this rank:
+//   forward    full <- all-gather(working shard, bf16) or all-gather(fp32 shard)   [side stream,
+//              queued by the call before]; y = f(x, views of full); free full's memory
+//   backward   refill full, all-gather again [side stream; the call before it queued next]; the
+//              gradients of f's parameters land in g (fp32, n); once all have:
+//              shard gradient += reduce-scatter(g)[s]   [side stream]; free g and full
+// The compute stream waits for a gather only before it reads it, and for the reduce-scatters at
+// the end of the step's backwards (FinishGradients).
+#include "worker/stage_model.h"
+
+#include <stdexcept>
+
+namespace strata::worker {
+
+namespace {
+
+void Check(const Status& status) {
+  if (!status.ok()) throw std::runtime_error(status.ToString());
+}
+
+// A gathered buffer's memory goes back to the allocator while the tensor, and every view of it
+// that autograd saved, lives on; Refill gives it memory again (FSDP's storage resize). Both are
+// ordered on the compute stream, which allocated it.
+void ReleaseMemory(const torch::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+
+void RefillMemory(const torch::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() > 0) return;
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+}  // namespace
+
+// One use of a sharded unit by a call: the whole unit gathered, and its gradient.
+struct StageModel::ShardedCall {
+  struct Use {
+    int unit = -1;
+    torch::Tensor full;                        // the gathered unit (memory freed between forward and backward)
+    std::shared_ptr<SideStream::Done> ready;   // its gather
+    bool filled = true;                        // full holds the unit (false between forward and backward)
+    torch::Tensor grad;                        // fp32, the unit's length: this use's gradient
+    int pending = 0;                           // parameters whose gradient has not arrived
+    bool reduced = false;
+  };
+  std::vector<Use> uses;
+  int64_t micro_batch = 0;  // forwards done before it: calls of one micro-batch share it
+  size_t index = 0;         // in sharded_calls_
+};
+
+void SinkShardedGradient(int64_t handle, const torch::Tensor& grad) {
+  StageModel::ShardSlot& slot = *reinterpret_cast<StageModel::ShardSlot*>(handle);
+  StageModel::ShardedCall::Use& use = slot.call->uses[slot.use];
+  if (grad.defined()) {
+    torch::NoGradGuard no_grad;
+    const ParamUnit& unit = slot.model->units_[static_cast<size_t>(use.unit)];
+    if (!use.grad.defined()) use.grad = torch::zeros({unit.numel}, torch::TensorOptions().dtype(torch::kFloat).device(slot.model->device_));
+    int64_t n = 1;
+    for (int64_t d : unit.shapes[slot.param]) n *= d;
+    use.grad.narrow(0, unit.offsets[slot.param], n).view(unit.shapes[slot.param]).add_(grad);
+  }
+  if (--use.pending == 0) slot.model->ReduceScatterUse(*slot.call, slot.use);
+}
+
+// A parameter of a gathered unit: forward hands on its view of the gathered buffer (vectors
+// widened to fp32), backward sends the gradient to the use's buffer. The shard is an input so
+// that autograd runs the backward; it receives no gradient from autograd.
+struct ShardedWeightFunction : torch::autograd::Function<ShardedWeightFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor /*shard*/, torch::Tensor value, int64_t slot) {
+    ctx->saved_data["slot"] = slot;
+    return value;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    SinkShardedGradient(ctx->saved_data["slot"].toInt(), grad[0]);
+    return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The identity on a ZeRO-3 call's output, whose backward - the first of the call's - gathers
+// its units again.
+struct RegatherOnBackward : torch::autograd::Function<RegatherOnBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor y, int64_t model, int64_t call) {
+    ctx->saved_data["model"] = model;
+    ctx->saved_data["call"] = call;
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    auto* model = reinterpret_cast<StageModel*>(ctx->saved_data["model"].toInt());
+    model->Regather(*reinterpret_cast<StageModel::ShardedCall*>(ctx->saved_data["call"].toInt()), /*wait=*/true);
+    return {grad[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Tensor& full) {
+  const ParamUnit& unit = units_[static_cast<size_t>(u)];
+  const bool bf16 = full.scalar_type() == torch::kBFloat16;
+  const torch::Tensor shard = bf16 ? unit.working : unit.flat.detach();
+  // Written through an alias with a version counter of its own: autograd checks that the views it
+  // saved of `full` were not modified since, and a gather in backward refills, not modifies.
+  torch::Tensor target = torch::from_blob(full.data_ptr(), {unit.numel}, full.options());
+  return side_->Run([&] {
+    torch::NoGradGuard no_grad;
+    target.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).copy_(shard);
+    Communicator& dp = *groups_.dp;
+    if (dp.world_size() == 1) return;
+    if (bf16) {
+      Check(dp.AllGather16(reinterpret_cast<uint16_t*>(target.data_ptr()), static_cast<size_t>(unit.numel)));
+    } else {
+      AllGatherTensor(dp, target);
+    }
+  });
+}
+
+std::pair<std::vector<int>, bool> StageModel::NextCall(const std::vector<int>& units) const {
+  std::vector<std::pair<std::vector<int>, bool>> order;  // this stage's calls in forward order
+  if (first_stage()) order.push_back({embed_units_, false});
+  for (int b : block_units_) order.push_back({{b}, true});
+  if (last_stage()) order.push_back({head_units_, true});
+  for (size_t i = 0; i + 1 < order.size(); ++i) {
+    if (order[i].first == units) return order[i + 1];
+  }
+  return {{}, false};
+}
+
+void StageModel::Prefetch(const std::vector<int>& units, bool bf16) {
+  for (int u : units) {
+    if (!units_[static_cast<size_t>(u)].sharded || prefetched_.count(u)) continue;
+    if (before_use_) before_use_(static_cast<size_t>(u));
+    const bool gather_bf16 = bf16 && units_[static_cast<size_t>(u)].working.defined();
+    auto full = torch::empty({units_[static_cast<size_t>(u)].numel},
+                             torch::TensorOptions().dtype(gather_bf16 ? torch::kBFloat16 : torch::kFloat).device(device_));
+    prefetched_[u] = {full, GatherInto(u, full)};
+  }
+}
+
+torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch::Tensor& x, const CallFn& fn, bool matmul_weights) {
+  const bool grad = torch::GradMode::is_enabled();
+  auto call = std::make_shared<ShardedCall>();
+  call->micro_batch = forwards_done_;
+  call->index = sharded_calls_.size();
+  // This call's units: gathered ahead by the call before, or now.
+  for (int u : units) {
+    ShardedCall::Use use;
+    use.unit = u;
+    if (!units_[static_cast<size_t>(u)].sharded) {
+      call->uses.push_back(std::move(use));
+      continue;
+    }
+    const bool bf16 = matmul_weights && units_[static_cast<size_t>(u)].working.defined();
+    auto it = prefetched_.find(u);
+    if (it != prefetched_.end() && (it->second.full.scalar_type() == torch::kBFloat16) == bf16) {
+      use.full = it->second.full;
+      use.ready = it->second.ready;
+    } else {
+      use.full = torch::empty({units_[static_cast<size_t>(u)].numel},
+                              torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat).device(device_));
+      use.ready = GatherInto(u, use.full);
+    }
+    if (it != prefetched_.end()) {
+      if (!use.full.is_same(it->second.full)) side_->KeepUntilDone(it->second.full);  // dropped while it may still be written
+      prefetched_.erase(it);
+    }
+    call->uses.push_back(std::move(use));
+  }
+  // The next call's gathers go before this call's compute, so they run beside it.
+  const auto [next, next_bf16] = NextCall(units);
+  Prefetch(next, next_bf16);
+  std::vector<std::vector<torch::Tensor>> views;
+  std::deque<ShardSlot>* slots = nullptr;
+  if (grad) slots = &shard_slots_.emplace_back();
+  for (size_t k = 0; k < units.size(); ++k) {
+    ShardedCall::Use& use = call->uses[k];
+    ParamUnit& unit = units_[static_cast<size_t>(use.unit)];
+    if (!unit.sharded) {  // a unit held whole in a call with sharded ones (none today; a guard)
+      views.push_back(unit.sink ? SinkViews(use.unit, matmul_weights) : unit.params);
+      continue;
+    }
+    side_->Wait(use.ready);
+    std::vector<torch::Tensor> params = ViewsOf(unit, use.full);
+    for (size_t i = 0; i < params.size(); ++i) {
+      // Vectors in fp32 whatever the gathered dtype: norms and biases read as on the other paths.
+      torch::Tensor value = unit.shapes[i].size() >= 2 ? params[i] : params[i].to(torch::kFloat);
+      if (grad) {
+        slots->push_back({this, call.get(), k, i});
+        value = ShardedWeightFunction::apply(unit.flat, value, reinterpret_cast<int64_t>(&slots->back()));
+        ++use.pending;
+      }
+      params[i] = value;
+    }
+    views.push_back(std::move(params));
+  }
+  torch::Tensor y = fn(x, views);
+  // The gathered memory goes back; autograd's saved views of it are filled again in backward.
+  // The stage's last call keeps it: its backward comes next (without a pipeline), and a gather
+  // there would wait with nothing beside it.
+  const bool backward_next = grad && next.empty();
+  for (ShardedCall::Use& use : call->uses) {
+    if (!use.full.defined() || backward_next) continue;
+    ReleaseMemory(use.full);
+    use.filled = false;
+  }
+  if (!grad || !y.requires_grad()) return y;
+  sharded_calls_.push_back(call);
+  return RegatherOnBackward::apply(y, reinterpret_cast<int64_t>(this), reinterpret_cast<int64_t>(call.get()));
+}
+
+void StageModel::Regather(ShardedCall& call, bool wait) {
+  for (ShardedCall::Use& use : call.uses) {
+    if (!use.full.defined() || use.filled || use.reduced) continue;
+    RefillMemory(use.full);
+    use.ready = GatherInto(use.unit, use.full);
+    use.filled = true;
+  }
+  if (!wait) return;
+  for (ShardedCall::Use& use : call.uses) side_->Wait(use.ready);
+  // The call before it in the micro-batch comes next in the backward: its gathers now.
+  if (call.index > 0) {
+    ShardedCall& before = *sharded_calls_[call.index - 1];
+    if (before.micro_batch == call.micro_batch) Regather(before, /*wait=*/false);
+  }
+}
+
+void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
+  ShardedCall::Use& use = call.uses[k];
+  if (use.reduced) return;
+  use.reduced = true;
+  ParamUnit& unit = units_[static_cast<size_t>(use.unit)];
+  torch::NoGradGuard no_grad;
+  const int64_t length = unit.shard_end - unit.shard_begin;
+  if (!use.grad.defined()) use.grad = torch::zeros({unit.numel}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  // The shard's gradient sums every use of the step (micro-batches, a tied embedding's two).
+  if (!unit.flat.grad().defined()) unit.flat.mutable_grad() = torch::zeros({length}, use.grad.options());
+  const torch::Tensor full = use.grad, sum = unit.flat.grad();
+  side_->Run([&] {
+    torch::Tensor g = full;
+    ReduceScatterTensor(*groups_.dp, g);  // each rank keeps its shard's sum
+    sum.add_(g.narrow(0, unit.shard_begin, length));
+  });
+  side_->KeepUntilDone(full);
+  use.grad = torch::Tensor();
+  if (use.full.defined()) {
+    side_->Wait(use.ready);  // a gather queued for a backward that never came (FinishGradients) is done first
+    ReleaseMemory(use.full);  // after the backward that read it, on the compute stream
+  }
+  use.filled = false;
+}
+
+void StageModel::FinishShardedGradients() {
+  for (const auto& call : sharded_calls_) {  // a parameter that received no gradient leaves its use open
+    for (size_t k = 0; k < call->uses.size(); ++k) {
+      if (call->uses[k].full.defined()) ReduceScatterUse(*call, k);
+    }
+  }
+  if (side_) side_->WaitAll();
+}
+
+void StageModel::EndStep() {
+  calls_.clear();
+  if (side_) side_->WaitAll();  // nothing still writes a gradient or a gathered buffer
+  sharded_calls_.clear();
+  shard_slots_.clear();
+  prefetched_.clear();
+}
+
+}  // namespace strata::worker
