@@ -23,7 +23,8 @@
 //                 gradient, reduce-scatters the unit's fp32 gradient into the shard's and frees
 //                 both. Gathers and reduce-scatters run on a side stream (side_stream.h): the next
 //                 call's gather is queued before this call's compute (forward) and the previous
-//                 call's before this call's gradients (backward). Vectors (norms, biases) are read
+//                 call's before this call's gradients (backward); the stage's last call keeps its
+//                 gather into the backward, which starts with it. Vectors (norms, biases) are read
 //                 in fp32, widened from the gathered bf16 (FSDP's param_dtype convention); the
 //                 embedding's lookup gathers fp32. With recompute: as recomputed, the forward
 //                 all-gathers fp32 and drops it, the backward all-gathers again, recomputes, and
@@ -177,8 +178,8 @@ class StageModel {
   // The units the forward reads after `units` on this stage (empty after the last), and whether
   // that call reads bf16 working weights.
   std::pair<std::vector<int>, bool> NextCall(const std::vector<int>& units) const;
-  // Unit u whole in the compute dtype (bf16 when `bf16`, else fp32) into `full` (allocated on the
-  // compute stream, numel elements), on the side stream.
+  // Unit u whole into `full` (allocated on the compute stream, numel elements) in its dtype: bf16
+  // from the shard's working copy, fp32 from the shard; on the side stream.
   std::shared_ptr<SideStream::Done> GatherInto(int u, const torch::Tensor& full);
   // Queues the gathers of `units` for the next call (their buffers kept in prefetched_).
   void Prefetch(const std::vector<int>& units, bool bf16);
