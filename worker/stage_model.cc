@@ -361,7 +361,12 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     }
   }
   RefreshWorkingWeights();
-  if (spec.parallel.zero == 3) side_ = std::make_unique<SideStream>(device_);
+  if (spec.parallel.zero == 3) {
+    side_ = std::make_unique<SideStream>(device_);
+    if (first_stage()) call_order_.push_back({embed_units_, false});  // the lookup reads fp32
+    for (int b : block_units_) call_order_.push_back({{b}, true});
+    if (last_stage()) call_order_.push_back({head_units_, true});
+  }
   if (mesh_.tp > 1) {
     Communicator* tp = groups_.tp;
     tensor_parallel_.size = mesh_.tp;

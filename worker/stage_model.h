@@ -225,6 +225,7 @@ class StageModel {
   // ZeRO-3 without recompute: this step's calls in forward order, the gathers queued for the next
   // call (by unit), and the side stream they run on.
   std::vector<std::shared_ptr<ShardedCall>> sharded_calls_;
+  std::vector<std::pair<std::vector<int>, bool>> call_order_;  // this stage's calls in forward order (NextCall)
   struct Prefetched {
     torch::Tensor full;
     std::shared_ptr<SideStream::Done> ready;

@@ -36,6 +36,16 @@ void RefillMemory(const torch::Tensor& t) {
   storage->set_nbytes(bytes);
 }
 
+// The dtype `unit` is gathered in: bf16 where a call's matmuls read the bf16 working copy (a bf16
+// GPU run, `matmul_weights`), else fp32.
+torch::ScalarType GatherType(const ParamUnit& unit, bool matmul_weights) {
+  return matmul_weights && unit.working.defined() ? torch::kBFloat16 : torch::kFloat;
+}
+
+torch::Tensor GatherBuffer(const ParamUnit& unit, torch::ScalarType dtype, const torch::Device& device) {
+  return torch::empty({unit.numel}, torch::TensorOptions().dtype(dtype).device(device));
+}
+
 }  // namespace
 
 // One use of a sharded unit by a call: the whole unit gathered, and its gradient.
@@ -118,23 +128,18 @@ std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Ten
 }
 
 std::pair<std::vector<int>, bool> StageModel::NextCall(const std::vector<int>& units) const {
-  std::vector<std::pair<std::vector<int>, bool>> order;  // this stage's calls in forward order
-  if (first_stage()) order.push_back({embed_units_, false});
-  for (int b : block_units_) order.push_back({{b}, true});
-  if (last_stage()) order.push_back({head_units_, true});
-  for (size_t i = 0; i + 1 < order.size(); ++i) {
-    if (order[i].first == units) return order[i + 1];
+  for (size_t i = 0; i + 1 < call_order_.size(); ++i) {
+    if (call_order_[i].first == units) return call_order_[i + 1];
   }
   return {{}, false};
 }
 
 void StageModel::Prefetch(const std::vector<int>& units, bool bf16) {
   for (int u : units) {
-    if (!units_[static_cast<size_t>(u)].sharded || prefetched_.count(u)) continue;
+    if (prefetched_.count(u)) continue;
     if (before_use_) before_use_(static_cast<size_t>(u));
-    const bool gather_bf16 = bf16 && units_[static_cast<size_t>(u)].working.defined();
-    auto full = torch::empty({units_[static_cast<size_t>(u)].numel},
-                             torch::TensorOptions().dtype(gather_bf16 ? torch::kBFloat16 : torch::kFloat).device(device_));
+    const ParamUnit& unit = units_[static_cast<size_t>(u)];
+    torch::Tensor full = GatherBuffer(unit, GatherType(unit, bf16), device_);
     prefetched_[u] = {full, GatherInto(u, full)};
   }
 }
@@ -144,22 +149,17 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
   auto call = std::make_shared<ShardedCall>();
   call->micro_batch = forwards_done_;
   call->index = sharded_calls_.size();
-  // This call's units: gathered ahead by the call before, or now.
+  // This call's units (every unit is sharded under ZeRO-3): gathered ahead by the call before, or now.
   for (int u : units) {
     ShardedCall::Use use;
     use.unit = u;
-    if (!units_[static_cast<size_t>(u)].sharded) {
-      call->uses.push_back(std::move(use));
-      continue;
-    }
-    const bool bf16 = matmul_weights && units_[static_cast<size_t>(u)].working.defined();
+    const torch::ScalarType dtype = GatherType(units_[static_cast<size_t>(u)], matmul_weights);
     auto it = prefetched_.find(u);
-    if (it != prefetched_.end() && (it->second.full.scalar_type() == torch::kBFloat16) == bf16) {
+    if (it != prefetched_.end() && it->second.full.scalar_type() == dtype) {
       use.full = it->second.full;
       use.ready = it->second.ready;
     } else {
-      use.full = torch::empty({units_[static_cast<size_t>(u)].numel},
-                              torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat).device(device_));
+      use.full = GatherBuffer(units_[static_cast<size_t>(u)], dtype, device_);
       use.ready = GatherInto(u, use.full);
     }
     if (it != prefetched_.end()) {
@@ -177,10 +177,6 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
   for (size_t k = 0; k < units.size(); ++k) {
     ShardedCall::Use& use = call->uses[k];
     ParamUnit& unit = units_[static_cast<size_t>(use.unit)];
-    if (!unit.sharded) {  // a unit held whole in a call with sharded ones (none today; a guard)
-      views.push_back(unit.sink ? SinkViews(use.unit, matmul_weights) : unit.params);
-      continue;
-    }
     side_->Wait(use.ready);
     std::vector<torch::Tensor> params = ViewsOf(unit, use.full);
     for (size_t i = 0; i < params.size(); ++i) {
@@ -199,11 +195,11 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
   // The gathered memory goes back; autograd's saved views of it are filled again in backward.
   // The stage's last call keeps it: its backward comes next (without a pipeline), and a gather
   // there would wait with nothing beside it.
-  const bool backward_next = grad && next.empty();
-  for (ShardedCall::Use& use : call->uses) {
-    if (!use.full.defined() || backward_next) continue;
-    ReleaseMemory(use.full);
-    use.filled = false;
+  if (!(grad && next.empty())) {
+    for (ShardedCall::Use& use : call->uses) {
+      ReleaseMemory(use.full);
+      use.filled = false;
+    }
   }
   if (!grad || !y.requires_grad()) return y;
   sharded_calls_.push_back(call);
@@ -212,7 +208,7 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
 
 void StageModel::Regather(ShardedCall& call, bool wait) {
   for (ShardedCall::Use& use : call.uses) {
-    if (!use.full.defined() || use.filled || use.reduced) continue;
+    if (use.filled || use.reduced) continue;
     RefillMemory(use.full);
     use.ready = GatherInto(use.unit, use.full);
     use.filled = true;
@@ -244,17 +240,15 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   });
   side_->KeepUntilDone(full);
   use.grad = torch::Tensor();
-  if (use.full.defined()) {
-    side_->Wait(use.ready);  // a gather queued for a backward that never came (FinishGradients) is done first
-    ReleaseMemory(use.full);  // after the backward that read it, on the compute stream
-  }
+  side_->Wait(use.ready);  // a gather queued for a backward that never came (FinishGradients) is done first
+  ReleaseMemory(use.full);  // after the backward that read it, on the compute stream
   use.filled = false;
 }
 
 void StageModel::FinishShardedGradients() {
   for (const auto& call : sharded_calls_) {  // a parameter that received no gradient leaves its use open
     for (size_t k = 0; k < call->uses.size(); ++k) {
-      if (call->uses[k].full.defined()) ReduceScatterUse(*call, k);
+      ReduceScatterUse(*call, k);
     }
   }
   if (side_) side_->WaitAll();
