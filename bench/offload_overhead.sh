@@ -6,6 +6,7 @@
 # offloaded update's time went (train_step_bench: the update thread's time, its waits for
 # gradients, the next forward's waits for units).
 # usage: bench/offload_overhead.sh BUILD_DIR OUT_DIR [BATCH...]   (on the GPU node)
+# STRATA_OFFLOADS="none optimizer optimizer+params" adds the host-streamed parameters (ZeRO-3 path).
 set -euo pipefail
 bin=$1/bin
 out=$2
@@ -16,7 +17,7 @@ mkdir -p "$out"
 model=(--family llama --layers 16 --hidden 2048 --heads 16 --kv-heads 8 --ffn 5632 --vocab 32000 --sequence 1024
        --precision bf16 --micro-batch 8 --steps 8)
 for b in "${batches[@]}"; do
-  for where in none optimizer; do
+  for where in ${STRATA_OFFLOADS:-none optimizer}; do
     echo "== llama 886M, batch $b, offload $where"
     "$bin/train_step_bench" "${model[@]}" --batch "$b" --offload "$where" 2>&1 | grep -v '^\[W' | tee "$out/offload-$b-$where.txt"
   done
@@ -28,8 +29,12 @@ row = lambda name: json.loads([l for l in (out / name).read_text().splitlines() 
 print("| batch | on-GPU step | offload step | ratio | GPU peak | update thread | its gradient waits | forward's waits |")
 print("|---|---|---|---|---|---|---|---|")
 for b in sys.argv[2:]:
-    g, o = row(f"offload-{b}-none.txt"), row(f"offload-{b}-optimizer.txt")
-    print(f"| {b} | {g['step_ms']:.1f} ms | {o['step_ms']:.1f} ms | {o['step_ms'] / g['step_ms']:.2f}x | "
-          f"{g['peak_gib']:.2f} -> {o['peak_gib']:.2f} GiB | {o['offload_update_ms']:.1f} ms | "
-          f"{o['offload_gradient_wait_ms']:.1f} ms | {o['offload_forward_wait_ms']:.1f} ms |")
+    g = row(f"offload-{b}-none.txt")
+    for where in ("optimizer", "optimizer+params"):
+        if not (out / f"offload-{b}-{where}.txt").exists():
+            continue
+        o = row(f"offload-{b}-{where}.txt")
+        print(f"| {b} ({where}) | {g['step_ms']:.1f} ms | {o['step_ms']:.1f} ms | {o['step_ms'] / g['step_ms']:.2f}x | "
+              f"{g['peak_gib']:.2f} -> {o['peak_gib']:.2f} GiB | {o['offload_update_ms']:.1f} ms | "
+              f"{o['offload_gradient_wait_ms']:.1f} ms | {o['offload_forward_wait_ms']:.1f} ms |")
 PY

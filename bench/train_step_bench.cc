@@ -73,12 +73,14 @@ int main(int argc, char** argv) {
     else if (k == "--cuda-graphs") spec.train.cuda_graphs = v != "0";
     else if (k == "--optimizer") spec.train.optimizer = v;
     else if (k == "--offload") spec.parallel.offload = v;
+    else if (k == "--zero") spec.parallel.zero = std::stoll(v);
     else if (k == "--markov") markov = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
     }
   }
+  if (spec.parallel.offload == "optimizer+params") spec.parallel.zero = 3;  // its streamed path (worker/stage_model.h)
   if (spec.model.family == "llama") spec.model.norm_eps = 1e-6;
   if (spec.model.kv_heads == 12 && spec.model.heads != 12) spec.model.kv_heads = spec.model.heads;
   spec.model.tie_embeddings = spec.model.family == "gpt2" || spec.model.family == "gemma";

@@ -150,13 +150,13 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
     json out = {{"parameters", shard::ParameterCount(spec->model)},
                 {"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero},
                 {"micro_batch", p.micro_batch}, {"gradient_accumulation", p.gradient_accumulation},
-                {"recompute", p.recompute}, {"offload", p.offload}, {"stages", stages},
+                {"recompute", p.recompute}, {"offload", shard::OffloadName(p.offload)}, {"stages", stages},
                 {"step_time_s", {{"compute", p.step_time.compute_s}, {"communication", p.step_time.communication_s},
                                  {"bubble", p.step_time.bubble_s}, {"total", p.step_time.total_s()}}},
                 {"why", p.why}, {"workers", workers}};
     json largest = json::array();
     for (const auto& c : capacities) {
-      largest.push_back({{"option", c.option.name}, {"optimizer", c.option.optimizer}, {"offload", c.option.offload ? "optimizer" : "none"},
+      largest.push_back({{"option", c.option.name}, {"optimizer", c.option.optimizer}, {"offload", shard::OffloadName(c.option.offload)},
                          {"layers", c.layers}, {"parameters", c.parameters}, {"plan", c.plan}});
     }
     out["largest_trainable"] = largest;
@@ -167,7 +167,10 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
             << " worker(s)\n";
   std::cout << "plan: dp=" << p.dp << " pp=" << p.pp << " tp=" << p.tp << " zero=" << p.zero << ", micro-batch "
             << p.micro_batch << " x " << p.gradient_accumulation << " accumulation, recompute per stage " << recompute
-            << (p.offload ? ", optimizer offloaded to host" : "") << "\n";
+            << (p.offload == shard::Offload::kOptimizer            ? ", optimizer offloaded to host"
+                : p.offload == shard::Offload::kOptimizerAndParams ? ", optimizer and parameters offloaded to host (streamed a layer at a time)"
+                                                                   : "")
+            << "\n";
   std::cout << std::fixed << std::setprecision(4) << "predicted step: " << p.step_time.total_s() << " s (compute "
             << p.step_time.compute_s << ", communication " << p.step_time.communication_s << ", pipeline bubble "
             << p.step_time.bubble_s << ")\n";
@@ -198,15 +201,16 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
               << std::setw(10) << Gib(r.w.budget_bytes) << Gib(r.w.budget_bytes - m.total()) << "\n";
   }
   std::cout << "(budget = free memory less a 10% margin)\n";
-  if (p.offload) {
-    std::cout << "host memory for the offloaded optimizer: " << Gib(p.workers.front().memory.host)
-              << " GiB on each worker of the first stage (m, v, a master copy of the parameters and a gradient buffer)\n";
+  if (p.offload != shard::Offload::kNone) {
+    std::cout << "host memory for the offloaded state: " << Gib(p.workers.front().memory.host)
+              << " GiB on each worker of the first stage (m, v, a master copy of the parameters and a gradient buffer"
+              << (p.offload == shard::Offload::kOptimizerAndParams ? ", which the GPU streams its layers from" : "") << ")\n";
   }
   std::cout << "\n";
   std::cout << "largest model of this width (hidden " << spec->model.hidden << ", ffn " << spec->model.ffn << ", vocab "
             << spec->model.vocab << ", sequence " << spec->model.sequence << ") each optimizer option trains on these workers:\n";
   for (const auto& c : capacities) {
-    std::cout << "  " << std::left << std::setw(30) << c.option.name;
+    std::cout << "  " << std::left << std::setw(40) << c.option.name;
     if (c.layers == 0) {
       std::cout << "not even 1 layer: " << c.plan << "\n";
       continue;

@@ -414,12 +414,10 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.BoolOrAuto("parallel", "recompute", &p.recompute, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.IntList("parallel", "stages", &p.stages, "auto"));
   STRATA_RETURN_IF_ERROR(r.String("parallel", "offload", &p.offload));
-  if (p.offload == "optimizer+params") {
-    return InvalidArgument("run spec: parallel.offload = \"optimizer+params\" (parameters streamed from host memory a layer at a time) "
-                           "is not built yet; use \"optimizer\" (optimizer state in host memory) or \"none\"");
-  }
-  if (p.offload != "none" && p.offload != "optimizer") {
-    return InvalidArgument("run spec: parallel.offload = \"" + p.offload + "\" is not supported; use \"none\" or \"optimizer\"");
+  if (p.offload != "none" && p.offload != "optimizer" && p.offload != "optimizer+params") {
+    return InvalidArgument("run spec: parallel.offload = \"" + p.offload +
+                           "\" is not supported; use \"none\", \"optimizer\" (optimizer state in host memory) or \"optimizer+params\" "
+                           "(parameters too, streamed to the GPU a layer at a time)");
   }
   STRATA_RETURN_IF_ERROR(ValidateParallel(spec));
   return spec;
@@ -450,6 +448,18 @@ Status ValidateParallel(const RunSpec& spec) {
   if (fixed("zero") && p.zero > 3) {
     return InvalidArgument("run spec: parallel.zero = " + std::to_string(p.zero) +
                            " is outside 0-3; use 1 (sharded optimizer state), 2 (and gradients) or 3 (and parameters)");
+  }
+  if (p.offload == "optimizer+params") {
+    // The parameters stream from host memory as ZeRO-3 gathers them, without recompute
+    // (worker/stage_model.h): the planner picks those when the fields are left to it.
+    if (fixed("zero") && p.zero != 3) {
+      return InvalidArgument("run spec: parallel.offload = \"optimizer+params\" streams every layer as ZeRO-3 does, but parallel.zero = " +
+                             std::to_string(p.zero) + "; set parallel.zero = 3 or \"auto\"");
+    }
+    if (fixed("recompute") && p.recompute) {
+      return InvalidArgument("run spec: parallel.offload = \"optimizer+params\" does not combine with parallel.recompute = true (the "
+                             "streamed layers keep their activations); set parallel.recompute = false or \"auto\"");
+    }
   }
   if (fixed("pp") && p.pp > m.layers) {
     return InvalidArgument("run spec: parallel.pp = " + std::to_string(p.pp) + " exceeds model.layers = " +

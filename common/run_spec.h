@@ -184,8 +184,11 @@ struct ParallelSpec {
   // coordinator fills in the planner's stages, balanced by compute and memory (the first stage
   // also holds the embedding, the last the head), when the run starts.
   std::vector<int64_t> stages;
-  // Where AdamW's state lives: "none" (on the device) or "optimizer" (m and v in pinned host
-  // memory, updated by the host's cores: worker/optimizer.h). Fixed by the spec, not searched.
+  // Where AdamW's state lives: "none" (on the device), "optimizer" (m, v and the fp32 master in
+  // pinned host memory, updated by the host's cores: worker/optimizer.h) or "optimizer+params"
+  // (the parameters too, streamed to the device a layer at a time as ZeRO-3 gathers them:
+  // worker/stage_model.h; needs zero = 3 and no recompute). Fixed by the spec; a re-plan after
+  // an out-of-memory may turn it on.
   std::string offload = "none";
   // Train runs: the fields above that the spec leaves to the planner ("auto", or absent), from
   // {"dp", "pp", "tp", "micro_batch", "zero", "recompute"}; until the coordinator plans the run

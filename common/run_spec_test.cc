@@ -172,9 +172,18 @@ TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
   EXPECT_TRUE(again->parallel.recompute);
   EXPECT_EQ(again->parallel.tp, 2);
 }
-TEST_F(RunSpecTest, OffloadIsNoneOrOptimizerAndRoundTrips) {
-  ExpectRejected(Valid() + "[parallel]\noffload = \"disk\"\n", "parallel.offload = \"disk\" is not supported; use \"none\" or \"optimizer\"");
-  ExpectRejected(Valid() + "[parallel]\noffload = \"optimizer+params\"\n", "parallel.offload = \"optimizer+params\"");
+TEST_F(RunSpecTest, OffloadIsNoneOptimizerOrOptimizerAndParamsAndRoundTrips) {
+  ExpectRejected(Valid() + "[parallel]\noffload = \"disk\"\n",
+                 "parallel.offload = \"disk\" is not supported; use \"none\", \"optimizer\" (optimizer state in host memory) or \"optimizer+params\"");
+  // Parameters stream as ZeRO-3 gathers them, without recompute: a fixed field that says otherwise is named.
+  ExpectRejected(Valid() + "[parallel]\noffload = \"optimizer+params\"\nzero = 1\n", "parallel.zero = 1; set parallel.zero = 3");
+  ExpectRejected(Valid() + "[parallel]\noffload = \"optimizer+params\"\nzero = 3\nrecompute = true\n",
+                 "set parallel.recompute = false");
+  auto streamed = ParseRunSpec(Valid() + "[parallel]\noffload = \"optimizer+params\"\nzero = 3\nrecompute = false\n", dir_, true);
+  ASSERT_TRUE(streamed.ok()) << streamed.status().ToString();
+  auto streamed_again = ParseRunSpec(RunSpecToToml(*streamed), dir_, true);
+  ASSERT_TRUE(streamed_again.ok()) << streamed_again.status().ToString();
+  EXPECT_EQ(streamed_again->parallel.offload, "optimizer+params");
   ExpectRejected(Valid() + "[parallel]\noffload = true\n", "parallel.offload");
   auto defaults = ParseRunSpec(Valid(), dir_, true);
   ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();

@@ -5,7 +5,10 @@
 namespace strata::shard {
 
 std::vector<CapacityOption> CapacityOptions() {
-  return {{"adamw", "adamw", false}, {"adamw8bit", "adamw8bit", false}, {"adamw, offload = \"optimizer\"", "adamw", true}};
+  return {{"adamw", "adamw", Offload::kNone},
+          {"adamw8bit", "adamw8bit", Offload::kNone},
+          {"adamw, offload = \"optimizer\"", "adamw", Offload::kOptimizer},
+          {"adamw, offload = \"optimizer+params\"", "adamw", Offload::kOptimizerAndParams}};
 }
 
 std::vector<Capacity> LargestTrainable(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster) {

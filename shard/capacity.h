@@ -12,11 +12,11 @@
 namespace strata::shard {
 
 struct CapacityOption {
-  std::string name;       // "adamw", "adamw8bit", "offload optimizer", ...
-  std::string optimizer;  // train.optimizer
-  bool offload = false;   // parallel.offload = "optimizer"
+  std::string name;                  // "adamw", "adamw8bit", "adamw, offload = \"optimizer\"", ...
+  std::string optimizer;             // train.optimizer
+  Offload offload = Offload::kNone;  // parallel.offload
 };
-// AdamW; 8-bit AdamW; AdamW with its state offloaded to host memory.
+// AdamW; 8-bit AdamW; AdamW with its state offloaded to host memory; and with the parameters too.
 std::vector<CapacityOption> CapacityOptions();
 
 struct Capacity {

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace strata::shard {
 namespace {
 
@@ -27,7 +29,7 @@ TEST(LargestTrainable, EachOptionsLayerCountFitsAndOneMoreDoesNot) {
   job.global_batch = 8, job.precision = "bf16", job.dp = 1, job.pp = 1, job.tp = 1;
   const ClusterView cluster = OneGpu(80 * kGiB);
   const auto capacities = LargestTrainable(Llama4096(), job, cluster);
-  ASSERT_EQ(capacities.size(), 3u);
+  ASSERT_EQ(capacities.size(), 4u);
   for (const Capacity& c : capacities) {
     SCOPED_TRACE(c.option.name);
     ASSERT_GT(c.layers, 0) << c.plan;
@@ -37,14 +39,21 @@ TEST(LargestTrainable, EachOptionsLayerCountFitsAndOneMoreDoesNot) {
     m.layers = c.layers;
     EXPECT_TRUE(ChoosePlan(m, j, cluster).ok());
     EXPECT_EQ(c.parameters, ParameterCount(m));
-    m.layers = c.layers + 1;
-    EXPECT_FALSE(ChoosePlan(m, j, cluster).ok()) << "one more layer should not fit";
+    if (c.layers < spec_bounds::kLayers) {
+      m.layers = c.layers + 1;
+      EXPECT_FALSE(ChoosePlan(m, j, cluster).ok()) << "one more layer should not fit";
+    }
     EXPECT_FALSE(c.plan.empty());
   }
-  // 8-bit moments take 2.03 bytes a parameter of AdamW's 8, offload none of them: each trains
-  // more layers than the one before.
+  // 8-bit moments take 2.03 bytes a parameter of AdamW's 8, offload none of them, and with the
+  // parameters streamed the GPU holds nothing per parameter: each trains more layers than the
+  // one before (with no host memory given, the last is bound by activations and streaming
+  // buffers only).
   EXPECT_LT(capacities[0].layers, capacities[1].layers);
   EXPECT_LT(capacities[1].layers, capacities[2].layers);
+  EXPECT_LT(capacities[2].layers, capacities[3].layers);
+  EXPECT_NE(capacities[3].plan.find("ZeRO-3"), std::string::npos) << capacities[3].plan;
+  EXPECT_NE(capacities[3].plan.find("recompute on 0 of 1"), std::string::npos) << capacities[3].plan;
 }
 
 TEST(LargestTrainable, NothingFitsSaysWhy) {
@@ -76,7 +85,7 @@ TEST(OffloadPlanning, HostMemoryBoundsTheOffloadedModel) {
   EXPECT_LT(bounded.layers, unbounded);
   ModelSpec m = Llama4096();
   m.layers = bounded.layers;
-  job.offload = true;
+  job.offload = Offload::kOptimizer;
   auto plan = ChoosePlan(m, job, cluster);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_EQ(plan->workers[0].memory.host, 16 * ParameterCount(m));
@@ -88,11 +97,49 @@ TEST(OffloadPlanning, HostMemoryBoundsTheOffloadedModel) {
       << refused.status().message();
 }
 
+// offload = "optimizer+params": the GPU keeps nothing per parameter (weights, gradients and
+// optimizer state are 0 on it), the host the same 16 bytes a parameter plus two staging buffers
+// of the longest unit for the gradients' sums; it is planned as ZeRO-3 without recompute, and
+// the host bounds it as it bounds "optimizer".
+TEST(OffloadPlanning, StreamedParametersLeaveTheGpuOnlyWhatIsInFlight) {
+  JobSpec job;
+  job.global_batch = 8, job.precision = "bf16", job.dp = 1, job.pp = 1, job.tp = 1;
+  ClusterView cluster = OneGpu(141 * kGiB);
+  cluster.workers[0].host_free_bytes = 128 * kGiB;
+  const auto capacities = LargestTrainable(Llama4096(), job, cluster);
+  const Capacity& streamed = capacities[3];
+  ASSERT_EQ(streamed.option.offload, Offload::kOptimizerAndParams);
+  ASSERT_GT(streamed.layers, 0) << streamed.plan;
+  ModelSpec m = Llama4096();
+  m.layers = streamed.layers;
+  job.offload = Offload::kOptimizerAndParams;
+  auto plan = ChoosePlan(m, job, cluster);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->zero, 3);
+  EXPECT_FALSE(plan->recompute.front());
+  const MemoryEstimate& mem = plan->workers[0].memory;
+  EXPECT_EQ(mem.weights + mem.gradients + mem.optimizer_state, 0);
+  ModelSpec one_layer = m;
+  one_layer.layers = 1;
+  const int64_t layer = (ParameterCount(m) - ParameterCount(one_layer)) / (m.layers - 1);
+  const int64_t longest = std::max(layer, m.vocab * m.hidden);  // a block, or the embedding
+  EXPECT_EQ(mem.host, 16 * ParameterCount(m) + 2 * 4 * longest);
+  // Host-bound here (141 GB of GPU, 128 GiB of host): one layer more does not fit the host.
+  m.layers = streamed.layers + 1;
+  auto refused = ChoosePlan(m, job, cluster);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("host memory"), std::string::npos) << refused.status().message();
+  // A zero other than 3 leaves no candidate for it.
+  job.zero = 1;
+  m.layers = 2;
+  EXPECT_FALSE(ChoosePlan(m, job, cluster).ok());
+}
+
 // Two workers of one node share its host: ZeRO-1 halves each one's offloaded state, and the sum
 // is what the host must hold.
 TEST(OffloadPlanning, WorkersOfANodeShareItsHost) {
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.dp = 2, job.pp = 1, job.tp = 1, job.zero = 1, job.offload = true;
+  job.global_batch = 8, job.precision = "bf16", job.dp = 2, job.pp = 1, job.tp = 1, job.zero = 1, job.offload = Offload::kOptimizer;
   ClusterView cluster = OneGpu(141 * kGiB);
   cluster.workers.push_back(cluster.workers[0]);
   cluster.workers[1].name = "gpu1";
@@ -112,7 +159,7 @@ TEST(OffloadPlanning, WorkersOfANodeShareItsHost) {
 // before any forward: there all of it counts.
 TEST(OffloadPlanning, TheNextForwardHidesTheUpdate) {
   JobSpec job;
-  job.precision = "bf16", job.dp = 1, job.pp = 1, job.tp = 1, job.offload = true, job.micro_batch = 8;
+  job.precision = "bf16", job.dp = 1, job.pp = 1, job.tp = 1, job.offload = Offload::kOptimizer, job.micro_batch = 8;
   const ClusterView cluster = OneGpu(141 * kGiB);
   ModelSpec m = Llama4096();
   m.layers = 4;
@@ -147,15 +194,14 @@ TEST(OffloadPlanning, TheSpecsOffloadIsTheJobsAndAPlanCarriesItBack) {
   RunSpec spec;
   spec.model = Llama4096();
   spec.train.global_batch = 8;
-  spec.parallel.offload = "optimizer";
-  EXPECT_EQ(JobForRun(spec).offload, std::optional<bool>(true));
-  spec.parallel.offload = "none";
-  EXPECT_EQ(JobForRun(spec).offload, std::optional<bool>(false));
-  Plan plan;
-  plan.dp = 1, plan.pp = 1, plan.tp = 1, plan.micro_batch = 8, plan.offload = true, plan.recompute = {false};
-  EXPECT_EQ(ParallelFromPlan(spec.parallel, plan).offload, "optimizer");
-  plan.offload = false;
-  EXPECT_EQ(ParallelFromPlan(spec.parallel, plan).offload, "none");
+  for (const Offload o : {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams}) {
+    spec.parallel.offload = OffloadName(o);
+    EXPECT_EQ(JobForRun(spec).offload, std::optional<Offload>(o)) << OffloadName(o);
+    Plan plan;
+    plan.dp = 1, plan.pp = 1, plan.tp = 1, plan.micro_batch = 8, plan.offload = o, plan.recompute = {false};
+    EXPECT_EQ(ParallelFromPlan(RunSpec().parallel, plan).offload, OffloadName(o));
+  }
+  EXPECT_EQ(OffloadFromName("disk"), std::nullopt);
 }
 
 }  // namespace
@@ -169,13 +215,13 @@ namespace {
 TEST(OffloadPlanning, OutOfMemoryReplanTurnsOffloadOnWhenNothingElseFits) {
   ModelSpec m = Llama4096();
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.offload = false;
+  job.global_batch = 8, job.precision = "bf16", job.offload = Offload::kNone;
   ClusterView cluster = OneGpu(141 * kGiB);
   m.layers = LargestTrainable(m, job, cluster)[0].layers;  // the most AdamW on the GPU trains
   job.micro_batch = 1, job.recompute = true;  // nothing left to shrink (the re-plan opens every field)
   auto current = ChoosePlan(m, job, cluster);
   ASSERT_TRUE(current.ok()) << current.status().ToString();
-  ASSERT_FALSE(current->offload);
+  ASSERT_EQ(current->offload, Offload::kNone);
   ASSERT_EQ(current->micro_batch, 1) << "the test wants a plan with nothing left to shrink";
   ASSERT_TRUE(current->recompute.front());
   // The device's free memory turned out to be what the plan estimated, less a tenth.
@@ -184,7 +230,7 @@ TEST(OffloadPlanning, OutOfMemoryReplanTurnsOffloadOnWhenNothingElseFits) {
   const ReplanReason oom = ReplanReason::OutOfMemory("gpu0", 1);
   auto change = Replan(*current, m, job, after, oom);
   ASSERT_TRUE(change.ok()) << change.status().ToString();
-  EXPECT_TRUE(change->plan.offload) << change->description;
+  EXPECT_NE(change->plan.offload, Offload::kNone) << change->description;
   EXPECT_NE(change->description.find("offload"), std::string::npos) << change->description;
   // A host too small for the state: no re-plan, and the message says what to do.
   for (auto& w : after.workers) w.host_free_bytes = 8 * kGiB;

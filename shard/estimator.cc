@@ -150,7 +150,23 @@ int64_t ParameterCount(const ModelSpec& spec) {
          u.head_sharded + u.head_replicated;
 }
 
-MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, bool offload, bool eight_bit_optimizer) {
+const char* OffloadName(Offload offload) {
+  switch (offload) {
+    case Offload::kNone: return "none";
+    case Offload::kOptimizer: return "optimizer";
+    case Offload::kOptimizerAndParams: return "optimizer+params";
+  }
+  return "none";
+}
+
+std::optional<Offload> OffloadFromName(const std::string& name) {
+  for (Offload o : {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams}) {
+    if (name == OffloadName(o)) return o;
+  }
+  return std::nullopt;
+}
+
+MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, Offload offload, bool eight_bit_optimizer) {
   const internal::StateBytesPerParam b = internal::BytesPerParam(layout, eight_bit_optimizer);
   const double p = static_cast<double>(params);
   const double weight_share = zero >= 3 ? 1.0 / dp : 1.0;
@@ -160,7 +176,8 @@ MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero,
   MemoryEstimate m;
   m.weights = ToBytes(p * b.weights * weight_share);
   m.gradients = ToBytes(p * b.gradients * gradient_share);
-  m.optimizer_state = offload ? 0 : ToBytes(p * b.optimizer * optimizer_share);
+  m.optimizer_state = offload != Offload::kNone ? 0 : ToBytes(p * b.optimizer * optimizer_share);
+  if (offload == Offload::kOptimizerAndParams) m.weights = m.gradients = 0;  // in host memory, streamed
   return m;
 }
 
@@ -384,7 +401,9 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     // recompute keep a copy of the shard (what is gathered); with recompute none.
     const bool one_stage_tie = model.tied() && c.pp == 1;
     const bool streamed_zero3 = c.zero >= 3 && !recompute;  // gathered in bf16, kept for the backward
-    if (streamed_zero3 && bf16_cuda) {
+    // offload = "optimizer+params": streamed ZeRO-3 from shards in host memory (no working copy).
+    const bool host_streamed = c.offload == Offload::kOptimizerAndParams;
+    if (streamed_zero3 && bf16_cuda && !host_streamed) {
       mem.weights += ToBytes(kWorkingCopyBytes * params / c.dp);
     } else if (bf16_cuda && c.zero < 3) {
       double working = recompute ? 0 : layers * layer_per_rank;
@@ -428,15 +447,26 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
       // At the backward's start: the last layer gathered again and the one before it on its way
       // (in the compute dtype), and the last layer's fp32 gradient before its reduce-scatter.
       buffers += (2 * (bf16_cuda ? 2.0 : 4.0) + 4) * layer_per_rank;
+      // Host-streamed: a bf16 gather lands in fp32 first (the shard's upload), then is cast.
+      if (host_streamed && bf16_cuda) buffers += 4.0 * layer_per_rank / c.dp;
     } else if (c.zero >= 3 && c.dp > 1) {
       buffers += 4 * layer_per_rank;  // a layer gathered whole, fp32
     }
     mem.communication_buffers = ToBytes(buffers);
     mem.workspace = opt.workspace_bytes;
-    if (c.offload) {
+    if (c.offload != Offload::kNone) {
       // The offloaded optimizer's host memory (worker/optimizer.h): over its optimizer range m and
       // v (or their 8-bit codes and scales), the parameters' fp32 master copy and gradient buffer.
-      mem.host = ToBytes(params * (per_param.optimizer + 8.0) / (c.zero >= 1 ? c.dp : 1));
+      // Host-streamed, the master copy is the shard itself, and the gradients' sums take two
+      // staging buffers of the longest unit's shard (worker/host_copies.h, HostGradientSums).
+      double host = params * (per_param.optimizer + 8.0) / (c.zero >= 1 ? c.dp : 1);
+      if (host_streamed) {
+        double longest = layers > 0 ? layer_per_rank : 0;
+        if (first) longest = std::max(longest, embedding_per_rank);
+        if (last) longest = std::max(longest, head_per_rank);
+        host += 2.0 * 4.0 * longest / c.dp;
+      }
+      mem.host = ToBytes(host);
       host_per_stage[static_cast<size_t>(k)] = static_cast<double>(mem.host);
     }
 
@@ -481,7 +511,21 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
       tp_comm = std::max(tp_comm, per_layer * layers * m);
     }
     if (!last) pp_comm = std::max(pp_comm, 2.0 * m * boundary_bytes / geometry.pp_bandwidth[k]);
-    if (c.offload) {
+    if (c.offload == Offload::kOptimizerAndParams) {
+      // Every micro-batch uploads each unit twice (its forward's gather and its backward's) and
+      // downloads its gradient, in fp32, beside the matmuls; the host sums the gradients (12 bytes
+      // a parameter for each micro-batch after the first), takes their norm (4) and updates (28),
+      // which the next forward hides as far as its matmuls go (worker/optimizer.h).
+      const double shard_params = params / c.dp, mb = static_cast<double>(m);
+      const double uploads = 2.0 * mb * 4.0 * shard_params / opt.host_bandwidth;
+      const double host_work = (28.0 + 4.0 + 12.0 * (mb - 1)) * shard_params / opt.host_adamw_bandwidth;
+      const double forward = matmul_s / 3.0;
+      // One rank streams too: each unit's two gathers and gradient per micro-batch cost a fixed
+      // time (counted with the collectives when dp > 1).
+      const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);
+      const double fixed = c.dp == 1 ? 3.0 * units * mb * kGatherSeconds : 0.0;
+      offload_comm = std::max(offload_comm, std::max(0.0, uploads - matmul_s) + std::max(0.0, host_work - forward) + fixed);
+    } else if (c.offload == Offload::kOptimizer) {
       // fp32 gradients out and fp32 weights back, unit by unit while the host updates the units
       // between (28 bytes a parameter): the slower of the two sets the time. It runs beside the
       // next step's forward (worker/optimizer.h), which hides as much of it as the forward takes
@@ -496,7 +540,7 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
       offload_comm = std::max(offload_comm, std::max(0.0, std::max(copies, update) - forward));
     }
   }
-  if (c.offload && problem.host_checked) {
+  if (c.offload != Offload::kNone && problem.host_checked) {
     // Each node's host holds the offloaded state of all its workers: within its free memory less
     // the safety margin (every worker of a node reports the same host; the smallest counts).
     std::map<std::string, std::pair<double, double>> nodes;  // node -> (bytes needed, free)
@@ -552,7 +596,10 @@ std::string Describe(const Plan& plan) {
                 static_cast<long long>(plan.dp), static_cast<long long>(plan.pp), static_cast<long long>(plan.tp),
                 static_cast<long long>(plan.zero), static_cast<long long>(plan.micro_batch),
                 static_cast<long long>(plan.gradient_accumulation), static_cast<long long>(recomputed),
-                static_cast<long long>(plan.pp), plan.offload ? "optimizer offloaded" : "no offload");
+                static_cast<long long>(plan.pp),
+                plan.offload == Offload::kNone        ? "no offload"
+                : plan.offload == Offload::kOptimizer ? "optimizer offloaded"
+                                                      : "optimizer and parameters offloaded");
   return text;
 }
 

@@ -32,7 +32,7 @@ Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const Clust
 struct Candidate {
   int64_t dp = 1, pp = 1, tp = 1, zero = 0, micro_batch = 1;
   std::vector<bool> recompute;
-  bool offload = false;
+  Offload offload = Offload::kNone;
 };
 
 // Calls `visit` for every candidate on `workers_used` workers that honours the job's fixed

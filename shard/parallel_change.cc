@@ -8,7 +8,7 @@ namespace strata::shard {
 ParallelSpec ParallelFromPlan(ParallelSpec p, const Plan& plan) {
   p.dp = plan.dp, p.pp = plan.pp, p.tp = plan.tp, p.zero = plan.zero, p.micro_batch = plan.micro_batch;
   p.recompute = !plan.recompute.empty() && plan.recompute.front();
-  p.offload = plan.offload ? "optimizer" : "none";
+  p.offload = OffloadName(plan.offload);
   p.stages.clear();
   if (plan.pp > 1) {
     for (const LayerRange& stage : plan.stages) p.stages.push_back(stage.size());

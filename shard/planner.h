@@ -24,6 +24,15 @@ int64_t ParameterCount(const ModelSpec& model);
 
 // ---- Inputs ------------------------------------------------------------------------------
 
+// Where the optimizer state, and with "+params" the parameters, live ([parallel] offload):
+// on the device; m, v and the fp32 master in host memory (worker/optimizer.h); or the parameters
+// too, streamed to the device a layer at a time as ZeRO-3 gathers them (worker/stage_model.h:
+// ZeRO-3 without recompute). Ordered from the simplest.
+enum class Offload { kNone, kOptimizer, kOptimizerAndParams };
+// The spec's names: "none", "optimizer", "optimizer+params".
+const char* OffloadName(Offload offload);
+std::optional<Offload> OffloadFromName(const std::string& name);
+
 struct JobSpec {
   int64_t global_batch = 8;         // sequences per optimizer step, over all data-parallel ranks
   int64_t sequence = 0;             // tokens per sequence; 0 -> model.sequence
@@ -31,7 +40,8 @@ struct JobSpec {
   std::string optimizer = "adamw";  // or "adamw8bit": 8-bit blockwise moments (about a quarter of the bytes)
   // The [parallel] fields; unset = "auto", searched.
   std::optional<int64_t> dp, pp, tp, zero, micro_batch;
-  std::optional<bool> recompute, offload;
+  std::optional<bool> recompute;
+  std::optional<Offload> offload;
   bool uniform_recompute = false;  // recompute every stage or none (no per-stage choice)
   std::vector<int64_t> stages;     // layers per stage when fixed for pp = stages.size(); else balanced
   bool offload_supported = true;   // false: the executor cannot offload, so neither search nor Replan offers it
@@ -122,7 +132,7 @@ struct Plan {
   int64_t micro_batch = 1;            // sequences per forward/backward on one rank
   int64_t gradient_accumulation = 1;  // micro-batches per step per dp rank
   std::vector<bool> recompute;        // per pipeline stage
-  bool offload = false;               // optimizer state lives in host memory
+  Offload offload = Offload::kNone;   // where optimizer state (and parameters) live
   std::vector<LayerRange> stages;     // stage 0 also holds the embedding, the last the head + loss
   std::vector<WorkerAssignment> workers;  // in rank order
   StepTime step_time;
@@ -174,8 +184,9 @@ enum class StateLayout {
 
 // Weights, gradients and optimizer state of `params` parameters on one rank of a `dp`-wide
 // ZeRO group (stage 1 shards optimizer state, 2 also gradients, 3 also weights); `offload`
-// moves optimizer state to host memory. Other fields are zero.
-MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, bool offload = false,
+// moves optimizer state to host memory, and with the parameters also weights and gradients.
+// Other fields are zero.
+MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, Offload offload = Offload::kNone,
                                bool eight_bit_optimizer = false);
 
 // Activations one transformer layer stores for backward, one micro-batch, no recompute: the

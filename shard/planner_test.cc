@@ -78,14 +78,14 @@ TEST(ModelStateBytes, ZeroPaperStagesAtDp4) {
 TEST(ModelStateBytes, EightBitMomentsTakeAQuarterOfTheirFp32Bytes) {
   const int64_t p = 1'000'000'000;
   // adamw8bit: m and v as 1 byte + 4 bytes per 256 each = 2.03125 bytes, against fp32 AdamW's 8.
-  const MemoryEstimate eight = ModelStateBytes(p, StateLayout::kBf16Autocast, 0, 1, false, /*eight_bit_optimizer=*/true);
+  const MemoryEstimate eight = ModelStateBytes(p, StateLayout::kBf16Autocast, 0, 1, Offload::kNone, /*eight_bit_optimizer=*/true);
   const MemoryEstimate fp32 = ModelStateBytes(p, StateLayout::kBf16Autocast, 0, 1);
   EXPECT_EQ(eight.optimizer_state, 2'031'250'000);
   EXPECT_EQ(fp32.optimizer_state, 8'000'000'000);
   EXPECT_EQ(eight.weights, fp32.weights);
   EXPECT_EQ(eight.gradients, fp32.gradients);
   // Sharded like the fp32 moments under ZeRO-1.
-  EXPECT_EQ(ModelStateBytes(p, StateLayout::kBf16Autocast, 1, 4, false, true).optimizer_state, 507'812'500);
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kBf16Autocast, 1, 4, Offload::kNone, true).optimizer_state, 507'812'500);
 }
 
 TEST(ModelStateBytes, OurTrainerLayouts) {
@@ -102,7 +102,7 @@ TEST(ModelStateBytes, OurTrainerLayouts) {
   EXPECT_EQ(bf16.total(), 16'000'000'000);
   EXPECT_EQ(ModelStateBytes(p, StateLayout::kBf16Autocast, 3, 4).total(), 4'000'000'000);
   // Offload takes the moments off the GPU.
-  EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 0, 1, /*offload=*/true).total(), 8'000'000'000);
+  EXPECT_EQ(ModelStateBytes(p, StateLayout::kFp32, 0, 1, Offload::kOptimizer).total(), 8'000'000'000);
 }
 
 // What a GPT-2 shaped layer saves: h = 1024, 16 heads of 64, s = 2048, b = 2, so
@@ -161,7 +161,7 @@ TEST(ChoosePlan, OneRoomyWorkerRunsUnsharded) {
   EXPECT_EQ(plan->dp, 1);
   EXPECT_EQ(plan->pp, 1);
   EXPECT_EQ(plan->tp, 1);
-  EXPECT_FALSE(plan->offload);
+  EXPECT_EQ(plan->offload, Offload::kNone);
   ASSERT_EQ(plan->stages.size(), 1u);
   EXPECT_EQ(plan->stages[0].begin, 0);
   EXPECT_EQ(plan->stages[0].end, 12);
@@ -206,7 +206,7 @@ TEST(ChoosePlan, FixedMeshOnTenThousandWorkersSkipsSizesWithoutAMesh) {
 class TwoTightWorkers : public ::testing::Test {
  protected:
   void SetUp() override {
-    job_.global_batch = 4, job_.sequence = 128, job_.pp = 1, job_.tp = 1, job_.offload = false;
+    job_.global_batch = 4, job_.sequence = 128, job_.pp = 1, job_.tp = 1, job_.offload = Offload::kNone;
     options_.workspace_bytes = 0;
     cluster_ = Workers(2, static_cast<int64_t>(15.5 * kGpt2SmallParams / 0.9));
   }

@@ -88,7 +88,8 @@ int ChangeRank(const Plan& current, const Plan& next) {
 int64_t ChangeSize(const Plan& current, int64_t baseline_micro_batch, const Plan& next) {
   int64_t size = std::llabs(std::llround(std::log2(static_cast<double>(next.micro_batch) / baseline_micro_batch)));
   const auto on = [](const Plan& p) { return std::count(p.recompute.begin(), p.recompute.end(), true); };
-  size += std::abs(on(next) - on(current)) + std::llabs(next.zero - current.zero) + (next.offload != current.offload);
+  size += std::abs(on(next) - on(current)) + std::llabs(next.zero - current.zero) +
+          std::abs(static_cast<int>(next.offload) - static_cast<int>(current.offload));
   return size + std::llabs(next.pp - current.pp) + std::llabs(next.tp - current.tp);
 }
 
@@ -106,7 +107,7 @@ std::string Changes(const Plan& a, const Plan& b) {
   field("gradient_accumulation", a.gradient_accumulation, b.gradient_accumulation);
   const auto on = [](const Plan& p) { return static_cast<int64_t>(std::count(p.recompute.begin(), p.recompute.end(), true)); };
   field("recompute stages", on(a), on(b));
-  field("offload", a.offload, b.offload);
+  if (a.offload != b.offload) out += std::string(out.empty() ? "" : ", ") + "offload " + OffloadName(a.offload) + " -> " + OffloadName(b.offload);
   return out.empty() ? "no change" : out;
 }
 
@@ -117,7 +118,7 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
   JobSpec open = job;  // the fixed fields are what failed; the ladder may change any of them
   open.dp = open.pp = open.tp = open.zero = open.micro_batch = std::nullopt;
   open.recompute = std::nullopt;
-  open.offload = job.offload_supported ? std::nullopt : std::optional<bool>(false);
+  open.offload = job.offload_supported ? std::nullopt : std::optional<Offload>(Offload::kNone);
   STRATA_ASSIGN_OR_RETURN(internal::Problem problem, internal::Validate(model, open, cluster, options));
   if (current.workers.empty() || current.stages.size() != static_cast<size_t>(current.pp) || current.micro_batch < 1) {
     return InvalidArgument("replan: the current plan is empty or inconsistent; pass the Plan that ChoosePlan returned");

@@ -216,16 +216,20 @@ void ForEachCandidate(const Problem& problem, int64_t n, const std::function<voi
       if ((job.pp && pp != *job.pp) || pp > problem.model.layers || (job.dp && dp != *job.dp)) continue;
       if (job.global_batch % dp != 0) continue;
       const int64_t local_batch = job.global_batch / dp;
-      std::vector<int64_t> zeros = job.zero ? std::vector<int64_t>{*job.zero} : dp == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 1, 2, 3};
       std::vector<int64_t> micro_batches = Divisors(local_batch);
       if (job.micro_batch) micro_batches = local_batch % *job.micro_batch == 0 ? std::vector<int64_t>{*job.micro_batch} : std::vector<int64_t>{};
       const int64_t min_k = job.recompute ? (*job.recompute ? pp : 0) : 0, max_k = job.recompute ? min_k : pp;
-      std::vector<bool> offloads = job.offload ? std::vector<bool>{*job.offload} : std::vector<bool>{false, true};
-      for (int64_t zero : zeros) {
-        for (int64_t mb : micro_batches) {
-          for (int64_t k = min_k; k <= max_k; ++k) {
-            if (job.uniform_recompute && k != 0 && k != pp) continue;
-            for (bool offload : offloads) {
+      const std::vector<Offload> offloads = job.offload ? std::vector<Offload>{*job.offload}
+                                                        : std::vector<Offload>{Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams};
+      for (Offload offload : offloads) {
+        // Parameters in host memory stream as ZeRO-3 gathers them, without recompute (worker/stage_model.h).
+        const bool streamed = offload == Offload::kOptimizerAndParams;
+        std::vector<int64_t> zeros = job.zero ? std::vector<int64_t>{*job.zero} : dp == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 1, 2, 3};
+        if (streamed) zeros = !job.zero || *job.zero == 3 ? std::vector<int64_t>{3} : std::vector<int64_t>{};
+        for (int64_t zero : zeros) {
+          for (int64_t mb : micro_batches) {
+            for (int64_t k = min_k; k <= (streamed ? 0 : max_k); ++k) {
+              if (job.uniform_recompute && k != 0 && k != pp) continue;
               Candidate c{dp, pp, tp, zero, mb, std::vector<bool>(static_cast<size_t>(pp), false), offload};
               std::fill_n(c.recompute.begin(), k, true);
               visit(c);
@@ -291,7 +295,7 @@ JobSpec JobForRun(const RunSpec& spec) {
   if (!p.automatic.count("recompute")) job.recompute = p.recompute;
   // Offload changes no loss (the host's AdamW is the device's arithmetic): fixed as the spec
   // says, and a re-plan after an out-of-memory may still turn it on.
-  job.offload = p.offload == "optimizer";
+  job.offload = OffloadFromName(p.offload).value_or(Offload::kNone);
   job.offload_supported = true;
   job.uniform_recompute = true;
   job.stages = p.stages;

@@ -50,22 +50,22 @@ HostCopies::HostCopies(torch::Device device) : device_(device) {
 
 HostCopies::~HostCopies() = default;
 
-torch::Tensor HostCopies::HostBuffer(int64_t n) const {
+torch::Tensor HostCopies::HostBuffer(const torch::Device& device, int64_t n) {
 #ifdef STRATA_WITH_CUDA
-  if (device_.is_cuda()) {
+  if (device.is_cuda()) {
     // Pinned at exactly its size: LibTorch's pinned allocator rounds every block up to a power of
     // two, so an 832 MiB unit (a Llama 3 8B block) pinned 1 GiB - measured, 12 GiB beyond the
     // planned 108 GiB of an 8B model's offloaded state, which left its 125 GiB host 1 GiB free.
     // Mapped, then registered with CUDA (the copies see page-locked memory and run async).
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float);
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    TORCH_CHECK(p != MAP_FAILED, "could not map ", bytes, " bytes of host memory for the offloaded optimizer: ", std::strerror(errno),
+    TORCH_CHECK(p != MAP_FAILED, "could not map ", bytes, " bytes of host memory for offloaded training state: ", std::strerror(errno),
                 "; free host memory or set [parallel] offload = \"none\"");
     const cudaError_t pinned = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
     if (pinned != cudaSuccess) {
       munmap(p, bytes);
       (void)cudaGetLastError();  // clear it: the failure is reported here
-      TORCH_CHECK(false, "could not pin ", bytes, " bytes of host memory for the offloaded optimizer: ", cudaGetErrorString(pinned),
+      TORCH_CHECK(false, "could not pin ", bytes, " bytes of host memory for offloaded training state: ", cudaGetErrorString(pinned),
                   "; free host memory or set [parallel] offload = \"none\"");
     }
     return torch::from_blob(
@@ -175,6 +175,90 @@ void HostCopies::ForgetDownloads() {
     streams_->downloaded.clear();
   }
 #endif
+}
+
+HostGradientSums::HostGradientSums(HostCopies& copies, const torch::Device& device, int64_t length, int buffers) : copies_(copies) {
+  for (int i = 0; i < buffers; ++i) {
+    staging_.push_back(HostCopies::HostBuffer(device, length));
+    free_.push_back(static_cast<size_t>(i));
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+HostGradientSums::~HostGradientSums() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void HostGradientSums::Add(const torch::Tensor& device_src, const torch::Tensor& host_sum, bool first) {
+  const int64_t n = device_src.numel();
+  TORCH_CHECK(n <= staging_.front().numel() && n <= host_sum.numel(), "HostGradientSums: ", n, " values for a staging buffer of ",
+              staging_.front().numel(), " and a sum of ", host_sum.numel());
+  size_t staging = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return !free_.empty(); });
+    staging = free_.back();
+    free_.pop_back();
+  }
+  // Outside the lock: on a CPU device the copy is made here, at once.
+  const size_t ticket = copies_.Download(device_src, staging_[staging].narrow(0, 0, n));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({ticket, staging, host_sum, n, first});
+    ++in_flight_;
+  }
+  changed_.notify_all();
+}
+
+void HostGradientSums::Loop() {
+  for (;;) {
+    Job job;
+    bool skip = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      skip = !failure_.empty();
+    }
+    std::string failure;
+    try {
+      copies_.WaitDownload(job.ticket);
+      if (!skip) {
+        torch::NoGradGuard no_grad;  // grad mode is per thread
+        const torch::Tensor from = staging_[job.staging].narrow(0, 0, job.n), into = job.sum.narrow(0, 0, job.n);
+        if (job.first) {
+          into.copy_(from);
+        } else {
+          into.add_(from);
+        }
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure.empty() && failure_.empty()) failure_ = failure;
+      free_.push_back(job.staging);
+      --in_flight_;
+    }
+    changed_.notify_all();
+  }
+}
+
+Status HostGradientSums::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return in_flight_ == 0; });
+  if (failure_.empty()) return Status::Ok();
+  const std::string failure = failure_;
+  failure_.clear();
+  return Internal("summing a gradient in host memory failed: " + failure);
 }
 
 }  // namespace strata::worker

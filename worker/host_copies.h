@@ -1,5 +1,5 @@
-// Copies between a worker's device tensors and host buffers for an offloaded optimizer
-// ([parallel] offload = "optimizer"; internal to worker/, includes LibTorch). On a CUDA device
+// Copies between a worker's device tensors and host buffers for offloaded state ([parallel]
+// offload = "optimizer" or "optimizer+params"; internal to worker/, includes LibTorch). On a CUDA device
 // each direction has a stream of its own, so a unit's gradient travels to the host while the
 // host updates the unit before it and the one before that travels back; the host buffers are
 // pinned, so the copies run without staging. On a CPU device a copy is a plain copy, made at
@@ -8,10 +8,17 @@
 
 #include <torch/torch.h>
 
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
 
 namespace strata::worker {
 
@@ -22,9 +29,9 @@ class HostCopies {
   HostCopies(const HostCopies&) = delete;
   HostCopies& operator=(const HostCopies&) = delete;
 
-  // A host buffer of n fp32 values for this device's copies: pinned for a CUDA device, at exactly
-  // its size (mapped and registered with CUDA; not LibTorch's power-of-two pinned blocks).
-  torch::Tensor HostBuffer(int64_t n) const;
+  // A host buffer of n fp32 values for `device`'s copies: pinned for a CUDA device, at exactly its
+  // size (mapped and registered with CUDA; not LibTorch's power-of-two pinned blocks).
+  static torch::Tensor HostBuffer(const torch::Device& device, int64_t n);
   // Queues host <- device after the work queued so far on the device's current stream; returns
   // a ticket for WaitDownload. Both must stay alive and unchanged until the copy is waited for.
   size_t Download(const torch::Tensor& device_src, const torch::Tensor& host_dst);
@@ -53,6 +60,48 @@ class HostCopies {
   torch::Device device_;
   std::unique_ptr<Streams> streams_;
   std::mutex mu_;  // the tickets' events (Streams)
+};
+
+// Sums gradients in host memory (offload = "optimizer+params", where no unit's gradient stays on
+// the device): each use's gradient is downloaded into a pinned staging buffer, and a thread of its
+// own writes it into the unit's host gradient (its step's first use) or adds it, in the order the
+// uses were queued - the device's order of the sum, so a CPU worker's sums equal the on-device
+// ones bit for bit. Add blocks while every staging buffer is in use (the host's adds bound how far
+// the backward runs ahead); memory: `buffers` staging buffers of `length` floats.
+class HostGradientSums {
+ public:
+  HostGradientSums(HostCopies& copies, const torch::Device& device, int64_t length, int buffers = 2);
+  ~HostGradientSums();
+  HostGradientSums(const HostGradientSums&) = delete;
+  HostGradientSums& operator=(const HostGradientSums&) = delete;
+
+  // Queues `device_src` (contiguous fp32, at most `length` values; read after the work queued so
+  // far on the device's current stream, kept alive by the copy) into `host_sum`: written when
+  // `first`, else added.
+  void Add(const torch::Tensor& device_src, const torch::Tensor& host_sum, bool first);
+  // Blocks until every queued sum is in host memory. Not OK when one failed (the sums are then
+  // wrong; later ones were skipped).
+  Status Drain();
+
+ private:
+  void Loop();
+  struct Job {
+    size_t ticket = 0;
+    size_t staging = 0;
+    torch::Tensor sum;
+    int64_t n = 0;
+    bool first = false;
+  };
+  HostCopies& copies_;
+  std::vector<torch::Tensor> staging_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::vector<size_t> free_;  // staging buffers not in use
+  std::deque<Job> queue_;
+  int64_t in_flight_ = 0;  // queued and not yet summed
+  bool stop_ = false;
+  std::string failure_;
+  std::thread thread_;  // last: started once the rest is built
 };
 
 }  // namespace strata::worker

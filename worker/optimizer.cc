@@ -2,14 +2,21 @@
 
 #include "worker/kernel_place.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <utility>
 
 namespace strata::worker {
 namespace {
+
+// A host-streamed unit's "upload ticket" in Pending::uploaded: its update is done, and there is
+// nothing on the device to wait for.
+constexpr size_t kNothingUploaded = SIZE_MAX;
 
 // A unit's parameters and reduced gradient `g` over its optimizer range (the whole unit, or this
 // rank's ZeRO shard; a ZeRO-3 unit holds only its shard, as does its gradient).
@@ -86,8 +93,18 @@ UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_
       m.exp_avg = torch::zeros({n}, options);
       m.exp_avg_sq = torch::zeros({n}, options);
     }
-    if (offload_) host_.push_back({offload_->HostBuffer(n), offload_->HostBuffer(n), 0});
+    if (offload_) {
+      host_.push_back({HostCopies::HostBuffer(device_, n), unit.on_host ? unit.flat.detach() : HostCopies::HostBuffer(device_, n)});
+    }
     moments_.push_back(std::move(m));
+  }
+  int64_t longest_host_shard = 0;
+  for (const auto& unit : model_.units()) {
+    if (unit.on_host) longest_host_shard = std::max(longest_host_shard, unit.shard_end - unit.shard_begin);
+  }
+  if (longest_host_shard > 0) {
+    TORCH_CHECK(offload_, "host-streamed parameters need the optimizer offloaded too");
+    sums_ = std::make_unique<HostGradientSums>(*offload_, device_, longest_host_shard);
   }
   ParametersChanged();
   norm_scratch_ = torch::empty({kernels::SquareSumScratch()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
@@ -122,15 +139,73 @@ void UnitOptimizer::GradientReady(size_t u) {
   host_[u].downloading = true;
 }
 
+void UnitOptimizer::HostGradient(size_t u, const torch::Tensor& grad) {
+  sums_->Add(grad, host_[u].grad, host_[u].uses++ == 0);
+}
+
+namespace {
+
+// sum g[i]^2 over the spans, on the host's cores: fixed chunks summed in double, then added in
+// order, so the result does not depend on the thread count. (A CPU worker's on-device norm is
+// kernels::SquareSum; this is for a GPU worker's host-streamed units, where one thread would
+// take seconds a step on a 7B model.)
+double HostSquareSum(const float* g, const std::vector<UnitOptimizer::Moments::Span>& spans) {
+  constexpr int64_t kChunk = 1 << 20;
+  std::vector<std::pair<const float*, int64_t>> chunks;
+  for (const auto& s : spans) {
+    for (int64_t at = 0; at < s.length; at += kChunk) chunks.emplace_back(g + s.begin + at, std::min(kChunk, s.length - at));
+  }
+  std::vector<double> partial(chunks.size(), 0.0);
+  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      double sum = 0;
+      const auto [p, n] = chunks[static_cast<size_t>(c)];
+      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(p[i]) * p[i];
+      partial[static_cast<size_t>(c)] = sum;
+    }
+  });
+  double total = 0;
+  for (double x : partial) total += x;
+  return total;
+}
+
+}  // namespace
+
 torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
   SettleOrThrow();
   torch::NoGradGuard no_grad;
+  if (sums_) {  // the host-streamed units' gradients, summed in host memory during the backward
+    const Status summed = sums_->Drain();
+    if (!summed.ok()) throw std::runtime_error(summed.message());
+  }
   auto& units = model_.units();
   const kernels::Place place = KernelPlace(device_);
   torch::Tensor square_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  double host_square_sum = 0;  // a GPU worker's host-streamed units
   reduced_.clear();
   for (size_t u = 0; u < units.size(); ++u) {
     ParamUnit& unit = units[u];
+    if (unit.on_host) {
+      HostUnit& host = host_[u];
+      torch::Tensor g = host.grad;
+      if (host.uses == 0) g.zero_();  // no use this step (a guard: every unit is used)
+      host.uses = 0;
+      if (SummedOverStages(u)) {  // through the device: the communicator may take device buffers only
+        torch::Tensor on_device = g.to(device_);
+        AllReduceTensor(*groups.tie, on_device);
+        g.copy_(on_device);
+      }
+      if (dp_ > 1) g.div_(static_cast<double>(dp_));  // reduce-scattered (summed) in backward
+      if (device_.is_cpu()) {  // the on-device path's own arithmetic: a CPU worker's losses equal it bit for bit
+        for (const Moments::Span& sp : moments_[u].norm_spans) {
+          kernels::SquareSum(place, g.data_ptr<float>() + sp.begin, sp.length, square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
+        }
+      } else {
+        host_square_sum += HostSquareSum(g.data_ptr<float>(), moments_[u].norm_spans);
+      }
+      reduced_.push_back(g);
+      continue;
+    }
     torch::Tensor g = unit.sharded ? (unit.flat.grad().defined() ? unit.flat.grad().contiguous() : torch::zeros_like(unit.flat)) : unit.grad;
     if (SummedOverStages(u)) AllReduceTensor(*groups.tie, g);
     if (zero_ <= 1) AllReduceTensor(*groups.dp, g);
@@ -146,6 +221,7 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
     }
     if (offload_) host_[u].downloading = false;  // for the next step
   }
+  if (host_square_sum > 0) square_sum.add_(host_square_sum);
   return square_sum;
 }
 
@@ -185,6 +261,10 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     for (size_t u = 0; u < units.size(); ++u) {
       const torch::Tensor flat = units[u].flat.detach();
       const Moments& m = moments_[u];
+      if (units[u].on_host) {
+        targets.emplace_back();  // the master copy is the shard itself: nothing to upload
+        continue;
+      }
       targets.push_back({units[u].sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin), fresh[u] ? units[u].working : torch::Tensor(),
                          fresh[u] ? flat : torch::Tensor()});
     }
@@ -233,8 +313,9 @@ void UnitOptimizer::UpdateOnHost(const TrainSpec& tr, int64_t step, double lr, d
     for (size_t u = 0; u < targets.size(); ++u) {
       Moments& m = moments_[u];
       HostUnit& host = host_[u];
+      const HostTarget& target = targets[u];
       const auto waiting = Clock::now();
-      offload_->WaitDownload(host.ticket);
+      if (target.params.defined()) offload_->WaitDownload(host.ticket);  // a host-streamed unit's gradient is summed there already
       pending.gradient_wait_s += std::chrono::duration<double>(Clock::now() - waiting).count();
       float* p = host.master.data_ptr<float>();
       const float* g = host.grad.data_ptr<float>();
@@ -249,12 +330,11 @@ void UnitOptimizer::UpdateOnHost(const TrainSpec& tr, int64_t step, double lr, d
                              m.exp_avg_sq.data_ptr<float>() + s.begin, s.length, host_threads_);
         }
       }
-      const HostTarget& target = targets[u];
       std::function<void()> then;
       if (target.working.defined()) {
         then = [&target] { target.working.copy_(target.whole); };  // the bf16 copy the matmuls read (stage_model.h)
       }
-      const size_t ticket = offload_->Upload(host.master, target.params, then);
+      const size_t ticket = target.params.defined() ? offload_->Upload(host.master, target.params, then) : kNothingUploaded;
       {
         std::lock_guard<std::mutex> lock(pending.mu);
         pending.uploaded[u] = ticket;
@@ -283,7 +363,7 @@ void UnitOptimizer::WaitForUnit(size_t unit) {
     ticket = pending_->uploaded[unit];
   }
   pending_->forward_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
-  if (ticket) offload_->CurrentStreamWaitsUpload(*ticket);
+  if (ticket && *ticket != kNothingUploaded) offload_->CurrentStreamWaitsUpload(*ticket);
   pending_->waited[unit] = true;
 }
 
@@ -348,6 +428,7 @@ void UnitOptimizer::ParametersChanged() {
   torch::NoGradGuard no_grad;
   auto& units = model_.units();
   for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].on_host) continue;  // its master copy is the shard itself
     const torch::Tensor flat = units[u].flat.detach();
     const Moments& m = moments_[u];
     offload_->WaitDownload(offload_->Download(units[u].sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin), host_[u].master));
@@ -358,6 +439,10 @@ void UnitOptimizer::DiscardGradients() {
   SettleOrThrow();
   torch::NoGradGuard no_grad;
   reduced_.clear();
+  if (sums_) {
+    (void)sums_->Drain();  // a failed sum is dropped with the rest of the step's gradients
+    for (HostUnit& host : host_) host.uses = 0;
+  }
   if (offload_) {  // the gradients are zeroed below: after any download of them
     offload_->CurrentStreamWaitsDownloads();
     offload_->ForgetDownloads();

@@ -31,6 +31,13 @@
 // v, master, gradient buffer); the device keeps none of the optimizer state. Whoever writes the
 // device's parameters otherwise (a resume) calls ParametersChanged; whoever reads them or the
 // state outside the forward calls Settle first (the optimizer's own methods do).
+//
+// Offload = "optimizer+params" (StageModel's host-streamed units, ParamUnit::on_host): the master
+// copy is the unit's own shard, in host memory, so the update uploads nothing - the next forward
+// uploads each unit as it gathers it, after WaitForUnit has seen its update done. The gradients
+// reach the host use by use (HostGradient, from the backward) and are summed there
+// (HostGradientSums); ReduceGradients waits for the sums and takes the norm on the host. Host
+// memory: the same 16 bytes per parameter, and the device keeps nothing per parameter.
 #pragma once
 
 #include <torch/torch.h>
@@ -92,6 +99,9 @@ class UnitOptimizer {
   // hook, on the backward's thread). Under offload with nothing to reduce (dp = 1, not a tied
   // embedding summed over stages), its download starts now, beside the rest of the backward.
   void GradientReady(size_t unit);
+  // A host-streamed unit's use has reduced its gradient `grad` (StageModel's host-gradient hook,
+  // on the side stream): it goes to the unit's host gradient, summed with the step's other uses.
+  void HostGradient(size_t unit, const torch::Tensor& grad);
   // Reduces every unit's gradient (above) and returns the squared norm of this rank's share, a
   // scalar on the device. The reduced gradients are kept for Apply.
   torch::Tensor ReduceGradients(const Groups& groups);
@@ -146,11 +156,13 @@ class UnitOptimizer {
   // the master copy of its parameters, and the ticket of this step's gradient download.
   std::unique_ptr<HostCopies> offload_;
   struct HostUnit {
-    torch::Tensor grad, master;
+    torch::Tensor grad, master;  // master: the unit's own shard when it is host-streamed
     size_t ticket = 0;
     bool downloading = false;  // this step's download queued by GradientReady
+    int64_t uses = 0;          // host-streamed: this step's gradients handed to `sums_` so far
   };
   std::vector<HostUnit> host_;
+  std::unique_ptr<HostGradientSums> sums_;  // host-streamed units' gradients (offload = "optimizer+params")
   // A running host update (offload): its thread, and per unit the ticket of its upload once
   // queued (HostCopies::CurrentStreamWaitsUpload), under `mu`; and the units the forward has
   // waited for already (a unit may be read by several calls: micro-batches, a tied embedding),
@@ -173,7 +185,9 @@ class UnitOptimizer {
   bool SummedOverStages(size_t unit) const;
   // What the host update writes on the device for a unit: its optimizer range of the parameters,
   // and, where the update refreshes it, the bf16 working copy and the whole flat vector it is
-  // cast from (else undefined). Made by Apply's thread: Pending's thread touches no unit.
+  // cast from (else undefined; all undefined for a host-streamed unit, whose gradient is summed
+  // on the host already and whose master copy is what the forward reads). Made by Apply's
+  // thread: Pending's thread touches no unit.
   struct HostTarget {
     torch::Tensor params, working, whole;
   };

@@ -69,6 +69,12 @@ void SideStream::WaitAll() {
 #endif
 }
 
+void SideStream::Synchronize() {
+#ifdef STRATA_WITH_CUDA
+  if (impl_) impl_->stream.synchronize();
+#endif
+}
+
 void SideStream::KeepUntilDone(const torch::Tensor& t) {
 #ifdef STRATA_WITH_CUDA
   if (impl_ && t.defined() && t.is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), impl_->stream);

@@ -30,6 +30,8 @@ class SideStream {
   void Wait(const std::shared_ptr<Done>& done);
   // ... for everything run so far.
   void WaitAll();
+  // The host waits for everything run so far (before it writes host memory that work reads).
+  void Synchronize();
   // `t`'s memory, allocated on the compute stream, is not reused before the side stream's work
   // so far is done (the caching allocator's record_stream), however soon `t` is dropped.
   void KeepUntilDone(const torch::Tensor& t);

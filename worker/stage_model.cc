@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "worker/fused_loss.h"
+#include "worker/host_copies.h"
 #include "worker/torch_compat.h"
 
 #ifdef STRATA_WITH_CUDA
@@ -335,6 +336,7 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
   // The gradient sink and the bf16 working copies (ParamUnit): every unit whose forward takes its
   // parameters directly - not ZeRO-3 shards, not recomputed blocks.
   const bool working_copies = spec.train.precision == "bf16" && device_.is_cuda();
+  working_copies_ = working_copies;
   slot_begin_.assign(units_.size(), 0);
   for (size_t u = 0; u < units_.size(); ++u) {
     ParamUnit& unit = units_[u];
@@ -347,7 +349,7 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     const bool two_uses = static_cast<int>(u) == wte_unit_ &&
                           std::find(head_units_.begin(), head_units_.end(), wte_unit_) != head_units_.end();
     unit.sink = !unit.sharded && !recomputed && !two_uses;
-    if (unit.sharded && !spec.parallel.recompute && working_copies) {  // what ZeRO-3 gathers for the matmuls
+    if (unit.sharded && !unit.on_host && !spec.parallel.recompute && working_copies) {  // what ZeRO-3 gathers for the matmuls
       unit.working = torch::empty({unit.shard_end - unit.shard_begin}, unit.flat.options().dtype(torch::kBFloat16).requires_grad(false));
     }
     if (!unit.sink) continue;
@@ -362,6 +364,9 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
   }
   RefreshWorkingWeights();
   if (spec.parallel.zero == 3) {
+    if (spec.parallel.offload == "optimizer+params") {
+      host_anchor_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_)).requires_grad_(true);
+    }
     side_ = std::make_unique<SideStream>(device_);
     if (first_stage()) call_order_.push_back({embed_units_, false});  // the lookup reads fp32
     for (int b : block_units_) call_order_.push_back({{b}, true});
@@ -400,8 +405,13 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
   unit.shard_begin = static_cast<int64_t>(begin);
   unit.shard_end = static_cast<int64_t>(end);
   unit.sharded = spec_.parallel.zero == 3;
+  unit.on_host = spec_.parallel.offload == "optimizer+params";
+  // The streamed path is the only one that reads a host shard (run_spec.cc refuses the others).
+  TORCH_CHECK(!unit.on_host || (unit.sharded && !spec_.parallel.recompute),
+              "parallel.offload = \"optimizer+params\" needs parallel.zero = 3 and parallel.recompute = false");
   const int64_t held_begin = unit.sharded ? unit.shard_begin : 0, held_end = unit.sharded ? unit.shard_end : unit.numel;
-  torch::Tensor held = torch::empty({held_end - held_begin}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  torch::Tensor held = unit.on_host ? HostCopies::HostBuffer(device_, held_end - held_begin)
+                                    : torch::empty({held_end - held_begin}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
   if (load) {
     // One parameter at a time: load it whole, cut this rank's slice, copy the part of the slice
     // this rank holds straight to the device.
@@ -423,11 +433,13 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
         }
         // To the device in the source dtype, converted there: a CPU-to-GPU copy_ that also
         // converts would widen to fp32 on the host first (twice the bytes, one thread).
-        held.narrow(0, from - held_begin, to - from).copy_(slice.reshape({-1}).narrow(0, from - unit.offsets[i], to - from).to(device_));
+        held.narrow(0, from - held_begin, to - from).copy_(slice.reshape({-1}).narrow(0, from - unit.offsets[i], to - from).to(held.device()));
       });
     }
   }
-  if (unit.sharded) {
+  if (unit.on_host) {
+    unit.flat = held;  // its uses' gradients go to the host (SetHostGradient)
+  } else if (unit.sharded) {
     unit.flat = held.requires_grad_(true);  // the leaf: its gradient is this rank's shard
   } else {
     // Parameters are leaves that alias the flat vector; their gradients are views of one flat

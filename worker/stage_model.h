@@ -29,6 +29,13 @@
 //                 embedding's lookup gathers fp32. With recompute: as recomputed, the forward
 //                 all-gathers fp32 and drops it, the backward all-gathers again, recomputes, and
 //                 reduce-scatters.
+//   host-streamed ZeRO-3 ([parallel] offload = "optimizer+params", ZeRO-Infinity's schedule without
+//                 NVMe): as ZeRO-3 without recompute, but the shard lives in pinned host memory
+//                 (fp32, the optimizer's master copy, updated there: optimizer.h) and no gradient
+//                 stays on the device: a gather uploads the shard (cast to bf16 on the device for
+//                 a bf16 run) before the all-gather, and a use's reduced gradient goes to the host
+//                 (the SetHostGradient hook), where the uses are summed. The device holds the
+//                 gathered units in flight and the activations, nothing per parameter.
 //
 // Tensor parallelism inside a block (Megatron's f and g): CopyToTensorParallel is the identity
 // forward and an all-reduce of the gradient backward, ReduceFromTensorParallel an all-reduce
@@ -73,6 +80,9 @@ struct ParamUnit {
   int64_t shard_begin = 0, shard_end = 0;    // this data-parallel rank's range of the flat vector
   bool sharded = false;                      // ZeRO-3: `flat` holds [shard_begin, shard_end) only
   bool tied_copy = false;                    // GPT-2's wte on the last stage (the first stage's is the one counted)
+  // offload = "optimizer+params": `flat` (this rank's shard) lives in pinned host memory, is no
+  // autograd leaf and has no gradient of its own (each use's gradient goes to SetHostGradient).
+  bool on_host = false;
   // fp32. ZeRO-3: this rank's shard, a leaf whose gradient is the shard's. Otherwise the whole
   // vector, aliased by one leaf per parameter (`params`), whose gradients are views of `grad`.
   torch::Tensor flat;
@@ -135,9 +145,14 @@ class StageModel {
   // `hook(u)` runs before any forward reads unit u's parameters (the offloaded optimizer waits
   // there for the unit's update, optimizer.h).
   void SetBeforeUse(std::function<void(size_t unit)> hook) { before_use_ = std::move(hook); }
+  // Host-streamed units (ParamUnit::on_host): `hook(u, g)` takes a use's reduced gradient of unit
+  // u's shard (fp32 on the device, on the side stream: the hook queues its copy on the stream
+  // current when it is called, and the copy keeps `g` alive).
+  void SetHostGradient(std::function<void(size_t unit, const torch::Tensor& grad)> hook) { host_gradient_ = std::move(hook); }
 
   // Releases what recomputed and ZeRO-3 calls hold between forward and backward (after each
-  // step, and after a step that failed part-way).
+  // step, and after a step that failed part-way). With host-streamed units the host also waits
+  // for the uploads from their shards, which the optimizer writes next.
   void EndStep();
   // Around one step's forwards and backwards (inside its CUDA graph when there is one): the
   // gradient sink starts counting, and at the end a parameter that received no gradient (none is
@@ -237,6 +252,11 @@ class StageModel {
   std::vector<int64_t> slot_begin_;  // per unit: the index of its first parameter's slot
   std::function<void(size_t unit)> before_use_;
   std::function<void(size_t unit)> gradient_ready_;
+  std::function<void(size_t unit, const torch::Tensor& grad)> host_gradient_;
+  bool working_copies_ = false;  // a bf16 run on a GPU: matmuls read bf16 working weights
+  // Host-streamed units: what their gathered parameters' gradient functions take as their autograd
+  // input, in place of the shard (a host tensor, no leaf): a device scalar that needs a gradient.
+  torch::Tensor host_anchor_;
   int64_t forwards_expected_ = 0, forwards_done_ = 0;
   // Sink unit u complete for this step (BeginGradients): called by SinkGradient.
   void MaybeGradientReady(int u);

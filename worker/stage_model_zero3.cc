@@ -36,10 +36,10 @@ void RefillMemory(const torch::Tensor& t) {
   storage->set_nbytes(bytes);
 }
 
-// The dtype `unit` is gathered in: bf16 where a call's matmuls read the bf16 working copy (a bf16
-// GPU run, `matmul_weights`), else fp32.
-torch::ScalarType GatherType(const ParamUnit& unit, bool matmul_weights) {
-  return matmul_weights && unit.working.defined() ? torch::kBFloat16 : torch::kFloat;
+// The dtype `unit` is gathered in: bf16 where a call's matmuls read bf16 working weights (a bf16
+// GPU run, `matmul_weights`): the shard's working copy, or a host shard cast on the device; else fp32.
+torch::ScalarType GatherType(const ParamUnit& unit, bool matmul_weights, bool working_copies) {
+  return matmul_weights && (unit.working.defined() || (unit.on_host && working_copies)) ? torch::kBFloat16 : torch::kFloat;
 }
 
 torch::Tensor GatherBuffer(const ParamUnit& unit, torch::ScalarType dtype, const torch::Device& device) {
@@ -110,13 +110,22 @@ struct RegatherOnBackward : torch::autograd::Function<RegatherOnBackward> {
 std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Tensor& full) {
   const ParamUnit& unit = units_[static_cast<size_t>(u)];
   const bool bf16 = full.scalar_type() == torch::kBFloat16;
-  const torch::Tensor shard = bf16 ? unit.working : unit.flat.detach();
+  const torch::Tensor shard = bf16 && !unit.on_host ? unit.working : unit.flat.detach();
   // Written through an alias with a version counter of its own: autograd checks that the views it
   // saved of `full` were not modified since, and a gather in backward refills, not modifies.
   torch::Tensor target = torch::from_blob(full.data_ptr(), {unit.numel}, full.options());
   return side_->Run([&] {
     torch::NoGradGuard no_grad;
-    target.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin).copy_(shard);
+    torch::Tensor mine = target.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
+    if (unit.on_host && bf16) {
+      // Uploaded in fp32 (the host keeps no bf16 copy: 2 bytes a parameter of host memory, the
+      // scarcer one here) and cast on the device; the staging is the side stream's own memory.
+      torch::Tensor staging = torch::empty({mine.numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+      staging.copy_(shard, /*non_blocking=*/true);
+      mine.copy_(staging);
+    } else {
+      mine.copy_(shard, /*non_blocking=*/unit.on_host);  // pinned host memory: the upload runs on the side stream
+    }
     Communicator& dp = *groups_.dp;
     if (dp.world_size() == 1) return;
     if (bf16) {
@@ -139,7 +148,7 @@ void StageModel::Prefetch(const std::vector<int>& units, bool bf16) {
     if (prefetched_.count(u)) continue;
     if (before_use_) before_use_(static_cast<size_t>(u));
     const ParamUnit& unit = units_[static_cast<size_t>(u)];
-    torch::Tensor full = GatherBuffer(unit, GatherType(unit, bf16), device_);
+    torch::Tensor full = GatherBuffer(unit, GatherType(unit, bf16, working_copies_), device_);
     prefetched_[u] = {full, GatherInto(u, full)};
   }
 }
@@ -153,7 +162,7 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
   for (int u : units) {
     ShardedCall::Use use;
     use.unit = u;
-    const torch::ScalarType dtype = GatherType(units_[static_cast<size_t>(u)], matmul_weights);
+    const torch::ScalarType dtype = GatherType(units_[static_cast<size_t>(u)], matmul_weights, working_copies_);
     auto it = prefetched_.find(u);
     if (it != prefetched_.end() && it->second.full.scalar_type() == dtype) {
       use.full = it->second.full;
@@ -184,7 +193,7 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
       torch::Tensor value = unit.shapes[i].size() >= 2 ? params[i] : params[i].to(torch::kFloat);
       if (grad) {
         slots->push_back({this, call.get(), k, i});
-        value = ShardedWeightFunction::apply(unit.flat, value, reinterpret_cast<int64_t>(&slots->back()));
+        value = ShardedWeightFunction::apply(unit.on_host ? host_anchor_ : unit.flat, value, reinterpret_cast<int64_t>(&slots->back()));
         ++use.pending;
       }
       params[i] = value;
@@ -230,13 +239,20 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   torch::NoGradGuard no_grad;
   const int64_t length = unit.shard_end - unit.shard_begin;
   if (!use.grad.defined()) use.grad = torch::zeros({unit.numel}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-  // The shard's gradient sums every use of the step (micro-batches, a tied embedding's two).
-  if (!unit.flat.grad().defined()) unit.flat.mutable_grad() = torch::zeros({length}, use.grad.options());
-  const torch::Tensor full = use.grad, sum = unit.flat.grad();
+  // The shard's gradient sums every use of the step (micro-batches, a tied embedding's two): on
+  // the device, or for a host-streamed unit in host memory (the hook).
+  TORCH_CHECK(!unit.on_host || host_gradient_, "a host-streamed unit's gradient has nowhere to go: no SetHostGradient hook");
+  if (!unit.on_host && !unit.flat.grad().defined()) unit.flat.mutable_grad() = torch::zeros({length}, use.grad.options());
+  const torch::Tensor full = use.grad, sum = unit.on_host ? torch::Tensor() : unit.flat.grad();
+  const size_t u = static_cast<size_t>(use.unit);
   side_->Run([&] {
     torch::Tensor g = full;
     ReduceScatterTensor(*groups_.dp, g);  // each rank keeps its shard's sum
-    sum.add_(g.narrow(0, unit.shard_begin, length));
+    if (unit.on_host) {
+      host_gradient_(u, g.narrow(0, unit.shard_begin, length));
+    } else {
+      sum.add_(g.narrow(0, unit.shard_begin, length));
+    }
   });
   side_->KeepUntilDone(full);
   use.grad = torch::Tensor();
@@ -257,6 +273,7 @@ void StageModel::FinishShardedGradients() {
 void StageModel::EndStep() {
   calls_.clear();
   if (side_) side_->WaitAll();  // nothing still writes a gradient or a gathered buffer
+  if (host_anchor_.defined()) side_->Synchronize();  // nor reads a host shard the optimizer writes next
   sharded_calls_.clear();
   shard_slots_.clear();
   prefetched_.clear();

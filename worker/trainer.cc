@@ -116,7 +116,7 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   full.reset();
   UnitOptimizer::Options optimizer;
   optimizer.eight_bit = context.spec.train.optimizer == "adamw8bit";
-  optimizer.offload = context.spec.parallel.offload == "optimizer";
+  optimizer.offload = context.spec.parallel.offload != "none";  // "optimizer", or "optimizer+params" (stage_model.h)
   // The host AdamW's threads: on a GPU this process's share of the host's cores (one worker per
   // GPU) but one, which issues the next forward beside the update; on a CPU worker its [worker]
   // threads, which run its own step too.
@@ -128,6 +128,7 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
   if (optimizer.offload) {  // the update runs beside the backward's end and the next forward (optimizer.h)
     model_->SetBeforeUse([opt = optimizer_.get()](size_t unit) { opt->WaitForUnit(unit); });
     model_->SetGradientReady([opt = optimizer_.get()](size_t unit) { opt->GradientReady(unit); });
+    model_->SetHostGradient([opt = optimizer_.get()](size_t unit, const torch::Tensor& grad) { opt->HostGradient(unit, grad); });
   }
   // A static schedule (step_graph.h): no pipeline sends, no collectives or gathers inside it, no
   // offloaded update to wait for (the forward's waits are issued from the host, optimizer.h).

@@ -345,6 +345,56 @@ TEST_F(TrainerTest, OffloadedOptimizerGivesTheOnDeviceLossesBitForBit) {
   }
 }
 
+// parallel.offload = "optimizer+params": the parameters live in host memory with the optimizer
+// state, every layer is uploaded as streamed ZeRO-3 gathers it, and each use's gradient is summed
+// on the host in the device's order - so the losses are streamed ZeRO-3's bit for bit: one rank
+// with two micro-batches (two gradients per unit to sum, GPT-2's tied embedding three), two data-
+// parallel ranks, a pipeline (the tied embedding summed over stages), 8-bit moments, and clipping
+// by the global norm taken on the host. A checkpoint written with the parameters on the host
+// resumes with them on the device, and the other way round.
+TEST_F(TrainerTest, HostStreamedParametersGiveStreamedZero3LossesBitForBit) {
+  spec_.train.global_batch = 8;
+  spec_.worker.threads = 3;
+  spec_.train.grad_clip = 0.05;
+  for (const auto& [dp, pp, micro_batch, optimizer] :
+       {std::tuple{1, 1, 4, "adamw"}, std::tuple{2, 1, 0, "adamw"}, std::tuple{1, 2, 2, "adamw"}, std::tuple{2, 1, 2, "adamw8bit"}}) {
+    SCOPED_TRACE(std::string(optimizer) + " dp " + std::to_string(dp) + " pp " + std::to_string(pp) + " micro-batch " +
+                 std::to_string(micro_batch));
+    SetMesh(dp, pp, 1, /*zero=*/3);
+    spec_.parallel.micro_batch = micro_batch;
+    spec_.train.optimizer = optimizer;
+    spec_.parallel.offload = "none";
+    const auto on_device = Train(8);
+    spec_.parallel.offload = "optimizer+params";
+    const auto streamed = Train(8);
+    ASSERT_EQ(streamed.size(), on_device.size());
+    for (size_t r = 0; r < on_device.size(); ++r) {
+      ASSERT_EQ(streamed[r].size(), 8u);
+      for (int s = 0; s < 8; ++s) EXPECT_EQ(streamed[r][s], on_device[r][s]) << "rank " << r << " step " << s + 1;
+    }
+    EXPECT_LT(streamed[0].back(), streamed[0].front());
+  }
+  SetMesh(2, 1, 1, 3);
+  spec_.parallel.micro_batch = 0;
+  spec_.train.optimizer = "adamw";
+  spec_.parallel.offload = "none";
+  const auto straight = Train(10);
+  spec_.parallel.offload = "optimizer+params";
+  resume_ = CheckpointAt(6, "streamed-");
+  for (const std::string where : {"optimizer+params", "none"}) {
+    spec_.parallel.offload = where;
+    const auto resumed = Train(10);
+    ASSERT_EQ(resumed[0].size(), 4u);
+    for (int s = 0; s < 4; ++s) EXPECT_EQ(resumed[0][s], straight[0][s + 6]) << "resumed with offload " << where << ", step " << s + 7;
+  }
+  spec_.parallel.offload = "none";
+  resume_ = CheckpointAt(6, "streamed-from-device-");
+  spec_.parallel.offload = "optimizer+params";
+  const auto onto_host = Train(10);
+  ASSERT_EQ(onto_host[0].size(), 4u);
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(onto_host[0][s], straight[0][s + 6]) << "resumed onto the host, step " << s + 7;
+}
+
 // Data parallelism is gradient accumulation spread over ranks: dp = 2 with 4 rows a rank and
 // dp = 1 with two micro-batches of 4 add the same halves of the same per-micro-batch gradients,
 // so their losses are equal bit for bit (GPT-2's tied embedding included), for every ZeRO stage.

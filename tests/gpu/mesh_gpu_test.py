@@ -84,14 +84,16 @@ def main():
         strata(gpu, "up", "--gpus", str(min(n, 4)))
         meshes = [("1gpu", "")]
         if n >= 2:
-            meshes += [("dp2", "dp = 2\n"), ("dp2z3", "dp = 2\nzero = 3\n"), ("pp2", "pp = 2\n"), ("tp2", "tp = 2\n")]
+            meshes += [("dp2", "dp = 2\n"), ("dp2z3", "dp = 2\nzero = 3\n"), ("pp2", "pp = 2\n"), ("tp2", "tp = 2\n"),
+                       # ZeRO-3 streamed from host memory (offload = "optimizer+params"), gathered over NCCL
+                       ("dp2z3host", 'dp = 2\nzero = 3\nrecompute = false\noffload = "optimizer+params"\n')]
         if n >= 4:
             meshes += [("pp2tp2", "pp = 2\ntp = 2\n")]
         # MESH_GPU_RESUME_ONLY=1 runs only the resume checks below (a quick check of the restore);
         # MESH_GPU_FAMILIES picks families (default: all; the families beyond gpt2 and llama run
         # bf16 only, the precision their published checkpoints train in).
         families = os.environ.get("MESH_GPU_FAMILIES", " ".join(FAMILY_MODELS)).split()
-        # MESH_GPU_MESHES picks meshes by name (1gpu dp2 dp2z3 pp2 tp2 pp2tp2; default: all, and
+        # MESH_GPU_MESHES picks meshes by name (1gpu dp2 dp2z3 dp2z3host pp2 tp2 pp2tp2; default: all, and
         # the resume checks).
         if os.environ.get("MESH_GPU_MESHES"):
             meshes = [m for m in meshes if m[0] in os.environ["MESH_GPU_MESHES"].split()]
@@ -99,7 +101,7 @@ def main():
             reference = train(cpu, work, f"{family}-cpu", family)
             precisions = (("fp32", 1e-3), ("bf16", 3e-2)) if family in ("gpt2", "llama") else (("bf16", 3e-2),)
             for mesh, parallel in meshes:
-                if mesh == "dp2z3" and family not in ("gpt2", "llama"):
+                if mesh in ("dp2z3", "dp2z3host") and family not in ("gpt2", "llama"):
                     continue
                 for precision, tolerance in precisions:
                     name = f"{family}-{mesh}-{precision}"
