@@ -31,6 +31,9 @@ MODELS = {
     "gpt2-355m": dict(family="gpt2", layers=24, hidden=1024, heads=16, vocab=50257, sequence=1024),
     "gpt2-774m": dict(family="gpt2", layers=36, hidden=1280, heads=20, vocab=50257, sequence=1024),
     "llama-886m": dict(family="llama", layers=16, hidden=2048, heads=16, kv_heads=8, ffn=5632, vocab=32000, sequence=1024),
+    # Llama 3 8B's width (bench/largest_model.py's), 4 and 8 layers: their difference is one layer's share.
+    "llama-4096x4": dict(family="llama", layers=4, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, sequence=1024),
+    "llama-4096x8": dict(family="llama", layers=8, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, sequence=1024),
     "tiny": dict(family="gpt2", layers=2, hidden=64, heads=4, vocab=256, sequence=32),
 }
 

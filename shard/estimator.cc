@@ -51,6 +51,7 @@
 // Calibration (what worker/trainer really keeps, fitted to measured allocator peaks; the fit and
 // its residuals are in docs/benchmarks.md, "Estimate vs. measured peak"). Per rank:
 //   peak = state + working copies + a * activations + recompute's layer + loss + buffers + d
+//   (a and recompute's layer differ by block kind: below, and "Refit for gated-MLP blocks")
 //   state         16 bytes per parameter, sharded by ZeRO: fp32 weights 4, fp32 gradient buffer 4
 //                 (kept whole under ZeRO-2: the reduce-scatter runs in place), AdamW m and v 8
 //                 (adamw8bit: 2.03). See BytesPerParam.
@@ -89,6 +90,15 @@
 // the order the runs were made in, about 48 MiB a run (correlation 0.69), where the two-GPU
 // grid's ZeRO-1 and ZeRO-2 runs, which hold the same bytes, measured the same peak to the byte.
 // docs/benchmarks.md has the numbers.
+// Refit for gated-MLP blocks (Llama, Mistral, Qwen2, Gemma; session 19, 2026-11-28, one H200,
+// one `strata up` per run: bench/results/calibration-2026-11-28-llama-widths-h200.jsonl): the
+// Llama 886M and Llama 3 8B's width at 4 and 8 layers, micro-batch 2 and 8, recompute on and
+// off. Differencing 8 and 4 layers of the 8B width gives 1.27 GB a layer at micro-batch 8:
+// 37.9 bytes per token x hidden, the tensors counted above with nothing more (their fused
+// RMSNorm, SwiGLU and RoPE kernels save no extra copies), so a = 1.0 for them; and their
+// recomputed runs hold no extra layer (with it they were over by a constant 1.4 GB at the 8B
+// width). With that every one of the 12 runs is within 2.4%, and so are issue #23's largest
+// models (7.24-12.7B; shard/planner_test.cc). GPT-2's blocks keep a = 1.153 and the term.
 // Replaced: the fit of 2026-11-26 (46 rank-runs), made before the trainer dropped its fp32
 // optimizer masks, fused its loss and norms and kept bf16 working copies: it charged 11.4 bytes
 // per logit, autocast's bf16 weight casts per micro-batch in flight, an unexplained Llama term
@@ -119,7 +129,8 @@ constexpr double kElementwiseSecondsPerElement = 165e-12;  // per element of tok
 constexpr double kLossSecondsPerLogit = 7.8e-12;           // the fused loss's elementwise work, per logit
 constexpr double kOptimizerSecondsPerParam = 4e-12;
 constexpr double kGatherSeconds = 110e-6;  // a streamed ZeRO-3 gather or reduce-scatter's fixed cost
-constexpr double kActivationScale = 1.153;
+constexpr double kActivationScale = 1.153;       // GPT-2-style blocks (LayerNorm, bias + GELU)
+constexpr double kGatedActivationScale = 1.0;    // gated-MLP blocks (RMSNorm, SwiGLU/GeGLU, RoPE)
 constexpr double kBytesPerChunkLogit = 1.76;
 constexpr int64_t kStepTemporaryBytes = int64_t{60} << 20;
 // worker/fused_loss.h: the fused loss makes its logits in row chunks of at most this many bytes.
@@ -415,8 +426,11 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     // The layers' saved tensors for the micro-batches in flight (with recompute, their fp32
     // inputs and one layer recomputed), scaled as measured; a recomputed layer's backward also
     // casts its weights to bf16 again and makes their fp32 gradients.
-    double acts = kActivationScale * StageActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, layers, in_flight, recompute);
-    if (recompute) acts += ((fp32_acts ? 0.0 : 2.0) + 4.0) * layer_per_rank;
+    const double activation_scale = model.gated_mlp() ? kGatedActivationScale : kActivationScale;
+    double acts = activation_scale * StageActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, layers, in_flight, recompute);
+    // (Measured on GPT-2-style blocks; the gated-MLP blocks' peaks hold none of it: session 19's
+    // Llama grid at two widths.)
+    if (recompute && !model.gated_mlp()) acts += ((fp32_acts ? 0.0 : 2.0) + 4.0) * layer_per_rank;
     if (last) {
       // The fused loss (worker/fused_loss.cc), whole on every tensor-parallel rank: one chunk of
       // logits, the head-sized buffers it holds at its peak, and per token the final norm's fp32

@@ -553,6 +553,8 @@ struct MeasuredPeak {
   bool recompute;
   int64_t rank, peak_bytes;
   double bound = 0.05;
+  const char* offload = "none";
+  const char* optimizer = "adamw";
 };
 constexpr double kKnownMiss = 0.08;
 
@@ -579,10 +581,28 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
     {"774m", 1, 1, 1, 0, 2, true, 0, 14046497792},
     {"774m", 1, 1, 1, 0, 8, false, 0, 28910746624, kKnownMiss},
     {"774m", 1, 1, 1, 0, 8, true, 0, 15437556736},
-    {"llama", 1, 1, 1, 0, 2, false, 0, 19171137536},
-    {"llama", 1, 1, 1, 0, 2, true, 0, 15678969856},
-    {"llama", 1, 1, 1, 0, 8, false, 0, 26493179904},
-    {"llama", 1, 1, 1, 0, 8, true, 0, 17007026176},
+    // The Llamas again, session 19, one `strata up` per run (bench/results/
+    // calibration-2026-11-28-llama-widths-h200.jsonl): the 886M and Llama 3 8B's width at 4 and 8
+    // layers.
+    {"llama", 1, 1, 1, 0, 2, false, 0, 18896410624},
+    {"llama", 1, 1, 1, 0, 2, true, 0, 15337134080},
+    {"llama", 1, 1, 1, 0, 8, false, 0, 26084235264},
+    {"llama", 1, 1, 1, 0, 8, true, 0, 16530972672},
+    {"llama-4096x4", 1, 1, 1, 0, 2, false, 0, 22752315392},
+    {"llama-4096x4", 1, 1, 1, 0, 2, true, 0, 19970826752},
+    {"llama-4096x4", 1, 1, 1, 0, 8, false, 0, 26916505600},
+    {"llama-4096x4", 1, 1, 1, 0, 8, true, 0, 21716221952},
+    {"llama-4096x8", 1, 1, 1, 0, 2, false, 0, 39732566016},
+    {"llama-4096x8", 1, 1, 1, 0, 2, true, 0, 34064212480},
+    {"llama-4096x8", 1, 1, 1, 0, 8, false, 0, 47725303808},
+    {"llama-4096x8", 1, 1, 1, 0, 8, true, 0, 36212260864},
+    // Issue #23's largest models on one H200 (bench/largest_model.py; docs/benchmarks.md): with
+    // AdamW, 8-bit AdamW and the optimizer offloaded (session 17, its table's peaks in GB), and
+    // with the parameters too (session 19, bench/results/largest-2026-11-28-offload-params-h200.jsonl).
+    {"llama-4096x36", 1, 1, 1, 0, 1, true, 0, 132020000000},                           // (a) adamw: 132.02 GB
+    {"llama-4096x57", 1, 1, 1, 0, 2, true, 0, 130940000000, 0.05, "none", "adamw8bit"},  // (b) 130.94 GB
+    {"llama-4096x32", 1, 1, 1, 0, 8, false, 0, 114640000000, 0.05, "optimizer"},
+    {"llama-4096x32", 1, 1, 1, 3, 8, false, 0, 43203116032, 0.05, "optimizer+params"},
     // Two GPUs, NVIDIA H200, 2026-11-28 (bench/results/calibration-2026-11-28-two-gpus-h200.jsonl):
     // GPT-2 124M only; one rank where both ranks measured the same bytes.
     {"124m", 2, 1, 1, 0, 2, false, 0, 3653891072},
@@ -609,11 +629,15 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
       model.family = "llama", model.layers = 16, model.hidden = 2048, model.heads = 16, model.kv_heads = 8;
       model.ffn = 5632, model.vocab = 32000;
     }
+    if (std::string(p.model).rfind("llama-4096x", 0) == 0) {  // Llama 3 8B's width
+      model.family = "llama", model.layers = std::stoll(std::string(p.model).substr(11)), model.hidden = 4096, model.heads = 32;
+      model.kv_heads = 8, model.ffn = 14336, model.vocab = 32000;
+    }
     RunSpec spec;
     spec.model = model;
-    spec.train.global_batch = 8, spec.train.precision = "bf16";
+    spec.train.global_batch = 8, spec.train.precision = "bf16", spec.train.optimizer = p.optimizer;
     spec.parallel.dp = p.dp, spec.parallel.pp = p.pp, spec.parallel.tp = p.tp, spec.parallel.zero = p.zero;
-    spec.parallel.micro_batch = p.micro_batch, spec.parallel.recompute = p.recompute;
+    spec.parallel.micro_batch = p.micro_batch, spec.parallel.recompute = p.recompute, spec.parallel.offload = p.offload;
     const int64_t n = p.dp * p.pp * p.tp;
     auto plan = ChoosePlan(model, JobForRun(spec), Workers(static_cast<int>(n), 140 * kGiB, 141 * kGiB));
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
@@ -621,7 +645,8 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
     const double error = static_cast<double>(m.total() - m.workspace) / static_cast<double>(p.peak_bytes) - 1;
     const std::string where = std::string(p.model) + " dp" + std::to_string(p.dp) + " pp" + std::to_string(p.pp) + " tp" +
                               std::to_string(p.tp) + " zero" + std::to_string(p.zero) + " mb" + std::to_string(p.micro_batch) +
-                              (p.recompute ? " recompute" : "") + " rank " + std::to_string(p.rank);
+                              (p.recompute ? " recompute" : "") + " offload " + p.offload + " " + p.optimizer + " rank " +
+                              std::to_string(p.rank);
     EXPECT_LE(std::abs(error), p.bound) << where << ": error " << error * 100 << "%";
   }
 }
