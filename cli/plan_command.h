@@ -12,7 +12,8 @@
 //   tflops = 989         # peak per GPU
 //   host_memory = "1TiB" # free host memory per node (an offloaded optimizer's state); default: not checked
 // Then the largest model of the spec's width that each optimizer option (AdamW, 8-bit AdamW,
-// AdamW offloaded to host memory) trains on those workers (shard/capacity.h).
+// AdamW offloaded to host memory, and with the parameters streamed from there too) trains on
+// those workers (shard/capacity.h).
 #pragma once
 
 #include <string>
