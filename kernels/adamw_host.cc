@@ -1,3 +1,5 @@
+// SquareSumHost (kernels.h) is here too: the other host-side pass over an offloaded gradient.
+//
 // AdamWHost: kernels.h's AdamW on the CPU, vectorised and split over threads - the optimizer of
 // a CPU worker and of an offloaded one ([parallel] offload), where the update of a large model
 // runs on the host. Bit-exact with AdamWReference: each lane computes AdamWElement's operations
@@ -43,6 +45,30 @@ void AdamWHost(const AdamWArgs& args, float* param, const float* grad, float* ex
   }
   AdamWSpan(s, param, grad, exp_avg, exp_avg_sq, std::min(chunk, n));
   for (auto& t : pool) t.join();
+}
+
+double SquareSumHost(const float* grad, int64_t n, int threads) {
+  constexpr int64_t kChunk = 1 << 20;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  auto sum_chunks = [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      const float* p = grad + c * kChunk;
+      const int64_t len = std::min(kChunk, n - c * kChunk);
+      double sum = 0;
+      for (int64_t i = 0; i < len; ++i) sum += static_cast<double>(p[i]) * p[i];
+      partial[static_cast<size_t>(c)] = sum;
+    }
+  };
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(threads, chunks));
+  const int64_t per = (chunks + workers - 1) / std::max<int64_t>(workers, 1);
+  std::vector<std::thread> pool;
+  for (int64_t first = per; first < chunks; first += per) pool.emplace_back(sum_chunks, first, std::min(chunks, first + per));
+  sum_chunks(0, std::min(chunks, per));
+  for (auto& t : pool) t.join();
+  double total = 0;
+  for (double x : partial) total += x;
+  return total;
 }
 
 }  // namespace strata::kernels

@@ -24,6 +24,10 @@
 // leaves out tensor-parallel replicas and tied copies, so each element counts once). Accumulated
 // into *out, so the spans of a step add into one scalar; deterministic (a fixed reduction order
 // for a given n), unlike atomics.
+// SquareSumHost: the same sum on the host's cores, in double: chunks of 2^20 elements, each
+// summed in order, and the chunks' sums added in order - the same result for any thread count.
+// For gradients that live in host memory on a GPU worker (offload = "optimizer+params"), where
+// one thread would take seconds a step on a 7B model.
 //
 // CrossEntropyGradInPlace: the softmax cross-entropy of each row of logits z ([rows, row_stride],
 // of which the first `vocab` columns are the vocabulary and the rest padding), and its gradient
@@ -148,6 +152,7 @@ bool HasCuda();
 void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
            uint16_t* param_bf16 = nullptr);
 void AdamWHost(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, int threads = 1);
+double SquareSumHost(const float* grad, int64_t n, int threads = 1);
 
 // `scratch`: at least SquareSumScratch() floats on the same device (CUDA; unused on CPU).
 void SquareSum(const Place& place, const float* grad, int64_t n, float* out, float* scratch);

@@ -138,6 +138,20 @@ TEST(KernelsTest, SquareSumEqualsLibTorchAndAccumulates) {
   EXPECT_EQ(again, out);
 }
 
+// The host's threaded sum (in double, over fixed chunks): the same bits for any thread count, and
+// LibTorch's sum within fp32 rounding, across chunk boundaries and a partial last chunk.
+TEST(KernelsTest, SquareSumHostIsThreadCountFreeAndEqualsLibTorch) {
+  torch::manual_seed(5);
+  const int64_t n = 5 * (int64_t{1} << 20) + 12345;
+  auto g = torch::randn({n});
+  const double one = SquareSumHost(g.data_ptr<float>(), n, 1);
+  EXPECT_EQ(SquareSumHost(g.data_ptr<float>(), n, 3), one);
+  EXPECT_EQ(SquareSumHost(g.data_ptr<float>(), n, 64), one);
+  const double expected = g.to(torch::kDouble).pow(2).sum().item<double>();
+  EXPECT_NEAR(one, expected, 1e-10 * expected);
+  EXPECT_EQ(SquareSumHost(g.data_ptr<float>(), 0, 4), 0.0);
+}
+
 // The loss and gradient as LibTorch's own ops give them, in fp32 from the stored logits.
 void LibTorchCrossEntropy(const torch::Tensor& logits, int64_t vocab, const torch::Tensor& targets, float scale,
                           torch::Tensor* row_loss, torch::Tensor* grad) {

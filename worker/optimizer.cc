@@ -2,8 +2,6 @@
 
 #include "worker/kernel_place.h"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -143,34 +141,6 @@ void UnitOptimizer::HostGradient(size_t u, const torch::Tensor& grad) {
   sums_->Add(grad, host_[u].grad, host_[u].uses++ == 0);
 }
 
-namespace {
-
-// sum g[i]^2 over the spans, on the host's cores: fixed chunks summed in double, then added in
-// order, so the result does not depend on the thread count. (A CPU worker's on-device norm is
-// kernels::SquareSum; this is for a GPU worker's host-streamed units, where one thread would
-// take seconds a step on a 7B model.)
-double HostSquareSum(const float* g, const std::vector<UnitOptimizer::Moments::Span>& spans) {
-  constexpr int64_t kChunk = 1 << 20;
-  std::vector<std::pair<const float*, int64_t>> chunks;
-  for (const auto& s : spans) {
-    for (int64_t at = 0; at < s.length; at += kChunk) chunks.emplace_back(g + s.begin + at, std::min(kChunk, s.length - at));
-  }
-  std::vector<double> partial(chunks.size(), 0.0);
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      double sum = 0;
-      const auto [p, n] = chunks[static_cast<size_t>(c)];
-      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(p[i]) * p[i];
-      partial[static_cast<size_t>(c)] = sum;
-    }
-  });
-  double total = 0;
-  for (double x : partial) total += x;
-  return total;
-}
-
-}  // namespace
-
 torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
   SettleOrThrow();
   torch::NoGradGuard no_grad;
@@ -201,7 +171,9 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
           kernels::SquareSum(place, g.data_ptr<float>() + sp.begin, sp.length, square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
         }
       } else {
-        host_square_sum += HostSquareSum(g.data_ptr<float>(), moments_[u].norm_spans);
+        for (const Moments::Span& sp : moments_[u].norm_spans) {
+          host_square_sum += kernels::SquareSumHost(g.data_ptr<float>() + sp.begin, sp.length, host_threads_);
+        }
       }
       reduced_.push_back(g);
       continue;

@@ -81,7 +81,6 @@ Status Trainer::Resume(const ResumePoint& resume) {
   int64_t read_ms = 0, place_ms = 0;
   int64_t read_bytes = 0;
   torch::NoGradGuard no_grad;
-  const bool host_is_device = device_.is_cpu();
   for (size_t u = 0; u < model_->units().size(); ++u) {
     ParamUnit& unit = model_->units()[u];
     UnitOptimizer::Moments& m = optimizer_->moments(u);
@@ -93,8 +92,9 @@ Status Trainer::Resume(const ResumePoint& resume) {
       return n;
     };
     // Per kind, the range [lo, hi) of the unit's flat vector this rank holds (all of it, its ZeRO-3
-    // shard, or its optimizer range) and where it lands: the tensor itself on a CPU worker, else
-    // a pinned host buffer copied to the device once the unit is read.
+    // shard, or its optimizer range) and where it lands: the tensor itself where it lives in host
+    // memory (a CPU worker; offloaded moments and master copies, host-streamed parameters), else a
+    // pinned host buffer copied to the device once the unit is read.
     struct Target {
       torch::Tensor host, device;
       int64_t lo = 0, hi = 0;
@@ -102,7 +102,7 @@ Status Trainer::Resume(const ResumePoint& resume) {
     std::map<std::string, Target> targets;
     auto target = [&](const torch::Tensor& on_device, int64_t lo, int64_t hi) {
       Target t{on_device, on_device, lo, hi};
-      if (!host_is_device) t.host = torch::empty({hi - lo}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+      if (on_device.is_cuda()) t.host = torch::empty({hi - lo}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
       return t;
     };
     targets["param"] = target(unit.flat.detach(), unit.sharded ? unit.shard_begin : 0, unit.sharded ? unit.shard_end : unit.numel);
@@ -222,8 +222,8 @@ Status Trainer::Resume(const ResumePoint& resume) {
                     static_cast<size_t>(hi - lo) * sizeof(float));
       }
     }
-    if (!host_is_device) {
-      for (auto& [kind, t] : targets) t.device.copy_(t.host);
+    for (auto& [kind, t] : targets) {
+      if (!t.host.is_same(t.device)) t.device.copy_(t.host);
     }
     if (eight_bit) {
       optimizer_->SetMomentValues(u, false, m_values);

@@ -303,6 +303,16 @@ TEST_F(TrainerTest, EightBitAdamWTracksAdamWAndResumesItsStateExactly) {
   }
 }
 
+// Every rank's `steps` losses of `got` equal `want`'s bit for bit, and the run learned.
+void ExpectSameLossesBitForBit(const std::vector<std::vector<double>>& got, const std::vector<std::vector<double>>& want, size_t steps) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t r = 0; r < want.size(); ++r) {
+    ASSERT_EQ(got[r].size(), steps);
+    for (size_t s = 0; s < steps; ++s) EXPECT_EQ(got[r][s], want[r][s]) << "rank " << r << " step " << s + 1;
+  }
+  EXPECT_LT(got[0].back(), got[0].front());
+}
+
 // parallel.offload = "optimizer": m and v in host memory, each unit's gradient and parameters
 // copied there and back, the host AdamW (kernels::AdamWHost, threaded) doing the update - the
 // on-device optimizer's arithmetic, so the losses are the same bit for bit on every ZeRO stage
@@ -324,12 +334,7 @@ TEST_F(TrainerTest, OffloadedOptimizerGivesTheOnDeviceLossesBitForBit) {
     const auto on_device = Train(8);
     spec_.parallel.offload = "optimizer";
     const auto offloaded = Train(8);
-    ASSERT_EQ(offloaded.size(), on_device.size());
-    for (size_t r = 0; r < on_device.size(); ++r) {
-      ASSERT_EQ(offloaded[r].size(), 8u);
-      for (int s = 0; s < 8; ++s) EXPECT_EQ(offloaded[r][s], on_device[r][s]) << "rank " << r << " step " << s + 1;
-    }
-    EXPECT_LT(offloaded[0].back(), offloaded[0].front());
+    ExpectSameLossesBitForBit(offloaded, on_device, 8);
   }
   SetMesh(2, 1, 1, 1);
   spec_.train.optimizer = "adamw";
@@ -367,12 +372,7 @@ TEST_F(TrainerTest, HostStreamedParametersGiveStreamedZero3LossesBitForBit) {
     const auto on_device = Train(8);
     spec_.parallel.offload = "optimizer+params";
     const auto streamed = Train(8);
-    ASSERT_EQ(streamed.size(), on_device.size());
-    for (size_t r = 0; r < on_device.size(); ++r) {
-      ASSERT_EQ(streamed[r].size(), 8u);
-      for (int s = 0; s < 8; ++s) EXPECT_EQ(streamed[r][s], on_device[r][s]) << "rank " << r << " step " << s + 1;
-    }
-    EXPECT_LT(streamed[0].back(), streamed[0].front());
+    ExpectSameLossesBitForBit(streamed, on_device, 8);
   }
   SetMesh(2, 1, 1, 3);
   spec_.parallel.micro_batch = 0;

@@ -120,7 +120,11 @@ def main():
             for family in ("gpt2", "llama"):
                 whole = train(gpu, work, f"{family}-tp2-ckpt", family, "tp = 2\n", "fp32", "checkpoint_every = 5\n")
                 source = train.last_run
-                for mesh, parallel in (("tp1", "tp = 1\ndp = 1\npp = 1\n"), ("dp2z3", "dp = 2\nzero = 3\ntp = 1\n")):
+                # ... and onto state that lives in host memory (offloaded moments; host-streamed
+                # parameters), which the restore writes in place.
+                for mesh, parallel in (("tp1", "tp = 1\ndp = 1\npp = 1\n"), ("dp2z3", "dp = 2\nzero = 3\ntp = 1\n"),
+                                       ("offload", 'tp = 1\ndp = 1\npp = 1\noffload = "optimizer"\n'),
+                                       ("dp2z3host", 'dp = 2\nzero = 3\ntp = 1\nrecompute = false\noffload = "optimizer+params"\n')):
                     name = f"{family}-tp2-resumed-{mesh}"
                     losses = train(gpu, work, name, family, parallel, "fp32", resume=f"{source}@5")
                     worst = max(abs(a - b) / b for a, b in zip(losses[5:], whole[5:]))
