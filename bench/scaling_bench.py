@@ -10,6 +10,8 @@ heads, ffn 5632, vocab 32000).
 
 usage: STRATA_BIN_DIR=build/bin python3 bench/scaling_bench.py --model gpt2 --gpus 1,2,4 \
            --meshes auto,dp,pp,tp [--steps 12]
+meshes: auto (the planner's plan), dp (dp = N, ZeRO-1), z0 / z2 / z3 (dp = N at that ZeRO stage),
+pp (dp = N/2 x pp = 2), tp (dp = N/2 x tp = 2).
 """
 import argparse
 import array
@@ -39,6 +41,8 @@ def parallel(mesh, n):
         return ""
     if mesh == "dp":
         return f"dp = {n}\npp = 1\ntp = 1\nzero = {1 if n > 1 else 0}\nrecompute = false\nmicro_batch = 8\n"
+    if mesh in ("z0", "z2", "z3"):  # dp = N at ZeRO stage 0, 2 or 3
+        return f"dp = {n}\npp = 1\ntp = 1\nzero = {mesh[1]}\nrecompute = false\nmicro_batch = 8\n"
     if mesh == "pp":  # 2 stages, the rest data parallel; 4 micro-batches of 8 per replica... per stage pair
         return f"dp = {n // 2}\npp = 2\ntp = 1\nzero = {1 if n > 2 else 0}\nrecompute = false\nmicro_batch = 4\n"
     if mesh == "tp":
@@ -70,7 +74,7 @@ def main():
                 time.sleep(0.1)
             try:
                 for mesh in args.meshes.split(","):
-                    if mesh in ("pp", "tp") and n < 2:
+                    if mesh in ("pp", "tp", "z2", "z3") and n < 2:
                         continue
                     name = f"{args.model}-{mesh}-{n}"
                     with open(f"{work}/{name}.toml", "w") as f:

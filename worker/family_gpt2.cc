@@ -36,15 +36,18 @@ class Gpt2Family : public ModelFamily {
     const NormedResidual first = fuse_residual ? FusedResidualLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute)
                                                : NormedResidual{x, FusedLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute)};
     auto a = tp.enter(first.normed);
-    // [b, t, 3 * heads * hd] -> 3 x [b, heads, t, hd]. One unbind, not three indexings: its
-    // backward stacks the three gradients in one copy, where indexing would give each its own
-    // zero-filled [3, ...] buffer and add them up.
-    const auto qkv = torch::linear(a, p("c_attn.weight"), p("c_attn.bias")).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4}).unbind(0);
-    out.q = qkv[0].transpose(1, 2);
-    out.k = qkv[1].transpose(1, 2);
-    out.v = qkv[2].transpose(1, 2);
-    if (request.attn_pattern) out.attn_pattern = AttentionPattern(qkv[0], qkv[1]);
-    auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape({b, t, heads * hd});
+    // [b, t, 3 * heads * hd] -> 3 x [b, t, heads, hd] by one unbind of the middle dimension, then
+    // the heads-first views attention takes. Backward stacks the three gradients along that
+    // dimension: one copy, straight into the projection's [b, t, 3 * heads * hd] layout (three
+    // indexings would zero-fill and add three buffers; an unbind of a permuted view would stack
+    // heads-first and then copy again to undo the permute).
+    const auto qkv = p.Linear(a, "c_attn.weight", "c_attn.bias").view({b, t, 3, heads, hd}).unbind(2);
+    const auto q = qkv[0].transpose(1, 2), k = qkv[1].transpose(1, 2), v = qkv[2].transpose(1, 2);
+    out.q = qkv[0];
+    out.k = qkv[1];
+    out.v = qkv[2];
+    if (request.attn_pattern) out.attn_pattern = AttentionPattern(q, k);
+    auto y = compat::CausalAttention(q, k, v).transpose(1, 2).reshape({b, t, heads * hd});
     out.attn_out = Patched(request, "attn_out", Projected(y, p, "attn_proj", tp));
     NormedResidual second;
     if (fuse_residual) {
@@ -56,7 +59,7 @@ class Gpt2Family : public ModelFamily {
     }
     auto m = tp.enter(second.normed);
     // The bias and the GELU in one kernel each way (kernels.h BiasGelu), after a bias-free matmul.
-    out.mlp_hidden = Patched(request, "mlp_hidden", FusedBiasGelu(torch::linear(m, p("c_fc.weight")), p("c_fc.bias"), /*tanh=*/true));
+    out.mlp_hidden = Patched(request, "mlp_hidden", FusedBiasGelu(p.Linear(m, "c_fc.weight"), p("c_fc.bias"), /*tanh=*/true));
     out.mlp_out = Patched(request, "mlp_out", Projected(out.mlp_hidden, p, "mlp_proj", tp));
     out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);
     return out;
@@ -69,8 +72,8 @@ class Gpt2Family : public ModelFamily {
   // A row-split projection and its bias. One rank: the bias goes into the matmul (one kernel,
   // its output in the compute dtype). Tensor parallel: added once after the partial sums meet.
   static torch::Tensor Projected(const torch::Tensor& y, const ParamView& p, const std::string& name, const TensorParallel& tp) {
-    if (tp.size == 1) return torch::linear(y, p(name + ".weight"), p(name + ".bias"));
-    return tp.leave(torch::linear(y, p(name + ".weight"))) + p(name + ".bias");
+    if (tp.size == 1) return p.Linear(y, name + ".weight", name + ".bias");
+    return tp.leave(p.Linear(y, name + ".weight")) + p(name + ".bias");
   }
 
   void Initialize(const std::string& name, torch::Tensor& t) const override {

@@ -24,7 +24,7 @@ class GptNeoxFamily : public ModelFamily {
     const torch::Tensor& x = out.resid_pre;
     auto [cos, sin] = Rotary(x);
     auto a = tp.enter(LayerNorm(x, p, "input_layernorm"));
-    auto qkv = torch::linear(a, p("attention.query_key_value.weight"), p.Optional("attention.query_key_value.bias"))
+    auto qkv = p.Linear(a, "attention.query_key_value.weight", "attention.query_key_value.bias")
                    .view({b, t, heads, 3 * hd})
                    .transpose(1, 2);
     auto parts = qkv.chunk(3, -1);
@@ -34,7 +34,7 @@ class GptNeoxFamily : public ModelFamily {
     out.v = parts[2].transpose(1, 2);
     if (request.attn_pattern) out.attn_pattern = AttentionPattern(q, k);
     auto y = compat::CausalAttention(q, k, parts[2]).transpose(1, 2).reshape({b, t, heads * hd});
-    auto attn = tp.leave(torch::linear(y, p("attention.dense.weight")));
+    auto attn = tp.leave(p.Linear(y, "attention.dense.weight"));
     if (auto bias = p.Optional("attention.dense.bias"); bias.defined()) attn = attn + bias;
     out.attn_out = Patched(request, "attn_out", attn);
     // resid_mid = x + attn_out under both residuals. Sequential: the MLP's input, as in every
@@ -45,9 +45,9 @@ class GptNeoxFamily : public ModelFamily {
     out.resid_mid = Patched(request, "resid_mid", mid);
     const torch::Tensor& mlp_in = spec_.parallel_residual ? x : out.resid_mid;
     auto m = tp.enter(LayerNorm(mlp_in, p, "post_attention_layernorm"));
-    out.mlp_hidden = Patched(request, "mlp_hidden", FusedBiasGelu(torch::linear(m, p("mlp.dense_h_to_4h.weight")), p("mlp.dense_h_to_4h.bias"),
+    out.mlp_hidden = Patched(request, "mlp_hidden", FusedBiasGelu(p.Linear(m, "mlp.dense_h_to_4h.weight"), p("mlp.dense_h_to_4h.bias"),
                                                                   /*tanh=*/spec_.activation == "gelu_tanh"));
-    out.mlp_out = Patched(request, "mlp_out", tp.leave(torch::linear(out.mlp_hidden, p("mlp.dense_4h_to_h.weight"))) + p("mlp.dense_4h_to_h.bias"));
+    out.mlp_out = Patched(request, "mlp_out", tp.leave(p.Linear(out.mlp_hidden, "mlp.dense_4h_to_h.weight")) + p("mlp.dense_4h_to_h.bias"));
     // transformers adds mlp + attn + x (parallel) and mlp + (attn + x) (sequential); kept in
     // that order (fp32 addition is not associative) unless resid_mid was patched.
     const bool mid_patched = !out.resid_mid.is_same(mid);

@@ -22,11 +22,11 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
                                              : NormedResidual{x, Norm(x, p("input_layernorm.weight"))};
   auto a = tp.enter(first.normed);
   // RoPE on [b, t, heads, hd] as the projections lay it out, then the heads-first view attention takes.
-  auto q = FusedRotary(torch::linear(a, p("self_attn.q_proj.weight"), p.Optional("self_attn.q_proj.bias")).view({b, t, heads, hd}),
+  auto q = FusedRotary(p.Linear(a, "self_attn.q_proj.weight", "self_attn.q_proj.bias").view({b, t, heads, hd}),
                        cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
-  auto k = FusedRotary(torch::linear(a, p("self_attn.k_proj.weight"), p.Optional("self_attn.k_proj.bias")).view({b, t, kv_heads, hd}),
+  auto k = FusedRotary(p.Linear(a, "self_attn.k_proj.weight", "self_attn.k_proj.bias").view({b, t, kv_heads, hd}),
                        cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
-  auto v = torch::linear(a, p("self_attn.v_proj.weight"), p.Optional("self_attn.v_proj.bias")).view({b, t, kv_heads, hd}).transpose(1, 2);
+  auto v = p.Linear(a, "self_attn.v_proj.weight", "self_attn.v_proj.bias").view({b, t, kv_heads, hd}).transpose(1, 2);
   out.q = q.transpose(1, 2);
   out.k = k.transpose(1, 2);  // kv_heads, before the repeat below
   out.v = v.transpose(1, 2);
@@ -35,7 +35,7 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
     out.attn_pattern = AttentionPattern(q, kv_heads == heads ? k : k.repeat_interleave(heads / kv_heads, 1), spec_.sliding_window);
   }
   auto y = compat::CausalAttention(q, k, v, spec_.sliding_window).transpose(1, 2).reshape({b, t, heads * hd});
-  auto attn = tp.leave(torch::linear(y, p("self_attn.o_proj.weight")));
+  auto attn = tp.leave(p.Linear(y, "self_attn.o_proj.weight"));
   if (auto bias = p.Optional("self_attn.o_proj.bias"); bias.defined()) attn = attn + bias;
   out.attn_out = Patched(request, "attn_out", attn);
   NormedResidual second;
@@ -47,10 +47,10 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
     second = {out.resid_mid, Norm(out.resid_mid, p("post_attention_layernorm.weight"))};
   }
   auto m = tp.enter(second.normed);
-  auto gate = torch::linear(m, p("mlp.gate_proj.weight"), p.Optional("mlp.gate_proj.bias"));
-  auto up = torch::linear(m, p("mlp.up_proj.weight"), p.Optional("mlp.up_proj.bias"));
+  auto gate = p.Linear(m, "mlp.gate_proj.weight", "mlp.gate_proj.bias");
+  auto up = p.Linear(m, "mlp.up_proj.weight", "mlp.up_proj.bias");
   out.mlp_hidden = Patched(request, "mlp_hidden", spec_.activation == "silu" ? FusedSwiGlu(gate, up) : Activation(gate) * up);
-  auto mlp = tp.leave(torch::linear(out.mlp_hidden, p("mlp.down_proj.weight")));
+  auto mlp = tp.leave(p.Linear(out.mlp_hidden, "mlp.down_proj.weight"));
   if (auto bias = p.Optional("mlp.down_proj.bias"); bias.defined()) mlp = mlp + bias;
   out.mlp_out = Patched(request, "mlp_out", mlp);
   out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "worker/kernel_place.h"
+#include "worker/torch_compat.h"
 
 namespace strata::worker {
 namespace {
@@ -32,14 +33,10 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
         torch::mm_out(dx_chunk, z, wc);
       }
       if (need_dw) {
-        // One chunk: dW in the compute dtype widened once (as autocast's backward does); several:
-        // their partial products added in fp32.
-        torch::Tensor part = torch::mm(z.t(), x_chunk);
-        if (!dw.defined()) {
-          dw = part.to(torch::kFloat);
-        } else {
-          dw.add_(part);
-        }
+        // The chunks' products summed in fp32: written by the matmul itself where LibTorch can
+        // (bf16 x bf16 -> fp32 on a GPU), else each product widened and added.
+        if (!dw.defined()) dw = torch::empty({padded_vocab, x.size(1)}, x.options().dtype(torch::kFloat));
+        compat::MatmulIntoFloat(dw, z.t(), x_chunk, /*accumulate=*/begin > 0);
       }
     }
     ctx->saved_data["dx"] = dx;

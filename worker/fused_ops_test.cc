@@ -386,5 +386,70 @@ TEST(FusedOpsTest, PatchedBlocksTakeTheOpByOpPathWithTheSameSitesAndGradients) {
   }
 }
 
+// A sink as StageModel's slot is: one fp32 buffer, written on the step's first use, added after.
+class BufferSink final : public GradientSink {
+ public:
+  explicit BufferSink(torch::Tensor initial) : buffer(std::move(initial)) {}
+  torch::Tensor Use(const torch::Tensor&, const torch::Tensor& value) override {
+    CountUse();
+    return value;
+  }
+  void CountUse() override { ++uses; }
+  void Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) override {
+    torch::NoGradGuard no_grad;
+    write(buffer, received++ == 0);
+  }
+  torch::Tensor buffer;
+  int uses = 0, received = 0;
+};
+
+TEST(FusedOpsTest, LinearIntoGradientWritesThenAddsTheWeightGradientAndEqualsTorchLinear) {
+  torch::manual_seed(11);
+  const auto x = torch::randn({2, 5, 8}), w = torch::randn({6, 8}), b = torch::randn({6});
+  const auto dy1 = torch::randn({2, 5, 6}), dy2 = torch::randn({2, 5, 6});
+  // Two uses of one weight in a step, as a tied or reused matrix has; the buffer starts as garbage.
+  BufferSink sink(torch::full({6, 8}, std::nan("")));
+  const auto x_ours = x.clone().requires_grad_(true), b_ours = b.clone().requires_grad_(true);
+  const auto param = w.clone().requires_grad_(true);
+  const auto y1 = LinearIntoGradient(x_ours, param, param, b_ours, &sink);
+  const auto y2 = LinearIntoGradient(x_ours * 2, param, param, torch::Tensor(), &sink);
+  ((y1 * dy1).sum() + (y2 * dy2).sum()).backward();
+
+  const auto x_ref = x.clone().requires_grad_(true), b_ref = b.clone().requires_grad_(true), w_ref = w.clone().requires_grad_(true);
+  const auto r1 = torch::linear(x_ref, w_ref, b_ref), r2 = torch::linear(x_ref * 2, w_ref);
+  ((r1 * dy1).sum() + (r2 * dy2).sum()).backward();
+
+  EXPECT_EQ(sink.uses, 2);
+  EXPECT_EQ(sink.received, 2);
+  EXPECT_FALSE(param.grad().defined()) << "the weight's gradient went through autograd as well as the sink";
+  EXPECT_TRUE(torch::equal(y1, r1));
+  EXPECT_TRUE(torch::equal(y2, r2));
+  EXPECT_LT(MaxRelative(sink.buffer, w_ref.grad()), 1e-6);
+  EXPECT_LT(MaxRelative(x_ours.grad(), x_ref.grad()), 1e-6);
+  EXPECT_TRUE(torch::equal(b_ours.grad(), b_ref.grad()));
+
+  // Under no_grad it is torch::linear and counts no use.
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(LinearIntoGradient(x, param, param, b, &sink), torch::linear(x, w, b)));
+  EXPECT_EQ(sink.uses, 2);
+}
+
+TEST(FusedOpsTest, ParamViewCountsOneSinkUsePerViewAccessAndOnePerLinear) {
+  torch::manual_seed(12);
+  const auto w = torch::randn({4, 3}).requires_grad_(true), bias = torch::randn({4}).requires_grad_(true);
+  BufferSink w_sink(torch::zeros({4, 3})), b_sink(torch::zeros({4}));
+  const ParamView p({"w", "b"}, {w, bias}, {SunkParameter{w, &w_sink}, SunkParameter{bias, &b_sink}});
+  const auto x = torch::randn({5, 3});
+  auto y = p.Linear(x, "w", "b") + p.Linear(x, "w");
+  EXPECT_EQ(w_sink.uses, 2);
+  EXPECT_EQ(b_sink.uses, 1);
+  (void)p("b");  // the view's one use of the bias, made on its first access
+  EXPECT_EQ(b_sink.uses, 1);
+  EXPECT_EQ(w_sink.received, 0);
+  y.sum().backward();
+  EXPECT_EQ(w_sink.received, 2);
+  EXPECT_TRUE(torch::allclose(w_sink.buffer, 2 * torch::ones({5, 4}).t().mm(x)));
+}
+
 }  // namespace
 }  // namespace strata::worker

@@ -21,21 +21,42 @@ std::unique_ptr<ModelFamily> CreateModelFamily(const ModelSpec& spec) {
   return CreateLlamaFamily(spec);  // llama, mistral, qwen2 (the run spec admits no other)
 }
 
-ParamView::ParamView(std::vector<std::string> names, std::vector<torch::Tensor> tensors)
-    : names_(std::move(names)), tensors_(std::move(tensors)) {}
+ParamView::ParamView(std::vector<std::string> names, std::vector<torch::Tensor> tensors, std::vector<SunkParameter> sunk)
+    : names_(std::move(names)), tensors_(std::move(tensors)), sunk_(std::move(sunk)) {
+  if (!sunk_.empty()) used_.resize(names_.size());
+}
+
+size_t ParamView::IndexOf(const std::string& name) const {
+  for (size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == name) return i;
+  }
+  return names_.size();
+}
+
+const torch::Tensor& ParamView::Get(size_t i) const {
+  if (sunk_.empty() || sunk_[i].sink == nullptr) return tensors_[i];
+  if (!used_[i].defined()) used_[i] = sunk_[i].sink->Use(sunk_[i].param, tensors_[i]);
+  return used_[i];
+}
 
 const torch::Tensor& ParamView::operator()(const std::string& name) const {
-  for (size_t i = 0; i < names_.size(); ++i) {
-    if (names_[i] == name) return tensors_[i];
-  }
-  throw std::runtime_error("the model has no parameter " + name + " here (a family and its parameter table disagree)");
+  const size_t i = IndexOf(name);
+  if (i == names_.size()) throw std::runtime_error("the model has no parameter " + name + " here (a family and its parameter table disagree)");
+  return Get(i);
 }
 
 torch::Tensor ParamView::Optional(const std::string& name) const {
-  for (size_t i = 0; i < names_.size(); ++i) {
-    if (names_[i] == name) return tensors_[i];
+  const size_t i = IndexOf(name);
+  return i == names_.size() ? torch::Tensor() : Get(i);
+}
+
+torch::Tensor ParamView::Linear(const torch::Tensor& x, const std::string& weight, const std::string& bias) const {
+  const torch::Tensor b = bias.empty() ? torch::Tensor() : Optional(bias);
+  const size_t i = IndexOf(weight);
+  if (i < names_.size() && !sunk_.empty() && sunk_[i].sink != nullptr && tensors_[i].dim() == 2) {
+    return LinearIntoGradient(x, sunk_[i].param, tensors_[i], b, sunk_[i].sink);
   }
-  return {};
+  return torch::linear(x, (*this)(weight), b);
 }
 
 // Rotary frequencies (Su et al. 2021) as transformers: inv_freq_i = theta^(-2i/d) over the d

@@ -25,20 +25,39 @@
 
 #include "common/run_spec.h"
 #include "worker/causal_lm.h"
+#include "worker/fused_linear.h"
 
 namespace strata::worker {
+
+// A parameter a ParamView hands out through a gradient sink (StageModel's, fused_linear.h): the
+// tensor the op reads (the parameter or its bf16 working copy) and the parameter itself. Each
+// access counts a use with the sink: operator() once per view (autograd sums the view's uses
+// before the sink sees them), Linear once per call (its matmul writes the gradient itself).
+struct SunkParameter {
+  torch::Tensor param;
+  GradientSink* sink = nullptr;
+};
 
 class ParamView {
  public:
   ParamView() = default;
-  // `names` relative to the unit (the block prefix already removed).
-  ParamView(std::vector<std::string> names, std::vector<torch::Tensor> tensors);
+  // `names` relative to the unit (the block prefix already removed). `sunk`: empty, or one per
+  // name (a null sink: the tensor is handed out as it is).
+  ParamView(std::vector<std::string> names, std::vector<torch::Tensor> tensors, std::vector<SunkParameter> sunk = {});
   const torch::Tensor& operator()(const std::string& name) const;  // throws naming a missing one
   torch::Tensor Optional(const std::string& name) const;            // undefined when absent (no bias)
+  // x W^T + b for the matrix `weight` and the vector `bias` ("" or absent: none): torch::linear,
+  // or LinearIntoGradient when the weight goes through a sink.
+  torch::Tensor Linear(const torch::Tensor& x, const std::string& weight, const std::string& bias = "") const;
 
  private:
+  size_t IndexOf(const std::string& name) const;  // names_.size() when absent
+  const torch::Tensor& Get(size_t i) const;
+
   std::vector<std::string> names_;
   std::vector<torch::Tensor> tensors_;
+  std::vector<SunkParameter> sunk_;
+  mutable std::vector<torch::Tensor> used_;  // operator()'s sink outputs, made on first access
 };
 
 struct TensorParallel {

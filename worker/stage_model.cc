@@ -1,5 +1,6 @@
 #include "worker/stage_model.h"
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
@@ -197,20 +198,22 @@ struct UnitCallFunction : torch::autograd::Function<UnitCallFunction> {
 
 // ---------------------------------------------------------------- the gradient sink
 
+namespace {
+
 // One use of a parameter: forward hands on the parameter itself (GradSinkFunction) or its bf16
 // working copy for a matmul (WorkingWeightFunction); backward writes the incoming gradient into
 // the slot (the step's first) or adds it, widening bf16 to fp32 in the same kernel, and gives
-// autograd nothing to accumulate.
+// autograd nothing to accumulate. A matmul through ParamView::Linear skips both: its backward
+// writes the slot itself (fused_linear.h).
 void SinkGradient(int64_t handle, const torch::Tensor& grad) {
   if (!grad.defined()) return;
-  StageModel::GradSlot& slot = *reinterpret_cast<StageModel::GradSlot*>(handle);
-  torch::NoGradGuard no_grad;
-  if ((*slot.received)++ == 0) {
-    slot.grad.copy_(grad);
-  } else {
-    slot.grad.add_(grad);
-  }
-  slot.model->MaybeGradientReady(slot.unit);
+  reinterpret_cast<GradientSink*>(handle)->Write([&](torch::Tensor& buffer, bool first) {
+    if (first) {
+      buffer.copy_(grad);
+    } else {
+      buffer.add_(grad);
+    }
+  });
 }
 
 struct GradSinkFunction : torch::autograd::Function<GradSinkFunction> {
@@ -235,21 +238,27 @@ struct WorkingWeightFunction : torch::autograd::Function<WorkingWeightFunction> 
   }
 };
 
-std::vector<torch::Tensor> StageModel::SinkViews(int u, bool matmul_weights) {
-  ParamUnit& unit = units_[u];
-  static const std::vector<torch::Tensor> kNone;
-  const std::vector<torch::Tensor>& working = matmul_weights ? unit.working_params : kNone;
+}  // namespace
+
+torch::Tensor StageModel::GradSlot::Use(const torch::Tensor& param, const torch::Tensor& value) {
+  CountUse();
+  const auto handle = reinterpret_cast<int64_t>(static_cast<GradientSink*>(this));
+  if (value.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return GradSinkFunction::apply(param, handle);
+  return WorkingWeightFunction::apply(param, value, handle);
+}
+
+void StageModel::GradSlot::Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) {
+  torch::NoGradGuard no_grad;
+  write(grad_, (*received_)++ == 0);
+  model_->MaybeGradientReady(unit_);
+}
+
+std::vector<torch::Tensor> StageModel::UnitValues(int u, bool matmul_weights) const {
+  const ParamUnit& unit = units_[u];
   std::vector<torch::Tensor> out;
   for (size_t i = 0; i < unit.params.size(); ++i) {
-    const bool matrix = !working.empty() && unit.shapes[i].size() >= 2;
-    if (!torch::GradMode::is_enabled()) {  // no backward: the value alone
-      out.push_back(matrix ? working[i] : unit.params[i]);
-      continue;
-    }
-    GradSlot* slot = &slots_[static_cast<size_t>(slot_begin_[static_cast<size_t>(u)]) + i];
-    ++unit.uses[i];
-    const auto handle = reinterpret_cast<int64_t>(slot);
-    out.push_back(matrix ? WorkingWeightFunction::apply(unit.params[i], working[i], handle) : GradSinkFunction::apply(unit.params[i], handle));
+    const bool matrix = matmul_weights && !unit.working_params.empty() && unit.shapes[i].size() >= 2;
+    out.push_back(matrix ? unit.working_params[i] : unit.params[i]);
   }
   return out;
 }
@@ -356,7 +365,7 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     unit.received.assign(unit.params.size(), 0);
     unit.uses.assign(unit.params.size(), 0);
     slot_begin_[u] = static_cast<int64_t>(slots_.size());
-    for (size_t i = 0; i < unit.params.size(); ++i) slots_.push_back(GradSlot{unit.params[i].grad(), &unit.received[i], this, static_cast<int>(u)});
+    for (size_t i = 0; i < unit.params.size(); ++i) slots_.emplace_back(unit.params[i].grad(), &unit.received[i], &unit.uses[i], this, static_cast<int>(u));
     if (working_copies) {
       unit.working = torch::empty({unit.numel}, unit.flat.options().dtype(torch::kBFloat16).requires_grad(false));
       unit.working_params = ViewsOf(unit, unit.working);
@@ -454,17 +463,22 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
 }
 
 ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vector<std::vector<torch::Tensor>>& tensors,
-                                 const std::string& strip) const {
+                                 const std::string& strip) {
   std::vector<std::string> names;
   std::vector<torch::Tensor> views;
+  std::vector<SunkParameter> sunk;
+  const bool sinks = torch::GradMode::is_enabled() && std::any_of(units.begin(), units.end(), [&](int u) { return units_[u].sink; });
   for (size_t u = 0; u < units.size(); ++u) {
-    const ParamUnit& unit = units_[units[u]];
+    ParamUnit& unit = units_[units[u]];
     for (size_t i = 0; i < unit.names.size(); ++i) {
       names.push_back(unit.names[i].substr(strip.size()));
       views.push_back(tensors[u][i]);
+      if (!sinks) continue;
+      GradSlot* slot = unit.sink ? &slots_[static_cast<size_t>(slot_begin_[static_cast<size_t>(units[u])]) + i] : nullptr;
+      sunk.push_back(SunkParameter{unit.params[i], slot});
     }
   }
-  return ParamView(std::move(names), std::move(views));
+  return ParamView(std::move(names), std::move(views), std::move(sunk));
 }
 
 std::vector<torch::Tensor> StageModel::ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const {
@@ -484,7 +498,7 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
   }
   if (!recompute && !sharded) {
     std::vector<std::vector<torch::Tensor>> views;
-    for (int u : units) views.push_back(units_[u].sink ? SinkViews(u, matmul_weights) : units_[u].params);
+    for (int u : units) views.push_back(units_[u].sink ? UnitValues(u, matmul_weights) : units_[u].params);
     return fn(x, views);
   }
   if (sharded && !spec_.parallel.recompute) return RunSharded(units, x, fn, matmul_weights);

@@ -206,24 +206,33 @@ class StageModel {
   // At the end of the step's backwards: what a call left incomplete is reduce-scattered, and the
   // compute stream waits for every reduce-scatter.
   void FinishShardedGradients();
-  // Unit u's parameters as one use each through the gradient sink (bf16 working copies for
-  // matrices when `matmul_weights` and the unit has them).
-  std::vector<torch::Tensor> SinkViews(int u, bool matmul_weights);
+  // What unit u's forward reads: bf16 working copies for matrices when `matmul_weights` and the
+  // unit has them, else the parameters. For a sink unit, ViewOfUnit hands them out through its
+  // slots (a use counted per access).
+  std::vector<torch::Tensor> UnitValues(int u, bool matmul_weights) const;
   // Where one parameter's gradient goes: its view of the unit's gradient buffer (shaped as the
-  // parameter), and the unit's count of gradients it received this step.
-  struct GradSlot {
-    torch::Tensor grad;
-    int* received;
-    StageModel* model;
-    int unit;
+  // parameter), the unit's counts of its uses and of the gradients received this step.
+  class GradSlot final : public GradientSink {
+   public:
+    GradSlot(torch::Tensor grad, int* received, int* uses, StageModel* model, int unit)
+        : grad_(std::move(grad)), received_(received), uses_(uses), model_(model), unit_(unit) {}
+    torch::Tensor Use(const torch::Tensor& param, const torch::Tensor& value) override;
+    void CountUse() override { ++*uses_; }
+    void Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) override;
+
+   private:
+    torch::Tensor grad_;
+    int* received_;
+    int* uses_;
+    StageModel* model_;
+    int unit_;
   };
-  friend void SinkGradient(int64_t handle, const torch::Tensor& grad);
   std::vector<torch::Tensor> ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const;
   // The head's weight with its rows padded to a multiple of 64 (stage_model.cc says why).
   torch::Tensor PaddedHeadWeight(const ParamView& p) const;
   // A unit's parameters for the family, names relative to `strip`.
   ParamView ViewOfUnit(const std::vector<int>& units, const std::vector<std::vector<torch::Tensor>>& tensors,
-                       const std::string& strip = "") const;
+                       const std::string& strip = "");
 
   RunSpec spec_;
   shard::MeshShape mesh_;
@@ -258,7 +267,7 @@ class StageModel {
   // input, in place of the shard (a host tensor, no leaf): a device scalar that needs a gradient.
   torch::Tensor host_anchor_;
   int64_t forwards_expected_ = 0, forwards_done_ = 0;
-  // Sink unit u complete for this step (BeginGradients): called by SinkGradient.
+  // Sink unit u complete for this step (BeginGradients): called by GradSlot::Write.
   void MaybeGradientReady(int u);
 };
 

@@ -33,6 +33,14 @@
 #define STRATA_TORCH_HAS_SDPA_GQA 0
 #endif
 
+// addmm with an output dtype other than the inputs' (bf16 x bf16 -> fp32 on CUDA: aten's
+// addmm.dtype_out, 2.8+; 2.9 is the first version this was built against).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+#define STRATA_TORCH_HAS_MATMUL_OUT_DTYPE 1
+#else
+#define STRATA_TORCH_HAS_MATMUL_OUT_DTYPE 0
+#endif
+
 // LibTorch's own multi-tensor fused AdamW (at::_fused_adamw_), compared against in bench/kernels_bench.
 #define STRATA_TORCH_HAS_FUSED_ADAMW (TORCH_VERSION_MAJOR >= 2)
 
@@ -83,6 +91,26 @@ inline bool CudaAutocastEnabled() {
 // tensor under autocast (what autocast would cast it to for the next matmul), else x's own.
 inline torch::ScalarType ComputeType(const torch::Tensor& x) {
   return x.is_cuda() && CudaAutocastEnabled() ? torch::kBFloat16 : x.scalar_type();
+}
+
+// out = a b (accumulate: out += a b) into the fp32 `out`, for a and b of one dtype. bf16 on a GPU
+// with LibTorch 2.9+: one cuBLAS call writes fp32 itself (beta 0 or 1), never a bf16 product.
+// fp32: the product written straight into `out`, or added. Elsewhere (bf16 on the CPU, older
+// LibTorch): the product in a's dtype, then widened into `out` by a copy or an add.
+inline void MatmulIntoFloat(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
+#if STRATA_TORCH_HAS_MATMUL_OUT_DTYPE
+  if (out.is_cuda() && a.scalar_type() != torch::kFloat) {
+    at::addmm_out(out, out, a, b, at::kFloat, /*beta=*/accumulate ? 1 : 0, /*alpha=*/1);
+    return;
+  }
+#endif
+  if (a.scalar_type() == torch::kFloat && !accumulate) {
+    at::mm_out(out, a, b);
+  } else if (accumulate) {
+    out.add_(at::mm(a, b));
+  } else {
+    out.copy_(at::mm(a, b));
+  }
 }
 
 // Causal attention over q [batch, heads, time, head_dim] and k, v [batch, kv_heads, time, head_dim],

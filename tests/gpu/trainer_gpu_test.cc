@@ -2,12 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <thread>
 
 #include <fstream>
 
+#include "worker/fused_linear.h"
 #include "worker/torch_compat.h"
 #include "worker/torch_executor.h"
 #include "worker/trainer.h"
@@ -230,6 +232,44 @@ TEST_F(GpuTest, ExecutorReportsAllocatorStats) {
   EXPECT_GE(m.allocated_bytes, 1ull << 30);
   EXPECT_GE(m.peak_bytes, m.allocated_bytes);
   EXPECT_LT(m.free_bytes, m.total_bytes);
+}
+
+// LinearIntoGradient on a bf16 working weight: the weight gradient arrives in fp32 from the matmul
+// itself (no bf16 rounding on the way), written on the first use and added on the second; dx
+// equals torch::linear's.
+TEST(GpuLinearTest, LinearIntoGradientWritesTheBf16MatmulsGradientInFp32) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (or a CPU-only LibTorch)";
+  torch::manual_seed(5);
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  const auto x = torch::randn({4, 64, 512}, bf16), dy1 = torch::randn({4, 64, 256}, bf16), dy2 = torch::randn({4, 64, 256}, bf16);
+  const auto param = torch::randn({256, 512}, bf16.dtype(torch::kFloat)).requires_grad_(true);
+  const auto working = param.detach().to(torch::kBFloat16);
+  struct Sink final : GradientSink {
+    torch::Tensor buffer = torch::full({256, 512}, std::nan(""), torch::TensorOptions().device(torch::kCUDA));
+    int uses = 0, received = 0;
+    torch::Tensor Use(const torch::Tensor&, const torch::Tensor& value) override { return ++uses, value; }
+    void CountUse() override { ++uses; }
+    void Write(const std::function<void(torch::Tensor&, bool)>& write) override {
+      torch::NoGradGuard no_grad;
+      write(buffer, received++ == 0);
+    }
+  } sink;
+  const auto x_ours = x.clone().requires_grad_(true);
+  const auto y1 = LinearIntoGradient(x_ours, param, working, torch::Tensor(), &sink);
+  const auto y2 = LinearIntoGradient(x_ours, param, working, torch::Tensor(), &sink);
+  ((y1.to(torch::kFloat) * dy1.to(torch::kFloat)).sum() + (y2.to(torch::kFloat) * dy2.to(torch::kFloat)).sum()).backward();
+  const auto exact = dy1.to(torch::kFloat).reshape({-1, 256}).t().mm(x.to(torch::kFloat).reshape({-1, 512})) +
+                     dy2.to(torch::kFloat).reshape({-1, 256}).t().mm(x.to(torch::kFloat).reshape({-1, 512}));
+  const double error = ((sink.buffer - exact).abs().max() / exact.abs().max()).item<double>();
+  std::printf("LinearIntoGradient bf16 -> fp32 weight gradient: largest relative error %.3g (fused matmul: %d)\n", error,
+              STRATA_TORCH_HAS_MATMUL_OUT_DTYPE);
+  EXPECT_EQ(sink.received, 2);
+  EXPECT_LT(error, STRATA_TORCH_HAS_MATMUL_OUT_DTYPE ? 1e-5 : 1e-2);
+  const auto x_ref = x.clone().requires_grad_(true);
+  const auto r = torch::linear(x_ref, working);
+  ((r.to(torch::kFloat) * dy1.to(torch::kFloat)).sum() + (r.to(torch::kFloat) * dy2.to(torch::kFloat)).sum()).backward();
+  EXPECT_LT(((x_ours.grad().to(torch::kFloat) - x_ref.grad().to(torch::kFloat)).abs().max() /
+             x_ref.grad().to(torch::kFloat).abs().max()).item<double>(), 1e-2);
 }
 
 }  // namespace

@@ -1,0 +1,41 @@
+// A linear layer whose weight gradient the backward's matmul writes itself (internal to worker/,
+// includes LibTorch): Megatron's gradient-accumulation fusion.
+//
+// For y = x W^T + b (x [..., in], W [out, in], b [out]), backward needs
+//   dx = dy W,   dW = dy^T x (summed over every row of x),   db = sum of dy's rows.
+// LibTorch's linear returns dW in W's dtype: for a bf16 working copy of an fp32 parameter that is
+// a bf16 [out, in] tensor, which the gradient sink then widens into the fp32 buffer (a copy on the
+// step's first use, an add after). Here the dW matmul writes fp32 straight into that buffer:
+// cuBLAS bf16 x bf16 -> fp32 with beta = 0 on the step's first use and beta = 1 after. No bf16 dW
+// is written or read again, and dW is not rounded to bf16 on its way (more exact than autocast's).
+// dx and db are torch::linear's.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+
+namespace strata::worker {
+
+// Where a parameter's gradient goes (StageModel's gradient sink: one per parameter and step).
+class GradientSink {
+ public:
+  virtual ~GradientSink() = default;
+  // Forward, the ordinary route: `value` (the parameter itself or its working copy), counted as
+  // one more use, with a backward that writes its gradient into the sink.
+  virtual torch::Tensor Use(const torch::Tensor& param, const torch::Tensor& value) = 0;
+  // Forward, for an op that will Write itself: one more use this step.
+  virtual void CountUse() = 0;
+  // Backward: `write(buffer, first)` puts one use's gradient into the fp32 buffer (the parameter's
+  // shape): written when `first` (the step's first use; the old contents are garbage), else added.
+  virtual void Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) = 0;
+};
+
+// x W^T + b with W = `working` (a bf16 working copy or the fp32 parameter itself) and `param`
+// the parameter whose gradient goes to `sink` (counted as one use when grad mode is on; param
+// carries no gradient through autograd). `bias` may be undefined; its gradient goes through
+// autograd as torch::linear's does.
+torch::Tensor LinearIntoGradient(const torch::Tensor& x, const torch::Tensor& param, const torch::Tensor& working,
+                                 const torch::Tensor& bias, GradientSink* sink);
+
+}  // namespace strata::worker
