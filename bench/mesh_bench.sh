@@ -35,9 +35,17 @@ python3 -c "
 import array, os
 raw = array.array('H', os.urandom(2 * (16 << 20)))
 array.array('H', (t % $vocab for t in raw)).tofile(open('$work/tokens.u16', 'wb'))"
-"$bin/strata" up $up >/dev/null
-
+# Each run gets a cluster of its own, whose state (its stores, with the run's final checkpoint:
+# 32 GB for the wide Llama with its optimizer state) is deleted after it: runs kept on one
+# cluster filled a 128 GiB disk by the fourth.
 bench() {  # NAME GLOBAL_BATCH PARALLEL_BODY [TRAIN_LINES]
+  "$bin/strata" up $up >/dev/null
+  bench_one "$@"
+  "$bin/strata" down >/dev/null 2>&1 || true
+  rm -rf "$STRATA_STATE_DIR"
+}
+
+bench_one() {
   cat > "$work/$1.toml" <<SPEC
 name = "$1"
 [model]

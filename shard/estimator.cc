@@ -41,8 +41,10 @@
 //   (Llama; GPT-2's small units 9.2).
 // Communication (not overlapped, so the prediction is conservative; but ZeRO-3 without
 // recompute, whose collectives run beside the matmuls, counts what the matmuls do not hide):
-// ring all-reduce of gradients 2(n-1)/n * bytes / bandwidth over dp (x1.5 for ZeRO-3 with
-// recompute, which all-gathers fp32 weights again in backward; x1 without, gathering bf16), 4
+// ring all-reduce of gradients 2(n-1)/n * bytes / bandwidth over dp (ZeRO-1 adds the all-gather
+// of the updated fp32 shards, half as many bytes; ZeRO-2's reduce-scatter and gather together
+// move one all-reduce's; x1.5 for ZeRO-3 with recompute, which all-gathers fp32 weights again in
+// backward; x1 without, gathering bf16), 4
 // activation all-reduces per layer per micro-batch over tp (6 with recompute), one activation
 // send and one gradient send per micro-batch between pipeline stages, and offload's
 // gradient/weight copies over the host link. Pipeline bubble: a fraction (pp-1)/(m+pp-1) of the
@@ -507,9 +509,13 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     // Collectives: each group's time at its slowest link; the slowest group sets the pace.
     if (c.dp > 1) {
       const double t = RingAllReduceSeconds(gradient_bytes, c.dp, geometry.dp_bandwidth[k]);
-      // ZeRO-3 gathers twice and reduce-scatters: in fp32 with recompute (1.5 all-reduces' bytes),
-      // gathers in bf16 without (one). Counted whole, as every collective here (planner.h).
-      double exposed = t;
+      // ZeRO-0 all-reduces the gradients. ZeRO-1 too, then all-gathers the updated fp32 shards
+      // (half an all-reduce's bytes more: worker/optimizer.cc); ZeRO-2 reduce-scatters instead,
+      // so its reduce-scatter and gather move what one all-reduce does (measured on 4 H200s,
+      // Llama 886M: ZeRO-2 6.7% faster than ZeRO-1; on 2, GPT-2 124M: 2.5%). ZeRO-3 gathers
+      // twice and reduce-scatters: in fp32 with recompute (1.5 all-reduces' bytes), gathers in
+      // bf16 without (one). Counted whole, as every collective here (planner.h).
+      double exposed = c.zero == 1 ? t + RingAllReduceSeconds(params * 4.0, c.dp, geometry.dp_bandwidth[k]) / 2 : t;
       if (c.zero >= 3 && recompute) exposed = 1.5 * t;
       if (streamed_zero3) {
         // Beside the matmuls, but each unit's two gathers and reduce-scatter per micro-batch cost
