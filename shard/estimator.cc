@@ -34,10 +34,14 @@
 //                  tokens x hidden per layer (x4/3 with recompute), NOT split by tp (its norms
 //                  and residual stream are whole on every rank); the loss's per logit
 //     optimizer    a time per parameter of the optimizer range (this rank's ZeRO shard)
-//   both at the peak of an H100/H200 (989 TFLOP/s) and scaled with peak_flops. Measured on 2x
-//   H200 (docs/benchmarks.md, session 18): matmul kernels at 0.71-0.76 of peak; the rest of a
-//   step, less the loss (about 7.8 ps a logit), 140 ps (GPT-2 124M) and 191 ps (Llama 8 x 4096)
-//   per element of tokens x hidden per layer (165 taken); the fused AdamW 3.9 ps per parameter
+//   both at the peak of an H100/H200 (989 TFLOP/s) and scaled with peak_flops. Measured on H200s
+//   (docs/benchmarks.md, sessions 18 and 20): matmul kernels at 0.71-0.79 of peak; the rest of a
+//   step, less the loss (2.3 ps a logit: GPT-2's CrossEntropyRows, session 20), 115 ps (GPT-2
+//   124M, session 20's profile, after the weight gradients moved into their matmuls), 84 ps with
+//   the loss (Llama 886M, session 20) and 191 ps (Llama 8 x 4096, session 18's older code) per
+//   element of tokens x hidden per layer (115 taken: session 18's 165 and 7.8 ps a logit
+//   predicted GPT-2's step 22% slow and Llama 886M's 12%, and ranked GPT-2's pp=2 over its
+//   ZeRO-2); the fused AdamW 3.9 ps per parameter
 //   (Llama; GPT-2's small units 9.2).
 // Communication (not overlapped, so the prediction is conservative; but ZeRO-3 without
 // recompute, whose collectives run beside the matmuls, counts what the matmuls do not hide):
@@ -127,8 +131,8 @@ ModelSpec Filled(ModelSpec model) {
 // See "Calibration" above.
 // Step-time terms at 989 TFLOP/s peak (the header's "Step time").
 constexpr double kReferencePeakFlops = 989e12;
-constexpr double kElementwiseSecondsPerElement = 165e-12;  // per element of tokens x hidden per layer
-constexpr double kLossSecondsPerLogit = 7.8e-12;           // the fused loss's elementwise work, per logit
+constexpr double kElementwiseSecondsPerElement = 115e-12;  // per element of tokens x hidden per layer
+constexpr double kLossSecondsPerLogit = 2.3e-12;           // the fused loss's elementwise work, per logit
 constexpr double kOptimizerSecondsPerParam = 4e-12;
 constexpr double kGatherSeconds = 110e-6;  // a streamed ZeRO-3 gather or reduce-scatter's fixed cost
 constexpr double kActivationScale = 1.153;       // GPT-2-style blocks (LayerNorm, bias + GELU)
