@@ -8,6 +8,7 @@
 
 #include "common/run_spec.h"
 #include "model/parameters.h"
+#include "worker/buffer_sink_testing.h"
 #include "worker/model_family.h"
 #include "worker/torch_compat.h"
 
@@ -385,23 +386,6 @@ TEST(FusedOpsTest, PatchedBlocksTakeTheOpByOpPathWithTheSameSitesAndGradients) {
     for (size_t i = 0; i < names.size(); ++i) EXPECT_LE(MaxRelative(fused.params[i].grad(), plain.params[i].grad()), 1e-6) << names[i];
   }
 }
-
-// A sink as StageModel's slot is: one fp32 buffer, written on the step's first use, added after.
-class BufferSink final : public GradientSink {
- public:
-  explicit BufferSink(torch::Tensor initial) : buffer(std::move(initial)) {}
-  torch::Tensor Use(const torch::Tensor&, const torch::Tensor& value) override {
-    CountUse();
-    return value;
-  }
-  void CountUse() override { ++uses; }
-  void Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) override {
-    torch::NoGradGuard no_grad;
-    write(buffer, received++ == 0);
-  }
-  torch::Tensor buffer;
-  int uses = 0, received = 0;
-};
 
 TEST(FusedOpsTest, LinearIntoGradientWritesThenAddsTheWeightGradientAndEqualsTorchLinear) {
   torch::manual_seed(11);

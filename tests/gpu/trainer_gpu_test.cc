@@ -9,6 +9,7 @@
 
 #include <fstream>
 
+#include "worker/buffer_sink_testing.h"
 #include "worker/fused_linear.h"
 #include "worker/torch_compat.h"
 #include "worker/torch_executor.h"
@@ -244,16 +245,7 @@ TEST(GpuLinearTest, LinearIntoGradientWritesTheBf16MatmulsGradientInFp32) {
   const auto x = torch::randn({4, 64, 512}, bf16), dy1 = torch::randn({4, 64, 256}, bf16), dy2 = torch::randn({4, 64, 256}, bf16);
   const auto param = torch::randn({256, 512}, bf16.dtype(torch::kFloat)).requires_grad_(true);
   const auto working = param.detach().to(torch::kBFloat16);
-  struct Sink final : GradientSink {
-    torch::Tensor buffer = torch::full({256, 512}, std::nan(""), torch::TensorOptions().device(torch::kCUDA));
-    int uses = 0, received = 0;
-    torch::Tensor Use(const torch::Tensor&, const torch::Tensor& value) override { return ++uses, value; }
-    void CountUse() override { ++uses; }
-    void Write(const std::function<void(torch::Tensor&, bool)>& write) override {
-      torch::NoGradGuard no_grad;
-      write(buffer, received++ == 0);
-    }
-  } sink;
+  BufferSink sink(torch::full({256, 512}, std::nan(""), torch::TensorOptions().device(torch::kCUDA)));
   const auto x_ours = x.clone().requires_grad_(true);
   const auto y1 = LinearIntoGradient(x_ours, param, working, torch::Tensor(), &sink);
   const auto y2 = LinearIntoGradient(x_ours, param, working, torch::Tensor(), &sink);
