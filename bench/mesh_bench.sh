@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Sharded training throughput through the real path (strata up --gpus N, submit, NCCL between
 # worker processes): GPT-2 124M, sequence 1024, bf16. The 1-GPU run takes 8 sequences a step;
-# data parallelism 8 per GPU; pp=2 eight micro-batches of 8 (m = 8); tp=2 the 1-GPU batch. Prints one JSON line per run: tokens/s is the last
-# step's (steps take the same time after the first few).
+# data parallelism 8 per GPU; pp=2 eight micro-batches of 8 (m = 8); tp=2 the 1-GPU batch. Prints one JSON line per run:
+# tokens_per_s is the last step's, median_tokens_per_s the median of every step after the third
+# (warm-up and the CUDA graph's capture are the first steps).
 #
 # usage: STRATA_BIN_DIR=build/bin bash bench/mesh_bench.sh [STEPS]
 #   STRATA_BENCH_MODEL=llama-wide: a Llama of 8 layers x 4096 (32 heads, 8 kv heads, ffn 14336,
 #   vocab 32000), the width tensor parallelism is for, in place of GPT-2 124M
 #   STRATA_BENCH_RUNS="one-gpu tp2": the runs to make (default: the six above); also one-gpu-eager
-#   (cuda_graphs = false), pp2-m16 (16 micro-batches of 8), pp2-m8-stages (STRATA_BENCH_STAGES="[7, 5]")
+#   (cuda_graphs = false), one-gpu-zero3 and one-gpu-zero3-eager (ZeRO-3's gathering path on one
+#   GPU, with and without CUDA graphs), pp2-m16 (16 micro-batches of 8), pp2-m8-stages (STRATA_BENCH_STAGES="[7, 5]")
 set -euo pipefail
 bin=${STRATA_BIN_DIR:?}
 steps=${1:-15}
@@ -75,17 +77,21 @@ SPEC
     echo "{\"run\": \"$1\", \"error\": \"submit failed\"}"; tail -5 "$work/$1.err" >&2; return 0
   fi
   id=$(printf '%s\n' "$out" | head -1)
+  "$bin/strata" metrics "$id" > "$work/$1.metrics" 2>/dev/null || true
   "$bin/strata" status "$id" --json | python3 -c "
-import json, sys
+import json, statistics, sys
 s = json.load(sys.stdin)
 if s['state'] != 'finished':
     print(json.dumps({'run': '$1', 'state': s['state'], 'message': s.get('message')})); sys.exit(0)
+steps = [json.loads(l) for l in open('$work/$1.metrics') if l.strip()]
+rates = [m['tokens_per_second'] for m in steps[3:] if m.get('tokens_per_second', 0) > 0]  # past the warm-up and the capture
 print(json.dumps({'run': '$1', 'gpus': s.get('world_size'), 'global_batch': $2, 'tokens_per_s': round(s['tokens_per_second']),
+                  'median_tokens_per_s': round(statistics.median(rates)) if rates else None, 'steps_in_median': len(rates),
                   'loss': round(s['losses'][-1], 4)}))"
 }
 
 for run in $runs; do
-  if [ "$run" != one-gpu ] && [ "$n" -lt 2 ]; then continue; fi
+  case $run in one-gpu*) ;; *) if [ "$n" -lt 2 ]; then continue; fi ;; esac
   case $run in
     one-gpu) bench one-gpu 8 "" ;;
     dp2-zero[123]) bench "$run" 16 "dp = 2
@@ -98,7 +104,9 @@ micro_batch = 8" ;;
 micro_batch = 8
 stages = ${STRATA_BENCH_STAGES:?set STRATA_BENCH_STAGES, e.g. [7, 5]}" ;;
     one-gpu-eager) bench one-gpu-eager 8 "" "cuda_graphs = false" ;;
+    one-gpu-zero3) bench one-gpu-zero3 8 "zero = 3" ;;
+    one-gpu-zero3-eager) bench one-gpu-zero3-eager 8 "zero = 3" "cuda_graphs = false" ;;
     tp2) bench tp2 8 "tp = 2" ;;
-    *) echo "mesh_bench: unknown run '$run' (one-gpu, one-gpu-eager, dp2-zero1..3, pp2-m8, pp2-m16, pp2-m8-stages, tp2)" >&2; exit 2 ;;
+    *) echo "mesh_bench: unknown run '$run' (one-gpu, one-gpu-eager, one-gpu-zero3, one-gpu-zero3-eager, dp2-zero1..3, pp2-m8, pp2-m16, pp2-m8-stages, tp2)" >&2; exit 2 ;;
   esac
 done

@@ -100,8 +100,13 @@ class NcclShared {
     return timed_out_.empty() ? Aborted("communicator aborted") : DeadlineExceeded(timed_out_);
   }
 
-  // Called right after an operation was enqueued on `stream`: the watchdog starts its clock.
+  // Called right after an operation was enqueued on `stream`: the watchdog starts its clock. An
+  // operation captured into a CUDA graph (step_graph.h) is not run now and its event could not be
+  // queried; a replay is watched through what the host waits for after it (the loss's
+  // all-reduce, queued behind the replay on the same stream).
   void Track(cudaStream_t stream, const char* what, uint32_t rank) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
     cudaEvent_t done = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);

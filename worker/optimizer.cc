@@ -216,7 +216,9 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     torch::Tensor flat = unit.flat.detach();
     if (gathers) AllGatherTensor(*groups.dp, flat);
     if (unit.sharded) {
-      unit.flat.mutable_grad() = torch::Tensor();
+      // Zeroed in place, not dropped: a ZeRO-3 step captured as a CUDA graph (step_graph.h)
+      // sums into this very buffer on every replay.
+      if (unit.flat.grad().defined()) unit.flat.mutable_grad().zero_();
     } else if (!unit.sink) {  // a sink unit's next step writes its gradients afresh (stage_model.h)
       unit.grad.zero_();  // the parameters' .grad views stay pointed at it
     }
@@ -422,7 +424,7 @@ void UnitOptimizer::DiscardGradients() {
   }
   for (ParamUnit& unit : model_.units()) {
     if (unit.sharded) {
-      unit.flat.mutable_grad() = torch::Tensor();
+      if (unit.flat.grad().defined()) unit.flat.mutable_grad().zero_();  // as Apply: the buffer stays put
     } else {
       unit.grad.zero_();  // the parameters' .grad views stay pointed at it
     }

@@ -467,13 +467,23 @@ ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vecto
   std::vector<std::string> names;
   std::vector<torch::Tensor> views;
   std::vector<SunkParameter> sunk;
-  const bool sinks = torch::GradMode::is_enabled() && std::any_of(units.begin(), units.end(), [&](int u) { return units_[u].sink; });
+  const bool sinks = torch::GradMode::is_enabled() &&
+                     (sharded_view_ != nullptr || std::any_of(units.begin(), units.end(), [&](int u) { return units_[u].sink; }));
   for (size_t u = 0; u < units.size(); ++u) {
     ParamUnit& unit = units_[units[u]];
+    // A ZeRO-3 call's unit: its slots, by its place among the call's units.
+    static const std::vector<int> kNoCall;
+    const std::vector<int>& call_units = sharded_view_ ? *sharded_view_->units : kNoCall;
+    const auto in_call = std::find(call_units.begin(), call_units.end(), units[u]);
+    const size_t k = static_cast<size_t>(in_call - call_units.begin());
     for (size_t i = 0; i < unit.names.size(); ++i) {
       names.push_back(unit.names[i].substr(strip.size()));
       views.push_back(tensors[u][i]);
       if (!sinks) continue;
+      if (in_call != call_units.end()) {
+        sunk.push_back(SunkParameter{sharded_view_->anchors[k], sharded_view_->slots[k][i]});
+        continue;
+      }
       GradSlot* slot = unit.sink ? &slots_[static_cast<size_t>(slot_begin_[static_cast<size_t>(units[u])]) + i] : nullptr;
       sunk.push_back(SunkParameter{unit.params[i], slot});
     }

@@ -173,15 +173,33 @@ class StageModel {
  private:
   struct Call;
   struct ShardedCall;
-  // Where a parameter's gradient of one ZeRO-3 use goes (the sink's handle).
-  struct ShardSlot {
-    StageModel* model;
-    ShardedCall* call;
-    size_t use;
-    size_t param;
+  // Where a parameter's gradient of one ZeRO-3 use goes: its view of the use's fp32 gradient
+  // buffer (the whole unit's length), written by the first gradient and added to by the rest; once
+  // every counted use has arrived, the use is reduce-scattered (stage_model_zero3.cc).
+  class ShardSlot final : public GradientSink {
+   public:
+    ShardSlot(StageModel* model, ShardedCall* call, size_t use, size_t param) : model_(model), call_(call), use_(use), param_(param) {}
+    torch::Tensor Use(const torch::Tensor& param, const torch::Tensor& value) override;
+    void CountUse() override;
+    void Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) override;
+    // A counted use whose backward brought no gradient.
+    void Skip();
+
+   private:
+    StageModel* model_;
+    ShardedCall* call_;
+    size_t use_;
+    size_t param_;
+  };
+  // The slots of the ZeRO-3 call running now (RunSharded), which ViewOfUnit hands out: per unit
+  // of the call, one per parameter.
+  struct ShardedView {
+    const std::vector<int>* units = nullptr;
+    std::vector<std::vector<ShardSlot*>> slots;
+    std::vector<torch::Tensor> anchors;  // per unit: what the slots' functions take as their autograd input
   };
   friend struct RegatherOnBackward;
-  friend void SinkShardedGradient(int64_t handle, const torch::Tensor& grad);
+  friend struct ShardedWeightFunction;
   using CallFn = std::function<torch::Tensor(const torch::Tensor& x, const std::vector<std::vector<torch::Tensor>>& views)>;
   friend struct UnitCallFunction;
 
@@ -256,6 +274,7 @@ class StageModel {
   };
   std::map<int, Prefetched> prefetched_;
   std::deque<std::deque<ShardSlot>> shard_slots_;  // the gradient handles of this step's calls (stable addresses)
+  const ShardedView* sharded_view_ = nullptr;     // set while a ZeRO-3 call's forward runs
   std::unique_ptr<SideStream> side_;
   std::deque<GradSlot> slots_;  // one per parameter of a sink unit; stable addresses (the sink's handles)
   std::vector<int64_t> slot_begin_;  // per unit: the index of its first parameter's slot

@@ -3,7 +3,8 @@
 //   forward    full <- all-gather(working shard, bf16) or all-gather(fp32 shard)   [side stream,
 //              queued by the call before]; y = f(x, views of full); free full's memory
 //   backward   refill full, all-gather again [side stream; the call before it queued next]; the
-//              gradients of f's parameters land in g (fp32, n); once all have:
+//              gradients of f's parameters are written into g (fp32, n; a matmul's weight
+//              gradient by the matmul itself, fused_linear.h); once all have:
 //              shard gradient += reduce-scatter(g)[s]   [side stream]; free g and full
 // The compute stream waits for a gather only before it reads it, and for the reduce-scatters at
 // the end of the step's backwards (FinishGradients).
@@ -55,8 +56,9 @@ struct StageModel::ShardedCall {
     torch::Tensor full;                        // the gathered unit (memory freed between forward and backward)
     std::shared_ptr<SideStream::Done> ready;   // its gather
     bool filled = true;                        // full holds the unit (false between forward and backward)
-    torch::Tensor grad;                        // fp32, the unit's length: this use's gradient
-    int pending = 0;                           // parameters whose gradient has not arrived
+    torch::Tensor grad;                        // fp32, the unit's length: this use's gradient (allocated by the first)
+    std::vector<bool> written;                 // per parameter: its part of grad holds a gradient
+    int pending = 0;                           // counted uses whose gradient has not arrived
     bool reduced = false;
   };
   std::vector<Use> uses;
@@ -64,33 +66,60 @@ struct StageModel::ShardedCall {
   size_t index = 0;         // in sharded_calls_
 };
 
-void SinkShardedGradient(int64_t handle, const torch::Tensor& grad) {
-  StageModel::ShardSlot& slot = *reinterpret_cast<StageModel::ShardSlot*>(handle);
-  StageModel::ShardedCall::Use& use = slot.call->uses[slot.use];
-  if (grad.defined()) {
-    torch::NoGradGuard no_grad;
-    const ParamUnit& unit = slot.model->units_[static_cast<size_t>(use.unit)];
-    if (!use.grad.defined()) use.grad = torch::zeros({unit.numel}, torch::TensorOptions().dtype(torch::kFloat).device(slot.model->device_));
-    int64_t n = 1;
-    for (int64_t d : unit.shapes[slot.param]) n *= d;
-    use.grad.narrow(0, unit.offsets[slot.param], n).view(unit.shapes[slot.param]).add_(grad);
-  }
-  if (--use.pending == 0) slot.model->ReduceScatterUse(*slot.call, slot.use);
-}
-
 // A parameter of a gathered unit: forward hands on its view of the gathered buffer (vectors
-// widened to fp32), backward sends the gradient to the use's buffer. The shard is an input so
-// that autograd runs the backward; it receives no gradient from autograd.
+// widened to fp32), backward sends the gradient to the use's buffer. The shard (or the host
+// anchor) is an input so that autograd runs the backward; it receives no gradient from autograd.
 struct ShardedWeightFunction : torch::autograd::Function<ShardedWeightFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor /*shard*/, torch::Tensor value, int64_t slot) {
     ctx->saved_data["slot"] = slot;
     return value;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
-    SinkShardedGradient(ctx->saved_data["slot"].toInt(), grad[0]);
+    auto* slot = reinterpret_cast<StageModel::ShardSlot*>(ctx->saved_data["slot"].toInt());
+    const torch::Tensor& g = grad[0];
+    if (!g.defined()) {
+      slot->Skip();
+    } else {
+      slot->Write([&](torch::Tensor& buffer, bool first) {
+        if (first) {
+          buffer.copy_(g);  // widens a bf16 gradient in the same kernel
+        } else {
+          buffer.add_(g);
+        }
+      });
+    }
     return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
+
+torch::Tensor StageModel::ShardSlot::Use(const torch::Tensor& param, const torch::Tensor& value) {
+  CountUse();
+  return ShardedWeightFunction::apply(param, value, reinterpret_cast<int64_t>(this));
+}
+
+void StageModel::ShardSlot::CountUse() { ++call_->uses[use_].pending; }
+
+void StageModel::ShardSlot::Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) {
+  ShardedCall::Use& use = call_->uses[use_];
+  {
+    torch::NoGradGuard no_grad;
+    const ParamUnit& unit = model_->units_[static_cast<size_t>(use.unit)];
+    // Not zero-filled: each parameter's first gradient writes its part (a matmul's with beta 0,
+    // fused_linear.h), and ReduceScatterUse zeroes the parts no gradient reached.
+    if (!use.grad.defined()) use.grad = torch::empty({unit.numel}, torch::TensorOptions().dtype(torch::kFloat).device(model_->device_));
+    int64_t n = 1;
+    for (int64_t d : unit.shapes[param_]) n *= d;
+    torch::Tensor part = use.grad.narrow(0, unit.offsets[param_], n).view(unit.shapes[param_]);
+    const bool first = !use.written[param_];
+    use.written[param_] = true;
+    write(part, first);
+  }
+  Skip();
+}
+
+void StageModel::ShardSlot::Skip() {
+  if (--call_->uses[use_].pending == 0) model_->ReduceScatterUse(*call_, use_);
+}
 
 // The identity on a ZeRO-3 call's output, whose backward - the first of the call's - gathers
 // its units again.
@@ -181,26 +210,33 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
   const auto [next, next_bf16] = NextCall(units);
   Prefetch(next, next_bf16);
   std::vector<std::vector<torch::Tensor>> views;
-  std::deque<ShardSlot>* slots = nullptr;
-  if (grad) slots = &shard_slots_.emplace_back();
+  ShardedView sinks;  // the gradients' slots, handed out by ViewOfUnit (a use counted per access)
+  sinks.units = &units;
+  std::deque<ShardSlot>* slots = grad ? &shard_slots_.emplace_back() : nullptr;
   for (size_t k = 0; k < units.size(); ++k) {
     ShardedCall::Use& use = call->uses[k];
     ParamUnit& unit = units_[static_cast<size_t>(use.unit)];
     side_->Wait(use.ready);
     std::vector<torch::Tensor> params = ViewsOf(unit, use.full);
+    use.written.assign(params.size(), false);
+    sinks.slots.emplace_back();
+    sinks.anchors.push_back(unit.on_host ? host_anchor_ : unit.flat);
     for (size_t i = 0; i < params.size(); ++i) {
       // Vectors in fp32 whatever the gathered dtype: norms and biases read as on the other paths.
-      torch::Tensor value = unit.shapes[i].size() >= 2 ? params[i] : params[i].to(torch::kFloat);
-      if (grad) {
-        slots->push_back({this, call.get(), k, i});
-        value = ShardedWeightFunction::apply(unit.on_host ? host_anchor_ : unit.flat, value, reinterpret_cast<int64_t>(&slots->back()));
-        ++use.pending;
-      }
-      params[i] = value;
+      if (unit.shapes[i].size() < 2) params[i] = params[i].to(torch::kFloat);
+      if (grad) sinks.slots.back().push_back(&slots->emplace_back(this, call.get(), k, i));
     }
     views.push_back(std::move(params));
   }
-  torch::Tensor y = fn(x, views);
+  torch::Tensor y;
+  {
+    struct Current {  // the slots are this call's while its forward runs, and no longer
+      const ShardedView*& view;
+      ~Current() { view = nullptr; }
+    } current{sharded_view_};
+    if (grad) sharded_view_ = &sinks;
+    y = fn(x, views);
+  }
   // The gathered memory goes back; autograd's saved views of it are filled again in backward.
   // The stage's last call keeps it: its backward comes next (without a pipeline), and a gather
   // there would wait with nothing beside it.
@@ -238,7 +274,16 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   ParamUnit& unit = units_[static_cast<size_t>(use.unit)];
   torch::NoGradGuard no_grad;
   const int64_t length = unit.shard_end - unit.shard_begin;
-  if (!use.grad.defined()) use.grad = torch::zeros({unit.numel}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  if (!use.grad.defined()) {
+    use.grad = torch::zeros({unit.numel}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  } else {
+    for (size_t i = 0; i < use.written.size(); ++i) {  // a parameter no gradient reached (a guard: none is unused today)
+      if (use.written[i]) continue;
+      int64_t n = 1;
+      for (int64_t d : unit.shapes[i]) n *= d;
+      use.grad.narrow(0, unit.offsets[i], n).zero_();
+    }
+  }
   // The shard's gradient sums every use of the step (micro-batches, a tied embedding's two): on
   // the device, or for a host-streamed unit in host memory (the hook).
   TORCH_CHECK(!unit.on_host || host_gradient_, "a host-streamed unit's gradient has nowhere to go: no SetHostGradient hook");

@@ -18,8 +18,13 @@
 // it reads the loss and the gradient norm on the host first (trainer.cc).
 //
 // The caller decides eligibility: a CUDA device, one pipeline stage (no sends), tp = 1 (no
-// collectives inside blocks), ZeRO < 3 (no gathers), train.cuda_graphs. A capture that fails (an
-// op that synchronises, out of memory) is logged, the step runs eagerly, and graphs stay off.
+// collectives inside blocks), no offloaded update, train.cuda_graphs. ZeRO-3's gathers and
+// reduce-scatters (NCCL on a side stream, which the capture forks from this object's stream
+// and joins again) are captured with the rest: NCCL collectives replay from a graph, and the
+// schedule queues them in the same order every step. Memory that a side stream still reads when
+// it is dropped (side_stream.h: KeepUntilDone) stays out of reuse until the capture ends. A
+// capture that fails (an op that synchronises, out of memory) is logged, the step runs eagerly,
+// and graphs stay off.
 #pragma once
 
 #include <torch/torch.h>

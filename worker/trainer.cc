@@ -130,10 +130,12 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
     model_->SetGradientReady([opt = optimizer_.get()](size_t unit) { opt->GradientReady(unit); });
     model_->SetHostGradient([opt = optimizer_.get()](size_t unit, const torch::Tensor& grad) { opt->HostGradient(unit, grad); });
   }
-  // A static schedule (step_graph.h): no pipeline sends, no collectives or gathers inside it, no
-  // offloaded update to wait for (the forward's waits are issued from the host, optimizer.h).
-  const bool graphable = context.spec.train.cuda_graphs && device_.is_cuda() && mesh_.pp == 1 && mesh_.tp == 1 &&
-                         context.spec.parallel.zero < 3 && !optimizer.offload;
+  // A static schedule (step_graph.h): no pipeline sends, no tensor-parallel collectives inside
+  // blocks, no offloaded update to wait for (the forward's waits are issued from the host,
+  // optimizer.h). ZeRO-3's gathers and reduce-scatters are captured with the step: they are
+  // queued in the same order on every step, on a side stream the capture forks and joins.
+  const bool graphable =
+      context.spec.train.cuda_graphs && device_.is_cuda() && mesh_.pp == 1 && mesh_.tp == 1 && !optimizer.offload;
   step_graph_ = std::make_unique<StepGraph>(device_, graphable);
 }
 

@@ -3,7 +3,8 @@
 
 Trains the same tiny model of every family (seed, data, global batch) on one CPU worker, then on
 GPU workers started by `strata up --gpus N` (N = up to 4): one GPU, with 2 GPUs the meshes dp=2
-(ZeRO 0 and 3), pp=2 and tp=2, with 4 also pp=2 x tp=2. fp32 runs must give the CPU losses within
+(ZeRO 0 and 3, ZeRO-3 also op by op: its CUDA-graph steps must give the same losses), pp=2 and
+tp=2, with 4 also pp=2 x tp=2. fp32 runs must give the CPU losses within
 1e-3 relative (different kernels, same maths); bf16 runs within 3e-2 (bf16 tolerance).
 
 usage: STRATA_BIN_DIR=build/bin python3 tests/gpu/mesh_gpu_test.py   (MESH_GPU_RESUME_ONLY=1: the resume checks only)
@@ -59,7 +60,7 @@ def spec(work, name, family, parallel, precision, extra_train=""):
 
 def train(state, work, name, family, parallel="", precision="fp32", extra_train="", resume=None):
     args = ["submit", spec(work, name, family, parallel, precision, extra_train)] + (["--resume", resume] if resume else [])
-    run = strata(state, *args, "--follow").splitlines()[0]
+    run = train.latest = strata(state, *args, "--follow").splitlines()[0]
     if resume is None and "checkpoint_every" in extra_train:
         train.last_run = run
     status = json.loads(strata(state, "status", run, "--json"))
@@ -82,9 +83,13 @@ def main():
     try:
         strata(cpu, "up", "--workers", "1")
         strata(gpu, "up", "--gpus", str(min(n, 4)))
-        meshes = [("1gpu", "")]
+        # ZeRO-3 on one GPU: the gathers are copies on the side stream, captured with the step
+        meshes = [("1gpu", ""), ("1gpuz3", "zero = 3\n"), ("1gpuz3eager", "zero = 3\n")]
         if n >= 2:
-            meshes += [("dp2", "dp = 2\n"), ("dp2z3", "dp = 2\nzero = 3\n"), ("pp2", "pp = 2\n"), ("tp2", "tp = 2\n"),
+            meshes += [("dp2", "dp = 2\n"), ("dp2z3", "dp = 2\nzero = 3\n"),
+                       # ZeRO-3 op by op: the graph-captured dp2z3 steps (gathers and reduce-scatters
+                       # replayed from a CUDA graph) must give its losses
+                       ("dp2z3eager", "dp = 2\nzero = 3\n"), ("pp2", "pp = 2\n"), ("tp2", "tp = 2\n"),
                        # ZeRO-3 streamed from host memory (offload = "optimizer+params"), gathered over NCCL
                        ("dp2z3host", 'dp = 2\nzero = 3\nrecompute = false\noffload = "optimizer+params"\n')]
         if n >= 4:
@@ -93,19 +98,26 @@ def main():
         # MESH_GPU_FAMILIES picks families (default: all; the families beyond gpt2 and llama run
         # bf16 only, the precision their published checkpoints train in).
         families = os.environ.get("MESH_GPU_FAMILIES", " ".join(FAMILY_MODELS)).split()
-        # MESH_GPU_MESHES picks meshes by name (1gpu dp2 dp2z3 dp2z3host pp2 tp2 pp2tp2; default: all, and
+        # MESH_GPU_MESHES picks meshes by name (1gpu 1gpuz3 1gpuz3eager dp2 dp2z3 dp2z3eager dp2z3host pp2 tp2 pp2tp2; default: all, and
         # the resume checks).
         if os.environ.get("MESH_GPU_MESHES"):
             meshes = [m for m in meshes if m[0] in os.environ["MESH_GPU_MESHES"].split()]
         for family in () if os.environ.get("MESH_GPU_RESUME_ONLY") else families:
             reference = train(cpu, work, f"{family}-cpu", family)
             precisions = (("fp32", 1e-3), ("bf16", 3e-2)) if family in ("gpt2", "llama") else (("bf16", 3e-2),)
+            by_name = {}
             for mesh, parallel in meshes:
-                if mesh in ("dp2z3", "dp2z3host") and family not in ("gpt2", "llama"):
+                if "z3" in mesh and family not in ("gpt2", "llama"):
                     continue
                 for precision, tolerance in precisions:
                     name = f"{family}-{mesh}-{precision}"
-                    losses = train(gpu, work, name, family, parallel, precision)
+                    extra = "cuda_graphs = false\n" if mesh.endswith("eager") else ""
+                    losses = by_name[name] = train(gpu, work, name, family, parallel, precision, extra)
+                    if mesh in ("dp2z3", "1gpuz3"):  # the steps did replay as a graph (a refused capture falls back op by op)
+                        captured = "run as one CUDA graph" in strata(gpu, "logs", train.latest)
+                        print(f"{name}: steps captured as a CUDA graph: {'ok' if captured else 'FAIL'}")
+                        if not captured:
+                            failures.append(f"{name}-captured")
                     diffs = [abs(a - b) / b for a, b in zip(losses, reference)]
                     worst = max(diffs)
                     ok = len(losses) == len(reference) and worst <= tolerance
@@ -114,6 +126,18 @@ def main():
                     if not ok:
                         failures.append(name)
                         print("  per step:", " ".join(f"{d:.1e}" for d in diffs))
+            for mesh, precision in [(m, p) for m in ("1gpuz3", "dp2z3") for p, _ in precisions]:
+                graphed, eager = by_name.get(f"{family}-{mesh}-{precision}"), by_name.get(f"{family}-{mesh}eager-{precision}")
+                if graphed is None or eager is None:
+                    continue
+                # The same kernels and collectives in the same order: equal up to NCCL's own choice
+                # of algorithm, which may differ between a captured and a direct launch.
+                worst = max(abs(a - b) / b for a, b in zip(graphed, eager))
+                ok = len(graphed) == len(eager) and worst <= 1e-6
+                print(f"{family}-{mesh}-{precision}: CUDA graph vs op by op: max relative difference {worst:.2e} "
+                      f"(tolerance 1e-6) {'ok' if ok else 'FAIL'}")
+                if not ok:
+                    failures.append(f"{family}-{mesh}-{precision}-graph")
         if n >= 2 and not os.environ.get("MESH_GPU_MESHES"):
             # Issue #20: a checkpoint written under tp=2 resumes under tp=1 (and dp=2 ZeRO-3) on the
             # GPU - the restore's pinned staging path - and continues the uninterrupted run.
