@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -43,6 +44,13 @@ class Communicator {
   virtual Status AllGather16(uint16_t* data, size_t count) = 0;
   // Copies `root`'s `count` floats to every rank.
   virtual Status Broadcast(float* data, size_t count, uint32_t root) = 0;
+  // Out of place, where an implementation can save the copy (NCCL): `block` (this rank's block's
+  // length) gets this rank's block of the sum of every rank's `data`, whose contents are then
+  // undefined; and `data` gets every rank's `mine` (its block). The defaults run the in-place
+  // collective and copy with memcpy: host buffers only (a device-buffer communicator overrides).
+  virtual Status ReduceScatterSumTo(float* data, float* block, size_t count);
+  virtual Status AllGatherFrom(const float* mine, float* data, size_t count);
+  virtual Status AllGather16From(const uint16_t* mine, uint16_t* data, size_t count);
   // Point-to-point, for pipeline stages: `bytes` bytes to / from rank `peer` of this group.
   // Sends are buffered (ZeroMQ) or stream-ordered (NCCL): a send never waits for its receive.
   // NCCL: a send runs on transfer_stream() after the work the calling thread's current stream has
@@ -73,6 +81,25 @@ class Communicator {
 // by at most one element).
 inline std::pair<size_t, size_t> ShardRange(size_t count, uint32_t world, uint32_t rank) {
   return {count * rank / world, count * (rank + 1) / world};
+}
+
+inline Status Communicator::ReduceScatterSumTo(float* data, float* block, size_t count) {
+  STRATA_RETURN_IF_ERROR(ReduceScatterSum(data, count));
+  const auto [begin, end] = ShardRange(count, world_size(), rank());
+  if (end > begin) std::memcpy(block, data + begin, (end - begin) * sizeof(float));
+  return Status::Ok();
+}
+
+inline Status Communicator::AllGatherFrom(const float* mine, float* data, size_t count) {
+  const auto [begin, end] = ShardRange(count, world_size(), rank());
+  if (end > begin && data + begin != mine) std::memmove(data + begin, mine, (end - begin) * sizeof(float));
+  return AllGather(data, count);
+}
+
+inline Status Communicator::AllGather16From(const uint16_t* mine, uint16_t* data, size_t count) {
+  const auto [begin, end] = ShardRange(count, world_size(), rank());
+  if (end > begin && data + begin != mine) std::memmove(data + begin, mine, (end - begin) * sizeof(uint16_t));
+  return AllGather16(data, count);
 }
 
 struct ZmqCommunicatorOptions {

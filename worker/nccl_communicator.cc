@@ -262,6 +262,38 @@ class NcclCommunicator final : public Communicator {
     return Tracked(ncclAllGather(data + rank_ * block, data, block, ncclBfloat16, comm_, Stream()), "all-gather (16-bit)");
   }
 
+  // Out of place (communicator.h): NCCL reads `mine` / writes `block` directly, saving the copy
+  // the in-place forms need. An uneven count takes the in-place fallback and one device copy.
+  Status ReduceScatterSumTo(float* data, float* block, size_t count) override {
+    STRATA_RETURN_IF_ERROR(Ready());
+    const auto [begin, end] = ShardRange(count, world_, rank_);
+    if (world_ == 1 || count % world_ != 0) {
+      STRATA_RETURN_IF_ERROR(world_ == 1 ? Status::Ok() : AllReduceSum(data, count));
+      return Copy(block, data + begin, (end - begin) * sizeof(float));
+    }
+    return Tracked(ncclReduceScatter(data, block, count / world_, ncclFloat, ncclSum, comm_, Stream()), "reduce-scatter");
+  }
+
+  Status AllGatherFrom(const float* mine, float* data, size_t count) override {
+    STRATA_RETURN_IF_ERROR(Ready());
+    const auto [begin, end] = ShardRange(count, world_, rank_);
+    if (world_ == 1 || count % world_ != 0) {
+      if (data + begin != mine) STRATA_RETURN_IF_ERROR(Copy(data + begin, mine, (end - begin) * sizeof(float)));
+      return AllGather(data, count);
+    }
+    return Tracked(ncclAllGather(mine, data, count / world_, ncclFloat, comm_, Stream()), "all-gather");
+  }
+
+  Status AllGather16From(const uint16_t* mine, uint16_t* data, size_t count) override {
+    STRATA_RETURN_IF_ERROR(Ready());
+    const auto [begin, end] = ShardRange(count, world_, rank_);
+    if (world_ == 1 || count % world_ != 0) {
+      if (data + begin != mine) STRATA_RETURN_IF_ERROR(Copy(data + begin, mine, (end - begin) * sizeof(uint16_t)));
+      return AllGather16(data, count);
+    }
+    return Tracked(ncclAllGather(mine, data, count / world_, ncclBfloat16, comm_, Stream()), "all-gather (16-bit)");
+  }
+
   Status Broadcast(float* data, size_t count, uint32_t root) override {
     STRATA_RETURN_IF_ERROR(Ready());
     if (root >= world_) return InvalidArgument("broadcast: root " + std::to_string(root) + " is not a rank");
@@ -306,6 +338,14 @@ class NcclCommunicator final : public Communicator {
 
  private:
   Status Ready() const { return shared_->Check(); }
+  // A device-to-device copy on the current stream.
+  Status Copy(void* to, const void* from, size_t bytes) {
+    if (bytes == 0) return Status::Ok();
+    if (cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, Stream()) != cudaSuccess) {
+      return Internal("cudaMemcpyAsync failed beside an NCCL collective");
+    }
+    return Status::Ok();
+  }
   cudaStream_t Stream() const { return c10::cuda::getCurrentCUDAStream(device_).stream(); }
   // A collective just enqueued on the compute stream: its result, and the watchdog's clock started.
   Status Tracked(ncclResult_t result, const char* what) {

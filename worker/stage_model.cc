@@ -46,6 +46,50 @@ void AllGatherTensor(Communicator& comm, torch::Tensor& t) {
   OnBuffer(comm, t, [&](float* p, size_t n) { return comm.AllGather(p, n); });
 }
 
+namespace {
+// Whether the communicator can take `a` and `b` as they are (no host staging), between ranks.
+bool Direct(Communicator& comm, const torch::Tensor& a, const torch::Tensor& b) {
+  return comm.world_size() > 1 && a.device() == b.device() && (a.is_cpu() || comm.device_buffers()) && a.is_contiguous() &&
+         b.is_contiguous();
+}
+}  // namespace
+
+void ReduceScatterTensorTo(Communicator& comm, torch::Tensor& t, torch::Tensor& block) {
+  const auto [begin, end] = ShardRange(static_cast<size_t>(t.numel()), comm.world_size(), comm.rank());
+  TORCH_CHECK(block.numel() == static_cast<int64_t>(end - begin) && block.scalar_type() == torch::kFloat,
+              "ReduceScatterTensorTo: the block is this rank's share of the tensor, fp32");
+  if (Direct(comm, t, block)) {
+    Check(comm.ReduceScatterSumTo(t.data_ptr<float>(), block.data_ptr<float>(), static_cast<size_t>(t.numel())));
+    return;
+  }
+  ReduceScatterTensor(comm, t);
+  block.copy_(t.narrow(0, static_cast<int64_t>(begin), static_cast<int64_t>(end - begin)));
+}
+
+void AllGatherTensorFrom(Communicator& comm, const torch::Tensor& mine, torch::Tensor& full) {
+  const auto [begin, end] = ShardRange(static_cast<size_t>(full.numel()), comm.world_size(), comm.rank());
+  const bool bf16 = full.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(mine.numel() == static_cast<int64_t>(end - begin) && mine.scalar_type() == full.scalar_type() &&
+                  (bf16 || full.scalar_type() == torch::kFloat),
+              "AllGatherTensorFrom: this rank's share of the tensor, fp32 or bf16");
+  const auto n = static_cast<size_t>(full.numel());
+  if (Direct(comm, mine, full)) {
+    if (bf16) {
+      Check(comm.AllGather16From(reinterpret_cast<const uint16_t*>(mine.data_ptr()), reinterpret_cast<uint16_t*>(full.data_ptr()), n));
+    } else {
+      Check(comm.AllGatherFrom(mine.data_ptr<float>(), full.data_ptr<float>(), n));
+    }
+    return;
+  }
+  full.narrow(0, static_cast<int64_t>(begin), static_cast<int64_t>(end - begin)).copy_(mine);
+  if (comm.world_size() == 1) return;
+  if (bf16) {  // 16-bit collectives take the buffer where it is (no host staging path)
+    Check(comm.AllGather16(reinterpret_cast<uint16_t*>(full.data_ptr()), n));
+  } else {
+    AllGatherTensor(comm, full);
+  }
+}
+
 void SendTensor(Communicator& comm, const torch::Tensor& t, uint32_t peer) {
   auto buffer = t.detach().to(torch::kFloat).contiguous();
   if (!comm.device_buffers()) buffer = buffer.to(torch::kCPU);
@@ -266,6 +310,7 @@ std::vector<torch::Tensor> StageModel::UnitValues(int u, bool matmul_weights) co
 void StageModel::BeginGradients(int64_t forwards) {
   forwards_expected_ = forwards;
   forwards_done_ = 0;
+  unit_reductions_.assign(units_.size(), 0);
   for (ParamUnit& unit : units_) {
     std::fill(unit.received.begin(), unit.received.end(), 0);
     std::fill(unit.uses.begin(), unit.uses.end(), 0);

@@ -66,6 +66,11 @@ namespace strata::worker {
 void AllReduceTensor(Communicator& comm, torch::Tensor& t);
 void ReduceScatterTensor(Communicator& comm, torch::Tensor& t);
 void AllGatherTensor(Communicator& comm, torch::Tensor& t);
+// Out of place (no copy of this rank's share where the communicator reads and writes the buffers
+// directly): `block` gets this rank's share of the sum of `t` (left undefined); `full` gets every
+// rank's `mine` (fp32 or bf16; its share, ShardRange).
+void ReduceScatterTensorTo(Communicator& comm, torch::Tensor& t, torch::Tensor& block);
+void AllGatherTensorFrom(Communicator& comm, const torch::Tensor& mine, torch::Tensor& full);
 void SendTensor(Communicator& comm, const torch::Tensor& t, uint32_t peer);
 torch::Tensor RecvTensor(Communicator& comm, const std::vector<int64_t>& shape, const torch::Device& device, uint32_t peer);
 
@@ -275,6 +280,7 @@ class StageModel {
   std::map<int, Prefetched> prefetched_;
   std::deque<std::deque<ShardSlot>> shard_slots_;  // the gradient handles of this step's calls (stable addresses)
   const ShardedView* sharded_view_ = nullptr;     // set while a ZeRO-3 call's forward runs
+  std::vector<int> unit_reductions_;               // per unit: ZeRO-3 uses reduce-scattered this step
   std::unique_ptr<SideStream> side_;
   std::deque<GradSlot> slots_;  // one per parameter of a sink unit; stable addresses (the sink's handles)
   std::vector<int64_t> slot_begin_;  // per unit: the index of its first parameter's slot

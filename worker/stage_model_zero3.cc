@@ -145,17 +145,21 @@ std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Ten
   torch::Tensor target = torch::from_blob(full.data_ptr(), {unit.numel}, full.options());
   return side_->Run([&] {
     torch::NoGradGuard no_grad;
+    Communicator& dp = *groups_.dp;
+    if (!unit.on_host) {  // out of place: the collective reads the shard where it is
+      AllGatherTensorFrom(dp, shard, target);
+      return;
+    }
     torch::Tensor mine = target.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
-    if (unit.on_host && bf16) {
+    if (bf16) {
       // Uploaded in fp32 (the host keeps no bf16 copy: 2 bytes a parameter of host memory, the
       // scarcer one here) and cast on the device; the staging is the side stream's own memory.
       torch::Tensor staging = torch::empty({mine.numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
       staging.copy_(shard, /*non_blocking=*/true);
       mine.copy_(staging);
     } else {
-      mine.copy_(shard, /*non_blocking=*/unit.on_host);  // pinned host memory: the upload runs on the side stream
+      mine.copy_(shard, /*non_blocking=*/true);  // pinned host memory: the upload runs on the side stream
     }
-    Communicator& dp = *groups_.dp;
     if (dp.world_size() == 1) return;
     if (bf16) {
       Check(dp.AllGather16(reinterpret_cast<uint16_t*>(target.data_ptr()), static_cast<size_t>(unit.numel)));
@@ -290,8 +294,17 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   if (!unit.on_host && !unit.flat.grad().defined()) unit.flat.mutable_grad() = torch::zeros({length}, use.grad.options());
   const torch::Tensor full = use.grad, sum = unit.on_host ? torch::Tensor() : unit.flat.grad();
   const size_t u = static_cast<size_t>(use.unit);
+  // The step's first use of the unit is reduce-scattered straight into the shard's gradient
+  // (written); later uses (micro-batches, a tied embedding's second) are added to it.
+  if (unit_reductions_.size() != units_.size()) unit_reductions_.assign(units_.size(), 0);  // no BeginGradients: every use adds
+  const bool first = unit_reductions_[u]++ == 0 && forwards_expected_ > 0;
   side_->Run([&] {
     torch::Tensor g = full;
+    if (!unit.on_host && first) {
+      torch::Tensor shard = sum;
+      ReduceScatterTensorTo(*groups_.dp, g, shard);
+      return;
+    }
     ReduceScatterTensor(*groups_.dp, g);  // each rank keeps its shard's sum
     if (unit.on_host) {
       host_gradient_(u, g.narrow(0, unit.shard_begin, length));

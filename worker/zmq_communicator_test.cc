@@ -151,6 +151,42 @@ TEST_P(CollectivesTest, AllGather16AssemblesEveryShardBitForBit) {
   for (auto& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
+// The out-of-place forms (ZeRO-3's gathers from the shard and reduce-scatters into the shard's
+// gradient): the same blocks as the in-place ones, read from and written to separate buffers.
+TEST_P(CollectivesTest, OutOfPlaceFormsGiveTheInPlaceBlocks) {
+  const auto [n, count] = GetParam();
+  auto results = OnRanks(n, [count = count, n = n](Communicator& comm, uint32_t r) -> Status {
+    const auto [begin, end] = ShardRange(count, n, r);
+    std::vector<float> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = Value(r, i);
+    std::vector<float> block(end - begin + 1, -7.0f);  // one more: the write stays inside its block
+    STRATA_RETURN_IF_ERROR(comm.ReduceScatterSumTo(data.data(), block.data(), count));
+    for (size_t i = begin; i < end; ++i) {
+      float expected = 0;
+      for (uint32_t k = 0; k < n; ++k) expected += Value(k, i);
+      if (block[i - begin] != expected) return Internal("reduce-scatter: rank " + std::to_string(r) + " element " + std::to_string(i));
+    }
+    if (block.back() != -7.0f) return Internal("reduce-scatter wrote past rank " + std::to_string(r) + "'s block");
+    std::vector<float> mine(end - begin), full(count, -1.0f);
+    std::vector<uint16_t> mine16(end - begin), full16(count, 0xffff);
+    for (size_t i = begin; i < end; ++i) {
+      mine[i - begin] = Value(r, i);
+      mine16[i - begin] = static_cast<uint16_t>(Value(r, i)) ^ 0x8001u;
+    }
+    STRATA_RETURN_IF_ERROR(comm.AllGatherFrom(mine.data(), full.data(), count));
+    STRATA_RETURN_IF_ERROR(comm.AllGather16From(mine16.data(), full16.data(), count));
+    for (size_t i = 0; i < count; ++i) {
+      uint32_t owner = 0;
+      while (ShardRange(count, n, owner).second <= i) ++owner;
+      if (full[i] != Value(owner, i) || full16[i] != (static_cast<uint16_t>(Value(owner, i)) ^ 0x8001u)) {
+        return Internal("all-gather: rank " + std::to_string(r) + " element " + std::to_string(i));
+      }
+    }
+    return Status::Ok();
+  });
+  for (auto& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
 TEST_P(CollectivesTest, BroadcastFromEveryRootThenAllReduceInOneSequence) {
   const auto [n, count] = GetParam();
   auto results = OnRanks(n, [count = count, n = n](Communicator& comm, uint32_t r) -> Status {
