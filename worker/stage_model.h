@@ -226,6 +226,9 @@ class StageModel {
   void Regather(ShardedCall& call, bool wait);
   // Every parameter of the call's k-th unit has its gradient: reduce-scatter it into the shard's.
   void ReduceScatterUse(ShardedCall& call, size_t k);
+  // A free gradient buffer at least as long as the use's unit (or a new one) for the use; the
+  // calling stream waits until the reduce-scatter that read it last is done.
+  void TakeGradBuffer(ShardedCall& call, size_t k);
   // At the end of the step's backwards: what a call left incomplete is reduce-scattered, and the
   // compute stream waits for every reduce-scatter.
   void FinishShardedGradients();
@@ -281,6 +284,13 @@ class StageModel {
   std::deque<std::deque<ShardSlot>> shard_slots_;  // the gradient handles of this step's calls (stable addresses)
   const ShardedView* sharded_view_ = nullptr;     // set while a ZeRO-3 call's forward runs
   std::vector<int> unit_reductions_;               // per unit: ZeRO-3 uses reduce-scattered this step
+  // ZeRO-3 uses' fp32 gradient buffers, reused across uses and steps (TakeGradBuffer).
+  struct GradBuffer {
+    torch::Tensor buffer;
+    std::shared_ptr<SideStream::Done> done;  // the last reduce-scatter that read it
+    bool busy = false;                       // a use's gradient is in it
+  };
+  std::vector<GradBuffer> grad_buffers_;
   std::unique_ptr<SideStream> side_;
   std::deque<GradSlot> slots_;  // one per parameter of a sink unit; stable addresses (the sink's handles)
   std::vector<int64_t> slot_begin_;  // per unit: the index of its first parameter's slot

@@ -56,7 +56,8 @@ struct StageModel::ShardedCall {
     torch::Tensor full;                        // the gathered unit (memory freed between forward and backward)
     std::shared_ptr<SideStream::Done> ready;   // its gather
     bool filled = true;                        // full holds the unit (false between forward and backward)
-    torch::Tensor grad;                        // fp32, the unit's length: this use's gradient (allocated by the first)
+    torch::Tensor grad;                        // fp32, the unit's length: this use's gradient (taken by the first)
+    int grad_buffer = -1;                      // which of grad_buffers_ holds it
     std::vector<bool> written;                 // per parameter: its part of grad holds a gradient
     int pending = 0;                           // counted uses whose gradient has not arrived
     bool reduced = false;
@@ -106,7 +107,7 @@ void StageModel::ShardSlot::Write(const std::function<void(torch::Tensor& buffer
     const ParamUnit& unit = model_->units_[static_cast<size_t>(use.unit)];
     // Not zero-filled: each parameter's first gradient writes its part (a matmul's with beta 0,
     // fused_linear.h), and ReduceScatterUse zeroes the parts no gradient reached.
-    if (!use.grad.defined()) use.grad = torch::empty({unit.numel}, torch::TensorOptions().dtype(torch::kFloat).device(model_->device_));
+    if (!use.grad.defined()) model_->TakeGradBuffer(*call_, use_);
     int64_t n = 1;
     for (int64_t d : unit.shapes[param_]) n *= d;
     torch::Tensor part = use.grad.narrow(0, unit.offsets[param_], n).view(unit.shapes[param_]);
@@ -271,6 +272,31 @@ void StageModel::Regather(ShardedCall& call, bool wait) {
   }
 }
 
+// Gradient buffers are reused, not allocated per use: a buffer dropped while the side stream's
+// reduce-scatter still reads it would, inside a CUDA graph's capture, stay out of the allocator
+// until the capture ends (its record_stream is deferred), so a captured step would hold every
+// use's fp32 gradient at once - the whole model's, per micro-batch. Reused, a step holds about two
+// of the largest units' (the one being reduced and the one being written), in eager steps too.
+void StageModel::TakeGradBuffer(ShardedCall& call, size_t k) {
+  ShardedCall::Use& use = call.uses[k];
+  const int64_t numel = units_[static_cast<size_t>(use.unit)].numel;
+  int best = -1;
+  for (size_t i = 0; i < grad_buffers_.size(); ++i) {
+    const GradBuffer& b = grad_buffers_[i];
+    if (b.busy || b.buffer.numel() < numel) continue;
+    if (best < 0 || b.buffer.numel() < grad_buffers_[static_cast<size_t>(best)].buffer.numel()) best = static_cast<int>(i);
+  }
+  if (best < 0) {
+    grad_buffers_.push_back({torch::empty({numel}, torch::TensorOptions().dtype(torch::kFloat).device(device_)), nullptr, false});
+    best = static_cast<int>(grad_buffers_.size() - 1);
+  }
+  GradBuffer& b = grad_buffers_[static_cast<size_t>(best)];
+  side_->Wait(b.done);  // its last reduce-scatter has read it
+  b.busy = true;
+  use.grad = b.buffer.narrow(0, 0, numel);
+  use.grad_buffer = best;
+}
+
 void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   ShardedCall::Use& use = call.uses[k];
   if (use.reduced) return;
@@ -279,7 +305,8 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   torch::NoGradGuard no_grad;
   const int64_t length = unit.shard_end - unit.shard_begin;
   if (!use.grad.defined()) {
-    use.grad = torch::zeros({unit.numel}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+    TakeGradBuffer(call, k);
+    use.grad.zero_();
   } else {
     for (size_t i = 0; i < use.written.size(); ++i) {  // a parameter no gradient reached (a guard: none is unused today)
       if (use.written[i]) continue;
@@ -298,7 +325,7 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   // (written); later uses (micro-batches, a tied embedding's second) are added to it.
   if (unit_reductions_.size() != units_.size()) unit_reductions_.assign(units_.size(), 0);  // no BeginGradients: every use adds
   const bool first = unit_reductions_[u]++ == 0 && forwards_expected_ > 0;
-  side_->Run([&] {
+  const auto reduced = side_->Run([&] {
     torch::Tensor g = full;
     if (!unit.on_host && first) {
       torch::Tensor shard = sum;
@@ -312,8 +339,11 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
       sum.add_(g.narrow(0, unit.shard_begin, length));
     }
   });
-  side_->KeepUntilDone(full);
+  // The buffer is taken again once the reduce-scatter has read it (the next taker's stream waits).
+  grad_buffers_[static_cast<size_t>(use.grad_buffer)].done = reduced;
+  grad_buffers_[static_cast<size_t>(use.grad_buffer)].busy = false;
   use.grad = torch::Tensor();
+  use.grad_buffer = -1;
   side_->Wait(use.ready);  // a gather queued for a backward that never came (FinishGradients) is done first
   ReleaseMemory(use.full);  // after the backward that read it, on the compute stream
   use.filled = false;
@@ -335,6 +365,10 @@ void StageModel::EndStep() {
   sharded_calls_.clear();
   shard_slots_.clear();
   prefetched_.clear();
+  for (GradBuffer& b : grad_buffers_) {  // a step that failed part-way left some taken; the wait above covers them
+    b.busy = false;
+    b.done = nullptr;
+  }
 }
 
 }  // namespace strata::worker

@@ -22,9 +22,10 @@
 // reduce-scatters (NCCL on a side stream, which the capture forks from this object's stream
 // and joins again) are captured with the rest: NCCL collectives replay from a graph, and the
 // schedule queues them in the same order every step. Memory that a side stream still reads when
-// it is dropped (side_stream.h: KeepUntilDone) stays out of reuse until the capture ends. A
-// capture that fails (an op that synchronises, out of memory) is logged, the step runs eagerly,
-// and graphs stay off.
+// it is dropped (side_stream.h: KeepUntilDone) stays out of reuse until the capture ends, so
+// ZeRO-3 reuses its gradient buffers instead of dropping them (stage_model_zero3.cc). A capture
+// that fails (an op that synchronises, out of memory) is logged, the step runs eagerly, and
+// graphs stay off.
 #pragma once
 
 #include <torch/torch.h>
