@@ -275,23 +275,11 @@ class NcclCommunicator final : public Communicator {
   }
 
   Status AllGatherFrom(const float* mine, float* data, size_t count) override {
-    STRATA_RETURN_IF_ERROR(Ready());
-    const auto [begin, end] = ShardRange(count, world_, rank_);
-    if (world_ == 1 || count % world_ != 0) {
-      if (data + begin != mine) STRATA_RETURN_IF_ERROR(Copy(data + begin, mine, (end - begin) * sizeof(float)));
-      return AllGather(data, count);
-    }
-    return Tracked(ncclAllGather(mine, data, count / world_, ncclFloat, comm_, Stream()), "all-gather");
+    return AllGatherOutOfPlace(mine, data, count, ncclFloat, "all-gather");
   }
 
   Status AllGather16From(const uint16_t* mine, uint16_t* data, size_t count) override {
-    STRATA_RETURN_IF_ERROR(Ready());
-    const auto [begin, end] = ShardRange(count, world_, rank_);
-    if (world_ == 1 || count % world_ != 0) {
-      if (data + begin != mine) STRATA_RETURN_IF_ERROR(Copy(data + begin, mine, (end - begin) * sizeof(uint16_t)));
-      return AllGather16(data, count);
-    }
-    return Tracked(ncclAllGather(mine, data, count / world_, ncclBfloat16, comm_, Stream()), "all-gather (16-bit)");
+    return AllGatherOutOfPlace(mine, data, count, ncclBfloat16, "all-gather (16-bit)");
   }
 
   Status Broadcast(float* data, size_t count, uint32_t root) override {
@@ -338,6 +326,20 @@ class NcclCommunicator final : public Communicator {
 
  private:
   Status Ready() const { return shared_->Check(); }
+  template <typename T>
+  Status AllGatherOutOfPlace(const T* mine, T* data, size_t count, ncclDataType_t type, const char* what) {
+    STRATA_RETURN_IF_ERROR(Ready());
+    const auto [begin, end] = ShardRange(count, world_, rank_);
+    if (world_ == 1 || count % world_ != 0) {  // in place: the uneven fallback (above)
+      if (data + begin != mine) STRATA_RETURN_IF_ERROR(Copy(data + begin, mine, (end - begin) * sizeof(T)));
+      if constexpr (sizeof(T) == sizeof(uint16_t)) {
+        return AllGather16(data, count);
+      } else {
+        return AllGather(data, count);
+      }
+    }
+    return Tracked(ncclAllGather(mine, data, count / world_, type, comm_, Stream()), what);
+  }
   // A device-to-device copy on the current stream.
   Status Copy(void* to, const void* from, size_t bytes) {
     if (bytes == 0) return Status::Ok();
