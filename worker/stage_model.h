@@ -289,8 +289,10 @@ class StageModel {
     torch::Tensor buffer;
     std::shared_ptr<SideStream::Done> done;  // the last reduce-scatter that read it
     bool busy = false;                       // a use's gradient is in it
+    int64_t released = 0;                    // when it was last freed (releases_ then); 0: not this step
   };
   std::vector<GradBuffer> grad_buffers_;
+  int64_t releases_ = 0;  // buffers freed this step
   std::unique_ptr<SideStream> side_;
   std::deque<GradSlot> slots_;  // one per parameter of a sink unit; stable addresses (the sink's handles)
   std::vector<int64_t> slot_begin_;  // per unit: the index of its first parameter's slot

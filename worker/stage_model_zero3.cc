@@ -276,18 +276,27 @@ void StageModel::Regather(ShardedCall& call, bool wait) {
 // reduce-scatter still reads it would, inside a CUDA graph's capture, stay out of the allocator
 // until the capture ends (its record_stream is deferred), so a captured step would hold every
 // use's fp32 gradient at once - the whole model's, per micro-batch. Reused, a step holds about two
-// of the largest units' (the one being reduced and the one being written), in eager steps too.
+// buffers per unit size (the one being reduced and the one being written), in eager steps too.
+// A buffer is free once its reduce-scatter is queued, not done: the taker's stream waits for that,
+// so the one released last (its reduce-scatter just queued) is never taken - it would make the
+// backward wait for the reduce-scatter it should overlap - and the oldest release goes first.
 void StageModel::TakeGradBuffer(ShardedCall& call, size_t k) {
   ShardedCall::Use& use = call.uses[k];
   const int64_t numel = units_[static_cast<size_t>(use.unit)].numel;
   int best = -1;
+  auto better = [&](const GradBuffer& b) {
+    if (best < 0) return true;
+    const GradBuffer& c = grad_buffers_[static_cast<size_t>(best)];
+    const bool fits = b.buffer.numel() <= 2 * numel, fitted = c.buffer.numel() <= 2 * numel;  // not a far larger one
+    return fits != fitted ? fits : b.released < c.released;
+  };
   for (size_t i = 0; i < grad_buffers_.size(); ++i) {
     const GradBuffer& b = grad_buffers_[i];
-    if (b.busy || b.buffer.numel() < numel) continue;
-    if (best < 0 || b.buffer.numel() < grad_buffers_[static_cast<size_t>(best)].buffer.numel()) best = static_cast<int>(i);
+    if (b.busy || b.buffer.numel() < numel || (b.released > 0 && b.released == releases_)) continue;
+    if (better(b)) best = static_cast<int>(i);
   }
   if (best < 0) {
-    grad_buffers_.push_back({torch::empty({numel}, torch::TensorOptions().dtype(torch::kFloat).device(device_)), nullptr, false});
+    grad_buffers_.push_back({torch::empty({numel}, torch::TensorOptions().dtype(torch::kFloat).device(device_)), nullptr, false, 0});
     best = static_cast<int>(grad_buffers_.size() - 1);
   }
   GradBuffer& b = grad_buffers_[static_cast<size_t>(best)];
@@ -340,8 +349,10 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
     }
   });
   // The buffer is taken again once the reduce-scatter has read it (the next taker's stream waits).
-  grad_buffers_[static_cast<size_t>(use.grad_buffer)].done = reduced;
-  grad_buffers_[static_cast<size_t>(use.grad_buffer)].busy = false;
+  GradBuffer& buffer = grad_buffers_[static_cast<size_t>(use.grad_buffer)];
+  buffer.done = reduced;
+  buffer.busy = false;
+  buffer.released = ++releases_;
   use.grad = torch::Tensor();
   use.grad_buffer = -1;
   side_->Wait(use.ready);  // a gather queued for a backward that never came (FinishGradients) is done first
@@ -368,7 +379,9 @@ void StageModel::EndStep() {
   for (GradBuffer& b : grad_buffers_) {  // a step that failed part-way left some taken; the wait above covers them
     b.busy = false;
     b.done = nullptr;
+    b.released = 0;
   }
+  releases_ = 0;
 }
 
 }  // namespace strata::worker
