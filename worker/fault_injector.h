@@ -34,6 +34,12 @@ class FaultInjector {
   virtual int64_t StepBallastBytesPerSequence(int64_t step, uint32_t rank) const = 0;
   // Whether rank `rank` hangs before step `step`; a hang is handed out once per process.
   virtual Hang HangBeforeStep(int64_t step, uint32_t rank) = 0;
+  // In-process tests only (no spec): whether step `step`'s schedule waits for the device after its
+  // backwards, as an op that synchronises would - which a CUDA graph's capture refuses.
+  virtual bool SyncInStep(int64_t step) const {
+    (void)step;
+    return false;
+  }
 };
 
 // Injects nothing: every worker's default.

@@ -51,7 +51,8 @@ void StepGraph::Reset() {
 
 bool StepGraph::replaying() const { return state_->replayed; }
 
-Result<torch::Tensor> StepGraph::Run(const torch::Tensor& window, const Schedule& schedule, int64_t* schedule_peak) {
+Result<torch::Tensor> StepGraph::Run(const torch::Tensor& window, const Schedule& schedule, int64_t* schedule_peak,
+                                     const std::function<void()>& discard) {
   State& s = *state_;
   s.replayed = false;
   const torch::Device device = s.device;
@@ -158,7 +159,10 @@ Result<torch::Tensor> StepGraph::Run(const torch::Tensor& window, const Schedule
   at::cuda::CUDAEvent after;
   after.record(side);
   after.block(main);
-  if (s.phase == State::Phase::kOff) return eager();
+  if (s.phase == State::Phase::kOff) {
+    if (discard) discard();
+    return eager();
+  }
   return out;
 #endif
 }

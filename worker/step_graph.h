@@ -52,8 +52,12 @@ class StepGraph {
 
   // Runs `schedule` for `window` (tokens on the host) as described above and returns the loss
   // sum (on the device; valid until the next Run). `schedule_peak` gets the step's peak of
-  // allocated bytes: measured for eager and captured steps, the capture's for replays.
-  Result<torch::Tensor> Run(const torch::Tensor& window, const Schedule& schedule, int64_t* schedule_peak);
+  // allocated bytes: measured for eager and captured steps, the capture's for replays. After a
+  // capture that failed, `discard` runs before the step runs again op by op: it drops what the
+  // refused schedule left on the host (nothing of it ran on the device; events it recorded
+  // belong to the dead capture).
+  Result<torch::Tensor> Run(const torch::Tensor& window, const Schedule& schedule, int64_t* schedule_peak,
+                            const std::function<void()>& discard = nullptr);
 
   // Forgets the graph: the next Run starts again with an eager step (parameters were replaced).
   void Reset();

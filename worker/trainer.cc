@@ -202,7 +202,7 @@ Result<double> Trainer::Step() {
   int64_t schedule_peak = 0;
   try {
     auto schedule = [this](const torch::Tensor& on_device, torch::Tensor* sum) { return RunSchedule(on_device, sum); };
-    STRATA_ASSIGN_OR_RETURN(loss_sum, step_graph_->Run(window, schedule, &schedule_peak));
+    STRATA_ASSIGN_OR_RETURN(loss_sum, step_graph_->Run(window, schedule, &schedule_peak, [this] { model_->EndStep(); }));
   } catch (const std::exception& e) {
     // Out of memory, or a collective failed inside autograd (a peer was lost or the task was
     // cancelled). The micro-batches' activations are gone with the schedule's frame; the partly

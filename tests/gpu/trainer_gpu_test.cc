@@ -33,9 +33,11 @@ class GpuTest : public ::testing::Test {
 
 std::vector<double> Train(const std::string& corpus, torch::Device device, int steps,
                           const std::string& precision = "fp32", const std::string& family = "gpt2", int64_t zero = 0,
-                          const std::function<void(RunSpec&)>& adjust = {}, int* graph_steps = nullptr) {
+                          const std::function<void(RunSpec&)>& adjust = {}, int* graph_steps = nullptr,
+                          FaultInjector* faults = nullptr) {
   TaskContext context;
   context.run_id = "gpu";
+  if (faults) context.faults = faults;
   ModelSpec& m = context.spec.model;
   m.family = family;
   m.layers = 2;
@@ -101,6 +103,38 @@ TEST_F(GpuTest, CudaGraphStepsGiveTheLossesOfOpByOpSteps) {
         std::printf("%s: largest relative loss difference graph vs op by op %.3g\n", what.c_str(), worst);
         EXPECT_LT(graphed.back(), graphed.front()) << what;
       }
+    }
+  }
+}
+
+// ZeRO-3 steps replay as one graph too (their gathers and reduce-scatters on the side stream are
+// captured), with the op-by-op losses bit for bit; and when the capture is refused after the
+// backwards (an op that synchronises, injected), what the refused schedule left - its calls, its
+// gradient buffers' and gathers' events from the dead capture - is dropped, the step runs op by op
+// and so does the rest of the run, with the same losses.
+TEST_F(GpuTest, Zero3StepsReplayAsAGraphAndARefusedCaptureFallsBackCleanly) {
+  struct SyncAtStep2 final : FaultInjector {
+    int64_t StepBallastBytesPerSequence(int64_t, uint32_t) const override { return 0; }
+    Hang HangBeforeStep(int64_t, uint32_t) override { return Hang::kNone; }
+    bool SyncInStep(int64_t step) const override { return step == 2; }
+  } refuse;
+  const int steps = 6;
+  for (const std::string family : {"gpt2", "llama"}) {
+    auto micro2 = [](RunSpec& spec) { spec.parallel.micro_batch = 2; };  // 4 micro-batches: uses add up
+    auto eager = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, "bf16", family, 3, [&](RunSpec& spec) {
+      micro2(spec);
+      spec.train.cuda_graphs = false;
+    });
+    int graph_steps = 0;
+    auto graphed = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, "bf16", family, 3, micro2, &graph_steps);
+    EXPECT_EQ(graph_steps, steps - 1) << family;
+    int refused_graph_steps = 0;
+    auto refused = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, "bf16", family, 3, micro2,
+                         &refused_graph_steps, &refuse);
+    EXPECT_EQ(refused_graph_steps, 0) << family << ": after a refused capture every step runs op by op";
+    for (int i = 0; i < steps; ++i) {
+      EXPECT_EQ(graphed[i], eager[i]) << family << " step " << i + 1;
+      EXPECT_EQ(refused[i], eager[i]) << family << " step " << i + 1 << " (capture refused at step 2)";
     }
   }
 }
