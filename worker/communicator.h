@@ -90,15 +90,20 @@ inline Status Communicator::ReduceScatterSumTo(float* data, float* block, size_t
   return Status::Ok();
 }
 
+// `mine` into this rank's block of `data` (host buffers), for the in-place gather after it.
+template <typename T>
+void PlaceOwnBlock(const T* mine, T* data, size_t count, uint32_t world, uint32_t rank) {
+  const auto [begin, end] = ShardRange(count, world, rank);
+  if (end > begin && data + begin != mine) std::memmove(data + begin, mine, (end - begin) * sizeof(T));
+}
+
 inline Status Communicator::AllGatherFrom(const float* mine, float* data, size_t count) {
-  const auto [begin, end] = ShardRange(count, world_size(), rank());
-  if (end > begin && data + begin != mine) std::memmove(data + begin, mine, (end - begin) * sizeof(float));
+  PlaceOwnBlock(mine, data, count, world_size(), rank());
   return AllGather(data, count);
 }
 
 inline Status Communicator::AllGather16From(const uint16_t* mine, uint16_t* data, size_t count) {
-  const auto [begin, end] = ShardRange(count, world_size(), rank());
-  if (end > begin && data + begin != mine) std::memmove(data + begin, mine, (end - begin) * sizeof(uint16_t));
+  PlaceOwnBlock(mine, data, count, world_size(), rank());
   return AllGather16(data, count);
 }
 

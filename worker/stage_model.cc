@@ -526,7 +526,8 @@ ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vecto
       views.push_back(tensors[u][i]);
       if (!sinks) continue;
       if (in_call != call_units.end()) {
-        sunk.push_back(SunkParameter{sharded_view_->anchors[k], sharded_view_->slots[k][i]});
+        // The slot's function takes the shard (or the host anchor) as its autograd input.
+        sunk.push_back(SunkParameter{unit.on_host ? host_anchor_ : unit.flat, sharded_view_->slots[k][i]});
         continue;
       }
       GradSlot* slot = unit.sink ? &slots_[static_cast<size_t>(slot_begin_[static_cast<size_t>(units[u])]) + i] : nullptr;

@@ -201,7 +201,6 @@ class StageModel {
   struct ShardedView {
     const std::vector<int>* units = nullptr;
     std::vector<std::vector<ShardSlot*>> slots;
-    std::vector<torch::Tensor> anchors;  // per unit: what the slots' functions take as their autograd input
   };
   friend struct RegatherOnBackward;
   friend struct ShardedWeightFunction;

@@ -225,7 +225,6 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
     std::vector<torch::Tensor> params = ViewsOf(unit, use.full);
     use.written.assign(params.size(), false);
     sinks.slots.emplace_back();
-    sinks.anchors.push_back(unit.on_host ? host_anchor_ : unit.flat);
     for (size_t i = 0; i < params.size(); ++i) {
       // Vectors in fp32 whatever the gathered dtype: norms and biases read as on the other paths.
       if (unit.shapes[i].size() < 2) params[i] = params[i].to(torch::kFloat);
@@ -332,8 +331,7 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   const size_t u = static_cast<size_t>(use.unit);
   // The step's first use of the unit is reduce-scattered straight into the shard's gradient
   // (written); later uses (micro-batches, a tied embedding's second) are added to it.
-  if (unit_reductions_.size() != units_.size()) unit_reductions_.assign(units_.size(), 0);  // no BeginGradients: every use adds
-  const bool first = unit_reductions_[u]++ == 0 && forwards_expected_ > 0;
+  const bool first = unit_reductions_.at(u)++ == 0;  // counted from BeginGradients
   const auto reduced = side_->Run([&] {
     torch::Tensor g = full;
     if (!unit.on_host && first) {
