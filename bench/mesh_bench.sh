@@ -10,7 +10,8 @@
 #   vocab 32000), the width tensor parallelism is for, in place of GPT-2 124M
 #   STRATA_BENCH_RUNS="one-gpu tp2": the runs to make (default: the six above); also one-gpu-eager
 #   (cuda_graphs = false), one-gpu-zero3 and one-gpu-zero3-eager (ZeRO-3's gathering path on one
-#   GPU, with and without CUDA graphs), pp2-m16 (16 micro-batches of 8), pp2-m8-stages (STRATA_BENCH_STAGES="[7, 5]")
+#   GPU, with and without CUDA graphs), one-gpu-zero3-keep and dp2-zero3-keep (parallel.keep_gathered
+#   = "auto": the planner keeps what fits gathered for the backward; the other runs keep none), pp2-m16 (16 micro-batches of 8), pp2-m8-stages (STRATA_BENCH_STAGES="[7, 5]")
 set -euo pipefail
 bin=${STRATA_BIN_DIR:?}
 steps=${1:-15}
@@ -67,7 +68,7 @@ weight_decay = 0.1
 precision = "$precision"
 ${4:-}
 [parallel]
-$(printf '%s\n' "dp = 1" "pp = 1" "tp = 1" "zero = 0" "recompute = false" "micro_batch = 0" "$3" | python3 -c "
+$(printf '%s\n' "dp = 1" "pp = 1" "tp = 1" "zero = 0" "recompute = false" "micro_batch = 0" "keep_gathered = 0" "$3" | python3 -c "
 import sys  # every field fixed (later lines win): nothing is left to the planner
 fields = dict(l.split(' = ', 1) for l in sys.stdin.read().split(chr(10)) if ' = ' in l)
 print(chr(10).join(k + ' = ' + v for k, v in fields.items()))")
@@ -87,7 +88,9 @@ steps = [json.loads(l) for l in open('$work/$1.metrics') if l.strip()]
 rates = [m['tokens_per_second'] for m in steps[3:] if m.get('tokens_per_second', 0) > 0]  # past the warm-up and the capture
 print(json.dumps({'run': '$1', 'gpus': s.get('world_size'), 'global_batch': $2, 'tokens_per_s': round(s['tokens_per_second']),
                   'median_tokens_per_s': round(statistics.median(rates)) if rates else None, 'steps_in_median': len(rates),
-                  'loss': round(s['losses'][-1], 4)}))"
+                  'loss': round(s['losses'][-1], 4),
+                  'peak_gib': [round(m['measured_peak_bytes'] / 2**30, 2) for m in s.get('memory', [])],
+                  'estimate_gib': [round(m['estimate_bytes'] / 2**30, 2) for m in s.get('memory', [])]}))"
 }
 
 for run in $runs; do
@@ -106,7 +109,12 @@ stages = ${STRATA_BENCH_STAGES:?set STRATA_BENCH_STAGES, e.g. [7, 5]}" ;;
     one-gpu-eager) bench one-gpu-eager 8 "" "cuda_graphs = false" ;;
     one-gpu-zero3) bench one-gpu-zero3 8 "zero = 3" ;;
     one-gpu-zero3-eager) bench one-gpu-zero3-eager 8 "zero = 3" "cuda_graphs = false" ;;
+    one-gpu-zero3-keep) bench one-gpu-zero3-keep 8 "zero = 3
+keep_gathered = \"auto\"" ;;
+    dp2-zero3-keep) bench dp2-zero3-keep 16 "dp = 2
+zero = 3
+keep_gathered = \"auto\"" ;;
     tp2) bench tp2 8 "tp = 2" ;;
-    *) echo "mesh_bench: unknown run '$run' (one-gpu, one-gpu-eager, one-gpu-zero3, one-gpu-zero3-eager, dp2-zero1..3, pp2-m8, pp2-m16, pp2-m8-stages, tp2)" >&2; exit 2 ;;
+    *) echo "mesh_bench: unknown run '$run' (one-gpu, one-gpu-eager, one-gpu-zero3, one-gpu-zero3-eager, one-gpu-zero3-keep, dp2-zero1..3, dp2-zero3-keep, pp2-m8, pp2-m16, pp2-m8-stages, tp2)" >&2; exit 2 ;;
   esac
 done

@@ -2,7 +2,8 @@
 """Scaling over the GPUs of one host (issue #7): tokens/s of a model on 1, 2, 4, 8 GPUs with the
 planner's automatic plan and with fixed meshes, through the real path (strata up --gpus N,
 submit, NCCL between worker processes). Weak scaling: 8 sequences of 1024 tokens per GPU per
-step, bf16, AdamW. Efficiency = tokens/s on N GPUs / (N x the 1-GPU figure of the same mesh kind,
+step, bf16, AdamW. tokens/s is the median of the steps after the third (warm-up and the CUDA
+graph's capture). Efficiency = tokens/s on N GPUs / (N x the 1-GPU figure of the same mesh kind,
 or of the 1-GPU auto plan).
 
 Models: gpt2 = GPT-2 124M; llama1b = a Llama-style 1.1B (16 layers, hidden 2048, 16 heads, 8 kv
@@ -10,7 +11,8 @@ heads, ffn 5632, vocab 32000).
 
 usage: STRATA_BIN_DIR=build/bin python3 bench/scaling_bench.py --model gpt2 --gpus 1,2,4 \
            --meshes auto,dp,pp,tp [--steps 12]
-meshes: auto (the planner's plan), dp (dp = N, ZeRO-1), z0 / z2 / z3 (dp = N at that ZeRO stage),
+meshes: auto (the planner's plan), dp (dp = N, ZeRO-1), z0 / z2 / z3 (dp = N at that ZeRO stage;
+z3's keep_gathered left to the planner), z3again (ZeRO-3, keep_gathered = 0),
 pp (dp = N/2 x pp = 2), tp (dp = N/2 x tp = 2).
 """
 import argparse
@@ -18,6 +20,7 @@ import array
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -41,8 +44,10 @@ def parallel(mesh, n):
         return ""
     if mesh == "dp":
         return f"dp = {n}\npp = 1\ntp = 1\nzero = {1 if n > 1 else 0}\nrecompute = false\nmicro_batch = 8\n"
-    if mesh in ("z0", "z2", "z3"):  # dp = N at ZeRO stage 0, 2 or 3
+    if mesh in ("z0", "z2", "z3"):  # dp = N at ZeRO stage 0, 2 or 3 (ZeRO-3: keep_gathered left to the planner)
         return f"dp = {n}\npp = 1\ntp = 1\nzero = {mesh[1]}\nrecompute = false\nmicro_batch = 8\n"
+    if mesh == "z3again":  # ZeRO-3 with every layer gathered again for its backward (keep_gathered = 0)
+        return f"dp = {n}\npp = 1\ntp = 1\nzero = 3\nrecompute = false\nmicro_batch = 8\nkeep_gathered = 0\n"
     if mesh == "pp":  # 2 stages, the rest data parallel; 4 micro-batches of 8 per replica... per stage pair
         return f"dp = {n // 2}\npp = 2\ntp = 1\nzero = {1 if n > 2 else 0}\nrecompute = false\nmicro_batch = 4\n"
     if mesh == "tp":
@@ -86,8 +91,13 @@ def main():
                                        text=True, env=dict(os.environ, STRATA_STATE_DIR=state))
                     run = r.stdout.splitlines()[0] if r.stdout else ""
                     s = json.loads(strata(state, "status", run, "--json")) if run else {"state": "not submitted"}
-                    res = {"model": args.model, "gpus": n, "mesh": mesh, "state": s.get("state"),
-                           "plan": s.get("plan"), "tokens_per_s": round(s.get("tokens_per_second", 0)),
+                    # The median of the steps after the third (warm-up and the CUDA graph's capture);
+                    # the last step's alone where there are none.
+                    metrics = [json.loads(l) for l in strata(state, "metrics", run, check=False).splitlines() if l.strip()] if run else []
+                    rates = [m["tokens_per_second"] for m in metrics[3:] if m.get("tokens_per_second", 0) > 0]
+                    res = {"model": args.model, "gpus": n, "mesh": mesh, "state": s.get("state"), "plan": s.get("plan"),
+                           "tokens_per_s": round(statistics.median(rates) if rates else s.get("tokens_per_second", 0)),
+                           "steps_in_median": len(rates),
                            "wall_s": round(time.time() - started, 1),
                            "peak_gib": [round(m["measured_peak_bytes"] / 2**30, 2) for m in s.get("memory", [])],
                            "estimate_gib": [round(m["estimate_bytes"] / 2**30, 2) for m in s.get("memory", [])]}

@@ -150,7 +150,8 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
     json out = {{"parameters", shard::ParameterCount(spec->model)},
                 {"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero},
                 {"micro_batch", p.micro_batch}, {"gradient_accumulation", p.gradient_accumulation},
-                {"recompute", p.recompute}, {"offload", shard::OffloadName(p.offload)}, {"stages", stages},
+                {"recompute", p.recompute}, {"offload", shard::OffloadName(p.offload)}, {"keep_gathered", p.keep_gathered},
+                {"stages", stages},
                 {"step_time_s", {{"compute", p.step_time.compute_s}, {"communication", p.step_time.communication_s},
                                  {"bubble", p.step_time.bubble_s}, {"total", p.step_time.total_s()}}},
                 {"why", p.why}, {"workers", workers}};
@@ -170,6 +171,7 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
             << (p.offload == shard::Offload::kOptimizer            ? ", optimizer offloaded to host"
                 : p.offload == shard::Offload::kOptimizerAndParams ? ", optimizer and parameters offloaded to host (streamed a layer at a time)"
                                                                    : "")
+            << (p.keep_gathered > 0 ? ", keep_gathered " + std::to_string(p.keep_gathered) + " (layers a stage keeps gathered for the backward)" : "")
             << "\n";
   std::cout << std::fixed << std::setprecision(4) << "predicted step: " << p.step_time.total_s() << " s (compute "
             << p.step_time.compute_s << ", communication " << p.step_time.communication_s << ", pipeline bubble "

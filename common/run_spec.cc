@@ -412,12 +412,20 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "micro_batch", &p.micro_batch, 0, spec_bounds::kGlobalBatch, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "zero", &p.zero, 0, std::numeric_limits<int64_t>::max(), &p.automatic));  // 0-3: ValidateParallel
   STRATA_RETURN_IF_ERROR(r.BoolOrAuto("parallel", "recompute", &p.recompute, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "keep_gathered", &p.keep_gathered, 0, spec_bounds::kLayers, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.IntList("parallel", "stages", &p.stages, "auto"));
   STRATA_RETURN_IF_ERROR(r.String("parallel", "offload", &p.offload));
   if (p.offload != "none" && p.offload != "optimizer" && p.offload != "optimizer+params") {
     return InvalidArgument("run spec: parallel.offload = \"" + p.offload +
                            "\" is not supported; use \"none\", \"optimizer\" (optimizer state in host memory) or \"optimizer+params\" "
                            "(parameters too, streamed to the GPU a layer at a time)");
+  }
+  // keep_gathered applies to ZeRO-3 without recompute: left to the planner on a mesh that is fixed
+  // to something else, it is 0 (and leaves nothing to plan).
+  const bool zero3_streamed_possible = (p.automatic.count("zero") || p.zero == 3) && (p.automatic.count("recompute") || !p.recompute);
+  if (p.automatic.count("keep_gathered") && !zero3_streamed_possible) {
+    p.automatic.erase("keep_gathered");
+    p.keep_gathered = 0;
   }
   STRATA_RETURN_IF_ERROR(ValidateParallel(spec));
   return spec;
@@ -448,6 +456,19 @@ Status ValidateParallel(const RunSpec& spec) {
   if (fixed("zero") && p.zero > 3) {
     return InvalidArgument("run spec: parallel.zero = " + std::to_string(p.zero) +
                            " is outside 0-3; use 1 (sharded optimizer state), 2 (and gradients) or 3 (and parameters)");
+  }
+  if (fixed("keep_gathered") && p.keep_gathered > 0) {
+    // Only ZeRO-3 without recompute gathers a layer again for its backward.
+    if (fixed("zero") && p.zero != 3) {
+      return InvalidArgument("run spec: parallel.keep_gathered = " + std::to_string(p.keep_gathered) +
+                             " keeps ZeRO-3's gathered layers for the backward, but parallel.zero = " + std::to_string(p.zero) +
+                             " gathers none; set parallel.keep_gathered = 0 (or leave it out), or parallel.zero = 3");
+    }
+    if (fixed("recompute") && p.recompute) {
+      return InvalidArgument("run spec: parallel.keep_gathered = " + std::to_string(p.keep_gathered) +
+                             " does not combine with parallel.recompute = true (a recomputed layer gathers its fp32 weights again "
+                             "by design); set parallel.keep_gathered = 0 or parallel.recompute = false");
+    }
   }
   if (p.offload == "optimizer+params") {
     // The parameters stream from host memory as ZeRO-3 gathers them, without recompute

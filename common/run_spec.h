@@ -190,8 +190,15 @@ struct ParallelSpec {
   // worker/stage_model.h; needs zero = 3 and no recompute). Fixed by the spec; a re-plan after
   // an out-of-memory may turn it on.
   std::string offload = "none";
+  // ZeRO-3 without recompute: how many of each stage's last layers keep their gathered weights
+  // from the forward to the backward instead of gathering them again (FSDP's reshard_after_forward
+  // = False for those layers): one all-gather fewer per layer and micro-batch, for a layer's
+  // weights in the compute dtype held per micro-batch in flight. 0 = every layer is gathered
+  // again; more than a stage's layers = all of them. "auto" (or absent): as many as the planner
+  // finds room for (shard/estimator.cc). Other meshes ignore it (0).
+  int64_t keep_gathered = 0;
   // Train runs: the fields above that the spec leaves to the planner ("auto", or absent), from
-  // {"dp", "pp", "tp", "micro_batch", "zero", "recompute"}; until the coordinator plans the run
+  // {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered"}; until the coordinator plans the run
   // they hold the single-worker values. Empty for extract runs and once planned.
   std::set<std::string> automatic;
   bool planned() const { return automatic.empty(); }

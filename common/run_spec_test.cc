@@ -362,7 +362,7 @@ TEST_F(RunSpecTest, AbsentAndAutoParallelFieldsAreLeftToThePlanner) {
   auto spec = ParseRunSpec(Valid() + "[parallel]\ndp = 2\nzero = \"auto\"\n", dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_EQ(spec->parallel.dp, 2);
-  EXPECT_EQ(spec->parallel.automatic, (std::set<std::string>{"pp", "tp", "micro_batch", "zero", "recompute"}));
+  EXPECT_EQ(spec->parallel.automatic, (std::set<std::string>{"pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered"}));
   EXPECT_FALSE(spec->parallel.planned());
   auto again = ParseRunSpec(RunSpecToToml(*spec), "", true);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
@@ -370,6 +370,32 @@ TEST_F(RunSpecTest, AbsentAndAutoParallelFieldsAreLeftToThePlanner) {
   auto fixed = ParseRunSpec(Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\n", dir_, true);
   ASSERT_TRUE(fixed.ok());
   EXPECT_TRUE(fixed->parallel.planned());
+}
+
+// keep_gathered means something only under ZeRO-3 without recompute: left out on a mesh fixed to
+// anything else it is 0 and leaves nothing to plan; set there, it is refused naming the field.
+TEST_F(RunSpecTest, KeepGatheredIsPlannedOnlyWhereZero3GathersAgain) {
+  const std::string fixed_mesh = Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\n";
+  auto zero1 = ParseRunSpec(fixed_mesh + "zero = 1\nrecompute = false\n", dir_, true);
+  ASSERT_TRUE(zero1.ok()) << zero1.status().ToString();
+  EXPECT_TRUE(zero1->parallel.planned());
+  EXPECT_EQ(zero1->parallel.keep_gathered, 0);
+  auto recomputed = ParseRunSpec(fixed_mesh + "zero = 3\nrecompute = true\n", dir_, true);
+  ASSERT_TRUE(recomputed.ok()) << recomputed.status().ToString();
+  EXPECT_TRUE(recomputed->parallel.planned());
+  auto zero3 = ParseRunSpec(fixed_mesh + "zero = 3\nrecompute = false\n", dir_, true);
+  ASSERT_TRUE(zero3.ok()) << zero3.status().ToString();
+  EXPECT_EQ(zero3->parallel.automatic, (std::set<std::string>{"keep_gathered"}));
+  auto kept = ParseRunSpec(fixed_mesh + "zero = 3\nrecompute = false\nkeep_gathered = 2\n", dir_, true);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_TRUE(kept->parallel.planned());
+  auto again = ParseRunSpec(RunSpecToToml(*kept), dir_, true);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->parallel.keep_gathered, 2);
+  ExpectRejected(fixed_mesh + "zero = 2\nkeep_gathered = 2\n", "parallel.keep_gathered = 2 keeps ZeRO-3's gathered layers");
+  ExpectRejected(fixed_mesh + "zero = 3\nrecompute = true\nkeep_gathered = 1\n", "set parallel.keep_gathered = 0 or parallel.recompute = false");
+  ExpectRejected(fixed_mesh + "zero = 3\nkeep_gathered = -1\n", "parallel.keep_gathered");
+  ExpectRejected(fixed_mesh + "zero = 3\nkeep_gathered = 5000\n", "parallel.keep_gathered = 5000 is over the bound");
 }
 
 TEST_F(RunSpecTest, AutoIsTheOnlyWordAParallelFieldTakes) {

@@ -75,6 +75,7 @@ std::string RunSpecToToml(const RunSpec& spec) {
                        {"micro_batch", spec.parallel.micro_batch},
                        {"zero", spec.parallel.zero},
                        {"recompute", spec.parallel.recompute},
+                       {"keep_gathered", spec.parallel.keep_gathered},
                        {"offload", spec.parallel.offload}};
   if (!spec.parallel.stages.empty()) {
     toml::array stages;

@@ -48,7 +48,7 @@
 // ring all-reduce of gradients 2(n-1)/n * bytes / bandwidth over dp (ZeRO-1 adds the all-gather
 // of the updated fp32 shards, half as many bytes; ZeRO-2's reduce-scatter and gather together
 // move one all-reduce's; x1.5 for ZeRO-3 with recompute, which all-gathers fp32 weights again in
-// backward; x1 without, gathering bf16), 4
+// backward; x1 without, gathering bf16, less the backward gathers of the layers kept gathered), 4
 // activation all-reduces per layer per micro-batch over tp (6 with recompute), one activation
 // send and one gradient send per micro-batch between pipeline stages, and offload's
 // gradient/weight copies over the host link. Pipeline bubble: a fraction (pp-1)/(m+pp-1) of the
@@ -77,7 +77,10 @@
 //                 element of s*b*h, the final norm's fp32 input (4), its bf16 output (2) and the
 //                 loss's gradient for it (2).
 //   buffers       pp: a received activation and a received gradient (fp32); tp: an all-reduce's
-//                 fp32 copy of an activation; ZeRO-3: a layer gathered whole (fp32).
+//                 fp32 copy of an activation; ZeRO-3: a layer gathered whole (fp32); without
+//                 recompute, the layers kept gathered for the backward (parallel.keep_gathered):
+//                 each in the compute dtype, per micro-batch in flight (not calibrated: counted
+//                 as the bytes they are).
 //   d             cuBLAS workspaces and what else the caching allocator holds outside the step.
 // Least squares on the relative error over all 44 rank-runs measured on NVIDIA H200s, bf16,
 // sequence 1024, global batch 8 (2026-11-28; bench/results/calibration-2026-11-28-*.jsonl): one
@@ -372,7 +375,11 @@ Candidate CandidateOf(const Plan& plan) {
   return {plan.dp, plan.pp, plan.tp, plan.zero, plan.micro_batch, plan.recompute, plan.offload};
 }
 
-Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, bool with_workers, Fill* fill) {
+namespace {
+
+// Evaluate with `keep` layers of each ZeRO-3 stage (at most its own) kept gathered from the
+// forward to the backward.
+Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cache, bool with_workers, Fill* fill, int64_t keep) {
   const ModelSpec& model = problem.model;
   const PlannerOptions& opt = problem.options;
   const bool fp32_acts = problem.layout == StateLayout::kFp32;
@@ -399,6 +406,8 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
   plan.gradient_accumulation = m, plan.recompute = c.recompute, plan.offload = c.offload;
   plan.stages = cache.For(c.pp);
   Fill local_fill;
+  local_fill.keep_room = std::numeric_limits<int64_t>::max();
+  bool any_streamed = false;
 
   double compute = 0, dp_comm = 0, tp_comm = 0, pp_comm = 0, offload_comm = 0;
   std::vector<double> host_per_stage(static_cast<size_t>(c.pp), 0.0);  // offload: each worker's host bytes
@@ -418,6 +427,11 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     // recompute keep a copy of the shard (what is gathered); with recompute none.
     const bool one_stage_tie = model.tied() && c.pp == 1;
     const bool streamed_zero3 = c.zero >= 3 && !recompute;  // gathered in bf16, kept for the backward
+    // Layers kept gathered from the forward to the backward: each holds its gathered weights (in
+    // the compute dtype) for every micro-batch in flight, and is gathered once per micro-batch, not twice.
+    // (A stage's last call keeps its gather anyway: on a stage without the head, its last layer.)
+    const int64_t kept = streamed_zero3 ? std::min(keep, last ? layers : std::max<int64_t>(layers - 1, 0)) : 0;
+    const double gathered_bytes = bf16_cuda ? 2.0 : 4.0;
     // offload = "optimizer+params": streamed ZeRO-3 from shards in host memory (no working copy).
     const bool host_streamed = c.offload == Offload::kOptimizerAndParams;
     if (streamed_zero3 && bf16_cuda && !host_streamed) {
@@ -466,7 +480,8 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
     if (streamed_zero3) {
       // At the backward's start: the last layer gathered again and the one before it on its way
       // (in the compute dtype), and the last layer's fp32 gradient before its reduce-scatter.
-      buffers += (2 * (bf16_cuda ? 2.0 : 4.0) + 4) * layer_per_rank;
+      buffers += (2 * gathered_bytes + 4) * layer_per_rank;
+      buffers += static_cast<double>(kept * in_flight) * gathered_bytes * layer_per_rank;
       // Host-streamed: a bf16 gather lands in fp32 first (the shard's upload), then is cast.
       if (host_streamed && bf16_cuda) buffers += 4.0 * layer_per_rank / c.dp;
     } else if (c.zero >= 3 && c.dp > 1) {
@@ -492,6 +507,14 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
 
     const double total = static_cast<double>(mem.total());
     local_fill.worst = std::max(local_fill.worst, total / static_cast<double>(std::max<int64_t>(geometry.min_budget[k], 1)));
+    if (streamed_zero3 && layers > (last ? 0 : 1)) {
+      // More kept layers take at most half of what the budget leaves (the rest stays headroom).
+      any_streamed = true;
+      const double room = 0.5 * (static_cast<double>(geometry.min_budget[k]) - total);
+      const double per_layer = static_cast<double>(in_flight) * gathered_bytes * layer_per_rank;
+      const double more = room <= 0 ? 0.0 : std::floor(room / std::max(per_layer, 1.0));
+      local_fill.keep_room = std::min(local_fill.keep_room, kept + static_cast<int64_t>(std::min(more, 1e15)));
+    }
     local_fill.largest_total = std::max(local_fill.largest_total, total);
     const double slowdown = kReferencePeakFlops / geometry.min_peak_flops[k];
     const double matmul_s = flops / (geometry.min_peak_flops[k] * opt.compute_efficiency);
@@ -525,8 +548,12 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
         // Beside the matmuls, but each unit's two gathers and reduce-scatter per micro-batch cost
         // a fixed time the compute does not hide (GPT-2 124M's 2 ms layers: measured 76-81% of
         // 2x one GPU; Llama 8 x 4096's 24 ms layers: 96%).
+        // A kept layer saves its backward's gather: 2 (bf16) or 4 (fp32) bytes a parameter of the
+        // 8 an all-reduce's time counts, and one fixed cost.
         const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);
-        exposed = std::max(0.0, (bf16_cuda ? 1.0 : 1.5) * t - matmul_s) + 3.0 * units * static_cast<double>(m) * kGatherSeconds;
+        const double saved = static_cast<double>(kept) * layer_per_rank / std::max(params, 1.0) * gathered_bytes / 8.0;
+        exposed = std::max(0.0, ((bf16_cuda ? 1.0 : 1.5) - saved) * t - matmul_s) +
+                  (3.0 * units - static_cast<double>(kept)) * static_cast<double>(m) * kGatherSeconds;
       }
       dp_comm = std::max(dp_comm, exposed);
     }
@@ -541,13 +568,13 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
       // a parameter for each micro-batch after the first), takes their norm (4) and updates (28),
       // which the next forward hides as far as its matmuls go (worker/optimizer.h).
       const double shard_params = params / c.dp, mb = static_cast<double>(m);
-      const double uploads = 2.0 * mb * 4.0 * shard_params / opt.host_bandwidth;
+      const double uploads = mb * 4.0 * (2.0 * shard_params - static_cast<double>(kept) * layer_per_rank / c.dp) / opt.host_bandwidth;
       const double host_work = (28.0 + 4.0 + 12.0 * (mb - 1)) * shard_params / opt.host_adamw_bandwidth;
       const double forward = matmul_s / 3.0;
       // One rank streams too: each unit's two gathers and gradient per micro-batch cost a fixed
       // time (counted with the collectives when dp > 1).
       const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);
-      const double fixed = c.dp == 1 ? 3.0 * units * mb * kGatherSeconds : 0.0;
+      const double fixed = c.dp == 1 ? (3.0 * units - static_cast<double>(kept)) * mb * kGatherSeconds : 0.0;
       offload_comm = std::max(offload_comm, std::max(0.0, uploads - matmul_s) + std::max(0.0, host_work - forward) + fixed);
     } else if (c.offload == Offload::kOptimizer) {
       // fp32 gradients out and fp32 weights back, unit by unit while the host updates the units
@@ -586,7 +613,28 @@ Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, boo
   plan.step_time.compute_s = compute;
   plan.step_time.communication_s = dp_comm + tp_comm + pp_comm + offload_comm;
   plan.step_time.bubble_s = compute * static_cast<double>(c.pp - 1) / static_cast<double>(m);
+  if (any_streamed) {
+    plan.keep_gathered = keep;
+  } else {
+    local_fill.keep_room = 0;
+  }
   if (fill) *fill = local_fill;
+  return plan;
+}
+
+}  // namespace
+
+Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, bool with_workers, Fill* fill) {
+  const std::optional<int64_t> fixed = problem.job.keep_gathered;
+  Fill first_fill;
+  Plan plan = EvaluateKeeping(problem, c, cache, with_workers, &first_fill, fixed.value_or(0));
+  // "auto": as many layers as the budget has room for (EvaluateKeeping's keep_room), where the
+  // plan fits without any; each stage keeps at most its own layers.
+  const int64_t most = std::min(first_fill.keep_room, problem.model.layers);
+  if (!fixed && first_fill.worst <= 1.0 && most > 0) {
+    plan = EvaluateKeeping(problem, c, cache, with_workers, &first_fill, most);
+  }
+  if (fill) *fill = first_fill;
   return plan;
 }
 
@@ -624,7 +672,13 @@ std::string Describe(const Plan& plan) {
                 plan.offload == Offload::kNone        ? "no offload"
                 : plan.offload == Offload::kOptimizer ? "optimizer offloaded"
                                                       : "optimizer and parameters offloaded");
-  return text;
+  std::string described = text;
+  if (plan.keep_gathered > 0) {
+    const bool all = std::all_of(plan.stages.begin(), plan.stages.end(), [&](const LayerRange& r) { return r.size() <= plan.keep_gathered; });
+    described += all ? ", every layer kept gathered for its backward"
+                     : ", the last " + std::to_string(plan.keep_gathered) + " layers of each stage kept gathered for their backward";
+  }
+  return described;
 }
 
 }  // namespace internal

@@ -74,6 +74,9 @@ struct Fill {
   double worst = 0;        // largest estimate / budget (a node's host memory too, under offload)
   double largest_total = 0;
   bool host_limited = false;  // the worst is a node's host memory
+  // ZeRO-3 without recompute: the most layers every such stage could keep gathered (the ones kept
+  // now included) within half of what its budget leaves; 0 where no stage gathers.
+  int64_t keep_room = 0;
 };
 Plan Evaluate(const Problem& problem, const Candidate& candidate, StageCache& cache, bool with_workers = true,
               Fill* fill = nullptr);

@@ -9,6 +9,7 @@ ParallelSpec ParallelFromPlan(ParallelSpec p, const Plan& plan) {
   p.dp = plan.dp, p.pp = plan.pp, p.tp = plan.tp, p.zero = plan.zero, p.micro_batch = plan.micro_batch;
   p.recompute = !plan.recompute.empty() && plan.recompute.front();
   p.offload = OffloadName(plan.offload);
+  p.keep_gathered = plan.keep_gathered;
   p.stages.clear();
   if (plan.pp > 1) {
     for (const LayerRange& stage : plan.stages) p.stages.push_back(stage.size());
@@ -64,6 +65,11 @@ Result<ParallelChange> ChangeForOutOfMemory(const RunSpec& spec, const ClusterVi
   }
   ParallelChange change{spec.parallel, ""};
   ParallelSpec& p = change.parallel;
+  if (p.keep_gathered > 0) {  // the layers kept gathered for the backward go first: no loss of speed elsewhere
+    change.description = "keep_gathered " + std::to_string(p.keep_gathered) + " -> 0 (every layer gathered again for its backward)";
+    p.keep_gathered = 0;
+    return change;
+  }
   p.micro_batch = current / 2;
   while (local % p.micro_batch != 0) --p.micro_batch;
   change.description = "micro_batch " + std::to_string(current) + " -> " + std::to_string(p.micro_batch) +

@@ -42,6 +42,9 @@ struct JobSpec {
   std::optional<int64_t> dp, pp, tp, zero, micro_batch;
   std::optional<bool> recompute;
   std::optional<Offload> offload;
+  // ZeRO-3 without recompute: layers per stage kept gathered from forward to backward; unset =
+  // as many as fit (within half of what the plan leaves of the budget).
+  std::optional<int64_t> keep_gathered;
   bool uniform_recompute = false;  // recompute every stage or none (no per-stage choice)
   std::vector<int64_t> stages;     // layers per stage when fixed for pp = stages.size(); else balanced
   bool offload_supported = true;   // false: the executor cannot offload, so neither search nor Replan offers it
@@ -133,6 +136,7 @@ struct Plan {
   int64_t gradient_accumulation = 1;  // micro-batches per step per dp rank
   std::vector<bool> recompute;        // per pipeline stage
   Offload offload = Offload::kNone;   // where optimizer state (and parameters) live
+  int64_t keep_gathered = 0;          // ZeRO-3 without recompute: layers per stage kept gathered for the backward
   std::vector<LayerRange> stages;     // stage 0 also holds the embedding, the last the head + loss
   std::vector<WorkerAssignment> workers;  // in rank order
   StepTime step_time;

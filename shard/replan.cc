@@ -107,6 +107,7 @@ std::string Changes(const Plan& a, const Plan& b) {
   field("gradient_accumulation", a.gradient_accumulation, b.gradient_accumulation);
   const auto on = [](const Plan& p) { return static_cast<int64_t>(std::count(p.recompute.begin(), p.recompute.end(), true)); };
   field("recompute stages", on(a), on(b));
+  field("keep_gathered", a.keep_gathered, b.keep_gathered);
   if (a.offload != b.offload) out += std::string(out.empty() ? "" : ", ") + "offload " + OffloadName(a.offload) + " -> " + OffloadName(b.offload);
   return out.empty() ? "no change" : out;
 }
@@ -118,6 +119,9 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
   JobSpec open = job;  // the fixed fields are what failed; the ladder may change any of them
   open.dp = open.pp = open.tp = open.zero = open.micro_batch = std::nullopt;
   open.recompute = std::nullopt;
+  // Layers kept gathered are what an out-of-memory gives up first (their room was what the
+  // estimate left, and the estimate proved low); after a loss, the new mesh's room decides.
+  open.keep_gathered = reason.kind == ReplanReason::Kind::kOutOfMemory ? std::optional<int64_t>(0) : std::nullopt;
   open.offload = job.offload_supported ? std::nullopt : std::optional<Offload>(Offload::kNone);
   STRATA_ASSIGN_OR_RETURN(internal::Problem problem, internal::Validate(model, open, cluster, options));
   if (current.workers.empty() || current.stages.size() != static_cast<size_t>(current.pp) || current.micro_batch < 1) {

@@ -293,6 +293,7 @@ JobSpec JobForRun(const RunSpec& spec) {
     else if (job.dp) job.micro_batch = spec.train.global_batch / *job.dp;
   }
   if (!p.automatic.count("recompute")) job.recompute = p.recompute;
+  if (!p.automatic.count("keep_gathered")) job.keep_gathered = p.keep_gathered;
   // Offload changes no loss (the host's AdamW is the device's arithmetic): fixed as the spec
   // says, and a re-plan after an out-of-memory may still turn it on.
   job.offload = OffloadFromName(p.offload).value_or(Offload::kNone);

@@ -24,7 +24,9 @@
 //                 both. Gathers and reduce-scatters run on a side stream (side_stream.h): the next
 //                 call's gather is queued before this call's compute (forward) and the previous
 //                 call's before this call's gradients (backward); the stage's last call keeps its
-//                 gather into the backward, which starts with it. Vectors (norms, biases) are read
+//                 gather into the backward, which starts with it, and so do the stage's last
+//                 parallel.keep_gathered layers (no second gather; their memory is held from
+//                 forward to backward, per micro-batch in flight). Vectors (norms, biases) are read
 //                 in fp32, widened from the gathered bf16 (FSDP's param_dtype convention); the
 //                 embedding's lookup gathers fp32. With recompute: as recomputed, the forward
 //                 all-gathers fp32 and drops it, the backward all-gathers again, recomputes, and
@@ -174,6 +176,9 @@ class StageModel {
   // Copies the fp32 weights into the bf16 working copies (after an update, a load or a resume),
   // but for units whose `fresh[u]` is true (the update wrote their copy itself).
   void RefreshWorkingWeights(const std::vector<bool>& fresh = {});
+  // ZeRO-3: whole units gathered since construction (a forward's and a backward's count apart);
+  // parallel.keep_gathered lowers it by one per kept layer and micro-batch.
+  int64_t unit_gathers() const { return unit_gathers_; }
 
  private:
   struct Call;
@@ -303,6 +308,10 @@ class StageModel {
   // input, in place of the shard (a host tensor, no leaf): a device scalar that needs a gradient.
   torch::Tensor host_anchor_;
   int64_t forwards_expected_ = 0, forwards_done_ = 0;
+  int64_t unit_gathers_ = 0;
+  // ZeRO-3 without recompute: whether a call over `units` keeps its gathered memory for its
+  // backward (one of the stage's last parallel.keep_gathered layers).
+  bool KeepsGathered(const std::vector<int>& units) const;
   // Sink unit u complete for this step (BeginGradients): called by GradSlot::Write.
   void MaybeGradientReady(int u);
 };

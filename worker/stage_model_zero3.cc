@@ -10,6 +10,7 @@
 // the end of the step's backwards (FinishGradients).
 #include "worker/stage_model.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace strata::worker {
@@ -144,6 +145,7 @@ std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Ten
   // Written through an alias with a version counter of its own: autograd checks that the views it
   // saved of `full` were not modified since, and a gather in backward refills, not modifies.
   torch::Tensor target = torch::from_blob(full.data_ptr(), {unit.numel}, full.options());
+  ++unit_gathers_;
   return side_->Run([&] {
     torch::NoGradGuard no_grad;
     Communicator& dp = *groups_.dp;
@@ -168,6 +170,15 @@ std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Ten
       AllGatherTensor(dp, target);
     }
   });
+}
+
+bool StageModel::KeepsGathered(const std::vector<int>& units) const {
+  const int64_t keep = spec_.parallel.keep_gathered;
+  if (keep <= 0 || units.size() != 1) return false;
+  const auto it = std::find(block_units_.begin(), block_units_.end(), units.front());
+  if (it == block_units_.end()) return false;
+  const int64_t position = it - block_units_.begin(), layers = static_cast<int64_t>(block_units_.size());
+  return position >= layers - keep;
 }
 
 std::pair<std::vector<int>, bool> StageModel::NextCall(const std::vector<int>& units) const {
@@ -243,8 +254,8 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
   }
   // The gathered memory goes back; autograd's saved views of it are filled again in backward.
   // The stage's last call keeps it: its backward comes next (without a pipeline), and a gather
-  // there would wait with nothing beside it.
-  if (!(grad && next.empty())) {
+  // there would wait with nothing beside it. So do the layers parallel.keep_gathered names.
+  if (!(grad && (next.empty() || KeepsGathered(units)))) {
     for (ShardedCall::Use& use : call->uses) {
       ReleaseMemory(use.full);
       use.filled = false;

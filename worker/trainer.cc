@@ -160,6 +160,7 @@ Status Trainer::BuildGroups() {
 }
 
 int64_t Trainer::optimizer_state_elements() const { return optimizer_->state_elements(); }
+int64_t Trainer::unit_gathers() const { return model_->unit_gathers(); }
 int64_t Trainer::optimizer_state_bytes() const { return optimizer_->state_bytes(); }
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::parameters() {

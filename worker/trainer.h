@@ -113,6 +113,8 @@ class Trainer {
   // Elements of AdamW state this rank holds per moment.
   int64_t optimizer_state_elements() const;
   int64_t optimizer_state_bytes() const;
+  // ZeRO-3: whole units this rank has gathered (StageModel::unit_gathers).
+  int64_t unit_gathers() const;
   // Under offload, where the last settled update's time went (optimizer.h; for benchmarks).
   const UnitOptimizer::OffloadTimes& offload_times() const { return optimizer_->offload_times(); }
   const shard::MeshPosition& position() const { return position_; }

@@ -222,6 +222,37 @@ TEST_P(MeshTest, EveryMeshGivesTheSingleWorkerLosses) {
 INSTANTIATE_TEST_SUITE_P(Families, MeshTest, ::testing::Values("gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox"));
 INSTANTIATE_TEST_SUITE_P(Families, MeshResumeTest, ::testing::Values("gpt2", "llama", "gpt_neox"));
 
+// ZeRO-3 layers kept gathered for their backward (parallel.keep_gathered) train the same model
+// bit for bit, and each kept layer saves exactly one gather per micro-batch: on dp=2, and on a
+// pipeline whose stages keep all of theirs (more than a stage has = all of them).
+TEST_F(TrainerTest, LayersKeptGatheredTrainTheSameModelWithOneGatherLessEach) {
+  spec_.model = TinyModel("llama", 4);
+  spec_.train.global_batch = 8;
+  spec_.parallel.micro_batch = 2;  // 2 micro-batches a step on each of dp = 2
+  const int steps = 3;
+  struct Case {
+    int64_t pp, keep, saved_first_stage, saved_last_stage;  // gathers saved per micro-batch
+  };
+  // A stage's last call keeps its gather anyway: on the first of two stages, its last layer.
+  for (const Case& c : {Case{1, 1, 1, 1}, Case{1, 4, 4, 4}, Case{2, 9, 1, 2}}) {
+    SetMesh(2, c.pp, 1, 3);
+    spec_.parallel.keep_gathered = 0;
+    std::vector<int64_t> gathers_again(static_cast<size_t>(spec_.parallel.workers()));
+    auto again = Train(steps, [&](uint32_t r, Trainer& t) { gathers_again[r] = t.unit_gathers(); });
+    spec_.parallel.keep_gathered = c.keep;
+    std::vector<int64_t> gathers_kept(gathers_again.size());
+    auto kept = Train(steps, [&](uint32_t r, Trainer& t) { gathers_kept[r] = t.unit_gathers(); });
+    const std::string name = "pp " + std::to_string(c.pp) + ", keep_gathered " + std::to_string(c.keep);
+    for (size_t r = 0; r < kept.size(); ++r) {
+      ASSERT_EQ(kept[r].size(), static_cast<size_t>(steps)) << name;
+      for (int s = 0; s < steps; ++s) EXPECT_EQ(kept[r][s], again[r][s]) << name << ", rank " << r << ", step " << s + 1;
+      const int64_t saved = r < 2 ? c.saved_first_stage : c.saved_last_stage;  // ranks 0, 1: stage 0 (dp = 2)
+      EXPECT_EQ(gathers_again[r] - gathers_kept[r], saved * 2 * steps) << name << ", rank " << r;
+    }
+  }
+  spec_.parallel.keep_gathered = 0;
+}
+
 TEST_F(TrainerTest, MicroBatchesAccumulateToTheSameSteps) {
   spec_.train.global_batch = 8;
   auto whole = Train(6)[0];

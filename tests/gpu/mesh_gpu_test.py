@@ -83,13 +83,17 @@ def main():
     try:
         strata(cpu, "up", "--workers", "1")
         strata(gpu, "up", "--gpus", str(min(n, 4)))
-        # ZeRO-3 on one GPU: the gathers are copies on the side stream, captured with the step
-        meshes = [("1gpu", ""), ("1gpuz3", "zero = 3\n"), ("1gpuz3eager", "zero = 3\n")]
+        # ZeRO-3 on one GPU: the gathers are copies on the side stream, captured with the step;
+        # ...keep: every layer kept gathered for its backward (parallel.keep_gathered), which must
+        # give the losses of the layers gathered again
+        meshes = [("1gpu", ""), ("1gpuz3", "zero = 3\nkeep_gathered = 0\n"), ("1gpuz3eager", "zero = 3\nkeep_gathered = 0\n"),
+                  ("1gpuz3keep", "zero = 3\nkeep_gathered = 64\n")]
         if n >= 2:
-            meshes += [("dp2", "dp = 2\n"), ("dp2z3", "dp = 2\nzero = 3\n"),
+            meshes += [("dp2", "dp = 2\n"), ("dp2z3", "dp = 2\nzero = 3\nkeep_gathered = 0\n"),
                        # ZeRO-3 op by op: the graph-captured dp2z3 steps (gathers and reduce-scatters
                        # replayed from a CUDA graph) must give its losses
-                       ("dp2z3eager", "dp = 2\nzero = 3\n"), ("pp2", "pp = 2\n"), ("tp2", "tp = 2\n"),
+                       ("dp2z3eager", "dp = 2\nzero = 3\nkeep_gathered = 0\n"), ("dp2z3keep", "dp = 2\nzero = 3\nkeep_gathered = 64\n"),
+                       ("pp2", "pp = 2\n"), ("tp2", "tp = 2\n"),
                        # ZeRO-3 streamed from host memory (offload = "optimizer+params"), gathered over NCCL
                        ("dp2z3host", 'dp = 2\nzero = 3\nrecompute = false\noffload = "optimizer+params"\n')]
         if n >= 4:
@@ -98,7 +102,7 @@ def main():
         # MESH_GPU_FAMILIES picks families (default: all; the families beyond gpt2 and llama run
         # bf16 only, the precision their published checkpoints train in).
         families = os.environ.get("MESH_GPU_FAMILIES", " ".join(FAMILY_MODELS)).split()
-        # MESH_GPU_MESHES picks meshes by name (1gpu 1gpuz3 1gpuz3eager dp2 dp2z3 dp2z3eager dp2z3host pp2 tp2 pp2tp2; default: all, and
+        # MESH_GPU_MESHES picks meshes by name (1gpu 1gpuz3 1gpuz3eager 1gpuz3keep dp2 dp2z3 dp2z3eager dp2z3keep dp2z3host pp2 tp2 pp2tp2; default: all, and
         # the resume checks).
         if os.environ.get("MESH_GPU_MESHES"):
             meshes = [m for m in meshes if m[0] in os.environ["MESH_GPU_MESHES"].split()]
@@ -113,7 +117,7 @@ def main():
                     name = f"{family}-{mesh}-{precision}"
                     extra = "cuda_graphs = false\n" if mesh.endswith("eager") else ""
                     losses = by_name[name] = train(gpu, work, name, family, parallel, precision, extra)
-                    if mesh in ("dp2z3", "1gpuz3"):  # the steps did replay as a graph (a refused capture falls back op by op)
+                    if mesh in ("dp2z3", "1gpuz3", "dp2z3keep", "1gpuz3keep"):  # the steps did replay as a graph (a refused capture falls back op by op)
                         captured = "run as one CUDA graph" in strata(gpu, "logs", train.latest)
                         print(f"{name}: steps captured as a CUDA graph: {'ok' if captured else 'FAIL'}")
                         if not captured:
@@ -126,18 +130,21 @@ def main():
                     if not ok:
                         failures.append(name)
                         print("  per step:", " ".join(f"{d:.1e}" for d in diffs))
-            for mesh, precision in [(m, p) for m in ("1gpuz3", "dp2z3") for p, _ in precisions]:
-                graphed, eager = by_name.get(f"{family}-{mesh}-{precision}"), by_name.get(f"{family}-{mesh}eager-{precision}")
-                if graphed is None or eager is None:
+            # The same kernels and collectives in the same order: equal up to NCCL's own choice of
+            # algorithm, which may differ between a captured and a direct launch. Kept layers read
+            # the bytes a second gather would bring again.
+            pairs = [(m, "eager", "CUDA graph vs op by op") for m in ("1gpuz3", "dp2z3")] + \
+                    [(m, "keep", "gathered again vs kept gathered") for m in ("1gpuz3", "dp2z3")]
+            for (mesh, other, what), (precision, _) in [(pair, p) for pair in pairs for p in precisions]:
+                first, second = by_name.get(f"{family}-{mesh}-{precision}"), by_name.get(f"{family}-{mesh}{other}-{precision}")
+                if first is None or second is None:
                     continue
-                # The same kernels and collectives in the same order: equal up to NCCL's own choice
-                # of algorithm, which may differ between a captured and a direct launch.
-                worst = max(abs(a - b) / b for a, b in zip(graphed, eager))
-                ok = len(graphed) == len(eager) and worst <= 1e-6
-                print(f"{family}-{mesh}-{precision}: CUDA graph vs op by op: max relative difference {worst:.2e} "
+                worst = max(abs(a - b) / b for a, b in zip(first, second))
+                ok = len(first) == len(second) and worst <= 1e-6
+                print(f"{family}-{mesh}-{precision}: {what}: max relative difference {worst:.2e} "
                       f"(tolerance 1e-6) {'ok' if ok else 'FAIL'}")
                 if not ok:
-                    failures.append(f"{family}-{mesh}-{precision}-graph")
+                    failures.append(f"{family}-{mesh}{other}-{precision}")
         if n >= 2 and not os.environ.get("MESH_GPU_MESHES"):
             # Issue #20: a checkpoint written under tp=2 resumes under tp=1 (and dp=2 ZeRO-3) on the
             # GPU - the restore's pinned staging path - and continues the uninterrupted run.
