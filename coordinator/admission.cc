@@ -1,6 +1,7 @@
 #include "coordinator/admission.h"
 
 #include <algorithm>
+#include <set>
 
 #include "shard/parallel_change.h"
 
@@ -67,6 +68,16 @@ bool Admission::PlanRun(RunEntry& run, std::vector<WorkerEntry*>* idle) {
   }
   auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), cluster);
   const bool others_busy = c_.workers.AnyBusy();
+  if (!plan.ok() && mesh.automatic == std::set<std::string>{"keep_gathered"}) {
+    // Every other field fixed: the run starts as a fixed mesh does, unplanned (its estimate is
+    // the user's call; an out-of-memory re-plans), keeping no layer gathered.
+    ParallelSpec fixed = mesh;
+    fixed.keep_gathered = 0;
+    fixed.automatic.clear();
+    TrainRun::SetParallel(run, fixed);
+    c_.Persist(run);
+    return true;
+  }
   if (!plan.ok()) {
     if (plan.status().code() == StatusCode::kResourceExhausted && others_busy) return false;  // more may free up
     run.message = "cannot plan the run: " + plan.status().message();

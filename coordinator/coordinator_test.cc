@@ -235,6 +235,29 @@ class FakeWorker {
 
 // The run is not failed: it goes back to pending, to resume (here from step 0: no checkpoint)
 // once workers for it are there (mesh_test covers the whole recovery with real workers).
+// A ZeRO-3 mesh fixed in every field but keep_gathered (left out, so the planner's) starts as a
+// fixed mesh always did when the planner finds no plan for it - here its estimate is far over the
+// worker's 6 GiB - keeping no layer gathered, rather than failing to plan.
+TEST_F(CoordinatorTest, AFixedZero3MeshTheEstimateRefusesStillStartsKeepingNothingGathered) {
+  zmq::context_t ctx;
+  FakeWorker worker(ctx, options_.listen, "w0", dir_);
+  CoordinatorClient client(options_.listen);
+  schema::EnvelopeBuilder submit;
+  submit.root().initSubmitRun().setSpecToml(
+      "name = \"big\"\n[model]\nhidden = 4096\nheads = 32\nlayers = 32\nsequence = 16\n[data]\npath = \"" + dir_ +
+      "/corpus.txt\"\n[train]\nsteps = 3\nglobal_batch = 2\n[parallel]\ndp = 1\npp = 1\ntp = 1\nzero = 3\nrecompute = false\n"
+      "micro_batch = 0\n");
+  auto submitted = client.Call(submit);
+  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+  const std::string run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
+  std::string spec;
+  ASSERT_TRUE(worker.Await(Envelope::ASSIGN_TASK, [&](Envelope::Reader root) {
+    spec = root.getAssignTask().getSpecToml().cStr();
+    return std::string(root.getAssignTask().getRunId().cStr()) == run_id;
+  }));
+  EXPECT_NE(spec.find("keep_gathered = 0"), std::string::npos) << spec;
+}
+
 TEST_F(CoordinatorTest, SilentWorkerIsMarkedLostAndItsRunWaitsToRecover) {
   zmq::context_t ctx;
   FakeWorker worker(ctx, options_.listen, "w0", dir_);
