@@ -48,6 +48,27 @@ torch::Tensor GatherBuffer(const ParamUnit& unit, torch::ScalarType dtype, const
   return torch::empty({unit.numel}, torch::TensorOptions().dtype(dtype).device(device));
 }
 
+// Vectors (norms, biases) are read in fp32 whatever the gathered dtype, as on the other paths:
+// a unit's vectors of a bf16 gather are joined and widened together (two kernels, where one cast
+// each was eight for a GPT-2 block), and each becomes its view of the result.
+void WidenVectors(const ParamUnit& unit, std::vector<torch::Tensor>& params) {
+  std::vector<size_t> vectors;
+  std::vector<torch::Tensor> parts;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (unit.shapes[i].size() >= 2 || params[i].scalar_type() == torch::kFloat) continue;
+    vectors.push_back(i);
+    parts.push_back(params[i].reshape({-1}));
+  }
+  if (vectors.empty()) return;
+  const torch::Tensor wide = (parts.size() == 1 ? parts.front() : torch::cat(parts)).to(torch::kFloat);
+  int64_t offset = 0;
+  for (size_t i : vectors) {
+    const int64_t n = params[i].numel();
+    params[i] = wide.narrow(0, offset, n).view(params[i].sizes());
+    offset += n;
+  }
+}
+
 }  // namespace
 
 // One use of a sharded unit by a call: the whole unit gathered, and its gradient.
@@ -234,11 +255,10 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
     ParamUnit& unit = units_[static_cast<size_t>(use.unit)];
     side_->Wait(use.ready);
     std::vector<torch::Tensor> params = ViewsOf(unit, use.full);
+    WidenVectors(unit, params);
     use.written.assign(params.size(), false);
     sinks.slots.emplace_back();
     for (size_t i = 0; i < params.size(); ++i) {
-      // Vectors in fp32 whatever the gathered dtype: norms and biases read as on the other paths.
-      if (unit.shapes[i].size() < 2) params[i] = params[i].to(torch::kFloat);
       if (grad) sinks.slots.back().push_back(&slots->emplace_back(this, call.get(), k, i));
     }
     views.push_back(std::move(params));
