@@ -507,9 +507,9 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
 
     const double total = static_cast<double>(mem.total());
     local_fill.worst = std::max(local_fill.worst, total / static_cast<double>(std::max<int64_t>(geometry.min_budget[k], 1)));
+    any_streamed |= streamed_zero3;
     if (streamed_zero3 && layers > (last ? 0 : 1)) {
       // More kept layers take at most half of what the budget leaves (the rest stays headroom).
-      any_streamed = true;
       const double room = 0.5 * (static_cast<double>(geometry.min_budget[k]) - total);
       const double per_layer = static_cast<double>(in_flight) * gathered_bytes * layer_per_rank;
       const double more = room <= 0 ? 0.0 : std::floor(room / std::max(per_layer, 1.0));
@@ -613,11 +613,9 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
   plan.step_time.compute_s = compute;
   plan.step_time.communication_s = dp_comm + tp_comm + pp_comm + offload_comm;
   plan.step_time.bubble_s = compute * static_cast<double>(c.pp - 1) / static_cast<double>(m);
-  if (any_streamed) {
-    plan.keep_gathered = keep;
-  } else {
-    local_fill.keep_room = 0;
-  }
+  // keep_gathered means something only where a stage gathers again (ZeRO-3 without recompute).
+  plan.keep_gathered = any_streamed ? keep : 0;
+  if (local_fill.keep_room == std::numeric_limits<int64_t>::max()) local_fill.keep_room = 0;  // no stage could keep more
   if (fill) *fill = local_fill;
   return plan;
 }
