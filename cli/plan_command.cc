@@ -229,7 +229,7 @@ Result<std::string> EstimateForSubmit(const RunSpec& spec, client::CoordinatorCl
   auto live = ClusterFromCoordinator(client);
   STRATA_RETURN_IF_ERROR(live.status());  // unreachable: say so now rather than after a second timeout
   std::sort(live->workers.begin(), live->workers.end(), [](auto& a, auto& b) { return a.name < b.name; });
-  if (spec.parallel.planned()) {  // a fixed mesh takes the first workers by name
+  if (spec.parallel.mesh_fixed()) {  // a fixed mesh takes the first workers by name
     if (static_cast<int64_t>(live->workers.size()) < spec.parallel.workers()) return std::string();  // it will wait
     live->workers.resize(static_cast<size_t>(spec.parallel.workers()));
   }

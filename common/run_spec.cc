@@ -412,7 +412,11 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "micro_batch", &p.micro_batch, 0, spec_bounds::kGlobalBatch, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "zero", &p.zero, 0, std::numeric_limits<int64_t>::max(), &p.automatic));  // 0-3: ValidateParallel
   STRATA_RETURN_IF_ERROR(r.BoolOrAuto("parallel", "recompute", &p.recompute, &p.automatic));
-  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "keep_gathered", &p.keep_gathered, 0, spec_bounds::kLayers, &p.automatic));
+  // A stored spec carries every field (RunSpecToToml); one stored before keep_gathered existed
+  // ran with every layer gathered again: its missing key is 0, not the planner's.
+  if (check_name || r.Has("parallel", "keep_gathered")) {
+    STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "keep_gathered", &p.keep_gathered, 0, spec_bounds::kLayers, &p.automatic));
+  }
   STRATA_RETURN_IF_ERROR(r.IntList("parallel", "stages", &p.stages, "auto"));
   STRATA_RETURN_IF_ERROR(r.String("parallel", "offload", &p.offload));
   if (p.offload != "none" && p.offload != "optimizer" && p.offload != "optimizer+params") {

@@ -202,6 +202,8 @@ struct ParallelSpec {
   // they hold the single-worker values. Empty for extract runs and once planned.
   std::set<std::string> automatic;
   bool planned() const { return automatic.empty(); }
+  // dp, pp and tp are fixed: the run takes that many workers, whatever else the planner fills in.
+  bool mesh_fixed() const { return !automatic.count("dp") && !automatic.count("pp") && !automatic.count("tp"); }
   int64_t workers() const { return dp * pp * tp; }
 };
 

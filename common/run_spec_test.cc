@@ -392,6 +392,11 @@ TEST_F(RunSpecTest, KeepGatheredIsPlannedOnlyWhereZero3GathersAgain) {
   auto again = ParseRunSpec(RunSpecToToml(*kept), dir_, true);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->parallel.keep_gathered, 2);
+  // A spec stored before the field existed (no key) ran with every layer gathered again.
+  auto stored = ParseStoredRunSpec(fixed_mesh + "zero = 3\nrecompute = false\n");
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  EXPECT_TRUE(stored->parallel.planned());
+  EXPECT_EQ(stored->parallel.keep_gathered, 0);
   ExpectRejected(fixed_mesh + "zero = 2\nkeep_gathered = 2\n", "parallel.keep_gathered = 2 keeps ZeRO-3's gathered layers");
   ExpectRejected(fixed_mesh + "zero = 3\nrecompute = true\nkeep_gathered = 1\n", "set parallel.keep_gathered = 0 or parallel.recompute = false");
   ExpectRejected(fixed_mesh + "zero = 3\nkeep_gathered = -1\n", "parallel.keep_gathered");

@@ -62,8 +62,7 @@ bool Admission::PlanRun(RunEntry& run, std::vector<WorkerEntry*>* idle) {
   // A fixed dp x pp x tp waits for that many idle workers (busy ones may free up, more may
   // register; `strata submit` refuses one larger than the live cluster unless --queue).
   const ParallelSpec& mesh = run.spec.parallel;
-  if (!mesh.automatic.count("dp") && !mesh.automatic.count("pp") && !mesh.automatic.count("tp") &&
-      mesh.workers() > static_cast<int64_t>(cluster.workers.size())) {
+  if (mesh.mesh_fixed() && mesh.workers() > static_cast<int64_t>(cluster.workers.size())) {
     return false;
   }
   auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), cluster);

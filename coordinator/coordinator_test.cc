@@ -233,8 +233,6 @@ class FakeWorker {
   uint64_t token_ = 0;
 };
 
-// The run is not failed: it goes back to pending, to resume (here from step 0: no checkpoint)
-// once workers for it are there (mesh_test covers the whole recovery with real workers).
 // A ZeRO-3 mesh fixed in every field but keep_gathered (left out, so the planner's) starts as a
 // fixed mesh always did when the planner finds no plan for it - here its estimate is far over the
 // worker's 6 GiB - keeping no layer gathered, rather than failing to plan.
@@ -258,6 +256,8 @@ TEST_F(CoordinatorTest, AFixedZero3MeshTheEstimateRefusesStillStartsKeepingNothi
   EXPECT_NE(spec.find("keep_gathered = 0"), std::string::npos) << spec;
 }
 
+// The run is not failed: it goes back to pending, to resume (here from step 0: no checkpoint)
+// once workers for it are there (mesh_test covers the whole recovery with real workers).
 TEST_F(CoordinatorTest, SilentWorkerIsMarkedLostAndItsRunWaitsToRecover) {
   zmq::context_t ctx;
   FakeWorker worker(ctx, options_.listen, "w0", dir_);

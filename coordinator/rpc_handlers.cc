@@ -157,7 +157,7 @@ void RpcHandlers::HandleSubmitRun(const std::string& identity, uint64_t rid, Sub
     const ParallelSpec& p = stored.spec.parallel;
     std::string automatic;
     for (const std::string& field : p.automatic) automatic += (automatic.empty() ? "" : ", ") + field;
-    const bool fixed_mesh = !p.automatic.count("dp") && !p.automatic.count("pp") && !p.automatic.count("tp");
+    const bool fixed_mesh = p.mesh_fixed();
     const std::string mesh = !fixed_mesh ? ", mesh planned when it starts (auto: " + automatic + ")"
                              : " on " + std::to_string(p.workers()) + " worker(s) (dp=" + std::to_string(p.dp) + " pp=" +
                                    std::to_string(p.pp) + " tp=" + std::to_string(p.tp) + ")" +

@@ -429,8 +429,10 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     const bool streamed_zero3 = c.zero >= 3 && !recompute;  // gathered in bf16, kept for the backward
     // Layers kept gathered from the forward to the backward: each holds its gathered weights (in
     // the compute dtype) for every micro-batch in flight, and is gathered once per micro-batch, not twice.
-    // (A stage's last call keeps its gather anyway: on a stage without the head, its last layer.)
-    const int64_t kept = streamed_zero3 ? std::min(keep, last ? layers : std::max<int64_t>(layers - 1, 0)) : 0;
+    // A stage keeps its last `keep` layers; its last call keeps its gather anyway, which on a
+    // stage without the head is its last layer, so there one of them costs and saves nothing.
+    const int64_t kept_layers = std::min(keep, layers);
+    const int64_t kept = !streamed_zero3 ? 0 : last ? kept_layers : std::max<int64_t>(kept_layers - 1, 0);
     const double gathered_bytes = bf16_cuda ? 2.0 : 4.0;
     // offload = "optimizer+params": streamed ZeRO-3 from shards in host memory (no working copy).
     const bool host_streamed = c.offload == Offload::kOptimizerAndParams;
@@ -513,7 +515,9 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       const double room = 0.5 * (static_cast<double>(geometry.min_budget[k]) - total);
       const double per_layer = static_cast<double>(in_flight) * gathered_bytes * layer_per_rank;
       const double more = room <= 0 ? 0.0 : std::floor(room / std::max(per_layer, 1.0));
-      local_fill.keep_room = std::min(local_fill.keep_room, kept + static_cast<int64_t>(std::min(more, 1e15)));
+      // As a keep_gathered value: the layers kept beyond the last call's, and that one.
+      const int64_t keep_value = kept + static_cast<int64_t>(std::min(more, 1e15)) + (last ? 0 : 1);
+      local_fill.keep_room = std::min(local_fill.keep_room, keep_value);
     }
     local_fill.largest_total = std::max(local_fill.largest_total, total);
     const double slowdown = kReferencePeakFlops / geometry.min_peak_flops[k];
@@ -624,15 +628,15 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
 
 Plan Evaluate(const Problem& problem, const Candidate& c, StageCache& cache, bool with_workers, Fill* fill) {
   const std::optional<int64_t> fixed = problem.job.keep_gathered;
-  Fill first_fill;
-  Plan plan = EvaluateKeeping(problem, c, cache, with_workers, &first_fill, fixed.value_or(0));
+  Fill plan_fill;
+  Plan plan = EvaluateKeeping(problem, c, cache, with_workers, &plan_fill, fixed.value_or(0));
   // "auto": as many layers as the budget has room for (EvaluateKeeping's keep_room), where the
   // plan fits without any; each stage keeps at most its own layers.
-  const int64_t most = std::min(first_fill.keep_room, problem.model.layers);
-  if (!fixed && first_fill.worst <= 1.0 && most > 0) {
-    plan = EvaluateKeeping(problem, c, cache, with_workers, &first_fill, most);
+  const int64_t most = std::min(plan_fill.keep_room, problem.model.layers);
+  if (!fixed && plan_fill.worst <= 1.0 && most > 0) {
+    plan = EvaluateKeeping(problem, c, cache, with_workers, &plan_fill, most);  // and its fill
   }
-  if (fill) *fill = first_fill;
+  if (fill) *fill = plan_fill;
   return plan;
 }
 

@@ -58,6 +58,12 @@ Result<ParallelChange> ChangeForOutOfMemory(const RunSpec& spec, const ClusterVi
       return ParallelChange{ParallelFromPlan(spec.parallel, replanned->plan), replanned->description};
     }
   }
+  if (spec.parallel.keep_gathered > 0) {  // the layers kept gathered for the backward go first
+    ParallelChange change{spec.parallel, ""};
+    change.description = "keep_gathered " + std::to_string(spec.parallel.keep_gathered) + " -> 0 (every layer gathered again for its backward)";
+    change.parallel.keep_gathered = 0;
+    return change;
+  }
   const int64_t local = spec.local_batch();
   const int64_t current = spec.micro_batch_rows();
   if (current <= 1) {
@@ -65,11 +71,6 @@ Result<ParallelChange> ChangeForOutOfMemory(const RunSpec& spec, const ClusterVi
   }
   ParallelChange change{spec.parallel, ""};
   ParallelSpec& p = change.parallel;
-  if (p.keep_gathered > 0) {  // the layers kept gathered for the backward go first: no loss of speed elsewhere
-    change.description = "keep_gathered " + std::to_string(p.keep_gathered) + " -> 0 (every layer gathered again for its backward)";
-    p.keep_gathered = 0;
-    return change;
-  }
   p.micro_batch = current / 2;
   while (local % p.micro_batch != 0) --p.micro_batch;
   change.description = "micro_batch " + std::to_string(current) + " -> " + std::to_string(p.micro_batch) +

@@ -10,6 +10,8 @@
 #include <functional>
 #include <regex>
 
+#include "shard/parallel_change.h"
+
 namespace strata::shard {
 namespace {
 
@@ -501,6 +503,60 @@ TEST(ChoosePlan, Zero3KeepsLayersGatheredWhereTheBudgetHasRoom) {
   ASSERT_TRUE(fixed.ok()) << fixed.status().ToString();
   EXPECT_EQ(fixed->keep_gathered, 8);
   EXPECT_NEAR(static_cast<double>(fixed->workers[0].memory.total() - none->workers[0].memory.total()), 8.0 * per_layer, 2.0);
+}
+
+// On a pipeline, a stage without the head keeps its last layer's gather anyway (its last call):
+// keep_gathered = 1 costs it nothing, and 3 two layers for each micro-batch in flight (2 on the
+// first of two stages at 2 micro-batches, 1 on the last, which keeps all 3 extra).
+TEST(ChoosePlan, KeptLayersCostWhatTheWorkerKeepsOnEachPipelineStage) {
+  JobSpec job = Zero3Job();
+  job.dp = 1, job.pp = 2;  // 8 sequences in micro-batches of 4: 2 a step
+  const ClusterView roomy = Workers(2, 140 * kGiB, 141 * kGiB);
+  auto extra = [&](int64_t keep) {
+    job.keep_gathered = 0;
+    auto none = ChoosePlan(Gpt2Small(), job, roomy);
+    job.keep_gathered = keep;
+    auto kept = ChoosePlan(Gpt2Small(), job, roomy);
+    EXPECT_TRUE(none.ok() && kept.ok());
+    std::vector<double> layers;
+    for (size_t k = 0; k < 2; ++k) {
+      layers.push_back(static_cast<double>(kept->workers[k].memory.total() - none->workers[k].memory.total()) / (2.0 * kGpt2SmallLayer));
+    }
+    return layers;
+  };
+  const std::vector<double> one = extra(1), three = extra(3);
+  EXPECT_NEAR(one[0], 0.0, 1e-6);
+  EXPECT_NEAR(one[1], 1.0, 1e-6);
+  EXPECT_NEAR(three[0], 2.0 * 2, 1e-6);
+  EXPECT_NEAR(three[1], 3.0, 1e-6);
+}
+
+// A fixed keep_gathered > 0 asks for ZeRO-3 without recompute: with those fields left to the
+// planner, it plans that (as offload = "optimizer+params" does), not a mesh that would drop it.
+TEST(ChoosePlan, AFixedKeepGatheredPlansZero3WithoutRecompute) {
+  JobSpec job;
+  job.global_batch = 8, job.precision = "bf16", job.keep_gathered = 4;
+  auto plan = ChoosePlan(Gpt2Small(), job, Workers(2, 140 * kGiB, 141 * kGiB));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->zero, 3);
+  EXPECT_EQ(std::count(plan->recompute.begin(), plan->recompute.end(), true), 0);
+  EXPECT_EQ(plan->keep_gathered, 4);
+}
+
+// Where the planner finds no re-plan after an out-of-memory, the layers kept gathered are dropped
+// first - at micro-batch 1 too, where there is no micro-batch left to halve.
+TEST(ChangeForOutOfMemory, DropsTheLayersKeptGatheredFirstEvenAtMicroBatchOne) {
+  RunSpec spec;
+  spec.model = Gpt2Small();
+  spec.train.global_batch = 2, spec.train.precision = "bf16";
+  spec.parallel.dp = 2, spec.parallel.zero = 3, spec.parallel.micro_batch = 1, spec.parallel.recompute = false;
+  spec.parallel.keep_gathered = 12;
+  const ClusterView unbounded = Workers(2, int64_t{1} << 50, int64_t{1} << 50), after = Workers(2, kGiB / 4, 141 * kGiB);
+  auto change = ChangeForOutOfMemory(spec, unbounded, after, "w0", 1, 2);
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  EXPECT_EQ(change->parallel.keep_gathered, 0);
+  EXPECT_EQ(change->parallel.micro_batch, 1);
+  EXPECT_NE(change->description.find("keep_gathered 12 -> 0"), std::string::npos) << change->description;
 }
 
 // An out-of-memory gives up the layers kept gathered before anything else: their room was what

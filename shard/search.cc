@@ -218,14 +218,16 @@ void ForEachCandidate(const Problem& problem, int64_t n, const std::function<voi
       const int64_t local_batch = job.global_batch / dp;
       std::vector<int64_t> micro_batches = Divisors(local_batch);
       if (job.micro_batch) micro_batches = local_batch % *job.micro_batch == 0 ? std::vector<int64_t>{*job.micro_batch} : std::vector<int64_t>{};
-      const int64_t min_k = job.recompute ? (*job.recompute ? pp : 0) : 0, max_k = job.recompute ? min_k : pp;
+      // Layers kept gathered (a fixed keep_gathered > 0) are ZeRO-3's without recompute.
+      const bool keeps = job.keep_gathered.value_or(0) > 0;
+      const int64_t min_k = job.recompute ? (*job.recompute ? pp : 0) : 0, max_k = job.recompute || keeps ? min_k : pp;
       const std::vector<Offload> offloads = job.offload ? std::vector<Offload>{*job.offload}
                                                         : std::vector<Offload>{Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams};
       for (Offload offload : offloads) {
         // Parameters in host memory stream as ZeRO-3 gathers them, without recompute (worker/stage_model.h).
         const bool streamed = offload == Offload::kOptimizerAndParams;
         std::vector<int64_t> zeros = job.zero ? std::vector<int64_t>{*job.zero} : dp == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 1, 2, 3};
-        if (streamed) zeros = !job.zero || *job.zero == 3 ? std::vector<int64_t>{3} : std::vector<int64_t>{};
+        if (streamed || keeps) zeros = !job.zero || *job.zero == 3 ? std::vector<int64_t>{3} : std::vector<int64_t>{};
         for (int64_t zero : zeros) {
           for (int64_t mb : micro_batches) {
             for (int64_t k = min_k; k <= (streamed ? 0 : max_k); ++k) {

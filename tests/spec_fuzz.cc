@@ -69,7 +69,7 @@ const char* const kValues[] = {"\"auto\"", "\"\"", "\"all\"", "true", "false", "
 const char* const kKeys[] = {"name", "kind", "family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence",
                              "rope_theta", "norm_eps", "init_from", "path", "format", "steps", "global_batch", "lr",
                              "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "seed",
-                             "checkpoint_every", "precision", "dp", "pp", "tp", "micro_batch", "zero", "recompute", "stages",
+                             "checkpoint_every", "precision", "dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "stages",
                              "threads", "sites", "dtype", "batch", "tokens", "mode"};
 const char* const kTables[] = {"[model]", "[data]", "[train]", "[parallel]", "[worker]", "[extract]", "[[nodes]]", "[model.sub]"};
 

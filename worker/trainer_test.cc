@@ -234,7 +234,7 @@ TEST_F(TrainerTest, LayersKeptGatheredTrainTheSameModelWithOneGatherLessEach) {
     int64_t pp, keep, saved_first_stage, saved_last_stage;  // gathers saved per micro-batch
   };
   // A stage's last call keeps its gather anyway: on the first of two stages, its last layer.
-  for (const Case& c : {Case{1, 1, 1, 1}, Case{1, 4, 4, 4}, Case{2, 9, 1, 2}}) {
+  for (const Case& c : {Case{1, 1, 1, 1}, Case{1, 4, 4, 4}, Case{2, 9, 1, 2}, Case{2, 1, 0, 1}}) {
     SetMesh(2, c.pp, 1, 3);
     spec_.parallel.keep_gathered = 0;
     std::vector<int64_t> gathers_again(static_cast<size_t>(spec_.parallel.workers()));
