@@ -119,7 +119,8 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
     json plan = nullptr;
     if (r.plan.known) {
       plan = {{"dp", r.plan.dp}, {"pp", r.plan.pp}, {"tp", r.plan.tp}, {"zero", r.plan.zero}, {"micro_batch", r.plan.micro_batch},
-              {"gradient_accumulation", r.plan.gradient_accumulation}, {"recompute", r.plan.recompute}, {"stages", r.plan.stages}};
+              {"gradient_accumulation", r.plan.gradient_accumulation}, {"recompute", r.plan.recompute}, {"stages", r.plan.stages},
+              {"keep_gathered", r.plan.keep_gathered}};
     }
     json extract = nullptr;
     if (r.kind == "extract" || r.kind == "patch") {

@@ -44,6 +44,7 @@ struct DashboardPlan {
   int64_t micro_batch = 0, gradient_accumulation = 1;
   bool recompute = false;
   std::vector<int64_t> stages;  // layers per pipeline stage
+  int64_t keep_gathered = 0;    // ZeRO-3: layers a stage keeps gathered for the backward
 };
 
 // One rank's memory: the planner's estimate against the highest peak the rank reported.

@@ -185,7 +185,8 @@ function drawLoss(canvas, points) {
 function planText(p) {
   if (!p) return "";
   return `dp ${p.dp} · pp ${p.pp} · tp ${p.tp} · ZeRO-${p.zero} · micro-batch ${p.micro_batch} x ${p.gradient_accumulation}` +
-    (p.recompute ? " · recompute" : "") + (p.stages && p.stages.length > 1 ? " · stages " + p.stages.join("/") : "");
+    (p.recompute ? " · recompute" : "") + (p.keep_gathered > 0 ? " · keep_gathered " + p.keep_gathered : "") +
+    (p.stages && p.stages.length > 1 ? " · stages " + p.stages.join("/") : "");
 }
 function handledHtml(h) {
   const kinds = Object.keys(h || {});
