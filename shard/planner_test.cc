@@ -559,8 +559,8 @@ TEST(ChangeForOutOfMemory, DropsTheLayersKeptGatheredFirstEvenAtMicroBatchOne) {
   EXPECT_NE(change->description.find("keep_gathered 12 -> 0"), std::string::npos) << change->description;
 }
 
-// An out-of-memory gives up the layers kept gathered before anything else: their room was what
-// the estimate left, and the estimate was just proved low.
+// An out-of-memory re-plan gives up the layers kept gathered (with whatever else it changes):
+// their room was what the estimate left, and the estimate was just proved low.
 TEST(Replan, OutOfMemoryDropsTheLayersKeptGathered) {
   const JobSpec job = Zero3Job();
   const ClusterView cluster = Workers(2, 140 * kGiB, 141 * kGiB);
