@@ -38,6 +38,14 @@
 //   row_loss[i] = lse_i - z_{i t_i}
 //   z_iv <- grad_scale * (exp(z_iv - lse_i) - [v = t_i])   for v < V;   0 for V <= v < row_stride
 // rounded to the storage dtype (bf16: round to nearest even, as LibTorch converts).
+// Vocab-parallel, the same in two passes (worker/fused_loss.h): each tensor-parallel rank holds
+// the logits of its slice of the vocabulary, and the ranks merge their row statistics between
+// the passes. t_i is the target's column in this slice, or any value outside [0, V) where the
+// target is another rank's.
+//   CrossEntropyRowStats:     lse_i = m_i + log sum_{v < V} exp(z_iv - m_i) over this slice;
+//                             target_logit[i] = z_{i t_i} where 0 <= t_i < V, else 0
+//   CrossEntropyGradFromLse:  z_iv <- grad_scale * (exp(z_iv - lse_i) - [v = t_i]) for v < V;
+//                             0 for V <= v < row_stride  (lse_i: the whole vocabulary's)
 //
 // Block pieces (block_ops.cu), each a forward and a backward, in fp32 maths whatever the storage
 // dtype, rounding once on store (where LibTorch's op-by-op form under autocast widens, computes,
@@ -162,6 +170,12 @@ int64_t SquareSumScratch();
 void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                              const int64_t* targets, float grad_scale, float* row_loss);
 
+// `lse` and `target_logit` [rows] fp32; `targets` [rows] any int64.
+void CrossEntropyRowStats(const Place& place, DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
+                          const int64_t* targets, float* lse, float* target_logit);
+void CrossEntropyGradFromLse(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
+                             const int64_t* targets, const float* lse, float grad_scale);
+
 void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
                     int64_t rows, int64_t cols, float eps);
 int64_t NormWeightPartialRows(const Place& place, int64_t rows);
@@ -244,6 +258,10 @@ void Quantize8bitReference(bool is_signed, const float* values, uint8_t* codes, 
 void SquareSumReference(const float* grad, int64_t n, float* out);
 void CrossEntropyGradInPlaceReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                                       const int64_t* targets, float grad_scale, float* row_loss);
+void CrossEntropyRowStatsReference(DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
+                                   const int64_t* targets, float* lse, float* target_logit);
+void CrossEntropyGradFromLseReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
+                                      const int64_t* targets, const float* lse, float grad_scale);
 void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows,
                              int64_t cols, float eps);
 // One partial row: dweight_partials [cols].

@@ -198,6 +198,50 @@ TEST(KernelsTest, CrossEntropyReferenceEqualsLibTorchInFp32AndBf16) {
 
 DType Of(torch::ScalarType t) { return t == torch::kFloat ? DType::kFloat32 : DType::kBFloat16; }
 
+// Vocab-parallel: the vocabulary cut into slices (as tensor-parallel ranks hold it), each
+// slice's row statistics merged as fused_loss.cc merges the ranks', then each slice's gradient
+// from the merged lse, against LibTorch's loss and gradient over the whole row.
+TEST(KernelsTest, CrossEntropyInVocabSlicesEqualsLibTorchOverTheWholeRow) {
+  torch::manual_seed(18);
+  const int64_t rows = 29, slices = 3, slice_vocab = 335, stride = 384;  // each slice padded to 384
+  const int64_t vocab = slices * slice_vocab;
+  auto whole = torch::randn({rows, vocab}) * 4;
+  auto targets = torch::randint(0, vocab, {rows}, torch::kLong);
+  targets[0] = vocab - 1, targets[1] = 0, targets[2] = slice_vocab;  // the edges of slices
+  const float scale = 1.0f / rows;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    auto stored = whole.to(dtype).contiguous();
+    torch::Tensor expected_loss, expected_grad;
+    LibTorchCrossEntropy(stored, vocab, targets, scale, &expected_loss, &expected_grad);
+    std::vector<torch::Tensor> parts, local_targets;
+    auto lse = torch::empty({slices, rows}), target_logit = torch::empty({slices, rows});
+    for (int64_t r = 0; r < slices; ++r) {
+      auto part = torch::full({rows, stride}, 100.0).to(dtype);  // padding must not count
+      part.narrow(1, 0, slice_vocab).copy_(stored.narrow(1, r * slice_vocab, slice_vocab));
+      parts.push_back(part);
+      local_targets.push_back((targets - r * slice_vocab).contiguous());  // outside [0, slice) on other slices
+      CrossEntropyRowStats(Place{}, Of(dtype), part.data_ptr(), rows, slice_vocab, stride, local_targets[r].data_ptr<int64_t>(),
+                           lse[r].data_ptr<float>(), target_logit[r].data_ptr<float>());
+    }
+    auto merged = torch::logsumexp(lse, 0).contiguous();
+    auto loss = merged - target_logit.sum(0);
+    EXPECT_LE(MaxRelative(loss, expected_loss), 2e-6) << dtype;
+    for (int64_t r = 0; r < slices; ++r) {
+      CrossEntropyGradFromLse(Place{}, Of(dtype), parts[r].data_ptr(), rows, slice_vocab, stride, local_targets[r].data_ptr<int64_t>(),
+                              merged.data_ptr<float>(), scale);
+      EXPECT_EQ(parts[r].narrow(1, slice_vocab, stride - slice_vocab).abs().max().item<double>(), 0.0) << "padding gets gradient 0";
+      auto ours = parts[r].narrow(1, 0, slice_vocab).to(torch::kFloat);
+      auto theirs = expected_grad.narrow(1, r * slice_vocab, slice_vocab);
+      if (dtype == torch::kFloat) {
+        EXPECT_LE((ours - theirs).abs().max().item<double>(), 2e-6 * scale) << "fp32 gradient, slice " << r;
+      } else {  // one bf16 ulp where the fp32 values straddle a rounding boundary
+        auto rounded = theirs.to(torch::kBFloat16).to(torch::kFloat);
+        EXPECT_LE(((ours - rounded).abs() - rounded.abs() * (1.0 / 128)).max().item<double>(), 1e-12) << "bf16 gradient, slice " << r;
+      }
+    }
+  }
+}
+
 // The norm of a residual add (AddRmsNorm, AddLayerNorm) and the backward with a residual
 // gradient, against LibTorch's autograd of the op-by-op form: s = x + a, y = norm(s); the
 // gradient reaching s is d_residual (s's other use) plus the norm's. fp32 storage here: the

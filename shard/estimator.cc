@@ -29,10 +29,12 @@
 // Step time, per worker with its own share of layers and tokens (the slowest sets the pace):
 //   compute = matmuls + elementwise + optimizer
 //     matmuls      c * params * tokens / (peak_flops * efficiency), c = 6 (forward 2 + backward
-//                  4) or 8 with recompute (one more forward); split by tp
+//                  4) or 8 with recompute (one more forward); split by tp (the head's too
+//                  where the vocabulary is: shard/layout.h's VocabParallel)
 //     elementwise  norms, activations, residual adds, casts and attention: a time per element of
 //                  tokens x hidden per layer (x4/3 with recompute), NOT split by tp (its norms
-//                  and residual stream are whole on every rank); the loss's per logit
+//                  and residual stream are whole on every rank); the loss's per logit of the
+//                  rank's vocabulary rows
 //     optimizer    a time per parameter of the optimizer range (this rank's ZeRO shard)
 //   both at the peak of an H100/H200 (989 TFLOP/s) and scaled with peak_flops. Measured on H200s
 //   (docs/benchmarks.md, sessions 18 and 20): matmul kernels at 0.71-0.79 of peak; the rest of a
@@ -49,7 +51,8 @@
 // of the updated fp32 shards, half as many bytes; ZeRO-2's reduce-scatter and gather together
 // move one all-reduce's; x1.5 for ZeRO-3 with recompute, which all-gathers fp32 weights again in
 // backward; x1 without, gathering bf16, less the backward gathers of the layers kept gathered), 4
-// activation all-reduces per layer per micro-batch over tp (6 with recompute), one activation
+// activation all-reduces per layer per micro-batch over tp (6 with recompute; vocab-parallel adds
+// the lookup's on the first stage and the loss's dx on the last), one activation
 // send and one gradient send per micro-batch between pipeline stages, and offload's
 // gradient/weight copies over the host link. Pipeline bubble: a fraction (pp-1)/(m+pp-1) of the
 // step, i.e. compute * (pp-1)/m.
@@ -165,7 +168,7 @@ int64_t ToBytes(double bytes) {
 }  // namespace
 
 int64_t ParameterCount(const ModelSpec& spec) {
-  internal::UnitParams u = internal::CountUnits(spec, /*pp=*/1);
+  internal::UnitParams u = internal::CountUnits(spec, /*pp=*/1, /*tp=*/1);
   return u.embedding_sharded + u.embedding_replicated + Filled(spec).layers * (u.layer_sharded + u.layer_replicated) +
          u.head_sharded + u.head_replicated;
 }
@@ -226,21 +229,27 @@ int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t m
 
 namespace internal {
 
-UnitParams CountUnits(const ModelSpec& spec, int64_t pp) {
+UnitParams CountUnits(const ModelSpec& spec, int64_t pp, int64_t tp) {
   const ModelSpec m = Filled(spec);
   UnitParams u;
   // From the family's parameter table (model/parameters.h): a block's tensors split over tp or
-  // replicated as shard/layout.h cuts them; embedding and head replicated over tp.
+  // replicated as shard/layout.h cuts them; the token embedding and the head split by vocabulary
+  // rows where tp divides the vocabulary (VocabParallel), else replicated, as the positions are.
   for (const model::Parameter& p : model::BlockParameters(m)) {
-    const bool replicated = TensorParallelSplit(m, model::BlockPrefix(m, 0) + p.name, p.shape).replicated();
+    const bool replicated = TensorParallelSplit(m, model::BlockPrefix(m, 0) + p.name, p.shape, tp).replicated();
     (replicated ? u.layer_replicated : u.layer_sharded) += p.numel();
   }
+  const bool vocab_parallel = VocabParallel(m, tp);
   for (const std::string& name : model::EmbeddingNames(m)) {
-    u.embedding_replicated += name == "wpe.weight" ? (m.max_positions > 0 ? m.max_positions : m.sequence) * m.hidden : m.vocab * m.hidden;
+    if (name == "wpe.weight") {
+      u.embedding_replicated += (m.max_positions > 0 ? m.max_positions : m.sequence) * m.hidden;
+    } else {
+      (vocab_parallel && name == model::TokenEmbeddingName(m) ? u.embedding_sharded : u.embedding_replicated) += m.vocab * m.hidden;
+    }
   }
   u.head_replicated = static_cast<int64_t>(model::FinalNormNames(m).size()) * m.hidden;
   // Untied: the head's own weight. Tied: the last stage keeps its own copy of the embedding.
-  if (!m.tied() || pp > 1) u.head_replicated += m.vocab * m.hidden;
+  if (!m.tied() || pp > 1) (vocab_parallel ? u.head_sharded : u.head_replicated) += m.vocab * m.hidden;
   return u;
 }
 
@@ -260,7 +269,7 @@ StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer) {
 // (layers + embedding on stage 0, head on the last). Dynamic programming over (stage, layers).
 std::vector<LayerRange> BalanceStages(const Problem& problem, int64_t pp) {
   const int64_t layers = problem.model.layers;
-  const UnitParams u = CountUnits(problem.model, pp);
+  const UnitParams u = CountUnits(problem.model, pp, /*tp=*/1);  // whole units: the stages' shares of the model
   const double layer = static_cast<double>(u.layer_sharded + u.layer_replicated);
   const double head_flops = static_cast<double>(problem.model.vocab * problem.model.hidden);
   const double embedding = static_cast<double>(u.embedding_sharded + u.embedding_replicated);
@@ -395,7 +404,9 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
   const bool bf16_cuda = problem.layout == StateLayout::kBf16Autocast && problem.cuda;
   const double loss_bytes = bf16_cuda ? 2.0 : 4.0;
   const StateBytesPerParam per_param = BytesPerParam(problem.layout, problem.job.optimizer == "adamw8bit");
-  const UnitParams u = CountUnits(model, c.pp);
+  const UnitParams u = CountUnits(model, c.pp, c.tp);
+  // The head's rows on each rank (vocab-parallel, shard/layout.h: the vocabulary split over tp).
+  const int64_t vocab_rows = VocabParallel(model, c.tp) ? model.vocab / c.tp : model.vocab;
   const double layer_per_rank = static_cast<double>(u.layer_sharded) / c.tp + u.layer_replicated;
   const double embedding_per_rank = static_cast<double>(u.embedding_sharded) / c.tp + u.embedding_replicated;
   const double head_per_rank = static_cast<double>(u.head_sharded) / c.tp + u.head_replicated;
@@ -417,7 +428,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     double params = layers * layer_per_rank;
     if (first) params += embedding_per_rank;
     if (last) params += head_per_rank;
-    const double flops_params = layers * layer_per_rank + (last ? static_cast<double>(model.vocab * model.hidden) / c.tp : 0);
+    const double flops_params = layers * layer_per_rank + (last ? static_cast<double>(vocab_rows * model.hidden) : 0);
     const double flops = (recompute ? 8.0 : 6.0) * flops_params * static_cast<double>(local_batch * s);
 
     MemoryEstimate mem = ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload, problem.job.optimizer == "adamw8bit");
@@ -440,7 +451,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       mem.weights += ToBytes(kWorkingCopyBytes * params / c.dp);
     } else if (bf16_cuda && c.zero < 3) {
       double working = recompute ? 0 : layers * layer_per_rank;
-      if (first) working += embedding_per_rank - (one_stage_tie ? static_cast<double>(model.vocab * model.hidden) : 0);
+      if (first) working += embedding_per_rank - (one_stage_tie ? static_cast<double>(vocab_rows * model.hidden) : 0);
       if (last) working += head_per_rank;
       mem.weights += ToBytes(kWorkingCopyBytes * working);
     }
@@ -454,10 +465,11 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     // Llama grid at two widths.)
     if (recompute && !model.gated_mlp()) acts += ((fp32_acts ? 0.0 : 2.0) + 4.0) * layer_per_rank;
     if (last) {
-      // The fused loss (worker/fused_loss.cc), whole on every tensor-parallel rank: one chunk of
-      // logits, the head-sized buffers it holds at its peak, and per token the final norm's fp32
-      // input and its output, and the loss's gradient for that output (dx).
-      const double vocab = static_cast<double>((model.vocab + 63) / 64 * 64);
+      // The fused loss (worker/fused_loss.cc) over this rank's rows of the head (the whole
+      // vocabulary, or its 1/tp slice when vocab-parallel): one chunk of logits, the head-sized
+      // buffers it holds at its peak, and per token the final norm's fp32 input and its output,
+      // and the loss's gradient for that output (dx).
+      const double vocab = static_cast<double>((vocab_rows + 63) / 64 * 64);
       const double rows = static_cast<double>(s) * static_cast<double>(b);
       const double fit = std::floor(kLossChunkBytes / (vocab * loss_bytes));  // LinearCrossEntropyChunkRows
       const double chunk = fit >= rows ? rows : std::max(64.0, std::floor(fit / 64) * 64);
@@ -469,7 +481,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       // comes after the loss's chunk buffers are gone: the measured peak (GPT-2 124M, dp=2, the
       // calibration point) holds no more of it.
       if (c.zero >= 3) per_weight += recompute ? 4 : loss_bytes;
-      if (model.vocab % 64 != 0) per_weight += master ? 4 : 2;        // the weight padded to 64 rows
+      if (vocab_rows % 64 != 0) per_weight += master ? 4 : 2;         // the weight padded to 64 rows
       if (master && loss_bytes == 2) per_weight += 2;                 // its cast to bf16
       acts += per_weight * vocab * static_cast<double>(model.hidden);
       acts += (kResidualBytes + 2 * loss_bytes) * sbh;
@@ -525,7 +537,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     const double tokens = static_cast<double>(local_batch * s);
     double elementwise_s = (recompute ? 4.0 / 3.0 : 1.0) * kElementwiseSecondsPerElement * slowdown * tokens *
                            static_cast<double>(model.hidden) * static_cast<double>(layers);
-    if (last) elementwise_s += kLossSecondsPerLogit * slowdown * tokens * static_cast<double>(model.vocab);
+    if (last) elementwise_s += kLossSecondsPerLogit * slowdown * tokens * static_cast<double>(vocab_rows);
     const double optimizer_s = kOptimizerSecondsPerParam * slowdown * params / (c.zero >= 1 ? c.dp : 1);
     compute = std::max(compute, matmul_s + elementwise_s + optimizer_s);
     if (with_workers) {
@@ -562,8 +574,10 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       dp_comm = std::max(dp_comm, exposed);
     }
     if (c.tp > 1) {
-      const double per_layer = (recompute ? 6.0 : 4.0) * RingAllReduceSeconds(boundary_bytes, c.tp, geometry.tp_bandwidth[k]);
-      tp_comm = std::max(tp_comm, per_layer * layers * m);
+      const double all_reduce = RingAllReduceSeconds(boundary_bytes, c.tp, geometry.tp_bandwidth[k]);
+      // Vocab-parallel: the lookup's sum (first stage) and the loss's dx (last stage) add one each.
+      const double vocab_reduces = VocabParallel(model, c.tp) ? (first ? 1.0 : 0.0) + (last ? 1.0 : 0.0) : 0.0;
+      tp_comm = std::max(tp_comm, ((recompute ? 6.0 : 4.0) * layers + vocab_reduces) * all_reduce * m);
     }
     if (!last) pp_comm = std::max(pp_comm, 2.0 * m * boundary_bytes / geometry.pp_bandwidth[k]);
     if (c.offload == Offload::kOptimizerAndParams) {

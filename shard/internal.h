@@ -105,7 +105,7 @@ struct UnitParams {
   int64_t layer_sharded = 0, layer_replicated = 0;
   int64_t head_sharded = 0, head_replicated = 0;
 };
-UnitParams CountUnits(const ModelSpec& model, int64_t pp);
+UnitParams CountUnits(const ModelSpec& model, int64_t pp, int64_t tp);
 
 struct StateBytesPerParam {
   double weights;       // persistent weights (master copy)

@@ -6,6 +6,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "model/parameters.h"
+
 namespace strata::shard {
 namespace {
 
@@ -78,8 +80,14 @@ int64_t LayerOf(const std::string& name) {
   return -1;
 }
 
-TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape) {
-  if (LayerOf(name) < 0) return {};  // embeddings, final norm, head: replicated
+bool VocabParallel(const ModelSpec& spec, int64_t tp) { return tp > 1 && spec.vocab % tp == 0; }
+
+TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape, int64_t tp) {
+  if (LayerOf(name) < 0) {  // vocab-parallel token embedding and head; positions and final norm replicated
+    const bool vocab_rows = name == model::TokenEmbeddingName(spec) || name == model::HeadWeightName(spec);
+    if (vocab_rows && VocabParallel(spec, tp) && !shape.empty() && shape[0] == spec.vocab) return {shape, 0};
+    return {};
+  }
   auto rows = [&] { return TensorSplit{shape, 0}; };
   auto columns = [&] { return TensorSplit{shape, 1}; };
   if (spec.family == "gpt2") {
@@ -216,7 +224,7 @@ Result<std::span<uint8_t>> TensorAssembler::Slot(const PieceName& piece, size_t 
   } else if (part.shape != full_shape || part.element != element) {
     return Corruption("checkpoint pieces of '" + piece.name + "' disagree on its shape or dtype");
   }
-  const TensorSplit split = TensorParallelSplit(spec_, piece.name, full_shape);
+  const TensorSplit split = TensorParallelSplit(spec_, piece.name, full_shape, piece.tp);
   const int64_t tp = split.replicated() ? 1 : piece.tp;
   const auto slice_shape = SliceShape(split, full_shape, tp);
   const int64_t slice_elements = Product(slice_shape, 0, slice_shape.size());
@@ -242,7 +250,6 @@ Result<std::vector<uint8_t>> TensorAssembler::Take(const std::string& name) {
   auto it = partial_.find(name);
   if (it == partial_.end()) return NotFound("no checkpoint piece of '" + name + "'");
   Partial& part = it->second;
-  const TensorSplit split = TensorParallelSplit(spec_, name, part.shape);
   const int64_t full_elements = Product(part.shape, 0, part.shape.size());
   std::string missing;
   for (auto& [tp, slices] : part.slices) {
@@ -262,6 +269,7 @@ Result<std::vector<uint8_t>> TensorAssembler::Take(const std::string& name) {
       partial_.erase(it);
       return full;
     }
+    const TensorSplit split = TensorParallelSplit(spec_, name, part.shape, tp);
     std::vector<uint8_t> full(static_cast<size_t>(full_elements) * part.element);
     for (int64_t r = 0; r < tp; ++r) PlaceSlice(split, part.shape, tp, r, part.element, slices[r].data(), full.data());
     partial_.erase(it);

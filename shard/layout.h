@@ -7,8 +7,11 @@
 //
 // Tensor parallelism (Shoeybi et al. 2019, Megatron-LM): attention is split by heads and the MLP
 // by its inner width. Column-parallel weights (q/k/v, fc / gate / up) split their output rows,
-// row-parallel ones (attention output, MLP down projection) their input columns; everything else
-// (norms, biases added after the all-reduce, embeddings, head) is replicated. A split is "the
+// row-parallel ones (attention output, MLP down projection) their input columns. The token
+// embedding and the head (tied or not) are vocab-parallel (Megatron's VocabParallelEmbedding and
+// parallel head): split by vocabulary rows, where tp divides the vocabulary (else replicated:
+// GPT-2's 50257 rows stay whole; a vocabulary padded to a multiple of tp, e.g. 50304, splits).
+// Everything else (norms, biases added after the all-reduce, positions) is replicated. A split is "the
 // tensor seen as `view` (row-major), cut into tp equal blocks along `dim`": GPT-2's fused c_attn
 // [3h, h] is seen as [3, h, h] and cut along dim 1, so each rank gets its heads' rows of q, k and
 // v alike.
@@ -60,7 +63,9 @@ struct TensorSplit {
 };
 
 // How parameter `name` (full shape `shape`) of model family spec.family splits over tp ranks.
-TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape);
+TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape, int64_t tp);
+// Whether the token embedding and the head are split by vocabulary rows over tp ranks.
+bool VocabParallel(const ModelSpec& spec, int64_t tp);
 
 // The shape of tp rank's slice (the full shape when replicated or tp == 1).
 std::vector<int64_t> SliceShape(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 
 namespace strata::shard {
@@ -39,7 +40,7 @@ TEST(LayoutTest, FusedQkvSplitsEachOfQKAndVByHeads) {
   ModelSpec spec;
   spec.hidden = 4;
   const std::vector<int64_t> shape = {12, 4};
-  const TensorSplit split = TensorParallelSplit(spec, "h.0.c_attn.weight", shape);
+  const TensorSplit split = TensorParallelSplit(spec, "h.0.c_attn.weight", shape, 2);
   EXPECT_EQ(SliceShape(split, shape, 2), (std::vector<int64_t>{6, 4}));
   std::vector<float> full(48), slice(24), back(48, -1.0f);
   std::iota(full.begin(), full.end(), 0.0f);
@@ -53,13 +54,59 @@ TEST(LayoutTest, FusedQkvSplitsEachOfQKAndVByHeads) {
     PlaceSlice(split, shape, 2, r, sizeof(float), reinterpret_cast<uint8_t*>(slice.data()), reinterpret_cast<uint8_t*>(back.data()));
   }
   EXPECT_EQ(back, full);
-  // Row-parallel projections split columns; norms and embeddings are replicated.
-  EXPECT_EQ(SliceShape(TensorParallelSplit(spec, "h.0.attn_proj.weight", {4, 4}), {4, 4}, 2), (std::vector<int64_t>{4, 2}));
-  EXPECT_TRUE(TensorParallelSplit(spec, "h.0.ln_1.weight", {4}).replicated());
-  EXPECT_TRUE(TensorParallelSplit(spec, "wte.weight", {256, 4}).replicated());
+  // Row-parallel projections split columns; norms and positions are replicated.
+  EXPECT_EQ(SliceShape(TensorParallelSplit(spec, "h.0.attn_proj.weight", {4, 4}, 2), {4, 4}, 2), (std::vector<int64_t>{4, 2}));
+  EXPECT_TRUE(TensorParallelSplit(spec, "h.0.ln_1.weight", {4}, 2).replicated());
+  EXPECT_TRUE(TensorParallelSplit(spec, "wpe.weight", {256, 4}, 2).replicated());
   spec.family = "llama";
-  EXPECT_EQ(TensorParallelSplit(spec, "layers.3.self_attn.k_proj.weight", {2, 4}).dim, 0);
-  EXPECT_EQ(TensorParallelSplit(spec, "layers.3.mlp.down_proj.weight", {4, 8}).dim, 1);
+  EXPECT_EQ(TensorParallelSplit(spec, "layers.3.self_attn.k_proj.weight", {2, 4}, 2).dim, 0);
+  EXPECT_EQ(TensorParallelSplit(spec, "layers.3.mlp.down_proj.weight", {4, 8}, 2).dim, 1);
+}
+
+// The token embedding and the head split by vocabulary rows where tp divides the vocabulary;
+// pieces written so (and pieces of the same tensor written whole by an older, replicated run)
+// assemble into the whole tensor.
+TEST(LayoutTest, EmbeddingAndHeadAreVocabParallelWhereTpDividesTheVocabulary) {
+  ModelSpec spec;
+  spec.family = "llama";
+  spec.vocab = 6;
+  spec.hidden = 2;
+  const std::vector<int64_t> shape = {6, 2};
+  for (const char* name : {"embed_tokens.weight", "lm_head.weight"}) {
+    EXPECT_EQ(SliceShape(TensorParallelSplit(spec, name, shape, 2), shape, 2), (std::vector<int64_t>{3, 2})) << name;
+    EXPECT_EQ(SliceShape(TensorParallelSplit(spec, name, shape, 3), shape, 3), (std::vector<int64_t>{2, 2})) << name;
+    EXPECT_TRUE(TensorParallelSplit(spec, name, shape, 4).replicated()) << name << ": 6 rows do not split over 4";
+    EXPECT_TRUE(TensorParallelSplit(spec, name, shape, 1).replicated()) << name;
+  }
+  EXPECT_TRUE(TensorParallelSplit(spec, "norm.weight", {2}, 2).replicated());
+  EXPECT_TRUE(VocabParallel(spec, 2));
+  EXPECT_FALSE(VocabParallel(spec, 4));
+  spec.family = "gpt2";
+  spec.vocab = 50257;
+  EXPECT_TRUE(TensorParallelSplit(spec, "wte.weight", {50257, 2}, 2).replicated()) << "GPT-2's odd vocabulary stays whole";
+  spec.vocab = 50304;
+  EXPECT_EQ(TensorParallelSplit(spec, "wte.weight", {50304, 2}, 2).dim, 0) << "padded to a multiple of tp, it splits";
+
+  spec.family = "llama";
+  spec.vocab = 6;
+  std::vector<float> full(12);
+  std::iota(full.begin(), full.end(), 0.0f);
+  TensorAssembler assembler(spec);
+  const TensorSplit split = TensorParallelSplit(spec, "lm_head.weight", shape, 2);
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<float> slice(6);
+    CopySlice(split, shape, 2, r, sizeof(float), reinterpret_cast<uint8_t*>(full.data()), reinterpret_cast<uint8_t*>(slice.data()));
+    EXPECT_EQ(slice[0], static_cast<float>(6 * r)) << "rank " << r << " holds rows [3r, 3r + 3)";
+    ASSERT_TRUE(assembler.Add({"param", "lm_head.weight", r, 2, 0, 6, shape}, sizeof(float), reinterpret_cast<uint8_t*>(slice.data())).ok());
+  }
+  ASSERT_TRUE(assembler.Add({"param", "embed_tokens.weight", 0, 1, 0, 12, shape}, sizeof(float), reinterpret_cast<uint8_t*>(full.data())).ok());
+  for (const char* name : {"lm_head.weight", "embed_tokens.weight"}) {
+    auto taken = assembler.Take(name);
+    ASSERT_TRUE(taken.ok()) << name << ": " << taken.status().ToString();
+    std::vector<float> back(12);
+    std::memcpy(back.data(), taken->data(), taken->size());
+    EXPECT_EQ(back, full) << name;
+  }
 }
 
 TEST(LayoutTest, PieceNamesRoundTripAndBadNamesAreRefused) {

@@ -460,6 +460,29 @@ TEST(ChoosePlan, Bf16KeepsFp32MasterWeightsAndGradients) {
   EXPECT_EQ(cpu_plan->workers[0].memory.weights, 4 * kGpt2SmallParams);
 }
 
+// Vocab-parallel (shard/layout.h): where tp divides the vocabulary, each tensor-parallel rank
+// holds 1/tp of the token embedding and of the head, so 64 more rows of vocabulary cost each of
+// two ranks 64 rows of each table (4 bytes a weight, fp32): 2 * 64 * h * 4 / 2. An odd vocabulary
+// stays whole on every rank: 2 more rows cost each rank 2 rows of each table.
+TEST(ChoosePlan, TensorParallelRanksHoldTheirSliceOfAVocabularyTpDivides) {
+  ModelSpec llama;
+  llama.family = "llama", llama.layers = 2, llama.hidden = 256, llama.heads = 4, llama.kv_heads = 2, llama.ffn = 512;
+  llama.sequence = 128;
+  JobSpec job;
+  job.global_batch = 8, job.precision = "fp32", job.tp = 2, job.dp = 1, job.pp = 1, job.zero = 0, job.micro_batch = 8;
+  job.recompute = false, job.offload = Offload::kNone;
+  auto weights = [&](int64_t vocab) {
+    ModelSpec m = llama;
+    m.vocab = vocab;
+    auto plan = ChoosePlan(m, job, Workers(2, 80 * kGiB));
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(plan.ok() ? plan->tp : 0, 2);
+    return plan.ok() ? plan->workers[0].memory.weights : 0;
+  };
+  EXPECT_EQ(weights(32064) - weights(32000), 2 * 64 * 256 * 4 / 2) << "split: each rank holds half the added rows";
+  EXPECT_EQ(weights(32001) - weights(31999), 2 * 2 * 256 * 4) << "an odd vocabulary stays whole on each rank";
+}
+
 // ZeRO-3 without recompute keeps the last layers of a stage gathered for their backward where
 // the budget has room (parallel.keep_gathered = "auto"): each kept GPT-2 block holds its bf16
 // weights (2 bytes a parameter) and saves its backward's gather, so the step is predicted

@@ -57,7 +57,7 @@ Holding HoldingOf(const Plan& plan, const WorkerAssignment& w, int64_t unit, int
 
 int64_t BytesToMove(const internal::Problem& problem, const Plan& from, const Plan& to) {
   const int64_t layers = problem.model.layers;
-  const internal::UnitParams u = internal::CountUnits(problem.model, to.pp);
+  const internal::UnitParams u = internal::CountUnits(problem.model, to.pp, to.tp);
   const internal::StateBytesPerParam per_param = internal::BytesPerParam(problem.layout, problem.job.optimizer == "adamw8bit");
   double moved = 0;
   for (const WorkerAssignment& w : to.workers) {

@@ -77,7 +77,7 @@ void CausalLm::Initialize() {
   }
 }
 
-torch::Tensor CausalLm::Embed(const torch::Tensor& tokens) { return family_->Embed(*embedding_, tokens); }
+torch::Tensor CausalLm::Embed(const torch::Tensor& tokens) { return family_->Embed(*embedding_, tokens, TensorParallel{}); }
 
 BlockOutputs CausalLm::RunBlock(int64_t layer, const torch::Tensor& x, const BlockRequest& request) {
   return family_->Block(blocks_[layer], x, TensorParallel{}, request);

@@ -13,8 +13,8 @@ class GemmaFamily : public LlamaFamily {
  public:
   using LlamaFamily::LlamaFamily;
 
-  torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens) const override {
-    auto x = torch::embedding(p("embed_tokens.weight"), tokens);
+  torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens, const TensorParallel& tp) const override {
+    auto x = tp.lookup(p("embed_tokens.weight"), tokens);
     auto normalizer = torch::scalar_tensor(std::sqrt(static_cast<double>(spec_.hidden)), x.options());
     return x * normalizer;
   }

@@ -16,9 +16,9 @@ class Gpt2Family : public ModelFamily {
  public:
   using ModelFamily::ModelFamily;
 
-  torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens) const override {
+  torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens, const TensorParallel& tp) const override {
     auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-    return torch::embedding(p("wte.weight"), tokens) + torch::embedding(p("wpe.weight"), positions);
+    return tp.lookup(p("wte.weight"), tokens) + torch::embedding(p("wpe.weight"), positions);
   }
 
   BlockOutputs Block(const ParamView& p, const torch::Tensor& x_in, const TensorParallel& tp,

@@ -10,14 +10,17 @@ namespace {
 
 struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor targets,
-                               int64_t vocab, int64_t chunk_rows, int64_t compute_type) {
+                               int64_t vocab, int64_t chunk_rows, int64_t compute_type, int64_t slice_handle) {
     // Both operands are cast to the compute dtype here, so an enclosing autocast changes nothing.
     const auto compute = static_cast<torch::ScalarType>(compute_type);
     const kernels::Place place = KernelPlace(x.device());
     const int64_t n = x.size(0), padded_vocab = weight.size(0);
     const bool need_dx = x.requires_grad(), need_dw = weight.requires_grad();
     const torch::Tensor xc = x.to(compute).contiguous(), wc = weight.to(compute).contiguous();
-    const torch::Tensor row_targets = targets.to(torch::kLong).contiguous();
+    const auto* slice = reinterpret_cast<const VocabSlice*>(slice_handle);
+    // Vocab-parallel: each target's column in this rank's slice (outside [0, vocab) where the
+    // target is another rank's).
+    const torch::Tensor row_targets = slice ? (targets.to(torch::kLong) - slice->begin).contiguous() : targets.to(torch::kLong).contiguous();
     auto row_loss = torch::empty({n}, x.options().dtype(torch::kFloat));
     torch::Tensor dx = need_dx ? torch::empty({n, x.size(1)}, xc.options()) : torch::Tensor();
     torch::Tensor dw;
@@ -25,9 +28,20 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
       const int64_t rows = std::min(chunk_rows, n - begin);
       const torch::Tensor x_chunk = xc.narrow(0, begin, rows);
       torch::Tensor z = torch::mm(x_chunk, wc.t());  // [rows, V'], contiguous
-      kernels::CrossEntropyGradInPlace(place, KernelType(compute), z.data_ptr(), rows, vocab, padded_vocab,
-                                       row_targets.data_ptr<int64_t>() + begin, 1.0f / static_cast<float>(n),
-                                       row_loss.data_ptr<float>() + begin);
+      const int64_t* chunk_targets = row_targets.data_ptr<int64_t>() + begin;
+      if (!slice) {
+        kernels::CrossEntropyGradInPlace(place, KernelType(compute), z.data_ptr(), rows, vocab, padded_vocab, chunk_targets,
+                                         1.0f / static_cast<float>(n), row_loss.data_ptr<float>() + begin);
+      } else {
+        auto stats = torch::empty({2, rows}, x.options().dtype(torch::kFloat));  // this slice's lse, target logit
+        kernels::CrossEntropyRowStats(place, KernelType(compute), z.data_ptr(), rows, vocab, padded_vocab, chunk_targets,
+                                      stats.data_ptr<float>(), stats.data_ptr<float>() + rows);
+        const torch::Tensor every = slice->gather(stats.view({-1})).view({-1, 2, rows});  // [ranks, 2, rows]
+        const torch::Tensor lse = torch::logsumexp(every.select(1, 0), 0).contiguous();
+        row_loss.narrow(0, begin, rows).copy_(lse - every.select(1, 1).sum(0));
+        kernels::CrossEntropyGradFromLse(place, KernelType(compute), z.data_ptr(), rows, vocab, padded_vocab, chunk_targets,
+                                         lse.data_ptr<float>(), 1.0f / static_cast<float>(n));
+      }
       if (need_dx) {
         auto dx_chunk = dx.narrow(0, begin, rows);
         torch::mm_out(dx_chunk, z, wc);
@@ -54,7 +68,7 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     ctx->saved_data.clear();  // a second backward would find nothing, as for any freed graph
     if (dx.defined()) dx = dx.to(torch::kFloat).mul_(g).to(x_type);
     if (dw.defined()) dw = dw.mul_(g).to(w_type);
-    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -67,14 +81,16 @@ int64_t LinearCrossEntropyChunkRows(int64_t rows, int64_t padded_vocab, int64_t 
 }
 
 torch::Tensor LinearCrossEntropy(const torch::Tensor& x, const torch::Tensor& weight, int64_t vocab, const torch::Tensor& targets,
-                                 torch::ScalarType compute_type, int64_t chunk_rows) {
+                                 torch::ScalarType compute_type, int64_t chunk_rows, const VocabSlice* slice) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && vocab <= weight.size(0),
               "LinearCrossEntropy: x [N, H], weight [V', H] with V' >= vocab");
   TORCH_CHECK(targets.numel() == x.size(0), "LinearCrossEntropy: one target per row");
   if (chunk_rows <= 0) {
     chunk_rows = LinearCrossEntropyChunkRows(x.size(0), weight.size(0), c10::elementSize(compute_type));
   }
-  return LinearCrossEntropyFunction::apply(x, weight, targets, vocab, chunk_rows, static_cast<int64_t>(compute_type));
+  TORCH_CHECK(!slice || slice->gather, "LinearCrossEntropy: a vocabulary slice needs its gather");
+  return LinearCrossEntropyFunction::apply(x, weight, targets, vocab, chunk_rows, static_cast<int64_t>(compute_type),
+                                           reinterpret_cast<int64_t>(slice));
 }
 
 }  // namespace strata::worker

@@ -15,11 +15,21 @@
 // and two matmuls give the chunk's dx and its share of dW. Backward only scales dx and dW by the
 // incoming gradient. No recompute of the logits, and one chunk of logits alive at a time plus
 // dx ([N, H]) and dW ([V', H] fp32) until backward.
+//
+// Vocab-parallel (tensor parallelism, shard/layout.h): rank r of T holds the head's rows
+// [r V/T, (r+1) V/T), so its logits are z_iv for its slice only. Per chunk, each rank computes
+// its slice's lse^r_i and z_{i t_i} where t_i falls in its slice (0 elsewhere), the ranks
+// all-gather those two numbers a row, and every rank forms the same
+//   lse_i = log sum_r exp(lse^r_i),   loss_i = lse_i - sum_r z^r_{i t_i}
+// (kernels::CrossEntropyRowStats), then its slice's dz from lse_i (CrossEntropyGradFromLse). Its
+// dx is its slice's share of W^T dz: the caller sums the shares over the ranks in backward
+// (Megatron's f before the head), and its dW is its rows' whole gradient.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace strata::worker {
 
@@ -33,7 +43,16 @@ int64_t LinearCrossEntropyChunkRows(int64_t rows, int64_t padded_vocab, int64_t 
 // loss (above): x [N, H] (any float dtype), weight [V', H] (fp32 master or any float), targets
 // [N] int64 in [0, vocab). `chunk_rows` 0: LinearCrossEntropyChunkRows. Differentiable in x and
 // weight (the gradients are computed only for those that require one).
+//
+// `slice` (vocab-parallel): weight holds vocabulary rows [slice->begin, slice->begin + vocab) and
+// targets are whole-vocabulary ids; slice->gather all-gathers a [k] fp32 tensor over the
+// tensor-parallel ranks into [ranks * k] in rank order. The slice is read during the call only.
+struct VocabSlice {
+  int64_t begin = 0;
+  std::function<torch::Tensor(const torch::Tensor&)> gather;
+};
 torch::Tensor LinearCrossEntropy(const torch::Tensor& x, const torch::Tensor& weight, int64_t vocab,
-                                 const torch::Tensor& targets, torch::ScalarType compute_type, int64_t chunk_rows = 0);
+                                 const torch::Tensor& targets, torch::ScalarType compute_type, int64_t chunk_rows = 0,
+                                 const VocabSlice* slice = nullptr);
 
 }  // namespace strata::worker

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
 namespace strata::worker {
 namespace {
 
@@ -34,6 +39,74 @@ TEST(LinearCrossEntropyTest, EqualsThePlainLossAndItsGradientsForAnyChunking) {
     EXPECT_LT(MaxRelative(x.grad(), x_ref.grad()), 1e-5) << "chunk " << chunk;
     EXPECT_LT(MaxRelative(w.grad(), w_ref.grad()), 1e-5) << "chunk " << chunk;
     EXPECT_EQ(w.grad().narrow(0, vocab, padded - vocab).abs().max().item<float>(), 0.0f) << "padding got a gradient";
+  }
+}
+
+// An all-gather among threads (each a tensor-parallel rank): the seam the worker fills with its
+// tensor-parallel communicator. Every rank gets the ranks' tensors concatenated in rank order.
+class ThreadGather {
+ public:
+  explicit ThreadGather(int ranks) : slots_(static_cast<size_t>(ranks)) {}
+  torch::Tensor Gather(int rank, const torch::Tensor& mine) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int64_t generation = generation_;
+    slots_[static_cast<size_t>(rank)] = mine.clone();
+    if (++arrived_ == static_cast<int>(slots_.size())) {
+      result_ = torch::cat(slots_);
+      arrived_ = 0;
+      ++generation_;
+      done_.notify_all();
+    } else {
+      done_.wait(lock, [&] { return generation_ != generation; });
+    }
+    return result_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::vector<torch::Tensor> slots_;
+  torch::Tensor result_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
+// Vocab-parallel: each of 2 or 3 ranks holds a slice of the head's rows; every rank's loss is the
+// whole loss, its dW the whole dW's rows, and the ranks' dx summed the whole dx - in chunks too.
+TEST(LinearCrossEntropyTest, VocabSlicesOnEveryRankGiveTheWholeLossAndGradients) {
+  torch::manual_seed(17);
+  const int64_t rows = 41, hidden = 16, vocab = 96;
+  const auto x0 = torch::randn({rows, hidden}), w0 = torch::randn({vocab, hidden}) * 0.3;
+  const auto targets = torch::randint(0, vocab, {rows}, torch::kLong);
+  auto x_ref = x0.clone().requires_grad_(true), w_ref = w0.clone().requires_grad_(true);
+  const auto reference = PlainLoss(x_ref, w_ref, vocab, targets);
+  reference.backward();
+  for (int ranks : {2, 3}) {
+    for (int64_t chunk : {int64_t{5}, int64_t{0}}) {
+      const int64_t slice_rows = vocab / ranks;
+      ThreadGather gather(ranks);
+      std::vector<torch::Tensor> losses(ranks), dx(ranks), dw(ranks);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < ranks; ++r) {
+        threads.emplace_back([&, r] {
+          VocabSlice slice{r * slice_rows, [&gather, r](const torch::Tensor& t) { return gather.Gather(r, t); }};
+          auto x = x0.clone().requires_grad_(true);
+          auto w = w0.narrow(0, r * slice_rows, slice_rows).clone().requires_grad_(true);
+          losses[r] = LinearCrossEntropy(x, w, slice_rows, targets, torch::kFloat, chunk, &slice);
+          losses[r].backward();
+          dx[r] = x.grad(), dw[r] = w.grad();
+        });
+      }
+      for (auto& t : threads) t.join();
+      auto dx_sum = torch::zeros_like(x0);
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_NEAR(losses[r].item<double>(), reference.item<double>(), 1e-6 * reference.item<double>()) << ranks << " ranks, rank " << r;
+        EXPECT_EQ(losses[r].item<double>(), losses[0].item<double>()) << "every rank computes the same loss";
+        EXPECT_LT(MaxRelative(dw[r], w_ref.grad().narrow(0, r * slice_rows, slice_rows)), 1e-5) << ranks << " ranks, rank " << r;
+        dx_sum += dx[r];
+      }
+      EXPECT_LT(MaxRelative(dx_sum, x_ref.grad()), 1e-5) << ranks << " ranks, chunk " << chunk;
+    }
   }
 }
 

@@ -84,8 +84,8 @@ ModelFamily::ModelFamily(const ModelSpec& spec) : spec_(spec) {
   }
 }
 
-torch::Tensor ModelFamily::Embed(const ParamView& p, const torch::Tensor& tokens) const {
-  return torch::embedding(p(model::TokenEmbeddingName(spec_)), tokens);
+torch::Tensor ModelFamily::Embed(const ParamView& p, const torch::Tensor& tokens, const TensorParallel& tp) const {
+  return tp.lookup(p(model::TokenEmbeddingName(spec_)), tokens);
 }
 
 void ModelFamily::Initialize(const std::string& name, torch::Tensor& t) const {

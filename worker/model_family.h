@@ -64,6 +64,11 @@ struct TensorParallel {
   int64_t size = 1;
   std::function<torch::Tensor(const torch::Tensor&)> enter = [](const torch::Tensor& t) { return t; };
   std::function<torch::Tensor(const torch::Tensor&)> leave = [](const torch::Tensor& t) { return t; };
+  // The token embedding's lookup of `tokens` in `table`: the whole table, or (vocab-parallel,
+  // shard/layout.h) this rank's rows, with the other ranks' tokens looked up as zeros and the
+  // ranks' lookups summed (Megatron's VocabParallelEmbedding).
+  std::function<torch::Tensor(const torch::Tensor& table, const torch::Tensor& tokens)> lookup =
+      [](const torch::Tensor& table, const torch::Tensor& tokens) { return torch::embedding(table, tokens); };
 };
 
 class ModelFamily {
@@ -71,8 +76,9 @@ class ModelFamily {
   explicit ModelFamily(const ModelSpec& spec);
   virtual ~ModelFamily() = default;
 
-  // tokens [b, t] -> residual stream [b, t, hidden]; `p` is the embedding unit.
-  virtual torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens) const;
+  // tokens [b, t] -> residual stream [b, t, hidden]; `p` is the embedding unit, whose token
+  // table is looked up through tp.lookup.
+  virtual torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens, const TensorParallel& tp) const;
   // One block: its sites (BlockOutputs), patched as `request` says.
   virtual BlockOutputs Block(const ParamView& p, const torch::Tensor& x, const TensorParallel& tp,
                              const BlockRequest& request = {}) const = 0;

@@ -143,6 +143,31 @@ struct ReduceFromTensorParallelFn : torch::autograd::Function<ReduceFromTensorPa
   }
 };
 
+// Every rank's x [..., n] side by side along the last dimension, in rank order ([..., ranks * n]);
+// backward hands each rank its own columns' gradient. Gathered in fp32 (the logits Head returns:
+// no step's hot path), which every communicator stages where it must.
+torch::Tensor AllGathered(Communicator& comm, const torch::Tensor& x) {
+  const auto ranks = static_cast<int64_t>(comm.world_size());
+  auto mine = x.to(torch::kFloat).contiguous().view({-1});
+  auto every = torch::empty({ranks * mine.numel()}, mine.options());
+  AllGatherTensorFrom(comm, mine, every);
+  std::vector<int64_t> shape = {ranks};
+  for (int64_t d : x.sizes()) shape.push_back(d);
+  return every.view(shape).movedim(0, -2).flatten(-2).to(x.scalar_type());
+}
+
+struct GatherFromTensorParallelFn : torch::autograd::Function<GatherFromTensorParallelFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["columns"] = x.size(-1);
+    return AllGathered(*reinterpret_cast<Communicator*>(comm), x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    const int64_t columns = ctx->saved_data["columns"].toInt();
+    return {g[0].narrow(-1, CommOf(ctx)->rank() * columns, columns), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------- recomputed and ZeRO-3 calls
@@ -432,6 +457,19 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     tensor_parallel_.enter = [tp](const torch::Tensor& t) { return CopyToTensorParallelFn::apply(t, reinterpret_cast<int64_t>(tp)); };
     tensor_parallel_.leave = [tp](const torch::Tensor& t) { return ReduceFromTensorParallelFn::apply(t, reinterpret_cast<int64_t>(tp)); };
   }
+  vocab_parallel_ = shard::VocabParallel(m, mesh_.tp);
+  vocab_rows_ = vocab_parallel_ ? m.vocab / mesh_.tp : m.vocab;
+  vocab_begin_ = vocab_parallel_ ? position_.tp_rank * vocab_rows_ : 0;
+  if (vocab_parallel_) {
+    tensor_parallel_.lookup = [tp = groups_.tp, begin = vocab_begin_, rows = vocab_rows_](const torch::Tensor& table,
+                                                                                         const torch::Tensor& tokens) {
+      // Tokens outside this rank's rows look up row 0 and are zeroed (their gradient with them).
+      const torch::Tensor local = tokens - begin;
+      const torch::Tensor elsewhere = local.lt(0).logical_or(local.ge(rows));
+      const torch::Tensor mine = torch::embedding(table, local.masked_fill(elsewhere, 0)).masked_fill(elsewhere.unsqueeze(-1), 0);
+      return ReduceFromTensorParallelFn::apply(mine, reinterpret_cast<int64_t>(tp));
+    };
+  }
 }
 
 void StageModel::AddUnit(const std::string& label, const std::vector<std::string>& names,
@@ -443,7 +481,7 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
   std::vector<shard::TensorSplit> splits;
   for (const auto& name : names) {
     const std::vector<int64_t>& shape = table.at(name).shape;
-    const shard::TensorSplit split = shard::TensorParallelSplit(spec_.model, name, shape);
+    const shard::TensorSplit split = shard::TensorParallelSplit(spec_.model, name, shape, mesh_.tp);
     const auto slice_shape = shard::SliceShape(split, shape, mesh_.tp);
     int64_t slice_numel = 1;
     for (int64_t d : slice_shape) slice_numel *= d;
@@ -574,7 +612,7 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
 
 torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
   return Run(embed_units_, tokens, [this](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
-    return family_->Embed(ViewOfUnit(embed_units_, v), t);
+    return family_->Embed(ViewOfUnit(embed_units_, v), t, tensor_parallel_);
   }, /*recompute=*/false, /*matmul_weights=*/false);  // a lookup: the residual stream starts from the fp32 table
 }
 
@@ -594,16 +632,19 @@ torch::Tensor StageModel::Blocks(torch::Tensor x) {
 // (measured: the largest matmul of a GPT-2 124M step ran 3x slower). Logits past the vocabulary
 // are dropped (Head) or never count (HeadLoss), so nothing downstream sees the padding.
 torch::Tensor StageModel::PaddedHeadWeight(const ParamView& p) const {
-  const ModelSpec& m = spec_.model;
-  const torch::Tensor& w = p(model::HeadWeightName(m));
-  const int64_t pad = (64 - m.vocab % 64) % 64;
+  const torch::Tensor& w = p(model::HeadWeightName(spec_.model));  // vocab_rows_ rows
+  const int64_t pad = (64 - vocab_rows_ % 64) % 64;
   return pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
 }
 
 torch::Tensor StageModel::Head(const torch::Tensor& x) {
   return Run(head_units_, x, [this](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
     const ParamView p = ViewOfUnit(head_units_, v);
-    return torch::linear(family_->FinalNorm(p, in), PaddedHeadWeight(p)).narrow(-1, 0, spec_.model.vocab);
+    const torch::Tensor normed = family_->FinalNorm(p, in);
+    if (!vocab_parallel_) return torch::linear(normed, PaddedHeadWeight(p)).narrow(-1, 0, vocab_rows_);
+    // This rank's columns of the logits (its dx summed over the ranks by f), then every rank's.
+    const torch::Tensor mine = torch::linear(tensor_parallel_.enter(normed), PaddedHeadWeight(p)).narrow(-1, 0, vocab_rows_);
+    return GatherFromTensorParallelFn::apply(mine, reinterpret_cast<int64_t>(groups_.tp));
   }, /*recompute=*/false);
 }
 
@@ -615,8 +656,19 @@ torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& 
   return Run(head_units_, x, [this, targets, compute](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
     const ParamView p = ViewOfUnit(head_units_, v);
     const torch::Tensor normed = family_->FinalNorm(p, in);
-    return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), PaddedHeadWeight(p), spec_.model.vocab, targets.reshape({-1}),
-                              compute);
+    if (!vocab_parallel_) {
+      return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), PaddedHeadWeight(p), vocab_rows_, targets.reshape({-1}), compute);
+    }
+    // This rank's slice of the vocabulary; its dx is summed over the ranks by f's backward.
+    Communicator* tp = groups_.tp;
+    const VocabSlice slice{vocab_begin_, [tp](const torch::Tensor& mine) {
+                             auto every = torch::empty({mine.numel() * static_cast<int64_t>(tp->world_size())}, mine.options());
+                             AllGatherTensorFrom(*tp, mine, every);
+                             return every;
+                           }};
+    const torch::Tensor entered = tensor_parallel_.enter(normed);
+    return LinearCrossEntropy(entered.reshape({-1, entered.size(-1)}), PaddedHeadWeight(p), vocab_rows_, targets.reshape({-1}), compute,
+                              /*chunk_rows=*/0, &slice);
   }, /*recompute=*/false);
 }
 

@@ -42,7 +42,10 @@
 // Tensor parallelism inside a block (Megatron's f and g): CopyToTensorParallel is the identity
 // forward and an all-reduce of the gradient backward, ReduceFromTensorParallel an all-reduce
 // forward and the identity backward. With heads and MLP width split, a block costs two
-// all-reduces forward and two backward.
+// all-reduces forward and two backward. Vocab-parallel (shard/layout.h: the token embedding and
+// the head split by vocabulary rows where tp divides the vocabulary): the lookup sums the ranks'
+// masked lookups (one all-reduce forward); the loss enters through f (its dx all-reduced in
+// backward) and merges the ranks' row statistics (fused_loss.h); Head all-gathers the logits.
 #pragma once
 
 #include <torch/torch.h>
@@ -143,7 +146,7 @@ class StageModel {
   torch::Tensor Embed(const torch::Tensor& tokens);
   // This stage's blocks.
   torch::Tensor Blocks(torch::Tensor x);
-  // Residual stream -> logits [b, t, vocab] (last stage).
+  // Residual stream -> logits [b, t, vocab] (last stage; the whole vocabulary's on every rank).
   torch::Tensor Head(const torch::Tensor& x);
   // The mean next-token cross-entropy of the head over x [b, t, hidden] against targets [b, t]
   // (fused_loss.h: logits in row chunks, never whole).
@@ -275,6 +278,10 @@ class StageModel {
   int wte_unit_ = -1, tied_copy_unit_ = -1;
   std::unique_ptr<ModelFamily> family_;
   TensorParallel tensor_parallel_;
+  // Vocab-parallel: this rank's rows [vocab_begin_, vocab_begin_ + vocab_rows_) of the token
+  // embedding and the head (vocab_rows_ = the whole vocabulary otherwise).
+  bool vocab_parallel_ = false;
+  int64_t vocab_begin_ = 0, vocab_rows_ = 0;
   std::deque<std::shared_ptr<Call>> calls_;
   // ZeRO-3 without recompute: this step's calls in forward order, the gathers queued for the next
   // call (by unit), and the side stream they run on.

@@ -211,7 +211,7 @@ Status Trainer::Resume(const ResumePoint& resume) {
     for (const auto& [kind, i] : assembled) {
       auto full = assemblers.at(kind).Take(unit.names[i]);
       if (!full.ok()) return Status(full.status().code(), where + ", " + kind + " of " + unit.names[i] + ": " + full.status().message());
-      const auto split = shard::TensorParallelSplit(context_.spec.model, unit.names[i], unit.full_shapes[i]);
+      const auto split = shard::TensorParallelSplit(context_.spec.model, unit.names[i], unit.full_shapes[i], mesh_.tp);
       std::vector<uint8_t> slice(static_cast<size_t>(slice_numel(i)) * sizeof(float));
       shard::CopySlice(split, unit.full_shapes[i], mesh_.tp, position_.tp_rank, sizeof(float), full->data(), slice.data());
       Target& t = targets.at(kind);

@@ -13,6 +13,7 @@
 #include <thread>
 #include <tuple>
 
+#include "model/parameters.h"
 #include "shard/layout.h"
 
 namespace strata::worker {
@@ -566,12 +567,16 @@ TEST_F(TrainerTest, CheckpointPiecesAssembleIntoTheLiveParameters) {
     const std::vector<int64_t> full_shape = item.value().sizes().vec();
     auto full = params.Take(name);
     ASSERT_TRUE(full.ok()) << full.status().ToString();
-    const auto split = shard::TensorParallelSplit(spec_.model, name, full_shape);
+    const auto split = shard::TensorParallelSplit(spec_.model, name, full_shape, 2);
     int holders = 0;
     for (auto& [r, tensors] : live) {
       for (auto& [held, slice] : tensors) {
         if (held != name) continue;
         ++holders;
+        // Vocab-parallel: tp = 2 divides the vocabulary (256), so each rank holds half the table.
+        if (name == model::TokenEmbeddingName(spec_.model)) {
+          EXPECT_EQ(slice.size(0), spec_.model.vocab / 2) << name << " on rank " << r;
+        }
         std::vector<uint8_t> expected(static_cast<size_t>(slice.numel()) * sizeof(float));
         shard::CopySlice(split, full_shape, 2, positions[r].tp_rank, sizeof(float), full->data(), expected.data());
         auto got = slice.contiguous();

@@ -103,6 +103,37 @@ TEST_F(KernelsGpuTest, CrossEntropyEqualsTheReferenceVectorizedAndNot) {
 }
 
 DType Of(torch::ScalarType t) { return t == torch::kFloat ? DType::kFloat32 : DType::kBFloat16; }
+
+// The vocab-parallel halves (a rank's slice of Llama 3's vocabulary under tp = 2, and an odd
+// stride) against their references; targets both inside and outside the slice.
+TEST_F(KernelsGpuTest, CrossEntropyRowStatsAndGradFromLseEqualTheReference) {
+  torch::manual_seed(19);
+  for (int64_t stride : {64128, 64127}) {
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      const int64_t rows = 131, vocab = 64127;
+      auto logits = (torch::randn({rows, stride}) * 3).to(dtype);
+      auto targets = torch::randint(-vocab, 2 * vocab, {rows}, torch::kLong);
+      auto lse = torch::randn({rows}) + 12;  // the merged lse of every rank's slice
+      auto ref_lse = torch::empty({rows}), ref_target = torch::empty({rows});
+      CrossEntropyRowStatsReference(Of(dtype), logits.data_ptr(), rows, vocab, stride, targets.data_ptr<int64_t>(), ref_lse.data_ptr<float>(),
+                                    ref_target.data_ptr<float>());
+      auto ref = logits.clone();
+      CrossEntropyGradFromLseReference(Of(dtype), ref.data_ptr(), rows, vocab, stride, targets.data_ptr<int64_t>(), lse.data_ptr<float>(), 0.25f);
+      auto gpu = logits.cuda();
+      auto gpu_targets = targets.cuda(), gpu_lse = lse.cuda();
+      auto out_lse = torch::empty({rows}, gpu.options().dtype(torch::kFloat)), out_target = torch::empty_like(out_lse);
+      CrossEntropyRowStats(place_, Of(dtype), gpu.data_ptr(), rows, vocab, stride, gpu_targets.data_ptr<int64_t>(), out_lse.data_ptr<float>(),
+                           out_target.data_ptr<float>());
+      EXPECT_LE(MaxRelative(out_lse, ref_lse), 1e-6) << "stride " << stride << " " << dtype;
+      EXPECT_TRUE(torch::equal(out_target.cpu(), ref_target)) << "the target's logit is read, not computed";
+      CrossEntropyGradFromLse(place_, Of(dtype), gpu.data_ptr(), rows, vocab, stride, gpu_targets.data_ptr<int64_t>(), gpu_lse.data_ptr<float>(),
+                              0.25f);
+      auto diff = (gpu.cpu().to(torch::kFloat) - ref.to(torch::kFloat)).abs();
+      const double bound = dtype == torch::kFloat ? 4e-6 : 1.0 / 128;
+      EXPECT_LE((diff - ref.to(torch::kFloat).abs() * bound).max().item<double>(), 1e-9) << "stride " << stride << " " << dtype;
+    }
+  }
+}
 // fp32: a few ulps of reordered sums and exp; bf16: one rounding step apart at most.
 double Bound(torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : 1.0 / 64; }
 
