@@ -24,9 +24,13 @@ MODELS = {
 
 
 def predict(work, run):
-    fields = {"dp": 1, "pp": 1, "tp": 1, "zero": 0, "recompute": "false", "micro_batch": 0}
+    # Every field fixed as bench/mesh_bench.sh fixes it (keep_gathered 0 unless the run says "auto").
+    fields = {"dp": 1, "pp": 1, "tp": 1, "zero": 0, "recompute": "false", "micro_batch": 0, "keep_gathered": 0}
     fields.update(run["parallel"])
-    parallel = "".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}\n" for k, v in fields.items())
+
+    def toml(v):
+        return str(v).lower() if isinstance(v, bool) else f'"{v}"' if isinstance(v, str) and v != "false" else str(v)
+    parallel = "".join(f"{k} = {toml(v)}\n" for k, v in fields.items())
     spec = f"{work}/{run['model']}-{run['gpus']}-{run['mesh']}.toml"
     with open(spec, "w") as f:
         f.write(f'name = "{run["mesh"]}"\n[model]\n{MODELS[run["model"]]}[data]\npath = "{work}/tokens.u16"\nformat = "u16"\n'

@@ -140,7 +140,13 @@ constexpr double kReferencePeakFlops = 989e12;
 constexpr double kElementwiseSecondsPerElement = 115e-12;  // per element of tokens x hidden per layer
 constexpr double kLossSecondsPerLogit = 2.3e-12;           // the fused loss's elementwise work, per logit
 constexpr double kOptimizerSecondsPerParam = 4e-12;
-constexpr double kGatherSeconds = 110e-6;  // a streamed ZeRO-3 gather or reduce-scatter's fixed cost
+// A streamed ZeRO-3 gather or reduce-scatter's fixed cost over NCCL: 47 us, from GPT-2 124M on
+// 2x H200 in session 23 (dp=2 ZeRO-3 22.50 ms a step against one GPU's 20.54: 1.96 ms over 42
+// unit collectives, the bytes hidden by the matmuls); session 18's path cost 110 us.
+constexpr double kGatherSeconds = 47e-6;
+// The same for host-streamed units (offload = "optimizer+params" on one rank: an upload, a cast
+// and events per unit): session 18's value, that path not measured again.
+constexpr double kHostStreamSeconds = 110e-6;
 constexpr double kActivationScale = 1.153;       // GPT-2-style blocks (LayerNorm, bias + GELU)
 constexpr double kGatedActivationScale = 1.0;    // gated-MLP blocks (RMSNorm, SwiGLU/GeGLU, RoPE)
 constexpr double kBytesPerChunkLogit = 1.76;
@@ -562,8 +568,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       if (c.zero >= 3 && recompute) exposed = 1.5 * t;
       if (streamed_zero3) {
         // Beside the matmuls, but each unit's two gathers and reduce-scatter per micro-batch cost
-        // a fixed time the compute does not hide (GPT-2 124M's 2 ms layers: measured 76-81% of
-        // 2x one GPU; Llama 8 x 4096's 24 ms layers: 96%).
+        // a fixed time the compute does not hide (GPT-2 124M's 2 ms layers: measured 91% of 2x
+        // one GPU in session 23, 76-81% in session 18; Llama 8 x 4096's 24 ms layers: 96%).
         // A kept layer saves its backward's gather: 2 (bf16) or 4 (fp32) bytes a parameter of the
         // 8 an all-reduce's time counts, and one fixed cost.
         const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);
@@ -592,7 +598,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       // One rank streams too: each unit's two gathers and gradient per micro-batch cost a fixed
       // time (counted with the collectives when dp > 1).
       const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);
-      const double fixed = c.dp == 1 ? (3.0 * units - static_cast<double>(kept)) * mb * kGatherSeconds : 0.0;
+      const double fixed = c.dp == 1 ? (3.0 * units - static_cast<double>(kept)) * mb * kHostStreamSeconds : 0.0;
       offload_comm = std::max(offload_comm, std::max(0.0, uploads - matmul_s) + std::max(0.0, host_work - forward) + fixed);
     } else if (c.offload == Offload::kOptimizer) {
       // fp32 gradients out and fp32 weights back, unit by unit while the host updates the units

@@ -120,8 +120,10 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
   open.dp = open.pp = open.tp = open.zero = open.micro_batch = std::nullopt;
   open.recompute = std::nullopt;
   // Layers kept gathered are what an out-of-memory gives up first (their room was what the
-  // estimate left, and the estimate proved low); after a loss, the new mesh's room decides.
-  open.keep_gathered = reason.kind == ReplanReason::Kind::kOutOfMemory ? std::optional<int64_t>(0) : std::nullopt;
+  // estimate left, and the estimate proved low); after a loss, the new mesh's room decides,
+  // unless the spec keeps none (0 never narrows the search, so a user's 0 stays).
+  const bool keeps_none = reason.kind == ReplanReason::Kind::kOutOfMemory || job.keep_gathered == 0;
+  open.keep_gathered = keeps_none ? std::optional<int64_t>(0) : std::nullopt;
   open.offload = job.offload_supported ? std::nullopt : std::optional<Offload>(Offload::kNone);
   STRATA_ASSIGN_OR_RETURN(internal::Problem problem, internal::Validate(model, open, cluster, options));
   if (current.workers.empty() || current.stages.size() != static_cast<size_t>(current.pp) || current.micro_batch < 1) {
