@@ -133,7 +133,7 @@ json RunToJson(RunRecord::Reader r, bool with_plan) {
     const shard::PlanSummary p = shard::SummarizePlan(*spec);  // stages: layers per pipeline stage, as the ranks run them
     plan = {{"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero}, {"micro_batch", p.micro_batch},
             {"gradient_accumulation", p.gradient_accumulation}, {"recompute", p.recompute},
-            {"keep_gathered", p.keep_gathered}, {"stages", p.stages}, {"planned", p.planned}};
+            {"keep_gathered", p.keep_gathered}, {"offload", p.offload}, {"stages", p.stages}, {"planned", p.planned}};
   }
   return {{"memory", memory}, {"handled", handled}, {"plan", plan}, {"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
           {"state", schema::RunStateName(r.getState())}, {"step", r.getStep()},

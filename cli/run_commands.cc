@@ -208,10 +208,12 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
     if (!j["plan"].empty()) {
       const json& p = j["plan"];
       const long long kept = p.value("keep_gathered", 0LL);
-      std::printf("  plan: dp=%lld pp=%lld tp=%lld, ZeRO-%lld, micro-batch %lld x %lld accumulation, recompute %s%s\n",
+      const std::string offload = p.value("offload", std::string("none"));
+      std::printf("  plan: dp=%lld pp=%lld tp=%lld, ZeRO-%lld, micro-batch %lld x %lld accumulation, recompute %s%s%s\n",
                   p["dp"].get<long long>(), p["pp"].get<long long>(), p["tp"].get<long long>(), p["zero"].get<long long>(),
                   p["micro_batch"].get<long long>(), p["gradient_accumulation"].get<long long>(), p["recompute"].get<bool>() ? "on" : "off",
-                  kept > 0 ? (", keep_gathered " + std::to_string(kept)).c_str() : "");
+                  kept > 0 ? (", keep_gathered " + std::to_string(kept)).c_str() : "",
+                  offload != "none" ? (", offload " + Printable(offload)).c_str() : "");
     }
     std::string handled;
     for (auto& [kind, count] : j["handled"].items()) handled += (handled.empty() ? "" : ", ") + kind + " " + std::to_string(count.get<int>());

@@ -120,7 +120,7 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
     if (r.plan.known) {
       plan = {{"dp", r.plan.dp}, {"pp", r.plan.pp}, {"tp", r.plan.tp}, {"zero", r.plan.zero}, {"micro_batch", r.plan.micro_batch},
               {"gradient_accumulation", r.plan.gradient_accumulation}, {"recompute", r.plan.recompute}, {"stages", r.plan.stages},
-              {"keep_gathered", r.plan.keep_gathered}};
+              {"keep_gathered", r.plan.keep_gathered}, {"offload", r.plan.offload}};
     }
     json extract = nullptr;
     if (r.kind == "extract" || r.kind == "patch") {

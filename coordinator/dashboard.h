@@ -45,6 +45,7 @@ struct DashboardPlan {
   bool recompute = false;
   std::vector<int64_t> stages;  // layers per pipeline stage
   int64_t keep_gathered = 0;    // ZeRO-3: layers a stage keeps gathered for the backward
+  std::string offload = "none";  // [parallel] offload
 };
 
 // One rank's memory: the planner's estimate against the highest peak the rank reported.

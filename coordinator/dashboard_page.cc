@@ -186,6 +186,7 @@ function planText(p) {
   if (!p) return "";
   return `dp ${p.dp} · pp ${p.pp} · tp ${p.tp} · ZeRO-${p.zero} · micro-batch ${p.micro_batch} x ${p.gradient_accumulation}` +
     (p.recompute ? " · recompute" : "") + (p.keep_gathered > 0 ? " · keep_gathered " + p.keep_gathered : "") +
+    (p.offload && p.offload !== "none" ? " · offload " + p.offload : "") +
     (p.stages && p.stages.length > 1 ? " · stages " + p.stages.join("/") : "");
 }
 function handledHtml(h) {

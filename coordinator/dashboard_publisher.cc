@@ -13,7 +13,7 @@ namespace {
 DashboardPlan PlanOf(const RunSpec& spec) {
   const shard::PlanSummary summary = shard::SummarizePlan(spec);
   return {true, summary.dp, summary.pp, summary.tp, summary.zero, summary.micro_batch, summary.gradient_accumulation,
-          summary.recompute, summary.stages, summary.keep_gathered};
+          summary.recompute, summary.stages, summary.keep_gathered, summary.offload};
 }
 
 }  // namespace

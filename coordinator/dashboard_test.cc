@@ -51,7 +51,7 @@ DashboardSnapshot HandMade() {
   r.checkpoints = 1;
   r.kind = "train";
   r.handled = {{"worker-lost", 1}, {"oom", 2}};
-  r.plan = {true, 2, 2, 1, 3, 4, 2, false, {3, 5}, 2};
+  r.plan = {true, 2, 2, 1, 3, 4, 2, false, {3, 5}, 2, "optimizer+params"};
   r.memory = {{"worker-0", 10ull << 30, 1ull << 30, 9ull << 30}};
   s.runs.push_back(r);
   DashboardRun x;
@@ -147,7 +147,7 @@ TEST(DashboardRender, StateJsonCarriesPlanFailuresRankMemoryAndExtractRows) {
   EXPECT_EQ(r["kind"], "train");
   EXPECT_EQ(r["handled"], json::parse(R"({"oom": 2, "worker-lost": 1})"));
   EXPECT_EQ(r["plan"], json::parse(R"({"dp": 2, "pp": 2, "tp": 1, "zero": 3, "micro_batch": 4, "gradient_accumulation": 2,
-                                       "recompute": false, "stages": [3, 5], "keep_gathered": 2})"));
+                                       "recompute": false, "stages": [3, 5], "keep_gathered": 2, "offload": "optimizer+params"})"));
   EXPECT_EQ(r["memory"], json::parse(R"([{"worker": "worker-0", "estimate": 10737418240, "workspace": 1073741824,
                                          "measured_peak": 9663676416}])"));
   EXPECT_DOUBLE_EQ(r["step_seconds"].get<double>(), 1000 / 500.0);  // 1000 tokens a step at 500 tok/s

@@ -35,7 +35,8 @@
 //                  tokens x hidden per layer (x4/3 with recompute), NOT split by tp (its norms
 //                  and residual stream are whole on every rank); the loss's per logit of the
 //                  rank's vocabulary rows
-//     optimizer    a time per parameter of the optimizer range (this rank's ZeRO shard)
+//     optimizer    a time per parameter of the optimizer range (this rank's ZeRO shard), and
+//                  1.0 ms a step whatever its size (norm, scalars, launches: session 23)
 //   both at the peak of an H100/H200 (989 TFLOP/s) and scaled with peak_flops. Measured on H200s
 //   (docs/benchmarks.md, sessions 18 and 20): matmul kernels at 0.71-0.79 of peak; the rest of a
 //   step, less the loss (2.3 ps a logit: GPT-2's CrossEntropyRows, session 20), 115 ps (GPT-2
@@ -46,7 +47,8 @@
 //   ZeRO-2); the fused AdamW 3.9 ps per parameter
 //   (Llama; GPT-2's small units 9.2).
 // Communication (not overlapped, so the prediction is conservative; but ZeRO-3 without
-// recompute, whose collectives run beside the matmuls, counts what the matmuls do not hide):
+// recompute, whose collectives run beside the matmuls, counts what the matmuls do not hide and
+// a fixed 70 us for each unit's forward gather and reduce-scatter per micro-batch):
 // ring all-reduce of gradients 2(n-1)/n * bytes / bandwidth over dp (ZeRO-1 adds the all-gather
 // of the updated fp32 shards, half as many bytes; ZeRO-2's reduce-scatter and gather together
 // move one all-reduce's; x1.5 for ZeRO-3 with recompute, which all-gathers fp32 weights again in
@@ -140,10 +142,18 @@ constexpr double kReferencePeakFlops = 989e12;
 constexpr double kElementwiseSecondsPerElement = 115e-12;  // per element of tokens x hidden per layer
 constexpr double kLossSecondsPerLogit = 2.3e-12;           // the fused loss's elementwise work, per logit
 constexpr double kOptimizerSecondsPerParam = 4e-12;
-// A streamed ZeRO-3 gather or reduce-scatter's fixed cost over NCCL: 47 us, from GPT-2 124M on
-// 2x H200 in session 23 (dp=2 ZeRO-3 22.50 ms a step against one GPU's 20.54: 1.96 ms over 42
-// unit collectives, the bytes hidden by the matmuls); session 18's path cost 110 us.
-constexpr double kGatherSeconds = 47e-6;
+// What a step costs once whatever its size (the gradient norm and the loss's scalars across the
+// ranks, a host sync, the update's launches per unit): 1.0 ms, fitted in session 23 from GPT-2
+// 124M on H200s, one GPU (20.54 ms a step of 8 sequences) against pp=2 with 16 micro-batches
+// (177.0 ms): a per-token miss of 0.65 ms a micro-batch and a per-step miss of 0.98 ms explain both.
+constexpr double kStepSeconds = 1.0e-3;
+// A streamed ZeRO-3 unit's fixed cost over NCCL, per micro-batch, for its forward gather and for
+// its reduce-scatter: 70 us each. From GPT-2 124M on 2x H200 in session 23: dp=2 ZeRO-3 took
+// 22.50 ms a step against one GPU's 20.54, the bytes hidden by the matmuls, so 1.96 ms for 14
+// units. Keeping all 12 layers gathered (no backward gather) took 22.45 ms: the backward's gathers,
+// prefetched behind the previous layer's gradients, cost next to nothing of their own. Session
+// 18's path cost 110 us a collective, backward gathers included.
+constexpr double kGatherSeconds = 70e-6;
 // The same for host-streamed units (offload = "optimizer+params" on one rank: an upload, a cast
 // and events per unit): session 18's value, that path not measured again.
 constexpr double kHostStreamSeconds = 110e-6;
@@ -544,7 +554,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     double elementwise_s = (recompute ? 4.0 / 3.0 : 1.0) * kElementwiseSecondsPerElement * slowdown * tokens *
                            static_cast<double>(model.hidden) * static_cast<double>(layers);
     if (last) elementwise_s += kLossSecondsPerLogit * slowdown * tokens * static_cast<double>(vocab_rows);
-    const double optimizer_s = kOptimizerSecondsPerParam * slowdown * params / (c.zero >= 1 ? c.dp : 1);
+    const double optimizer_s = kOptimizerSecondsPerParam * slowdown * params / (c.zero >= 1 ? c.dp : 1) + kStepSeconds;
     compute = std::max(compute, matmul_s + elementwise_s + optimizer_s);
     if (with_workers) {
       for (int64_t d = 0; d < c.dp; ++d) {
@@ -571,11 +581,10 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
         // a fixed time the compute does not hide (GPT-2 124M's 2 ms layers: measured 91% of 2x
         // one GPU in session 23, 76-81% in session 18; Llama 8 x 4096's 24 ms layers: 96%).
         // A kept layer saves its backward's gather: 2 (bf16) or 4 (fp32) bytes a parameter of the
-        // 8 an all-reduce's time counts, and one fixed cost.
+        // 8 an all-reduce's time counts (the backward gathers' fixed cost is hidden: above).
         const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);
         const double saved = static_cast<double>(kept) * layer_per_rank / std::max(params, 1.0) * gathered_bytes / 8.0;
-        exposed = std::max(0.0, ((bf16_cuda ? 1.0 : 1.5) - saved) * t - matmul_s) +
-                  (3.0 * units - static_cast<double>(kept)) * static_cast<double>(m) * kGatherSeconds;
+        exposed = std::max(0.0, ((bf16_cuda ? 1.0 : 1.5) - saved) * t - matmul_s) + 2.0 * units * static_cast<double>(m) * kGatherSeconds;
       }
       dp_comm = std::max(dp_comm, exposed);
     }

@@ -296,6 +296,7 @@ PlanSummary SummarizePlan(const RunSpec& spec) {
   plan.gradient_accumulation = spec.local_batch() / std::max<int64_t>(plan.micro_batch, 1);
   plan.recompute = p.recompute;
   plan.keep_gathered = p.keep_gathered;
+  plan.offload = p.offload;
   plan.planned = p.planned();
   for (int64_t k = 0; k < p.pp && plan.planned; ++k) {
     const auto [first, last] = StageLayers(spec.model.layers, p.pp, k, p.stages);

@@ -509,8 +509,20 @@ TEST(ChoosePlan, Zero3KeepsLayersGatheredWhereTheBudgetHasRoom) {
   EXPECT_EQ(all->keep_gathered, 12);
   const int64_t per_layer = 2 * kGpt2SmallLayer;  // one micro-batch in flight (no pipeline)
   EXPECT_NEAR(static_cast<double>(all->workers[0].memory.total() - none->workers[0].memory.total()), 12.0 * per_layer, 2.0);
-  EXPECT_LT(all->step_time.communication_s, none->step_time.communication_s);
+  // Over NVLink the backward's gathers hide behind the gradients' matmuls (session 23 measured
+  // keeping every layer 0.2% faster): no time is predicted saved. Across two hosts their bytes
+  // show, and keeping saves them.
+  EXPECT_LE(all->step_time.communication_s, none->step_time.communication_s);
   EXPECT_NE(all->why.find("every layer kept gathered for its backward"), std::string::npos) << all->why;
+  ClusterView two_hosts = roomy;
+  two_hosts.workers[1].node = "n1";
+  job.keep_gathered = 0;
+  auto none_across = ChoosePlan(Gpt2Small(), job, two_hosts);
+  job.keep_gathered = std::nullopt;
+  auto all_across = ChoosePlan(Gpt2Small(), job, two_hosts);
+  ASSERT_TRUE(none_across.ok() && all_across.ok());
+  EXPECT_EQ(all_across->keep_gathered, 12);
+  EXPECT_LT(all_across->step_time.communication_s, none_across->step_time.communication_s);
 
   // Room for 5.5 layers in half the headroom: 5 are kept, and the plan stays within the budget.
   const double budget = static_cast<double>(none->workers[0].memory.total()) + 2 * 5.5 * per_layer;

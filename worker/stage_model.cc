@@ -119,7 +119,9 @@ Communicator* CommOf(torch::autograd::AutogradContext* ctx) {
 }
 
 torch::Tensor AllReduced(Communicator& comm, const torch::Tensor& x) {
-  auto sum = x.to(torch::kFloat).contiguous().clone();
+  // One copy (widening a bf16 activation as it goes), not a cast and then a clone.
+  torch::Tensor sum = torch::empty(x.sizes(), x.options().dtype(torch::kFloat));
+  sum.copy_(x);
   AllReduceTensor(comm, sum);
   return sum.to(x.scalar_type());
 }
