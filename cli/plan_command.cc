@@ -16,6 +16,7 @@
 #include "client/coordinator_client.h"
 #include "schema/envelope.h"
 #include "shard/capacity.h"
+#include "shard/layout.h"
 #include "shard/planner.h"
 
 namespace strata::cli {
@@ -151,7 +152,7 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
                 {"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero},
                 {"micro_batch", p.micro_batch}, {"gradient_accumulation", p.gradient_accumulation},
                 {"recompute", p.recompute}, {"offload", shard::OffloadName(p.offload)}, {"keep_gathered", p.keep_gathered},
-                {"stages", stages},
+                {"vocab_parallel", shard::VocabParallel(spec->model, p.tp)}, {"stages", stages},
                 {"step_time_s", {{"compute", p.step_time.compute_s}, {"communication", p.step_time.communication_s},
                                  {"bubble", p.step_time.bubble_s}, {"total", p.step_time.total_s()}}},
                 {"why", p.why}, {"workers", workers}};
@@ -173,6 +174,19 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
                                                                    : "")
             << (p.keep_gathered > 0 ? ", keep_gathered " + std::to_string(p.keep_gathered) + " (layers a stage keeps gathered for the backward)" : "")
             << "\n";
+  if (p.tp > 1) {
+    const int64_t vocab = spec->model.vocab;
+    if (shard::VocabParallel(spec->model, p.tp)) {
+      std::cout << "vocabulary: " << vocab << " rows split over tp=" << p.tp << " (each rank holds and multiplies " << vocab / p.tp
+                << " rows of the embedding and the head)\n";
+    } else {
+      // The next multiple of 64 x tp: each rank's rows stay aligned for the head's matmul.
+      const int64_t step = 64 * p.tp, padded = (vocab + step - 1) / step * step;
+      std::cout << "vocabulary: " << vocab << " rows do not divide by tp=" << p.tp
+                << ", so every rank holds the whole embedding and head; model.vocab = " << padded
+                << " (padded with unused ids) would split them\n";
+    }
+  }
   std::cout << std::fixed << std::setprecision(4) << "predicted step: " << p.step_time.total_s() << " s (compute "
             << p.step_time.compute_s << ", communication " << p.step_time.communication_s << ", pipeline bubble "
             << p.step_time.bubble_s << ")\n";

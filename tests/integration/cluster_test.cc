@@ -114,6 +114,22 @@ TEST_F(ClusterTest, PlanShowsTheMeshAndEachWorkersEstimateBeforeAnythingRuns) {
   EXPECT_EQ(described["workers"].size(), 32u);
   EXPECT_EQ(described["dp"].get<int>() * described["pp"].get<int>() * described["tp"].get<int>(), 32);
   for (auto& w : described["workers"]) EXPECT_LE(w["estimate"]["total"].get<int64_t>(), w["budget"].get<int64_t>()) << w.dump();
+  // Under tensor parallelism the plan says whether the vocabulary splits over the ranks, and
+  // what vocabulary would split it.
+  std::ofstream(cluster) << "[[nodes]]\ngpus = 2\nmemory = \"80GiB\"\n";
+  auto tp_spec = [&](const std::string& name, const std::string& vocab) {
+    return WriteSpec(name, "name = \"" + name + "\"\n[model]\nlayers = 4\nhidden = 256\nheads = 8\nsequence = 128\n" + vocab +
+                               "[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 8\n[parallel]\ntp = 2\n");
+  };
+  json split = StrataJson("plan " + tp_spec("plan-tp", "") + " --cluster-spec " + cluster);
+  ASSERT_TRUE(split.is_object());
+  EXPECT_EQ(split["tp"], 2);
+  EXPECT_EQ(split["vocab_parallel"], true) << "256 rows split over 2";
+  const std::string odd_spec = tp_spec("plan-tp-odd", "vocab = 50257\n");
+  auto odd = Strata("plan " + odd_spec + " --cluster-spec " + cluster);
+  EXPECT_EQ(odd.rc, 0) << odd.err;
+  EXPECT_NE(odd.out.find("50257 rows do not divide by tp=2"), std::string::npos) << odd.out;
+  EXPECT_NE(odd.out.find("model.vocab = 50304"), std::string::npos) << odd.out;
   // Bad cluster specs name the field.
   std::ofstream(cluster) << "[[nodes]]\ncount = 4\ngpus = 0\nmemory = \"80GiB\"\n";
   auto bad = Strata("plan " + free_dp + " --cluster-spec " + cluster);
