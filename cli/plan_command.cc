@@ -184,7 +184,8 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
       const int64_t step = 64 * p.tp, padded = (vocab + step - 1) / step * step;
       std::cout << "vocabulary: " << vocab << " rows do not divide by tp=" << p.tp
                 << ", so every rank holds the whole embedding and head; model.vocab = " << padded
-                << " (padded with unused ids) would split them\n";
+                << " (padded with unused ids) would split them - for a model trained from scratch: published weights"
+                   " keep their vocabulary\n";
     }
   }
   std::cout << std::fixed << std::setprecision(4) << "predicted step: " << p.step_time.total_s() << " s (compute "

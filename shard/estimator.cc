@@ -146,6 +146,7 @@ constexpr double kOptimizerSecondsPerParam = 4e-12;
 // ranks, a host sync, the update's launches per unit): 1.0 ms, fitted in session 23 from GPT-2
 // 124M on H200s, one GPU (20.54 ms a step of 8 sequences) against pp=2 with 16 micro-batches
 // (177.0 ms): a per-token miss of 0.65 ms a micro-batch and a per-step miss of 0.98 ms explain both.
+// Fitted on GPUs and counted as is on CPU workers too, whose plans the step time only ranks.
 constexpr double kStepSeconds = 1.0e-3;
 // A streamed ZeRO-3 unit's fixed cost over NCCL, per micro-batch, for its forward gather and for
 // its reduce-scatter: 70 us each. From GPT-2 124M on 2x H200 in session 23: dp=2 ZeRO-3 took
@@ -554,7 +555,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     double elementwise_s = (recompute ? 4.0 / 3.0 : 1.0) * kElementwiseSecondsPerElement * slowdown * tokens *
                            static_cast<double>(model.hidden) * static_cast<double>(layers);
     if (last) elementwise_s += kLossSecondsPerLogit * slowdown * tokens * static_cast<double>(vocab_rows);
-    const double optimizer_s = kOptimizerSecondsPerParam * slowdown * params / (c.zero >= 1 ? c.dp : 1) + kStepSeconds;
+    const double optimizer_s = kOptimizerSecondsPerParam * slowdown * params / (c.zero >= 1 ? c.dp : 1);
     compute = std::max(compute, matmul_s + elementwise_s + optimizer_s);
     if (with_workers) {
       for (int64_t d = 0; d < c.dp; ++d) {
@@ -643,7 +644,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       if (ratio > local_fill.worst) local_fill.worst = ratio, local_fill.host_limited = true;
     }
   }
-  plan.step_time.compute_s = compute;
+  // The step's fixed cost counts once, outside the bubble (which scales the micro-batches' compute).
+  plan.step_time.compute_s = compute + kStepSeconds;
   plan.step_time.communication_s = dp_comm + tp_comm + pp_comm + offload_comm;
   plan.step_time.bubble_s = compute * static_cast<double>(c.pp - 1) / static_cast<double>(m);
   // keep_gathered means something only where a stage gathers again (ZeRO-3 without recompute).

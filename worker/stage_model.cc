@@ -145,31 +145,6 @@ struct ReduceFromTensorParallelFn : torch::autograd::Function<ReduceFromTensorPa
   }
 };
 
-// Every rank's x [..., n] side by side along the last dimension, in rank order ([..., ranks * n]);
-// backward hands each rank its own columns' gradient. Gathered in fp32 (the logits Head returns:
-// no step's hot path), which every communicator stages where it must.
-torch::Tensor AllGathered(Communicator& comm, const torch::Tensor& x) {
-  const auto ranks = static_cast<int64_t>(comm.world_size());
-  auto mine = x.to(torch::kFloat).contiguous().view({-1});
-  auto every = torch::empty({ranks * mine.numel()}, mine.options());
-  AllGatherTensorFrom(comm, mine, every);
-  std::vector<int64_t> shape = {ranks};
-  for (int64_t d : x.sizes()) shape.push_back(d);
-  return every.view(shape).movedim(0, -2).flatten(-2).to(x.scalar_type());
-}
-
-struct GatherFromTensorParallelFn : torch::autograd::Function<GatherFromTensorParallelFn> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, int64_t comm) {
-    ctx->saved_data["comm"] = comm;
-    ctx->saved_data["columns"] = x.size(-1);
-    return AllGathered(*reinterpret_cast<Communicator*>(comm), x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
-    const int64_t columns = ctx->saved_data["columns"].toInt();
-    return {g[0].narrow(-1, CommOf(ctx)->rank() * columns, columns), torch::Tensor()};
-  }
-};
-
 }  // namespace
 
 // ---------------------------------------------------------------- recomputed and ZeRO-3 calls
@@ -642,11 +617,10 @@ torch::Tensor StageModel::PaddedHeadWeight(const ParamView& p) const {
 torch::Tensor StageModel::Head(const torch::Tensor& x) {
   return Run(head_units_, x, [this](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
     const ParamView p = ViewOfUnit(head_units_, v);
-    const torch::Tensor normed = family_->FinalNorm(p, in);
-    if (!vocab_parallel_) return torch::linear(normed, PaddedHeadWeight(p)).narrow(-1, 0, vocab_rows_);
-    // This rank's columns of the logits (its dx summed over the ranks by f), then every rank's.
-    const torch::Tensor mine = torch::linear(tensor_parallel_.enter(normed), PaddedHeadWeight(p)).narrow(-1, 0, vocab_rows_);
-    return GatherFromTensorParallelFn::apply(mine, reinterpret_cast<int64_t>(groups_.tp));
+    // Whole logits need the whole head: its only caller, Trainer::Logits, runs on one rank.
+    TORCH_CHECK(!vocab_parallel_, "StageModel::Head: the head is split by vocabulary over tp = ", mesh_.tp,
+                "; logits need the whole model on one rank");
+    return torch::linear(family_->FinalNorm(p, in), PaddedHeadWeight(p)).narrow(-1, 0, vocab_rows_);
   }, /*recompute=*/false);
 }
 

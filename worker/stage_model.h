@@ -45,7 +45,7 @@
 // all-reduces forward and two backward. Vocab-parallel (shard/layout.h: the token embedding and
 // the head split by vocabulary rows where tp divides the vocabulary): the lookup sums the ranks'
 // masked lookups (one all-reduce forward); the loss enters through f (its dx all-reduced in
-// backward) and merges the ranks' row statistics (fused_loss.h); Head all-gathers the logits.
+// backward) and merges the ranks' row statistics (fused_loss.h).
 #pragma once
 
 #include <torch/torch.h>
@@ -146,7 +146,7 @@ class StageModel {
   torch::Tensor Embed(const torch::Tensor& tokens);
   // This stage's blocks.
   torch::Tensor Blocks(torch::Tensor x);
-  // Residual stream -> logits [b, t, vocab] (last stage; the whole vocabulary's on every rank).
+  // Residual stream -> logits [b, t, vocab] (last stage; not under a vocab-parallel mesh).
   torch::Tensor Head(const torch::Tensor& x);
   // The mean next-token cross-entropy of the head over x [b, t, hidden] against targets [b, t]
   // (fused_loss.h: logits in row chunks, never whole).

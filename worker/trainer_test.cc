@@ -609,6 +609,46 @@ TEST_P(MeshResumeTest, ResumeUnderAnotherMeshContinuesTheSameRun) {
   }
 }
 
+// Vocab-parallel where tp divides the vocabulary, whole where it does not (GPT-2's 50257 over 2):
+// 258 rows split over tp = 2 (129 a rank) and stay whole over tp = 4. Both train the one worker's
+// run, and a checkpoint of either resumes under the other (split -> whole and whole -> split).
+TEST_F(TrainerTest, VocabularySplitWhereTpDividesItAndWholeWhereNot) {
+  spec_.model = TinyModel("gpt2");
+  spec_.model.vocab = 258;
+  spec_.train.global_batch = 8;
+  spec_.parallel.micro_batch = 2;
+  const int steps = 8;
+  auto straight = Train(steps)[0];
+  for (int64_t tp : {2, 4}) {
+    SetMesh(1, 1, tp);
+    std::map<uint32_t, int64_t> rows;
+    auto losses = Train(steps, [&](uint32_t r, Trainer& t) {
+      for (auto& [name, p] : t.parameters()) {
+        if (name == "wte.weight") rows[r] = p.size(0);
+      }
+    });
+    for (uint32_t r = 0; r < static_cast<uint32_t>(tp); ++r) {
+      EXPECT_EQ(rows[r], tp == 2 ? 129 : 258) << "tp " << tp << " rank " << r;
+      ASSERT_EQ(losses[r].size(), static_cast<size_t>(steps));
+      for (int s = 0; s < steps; ++s) EXPECT_NEAR(losses[r][s], straight[s], 1e-5 * straight[s]) << "tp " << tp << " step " << s + 1;
+    }
+  }
+  for (const auto& [from, to] : {std::pair<int64_t, int64_t>{2, 4}, std::pair<int64_t, int64_t>{4, 2}}) {
+    resume_ = ResumePoint{};
+    SetMesh(1, 1, from);
+    resume_ = CheckpointAt(5, "vocab-tp" + std::to_string(from) + "-");
+    SetMesh(1, 1, to);
+    auto resumed = Train(steps);
+    for (auto& losses : resumed) {
+      ASSERT_EQ(losses.size(), 3u) << "tp " << from << " -> " << to;
+      for (int s = 0; s < 3; ++s) {
+        EXPECT_NEAR(losses[s], straight[s + 5], 1e-5 * straight[s + 5]) << "tp " << from << " -> " << to << " step " << s + 6;
+      }
+    }
+  }
+  resume_ = ResumePoint{};
+}
+
 // Issue #20: a checkpoint written under any mesh resumes under any other and continues the
 // single worker's run (tp 2 -> 1 used to train on never-written halves of every split tensor).
 // Every pair of seven meshes - one worker, dp=2 ZeRO-3, pp=2, tp=2, dp2 x tp2 ZeRO-1, dp2 x pp2 x

@@ -114,6 +114,7 @@ TEST_F(GpuTest, CudaTrainingMatchesCpuInFp32) {
 // backward queued behind it.) Returns rank 0's losses.
 std::vector<double> TrainMesh(const std::string& dir, int world, int steps, const std::string& precision, const std::string& family,
                               const std::string& parallel) {
+  for (int r = 0; r < world; ++r) std::remove((dir + "/losses.rank" + std::to_string(r)).c_str());  // none left from a run before
   std::vector<pid_t> children;
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();
@@ -131,10 +132,15 @@ std::vector<double> TrainMesh(const std::string& dir, int world, int steps, cons
     waitpid(pid, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank's process failed (its output is above)";
   }
-  std::vector<double> losses;
-  std::ifstream in(dir + "/losses.rank0");
-  for (double loss; in >> loss;) losses.push_back(loss);
-  return losses;
+  // Every rank wrote its losses, and they agree (the ranks of a tensor-parallel group compute the same loss).
+  std::vector<std::vector<double>> losses(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    std::ifstream in(dir + "/losses.rank" + std::to_string(r));
+    for (double loss; in >> loss;) losses[static_cast<size_t>(r)].push_back(loss);
+    EXPECT_EQ(losses[static_cast<size_t>(r)].size(), static_cast<size_t>(steps)) << "rank " << r << " wrote no losses";
+    EXPECT_EQ(losses[static_cast<size_t>(r)], losses[0]) << "rank " << r;
+  }
+  return losses[0];
 }
 
 // One rank of TrainMesh (run only as its child: disabled otherwise).
