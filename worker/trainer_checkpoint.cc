@@ -118,59 +118,62 @@ Status Trainer::Resume(const ResumePoint& resume) {
     // slice (written under the same tp, or replicated): one copy, from the store to where the
     // state lives. Pieces of another tp rank's slice are not read; a tensor written under
     // another tp is assembled whole, then this rank's slice is cut from it.
-    std::map<std::string, shard::TensorAssembler> assemblers;
-    std::set<std::pair<std::string, size_t>> assembled;
-    // Per kind and tensor: which elements of this rank's slice the pieces read directly cover
-    // (each exactly once; shard::ElementCoverage).
-    std::map<std::pair<std::string, size_t>, shard::ElementCoverage> covered;
-    struct Read {
-      const Source* source;
-      std::span<uint8_t> into;
-      std::vector<uint8_t> staging;  // a piece only part of which this rank holds
-      uint8_t* part_to = nullptr;
-      int64_t part_offset = 0, part_bytes = 0;
-    };
-    std::vector<Read> reads;
-    for (const Source& source : sources[u]) {
-      const shard::PieceName& piece = source.piece;
-      const size_t i = index_of.at(piece.name);
-      Target& t = targets.at(piece.kind);
-      // This rank's slice of tensor i is cut under tp = layout_tp (1: the whole tensor). A piece
-      // written under the same cut is a range of some tp rank's slice; one written under another
-      // (tp 2 -> 1, 1 -> 2, 2 -> 4) is assembled whole first.
-      const int64_t layout_tp = unit.replicated[i] ? 1 : mesh_.tp;
-      const bool same_cut = piece.tp == layout_tp;
-      if (same_cut && layout_tp > 1 && piece.tp_rank != position_.tp_rank) continue;
-      if (!same_cut) {
-        if (!assemblers.count(piece.kind)) assemblers.emplace(piece.kind, shard::TensorAssembler(context_.spec.model));
-        STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, assemblers.at(piece.kind).Slot(piece, sizeof(float)));
-        assembled.insert({piece.kind, i});
-        reads.push_back({&source, slot, {}, nullptr, 0, 0});
-        continue;
+    // One kind at a time (param, adam_m, adam_v): where a tensor is assembled whole, only one
+    // kind's copy of it is held.
+    for (const std::string kind : {"param", "adam_m", "adam_v"}) {
+      std::map<std::string, shard::TensorAssembler> assemblers;
+      std::set<std::pair<std::string, size_t>> assembled;
+      // Per kind and tensor: which elements of this rank's slice the pieces read directly cover
+      // (each exactly once; shard::ElementCoverage).
+      std::map<std::pair<std::string, size_t>, shard::ElementCoverage> covered;
+      struct Read {
+        const Source* source;
+        std::span<uint8_t> into;
+        std::vector<uint8_t> staging;  // a piece only part of which this rank holds
+        uint8_t* part_to = nullptr;
+        int64_t part_offset = 0, part_bytes = 0;
+      };
+      std::vector<Read> reads;
+      for (const Source& source : sources[u]) {
+        const shard::PieceName& piece = source.piece;
+        if (piece.kind != kind) continue;
+        const size_t i = index_of.at(piece.name);
+        Target& t = targets.at(piece.kind);
+        // This rank's slice of tensor i is cut under tp = layout_tp (1: the whole tensor). A piece
+        // written under the same cut is a range of some tp rank's slice; one written under another
+        // (tp 2 -> 1, 1 -> 2, 2 -> 4) is assembled whole first.
+        const int64_t layout_tp = unit.replicated[i] ? 1 : mesh_.tp;
+        const bool same_cut = piece.tp == layout_tp;
+        if (same_cut && layout_tp > 1 && piece.tp_rank != position_.tp_rank) continue;
+        if (!same_cut) {
+          if (!assemblers.count(piece.kind)) assemblers.emplace(piece.kind, shard::TensorAssembler(context_.spec.model));
+          STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, assemblers.at(piece.kind).Slot(piece, sizeof(float)));
+          assembled.insert({piece.kind, i});
+          reads.push_back({&source, slot, {}, nullptr, 0, 0});
+          continue;
+        }
+        if (piece.begin < 0 || piece.end > slice_numel(i) || piece.begin >= piece.end) {
+          return Corruption(where + ": piece '" + *source.name + "' runs past the " + std::to_string(slice_numel(i)) +
+                            " elements of its slice");
+        }
+        auto [slot, fresh] = covered.try_emplace({piece.kind, i}, slice_numel(i));
+        if (Status added = slot->second.Add(piece.begin, piece.end); !added.ok()) {
+          return Corruption(where + ": piece '" + *source.name + "': " + added.message());
+        }
+        const int64_t a = unit.offsets[i] + piece.begin, b = unit.offsets[i] + piece.end;
+        const int64_t lo = std::max(a, t.lo), hi = std::min(b, t.hi);
+        if (lo >= hi) continue;  // another data-parallel rank's part
+        auto* base = static_cast<uint8_t*>(t.host.data_ptr());
+        if (lo == a && hi == b) {
+          reads.push_back({&source, {base + (a - t.lo) * sizeof(float), static_cast<size_t>(b - a) * sizeof(float)}, {}, nullptr, 0, 0});
+        } else {
+          Read r{&source, {}, std::vector<uint8_t>(static_cast<size_t>(b - a) * sizeof(float)), base + (lo - t.lo) * sizeof(float),
+                 static_cast<int64_t>((lo - a) * sizeof(float)), static_cast<int64_t>((hi - lo) * sizeof(float))};
+          r.into = std::span<uint8_t>(r.staging);
+          reads.push_back(std::move(r));
+        }
       }
-      if (piece.begin < 0 || piece.end > slice_numel(i) || piece.begin >= piece.end) {
-        return Corruption(where + ": piece '" + *source.name + "' runs past the " + std::to_string(slice_numel(i)) +
-                          " elements of its slice");
-      }
-      auto [slot, fresh] = covered.try_emplace({piece.kind, i}, slice_numel(i));
-      if (Status added = slot->second.Add(piece.begin, piece.end); !added.ok()) {
-        return Corruption(where + ": piece '" + *source.name + "': " + added.message());
-      }
-      const int64_t a = unit.offsets[i] + piece.begin, b = unit.offsets[i] + piece.end;
-      const int64_t lo = std::max(a, t.lo), hi = std::min(b, t.hi);
-      if (lo >= hi) continue;  // another data-parallel rank's part
-      auto* base = static_cast<uint8_t*>(t.host.data_ptr());
-      if (lo == a && hi == b) {
-        reads.push_back({&source, {base + (a - t.lo) * sizeof(float), static_cast<size_t>(b - a) * sizeof(float)}, {}, nullptr, 0, 0});
-      } else {
-        Read r{&source, {}, std::vector<uint8_t>(static_cast<size_t>(b - a) * sizeof(float)), base + (lo - t.lo) * sizeof(float),
-               static_cast<int64_t>((lo - a) * sizeof(float)), static_cast<int64_t>((hi - lo) * sizeof(float))};
-        r.into = std::span<uint8_t>(r.staging);
-        reads.push_back(std::move(r));
-      }
-    }
-    // Every tensor of every kind is whole: all its pieces were there (read or not needed here).
-    for (const char* kind : {"param", "adam_m", "adam_v"}) {
+      // Every tensor of this kind is whole: all its pieces were there (read or not needed here).
       for (size_t i = 0; i < unit.names.size(); ++i) {
         if (assembled.count({kind, i})) continue;
         const auto found = covered.find({kind, i});
@@ -182,46 +185,48 @@ Status Trainer::Resume(const ResumePoint& resume) {
                             std::to_string(missing) + " is in none)");
         }
       }
-    }
-    // The reads are independent: they run on the intra-op threads at once.
-    std::mutex failed_mutex;
-    Status failed = Status::Ok();
-    const auto reads_start = Clock::now();
-    at::parallel_for(0, static_cast<int64_t>(reads.size()), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        Read& r = reads[static_cast<size_t>(k)];
-        Status read = r.source->reader->ReadInto(*r.source->name, storage::DType::kF32, r.into);
-        if (read.code() == StatusCode::kInvalidArgument) {
-          read = Corruption(where + ": piece '" + *r.source->name + "' in " + r.source->reader->where() +
-                            " is not the fp32 range its name describes (" + read.message() + ")");
+      // The reads are independent: they run on the intra-op threads at once.
+      std::mutex failed_mutex;
+      Status failed = Status::Ok();
+      const auto reads_start = Clock::now();
+      at::parallel_for(0, static_cast<int64_t>(reads.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t k = begin; k < end; ++k) {
+          Read& r = reads[static_cast<size_t>(k)];
+          Status read = r.source->reader->ReadInto(*r.source->name, storage::DType::kF32, r.into);
+          if (read.code() == StatusCode::kInvalidArgument) {
+            read = Corruption(where + ": piece '" + *r.source->name + "' in " + r.source->reader->where() +
+                              " is not the fp32 range its name describes (" + read.message() + ")");
+          }
+          if (read.ok()) {
+            if (r.part_to) std::memcpy(r.part_to, r.staging.data() + r.part_offset, static_cast<size_t>(r.part_bytes));
+            continue;
+          }
+          std::lock_guard<std::mutex> lock(failed_mutex);
+          if (failed.ok()) failed = read;
         }
-        if (read.ok()) {
-          if (r.part_to) std::memcpy(r.part_to, r.staging.data() + r.part_offset, static_cast<size_t>(r.part_bytes));
-          continue;
+      });
+      STRATA_RETURN_IF_ERROR(failed);
+      read_ms += ms_since(reads_start);
+      for (const Read& r : reads) read_bytes += static_cast<int64_t>(r.into.size());
+      const auto place_start = Clock::now();
+      // Tensors written under another tp: this rank's slice, then the part of it this rank holds.
+      for (const auto& [assembled_kind, i] : assembled) {
+        auto full = assemblers.at(assembled_kind).Take(unit.names[i]);
+        if (!full.ok()) return Status(full.status().code(), where + ", " + kind + " of " + unit.names[i] + ": " + full.status().message());
+        const auto split = shard::TensorParallelSplit(context_.spec.model, unit.names[i], unit.full_shapes[i], mesh_.tp);
+        std::vector<uint8_t> slice(static_cast<size_t>(slice_numel(i)) * sizeof(float));
+        shard::CopySlice(split, unit.full_shapes[i], mesh_.tp, position_.tp_rank, sizeof(float), full->data(), slice.data());
+        Target& t = targets.at(kind);
+        const int64_t a = unit.offsets[i], b = a + slice_numel(i);
+        const int64_t lo = std::max(a, t.lo), hi = std::min(b, t.hi);
+        if (lo < hi) {
+          std::memcpy(static_cast<uint8_t*>(t.host.data_ptr()) + (lo - t.lo) * sizeof(float), slice.data() + (lo - a) * sizeof(float),
+                      static_cast<size_t>(hi - lo) * sizeof(float));
         }
-        std::lock_guard<std::mutex> lock(failed_mutex);
-        if (failed.ok()) failed = read;
       }
-    });
-    STRATA_RETURN_IF_ERROR(failed);
-    read_ms += ms_since(reads_start);
-    for (const Read& r : reads) read_bytes += static_cast<int64_t>(r.into.size());
+      place_ms += ms_since(place_start);
+    }
     const auto place_start = Clock::now();
-    // Tensors written under another tp: this rank's slice, then the part of it this rank holds.
-    for (const auto& [kind, i] : assembled) {
-      auto full = assemblers.at(kind).Take(unit.names[i]);
-      if (!full.ok()) return Status(full.status().code(), where + ", " + kind + " of " + unit.names[i] + ": " + full.status().message());
-      const auto split = shard::TensorParallelSplit(context_.spec.model, unit.names[i], unit.full_shapes[i], mesh_.tp);
-      std::vector<uint8_t> slice(static_cast<size_t>(slice_numel(i)) * sizeof(float));
-      shard::CopySlice(split, unit.full_shapes[i], mesh_.tp, position_.tp_rank, sizeof(float), full->data(), slice.data());
-      Target& t = targets.at(kind);
-      const int64_t a = unit.offsets[i], b = a + slice_numel(i);
-      const int64_t lo = std::max(a, t.lo), hi = std::min(b, t.hi);
-      if (lo < hi) {
-        std::memcpy(static_cast<uint8_t*>(t.host.data_ptr()) + (lo - t.lo) * sizeof(float), slice.data() + (lo - a) * sizeof(float),
-                    static_cast<size_t>(hi - lo) * sizeof(float));
-      }
-    }
     for (auto& [kind, t] : targets) {
       if (!t.host.is_same(t.device)) t.device.copy_(t.host);
     }
