@@ -423,7 +423,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
   const StateBytesPerParam per_param = BytesPerParam(problem.layout, problem.job.optimizer == "adamw8bit");
   const UnitParams u = CountUnits(model, c.pp, c.tp);
   // The head's rows on each rank (vocab-parallel, shard/layout.h: the vocabulary split over tp).
-  const int64_t vocab_rows = VocabParallel(model, c.tp) ? model.vocab / c.tp : model.vocab;
+  const bool vocab_parallel = VocabParallel(model, c.tp);
+  const int64_t vocab_rows = vocab_parallel ? model.vocab / c.tp : model.vocab;
   const double layer_per_rank = static_cast<double>(u.layer_sharded) / c.tp + u.layer_replicated;
   const double embedding_per_rank = static_cast<double>(u.embedding_sharded) / c.tp + u.embedding_replicated;
   const double head_per_rank = static_cast<double>(u.head_sharded) / c.tp + u.head_replicated;
@@ -592,7 +593,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     if (c.tp > 1) {
       const double all_reduce = RingAllReduceSeconds(boundary_bytes, c.tp, geometry.tp_bandwidth[k]);
       // Vocab-parallel: the lookup's sum (first stage) and the loss's dx (last stage) add one each.
-      const double vocab_reduces = VocabParallel(model, c.tp) ? (first ? 1.0 : 0.0) + (last ? 1.0 : 0.0) : 0.0;
+      const double vocab_reduces = vocab_parallel ? (first ? 1.0 : 0.0) + (last ? 1.0 : 0.0) : 0.0;
       tp_comm = std::max(tp_comm, ((recompute ? 6.0 : 4.0) * layers + vocab_reduces) * all_reduce * m);
     }
     if (!last) pp_comm = std::max(pp_comm, 2.0 * m * boundary_bytes / geometry.pp_bandwidth[k]);

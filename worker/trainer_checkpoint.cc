@@ -121,11 +121,12 @@ Status Trainer::Resume(const ResumePoint& resume) {
     // One kind at a time (param, adam_m, adam_v): where a tensor is assembled whole, only one
     // kind's copy of it is held.
     for (const std::string kind : {"param", "adam_m", "adam_v"}) {
-      std::map<std::string, shard::TensorAssembler> assemblers;
-      std::set<std::pair<std::string, size_t>> assembled;
-      // Per kind and tensor: which elements of this rank's slice the pieces read directly cover
-      // (each exactly once; shard::ElementCoverage).
-      std::map<std::pair<std::string, size_t>, shard::ElementCoverage> covered;
+      Target& t = targets.at(kind);
+      shard::TensorAssembler assembler(context_.spec.model);
+      std::set<size_t> assembled;  // the tensors this kind assembles whole
+      // Per tensor read directly: which elements of this rank's slice its pieces cover (each
+      // exactly once; shard::ElementCoverage).
+      std::map<size_t, shard::ElementCoverage> covered;
       struct Read {
         const Source* source;
         std::span<uint8_t> into;
@@ -138,7 +139,6 @@ Status Trainer::Resume(const ResumePoint& resume) {
         const shard::PieceName& piece = source.piece;
         if (piece.kind != kind) continue;
         const size_t i = index_of.at(piece.name);
-        Target& t = targets.at(piece.kind);
         // This rank's slice of tensor i is cut under tp = layout_tp (1: the whole tensor). A piece
         // written under the same cut is a range of some tp rank's slice; one written under another
         // (tp 2 -> 1, 1 -> 2, 2 -> 4) is assembled whole first.
@@ -146,9 +146,8 @@ Status Trainer::Resume(const ResumePoint& resume) {
         const bool same_cut = piece.tp == layout_tp;
         if (same_cut && layout_tp > 1 && piece.tp_rank != position_.tp_rank) continue;
         if (!same_cut) {
-          if (!assemblers.count(piece.kind)) assemblers.emplace(piece.kind, shard::TensorAssembler(context_.spec.model));
-          STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, assemblers.at(piece.kind).Slot(piece, sizeof(float)));
-          assembled.insert({piece.kind, i});
+          STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> slot, assembler.Slot(piece, sizeof(float)));
+          assembled.insert(i);
           reads.push_back({&source, slot, {}, nullptr, 0, 0});
           continue;
         }
@@ -156,7 +155,7 @@ Status Trainer::Resume(const ResumePoint& resume) {
           return Corruption(where + ": piece '" + *source.name + "' runs past the " + std::to_string(slice_numel(i)) +
                             " elements of its slice");
         }
-        auto [slot, fresh] = covered.try_emplace({piece.kind, i}, slice_numel(i));
+        auto [slot, fresh] = covered.try_emplace(i, slice_numel(i));
         if (Status added = slot->second.Add(piece.begin, piece.end); !added.ok()) {
           return Corruption(where + ": piece '" + *source.name + "': " + added.message());
         }
@@ -175,8 +174,8 @@ Status Trainer::Resume(const ResumePoint& resume) {
       }
       // Every tensor of this kind is whole: all its pieces were there (read or not needed here).
       for (size_t i = 0; i < unit.names.size(); ++i) {
-        if (assembled.count({kind, i})) continue;
-        const auto found = covered.find({kind, i});
+        if (assembled.count(i)) continue;
+        const auto found = covered.find(i);
         if (found == covered.end() || !found->second.complete()) {
           const int64_t have = found == covered.end() ? 0 : found->second.covered();
           const int64_t missing = found == covered.end() ? 0 : found->second.first_missing();
@@ -210,13 +209,12 @@ Status Trainer::Resume(const ResumePoint& resume) {
       for (const Read& r : reads) read_bytes += static_cast<int64_t>(r.into.size());
       const auto place_start = Clock::now();
       // Tensors written under another tp: this rank's slice, then the part of it this rank holds.
-      for (const auto& [assembled_kind, i] : assembled) {
-        auto full = assemblers.at(assembled_kind).Take(unit.names[i]);
+      for (size_t i : assembled) {
+        auto full = assembler.Take(unit.names[i]);
         if (!full.ok()) return Status(full.status().code(), where + ", " + kind + " of " + unit.names[i] + ": " + full.status().message());
         const auto split = shard::TensorParallelSplit(context_.spec.model, unit.names[i], unit.full_shapes[i], mesh_.tp);
         std::vector<uint8_t> slice(static_cast<size_t>(slice_numel(i)) * sizeof(float));
         shard::CopySlice(split, unit.full_shapes[i], mesh_.tp, position_.tp_rank, sizeof(float), full->data(), slice.data());
-        Target& t = targets.at(kind);
         const int64_t a = unit.offsets[i], b = a + slice_numel(i);
         const int64_t lo = std::max(a, t.lo), hi = std::min(b, t.hi);
         if (lo < hi) {

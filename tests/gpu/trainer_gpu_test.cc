@@ -107,20 +107,19 @@ TEST_F(GpuTest, CudaTrainingMatchesCpuInFp32) {
   EXPECT_LT(gpu.back(), gpu.front());
 }
 
-// A mesh of `world` ranks on the one GPU there is: each rank a process of this test binary
+// A tensor-parallel mesh of `world` ranks on the one GPU there is: each rank a process of this test binary
 // (GpuTest.DISABLED_MeshRank), talking over ZeroMQ - host-staged collectives of CUDA tensors,
 // where a worker per GPU would use NCCL. (Threads of one process cannot: autograd runs every
 // backward on a CUDA device in one thread, where one rank's collective would wait for another's
 // backward queued behind it.) Returns rank 0's losses.
-std::vector<double> TrainMesh(const std::string& dir, int world, int steps, const std::string& precision, const std::string& family,
-                              const std::string& parallel) {
+std::vector<double> TrainMesh(const std::string& dir, int world, int steps, const std::string& precision, const std::string& family) {
   for (int r = 0; r < world; ++r) std::remove((dir + "/losses.rank" + std::to_string(r)).c_str());  // none left from a run before
   std::vector<pid_t> children;
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
       setenv("STRATA_GPU_TEST_RANK", std::to_string(r).c_str(), 1);
-      setenv("STRATA_GPU_TEST_MESH", (dir + "|" + std::to_string(steps) + "|" + precision + "|" + family + "|" + parallel).c_str(), 1);
+      setenv("STRATA_GPU_TEST_MESH", (dir + "|" + std::to_string(steps) + "|" + precision + "|" + family + "|" + std::to_string(world)).c_str(), 1);
       execl("/proc/self/exe", "trainer_gpu_test", "--gtest_filter=GpuTest.DISABLED_MeshRank", "--gtest_also_run_disabled_tests",
             static_cast<char*>(nullptr));
       _exit(127);
@@ -151,13 +150,9 @@ TEST_F(GpuTest, DISABLED_MeshRank) {
   std::stringstream in(mesh);
   for (std::string field; std::getline(in, field, '|');) fields.push_back(field);
   ASSERT_EQ(fields.size(), 5u);
-  const std::string parallel = fields[4];
+  const int64_t tp = std::stoll(fields[4]);
   auto losses = Train(fields[0] + "/corpus.txt", torch::Device(torch::kCUDA, 0), std::stoi(fields[1]), fields[2], fields[3], 0,
-                      [&](RunSpec& spec) {
-                        if (parallel == "tp2") spec.parallel.tp = 2;
-                        if (parallel == "dp2") spec.parallel.dp = 2;
-                        if (parallel == "pp2") spec.parallel.pp = 2;
-                      });
+                      [tp](RunSpec& spec) { spec.parallel.tp = tp; });
   ASSERT_EQ(losses.size(), static_cast<size_t>(std::stoi(fields[1])));
   std::ofstream out(fields[0] + "/losses.rank" + std::getenv("STRATA_GPU_TEST_RANK"));
   out.precision(17);
@@ -173,7 +168,7 @@ TEST_F(GpuTest, TensorParallelRanksWithTheVocabularySplitTrainAsOneRank) {
   for (const char* family : {"gpt2", "llama"}) {
     for (const char* precision : {"fp32", "bf16"}) {
       auto one = Train(dir_ + "/corpus.txt", gpu, 6, precision, family);
-      auto two = TrainMesh(dir_, 2, 6, precision, family, "tp2");
+      auto two = TrainMesh(dir_, 2, 6, precision, family);
       ASSERT_EQ(two.size(), one.size()) << family << " " << precision;
       const double bound = std::string(precision) == "fp32" ? 1e-5 : 2e-2;
       for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], bound * one[i]) << family << " " << precision << " step " << i + 1;
