@@ -181,6 +181,51 @@ int main(int argc, char** argv) {
                       }, iterations),
                       4.0 * n_rows * stride});
     }
+    // Vocab-parallel cross-entropy (tp = 2 of a 32000 vocabulary: this rank's 16000 columns of
+    // 8 x 2048 rows, bf16), the two passes around the ranks' merge of row statistics: pass 1
+    // reads the slice once (the lse and the target's logit per row); pass 2 reads it and writes
+    // the gradient over it. LibTorch: the same maths op by op.
+    {
+      const int64_t n_rows = 16384, vocab = 16000, stride = 16000;
+      auto z = torch::randn({n_rows, stride}, bf16);
+      // Half the targets are another rank's (outside [0, vocab)), as under tp = 2.
+      auto targets = torch::randint(-vocab, vocab, {n_rows}, opts.dtype(torch::kLong));
+      auto lse = torch::empty({n_rows}, opts), target_logit = torch::empty({n_rows}, opts);
+      auto work = z.clone();
+      rows.push_back({"CrossEntropyRowStats (vocab slice)", "kernels::CrossEntropyRowStats", n_rows * stride,
+                      1e3 * Seconds([&] {
+                        strata::kernels::CrossEntropyRowStats(place, DType::kBFloat16, z.data_ptr(), n_rows, vocab, stride,
+                                                              targets.data_ptr<int64_t>(), lse.data_ptr<float>(),
+                                                              target_logit.data_ptr<float>());
+                      }, iterations),
+                      2.0 * n_rows * stride});
+      const auto mine = targets.ge(0).logical_and(targets.lt(vocab));
+      const auto local = targets.clamp(0, vocab - 1).unsqueeze(1);
+      rows.push_back({"CrossEntropyRowStats (vocab slice)", "LibTorch ops (widen, logsumexp, gather, mask)", n_rows * stride,
+                      1e3 * Seconds([&] {
+                        torch::NoGradGuard no_grad;
+                        auto zf = z.to(torch::kFloat);
+                        lse.copy_(torch::logsumexp(zf, 1));
+                        target_logit.copy_(zf.gather(1, local).squeeze(1).masked_fill(mine.logical_not(), 0));
+                      }, iterations),
+                      2.0 * n_rows * stride});
+      rows.push_back({"CrossEntropyGradFromLse (vocab slice)", "kernels::CrossEntropyGradFromLse", n_rows * stride,
+                      1e3 * Seconds([&] {
+                        work.copy_(z);
+                        strata::kernels::CrossEntropyGradFromLse(place, DType::kBFloat16, work.data_ptr(), n_rows, vocab, stride,
+                                                                 targets.data_ptr<int64_t>(), lse.data_ptr<float>(), 1.0f / n_rows);
+                      }, iterations) - 1e3 * Seconds([&] { work.copy_(z); }, iterations),
+                      4.0 * n_rows * stride});
+      rows.push_back({"CrossEntropyGradFromLse (vocab slice)", "LibTorch ops (widen, exp(z - lse) - one-hot, scale, narrow)",
+                      n_rows * stride,
+                      1e3 * Seconds([&] {
+                        torch::NoGradGuard no_grad;
+                        auto dz = torch::exp(z.to(torch::kFloat) - lse.unsqueeze(1));
+                        dz.scatter_add_(1, local, mine.to(torch::kFloat).neg().unsqueeze(1));
+                        work.copy_(dz.mul_(1.0 / n_rows));
+                      }, iterations),
+                      4.0 * n_rows * stride});
+    }
     struct NormCase {
       const char* name;
       int64_t rows, cols;

@@ -152,7 +152,8 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
                 {"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero},
                 {"micro_batch", p.micro_batch}, {"gradient_accumulation", p.gradient_accumulation},
                 {"recompute", p.recompute}, {"offload", shard::OffloadName(p.offload)}, {"keep_gathered", p.keep_gathered},
-                {"vocab_parallel", shard::VocabParallel(spec->model, p.tp)}, {"stages", stages},
+                {"vocab_parallel", shard::VocabParallel(spec->model, p.tp)},
+                {"sequence_parallel", shard::SequenceParallel(*spec, p.tp)}, {"stages", stages},
                 {"step_time_s", {{"compute", p.step_time.compute_s}, {"communication", p.step_time.communication_s},
                                  {"bubble", p.step_time.bubble_s}, {"total", p.step_time.total_s()}}},
                 {"why", p.why}, {"workers", workers}};
@@ -186,6 +187,16 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
                 << ", so every rank holds the whole embedding and head; model.vocab = " << padded
                 << " (padded with unused ids) would split them - for a model trained from scratch: published weights"
                    " keep their vocabulary\n";
+    }
+    const int64_t sequence = spec->model.sequence;
+    if (shard::SequenceParallel(*spec, p.tp)) {
+      std::cout << "sequence parallel: norms and residual adds on " << sequence / p.tp << " of each sequence's " << sequence
+                << " tokens a rank (parallel.sequence_parallel = false runs them on every token)\n";
+    } else if (!spec->parallel.sequence_parallel) {
+      std::cout << "sequence parallel: off (parallel.sequence_parallel = false); every rank runs the norms on every token\n";
+    } else {
+      std::cout << "sequence parallel: off - tp=" << p.tp << " does not divide model.sequence = " << sequence
+                << "; every rank runs the norms on every token\n";
     }
   }
   std::cout << std::fixed << std::setprecision(4) << "predicted step: " << p.step_time.total_s() << " s (compute "

@@ -197,6 +197,11 @@ struct ParallelSpec {
   // again; more than a stage's layers = all of them. "auto" (or absent): as many as the planner
   // finds room for (shard/estimator.cc). Other meshes ignore it (0).
   int64_t keep_gathered = 0;
+  // Under tp > 1 where tp divides model.sequence: the norms, residual adds and biases between the
+  // split matmuls run on each rank's 1/tp of the tokens (Megatron's sequence parallelism), each
+  // all-reduce of a block becoming a reduce-scatter and an all-gather (the same bytes). false:
+  // every tensor-parallel rank runs them on every token. Same checkpoints either way.
+  bool sequence_parallel = true;
   // Train runs: the fields above that the spec leaves to the planner ("auto", or absent), from
   // {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered"}; until the coordinator plans the run
   // they hold the single-worker values. Empty for extract runs and once planned.

@@ -172,6 +172,19 @@ TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
   EXPECT_TRUE(again->parallel.recompute);
   EXPECT_EQ(again->parallel.tp, 2);
 }
+// parallel.sequence_parallel: on unless set false; kept through a stored spec; a non-boolean is named.
+TEST_F(RunSpecTest, SequenceParallelIsOnByDefaultAndRoundTrips) {
+  ExpectRejected(Valid() + "[parallel]\nsequence_parallel = \"yes\"\n", "parallel.sequence_parallel must be true or false");
+  auto on = ParseRunSpec(Valid() + "[parallel]\ntp = 2\n", dir_, true);
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_TRUE(on->parallel.sequence_parallel);
+  auto off = ParseRunSpec(Valid() + "[parallel]\ntp = 2\nsequence_parallel = false\n", dir_, true);
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_FALSE(off->parallel.sequence_parallel);
+  auto again = ParseRunSpec(RunSpecToToml(*off), dir_, true);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_FALSE(again->parallel.sequence_parallel);
+}
 TEST_F(RunSpecTest, OffloadIsNoneOptimizerOrOptimizerAndParamsAndRoundTrips) {
   ExpectRejected(Valid() + "[parallel]\noffload = \"disk\"\n",
                  "parallel.offload = \"disk\" is not supported; use \"none\", \"optimizer\" (optimizer state in host memory) or \"optimizer+params\"");

@@ -76,6 +76,7 @@ std::string RunSpecToToml(const RunSpec& spec) {
                        {"zero", spec.parallel.zero},
                        {"recompute", spec.parallel.recompute},
                        {"keep_gathered", spec.parallel.keep_gathered},
+                       {"sequence_parallel", spec.parallel.sequence_parallel},
                        {"offload", spec.parallel.offload}};
   if (!spec.parallel.stages.empty()) {
     toml::array stages;

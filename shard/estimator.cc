@@ -14,8 +14,10 @@
 // (family_gpt2.cc, family_llama.cc, with the fused norms, GELU, SwiGLU and RoPE of fused_ops.h
 // and SDPA attention), s = sequence, b = micro-batch, t = tp, e = 2 bytes (bf16) or 4 (fp32):
 //   s*b*h * (8 + e * (2 + (2q + kv + mlp + p) / t))
-// 8: the fp32 residual stream, saved by each of the two norms (they take it in fp32); 2: the two
-// norms' outputs, the attention's and the MLP's inputs (whole on every tensor-parallel rank);
+// 8: the fp32 residual stream, saved by each of the two norms (they take it in fp32; 8 / t under
+// sequence parallelism, whose norms see the rank's tokens); 2: the attention's and the MLP's
+// inputs (the two norms' outputs; whole on every tensor-parallel rank, gathered ones under
+// sequence parallelism);
 // q = heads * head_dim / h for q and again for attention's output, kv = 2 * kv_heads * head_dim / h
 // for k and v (SDPA saves q, k, v and its output); mlp the wide tensors: GELU's up projection
 // and activation (2f/h), SwiGLU's gate, up and their product (3f/h); p = heads * s / h, the
@@ -33,8 +35,9 @@
 //                  where the vocabulary is: shard/layout.h's VocabParallel)
 //     elementwise  norms, activations, residual adds, casts and attention: a time per element of
 //                  tokens x hidden per layer (x4/3 with recompute), NOT split by tp (its norms
-//                  and residual stream are whole on every rank); the loss's per logit of the
-//                  rank's vocabulary rows
+//                  and residual stream are whole on every rank; under sequence parallelism the
+//                  norms' and adds' share, 0.2, is split); the loss's per logit of the rank's
+//                  vocabulary rows
 //     optimizer    a time per parameter of the optimizer range (this rank's ZeRO shard), and
 //                  1.0 ms a step whatever its size (norm, scalars, launches: session 23)
 //   both at the peak of an H100/H200 (989 TFLOP/s) and scaled with peak_flops. Measured on H200s
@@ -48,12 +51,16 @@
 //   (Llama; GPT-2's small units 9.2).
 // Communication (not overlapped, so the prediction is conservative; but ZeRO-3 without
 // recompute, whose collectives run beside the matmuls, counts what the matmuls do not hide and
-// a fixed 70 us for each unit's forward gather and reduce-scatter per micro-batch):
+// a fixed 70 us for each unit's forward gather and reduce-scatter per micro-batch). ZeRO 0-2's
+// gradient sums now start in the last micro-batch's backward (worker/optimizer.h); how much of
+// them that hides was not measured yet (no two-GPU machine in session 24), so none is credited:
+
 // ring all-reduce of gradients 2(n-1)/n * bytes / bandwidth over dp (ZeRO-1 adds the all-gather
 // of the updated fp32 shards, half as many bytes; ZeRO-2's reduce-scatter and gather together
 // move one all-reduce's; x1.5 for ZeRO-3 with recompute, which all-gathers fp32 weights again in
 // backward; x1 without, gathering bf16, less the backward gathers of the layers kept gathered), 4
-// activation all-reduces per layer per micro-batch over tp (6 with recompute; vocab-parallel adds
+// activation all-reduces per layer per micro-batch over tp, in bf16 on a bf16 GPU run (sequence
+// parallel: 4 all-gathers and 4 reduce-scatters, the same bytes) (6 with recompute; vocab-parallel adds
 // the lookup's on the first stage and the loss's dx on the last), one activation
 // send and one gradient send per micro-batch between pipeline stages, and offload's
 // gradient/weight copies over the host link. Pipeline bubble: a fraction (pp-1)/(m+pp-1) of the
@@ -81,8 +88,9 @@
 //                 master, its bf16 cast (2) and under ZeRO-3 the gathered fp32 unit (4); per
 //                 element of s*b*h, the final norm's fp32 input (4), its bf16 output (2) and the
 //                 loss's gradient for it (2).
-//   buffers       pp: a received activation and a received gradient (fp32); tp: an all-reduce's
-//                 fp32 copy of an activation; ZeRO-3: a layer gathered whole (fp32); without
+//   buffers       pp: a received activation and a received gradient (fp32; 1/tp of the tokens
+//                 under sequence parallelism); tp: an all-reduce's copy of an activation, or an
+//                 all-gather's whole one (bf16 on a bf16 GPU run, else fp32); ZeRO-3: a layer gathered whole (fp32); without
 //                 recompute, the layers kept gathered for the backward (parallel.keep_gathered):
 //                 each in the compute dtype, per micro-batch in flight (not calibrated: counted
 //                 as the bytes they are).
@@ -140,6 +148,12 @@ ModelSpec Filled(ModelSpec model) {
 // Step-time terms at 989 TFLOP/s peak (the header's "Step time").
 constexpr double kReferencePeakFlops = 989e12;
 constexpr double kElementwiseSecondsPerElement = 115e-12;  // per element of tokens x hidden per layer
+// Of that, the norms' and residual adds' share, which sequence parallelism runs on 1/tp of the
+// tokens (attention and the MLP's activation already run on the rank's heads and columns, but the
+// constant above was fitted with them counted whole): kernels_bench on an H200 (docs/benchmarks.md)
+// puts the fused RMSNorm and add + RMSNorm forward and backward at 7.5 and 12.6 ps a element of the
+// 115, LayerNorm's at 11.7 and 17.6.
+constexpr double kSequenceParallelShare = 0.2;
 constexpr double kLossSecondsPerLogit = 2.3e-12;           // the fused loss's elementwise work, per logit
 constexpr double kOptimizerSecondsPerParam = 4e-12;
 // What a step costs once whatever its size (the gradient norm and the loss's scalars across the
@@ -222,7 +236,7 @@ MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero,
 }
 
 int64_t LayerActivationBytes(const ModelSpec& spec, int64_t sequence, int64_t micro_batch, int64_t tp,
-                             bool fp32_activations, bool fused_attention) {
+                             bool fp32_activations, bool fused_attention, bool sequence_parallel) {
   const ModelSpec model = Filled(spec);
   const double s = sequence, b = micro_batch, h = model.hidden, t = tp;
   const double e = static_cast<double>(ActivationBytesPerElement(fp32_activations));
@@ -230,17 +244,22 @@ int64_t LayerActivationBytes(const ModelSpec& spec, int64_t sequence, int64_t mi
   const double kv = 2.0 * static_cast<double>(model.kv_heads * model.head_size()) / h;
   const double mlp = (model.gated_mlp() ? 3.0 : 2.0) * static_cast<double>(model.ffn) / h;
   const double scores = fused_attention ? 0.0 : static_cast<double>(model.heads) * s / h;
-  const double per_sbh = 2 * kResidualBytes + e * (2.0 + (2.0 * q + kv + mlp + scores) / t);
+  // Sequence parallel: the residual stream the norms save is the rank's tokens; the attention's
+  // and the MLP's inputs stay whole (the matmuls save what the all-gather made).
+  const double residual = 2 * kResidualBytes / (sequence_parallel ? t : 1.0);
+  const double per_sbh = residual + e * (2.0 + (2.0 * q + kv + mlp + scores) / t);
   return ToBytes(s * b * h * per_sbh);
 }
 
 int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
                              bool fp32_activations, bool fused_attention, int64_t layers, int64_t in_flight,
-                             bool recompute) {
-  const double full = static_cast<double>(LayerActivationBytes(model, sequence, micro_batch, tp, fp32_activations, fused_attention));
+                             bool recompute, bool sequence_parallel) {
+  const double full =
+      static_cast<double>(LayerActivationBytes(model, sequence, micro_batch, tp, fp32_activations, fused_attention, sequence_parallel));
   const double held = static_cast<double>(in_flight) * static_cast<double>(layers);
   if (!recompute) return ToBytes(held * full);
-  const double layer_input = static_cast<double>(sequence) * static_cast<double>(micro_batch) * static_cast<double>(model.hidden) * kResidualBytes;
+  const double layer_input = static_cast<double>(sequence) * static_cast<double>(micro_batch) * static_cast<double>(model.hidden) *
+                             kResidualBytes / (sequence_parallel ? static_cast<double>(tp) : 1.0);
   return ToBytes(held * layer_input + full);
 }
 
@@ -414,11 +433,17 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
   const int64_t m = local_batch / b;  // micro-batches per step per dp rank
   // Token-sized products in double (see ToBytes): s * b * hidden alone reaches 2^60 within bounds.
   const double sbh = static_cast<double>(s) * static_cast<double>(b) * static_cast<double>(model.hidden);
-  // What crosses a tensor-parallel all-reduce or a pipeline boundary: the residual stream, which
-  // the trainer sends in fp32 whatever the precision (worker/stage_model.cc AllReduced).
-  const double boundary_bytes = sbh * kResidualBytes;
   // bf16 on a GPU: working copies and a bf16 loss; on CPU workers the loss computes in fp32.
   const bool bf16_cuda = problem.layout == StateLayout::kBf16Autocast && problem.cuda;
+  // Sequence parallel (shard/layout.h): the residual stream between the split matmuls is 1/tp of
+  // the tokens a rank, and so is what a pipeline stage sends.
+  const bool sequence_parallel = c.tp > 1 && problem.job.sequence_parallel && s % c.tp == 0;
+  const double held_tokens = sequence_parallel ? 1.0 / static_cast<double>(c.tp) : 1.0;
+  // What crosses a pipeline boundary: the rank's residual stream, sent in fp32 whatever the
+  // precision (worker/stage_model.cc SendTensor). A tensor-parallel collective moves an
+  // activation as computed: bf16 on a bf16 GPU run (stage_model.cc AllReduced), else fp32.
+  const double boundary_bytes = sbh * kResidualBytes * held_tokens;
+  const double tp_activation_bytes = sbh * (bf16_cuda ? 2.0 : kResidualBytes);
   const double loss_bytes = bf16_cuda ? 2.0 : 4.0;
   const StateBytesPerParam per_param = BytesPerParam(problem.layout, problem.job.optimizer == "adamw8bit");
   const UnitParams u = CountUnits(model, c.pp, c.tp);
@@ -478,7 +503,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     // inputs and one layer recomputed), scaled as measured; a recomputed layer's backward also
     // casts its weights to bf16 again and makes their fp32 gradients.
     const double activation_scale = model.gated_mlp() ? kGatedActivationScale : kActivationScale;
-    double acts = activation_scale * StageActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, layers, in_flight, recompute);
+    double acts = activation_scale * StageActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, layers, in_flight, recompute,
+                                                          sequence_parallel);
     // (Measured on GPT-2-style blocks; the gated-MLP blocks' peaks hold none of it: session 19's
     // Llama grid at two widths.)
     if (recompute && !model.gated_mlp()) acts += ((fp32_acts ? 0.0 : 2.0) + 4.0) * layer_per_rank;
@@ -502,13 +528,13 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       if (vocab_rows % 64 != 0) per_weight += master ? 4 : 2;         // the weight padded to 64 rows
       if (master && loss_bytes == 2) per_weight += 2;                 // its cast to bf16
       acts += per_weight * vocab * static_cast<double>(model.hidden);
-      acts += (kResidualBytes + 2 * loss_bytes) * sbh;
+      acts += (kResidualBytes * held_tokens + 2 * loss_bytes) * sbh;
     }
     mem.activations = ToBytes(acts + static_cast<double>(kStepTemporaryBytes));
     const double gradient_bytes = params * per_param.gradients;
     double buffers = 0;  // gradients are all-reduced in place, one unit at a time
-    if (c.tp > 1) buffers += kResidualBytes * sbh;      // an all-reduce's fp32 copy of an activation
-    if (c.pp > 1) buffers += 2 * kResidualBytes * sbh;  // a received activation and a received gradient, fp32
+    if (c.tp > 1) buffers += tp_activation_bytes;     // an all-reduce's copy, or an all-gather's whole activation
+    if (c.pp > 1) buffers += 2 * boundary_bytes;      // a received activation and a received gradient, fp32
     if (streamed_zero3) {
       // At the backward's start: the last layer gathered again and the one before it on its way
       // (in the compute dtype), and the last layer's fp32 gradient before its reduce-scatter.
@@ -553,8 +579,10 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     const double slowdown = kReferencePeakFlops / geometry.min_peak_flops[k];
     const double matmul_s = flops / (geometry.min_peak_flops[k] * opt.compute_efficiency);
     const double tokens = static_cast<double>(local_batch * s);
+    // Sequence parallel: the norms' and residual adds' share runs on the rank's tokens.
+    const double split_share = sequence_parallel ? kSequenceParallelShare * (1.0 - held_tokens) : 0.0;
     double elementwise_s = (recompute ? 4.0 / 3.0 : 1.0) * kElementwiseSecondsPerElement * slowdown * tokens *
-                           static_cast<double>(model.hidden) * static_cast<double>(layers);
+                           static_cast<double>(model.hidden) * static_cast<double>(layers) * (1.0 - split_share);
     if (last) elementwise_s += kLossSecondsPerLogit * slowdown * tokens * static_cast<double>(vocab_rows);
     const double optimizer_s = kOptimizerSecondsPerParam * slowdown * params / (c.zero >= 1 ? c.dp : 1);
     compute = std::max(compute, matmul_s + elementwise_s + optimizer_s);
@@ -591,10 +619,16 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       dp_comm = std::max(dp_comm, exposed);
     }
     if (c.tp > 1) {
-      const double all_reduce = RingAllReduceSeconds(boundary_bytes, c.tp, geometry.tp_bandwidth[k]);
-      // Vocab-parallel: the lookup's sum (first stage) and the loss's dx (last stage) add one each.
-      const double vocab_reduces = vocab_parallel ? (first ? 1.0 : 0.0) + (last ? 1.0 : 0.0) : 0.0;
-      tp_comm = std::max(tp_comm, ((recompute ? 6.0 : 4.0) * layers + vocab_reduces) * all_reduce * m);
+      // Sequence parallel's all-gather and reduce-scatter move one all-reduce's bytes between them.
+      const double all_reduce = RingAllReduceSeconds(tp_activation_bytes, c.tp, geometry.tp_bandwidth[k]);
+      const double fp32_all_reduce = RingAllReduceSeconds(sbh * kResidualBytes, c.tp, geometry.tp_bandwidth[k]);
+      // Beside the blocks', in all-reduces' worth: the head's input - vocab-parallel, its dx summed
+      // (sequence parallel: gathered, and reduce-scattered back); else under sequence parallelism
+      // gathered - in the activations' dtype; the first stage's fp32 embedding - vocab-parallel, the
+      // lookup's sum; sequence parallel, its gradient gathered back.
+      const double head = last ? (vocab_parallel ? 1.0 : sequence_parallel ? 0.5 : 0.0) : 0.0;
+      const double embedding = first ? (vocab_parallel ? 1.0 : 0.0) + (sequence_parallel ? 0.5 : 0.0) : 0.0;
+      tp_comm = std::max(tp_comm, (((recompute ? 6.0 : 4.0) * layers + head) * all_reduce + embedding * fp32_all_reduce) * m);
     }
     if (!last) pp_comm = std::max(pp_comm, 2.0 * m * boundary_bytes / geometry.pp_bandwidth[k]);
     if (c.offload == Offload::kOptimizerAndParams) {

@@ -66,6 +66,10 @@ struct TensorSplit {
 TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape, int64_t tp);
 // Whether the token embedding and the head are split by vocabulary rows over tp ranks.
 bool VocabParallel(const ModelSpec& spec, int64_t tp);
+// Whether the elementwise work between the split matmuls runs on 1/tp of the tokens per rank
+// (sequence parallelism, worker/stage_model.h): tp > 1, tp divides model.sequence, and
+// parallel.sequence_parallel is not false. The parameters' layout is the same either way.
+bool SequenceParallel(const RunSpec& spec, int64_t tp);
 
 // The shape of tp rank's slice (the full shape when replicated or tp == 1).
 std::vector<int64_t> SliceShape(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp);

@@ -48,6 +48,8 @@ struct JobSpec {
   bool uniform_recompute = false;  // recompute every stage or none (no per-stage choice)
   std::vector<int64_t> stages;     // layers per stage when fixed for pp = stages.size(); else balanced
   bool offload_supported = true;   // false: the executor cannot offload, so neither search nor Replan offers it
+  // [parallel] sequence_parallel: under tp, where tp divides the sequence (shard/layout.h SequenceParallel).
+  bool sequence_parallel = true;
 };
 
 struct WorkerView {
@@ -195,13 +197,14 @@ MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero,
 
 // Activations one transformer layer stores for backward, one micro-batch, no recompute: the
 // tensors worker/'s blocks save (shard/estimator.cc lists them).
+// sequence_parallel: the fp32 residual stream the norms save is the rank's 1/tp of the tokens.
 int64_t LayerActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
-                             bool fp32_activations, bool fused_attention);
+                             bool fp32_activations, bool fused_attention, bool sequence_parallel = false);
 
 // Activations of `layers` layers with `in_flight` micro-batches held: full, or with full
 // recompute only each layer's fp32 input plus one layer being recomputed.
 int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
                              bool fp32_activations, bool fused_attention, int64_t layers,
-                             int64_t in_flight, bool recompute);
+                             int64_t in_flight, bool recompute, bool sequence_parallel = false);
 
 }  // namespace strata::shard

@@ -484,6 +484,31 @@ TEST(ChoosePlan, TensorParallelRanksHoldTheirSliceOfAVocabularyTpDivides) {
   EXPECT_EQ(weights(32001) - weights(31999), 2 * 2 * 256 * 4) << "an odd vocabulary stays whole on each rank";
 }
 
+// Sequence parallelism (worker/stage_model.h): a rank keeps its 1/tp of the fp32 residual stream
+// the norms save - per layer s * b * h * 8 bytes, half of it under tp = 2 - and on the last stage
+// the final norm's fp32 input (s * b * h * 4, halved). Where tp does not divide the sequence, or
+// the spec switches it off, the estimate is the whole-sequence one.
+TEST(ChoosePlan, SequenceParallelRanksHoldHalfTheResidualStream) {
+  ModelSpec llama;
+  llama.family = "llama", llama.layers = 2, llama.hidden = 256, llama.heads = 4, llama.kv_heads = 2, llama.ffn = 512;
+  llama.vocab = 32000;
+  JobSpec job;
+  job.global_batch = 8, job.precision = "fp32", job.tp = 2, job.dp = 1, job.pp = 1, job.zero = 0, job.micro_batch = 8;
+  job.recompute = false, job.offload = Offload::kNone;
+  auto activations = [&](int64_t sequence, bool on) {
+    JobSpec j = job;
+    j.sequence = sequence;
+    j.sequence_parallel = on;
+    auto plan = ChoosePlan(llama, j, Workers(2, 80 * kGiB));
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    return plan.ok() ? plan->workers[0].memory.activations : 0;
+  };
+  const double sbh = 128.0 * 8 * 256;  // tokens x hidden of a micro-batch (a gated-MLP block's scale is 1)
+  const double saved = static_cast<double>(activations(128, false) - activations(128, true));
+  EXPECT_NEAR(saved, llama.layers * sbh * 8 / 2 + sbh * 4 / 2, 8) << "half the norms' residual stream and the final norm's input";
+  EXPECT_EQ(activations(127, true), activations(127, false)) << "tp = 2 does not divide 127 tokens: no sequence parallelism";
+}
+
 // ZeRO-3 without recompute keeps the last layers of a stage gathered for their backward where
 // the budget has room (parallel.keep_gathered = "auto"): each kept GPT-2 block holds its bf16
 // weights (2 bytes a parameter) and saves its backward's gather, so the step is predicted
@@ -813,6 +838,7 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
     spec.train.global_batch = 8, spec.train.precision = "bf16", spec.train.optimizer = p.optimizer;
     spec.parallel.dp = p.dp, spec.parallel.pp = p.pp, spec.parallel.tp = p.tp, spec.parallel.zero = p.zero;
     spec.parallel.micro_batch = p.micro_batch, spec.parallel.recompute = p.recompute, spec.parallel.offload = p.offload;
+    spec.parallel.sequence_parallel = false;  // every tp point was measured before sequence parallelism (session 24)
     const int64_t n = p.dp * p.pp * p.tp;
     auto plan = ChoosePlan(model, JobForRun(spec), Workers(static_cast<int>(n), 140 * kGiB, 141 * kGiB));
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
@@ -849,6 +875,7 @@ TEST(StepTime, TwoGpuMeshesRankAsMeasured) {
     spec.train.global_batch = mesh.global_batch, spec.train.precision = "bf16";
     spec.parallel.dp = mesh.dp, spec.parallel.pp = mesh.pp, spec.parallel.tp = mesh.tp, spec.parallel.zero = mesh.zero;
     spec.parallel.micro_batch = mesh.micro_batch, spec.parallel.recompute = false;
+    spec.parallel.sequence_parallel = false;  // the tp runs were measured before it (session 24)
     auto plan = ChoosePlan(model, JobForRun(spec), Workers(static_cast<int>(mesh.dp * mesh.pp * mesh.tp), 140 * kGiB, 141 * kGiB));
     EXPECT_TRUE(plan.ok()) << plan.status().ToString();
     return plan.ok() ? static_cast<double>(mesh.global_batch * model.sequence) / plan->step_time.total_s() : 0.0;
@@ -880,6 +907,7 @@ TEST(StepTime, FourGpuMeshesRankAsMeasured) {
     spec.train.global_batch = 32, spec.train.precision = "bf16";
     spec.parallel.dp = dp, spec.parallel.pp = pp, spec.parallel.tp = tp, spec.parallel.zero = zero;
     spec.parallel.micro_batch = micro_batch, spec.parallel.recompute = false;
+    spec.parallel.sequence_parallel = false;  // the tp run was measured before it (session 24)
     auto plan = ChoosePlan(llama, JobForRun(spec), Workers(4, 140 * kGiB, 141 * kGiB));
     EXPECT_TRUE(plan.ok()) << plan.status().ToString();
     return plan.ok() ? 32.0 * 1024 / plan->step_time.total_s() : 0.0;

@@ -300,6 +300,7 @@ JobSpec JobForRun(const RunSpec& spec) {
   // says, and a re-plan after an out-of-memory may still turn it on.
   job.offload = OffloadFromName(p.offload).value_or(Offload::kNone);
   job.offload_supported = true;
+  job.sequence_parallel = p.sequence_parallel;
   job.uniform_recompute = true;
   job.stages = p.stages;
   return job;

@@ -42,6 +42,11 @@ class Communicator {
   // The same over 16-bit elements (bf16 parameters gathered for the compute, ZeRO-3): blocks as
   // above, counted in elements.
   virtual Status AllGather16(uint16_t* data, size_t count) = 0;
+  // Sums of bf16 elements (tensor-parallel activations of a bf16 run: half the bytes of widening
+  // them to fp32), each partial sum rounded to bf16 as the ring or tree forms it (NCCL's bf16 sum;
+  // the ZeroMQ ring's). In place, as AllReduceSum; and out of place, as ReduceScatterSumTo.
+  virtual Status AllReduceSumBf16(uint16_t* data, size_t count) = 0;
+  virtual Status ReduceScatterSumBf16To(uint16_t* data, uint16_t* block, size_t count) = 0;
   // Copies `root`'s `count` floats to every rank.
   virtual Status Broadcast(float* data, size_t count, uint32_t root) = 0;
   // Out of place, where an implementation can save the copy (NCCL): `block` (this rank's block's

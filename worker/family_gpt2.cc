@@ -23,7 +23,7 @@ class Gpt2Family : public ModelFamily {
 
   BlockOutputs Block(const ParamView& p, const torch::Tensor& x_in, const TensorParallel& tp,
                      const BlockRequest& request = {}) const override {
-    const int64_t b = x_in.size(0), t = x_in.size(1), hd = spec_.head_size(), heads = spec_.heads / tp.size;
+    const int64_t hd = spec_.head_size(), heads = spec_.heads / tp.size;
     const double eps = spec_.norm_eps;
     BlockOutputs out;
     out.resid_pre = Patched(request, "resid_pre", x_in);
@@ -36,6 +36,7 @@ class Gpt2Family : public ModelFamily {
     const NormedResidual first = fuse_residual ? FusedResidualLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute)
                                                : NormedResidual{x, FusedLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute)};
     auto a = tp.enter(first.normed);
+    const int64_t b = a.size(0), t = a.size(1);  // all tokens (x may hold 1/tp: sequence parallel)
     // [b, t, 3 * heads * hd] -> 3 x [b, t, heads, hd] by one unbind of the middle dimension, then
     // the heads-first views attention takes. Backward stacks the three gradients along that
     // dimension: one copy, straight into the projection's [b, t, 3 * heads * hd] layout (three

@@ -18,12 +18,13 @@ class GptNeoxFamily : public ModelFamily {
 
   BlockOutputs Block(const ParamView& p, const torch::Tensor& x_in, const TensorParallel& tp,
                      const BlockRequest& request = {}) const override {
-    const int64_t b = x_in.size(0), t = x_in.size(1), hd = spec_.head_size(), heads = spec_.heads / tp.size;
+    const int64_t hd = spec_.head_size(), heads = spec_.heads / tp.size;
     BlockOutputs out;
     out.resid_pre = Patched(request, "resid_pre", x_in);
     const torch::Tensor& x = out.resid_pre;
-    auto [cos, sin] = Rotary(x);
     auto a = tp.enter(LayerNorm(x, p, "input_layernorm"));
+    const int64_t b = a.size(0), t = a.size(1);  // all tokens (x may hold 1/tp: sequence parallel)
+    auto [cos, sin] = Rotary(x, t);
     auto qkv = p.Linear(a, "attention.query_key_value.weight", "attention.query_key_value.bias")
                    .view({b, t, heads, 3 * hd})
                    .transpose(1, 2);

@@ -7,13 +7,12 @@ namespace strata::worker {
 
 BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, const TensorParallel& tp,
                                 const BlockRequest& request) const {
-  const int64_t b = x_in.size(0), t = x_in.size(1), hd = spec_.head_size();
+  const int64_t hd = spec_.head_size();
   const int64_t heads = spec_.heads / tp.size, kv_heads = spec_.kv_heads / tp.size;
   BlockOutputs out;
   out.resid_pre = Patched(request, "resid_pre", x_in);
   const torch::Tensor& x = out.resid_pre;
   const torch::ScalarType compute = compat::ComputeType(x);
-  auto [cos, sin] = RotaryHalf(x);
   // Unpatched, each norm takes in the residual add beside it (ResidualNorm, AddNorm), so backward
   // sums the residual stream's two gradients in the norm's kernel, not in autograd's adds. A patch
   // may replace resid_mid between its add and its norm: op by op, every site as it always was.
@@ -21,6 +20,9 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
   const NormedResidual first = fuse_residual ? ResidualNorm(x, p("input_layernorm.weight"))
                                              : NormedResidual{x, Norm(x, p("input_layernorm.weight"))};
   auto a = tp.enter(first.normed);
+  // The attention's tokens: all of them, where x may hold 1/tp (sequence parallel, model_family.h).
+  const int64_t b = a.size(0), t = a.size(1);
+  auto [cos, sin] = RotaryHalf(x, t);
   // RoPE on [b, t, heads, hd] as the projections lay it out, then the heads-first view attention takes.
   auto q = FusedRotary(p.Linear(a, "self_attn.q_proj.weight", "self_attn.q_proj.bias").view({b, t, heads, hd}),
                        cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);

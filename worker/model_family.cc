@@ -103,23 +103,24 @@ void ModelFamily::Initialize(const std::string& name, torch::Tensor& t) const {
   }
 }
 
-std::pair<torch::Tensor, torch::Tensor> ModelFamily::RotaryHalf(const torch::Tensor& x) const {
-  const std::pair<std::string, int64_t> key{x.device().str(), x.size(1)};
+std::pair<torch::Tensor, torch::Tensor> ModelFamily::RotaryHalf(const torch::Tensor& x, int64_t length) const {
+  const int64_t t = length < 0 ? x.size(1) : length;
+  const std::pair<std::string, int64_t> key{x.device().str(), t};
   std::lock_guard<std::mutex> lock(rotary_mutex_);
   if (auto it = rotary_tables_.find(key); it != rotary_tables_.end()) return it->second;
   // A handful of lengths in practice (the run's sequence, an extraction's batches); a caller
   // cycling through many must not grow this without bound.
   if (rotary_tables_.size() >= 16) rotary_tables_.clear();
   torch::NoGradGuard no_grad;
-  auto positions = torch::arange(x.size(1), torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
+  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
   auto freqs = torch::outer(positions, inv_freq_.to(x.device()));
   std::pair<torch::Tensor, torch::Tensor> tables{freqs.cos().contiguous(), freqs.sin().contiguous()};
   rotary_tables_.emplace(key, tables);
   return tables;
 }
 
-std::pair<torch::Tensor, torch::Tensor> ModelFamily::Rotary(const torch::Tensor& x) const {
-  auto [cos, sin] = RotaryHalf(x);  // each half of a head turns by the same angles
+std::pair<torch::Tensor, torch::Tensor> ModelFamily::Rotary(const torch::Tensor& x, int64_t length) const {
+  auto [cos, sin] = RotaryHalf(x, length);  // each half of a head turns by the same angles
   return {torch::cat({cos, cos}, -1).to(x.scalar_type()), torch::cat({sin, sin}, -1).to(x.scalar_type())};
 }
 

@@ -10,7 +10,10 @@
 // Tensor parallelism (Megatron's f and g): `enter` before a column-parallel matmul (identity
 // forward, all-reduce of the gradient), `leave` after a row-parallel one (all-reduce forward);
 // biases of row-parallel layers are added after `leave`. Under tp, a block sees heads / tp query
-// and kv_heads / tp key/value heads and ffn / tp MLP columns; both are identity at tp = 1.
+// and kv_heads / tp key/value heads and ffn / tp MLP columns; both are identity at tp = 1. Under
+// sequence parallelism (stage_model.h) a block's input holds 1/tp of the tokens: `enter` gathers
+// every token and `leave` returns to the rank's, so a block takes its attention's batch and length
+// from what `enter` returns, never from its input.
 #pragma once
 
 #include <torch/torch.h>
@@ -90,11 +93,12 @@ class ModelFamily {
   const ModelSpec& spec() const { return spec_; }
 
  protected:
-  // cos and sin [t, rotary_dims] for x's length, device and dtype (fp32 frequencies, as
-  // transformers computes them, then cast).
-  std::pair<torch::Tensor, torch::Tensor> Rotary(const torch::Tensor& x) const;
+  // cos and sin [t, rotary_dims] for t = `length` positions (x's length when -1) in x's device
+  // and dtype (fp32 frequencies, as transformers computes them, then cast). A block passes the
+  // attention's length: under sequence parallelism its input holds 1/tp of the tokens.
+  std::pair<torch::Tensor, torch::Tensor> Rotary(const torch::Tensor& x, int64_t length = -1) const;
   // cos and sin [t, rotary_dims / 2] fp32 on x's device: the tables of FusedRotary.
-  std::pair<torch::Tensor, torch::Tensor> RotaryHalf(const torch::Tensor& x) const;
+  std::pair<torch::Tensor, torch::Tensor> RotaryHalf(const torch::Tensor& x, int64_t length = -1) const;
   // Rotates the first rotary_dims of each head of q or k [b, heads, t, head_dim].
   torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor Activation(const torch::Tensor& x) const;

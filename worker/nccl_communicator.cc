@@ -262,6 +262,22 @@ class NcclCommunicator final : public Communicator {
     return Tracked(ncclAllGather(data + rank_ * block, data, block, ncclBfloat16, comm_, Stream()), "all-gather (16-bit)");
   }
 
+  Status AllReduceSumBf16(uint16_t* data, size_t count) override {
+    STRATA_RETURN_IF_ERROR(Ready());
+    if (world_ == 1) return Status::Ok();
+    return Tracked(ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, comm_, Stream()), "all-reduce (bf16)");
+  }
+
+  Status ReduceScatterSumBf16To(uint16_t* data, uint16_t* block, size_t count) override {
+    STRATA_RETURN_IF_ERROR(Ready());
+    const auto [begin, end] = ShardRange(count, world_, rank_);
+    if (world_ == 1 || count % world_ != 0) {
+      STRATA_RETURN_IF_ERROR(AllReduceSumBf16(data, count));
+      return Copy(block, data + begin, (end - begin) * sizeof(uint16_t));
+    }
+    return Tracked(ncclReduceScatter(data, block, count / world_, ncclBfloat16, ncclSum, comm_, Stream()), "reduce-scatter (bf16)");
+  }
+
   // Out of place (communicator.h): NCCL reads `mine` / writes `block` directly, saving the copy
   // the in-place forms need. An uneven count takes the in-place fallback and one device copy.
   Status ReduceScatterSumTo(float* data, float* block, size_t count) override {

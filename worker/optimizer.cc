@@ -106,6 +106,9 @@ UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_
   }
   ParametersChanged();
   norm_scratch_ = torch::empty({kernels::SquareSumScratch()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  reduced_in_backward_.assign(model_.units().size(), false);
+  tp_summed_in_backward_.assign(model_.units().size(), false);
+  if (dp_ > 1 && zero_ <= 2 && !opts.offload) backward_side_ = std::make_unique<SideStream>(device_);
 }
 
 int64_t UnitOptimizer::state_elements() const {
@@ -128,17 +131,76 @@ bool UnitOptimizer::SummedOverStages(size_t u) const {
   return static_cast<int>(u) == model_.first_wte_unit() || static_cast<int>(u) == model_.tied_copy_unit();
 }
 
+namespace {
+
+// Sequence parallel (stage_model.h): the gradient of a parameter read with this rank's tokens
+// only is its part; the sum over the tensor-parallel ranks is the whole. `g` holds the unit's
+// flat range [g_begin, g_begin + g.numel()) (the whole unit, or a ZeRO-3 shard); one collective
+// per unit for all of its such parameters (a few vectors), through the device for host memory.
+void SumSequencePartial(const ParamUnit& unit, torch::Tensor& g, int64_t g_begin, Communicator& tp, const torch::Device& device) {
+  std::vector<torch::Tensor> parts;
+  for (size_t i = 0; i < unit.names.size(); ++i) {
+    if (!unit.sequence_partial[i]) continue;
+    int64_t n = 1;
+    for (int64_t d : unit.shapes[i]) n *= d;
+    const int64_t from = std::max(unit.offsets[i], g_begin), to = std::min(unit.offsets[i] + n, g_begin + g.numel());
+    if (from < to) parts.push_back(g.narrow(0, from - g_begin, to - from));
+  }
+  if (parts.empty()) return;
+  torch::Tensor joined = torch::cat(parts).to(device);
+  AllReduceTensor(tp, joined);
+  int64_t at = 0;
+  for (torch::Tensor& part : parts) {
+    part.copy_(joined.narrow(0, at, part.numel()));
+    at += part.numel();
+  }
+}
+
+}  // namespace
+
 void UnitOptimizer::GradientReady(size_t u) {
-  if (!offload_ || dp_ != 1 || SummedOverStages(u)) return;
   ParamUnit& unit = model_.units()[u];
-  if (unit.sharded || host_[u].downloading) return;
+  const bool reduce_here = backward_side_ && unit.sink && !SummedOverStages(u);
+  const bool download_here = offload_ && dp_ == 1 && !SummedOverStages(u) && !unit.sharded && !host_[u].downloading;
+  if (!reduce_here && !download_here) return;
   torch::NoGradGuard no_grad;
+  // Sequence parallel: the tensor-parallel sum first, on the backward's own stream - the tp group's
+  // collectives stay on one stream, in the order every rank issues them.
+  if (groups_.tp && SequencePartial(u) && unit.sink) {
+    SumSequencePartial(unit, unit.grad, 0, *groups_.tp, device_);
+    tp_summed_in_backward_[u] = true;
+  }
+  if (reduce_here) {
+    backward_side_->Run([&] { Reduce(u, unit.grad, groups_); });
+    reduced_in_backward_[u] = true;
+    return;
+  }
   host_[u].ticket = offload_->Download(OptimizerRange(unit, moments_[u], unit.grad).second, host_[u].grad);
   host_[u].downloading = true;
 }
 
 void UnitOptimizer::HostGradient(size_t u, const torch::Tensor& grad) {
   sums_->Add(grad, host_[u].grad, host_[u].uses++ == 0);
+}
+
+bool UnitOptimizer::SequencePartial(size_t u) const {
+  const auto& partial = model_.units()[u].sequence_partial;
+  return std::find(partial.begin(), partial.end(), true) != partial.end();
+}
+
+
+void UnitOptimizer::JoinBackwardReductions() {
+  if (backward_side_) backward_side_->WaitAll();
+}
+
+void UnitOptimizer::Reduce(size_t u, torch::Tensor& g, const Groups& groups) {
+  const ParamUnit& unit = model_.units()[u];
+  if (groups.tp && SequencePartial(u) && !tp_summed_in_backward_[u]) {
+    SumSequencePartial(unit, g, unit.sharded ? unit.shard_begin : 0, *groups.tp, device_);
+  }
+  if (SummedOverStages(u)) AllReduceTensor(*groups.tie, g);
+  if (zero_ <= 1) AllReduceTensor(*groups.dp, g);
+  if (zero_ == 2) ReduceScatterTensor(*groups.dp, g);  // zero 3 reduce-scattered in backward
 }
 
 torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
@@ -160,6 +222,7 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
       torch::Tensor g = host.grad;
       if (host.uses == 0) g.zero_();  // no use this step (a guard: every unit is used)
       host.uses = 0;
+      if (groups.tp && SequencePartial(u)) SumSequencePartial(unit, g, unit.shard_begin, *groups.tp, device_);
       if (SummedOverStages(u)) {  // through the device: the communicator may take device buffers only
         torch::Tensor on_device = g.to(device_);
         AllReduceTensor(*groups.tie, on_device);
@@ -179,9 +242,7 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
       continue;
     }
     torch::Tensor g = unit.sharded ? (unit.flat.grad().defined() ? unit.flat.grad().contiguous() : torch::zeros_like(unit.flat)) : unit.grad;
-    if (SummedOverStages(u)) AllReduceTensor(*groups.tie, g);
-    if (zero_ <= 1) AllReduceTensor(*groups.dp, g);
-    if (zero_ == 2) ReduceScatterTensor(*groups.dp, g);  // zero 3 reduce-scattered in backward
+    if (!reduced_in_backward_[u]) Reduce(u, g, groups);  // else done beside the backward, and joined
     if (dp_ > 1) g.div_(static_cast<double>(dp_));  // one pass over every gradient: skipped where it changes nothing
     auto shard = unit.sharded ? g : g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
     for (const Moments::Span& s : moments_[u].norm_spans) {
@@ -412,6 +473,7 @@ void UnitOptimizer::ParametersChanged() {
 void UnitOptimizer::DiscardGradients() {
   SettleOrThrow();
   torch::NoGradGuard no_grad;
+  JoinBackwardReductions();  // a failed step's reductions started in its backward: before the zeroing below
   reduced_.clear();
   if (sums_) {
     (void)sums_->Drain();  // a failed sum is dropped with the rest of the step's gradients

@@ -2,9 +2,17 @@
 // keeps, the gradient reduction over the data-parallel group, and the fused update (kernels/).
 //
 // Per unit u, with g the unit's flat gradient on this rank:
-//   reduce   g is summed over the tied-embedding group (GPT-2's wte on the first and last stage),
+//   reduce   g is summed over the tensor-parallel group where sequence parallelism left it
+//            partial, over the tied-embedding group (GPT-2's wte on the first and last stage),
 //            then over the dp group - all-reduce (ZeRO 0, 1) or reduce-scatter (ZeRO 2; ZeRO 3
-//            reduce-scattered it in backward) - and divided by dp;
+//            reduce-scattered it in backward) - and divided by dp. With dp > 1, ZeRO 0-2 and no
+//            offload, a unit's sums start in the backward, as soon as its last gradient of the
+//            step is written (GradientReady; PyTorch DDP's buckets, a unit each), on a side
+//            stream beside the rest of the backward, which the step joins at its end
+//            (JoinBackwardReductions). The sums are the same, in the same order: the losses are
+//            bit for bit those of reducing after the backward. Not in the backward: a tied
+//            embedding on a pipeline (its other stage is still in its backward) and units
+//            without the gradient sink (recomputed, ZeRO-3);
 //   norm     sum of g^2 over this rank's shard, each element counted once (its counted spans:
 //            not in the tied copy, tensor-parallel rank 0 for replicated parameters);
 //   apply    AdamW with bias correction on the optimizer range [begin, end) - the whole unit, or
@@ -42,6 +50,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -81,6 +90,7 @@ class UnitOptimizer {
   struct Groups {
     Communicator* dp = nullptr;   // the data-parallel group
     Communicator* tie = nullptr;  // GPT-2's tied embedding: the first and last stage
+    Communicator* tp = nullptr;   // the tensor-parallel group (sequence-parallel partial gradients)
   };
 
   struct Options {
@@ -99,6 +109,11 @@ class UnitOptimizer {
   // hook, on the backward's thread). Under offload with nothing to reduce (dp = 1, not a tied
   // embedding summed over stages), its download starts now, beside the rest of the backward.
   void GradientReady(size_t unit);
+  // The groups the reductions run over; before the first step.
+  void SetGroups(const Groups& groups) { groups_ = groups; }
+  // At the end of the step's backwards (inside its CUDA graph when there is one): the device's
+  // current stream waits for the reductions the backward started.
+  void JoinBackwardReductions();
   // A host-streamed unit's use has reduced its gradient `grad` (StageModel's host-gradient hook,
   // on the side stream): it goes to the unit's host gradient, summed with the step's other uses.
   void HostGradient(size_t unit, const torch::Tensor& grad);
@@ -140,6 +155,10 @@ class UnitOptimizer {
 
   Moments& moments(size_t unit) { return moments_[unit]; }
   const Moments& moments(size_t unit) const { return moments_[unit]; }
+  // Units whose reduction runs beside the backward (the header).
+  int64_t units_reduced_in_backward() const {
+    return std::count(reduced_in_backward_.begin(), reduced_in_backward_.end(), true);
+  }
   // Elements this rank holds per moment.
   int64_t state_elements() const;
   // Bytes of every tensor the optimizer keeps (moments, codes, scales), wherever they live.
@@ -183,6 +202,9 @@ class UnitOptimizer {
   bool failed_ = false;
   // GPT-2's tied embedding on a rank of a pipeline: its gradient is summed with the other stage's.
   bool SummedOverStages(size_t unit) const;
+  // Sequence parallel: the unit has a parameter whose gradient is summed over the tensor-parallel
+  // ranks (ParamUnit::sequence_partial).
+  bool SequencePartial(size_t unit) const;
   // What the host update writes on the device for a unit: its optimizer range of the parameters,
   // and, where the update refreshes it, the bf16 working copy and the whole flat vector it is
   // cast from (else undefined; all undefined for a host-streamed unit, whose gradient is summed
@@ -195,6 +217,16 @@ class UnitOptimizer {
   void UpdateOnHost(const TrainSpec& train, int64_t step, double lr, double clip, const std::vector<HostTarget>& targets);
   // Settle, for the methods that read or write the state: a failed update throws.
   void SettleOrThrow();
+  // The reduction of unit u's gradient over the groups (the header's "reduce", but the division).
+  void Reduce(size_t unit, torch::Tensor& g, const Groups& groups);
+  Groups groups_;
+  // Reductions started in the backward (the header): their stream, and the units whose reduction
+  // runs there. A unit's entry is set by its first GradientReady and kept: every step's backward
+  // (and a CUDA graph replaying a captured one) reduces the same units there.
+  std::unique_ptr<SideStream> backward_side_;
+  std::vector<bool> reduced_in_backward_;
+  // Units whose sequence-parallel tp sum GradientReady did (on the backward's stream), kept as above.
+  std::vector<bool> tp_summed_in_backward_;
   std::vector<Moments> moments_;  // one per unit
   std::vector<torch::Tensor> reduced_;  // ReduceGradients' result per unit, until Apply
   torch::Tensor norm_scratch_;          // kernels::SquareSum's partial sums, on the device

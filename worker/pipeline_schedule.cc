@@ -38,7 +38,9 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
   const int64_t micro = micro_batch();
   const int64_t count = local_batch / micro;
   const double share = static_cast<double>(micro) / static_cast<double>(local_batch);
-  const std::vector<int64_t> activation_shape = {micro, t, spec.model.hidden};
+  // Sequence parallel: a stage sends its tensor-parallel rank's tokens (stage_model.h).
+  const int64_t tokens_held = shard::SequenceParallel(spec, mesh_.tp) ? t / mesh_.tp : t;
+  const std::vector<int64_t> activation_shape = {micro, tokens_held, spec.model.hidden};
   const auto stage = static_cast<uint32_t>(position_.stage);
 
   struct InFlight {
@@ -92,6 +94,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
   while (!in_flight.empty()) backward();
   if (context_.faults->SyncInStep(step_ + 1)) (void)loss_sum->item<float>();  // a test's refused capture (fault_injector.h)
   model_->FinishGradients();
+  optimizer_->JoinBackwardReductions();  // inside the step's graph, as the reductions it joins
   return Status::Ok();
 }
 

@@ -118,32 +118,102 @@ Communicator* CommOf(torch::autograd::AutogradContext* ctx) {
   return reinterpret_cast<Communicator*>(ctx->saved_data["comm"].toInt());
 }
 
+// Activations cross the tensor-parallel ranks as they are computed: bf16 for a bf16 activation
+// (half the bytes of widening it; summing two bf16 partial sums in fp32 and rounding once is
+// exact to what NCCL's bf16 sum gives for tp = 2), fp32 otherwise. Where the communicator takes
+// host buffers only (ZeroMQ) a CUDA activation is staged through the host.
+torch::ScalarType WireType(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat; }
+torch::Device WireDevice(Communicator& comm, const torch::Tensor& x) {
+  return x.is_cpu() || comm.device_buffers() ? x.device() : torch::Device(torch::kCPU);
+}
+uint16_t* Bits16(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+
+// The sum over the ranks of x, a new tensor (x is autograd's and stays as it was).
 torch::Tensor AllReduced(Communicator& comm, const torch::Tensor& x) {
-  // One copy (widening a bf16 activation as it goes), not a cast and then a clone.
-  torch::Tensor sum = torch::empty(x.sizes(), x.options().dtype(torch::kFloat));
-  sum.copy_(x);
-  AllReduceTensor(comm, sum);
-  return sum.to(x.scalar_type());
+  torch::Tensor sum = torch::empty(x.sizes(), x.options().dtype(WireType(x)).device(WireDevice(comm, x)));
+  sum.copy_(x);  // one copy: widening or staging as it goes
+  const auto n = static_cast<size_t>(sum.numel());
+  if (comm.world_size() > 1) Check(sum.scalar_type() == torch::kBFloat16 ? comm.AllReduceSumBf16(Bits16(sum), n) : comm.AllReduceSum(sum.data_ptr<float>(), n));
+  return sum.to(x.device(), x.scalar_type());
 }
 
-struct CopyToTensorParallelFn : torch::autograd::Function<CopyToTensorParallelFn> {
+// Sequence parallelism (stage_model.h): a rank's tokens are its block of the flattened [b * t]
+// tokens, held as [b, t / tp, hidden] - the elementwise work between the split matmuls does not
+// care which tokens are where, and every collective is over contiguous blocks (ShardRange of the
+// flattened tensor, tp dividing t).
+torch::Tensor TokensGathered(Communicator& comm, const torch::Tensor& mine) {
+  std::vector<int64_t> sizes = mine.sizes().vec();
+  sizes[1] *= comm.world_size();
+  const torch::Tensor wire = mine.to(WireDevice(comm, mine), WireType(mine)).contiguous();
+  torch::Tensor full = torch::empty(sizes, wire.options());
+  const auto n = static_cast<size_t>(full.numel());
+  if (wire.scalar_type() == torch::kBFloat16) {
+    Check(comm.AllGather16From(Bits16(wire), Bits16(full), n));
+  } else {
+    Check(comm.AllGatherFrom(wire.data_ptr<float>(), full.data_ptr<float>(), n));
+  }
+  return full.to(mine.device(), mine.scalar_type());
+}
+
+torch::Tensor TokensReduceScattered(Communicator& comm, const torch::Tensor& x) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  TORCH_CHECK(sizes.size() >= 2 && sizes[1] % comm.world_size() == 0, "sequence parallel: ", sizes[1], " tokens a row over tp = ", comm.world_size());
+  sizes[1] /= comm.world_size();
+  // NCCL reads the input in place; the host ring sums into its buffer, which must not be autograd's.
+  // (NCCL's fallback for a count the ranks do not divide runs in place: never with autograd's.)
+  const bool in_place = comm.device_buffers() && x.is_cuda() && x.is_contiguous() && x.scalar_type() == WireType(x) &&
+                        x.numel() % comm.world_size() == 0;
+  torch::Tensor full = in_place ? x : torch::empty(x.sizes(), x.options().dtype(WireType(x)).device(WireDevice(comm, x)));
+  if (!in_place) full.copy_(x);
+  torch::Tensor block = torch::empty(sizes, full.options());
+  const auto n = static_cast<size_t>(full.numel());
+  if (full.scalar_type() == torch::kBFloat16) {
+    Check(comm.ReduceScatterSumBf16To(Bits16(full), Bits16(block), n));
+  } else {
+    Check(comm.ReduceScatterSumTo(full.data_ptr<float>(), block.data_ptr<float>(), n));
+  }
+  return block.to(x.device(), x.scalar_type());
+}
+
+// This rank's block of x's tokens (a copy: autograd's output owns its memory).
+torch::Tensor TokenBlock(Communicator& comm, const torch::Tensor& x) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes[1] /= comm.world_size();
+  const int64_t block = x.numel() / comm.world_size();
+  return x.contiguous().view({-1}).narrow(0, block * comm.rank(), block).view(sizes).clone();
+}
+
+torch::Tensor Same(Communicator&, const torch::Tensor& x) { return x; }
+
+// An activation's way across the tensor-parallel ranks: `Forward` in forward, `Backward` on its
+// gradient (the two are each other's transpose). `comm` is the group's Communicator*.
+template <torch::Tensor (*Forward)(Communicator&, const torch::Tensor&), torch::Tensor (*Backward)(Communicator&, const torch::Tensor&)>
+struct TensorParallelFn : torch::autograd::Function<TensorParallelFn<Forward, Backward>> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
-    return x;
+    return Forward(*reinterpret_cast<Communicator*>(comm), x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
-    return {AllReduced(*CommOf(ctx), g[0]), torch::Tensor()};
+    return {Backward(*CommOf(ctx), g[0]), torch::Tensor()};
   }
 };
 
-struct ReduceFromTensorParallelFn : torch::autograd::Function<ReduceFromTensorParallelFn> {
-  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor x, int64_t comm) {
-    return AllReduced(*reinterpret_cast<Communicator*>(comm), x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
-    return {g[0], torch::Tensor()};
-  }
-};
+// Megatron's f (identity; the gradient all-reduced) and g (all-reduce; the gradient as it is).
+using CopyToTensorParallelFn = TensorParallelFn<Same, AllReduced>;
+using ReduceFromTensorParallelFn = TensorParallelFn<AllReduced, Same>;
+// Sequence parallel f: this rank's tokens -> every token (all-gather); backward, the gradient of
+// every token summed over the ranks and cut to this rank's (reduce-scatter).
+using GatherFromSequenceParallelFn = TensorParallelFn<TokensGathered, TokensReduceScattered>;
+// Sequence parallel g: the ranks' partial sums over every token -> the sum of this rank's tokens
+// (reduce-scatter); backward, every token's gradient (all-gather).
+using ReduceScatterToSequenceParallelFn = TensorParallelFn<TokensReduceScattered, TokensGathered>;
+// Every token, the same on every rank (the embedding's output) -> this rank's tokens; backward,
+// every token's gradient gathered, so what read every token (the lookup) gets all of it.
+using ScatterToSequenceParallelFn = TensorParallelFn<TokenBlock, TokensGathered>;
+// This rank's tokens -> every token, for a consumer that every rank runs alike on all of them (a
+// head not split by vocabulary): each rank's gradient of every token is already the whole one,
+// so backward keeps this rank's block.
+using GatherForReplicatedFn = TensorParallelFn<TokensGathered, TokenBlock>;
 
 }  // namespace
 
@@ -350,7 +420,8 @@ void StageModel::RefreshWorkingWeights(const std::vector<bool>& fresh) {
 
 StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
                        const WeightLoader& load, torch::Device device, Groups groups)
-    : spec_(spec), mesh_(mesh), position_(position), device_(device), groups_(groups), family_(CreateModelFamily(spec.model)) {
+    : spec_(spec), mesh_(mesh), position_(position), device_(device), groups_(groups), family_(CreateModelFamily(spec.model)),
+      sequence_parallel_(shard::SequenceParallel(spec, mesh.tp)) {
   const ModelSpec& m = spec.model;
   std::map<std::string, model::Parameter> table;
   for (model::Parameter& p : model::Parameters(m)) table.emplace(p.name, std::move(p));
@@ -387,6 +458,17 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
       std::vector<std::string> names = model::FinalNormNames(m);
       names.push_back(model::HeadWeightName(m));
       head_units_ = {add("head", names)};
+    }
+  }
+  if (sequence_parallel_) {  // what reads only this rank's tokens: every replicated parameter of a block, and the final norm
+    const std::vector<std::string> final_norm = model::FinalNormNames(m);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      ParamUnit& unit = units_[u];
+      const bool block = std::find(block_units_.begin(), block_units_.end(), static_cast<int>(u)) != block_units_.end();
+      for (size_t i = 0; i < unit.names.size(); ++i) {
+        const bool norm = std::find(final_norm.begin(), final_norm.end(), unit.names[i]) != final_norm.end();
+        unit.sequence_partial[i] = unit.replicated[i] && (block || norm);
+      }
     }
   }
   // The gradient sink and the bf16 working copies (ParamUnit): every unit whose forward takes its
@@ -429,10 +511,15 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     if (last_stage()) call_order_.push_back({head_units_, true});
   }
   if (mesh_.tp > 1) {
-    Communicator* tp = groups_.tp;
+    const auto tp = reinterpret_cast<int64_t>(groups_.tp);
     tensor_parallel_.size = mesh_.tp;
-    tensor_parallel_.enter = [tp](const torch::Tensor& t) { return CopyToTensorParallelFn::apply(t, reinterpret_cast<int64_t>(tp)); };
-    tensor_parallel_.leave = [tp](const torch::Tensor& t) { return ReduceFromTensorParallelFn::apply(t, reinterpret_cast<int64_t>(tp)); };
+    if (sequence_parallel_) {
+      tensor_parallel_.enter = [tp](const torch::Tensor& t) { return GatherFromSequenceParallelFn::apply(t, tp); };
+      tensor_parallel_.leave = [tp](const torch::Tensor& t) { return ReduceScatterToSequenceParallelFn::apply(t, tp); };
+    } else {
+      tensor_parallel_.enter = [tp](const torch::Tensor& t) { return CopyToTensorParallelFn::apply(t, tp); };
+      tensor_parallel_.leave = [tp](const torch::Tensor& t) { return ReduceFromTensorParallelFn::apply(t, tp); };
+    }
   }
   vocab_parallel_ = shard::VocabParallel(m, mesh_.tp);
   vocab_rows_ = vocab_parallel_ ? m.vocab / mesh_.tp : m.vocab;
@@ -466,6 +553,7 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
     unit.shapes.push_back(slice_shape);
     unit.full_shapes.push_back(shape);
     unit.replicated.push_back(split.replicated() || mesh_.tp == 1);
+    unit.sequence_partial.push_back(false);  // marked once the units are known (the constructor)
     unit.offsets.push_back(unit.numel);
     unit.numel += slice_numel;
   }
@@ -589,7 +677,8 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
 
 torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
   return Run(embed_units_, tokens, [this](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
-    return family_->Embed(ViewOfUnit(embed_units_, v), t, tensor_parallel_);
+    const torch::Tensor x = family_->Embed(ViewOfUnit(embed_units_, v), t, tensor_parallel_);
+    return sequence_parallel_ ? ScatterToSequenceParallelFn::apply(x, reinterpret_cast<int64_t>(groups_.tp)) : x;
   }, /*recompute=*/false, /*matmul_weights=*/false);  // a lookup: the residual stream starts from the fp32 table
 }
 
@@ -631,8 +720,11 @@ torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& 
   const torch::ScalarType compute = spec_.train.precision == "bf16" && device_.is_cuda() ? torch::kBFloat16 : torch::kFloat;
   return Run(head_units_, x, [this, targets, compute](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
     const ParamView p = ViewOfUnit(head_units_, v);
-    const torch::Tensor normed = family_->FinalNorm(p, in);
+    torch::Tensor normed = family_->FinalNorm(p, in);
     if (!vocab_parallel_) {
+      // Every rank computes the whole loss with the whole head; under sequence parallelism from
+      // every token, gathered.
+      if (sequence_parallel_) normed = GatherForReplicatedFn::apply(normed, reinterpret_cast<int64_t>(groups_.tp));
       return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), PaddedHeadWeight(p), vocab_rows_, targets.reshape({-1}), compute);
     }
     // This rank's slice of the vocabulary; its dx is summed over the ranks by f's backward.

@@ -42,10 +42,23 @@
 // Tensor parallelism inside a block (Megatron's f and g): CopyToTensorParallel is the identity
 // forward and an all-reduce of the gradient backward, ReduceFromTensorParallel an all-reduce
 // forward and the identity backward. With heads and MLP width split, a block costs two
-// all-reduces forward and two backward. Vocab-parallel (shard/layout.h: the token embedding and
+// all-reduces forward and two backward. Activations cross the ranks in their own dtype: bf16 on a
+// bf16 run (half the bytes of fp32; for tp = 2 the same sums as widening first), fp32 otherwise. Vocab-parallel (shard/layout.h: the token embedding and
 // the head split by vocabulary rows where tp divides the vocabulary): the lookup sums the ranks'
 // masked lookups (one all-reduce forward); the loss enters through f (its dx all-reduced in
 // backward) and merges the ranks' row statistics (fused_loss.h).
+//
+// Sequence parallelism (Korthikanti et al. 2022, Megatron's --sequence-parallel; on where tp
+// divides model.sequence and parallel.sequence_parallel is not false): between the split matmuls
+// - norms, residual adds, the biases of row-parallel layers, and what pipeline stages send - a
+// rank holds only its 1/tp of the tokens, a contiguous block of the flattened [b * t] tokens
+// (held as [b, t / tp, hidden]). f becomes an all-gather of the tokens (a reduce-scatter in
+// backward) and g a reduce-scatter (an all-gather in backward): the same bytes as the two
+// all-reduces, with the elementwise work and its activations cut by tp. The embedding's output is
+// cut to the rank's tokens (its gradient gathered back, so the lookup's is whole); the head
+// gathers every token (vocab-parallel: through f; otherwise keeping this rank's block of the
+// gradient, which every rank computes whole). Parameters read with the rank's tokens only get a
+// partial gradient (ParamUnit::sequence_partial), summed over the tensor-parallel ranks.
 #pragma once
 
 #include <torch/torch.h>
@@ -86,6 +99,10 @@ struct ParamUnit {
   std::vector<std::vector<int64_t>> full_shapes;
   std::vector<int64_t> offsets;              // of each parameter in the unit's flat vector
   std::vector<bool> replicated;              // the same on every tensor-parallel rank
+  // Sequence parallel: replicated, and read with this rank's tokens only (a block's norms and the
+  // biases added after its reduce-scatters, the final norm), so its gradient here is this rank's
+  // tokens' part: summed over the tensor-parallel ranks before the update (optimizer.h).
+  std::vector<bool> sequence_partial;
   int64_t numel = 0;
   int64_t shard_begin = 0, shard_end = 0;    // this data-parallel rank's range of the flat vector
   bool sharded = false;                      // ZeRO-3: `flat` holds [shard_begin, shard_end) only
@@ -277,6 +294,9 @@ class StageModel {
   int64_t first_layer_ = 0;
   int wte_unit_ = -1, tied_copy_unit_ = -1;
   std::unique_ptr<ModelFamily> family_;
+  // Sequence parallel (shard::SequenceParallel): between the split matmuls each tensor-parallel
+  // rank holds 1/tp of the tokens (below).
+  bool sequence_parallel_ = false;
   TensorParallel tensor_parallel_;
   // Vocab-parallel: this rank's rows [vocab_begin_, vocab_begin_ + vocab_rows_) of the token
   // embedding and the head (vocab_rows_ = the whole vocabulary otherwise).

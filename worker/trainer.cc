@@ -125,9 +125,12 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
                                ? std::max(1, cores / std::max<int>(1, static_cast<int>(torch::cuda::device_count())) - 1)
                                : static_cast<int>(std::clamp<int64_t>(context.spec.worker.threads, 1, cores));
   optimizer_ = std::make_unique<UnitOptimizer>(*model_, context.spec.parallel.zero, mesh_.dp, position_.tp_rank, device_, optimizer);
+  optimizer_->SetGroups(UnitOptimizer::Groups{dp_group_.get(), tie_group_.get(), tp_group_.get()});
+  // A unit's gradient is complete: its reduction (or its download, offloaded) starts beside the
+  // rest of the backward (optimizer.h).
+  model_->SetGradientReady([opt = optimizer_.get()](size_t unit) { opt->GradientReady(unit); });
   if (optimizer.offload) {  // the update runs beside the backward's end and the next forward (optimizer.h)
     model_->SetBeforeUse([opt = optimizer_.get()](size_t unit) { opt->WaitForUnit(unit); });
-    model_->SetGradientReady([opt = optimizer_.get()](size_t unit) { opt->GradientReady(unit); });
     model_->SetHostGradient([opt = optimizer_.get()](size_t unit, const torch::Tensor& grad) { opt->HostGradient(unit, grad); });
   }
   // A static schedule (step_graph.h): no pipeline sends, no tensor-parallel collectives inside
@@ -161,6 +164,7 @@ Status Trainer::BuildGroups() {
 
 int64_t Trainer::optimizer_state_elements() const { return optimizer_->state_elements(); }
 int64_t Trainer::unit_gathers() const { return model_->unit_gathers(); }
+int64_t Trainer::units_reduced_in_backward() const { return optimizer_->units_reduced_in_backward(); }
 int64_t Trainer::optimizer_state_bytes() const { return optimizer_->state_bytes(); }
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::parameters() {
@@ -240,7 +244,7 @@ void Trainer::ClearGradients() {
 Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
   torch::NoGradGuard no_grad;
   const auto& tr = context_.spec.train;
-  const UnitOptimizer::Groups groups{dp_group_.get(), tie_group_.get()};
+  const UnitOptimizer::Groups groups{dp_group_.get(), tie_group_.get(), tp_group_.get()};
   STRATA_RETURN_IF_ERROR(optimizer_->Settle());  // the step before's offloaded update (optimizer.h)
   try {
     const torch::Tensor square_sum = optimizer_->ReduceGradients(groups);

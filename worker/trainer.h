@@ -115,6 +115,8 @@ class Trainer {
   int64_t optimizer_state_bytes() const;
   // ZeRO-3: whole units this rank has gathered (StageModel::unit_gathers).
   int64_t unit_gathers() const;
+  // Units whose gradient reduction runs beside the backward (optimizer.h).
+  int64_t units_reduced_in_backward() const;
   // Under offload, where the last settled update's time went (optimizer.h; for benchmarks).
   const UnitOptimizer::OffloadTimes& offload_times() const { return optimizer_->offload_times(); }
   const shard::MeshPosition& position() const { return position_; }

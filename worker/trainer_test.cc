@@ -368,6 +368,18 @@ TEST_F(TrainerTest, OffloadedOptimizerGivesTheOnDeviceLossesBitForBit) {
     const auto offloaded = Train(8);
     ExpectSameLossesBitForBit(offloaded, on_device, 8);
   }
+  // Tensor parallel with sequence parallelism: the norms' gradients are summed over the tp ranks
+  // in the backward - before the unit's early download (dp = 1), or before its dp sum starts
+  // beside the backward (dp = 2, on the device) - or after it (dp = 2, offloaded): the same sums.
+  for (const int64_t dp : {1, 2}) {
+    SCOPED_TRACE("tp 2, dp " + std::to_string(dp));
+    SetMesh(dp, 1, 2, 1);
+    spec_.parallel.offload = "none";
+    const auto on_device = Train(8);
+    spec_.parallel.offload = "optimizer";
+    const auto offloaded = Train(8);
+    ExpectSameLossesBitForBit(offloaded, on_device, 8);
+  }
   SetMesh(2, 1, 1, 1);
   spec_.train.optimizer = "adamw";
   spec_.parallel.offload = "none";
@@ -431,14 +443,19 @@ TEST_F(TrainerTest, HostStreamedParametersGiveStreamedZero3LossesBitForBit) {
 // dp = 1 with two micro-batches of 4 add the same halves of the same per-micro-batch gradients,
 // so their losses are equal bit for bit (GPT-2's tied embedding included), for every ZeRO stage.
 // Runs that shrink or grow their dp (a lost worker, taken back) rely on it.
+// The dp ranks' sums start in the backward, a unit at a time (optimizer.h): here the blocks, the
+// position table and the final norm - every unit but the tied embedding, whose two uses keep it
+// out of the gradient sink.
 TEST_F(TrainerTest, DataParallelEqualsGradientAccumulationBitForBit) {
   spec_.train.global_batch = 8;
   spec_.parallel.micro_batch = 4;
   const auto one = Train(30)[0];
   for (int64_t zero : {0, 1, 2}) {
     SetMesh(2, 1, 1, zero);
-    const auto two = Train(30);
+    std::vector<int64_t> in_backward(2, -1);
+    const auto two = Train(30, [&](uint32_t r, Trainer& t) { in_backward[r] = t.units_reduced_in_backward(); });
     for (int s = 0; s < 30; ++s) EXPECT_EQ(two[0][s], one[s]) << "zero " << zero << " step " << s + 1;
+    for (int64_t n : in_backward) EXPECT_EQ(n, spec_.model.layers + 2) << "zero " << zero << ": units reduced in the backward";
   }
 }
 
@@ -647,6 +664,52 @@ TEST_F(TrainerTest, VocabularySplitWhereTpDividesItAndWholeWhereNot) {
     }
   }
   resume_ = ResumePoint{};
+}
+
+// Sequence parallelism (stage_model.h) is on wherever tp divides model.sequence: the tp meshes of
+// MeshTest run it. Here: it trains the one worker's run as the whole-sequence form does (switched
+// off, and off by itself where tp does not divide the sequence), and the parameters each rank
+// reads with its own tokens only - norms, the biases after a row-parallel matmul - come out of
+// every step bit-identical on every rank (their gradients summed over the ranks).
+TEST_F(TrainerTest, SequenceParallelTrainsTheSameRunAndKeepsReplicatedWeightsAlike) {
+  for (const std::string family : {"llama", "gpt2"}) {
+    for (const int64_t sequence : {32, 31}) {
+      spec_.model = TinyModel(family);
+      spec_.model.sequence = sequence;
+      spec_.train.global_batch = 8;
+      spec_.parallel.micro_batch = 2;
+      SetMesh(1, 1, 1);
+      const int steps = 6;
+      auto straight = Train(steps)[0];
+      for (const bool on : {true, false}) {
+        SetMesh(1, 1, 2);
+        spec_.parallel.sequence_parallel = on;
+        const std::string name = family + ", sequence " + std::to_string(sequence) + (on ? "" : ", sequence_parallel = false");
+        EXPECT_EQ(shard::SequenceParallel(spec_, 2), on && sequence == 32) << name;
+        std::map<uint32_t, std::map<std::string, torch::Tensor>> replicated;
+        auto losses = Train(steps, [&](uint32_t r, Trainer& t) {
+          for (auto& [param, value] : t.parameters()) {
+            auto ends = [&](const std::string& suffix) {
+              return param.size() >= suffix.size() && param.compare(param.size() - suffix.size(), suffix.size(), suffix) == 0;
+            };
+            const bool norm = param.find("norm") != std::string::npos || param.find("ln_") != std::string::npos;
+            const bool row_bias = ends("o_proj.bias") || ends("attn_proj.bias") || ends("mlp_proj.bias") || ends("down_proj.bias");
+            if (norm || row_bias) replicated[r][param] = value.detach().clone();
+          }
+        });
+        ASSERT_FALSE(replicated[0].empty()) << name;
+        for (auto& [param, value] : replicated[0]) {
+          ASSERT_TRUE(replicated[1].count(param)) << name << ": " << param;
+          EXPECT_TRUE(torch::equal(value, replicated[1][param])) << name << ": " << param << " differs between the tp ranks";
+        }
+        for (auto& rank : losses) {
+          ASSERT_EQ(rank.size(), static_cast<size_t>(steps)) << name;
+          for (int s = 0; s < steps; ++s) EXPECT_NEAR(rank[s], straight[s], 1e-5 * straight[s]) << name << ", step " << s + 1;
+        }
+      }
+      spec_.parallel.sequence_parallel = true;
+    }
+  }
 }
 
 // Issue #20: a checkpoint written under any mesh resumes under any other and continues the

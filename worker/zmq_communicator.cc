@@ -32,8 +32,10 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <type_traits>
 
 #include "common/net.h"
+#include "kernels/bf16.h"
 #include "worker/communicator.h"
 
 namespace strata::worker {
@@ -308,6 +310,18 @@ class ZmqCommunicator final : public Communicator {
     return RingPass(data, count, /*offset=*/0, /*accumulate=*/false);
   }
 
+  Status AllReduceSumBf16(uint16_t* data, size_t count) override {
+    STRATA_RETURN_IF_ERROR(RingPass(data, count, /*offset=*/world_size() - 1, /*accumulate=*/true));
+    return AllGather16(data, count);
+  }
+
+  Status ReduceScatterSumBf16To(uint16_t* data, uint16_t* block, size_t count) override {
+    STRATA_RETURN_IF_ERROR(RingPass(data, count, /*offset=*/world_size() - 1, /*accumulate=*/true));
+    const auto [begin, end] = ShardRange(count, world_size(), rank());
+    if (end > begin) std::memmove(block, data + begin, (end - begin) * sizeof(uint16_t));
+    return Status::Ok();
+  }
+
   Status Broadcast(float* data, size_t count, uint32_t root) override {
     if (mesh_->aborted()) return Aborted("communicator aborted");
     const uint32_t n = world_size();
@@ -351,7 +365,8 @@ class ZmqCommunicator final : public Communicator {
   uint32_t Next() const { return members_[(rank_ + 1) % world_size()]; }
   uint32_t Prev() const { return members_[(rank_ + world_size() - 1) % world_size()]; }
 
-  // n-1 ring steps; in step s rank r sends chunk (r - s + offset) mod n and receives chunk
+  // n-1 ring steps (T: float, or uint16_t holding bf16 or any 16-bit data; sums read it as bf16);
+  // in step s rank r sends chunk (r - s + offset) mod n and receives chunk
   // (r - s - 1 + offset) mod n, adding it (reduce-scatter) or copying it (all-gather).
   template <typename T>
   Status RingPass(T* data, size_t count, uint32_t offset, bool accumulate) {
@@ -370,7 +385,13 @@ class ZmqCommunicator final : public Communicator {
       STRATA_RETURN_IF_ERROR(mesh_->Recv(group_, Prev(), incoming.data(), incoming.size() * sizeof(T)));
       T* dst = data + recv_begin;
       if (accumulate) {
-        for (size_t i = 0; i < incoming.size(); ++i) dst[i] += incoming[i];
+        if constexpr (std::is_same_v<T, uint16_t>) {  // bf16 bits: added in fp32, rounded back (kernels/bf16.h)
+          for (size_t i = 0; i < incoming.size(); ++i) {
+            dst[i] = kernels::FloatToBf16(kernels::Bf16ToFloat(dst[i]) + kernels::Bf16ToFloat(incoming[i]));
+          }
+        } else {
+          for (size_t i = 0; i < incoming.size(); ++i) dst[i] += incoming[i];
+        }
       } else {
         std::memcpy(dst, incoming.data(), incoming.size() * sizeof(T));
       }

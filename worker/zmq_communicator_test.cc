@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "kernels/bf16.h"
 #include "worker/communicator.h"
 
 namespace strata::worker {
@@ -185,6 +187,50 @@ TEST_P(CollectivesTest, OutOfPlaceFormsGiveTheInPlaceBlocks) {
     return Status::Ok();
   });
   for (auto& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// bf16 sums (tensor-parallel activations of a bf16 run). Small integers: every partial sum is
+// exact in bf16, so the result is too. Values that bf16 cannot hold exactly: within one rounding
+// per addition of the exact sum, and every rank ends with the same bits.
+TEST_P(CollectivesTest, Bf16SumsAreTheSumsInEveryRankAlike) {
+  const auto [n, count] = GetParam();
+  std::vector<std::vector<uint16_t>> rounded(n);
+  auto results = OnRanks(n, [&, count = count, n = n](Communicator& comm, uint32_t r) -> Status {
+    auto small = [](uint32_t rank, size_t i) { return static_cast<float>(rank + 1 + i % 7); };
+    std::vector<uint16_t> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = kernels::FloatToBf16(small(r, i));
+    STRATA_RETURN_IF_ERROR(comm.AllReduceSumBf16(data.data(), count));
+    for (size_t i = 0; i < count; ++i) {
+      float expected = 0;
+      for (uint32_t k = 0; k < n; ++k) expected += small(k, i);
+      if (kernels::Bf16ToFloat(data[i]) != expected) return Internal("all-reduce: rank " + std::to_string(r) + " element " + std::to_string(i));
+    }
+    const auto [begin, end] = ShardRange(count, n, r);
+    for (size_t i = 0; i < count; ++i) data[i] = kernels::FloatToBf16(small(r, i));
+    std::vector<uint16_t> block(end - begin + 1, 0x7777);  // one more: the write stays inside its block
+    STRATA_RETURN_IF_ERROR(comm.ReduceScatterSumBf16To(data.data(), block.data(), count));
+    for (size_t i = begin; i < end; ++i) {
+      float expected = 0;
+      for (uint32_t k = 0; k < n; ++k) expected += small(k, i);
+      if (kernels::Bf16ToFloat(block[i - begin]) != expected) return Internal("reduce-scatter: rank " + std::to_string(r) + " element " + std::to_string(i));
+    }
+    if (block.back() != 0x7777) return Internal("reduce-scatter wrote past rank " + std::to_string(r) + "'s block");
+    auto inexact = [](uint32_t rank, size_t i) { return 1.0f / static_cast<float>(3 + rank + i % 11); };
+    for (size_t i = 0; i < count; ++i) data[i] = kernels::FloatToBf16(inexact(r, i));
+    STRATA_RETURN_IF_ERROR(comm.AllReduceSumBf16(data.data(), count));
+    for (size_t i = 0; i < count; ++i) {
+      double exact = 0;
+      for (uint32_t k = 0; k < n; ++k) exact += inexact(k, i);
+      // Each input rounded once, each of the n - 1 additions once: 2^-8 relative apiece.
+      if (std::abs(kernels::Bf16ToFloat(data[i]) - exact) > exact * (2.0 * n) / 256) {
+        return Internal("inexact all-reduce: rank " + std::to_string(r) + " element " + std::to_string(i));
+      }
+    }
+    rounded[r] = data;
+    return Status::Ok();
+  });
+  for (auto& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+  for (uint32_t r = 1; r < n; ++r) EXPECT_EQ(rounded[r], rounded[0]) << "rank " << r << "'s bits differ from rank 0's";
 }
 
 TEST_P(CollectivesTest, BroadcastFromEveryRootThenAllReduceInOneSequence) {

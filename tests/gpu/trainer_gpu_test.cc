@@ -107,19 +107,23 @@ TEST_F(GpuTest, CudaTrainingMatchesCpuInFp32) {
   EXPECT_LT(gpu.back(), gpu.front());
 }
 
-// A tensor-parallel mesh of `world` ranks on the one GPU there is: each rank a process of this test binary
+// A dp x tp mesh on the one GPU there is: each rank a process of this test binary
 // (GpuTest.DISABLED_MeshRank), talking over ZeroMQ - host-staged collectives of CUDA tensors,
 // where a worker per GPU would use NCCL. (Threads of one process cannot: autograd runs every
 // backward on a CUDA device in one thread, where one rank's collective would wait for another's
-// backward queued behind it.) Returns rank 0's losses.
-std::vector<double> TrainMesh(const std::string& dir, int world, int steps, const std::string& precision, const std::string& family) {
+// backward queued behind it.) Steps run op by op: a host-staged collective cannot be captured in
+// a CUDA graph. Returns rank 0's losses.
+std::vector<double> TrainMesh(const std::string& dir, int64_t dp, int64_t tp, int64_t zero, int steps, const std::string& precision,
+                              const std::string& family) {
+  const int world = static_cast<int>(dp * tp);
   for (int r = 0; r < world; ++r) std::remove((dir + "/losses.rank" + std::to_string(r)).c_str());  // none left from a run before
   std::vector<pid_t> children;
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
       setenv("STRATA_GPU_TEST_RANK", std::to_string(r).c_str(), 1);
-      setenv("STRATA_GPU_TEST_MESH", (dir + "|" + std::to_string(steps) + "|" + precision + "|" + family + "|" + std::to_string(world)).c_str(), 1);
+      setenv("STRATA_GPU_TEST_MESH", (dir + "|" + std::to_string(steps) + "|" + precision + "|" + family + "|" + std::to_string(dp) + "|" +
+                                      std::to_string(tp) + "|" + std::to_string(zero)).c_str(), 1);
       execl("/proc/self/exe", "trainer_gpu_test", "--gtest_filter=GpuTest.DISABLED_MeshRank", "--gtest_also_run_disabled_tests",
             static_cast<char*>(nullptr));
       _exit(127);
@@ -131,7 +135,7 @@ std::vector<double> TrainMesh(const std::string& dir, int world, int steps, cons
     waitpid(pid, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank's process failed (its output is above)";
   }
-  // Every rank wrote its losses, and they agree (the ranks of a tensor-parallel group compute the same loss).
+  // Every rank wrote its losses, and they agree (every rank reports the step's mean loss).
   std::vector<std::vector<double>> losses(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     std::ifstream in(dir + "/losses.rank" + std::to_string(r));
@@ -149,10 +153,14 @@ TEST_F(GpuTest, DISABLED_MeshRank) {
   std::vector<std::string> fields;
   std::stringstream in(mesh);
   for (std::string field; std::getline(in, field, '|');) fields.push_back(field);
-  ASSERT_EQ(fields.size(), 5u);
-  const int64_t tp = std::stoll(fields[4]);
-  auto losses = Train(fields[0] + "/corpus.txt", torch::Device(torch::kCUDA, 0), std::stoi(fields[1]), fields[2], fields[3], 0,
-                      [tp](RunSpec& spec) { spec.parallel.tp = tp; });
+  ASSERT_EQ(fields.size(), 7u);
+  const int64_t dp = std::stoll(fields[4]), tp = std::stoll(fields[5]);
+  auto losses = Train(fields[0] + "/corpus.txt", torch::Device(torch::kCUDA, 0), std::stoi(fields[1]), fields[2], fields[3],
+                      std::stoll(fields[6]), [dp, tp](RunSpec& spec) {
+                        spec.parallel.dp = dp;
+                        spec.parallel.tp = tp;
+                        spec.train.cuda_graphs = false;
+                      });
   ASSERT_EQ(losses.size(), static_cast<size_t>(std::stoi(fields[1])));
   std::ofstream out(fields[0] + "/losses.rank" + std::getenv("STRATA_GPU_TEST_RANK"));
   out.precision(17);
@@ -168,13 +176,32 @@ TEST_F(GpuTest, TensorParallelRanksWithTheVocabularySplitTrainAsOneRank) {
   for (const char* family : {"gpt2", "llama"}) {
     for (const char* precision : {"fp32", "bf16"}) {
       auto one = Train(dir_ + "/corpus.txt", gpu, 6, precision, family);
-      auto two = TrainMesh(dir_, 2, 6, precision, family);
+      auto two = TrainMesh(dir_, 1, 2, 0, 6, precision, family);
       ASSERT_EQ(two.size(), one.size()) << family << " " << precision;
       const double bound = std::string(precision) == "fp32" ? 1e-5 : 2e-2;
       for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], bound * one[i]) << family << " " << precision << " step " << i + 1;
       EXPECT_LT(two.back(), two.front()) << family << " " << precision;
       std::printf("%s %s tp=2 on one GPU: losses %.6f .. %.6f, one rank %.6f .. %.6f\n", family, precision, two.front(), two.back(),
                   one.front(), one.back());
+    }
+  }
+}
+
+// Data parallel under ZeRO 1 and 2: each unit's gradient sum starts beside the backward on a side
+// stream (worker/optimizer.h), here with CUDA tensors staged through the host. dp = 2 is gradient
+// accumulation over two ranks: one rank's losses, in fp32 within rounding, in bf16 within its
+// precision.
+TEST_F(GpuTest, DataParallelRanksSumBesideTheBackwardAndTrainAsOneRank) {
+  const torch::Device gpu(torch::kCUDA, 0);
+  for (const int64_t zero : {1, 2}) {
+    for (const char* precision : {"fp32", "bf16"}) {
+      auto one = Train(dir_ + "/corpus.txt", gpu, 6, precision, "llama", zero);
+      auto two = TrainMesh(dir_, 2, 1, zero, 6, precision, "llama");
+      ASSERT_EQ(two.size(), one.size()) << "zero " << zero << " " << precision;
+      const double bound = std::string(precision) == "fp32" ? 1e-5 : 2e-2;
+      for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], bound * one[i]) << "zero " << zero << " " << precision << " step " << i + 1;
+      std::printf("llama %s dp=2 zero %lld on one GPU: losses %.6f .. %.6f, one rank %.6f .. %.6f\n", precision,
+                  static_cast<long long>(zero), two.front(), two.back(), one.front(), one.back());
     }
   }
 }
