@@ -125,11 +125,21 @@ TEST_F(ClusterTest, PlanShowsTheMeshAndEachWorkersEstimateBeforeAnythingRuns) {
   ASSERT_TRUE(split.is_object());
   EXPECT_EQ(split["tp"], 2);
   EXPECT_EQ(split["vocab_parallel"], true) << "256 rows split over 2";
+  EXPECT_EQ(split["sequence_parallel"], true) << "128 tokens split over 2";
   const std::string odd_spec = tp_spec("plan-tp-odd", "vocab = 50257\n");
   auto odd = Strata("plan " + odd_spec + " --cluster-spec " + cluster);
   EXPECT_EQ(odd.rc, 0) << odd.err;
   EXPECT_NE(odd.out.find("50257 rows do not divide by tp=2"), std::string::npos) << odd.out;
   EXPECT_NE(odd.out.find("model.vocab = 50304"), std::string::npos) << odd.out;
+  EXPECT_NE(odd.out.find("sequence parallel: norms and residual adds on 64 of each sequence's 128 tokens a rank"), std::string::npos)
+      << odd.out;
+  // Switched off by the spec, the plan says so and how it runs instead.
+  const std::string off_spec = WriteSpec("plan-tp-off", "name = \"plan-tp-off\"\n[model]\nlayers = 4\nhidden = 256\nheads = 8\n"
+                                                        "sequence = 128\n[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 8\n"
+                                                        "[parallel]\ntp = 2\nsequence_parallel = false\n");
+  auto off = Strata("plan " + off_spec + " --cluster-spec " + cluster);
+  EXPECT_EQ(off.rc, 0) << off.err;
+  EXPECT_NE(off.out.find("sequence parallel: off (parallel.sequence_parallel = false)"), std::string::npos) << off.out;
   // Bad cluster specs name the field.
   std::ofstream(cluster) << "[[nodes]]\ncount = 4\ngpus = 0\nmemory = \"80GiB\"\n";
   auto bad = Strata("plan " + free_dp + " --cluster-spec " + cluster);
