@@ -107,6 +107,7 @@ UnitOptimizer::UnitOptimizer(StageModel& model, int64_t zero, int64_t dp, int64_
   ParametersChanged();
   norm_scratch_ = torch::empty({kernels::SquareSumScratch()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
   reduced_in_backward_.assign(model_.units().size(), false);
+  fired_this_step_.assign(model_.units().size(), false);
   tp_summed_in_backward_.assign(model_.units().size(), false);
   if (dp_ > 1 && zero_ <= 2 && !opts.offload) backward_side_ = std::make_unique<SideStream>(device_);
 }
@@ -173,6 +174,7 @@ void UnitOptimizer::GradientReady(size_t u) {
   if (reduce_here) {
     backward_side_->Run([&] { Reduce(u, unit.grad, groups_); });
     reduced_in_backward_[u] = true;
+    fired_this_step_[u] = true;
     return;
   }
   host_[u].ticket = offload_->Download(OptimizerRange(unit, moments_[u], unit.grad).second, host_[u].grad);
@@ -203,8 +205,20 @@ void UnitOptimizer::Reduce(size_t u, torch::Tensor& g, const Groups& groups) {
   if (zero_ == 2) ReduceScatterTensor(*groups.dp, g);  // zero 3 reduce-scattered in backward
 }
 
-torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups) {
+torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups, bool replayed) {
   SettleOrThrow();
+  // A replayed graph reduces the units its capture did, without host code; a step run op by op
+  // must have started the very units every step before did (their sums would be skipped below).
+  if (!replayed && fired_this_step_ != reduced_in_backward_) {
+    for (size_t u = 0; u < fired_this_step_.size(); ++u) {
+      if (fired_this_step_[u] != reduced_in_backward_[u]) {
+        throw std::logic_error("unit " + model_.units()[u].label + "'s gradient sum " +
+                               (fired_this_step_[u] ? "started in this backward only" : "did not start in this backward") +
+                               "; the dp ranks would diverge");
+      }
+    }
+  }
+  fired_this_step_.assign(fired_this_step_.size(), false);
   torch::NoGradGuard no_grad;
   if (sums_) {  // the host-streamed units' gradients, summed in host memory during the backward
     const Status summed = sums_->Drain();
@@ -473,7 +487,12 @@ void UnitOptimizer::ParametersChanged() {
 void UnitOptimizer::DiscardGradients() {
   SettleOrThrow();
   torch::NoGradGuard no_grad;
-  JoinBackwardReductions();  // a failed step's reductions started in its backward: before the zeroing below
+  // A failed step's sums started in its backward may wait for a rank that stopped before them
+  // (until the run's collectives are aborted): nothing here waits for them - the snapshot taken
+  // next must not queue behind them - and their units are not zeroed: the side stream may still
+  // write there, and as sink units their next step's first gradient is copied in, not added
+  // (stage_model.h). The next step's compute stream waits for them first (Trainer::Step).
+  fired_this_step_.assign(fired_this_step_.size(), false);
   reduced_.clear();
   if (sums_) {
     (void)sums_->Drain();  // a failed sum is dropped with the rest of the step's gradients
@@ -484,10 +503,11 @@ void UnitOptimizer::DiscardGradients() {
     offload_->ForgetDownloads();
     for (HostUnit& host : host_) host.downloading = false;
   }
-  for (ParamUnit& unit : model_.units()) {
+  for (size_t u = 0; u < model_.units().size(); ++u) {
+    ParamUnit& unit = model_.units()[u];
     if (unit.sharded) {
       if (unit.flat.grad().defined()) unit.flat.mutable_grad().zero_();  // as Apply: the buffer stays put
-    } else {
+    } else if (!reduced_in_backward_[u]) {
       unit.grad.zero_();  // the parameters' .grad views stay pointed at it
     }
   }

@@ -12,7 +12,10 @@
 //            (JoinBackwardReductions). The sums are the same, in the same order: the losses are
 //            bit for bit those of reducing after the backward. Not in the backward: a tied
 //            embedding on a pipeline (its other stage is still in its backward) and units
-//            without the gradient sink (recomputed, ZeRO-3);
+//            without the gradient sink (recomputed, ZeRO-3, a one-stage tied embedding with its
+//            two uses). The dp sums on the side stream run beside the compute stream's tp
+//            collectives and pipeline transfers, in the same order on every rank (ZeRO-3's
+//            pattern);
 //   norm     sum of g^2 over this rank's shard, each element counted once (its counted spans:
 //            not in the tied copy, tensor-parallel rank 0 for replicated parameters);
 //   apply    AdamW with bias correction on the optimizer range [begin, end) - the whole unit, or
@@ -111,15 +114,17 @@ class UnitOptimizer {
   void GradientReady(size_t unit);
   // The groups the reductions run over; before the first step.
   void SetGroups(const Groups& groups) { groups_ = groups; }
-  // At the end of the step's backwards (inside its CUDA graph when there is one): the device's
-  // current stream waits for the reductions the backward started.
+  // At the end of the step's backwards (inside its CUDA graph when there is one), and before each
+  // step (for a failed step's, which DiscardGradients leaves running): the device's current
+  // stream waits for the reductions the backward started.
   void JoinBackwardReductions();
   // A host-streamed unit's use has reduced its gradient `grad` (StageModel's host-gradient hook,
   // on the side stream): it goes to the unit's host gradient, summed with the step's other uses.
   void HostGradient(size_t unit, const torch::Tensor& grad);
   // Reduces every unit's gradient (above) and returns the squared norm of this rank's share, a
   // scalar on the device. The reduced gradients are kept for Apply.
-  torch::Tensor ReduceGradients(const Groups& groups);
+  // `replayed`: the step's backward was a replayed CUDA graph (no host code ran in it).
+  torch::Tensor ReduceGradients(const Groups& groups, bool replayed = false);
   // The update of step `step` with learning rate `lr` and gradient scale `clip`; clears the
   // gradients. A failure part-way leaves the units torn (some updated, some not). Under offload
   // the update may still run when it returns (above).
@@ -225,6 +230,7 @@ class UnitOptimizer {
   // (and a CUDA graph replaying a captured one) reduces the same units there.
   std::unique_ptr<SideStream> backward_side_;
   std::vector<bool> reduced_in_backward_;
+  std::vector<bool> fired_this_step_;  // ... whose sum this step's backward started (op by op)
   // Units whose sequence-parallel tp sum GradientReady did (on the backward's stream), kept as above.
   std::vector<bool> tp_summed_in_backward_;
   std::vector<Moments> moments_;  // one per unit

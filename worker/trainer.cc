@@ -205,6 +205,9 @@ Result<double> Trainer::Step() {
   }
   torch::Tensor loss_sum;
   int64_t schedule_peak = 0;
+  // The sums a failed step started in its backward are left running (DiscardGradients): this
+  // step's writes of those gradients come after them. Outside the step's graph; nothing otherwise.
+  optimizer_->JoinBackwardReductions();
   try {
     auto schedule = [this](const torch::Tensor& on_device, torch::Tensor* sum) { return RunSchedule(on_device, sum); };
     STRATA_ASSIGN_OR_RETURN(loss_sum, step_graph_->Run(window, schedule, &schedule_peak, [this] { model_->EndStep(); }));
@@ -247,7 +250,7 @@ Result<double> Trainer::Update(const torch::Tensor& loss_sum) {
   const UnitOptimizer::Groups groups{dp_group_.get(), tie_group_.get(), tp_group_.get()};
   STRATA_RETURN_IF_ERROR(optimizer_->Settle());  // the step before's offloaded update (optimizer.h)
   try {
-    const torch::Tensor square_sum = optimizer_->ReduceGradients(groups);
+    const torch::Tensor square_sum = optimizer_->ReduceGradients(groups, step_graph_->replaying());
     // The loss (from the last stage's tensor-parallel rank 0) and the squared norm: one all-reduce.
     const bool reports_loss = model_->last_stage() && position_.tp_rank == 0;
     auto scalars = torch::stack({reports_loss ? loss_sum : torch::zeros_like(loss_sum), square_sum}).contiguous();
