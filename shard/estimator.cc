@@ -437,7 +437,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
   const bool bf16_cuda = problem.layout == StateLayout::kBf16Autocast && problem.cuda;
   // Sequence parallel (shard/layout.h): the residual stream between the split matmuls is 1/tp of
   // the tokens a rank, and so is what a pipeline stage sends.
-  const bool sequence_parallel = c.tp > 1 && problem.job.sequence_parallel && s % c.tp == 0;
+  const bool sequence_parallel = SequenceParallel(problem.job.sequence_parallel, s, c.tp);
   const double held_tokens = sequence_parallel ? 1.0 / static_cast<double>(c.tp) : 1.0;
   // What crosses a pipeline boundary: the rank's residual stream, sent in fp32 whatever the
   // precision (worker/stage_model.cc SendTensor). A tensor-parallel collective moves an

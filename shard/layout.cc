@@ -82,8 +82,10 @@ int64_t LayerOf(const std::string& name) {
 
 bool VocabParallel(const ModelSpec& spec, int64_t tp) { return tp > 1 && spec.vocab % tp == 0; }
 
+bool SequenceParallel(bool enabled, int64_t sequence, int64_t tp) { return tp > 1 && enabled && sequence % tp == 0; }
+
 bool SequenceParallel(const RunSpec& spec, int64_t tp) {
-  return tp > 1 && spec.parallel.sequence_parallel && spec.model.sequence % tp == 0;
+  return SequenceParallel(spec.parallel.sequence_parallel, spec.model.sequence, tp);
 }
 
 TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape, int64_t tp) {

@@ -70,6 +70,9 @@ bool VocabParallel(const ModelSpec& spec, int64_t tp);
 // (sequence parallelism, worker/stage_model.h): tp > 1, tp divides model.sequence, and
 // parallel.sequence_parallel is not false. The parameters' layout is the same either way.
 bool SequenceParallel(const RunSpec& spec, int64_t tp);
+// The same rule from its parts (the planner's job holds no RunSpec): `enabled` is
+// parallel.sequence_parallel, `sequence` the tokens of a row.
+bool SequenceParallel(bool enabled, int64_t sequence, int64_t tp);
 
 // The shape of tp rank's slice (the full shape when replicated or tp == 1).
 std::vector<int64_t> SliceShape(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp);

@@ -190,7 +190,6 @@ bool UnitOptimizer::SequencePartial(size_t u) const {
   return std::find(partial.begin(), partial.end(), true) != partial.end();
 }
 
-
 void UnitOptimizer::JoinBackwardReductions() {
   if (backward_side_) backward_side_->WaitAll();
 }

@@ -159,10 +159,9 @@ torch::Tensor TokensReduceScattered(Communicator& comm, const torch::Tensor& x) 
   std::vector<int64_t> sizes = x.sizes().vec();
   TORCH_CHECK(sizes.size() >= 2 && sizes[1] % comm.world_size() == 0, "sequence parallel: ", sizes[1], " tokens a row over tp = ", comm.world_size());
   sizes[1] /= comm.world_size();
-  // NCCL reads the input in place; the host ring sums into its buffer, which must not be autograd's.
-  // (NCCL's fallback for a count the ranks do not divide runs in place: never with autograd's.)
-  const bool in_place = comm.device_buffers() && x.is_cuda() && x.is_contiguous() && x.scalar_type() == WireType(x) &&
-                        x.numel() % comm.world_size() == 0;
+  // NCCL reads the input in place (the check above keeps it off its in-place fallback for a count
+  // the ranks do not divide); the host ring sums into its buffer, which must not be autograd's.
+  const bool in_place = comm.device_buffers() && x.is_cuda() && x.is_contiguous() && x.scalar_type() == WireType(x);
   torch::Tensor full = in_place ? x : torch::empty(x.sizes(), x.options().dtype(WireType(x)).device(WireDevice(comm, x)));
   if (!in_place) full.copy_(x);
   torch::Tensor block = torch::empty(sizes, full.options());
