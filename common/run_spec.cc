@@ -418,6 +418,7 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
     STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "keep_gathered", &p.keep_gathered, 0, spec_bounds::kLayers, &p.automatic));
   }
   STRATA_RETURN_IF_ERROR(r.Bool("parallel", "sequence_parallel", &p.sequence_parallel));
+  STRATA_RETURN_IF_ERROR(r.Bool("parallel", "tp_comm_overlap", &p.tp_comm_overlap));
   STRATA_RETURN_IF_ERROR(r.IntList("parallel", "stages", &p.stages, "auto"));
   STRATA_RETURN_IF_ERROR(r.String("parallel", "offload", &p.offload));
   if (p.offload != "none" && p.offload != "optimizer" && p.offload != "optimizer+params") {

@@ -27,7 +27,7 @@ inline const std::map<std::string, std::set<std::string>>& AllowedKeys() {
       {"data", {"path", "format", "documents", "sample_within_documents", "tokenizer"}},
       {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
                  "beta2", "eps", "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision", "cuda_graphs", "optimizer"}},
-      {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "sequence_parallel", "stages", "offload"}},
+      {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "sequence_parallel", "tp_comm_overlap", "stages", "offload"}},
       {"worker", {"threads"}},
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode", "logits_top_k"}},
       {"patch", {"layers", "sites", "ablation", "source", "logits"}},

@@ -172,18 +172,23 @@ TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
   EXPECT_TRUE(again->parallel.recompute);
   EXPECT_EQ(again->parallel.tp, 2);
 }
-// parallel.sequence_parallel: on unless set false; kept through a stored spec; a non-boolean is named.
-TEST_F(RunSpecTest, SequenceParallelIsOnByDefaultAndRoundTrips) {
-  ExpectRejected(Valid() + "[parallel]\nsequence_parallel = \"yes\"\n", "parallel.sequence_parallel must be true or false");
-  auto on = ParseRunSpec(Valid() + "[parallel]\ntp = 2\n", dir_, true);
-  ASSERT_TRUE(on.ok()) << on.status().ToString();
-  EXPECT_TRUE(on->parallel.sequence_parallel);
-  auto off = ParseRunSpec(Valid() + "[parallel]\ntp = 2\nsequence_parallel = false\n", dir_, true);
-  ASSERT_TRUE(off.ok()) << off.status().ToString();
-  EXPECT_FALSE(off->parallel.sequence_parallel);
-  auto again = ParseRunSpec(RunSpecToToml(*off), dir_, true);
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_FALSE(again->parallel.sequence_parallel);
+// parallel.sequence_parallel and parallel.tp_comm_overlap: on unless set false; kept through a
+// stored spec; a non-boolean is named.
+TEST_F(RunSpecTest, TensorParallelSwitchesAreOnByDefaultAndRoundTrip) {
+  const std::vector<std::pair<std::string, bool ParallelSpec::*>> switches = {{"sequence_parallel", &ParallelSpec::sequence_parallel},
+                                                                             {"tp_comm_overlap", &ParallelSpec::tp_comm_overlap}};
+  for (const auto& [name, field] : switches) {
+    ExpectRejected(Valid() + "[parallel]\n" + name + " = \"yes\"\n", "parallel." + name + " must be true or false");
+    auto on = ParseRunSpec(Valid() + "[parallel]\ntp = 2\n", dir_, true);
+    ASSERT_TRUE(on.ok()) << on.status().ToString();
+    EXPECT_TRUE(on->parallel.*field) << name;
+    auto off = ParseRunSpec(Valid() + "[parallel]\ntp = 2\n" + name + " = false\n", dir_, true);
+    ASSERT_TRUE(off.ok()) << off.status().ToString();
+    EXPECT_FALSE(off->parallel.*field) << name;
+    auto again = ParseRunSpec(RunSpecToToml(*off), dir_, true);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_FALSE(again->parallel.*field) << name;
+  }
 }
 TEST_F(RunSpecTest, OffloadIsNoneOptimizerOrOptimizerAndParamsAndRoundTrips) {
   ExpectRejected(Valid() + "[parallel]\noffload = \"disk\"\n",

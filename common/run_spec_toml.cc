@@ -77,6 +77,7 @@ std::string RunSpecToToml(const RunSpec& spec) {
                        {"recompute", spec.parallel.recompute},
                        {"keep_gathered", spec.parallel.keep_gathered},
                        {"sequence_parallel", spec.parallel.sequence_parallel},
+                       {"tp_comm_overlap", spec.parallel.tp_comm_overlap},
                        {"offload", spec.parallel.offload}};
   if (!spec.parallel.stages.empty()) {
     toml::array stages;

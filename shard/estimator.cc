@@ -53,7 +53,9 @@
 // recompute, whose collectives run beside the matmuls, counts what the matmuls do not hide and
 // a fixed 70 us for each unit's forward gather and reduce-scatter per micro-batch). ZeRO 0-2's
 // gradient sums now start in the last micro-batch's backward (worker/optimizer.h); how much of
-// them that hides was not measured yet (no two-GPU machine in session 24), so none is credited:
+// them that hides was not measured yet (no two-GPU machine in session 24), so none is credited;
+// nor is tensor parallel's backward collective run beside the weight gradients
+// (parallel.tp_comm_overlap, worker/stage_model.h; not measured on two GPUs either):
 
 // ring all-reduce of gradients 2(n-1)/n * bytes / bandwidth over dp (ZeRO-1 adds the all-gather
 // of the updated fp32 shards, half as many bytes; ZeRO-2's reduce-scatter and gather together

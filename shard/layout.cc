@@ -135,6 +135,10 @@ std::vector<int64_t> SliceShape(const TensorSplit& split, const std::vector<int6
   return out;
 }
 
+bool ColumnParallel(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp) {
+  return shape.size() == 2 && SliceShape(split, shape, tp)[0] != shape[0];
+}
+
 void CopySlice(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp, int64_t tp_rank, size_t element,
                const uint8_t* full, uint8_t* slice) {
   Transfer(split, shape, tp, tp_rank, element, full, slice, /*to_slice=*/true);

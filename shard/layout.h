@@ -76,6 +76,9 @@ bool SequenceParallel(bool enabled, int64_t sequence, int64_t tp);
 
 // The shape of tp rank's slice (the full shape when replicated or tp == 1).
 std::vector<int64_t> SliceShape(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp);
+// Whether a matrix [out, in] is split by its output rows (Megatron's column-parallel linear: it
+// reads f's output, every token whole, and f's backward sums its input gradient over the ranks).
+bool ColumnParallel(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp);
 
 // Copies tp rank `tp_rank`'s slice out of `full` (row-major, `element` bytes each), or writes
 // `slice` into its place in `full`.

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <vector>
 
 namespace strata::worker {
 
@@ -31,11 +32,29 @@ class GradientSink {
   virtual void Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) = 0;
 };
 
+// Weight gradients put off until a collective they can run beside (tensor parallel's backward,
+// Megatron's overlap of the weight-gradient matmuls with the column-parallel input gradient's
+// reduce-scatter): a matmul that reads f's output (stage_model.h) computes dx at once - f's
+// backward sums it over the ranks - and queues dW here; f's backward starts its collective on a
+// side stream and runs the queue meanwhile. dW's value is the same whenever it runs (the same dy
+// and x), and each parameter's writes keep their order. One backward at a time (not thread-safe).
+class DeferredWeightGradients {
+ public:
+  void Defer(std::function<void()> write) { pending_.push_back(std::move(write)); }
+  // Runs the queued writes in the order queued; returns how many ran.
+  int64_t RunAll();
+  bool empty() const { return pending_.empty(); }
+
+ private:
+  std::vector<std::function<void()>> pending_;
+};
+
 // x W^T + b with W = `working` (a bf16 working copy or the fp32 parameter itself) and `param`
 // the parameter whose gradient goes to `sink` (counted as one use when grad mode is on; param
 // carries no gradient through autograd). `bias` may be undefined; its gradient goes through
-// autograd as torch::linear's does.
+// autograd as torch::linear's does. `defer`: where the backward queues its weight gradient's write
+// (null: written at once).
 torch::Tensor LinearIntoGradient(const torch::Tensor& x, const torch::Tensor& param, const torch::Tensor& working,
-                                 const torch::Tensor& bias, GradientSink* sink);
+                                 const torch::Tensor& bias, GradientSink* sink, DeferredWeightGradients* defer = nullptr);
 
 }  // namespace strata::worker

@@ -418,6 +418,34 @@ TEST(FusedOpsTest, LinearIntoGradientWritesThenAddsTheWeightGradientAndEqualsTor
   EXPECT_EQ(sink.uses, 2);
 }
 
+// Put off (tensor parallel's overlap, fused_linear.h): the backward gives dx and db at once and
+// queues dW; the sink sees nothing until the queue runs, then the same bytes as written at once,
+// in the order the uses' backwards ran.
+TEST(FusedOpsTest, DeferredWeightGradientsWaitForTheirQueueAndEqualTheImmediateOnes) {
+  torch::manual_seed(12);
+  const auto x = torch::randn({3, 4, 8}), w = torch::randn({6, 8});
+  const auto dy1 = torch::randn({3, 4, 6}), dy2 = torch::randn({3, 4, 6});
+  auto run = [&](DeferredWeightGradients* defer, BufferSink& sink) {
+    const auto x_in = x.clone().requires_grad_(true);
+    const auto param = w.clone().requires_grad_(true);
+    const auto y1 = LinearIntoGradient(x_in, param, param, torch::Tensor(), &sink, defer);
+    const auto y2 = LinearIntoGradient(x_in * 3, param, param, torch::Tensor(), &sink, defer);
+    ((y1 * dy1).sum() + (y2 * dy2).sum()).backward();
+    return x_in.grad();
+  };
+  BufferSink now(torch::full({6, 8}, std::nan(""))), later(torch::full({6, 8}, std::nan("")));
+  const auto dx_now = run(nullptr, now);
+  DeferredWeightGradients queue;
+  const auto dx_later = run(&queue, later);
+  EXPECT_TRUE(torch::equal(dx_now, dx_later)) << "dx must not wait for the queue";
+  EXPECT_EQ(later.received, 0) << "a deferred weight gradient reached the sink before its queue ran";
+  EXPECT_FALSE(queue.empty());
+  EXPECT_EQ(queue.RunAll(), 2);
+  EXPECT_TRUE(queue.empty());
+  EXPECT_EQ(later.received, 2);
+  EXPECT_TRUE(torch::equal(later.buffer, now.buffer));
+}
+
 TEST(FusedOpsTest, ParamViewCountsOneSinkUsePerViewAccessAndOnePerLinear) {
   torch::manual_seed(12);
   const auto w = torch::randn({4, 3}).requires_grad_(true), bias = torch::randn({4}).requires_grad_(true);

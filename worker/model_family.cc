@@ -54,7 +54,7 @@ torch::Tensor ParamView::Linear(const torch::Tensor& x, const std::string& weigh
   const torch::Tensor b = bias.empty() ? torch::Tensor() : Optional(bias);
   const size_t i = IndexOf(weight);
   if (i < names_.size() && !sunk_.empty() && sunk_[i].sink != nullptr && tensors_[i].dim() == 2) {
-    return LinearIntoGradient(x, sunk_[i].param, tensors_[i], b, sunk_[i].sink);
+    return LinearIntoGradient(x, sunk_[i].param, tensors_[i], b, sunk_[i].sink, sunk_[i].defer);
   }
   return torch::linear(x, (*this)(weight), b);
 }

@@ -39,6 +39,8 @@ namespace strata::worker {
 struct SunkParameter {
   torch::Tensor param;
   GradientSink* sink = nullptr;
+  // A matrix read through Linear: where its weight gradient waits for f's backward (null: at once).
+  DeferredWeightGradients* defer = nullptr;
 };
 
 class ParamView {

@@ -80,6 +80,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
       auto grad = RecvTensor(*pipe_backward_, activation_shape, device_, stage + 1);
       f.output.backward(grad.to(f.output.scalar_type()));
     }
+    model_->EndBackward();
     if (!model_->first_stage()) SendTensor(*pipe_backward_, f.input.grad(), stage - 1);
   };
   // 1F1B: warm up with the forwards the later stages need to start, then one forward and one

@@ -112,10 +112,45 @@ torch::Tensor RecvTensor(Communicator& comm, const std::vector<int64_t>& shape, 
 
 // ---------------------------------------------------------------- tensor-parallel f and g
 
+// A tensor-parallel group as its autograd forms see it (stage_model.h).
+struct TensorParallelGroup {
+  Communicator* comm = nullptr;
+  StageModel* model = nullptr;
+  // f's backward overlap (parallel.tp_comm_overlap; null when off): the weight gradients of the
+  // matmuls that read f's output are put off (`deferred`, fused_linear.h) and run on the compute
+  // stream while f's backward collective runs on `side`.
+  std::unique_ptr<SideStream> side;
+  DeferredWeightGradients deferred;
+  int64_t overlapped = 0;  // weight gradients run beside a collective since construction
+
+  // Runs `collective` - a collective of this group over buffers allocated before it - beside the
+  // weight gradients put off since the last call: on the side stream while they run on the
+  // compute stream, which then waits for it. A sink unit those gradients complete is announced
+  // (gradient_ready) only after that wait: its sum over the tensor-parallel ranks (optimizer.h) is
+  // a collective of this group too, and one group's collectives never run on two streams at once.
+  void Beside(const std::function<void()>& collective) {
+    if (!side || deferred.empty()) {
+      collective();
+      return;
+    }
+    const std::shared_ptr<SideStream::Done> done = side->Run(collective);
+    {
+      model->holding_ready_ = true;
+      struct Release {
+        StageModel* model;
+        ~Release() { model->holding_ready_ = false; }
+      } release{model};
+      overlapped += deferred.RunAll();
+    }
+    side->Wait(done);
+    model->AnnounceHeldReady();
+  }
+};
+
 namespace {
 
-Communicator* CommOf(torch::autograd::AutogradContext* ctx) {
-  return reinterpret_cast<Communicator*>(ctx->saved_data["comm"].toInt());
+TensorParallelGroup* GroupOf(torch::autograd::AutogradContext* ctx) {
+  return reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
 }
 
 // Activations cross the tensor-parallel ranks as they are computed: bf16 for a bf16 activation
@@ -128,20 +163,53 @@ torch::Device WireDevice(Communicator& comm, const torch::Tensor& x) {
 }
 uint16_t* Bits16(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
 
-// The sum over the ranks of x, a new tensor (x is autograd's and stays as it was).
-torch::Tensor AllReduced(Communicator& comm, const torch::Tensor& x) {
-  torch::Tensor sum = torch::empty(x.sizes(), x.options().dtype(WireType(x)).device(WireDevice(comm, x)));
-  sum.copy_(x);  // one copy: widening or staging as it goes
-  const auto n = static_cast<size_t>(sum.numel());
-  if (comm.world_size() > 1) Check(sum.scalar_type() == torch::kBFloat16 ? comm.AllReduceSumBf16(Bits16(sum), n) : comm.AllReduceSum(sum.data_ptr<float>(), n));
-  return sum.to(x.device(), x.scalar_type());
-}
-
 // Sequence parallelism (stage_model.h): a rank's tokens are its block of the flattened [b * t]
 // tokens, held as [b, t / tp, hidden] - the elementwise work between the split matmuls does not
 // care which tokens are where, and every collective is over contiguous blocks (ShardRange of the
 // flattened tensor, tp dividing t).
-torch::Tensor TokensGathered(Communicator& comm, const torch::Tensor& mine) {
+enum class SumOf { kEveryToken, kMyTokens };
+
+// The sum over the ranks of x (kEveryToken: all-reduced) or of this rank's block of its tokens
+// (kMyTokens: reduce-scattered), a new tensor (x is autograd's and stays as it was). kBeside: f's
+// backward, run beside the weight gradients put off for it (TensorParallelGroup::Beside).
+template <SumOf kWhat, bool kBeside>
+torch::Tensor Summed(TensorParallelGroup& group, const torch::Tensor& x) {
+  Communicator& comm = *group.comm;
+  std::vector<int64_t> sizes = x.sizes().vec();
+  if (kWhat == SumOf::kMyTokens) {
+    TORCH_CHECK(sizes.size() >= 2 && sizes[1] % comm.world_size() == 0, "sequence parallel: ", sizes[1], " tokens a row over tp = ",
+                comm.world_size());
+    sizes[1] /= comm.world_size();
+  }
+  // NCCL's reduce-scatter reads its input in place (the check above keeps it off its in-place
+  // fallback for a count the ranks do not divide); an all-reduce, or the host ring, sums into its
+  // buffer, which must not be autograd's. One copy otherwise, widening or staging as it goes.
+  const bool in_place = kWhat == SumOf::kMyTokens && comm.device_buffers() && x.is_cuda() && x.is_contiguous() &&
+                        x.scalar_type() == WireType(x);
+  torch::Tensor full = in_place ? x : torch::empty(x.sizes(), x.options().dtype(WireType(x)).device(WireDevice(comm, x)));
+  if (!in_place) full.copy_(x);
+  // Allocated here, on the compute stream, which reads it after Beside's wait.
+  torch::Tensor out = kWhat == SumOf::kMyTokens ? torch::empty(sizes, full.options()) : full;
+  const auto n = static_cast<size_t>(full.numel());
+  const bool bf16 = full.scalar_type() == torch::kBFloat16;
+  auto collective = [&] {
+    if (comm.world_size() == 1) return;
+    if (kWhat == SumOf::kMyTokens) {
+      Check(bf16 ? comm.ReduceScatterSumBf16To(Bits16(full), Bits16(out), n) : comm.ReduceScatterSumTo(full.data_ptr<float>(), out.data_ptr<float>(), n));
+    } else {
+      Check(bf16 ? comm.AllReduceSumBf16(Bits16(full), n) : comm.AllReduceSum(full.data_ptr<float>(), n));
+    }
+  };
+  if (kBeside) {
+    group.Beside(collective);
+  } else {
+    collective();
+  }
+  return out.to(x.device(), x.scalar_type());
+}
+
+torch::Tensor TokensGathered(TensorParallelGroup& group, const torch::Tensor& mine) {
+  Communicator& comm = *group.comm;
   std::vector<int64_t> sizes = mine.sizes().vec();
   sizes[1] *= comm.world_size();
   const torch::Tensor wire = mine.to(WireDevice(comm, mine), WireType(mine)).contiguous();
@@ -155,54 +223,43 @@ torch::Tensor TokensGathered(Communicator& comm, const torch::Tensor& mine) {
   return full.to(mine.device(), mine.scalar_type());
 }
 
-torch::Tensor TokensReduceScattered(Communicator& comm, const torch::Tensor& x) {
-  std::vector<int64_t> sizes = x.sizes().vec();
-  TORCH_CHECK(sizes.size() >= 2 && sizes[1] % comm.world_size() == 0, "sequence parallel: ", sizes[1], " tokens a row over tp = ", comm.world_size());
-  sizes[1] /= comm.world_size();
-  // NCCL reads the input in place (the check above keeps it off its in-place fallback for a count
-  // the ranks do not divide); the host ring sums into its buffer, which must not be autograd's.
-  const bool in_place = comm.device_buffers() && x.is_cuda() && x.is_contiguous() && x.scalar_type() == WireType(x);
-  torch::Tensor full = in_place ? x : torch::empty(x.sizes(), x.options().dtype(WireType(x)).device(WireDevice(comm, x)));
-  if (!in_place) full.copy_(x);
-  torch::Tensor block = torch::empty(sizes, full.options());
-  const auto n = static_cast<size_t>(full.numel());
-  if (full.scalar_type() == torch::kBFloat16) {
-    Check(comm.ReduceScatterSumBf16To(Bits16(full), Bits16(block), n));
-  } else {
-    Check(comm.ReduceScatterSumTo(full.data_ptr<float>(), block.data_ptr<float>(), n));
-  }
-  return block.to(x.device(), x.scalar_type());
-}
-
 // This rank's block of x's tokens (a copy: autograd's output owns its memory).
-torch::Tensor TokenBlock(Communicator& comm, const torch::Tensor& x) {
+torch::Tensor TokenBlock(TensorParallelGroup& group, const torch::Tensor& x) {
+  Communicator& comm = *group.comm;
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes[1] /= comm.world_size();
   const int64_t block = x.numel() / comm.world_size();
   return x.contiguous().view({-1}).narrow(0, block * comm.rank(), block).view(sizes).clone();
 }
 
-torch::Tensor Same(Communicator&, const torch::Tensor& x) { return x; }
+torch::Tensor Same(TensorParallelGroup&, const torch::Tensor& x) { return x; }
+
+constexpr auto AllReduced = Summed<SumOf::kEveryToken, false>;
+constexpr auto TokensReduceScattered = Summed<SumOf::kMyTokens, false>;
+// f's backward, beside the weight gradients of the matmuls that read f's output.
+constexpr auto AllReducedBeside = Summed<SumOf::kEveryToken, true>;
+constexpr auto TokensReduceScatteredBeside = Summed<SumOf::kMyTokens, true>;
 
 // An activation's way across the tensor-parallel ranks: `Forward` in forward, `Backward` on its
-// gradient (the two are each other's transpose). `comm` is the group's Communicator*.
-template <torch::Tensor (*Forward)(Communicator&, const torch::Tensor&), torch::Tensor (*Backward)(Communicator&, const torch::Tensor&)>
+// gradient (the two are each other's transpose). `group` is the rank's TensorParallelGroup*.
+template <torch::Tensor (*Forward)(TensorParallelGroup&, const torch::Tensor&),
+          torch::Tensor (*Backward)(TensorParallelGroup&, const torch::Tensor&)>
 struct TensorParallelFn : torch::autograd::Function<TensorParallelFn<Forward, Backward>> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, int64_t comm) {
-    ctx->saved_data["comm"] = comm;
-    return Forward(*reinterpret_cast<Communicator*>(comm), x);
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return Forward(*reinterpret_cast<TensorParallelGroup*>(group), x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
-    return {Backward(*CommOf(ctx), g[0]), torch::Tensor()};
+    return {Backward(*GroupOf(ctx), g[0]), torch::Tensor()};
   }
 };
 
 // Megatron's f (identity; the gradient all-reduced) and g (all-reduce; the gradient as it is).
-using CopyToTensorParallelFn = TensorParallelFn<Same, AllReduced>;
+using CopyToTensorParallelFn = TensorParallelFn<Same, AllReducedBeside>;
 using ReduceFromTensorParallelFn = TensorParallelFn<AllReduced, Same>;
 // Sequence parallel f: this rank's tokens -> every token (all-gather); backward, the gradient of
 // every token summed over the ranks and cut to this rank's (reduce-scatter).
-using GatherFromSequenceParallelFn = TensorParallelFn<TokensGathered, TokensReduceScattered>;
+using GatherFromSequenceParallelFn = TensorParallelFn<TokensGathered, TokensReduceScatteredBeside>;
 // Sequence parallel g: the ranks' partial sums over every token -> the sum of this rank's tokens
 // (reduce-scatter); backward, every token's gradient (all-gather).
 using ReduceScatterToSequenceParallelFn = TensorParallelFn<TokensReduceScattered, TokensGathered>;
@@ -382,6 +439,7 @@ void StageModel::BeginGradients(int64_t forwards) {
   forwards_expected_ = forwards;
   forwards_done_ = 0;
   unit_reductions_.assign(units_.size(), 0);
+  held_ready_.clear();  // a failed step's (its units start again)
   for (ParamUnit& unit : units_) {
     std::fill(unit.received.begin(), unit.received.end(), 0);
     std::fill(unit.uses.begin(), unit.uses.end(), 0);
@@ -394,8 +452,24 @@ void StageModel::MaybeGradientReady(int u) {
   for (size_t i = 0; i < unit.received.size(); ++i) {
     if (unit.uses[i] == 0 || unit.received[i] != unit.uses[i]) return;  // an unused one is zeroed at the end
   }
+  if (holding_ready_) {
+    held_ready_.push_back(u);
+    return;
+  }
   gradient_ready_(static_cast<size_t>(u));
 }
+
+void StageModel::AnnounceHeldReady() {
+  std::vector<int> held;
+  held.swap(held_ready_);
+  for (int u : held) gradient_ready_(static_cast<size_t>(u));
+}
+
+void StageModel::EndBackward() { tp_group_->deferred.RunAll(); }
+
+int64_t StageModel::weight_gradients_overlapped() const { return tp_group_->overlapped; }
+
+StageModel::~StageModel() = default;
 
 void StageModel::FinishGradients() {
   torch::NoGradGuard no_grad;
@@ -509,8 +583,12 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     for (int b : block_units_) call_order_.push_back({{b}, true});
     if (last_stage()) call_order_.push_back({head_units_, true});
   }
+  tp_group_ = std::make_unique<TensorParallelGroup>();
+  tp_group_->comm = groups_.tp;
+  tp_group_->model = this;
+  if (mesh_.tp > 1 && spec.parallel.tp_comm_overlap) tp_group_->side = std::make_unique<SideStream>(device_);
   if (mesh_.tp > 1) {
-    const auto tp = reinterpret_cast<int64_t>(groups_.tp);
+    const auto tp = reinterpret_cast<int64_t>(tp_group_.get());
     tensor_parallel_.size = mesh_.tp;
     if (sequence_parallel_) {
       tensor_parallel_.enter = [tp](const torch::Tensor& t) { return GatherFromSequenceParallelFn::apply(t, tp); };
@@ -524,7 +602,7 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
   vocab_rows_ = vocab_parallel_ ? m.vocab / mesh_.tp : m.vocab;
   vocab_begin_ = vocab_parallel_ ? position_.tp_rank * vocab_rows_ : 0;
   if (vocab_parallel_) {
-    tensor_parallel_.lookup = [tp = groups_.tp, begin = vocab_begin_, rows = vocab_rows_](const torch::Tensor& table,
+    tensor_parallel_.lookup = [tp = tp_group_.get(), begin = vocab_begin_, rows = vocab_rows_](const torch::Tensor& table,
                                                                                          const torch::Tensor& tokens) {
       // Tokens outside this rank's rows look up row 0 and are zeroed (their gradient with them).
       const torch::Tensor local = tokens - begin;
@@ -553,6 +631,7 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
     unit.full_shapes.push_back(shape);
     unit.replicated.push_back(split.replicated() || mesh_.tp == 1);
     unit.sequence_partial.push_back(false);  // marked once the units are known (the constructor)
+    unit.column_parallel.push_back(mesh_.tp > 1 && shard::ColumnParallel(split, shape, mesh_.tp));
     unit.offsets.push_back(unit.numel);
     unit.numel += slice_numel;
   }
@@ -633,7 +712,8 @@ ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vecto
         continue;
       }
       GradSlot* slot = unit.sink ? &slots_[static_cast<size_t>(slot_begin_[static_cast<size_t>(units[u])]) + i] : nullptr;
-      sunk.push_back(SunkParameter{unit.params[i], slot});
+      const bool defer = slot != nullptr && tp_group_->side && unit.column_parallel[i];
+      sunk.push_back(SunkParameter{unit.params[i], slot, defer ? &tp_group_->deferred : nullptr});
     }
   }
   return ParamView(std::move(names), std::move(views), std::move(sunk));
@@ -677,7 +757,7 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
 torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
   return Run(embed_units_, tokens, [this](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
     const torch::Tensor x = family_->Embed(ViewOfUnit(embed_units_, v), t, tensor_parallel_);
-    return sequence_parallel_ ? ScatterToSequenceParallelFn::apply(x, reinterpret_cast<int64_t>(groups_.tp)) : x;
+    return sequence_parallel_ ? ScatterToSequenceParallelFn::apply(x, reinterpret_cast<int64_t>(tp_group_.get())) : x;
   }, /*recompute=*/false, /*matmul_weights=*/false);  // a lookup: the residual stream starts from the fp32 table
 }
 
@@ -723,7 +803,7 @@ torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& 
     if (!vocab_parallel_) {
       // Every rank computes the whole loss with the whole head; under sequence parallelism from
       // every token, gathered.
-      if (sequence_parallel_) normed = GatherForReplicatedFn::apply(normed, reinterpret_cast<int64_t>(groups_.tp));
+      if (sequence_parallel_) normed = GatherForReplicatedFn::apply(normed, reinterpret_cast<int64_t>(tp_group_.get()));
       return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), PaddedHeadWeight(p), vocab_rows_, targets.reshape({-1}), compute);
     }
     // This rank's slice of the vocabulary; its dx is summed over the ranks by f's backward.

@@ -43,10 +43,18 @@
 // forward and an all-reduce of the gradient backward, ReduceFromTensorParallel an all-reduce
 // forward and the identity backward. With heads and MLP width split, a block costs two
 // all-reduces forward and two backward. Activations cross the ranks in their own dtype: bf16 on a
-// bf16 run (half the bytes of fp32; for tp = 2 the same sums as widening first), fp32 otherwise. Vocab-parallel (shard/layout.h: the token embedding and
-// the head split by vocabulary rows where tp divides the vocabulary): the lookup sums the ranks'
-// masked lookups (one all-reduce forward); the loss enters through f (its dx all-reduced in
-// backward) and merges the ranks' row statistics (fused_loss.h).
+// bf16 run (half the bytes of fp32; for tp = 2 the same sums as widening first), fp32 otherwise.
+// Vocab-parallel (shard/layout.h: the token embedding and the head split by vocabulary rows where
+// tp divides the vocabulary): the lookup sums the ranks' masked lookups (one all-reduce forward);
+// the loss enters through f (its dx all-reduced in backward) and merges the ranks' row statistics
+// (fused_loss.h).
+//
+// f's backward overlapped with the weight gradients (Megatron's overlap of the column-parallel
+// input gradient's collective with the wgrad; parallel.tp_comm_overlap): the matmuls that read f's
+// output (split by output rows, shard::ColumnParallel) compute dx in their backward and put dW off
+// (fused_linear.h); f's backward then sums dx over the ranks on a side stream while their dW runs
+// on the compute stream. Sink units only (not ZeRO-3 shards or recomputed blocks, whose matmuls
+// write no sink).
 //
 // Sequence parallelism (Korthikanti et al. 2022, Megatron's --sequence-parallel; on where tp
 // divides model.sequence and parallel.sequence_parallel is not false): between the split matmuls
@@ -92,6 +100,9 @@ void AllGatherTensorFrom(Communicator& comm, const torch::Tensor& mine, torch::T
 void SendTensor(Communicator& comm, const torch::Tensor& t, uint32_t peer);
 torch::Tensor RecvTensor(Communicator& comm, const std::vector<int64_t>& shape, const torch::Device& device, uint32_t peer);
 
+// A tensor-parallel group as its autograd forms see it (stage_model.cc).
+struct TensorParallelGroup;
+
 struct ParamUnit {
   std::string label;                         // "embed", "block 3", "head", "wte (tied copy)"
   std::vector<std::string> names;            // the model's parameter names
@@ -103,6 +114,8 @@ struct ParamUnit {
   // biases added after its reduce-scatters, the final norm), so its gradient here is this rank's
   // tokens' part: summed over the tensor-parallel ranks before the update (optimizer.h).
   std::vector<bool> sequence_partial;
+  // Split by output rows (shard::ColumnParallel): a matrix that reads f's output whole.
+  std::vector<bool> column_parallel;
   int64_t numel = 0;
   int64_t shard_begin = 0, shard_end = 0;    // this data-parallel rank's range of the flat vector
   bool sharded = false;                      // ZeRO-3: `flat` holds [shard_begin, shard_end) only
@@ -150,6 +163,7 @@ class StageModel {
   // stage and tensor-parallel rank) on `device`, filled through `load`.
   StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
              const WeightLoader& load, torch::Device device, Groups groups);
+  ~StageModel();
 
   bool first_stage() const { return position_.stage == 0; }
   bool last_stage() const { return position_.stage == mesh_.pp - 1; }
@@ -196,6 +210,12 @@ class StageModel {
   // Copies the fp32 weights into the bf16 working copies (after an update, a load or a resume),
   // but for units whose `fresh[u]` is true (the update wrote their copy itself).
   void RefreshWorkingWeights(const std::vector<bool>& fresh = {});
+  // After each backward of the step: the weight gradients put off for an f's backward that did not
+  // come (none today; a guard) are written, so each parameter's gradients add in the same order.
+  void EndBackward();
+  // Weight gradients computed beside f's backward collective (parallel.tp_comm_overlap) since
+  // construction.
+  int64_t weight_gradients_overlapped() const;
   // ZeRO-3: whole units gathered since construction (a forward's and a backward's count apart);
   // parallel.keep_gathered lowers it by one per kept layer and micro-batch.
   int64_t unit_gathers() const { return unit_gathers_; }
@@ -298,6 +318,13 @@ class StageModel {
   // rank holds 1/tp of the tokens (below).
   bool sequence_parallel_ = false;
   TensorParallel tensor_parallel_;
+  std::unique_ptr<TensorParallelGroup> tp_group_;
+  friend struct TensorParallelGroup;
+  // While weight gradients run beside a tensor-parallel collective, the units they complete wait
+  // here to be announced (TensorParallelGroup::Beside says why).
+  bool holding_ready_ = false;
+  std::vector<int> held_ready_;
+  void AnnounceHeldReady();
   // Vocab-parallel: this rank's rows [vocab_begin_, vocab_begin_ + vocab_rows_) of the token
   // embedding and the head (vocab_rows_ = the whole vocabulary otherwise).
   bool vocab_parallel_ = false;

@@ -712,6 +712,51 @@ TEST_F(TrainerTest, SequenceParallelTrainsTheSameRunAndKeepsReplicatedWeightsAli
   }
 }
 
+// parallel.tp_comm_overlap (stage_model.h): f's backward sums dx over the tensor-parallel ranks
+// beside the weight gradients of the matmuls that read f's output, put off until then. The same
+// bytes as without it - losses and every parameter of every rank bit-identical with it off - and
+// it ran on every rank: with and without sequence parallelism, alone and under dp = 2 ZeRO-1,
+// whose in-backward dp sums wait for the units those gradients complete until the tp collective
+// is joined.
+TEST_F(TrainerTest, TensorParallelOverlapTrainsBitForBitAsWithoutIt) {
+  for (const std::string family : {"llama", "gpt2"}) {
+    spec_.model = TinyModel(family);
+    spec_.train.global_batch = 8;
+    spec_.parallel.micro_batch = 2;
+    for (const bool sequence_parallel : {true, false}) {
+      for (const int64_t dp : {1, 2}) {
+        SetMesh(dp, 1, 2, dp == 1 ? 0 : 1);
+        spec_.parallel.sequence_parallel = sequence_parallel;
+        const std::string name = family + (sequence_parallel ? ", sequence parallel" : "") + ", dp " + std::to_string(dp);
+        const int steps = 4;
+        std::map<bool, std::map<uint32_t, std::map<std::string, torch::Tensor>>> params;
+        std::map<bool, std::map<uint32_t, int64_t>> overlapped;
+        std::map<bool, std::vector<std::vector<double>>> losses;
+        for (const bool overlap : {false, true}) {
+          spec_.parallel.tp_comm_overlap = overlap;
+          losses[overlap] = Train(steps, [&](uint32_t r, Trainer& t) {
+            overlapped[overlap][r] = t.weight_gradients_overlapped();
+            for (auto& [param, value] : t.parameters()) params[overlap][r][param] = value.detach().clone();
+          });
+        }
+        EXPECT_EQ(losses[true], losses[false]) << name;
+        ASSERT_EQ(params[true].size(), static_cast<size_t>(2 * dp)) << name;
+        for (auto& [rank, values] : params[false]) {
+          // Each block's two f's (attention, MLP) run beside at least one weight gradient each, per
+          // step and micro-batch (8 / dp / 2 of them).
+          EXPECT_GE(overlapped[true][rank], steps * 2 * (8 / dp / 2) * spec_.model.layers) << name << ", rank " << rank;
+          EXPECT_EQ(overlapped[false][rank], 0) << name << ", rank " << rank;
+          for (auto& [param, value] : values) {
+            EXPECT_TRUE(torch::equal(value, params[true][rank][param])) << name << ", rank " << rank << ": " << param;
+          }
+        }
+      }
+    }
+  }
+  spec_.parallel.tp_comm_overlap = true;
+  spec_.parallel.sequence_parallel = true;
+}
+
 // Issue #20: a checkpoint written under any mesh resumes under any other and continues the
 // single worker's run (tp 2 -> 1 used to train on never-written halves of every split tensor).
 // Every pair of seven meshes - one worker, dp=2 ZeRO-3, pp=2, tp=2, dp2 x tp2 ZeRO-1, dp2 x pp2 x

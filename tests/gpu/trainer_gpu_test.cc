@@ -97,6 +97,12 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
     losses.push_back(loss.ok() ? *loss : 0.0);
     if (graph_steps && trainer.last_step_replayed_graph()) ++*graph_steps;
   }
+  if (context.spec.parallel.tp > 1) {
+    // parallel.tp_comm_overlap is on by default: f's backward ran beside the weight gradients.
+    EXPECT_GT(trainer.weight_gradients_overlapped(), 0);
+    std::fprintf(stderr, "rank %u: %lld weight gradients beside a tp collective\n", context.rank,
+                 static_cast<long long>(trainer.weight_gradients_overlapped()));
+  }
   return losses;
 }
 
