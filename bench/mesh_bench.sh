@@ -11,7 +11,8 @@
 #   STRATA_BENCH_RUNS="one-gpu tp2": the runs to make (default: the six above); also one-gpu-eager
 #   (cuda_graphs = false), one-gpu-zero3 and one-gpu-zero3-eager (ZeRO-3's gathering path on one
 #   GPU, with and without CUDA graphs), one-gpu-zero3-keep and dp2-zero3-keep (parallel.keep_gathered
-#   = "auto": the planner keeps what fits gathered for the backward; the other runs keep none), pp2-m16 (16 micro-batches of 8), pp2-m8-stages (STRATA_BENCH_STAGES="[7, 5]")
+#   = "auto": the planner keeps what fits gathered for the backward; the other runs keep none), pp2-m16 (16 micro-batches of 8), pp2-m8-stages (STRATA_BENCH_STAGES="[7, 5]"),
+#   tp2-no-overlap and tp2-no-sp (tp = 2 with parallel.tp_comm_overlap or sequence_parallel off)
 set -euo pipefail
 bin=${STRATA_BIN_DIR:?}
 steps=${1:-15}
@@ -115,6 +116,10 @@ keep_gathered = \"auto\"" ;;
 zero = 3
 keep_gathered = \"auto\"" ;;
     tp2) bench tp2 8 "tp = 2" ;;
-    *) echo "mesh_bench: unknown run '$run' (one-gpu, one-gpu-eager, one-gpu-zero3, one-gpu-zero3-eager, one-gpu-zero3-keep, dp2-zero1..3, dp2-zero3-keep, pp2-m8, pp2-m16, pp2-m8-stages, tp2)" >&2; exit 2 ;;
+    tp2-no-overlap) bench tp2-no-overlap 8 "tp = 2
+tp_comm_overlap = false" ;;
+    tp2-no-sp) bench tp2-no-sp 8 "tp = 2
+sequence_parallel = false" ;;
+    *) echo "mesh_bench: unknown run '$run' (one-gpu, one-gpu-eager, one-gpu-zero3, one-gpu-zero3-eager, one-gpu-zero3-keep, dp2-zero1..3, dp2-zero3-keep, pp2-m8, pp2-m16, pp2-m8-stages, tp2, tp2-no-overlap, tp2-no-sp)" >&2; exit 2 ;;
   esac
 done
