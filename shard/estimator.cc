@@ -55,7 +55,11 @@
 // gradient sums now start in the last micro-batch's backward (worker/optimizer.h); how much of
 // them that hides was not measured yet (no two-GPU machine in session 24), so none is credited;
 // nor is tensor parallel's backward collective run beside the weight gradients
-// (parallel.tp_comm_overlap, worker/stage_model.h; not measured on two GPUs either):
+// (parallel.tp_comm_overlap, worker/stage_model.h; not measured on two GPUs either). Its memory
+// adds nothing to the peak: the put-off gradients hold the column-parallel matmuls' dy (Llama's
+// dgate and dup, [tokens, ffn / tp] each) until f's backward, beside the input gradients' sum,
+// while the MLP's activation backward just before held five such tensors (gate, up, their
+// gradients, the activation's); attention's likewise:
 
 // ring all-reduce of gradients 2(n-1)/n * bytes / bandwidth over dp (ZeRO-1 adds the all-gather
 // of the updated fp32 shards, half as many bytes; ZeRO-2's reduce-scatter and gather together

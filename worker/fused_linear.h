@@ -43,6 +43,8 @@ class DeferredWeightGradients {
   void Defer(std::function<void()> write) { pending_.push_back(std::move(write)); }
   // Runs the queued writes in the order queued; returns how many ran.
   int64_t RunAll();
+  // Drops the queued writes unrun (a backward that failed part-way: its gradients are discarded).
+  void Clear() { pending_.clear(); }
   bool empty() const { return pending_.empty(); }
 
  private:

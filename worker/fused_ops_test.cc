@@ -444,6 +444,13 @@ TEST(FusedOpsTest, DeferredWeightGradientsWaitForTheirQueueAndEqualTheImmediateO
   EXPECT_TRUE(queue.empty());
   EXPECT_EQ(later.received, 2);
   EXPECT_TRUE(torch::equal(later.buffer, now.buffer));
+
+  // A backward that failed part-way: its put-off writes are dropped, never run.
+  BufferSink dropped(torch::full({6, 8}, std::nan("")));
+  run(&queue, dropped);
+  queue.Clear();
+  EXPECT_EQ(queue.RunAll(), 0);
+  EXPECT_EQ(dropped.received, 0);
 }
 
 TEST(FusedOpsTest, ParamViewCountsOneSinkUsePerViewAccessAndOnePerLinear) {

@@ -121,13 +121,18 @@ struct TensorParallelGroup {
   // stream while f's backward collective runs on `side`.
   std::unique_ptr<SideStream> side;
   DeferredWeightGradients deferred;
-  int64_t overlapped = 0;  // weight gradients run beside a collective since construction
+  // Weight gradients put off to an f's backward and run there since construction: beside its
+  // collective on a GPU with NCCL; after it where the device has one stream (a CPU) or the
+  // collective runs on the host (ZeroMQ staging a CUDA tensor).
+  int64_t weight_gradients_deferred = 0;
 
   // Runs `collective` - a collective of this group over buffers allocated before it - beside the
   // weight gradients put off since the last call: on the side stream while they run on the
   // compute stream, which then waits for it. A sink unit those gradients complete is announced
   // (gradient_ready) only after that wait: its sum over the tensor-parallel ranks (optimizer.h) is
   // a collective of this group too, and one group's collectives never run on two streams at once.
+  // (A guard: with today's families no unit completes there - a block's last gradient is its
+  // input norm's, written after f's backward.)
   void Beside(const std::function<void()>& collective) {
     if (!side || deferred.empty()) {
       collective();
@@ -135,14 +140,19 @@ struct TensorParallelGroup {
     }
     const std::shared_ptr<SideStream::Done> done = side->Run(collective);
     {
+      // Joined even when a weight gradient throws (out of memory): the buffers the collective
+      // reads and writes are freed on the compute stream, after this wait.
+      struct Join {
+        TensorParallelGroup& group;
+        const std::shared_ptr<SideStream::Done>& done;
+        ~Join() {
+          group.model->holding_ready_ = false;
+          group.side->Wait(done);
+        }
+      } join{*this, done};
       model->holding_ready_ = true;
-      struct Release {
-        StageModel* model;
-        ~Release() { model->holding_ready_ = false; }
-      } release{model};
-      overlapped += deferred.RunAll();
+      weight_gradients_deferred += deferred.RunAll();
     }
-    side->Wait(done);
     model->AnnounceHeldReady();
   }
 };
@@ -175,6 +185,7 @@ enum class SumOf { kEveryToken, kMyTokens };
 template <SumOf kWhat, bool kBeside>
 torch::Tensor Summed(TensorParallelGroup& group, const torch::Tensor& x) {
   Communicator& comm = *group.comm;
+  if (comm.world_size() == 1) return x;
   std::vector<int64_t> sizes = x.sizes().vec();
   if (kWhat == SumOf::kMyTokens) {
     TORCH_CHECK(sizes.size() >= 2 && sizes[1] % comm.world_size() == 0, "sequence parallel: ", sizes[1], " tokens a row over tp = ",
@@ -193,7 +204,6 @@ torch::Tensor Summed(TensorParallelGroup& group, const torch::Tensor& x) {
   const auto n = static_cast<size_t>(full.numel());
   const bool bf16 = full.scalar_type() == torch::kBFloat16;
   auto collective = [&] {
-    if (comm.world_size() == 1) return;
     if (kWhat == SumOf::kMyTokens) {
       Check(bf16 ? comm.ReduceScatterSumBf16To(Bits16(full), Bits16(out), n) : comm.ReduceScatterSumTo(full.data_ptr<float>(), out.data_ptr<float>(), n));
     } else {
@@ -439,7 +449,7 @@ void StageModel::BeginGradients(int64_t forwards) {
   forwards_expected_ = forwards;
   forwards_done_ = 0;
   unit_reductions_.assign(units_.size(), 0);
-  held_ready_.clear();  // a failed step's (its units start again)
+  DropUnfinishedBackward();
   for (ParamUnit& unit : units_) {
     std::fill(unit.received.begin(), unit.received.end(), 0);
     std::fill(unit.uses.begin(), unit.uses.end(), 0);
@@ -459,6 +469,11 @@ void StageModel::MaybeGradientReady(int u) {
   gradient_ready_(static_cast<size_t>(u));
 }
 
+void StageModel::DropUnfinishedBackward() {
+  tp_group_->deferred.Clear();
+  held_ready_.clear();
+}
+
 void StageModel::AnnounceHeldReady() {
   std::vector<int> held;
   held.swap(held_ready_);
@@ -467,7 +482,7 @@ void StageModel::AnnounceHeldReady() {
 
 void StageModel::EndBackward() { tp_group_->deferred.RunAll(); }
 
-int64_t StageModel::weight_gradients_overlapped() const { return tp_group_->overlapped; }
+int64_t StageModel::weight_gradients_deferred() const { return tp_group_->weight_gradients_deferred; }
 
 StageModel::~StageModel() = default;
 

@@ -53,8 +53,8 @@
 // input gradient's collective with the wgrad; parallel.tp_comm_overlap): the matmuls that read f's
 // output (split by output rows, shard::ColumnParallel) compute dx in their backward and put dW off
 // (fused_linear.h); f's backward then sums dx over the ranks on a side stream while their dW runs
-// on the compute stream. Sink units only (not ZeRO-3 shards or recomputed blocks, whose matmuls
-// write no sink).
+// on the compute stream. Sink units only: not ZeRO-3 shards, whose slots reduce-scatter each use
+// once it is complete, nor recomputed blocks, whose matmuls are plain torch::linear.
 //
 // Sequence parallelism (Korthikanti et al. 2022, Megatron's --sequence-parallel; on where tp
 // divides model.sequence and parallel.sequence_parallel is not false): between the split matmuls
@@ -114,7 +114,8 @@ struct ParamUnit {
   // biases added after its reduce-scatters, the final norm), so its gradient here is this rank's
   // tokens' part: summed over the tensor-parallel ranks before the update (optimizer.h).
   std::vector<bool> sequence_partial;
-  // Split by output rows (shard::ColumnParallel): a matrix that reads f's output whole.
+  // Split by output rows (shard::ColumnParallel). Read through ParamView::Linear, such a matrix
+  // reads f's output: its weight gradient can wait for f's backward.
   std::vector<bool> column_parallel;
   int64_t numel = 0;
   int64_t shard_begin = 0, shard_end = 0;    // this data-parallel rank's range of the flat vector
@@ -213,9 +214,9 @@ class StageModel {
   // After each backward of the step: the weight gradients put off for an f's backward that did not
   // come (none today; a guard) are written, so each parameter's gradients add in the same order.
   void EndBackward();
-  // Weight gradients computed beside f's backward collective (parallel.tp_comm_overlap) since
-  // construction.
-  int64_t weight_gradients_overlapped() const;
+  // Weight gradients put off to f's backward collective (parallel.tp_comm_overlap) and run there,
+  // since construction (stage_model.cc, TensorParallelGroup).
+  int64_t weight_gradients_deferred() const;
   // ZeRO-3: whole units gathered since construction (a forward's and a backward's count apart);
   // parallel.keep_gathered lowers it by one per kept layer and micro-batch.
   int64_t unit_gathers() const { return unit_gathers_; }
@@ -325,6 +326,10 @@ class StageModel {
   bool holding_ready_ = false;
   std::vector<int> held_ready_;
   void AnnounceHeldReady();
+  // What a backward that failed part-way left (EndStep, BeginGradients): weight gradients put off
+  // for an f's backward that never ran, units held for an announcement - dropped, not run, so the
+  // step's replay starts clean.
+  void DropUnfinishedBackward();
   // Vocab-parallel: this rank's rows [vocab_begin_, vocab_begin_ + vocab_rows_) of the token
   // embedding and the head (vocab_rows_ = the whole vocabulary otherwise).
   bool vocab_parallel_ = false;
