@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/gpu/mirror_communicator.h"
 #include "worker/buffer_sink_testing.h"
 #include "worker/communicator.h"
 #include "worker/fused_linear.h"
@@ -41,7 +43,7 @@ class GpuTest : public ::testing::Test {
 std::vector<double> Train(const std::string& corpus, torch::Device device, int steps,
                           const std::string& precision = "fp32", const std::string& family = "gpt2", int64_t zero = 0,
                           const std::function<void(RunSpec&)>& adjust = {}, int* graph_steps = nullptr,
-                          FaultInjector* faults = nullptr) {
+                          FaultInjector* faults = nullptr, int64_t* weight_gradients_deferred = nullptr, bool mirrored = false) {
   TaskContext context;
   context.run_id = "gpu";
   if (faults) context.faults = faults;
@@ -64,7 +66,12 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
   const auto world = static_cast<uint32_t>(context.spec.parallel.workers());
   zmq::context_t zmq_context;  // outlives the communicator's sockets (its destructor waits for them)
   std::unique_ptr<Communicator> comm;
-  if (world > 1) {
+  if (world > 1 && mirrored) {
+    // Rank 0 of a mesh whose other ranks are its copies (mirror_communicator.h).
+    context.rank = 0;
+    context.world_size = world;
+    comm = CreateMirrorCommunicator(world, 0, device);
+  } else if (world > 1) {
     // One rank of a mesh (TrainMesh below): this process's rank comes from the environment, its
     // peers are processes of this binary on the same GPU, over ZeroMQ.
     const char* rank = std::getenv("STRATA_GPU_TEST_RANK");
@@ -97,7 +104,8 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
     losses.push_back(loss.ok() ? *loss : 0.0);
     if (graph_steps && trainer.last_step_replayed_graph()) ++*graph_steps;
   }
-  if (context.spec.parallel.tp > 1) {
+  if (weight_gradients_deferred) *weight_gradients_deferred = trainer.weight_gradients_deferred();
+  if (context.spec.parallel.tp > 1 && !mirrored) {
     // parallel.tp_comm_overlap is on by default: the weight gradients of the matmuls after f were
     // put off to its backward (here, over ZeroMQ, run after its host-staged collective: beside it
     // takes NCCL, mesh_gpu_test).
@@ -210,6 +218,85 @@ TEST_F(GpuTest, DataParallelRanksSumBesideTheBackwardAndTrainAsOneRank) {
       for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], bound * one[i]) << "zero " << zero << " " << precision << " step " << i + 1;
       std::printf("llama %s dp=2 zero %lld on one GPU: losses %.6f .. %.6f, one rank %.6f .. %.6f\n", precision,
                   static_cast<long long>(zero), two.front(), two.back(), one.front(), one.back());
+    }
+  }
+}
+
+// The collectives of a mesh as device work on the one GPU (mirror_communicator.h: the other ranks
+// are rank 0's copies), where NCCL's kernels would run - on the side streams, joined, captured.
+// What a missing join would break shows as losses that differ from the ordered form's:
+// - data parallel, ZeRO 1 and 2: each unit's sum starts beside the backward (optimizer.h); ZeRO-3
+//   gathers and reduce-scatters beside the compute. Captured as one graph from the second step on,
+//   against op by op (fp32: the same kernels in the same order, within rounding);
+// - tensor parallel (sequence parallel, 2 and 4 ranks): f's backward collective beside the weight
+//   gradients put off for it (parallel.tp_comm_overlap), against the weight gradients first and
+//   the collective after: bit for bit, in fp32 and bf16.
+TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
+  const torch::Device gpu(torch::kCUDA, 0);
+  const int steps = 6;
+  for (const int64_t zero : {1, 2, 3}) {
+    const std::string what = "llama fp32 dp=2 zero " + std::to_string(zero) + " mirrored";
+    auto mesh = [&](bool graphs) {
+      return [zero, graphs](RunSpec& spec) {
+        spec.parallel.dp = 2;
+        spec.parallel.zero = zero;
+        spec.train.global_batch = 16;
+        spec.train.cuda_graphs = graphs;
+      };
+    };
+    auto eager = Train(dir_ + "/corpus.txt", gpu, steps, "fp32", "llama", zero, mesh(false), nullptr, nullptr, nullptr, true);
+    int graph_steps = 0;
+    auto graphed = Train(dir_ + "/corpus.txt", gpu, steps, "fp32", "llama", zero, mesh(true), &graph_steps, nullptr, nullptr, true);
+    ASSERT_EQ(graphed.size(), eager.size()) << what;
+    EXPECT_EQ(graph_steps, steps - 1) << what << ": the first step runs eagerly, every later one as the graph";
+    double worst = 0;
+    for (size_t i = 0; i < eager.size(); ++i) {
+      worst = std::max(worst, std::abs(graphed[i] - eager[i]) / eager[i]);
+      EXPECT_NEAR(graphed[i], eager[i], 1e-5 * eager[i]) << what << " step " << i + 1;
+    }
+    std::printf("%s: losses %.6f .. %.6f, graph vs op by op largest relative difference %.3g\n", what.c_str(), graphed.front(),
+                graphed.back(), worst);
+  }
+  for (const std::string family : {"llama", "gpt2"}) {
+    for (const std::string precision : {"fp32", "bf16"}) {
+      for (const int64_t tp : {2, 4}) {
+        const std::string what = family + " " + precision + " tp=" + std::to_string(tp) + " mirrored";
+        // Per train.cuda_graphs (a tensor-parallel step replays as a graph where the build captures
+        // one; op by op otherwise) and per overlap.
+        std::map<std::pair<bool, bool>, std::vector<double>> losses;
+        std::map<std::pair<bool, bool>, int64_t> deferred;
+        std::map<bool, int> graph_steps;
+        for (const bool graphs : {false, true}) {
+          for (const bool overlap : {false, true}) {
+            losses[std::make_pair(graphs, overlap)] = Train(dir_ + "/corpus.txt", gpu, steps, precision, family, 0,
+                                              [&](RunSpec& spec) {
+                                                spec.parallel.tp = tp;
+                                                spec.parallel.tp_comm_overlap = overlap;
+                                                spec.train.cuda_graphs = graphs;
+                                                spec.model.heads = 4;
+                                                spec.model.kv_heads = 4;
+                                              },
+                                              &graph_steps[graphs], nullptr, &deferred[std::make_pair(graphs, overlap)], true);
+          }
+          const std::pair<bool, bool> with{graphs, true}, without{graphs, false};
+          ASSERT_EQ(losses[with].size(), static_cast<size_t>(steps)) << what;
+          EXPECT_EQ(losses[with], losses[without]) << what << (graphs ? ", graphs" : "") << ": the overlap changed the losses";
+          EXPECT_GT(deferred[with], 0) << what;
+          EXPECT_EQ(deferred[without], 0) << what;
+        }
+        EXPECT_EQ(graph_steps[false], 0) << what;
+        const double bound = precision == "fp32" ? 1e-5 : 2e-3;
+        double worst = 0;
+        for (int i = 0; i < steps; ++i) {
+          const double eager = losses[std::make_pair(false, true)][i], graphed = losses[std::make_pair(true, true)][i];
+          worst = std::max(worst, std::abs(graphed - eager) / eager);
+          EXPECT_NEAR(graphed, eager, bound * eager) << what << " step " << i + 1;
+        }
+        std::printf("%s: losses %.6f .. %.6f with and without the overlap, %lld weight gradients beside a collective; "
+                    "%d of two runs' %d steps replayed a graph; graph vs op by op largest relative difference %.3g\n",
+                    what.c_str(), losses[std::make_pair(false, true)].front(), losses[std::make_pair(false, true)].back(),
+                    static_cast<long long>(deferred[std::make_pair(false, true)]), graph_steps[true], 2 * steps, worst);
+      }
     }
   }
 }

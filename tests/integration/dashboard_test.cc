@@ -509,7 +509,11 @@ TEST_F(DashboardFailureTest, RunThatLostAWorkerShowsItsFailuresAndPlanAndExtract
   const std::string card = Card(body, run);
   ASSERT_FALSE(card.empty()) << body;
   EXPECT_NE(card.find("class=\"run selected hurt\""), std::string::npos) << "a run that lost a worker must not look normal: " << card;
-  EXPECT_NE(card.find("data-handled=\"worker-lost\">worker-lost 1<"), std::string::npos) << card;
+  // The count status gives now (1 above; on a loaded machine a late heartbeat under the 1 s timeout
+  // can add one more loss since, which the card must show as well).
+  const int64_t lost_now = Status(run)["handled"].value("worker-lost", 0);
+  EXPECT_GE(lost_now, 1);
+  EXPECT_NE(card.find("data-handled=\"worker-lost\">worker-lost " + std::to_string(lost_now) + "<"), std::string::npos) << card;
   EXPECT_TRUE(std::regex_search(card, std::regex("dp 1 · pp 1 · tp 1 · ZeRO-[0-3] · micro-batch [0-9]+ x [0-9]+")))
       << "the plan after the re-plan: " << card;
   EXPECT_NE(card.find("tokens/s <b>"), std::string::npos) << card;
