@@ -17,11 +17,12 @@
 // rotary tables are built once (model_family.h). The optimizer's update stays outside the graph:
 // it reads the loss and the gradient norm on the host first (trainer.cc).
 //
-// The caller decides eligibility: a CUDA device, one pipeline stage (no sends), tp = 1 (no
-// collectives inside blocks), no offloaded update, train.cuda_graphs. ZeRO-3's gathers and
-// reduce-scatters (NCCL on a side stream, which the capture forks from this object's stream
-// and joins again) are captured with the rest: NCCL collectives replay from a graph, and the
-// schedule queues them in the same order every step. Memory that a side stream still reads when
+// The caller decides eligibility: a CUDA device, one pipeline stage (no sends), no offloaded
+// update, train.cuda_graphs. Collectives are captured with the rest - NCCL collectives replay
+// from a graph, and the schedule queues them in the same order every step: ZeRO-3's gathers and
+// reduce-scatters and ZeRO 0-2's sums in the backward (on side streams, which the capture forks
+// from this object's stream and joins again), tensor parallelism's (on this stream, and f's
+// backward on a side stream beside the weight gradients). Memory that a side stream still reads when
 // it is dropped (side_stream.h: KeepUntilDone) stays out of reuse until the capture ends, so
 // ZeRO-3 reuses its gradient buffers instead of dropping them (stage_model_zero3.cc). A capture
 // that fails (an op that synchronises, out of memory) is logged, the step runs eagerly, and

@@ -133,12 +133,13 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
     model_->SetBeforeUse([opt = optimizer_.get()](size_t unit) { opt->WaitForUnit(unit); });
     model_->SetHostGradient([opt = optimizer_.get()](size_t unit, const torch::Tensor& grad) { opt->HostGradient(unit, grad); });
   }
-  // A static schedule (step_graph.h): no pipeline sends, no tensor-parallel collectives inside
-  // blocks, no offloaded update to wait for (the forward's waits are issued from the host,
-  // optimizer.h). ZeRO-3's gathers and reduce-scatters are captured with the step: they are
-  // queued in the same order on every step, on a side stream the capture forks and joins.
-  const bool graphable =
-      context.spec.train.cuda_graphs && device_.is_cuda() && mesh_.pp == 1 && mesh_.tp == 1 && !optimizer.offload;
+  // A static schedule (step_graph.h): no pipeline sends (their transfer streams are not joined
+  // inside the step), no offloaded update to wait for (the forward's waits are issued from the
+  // host, optimizer.h). Collectives are captured with the step, queued in the same order on every
+  // step: ZeRO-3's gathers and reduce-scatters and ZeRO 0-2's sums in the backward on side
+  // streams the capture forks and joins, tensor parallelism's on the step's stream and f's
+  // backward beside the weight gradients on another (stage_model.h).
+  const bool graphable = context.spec.train.cuda_graphs && device_.is_cuda() && mesh_.pp == 1 && !optimizer.offload;
   step_graph_ = std::make_unique<StepGraph>(device_, graphable);
 }
 

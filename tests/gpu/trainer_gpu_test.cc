@@ -230,7 +230,7 @@ TEST_F(GpuTest, DataParallelRanksSumBesideTheBackwardAndTrainAsOneRank) {
 //   against op by op (fp32: the same kernels in the same order, within rounding);
 // - tensor parallel (sequence parallel, 2 and 4 ranks): f's backward collective beside the weight
 //   gradients put off for it (parallel.tp_comm_overlap), against the weight gradients first and
-//   the collective after: bit for bit, in fp32 and bf16.
+//   the collective after: bit for bit, in fp32 and bf16; captured as a graph, against op by op.
 TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
   const torch::Device gpu(torch::kCUDA, 0);
   const int steps = 6;
@@ -261,8 +261,8 @@ TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
     for (const std::string precision : {"fp32", "bf16"}) {
       for (const int64_t tp : {2, 4}) {
         const std::string what = family + " " + precision + " tp=" + std::to_string(tp) + " mirrored";
-        // Per train.cuda_graphs (a tensor-parallel step replays as a graph where the build captures
-        // one; op by op otherwise) and per overlap.
+        // Per train.cuda_graphs (the steps after the first replay as one graph, or run op by op) and
+        // per overlap.
         std::map<std::pair<bool, bool>, std::vector<double>> losses;
         std::map<std::pair<bool, bool>, int64_t> deferred;
         std::map<bool, int> graph_steps;
@@ -285,6 +285,7 @@ TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
           EXPECT_EQ(deferred[without], 0) << what;
         }
         EXPECT_EQ(graph_steps[false], 0) << what;
+        EXPECT_EQ(graph_steps[true], 2 * (steps - 1)) << what << ": each run's steps after the first replay as a graph";
         const double bound = precision == "fp32" ? 1e-5 : 2e-3;
         double worst = 0;
         for (int i = 0; i < steps; ++i) {
