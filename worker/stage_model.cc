@@ -110,179 +110,6 @@ torch::Tensor RecvTensor(Communicator& comm, const std::vector<int64_t>& shape, 
   return buffer.to(device);
 }
 
-// ---------------------------------------------------------------- tensor-parallel f and g
-
-// A tensor-parallel group as its autograd forms see it (stage_model.h).
-struct TensorParallelGroup {
-  Communicator* comm = nullptr;
-  StageModel* model = nullptr;
-  // f's backward overlap (parallel.tp_comm_overlap; null when off): the weight gradients of the
-  // matmuls that read f's output are put off (`deferred`, fused_linear.h) and run on the compute
-  // stream while f's backward collective runs on `side`.
-  std::unique_ptr<SideStream> side;
-  DeferredWeightGradients deferred;
-  // Weight gradients put off to an f's backward and run there since construction: beside its
-  // collective on a GPU with NCCL; after it where the device has one stream (a CPU) or the
-  // collective runs on the host (ZeroMQ staging a CUDA tensor).
-  int64_t weight_gradients_deferred = 0;
-
-  // Runs `collective` - a collective of this group over buffers allocated before it - beside the
-  // weight gradients put off since the last call: on the side stream while they run on the
-  // compute stream, which then waits for it. A sink unit those gradients complete is announced
-  // (gradient_ready) only after that wait: its sum over the tensor-parallel ranks (optimizer.h) is
-  // a collective of this group too, and one group's collectives never run on two streams at once.
-  // (A guard: with today's families no unit completes there - a block's last gradient is its
-  // input norm's, written after f's backward.)
-  void Beside(const std::function<void()>& collective) {
-    if (!side || deferred.empty()) {
-      collective();
-      return;
-    }
-    const std::shared_ptr<SideStream::Done> done = side->Run(collective);
-    {
-      // Joined even when a weight gradient throws (out of memory): the buffers the collective
-      // reads and writes are freed on the compute stream, after this wait.
-      struct Join {
-        TensorParallelGroup& group;
-        const std::shared_ptr<SideStream::Done>& done;
-        ~Join() {
-          group.model->holding_ready_ = false;
-          group.side->Wait(done);
-        }
-      } join{*this, done};
-      model->holding_ready_ = true;
-      weight_gradients_deferred += deferred.RunAll();
-    }
-    model->AnnounceHeldReady();
-  }
-};
-
-namespace {
-
-TensorParallelGroup* GroupOf(torch::autograd::AutogradContext* ctx) {
-  return reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
-}
-
-// Activations cross the tensor-parallel ranks as they are computed: bf16 for a bf16 activation
-// (half the bytes of widening it; summing two bf16 partial sums in fp32 and rounding once is
-// exact to what NCCL's bf16 sum gives for tp = 2), fp32 otherwise. Where the communicator takes
-// host buffers only (ZeroMQ) a CUDA activation is staged through the host.
-torch::ScalarType WireType(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat; }
-torch::Device WireDevice(Communicator& comm, const torch::Tensor& x) {
-  return x.is_cpu() || comm.device_buffers() ? x.device() : torch::Device(torch::kCPU);
-}
-uint16_t* Bits16(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
-
-// Sequence parallelism (stage_model.h): a rank's tokens are its block of the flattened [b * t]
-// tokens, held as [b, t / tp, hidden] - the elementwise work between the split matmuls does not
-// care which tokens are where, and every collective is over contiguous blocks (ShardRange of the
-// flattened tensor, tp dividing t).
-enum class SumOf { kEveryToken, kMyTokens };
-
-// The sum over the ranks of x (kEveryToken: all-reduced) or of this rank's block of its tokens
-// (kMyTokens: reduce-scattered), a new tensor (x is autograd's and stays as it was). kBeside: f's
-// backward, run beside the weight gradients put off for it (TensorParallelGroup::Beside).
-template <SumOf kWhat, bool kBeside>
-torch::Tensor Summed(TensorParallelGroup& group, const torch::Tensor& x) {
-  Communicator& comm = *group.comm;
-  if (comm.world_size() == 1) return x;
-  std::vector<int64_t> sizes = x.sizes().vec();
-  if (kWhat == SumOf::kMyTokens) {
-    TORCH_CHECK(sizes.size() >= 2 && sizes[1] % comm.world_size() == 0, "sequence parallel: ", sizes[1], " tokens a row over tp = ",
-                comm.world_size());
-    sizes[1] /= comm.world_size();
-  }
-  // NCCL's reduce-scatter reads its input in place (the check above keeps it off its in-place
-  // fallback for a count the ranks do not divide); an all-reduce, or the host ring, sums into its
-  // buffer, which must not be autograd's. One copy otherwise, widening or staging as it goes.
-  const bool in_place = kWhat == SumOf::kMyTokens && comm.device_buffers() && x.is_cuda() && x.is_contiguous() &&
-                        x.scalar_type() == WireType(x);
-  torch::Tensor full = in_place ? x : torch::empty(x.sizes(), x.options().dtype(WireType(x)).device(WireDevice(comm, x)));
-  if (!in_place) full.copy_(x);
-  // Allocated here, on the compute stream, which reads it after Beside's wait.
-  torch::Tensor out = kWhat == SumOf::kMyTokens ? torch::empty(sizes, full.options()) : full;
-  const auto n = static_cast<size_t>(full.numel());
-  const bool bf16 = full.scalar_type() == torch::kBFloat16;
-  auto collective = [&] {
-    if (kWhat == SumOf::kMyTokens) {
-      Check(bf16 ? comm.ReduceScatterSumBf16To(Bits16(full), Bits16(out), n) : comm.ReduceScatterSumTo(full.data_ptr<float>(), out.data_ptr<float>(), n));
-    } else {
-      Check(bf16 ? comm.AllReduceSumBf16(Bits16(full), n) : comm.AllReduceSum(full.data_ptr<float>(), n));
-    }
-  };
-  if (kBeside) {
-    group.Beside(collective);
-  } else {
-    collective();
-  }
-  return out.to(x.device(), x.scalar_type());
-}
-
-torch::Tensor TokensGathered(TensorParallelGroup& group, const torch::Tensor& mine) {
-  Communicator& comm = *group.comm;
-  std::vector<int64_t> sizes = mine.sizes().vec();
-  sizes[1] *= comm.world_size();
-  const torch::Tensor wire = mine.to(WireDevice(comm, mine), WireType(mine)).contiguous();
-  torch::Tensor full = torch::empty(sizes, wire.options());
-  const auto n = static_cast<size_t>(full.numel());
-  if (wire.scalar_type() == torch::kBFloat16) {
-    Check(comm.AllGather16From(Bits16(wire), Bits16(full), n));
-  } else {
-    Check(comm.AllGatherFrom(wire.data_ptr<float>(), full.data_ptr<float>(), n));
-  }
-  return full.to(mine.device(), mine.scalar_type());
-}
-
-// This rank's block of x's tokens (a copy: autograd's output owns its memory).
-torch::Tensor TokenBlock(TensorParallelGroup& group, const torch::Tensor& x) {
-  Communicator& comm = *group.comm;
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes[1] /= comm.world_size();
-  const int64_t block = x.numel() / comm.world_size();
-  return x.contiguous().view({-1}).narrow(0, block * comm.rank(), block).view(sizes).clone();
-}
-
-torch::Tensor Same(TensorParallelGroup&, const torch::Tensor& x) { return x; }
-
-constexpr auto AllReduced = Summed<SumOf::kEveryToken, false>;
-constexpr auto TokensReduceScattered = Summed<SumOf::kMyTokens, false>;
-// f's backward, beside the weight gradients of the matmuls that read f's output.
-constexpr auto AllReducedBeside = Summed<SumOf::kEveryToken, true>;
-constexpr auto TokensReduceScatteredBeside = Summed<SumOf::kMyTokens, true>;
-
-// An activation's way across the tensor-parallel ranks: `Forward` in forward, `Backward` on its
-// gradient (the two are each other's transpose). `group` is the rank's TensorParallelGroup*.
-template <torch::Tensor (*Forward)(TensorParallelGroup&, const torch::Tensor&),
-          torch::Tensor (*Backward)(TensorParallelGroup&, const torch::Tensor&)>
-struct TensorParallelFn : torch::autograd::Function<TensorParallelFn<Forward, Backward>> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, int64_t group) {
-    ctx->saved_data["group"] = group;
-    return Forward(*reinterpret_cast<TensorParallelGroup*>(group), x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
-    return {Backward(*GroupOf(ctx), g[0]), torch::Tensor()};
-  }
-};
-
-// Megatron's f (identity; the gradient all-reduced) and g (all-reduce; the gradient as it is).
-using CopyToTensorParallelFn = TensorParallelFn<Same, AllReducedBeside>;
-using ReduceFromTensorParallelFn = TensorParallelFn<AllReduced, Same>;
-// Sequence parallel f: this rank's tokens -> every token (all-gather); backward, the gradient of
-// every token summed over the ranks and cut to this rank's (reduce-scatter).
-using GatherFromSequenceParallelFn = TensorParallelFn<TokensGathered, TokensReduceScatteredBeside>;
-// Sequence parallel g: the ranks' partial sums over every token -> the sum of this rank's tokens
-// (reduce-scatter); backward, every token's gradient (all-gather).
-using ReduceScatterToSequenceParallelFn = TensorParallelFn<TokensReduceScattered, TokensGathered>;
-// Every token, the same on every rank (the embedding's output) -> this rank's tokens; backward,
-// every token's gradient gathered, so what read every token (the lookup) gets all of it.
-using ScatterToSequenceParallelFn = TensorParallelFn<TokenBlock, TokensGathered>;
-// This rank's tokens -> every token, for a consumer that every rank runs alike on all of them (a
-// head not split by vocabulary): each rank's gradient of every token is already the whole one,
-// so backward keeps this rank's block.
-using GatherForReplicatedFn = TensorParallelFn<TokensGathered, TokenBlock>;
-
-}  // namespace
-
 // ---------------------------------------------------------------- recomputed and ZeRO-3 calls
 
 struct StageModel::Call {
@@ -449,7 +276,7 @@ void StageModel::BeginGradients(int64_t forwards) {
   forwards_expected_ = forwards;
   forwards_done_ = 0;
   unit_reductions_.assign(units_.size(), 0);
-  DropUnfinishedBackward();
+  tp_group_->DropUnfinished();
   for (ParamUnit& unit : units_) {
     std::fill(unit.received.begin(), unit.received.end(), 0);
     std::fill(unit.uses.begin(), unit.uses.end(), 0);
@@ -462,27 +289,13 @@ void StageModel::MaybeGradientReady(int u) {
   for (size_t i = 0; i < unit.received.size(); ++i) {
     if (unit.uses[i] == 0 || unit.received[i] != unit.uses[i]) return;  // an unused one is zeroed at the end
   }
-  if (holding_ready_) {
-    held_ready_.push_back(u);
-    return;
-  }
+  if (tp_group_->HoldAnnouncement(u)) return;  // announced once f's backward collective is joined
   gradient_ready_(static_cast<size_t>(u));
 }
 
-void StageModel::DropUnfinishedBackward() {
-  tp_group_->deferred.Clear();
-  held_ready_.clear();
-}
+void StageModel::EndBackward() { tp_group_->RunLeftovers(); }
 
-void StageModel::AnnounceHeldReady() {
-  std::vector<int> held;
-  held.swap(held_ready_);
-  for (int u : held) gradient_ready_(static_cast<size_t>(u));
-}
-
-void StageModel::EndBackward() { tp_group_->deferred.RunAll(); }
-
-int64_t StageModel::weight_gradients_deferred() const { return tp_group_->weight_gradients_deferred; }
+int64_t StageModel::weight_gradients_deferred() const { return tp_group_->weight_gradients_deferred(); }
 
 StageModel::~StageModel() = default;
 
@@ -598,20 +411,12 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     for (int b : block_units_) call_order_.push_back({{b}, true});
     if (last_stage()) call_order_.push_back({head_units_, true});
   }
-  tp_group_ = std::make_unique<TensorParallelGroup>();
-  tp_group_->comm = groups_.tp;
-  tp_group_->model = this;
-  if (mesh_.tp > 1 && spec.parallel.tp_comm_overlap) tp_group_->side = std::make_unique<SideStream>(device_);
+  tp_group_ = std::make_unique<TensorParallelGroup>(groups_.tp, device_, mesh_.tp > 1 && spec.parallel.tp_comm_overlap,
+                                                     [this](int u) { gradient_ready_(static_cast<size_t>(u)); });
   if (mesh_.tp > 1) {
-    const auto tp = reinterpret_cast<int64_t>(tp_group_.get());
     tensor_parallel_.size = mesh_.tp;
-    if (sequence_parallel_) {
-      tensor_parallel_.enter = [tp](const torch::Tensor& t) { return GatherFromSequenceParallelFn::apply(t, tp); };
-      tensor_parallel_.leave = [tp](const torch::Tensor& t) { return ReduceScatterToSequenceParallelFn::apply(t, tp); };
-    } else {
-      tensor_parallel_.enter = [tp](const torch::Tensor& t) { return CopyToTensorParallelFn::apply(t, tp); };
-      tensor_parallel_.leave = [tp](const torch::Tensor& t) { return ReduceFromTensorParallelFn::apply(t, tp); };
-    }
+    tensor_parallel_.enter = [tp = tp_group_.get(), sp = sequence_parallel_](const torch::Tensor& t) { return EnterTensorParallel(*tp, t, sp); };
+    tensor_parallel_.leave = [tp = tp_group_.get(), sp = sequence_parallel_](const torch::Tensor& t) { return LeaveTensorParallel(*tp, t, sp); };
   }
   vocab_parallel_ = shard::VocabParallel(m, mesh_.tp);
   vocab_rows_ = vocab_parallel_ ? m.vocab / mesh_.tp : m.vocab;
@@ -623,7 +428,7 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
       const torch::Tensor local = tokens - begin;
       const torch::Tensor elsewhere = local.lt(0).logical_or(local.ge(rows));
       const torch::Tensor mine = torch::embedding(table, local.masked_fill(elsewhere, 0)).masked_fill(elsewhere.unsqueeze(-1), 0);
-      return ReduceFromTensorParallelFn::apply(mine, reinterpret_cast<int64_t>(tp));
+      return LeaveTensorParallel(*tp, mine, /*sequence_parallel=*/false);  // the ranks' lookups summed
     };
   }
 }
@@ -727,8 +532,8 @@ ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vecto
         continue;
       }
       GradSlot* slot = unit.sink ? &slots_[static_cast<size_t>(slot_begin_[static_cast<size_t>(units[u])]) + i] : nullptr;
-      const bool defer = slot != nullptr && tp_group_->side && unit.column_parallel[i];
-      sunk.push_back(SunkParameter{unit.params[i], slot, defer ? &tp_group_->deferred : nullptr});
+      DeferredWeightGradients* defer = slot != nullptr && unit.column_parallel[i] ? tp_group_->deferred() : nullptr;
+      sunk.push_back(SunkParameter{unit.params[i], slot, defer});
     }
   }
   return ParamView(std::move(names), std::move(views), std::move(sunk));
@@ -772,7 +577,7 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
 torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
   return Run(embed_units_, tokens, [this](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
     const torch::Tensor x = family_->Embed(ViewOfUnit(embed_units_, v), t, tensor_parallel_);
-    return sequence_parallel_ ? ScatterToSequenceParallelFn::apply(x, reinterpret_cast<int64_t>(tp_group_.get())) : x;
+    return sequence_parallel_ ? ScatterToSequenceParallel(*tp_group_, x) : x;
   }, /*recompute=*/false, /*matmul_weights=*/false);  // a lookup: the residual stream starts from the fp32 table
 }
 
@@ -818,7 +623,7 @@ torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& 
     if (!vocab_parallel_) {
       // Every rank computes the whole loss with the whole head; under sequence parallelism from
       // every token, gathered.
-      if (sequence_parallel_) normed = GatherForReplicatedFn::apply(normed, reinterpret_cast<int64_t>(tp_group_.get()));
+      if (sequence_parallel_) normed = GatherForReplicated(*tp_group_, normed);
       return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), PaddedHeadWeight(p), vocab_rows_, targets.reshape({-1}), compute);
     }
     // This rank's slice of the vocabulary; its dx is summed over the ranks by f's backward.

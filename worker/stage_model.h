@@ -84,6 +84,7 @@
 #include "worker/communicator.h"
 #include "worker/model_family.h"
 #include "worker/side_stream.h"
+#include "worker/tensor_parallel.h"
 
 namespace strata::worker {
 
@@ -99,9 +100,6 @@ void ReduceScatterTensorTo(Communicator& comm, torch::Tensor& t, torch::Tensor& 
 void AllGatherTensorFrom(Communicator& comm, const torch::Tensor& mine, torch::Tensor& full);
 void SendTensor(Communicator& comm, const torch::Tensor& t, uint32_t peer);
 torch::Tensor RecvTensor(Communicator& comm, const std::vector<int64_t>& shape, const torch::Device& device, uint32_t peer);
-
-// A tensor-parallel group as its autograd forms see it (stage_model.cc).
-struct TensorParallelGroup;
 
 struct ParamUnit {
   std::string label;                         // "embed", "block 3", "head", "wte (tied copy)"
@@ -215,7 +213,7 @@ class StageModel {
   // come (none today; a guard) are written, so each parameter's gradients add in the same order.
   void EndBackward();
   // Weight gradients put off to f's backward collective (parallel.tp_comm_overlap) and run there,
-  // since construction (stage_model.cc, TensorParallelGroup).
+  // since construction (tensor_parallel.h).
   int64_t weight_gradients_deferred() const;
   // ZeRO-3: whole units gathered since construction (a forward's and a backward's count apart);
   // parallel.keep_gathered lowers it by one per kept layer and micro-batch.
@@ -319,17 +317,10 @@ class StageModel {
   // rank holds 1/tp of the tokens (below).
   bool sequence_parallel_ = false;
   TensorParallel tensor_parallel_;
+  // The autograd forms' group (tensor_parallel.h). A backward that failed part-way leaves its
+  // put-off weight gradients and held announcements there: EndStep and BeginGradients drop them,
+  // so the step's replay starts clean.
   std::unique_ptr<TensorParallelGroup> tp_group_;
-  friend struct TensorParallelGroup;
-  // While weight gradients run beside a tensor-parallel collective, the units they complete wait
-  // here to be announced (TensorParallelGroup::Beside says why).
-  bool holding_ready_ = false;
-  std::vector<int> held_ready_;
-  void AnnounceHeldReady();
-  // What a backward that failed part-way left (EndStep, BeginGradients): weight gradients put off
-  // for an f's backward that never ran, units held for an announcement - dropped, not run, so the
-  // step's replay starts clean.
-  void DropUnfinishedBackward();
   // Vocab-parallel: this rank's rows [vocab_begin_, vocab_begin_ + vocab_rows_) of the token
   // embedding and the head (vocab_rows_ = the whole vocabulary otherwise).
   bool vocab_parallel_ = false;

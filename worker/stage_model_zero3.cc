@@ -400,7 +400,7 @@ void StageModel::FinishShardedGradients() {
 
 void StageModel::EndStep() {
   calls_.clear();
-  DropUnfinishedBackward();
+  tp_group_->DropUnfinished();
   if (side_) side_->WaitAll();  // nothing still writes a gradient or a gathered buffer
   if (host_anchor_.defined()) side_->Synchronize();  // nor reads a host shard the optimizer writes next
   sharded_calls_.clear();

@@ -1,0 +1,77 @@
+// Tensor parallelism's activation collectives as autograd functions (internal to worker/,
+// includes LibTorch): Megatron's f and g, their sequence-parallel forms, and f's backward run
+// beside the weight gradients put off for it. worker/stage_model.h says where each is used and
+// why; activations cross the ranks in their own dtype (bf16 or fp32), staged through the host
+// where the communicator takes host buffers only.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "worker/communicator.h"
+#include "worker/fused_linear.h"
+#include "worker/side_stream.h"
+
+namespace strata::worker {
+
+// A rank's tensor-parallel group as its autograd forms see it. One backward at a time.
+class TensorParallelGroup {
+ public:
+  // `overlap` (parallel.tp_comm_overlap, with tp > 1): f's backward runs its collective on a side
+  // stream beside the weight gradients put off for it. `announce(u)`: sink unit u's gradient is
+  // complete (StageModel's gradient_ready), for the units held meanwhile (Beside).
+  TensorParallelGroup(Communicator* comm, torch::Device device, bool overlap, std::function<void(int unit)> announce);
+
+  // Where a matmul that reads f's output puts its weight gradient's write (null: no overlap).
+  DeferredWeightGradients* deferred() { return side_ ? &deferred_ : nullptr; }
+  // While put-off gradients run beside a collective, the units they complete are held here and
+  // announced after the join: a unit's announcement may start a collective of this group (its
+  // sum over the tensor-parallel ranks, optimizer.h), and one group's collectives never run on two
+  // streams at once. Returns false when nothing is running beside a collective.
+  bool HoldAnnouncement(int unit);
+  // After each backward: the put-off writes an f's backward did not take (none today; a guard),
+  // so each parameter's gradients add in the same order.
+  void RunLeftovers() { deferred_.RunAll(); }
+  // A backward that failed part-way: its put-off writes and held units are dropped, not run.
+  void DropUnfinished();
+  // Weight gradients put off to an f's backward and run there since construction: beside its
+  // collective on a GPU with NCCL; after it where the device has one stream (a CPU) or the
+  // collective runs on the host (ZeroMQ staging a CUDA tensor).
+  int64_t weight_gradients_deferred() const { return weight_gradients_deferred_; }
+
+  Communicator& comm() { return *comm_; }
+  // Runs `collective` - a collective of this group over buffers allocated before it - beside the
+  // weight gradients put off since the last call: on the side stream while they run on the
+  // compute stream, which then waits for it. With nothing put off, or no side stream, it runs
+  // here.
+  void Beside(const std::function<void()>& collective);
+
+ private:
+  Communicator* comm_;
+  std::unique_ptr<SideStream> side_;
+  DeferredWeightGradients deferred_;
+  std::function<void(int unit)> announce_;
+  bool holding_ = false;
+  std::vector<int> held_;
+  int64_t weight_gradients_deferred_ = 0;
+};
+
+// Megatron's f before the split matmuls: identity forward, its gradient all-reduced backward
+// (beside the put-off weight gradients). Sequence parallel: this rank's tokens -> every token
+// (all-gather), backward reduce-scattered back to this rank's tokens.
+torch::Tensor EnterTensorParallel(TensorParallelGroup& group, const torch::Tensor& x, bool sequence_parallel);
+// Megatron's g after them: the ranks' partial sums all-reduced forward, identity backward.
+// Sequence parallel: reduce-scattered to this rank's tokens, backward all-gathered.
+torch::Tensor LeaveTensorParallel(TensorParallelGroup& group, const torch::Tensor& x, bool sequence_parallel);
+// Every token, the same on every rank (the embedding's output) -> this rank's tokens; backward,
+// every token's gradient gathered, so what read every token (the lookup) gets all of it.
+torch::Tensor ScatterToSequenceParallel(TensorParallelGroup& group, const torch::Tensor& x);
+// This rank's tokens -> every token, for a consumer that every rank runs alike on all of them (a
+// head not split by vocabulary): each rank's gradient of every token is already the whole one,
+// so backward keeps this rank's block.
+torch::Tensor GatherForReplicated(TensorParallelGroup& group, const torch::Tensor& x);
+
+}  // namespace strata::worker
