@@ -181,7 +181,6 @@ using GatherForReplicatedFn = TensorParallelFn<TokensGathered, TokenBlock>;
 
 }  // namespace
 
-
 torch::Tensor EnterTensorParallel(TensorParallelGroup& group, const torch::Tensor& x, bool sequence_parallel) {
   const auto handle = reinterpret_cast<int64_t>(&group);
   return sequence_parallel ? GatherFromSequenceParallelFn::apply(x, handle) : CopyToTensorParallelFn::apply(x, handle);
