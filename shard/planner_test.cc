@@ -461,17 +461,28 @@ TEST(ChoosePlan, Bf16KeepsFp32MasterWeightsAndGradients) {
   EXPECT_EQ(cpu_plan->workers[0].memory.weights, 4 * kGpt2SmallParams);
 }
 
+// A small Llama on a fixed tp = 2 mesh (fp32, one micro-batch of 8): the tensor-parallel layout tests.
+ModelSpec SmallTpLlama() {
+  ModelSpec llama;
+  llama.family = "llama", llama.layers = 2, llama.hidden = 256, llama.heads = 4, llama.kv_heads = 2, llama.ffn = 512;
+  return llama;
+}
+
+JobSpec FixedTp2Job() {
+  JobSpec job;
+  job.global_batch = 8, job.precision = "fp32", job.tp = 2, job.dp = 1, job.pp = 1, job.zero = 0, job.micro_batch = 8;
+  job.recompute = false, job.offload = Offload::kNone;
+  return job;
+}
+
 // Vocab-parallel (shard/layout.h): where tp divides the vocabulary, each tensor-parallel rank
 // holds 1/tp of the token embedding and of the head, so 64 more rows of vocabulary cost each of
 // two ranks 64 rows of each table (4 bytes a weight, fp32): 2 * 64 * h * 4 / 2. An odd vocabulary
 // stays whole on every rank: 2 more rows cost each rank 2 rows of each table.
 TEST(ChoosePlan, TensorParallelRanksHoldTheirSliceOfAVocabularyTpDivides) {
-  ModelSpec llama;
-  llama.family = "llama", llama.layers = 2, llama.hidden = 256, llama.heads = 4, llama.kv_heads = 2, llama.ffn = 512;
+  ModelSpec llama = SmallTpLlama();
   llama.sequence = 128;
-  JobSpec job;
-  job.global_batch = 8, job.precision = "fp32", job.tp = 2, job.dp = 1, job.pp = 1, job.zero = 0, job.micro_batch = 8;
-  job.recompute = false, job.offload = Offload::kNone;
+  const JobSpec job = FixedTp2Job();
   auto weights = [&](int64_t vocab) {
     ModelSpec m = llama;
     m.vocab = vocab;
@@ -489,12 +500,9 @@ TEST(ChoosePlan, TensorParallelRanksHoldTheirSliceOfAVocabularyTpDivides) {
 // the final norm's fp32 input (s * b * h * 4, halved). Where tp does not divide the sequence, or
 // the spec switches it off, the estimate is the whole-sequence one.
 TEST(ChoosePlan, SequenceParallelRanksHoldHalfTheResidualStream) {
-  ModelSpec llama;
-  llama.family = "llama", llama.layers = 2, llama.hidden = 256, llama.heads = 4, llama.kv_heads = 2, llama.ffn = 512;
+  ModelSpec llama = SmallTpLlama();
   llama.vocab = 32000;
-  JobSpec job;
-  job.global_batch = 8, job.precision = "fp32", job.tp = 2, job.dp = 1, job.pp = 1, job.zero = 0, job.micro_batch = 8;
-  job.recompute = false, job.offload = Offload::kNone;
+  const JobSpec job = FixedTp2Job();
   auto activations = [&](int64_t sequence, bool on) {
     JobSpec j = job;
     j.sequence = sequence;

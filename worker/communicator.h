@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,6 +82,13 @@ class Communicator {
   // past its deadline), or -1: the watchdog's answer to "who did not arrive".
   virtual int64_t missing_peer() const { return -1; }
 };
+
+// For the stage model's collectives on tensors (worker/stage_model.h, tensor_parallel.h), which run
+// inside autograd, where a failure can only leave as an exception: throws std::runtime_error
+// carrying the status.
+inline void ThrowIfFailed(const Status& status) {
+  if (!status.ok()) throw std::runtime_error(status.ToString());
+}
 
 // [begin, end) of rank's block of a `count`-element buffer split over `world` ranks (sizes differ
 // by at most one element).

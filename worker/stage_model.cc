@@ -19,10 +19,6 @@ namespace strata::worker {
 
 namespace {
 
-void Check(const Status& status) {
-  if (!status.ok()) throw std::runtime_error(status.ToString());
-}
-
 // Runs `op` on an fp32 contiguous buffer the communicator can use, copying back if staged.
 template <typename Op>
 void OnBuffer(Communicator& comm, torch::Tensor& t, Op op) {
@@ -30,7 +26,7 @@ void OnBuffer(Communicator& comm, torch::Tensor& t, Op op) {
   TORCH_CHECK(t.scalar_type() == torch::kFloat && t.is_contiguous(), "collectives take contiguous fp32 tensors");
   const bool direct = t.is_cpu() || comm.device_buffers();
   torch::Tensor buffer = direct ? t : t.to(torch::kCPU);
-  Check(op(buffer.data_ptr<float>(), static_cast<size_t>(buffer.numel())));
+  ThrowIfFailed(op(buffer.data_ptr<float>(), static_cast<size_t>(buffer.numel())));
   if (!direct) t.copy_(buffer);
 }
 
@@ -59,7 +55,7 @@ void ReduceScatterTensorTo(Communicator& comm, torch::Tensor& t, torch::Tensor& 
   TORCH_CHECK(block.numel() == static_cast<int64_t>(end - begin) && block.scalar_type() == torch::kFloat,
               "ReduceScatterTensorTo: the block is this rank's share of the tensor, fp32");
   if (Direct(comm, t, block)) {
-    Check(comm.ReduceScatterSumTo(t.data_ptr<float>(), block.data_ptr<float>(), static_cast<size_t>(t.numel())));
+    ThrowIfFailed(comm.ReduceScatterSumTo(t.data_ptr<float>(), block.data_ptr<float>(), static_cast<size_t>(t.numel())));
     return;
   }
   ReduceScatterTensor(comm, t);
@@ -75,16 +71,16 @@ void AllGatherTensorFrom(Communicator& comm, const torch::Tensor& mine, torch::T
   const auto n = static_cast<size_t>(full.numel());
   if (Direct(comm, mine, full)) {
     if (bf16) {
-      Check(comm.AllGather16From(reinterpret_cast<const uint16_t*>(mine.data_ptr()), reinterpret_cast<uint16_t*>(full.data_ptr()), n));
+      ThrowIfFailed(comm.AllGather16From(reinterpret_cast<const uint16_t*>(mine.data_ptr()), reinterpret_cast<uint16_t*>(full.data_ptr()), n));
     } else {
-      Check(comm.AllGatherFrom(mine.data_ptr<float>(), full.data_ptr<float>(), n));
+      ThrowIfFailed(comm.AllGatherFrom(mine.data_ptr<float>(), full.data_ptr<float>(), n));
     }
     return;
   }
   full.narrow(0, static_cast<int64_t>(begin), static_cast<int64_t>(end - begin)).copy_(mine);
   if (comm.world_size() == 1) return;
   if (bf16) {  // 16-bit collectives take the buffer where it is (no host staging path)
-    Check(comm.AllGather16(reinterpret_cast<uint16_t*>(full.data_ptr()), n));
+    ThrowIfFailed(comm.AllGather16(reinterpret_cast<uint16_t*>(full.data_ptr()), n));
   } else {
     AllGatherTensor(comm, full);
   }
@@ -93,7 +89,7 @@ void AllGatherTensorFrom(Communicator& comm, const torch::Tensor& mine, torch::T
 void SendTensor(Communicator& comm, const torch::Tensor& t, uint32_t peer) {
   auto buffer = t.detach().to(torch::kFloat).contiguous();
   if (!comm.device_buffers()) buffer = buffer.to(torch::kCPU);
-  Check(comm.Send(buffer.data_ptr(), static_cast<size_t>(buffer.numel()) * sizeof(float), peer));
+  ThrowIfFailed(comm.Send(buffer.data_ptr(), static_cast<size_t>(buffer.numel()) * sizeof(float), peer));
 #ifdef STRATA_WITH_CUDA
   // The compute stream goes on while the send runs on the transfer stream: the buffer's memory
   // is not reused before the transfer stream has sent it, however soon it is dropped here.
@@ -106,7 +102,7 @@ void SendTensor(Communicator& comm, const torch::Tensor& t, uint32_t peer) {
 
 torch::Tensor RecvTensor(Communicator& comm, const std::vector<int64_t>& shape, const torch::Device& device, uint32_t peer) {
   auto buffer = torch::empty(shape, torch::TensorOptions().dtype(torch::kFloat).device(comm.device_buffers() ? device : torch::kCPU));
-  Check(comm.Recv(buffer.data_ptr(), static_cast<size_t>(buffer.numel()) * sizeof(float), peer));
+  ThrowIfFailed(comm.Recv(buffer.data_ptr(), static_cast<size_t>(buffer.numel()) * sizeof(float), peer));
   return buffer.to(device);
 }
 

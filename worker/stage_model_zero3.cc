@@ -17,10 +17,6 @@ namespace strata::worker {
 
 namespace {
 
-void Check(const Status& status) {
-  if (!status.ok()) throw std::runtime_error(status.ToString());
-}
-
 // A gathered buffer's memory goes back to the allocator while the tensor, and every view of it
 // that autograd saved, lives on; Refill gives it memory again (FSDP's storage resize). Both are
 // ordered on the compute stream, which allocated it.
@@ -186,7 +182,7 @@ std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Ten
     }
     if (dp.world_size() == 1) return;
     if (bf16) {
-      Check(dp.AllGather16(reinterpret_cast<uint16_t*>(target.data_ptr()), static_cast<size_t>(unit.numel)));
+      ThrowIfFailed(dp.AllGather16(reinterpret_cast<uint16_t*>(target.data_ptr()), static_cast<size_t>(unit.numel)));
     } else {
       AllGatherTensor(dp, target);
     }

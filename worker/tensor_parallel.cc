@@ -53,10 +53,6 @@ void TensorParallelGroup::Beside(const std::function<void()>& collective) {
 
 namespace {
 
-void Check(const Status& status) {
-  if (!status.ok()) throw std::runtime_error(status.ToString());
-}
-
 TensorParallelGroup* GroupOf(torch::autograd::AutogradContext* ctx) {
   return reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
 }
@@ -103,9 +99,9 @@ torch::Tensor Summed(TensorParallelGroup& group, const torch::Tensor& x) {
   const bool bf16 = full.scalar_type() == torch::kBFloat16;
   auto collective = [&] {
     if (kWhat == SumOf::kMyTokens) {
-      Check(bf16 ? comm.ReduceScatterSumBf16To(Bits16(full), Bits16(out), n) : comm.ReduceScatterSumTo(full.data_ptr<float>(), out.data_ptr<float>(), n));
+      ThrowIfFailed(bf16 ? comm.ReduceScatterSumBf16To(Bits16(full), Bits16(out), n) : comm.ReduceScatterSumTo(full.data_ptr<float>(), out.data_ptr<float>(), n));
     } else {
-      Check(bf16 ? comm.AllReduceSumBf16(Bits16(full), n) : comm.AllReduceSum(full.data_ptr<float>(), n));
+      ThrowIfFailed(bf16 ? comm.AllReduceSumBf16(Bits16(full), n) : comm.AllReduceSum(full.data_ptr<float>(), n));
     }
   };
   if (kBeside) {
@@ -124,9 +120,9 @@ torch::Tensor TokensGathered(TensorParallelGroup& group, const torch::Tensor& mi
   torch::Tensor full = torch::empty(sizes, wire.options());
   const auto n = static_cast<size_t>(full.numel());
   if (wire.scalar_type() == torch::kBFloat16) {
-    Check(comm.AllGather16From(Bits16(wire), Bits16(full), n));
+    ThrowIfFailed(comm.AllGather16From(Bits16(wire), Bits16(full), n));
   } else {
-    Check(comm.AllGatherFrom(wire.data_ptr<float>(), full.data_ptr<float>(), n));
+    ThrowIfFailed(comm.AllGatherFrom(wire.data_ptr<float>(), full.data_ptr<float>(), n));
   }
   return full.to(mine.device(), mine.scalar_type());
 }
