@@ -202,10 +202,12 @@ struct ParallelSpec {
   // all-reduce of a block becoming a reduce-scatter and an all-gather (the same bytes). false:
   // every tensor-parallel rank runs them on every token. Same checkpoints either way.
   bool sequence_parallel = true;
-  // Under tp > 1: f's backward collective (the input gradient of the matmuls split by output
-  // rows, summed over the tensor-parallel ranks) runs on a side stream while their weight
-  // gradients are computed (Megatron's tensor-parallel communication overlap, for the weight
-  // gradients). false: the weight gradients run first, then the collective. Same losses either way.
+  // Under tp > 1 (Megatron's tensor-parallel communication overlap): f's backward collective (the
+  // input gradient of the matmuls split by output rows, summed over the tensor-parallel ranks)
+  // runs on a side stream while their weight gradients are computed; forward, f's gather runs
+  // while the first projection multiplies the rank's own tokens, and g's sum in chunks while the
+  // next chunk multiplies. false: every collective in turn. Same losses within the rounding of a
+  // matmul over fewer rows (bit for bit on CPU).
   bool tp_comm_overlap = true;
   // Train runs: the fields above that the spec leaves to the planner ("auto", or absent), from
   // {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered"}; until the coordinator plans the run

@@ -35,14 +35,14 @@ class Gpt2Family : public ModelFamily {
     const bool fuse_residual = !request.patch;
     const NormedResidual first = fuse_residual ? FusedResidualLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute)
                                                : NormedResidual{x, FusedLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute)};
-    auto a = tp.enter(first.normed);
-    const int64_t b = a.size(0), t = a.size(1);  // all tokens (x may hold 1/tp: sequence parallel)
+    const torch::Tensor projected = tp.EnterLinears(p, first.normed, {{"c_attn.weight", "c_attn.bias"}})[0];
+    const int64_t b = projected.size(0), t = projected.size(1);  // all tokens (x may hold 1/tp: sequence parallel)
     // [b, t, 3 * heads * hd] -> 3 x [b, t, heads, hd] by one unbind of the middle dimension, then
     // the heads-first views attention takes. Backward stacks the three gradients along that
     // dimension: one copy, straight into the projection's [b, t, 3 * heads * hd] layout (three
     // indexings would zero-fill and add three buffers; an unbind of a permuted view would stack
     // heads-first and then copy again to undo the permute).
-    const auto qkv = p.Linear(a, "c_attn.weight", "c_attn.bias").view({b, t, 3, heads, hd}).unbind(2);
+    const auto qkv = projected.view({b, t, 3, heads, hd}).unbind(2);
     const auto q = qkv[0].transpose(1, 2), k = qkv[1].transpose(1, 2), v = qkv[2].transpose(1, 2);
     out.q = qkv[0];
     out.k = qkv[1];
@@ -58,9 +58,9 @@ class Gpt2Family : public ModelFamily {
       out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
       second = {out.resid_mid, FusedLayerNorm(out.resid_mid, p("ln_2.weight"), p("ln_2.bias"), eps, compute)};
     }
-    auto m = tp.enter(second.normed);
     // The bias and the GELU in one kernel each way (kernels.h BiasGelu), after a bias-free matmul.
-    out.mlp_hidden = Patched(request, "mlp_hidden", FusedBiasGelu(p.Linear(m, "c_fc.weight"), p("c_fc.bias"), /*tanh=*/true));
+    const torch::Tensor fc = tp.EnterLinears(p, second.normed, {{"c_fc.weight", ""}})[0];
+    out.mlp_hidden = Patched(request, "mlp_hidden", FusedBiasGelu(fc, p("c_fc.bias"), /*tanh=*/true));
     out.mlp_out = Patched(request, "mlp_out", Projected(out.mlp_hidden, p, "mlp_proj", tp));
     out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);
     return out;
@@ -74,7 +74,7 @@ class Gpt2Family : public ModelFamily {
   // its output in the compute dtype). Tensor parallel: added once after the partial sums meet.
   static torch::Tensor Projected(const torch::Tensor& y, const ParamView& p, const std::string& name, const TensorParallel& tp) {
     if (tp.size == 1) return p.Linear(y, name + ".weight", name + ".bias");
-    return tp.leave(p.Linear(y, name + ".weight")) + p(name + ".bias");
+    return tp.LinearLeave(p, y, name + ".weight") + p(name + ".bias");
   }
 
   void Initialize(const std::string& name, torch::Tensor& t) const override {

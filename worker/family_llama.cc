@@ -19,16 +19,17 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
   const bool fuse_residual = !request.patch;
   const NormedResidual first = fuse_residual ? ResidualNorm(x, p("input_layernorm.weight"))
                                              : NormedResidual{x, Norm(x, p("input_layernorm.weight"))};
-  auto a = tp.enter(first.normed);
+  const std::vector<torch::Tensor> qkv = tp.EnterLinears(p, first.normed,
+                                                         {{"self_attn.q_proj.weight", "self_attn.q_proj.bias"},
+                                                          {"self_attn.k_proj.weight", "self_attn.k_proj.bias"},
+                                                          {"self_attn.v_proj.weight", "self_attn.v_proj.bias"}});
   // The attention's tokens: all of them, where x may hold 1/tp (sequence parallel, model_family.h).
-  const int64_t b = a.size(0), t = a.size(1);
+  const int64_t b = qkv[0].size(0), t = qkv[0].size(1);
   auto [cos, sin] = RotaryHalf(x, t);
   // RoPE on [b, t, heads, hd] as the projections lay it out, then the heads-first view attention takes.
-  auto q = FusedRotary(p.Linear(a, "self_attn.q_proj.weight", "self_attn.q_proj.bias").view({b, t, heads, hd}),
-                       cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
-  auto k = FusedRotary(p.Linear(a, "self_attn.k_proj.weight", "self_attn.k_proj.bias").view({b, t, kv_heads, hd}),
-                       cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
-  auto v = p.Linear(a, "self_attn.v_proj.weight", "self_attn.v_proj.bias").view({b, t, kv_heads, hd}).transpose(1, 2);
+  auto q = FusedRotary(qkv[0].view({b, t, heads, hd}), cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
+  auto k = FusedRotary(qkv[1].view({b, t, kv_heads, hd}), cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
+  auto v = qkv[2].view({b, t, kv_heads, hd}).transpose(1, 2);
   out.q = q.transpose(1, 2);
   out.k = k.transpose(1, 2);  // kv_heads, before the repeat below
   out.v = v.transpose(1, 2);
@@ -37,7 +38,7 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
     out.attn_pattern = AttentionPattern(q, kv_heads == heads ? k : k.repeat_interleave(heads / kv_heads, 1), spec_.sliding_window);
   }
   auto y = compat::CausalAttention(q, k, v, spec_.sliding_window).transpose(1, 2).reshape({b, t, heads * hd});
-  auto attn = tp.leave(p.Linear(y, "self_attn.o_proj.weight"));
+  auto attn = tp.LinearLeave(p, y, "self_attn.o_proj.weight");
   if (auto bias = p.Optional("self_attn.o_proj.bias"); bias.defined()) attn = attn + bias;
   out.attn_out = Patched(request, "attn_out", attn);
   NormedResidual second;
@@ -48,11 +49,11 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
     out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
     second = {out.resid_mid, Norm(out.resid_mid, p("post_attention_layernorm.weight"))};
   }
-  auto m = tp.enter(second.normed);
-  auto gate = p.Linear(m, "mlp.gate_proj.weight", "mlp.gate_proj.bias");
-  auto up = p.Linear(m, "mlp.up_proj.weight", "mlp.up_proj.bias");
+  const std::vector<torch::Tensor> gate_up =
+      tp.EnterLinears(p, second.normed, {{"mlp.gate_proj.weight", "mlp.gate_proj.bias"}, {"mlp.up_proj.weight", "mlp.up_proj.bias"}});
+  const torch::Tensor &gate = gate_up[0], &up = gate_up[1];
   out.mlp_hidden = Patched(request, "mlp_hidden", spec_.activation == "silu" ? FusedSwiGlu(gate, up) : Activation(gate) * up);
-  auto mlp = tp.leave(p.Linear(out.mlp_hidden, "mlp.down_proj.weight"));
+  auto mlp = tp.LinearLeave(p, out.mlp_hidden, "mlp.down_proj.weight");
   if (auto bias = p.Optional("mlp.down_proj.bias"); bias.defined()) mlp = mlp + bias;
   out.mlp_out = Patched(request, "mlp_out", mlp);
   out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);

@@ -51,12 +51,35 @@ class DeferredWeightGradients {
   std::vector<std::function<void()>> pending_;
 };
 
+// Rows of a matmul's input that are ready before the rest (tensor parallel's forward overlap,
+// tensor_parallel.h): the rows [begin, end) - this rank's own tokens of a sequence-parallel
+// gather - may be multiplied at once; `wait_rest()` must return before any other row is read (the
+// compute stream then waits for the gather running beside).
+struct RowsAhead {
+  int64_t begin = 0, end = 0;  // rows of the input flattened to [rows, in]
+  std::function<void()> wait_rest;
+};
+
+// x W^T + b (torch::linear's value; bias may be undefined), all in W's dtype. With `ahead`, the
+// rows it names first, then the others after its wait: each row's value is the same, computed by
+// a matmul over fewer rows.
+torch::Tensor LinearRows(const torch::Tensor& x, const torch::Tensor& working, const torch::Tensor& bias, const RowsAhead* ahead);
+
+// LinearIntoGradient's backward, for an op that computes x W^T inside a larger one (tensor
+// parallel's row-parallel matmul and its sum, tensor_parallel.h): with dy [..., out] and x
+// [..., in] as the forward saw it (in W's dtype), puts dW = dy^T x into the sink (queued on
+// `defer` when not null) and returns dx = dy W in `x_type` when `want_dx`, else undefined. The
+// forward counted the use (GradientSink::CountUse).
+torch::Tensor LinearIntoGradientBackward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& working, GradientSink* sink,
+                                         DeferredWeightGradients* defer, bool want_dx, torch::ScalarType x_type);
+
 // x W^T + b with W = `working` (a bf16 working copy or the fp32 parameter itself) and `param`
 // the parameter whose gradient goes to `sink` (counted as one use when grad mode is on; param
 // carries no gradient through autograd). `bias` may be undefined; its gradient goes through
 // autograd as torch::linear's does. `defer`: where the backward queues its weight gradient's write
-// (null: written at once).
+// (null: written at once). `ahead`: the forward's rows in two turns (LinearRows).
 torch::Tensor LinearIntoGradient(const torch::Tensor& x, const torch::Tensor& param, const torch::Tensor& working,
-                                 const torch::Tensor& bias, GradientSink* sink, DeferredWeightGradients* defer = nullptr);
+                                 const torch::Tensor& bias, GradientSink* sink, DeferredWeightGradients* defer = nullptr,
+                                 const RowsAhead* ahead = nullptr);
 
 }  // namespace strata::worker

@@ -453,6 +453,34 @@ TEST(FusedOpsTest, DeferredWeightGradientsWaitForTheirQueueAndEqualTheImmediateO
   EXPECT_EQ(dropped.received, 0);
 }
 
+// Tensor parallel's forward overlap (tensor_parallel.h): the rows named ahead are multiplied while
+// the others are still being gathered - here they hold NaN until the wait writes them - and the
+// result is torch::linear's of the whole input, with and without a bias, with and without grad.
+TEST(FusedOpsTest, LinearRowsAheadReadTheOtherRowsOnlyAfterTheWait) {
+  torch::manual_seed(13);
+  const auto x = torch::randn({2, 6, 8}), w = torch::randn({5, 8}), bias = torch::randn({5});
+  for (const bool with_bias : {false, true}) {
+    for (const bool grad : {false, true}) {
+      const std::string what = std::string(with_bias ? "bias" : "no bias") + (grad ? ", grad" : ", no grad");
+      torch::Tensor arriving = torch::full({2, 6, 8}, std::nan(""));
+      arriving.view({12, 8}).narrow(0, 4, 4).copy_(x.view({12, 8}).narrow(0, 4, 4));  // rows 4..7 are here
+      int waits = 0;
+      const RowsAhead ahead{4, 8, [&] {
+                              ++waits;
+                              arriving.copy_(x);
+                            }};
+      BufferSink sink(torch::zeros({5, 8}));
+      torch::Tensor y;
+      {
+        const torch::AutoGradMode mode(grad);
+        y = LinearIntoGradient(arriving, w, w, with_bias ? bias : torch::Tensor(), &sink, nullptr, &ahead);
+      }
+      EXPECT_EQ(waits, 1) << what;
+      EXPECT_TRUE(torch::equal(y, torch::linear(x, w, with_bias ? bias : torch::Tensor()))) << what;
+    }
+  }
+}
+
 TEST(FusedOpsTest, ParamViewCountsOneSinkUsePerViewAccessAndOnePerLinear) {
   torch::manual_seed(12);
   const auto w = torch::randn({4, 3}).requires_grad_(true), bias = torch::randn({4}).requires_grad_(true);

@@ -53,7 +53,12 @@ class ParamView {
   torch::Tensor Optional(const std::string& name) const;            // undefined when absent (no bias)
   // x W^T + b for the matrix `weight` and the vector `bias` ("" or absent: none): torch::linear,
   // or LinearIntoGradient when the weight goes through a sink.
-  torch::Tensor Linear(const torch::Tensor& x, const std::string& weight, const std::string& bias = "") const;
+  // `ahead`: x's rows it names are ready before the others (fused_linear.h's RowsAhead).
+  torch::Tensor Linear(const torch::Tensor& x, const std::string& weight, const std::string& bias = "",
+                       const RowsAhead* ahead = nullptr) const;
+  // The matrix `weight` as Linear reads it through a gradient sink: the tensor read and its
+  // SunkParameter; a null second where it has no sink (Linear runs torch::linear).
+  std::pair<torch::Tensor, const SunkParameter*> Sunk(const std::string& weight) const;
 
  private:
   size_t IndexOf(const std::string& name) const;  // names_.size() when absent
@@ -65,6 +70,11 @@ class ParamView {
   mutable std::vector<torch::Tensor> used_;  // operator()'s sink outputs, made on first access
 };
 
+// A column-parallel projection read through f: its weight's and its bias's names ("": no bias).
+struct ProjectionName {
+  std::string weight, bias;
+};
+
 struct TensorParallel {
   int64_t size = 1;
   std::function<torch::Tensor(const torch::Tensor&)> enter = [](const torch::Tensor& t) { return t; };
@@ -74,6 +84,16 @@ struct TensorParallel {
   // ranks' lookups summed (Megatron's VocabParallelEmbedding).
   std::function<torch::Tensor(const torch::Tensor& table, const torch::Tensor& tokens)> lookup =
       [](const torch::Tensor& table, const torch::Tensor& tokens) { return torch::embedding(table, tokens); };
+  // The forms whose collectives run beside the matmuls next to them (tensor_parallel.h), where
+  // StageModel sets them; EnterLinears and LinearLeave fall back to enter and leave.
+  std::function<std::vector<torch::Tensor>(const ParamView&, const torch::Tensor&, const std::vector<ProjectionName>&)> enter_linears;
+  std::function<torch::Tensor(const ParamView&, const torch::Tensor&, const std::string&)> linear_leave;
+
+  // f, then the column-parallel projections of its output: p.Linear(enter(x), weight, bias) for
+  // each, in order. One call, so that a gather can run beside the first matmul.
+  std::vector<torch::Tensor> EnterLinears(const ParamView& p, const torch::Tensor& x, const std::vector<ProjectionName>& projections) const;
+  // The row-parallel projection, then g: leave(p.Linear(y, weight)) (a bias is the caller's, after).
+  torch::Tensor LinearLeave(const ParamView& p, const torch::Tensor& y, const std::string& weight) const;
 };
 
 class ModelFamily {

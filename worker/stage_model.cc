@@ -291,7 +291,7 @@ void StageModel::MaybeGradientReady(int u) {
 
 void StageModel::EndBackward() { tp_group_->RunLeftovers(); }
 
-int64_t StageModel::weight_gradients_deferred() const { return tp_group_->weight_gradients_deferred(); }
+const TensorParallelOverlapCounts& StageModel::tp_overlap_counts() const { return tp_group_->overlap_counts(); }
 
 StageModel::~StageModel() = default;
 
@@ -413,6 +413,14 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     tensor_parallel_.size = mesh_.tp;
     tensor_parallel_.enter = [tp = tp_group_.get(), sp = sequence_parallel_](const torch::Tensor& t) { return EnterTensorParallel(*tp, t, sp); };
     tensor_parallel_.leave = [tp = tp_group_.get(), sp = sequence_parallel_](const torch::Tensor& t) { return LeaveTensorParallel(*tp, t, sp); };
+    tensor_parallel_.enter_linears = [tp = tp_group_.get(), sp = sequence_parallel_](const ParamView& p, const torch::Tensor& x,
+                                                                                      const std::vector<ProjectionName>& projections) {
+      return EnterThenLinears(*tp, p, x, projections, sp);
+    };
+    tensor_parallel_.linear_leave = [tp = tp_group_.get(), sp = sequence_parallel_](const ParamView& p, const torch::Tensor& y,
+                                                                                     const std::string& weight) {
+      return LinearThenLeave(*tp, p, y, weight, sp);
+    };
   }
   vocab_parallel_ = shard::VocabParallel(m, mesh_.tp);
   vocab_rows_ = vocab_parallel_ ? m.vocab / mesh_.tp : m.vocab;

@@ -55,6 +55,10 @@
 // (fused_linear.h); f's backward then sums dx over the ranks on a side stream while their dW runs
 // on the compute stream. Sink units only: not ZeRO-3 shards, whose slots reduce-scatter each use
 // once it is complete, nor recomputed blocks, whose matmuls are plain torch::linear.
+// Its forward half (tensor_parallel.h EnterThenLinears, LinearThenLeave; the families hand f its
+// projections and g its matmul in one call): under sequence parallelism f's all-gather runs on
+// the side stream while the first projection multiplies this rank's own tokens; g's sum runs in
+// chunks of rows, each beside the next chunk's matmul.
 //
 // Sequence parallelism (Korthikanti et al. 2022, Megatron's --sequence-parallel; on where tp
 // divides model.sequence and parallel.sequence_parallel is not false): between the split matmuls
@@ -212,9 +216,9 @@ class StageModel {
   // After each backward of the step: the weight gradients put off for an f's backward that did not
   // come (none today; a guard) are written, so each parameter's gradients add in the same order.
   void EndBackward();
-  // Weight gradients put off to f's backward collective (parallel.tp_comm_overlap) and run there,
-  // since construction (tensor_parallel.h).
-  int64_t weight_gradients_deferred() const;
+  // Tensor-parallel communication run beside the compute (parallel.tp_comm_overlap) since
+  // construction (tensor_parallel.h).
+  const TensorParallelOverlapCounts& tp_overlap_counts() const;
   // ZeRO-3: whole units gathered since construction (a forward's and a backward's count apart);
   // parallel.keep_gathered lowers it by one per kept layer and micro-batch.
   int64_t unit_gathers() const { return unit_gathers_; }

@@ -42,13 +42,29 @@ void TensorParallelGroup::Beside(const std::function<void()>& collective) {
       }
     } join{*this, done};
     holding_ = true;
-    weight_gradients_deferred_ += deferred_.RunAll();
+    counts_.weight_gradients_deferred += deferred_.RunAll();
   }
   // (With today's families no unit completes beside the collective - a block's last gradient is
   // its input norm's, written after f's backward: a guard.)
   std::vector<int> held;
   held.swap(held_);
   for (int unit : held) announce_(unit);
+}
+
+void TensorParallelGroup::Ahead(const std::function<void()>& collective, std::vector<torch::Tensor> keep) {
+  ahead_ = side_->Run(collective);
+  ahead_pending_ = true;
+  for (auto& t : keep) ahead_keep_.push_back(std::move(t));
+  ++counts_.forward_collectives_beside;
+}
+
+void TensorParallelGroup::Join() {
+  if (!ahead_pending_) return;
+  ahead_pending_ = false;
+  if (ahead_) side_->Wait(ahead_);  // the side stream runs in order: its last collective is the end of all
+  ahead_.reset();
+  // Dropped after the wait: the compute stream's later reuse of this memory comes after it.
+  ahead_keep_.clear();
 }
 
 namespace {
@@ -127,6 +143,26 @@ torch::Tensor TokensGathered(TensorParallelGroup& group, const torch::Tensor& mi
   return full.to(mine.device(), mine.scalar_type());
 }
 
+// Sequence parallel f's gather started beside the matmul after it (EnterThenLinears): this rank's
+// tokens are copied into their block of every token's buffer on the compute stream, and the
+// in-place all-gather of the others' runs on the side stream until the group's Join. Only this
+// rank's block may be read before. `mine` is in its wire dtype (the caller checks).
+torch::Tensor TokensGatheredAhead(TensorParallelGroup& group, const torch::Tensor& mine) {
+  Communicator& comm = group.comm();
+  std::vector<int64_t> sizes = mine.sizes().vec();
+  sizes[1] *= comm.world_size();
+  torch::Tensor full = torch::empty(sizes, mine.options());
+  const int64_t block = mine.numel();
+  full.view({-1}).narrow(0, block * comm.rank(), block).copy_(mine.reshape({-1}));
+  const auto n = static_cast<size_t>(full.numel());
+  group.Ahead(
+      [&comm, full, n] {
+        ThrowIfFailed(full.scalar_type() == torch::kBFloat16 ? comm.AllGather16(Bits16(full), n) : comm.AllGather(full.data_ptr<float>(), n));
+      },
+      {full});
+  return full;
+}
+
 // This rank's block of x's tokens (a copy: autograd's output owns its memory).
 torch::Tensor TokenBlock(TensorParallelGroup& group, const torch::Tensor& x) {
   Communicator& comm = group.comm();
@@ -167,6 +203,8 @@ using GatherFromSequenceParallelFn = TensorParallelFn<TokensGathered, TokensRedu
 // Sequence parallel g: the ranks' partial sums over every token -> the sum of this rank's tokens
 // (reduce-scatter); backward, every token's gradient (all-gather).
 using ReduceScatterToSequenceParallelFn = TensorParallelFn<TokensReduceScattered, TokensGathered>;
+// GatherFromSequenceParallelFn with its gather left running beside (EnterThenLinears joins it).
+using GatherFromSequenceParallelAheadFn = TensorParallelFn<TokensGatheredAhead, TokensReduceScatteredBeside>;
 // Every token, the same on every rank (the embedding's output) -> this rank's tokens; backward,
 // every token's gradient gathered, so what read every token (the lookup) gets all of it.
 using ScatterToSequenceParallelFn = TensorParallelFn<TokenBlock, TokensGathered>;
@@ -175,7 +213,132 @@ using ScatterToSequenceParallelFn = TensorParallelFn<TokenBlock, TokensGathered>
 // so backward keeps this rank's block.
 using GatherForReplicatedFn = TensorParallelFn<TokensGathered, TokenBlock>;
 
+// The group joins its side stream when this leaves scope, however it leaves: what the collectives
+// read and write is freed on the compute stream after the wait.
+struct JoinAtExit {
+  TensorParallelGroup& group;
+  ~JoinAtExit() { group.Join(); }
+};
+
+// How many chunks a row-parallel matmul and its sum run in: more chunks hide more of the sum and
+// make smaller matmuls. Up to 4 of at least 2048 rows each (a matmul that size keeps cuBLAS's
+// efficiency on a wide model), else 2 where they divide (small models: the path is exercised).
+int64_t SumChunks(int64_t rows) {
+  if (rows % 4 == 0 && rows / 4 >= 2048) return 4;
+  return rows % 2 == 0 ? 2 : 1;
+}
+
+// y W^T summed over the ranks, y [..., in] in W's dtype: the whole sum (all-reduce), or under
+// sequence parallelism this rank's block of the tokens (reduce-scatter). Chunk j's rows are
+// multiplied on the compute stream and summed on the side stream while chunk j + 1 multiplies.
+// Sequence parallel: chunk j takes rows [j r, (j + 1) r) of every rank's block of tokens, so that
+// its reduce-scatter gives this rank rows [j r, (j + 1) r) of its own.
+torch::Tensor MultipliedAndSummed(TensorParallelGroup& group, const torch::Tensor& y, const torch::Tensor& working, bool sequence_parallel) {
+  Communicator& comm = group.comm();
+  const int64_t tp = comm.world_size(), out = working.size(0);
+  const torch::Tensor y2d = y.reshape({-1, working.size(1)});
+  const int64_t rows = y2d.size(0);
+  const bool bf16 = working.scalar_type() == torch::kBFloat16;
+  std::vector<int64_t> sizes = y.sizes().vec();
+  sizes.back() = out;
+  const JoinAtExit join{group};
+  if (!sequence_parallel) {
+    torch::Tensor sum = torch::empty({rows, out}, y2d.options());
+    const int64_t chunks = SumChunks(rows), r = rows / chunks;
+    for (int64_t j = 0; j < chunks; ++j) {
+      torch::Tensor chunk = sum.narrow(0, j * r, r);
+      at::mm_out(chunk, y2d.narrow(0, j * r, r), working.t());
+      const auto n = static_cast<size_t>(chunk.numel());
+      group.Ahead([&comm, chunk, n, bf16] { ThrowIfFailed(bf16 ? comm.AllReduceSumBf16(Bits16(chunk), n) : comm.AllReduceSum(chunk.data_ptr<float>(), n)); },
+                  {});
+    }
+    group.Join();
+    return sum.view(sizes);
+  }
+  TORCH_CHECK(sizes.size() >= 2 && sizes[1] % tp == 0 && rows % tp == 0, "sequence parallel: ", sizes[1], " tokens a row over tp = ", tp);
+  sizes[1] /= tp;
+  const int64_t block = rows / tp, chunks = SumChunks(block), r = block / chunks;
+  torch::Tensor sum = torch::empty({block, out}, y2d.options());
+  for (int64_t j = 0; j < chunks; ++j) {
+    torch::Tensor partial = torch::empty({tp * r, out}, y2d.options());
+    for (int64_t q = 0; q < tp; ++q) {
+      torch::Tensor rows_of_q = partial.narrow(0, q * r, r);
+      at::mm_out(rows_of_q, y2d.narrow(0, q * block + j * r, r), working.t());
+    }
+    torch::Tensor mine = sum.narrow(0, j * r, r);
+    const auto n = static_cast<size_t>(partial.numel());
+    group.Ahead(
+        [&comm, partial, mine, n, bf16] {
+          ThrowIfFailed(bf16 ? comm.ReduceScatterSumBf16To(Bits16(partial), Bits16(mine), n)
+                             : comm.ReduceScatterSumTo(partial.data_ptr<float>(), mine.data_ptr<float>(), n));
+        },
+        {partial});
+  }
+  group.Join();
+  return sum.view(sizes);
+}
+
+// A row-parallel matmul and g in one: forward MultipliedAndSummed; backward g's (under sequence
+// parallelism every token's gradient gathered), then the matmul's (fused_linear.h: dx, and dW into
+// the sink at once - a row-parallel matrix's gradient runs beside nothing).
+struct LinearThenLeaveFn : torch::autograd::Function<LinearThenLeaveFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor y, torch::Tensor /*param*/, torch::Tensor working,
+                               int64_t sink, int64_t group, bool sequence_parallel) {
+    const torch::Tensor yc = y.to(working.scalar_type());
+    ctx->save_for_backward({yc, working});
+    ctx->saved_data["sink"] = sink;
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["sequence_parallel"] = sequence_parallel;
+    ctx->saved_data["y_type"] = static_cast<int64_t>(y.scalar_type());
+    return MultipliedAndSummed(*reinterpret_cast<TensorParallelGroup*>(group), yc, working, sequence_parallel);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor dy = ctx->saved_data["sequence_parallel"].toBool() ? TokensGathered(*GroupOf(ctx), g[0]) : g[0];
+    const torch::Tensor dx = LinearIntoGradientBackward(dy, saved[0], saved[1], reinterpret_cast<GradientSink*>(ctx->saved_data["sink"].toInt()),
+                                                        /*defer=*/nullptr, ctx->needs_input_grad(0),
+                                                        static_cast<torch::ScalarType>(ctx->saved_data["y_type"].toInt()));
+    return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+std::vector<torch::Tensor> EnterThenLinears(TensorParallelGroup& group, const ParamView& p, const torch::Tensor& x,
+                                            const std::vector<ProjectionName>& projections, bool sequence_parallel) {
+  Communicator& comm = group.comm();
+  std::vector<torch::Tensor> out;
+  // (A matrix without a sink - ZeRO-3's gathered shards, recomputed blocks - is multiplied by
+  // autocast's linear, which casts every row first: nothing would run beside the gather.)
+  const bool beside = sequence_parallel && group.overlapping() && comm.world_size() > 1 && !projections.empty() &&
+                      p.Sunk(projections[0].weight).second != nullptr && (x.is_cpu() || comm.device_buffers()) &&
+                      x.scalar_type() == WireType(x);
+  if (!beside) {
+    const torch::Tensor a = EnterTensorParallel(group, x, sequence_parallel);
+    for (const ProjectionName& projection : projections) out.push_back(p.Linear(a, projection.weight, projection.bias));
+    return out;
+  }
+  const JoinAtExit join{group};
+  const torch::Tensor a = GatherFromSequenceParallelAheadFn::apply(x, reinterpret_cast<int64_t>(&group));
+  const int64_t mine = x.numel() / x.size(-1);  // rows of tokens: this rank's are block `rank` of every rank's
+  const RowsAhead ahead{mine * comm.rank(), mine * (comm.rank() + 1), [&group] { group.Join(); }};
+  out.push_back(p.Linear(a, projections[0].weight, projections[0].bias, &ahead));
+  group.Join();
+  for (size_t i = 1; i < projections.size(); ++i) out.push_back(p.Linear(a, projections[i].weight, projections[i].bias));
+  return out;
+}
+
+torch::Tensor LinearThenLeave(TensorParallelGroup& group, const ParamView& p, const torch::Tensor& y, const std::string& weight,
+                              bool sequence_parallel) {
+  Communicator& comm = group.comm();
+  const auto [working, sunk] = p.Sunk(weight);
+  const bool beside = sunk != nullptr && group.overlapping() && comm.world_size() > 1 && torch::GradMode::is_enabled() &&
+                      (y.is_cpu() || comm.device_buffers()) && working.scalar_type() == WireType(working);
+  if (!beside) return LeaveTensorParallel(group, p.Linear(y, weight), sequence_parallel);
+  sunk->sink->CountUse();
+  return LinearThenLeaveFn::apply(y, sunk->param, working.detach(), reinterpret_cast<int64_t>(sunk->sink), reinterpret_cast<int64_t>(&group),
+                                  sequence_parallel);
+}
 
 torch::Tensor EnterTensorParallel(TensorParallelGroup& group, const torch::Tensor& x, bool sequence_parallel) {
   const auto handle = reinterpret_cast<int64_t>(&group);

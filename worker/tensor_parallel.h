@@ -13,16 +13,30 @@
 
 #include "worker/communicator.h"
 #include "worker/fused_linear.h"
+#include "worker/model_family.h"
 #include "worker/side_stream.h"
 
 namespace strata::worker {
 
-// A rank's tensor-parallel group as its autograd forms see it. One backward at a time.
+// How much of a rank's tensor-parallel communication ran beside its compute since construction.
+struct TensorParallelOverlapCounts {
+  // Weight gradients put off to an f's backward and run there: beside its collective on a GPU
+  // with NCCL; after it where the device has one stream (a CPU) or the collective runs on the
+  // host (ZeroMQ staging a CUDA tensor).
+  int64_t weight_gradients_deferred = 0;
+  // Forward collectives queued beside a matmul (EnterThenLinears' gathers, LinearThenLeave's
+  // chunks): on a GPU they run on the side stream while the compute stream multiplies; on a CPU
+  // at once, in the same order.
+  int64_t forward_collectives_beside = 0;
+};
+
+// A rank's tensor-parallel group as its autograd forms see it. One forward or backward at a time.
 class TensorParallelGroup {
  public:
   // `overlap` (parallel.tp_comm_overlap, with tp > 1): f's backward runs its collective on a side
-  // stream beside the weight gradients put off for it. `announce(u)`: sink unit u's gradient is
-  // complete (StageModel's gradient_ready), for the units held meanwhile (Beside).
+  // stream beside the weight gradients put off for it, and the forward's collectives run beside
+  // the matmuls next to them (EnterThenLinears, LinearThenLeave). `announce(u)`: sink unit u's
+  // gradient is complete (StageModel's gradient_ready), for the units held meanwhile (Beside).
   TensorParallelGroup(Communicator* comm, torch::Device device, bool overlap, std::function<void(int unit)> announce);
 
   // Where a matmul that reads f's output puts its weight gradient's write (null: no overlap).
@@ -37,10 +51,8 @@ class TensorParallelGroup {
   void RunLeftovers() { deferred_.RunAll(); }
   // A backward that failed part-way: its put-off writes and held units are dropped, not run.
   void DropUnfinished();
-  // Weight gradients put off to an f's backward and run there since construction: beside its
-  // collective on a GPU with NCCL; after it where the device has one stream (a CPU) or the
-  // collective runs on the host (ZeroMQ staging a CUDA tensor).
-  int64_t weight_gradients_deferred() const { return weight_gradients_deferred_; }
+  const TensorParallelOverlapCounts& overlap_counts() const { return counts_; }
+  bool overlapping() const { return side_ != nullptr; }
 
   Communicator& comm() { return *comm_; }
   // Runs `collective` - a collective of this group over buffers allocated before it - beside the
@@ -48,6 +60,11 @@ class TensorParallelGroup {
   // compute stream, which then waits for it. With nothing put off, or no side stream, it runs
   // here.
   void Beside(const std::function<void()>& collective);
+  // A forward collective on the side stream after the compute stream's work so far (a matmul's
+  // rows it reads); `keep` (what it reads and writes) lives until Join. Only where overlapping().
+  void Ahead(const std::function<void()>& collective, std::vector<torch::Tensor> keep);
+  // The compute stream waits for every Ahead collective so far (a no-op when none is pending).
+  void Join();
 
  private:
   Communicator* comm_;
@@ -56,8 +73,12 @@ class TensorParallelGroup {
   std::function<void(int unit)> announce_;
   bool holding_ = false;
   std::vector<int> held_;
-  int64_t weight_gradients_deferred_ = 0;
+  bool ahead_pending_ = false;
+  std::shared_ptr<SideStream::Done> ahead_;  // the last Ahead collective's end (null on a CPU)
+  std::vector<torch::Tensor> ahead_keep_;
+  TensorParallelOverlapCounts counts_;
 };
+
 
 // Megatron's f before the split matmuls: identity forward, its gradient all-reduced backward
 // (beside the put-off weight gradients). Sequence parallel: this rank's tokens -> every token
@@ -66,6 +87,20 @@ torch::Tensor EnterTensorParallel(TensorParallelGroup& group, const torch::Tenso
 // Megatron's g after them: the ranks' partial sums all-reduced forward, identity backward.
 // Sequence parallel: reduce-scattered to this rank's tokens, backward all-gathered.
 torch::Tensor LeaveTensorParallel(TensorParallelGroup& group, const torch::Tensor& x, bool sequence_parallel);
+// EnterTensorParallel(x), then p.Linear of it for each projection, in order. Overlapped under
+// sequence parallelism (the group overlapping, its buffers on the device or a CPU, the first
+// matrix read through a gradient sink): the gather
+// runs on the side stream while the first matmul multiplies this rank's own tokens, already in
+// place (RowsAhead); the other rows wait for it. Every value is the one computed in turn.
+std::vector<torch::Tensor> EnterThenLinears(TensorParallelGroup& group, const ParamView& p, const torch::Tensor& x,
+                                            const std::vector<ProjectionName>& projections, bool sequence_parallel);
+// LeaveTensorParallel(p.Linear(y, weight)) for a row-parallel matrix. Overlapped (the matrix read
+// through a gradient sink, grad mode on): the matmul runs in chunks of rows, and each chunk's sum
+// over the ranks (its share of every rank's tokens under sequence parallelism, so that each
+// chunk's reduce-scatter lands in one contiguous block of this rank's) runs on the side stream
+// while the next chunk multiplies. Backward as the two ops in turn.
+torch::Tensor LinearThenLeave(TensorParallelGroup& group, const ParamView& p, const torch::Tensor& y, const std::string& weight,
+                              bool sequence_parallel);
 // Every token, the same on every rank (the embedding's output) -> this rank's tokens; backward,
 // every token's gradient gathered, so what read every token (the lookup) gets all of it.
 torch::Tensor ScatterToSequenceParallel(TensorParallelGroup& group, const torch::Tensor& x);

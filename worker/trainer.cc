@@ -166,7 +166,7 @@ Status Trainer::BuildGroups() {
 int64_t Trainer::optimizer_state_elements() const { return optimizer_->state_elements(); }
 int64_t Trainer::unit_gathers() const { return model_->unit_gathers(); }
 int64_t Trainer::units_reduced_in_backward() const { return optimizer_->units_reduced_in_backward(); }
-int64_t Trainer::weight_gradients_deferred() const { return model_->weight_gradients_deferred(); }
+const TensorParallelOverlapCounts& Trainer::tp_overlap_counts() const { return model_->tp_overlap_counts(); }
 int64_t Trainer::optimizer_state_bytes() const { return optimizer_->state_bytes(); }
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::parameters() {

@@ -117,8 +117,8 @@ class Trainer {
   int64_t unit_gathers() const;
   // Units whose gradient reduction runs beside the backward (optimizer.h).
   int64_t units_reduced_in_backward() const;
-  // Weight gradients put off to a tensor-parallel collective and run beside it (StageModel).
-  int64_t weight_gradients_deferred() const;
+  // Tensor-parallel communication run beside the compute (StageModel).
+  const TensorParallelOverlapCounts& tp_overlap_counts() const;
   // Under offload, where the last settled update's time went (optimizer.h; for benchmarks).
   const UnitOptimizer::OffloadTimes& offload_times() const { return optimizer_->offload_times(); }
   const shard::MeshPosition& position() const { return position_; }

@@ -713,12 +713,14 @@ TEST_F(TrainerTest, SequenceParallelTrainsTheSameRunAndKeepsReplicatedWeightsAli
 }
 
 // parallel.tp_comm_overlap (stage_model.h): f's backward sums dx over the tensor-parallel ranks
-// beside the weight gradients of the matmuls that read f's output, put off until then. The same
-// bytes as without it - losses and every parameter of every rank bit-identical with it off - and
-// the gradients were put off on every rank: with and without sequence parallelism, alone and
-// under dp = 2 ZeRO-1 (whose sums start in the backward as the units complete). On CPU workers
-// the collective and the put-off gradients run one after the other; what this checks is which
-// gradients are put off, that each is written once, and in its order.
+// beside the weight gradients of the matmuls that read f's output, put off until then; forward,
+// f's gather runs beside the first projection's own rows and g's sum in chunks beside the next
+// chunk's matmul. The same bytes as without it - losses and every parameter of every rank
+// bit-identical with it off - and the overlap ran on every rank: with and without sequence
+// parallelism, alone and under dp = 2 ZeRO-1 (whose sums start in the backward as the units
+// complete). On CPU workers every collective runs at once, in turn; what this checks is which
+// gradients are put off, that each is written once and in its order, and that the forward's row
+// blocks and chunks (a wrong offset would move another rank's rows) give the whole matmul's sums.
 TEST_F(TrainerTest, TensorParallelOverlapTrainsBitForBitAsWithoutIt) {
   for (const std::string family : {"llama", "gpt2"}) {
     spec_.model = TinyModel(family);
@@ -731,22 +733,26 @@ TEST_F(TrainerTest, TensorParallelOverlapTrainsBitForBitAsWithoutIt) {
         const std::string name = family + (sequence_parallel ? ", sequence parallel" : "") + ", dp " + std::to_string(dp);
         const int steps = 4;
         std::map<bool, std::map<uint32_t, std::map<std::string, torch::Tensor>>> params;
-        std::map<bool, std::map<uint32_t, int64_t>> deferred;
+        std::map<bool, std::map<uint32_t, TensorParallelOverlapCounts>> counts;
         std::map<bool, std::vector<std::vector<double>>> losses;
         for (const bool overlap : {false, true}) {
           spec_.parallel.tp_comm_overlap = overlap;
           losses[overlap] = Train(steps, [&](uint32_t r, Trainer& t) {
-            deferred[overlap][r] = t.weight_gradients_deferred();
+            counts[overlap][r] = t.tp_overlap_counts();
             for (auto& [param, value] : t.parameters()) params[overlap][r][param] = value.detach().clone();
           });
         }
         EXPECT_EQ(losses[true], losses[false]) << name;
         ASSERT_EQ(params[true].size(), static_cast<size_t>(2 * dp)) << name;
         for (auto& [rank, values] : params[false]) {
-          // Each block's two f's (attention, MLP) run beside at least one weight gradient each, per
-          // step and micro-batch (8 / dp / 2 of them).
-          EXPECT_GE(deferred[true][rank], steps * 2 * (8 / dp / 2) * spec_.model.layers) << name << ", rank " << rank;
-          EXPECT_EQ(deferred[false][rank], 0) << name << ", rank " << rank;
+          // Per step and micro-batch (8 / dp / 2 of them), each block's two f's (attention, MLP) run
+          // beside at least one weight gradient each; forward, its two g's sum in two chunks each,
+          // and under sequence parallelism its two f's gather beside a matmul.
+          const int64_t block_passes = steps * (8 / dp / 2) * spec_.model.layers;
+          EXPECT_GE(counts[true][rank].weight_gradients_deferred, 2 * block_passes) << name << ", rank " << rank;
+          EXPECT_EQ(counts[true][rank].forward_collectives_beside, (sequence_parallel ? 6 : 4) * block_passes) << name << ", rank " << rank;
+          EXPECT_EQ(counts[false][rank].weight_gradients_deferred, 0) << name << ", rank " << rank;
+          EXPECT_EQ(counts[false][rank].forward_collectives_beside, 0) << name << ", rank " << rank;
           for (auto& [param, value] : values) {
             EXPECT_TRUE(torch::equal(value, params[true][rank][param])) << name << ", rank " << rank << ": " << param;
           }
