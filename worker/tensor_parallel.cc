@@ -55,7 +55,7 @@ void TensorParallelGroup::Ahead(const std::function<void()>& collective, std::ve
   ahead_ = side_->Run(collective);
   ahead_pending_ = true;
   for (auto& t : keep) ahead_keep_.push_back(std::move(t));
-  ++counts_.forward_collectives_beside;
+  ++counts_.collectives_beside_matmuls;
 }
 
 void TensorParallelGroup::Join() {
@@ -279,8 +279,8 @@ torch::Tensor MultipliedAndSummed(TensorParallelGroup& group, const torch::Tenso
 }
 
 // A row-parallel matmul and g in one: forward MultipliedAndSummed; backward g's (under sequence
-// parallelism every token's gradient gathered), then the matmul's (fused_linear.h: dx, and dW into
-// the sink at once - a row-parallel matrix's gradient runs beside nothing).
+// parallelism every token's gradient gathered, beside the own tokens' dx), then the matmul's
+// (fused_linear.h: dx, and dW into the sink at once - it runs beside no collective).
 struct LinearThenLeaveFn : torch::autograd::Function<LinearThenLeaveFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor y, torch::Tensor /*param*/, torch::Tensor working,
                                int64_t sink, int64_t group, bool sequence_parallel) {
@@ -294,10 +294,27 @@ struct LinearThenLeaveFn : torch::autograd::Function<LinearThenLeaveFn> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor dy = ctx->saved_data["sequence_parallel"].toBool() ? TokensGathered(*GroupOf(ctx), g[0]) : g[0];
-    const torch::Tensor dx = LinearIntoGradientBackward(dy, saved[0], saved[1], reinterpret_cast<GradientSink*>(ctx->saved_data["sink"].toInt()),
-                                                        /*defer=*/nullptr, ctx->needs_input_grad(0),
-                                                        static_cast<torch::ScalarType>(ctx->saved_data["y_type"].toInt()));
+    const torch::Tensor &y = saved[0], &working = saved[1];
+    auto* sink = reinterpret_cast<GradientSink*>(ctx->saved_data["sink"].toInt());
+    const auto y_type = static_cast<torch::ScalarType>(ctx->saved_data["y_type"].toInt());
+    if (!ctx->saved_data["sequence_parallel"].toBool()) {
+      return {LinearIntoGradientBackward(g[0], y, working, sink, /*defer=*/nullptr, ctx->needs_input_grad(0), y_type), torch::Tensor(),
+              torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
+    // g's backward gathers every token's gradient; dx = dy W of this rank's own tokens multiplies
+    // while it does (the forward's RowsAhead, on W^T), the other rows and dW after the join.
+    TensorParallelGroup& group = *GroupOf(ctx);
+    const JoinAtExit join{group};
+    const torch::Tensor mine = g[0].to(working.scalar_type());  // the forward's output dtype: the wire's
+    const torch::Tensor dy = TokensGatheredAhead(group, mine);
+    torch::Tensor dx;
+    if (ctx->needs_input_grad(0)) {
+      const int64_t rows = mine.numel() / mine.size(-1), rank = group.comm().rank();
+      const RowsAhead ahead{rows * rank, rows * (rank + 1), [&group] { group.Join(); }};
+      dx = LinearRows(dy, working.t(), torch::Tensor(), &ahead).to(y_type);
+    }
+    group.Join();
+    LinearIntoGradientBackward(dy, y, working, sink, /*defer=*/nullptr, /*want_dx=*/false, y_type);
     return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

@@ -24,10 +24,10 @@ struct TensorParallelOverlapCounts {
   // with NCCL; after it where the device has one stream (a CPU) or the collective runs on the
   // host (ZeroMQ staging a CUDA tensor).
   int64_t weight_gradients_deferred = 0;
-  // Forward collectives queued beside a matmul (EnterThenLinears' gathers, LinearThenLeave's
-  // chunks): on a GPU they run on the side stream while the compute stream multiplies; on a CPU
-  // at once, in the same order.
-  int64_t forward_collectives_beside = 0;
+  // Collectives queued beside a matmul (EnterThenLinears' gathers, LinearThenLeave's chunks and
+  // its backward's gather): on a GPU they run on the side stream while the compute stream
+  // multiplies; on a CPU at once, in the same order.
+  int64_t collectives_beside_matmuls = 0;
 };
 
 // A rank's tensor-parallel group as its autograd forms see it. One forward or backward at a time.
@@ -98,7 +98,8 @@ std::vector<torch::Tensor> EnterThenLinears(TensorParallelGroup& group, const Pa
 // through a gradient sink, grad mode on): the matmul runs in chunks of rows, and each chunk's sum
 // over the ranks (its share of every rank's tokens under sequence parallelism, so that each
 // chunk's reduce-scatter lands in one contiguous block of this rank's) runs on the side stream
-// while the next chunk multiplies. Backward as the two ops in turn.
+// while the next chunk multiplies. Backward as the two ops in turn, but that under sequence
+// parallelism the gather of every token's gradient runs beside the own tokens' dx.
 torch::Tensor LinearThenLeave(TensorParallelGroup& group, const ParamView& p, const torch::Tensor& y, const std::string& weight,
                               bool sequence_parallel);
 // Every token, the same on every rank (the embedding's output) -> this rank's tokens; backward,

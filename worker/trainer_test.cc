@@ -747,12 +747,12 @@ TEST_F(TrainerTest, TensorParallelOverlapTrainsBitForBitAsWithoutIt) {
         for (auto& [rank, values] : params[false]) {
           // Per step and micro-batch (8 / dp / 2 of them), each block's two f's (attention, MLP) run
           // beside at least one weight gradient each; forward, its two g's sum in two chunks each,
-          // and under sequence parallelism its two f's gather beside a matmul.
+          // and under sequence parallelism its two f's gather beside a matmul, as its g's do backward.
           const int64_t block_passes = steps * (8 / dp / 2) * spec_.model.layers;
           EXPECT_GE(counts[true][rank].weight_gradients_deferred, 2 * block_passes) << name << ", rank " << rank;
-          EXPECT_EQ(counts[true][rank].forward_collectives_beside, (sequence_parallel ? 6 : 4) * block_passes) << name << ", rank " << rank;
+          EXPECT_EQ(counts[true][rank].collectives_beside_matmuls, (sequence_parallel ? 8 : 4) * block_passes) << name << ", rank " << rank;
           EXPECT_EQ(counts[false][rank].weight_gradients_deferred, 0) << name << ", rank " << rank;
-          EXPECT_EQ(counts[false][rank].forward_collectives_beside, 0) << name << ", rank " << rank;
+          EXPECT_EQ(counts[false][rank].collectives_beside_matmuls, 0) << name << ", rank " << rank;
           for (auto& [param, value] : values) {
             EXPECT_TRUE(torch::equal(value, params[true][rank][param])) << name << ", rank " << rank << ": " << param;
           }

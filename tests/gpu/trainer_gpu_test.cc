@@ -110,7 +110,7 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
     // put off to its backward (here, over ZeroMQ, run after its host-staged collective: beside it
     // takes NCCL, mesh_gpu_test). The forward's collectives stay in turn: ZeroMQ stages them.
     EXPECT_GT(trainer.tp_overlap_counts().weight_gradients_deferred, 0);
-    EXPECT_EQ(trainer.tp_overlap_counts().forward_collectives_beside, 0);
+    EXPECT_EQ(trainer.tp_overlap_counts().collectives_beside_matmuls, 0);
     std::fprintf(stderr, "rank %u: %lld weight gradients put off to a tp collective\n", context.rank,
                  static_cast<long long>(trainer.tp_overlap_counts().weight_gradients_deferred));
   }
@@ -295,9 +295,9 @@ TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
           std::printf("%s%s: overlap on vs off largest relative loss difference %.3g (%s)\n", what.c_str(), graphs ? ", graphs" : "",
                       overlap_worst, losses[with] == losses[without] ? "bit for bit" : "not bit for bit");
           EXPECT_GT(counts[with].weight_gradients_deferred, 0) << what;
-          EXPECT_GT(counts[with].forward_collectives_beside, 0) << what;
+          EXPECT_GT(counts[with].collectives_beside_matmuls, 0) << what;
           EXPECT_EQ(counts[without].weight_gradients_deferred, 0) << what;
-          EXPECT_EQ(counts[without].forward_collectives_beside, 0) << what;
+          EXPECT_EQ(counts[without].collectives_beside_matmuls, 0) << what;
         }
         EXPECT_EQ(graph_steps[false], 0) << what;
         EXPECT_EQ(graph_steps[true], 2 * (steps - 1)) << what << ": each run's steps after the first replay as a graph";
@@ -308,11 +308,11 @@ TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
           worst = std::max(worst, std::abs(graphed - eager) / eager);
           EXPECT_NEAR(graphed, eager, bound * eager) << what << " step " << i + 1;
         }
-        std::printf("%s: losses %.6f .. %.6f, %lld weight gradients beside a collective, %lld forward collectives beside a matmul; "
+        std::printf("%s: losses %.6f .. %.6f, %lld weight gradients beside a collective, %lld collectives beside a matmul; "
                     "%d of two runs' %d steps replayed a graph; graph vs op by op largest relative difference %.3g\n",
                     what.c_str(), losses[std::make_pair(false, true)].front(), losses[std::make_pair(false, true)].back(),
                     static_cast<long long>(counts[std::make_pair(false, true)].weight_gradients_deferred),
-                    static_cast<long long>(counts[std::make_pair(false, true)].forward_collectives_beside), graph_steps[true], 2 * steps, worst);
+                    static_cast<long long>(counts[std::make_pair(false, true)].collectives_beside_matmuls), graph_steps[true], 2 * steps, worst);
       }
     }
   }
