@@ -54,9 +54,13 @@
 // a fixed 70 us for each unit's forward gather and reduce-scatter per micro-batch). ZeRO 0-2's
 // gradient sums now start in the last micro-batch's backward (worker/optimizer.h); how much of
 // them that hides was not measured yet (no two-GPU machine in session 24), so none is credited;
-// nor is tensor parallel's backward collective run beside the weight gradients
-// (parallel.tp_comm_overlap, worker/stage_model.h; not measured on two GPUs either). Its memory
-// adds nothing to the peak: the put-off gradients hold the column-parallel matmuls' dy (Llama's
+// nor is tensor parallel's overlap (parallel.tp_comm_overlap, worker/tensor_parallel.h: the
+// backward's collectives beside the weight gradients and the own tokens' dx, the forward's
+// gathers beside the own tokens' matmul and its sums in chunks beside the next chunk's; not
+// measured on two GPUs either - one H200 measured the forward's row blocks at 0.99-1.13x the
+// whole matmul's time, session 26). The overlap adds nothing to the memory peak: the forward's
+// chunks hold what the whole matmul's output and its sum held, and the put-off gradients hold the
+// column-parallel matmuls' dy (Llama's
 // dgate and dup, [tokens, ffn / tp] each) until f's backward, beside the input gradients' sum,
 // while the MLP's activation backward just before held five such tensors (gate, up, their
 // gradients, the activation's); attention's likewise:
