@@ -207,7 +207,7 @@ struct ParallelSpec {
   // runs on a side stream while their weight gradients are computed; forward, f's gather runs
   // while the first projection multiplies the rank's own tokens, and g's sum in chunks while the
   // next chunk multiplies. false: every collective in turn. Same losses within the rounding of a
-  // matmul over fewer rows (bit for bit on CPU).
+  // matmul over fewer rows and, at tp > 2, of the sums' order (bit for bit on CPU at tp = 2).
   bool tp_comm_overlap = true;
   // Train runs: the fields above that the spec leaves to the planner ("auto", or absent), from
   // {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered"}; until the coordinator plans the run

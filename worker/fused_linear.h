@@ -61,8 +61,9 @@ struct RowsAhead {
 };
 
 // x W^T + b (torch::linear's value; bias may be undefined), all in W's dtype. With `ahead`, the
-// rows it names first, then the others after its wait: each row's value is the same, computed by
-// a matmul over fewer rows.
+// rows it names first, then the others after its wait, by the ops torch::linear folds to over
+// fewer rows: the same bits on CPU; a GPU's matmul may pick another kernel for fewer rows and
+// round otherwise.
 torch::Tensor LinearRows(const torch::Tensor& x, const torch::Tensor& working, const torch::Tensor& bias, const RowsAhead* ahead);
 
 // LinearIntoGradient's backward, for an op that computes x W^T inside a larger one (tensor

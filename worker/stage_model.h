@@ -58,7 +58,10 @@
 // Its forward half (tensor_parallel.h EnterThenLinears, LinearThenLeave; the families hand f its
 // projections and g its matmul in one call): under sequence parallelism f's all-gather runs on
 // the side stream while the first projection multiplies this rank's own tokens; g's sum runs in
-// chunks of rows, each beside the next chunk's matmul.
+// chunks of rows, each beside the next chunk's matmul (and g's backward gather beside the own
+// tokens' dx). It needs a matrix read through a gradient sink: ZeRO-3's slots are, and there its
+// collectives run beside ZeRO-3's own on another stream (another communicator); recomputed
+// blocks are not.
 //
 // Sequence parallelism (Korthikanti et al. 2022, Megatron's --sequence-parallel; on where tp
 // divides model.sequence and parallel.sequence_parallel is not false): between the split matmuls

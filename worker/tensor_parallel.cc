@@ -14,6 +14,9 @@ TensorParallelGroup::TensorParallelGroup(Communicator* comm, torch::Device devic
 }
 
 bool TensorParallelGroup::HoldAnnouncement(int unit) {
+  // A unit's announcement may start its sum over this group: never while one of this group's
+  // collectives runs on the side stream unjoined.
+  TORCH_CHECK(!ahead_pending_, "tensor parallel: unit ", unit, " completed while a collective beside a matmul was unjoined");
   if (!holding_) return false;
   held_.push_back(unit);
   return true;
@@ -25,6 +28,7 @@ void TensorParallelGroup::DropUnfinished() {
 }
 
 void TensorParallelGroup::Beside(const std::function<void()>& collective) {
+  TORCH_CHECK(!ahead_pending_, "tensor parallel: a collective beside the weight gradients while another was unjoined");
   if (!side_ || deferred_.empty()) {
     collective();
     return;
@@ -52,16 +56,27 @@ void TensorParallelGroup::Beside(const std::function<void()>& collective) {
 }
 
 void TensorParallelGroup::Ahead(const std::function<void()>& collective, std::vector<torch::Tensor> keep) {
-  ahead_ = side_->Run(collective);
   ahead_pending_ = true;
   for (auto& t : keep) ahead_keep_.push_back(std::move(t));
+  try {
+    ahead_ = side_->Run(collective);
+  } catch (...) {
+    ahead_.reset();  // it may have queued part of its work: Join waits for all of the side stream
+    throw;
+  }
   ++counts_.collectives_beside_matmuls;
 }
 
 void TensorParallelGroup::Join() {
   if (!ahead_pending_) return;
   ahead_pending_ = false;
-  if (ahead_) side_->Wait(ahead_);  // the side stream runs in order: its last collective is the end of all
+  // The side stream runs in order: its last collective's end is the end of all. Without one (a
+  // CPU, where this is a no-op, or a collective that threw) the whole side stream is waited for.
+  if (ahead_) {
+    side_->Wait(ahead_);
+  } else {
+    side_->WaitAll();
+  }
   ahead_.reset();
   // Dropped after the wait: the compute stream's later reuse of this memory comes after it.
   ahead_keep_.clear();
@@ -241,9 +256,9 @@ torch::Tensor MultipliedAndSummed(TensorParallelGroup& group, const torch::Tenso
   const bool bf16 = working.scalar_type() == torch::kBFloat16;
   std::vector<int64_t> sizes = y.sizes().vec();
   sizes.back() = out;
-  const JoinAtExit join{group};
   if (!sequence_parallel) {
     torch::Tensor sum = torch::empty({rows, out}, y2d.options());
+    const JoinAtExit join{group};  // after `sum`: joined before it is freed, however this leaves
     const int64_t chunks = SumChunks(rows), r = rows / chunks;
     for (int64_t j = 0; j < chunks; ++j) {
       torch::Tensor chunk = sum.narrow(0, j * r, r);
@@ -259,6 +274,7 @@ torch::Tensor MultipliedAndSummed(TensorParallelGroup& group, const torch::Tenso
   sizes[1] /= tp;
   const int64_t block = rows / tp, chunks = SumChunks(block), r = block / chunks;
   torch::Tensor sum = torch::empty({block, out}, y2d.options());
+  const JoinAtExit join{group};
   for (int64_t j = 0; j < chunks; ++j) {
     torch::Tensor partial = torch::empty({tp * r, out}, y2d.options());
     for (int64_t q = 0; q < tp; ++q) {

@@ -60,8 +60,10 @@ class TensorParallelGroup {
   // compute stream, which then waits for it. With nothing put off, or no side stream, it runs
   // here.
   void Beside(const std::function<void()>& collective);
-  // A forward collective on the side stream after the compute stream's work so far (a matmul's
-  // rows it reads); `keep` (what it reads and writes) lives until Join. Only where overlapping().
+  // A collective beside a matmul, on the side stream after the compute stream's work so far (the
+  // rows it reads); `keep` (what it reads or writes that the caller may drop first) lives until
+  // Join. Only where overlapping(). No other collective of this group - Beside, a unit's
+  // announcement - may start before the Join (checked).
   void Ahead(const std::function<void()>& collective, std::vector<torch::Tensor> keep);
   // The compute stream waits for every Ahead collective so far (a no-op when none is pending).
   void Join();
@@ -88,14 +90,16 @@ torch::Tensor EnterTensorParallel(TensorParallelGroup& group, const torch::Tenso
 // Sequence parallel: reduce-scattered to this rank's tokens, backward all-gathered.
 torch::Tensor LeaveTensorParallel(TensorParallelGroup& group, const torch::Tensor& x, bool sequence_parallel);
 // EnterTensorParallel(x), then p.Linear of it for each projection, in order. Overlapped under
-// sequence parallelism (the group overlapping, its buffers on the device or a CPU, the first
-// matrix read through a gradient sink): the gather
+// sequence parallelism (the group overlapping, its buffers on the device or a CPU, x in its wire
+// dtype, the first matrix read through a gradient sink - a ZeRO-3 shard's slot too): the gather
 // runs on the side stream while the first matmul multiplies this rank's own tokens, already in
-// place (RowsAhead); the other rows wait for it. Every value is the one computed in turn.
+// place (RowsAhead); the other rows wait for it. The first matmul runs over two blocks of rows,
+// which a GPU may round otherwise than the whole (bf16 on an H200 did not; fp32 in the last bit).
 std::vector<torch::Tensor> EnterThenLinears(TensorParallelGroup& group, const ParamView& p, const torch::Tensor& x,
                                             const std::vector<ProjectionName>& projections, bool sequence_parallel);
-// LeaveTensorParallel(p.Linear(y, weight)) for a row-parallel matrix. Overlapped (the matrix read
-// through a gradient sink, grad mode on): the matmul runs in chunks of rows, and each chunk's sum
+// LeaveTensorParallel(p.Linear(y, weight)) for a row-parallel matrix. Overlapped (the group
+// overlapping, its buffers on the device or a CPU, the matrix bf16 or fp32 and read through a
+// gradient sink, grad mode on): the matmul runs in chunks of rows, and each chunk's sum
 // over the ranks (its share of every rank's tokens under sequence parallelism, so that each
 // chunk's reduce-scatter lands in one contiguous block of this rank's) runs on the side stream
 // while the next chunk multiplies. Backward as the two ops in turn, but that under sequence

@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
+
+#ifdef STRATA_WITH_CUDA
+#include <ATen/cuda/Sleep.h>
+#endif
 
 namespace strata::worker {
 namespace {
@@ -58,21 +63,40 @@ class MirrorCommunicator final : public Communicator {
     const auto [begin, end] = ShardRange(static_cast<size_t>(whole.numel()), world_, rank);
     return whole.narrow(0, static_cast<int64_t>(begin), static_cast<int64_t>(end - begin));
   }
+  // A collective takes time on its stream, as NCCL's kernels do, and what it will write holds NaN
+  // until it does: a reader that did not wait for it reads NaN (or, in place, the value before the
+  // sum) whatever the timing, and the test's losses show it.
+  void Delay() const {
+#ifdef STRATA_WITH_CUDA
+    if (device_.is_cuda()) at::cuda::sleep(kDelayCycles);  // about 20 us
+#endif
+  }
+  static void Poison(torch::Tensor t) { t.fill_(std::numeric_limits<double>::quiet_NaN()); }
   Status Sum(torch::Tensor t) const {
     STRATA_RETURN_IF_ERROR(Live());
+    Delay();
     t.mul_(static_cast<double>(world_));  // a power of two for 2 and 4: exact in fp32 and bf16
     return Status::Ok();
   }
   Status SumInto(const torch::Tensor& whole, void* block) const {
     STRATA_RETURN_IF_ERROR(Live());
     const torch::Tensor mine = Block(whole, rank_);
-    View(block, static_cast<size_t>(mine.numel()), whole.scalar_type()).copy_(mine).mul_(static_cast<double>(world_));
+    torch::Tensor out = View(block, static_cast<size_t>(mine.numel()), whole.scalar_type());
+    const auto* begin = static_cast<const char*>(whole.data_ptr());
+    const auto* at = static_cast<const char*>(block);
+    if (at < begin || at >= begin + whole.nbytes()) Poison(out);  // (not where it is the input's own block)
+    Delay();
+    out.copy_(mine).mul_(static_cast<double>(world_));
     return Status::Ok();
   }
   // Every block of `whole` gets this rank's (blocks one element longer get a zero after it).
   Status Repeat(const torch::Tensor& whole) const {
     STRATA_RETURN_IF_ERROR(Live());
     const torch::Tensor mine = Block(whole, rank_);
+    for (uint32_t r = 0; r < world_; ++r) {
+      if (r != rank_) Poison(Block(whole, r));
+    }
+    Delay();
     for (uint32_t r = 0; r < world_; ++r) {
       if (r == rank_) continue;
       torch::Tensor other = Block(whole, r);
@@ -88,6 +112,7 @@ class MirrorCommunicator final : public Communicator {
     return Repeat(whole);
   }
 
+  static constexpr int64_t kDelayCycles = 40000;
   uint32_t world_, rank_;
   torch::Device device_;
   std::atomic<bool> aborted_{false};
