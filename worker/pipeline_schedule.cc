@@ -65,7 +65,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
       *loss_sum += loss.detach() * share;
       f.output = loss * share;
     } else {
-      SendTensor(*pipe_forward_, x, stage + 1);
+      send_forward_->Send(x, stage + 1);
       f.output = x;
     }
     in_flight.push_back(std::move(f));
@@ -81,7 +81,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
       f.output.backward(grad.to(f.output.scalar_type()));
     }
     model_->EndBackward();
-    if (!model_->first_stage()) SendTensor(*pipe_backward_, f.input.grad(), stage - 1);
+    if (!model_->first_stage()) send_backward_->Send(f.input.grad(), stage - 1);
   };
   // 1F1B: warm up with the forwards the later stages need to start, then one forward and one
   // backward at a time, then drain.
@@ -93,6 +93,8 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
     backward();
   }
   while (!in_flight.empty()) backward();
+  send_forward_->Join(device_);
+  send_backward_->Join(device_);
   if (context_.faults->SyncInStep(step_ + 1)) (void)loss_sum->item<float>();  // a test's refused capture (fault_injector.h)
   model_->FinishGradients();
   optimizer_->JoinBackwardReductions();  // inside the step's graph, as the reductions it joins

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "worker/fused_loss.h"
@@ -9,6 +10,7 @@
 #include "worker/torch_compat.h"
 
 #ifdef STRATA_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -97,6 +99,62 @@ void SendTensor(Communicator& comm, const torch::Tensor& t, uint32_t peer) {
     c10::cuda::CUDACachingAllocator::recordStream(
         buffer.storage().data_ptr(), c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), buffer.device().index()));
   }
+#endif
+}
+
+struct PipelineSender::Slot {
+  torch::Tensor buffer;
+#ifdef STRATA_WITH_CUDA
+  std::optional<at::cuda::CUDAEvent> sent;  // the transfer stream's last send from it
+#endif
+};
+
+PipelineSender::PipelineSender(Communicator* comm, size_t slots) : comm_(comm), slots_(std::max<size_t>(1, slots)) {}
+PipelineSender::~PipelineSender() = default;
+
+void PipelineSender::Send(const torch::Tensor& t, uint32_t peer) {
+  void* stream = comm_->transfer_stream();
+  if (stream == nullptr || !t.is_cuda() || !comm_->device_buffers()) {
+    SendTensor(*comm_, t, peer);  // the send copies its buffer at once (ZeroMQ), or no transfer stream
+    return;
+  }
+#ifdef STRATA_WITH_CUDA
+  Slot& slot = slots_[next_];
+  next_ = (next_ + 1) % slots_.size();
+  const auto index = t.device().index();
+  if (!slot.buffer.defined() || slot.buffer.sizes() != t.sizes() || slot.buffer.device() != t.device()) {
+    slot.buffer = torch::empty(t.sizes(), t.options().dtype(torch::kFloat));
+    slot.sent.reset();
+  }
+  if (slot.sent) slot.sent->block(c10::cuda::getCurrentCUDAStream(index));  // its last send has read it
+  {
+    torch::NoGradGuard no_grad;
+    slot.buffer.copy_(t.detach());
+  }
+  Check(comm_->Send(slot.buffer.data_ptr(), static_cast<size_t>(slot.buffer.numel()) * sizeof(float), peer));
+  slot.sent.emplace();
+  slot.sent->record(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), index));
+#else
+  (void)peer;
+#endif
+}
+
+void PipelineSender::Join(const torch::Device& device) {
+#ifdef STRATA_WITH_CUDA
+  void* stream = comm_->transfer_stream();
+  if (stream == nullptr || !device.is_cuda()) return;
+  at::cuda::CUDAEvent all;
+  all.record(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), device.index()));
+  all.block(c10::cuda::getCurrentCUDAStream(device.index()));
+  for (Slot& slot : slots_) slot.sent.reset();  // the wait above covers them
+#else
+  (void)device;
+#endif
+}
+
+void PipelineSender::Forget() {
+#ifdef STRATA_WITH_CUDA
+  for (Slot& slot : slots_) slot.sent.reset();
 #endif
 }
 

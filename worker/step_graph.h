@@ -17,16 +17,16 @@
 // rotary tables are built once (model_family.h). The optimizer's update stays outside the graph:
 // it reads the loss and the gradient norm on the host first (trainer.cc).
 //
-// The caller decides eligibility: a CUDA device, one pipeline stage (no sends), no offloaded
-// update, train.cuda_graphs. Collectives are captured with the rest - NCCL collectives replay
+// The caller decides eligibility: a CUDA device, no offloaded update, train.cuda_graphs.
+// Collectives are captured with the rest - NCCL collectives and point-to-point transfers replay
 // from a graph, and the schedule queues them in the same order every step: ZeRO-3's gathers and
-// reduce-scatters and ZeRO 0-2's sums in the backward (on side streams, which the capture forks
-// from this object's stream and joins again), tensor parallelism's (on this stream, and f's
-// backward on a side stream beside the weight gradients). Memory that a side stream still reads when
-// it is dropped (side_stream.h: KeepUntilDone) stays out of reuse until the capture ends, so
-// ZeRO-3 reuses its gradient buffers instead of dropping them (stage_model_zero3.cc). A capture
-// that fails (an op that synchronises, out of memory) is logged, the step runs eagerly, and
-// graphs stay off.
+// reduce-scatters (on a side stream, which the capture forks from this object's stream and joins
+// again), tensor parallelism's all-reduces (on this stream) and a pipeline stage's sends and
+// receives (on the communicators' transfer streams, joined at the schedule's end). Memory that
+// another stream still reads when it is dropped (the caching allocator's record_stream) stays out
+// of reuse until the capture ends, so ZeRO-3's gradient buffers and the pipeline's send buffers
+// are reused rather than dropped (stage_model.h). A capture that fails (an op that synchronises,
+// out of memory) is logged, the step runs eagerly, and graphs stay off.
 #pragma once
 
 #include <torch/torch.h>

@@ -133,13 +133,13 @@ Trainer::Trainer(const TaskContext& context, TokenData data, torch::Device devic
     model_->SetBeforeUse([opt = optimizer_.get()](size_t unit) { opt->WaitForUnit(unit); });
     model_->SetHostGradient([opt = optimizer_.get()](size_t unit, const torch::Tensor& grad) { opt->HostGradient(unit, grad); });
   }
-  // A static schedule (step_graph.h): no pipeline sends (their transfer streams are not joined
-  // inside the step), no offloaded update to wait for (the forward's waits are issued from the
-  // host, optimizer.h). Collectives are captured with the step, queued in the same order on every
-  // step: ZeRO-3's gathers and reduce-scatters and ZeRO 0-2's sums in the backward on side
-  // streams the capture forks and joins, tensor parallelism's on the step's stream and f's
-  // backward beside the weight gradients on another (stage_model.h).
-  const bool graphable = context.spec.train.cuda_graphs && device_.is_cuda() && mesh_.pp == 1 && !optimizer.offload;
+  // A static schedule (step_graph.h): no offloaded update to wait for (the forward's waits are
+  // issued from the host, optimizer.h). Collectives are captured with the step - ZeRO-3's gathers
+  // and reduce-scatters (on a side stream the capture forks and joins), tensor parallelism's
+  // all-reduces (on the step's stream) and the pipeline's sends and receives (on the
+  // communicators' transfer streams, joined at the schedule's end): they are queued in the same
+  // order on every step.
+  const bool graphable = context.spec.train.cuda_graphs && device_.is_cuda() && !optimizer.offload;
   step_graph_ = std::make_unique<StepGraph>(device_, graphable);
 }
 
@@ -149,6 +149,11 @@ Status Trainer::BuildGroups() {
   STRATA_ASSIGN_OR_RETURN(tp_group_, world.Split(GroupsAlong(mesh_, 't')));
   STRATA_ASSIGN_OR_RETURN(pipe_forward_, world.Split(GroupsAlong(mesh_, 's')));
   STRATA_ASSIGN_OR_RETURN(pipe_backward_, world.Split(GroupsAlong(mesh_, 's')));
+  // 1F1B keeps at most pp micro-batches in flight on a stage: a ring of pp + 1 never waits on a
+  // send still in flight unless the peer is that far behind.
+  const auto ring = static_cast<size_t>(mesh_.pp + 1);
+  send_forward_ = std::make_unique<PipelineSender>(pipe_forward_.get(), ring);
+  send_backward_ = std::make_unique<PipelineSender>(pipe_backward_.get(), ring);
   // GPT-2's tied embedding lives on the first and the last stage: those two sum its gradient.
   std::vector<std::vector<uint32_t>> tie;
   for (const auto& pipe : GroupsAlong(mesh_, 's')) {
@@ -212,7 +217,11 @@ Result<double> Trainer::Step() {
   optimizer_->JoinBackwardReductions();
   try {
     auto schedule = [this](const torch::Tensor& on_device, torch::Tensor* sum) { return RunSchedule(on_device, sum); };
-    STRATA_ASSIGN_OR_RETURN(loss_sum, step_graph_->Run(window, schedule, &schedule_peak, [this] { model_->EndStep(); }));
+    STRATA_ASSIGN_OR_RETURN(loss_sum, step_graph_->Run(window, schedule, &schedule_peak, [this] {
+      model_->EndStep();
+      send_forward_->Forget();
+      send_backward_->Forget();
+    }));
   } catch (const std::exception& e) {
     // Out of memory, or a collective failed inside autograd (a peer was lost or the task was
     // cancelled). The micro-batches' activations are gone with the schedule's frame; the partly

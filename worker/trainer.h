@@ -139,6 +139,7 @@ class Trainer {
   // The pipeline has one group per direction (activations forward, gradients backward), so each
   // keeps a single order of transfers on every rank (nccl_communicator.cc).
   std::unique_ptr<Communicator> dp_group_, tp_group_, pipe_forward_, pipe_backward_, tie_group_;
+  std::unique_ptr<PipelineSender> send_forward_, send_backward_;  // over pipe_forward_ / pipe_backward_
   std::unique_ptr<StageModel> model_;
   std::unique_ptr<UnitOptimizer> optimizer_;
   std::unique_ptr<StepGraph> step_graph_;  // the schedule as one CUDA graph where it is static
