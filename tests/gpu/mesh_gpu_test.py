@@ -96,7 +96,7 @@ def main():
                        # ZeRO-3 op by op: the graph-captured dp2z3 steps (gathers and reduce-scatters
                        # replayed from a CUDA graph) must give its losses
                        ("dp2z3eager", "dp = 2\n" + z3 + "keep_gathered = 0\n"), ("dp2z3keep", "dp = 2\n" + z3 + "keep_gathered = 64\n"),
-                       ("pp2", "pp = 2\n"), ("tp2", "tp = 2\n"), ("tp2eager", "tp = 2\n"),
+                       ("pp2", "pp = 2\n"), ("pp2eager", "pp = 2\n"), ("tp2", "tp = 2\n"), ("tp2eager", "tp = 2\n"),
                        # ZeRO-3 streamed from host memory (offload = "optimizer+params"), gathered over NCCL
                        ("dp2z3host", 'dp = 2\nzero = 3\nrecompute = false\noffload = "optimizer+params"\n')]
         if n >= 4:
@@ -105,7 +105,7 @@ def main():
         # MESH_GPU_FAMILIES picks families (default: all; the families beyond gpt2 and llama run
         # bf16 only, the precision their published checkpoints train in).
         families = os.environ.get("MESH_GPU_FAMILIES", " ".join(FAMILY_MODELS)).split()
-        # MESH_GPU_MESHES picks meshes by name (1gpu 1gpuz3 1gpuz3eager 1gpuz3keep dp2 dp2z3 dp2z3eager dp2z3keep dp2z3host pp2 tp2 tp2eager pp2tp2; default: all, and
+        # MESH_GPU_MESHES picks meshes by name (1gpu 1gpuz3 1gpuz3eager 1gpuz3keep dp2 dp2z3 dp2z3eager dp2z3keep dp2z3host pp2 pp2eager tp2 tp2eager pp2tp2; default: all, and
         # the resume checks).
         if os.environ.get("MESH_GPU_MESHES"):
             meshes = [m for m in meshes if m[0] in os.environ["MESH_GPU_MESHES"].split()]
@@ -120,7 +120,7 @@ def main():
                     name = f"{family}-{mesh}-{precision}"
                     extra = "cuda_graphs = false\n" if mesh.endswith("eager") else ""
                     losses = by_name[name] = train(gpu, work, name, family, parallel, precision, extra)
-                    if mesh in ("dp2z3", "1gpuz3", "dp2z3keep", "1gpuz3keep", "tp2"):  # the steps did replay as a graph (a refused capture falls back op by op)
+                    if mesh in ("dp2z3", "1gpuz3", "dp2z3keep", "1gpuz3keep", "pp2", "tp2"):  # the steps did replay as a graph (a refused capture falls back op by op)
                         captured = "run as one CUDA graph" in strata(gpu, "logs", train.latest)
                         print(f"{name}: steps captured as a CUDA graph: {'ok' if captured else 'FAIL'}")
                         if not captured:
@@ -136,7 +136,7 @@ def main():
             # The same kernels and collectives in the same order: equal up to NCCL's own choice of
             # algorithm, which may differ between a captured and a direct launch. Kept layers read
             # the bytes a second gather would bring again.
-            pairs = [(m, "eager", "CUDA graph vs op by op") for m in ("1gpuz3", "dp2z3", "tp2")] + \
+            pairs = [(m, "eager", "CUDA graph vs op by op") for m in ("1gpuz3", "dp2z3", "pp2", "tp2")] + \
                     [(m, "keep", "gathered again vs kept gathered") for m in ("1gpuz3", "dp2z3")]
             for (mesh, other, what), (precision, _) in [(pair, p) for pair in pairs for p in precisions]:
                 first, second = by_name.get(f"{family}-{mesh}-{precision}"), by_name.get(f"{family}-{mesh}{other}-{precision}")
