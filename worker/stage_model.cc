@@ -131,7 +131,7 @@ void PipelineSender::Send(const torch::Tensor& t, uint32_t peer) {
     torch::NoGradGuard no_grad;
     slot.buffer.copy_(t.detach());
   }
-  Check(comm_->Send(slot.buffer.data_ptr(), static_cast<size_t>(slot.buffer.numel()) * sizeof(float), peer));
+  ThrowIfFailed(comm_->Send(slot.buffer.data_ptr(), static_cast<size_t>(slot.buffer.numel()) * sizeof(float), peer));
   slot.sent.emplace();
   slot.sent->record(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), index));
 #else
