@@ -56,9 +56,11 @@
 // them that hides was not measured yet (no two-GPU machine in session 24), so none is credited;
 // nor is tensor parallel's overlap (parallel.tp_comm_overlap, worker/tensor_parallel.h: the
 // backward's collectives beside the weight gradients and the own tokens' dx, the forward's
-// gathers beside the own tokens' matmul and its sums in chunks beside the next chunk's; not
-// measured on two GPUs either - one H200 measured the forward's row blocks at 0.99-1.13x the
-// whole matmul's time, session 26). The overlap adds nothing to the memory peak: the forward's
+// gathers beside the own tokens' matmul and its sums in chunks beside the next chunk's). On 2x
+// H200 (session 26) the wide Llama's tp=2 ran 1.2% faster with it than without, and 13% faster
+// than this model predicts either way; crediting tp alone would rank it over ZeRO-2, which
+// measured 1.3% faster, so the model is left as it is until a profile of tp=2 says where its
+// time goes. The overlap adds nothing to the memory peak: the forward's
 // chunks hold what the whole matmul's output and its sum held, and the put-off gradients hold the
 // column-parallel matmuls' dy (Llama's
 // dgate and dup, [tokens, ffn / tp] each) until f's backward, beside the input gradients' sum,
