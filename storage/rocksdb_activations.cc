@@ -185,7 +185,8 @@ std::string RocksDbShardStore::EncodeRecordRef(uint64_t chunk, uint64_t offset, 
 bool RocksDbShardStore::DecodeRecordRef(std::string_view v, RecordRef* ref) {
   uint64_t dtype = 0, rank = 0;
   if (!ConsumeKeyU64(&v, &ref->chunk) || !ConsumeKeyU64(&v, &ref->offset) || !ConsumeKeyU64(&v, &ref->size) ||
-      !ConsumeKeyU64(&v, &ref->checksum) || !ConsumeKeyU64(&v, &dtype) || !ConsumeKeyU64(&v, &rank) || dtype > 7 || rank > 8) {
+      !ConsumeKeyU64(&v, &ref->checksum) || !ConsumeKeyU64(&v, &dtype) || !ConsumeKeyU64(&v, &rank) ||
+      dtype > static_cast<uint64_t>(DType::kU8) || rank > 8) {
     return false;
   }
   ref->dtype = static_cast<DType>(dtype);

@@ -174,7 +174,7 @@ using internal::RocksDbShardStore;
 
 // Copies the store's log and descriptor files to STORE/damaged-<unix time>/ before a salvage
 // changes them: what the salvage drops stays on disk for a person to look at.
-Result<std::string> KeepDamagedFiles(const std::string& path) {
+static Result<std::string> KeepDamagedFiles(const std::string& path) {
   const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const std::string kept = path + "/damaged-" + std::to_string(now);
   std::error_code ec;
