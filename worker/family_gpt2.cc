@@ -35,7 +35,7 @@ class Gpt2Family : public ModelFamily {
     const bool fuse_residual = !request.patch;
     const NormedResidual first = fuse_residual ? FusedResidualLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute)
                                                : NormedResidual{x, FusedLayerNorm(x, p("ln_1.weight"), p("ln_1.bias"), eps, compute)};
-    const torch::Tensor projected = tp.EnterLinears(p, first.normed, {{"c_attn.weight", "c_attn.bias"}})[0];
+    const torch::Tensor projected = tp.enter_linears(p, first.normed, {{"c_attn.weight", "c_attn.bias"}})[0];
     const int64_t b = projected.size(0), t = projected.size(1);  // all tokens (x may hold 1/tp: sequence parallel)
     // [b, t, 3 * heads * hd] -> 3 x [b, t, heads, hd] by one unbind of the middle dimension, then
     // the heads-first views attention takes. Backward stacks the three gradients along that
@@ -59,7 +59,7 @@ class Gpt2Family : public ModelFamily {
       second = {out.resid_mid, FusedLayerNorm(out.resid_mid, p("ln_2.weight"), p("ln_2.bias"), eps, compute)};
     }
     // The bias and the GELU in one kernel each way (kernels.h BiasGelu), after a bias-free matmul.
-    const torch::Tensor fc = tp.EnterLinears(p, second.normed, {{"c_fc.weight", ""}})[0];
+    const torch::Tensor fc = tp.enter_linears(p, second.normed, {{"c_fc.weight", ""}})[0];
     out.mlp_hidden = Patched(request, "mlp_hidden", FusedBiasGelu(fc, p("c_fc.bias"), /*tanh=*/true));
     out.mlp_out = Patched(request, "mlp_out", Projected(out.mlp_hidden, p, "mlp_proj", tp));
     out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);
@@ -74,7 +74,7 @@ class Gpt2Family : public ModelFamily {
   // its output in the compute dtype). Tensor parallel: added once after the partial sums meet.
   static torch::Tensor Projected(const torch::Tensor& y, const ParamView& p, const std::string& name, const TensorParallel& tp) {
     if (tp.size == 1) return p.Linear(y, name + ".weight", name + ".bias");
-    return tp.LinearLeave(p, y, name + ".weight") + p(name + ".bias");
+    return tp.linear_leave(p, y, name + ".weight") + p(name + ".bias");
   }
 
   void Initialize(const std::string& name, torch::Tensor& t) const override {

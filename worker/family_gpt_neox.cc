@@ -23,7 +23,7 @@ class GptNeoxFamily : public ModelFamily {
     out.resid_pre = Patched(request, "resid_pre", x_in);
     const torch::Tensor& x = out.resid_pre;
     const torch::Tensor projected =
-        tp.EnterLinears(p, LayerNorm(x, p, "input_layernorm"), {{"attention.query_key_value.weight", "attention.query_key_value.bias"}})[0];
+        tp.enter_linears(p, LayerNorm(x, p, "input_layernorm"), {{"attention.query_key_value.weight", "attention.query_key_value.bias"}})[0];
     const int64_t b = projected.size(0), t = projected.size(1);  // all tokens (x may hold 1/tp: sequence parallel)
     auto [cos, sin] = Rotary(x, t);
     auto qkv = projected.view({b, t, heads, 3 * hd}).transpose(1, 2);
@@ -34,7 +34,7 @@ class GptNeoxFamily : public ModelFamily {
     out.v = parts[2].transpose(1, 2);
     if (request.attn_pattern) out.attn_pattern = AttentionPattern(q, k);
     auto y = compat::CausalAttention(q, k, parts[2]).transpose(1, 2).reshape({b, t, heads * hd});
-    auto attn = tp.LinearLeave(p, y, "attention.dense.weight");
+    auto attn = tp.linear_leave(p, y, "attention.dense.weight");
     if (auto bias = p.Optional("attention.dense.bias"); bias.defined()) attn = attn + bias;
     out.attn_out = Patched(request, "attn_out", attn);
     // resid_mid = x + attn_out under both residuals. Sequential: the MLP's input, as in every
@@ -44,10 +44,10 @@ class GptNeoxFamily : public ModelFamily {
     const torch::Tensor mid = x + out.attn_out;
     out.resid_mid = Patched(request, "resid_mid", mid);
     const torch::Tensor& mlp_in = spec_.parallel_residual ? x : out.resid_mid;
-    const torch::Tensor fc = tp.EnterLinears(p, LayerNorm(mlp_in, p, "post_attention_layernorm"), {{"mlp.dense_h_to_4h.weight", ""}})[0];
+    const torch::Tensor fc = tp.enter_linears(p, LayerNorm(mlp_in, p, "post_attention_layernorm"), {{"mlp.dense_h_to_4h.weight", ""}})[0];
     out.mlp_hidden =
         Patched(request, "mlp_hidden", FusedBiasGelu(fc, p("mlp.dense_h_to_4h.bias"), /*tanh=*/spec_.activation == "gelu_tanh"));
-    out.mlp_out = Patched(request, "mlp_out", tp.LinearLeave(p, out.mlp_hidden, "mlp.dense_4h_to_h.weight") + p("mlp.dense_4h_to_h.bias"));
+    out.mlp_out = Patched(request, "mlp_out", tp.linear_leave(p, out.mlp_hidden, "mlp.dense_4h_to_h.weight") + p("mlp.dense_4h_to_h.bias"));
     // transformers adds mlp + attn + x (parallel) and mlp + (attn + x) (sequential); kept in
     // that order (fp32 addition is not associative) unless resid_mid was patched.
     const bool mid_patched = !out.resid_mid.is_same(mid);

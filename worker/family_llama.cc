@@ -19,7 +19,7 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
   const bool fuse_residual = !request.patch;
   const NormedResidual first = fuse_residual ? ResidualNorm(x, p("input_layernorm.weight"))
                                              : NormedResidual{x, Norm(x, p("input_layernorm.weight"))};
-  const std::vector<torch::Tensor> qkv = tp.EnterLinears(p, first.normed,
+  const std::vector<torch::Tensor> qkv = tp.enter_linears(p, first.normed,
                                                          {{"self_attn.q_proj.weight", "self_attn.q_proj.bias"},
                                                           {"self_attn.k_proj.weight", "self_attn.k_proj.bias"},
                                                           {"self_attn.v_proj.weight", "self_attn.v_proj.bias"}});
@@ -38,7 +38,7 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
     out.attn_pattern = AttentionPattern(q, kv_heads == heads ? k : k.repeat_interleave(heads / kv_heads, 1), spec_.sliding_window);
   }
   auto y = compat::CausalAttention(q, k, v, spec_.sliding_window).transpose(1, 2).reshape({b, t, heads * hd});
-  auto attn = tp.LinearLeave(p, y, "self_attn.o_proj.weight");
+  auto attn = tp.linear_leave(p, y, "self_attn.o_proj.weight");
   if (auto bias = p.Optional("self_attn.o_proj.bias"); bias.defined()) attn = attn + bias;
   out.attn_out = Patched(request, "attn_out", attn);
   NormedResidual second;
@@ -50,10 +50,10 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
     second = {out.resid_mid, Norm(out.resid_mid, p("post_attention_layernorm.weight"))};
   }
   const std::vector<torch::Tensor> gate_up =
-      tp.EnterLinears(p, second.normed, {{"mlp.gate_proj.weight", "mlp.gate_proj.bias"}, {"mlp.up_proj.weight", "mlp.up_proj.bias"}});
+      tp.enter_linears(p, second.normed, {{"mlp.gate_proj.weight", "mlp.gate_proj.bias"}, {"mlp.up_proj.weight", "mlp.up_proj.bias"}});
   const torch::Tensor &gate = gate_up[0], &up = gate_up[1];
   out.mlp_hidden = Patched(request, "mlp_hidden", spec_.activation == "silu" ? FusedSwiGlu(gate, up) : Activation(gate) * up);
-  auto mlp = tp.LinearLeave(p, out.mlp_hidden, "mlp.down_proj.weight");
+  auto mlp = tp.linear_leave(p, out.mlp_hidden, "mlp.down_proj.weight");
   if (auto bias = p.Optional("mlp.down_proj.bias"); bias.defined()) mlp = mlp + bias;
   out.mlp_out = Patched(request, "mlp_out", mlp);
   out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);

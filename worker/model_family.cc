@@ -52,33 +52,18 @@ torch::Tensor ParamView::Optional(const std::string& name) const {
 
 torch::Tensor ParamView::Linear(const torch::Tensor& x, const std::string& weight, const std::string& bias, const RowsAhead* ahead) const {
   const torch::Tensor b = bias.empty() ? torch::Tensor() : Optional(bias);
-  const size_t i = IndexOf(weight);
-  if (i < names_.size() && !sunk_.empty() && sunk_[i].sink != nullptr && tensors_[i].dim() == 2) {
-    return LinearIntoGradient(x, sunk_[i].param, tensors_[i], b, sunk_[i].sink, sunk_[i].defer, ahead);
-  }
+  const auto [w, sunk] = Sunk(weight);
+  if (sunk != nullptr) return LinearIntoGradient(x, sunk->param, w, b, sunk->sink, sunk->defer, ahead);
   // (Autocast's linear casts as it goes, which the row blocks' out= matmuls would not: every row
   // waits.)
   if (ahead != nullptr) ahead->wait_rest();
-  return torch::linear(x, (*this)(weight), b);
+  return torch::linear(x, w, b);
 }
 
 std::pair<torch::Tensor, const SunkParameter*> ParamView::Sunk(const std::string& weight) const {
   const size_t i = IndexOf(weight);
   if (i < names_.size() && !sunk_.empty() && sunk_[i].sink != nullptr && tensors_[i].dim() == 2) return {tensors_[i], &sunk_[i]};
   return {(*this)(weight), nullptr};
-}
-
-std::vector<torch::Tensor> TensorParallel::EnterLinears(const ParamView& p, const torch::Tensor& x,
-                                                        const std::vector<ProjectionName>& projections) const {
-  if (enter_linears) return enter_linears(p, x, projections);
-  const torch::Tensor a = enter(x);
-  std::vector<torch::Tensor> out;
-  for (const ProjectionName& projection : projections) out.push_back(p.Linear(a, projection.weight, projection.bias));
-  return out;
-}
-
-torch::Tensor TensorParallel::LinearLeave(const ParamView& p, const torch::Tensor& y, const std::string& weight) const {
-  return linear_leave ? linear_leave(p, y, weight) : leave(p.Linear(y, weight));
 }
 
 // Rotary frequencies (Su et al. 2021) as transformers: inv_freq_i = theta^(-2i/d) over the d

@@ -7,13 +7,14 @@
 // tensors, which are a CausalLm's own parameters, a rank's tensor-parallel slices, or ZeRO-3's
 // gathered copies. Names and shapes come from model/parameters.h.
 //
-// Tensor parallelism (Megatron's f and g): `enter` before a column-parallel matmul (identity
-// forward, all-reduce of the gradient), `leave` after a row-parallel one (all-reduce forward);
-// biases of row-parallel layers are added after `leave`. Under tp, a block sees heads / tp query
-// and kv_heads / tp key/value heads and ffn / tp MLP columns; both are identity at tp = 1. Under
-// sequence parallelism (stage_model.h) a block's input holds 1/tp of the tokens: `enter` gathers
-// every token and `leave` returns to the rank's, so a block takes its attention's batch and length
-// from what `enter` returns, never from its input.
+// Tensor parallelism (Megatron's f and g): `enter_linears` is f before the column-parallel
+// matmuls (identity forward, all-reduce of the gradient) and the matmuls themselves,
+// `linear_leave` a row-parallel matmul and g after it (all-reduce forward); biases of
+// row-parallel layers are added after it. Under tp, a block sees heads / tp query and kv_heads /
+// tp key/value heads and ffn / tp MLP columns; at tp = 1 both are plain linears. Under sequence
+// parallelism (stage_model.h) a block's input holds 1/tp of the tokens: f gathers every token and
+// g returns to the rank's, so a block takes its attention's batch and length from what
+// `enter_linears` returns, never from its input.
 #pragma once
 
 #include <torch/torch.h>
@@ -77,23 +78,24 @@ struct ProjectionName {
 
 struct TensorParallel {
   int64_t size = 1;
-  std::function<torch::Tensor(const torch::Tensor&)> enter = [](const torch::Tensor& t) { return t; };
-  std::function<torch::Tensor(const torch::Tensor&)> leave = [](const torch::Tensor& t) { return t; };
+  // f, then the column-parallel projections of its output: p.Linear(f(x), weight, bias) for each,
+  // in order. One call, so that a gather can run beside the first matmul (tensor_parallel.h
+  // EnterThenLinears, which StageModel sets under tp > 1).
+  std::function<std::vector<torch::Tensor>(const ParamView& p, const torch::Tensor& x, const std::vector<ProjectionName>& projections)>
+      enter_linears = [](const ParamView& p, const torch::Tensor& x, const std::vector<ProjectionName>& projections) {
+        std::vector<torch::Tensor> out;
+        for (const ProjectionName& projection : projections) out.push_back(p.Linear(x, projection.weight, projection.bias));
+        return out;
+      };
+  // The row-parallel projection, then g: g(p.Linear(y, weight)), a bias the caller's, after
+  // (tensor_parallel.h LinearThenLeave under tp > 1).
+  std::function<torch::Tensor(const ParamView& p, const torch::Tensor& y, const std::string& weight)> linear_leave =
+      [](const ParamView& p, const torch::Tensor& y, const std::string& weight) { return p.Linear(y, weight); };
   // The token embedding's lookup of `tokens` in `table`: the whole table, or (vocab-parallel,
   // shard/layout.h) this rank's rows, with the other ranks' tokens looked up as zeros and the
   // ranks' lookups summed (Megatron's VocabParallelEmbedding).
   std::function<torch::Tensor(const torch::Tensor& table, const torch::Tensor& tokens)> lookup =
       [](const torch::Tensor& table, const torch::Tensor& tokens) { return torch::embedding(table, tokens); };
-  // The forms whose collectives run beside the matmuls next to them (tensor_parallel.h), where
-  // StageModel sets them; EnterLinears and LinearLeave fall back to enter and leave.
-  std::function<std::vector<torch::Tensor>(const ParamView&, const torch::Tensor&, const std::vector<ProjectionName>&)> enter_linears;
-  std::function<torch::Tensor(const ParamView&, const torch::Tensor&, const std::string&)> linear_leave;
-
-  // f, then the column-parallel projections of its output: p.Linear(enter(x), weight, bias) for
-  // each, in order. One call, so that a gather can run beside the first matmul.
-  std::vector<torch::Tensor> EnterLinears(const ParamView& p, const torch::Tensor& x, const std::vector<ProjectionName>& projections) const;
-  // The row-parallel projection, then g: leave(p.Linear(y, weight)) (a bias is the caller's, after).
-  torch::Tensor LinearLeave(const ParamView& p, const torch::Tensor& y, const std::string& weight) const;
 };
 
 class ModelFamily {

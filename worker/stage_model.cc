@@ -469,8 +469,6 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
                                                      [this](int u) { gradient_ready_(static_cast<size_t>(u)); });
   if (mesh_.tp > 1) {
     tensor_parallel_.size = mesh_.tp;
-    tensor_parallel_.enter = [tp = tp_group_.get(), sp = sequence_parallel_](const torch::Tensor& t) { return EnterTensorParallel(*tp, t, sp); };
-    tensor_parallel_.leave = [tp = tp_group_.get(), sp = sequence_parallel_](const torch::Tensor& t) { return LeaveTensorParallel(*tp, t, sp); };
     tensor_parallel_.enter_linears = [tp = tp_group_.get(), sp = sequence_parallel_](const ParamView& p, const torch::Tensor& x,
                                                                                       const std::vector<ProjectionName>& projections) {
       return EnterThenLinears(*tp, p, x, projections, sp);
@@ -695,7 +693,7 @@ torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& 
                              AllGatherTensorFrom(*tp, mine, every);
                              return every;
                            }};
-    const torch::Tensor entered = tensor_parallel_.enter(normed);
+    const torch::Tensor entered = EnterTensorParallel(*tp_group_, normed, sequence_parallel_);
     return LinearCrossEntropy(entered.reshape({-1, entered.size(-1)}), PaddedHeadWeight(p), vocab_rows_, targets.reshape({-1}), compute,
                               /*chunk_rows=*/0, &slice);
   }, /*recompute=*/false);

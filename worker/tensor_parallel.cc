@@ -55,6 +55,11 @@ void TensorParallelGroup::Beside(const std::function<void()>& collective) {
   for (int unit : held) announce_(unit);
 }
 
+bool TensorParallelGroup::CanRunAhead(const torch::Tensor& t) const {
+  return side_ != nullptr && comm_->world_size() > 1 && (t.is_cpu() || comm_->device_buffers()) &&
+         (t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kFloat);
+}
+
 void TensorParallelGroup::Ahead(const std::function<void()>& collective, std::vector<torch::Tensor> keep) {
   ahead_pending_ = true;
   for (auto& t : keep) ahead_keep_.push_back(std::move(t));
@@ -343,9 +348,8 @@ std::vector<torch::Tensor> EnterThenLinears(TensorParallelGroup& group, const Pa
   std::vector<torch::Tensor> out;
   // (A matrix without a sink - ZeRO-3's gathered shards, recomputed blocks - is multiplied by
   // autocast's linear, which casts every row first: nothing would run beside the gather.)
-  const bool beside = sequence_parallel && group.overlapping() && comm.world_size() > 1 && !projections.empty() &&
-                      p.Sunk(projections[0].weight).second != nullptr && (x.is_cpu() || comm.device_buffers()) &&
-                      x.scalar_type() == WireType(x);
+  const bool beside =
+      sequence_parallel && group.CanRunAhead(x) && !projections.empty() && p.Sunk(projections[0].weight).second != nullptr;
   if (!beside) {
     const torch::Tensor a = EnterTensorParallel(group, x, sequence_parallel);
     for (const ProjectionName& projection : projections) out.push_back(p.Linear(a, projection.weight, projection.bias));
@@ -363,10 +367,8 @@ std::vector<torch::Tensor> EnterThenLinears(TensorParallelGroup& group, const Pa
 
 torch::Tensor LinearThenLeave(TensorParallelGroup& group, const ParamView& p, const torch::Tensor& y, const std::string& weight,
                               bool sequence_parallel) {
-  Communicator& comm = group.comm();
   const auto [working, sunk] = p.Sunk(weight);
-  const bool beside = sunk != nullptr && group.overlapping() && comm.world_size() > 1 && torch::GradMode::is_enabled() &&
-                      (y.is_cpu() || comm.device_buffers()) && working.scalar_type() == WireType(working);
+  const bool beside = sunk != nullptr && torch::GradMode::is_enabled() && group.CanRunAhead(working);
   if (!beside) return LeaveTensorParallel(group, p.Linear(y, weight), sequence_parallel);
   sunk->sink->CountUse();
   return LinearThenLeaveFn::apply(y, sunk->param, working.detach(), reinterpret_cast<int64_t>(sunk->sink), reinterpret_cast<int64_t>(&group),

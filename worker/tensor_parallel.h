@@ -52,7 +52,10 @@ class TensorParallelGroup {
   // A backward that failed part-way: its put-off writes and held units are dropped, not run.
   void DropUnfinished();
   const TensorParallelOverlapCounts& overlap_counts() const { return counts_; }
-  bool overlapping() const { return side_ != nullptr; }
+  // Whether a collective over `t` (or tensors like it) can run beside a matmul (Ahead): the
+  // overlap on, more than one rank, the communicator taking t's buffers where they are (NCCL, or
+  // a CPU tensor), t in its wire dtype (bf16 or fp32: nothing to convert first).
+  bool CanRunAhead(const torch::Tensor& t) const;
 
   Communicator& comm() { return *comm_; }
   // Runs `collective` - a collective of this group over buffers allocated before it - beside the
@@ -62,7 +65,7 @@ class TensorParallelGroup {
   void Beside(const std::function<void()>& collective);
   // A collective beside a matmul, on the side stream after the compute stream's work so far (the
   // rows it reads); `keep` (what it reads or writes that the caller may drop first) lives until
-  // Join. Only where overlapping(). No other collective of this group - Beside, a unit's
+  // Join. Only where CanRunAhead. No other collective of this group - Beside, a unit's
   // announcement - may start before the Join (checked).
   void Ahead(const std::function<void()>& collective, std::vector<torch::Tensor> keep);
   // The compute stream waits for every Ahead collective so far (a no-op when none is pending).
