@@ -14,7 +14,7 @@ class GemmaFamily : public LlamaFamily {
   using LlamaFamily::LlamaFamily;
 
   torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens, const TensorParallel& tp) const override {
-    auto x = tp.lookup(p("embed_tokens.weight"), tokens);
+    auto x = p.Lookup("embed_tokens.weight", tokens, tp.lookup);
     auto normalizer = torch::scalar_tensor(std::sqrt(static_cast<double>(spec_.hidden)), x.options());
     return x * normalizer;
   }

@@ -18,7 +18,7 @@ class Gpt2Family : public ModelFamily {
 
   torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens, const TensorParallel& tp) const override {
     auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-    return tp.lookup(p("wte.weight"), tokens) + torch::embedding(p("wpe.weight"), positions);
+    return p.Lookup("wte.weight", tokens, tp.lookup) + p.Lookup("wpe.weight", positions);
   }
 
   BlockOutputs Block(const ParamView& p, const torch::Tensor& x_in, const TensorParallel& tp,

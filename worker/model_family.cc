@@ -21,8 +21,10 @@ std::unique_ptr<ModelFamily> CreateModelFamily(const ModelSpec& spec) {
   return CreateLlamaFamily(spec);  // llama, mistral, qwen2 (the run spec admits no other)
 }
 
-ParamView::ParamView(std::vector<std::string> names, std::vector<torch::Tensor> tensors, std::vector<SunkParameter> sunk)
-    : names_(std::move(names)), tensors_(std::move(tensors)), sunk_(std::move(sunk)) {
+torch::Tensor PlainLookup(const torch::Tensor& table, const torch::Tensor& ids) { return torch::embedding(table, ids); }
+
+ParamView::ParamView(std::vector<std::string> names, std::vector<torch::Tensor> tensors, std::vector<SunkParameter> sunk, RowLookup rows)
+    : names_(std::move(names)), tensors_(std::move(tensors)), sunk_(std::move(sunk)), rows_(std::move(rows)) {
   if (!sunk_.empty()) used_.resize(names_.size());
 }
 
@@ -34,6 +36,10 @@ size_t ParamView::IndexOf(const std::string& name) const {
 }
 
 const torch::Tensor& ParamView::Get(size_t i) const {
+  if (!tensors_[i].defined()) {
+    throw std::runtime_error("the parameter " + names_[i] + " is a table whose rows are looked up where they are held (ZeRO-3's " +
+                             "embedding call): read it through ParamView::Lookup");
+  }
   if (sunk_.empty() || sunk_[i].sink == nullptr) return tensors_[i];
   if (!used_[i].defined()) used_[i] = sunk_[i].sink->Use(sunk_[i].param, tensors_[i]);
   return used_[i];
@@ -48,6 +54,12 @@ const torch::Tensor& ParamView::operator()(const std::string& name) const {
 torch::Tensor ParamView::Optional(const std::string& name) const {
   const size_t i = IndexOf(name);
   return i == names_.size() ? torch::Tensor() : Get(i);
+}
+
+torch::Tensor ParamView::Lookup(const std::string& name, const torch::Tensor& ids, const TableLookup& lookup) const {
+  const size_t i = IndexOf(name);
+  if (i < names_.size() && !tensors_[i].defined() && rows_) return rows_(name, ids);
+  return lookup((*this)(name), ids);
 }
 
 torch::Tensor ParamView::Linear(const torch::Tensor& x, const std::string& weight, const std::string& bias, const RowsAhead* ahead) const {
@@ -92,7 +104,7 @@ ModelFamily::ModelFamily(const ModelSpec& spec) : spec_(spec) {
 }
 
 torch::Tensor ModelFamily::Embed(const ParamView& p, const torch::Tensor& tokens, const TensorParallel& tp) const {
-  return tp.lookup(p(model::TokenEmbeddingName(spec_)), tokens);
+  return p.Lookup(model::TokenEmbeddingName(spec_), tokens, tp.lookup);
 }
 
 void ModelFamily::Initialize(const std::string& name, torch::Tensor& t) const {

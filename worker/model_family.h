@@ -44,14 +44,28 @@ struct SunkParameter {
   DeferredWeightGradients* defer = nullptr;
 };
 
+// Rows of a table for ids of any shape (ids' shape + [columns]): torch::embedding's form.
+using TableLookup = std::function<torch::Tensor(const torch::Tensor& table, const torch::Tensor& ids)>;
+torch::Tensor PlainLookup(const torch::Tensor& table, const torch::Tensor& ids);
+
 class ParamView {
  public:
+  // Rows of the table `name` for ids, where the view holds no tensor of it (ZeRO-3's embedding
+  // call looks its rows up in each rank's shard, stage_model.h).
+  using RowLookup = std::function<torch::Tensor(const std::string& name, const torch::Tensor& ids)>;
+
   ParamView() = default;
   // `names` relative to the unit (the block prefix already removed). `sunk`: empty, or one per
-  // name (a null sink: the tensor is handed out as it is).
-  ParamView(std::vector<std::string> names, std::vector<torch::Tensor> tensors, std::vector<SunkParameter> sunk = {});
+  // name (a null sink: the tensor is handed out as it is). `rows`: for the names whose tensor is
+  // undefined, which only Lookup reads.
+  ParamView(std::vector<std::string> names, std::vector<torch::Tensor> tensors, std::vector<SunkParameter> sunk = {},
+            RowLookup rows = nullptr);
   const torch::Tensor& operator()(const std::string& name) const;  // throws naming a missing one
   torch::Tensor Optional(const std::string& name) const;            // undefined when absent (no bias)
+  // The rows of the table `name` for `ids`: lookup(table, ids), or the view's RowLookup where it
+  // holds no tensor of the table (its lookup is then the plain one: no vocab-parallel table is
+  // looked up that way).
+  torch::Tensor Lookup(const std::string& name, const torch::Tensor& ids, const TableLookup& lookup = PlainLookup) const;
   // x W^T + b for the matrix `weight` and the vector `bias` ("" or absent: none): torch::linear,
   // or LinearIntoGradient when the weight goes through a sink.
   // `ahead`: x's rows it names are ready before the others (fused_linear.h's RowsAhead).
@@ -68,6 +82,7 @@ class ParamView {
   std::vector<std::string> names_;
   std::vector<torch::Tensor> tensors_;
   std::vector<SunkParameter> sunk_;
+  RowLookup rows_;
   mutable std::vector<torch::Tensor> used_;  // operator()'s sink outputs, made on first access
 };
 
@@ -91,11 +106,10 @@ struct TensorParallel {
   // (tensor_parallel.h LinearThenLeave under tp > 1).
   std::function<torch::Tensor(const ParamView& p, const torch::Tensor& y, const std::string& weight)> linear_leave =
       [](const ParamView& p, const torch::Tensor& y, const std::string& weight) { return p.Linear(y, weight); };
-  // The token embedding's lookup of `tokens` in `table`: the whole table, or (vocab-parallel,
-  // shard/layout.h) this rank's rows, with the other ranks' tokens looked up as zeros and the
-  // ranks' lookups summed (Megatron's VocabParallelEmbedding).
-  std::function<torch::Tensor(const torch::Tensor& table, const torch::Tensor& tokens)> lookup =
-      [](const torch::Tensor& table, const torch::Tensor& tokens) { return torch::embedding(table, tokens); };
+  // The token embedding's lookup of `tokens` in `table` (through ParamView::Lookup): the whole
+  // table, or (vocab-parallel, shard/layout.h) this rank's rows, with the other ranks' tokens
+  // looked up as zeros and the ranks' lookups summed (Megatron's VocabParallelEmbedding).
+  TableLookup lookup = PlainLookup;
 };
 
 class ModelFamily {
@@ -103,8 +117,8 @@ class ModelFamily {
   explicit ModelFamily(const ModelSpec& spec);
   virtual ~ModelFamily() = default;
 
-  // tokens [b, t] -> residual stream [b, t, hidden]; `p` is the embedding unit, whose token
-  // table is looked up through tp.lookup.
+  // tokens [b, t] -> residual stream [b, t, hidden]; `p` is the embedding unit, whose tables
+  // are read only through p.Lookup (the token table's with tp.lookup).
   virtual torch::Tensor Embed(const ParamView& p, const torch::Tensor& tokens, const TensorParallel& tp) const;
   // One block: its sites (BlockOutputs), patched as `request` says.
   virtual BlockOutputs Block(const ParamView& p, const torch::Tensor& x, const TensorParallel& tp,

@@ -461,6 +461,7 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
       host_anchor_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_)).requires_grad_(true);
     }
     side_ = std::make_unique<SideStream>(device_);
+    looks_up_shards_ = CanLookUpShards();
     if (first_stage()) call_order_.push_back({embed_units_, false});  // the lookup reads fp32
     for (int b : block_units_) call_order_.push_back({{b}, true});
     if (last_stage()) call_order_.push_back({head_units_, true});
@@ -635,6 +636,7 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
 }
 
 torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
+  if (looks_up_shards_) return EmbedFromShards(tokens);
   return Run(embed_units_, tokens, [this](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
     const torch::Tensor x = family_->Embed(ViewOfUnit(embed_units_, v), t, tensor_parallel_);
     return sequence_parallel_ ? ScatterToSequenceParallel(*tp_group_, x) : x;

@@ -27,8 +27,11 @@
 //                 gather into the backward, which starts with it, and so do the stage's last
 //                 parallel.keep_gathered layers (no second gather; their memory is held from
 //                 forward to backward, per micro-batch in flight). Vectors (norms, biases) are read
-//                 in fp32, widened from the gathered bf16 (FSDP's param_dtype convention); the
-//                 embedding's lookup gathers fp32. With recompute: as recomputed, the forward
+//                 in fp32, widened from the gathered bf16 (FSDP's param_dtype convention). The
+//                 embedding's tables are not gathered on one tensor-parallel rank: each rank
+//                 looks up the rows its shard holds for every rank's ids, and the lookups are
+//                 reduce-scattered (stage_model_lookup.cc); otherwise the lookup gathers fp32.
+//                 With recompute: as recomputed, the forward
 //                 all-gathers fp32 and drops it, the backward all-gathers again, recomputes, and
 //                 reduce-scatters.
 //   host-streamed ZeRO-3 ([parallel] offload = "optimizer+params", ZeRO-Infinity's schedule without
@@ -283,6 +286,7 @@ class StageModel {
   };
   friend struct RegatherOnBackward;
   friend struct ShardedWeightFunction;
+  friend struct ShardRowsFunction;
   using CallFn = std::function<torch::Tensor(const torch::Tensor& x, const std::vector<std::vector<torch::Tensor>>& views)>;
   friend struct UnitCallFunction;
 
@@ -299,6 +303,15 @@ class StageModel {
   std::shared_ptr<SideStream::Done> GatherInto(int u, const torch::Tensor& full);
   // Queues the gathers of `units` for the next call (their buffers kept in prefetched_).
   void Prefetch(const std::vector<int>& units, bool bf16);
+  // ZeRO-3's embedding call without its tables gathered (stage_model_lookup.cc): whether this
+  // stage's embedding units allow it (one tensor-parallel rank, on the device, one table each),
+  // the call, and its forward and backward for one table (unit u) and ids: this rank's ids' rows
+  // (`local` gets every rank's ids as rows of this rank's padded rows, for the backward), and the
+  // rows' gradient added into the shard's.
+  bool CanLookUpShards() const;
+  torch::Tensor EmbedFromShards(const torch::Tensor& tokens);
+  torch::Tensor LookUpShardRows(int u, const torch::Tensor& ids, torch::Tensor* local);
+  void AddShardRowsGradient(int u, const torch::Tensor& local, const torch::Tensor& grad);
   // Before a ZeRO-3 call's backward: its units gathered again (waited for), and the call before
   // it in the same micro-batch queued.
   void Regather(ShardedCall& call, bool wait);
@@ -373,6 +386,7 @@ class StageModel {
   std::deque<std::deque<ShardSlot>> shard_slots_;  // the gradient handles of this step's calls (stable addresses)
   const ShardedView* sharded_view_ = nullptr;     // set while a ZeRO-3 call's forward runs
   std::vector<int> unit_reductions_;               // per unit: ZeRO-3 uses reduce-scattered this step
+  bool looks_up_shards_ = false;                   // CanLookUpShards, decided once built
   // ZeRO-3 uses' fp32 gradient buffers, reused across uses and steps (TakeGradBuffer).
   struct GradBuffer {
     torch::Tensor buffer;
