@@ -10,12 +10,13 @@ namespace {
 
 struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor targets,
-                               int64_t vocab, int64_t chunk_rows, int64_t compute_type, int64_t slice_handle) {
+                               int64_t vocab, int64_t chunk_rows, int64_t compute_type, int64_t slice_handle, torch::Tensor /*param*/,
+                               int64_t sink, int64_t sink_rows) {
     // Both operands are cast to the compute dtype here, so an enclosing autocast changes nothing.
     const auto compute = static_cast<torch::ScalarType>(compute_type);
     const kernels::Place place = KernelPlace(x.device());
     const int64_t n = x.size(0), padded_vocab = weight.size(0);
-    const bool need_dx = x.requires_grad(), need_dw = weight.requires_grad();
+    const bool need_dx = x.requires_grad(), need_dw = weight.requires_grad() || sink != 0;
     const torch::Tensor xc = x.to(compute).contiguous(), wc = weight.to(compute).contiguous();
     const auto* slice = reinterpret_cast<const VocabSlice*>(slice_handle);
     // Vocab-parallel: each target's column in this rank's slice (outside [0, vocab) where the
@@ -57,6 +58,8 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     ctx->saved_data["dw"] = dw;
     ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_type"] = static_cast<int64_t>(weight.scalar_type());
+    ctx->saved_data["sink"] = sink;
+    ctx->saved_data["sink_rows"] = sink_rows;
     return row_loss.sum() / static_cast<double>(n);
   }
 
@@ -65,10 +68,26 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     torch::Tensor dx = ctx->saved_data["dx"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
     const auto x_type = static_cast<torch::ScalarType>(ctx->saved_data["x_type"].toInt());
     const auto w_type = static_cast<torch::ScalarType>(ctx->saved_data["w_type"].toInt());
+    auto* sink = reinterpret_cast<GradientSink*>(ctx->saved_data["sink"].toInt());
+    const int64_t sink_rows = ctx->saved_data["sink_rows"].toInt();
     ctx->saved_data.clear();  // a second backward would find nothing, as for any freed graph
     if (dx.defined()) dx = dx.to(torch::kFloat).mul_(g).to(x_type);
-    if (dw.defined()) dw = dw.mul_(g).to(w_type);
-    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    if (sink != nullptr) {
+      torch::Tensor rows = dw.narrow(0, 0, sink_rows);
+      sink->Write([&](torch::Tensor& buffer, bool first) {
+        torch::NoGradGuard no_grad;
+        if (first) {
+          torch::mul_out(buffer, rows, g);
+        } else {
+          buffer.add_(rows.mul_(g));
+        }
+      });
+      dw = torch::Tensor();
+    } else if (dw.defined()) {
+      dw = dw.mul_(g).to(w_type);
+    }
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -81,7 +100,7 @@ int64_t LinearCrossEntropyChunkRows(int64_t rows, int64_t padded_vocab, int64_t 
 }
 
 torch::Tensor LinearCrossEntropy(const torch::Tensor& x, const torch::Tensor& weight, int64_t vocab, const torch::Tensor& targets,
-                                 torch::ScalarType compute_type, int64_t chunk_rows, const VocabSlice* slice) {
+                                 torch::ScalarType compute_type, int64_t chunk_rows, const VocabSlice* slice, const HeadGradient* into) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && vocab <= weight.size(0),
               "LinearCrossEntropy: x [N, H], weight [V', H] with V' >= vocab");
   TORCH_CHECK(targets.numel() == x.size(0), "LinearCrossEntropy: one target per row");
@@ -89,8 +108,13 @@ torch::Tensor LinearCrossEntropy(const torch::Tensor& x, const torch::Tensor& we
     chunk_rows = LinearCrossEntropyChunkRows(x.size(0), weight.size(0), c10::elementSize(compute_type));
   }
   TORCH_CHECK(!slice || slice->gather, "LinearCrossEntropy: a vocabulary slice needs its gather");
-  return LinearCrossEntropyFunction::apply(x, weight, targets, vocab, chunk_rows, static_cast<int64_t>(compute_type),
-                                           reinterpret_cast<int64_t>(slice));
+  const bool sunk = into != nullptr && into->sink != nullptr && torch::GradMode::is_enabled();
+  TORCH_CHECK(!sunk || (into->rows > 0 && into->rows <= weight.size(0)), "LinearCrossEntropy: the sink's rows are the weight's unpadded rows");
+  // An undefined tensor is no autograd input: an empty one stands for "no parameter".
+  const torch::Tensor param = sunk ? into->param : x.new_empty({0});
+  return LinearCrossEntropyFunction::apply(x, sunk ? weight.detach() : weight, targets, vocab, chunk_rows,
+                                           static_cast<int64_t>(compute_type), reinterpret_cast<int64_t>(slice), param,
+                                           reinterpret_cast<int64_t>(sunk ? into->sink : nullptr), sunk ? into->rows : int64_t{0});
 }
 
 }  // namespace strata::worker

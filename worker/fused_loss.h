@@ -31,6 +31,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "worker/fused_linear.h"
+
 namespace strata::worker {
 
 // Logits per chunk, in the compute dtype: 256 MiB (GPT-2's vocabulary in bf16: 2,624 rows).
@@ -51,8 +53,18 @@ struct VocabSlice {
   int64_t begin = 0;
   std::function<torch::Tensor(const torch::Tensor&)> gather;
 };
+//
+// `into` (a weight read through a gradient sink, fused_linear.h): dW's first `rows` rows (the
+// rest is padding) go into the sink in fp32 - scaled by the incoming gradient in the same pass -
+// and not through autograd, so no [V', H] dW is cast to the weight's dtype (bf16: rounded) and
+// widened back, and `weight` takes no gradient. The caller counted the use (CountUse).
+struct HeadGradient {
+  GradientSink* sink = nullptr;
+  torch::Tensor param;  // the parameter the sink belongs to (an autograd input: the backward runs)
+  int64_t rows = 0;
+};
 torch::Tensor LinearCrossEntropy(const torch::Tensor& x, const torch::Tensor& weight, int64_t vocab,
                                  const torch::Tensor& targets, torch::ScalarType compute_type, int64_t chunk_rows = 0,
-                                 const VocabSlice* slice = nullptr);
+                                 const VocabSlice* slice = nullptr, const HeadGradient* into = nullptr);
 
 }  // namespace strata::worker

@@ -139,5 +139,57 @@ TEST(LinearCrossEntropyTest, GradientsOnlyWhereRequiredAndScaledByTheIncomingGra
               PlainLoss(x0, w0, vocab, targets).item<double>(), 1e-5);
 }
 
+// A sink that records what the head's backward writes, as StageModel's do: the step's first
+// gradient written, the later ones added, into an fp32 buffer of the parameter's shape.
+class RecordingSink final : public GradientSink {
+ public:
+  explicit RecordingSink(torch::Tensor buffer) : buffer_(std::move(buffer)) {}
+  torch::Tensor Use(const torch::Tensor& /*param*/, const torch::Tensor& value) override {
+    ++uses;
+    return value;
+  }
+  void CountUse() override { ++uses; }
+  void Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) override {
+    write(buffer_, writes++ == 0);
+  }
+  const torch::Tensor& buffer() const { return buffer_; }
+  int uses = 0, writes = 0;
+
+ private:
+  torch::Tensor buffer_;
+};
+
+// With a sink, dW goes into it in fp32 (its unpadded rows, scaled by the incoming gradient),
+// bit for bit autograd's fp32 dW, and not through autograd: the second use adds to the first.
+TEST(LinearCrossEntropyTest, TheHeadsGradientGoesIntoItsSinkInFp32) {
+  torch::manual_seed(5);
+  const int64_t rows = 40, hidden = 16, vocab = 61, padded = 64;
+  const auto x0 = torch::randn({rows, hidden});
+  const auto w0 = torch::randn({vocab, hidden}) * 0.3;
+  const auto targets = torch::randint(0, vocab, {rows}, torch::kLong);
+  auto padded_weight = [&](const torch::Tensor& w) { return torch::constant_pad_nd(w, {0, 0, 0, padded - vocab}); };
+
+  auto w_ref = w0.clone().requires_grad_(true);
+  for (double scale : {3.0, 0.5}) {  // two uses, each scaled
+    auto x = x0.clone().requires_grad_(true);
+    (LinearCrossEntropy(x, padded_weight(w_ref), vocab, targets, torch::kFloat, 16) * scale).backward();
+  }
+
+  const auto param = w0.clone().requires_grad_(true);
+  RecordingSink sink(torch::full({vocab, hidden}, 7.0f));  // garbage the first write overwrites
+  for (double scale : {3.0, 0.5}) {
+    auto x = x0.clone().requires_grad_(true);
+    sink.CountUse();
+    const HeadGradient into{&sink, param, vocab};
+    (LinearCrossEntropy(x, padded_weight(param.detach()), vocab, targets, torch::kFloat, 16, nullptr, &into) * scale).backward();
+    EXPECT_TRUE(x.grad().defined());
+  }
+  EXPECT_EQ(sink.writes, 2);
+  EXPECT_EQ(sink.uses, 2);
+  EXPECT_TRUE(torch::equal(sink.buffer(), w_ref.grad())) << "largest difference "
+                                                          << (sink.buffer() - w_ref.grad()).abs().max().item<float>();
+  EXPECT_FALSE(param.grad().defined()) << "the sink's parameter takes no gradient through autograd";
+}
+
 }  // namespace
 }  // namespace strata::worker

@@ -658,8 +658,19 @@ torch::Tensor StageModel::Blocks(torch::Tensor x) {
 // logits' leading dimension unaligned, and cuBLAS then falls back to slow align-1 kernels
 // (measured: the largest matmul of a GPT-2 124M step ran 3x slower). Logits past the vocabulary
 // are dropped (Head) or never count (HeadLoss), so nothing downstream sees the padding.
-torch::Tensor StageModel::PaddedHeadWeight(const ParamView& p) const {
-  const torch::Tensor& w = p(model::HeadWeightName(spec_.model));  // vocab_rows_ rows
+// With `into`, a head read through a gradient sink (a bf16 working copy's, or a ZeRO-3 slot's)
+// is padded as it is, and the loss writes its gradient into the sink (fused_loss.h HeadGradient).
+torch::Tensor StageModel::PaddedHeadWeight(const ParamView& p, HeadGradient* into) const {
+  const std::string name = model::HeadWeightName(spec_.model);
+  torch::Tensor w;  // vocab_rows_ rows
+  const auto [value, sunk] = into != nullptr && torch::GradMode::is_enabled() ? p.Sunk(name) : std::pair{torch::Tensor(), nullptr};
+  if (sunk != nullptr) {
+    sunk->sink->CountUse();
+    *into = HeadGradient{sunk->sink, sunk->param, vocab_rows_};
+    w = value.detach();
+  } else {
+    w = value.defined() ? value : p(name);
+  }
   const int64_t pad = (64 - vocab_rows_ % 64) % 64;
   return pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
 }
@@ -686,7 +697,10 @@ torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& 
       // Every rank computes the whole loss with the whole head; under sequence parallelism from
       // every token, gathered.
       if (sequence_parallel_) normed = GatherForReplicated(*tp_group_, normed);
-      return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), PaddedHeadWeight(p), vocab_rows_, targets.reshape({-1}), compute);
+      HeadGradient into;
+      const torch::Tensor weight = PaddedHeadWeight(p, &into);
+      return LinearCrossEntropy(normed.reshape({-1, normed.size(-1)}), weight, vocab_rows_, targets.reshape({-1}), compute,
+                                /*chunk_rows=*/0, nullptr, &into);
     }
     // This rank's slice of the vocabulary; its dx is summed over the ranks by f's backward.
     Communicator* tp = groups_.tp;
@@ -696,8 +710,10 @@ torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& 
                              return every;
                            }};
     const torch::Tensor entered = EnterTensorParallel(*tp_group_, normed, sequence_parallel_);
-    return LinearCrossEntropy(entered.reshape({-1, entered.size(-1)}), PaddedHeadWeight(p), vocab_rows_, targets.reshape({-1}), compute,
-                              /*chunk_rows=*/0, &slice);
+    HeadGradient into;
+    const torch::Tensor weight = PaddedHeadWeight(p, &into);
+    return LinearCrossEntropy(entered.reshape({-1, entered.size(-1)}), weight, vocab_rows_, targets.reshape({-1}), compute,
+                              /*chunk_rows=*/0, &slice, &into);
   }, /*recompute=*/false);
 }
 

@@ -98,6 +98,8 @@
 
 namespace strata::worker {
 
+struct HeadGradient;  // fused_loss.h
+
 // Collectives on fp32 tensors of any device: host staging when the communicator needs host
 // buffers. Throw std::runtime_error on failure (they run inside autograd).
 void AllReduceTensor(Communicator& comm, torch::Tensor& t);
@@ -300,7 +302,10 @@ class StageModel {
   std::pair<std::vector<int>, bool> NextCall(const std::vector<int>& units) const;
   // Unit u whole into `full` (allocated on the compute stream, numel elements) in its dtype: bf16
   // from the shard's working copy, fp32 from the shard; on the side stream.
-  std::shared_ptr<SideStream::Done> GatherInto(int u, const torch::Tensor& full);
+  // A forward's gather also widens the unit's vectors into `wide` (WideBuffer; undefined: none).
+  std::shared_ptr<SideStream::Done> GatherInto(int u, const torch::Tensor& full, torch::Tensor wide = {});
+  // GatherInto's collective (and a host shard's upload), on the side stream.
+  void GatherOnSide(const ParamUnit& unit, const torch::Tensor& shard, torch::Tensor& target);
   // Queues the gathers of `units` for the next call (their buffers kept in prefetched_).
   void Prefetch(const std::vector<int>& units, bool bf16);
   // ZeRO-3's embedding call without its tables gathered (stage_model_lookup.cc): whether this
@@ -346,7 +351,7 @@ class StageModel {
   };
   std::vector<torch::Tensor> ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const;
   // The head's weight with its rows padded to a multiple of 64 (stage_model.cc says why).
-  torch::Tensor PaddedHeadWeight(const ParamView& p) const;
+  torch::Tensor PaddedHeadWeight(const ParamView& p, HeadGradient* into = nullptr) const;
   // A unit's parameters for the family, names relative to `strip`.
   ParamView ViewOfUnit(const std::vector<int>& units, const std::vector<std::vector<torch::Tensor>>& tensors,
                        const std::string& strip = "");
@@ -380,6 +385,7 @@ class StageModel {
   std::vector<std::pair<std::vector<int>, bool>> call_order_;  // this stage's calls in forward order (NextCall)
   struct Prefetched {
     torch::Tensor full;
+    torch::Tensor wide;  // its vectors widened (GatherInto)
     std::shared_ptr<SideStream::Done> ready;
   };
   std::map<int, Prefetched> prefetched_;

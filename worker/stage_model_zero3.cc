@@ -44,25 +44,49 @@ torch::Tensor GatherBuffer(const ParamUnit& unit, torch::ScalarType dtype, const
   return torch::empty({unit.numel}, torch::TensorOptions().dtype(dtype).device(device));
 }
 
-// Vectors (norms, biases) are read in fp32 whatever the gathered dtype, as on the other paths:
-// a unit's vectors of a bf16 gather are joined and widened together (two kernels, where one cast
-// each was eight for a GPT-2 block), and each becomes its view of the result.
-void WidenVectors(const ParamUnit& unit, std::vector<torch::Tensor>& params) {
-  std::vector<size_t> vectors;
-  std::vector<torch::Tensor> parts;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (unit.shapes[i].size() >= 2 || params[i].scalar_type() == torch::kFloat) continue;
-    vectors.push_back(i);
-    parts.push_back(params[i].reshape({-1}));
+// Vectors (norms, biases) are read in fp32 whatever the gathered dtype, as on the other paths: a
+// bf16 gather's vectors are joined and widened into one fp32 buffer by the gather's own work on
+// the side stream (two kernels a unit, off the compute stream), and each becomes its view of it.
+bool IsVector(const ParamUnit& unit, size_t i) { return unit.shapes[i].size() < 2; }
+
+int64_t VectorElements(const ParamUnit& unit) {
+  int64_t n = 0;
+  for (size_t i = 0; i < unit.shapes.size(); ++i) {
+    if (!IsVector(unit, i)) continue;
+    int64_t m = 1;
+    for (int64_t d : unit.shapes[i]) m *= d;
+    n += m;
   }
-  if (vectors.empty()) return;
-  const torch::Tensor wide = (parts.size() == 1 ? parts.front() : torch::cat(parts)).to(torch::kFloat);
+  return n;
+}
+
+// `wide` (fp32, VectorElements long) <- the vectors of the gathered unit `full`, in order.
+void JoinVectors(const ParamUnit& unit, const torch::Tensor& full, torch::Tensor& wide) {
+  std::vector<torch::Tensor> parts;
+  for (size_t i = 0; i < unit.shapes.size(); ++i) {
+    if (!IsVector(unit, i)) continue;
+    int64_t n = 1;
+    for (int64_t d : unit.shapes[i]) n *= d;
+    parts.push_back(full.narrow(0, unit.offsets[i], n));
+  }
+  wide.copy_(parts.size() == 1 ? parts.front() : torch::cat(parts));
+}
+
+void UseWideVectors(const ParamUnit& unit, const torch::Tensor& wide, std::vector<torch::Tensor>& params) {
   int64_t offset = 0;
-  for (size_t i : vectors) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!IsVector(unit, i)) continue;
     const int64_t n = params[i].numel();
     params[i] = wide.narrow(0, offset, n).view(params[i].sizes());
     offset += n;
   }
+}
+
+// The fp32 buffer a forward gather of `unit` in `dtype` widens its vectors into (on the compute
+// stream, which reads it); undefined where there is nothing to widen.
+torch::Tensor WideBuffer(const ParamUnit& unit, torch::ScalarType dtype, const torch::Device& device) {
+  const int64_t n = dtype == torch::kFloat ? 0 : VectorElements(unit);
+  return n == 0 ? torch::Tensor() : torch::empty({n}, torch::TensorOptions().dtype(torch::kFloat).device(device));
 }
 
 }  // namespace
@@ -72,6 +96,7 @@ struct StageModel::ShardedCall {
   struct Use {
     int unit = -1;
     torch::Tensor full;                        // the gathered unit (memory freed between forward and backward)
+    torch::Tensor wide;                        // its vectors in fp32 (a bf16 forward gather's), or undefined
     std::shared_ptr<SideStream::Done> ready;   // its gather
     bool filled = true;                        // full holds the unit (false between forward and backward)
     torch::Tensor grad;                        // fp32, the unit's length: this use's gradient (taken by the first)
@@ -155,7 +180,7 @@ struct RegatherOnBackward : torch::autograd::Function<RegatherOnBackward> {
   }
 };
 
-std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Tensor& full) {
+std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Tensor& full, torch::Tensor wide) {
   const ParamUnit& unit = units_[static_cast<size_t>(u)];
   const bool bf16 = full.scalar_type() == torch::kBFloat16;
   const torch::Tensor shard = bf16 && !unit.on_host ? unit.working : unit.flat.detach();
@@ -165,28 +190,34 @@ std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Ten
   ++unit_gathers_;
   return side_->Run([&] {
     torch::NoGradGuard no_grad;
-    Communicator& dp = *groups_.dp;
-    if (!unit.on_host) {  // out of place: the collective reads the shard where it is
-      AllGatherTensorFrom(dp, shard, target);
-      return;
-    }
-    torch::Tensor mine = target.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
-    if (bf16) {
-      // Uploaded in fp32 (the host keeps no bf16 copy: 2 bytes a parameter of host memory, the
-      // scarcer one here) and cast on the device; the staging is the side stream's own memory.
-      torch::Tensor staging = torch::empty({mine.numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-      staging.copy_(shard, /*non_blocking=*/true);
-      mine.copy_(staging);
-    } else {
-      mine.copy_(shard, /*non_blocking=*/true);  // pinned host memory: the upload runs on the side stream
-    }
-    if (dp.world_size() == 1) return;
-    if (bf16) {
-      ThrowIfFailed(dp.AllGather16(reinterpret_cast<uint16_t*>(target.data_ptr()), static_cast<size_t>(unit.numel)));
-    } else {
-      AllGatherTensor(dp, target);
-    }
+    GatherOnSide(unit, shard, target);
+    if (wide.defined()) JoinVectors(unit, target, wide);
   });
+}
+
+void StageModel::GatherOnSide(const ParamUnit& unit, const torch::Tensor& shard, torch::Tensor& target) {
+  const bool bf16 = target.scalar_type() == torch::kBFloat16;
+  Communicator& dp = *groups_.dp;
+  if (!unit.on_host) {  // out of place: the collective reads the shard where it is
+    AllGatherTensorFrom(dp, shard, target);
+    return;
+  }
+  torch::Tensor mine = target.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
+  if (bf16) {
+    // Uploaded in fp32 (the host keeps no bf16 copy: 2 bytes a parameter of host memory, the
+    // scarcer one here) and cast on the device; the staging is the side stream's own memory.
+    torch::Tensor staging = torch::empty({mine.numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+    staging.copy_(shard, /*non_blocking=*/true);
+    mine.copy_(staging);
+  } else {
+    mine.copy_(shard, /*non_blocking=*/true);  // pinned host memory: the upload runs on the side stream
+  }
+  if (dp.world_size() == 1) return;
+  if (bf16) {
+    ThrowIfFailed(dp.AllGather16(reinterpret_cast<uint16_t*>(target.data_ptr()), static_cast<size_t>(unit.numel)));
+  } else {
+    AllGatherTensor(dp, target);
+  }
 }
 
 bool StageModel::KeepsGathered(const std::vector<int>& units) const {
@@ -210,8 +241,9 @@ void StageModel::Prefetch(const std::vector<int>& units, bool bf16) {
     if (prefetched_.count(u)) continue;
     if (before_use_) before_use_(static_cast<size_t>(u));
     const ParamUnit& unit = units_[static_cast<size_t>(u)];
-    torch::Tensor full = GatherBuffer(unit, GatherType(unit, bf16, working_copies_), device_);
-    prefetched_[u] = {full, GatherInto(u, full)};
+    const torch::ScalarType dtype = GatherType(unit, bf16, working_copies_);
+    torch::Tensor full = GatherBuffer(unit, dtype, device_), wide = WideBuffer(unit, dtype, device_);
+    prefetched_[u] = {full, wide, GatherInto(u, full, wide)};
   }
 }
 
@@ -228,13 +260,18 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
     auto it = prefetched_.find(u);
     if (it != prefetched_.end() && it->second.full.scalar_type() == dtype) {
       use.full = it->second.full;
+      use.wide = it->second.wide;
       use.ready = it->second.ready;
     } else {
       use.full = GatherBuffer(units_[static_cast<size_t>(u)], dtype, device_);
-      use.ready = GatherInto(u, use.full);
+      use.wide = WideBuffer(units_[static_cast<size_t>(u)], dtype, device_);
+      use.ready = GatherInto(u, use.full, use.wide);
     }
     if (it != prefetched_.end()) {
-      if (!use.full.is_same(it->second.full)) side_->KeepUntilDone(it->second.full);  // dropped while it may still be written
+      if (!use.full.is_same(it->second.full)) {  // dropped while they may still be written
+        side_->KeepUntilDone(it->second.full);
+        side_->KeepUntilDone(it->second.wide);
+      }
       prefetched_.erase(it);
     }
     call->uses.push_back(std::move(use));
@@ -251,7 +288,7 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
     ParamUnit& unit = units_[static_cast<size_t>(use.unit)];
     side_->Wait(use.ready);
     std::vector<torch::Tensor> params = ViewsOf(unit, use.full);
-    WidenVectors(unit, params);
+    if (use.wide.defined()) UseWideVectors(unit, use.wide, params);
     use.written.assign(params.size(), false);
     sinks.slots.emplace_back();
     for (size_t i = 0; i < params.size(); ++i) {

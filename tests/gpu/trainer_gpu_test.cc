@@ -502,7 +502,11 @@ TEST_F(GpuTest, HostStreamedParametersGiveTheOnGpuZero3Losses) {
 }
 
 TEST_F(GpuTest, AutocastGuardRunsMatmulsInBf16OnlyWhileAlive) {
-  auto a = torch::randn({8, 8}, torch::TensorOptions().device(torch::kCUDA, 0));
+  // Drawn on the host, as the workers draw their weights: a capture refused earlier in this
+  // process (Zero3StepsReplayAsAGraphAndARefusedCaptureFallsBackCleanly) leaves LibTorch's CUDA
+  // generator marked as capturing (its CUDAGraph::capture_end throws before the generator's
+  // epilogue), and a random op on the device then fails.
+  auto a = torch::randn({8, 8}).to(torch::Device(torch::kCUDA, 0));
   {
     compat::AutocastGuard guard(a.device(), /*bf16=*/true);
     EXPECT_EQ(torch::matmul(a, a).scalar_type(), torch::kBFloat16);
