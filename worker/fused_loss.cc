@@ -73,10 +73,13 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     ctx->saved_data.clear();  // a second backward would find nothing, as for any freed graph
     if (dx.defined()) dx = dx.to(torch::kFloat).mul_(g).to(x_type);
     if (sink != nullptr) {
-      torch::Tensor rows = dw.narrow(0, 0, sink_rows);
+      // (No rows, no dW: the counted use still gets its gradient, zero.)
+      torch::Tensor rows = dw.defined() ? dw.narrow(0, 0, sink_rows) : torch::Tensor();
       sink->Write([&](torch::Tensor& buffer, bool first) {
         torch::NoGradGuard no_grad;
-        if (first) {
+        if (!rows.defined()) {
+          if (first) buffer.zero_();
+        } else if (first) {
           torch::mul_out(buffer, rows, g);
         } else {
           buffer.add_(rows.mul_(g));

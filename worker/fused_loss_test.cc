@@ -159,36 +159,50 @@ class RecordingSink final : public GradientSink {
   torch::Tensor buffer_;
 };
 
-// With a sink, dW goes into it in fp32 (its unpadded rows, scaled by the incoming gradient),
-// bit for bit autograd's fp32 dW, and not through autograd: the second use adds to the first.
+// With a sink, dW goes into it in fp32 (its unpadded rows, scaled by the incoming gradient), and
+// not through autograd: the second use adds to the first. From a bf16 weight (computing in fp32)
+// the sink holds autograd's fp32 dW of the same values bit for bit, where autograd's own dW comes
+// back in the weight's dtype, bf16; dx is the same either way.
 TEST(LinearCrossEntropyTest, TheHeadsGradientGoesIntoItsSinkInFp32) {
   torch::manual_seed(5);
   const int64_t rows = 40, hidden = 16, vocab = 61, padded = 64;
   const auto x0 = torch::randn({rows, hidden});
-  const auto w0 = torch::randn({vocab, hidden}) * 0.3;
+  const auto w_bf16 = (torch::randn({vocab, hidden}) * 0.3).to(torch::kBFloat16);
   const auto targets = torch::randint(0, vocab, {rows}, torch::kLong);
   auto padded_weight = [&](const torch::Tensor& w) { return torch::constant_pad_nd(w, {0, 0, 0, padded - vocab}); };
 
-  auto w_ref = w0.clone().requires_grad_(true);
+  auto w_ref = w_bf16.to(torch::kFloat).requires_grad_(true);  // the same values, in fp32
+  std::vector<torch::Tensor> dx_ref;
   for (double scale : {3.0, 0.5}) {  // two uses, each scaled
     auto x = x0.clone().requires_grad_(true);
     (LinearCrossEntropy(x, padded_weight(w_ref), vocab, targets, torch::kFloat, 16) * scale).backward();
+    dx_ref.push_back(x.grad());
   }
+  auto w_autograd = w_bf16.clone().requires_grad_(true);
+  (LinearCrossEntropy(x0, padded_weight(w_autograd), vocab, targets, torch::kFloat, 16) * 3.0).backward();
+  EXPECT_EQ(w_autograd.grad().scalar_type(), torch::kBFloat16) << "without a sink dW comes back in the weight's dtype";
 
-  const auto param = w0.clone().requires_grad_(true);
+  const auto param = w_bf16.to(torch::kFloat).requires_grad_(true);
   RecordingSink sink(torch::full({vocab, hidden}, 7.0f));  // garbage the first write overwrites
+  int i = 0;
   for (double scale : {3.0, 0.5}) {
     auto x = x0.clone().requires_grad_(true);
     sink.CountUse();
     const HeadGradient into{&sink, param, vocab};
-    (LinearCrossEntropy(x, padded_weight(param.detach()), vocab, targets, torch::kFloat, 16, nullptr, &into) * scale).backward();
-    EXPECT_TRUE(x.grad().defined());
+    (LinearCrossEntropy(x, padded_weight(w_bf16), vocab, targets, torch::kFloat, 16, nullptr, &into) * scale).backward();
+    EXPECT_TRUE(torch::equal(x.grad(), dx_ref[static_cast<size_t>(i++)])) << "dx";
   }
   EXPECT_EQ(sink.writes, 2);
   EXPECT_EQ(sink.uses, 2);
+  EXPECT_EQ(sink.buffer().scalar_type(), torch::kFloat);
   EXPECT_TRUE(torch::equal(sink.buffer(), w_ref.grad())) << "largest difference "
                                                           << (sink.buffer() - w_ref.grad()).abs().max().item<float>();
   EXPECT_FALSE(param.grad().defined()) << "the sink's parameter takes no gradient through autograd";
+  // Without grad mode nothing is written (the loss only).
+  torch::NoGradGuard no_grad;
+  const HeadGradient into{&sink, param, vocab};
+  LinearCrossEntropy(x0, padded_weight(w_bf16), vocab, targets, torch::kFloat, 16, nullptr, &into);
+  EXPECT_EQ(sink.writes, 2);
 }
 
 }  // namespace

@@ -636,7 +636,7 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
 }
 
 torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
-  if (looks_up_shards_) return EmbedFromShards(tokens);
+  if (LooksUpShards(tokens)) return EmbedFromShards(tokens);
   return Run(embed_units_, tokens, [this](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
     const torch::Tensor x = family_->Embed(ViewOfUnit(embed_units_, v), t, tensor_parallel_);
     return sequence_parallel_ ? ScatterToSequenceParallel(*tp_group_, x) : x;

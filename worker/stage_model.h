@@ -27,10 +27,11 @@
 //                 gather into the backward, which starts with it, and so do the stage's last
 //                 parallel.keep_gathered layers (no second gather; their memory is held from
 //                 forward to backward, per micro-batch in flight). Vectors (norms, biases) are read
-//                 in fp32, widened from the gathered bf16 (FSDP's param_dtype convention). The
-//                 embedding's tables are not gathered on one tensor-parallel rank: each rank
-//                 looks up the rows its shard holds for every rank's ids, and the lookups are
-//                 reduce-scattered (stage_model_lookup.cc); otherwise the lookup gathers fp32.
+//                 in fp32, widened from the gathered bf16 (FSDP's param_dtype convention). On
+//                 one tensor-parallel rank without recompute the embedding call gathers no table
+//                 where that moves fewer bytes: each rank looks up the rows its shard holds for
+//                 every rank's ids, and the lookups are reduce-scattered (stage_model_lookup.cc;
+//                 a tied head still gathers its table); otherwise the lookup gathers fp32.
 //                 With recompute: as recomputed, the forward
 //                 all-gathers fp32 and drops it, the backward all-gathers again, recomputes, and
 //                 reduce-scatters.
@@ -309,11 +310,13 @@ class StageModel {
   // Queues the gathers of `units` for the next call (their buffers kept in prefetched_).
   void Prefetch(const std::vector<int>& units, bool bf16);
   // ZeRO-3's embedding call without its tables gathered (stage_model_lookup.cc): whether this
-  // stage's embedding units allow it (one tensor-parallel rank, on the device, one table each),
-  // the call, and its forward and backward for one table (unit u) and ids: this rank's ids' rows
-  // (`local` gets every rank's ids as rows of this rank's padded rows, for the backward), and the
-  // rows' gradient added into the shard's.
+  // stage's embedding units allow it (one tensor-parallel rank, no recompute, one table each),
+  // whether a call over `tokens` moves fewer bytes so than gathering, the call, and its forward
+  // and backward for one table (unit u) and ids: this rank's ids' rows (`local` gets every rank's
+  // ids as rows of this rank's padded rows, for the backward), and the rows' gradient added into
+  // the shard's.
   bool CanLookUpShards() const;
+  bool LooksUpShards(const torch::Tensor& tokens) const;
   torch::Tensor EmbedFromShards(const torch::Tensor& tokens);
   torch::Tensor LookUpShardRows(int u, const torch::Tensor& ids, torch::Tensor* local);
   void AddShardRowsGradient(int u, const torch::Tensor& local, const torch::Tensor& grad);

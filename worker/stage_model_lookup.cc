@@ -16,9 +16,15 @@
 //             plus zeros, so the rows are the table's exactly.
 //   backward  every rank's row gradients, gathered (dp n rows); this rank sums those of the rows
 //             it holds (embedding backward over its padded rows, below) into its shard's gradient.
-// Per rank that moves n c fp32 values each way, where the gather moved (dp - 1)/dp of the table
-// twice and the dense gradient once. It all runs on the side stream, in order with the shards'
-// other collectives (the head's use of a tied table reduce-scatters into the same gradient).
+// Per rank that sends and receives (dp - 1) n c fp32 values in each direction, where gathering
+// moved (dp - 1)/dp of the table twice and reduce-scattered its dense gradient: about
+// 3 (dp - 1)/dp rows c. So the lookup moves less while dp n < 1.5 rows, and it holds two dp n c
+// buffers; past that the call gathers (LooksUpShards, which counts every table at the tokens'
+// count: GPT-2 at 8,192 tokens a rank looks up to dp = 4).
+// Every data-parallel rank looks up as many ids (a training micro-batch: the same rows and
+// sequence on each), so the collectives match. It all runs on the side stream, in order with the
+// shards' other collectives (the head's use of a tied table reduce-scatters into the same
+// gradient, and its head still gathers the table for its matmul).
 //
 // The padded rows: r0 = floor(b / c), r1 = ceil(e / c); rows [r0, r1) laid out flat with the
 // shard at b - r0 c and zeros around it, plus one zero row for the ids outside [r0, r1).
@@ -55,13 +61,15 @@ struct ShardRowsFunction : torch::autograd::Function<ShardRowsFunction> {
     ctx->saved_data["model"] = model;
     ctx->saved_data["unit"] = unit;
     ctx->saved_data["local"] = local;
+    ctx->saved_data["shape"] = rows.sizes().vec();
+    ctx->saved_data["options"] = torch::empty({0}, rows.options());
     return rows;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
     auto* stage = reinterpret_cast<StageModel*>(ctx->saved_data["model"].toInt());
-    if (grad[0].defined()) {
-      stage->AddShardRowsGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), ctx->saved_data["local"].toTensor(), grad[0]);
-    }
+    // No gradient reached the rows: zeros, so the shard's gradient is still written this step.
+    const torch::Tensor rows = grad[0].defined() ? grad[0] : torch::zeros(ctx->saved_data["shape"].toIntVector(), ctx->saved_data["options"].toTensor().options());
+    stage->AddShardRowsGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), ctx->saved_data["local"].toTensor(), rows);
     return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -77,6 +85,22 @@ bool StageModel::CanLookUpShards() const {
     }
   }
   return true;
+}
+
+bool StageModel::LooksUpShards(const torch::Tensor& tokens) const {
+  if (!looks_up_shards_) return false;
+  const int64_t world = groups_.dp->world_size();
+  if (world == 1) return true;  // nothing crosses either way; the lookup reads the shard in place
+  // Bytes each way per rank (the file's head): 2 (dp - 1) n c looking up, against about
+  // 3 (dp - 1)/dp rows c gathering, summed over the tables; n is at most the tokens (GPT-2's
+  // positions table reads fewer).
+  double lookup = 0, gather = 0;
+  for (int u : embed_units_) {
+    const auto& shape = units_[static_cast<size_t>(u)].shapes[0];
+    lookup += 2.0 * static_cast<double>(tokens.numel()) * static_cast<double>(shape[1]);
+    gather += 3.0 * static_cast<double>(shape[0]) * static_cast<double>(shape[1]) / static_cast<double>(world);
+  }
+  return lookup < gather;
 }
 
 torch::Tensor StageModel::EmbedFromShards(const torch::Tensor& tokens) {
@@ -133,8 +157,7 @@ torch::Tensor StageModel::LookUpShardRows(int u, const torch::Tensor& ids, torch
     torch::Tensor partial = torch::embedding(padded.view({padded_rows, columns}), *local).view({-1});
     ReduceScatterTensorTo(dp, partial, out);
   });
-  side_->KeepUntilDone(flat_ids);
-  side_->Wait(done);
+  side_->Wait(done);  // (so flat_ids, read there, outlives its use)
   return out.view(shape);
 }
 

@@ -419,6 +419,7 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   use.grad_buffer = -1;
   side_->Wait(use.ready);  // a gather queued for a backward that never came (FinishGradients) is done first
   ReleaseMemory(use.full);  // after the backward that read it, on the compute stream
+  use.wide = torch::Tensor();  // (autograd's saved views of it go with the backward's graph)
   use.filled = false;
 }
 

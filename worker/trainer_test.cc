@@ -255,34 +255,50 @@ TEST_F(TrainerTest, LayersKeptGatheredTrainTheSameModelWithOneGatherLessEach) {
 }
 
 // ZeRO-3's embedding call looks up the rows each rank's shard holds (stage_model_lookup.cc) in
-// place of gathering its tables: the model trains as under ZeRO-2 (whole parameters) within fp32
-// rounding, the first step's loss is bit for bit ZeRO-2's (the rows are the table's values), and
-// no table is gathered for the call. A vocabulary of 203 puts a shard edge inside row 101 ('e',
-// read on every step) at dp = 2 and dp = 4. GPT-2 and Gemma tie the table to the head, whose
-// gradient reaches the same shard first.
+// place of gathering its tables, where that moves fewer bytes: the model trains as under ZeRO-2
+// (whole parameters) within fp32 rounding - losses, and the gradient norm that clipping feeds back
+// into every update - the first step's loss is bit for bit ZeRO-2's (the rows are the table's
+// values), and no table is gathered for the call. A vocabulary of 203 puts a shard edge inside
+// row 101 ('e', read on every step) at dp = 2 and dp = 4. GPT-2 and Gemma tie the table to the
+// head, whose gradient reaches the same shard first. With 128 tokens a rank GPT-2's two tables
+// are cheaper gathered (LooksUpShards), and are.
 TEST_F(TrainerTest, Zero3LooksUpItsEmbeddingRowsWithoutGatheringTheTables) {
   spec_.train.global_batch = 8;
+  spec_.train.grad_clip = 0.05;
   const int steps = 5;
-  for (const auto& [family, dp, micro_batch] : {std::tuple{"gpt2", 2, 0}, std::tuple{"llama", 2, 2}, std::tuple{"gemma", 4, 0}}) {
-    const std::string name = std::string(family) + " dp " + std::to_string(dp);
-    spec_.model = TinyModel(family, 2);
+  struct Case {
+    const char* family;
+    int dp, micro_batch;
+    bool looked_up;
+  };
+  for (const Case& c : {Case{"gpt2", 2, 1, true}, Case{"llama", 2, 2, true}, Case{"gemma", 4, 0, true}, Case{"gpt2", 2, 0, false}}) {
+    const std::string name = std::string(c.family) + " dp " + std::to_string(c.dp) + " micro-batch " + std::to_string(c.micro_batch);
+    spec_.model = TinyModel(c.family, 2);
     spec_.model.vocab = 203;
-    spec_.parallel.micro_batch = micro_batch;
-    SetMesh(dp, 1, 1, /*zero=*/2);
-    const auto whole = Train(steps);
-    SetMesh(dp, 1, 1, /*zero=*/3);
+    spec_.parallel.micro_batch = c.micro_batch;
+    SetMesh(c.dp, 1, 1, /*zero=*/2);
+    std::vector<double> whole_norm(static_cast<size_t>(c.dp)), norm(whole_norm.size());
+    const auto whole = Train(steps, [&](uint32_t r, Trainer& t) { whole_norm[r] = t.last_grad_norm(); });
+    SetMesh(c.dp, 1, 1, /*zero=*/3);
     spec_.parallel.keep_gathered = 0;
-    std::vector<int64_t> gathers(static_cast<size_t>(dp));
-    const auto looked_up = Train(steps, [&](uint32_t r, Trainer& t) { gathers[r] = t.unit_gathers(); });
+    std::vector<int64_t> gathers(whole_norm.size());
+    const auto sharded = Train(steps, [&](uint32_t r, Trainer& t) {
+      gathers[r] = t.unit_gathers();
+      norm[r] = t.last_grad_norm();
+    });
     // Per micro-batch: each block forward and again backward, and the head's units forward only
     // (the last call keeps them): with a tied table the final norm and the table, else one unit.
-    const int64_t micro_batches = micro_batch == 0 ? 1 : spec_.train.global_batch / dp / micro_batch;
-    const int64_t head_units = spec_.model.tied() ? 2 : 1;
-    for (size_t r = 0; r < looked_up.size(); ++r) {
-      ASSERT_EQ(looked_up[r].size(), static_cast<size_t>(steps)) << name;
-      EXPECT_EQ(looked_up[r][0], whole[r][0]) << name << ", rank " << r << ": the first forward";
-      for (int s = 1; s < steps; ++s) EXPECT_NEAR(looked_up[r][s], whole[r][s], 1e-5 * whole[r][s]) << name << ", step " << s + 1;
-      EXPECT_EQ(gathers[r], steps * micro_batches * (2 * spec_.model.layers + head_units)) << name << ", rank " << r;
+    // Gathered, each embedding table too, forward and backward.
+    const int64_t micro_batches = c.micro_batch == 0 ? 1 : spec_.train.global_batch / c.dp / c.micro_batch;
+    const int64_t head_units = spec_.model.tied() ? 2 : 1, tables = spec_.model.family == "gpt2" ? 2 : 1;
+    const int64_t per_micro_batch = 2 * spec_.model.layers + head_units + (c.looked_up ? 0 : 2 * tables);
+    for (size_t r = 0; r < sharded.size(); ++r) {
+      ASSERT_EQ(sharded[r].size(), static_cast<size_t>(steps)) << name;
+      EXPECT_EQ(sharded[r][0], whole[r][0]) << name << ", rank " << r << ": the first forward";
+      for (int s = 1; s < steps; ++s) EXPECT_NEAR(sharded[r][s], whole[r][s], 1e-5 * whole[r][s]) << name << ", step " << s + 1;
+      EXPECT_GT(whole_norm[r], spec_.train.grad_clip) << name << ": clipping is on";
+      EXPECT_NEAR(norm[r], whole_norm[r], 1e-5 * whole_norm[r]) << name << ", rank " << r << ": the last step's gradient norm";
+      EXPECT_EQ(gathers[r], steps * micro_batches * per_micro_batch) << name << ", rank " << r;
     }
   }
 }
