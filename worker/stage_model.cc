@@ -662,15 +662,12 @@ torch::Tensor StageModel::Blocks(torch::Tensor x) {
 // is padded as it is, and the loss writes its gradient into the sink (fused_loss.h HeadGradient).
 torch::Tensor StageModel::PaddedHeadWeight(const ParamView& p, HeadGradient* into) const {
   const std::string name = model::HeadWeightName(spec_.model);
-  torch::Tensor w;  // vocab_rows_ rows
-  const auto [value, sunk] = into != nullptr && torch::GradMode::is_enabled() ? p.Sunk(name) : std::pair{torch::Tensor(), nullptr};
+  const auto [value, sunk] = into != nullptr && torch::GradMode::is_enabled() ? p.Sunk(name) : std::pair{p(name), nullptr};
   if (sunk != nullptr) {
     sunk->sink->CountUse();
     *into = HeadGradient{sunk->sink, sunk->param, vocab_rows_};
-    w = value.detach();
-  } else {
-    w = value.defined() ? value : p(name);
   }
+  const torch::Tensor w = sunk != nullptr ? value.detach() : value;  // vocab_rows_ rows
   const int64_t pad = (64 - vocab_rows_ % 64) % 64;
   return pad == 0 ? w : torch::constant_pad_nd(w, {0, 0, 0, pad});
 }

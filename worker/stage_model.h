@@ -323,6 +323,15 @@ class StageModel {
   // Before a ZeRO-3 call's backward: its units gathered again (waited for), and the call before
   // it in the same micro-batch queued.
   void Regather(ShardedCall& call, bool wait);
+  // Unit u's next contribution to its shard's gradient this step: the shard's gradient (made on
+  // the first, on the device; undefined for a host-streamed unit) and whether it is the step's
+  // first (written, not added). Then, on the side stream, this rank's `part` put there.
+  struct ShardGradient {
+    torch::Tensor sum;
+    bool first = false;
+  };
+  ShardGradient NextShardGradient(size_t u, const torch::TensorOptions& options);
+  void AddToShardGradient(size_t u, const ShardGradient& to, const torch::Tensor& part);
   // Every parameter of the call's k-th unit has its gradient: reduce-scatter it into the shard's.
   void ReduceScatterUse(ShardedCall& call, size_t k);
   // A free gradient buffer at least as long as the use's unit (or a new one) for the use; the

@@ -61,15 +61,11 @@ struct ShardRowsFunction : torch::autograd::Function<ShardRowsFunction> {
     ctx->saved_data["model"] = model;
     ctx->saved_data["unit"] = unit;
     ctx->saved_data["local"] = local;
-    ctx->saved_data["shape"] = rows.sizes().vec();
-    ctx->saved_data["options"] = torch::empty({0}, rows.options());
     return rows;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
     auto* stage = reinterpret_cast<StageModel*>(ctx->saved_data["model"].toInt());
-    // No gradient reached the rows: zeros, so the shard's gradient is still written this step.
-    const torch::Tensor rows = grad[0].defined() ? grad[0] : torch::zeros(ctx->saved_data["shape"].toIntVector(), ctx->saved_data["options"].toTensor().options());
-    stage->AddShardRowsGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), ctx->saved_data["local"].toTensor(), rows);
+    stage->AddShardRowsGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), ctx->saved_data["local"].toTensor(), grad[0]);
     return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -167,13 +163,11 @@ void StageModel::AddShardRowsGradient(int u, const torch::Tensor& local, const t
   const int64_t columns = unit.shapes[0][1], length = unit.shard_end - unit.shard_begin;
   Communicator& dp = *groups_.dp;
   const int64_t world = dp.world_size();
-  const torch::Tensor rows = grad.reshape({-1, columns}).to(torch::kFloat).contiguous();
-  // The step's first contribution to the shard's gradient writes it; later ones add (as
-  // ReduceScatterUse's uses do, in the same count). A host-streamed shard's goes to the host.
-  TORCH_CHECK(!unit.on_host || host_gradient_, "a host-streamed unit's gradient has nowhere to go: no SetHostGradient hook");
-  if (!unit.on_host && !unit.flat.grad().defined()) unit.flat.mutable_grad() = torch::zeros({length}, rows.options());
-  const torch::Tensor sum = unit.on_host ? torch::Tensor() : unit.flat.grad();
-  const bool first = unit_reductions_.at(static_cast<size_t>(u))++ == 0;
+  // No gradient reached the rows: zeros (this rank's n = local's ids / dp), so the shard's
+  // gradient is still written this step.
+  const torch::Tensor rows = grad.defined() ? grad.reshape({-1, columns}).to(torch::kFloat).contiguous()
+                                            : torch::zeros({local.numel() / world, columns}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  const ShardGradient to = NextShardGradient(static_cast<size_t>(u), rows.options());
   side_->Run([&] {
     torch::Tensor every = rows;
     int64_t table_rows = unit.shapes[0][0], lead = 0;
@@ -190,17 +184,7 @@ void StageModel::AddShardRowsGradient(int u, const torch::Tensor& local, const t
     // Summed per row in the order of `every` (LibTorch's embedding backward: sorted by row, each
     // row's gradients in a fixed order; deterministic on both devices).
     const torch::Tensor dense = at::embedding_dense_backward(every, local, table_rows, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false);
-    const torch::Tensor mine = dense.view({-1}).narrow(0, lead, length);
-    if (unit.on_host) {
-      host_gradient_(static_cast<size_t>(u), mine);
-      return;
-    }
-    torch::Tensor target = sum;
-    if (first) {
-      target.copy_(mine);
-    } else {
-      target.add_(mine);
-    }
+    AddToShardGradient(static_cast<size_t>(u), to, dense.view({-1}).narrow(0, lead, length));
   });
   side_->KeepUntilDone(rows);
   side_->KeepUntilDone(local);

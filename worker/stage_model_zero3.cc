@@ -10,6 +10,8 @@
 // the end of the step's backwards (FinishGradients).
 #include "worker/stage_model.h"
 
+#include <c10/util/accumulate.h>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -52,10 +54,7 @@ bool IsVector(const ParamUnit& unit, size_t i) { return unit.shapes[i].size() < 
 int64_t VectorElements(const ParamUnit& unit) {
   int64_t n = 0;
   for (size_t i = 0; i < unit.shapes.size(); ++i) {
-    if (!IsVector(unit, i)) continue;
-    int64_t m = 1;
-    for (int64_t d : unit.shapes[i]) m *= d;
-    n += m;
+    if (IsVector(unit, i)) n += c10::multiply_integers(unit.shapes[i]);
   }
   return n;
 }
@@ -64,10 +63,7 @@ int64_t VectorElements(const ParamUnit& unit) {
 void JoinVectors(const ParamUnit& unit, const torch::Tensor& full, torch::Tensor& wide) {
   std::vector<torch::Tensor> parts;
   for (size_t i = 0; i < unit.shapes.size(); ++i) {
-    if (!IsVector(unit, i)) continue;
-    int64_t n = 1;
-    for (int64_t d : unit.shapes[i]) n *= d;
-    parts.push_back(full.narrow(0, unit.offsets[i], n));
+    if (IsVector(unit, i)) parts.push_back(full.narrow(0, unit.offsets[i], c10::multiply_integers(unit.shapes[i])));
   }
   wide.copy_(parts.size() == 1 ? parts.front() : torch::cat(parts));
 }
@@ -387,28 +383,18 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
       use.grad.narrow(0, unit.offsets[i], n).zero_();
     }
   }
-  // The shard's gradient sums every use of the step (micro-batches, a tied embedding's two): on
-  // the device, or for a host-streamed unit in host memory (the hook).
-  TORCH_CHECK(!unit.on_host || host_gradient_, "a host-streamed unit's gradient has nowhere to go: no SetHostGradient hook");
-  if (!unit.on_host && !unit.flat.grad().defined()) unit.flat.mutable_grad() = torch::zeros({length}, use.grad.options());
-  const torch::Tensor full = use.grad, sum = unit.on_host ? torch::Tensor() : unit.flat.grad();
+  const torch::Tensor full = use.grad;
   const size_t u = static_cast<size_t>(use.unit);
-  // The step's first use of the unit is reduce-scattered straight into the shard's gradient
-  // (written); later uses (micro-batches, a tied embedding's second) are added to it.
-  const bool first = unit_reductions_.at(u)++ == 0;  // counted from BeginGradients
+  const ShardGradient to = NextShardGradient(u, full.options());
   const auto reduced = side_->Run([&] {
     torch::Tensor g = full;
-    if (!unit.on_host && first) {
-      torch::Tensor shard = sum;
+    if (!unit.on_host && to.first) {  // reduce-scattered straight into the shard's gradient
+      torch::Tensor shard = to.sum;
       ReduceScatterTensorTo(*groups_.dp, g, shard);
       return;
     }
     ReduceScatterTensor(*groups_.dp, g);  // each rank keeps its shard's sum
-    if (unit.on_host) {
-      host_gradient_(u, g.narrow(0, unit.shard_begin, length));
-    } else {
-      sum.add_(g.narrow(0, unit.shard_begin, length));
-    }
+    AddToShardGradient(u, to, g.narrow(0, unit.shard_begin, length));
   });
   // The buffer is taken again once the reduce-scatter has read it (the next taker's stream waits).
   GradBuffer& buffer = grad_buffers_[static_cast<size_t>(use.grad_buffer)];
@@ -421,6 +407,29 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
   ReleaseMemory(use.full);  // after the backward that read it, on the compute stream
   use.wide = torch::Tensor();  // (autograd's saved views of it go with the backward's graph)
   use.filled = false;
+}
+
+// The shard's gradient sums every use of the step (micro-batches, a tied embedding's two, its
+// lookup's rows): on the device, or for a host-streamed unit in host memory (the hook). The step's
+// first contribution writes it; later ones add.
+StageModel::ShardGradient StageModel::NextShardGradient(size_t u, const torch::TensorOptions& options) {
+  ParamUnit& unit = units_[u];
+  TORCH_CHECK(!unit.on_host || host_gradient_, "a host-streamed unit's gradient has nowhere to go: no SetHostGradient hook");
+  if (!unit.on_host && !unit.flat.grad().defined()) unit.flat.mutable_grad() = torch::zeros({unit.shard_end - unit.shard_begin}, options);
+  return {unit.on_host ? torch::Tensor() : unit.flat.grad(), unit_reductions_.at(u)++ == 0};  // counted from BeginGradients
+}
+
+void StageModel::AddToShardGradient(size_t u, const ShardGradient& to, const torch::Tensor& part) {
+  if (units_[u].on_host) {
+    host_gradient_(u, part);
+    return;
+  }
+  torch::Tensor sum = to.sum;
+  if (to.first) {
+    sum.copy_(part);
+  } else {
+    sum.add_(part);
+  }
 }
 
 void StageModel::FinishShardedGradients() {
