@@ -141,6 +141,12 @@ void PipelineSender::Send(const torch::Tensor& t, uint32_t peer) {
 
 void PipelineSender::Join(const torch::Device& device) {
 #ifdef STRATA_WITH_CUDA
+  // Nothing sent since the last join (a rank with one stage, or a direction this stage never
+  // sends in): nothing to wait for, and no wait may be made. In a CUDA graph's capture, an event
+  // recorded on a transfer stream that took no part in it is a dependency on uncaptured work,
+  // which CUDA refuses (cudaErrorStreamCaptureIsolation): every data-parallel step's capture
+  // failed so on 2x H200 machines of driver 580.159.
+  if (std::none_of(slots_.begin(), slots_.end(), [](const Slot& slot) { return slot.sent.has_value(); })) return;
   void* stream = comm_->transfer_stream();
   if (stream == nullptr || !device.is_cuda()) return;
   at::cuda::CUDAEvent all;

@@ -130,6 +130,8 @@ Result<torch::Tensor> StepGraph::Run(const torch::Tensor& window, const Schedule
           const auto line = failure.find('\n');
           STRATA_LOG(kWarn) << "the step could not be captured as a CUDA graph (" << failure.substr(0, line)
                                << "); it runs op by op from now on (train.cuda_graphs = false skips the attempt)";
+          // The whole message names the call that was refused (LibTorch adds its frames).
+          if (line != std::string::npos) STRATA_LOG(kInfo) << "the refused capture's full error: " << failure;
           break;  // out stays empty: run eagerly below, off the side stream
         }
         s.captured_peak = PeakMemory(device);

@@ -120,7 +120,7 @@ def main():
                     name = f"{family}-{mesh}-{precision}"
                     extra = "cuda_graphs = false\n" if mesh.endswith("eager") else ""
                     losses = by_name[name] = train(gpu, work, name, family, parallel, precision, extra)
-                    if mesh in ("dp2z3", "1gpuz3", "dp2z3keep", "1gpuz3keep", "pp2", "tp2"):  # the steps did replay as a graph (a refused capture falls back op by op)
+                    if mesh in ("1gpu", "dp2", "dp2z3", "1gpuz3", "dp2z3keep", "1gpuz3keep", "pp2", "tp2"):  # the steps did replay as a graph (a refused capture falls back op by op)
                         captured = "run as one CUDA graph" in strata(gpu, "logs", train.latest)
                         print(f"{name}: steps captured as a CUDA graph: {'ok' if captured else 'FAIL'}")
                         if not captured:
