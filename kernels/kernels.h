@@ -227,6 +227,27 @@ void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h,
 
 // ---- AdamW8bit (maths above). codes: n bytes per moment; scales: AdamW8bitBlocks(n) floats
 // per moment; all on the place's device. `param`, `grad` as AdamW's.
+// Embedding rows read from and summed into a ZeRO-3 shard of the table (worker/stage_model_lookup.cc):
+// a table [rows, cols], flat, of which this rank holds the elements [shard_begin, shard_end)
+// at `shard` (its edges may cut a row). For n looked-up ids:
+//   ShardRowsGather:      out[i, j] = shard[ids[i] cols + j - shard_begin] where that element is
+//                         in the shard, else 0 (ids outside the table give zero rows)
+//   ShardRowsScatterAdd:  the gradient. `sorted` is the ids stably sorted and `order` where each
+//                         came from (sorted[k] = ids[order[k]]); for every row r named, and each
+//                         of its elements in the shard,
+//                           grad[r cols + j - shard_begin] += sum over the run of k with
+//                                                             sorted[k] = r, in order, of dy[order[k], j]
+//                         (the sum in fp32 from 0, then added once: LibTorch's embedding backward
+//                         of a dense table, added into the gradient, in a fixed order). No dense
+//                         table and no atomics: each row's run is summed by one block, so the
+//                         result is deterministic and the CUDA kernel's equals the reference's.
+struct ShardRowsShape {
+  int64_t cols = 0, shard_begin = 0, shard_end = 0;
+};
+void ShardRowsGather(const Place& place, const ShardRowsShape& shape, const float* shard, const int64_t* ids, int64_t n, float* out);
+void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& shape, const float* dy, const int64_t* sorted, const int64_t* order,
+                         int64_t n, float* grad);
+
 constexpr int64_t kAdamW8bitBlock = 256;
 int64_t AdamW8bitBlocks(int64_t n);  // ceil(n / kAdamW8bitBlock): the scales per moment
 
@@ -256,6 +277,9 @@ void AdamW8bitInitReference(uint8_t* exp_avg_codes, float* exp_avg_scales, uint8
 void Dequantize8bitReference(bool is_signed, const uint8_t* codes, const float* scales, float* out, int64_t n);
 void Quantize8bitReference(bool is_signed, const float* values, uint8_t* codes, float* scales, int64_t n);
 void SquareSumReference(const float* grad, int64_t n, float* out);
+void ShardRowsGatherReference(const ShardRowsShape& shape, const float* shard, const int64_t* ids, int64_t n, float* out);
+void ShardRowsScatterAddReference(const ShardRowsShape& shape, const float* dy, const int64_t* sorted, const int64_t* order, int64_t n,
+                                  float* grad);
 void CrossEntropyGradInPlaceReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                                       const int64_t* targets, float grad_scale, float* row_loss);
 void CrossEntropyRowStatsReference(DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t row_stride,

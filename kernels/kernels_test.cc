@@ -373,5 +373,44 @@ TEST(KernelsTest, AddNormInBf16RoundsTheSumBeforeTheNormReadsIt) {
   EXPECT_GT(MaxRelative(y, w * (unrounded * torch::rsqrt(unrounded.pow(2).mean(-1, true) + 1e-6))), 1e-4);
 }
 
+
+// A shard whose edges cut rows (elements 50..301 of a 13 x 24 table): the gather is the table's
+// rows with the elements outside the shard zero; the scatter-add is LibTorch's embedding backward
+// of the whole table, restricted to the shard and added to what the gradient held - bit for bit
+// (both sum each row's gradients in the ids' order). Repeated ids, an id outside the table.
+TEST(KernelsTest, ShardRowsEqualLibTorchsEmbeddingAndItsBackwardOnTheShard) {
+  torch::manual_seed(15);
+  const int64_t rows = 13, cols = 24, begin = 50, end = 302;
+  const auto table = torch::randn({rows, cols});
+  const auto flat = table.view({-1});
+  const auto shard = flat.narrow(0, begin, end - begin).clone();
+  const auto ids = torch::tensor({3, 2, 7, 2, 12, 3, 2, 0, 9, 2, 40, 5}, torch::kLong);  // 40: outside the table
+  const int64_t n = ids.numel();
+  const ShardRowsShape shape{cols, begin, end};
+  auto out = torch::full({n, cols}, 7.0f);
+  ShardRowsGatherReference(shape, shard.data_ptr<float>(), ids.data_ptr<int64_t>(), n, out.data_ptr<float>());
+  auto held = torch::zeros_like(flat);
+  held.narrow(0, begin, end - begin).copy_(shard);
+  const auto in_table = ids.clamp_max(rows - 1);
+  auto expected = torch::embedding(held.view({rows, cols}), in_table).masked_fill_((ids >= rows).unsqueeze(1), 0.0f);
+  EXPECT_TRUE(torch::equal(out, expected));
+  EXPECT_GT(out.abs().sum().item<double>(), 0.0);
+  ShardRowsGather(Place{}, shape, shard.data_ptr<float>(), ids.data_ptr<int64_t>(), n, out.data_ptr<float>());
+  EXPECT_TRUE(torch::equal(out, expected));
+
+  const auto dy = torch::randn({n, cols});
+  const auto sorted = torch::sort(ids, /*stable=*/true, 0, false);
+  const auto& sorted_ids = std::get<0>(sorted);
+  const auto& order = std::get<1>(sorted);
+  auto grad = torch::randn({end - begin});
+  const auto before = grad.clone();
+  ShardRowsScatterAddReference(shape, dy.data_ptr<float>(), sorted_ids.data_ptr<int64_t>(), order.data_ptr<int64_t>(), n,
+                               grad.data_ptr<float>());
+  const auto keep = ids < rows;  // LibTorch's backward takes no id outside the table
+  const auto dense = at::embedding_dense_backward(dy.index({keep}), ids.index({keep}), rows, -1, false);
+  EXPECT_TRUE(torch::equal(grad, before + dense.view({-1}).narrow(0, begin, end - begin)));
+  EXPECT_FALSE(torch::equal(grad, before));
+}
+
 }  // namespace
 }  // namespace strata::kernels

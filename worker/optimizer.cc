@@ -256,7 +256,7 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups, bool replayed
     }
     torch::Tensor g = unit.sharded ? (unit.flat.grad().defined() ? unit.flat.grad().contiguous() : torch::zeros_like(unit.flat)) : unit.grad;
     if (!reduced_in_backward_[u]) Reduce(u, g, groups);  // else done beside the backward, and joined
-    if (dp_ > 1) g.div_(static_cast<double>(dp_));  // one pass over every gradient: skipped where it changes nothing
+    if (dp_ > 1 && !MeanInUpdate()) g.div_(static_cast<double>(dp_));
     auto shard = unit.sharded ? g : g.narrow(0, unit.shard_begin, unit.shard_end - unit.shard_begin);
     for (const Moments::Span& s : moments_[u].norm_spans) {
       kernels::SquareSum(place, shard.data_ptr<float>() + s.begin, s.length, square_sum.data_ptr<float>(), norm_scratch_.data_ptr<float>());
@@ -268,6 +268,7 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups, bool replayed
     if (offload_) host_[u].downloading = false;  // for the next step
   }
   if (host_square_sum > 0) square_sum.add_(host_square_sum);
+  if (MeanInUpdate()) square_sum.mul_(1.0 / static_cast<double>(dp_ * dp_));
   return square_sum;
 }
 
@@ -327,13 +328,14 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
     }
   } else {
     const kernels::Place place = KernelPlace(device_);
+    const double grad_scale = MeanInUpdate() ? clip / static_cast<double>(dp_) : clip;
     for (size_t u = 0; u < units.size(); ++u) {
       Moments& m = moments_[u];
       uint16_t* working = fresh[u] ? reinterpret_cast<uint16_t*>(units[u].working.data_ptr()) : nullptr;
       const auto [p, g] = OptimizerRange(units[u], m, reduced_[u]);
       // One fused pass per span (kernels/kernels.h has the maths): clipping, decay, moments, update.
       for (const Moments::UpdateSpan& s : m.update_spans) {
-        const kernels::AdamWArgs args{lr, tr.beta1, tr.beta2, tr.eps, s.decay ? tr.weight_decay : 0.0, step, clip};
+        const kernels::AdamWArgs args{lr, tr.beta1, tr.beta2, tr.eps, s.decay ? tr.weight_decay : 0.0, step, grad_scale};
         float* ps = p.data_ptr<float>() + s.begin;
         const float* gs = g.data_ptr<float>() + s.begin;
         if (eight_bit_) {

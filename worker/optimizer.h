@@ -179,6 +179,12 @@ class UnitOptimizer {
   // Offload: the copies, and per unit over its optimizer range the host buffer of its gradient,
   // the master copy of its parameters, and the ticket of this step's gradient download.
   std::unique_ptr<HostCopies> offload_;
+  // The gradients' mean over the data-parallel ranks without a pass over them: each summed
+  // gradient is left as the sum, the norm's square sum is scaled by 1/dp^2 and the update's
+  // gradient scale by 1/dp. Exact - the same bits as dividing first - where dp is a power of two
+  // (scaling by 2^-k rounds nothing, short of subnormals) and the update runs on the device;
+  // elsewhere each gradient is divided (ReduceGradients).
+  bool MeanInUpdate() const { return dp_ > 1 && (dp_ & (dp_ - 1)) == 0 && !offload_; }
   struct HostUnit {
     torch::Tensor grad, master;  // master: the unit's own shard when it is host-streamed
     size_t ticket = 0;

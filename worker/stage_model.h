@@ -312,14 +312,18 @@ class StageModel {
   // ZeRO-3's embedding call without its tables gathered (stage_model_lookup.cc): whether this
   // stage's embedding units allow it (one tensor-parallel rank, no recompute, one table each),
   // whether a call over `tokens` moves fewer bytes so than gathering, the call, and its forward
-  // and backward for one table (unit u) and ids: this rank's ids' rows (`local` gets every rank's
-  // ids as rows of this rank's padded rows, for the backward), and the rows' gradient added into
-  // the shard's.
+  // and backward for one table (unit u) and ids: this rank's ids' rows (`saved` gets every rank's
+  // ids, and buffers for their stable sort, for the backward), and the rows' gradient added into
+  // the shard's. The sorts are queued after the first block's gathers (SortLookups).
+  struct LookedUpIds {
+    torch::Tensor ids, sorted, order;  // every rank's ids; sorted = ids[order], filled on the side stream
+  };
   bool CanLookUpShards() const;
   bool LooksUpShards(const torch::Tensor& tokens) const;
   torch::Tensor EmbedFromShards(const torch::Tensor& tokens);
-  torch::Tensor LookUpShardRows(int u, const torch::Tensor& ids, torch::Tensor* local);
-  void AddShardRowsGradient(int u, const torch::Tensor& local, const torch::Tensor& grad);
+  torch::Tensor LookUpShardRows(int u, const torch::Tensor& ids, LookedUpIds* saved);
+  void SortLookups();
+  void AddShardRowsGradient(int u, const LookedUpIds& saved, const torch::Tensor& grad);
   // Before a ZeRO-3 call's backward: its units gathered again (waited for), and the call before
   // it in the same micro-batch queued.
   void Regather(ShardedCall& call, bool wait);
@@ -405,6 +409,7 @@ class StageModel {
   const ShardedView* sharded_view_ = nullptr;     // set while a ZeRO-3 call's forward runs
   std::vector<int> unit_reductions_;               // per unit: ZeRO-3 uses reduce-scattered this step
   bool looks_up_shards_ = false;                   // CanLookUpShards, decided once built
+  std::vector<LookedUpIds> unsorted_lookups_;      // this call's lookups, until SortLookups
   // ZeRO-3 uses' fp32 gradient buffers, reused across uses and steps (TakeGradBuffer).
   struct GradBuffer {
     torch::Tensor buffer;

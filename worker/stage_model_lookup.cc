@@ -9,13 +9,15 @@
 //
 // Instead, for a table [rows, c] whose flat shard [b, e) this rank holds, with n ids per rank over
 // dp ranks:
-//   forward   every rank's ids, gathered (dp n numbers); this rank looks them all up in the rows
-//             its shard holds - zero where it holds none of a row's elements (a shard's edges may
-//             cut a row, so what a rank owns is counted by element) - and the reduce-scatter of
-//             those dp n rows hands each rank its own ids' rows. Every element is one rank's value
-//             plus zeros, so the rows are the table's exactly.
+//   forward   every rank's ids, gathered (dp n numbers); this rank looks them all up in the
+//             elements its shard holds - zero where it holds none of a row's elements (a shard's
+//             edges may cut a row, so what a rank owns is counted by element; kernels::
+//             ShardRowsGather reads the shard in place) - and the reduce-scatter of those dp n
+//             rows hands each rank its own ids' rows. Every element is one rank's value plus
+//             zeros, so the rows are the table's exactly.
 //   backward  every rank's row gradients, gathered (dp n rows); this rank sums those of the rows
-//             it holds (embedding backward over its padded rows, below) into its shard's gradient.
+//             it holds into its shard's gradient (kernels::ShardRowsScatterAdd: each row's
+//             gradients in the ids' order, from their stable sort - no dense table, no atomics).
 // Per rank that sends and receives (dp - 1) n c fp32 values in each direction, where gathering
 // moved (dp - 1)/dp of the table twice and reduce-scattered its dense gradient: about
 // 3 (dp - 1)/dp rows c. So the lookup moves less while dp n < 1.5 rows, and it holds two dp n c
@@ -24,31 +26,13 @@
 // Every data-parallel rank looks up as many ids (a training micro-batch: the same rows and
 // sequence on each), so the collectives match. It all runs on the side stream, in order with the
 // shards' other collectives (the head's use of a tied table reduce-scatters into the same
-// gradient, and its head still gathers the table for its matmul).
-//
-// The padded rows: r0 = floor(b / c), r1 = ceil(e / c); rows [r0, r1) laid out flat with the
-// shard at b - r0 c and zeros around it, plus one zero row for the ids outside [r0, r1).
+// gradient, and its head still gathers the table for its matmul). The ids' sort, which only the
+// backward reads, is queued after the first block's gathers, which the forward waits for.
 #include "worker/stage_model.h"
 
+#include "worker/kernel_place.h"
+
 namespace strata::worker {
-
-namespace {
-
-struct PaddedRows {
-  int64_t first = 0, end = 0;  // [r0, r1)
-  int64_t lead = 0;            // where the shard starts in the padded rows' flat layout
-};
-
-PaddedRows PaddedRowsOf(const ParamUnit& unit) {
-  const int64_t columns = unit.shapes[0][1];
-  PaddedRows p;
-  p.first = unit.shard_begin / columns;
-  p.end = (unit.shard_end + columns - 1) / columns;
-  p.lead = unit.shard_begin - p.first * columns;
-  return p;
-}
-
-}  // namespace
 
 // The lookup as an autograd function of the shard (an input so that the backward runs; its
 // gradient goes straight to the shard's, as a reduce-scatter's does).
@@ -56,16 +40,20 @@ struct ShardRowsFunction : torch::autograd::Function<ShardRowsFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor /*shard*/, torch::Tensor ids, int64_t model,
                                int64_t unit) {
     auto* stage = reinterpret_cast<StageModel*>(model);
-    torch::Tensor local;
-    torch::Tensor rows = stage->LookUpShardRows(static_cast<int>(unit), ids, &local);
+    StageModel::LookedUpIds saved;
+    torch::Tensor rows = stage->LookUpShardRows(static_cast<int>(unit), ids, &saved);
     ctx->saved_data["model"] = model;
     ctx->saved_data["unit"] = unit;
-    ctx->saved_data["local"] = local;
+    ctx->saved_data["ids"] = saved.ids;
+    ctx->saved_data["sorted"] = saved.sorted;
+    ctx->saved_data["order"] = saved.order;
     return rows;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
     auto* stage = reinterpret_cast<StageModel*>(ctx->saved_data["model"].toInt());
-    stage->AddShardRowsGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), ctx->saved_data["local"].toTensor(), grad[0]);
+    const StageModel::LookedUpIds saved{ctx->saved_data["ids"].toTensor(), ctx->saved_data["sorted"].toTensor(),
+                                        ctx->saved_data["order"].toTensor()};
+    stage->AddShardRowsGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), saved, grad[0]);
     return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -114,13 +102,27 @@ torch::Tensor StageModel::EmbedFromShards(const torch::Tensor& tokens) {
   };
   const ParamView view(names, std::vector<torch::Tensor>(names.size()), {}, rows);
   torch::Tensor x = family_->Embed(view, tokens, tensor_parallel_);
-  // The first block's gathers, beside the rest of this call.
+  // The first block's gathers, beside the rest of this call; then the sorts only the backward reads.
   const auto [next, next_bf16] = NextCall(embed_units_);
   Prefetch(next, next_bf16);
+  SortLookups();
   return x;
 }
 
-torch::Tensor StageModel::LookUpShardRows(int u, const torch::Tensor& ids, torch::Tensor* local) {
+void StageModel::SortLookups() {
+  if (unsorted_lookups_.empty()) return;
+  side_->Run([&] {
+    for (LookedUpIds& l : unsorted_lookups_) at::sort_out(l.sorted, l.order, l.ids, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  });
+  // Allocated on the compute stream, used on the side stream only: not reused before the sort is
+  // done, whenever the forward's autograd node drops them.
+  for (const LookedUpIds& l : unsorted_lookups_) {
+    for (const torch::Tensor& t : {l.ids, l.sorted, l.order}) side_->KeepUntilDone(t);
+  }
+  unsorted_lookups_.clear();
+}
+
+torch::Tensor StageModel::LookUpShardRows(int u, const torch::Tensor& ids, LookedUpIds* saved) {
   torch::NoGradGuard no_grad;
   const ParamUnit& unit = units_[static_cast<size_t>(u)];
   const int64_t columns = unit.shapes[0][1];
@@ -130,64 +132,68 @@ torch::Tensor StageModel::LookUpShardRows(int u, const torch::Tensor& ids, torch
   const int64_t n = flat_ids.numel();
   std::vector<int64_t> shape = ids.sizes().vec();
   shape.push_back(columns);
+  // Written and read on the side stream only (the sort, the backward; kept alive there by
+  // AddShardRowsGradient).
+  saved->sorted = torch::empty({world * n}, flat_ids.options());
+  saved->order = torch::empty({world * n}, flat_ids.options());
+  torch::Tensor out;
   if (world == 1 && !unit.on_host) {  // the shard is the table: looked up where it is, on the compute stream
-    *local = flat_ids;
-    return torch::embedding(unit.flat.detach().view({unit.shapes[0][0], columns}), flat_ids).view(shape);
+    saved->ids = flat_ids;
+    out = torch::embedding(unit.flat.detach().view({unit.shapes[0][0], columns}), flat_ids).view(shape);
+  } else {
+    // Written on the side stream, read by the compute stream after the wait.
+    out = torch::empty({n * columns}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+    saved->ids = torch::empty({world * n}, flat_ids.options());
+    const auto done = side_->Run([&] {
+      if (world > 1) {
+        torch::Tensor every = torch::empty({world * n}, out.options());
+        AllGatherTensorFrom(dp, flat_ids.to(torch::kFloat), every);
+        saved->ids.copy_(every);
+      } else {
+        saved->ids.copy_(flat_ids);
+      }
+      // A host-streamed shard is uploaded first (pinned memory, on the side stream).
+      const torch::Tensor shard = unit.on_host ? unit.flat.detach().to(device_, /*non_blocking=*/true) : unit.flat.detach();
+      torch::Tensor partial = torch::empty({world * n * columns}, out.options());
+      kernels::ShardRowsGather(KernelPlace(device_), {columns, unit.shard_begin, unit.shard_end}, shard.data_ptr<float>(),
+                               saved->ids.data_ptr<int64_t>(), world * n, partial.data_ptr<float>());
+      ReduceScatterTensorTo(dp, partial, out);
+    });
+    side_->Wait(done);  // (so flat_ids, read there, outlives its use)
+    out = out.view(shape);
   }
-  // Written on the side stream, read after the wait (out) and by the backward (local).
-  torch::Tensor out = torch::empty({n * columns}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-  *local = torch::empty({world * n}, flat_ids.options());
-  const auto done = side_->Run([&] {
-    torch::Tensor every = torch::empty({world * n}, out.options());
-    AllGatherTensorFrom(dp, flat_ids.to(torch::kFloat), every);
-    const torch::Tensor all_ids = every.to(torch::kLong);
-    // (A host-streamed shard is uploaded into its place in the padded rows: pinned memory, on
-    // the side stream.)
-    const PaddedRows p = PaddedRowsOf(unit);
-    const int64_t length = unit.shard_end - unit.shard_begin, padded_rows = p.end - p.first + 1;
-    local->copy_((all_ids - p.first).masked_fill_((all_ids < p.first).logical_or_(all_ids >= p.end), padded_rows - 1));
-    torch::Tensor padded = torch::empty({padded_rows * columns}, out.options());
-    padded.narrow(0, 0, p.lead).zero_();
-    padded.narrow(0, p.lead, length).copy_(unit.flat.detach(), /*non_blocking=*/unit.on_host);
-    padded.narrow(0, p.lead + length, padded.numel() - p.lead - length).zero_();
-    torch::Tensor partial = torch::embedding(padded.view({padded_rows, columns}), *local).view({-1});
-    ReduceScatterTensorTo(dp, partial, out);
-  });
-  side_->Wait(done);  // (so flat_ids, read there, outlives its use)
-  return out.view(shape);
+  unsorted_lookups_.push_back(*saved);
+  return out;
 }
 
-void StageModel::AddShardRowsGradient(int u, const torch::Tensor& local, const torch::Tensor& grad) {
+void StageModel::AddShardRowsGradient(int u, const LookedUpIds& saved, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
   ParamUnit& unit = units_[static_cast<size_t>(u)];
   const int64_t columns = unit.shapes[0][1], length = unit.shard_end - unit.shard_begin;
   Communicator& dp = *groups_.dp;
   const int64_t world = dp.world_size();
-  // No gradient reached the rows: zeros (this rank's n = local's ids / dp), so the shard's
-  // gradient is still written this step.
+  const int64_t n = saved.ids.numel() / world;
+  // No gradient reached the rows: zeros, so the shard's gradient is still written this step.
   const torch::Tensor rows = grad.defined() ? grad.reshape({-1, columns}).to(torch::kFloat).contiguous()
-                                            : torch::zeros({local.numel() / world, columns}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+                                            : torch::zeros({n, columns}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
   const ShardGradient to = NextShardGradient(static_cast<size_t>(u), rows.options());
   side_->Run([&] {
     torch::Tensor every = rows;
-    int64_t table_rows = unit.shapes[0][0], lead = 0;
     if (world > 1) {
-      every = torch::empty({world * rows.size(0), columns}, rows.options());
+      every = torch::empty({world * n, columns}, rows.options());
       torch::Tensor every_flat = every.view({-1});
       AllGatherTensorFrom(dp, rows.view({-1}), every_flat);
     }
-    if (world > 1 || unit.on_host) {  // `local` indexes the padded rows (the forward's)
-      const PaddedRows p = PaddedRowsOf(unit);
-      table_rows = p.end - p.first + 1;
-      lead = p.lead;
-    }
-    // Summed per row in the order of `every` (LibTorch's embedding backward: sorted by row, each
-    // row's gradients in a fixed order; deterministic on both devices).
-    const torch::Tensor dense = at::embedding_dense_backward(every, local, table_rows, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false);
-    AddToShardGradient(static_cast<size_t>(u), to, dense.view({-1}).narrow(0, lead, length));
+    // The step's first contribution is written (added into zeros: the same sums); a host-streamed
+    // shard's goes to the host.
+    torch::Tensor sum = unit.on_host ? torch::zeros({length}, rows.options()) : to.sum;
+    if (!unit.on_host && to.first) sum.zero_();
+    kernels::ShardRowsScatterAdd(KernelPlace(device_), {columns, unit.shard_begin, unit.shard_end}, every.data_ptr<float>(),
+                                 saved.sorted.data_ptr<int64_t>(), saved.order.data_ptr<int64_t>(), world * n, sum.data_ptr<float>());
+    if (unit.on_host) AddToShardGradient(static_cast<size_t>(u), to, sum);
   });
   side_->KeepUntilDone(rows);
-  side_->KeepUntilDone(local);
+  for (const torch::Tensor& t : {saved.ids, saved.sorted, saved.order}) side_->KeepUntilDone(t);
 }
 
 }  // namespace strata::worker

@@ -394,7 +394,12 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
       return;
     }
     ReduceScatterTensor(*groups_.dp, g);  // each rank keeps its shard's sum
-    AddToShardGradient(u, to, g.narrow(0, unit.shard_begin, length));
+    // A host-streamed shard's sum goes to the host from a copy of its own: the host's download
+    // runs on its copy stream, after this, while `full` (a reused buffer) is taken again once the
+    // side stream is past this point. (Handed over in place, the next use's gradient could land
+    // in it before the download had read it.)
+    const torch::Tensor mine = g.narrow(0, unit.shard_begin, length);
+    AddToShardGradient(u, to, unit.on_host ? mine.clone() : mine);
   });
   // The buffer is taken again once the reduce-scatter has read it (the next taker's stream waits).
   GradBuffer& buffer = grad_buffers_[static_cast<size_t>(use.grad_buffer)];
@@ -443,6 +448,7 @@ void StageModel::FinishShardedGradients() {
 
 void StageModel::EndStep() {
   calls_.clear();
+  unsorted_lookups_.clear();
   tp_group_->DropUnfinished();
   if (side_) side_->WaitAll();  // nothing still writes a gradient or a gathered buffer
   if (host_anchor_.defined()) side_->Synchronize();  // nor reads a host shard the optimizer writes next

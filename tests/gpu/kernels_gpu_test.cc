@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -478,6 +479,41 @@ TEST_F(KernelsGpuTest, Quantize8bitAndDequantize8bitEqualTheReference) {
       EXPECT_TRUE(torch::equal(scalesd.cpu(), scales)) << what;
       EXPECT_TRUE(torch::equal(backd.cpu(), back)) << what;
     }
+  }
+}
+
+
+// ZeRO-3's shard lookups (stage_model_lookup.cc): the gather and the deterministic scatter-add
+// bit for bit against the references, packed (a row of 768, the shard starting at a multiple of
+// 4) and element by element (a row of 30, a shard cutting rows anywhere), with ids repeated
+// hundreds of times (a frequent token) and ids of rows the shard does not hold.
+TEST_F(KernelsGpuTest, ShardRowsGatherAndScatterAddEqualTheReferenceBitForBit) {
+  torch::manual_seed(16);
+  for (const auto& [rows, cols, begin, end] : {std::array<int64_t, 4>{1000, 768, 768 * 300 + 128, 768 * 700 - 256},
+                                               std::array<int64_t, 4>{500, 30, 4001, 9007}}) {
+    const int64_t n = 4099;
+    auto ids = torch::randint(0, rows, {n}, torch::kLong);
+    ids.narrow(0, 0, 600).fill_(350);  // a row of run 600+ (partly in both shards above)
+    const auto shard = torch::randn({end - begin});
+    const ShardRowsShape shape{cols, begin, end};
+    auto out = torch::empty({n, cols});
+    ShardRowsGatherReference(shape, shard.data_ptr<float>(), ids.data_ptr<int64_t>(), n, out.data_ptr<float>());
+    const auto shard_d = shard.cuda(), ids_d = ids.cuda();
+    auto out_d = torch::full({n, cols}, 3.0f, shard_d.options());
+    ShardRowsGather(place_, shape, shard_d.data_ptr<float>(), ids_d.data_ptr<int64_t>(), n, out_d.data_ptr<float>());
+    EXPECT_TRUE(torch::equal(out_d.cpu(), out)) << "cols " << cols;
+
+    const auto dy = torch::randn({n, cols});
+    const auto sorted = torch::sort(ids, /*stable=*/true, 0, false);
+    auto grad = torch::randn({end - begin});
+    auto grad_d = grad.cuda();
+    ShardRowsScatterAddReference(shape, dy.data_ptr<float>(), std::get<0>(sorted).data_ptr<int64_t>(),
+                                 std::get<1>(sorted).data_ptr<int64_t>(), n, grad.data_ptr<float>());
+    const auto dy_d = dy.cuda();
+    const auto sorted_d = torch::sort(ids_d, /*stable=*/true, 0, false);  // the worker sorts on the device
+    ShardRowsScatterAdd(place_, shape, dy_d.data_ptr<float>(), std::get<0>(sorted_d).data_ptr<int64_t>(),
+                        std::get<1>(sorted_d).data_ptr<int64_t>(), n, grad_d.data_ptr<float>());
+    EXPECT_TRUE(torch::equal(grad_d.cpu(), grad)) << "cols " << cols << ", max relative " << MaxRelative(grad_d, grad);
   }
 }
 
