@@ -7,7 +7,8 @@
 // one, whose elements share one weight decay: the caller passes weight_decay 0 for the vectors
 // and norms' spans), in one pass over memory - what the unfused form spends ten kernels and ~40
 // bytes per element on:
-//   g  = grad * grad_scale                          (gradient clipping's factor, 1 without)
+//   g  = grad * grad_scale                          (gradient clipping's factor, 1 without; times
+//                                                    1/dp where the caller left the dp ranks' sum)
 //   p  = p * (1 - lr * weight_decay)
 //   m  = beta1 * m + (1 - beta1) * g
 //   v  = beta2 * v + (1 - beta2) * g * g
@@ -225,8 +226,6 @@ int64_t BiasPartialRows(const Place& place, int64_t rows);
 void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, const void* dy, void* dh,
                       float* dbias_partials, int64_t rows, int64_t cols);
 
-// ---- AdamW8bit (maths above). codes: n bytes per moment; scales: AdamW8bitBlocks(n) floats
-// per moment; all on the place's device. `param`, `grad` as AdamW's.
 // Embedding rows read from and summed into a ZeRO-3 shard of the table (worker/stage_model_lookup.cc):
 // a table [rows, cols], flat, of which this rank holds the elements [shard_begin, shard_end)
 // at `shard` (its edges may cut a row). For n looked-up ids:
@@ -237,10 +236,12 @@ void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h,
 //                         of its elements in the shard,
 //                           grad[r cols + j - shard_begin] += sum over the run of k with
 //                                                             sorted[k] = r, in order, of dy[order[k], j]
-//                         (the sum in fp32 from 0, then added once: LibTorch's embedding backward
-//                         of a dense table, added into the gradient, in a fixed order). No dense
-//                         table and no atomics: each row's run is summed by one block, so the
-//                         result is deterministic and the CUDA kernel's equals the reference's.
+//                         (the sum in fp32 from 0, then added once: what LibTorch's CPU embedding
+//                         backward of a dense table, added into the gradient, gives; its CUDA one
+//                         sums in segments and rounds otherwise). No dense table and no atomics:
+//                         each row's run is summed by one block, so the result is deterministic
+//                         and the CUDA kernel's equals the reference's. A run is summed serially:
+//                         an id repeated through most of a batch makes one long block.
 struct ShardRowsShape {
   int64_t cols = 0, shard_begin = 0, shard_end = 0;
 };
@@ -248,6 +249,8 @@ void ShardRowsGather(const Place& place, const ShardRowsShape& shape, const floa
 void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& shape, const float* dy, const int64_t* sorted, const int64_t* order,
                          int64_t n, float* grad);
 
+// ---- AdamW8bit (maths above). codes: n bytes per moment; scales: AdamW8bitBlocks(n) floats
+// per moment; all on the place's device. `param`, `grad` as AdamW's.
 constexpr int64_t kAdamW8bitBlock = 256;
 int64_t AdamW8bitBlocks(int64_t n);  // ceil(n / kAdamW8bitBlock): the scales per moment
 

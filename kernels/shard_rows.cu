@@ -11,7 +11,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_util.cuh"
@@ -77,6 +80,9 @@ __global__ void ShardRowsScatterAddKernel(ShardRowsShape s, const float* __restr
 void ShardRowsGather(const Place& place, const ShardRowsShape& s, const float* shard, const int64_t* ids, int64_t n, float* out) {
   if (!place.cuda) return ShardRowsGatherReference(s, shard, ids, n, out);
   if (n <= 0 || s.cols <= 0) return;
+  if (n > INT_MAX) {
+    throw std::invalid_argument("kernels::ShardRowsGather: " + std::to_string(n) + " ids, more than a grid's 2^31 - 1 blocks");
+  }
   auto stream = static_cast<cudaStream_t>(place.stream);
   const bool vec = s.cols % 4 == 0 && s.shard_begin % 4 == 0 && cuda_util::Aligned16(shard) && cuda_util::Aligned16(out);
   if (vec) {
@@ -91,6 +97,9 @@ void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& s, const floa
                          int64_t n, float* grad) {
   if (!place.cuda) return ShardRowsScatterAddReference(s, dy, sorted, order, n, grad);
   if (n <= 0 || s.cols <= 0) return;
+  if (n > INT_MAX) {
+    throw std::invalid_argument("kernels::ShardRowsScatterAdd: " + std::to_string(n) + " ids, more than a grid's 2^31 - 1 blocks");
+  }
   ShardRowsScatterAddKernel<<<static_cast<unsigned>(n), kThreads, 0, static_cast<cudaStream_t>(place.stream)>>>(s, dy, sorted, order, n,
                                                                                                                grad);
   STRATA_CUDA_CHECK(cudaGetLastError());

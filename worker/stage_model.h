@@ -228,7 +228,8 @@ class StageModel {
   void SetBeforeUse(std::function<void(size_t unit)> hook) { before_use_ = std::move(hook); }
   // Host-streamed units (ParamUnit::on_host): `hook(u, g)` takes a use's reduced gradient of unit
   // u's shard (fp32 on the device, on the side stream: the hook queues its copy on the stream
-  // current when it is called, and the copy keeps `g` alive).
+  // current when it is called, and the copy keeps `g`'s memory alive - not its contents: `g` must
+  // not be a buffer the caller reuses).
   void SetHostGradient(std::function<void(size_t unit, const torch::Tensor& grad)> hook) { host_gradient_ = std::move(hook); }
 
   // Releases what recomputed and ZeRO-3 calls hold between forward and backward (after each

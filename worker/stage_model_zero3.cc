@@ -448,9 +448,9 @@ void StageModel::FinishShardedGradients() {
 
 void StageModel::EndStep() {
   calls_.clear();
-  unsorted_lookups_.clear();
   tp_group_->DropUnfinished();
   if (side_) side_->WaitAll();  // nothing still writes a gradient or a gathered buffer
+  unsorted_lookups_.clear();    // (after the wait: a sort that failed part-way may have queued work)
   if (host_anchor_.defined()) side_->Synchronize();  // nor reads a host shard the optimizer writes next
   sharded_calls_.clear();
   shard_slots_.clear();

@@ -486,14 +486,17 @@ TEST_F(KernelsGpuTest, Quantize8bitAndDequantize8bitEqualTheReference) {
 // ZeRO-3's shard lookups (stage_model_lookup.cc): the gather and the deterministic scatter-add
 // bit for bit against the references, packed (a row of 768, the shard starting at a multiple of
 // 4) and element by element (a row of 30, a shard cutting rows anywhere), with ids repeated
-// hundreds of times (a frequent token) and ids of rows the shard does not hold.
+// hundreds of times (a frequent token), ids of rows the shard does not hold and ids outside the
+// table.
 TEST_F(KernelsGpuTest, ShardRowsGatherAndScatterAddEqualTheReferenceBitForBit) {
   torch::manual_seed(16);
   for (const auto& [rows, cols, begin, end] : {std::array<int64_t, 4>{1000, 768, 768 * 300 + 128, 768 * 700 - 256},
                                                std::array<int64_t, 4>{500, 30, 4001, 9007}}) {
     const int64_t n = 4099;
     auto ids = torch::randint(0, rows, {n}, torch::kLong);
-    ids.narrow(0, 0, 600).fill_(350);  // a row of run 600+ (partly in both shards above)
+    ids.narrow(0, 0, 600).fill_((begin / cols + end / cols) / 2);  // a run of 600+ of a row the shard holds
+    ids[600] = -1;        // outside the table: zeros, and no gradient
+    ids[601] = rows + 5;
     const auto shard = torch::randn({end - begin});
     const ShardRowsShape shape{cols, begin, end};
     auto out = torch::empty({n, cols});
