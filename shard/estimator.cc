@@ -175,18 +175,14 @@ constexpr double kOptimizerSecondsPerParam = 4e-12;
 // Fitted on GPUs and counted as is on CPU workers too, whose plans the step time only ranks.
 constexpr double kStepSeconds = 1.0e-3;
 // A streamed ZeRO-3 unit's fixed cost over NCCL, per micro-batch, for its forward gather and for
-// its reduce-scatter: 70 us each. From GPT-2 124M on 2x H200 in session 23: dp=2 ZeRO-3 took
-// 22.50 ms a step against one GPU's 20.54, the bytes hidden by the matmuls, so 1.96 ms for 14
-// units. Keeping all 12 layers gathered (no backward gather) took 22.45 ms: the backward's gathers,
-// prefetched behind the previous layer's gradients, cost next to nothing of their own. Session
-// 18's path cost 110 us a collective, backward gathers included.
-// Session 28 measured 0.90 ms for the 14 units (21.31 ms against 20.42: 32 us a collective, with
-// the embedding looked up from its shards and the dp mean folded into the update). Refitted so,
-// the planner chose ZeRO-3 for a small model on CPU workers, whose shrink-and-grow-back run
-// (GrowBackTest) then left the fault-free losses by more than 1e-5 after 50 steps - ZeRO-3 and
-// dp = 1 are not bit for bit alike, as ZeRO 0-2 and gradient accumulation are. Kept at 70 us
-// until the planner can weigh that (and the 2-GPU ranking is measured again in one command).
-constexpr double kGatherSeconds = 70e-6;
+// its reduce-scatter: 32 us each, from GPT-2 124M on 2x H200 in session 28: dp=2 ZeRO-3 took
+// 21.31 ms a step against one GPU's 20.42, the bytes hidden by the matmuls, so 0.90 ms for 14
+// units' two collectives (the embedding looked up from its shards, the dp mean folded into the
+// update). The backward's gathers, prefetched behind the previous layer's gradients, cost next to
+// nothing of their own (session 23: keeping all 12 layers gathered saved 0.05 ms). Sessions 23
+// and 18 measured 70 and 110 us. CPU workers have no side stream (worker/side_stream.h): their
+// collectives run in line, hidden by nothing, and are charged whole below.
+constexpr double kGatherSeconds = 32e-6;
 // The same for host-streamed units (offload = "optimizer+params" on one rank: an upload, a cast
 // and events per unit): session 18's value, that path not measured again.
 constexpr double kHostStreamSeconds = 110e-6;
@@ -632,7 +628,9 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
         // 8 an all-reduce's time counts (the backward gathers' fixed cost is hidden: above).
         const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);
         const double saved = static_cast<double>(kept) * layer_per_rank / std::max(params, 1.0) * gathered_bytes / 8.0;
-        exposed = std::max(0.0, ((bf16_cuda ? 1.0 : 1.5) - saved) * t - matmul_s) + 2.0 * units * static_cast<double>(m) * kGatherSeconds;
+        // On CPU workers the gathers run in line with the compute (one stream): nothing hides them.
+        const double hidden_by = problem.cuda ? matmul_s : 0.0;
+        exposed = std::max(0.0, ((bf16_cuda ? 1.0 : 1.5) - saved) * t - hidden_by) + 2.0 * units * static_cast<double>(m) * kGatherSeconds;
       }
       dp_comm = std::max(dp_comm, exposed);
     }

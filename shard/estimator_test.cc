@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <regex>
 
 #include "shard/parallel_change.h"
@@ -174,6 +175,30 @@ TEST(StepTime, TwoGpuMeshesRankAsMeasured) {
   for (const Mesh& mesh : {zero2, zero3, pp2, pp2_m16}) {
     EXPECT_GT(predicted(gpt2, mesh), predicted(gpt2, tp2, /*sequence_parallel=*/false));
   }
+}
+
+// CPU workers have no side stream: ZeRO-3's gathers and reduce-scatters run in line with the
+// compute, so the estimate charges their bytes whole (fp32: 1.5 all-reduces' worth) where on GPUs
+// the matmuls hide them. The planner then keeps a small model on two CPU workers off ZeRO-3 (the
+// model of tests/integration's GrowBackTest, whose shrink to dp = 1 and growth back continue the
+// fault-free losses bit for bit under ZeRO 0-2 only).
+TEST(StepTime, CpuWorkersPayZeroThreesCollectivesInLine) {
+  ModelSpec tiny;
+  tiny.family = "gpt2", tiny.layers = 2, tiny.hidden = 64, tiny.heads = 4, tiny.vocab = 256, tiny.sequence = 32;
+  ClusterView cpus;
+  for (const char* name : {"w0", "w1"}) cpus.workers.push_back({name, 16 * kGiB, 12 * kGiB, "n0", "tcp", 1e11, 0, /*gpu=*/false});
+  auto plan = [&](std::optional<int64_t> zero) {
+    JobSpec job;
+    job.global_batch = 8, job.dp = 2, job.pp = 1, job.tp = 1, job.recompute = false, job.zero = zero;
+    job.offload = Offload::kNone;
+    auto p = ChoosePlan(tiny, job, cpus);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? *p : Plan{};
+  };
+  const Plan zero0 = plan(0), zero3 = plan(3);
+  ASSERT_GT(zero0.step_time.communication_s, 0);
+  EXPECT_GE(zero3.step_time.communication_s, 1.5 * zero0.step_time.communication_s);
+  EXPECT_LT(plan(std::nullopt).zero, 3);
 }
 
 // Issue #19: the step-time model orders 4-GPU meshes of the Llama 886M (16 x 2048, the
