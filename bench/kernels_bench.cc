@@ -396,46 +396,58 @@ int main(int argc, char** argv) {
     // it must move: the rows written and the shard's elements read (gather); the gradient rows of
     // the shard's ids read and each named row of the shard's gradient read and written
     // (scatter-add; the sort, queued beside the forward, is not counted).
+    //
+    // Two draws of the ids: uniform over the table (runs of about one), and Zipf's law over it,
+    // the r-th most common id drawn with weight 1 / r as in text (the most common id about 9% of
+    // the batch, a run of ~1,400 that one block sums alone).
     const int64_t table_rows = 50257, c = 768, begin = 0, end = table_rows * c / 2, n = 16384;
     const auto longs = torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA);
-    auto ids = torch::randint(0, table_rows, {n}, longs);
-    auto shard = torch::randn({end - begin}, opts), out = torch::empty({n, c}, opts), dy = torch::randn({n, c}, opts);
-    auto grad = torch::zeros({end - begin}, opts);
-    const auto sorted = torch::sort(ids, /*stable=*/true, 0, false);
-    const auto& sorted_ids = std::get<0>(sorted);
-    const auto& order = std::get<1>(sorted);
-    const strata::kernels::ShardRowsShape shape{c, begin, end};
-    // Rows with an element in the shard (its end cuts row 25,128), and the padded rows the old
-    // path looked up in: [0, 25,129) with one zero row after them for every other id.
-    const int64_t end_row = (end + c - 1) / c, padded_rows = end_row + 1;
-    const auto held = ids < end_row;
-    const double held_rows = held.sum().item<double>(), named_rows = std::get<0>(torch::_unique(ids.index({held}))).numel();
-    const auto local = ids.masked_fill(ids >= end_row, padded_rows - 1);
-    rows.push_back({"ShardRowsGather, GPT-2 wte / dp 2", "kernels", n * c,
-                    1e3 * Seconds([&] {
-                      strata::kernels::ShardRowsGather(place, shape, shard.data_ptr<float>(), ids.data_ptr<int64_t>(), n, out.data_ptr<float>());
-                    }, iterations),
-                    4.0 * (static_cast<double>(n) + held_rows) * c});
-    auto padded = torch::empty({padded_rows * c}, opts);
-    rows.push_back({"ShardRowsGather, GPT-2 wte / dp 2", "LibTorch padded copy + embedding", n * c,
-                    1e3 * Seconds([&] {
-                      padded.narrow(0, end - begin, padded.numel() - (end - begin)).zero_();
-                      padded.narrow(0, 0, end - begin).copy_(shard);
-                      out.copy_(torch::embedding(padded.view({padded_rows, c}), local));
-                    }, iterations),
-                    4.0 * (static_cast<double>(n) + held_rows) * c});
-    rows.push_back({"ShardRowsScatterAdd, GPT-2 wte / dp 2", "kernels", n * c,
-                    1e3 * Seconds([&] {
-                      strata::kernels::ShardRowsScatterAdd(place, shape, dy.data_ptr<float>(), sorted_ids.data_ptr<int64_t>(),
-                                                           order.data_ptr<int64_t>(), n, grad.data_ptr<float>());
-                    }, iterations),
-                    4.0 * (held_rows + 2.0 * named_rows) * c});
-    rows.push_back({"ShardRowsScatterAdd, GPT-2 wte / dp 2", "LibTorch embedding_dense_backward + add", n * c,
-                    1e3 * Seconds([&] {
-                      const auto dense = at::embedding_dense_backward(dy, local, padded_rows, -1, false);
-                      grad.add_(dense.view({-1}).narrow(0, 0, end - begin));
-                    }, iterations),
-                    4.0 * (held_rows + 2.0 * named_rows) * c});
+    const auto zipf_weights =
+        torch::arange(1, table_rows + 1, torch::TensorOptions().dtype(torch::kDouble).device(torch::kCUDA)).reciprocal();
+    for (const bool zipf : {false, true}) {
+      const std::string draw = zipf ? ", Zipf ids" : ", uniform ids";
+      auto ids = zipf ? torch::multinomial(zipf_weights, n, /*replacement=*/true) : torch::randint(0, table_rows, {n}, longs);
+      auto shard = torch::randn({end - begin}, opts), out = torch::empty({n, c}, opts), dy = torch::randn({n, c}, opts);
+      auto grad = torch::zeros({end - begin}, opts);
+      auto scratch = torch::empty({strata::kernels::ShardRowsScatterAddScratch(n, c)}, opts);
+      const auto sorted = torch::sort(ids, /*stable=*/true, 0, false);
+      const auto& sorted_ids = std::get<0>(sorted);
+      const auto& order = std::get<1>(sorted);
+      const strata::kernels::ShardRowsShape shape{c, begin, end};
+      // Rows with an element in the shard (its end cuts row 25,128), and the padded rows the old
+      // path looked up in: [0, 25,129) with one zero row after them for every other id.
+      const int64_t end_row = (end + c - 1) / c, padded_rows = end_row + 1;
+      const auto held = ids < end_row;
+      const double held_rows = held.sum().item<double>(), named_rows = std::get<0>(torch::_unique(ids.index({held}))).numel();
+      const auto local = ids.masked_fill(ids >= end_row, padded_rows - 1);
+      rows.push_back({"ShardRowsGather, GPT-2 wte / dp 2" + draw, "kernels", n * c,
+                      1e3 * Seconds([&] {
+                        strata::kernels::ShardRowsGather(place, shape, shard.data_ptr<float>(), ids.data_ptr<int64_t>(), n,
+                                                         out.data_ptr<float>());
+                      }, iterations),
+                      4.0 * (static_cast<double>(n) + held_rows) * c});
+      auto padded = torch::empty({padded_rows * c}, opts);
+      rows.push_back({"ShardRowsGather, GPT-2 wte / dp 2" + draw, "LibTorch padded copy + embedding", n * c,
+                      1e3 * Seconds([&] {
+                        padded.narrow(0, end - begin, padded.numel() - (end - begin)).zero_();
+                        padded.narrow(0, 0, end - begin).copy_(shard);
+                        out.copy_(torch::embedding(padded.view({padded_rows, c}), local));
+                      }, iterations),
+                      4.0 * (static_cast<double>(n) + held_rows) * c});
+      rows.push_back({"ShardRowsScatterAdd, GPT-2 wte / dp 2" + draw, "kernels", n * c,
+                      1e3 * Seconds([&] {
+                        strata::kernels::ShardRowsScatterAdd(place, shape, dy.data_ptr<float>(), sorted_ids.data_ptr<int64_t>(),
+                                                             order.data_ptr<int64_t>(), n, grad.data_ptr<float>(),
+                                                             scratch.data_ptr<float>());
+                      }, iterations),
+                      4.0 * (held_rows + 2.0 * named_rows) * c});
+      rows.push_back({"ShardRowsScatterAdd, GPT-2 wte / dp 2" + draw, "LibTorch embedding_dense_backward + add", n * c,
+                      1e3 * Seconds([&] {
+                        const auto dense = at::embedding_dense_backward(dy, local, padded_rows, -1, false);
+                        grad.add_(dense.view({-1}).narrow(0, 0, end - begin));
+                      }, iterations),
+                      4.0 * (held_rows + 2.0 * named_rows) * c});
+    }
   }
   std::printf("{\"device\": \"%s\", \"copy_GB_per_s\": %.0f}\n", torch::cuda::device_count() > 0 ?
               at::cuda::getDeviceProperties(0)->name : "?", copy_gbs);

@@ -236,18 +236,27 @@ void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h,
 //                         of its elements in the shard,
 //                           grad[r cols + j - shard_begin] += sum over the run of k with
 //                                                             sorted[k] = r, in order, of dy[order[k], j]
-//                         (the sum in fp32 from 0, then added once: what LibTorch's CPU embedding
-//                         backward of a dense table, added into the gradient, gives; its CUDA one
-//                         sums in segments and rounds otherwise). No dense table and no atomics:
-//                         each row's run is summed by one block, so the result is deterministic
-//                         and the CUDA kernel's equals the reference's. A run is summed serially:
-//                         an id repeated through most of a batch makes one long block.
+//                         summed in fp32 in two levels: the sorted positions fall in chunks of
+//                         kShardRowsChunk (chunk c holds k in [c S, c S + S)); the run's part in
+//                         each chunk it meets is summed in order from 0, and those parts in chunk
+//                         order from 0, then added once. A run inside one chunk is one part: the
+//                         plain sum in order, which is what LibTorch's CPU embedding backward of a
+//                         dense table, added into the gradient, gives bit for bit (its CUDA one
+//                         sums in segments and rounds otherwise); a longer run differs from it by
+//                         rounding only. No dense table and no atomics: each part is one block's,
+//                         the parts' sum one block's, so the result is deterministic and the CUDA
+//                         kernels' equals the reference's; a run of most of a batch (a padding
+//                         token, or text's commonest words) is summed by many blocks side by side.
+//                         `scratch`: ShardRowsScatterAddScratch(n, cols) floats on the place's
+//                         device (the parts of runs that cross a chunk's edge).
+inline constexpr int64_t kShardRowsChunk = 32;
+int64_t ShardRowsScatterAddScratch(int64_t n, int64_t cols);
 struct ShardRowsShape {
   int64_t cols = 0, shard_begin = 0, shard_end = 0;
 };
 void ShardRowsGather(const Place& place, const ShardRowsShape& shape, const float* shard, const int64_t* ids, int64_t n, float* out);
 void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& shape, const float* dy, const int64_t* sorted, const int64_t* order,
-                         int64_t n, float* grad);
+                         int64_t n, float* grad, float* scratch);
 
 // ---- AdamW8bit (maths above). codes: n bytes per moment; scales: AdamW8bitBlocks(n) floats
 // per moment; all on the place's device. `param`, `grad` as AdamW's.

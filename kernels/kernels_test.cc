@@ -412,5 +412,31 @@ TEST(KernelsTest, ShardRowsEqualLibTorchsEmbeddingAndItsBackwardOnTheShard) {
   EXPECT_FALSE(torch::equal(grad, before));
 }
 
+// A run longer than a chunk of the sorted ids (kernels.h: its parts summed a chunk at a time, the
+// parts then in order) is LibTorch's embedding backward within rounding: each element of either
+// within (terms - 1) x 2^-24 of the sum of its terms' magnitudes of the exact sum (in double), the
+// bound on any order's fp32 sum of that many terms. Runs that fit a chunk stay bit for bit
+// LibTorch's (the test above).
+TEST(KernelsTest, ShardRowsScatterAddSumsRunsPastAChunkWithinRoundingOfLibTorch) {
+  torch::manual_seed(17);
+  const int64_t rows = 6, cols = 16, n = 3 * kShardRowsChunk + 40;
+  auto ids = torch::randint(0, rows, {n}, torch::kLong);
+  ids.narrow(0, 10, 2 * kShardRowsChunk + 5).fill_(2);  // row 2's run crosses two chunk edges
+  const auto dy = torch::randn({n, cols}) * 100;
+  const auto sorted = torch::sort(ids, /*stable=*/true, 0, false);
+  auto grad = torch::zeros({rows * cols});
+  ShardRowsScatterAddReference({cols, 0, rows * cols}, dy.data_ptr<float>(), std::get<0>(sorted).data_ptr<int64_t>(),
+                               std::get<1>(sorted).data_ptr<int64_t>(), n, grad.data_ptr<float>());
+  const auto libtorch = at::embedding_dense_backward(dy, ids, rows, -1, false).view({-1});
+  const auto exact = at::embedding_dense_backward(dy.to(torch::kDouble), ids, rows, -1, false).view({-1});
+  const auto magnitude = at::embedding_dense_backward(dy.abs().to(torch::kDouble), ids, rows, -1, false).view({-1});
+  const auto terms = at::embedding_dense_backward(torch::ones({n, cols}, torch::kDouble), ids, rows, -1, false).view({-1});
+  const auto bound = (terms - 1).clamp_min(0) * magnitude * std::ldexp(1.0, -24);
+  EXPECT_TRUE(((grad.to(torch::kDouble) - exact).abs() <= bound).all().item<bool>());
+  EXPECT_TRUE(((libtorch.to(torch::kDouble) - exact).abs() <= bound).all().item<bool>());
+  // The chunked sums are not LibTorch's order: row 2's differ somewhere.
+  EXPECT_FALSE(torch::equal(grad.narrow(0, 2 * cols, cols), libtorch.narrow(0, 2 * cols, cols)));
+}
+
 }  // namespace
 }  // namespace strata::kernels

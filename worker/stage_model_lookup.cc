@@ -17,7 +17,8 @@
 //             zeros, so the rows are the table's exactly.
 //   backward  every rank's row gradients, gathered (dp n rows); this rank sums those of the rows
 //             it holds into its shard's gradient (kernels::ShardRowsScatterAdd: each row's
-//             gradients in the ids' order, from their stable sort - no dense table, no atomics).
+//             gradients in the ids' order, from their stable sort, in chunks of positions - no
+//             dense table, no atomics).
 // Per rank that sends and receives (dp - 1) n c fp32 values in each direction, where gathering
 // moved (dp - 1)/dp of the table twice and reduce-scattered its dense gradient: about
 // 3 (dp - 1)/dp rows c. So the lookup moves less while dp n < 1.5 rows, and it holds two dp n c
@@ -188,8 +189,12 @@ void StageModel::AddShardRowsGradient(int u, const LookedUpIds& saved, const tor
     // shard's goes to the host.
     torch::Tensor sum = unit.on_host ? torch::zeros({length}, rows.options()) : to.sum;
     if (!unit.on_host && to.first) sum.zero_();
+    // The parts of long runs (the CUDA kernels'; the CPU reference needs none).
+    const torch::Tensor scratch =
+        device_.is_cuda() ? torch::empty({kernels::ShardRowsScatterAddScratch(world * n, columns)}, rows.options()) : torch::Tensor();
     kernels::ShardRowsScatterAdd(KernelPlace(device_), {columns, unit.shard_begin, unit.shard_end}, every.data_ptr<float>(),
-                                 saved.sorted.data_ptr<int64_t>(), saved.order.data_ptr<int64_t>(), world * n, sum.data_ptr<float>());
+                                 saved.sorted.data_ptr<int64_t>(), saved.order.data_ptr<int64_t>(), world * n, sum.data_ptr<float>(),
+                                 scratch.defined() ? scratch.data_ptr<float>() : nullptr);
     if (unit.on_host) AddToShardGradient(static_cast<size_t>(u), to, sum);
   });
   side_->KeepUntilDone(rows);

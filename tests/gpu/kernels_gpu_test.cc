@@ -486,15 +486,20 @@ TEST_F(KernelsGpuTest, Quantize8bitAndDequantize8bitEqualTheReference) {
 // ZeRO-3's shard lookups (stage_model_lookup.cc): the gather and the deterministic scatter-add
 // bit for bit against the references, packed (a row of 768, the shard starting at a multiple of
 // 4) and element by element (a row of 30, a shard cutting rows anywhere), with ids repeated
-// hundreds of times (a frequent token), ids of rows the shard does not hold and ids outside the
-// table.
+// hundreds of times (a frequent token: runs over many chunks of the sorted ids, one to their
+// end), ids of rows the shard does not hold and ids outside the table; the scratch starts as NaN.
 TEST_F(KernelsGpuTest, ShardRowsGatherAndScatterAddEqualTheReferenceBitForBit) {
   torch::manual_seed(16);
+  // Packed (columns and the shard's start multiples of 4), packed with the shard's end cutting a
+  // row 3 elements past a pack, and element by element.
   for (const auto& [rows, cols, begin, end] : {std::array<int64_t, 4>{1000, 768, 768 * 300 + 128, 768 * 700 - 256},
-                                               std::array<int64_t, 4>{500, 30, 4001, 9007}}) {
-    const int64_t n = 4099;
+                                               std::array<int64_t, 4>{1000, 64, 64 * 100 + 8, 64 * 700 - 61},
+                                               std::array<int64_t, 4>{500, 30, 4001, 9007},
+                                               std::array<int64_t, 4>{300, 32, 0, 300 * 32}}) {
+    const int64_t n = 4099;  // not a whole number of chunks
     auto ids = torch::randint(0, rows, {n}, torch::kLong);
     ids.narrow(0, 0, 600).fill_((begin / cols + end / cols) / 2);  // a run of 600+ of a row the shard holds
+    ids.narrow(0, 602, 100).fill_(rows - 1);  // a run of 100+ to the sorted ids' end (held by the last shard)
     ids[600] = -1;        // outside the table: zeros, and no gradient
     ids[601] = rows + 5;
     const auto shard = torch::randn({end - begin});
@@ -514,8 +519,9 @@ TEST_F(KernelsGpuTest, ShardRowsGatherAndScatterAddEqualTheReferenceBitForBit) {
                                  std::get<1>(sorted).data_ptr<int64_t>(), n, grad.data_ptr<float>());
     const auto dy_d = dy.cuda();
     const auto sorted_d = torch::sort(ids_d, /*stable=*/true, 0, false);  // the worker sorts on the device
+    auto scratch = torch::full({ShardRowsScatterAddScratch(n, cols)}, std::nanf(""), dy_d.options());
     ShardRowsScatterAdd(place_, shape, dy_d.data_ptr<float>(), std::get<0>(sorted_d).data_ptr<int64_t>(),
-                        std::get<1>(sorted_d).data_ptr<int64_t>(), n, grad_d.data_ptr<float>());
+                        std::get<1>(sorted_d).data_ptr<int64_t>(), n, grad_d.data_ptr<float>(), scratch.data_ptr<float>());
     EXPECT_TRUE(torch::equal(grad_d.cpu(), grad)) << "cols " << cols << ", max relative " << MaxRelative(grad_d, grad);
   }
 }
