@@ -66,10 +66,22 @@ def main():
             m = run["tokens_per_s"]
             shown = f"{m[0]:,} - {m[1]:,}" if isinstance(m, list) else f"{m:,}"
             print(f"| {run['mesh']} | {shown} | {run['predicted']:,.0f} | {measured.index(run) + 1} | {predicted.index(run) + 1} |")
-        agree = [r["mesh"] for r in measured] == [r["mesh"] for r in predicted]
+        # Meshes predicted alike (the same step time: the estimator does not model the option they
+        # differ by, e.g. tp_comm_overlap) are a tie: any measured order between them agrees.
+        def tie(a, b):
+            return abs(a["predicted"] - b["predicted"]) <= 1e-9 * max(a["predicted"], b["predicted"])
+        swapped = [(a["mesh"], b["mesh"]) for i, a in enumerate(measured) for b in measured[i + 1:]
+                   if a["measured"] > b["measured"] and a["predicted"] < b["predicted"] and not tie(a, b)]
+        ties = [(a["mesh"], b["mesh"]) for i, a in enumerate(group) for b in group[i + 1:] if tie(a, b)]
+        agree = not swapped
         agree_all &= agree
-        print(f"measured:  {' > '.join(r['mesh'] for r in measured)}\npredicted: {' > '.join(r['mesh'] for r in predicted)}"
-              f"\n{'same order' if agree else 'orders differ'}")
+        shown_predicted = ""
+        for i, r in enumerate(predicted):
+            shown_predicted += ("" if i == 0 else " = " if tie(predicted[i - 1], r) else " > ") + r["mesh"]
+        print(f"measured:  {' > '.join(r['mesh'] for r in measured)}\npredicted: {shown_predicted}")
+        for a, b in ties:
+            print(f"tie: {a} and {b} are predicted alike")
+        print("same order" if agree else "orders differ: " + ", ".join(f"{a} measured over {b}" for a, b in swapped))
     return 0 if agree_all else 1
 
 
