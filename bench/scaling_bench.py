@@ -6,8 +6,8 @@ step, bf16, AdamW. tokens/s is the median of the steps after the third (warm-up 
 graph's capture). Efficiency = tokens/s on N GPUs / (N x the 1-GPU figure of the same mesh kind,
 or of the 1-GPU auto plan).
 
-Models: gpt2 = GPT-2 124M; llama1b = a Llama-style 1.1B (16 layers, hidden 2048, 16 heads, 8 kv
-heads, ffn 5632, vocab 32000).
+Models: gpt2 = GPT-2 124M; llama1b = a Llama-style model of 886.1M parameters (16 layers, hidden
+2048, 16 heads, 8 kv heads, ffn 5632, vocab 32000; issue #19 calls it 1.1B).
 
 usage: STRATA_BIN_DIR=build/bin python3 bench/scaling_bench.py --model gpt2 --gpus 1,2,4 \
            --meshes auto,dp,pp,tp [--steps 12]
