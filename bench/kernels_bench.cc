@@ -399,7 +399,7 @@ int main(int argc, char** argv) {
     //
     // Two draws of the ids: uniform over the table (runs of about one), and Zipf's law over it,
     // the r-th most common id drawn with weight 1 / r as in text (the most common id about 9% of
-    // the batch, a run of ~1,400 that one block sums alone).
+    // the batch, a run of ~1,400: before the scatter-add's chunks, one block summed it alone).
     const int64_t table_rows = 50257, c = 768, begin = 0, end = table_rows * c / 2, n = 16384;
     const auto longs = torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA);
     const auto zipf_weights =

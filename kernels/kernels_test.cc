@@ -415,8 +415,8 @@ TEST(KernelsTest, ShardRowsEqualLibTorchsEmbeddingAndItsBackwardOnTheShard) {
 // A run longer than a chunk of the sorted ids (kernels.h: its parts summed a chunk at a time, the
 // parts then in order) is LibTorch's embedding backward within rounding: each element of either
 // within (terms - 1) x 2^-24 of the sum of its terms' magnitudes of the exact sum (in double), the
-// bound on any order's fp32 sum of that many terms. Runs that fit a chunk stay bit for bit
-// LibTorch's (the test above).
+// bound on any order's fp32 sum of that many terms. Runs inside one chunk stay bit for bit
+// LibTorch's (the test above); a run that crosses a chunk's edge, however short, may not.
 TEST(KernelsTest, ShardRowsScatterAddSumsRunsPastAChunkWithinRoundingOfLibTorch) {
   torch::manual_seed(17);
   const int64_t rows = 6, cols = 16, n = 3 * kShardRowsChunk + 40;

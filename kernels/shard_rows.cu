@@ -169,7 +169,8 @@ __global__ void ShardRowsPartsKernel(ShardRowsShape s, const float* __restrict__
 
 // Pass 2: one block a chunk whose last position's run starts in it and goes on past its end: the
 // run's parts, slot 1 of this chunk then slot 0 of each next chunk it reaches, summed in order
-// and added into grad.
+// and added into grad. A run of R ids has R / 32 parts, summed one after another (512 at most
+// for 16,384 ids).
 template <bool kVec>
 __global__ void ShardRowsJoinKernel(ShardRowsShape s, const int64_t* __restrict__ sorted, int64_t n, float* __restrict__ grad,
                                     const float* __restrict__ scratch) {
@@ -207,6 +208,9 @@ void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& s, const floa
   if (n <= 0 || s.cols <= 0) return;
   if (n > INT_MAX) {
     throw std::invalid_argument("kernels::ShardRowsScatterAdd: " + std::to_string(n) + " ids, more than a grid's 2^31 - 1 blocks");
+  }
+  if (scratch == nullptr) {
+    throw std::invalid_argument("kernels::ShardRowsScatterAdd: no scratch on the device; pass ShardRowsScatterAddScratch(n, cols) floats");
   }
   auto stream = static_cast<cudaStream_t>(place.stream);
   const unsigned chunks = static_cast<unsigned>((n + kShardRowsChunk - 1) / kShardRowsChunk);

@@ -629,6 +629,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
         const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);
         const double saved = static_cast<double>(kept) * layer_per_rank / std::max(params, 1.0) * gathered_bytes / 8.0;
         // On CPU workers the gathers run in line with the compute (one stream): nothing hides them.
+        // (problem.cuda is the cluster's: a cluster with any GPU worker is estimated as GPUs.)
         const double hidden_by = problem.cuda ? matmul_s : 0.0;
         exposed = std::max(0.0, ((bf16_cuda ? 1.0 : 1.5) - saved) * t - hidden_by) + 2.0 * units * static_cast<double>(m) * kGatherSeconds;
       }

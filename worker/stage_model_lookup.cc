@@ -22,7 +22,7 @@
 // Per rank that sends and receives (dp - 1) n c fp32 values in each direction, where gathering
 // moved (dp - 1)/dp of the table twice and reduce-scattered its dense gradient: about
 // 3 (dp - 1)/dp rows c. So the lookup moves less while dp n < 1.5 rows, and it holds two dp n c
-// buffers; past that the call gathers (LooksUpShards, which counts every table at the tokens'
+// buffers (and, on a GPU, the scatter-add's scratch of dp n c / 16); past that the call gathers (LooksUpShards, which counts every table at the tokens'
 // count: GPT-2 at 8,192 tokens a rank looks up to dp = 4).
 // Every data-parallel rank looks up as many ids (a training micro-batch: the same rows and
 // sequence on each), so the collectives match. It all runs on the side stream, in order with the

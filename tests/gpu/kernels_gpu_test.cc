@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -484,24 +485,31 @@ TEST_F(KernelsGpuTest, Quantize8bitAndDequantize8bitEqualTheReference) {
 
 
 // ZeRO-3's shard lookups (stage_model_lookup.cc): the gather and the deterministic scatter-add
-// bit for bit against the references, packed (a row of 768, the shard starting at a multiple of
-// 4) and element by element (a row of 30, a shard cutting rows anywhere), with ids repeated
-// hundreds of times (a frequent token: runs over many chunks of the sorted ids, one to their
-// end), ids of rows the shard does not hold and ids outside the table; the scratch starts as NaN.
+// bit for bit against the references, with ids repeated hundreds of times (a frequent token: runs
+// over many chunks of the sorted ids), ids of rows the shard does not hold and ids outside the
+// table; the scratch starts as NaN. Shapes:
+//   packed (a row of 768, the shard starting at a multiple of 4), the long run inside the shard;
+//   packed, the long run on the row the shard's end cuts 3 elements past a pack (packs, then
+//     single elements, through the chunks' parts);
+//   element by element (a row of 30, a shard cutting rows anywhere and reaching the table's end),
+//     and packed over a whole table: a run of the last row to the sorted ids' end (no id past it).
 TEST_F(KernelsGpuTest, ShardRowsGatherAndScatterAddEqualTheReferenceBitForBit) {
   torch::manual_seed(16);
-  // Packed (columns and the shard's start multiples of 4), packed with the shard's end cutting a
-  // row 3 elements past a pack, and element by element.
-  for (const auto& [rows, cols, begin, end] : {std::array<int64_t, 4>{1000, 768, 768 * 300 + 128, 768 * 700 - 256},
-                                               std::array<int64_t, 4>{1000, 64, 64 * 100 + 8, 64 * 700 - 61},
-                                               std::array<int64_t, 4>{500, 30, 4001, 9007},
-                                               std::array<int64_t, 4>{300, 32, 0, 300 * 32}}) {
+  struct Shape {
+    int64_t rows, cols, begin, end, long_row;
+    bool id_past_table;  // an id >= rows (sorts last), else a second negative one
+  };
+  for (const Shape& shape_case : {Shape{1000, 768, 768 * 300 + 128, 768 * 700 - 256, 500, true},
+                                  Shape{1000, 64, 64 * 100 + 8, 64 * 700 - 57, 699, true},
+                                  Shape{500, 30, 4001, 500 * 30, 300, false},
+                                  Shape{300, 32, 0, 300 * 32, 150, false}}) {
+    const auto [rows, cols, begin, end, long_row, id_past_table] = shape_case;
     const int64_t n = 4099;  // not a whole number of chunks
     auto ids = torch::randint(0, rows, {n}, torch::kLong);
-    ids.narrow(0, 0, 600).fill_((begin / cols + end / cols) / 2);  // a run of 600+ of a row the shard holds
-    ids.narrow(0, 602, 100).fill_(rows - 1);  // a run of 100+ to the sorted ids' end (held by the last shard)
-    ids[600] = -1;        // outside the table: zeros, and no gradient
-    ids[601] = rows + 5;
+    ids.narrow(0, 0, 600).fill_(long_row);    // a run of 600+
+    ids.narrow(0, 602, 100).fill_(rows - 1);  // a run of 100+ of the table's last row
+    ids[600] = -1;                            // outside the table: zeros, and no gradient
+    ids[601] = id_past_table ? rows + 5 : -2;
     const auto shard = torch::randn({end - begin});
     const ShardRowsShape shape{cols, begin, end};
     auto out = torch::empty({n, cols});
@@ -523,6 +531,10 @@ TEST_F(KernelsGpuTest, ShardRowsGatherAndScatterAddEqualTheReferenceBitForBit) {
     ShardRowsScatterAdd(place_, shape, dy_d.data_ptr<float>(), std::get<0>(sorted_d).data_ptr<int64_t>(),
                         std::get<1>(sorted_d).data_ptr<int64_t>(), n, grad_d.data_ptr<float>(), scratch.data_ptr<float>());
     EXPECT_TRUE(torch::equal(grad_d.cpu(), grad)) << "cols " << cols << ", max relative " << MaxRelative(grad_d, grad);
+    // Without its scratch the call is refused, not run through a null pointer.
+    EXPECT_THROW(ShardRowsScatterAdd(place_, shape, dy_d.data_ptr<float>(), std::get<0>(sorted_d).data_ptr<int64_t>(),
+                                     std::get<1>(sorted_d).data_ptr<int64_t>(), n, grad_d.data_ptr<float>(), nullptr),
+                 std::invalid_argument);
   }
 }
 
