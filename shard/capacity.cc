@@ -1,5 +1,9 @@
 #include "shard/capacity.h"
 
+#include <algorithm>
+#include <iterator>
+#include <map>
+
 #include "shard/internal.h"
 
 namespace strata::shard {
@@ -19,20 +23,34 @@ std::vector<Capacity> LargestTrainable(const ModelSpec& model, const JobSpec& jo
     j.offload = option.offload;
     j.stages.clear();  // a stage split of the spec's layer count does not fit another count
     if (j.pp && *j.pp > 1) j.pp.reset();
-    auto fits = [&](int64_t layers) -> Result<Plan> {
+    std::map<int64_t, Result<Plan>> tried;  // the bisection asks some counts twice
+    // Per count tried: the splits that cannot fit it, which cannot fit any larger count either.
+    std::map<int64_t, internal::SplitsThatCannotFit> ruled_out;
+    auto fits = [&](int64_t layers) -> const Result<Plan>& {
+      auto it = tried.find(layers);
+      if (it != tried.end()) return it->second;
       ModelSpec m = model;
       m.layers = layers;
-      return ChoosePlan(m, j, cluster);
+      auto below = ruled_out.lower_bound(layers);
+      internal::SplitsThatCannotFit known = below == ruled_out.begin() ? internal::SplitsThatCannotFit{} : std::prev(below)->second;
+      Result<Plan> plan = internal::PlanWithoutWorkers(m, j, cluster, &known);
+      ruled_out[layers] = std::move(known);
+      return tried.emplace(layers, std::move(plan)).first->second;
     };
     Capacity c{option, 0, 0, ""};
-    auto first = fits(1);
+    const Result<Plan>& first = fits(1);
     if (!first.ok()) {
       c.plan = first.status().message();
       out.push_back(c);
       continue;
     }
-    // Doubling to the first count that does not fit, then bisection between it and the last that did.
+    // Doubling from the spec's own count to the first that does not fit, then bisection between
+    // it and the last that did (the small counts a large cluster fits at once are not asked).
     int64_t good = 1, bad = 2;
+    if (const int64_t start = std::min(model.layers, spec_bounds::kLayers); start > 1) {
+      if (fits(start).ok()) good = start, bad = 2 * start;
+      else bad = start;
+    }
     while (bad <= spec_bounds::kLayers && fits(bad).ok()) good = bad, bad *= 2;
     if (bad > spec_bounds::kLayers) {
       bad = spec_bounds::kLayers + 1;
@@ -46,8 +64,7 @@ std::vector<Capacity> LargestTrainable(const ModelSpec& model, const JobSpec& jo
     m.layers = good;
     c.layers = good;
     c.parameters = ParameterCount(m);
-    const Result<Plan> plan = fits(good);
-    c.plan = internal::Describe(plan.value());
+    c.plan = fits(good)->why;
     out.push_back(c);
   }
   return out;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <regex>
 
+#include "shard/internal.h"
 #include "shard/parallel_change.h"
 
 namespace strata::shard {
@@ -230,6 +231,67 @@ TEST(StepTime, FourGpuMeshesRankAsMeasured) {
   EXPECT_GT(zero3, zero1);
   EXPECT_GT(zero1, pipeline);
   EXPECT_GT(pipeline, tensor);
+}
+
+// The stage split against the O(pp layers^2) dynamic programme it replaced (smallest cut on
+// ties): the same ranges over GPT-2 (an embedding of ~5.6 layers, a head of ~5.4 layers of
+// compute), a tied and an untied Llama, and every pp up to the layers.
+std::vector<LayerRange> BalanceStagesByProgramme(const internal::Problem& problem, int64_t pp) {
+  const int64_t layers = problem.model.layers;
+  const internal::UnitParams u = internal::CountUnits(problem.model, pp, 1);
+  const double layer = static_cast<double>(u.layer_sharded + u.layer_replicated);
+  const double head_flops = static_cast<double>(problem.model.vocab * problem.model.hidden);
+  const double embedding = static_cast<double>(u.embedding_sharded + u.embedding_replicated);
+  const double head = static_cast<double>(u.head_sharded + u.head_replicated);
+  const double total_flops = layers * layer + head_flops, total_params = layers * layer + embedding + head;
+  auto cost = [&](int64_t stage, int64_t count) {
+    double flops = count * layer, params = count * layer;
+    if (stage == 0) params += embedding;
+    if (stage == pp - 1) flops += head_flops, params += head;
+    return std::max(flops / total_flops, params / total_params);
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(pp, std::vector<double>(layers + 1, inf));
+  std::vector<std::vector<int64_t>> cut(pp, std::vector<int64_t>(layers + 1, 0));
+  for (int64_t j = 1; j <= layers; ++j) best[0][j] = cost(0, j);
+  for (int64_t k = 1; k < pp; ++k) {
+    for (int64_t j = k + 1; j <= layers; ++j) {
+      for (int64_t i = k; i < j; ++i) {
+        const double c = std::max(best[k - 1][i], cost(k, j - i));
+        if (c < best[k][j]) best[k][j] = c, cut[k][j] = i;
+      }
+    }
+  }
+  std::vector<LayerRange> ranges(pp);
+  int64_t end = layers;
+  for (int64_t k = pp - 1; k >= 0; --k) {
+    const int64_t begin = k == 0 ? 0 : cut[k][end];
+    ranges[k] = {begin, end};
+    end = begin;
+  }
+  return ranges;
+}
+
+TEST(StageBalance, EqualsTheDynamicProgramme) {
+  ModelSpec llama;
+  llama.family = "llama";
+  llama.layers = 40, llama.hidden = 1024, llama.heads = 16, llama.kv_heads = 4, llama.ffn = 2816, llama.vocab = 128256, llama.sequence = 512;
+  ModelSpec small_vocab = llama;
+  small_vocab.vocab = 256, small_vocab.layers = 23;
+  for (const ModelSpec& model : {Gpt2Small(), llama, small_vocab}) {
+    internal::Problem problem;
+    problem.model = model;
+    if (problem.model.kv_heads == 0) problem.model.kv_heads = problem.model.heads;
+    if (problem.model.ffn == 0) problem.model.ffn = 4 * problem.model.hidden;
+    for (int64_t pp = 1; pp <= model.layers; ++pp) {
+      const std::vector<LayerRange> fast = internal::BalanceStages(problem, pp), reference = BalanceStagesByProgramme(problem, pp);
+      ASSERT_EQ(fast.size(), reference.size());
+      for (size_t k = 0; k < fast.size(); ++k) {
+        EXPECT_EQ(fast[k].begin, reference[k].begin) << model.family << " vocab " << model.vocab << " pp " << pp << " stage " << k;
+        EXPECT_EQ(fast[k].end, reference[k].end) << model.family << " vocab " << model.vocab << " pp " << pp << " stage " << k;
+      }
+    }
+  }
 }
 
 }  // namespace

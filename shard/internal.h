@@ -4,6 +4,8 @@
 
 #include <functional>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -11,6 +13,18 @@
 #include "shard/planner.h"
 
 namespace strata::shard::internal {
+
+struct Problem;
+
+// Layers per stage for each pipeline depth (the job's fixed stages, else balanced), computed
+// once for a problem and shared by every worker set its search tries.
+class StageSplits {
+ public:
+  const std::vector<LayerRange>& For(const Problem& problem, int64_t pp);
+
+ private:
+  std::map<int64_t, std::vector<LayerRange>> by_pp_;
+};
 
 // Validated inputs with the defaults filled in (kv_heads, ffn, sequence, link bandwidths).
 struct Problem {
@@ -23,6 +37,8 @@ struct Problem {
   // bf16 (worker/stage_model.cc); CPU workers compute in fp32 from the fp32 weights.
   bool cuda = true;
   bool host_checked = false;  // some worker reported its host's free memory (offload is checked against it)
+  // Depends on the model and the job's stages only: a copy with other stages needs its own.
+  std::shared_ptr<StageSplits> splits = std::make_shared<StageSplits>();
 };
 
 Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
@@ -35,10 +51,41 @@ struct Candidate {
   Offload offload = Offload::kNone;
 };
 
-// Calls `visit` for every candidate on `workers_used` workers that honours the job's fixed
-// fields and the divisibility rules (tp | heads and kv_heads, pp <= layers, dp | global batch,
-// micro_batch | global_batch / dp).
+// The dp x pp x tp splits of `n` workers that honour the job's fixed fields and the divisibility
+// rules (tp | heads, kv_heads and ffn, pp <= layers, dp | global batch, a fixed micro_batch |
+// global_batch / dp), tp outermost, then pp.
+struct Mesh {
+  int64_t dp = 1, pp = 1, tp = 1;
+};
+std::vector<Mesh> MeshesOf(const Problem& problem, int64_t n);
+
+// Where the optimizer state may live, in the order the search tries them: the job's fixed
+// offload, or none, then the optimizer's state, then the parameters too.
+std::vector<Offload> OffloadTiers(const Problem& problem);
+
+// A mesh's candidates for one offload that differ only in how many stages recompute: the first
+// `recompute_counts[i]` stages of `base` (whose recompute is all false), ascending. A plan's
+// memory falls and its step time grows with the count, so the search needs only the smallest
+// count that fits (ChoosePlan bisects for it).
+struct Branch {
+  Candidate base;
+  std::vector<int64_t> recompute_counts;
+};
+void ForEachBranch(const Problem& problem, const Mesh& mesh, Offload offload, const std::function<void(const Branch&)>& visit);
+Candidate WithRecompute(Candidate c, int64_t stages);  // recompute on the first `stages` stages
+
+// Calls `visit` for every candidate on `workers_used` workers: each mesh's offloads, ZeRO stages,
+// micro-batches (dividing global_batch / dp) and recompute counts.
 void ForEachCandidate(const Problem& problem, int64_t workers_used, const std::function<void(const Candidate&)>& visit);
+
+// Parameters of each pipeline unit: unit 0 = embedding, 1..layers = transformer layers,
+// layers + 1 = final norm + head (a copy of the tied embedding for GPT-2 when pp > 1).
+struct UnitParams {
+  int64_t embedding_sharded = 0, embedding_replicated = 0;  // sharded = split over tp
+  int64_t layer_sharded = 0, layer_replicated = 0;
+  int64_t head_sharded = 0, head_replicated = 0;
+};
+UnitParams CountUnits(const ModelSpec& model, int64_t pp, int64_t tp);
 
 // What a mesh's placement on the workers decides, per pipeline stage, whatever the rest of the
 // candidate (ZeRO stage, micro-batch, recompute, offload): the smallest budget and slowest
@@ -53,15 +100,20 @@ struct MeshGeometry {
 // Per worker set (one per search size): layer ranges per pipeline depth and geometry per mesh.
 class StageCache {
  public:
-  StageCache(const Problem& problem, const std::vector<WorkerView>& workers) : problem_(problem), workers_(workers) {}
+  // `every_rank_is_first`: every rank is workers.front() (a mesh's estimate on the roomiest
+  // worker, to tell that nothing of it can fit anywhere without picking its workers).
+  StageCache(const Problem& problem, const std::vector<WorkerView>& workers, bool every_rank_is_first = false);
   const std::vector<LayerRange>& For(int64_t pp);
   const MeshGeometry& Geometry(int64_t dp, int64_t pp, int64_t tp);
-  const WorkerView& Worker(int64_t rank) const { return workers_[static_cast<size_t>(rank)]; }
+  const WorkerView& Worker(int64_t rank) const { return workers_[every_rank_is_first_ ? 0 : static_cast<size_t>(rank)]; }
+  const UnitParams& Units(int64_t pp, int64_t tp);
 
  private:
   const Problem& problem_;
   const std::vector<WorkerView>& workers_;
-  std::map<int64_t, std::vector<LayerRange>> by_pp_;
+  const bool every_rank_is_first_;
+  std::vector<int> node_of_;  // each worker's node, numbered
+  std::map<std::pair<int64_t, int64_t>, UnitParams> units_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, MeshGeometry> geometry_;
 };
 
@@ -98,14 +150,6 @@ std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int6
 // index of that worker. `scale` multiplies every estimate (Replan's calibration after an OOM).
 double WorstFill(const Plan& plan, double scale, size_t* worst_worker);
 
-// Parameters of each pipeline unit: unit 0 = embedding, 1..layers = transformer layers,
-// layers + 1 = final norm + head (a copy of the tied embedding for GPT-2 when pp > 1).
-struct UnitParams {
-  int64_t embedding_sharded = 0, embedding_replicated = 0;  // sharded = split over tp
-  int64_t layer_sharded = 0, layer_replicated = 0;
-  int64_t head_sharded = 0, head_replicated = 0;
-};
-UnitParams CountUnits(const ModelSpec& model, int64_t pp, int64_t tp);
 
 struct StateBytesPerParam {
   double weights;       // persistent weights (master copy)
@@ -115,6 +159,17 @@ struct StateBytesPerParam {
 // `eight_bit_optimizer`: train.optimizer = "adamw8bit" (1 byte per moment element and an fp32
 // scale per 256).
 StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer = false);
+
+// (offload, pp, tp) splits whose leanest candidates do not fit on the roomiest worker at the
+// most data-parallel ranks the cluster allows them, so at none. They stay so for the same job
+// on a model with more layers (each stage holds as many or more).
+using SplitsThatCannotFit = std::set<std::tuple<Offload, int64_t, int64_t>>;
+
+// ChoosePlan's search without the chosen plan's per-worker list, runner-up or reasons (`why` is
+// Describe's line), nor the memory options of a refusal: for callers that search many times.
+// `cannot_fit` (optional): splits known not to fit, skipped; those found are added.
+Result<Plan> PlanWithoutWorkers(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
+                                SplitsThatCannotFit* cannot_fit = nullptr);
 
 std::string FormatBytes(double bytes);
 std::string Describe(const Plan& plan);  // "dp=2 pp=1 tp=1, ZeRO-1, micro_batch 4 x 2, ..."

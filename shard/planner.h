@@ -143,6 +143,7 @@ struct Plan {
   std::vector<WorkerAssignment> workers;  // in rank order
   StepTime step_time;
   std::string why;                    // what was chosen, the runner-up and what it lost on
+  int64_t candidates_evaluated = 0;   // ChoosePlan: estimates the search made (its cost, bounded per mesh)
 };
 
 Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,

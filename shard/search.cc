@@ -207,46 +207,75 @@ Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const Clust
   return p;
 }
 
-void ForEachCandidate(const Problem& problem, int64_t n, const std::function<void(const Candidate&)>& visit) {
+std::vector<Mesh> MeshesOf(const Problem& problem, int64_t n) {
   const JobSpec& job = problem.job;
+  std::vector<Mesh> meshes;
   for (int64_t tp : Divisors(n)) {
     if ((job.tp && tp != *job.tp) || problem.model.heads % tp || problem.model.kv_heads % tp || problem.model.ffn % tp) continue;
     for (int64_t pp : Divisors(n / tp)) {
       const int64_t dp = n / tp / pp;
       if ((job.pp && pp != *job.pp) || pp > problem.model.layers || (job.dp && dp != *job.dp)) continue;
       if (job.global_batch % dp != 0) continue;
-      const int64_t local_batch = job.global_batch / dp;
-      std::vector<int64_t> micro_batches = Divisors(local_batch);
-      if (job.micro_batch) micro_batches = local_batch % *job.micro_batch == 0 ? std::vector<int64_t>{*job.micro_batch} : std::vector<int64_t>{};
-      // Layers kept gathered (a fixed keep_gathered > 0) are ZeRO-3's without recompute.
-      const bool keeps = job.keep_gathered.value_or(0) > 0;
-      const int64_t min_k = job.recompute ? (*job.recompute ? pp : 0) : 0, max_k = job.recompute || keeps ? min_k : pp;
-      const std::vector<Offload> offloads = job.offload ? std::vector<Offload>{*job.offload}
-                                                        : std::vector<Offload>{Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams};
-      for (Offload offload : offloads) {
-        // Parameters in host memory stream as ZeRO-3 gathers them, without recompute (worker/stage_model.h).
-        const bool streamed = offload == Offload::kOptimizerAndParams;
-        std::vector<int64_t> zeros = job.zero ? std::vector<int64_t>{*job.zero} : dp == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 1, 2, 3};
-        if (streamed || keeps) zeros = !job.zero || *job.zero == 3 ? std::vector<int64_t>{3} : std::vector<int64_t>{};
-        for (int64_t zero : zeros) {
-          for (int64_t mb : micro_batches) {
-            for (int64_t k = min_k; k <= (streamed ? 0 : max_k); ++k) {
-              if (job.uniform_recompute && k != 0 && k != pp) continue;
-              Candidate c{dp, pp, tp, zero, mb, std::vector<bool>(static_cast<size_t>(pp), false), offload};
-              std::fill_n(c.recompute.begin(), k, true);
-              visit(c);
-            }
-          }
-        }
-      }
+      if (job.micro_batch && (job.global_batch / dp) % *job.micro_batch != 0) continue;
+      meshes.push_back({dp, pp, tp});
+    }
+  }
+  return meshes;
+}
+
+std::vector<Offload> OffloadTiers(const Problem& problem) {
+  if (problem.job.offload) return {*problem.job.offload};
+  return {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams};
+}
+
+void ForEachBranch(const Problem& problem, const Mesh& mesh, Offload offload, const std::function<void(const Branch&)>& visit) {
+  const JobSpec& job = problem.job;
+  const int64_t dp = mesh.dp, pp = mesh.pp, tp = mesh.tp;
+  const int64_t local_batch = job.global_batch / dp;
+  const std::vector<int64_t> micro_batches = job.micro_batch ? std::vector<int64_t>{*job.micro_batch} : Divisors(local_batch);
+  // Layers kept gathered (a fixed keep_gathered > 0) are ZeRO-3's without recompute.
+  const bool keeps = job.keep_gathered.value_or(0) > 0;
+  // Parameters in host memory stream as ZeRO-3 gathers them, without recompute (worker/stage_model.h).
+  const bool streamed = offload == Offload::kOptimizerAndParams;
+  const int64_t min_k = job.recompute ? (*job.recompute ? pp : 0) : 0;
+  const int64_t max_k = streamed ? 0 : job.recompute || keeps ? min_k : pp;
+  std::vector<int64_t> counts;
+  for (int64_t k = min_k; k <= max_k; ++k) {
+    if (!job.uniform_recompute || k == 0 || k == pp) counts.push_back(k);
+  }
+  if (counts.empty()) return;  // streamed with recompute fixed on
+  std::vector<int64_t> zeros = job.zero ? std::vector<int64_t>{*job.zero} : dp == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 1, 2, 3};
+  if (streamed || keeps) zeros = !job.zero || *job.zero == 3 ? std::vector<int64_t>{3} : std::vector<int64_t>{};
+  for (int64_t zero : zeros) {
+    for (int64_t mb : micro_batches) {
+      visit(Branch{Candidate{dp, pp, tp, zero, mb, std::vector<bool>(static_cast<size_t>(pp), false), offload}, counts});
+    }
+  }
+}
+
+Candidate WithRecompute(Candidate c, int64_t stages) {
+  std::fill(c.recompute.begin(), c.recompute.end(), false);
+  std::fill_n(c.recompute.begin(), stages, true);
+  return c;
+}
+
+void ForEachCandidate(const Problem& problem, int64_t n, const std::function<void(const Candidate&)>& visit) {
+  for (const Mesh& mesh : MeshesOf(problem, n)) {
+    for (Offload offload : OffloadTiers(problem)) {
+      ForEachBranch(problem, mesh, offload, [&](const Branch& branch) {
+        for (int64_t k : branch.recompute_counts) visit(WithRecompute(branch.base, k));
+      });
     }
   }
 }
 
 bool HasCandidate(const Problem& problem, int64_t n) {
   bool any = false;
-  ForEachCandidate(problem, n, [&](const Candidate&) { any = true; });
-  return any;
+  for (const Mesh& mesh : MeshesOf(problem, n)) {
+    for (Offload offload : OffloadTiers(problem)) ForEachBranch(problem, mesh, offload, [&](const Branch&) { any = true; });
+    if (any) return true;
+  }
+  return false;
 }
 
 std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int64_t count, bool whole_nodes) {
@@ -332,8 +361,20 @@ Result<std::vector<int64_t>> BalancedStages(const ModelSpec& model, int64_t pp) 
   return stages;
 }
 
-Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, const PlannerOptions& options) {
-  STRATA_ASSIGN_OR_RETURN(internal::Problem problem, internal::Validate(model, job, cluster, options));
+namespace {
+
+// One search: the plan, or why none fits and the least free memory a worker would need.
+struct Outcome {
+  Result<Plan> plan = Status::Ok();
+  double leanest_need = 0;  // 0 when no candidate exists at all
+};
+
+// `full` false: the plan without its per-worker list, runner-up or reasons, and a short refusal
+// (LargestTrainable's many searches need only whether a plan fits, and which).
+// `cannot_fit`: pp x tp splits known not to fit at any dp (LargestTrainable carries them from a
+// smaller model to a larger one); what this search finds is added.
+Outcome Search(const internal::Problem& problem, bool full = true, internal::SplitsThatCannotFit* cannot_fit_seen = nullptr) {
+  const PlannerOptions& options = problem.options;
   const int64_t all = static_cast<int64_t>(problem.workers.size());
   // The search keeps plans without their per-worker lists (O(stages) each, whatever the cluster
   // size) and expands the few it reports at the end; `n` says which worker set each was on.
@@ -344,38 +385,110 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   std::optional<Kept> best, second, fastest_rejected, leanest;
   std::map<std::tuple<int64_t, int64_t, int64_t>, Kept> best_per_mesh;
   double leanest_need = 0;
+  std::string offload_reason;  // why the chosen plan offloads, when it does
   int64_t evaluated = 0, fitting = 0, used = all;
   bool host_refused = false;  // an offload plan that fit the GPUs but not its node's host memory
+  // A mesh none of whose candidates fits even on the roomiest worker is skipped without picking
+  // its workers or searching it: its leanest candidates (the smallest micro-batch, the most
+  // recompute, each ZeRO stage) are estimated with every rank on that worker. This, and the
+  // bisection over recompute below, keep the search to a few candidates a mesh however many
+  // workers the cluster has (a plan's device memory falls with recompute, a smaller micro-batch
+  // and, over a ZeRO stage's options, is the least of them).
+  const std::vector<WorkerView> roomiest = {*std::max_element(problem.workers.begin(), problem.workers.end(),
+                                                                [](const WorkerView& a, const WorkerView& b) { return a.free_bytes < b.free_bytes; })};
+  const double roomiest_budget = static_cast<double>(roomiest.front().free_bytes) * (1.0 - options.safety_margin);
+  internal::StageCache lean_stages(problem, roomiest, /*every_rank_is_first=*/true);
+  // Per offload tier: the least memory its hungriest worker needs (the refusal and `why` say it).
+  std::map<Offload, double> tier_need;
+  auto note_lean = [&](Offload tier, const Kept& kept, double need) {
+    if (!leanest || need < leanest_need) leanest = kept, leanest_need = need;
+    auto it = tier_need.find(tier);
+    if (it == tier_need.end() || need < it->second) tier_need[tier] = need;
+  };
+  // A mesh's leanest candidates need no more memory with more data-parallel ranks (ZeRO shards
+  // over more of them; fewer micro-batches are in flight), so once a pp x tp split cannot fit
+  // at some dp it cannot at a smaller one either: the search, going down in workers, skips it.
+  internal::SplitsThatCannotFit own;
+  internal::SplitsThatCannotFit& cannot_fit = cannot_fit_seen ? *cannot_fit_seen : own;
+  auto can_fit = [&](const internal::Mesh& mesh, Offload tier, int64_t n) {
+    if (cannot_fit.count({tier, mesh.pp, mesh.tp})) return false;
+    bool any = false;
+    internal::ForEachBranch(problem, mesh, tier, [&](const internal::Branch& branch) {
+      if (any || branch.base.micro_batch != (problem.job.micro_batch ? *problem.job.micro_batch : 1)) return;
+      internal::Fill fill;
+      const internal::Candidate lean = internal::WithRecompute(branch.base, branch.recompute_counts.back());
+      Kept kept{internal::Evaluate(problem, lean, lean_stages, /*with_workers=*/false, &fill), n};
+      ++evaluated;
+      note_lean(tier, kept, fill.largest_total / (1.0 - options.safety_margin));
+      any = fill.largest_total <= roomiest_budget;
+    });
+    if (!any) cannot_fit.insert({tier, mesh.pp, mesh.tp});
+    return any;
+  };
   for (int64_t n = all; n >= 1 && !best; --n) {
     used = n;
-    if (!internal::HasCandidate(problem, n)) continue;  // at 10k workers, skipping is the whole cost
-    const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
-    const std::vector<WorkerView> whole_nodes = internal::PickWorkers(problem.workers, n, /*whole_nodes=*/true);
-    internal::StageCache stages(problem, workers), tp_stages(problem, whole_nodes);
-    internal::ForEachCandidate(problem, n, [&](const internal::Candidate& c) {
-      internal::Fill fill;
-      Kept kept{internal::Evaluate(problem, c, c.tp > 1 ? tp_stages : stages, /*with_workers=*/false, &fill), n};
-      const Plan& plan = kept.plan;
-      ++evaluated;
-      const double need = fill.largest_total / (1.0 - options.safety_margin);  // free memory its hungriest worker asks
-      if (!leanest || need < leanest_need) leanest = kept, leanest_need = need;
-      if (fill.worst > 1.0) {
-        host_refused |= fill.host_limited;
-        if (!fastest_rejected || internal::Better(plan, fastest_rejected->plan)) fastest_rejected = kept;
-        return;
+    const std::vector<internal::Mesh> meshes = internal::MeshesOf(problem, n);
+    if (meshes.empty()) continue;  // at 10k workers, skipping is the whole cost
+    // Offload only when nothing fits without it (then the optimizer's state before the parameters).
+    for (Offload tier : internal::OffloadTiers(problem)) {
+      std::vector<internal::Mesh> open;
+      for (const internal::Mesh& mesh : meshes) {
+        if (can_fit(mesh, tier, n)) open.push_back(mesh);
       }
-      ++fitting;
-      auto key = std::make_tuple(plan.dp, plan.pp, plan.tp);
-      auto it = best_per_mesh.find(key);
-      if (it == best_per_mesh.end()) best_per_mesh.emplace(key, kept);
-      else if (internal::Better(plan, it->second.plan)) it->second = kept;
-      if (!best || internal::Better(plan, best->plan)) {
-        second = std::move(best);
-        best = std::move(kept);
-      } else if (!second || internal::Better(plan, second->plan)) {
-        second = std::move(kept);
+      if (open.empty()) continue;
+      const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
+      const std::vector<WorkerView> whole_nodes = internal::PickWorkers(problem.workers, n, /*whole_nodes=*/true);
+      internal::StageCache stages(problem, workers), tp_stages(problem, whole_nodes);
+      // Evaluates one candidate; true when it fits.
+      auto consider = [&](const internal::Candidate& c) {
+        internal::Fill fill;
+        Kept kept{internal::Evaluate(problem, c, c.tp > 1 ? tp_stages : stages, /*with_workers=*/false, &fill), n};
+        const Plan& plan = kept.plan;
+        ++evaluated;
+        note_lean(tier, kept, fill.largest_total / (1.0 - options.safety_margin));  // free memory its hungriest worker asks
+        if (fill.worst > 1.0) {
+          host_refused |= fill.host_limited;
+          if (!fastest_rejected || internal::Better(plan, fastest_rejected->plan)) fastest_rejected = kept;
+          return false;
+        }
+        ++fitting;
+        auto key = std::make_tuple(plan.dp, plan.pp, plan.tp);
+        auto it = best_per_mesh.find(key);
+        if (it == best_per_mesh.end()) best_per_mesh.emplace(key, kept);
+        else if (internal::Better(plan, it->second.plan)) it->second = kept;
+        if (!best || internal::Better(plan, best->plan)) {
+          second = std::move(best);
+          best = std::move(kept);
+        } else if (!second || internal::Better(plan, second->plan)) {
+          second = std::move(kept);
+        }
+        return true;
+      };
+      for (const internal::Mesh& mesh : open) {
+        internal::ForEachBranch(problem, mesh, tier, [&](const internal::Branch& branch) {
+          // The fewest recomputing stages that fit: none if that fits; nothing if the most do not.
+          const std::vector<int64_t>& counts = branch.recompute_counts;
+          if (consider(internal::WithRecompute(branch.base, counts.front())) || counts.size() == 1) return;
+          if (!consider(internal::WithRecompute(branch.base, counts.back()))) return;
+          size_t lo = 0, hi = counts.size() - 1;  // counts[lo] does not fit, counts[hi] does
+          while (hi - lo > 1) {
+            const size_t mid = lo + (hi - lo) / 2;
+            (consider(internal::WithRecompute(branch.base, counts[mid])) ? hi : lo) = mid;
+          }
+        });
       }
-    });
+      if (best) {
+        if (tier != internal::OffloadTiers(problem).front()) {
+          offload_reason = std::string(" Offloads ") + (tier == Offload::kOptimizer ? "the optimizer's state" : "the optimizer's state and the parameters") +
+                           " to host memory: without it the leanest plan needs " + internal::FormatBytes(tier_need.begin()->second) +
+                           " free per worker" + (tier == Offload::kOptimizerAndParams && tier_need.count(Offload::kOptimizer)
+                                                     ? ", and " + internal::FormatBytes(tier_need.at(Offload::kOptimizer)) + " with the optimizer's state alone offloaded"
+                                                     : "") +
+                           " (" + internal::FormatBytes(roomiest_budget / (1.0 - options.safety_margin)) + " free on the roomiest).";
+        }
+        break;
+      }
+    }
   }
   // The reported plans with their workers.
   auto expand = [&](const std::optional<Kept>& kept) -> std::optional<Plan> {
@@ -385,8 +498,14 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
     return internal::Evaluate(problem, internal::CandidateOf(kept->plan), stages);
   };
   if (!leanest) {
-    return InvalidArgument("no dp * pp * tp split of 1.." + std::to_string(all) + " workers satisfies the rules (tp divides model.heads and kv_heads, pp <= model.layers, dp divides train.global_batch = " +
-                           std::to_string(problem.job.global_batch) + ", micro_batch divides global_batch / dp); relax the fixed [parallel] fields or change global_batch");
+    return Outcome{InvalidArgument("no dp * pp * tp split of 1.." + std::to_string(all) + " workers satisfies the rules (tp divides model.heads and kv_heads, pp <= model.layers, dp divides train.global_batch = " +
+                           std::to_string(problem.job.global_batch) + ", micro_batch divides global_batch / dp); relax the fixed [parallel] fields or change global_batch"), 0};
+  }
+  if (!full) {
+    if (!best) return Outcome{Status(StatusCode::kResourceExhausted, "no plan fits: the leanest needs " + internal::FormatBytes(leanest_need) + " free a worker"), leanest_need};
+    best->plan.why = internal::Describe(best->plan);
+    best->plan.candidates_evaluated = evaluated;
+    return Outcome{std::move(best->plan), leanest_need};
   }
   if (!best) {
     const std::optional<Plan> leanest_plan = expand(leanest);
@@ -395,14 +514,15 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
     const WorkerAssignment& w = leanest_plan->workers[worst];
     const double free = w.budget_bytes / (1.0 - options.safety_margin);
     const bool gpus = std::any_of(problem.workers.begin(), problem.workers.end(), [](const WorkerView& v) { return v.gpu; });
-    return Status(StatusCode::kResourceExhausted,
+    return Outcome{Status(StatusCode::kResourceExhausted,
                   "no plan fits in the cluster's free memory, even with ZeRO-3, recompute and offload where the [parallel] fields allow: the leanest (" +
                       internal::Describe(*leanest_plan) + ") needs " + internal::FormatBytes(leanest_need) + " free per " + (gpus ? "GPU" : "worker") + " (with the " +
                       std::to_string(static_cast<int>(options.safety_margin * 100)) + "% safety margin), but worker \"" + w.worker + "\" has " +
                       internal::FormatBytes(free) + " free; add workers, free " + (gpus ? "GPU " : "") +
                       "memory, or shorten the sequence / shrink the model" +
                       (host_refused ? " (plans with the optimizer offloaded fit the GPUs but need more host memory than the nodes have free)"
-                                    : ""));
+                                    : "")),
+                   leanest_need};
   }
 
   // The runner-up is the best plan on another mesh (more telling than a ZeRO-stage variant of the
@@ -437,9 +557,72 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
     why += " Faster but too big: " + internal::Describe(*rejected) + " needs " + internal::FormatBytes(w.memory.total()) + " on \"" +
            w.worker + "\" (budget " + internal::FormatBytes(w.budget_bytes) + ").";
   }
+  why += offload_reason;
   why += " " + std::to_string(fitting) + " of " + std::to_string(evaluated) + " candidates fit.";
   chosen->why = std::move(why);
-  return std::move(*chosen);
+  chosen->candidates_evaluated = evaluated;
+  return Outcome{std::move(*chosen), leanest_need};
+}
+
+std::string Peak(const Plan& plan) {
+  size_t i = 0;
+  internal::WorstFill(plan, 1.0, &i);
+  const WorkerAssignment& w = plan.workers[i];
+  return internal::FormatBytes(static_cast<double>(w.memory.total())) + " on \"" + w.worker + "\" of a " +
+         internal::FormatBytes(static_cast<double>(w.budget_bytes)) + " budget";
+}
+
+}  // namespace
+
+namespace internal {
+Result<Plan> PlanWithoutWorkers(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, SplitsThatCannotFit* cannot_fit) {
+  STRATA_ASSIGN_OR_RETURN(Problem problem, Validate(model, job, cluster, PlannerOptions{}));
+  return std::move(Search(problem, /*full=*/false, cannot_fit).plan);
+}
+}  // namespace internal
+
+Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, const PlannerOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(internal::Problem problem, internal::Validate(model, job, cluster, options));
+  Outcome outcome = Search(problem);
+  if (outcome.plan.ok() || outcome.plan.status().code() != StatusCode::kResourceExhausted) return std::move(outcome.plan);
+  // Nothing fits: what each memory option Strata has would need, each as the one edit to the
+  // spec that `strata plan` then shows with the same numbers.
+  struct Option {
+    std::string edit;
+    JobSpec job;
+  };
+  std::vector<Option> alternatives;
+  const std::vector<Offload> offloads = {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams};
+  for (Offload offload : offloads) {
+    if (!problem.job.offload_supported && offload != Offload::kNone) continue;
+    if (problem.job.offload == offload) continue;  // what was just searched
+    JobSpec j = problem.job;
+    j.offload = offload;
+    alternatives.push_back({std::string("parallel.offload = \"") + OffloadName(offload) + "\"", j});
+  }
+  if (problem.job.optimizer != "adamw8bit") {
+    JobSpec j = problem.job;
+    j.optimizer = "adamw8bit";
+    alternatives.push_back({std::string("train.optimizer = \"adamw8bit\"") + (j.offload ? "" : " (offload planned as now)"), j});
+  }
+  const bool gpus = std::any_of(problem.workers.begin(), problem.workers.end(), [](const WorkerView& v) { return v.gpu; });
+  std::string listed;
+  for (const Option& option : alternatives) {
+    internal::Problem other = problem;
+    other.job = option.job;
+    Outcome o = Search(other);
+    listed += "\n  " + option.edit + ": ";
+    if (o.plan.ok()) {
+      listed += "fits - peak " + Peak(*o.plan) + " (" + internal::Describe(*o.plan) + ")";
+    } else if (o.plan.status().code() == StatusCode::kResourceExhausted) {
+      listed += "does not fit - its leanest plan needs " + internal::FormatBytes(o.leanest_need) + " free per " + (gpus ? "GPU" : "worker");
+    } else {
+      listed += "no plan: " + o.plan.status().message();
+    }
+  }
+  if (listed.empty()) return std::move(outcome.plan);
+  return Status(StatusCode::kResourceExhausted, outcome.plan.status().message() +
+                                                    ". Memory options (one edit each to the spec; `strata plan` shows the same numbers):" + listed);
 }
 
 }  // namespace strata::shard

@@ -1,0 +1,184 @@
+// The plan search's cost and its prunings: a 4,096-GPU plan in a pinned number of estimates,
+// and the pruned search against an exhaustive one over every candidate (planner_test_util.h).
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <regex>
+
+#include "shard/internal.h"
+#include "shard/planner_test_util.h"
+
+namespace strata::shard {
+namespace {
+
+ModelSpec Llama3_70B() {
+  ModelSpec m;
+  m.family = "llama";
+  m.layers = 80, m.hidden = 8192, m.heads = 64, m.kv_heads = 8, m.ffn = 28672, m.vocab = 128256, m.sequence = 4096;
+  return m;
+}
+
+ModelSpec Llama3_8B() {
+  ModelSpec m;
+  m.family = "llama";
+  m.layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.ffn = 14336, m.vocab = 128256, m.sequence = 4096;
+  return m;
+}
+
+ClusterView Nodes(int nodes, int gpus, int64_t memory = 80 * kGiB) {
+  ClusterView view;
+  for (int n = 0; n < nodes; ++n) {
+    for (int g = 0; g < gpus; ++g) {
+      WorkerView w;
+      w.node = "node" + std::to_string(n);
+      w.name = w.node + "/gpu" + std::to_string(g);
+      w.total_bytes = w.free_bytes = memory;
+      view.workers.push_back(std::move(w));
+    }
+  }
+  return view;
+}
+
+JobSpec Bf16Job(int64_t global_batch) {
+  JobSpec job;
+  job.global_batch = global_batch, job.precision = "bf16";
+  job.offload.reset();  // "auto", as a run spec leaves it
+  return job;
+}
+
+// The issue's case: minutes of CPU before the search was bounded. The mesh is the one the
+// exhaustive search chose (dp=64 pp=8 tp=8 ZeRO-3, micro-batch 1); the count of estimates is
+// pinned so that a change that makes the search grow with the cluster fails here, not in a
+// user's terminal (bench/plan_bench.cc measures the time).
+TEST(PlanSearch, Llama70BOn4096GpusInAPinnedNumberOfEstimates) {
+  JobSpec job = Bf16Job(1024);
+  job.uniform_recompute = true;  // as JobForRun plans a run
+  auto plan = ChoosePlan(Llama3_70B(), job, Nodes(512, 8));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->dp, 64);
+  EXPECT_EQ(plan->pp, 8);
+  EXPECT_EQ(plan->tp, 8);
+  EXPECT_EQ(plan->zero, 3);
+  EXPECT_EQ(plan->micro_batch, 1);
+  EXPECT_EQ(plan->offload, Offload::kNone);
+  EXPECT_EQ(plan->workers.size(), 4096u);
+  EXPECT_EQ(plan->candidates_evaluated, 524);
+
+  auto larger = ChoosePlan(Llama3_70B(), job, Nodes(4096, 8));
+  ASSERT_TRUE(larger.ok()) << larger.status().ToString();
+  EXPECT_EQ(larger->workers.size(), 32768u);
+  EXPECT_EQ(larger->candidates_evaluated, 150);
+}
+
+// The pruned search (leanest-candidate checks per mesh, bisection over recompute, offload tiers)
+// chooses what evaluating every candidate chooses: on each worker count from the largest down,
+// each offload tier in turn, the best plan that fits.
+std::optional<Plan> ExhaustiveBest(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster) {
+  auto problem = internal::Validate(model, job, cluster, PlannerOptions{});
+  EXPECT_TRUE(problem.ok()) << problem.status().ToString();
+  for (int64_t n = static_cast<int64_t>(cluster.workers.size()); n >= 1; --n) {
+    const std::vector<WorkerView> workers = internal::PickWorkers(problem->workers, n);
+    const std::vector<WorkerView> whole_nodes = internal::PickWorkers(problem->workers, n, true);
+    internal::StageCache stages(*problem, workers), tp_stages(*problem, whole_nodes);
+    for (Offload tier : internal::OffloadTiers(*problem)) {
+      std::optional<Plan> best;
+      internal::ForEachCandidate(*problem, n, [&](const internal::Candidate& c) {
+        if (c.offload != tier) return;
+        internal::Fill fill;
+        Plan plan = internal::Evaluate(*problem, c, c.tp > 1 ? tp_stages : stages, false, &fill);
+        if (fill.worst > 1.0) return;
+        const double ta = plan.step_time.total_s(), tb = best ? best->step_time.total_s() : 0;
+        if (!best || ta < tb * (1 - 1e-9)) best = plan;
+      });
+      if (best) return best;
+    }
+  }
+  return std::nullopt;
+}
+
+TEST(PlanSearch, ChoosesWhatEvaluatingEveryCandidateChooses) {
+  ModelSpec llama;
+  llama.family = "llama";
+  llama.layers = 6, llama.hidden = 256, llama.heads = 8, llama.kv_heads = 4, llama.ffn = 688, llama.vocab = 1000, llama.sequence = 512;
+  int compared = 0;
+  for (const ModelSpec& model : {Gpt2Small(), llama}) {
+    for (const int64_t memory : {int64_t{1} << 30, int64_t{3} << 30, int64_t{6} << 30, int64_t{24} << 30}) {
+      for (const int workers : {1, 2, 4, 6, 8}) {
+        for (const bool bf16 : {false, true}) {
+          JobSpec job = Bf16Job(16);
+          if (!bf16) job.precision = "fp32";
+          const ClusterView cluster = Workers(workers, memory);
+          const std::optional<Plan> reference = ExhaustiveBest(model, job, cluster);
+          auto plan = ChoosePlan(model, job, cluster);
+          const std::string what = model.family + " on " + std::to_string(workers) + " x " + std::to_string(memory >> 20) + " MiB, " + job.precision;
+          ASSERT_EQ(plan.ok(), reference.has_value()) << what << ": " << plan.status().ToString();
+          if (!reference) continue;
+          ++compared;
+          EXPECT_EQ(plan->dp, reference->dp) << what;
+          EXPECT_EQ(plan->pp, reference->pp) << what;
+          EXPECT_EQ(plan->tp, reference->tp) << what;
+          EXPECT_EQ(plan->offload, reference->offload) << what;
+          // Equal-time plans are told apart by the tie-breaks, which the reference leaves out.
+          EXPECT_NEAR(plan->step_time.total_s(), reference->step_time.total_s(), 1e-9 * reference->step_time.total_s()) << what;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 40);  // most of the grid has a plan
+}
+
+// An 8B model's full training state (16 bytes a parameter) is over an 80 GiB card: the search
+// offloads, and says why; with the offload fixed off it is refused.
+TEST(PlanSearch, OffloadIsPlannedWhenNothingFitsWithoutIt) {
+  auto plan = ChoosePlan(Llama3_8B(), Bf16Job(8), Nodes(1, 1));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_NE(plan->offload, Offload::kNone);
+  EXPECT_NE(plan->why.find("to host memory: without it the leanest plan needs"), std::string::npos) << plan->why;
+  JobSpec fixed = Bf16Job(8);
+  fixed.offload = Offload::kNone;
+  EXPECT_FALSE(ChoosePlan(Llama3_8B(), fixed, Nodes(1, 1)).ok());
+  // With room to spare nothing is offloaded.
+  auto roomy = ChoosePlan(Llama3_8B(), Bf16Job(8), Nodes(1, 8));
+  ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
+  EXPECT_EQ(roomy->offload, Offload::kNone);
+  EXPECT_EQ(roomy->why.find("to host memory"), std::string::npos) << roomy->why;
+}
+
+// A refusal lists each memory option with what it would need, and each line's number is the
+// one ChoosePlan gives for the spec with that one edit (what `strata plan` prints).
+TEST(PlanSearch, ARefusalListsEachMemoryOptionWithNumbersItsPlanReproduces) {
+  JobSpec job = Bf16Job(8);
+  job.offload = Offload::kNone;  // the user fixed it: the other two offloads and 8-bit AdamW are the options
+  ClusterView cluster = Nodes(1, 1);
+  auto refused = ChoosePlan(Llama3_70B(), job, cluster);
+  ASSERT_FALSE(refused.ok());
+  const std::string message = refused.status().message();
+  struct Edit {
+    std::string line;
+    JobSpec job;
+  };
+  JobSpec optimizer = job, params = job, eight_bit = job;
+  optimizer.offload = Offload::kOptimizer;
+  params.offload = Offload::kOptimizerAndParams;
+  eight_bit.optimizer = "adamw8bit";
+  for (const Edit& edit : {Edit{"parallel.offload = \"optimizer\": ", optimizer}, Edit{"parallel.offload = \"optimizer+params\": ", params},
+                           Edit{"train.optimizer = \"adamw8bit\": ", eight_bit}}) {
+    const size_t at = message.find("\n  " + edit.line);
+    ASSERT_NE(at, std::string::npos) << edit.line << " missing from: " << message;
+    const std::string line = message.substr(at + 3, message.find('\n', at + 3) - at - 3);
+    auto again = ChoosePlan(Llama3_70B(), edit.job, cluster);
+    std::smatch number;
+    if (again.ok()) {
+      ASSERT_TRUE(std::regex_search(line, number, std::regex(R"(fits - peak ([0-9.]+ [KMGT]iB))"))) << line;
+      EXPECT_NE(again->why.find("peak " + number[1].str()), std::string::npos) << line << " vs " << again->why;
+    } else {
+      ASSERT_TRUE(std::regex_search(line, number, std::regex(R"(needs ([0-9.]+ [KMGT]iB) free per GPU)"))) << line;
+      EXPECT_NE(again.status().message().find("needs " + number[1].str() + " free per GPU"), std::string::npos)
+          << line << " vs " << again.status().message();
+    }
+  }
+  EXPECT_EQ(message.find("\n  parallel.offload = \"none\""), std::string::npos) << "the searched setting is not an option: " << message;
+}
+
+}  // namespace
+}  // namespace strata::shard
