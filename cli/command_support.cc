@@ -128,14 +128,20 @@ json RunToJson(RunRecord::Reader r, bool with_plan) {
   for (auto h : r.getHandled()) handled[h.getKind().cStr()] = h.getCount();
   // The plan the run has now (after any re-planning): the [parallel] fields of its stored spec.
   json plan = json::object();
+  json checkpoints = json::object();
   if (auto spec = with_plan ? ParseStoredRunSpec(r.getSpecToml().cStr()) : Result<RunSpec>(InvalidArgument("not asked for"));
       spec.ok() && !spec->is_extract()) {
+    // How often the run checkpoints and how many it keeps (train.checkpoint_every "auto" is a
+    // tenth of the run until the plan's predicted step time makes it half an hour's steps).
+    const TrainSpec& t = spec->train;
+    checkpoints = {{"every_steps", t.CheckpointInterval()}, {"auto", t.checkpoint_every == TrainSpec::kAutoCheckpoints},
+                   {"keep", t.keep_checkpoints}};
     const shard::PlanSummary p = shard::SummarizePlan(*spec);  // stages: layers per pipeline stage, as the ranks run them
     plan = {{"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero}, {"micro_batch", p.micro_batch},
             {"gradient_accumulation", p.gradient_accumulation}, {"recompute", p.recompute},
             {"keep_gathered", p.keep_gathered}, {"offload", p.offload}, {"stages", p.stages}, {"planned", p.planned}};
   }
-  return {{"memory", memory}, {"handled", handled}, {"plan", plan}, {"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
+  return {{"memory", memory}, {"handled", handled}, {"plan", plan}, {"checkpoints", checkpoints}, {"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
           {"state", schema::RunStateName(r.getState())}, {"step", r.getStep()},
           {"total_steps", r.getTotalSteps()},  {"world_size", r.getWorldSize()},
           {"losses", losses},                  {"workers", workers},

@@ -265,7 +265,7 @@ Result<std::string> EstimateForSubmit(const RunSpec& spec, client::CoordinatorCl
     if (plan.status().code() != StatusCode::kResourceExhausted) return std::string();  // nothing to say
     return Status(StatusCode::kResourceExhausted,
                   "not submitted: " + plan.status().message() +
-                      ". Options: more workers (parallel.dp, with parallel.zero = 1 or 2 to shard optimizer state and gradients), "
+                      "\n  or: more workers (parallel.dp, with parallel.zero = 1 or 2 to shard optimizer state and gradients), "
                       "parallel.pp / parallel.tp, parallel.recompute = true, a smaller parallel.micro_batch, or a smaller model; `strata plan SPEC` shows the estimate per worker");
   }
   const shard::WorkerAssignment* peak = &plan->workers.front();

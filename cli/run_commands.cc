@@ -215,6 +215,15 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
                   kept > 0 ? (", keep_gathered " + std::to_string(kept)).c_str() : "",
                   offload != "none" ? (", offload " + Printable(offload)).c_str() : "");
     }
+    if (!j["checkpoints"].empty()) {
+      const json& c = j["checkpoints"];
+      const long long every = c["every_steps"].get<long long>(), keep = c["keep"].get<long long>();
+      std::printf("  checkpoints: %s%s, %s\n",
+                  every > 0 ? ("every " + std::to_string(every) + " steps and the last").c_str() : "the last step only",
+                  c["auto"].get<bool>() ? " (train.checkpoint_every = \"auto\": a tenth of the run)" : "",
+                  keep > 0 ? ("the newest " + std::to_string(keep) + " complete ones kept (train.keep_checkpoints)").c_str()
+                           : "all kept (train.keep_checkpoints = 0)");
+    }
     std::string handled;
     for (auto& [kind, count] : j["handled"].items()) handled += (handled.empty() ? "" : ", ") + kind + " " + std::to_string(count.get<int>());
     if (!handled.empty()) std::printf("  handled: %s (`strata events %s` for each)\n", Printable(handled).c_str(), Printable(r.getRunId()).c_str());

@@ -375,7 +375,16 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   }
   STRATA_RETURN_IF_ERROR(r.Float("train", "grad_clip", &t.grad_clip, 0.0, 1e9));
   STRATA_RETURN_IF_ERROR(r.Int("train", "seed", &t.seed, 0, std::numeric_limits<int64_t>::max()));
-  STRATA_RETURN_IF_ERROR(r.Int("train", "checkpoint_every", &t.checkpoint_every, 0, spec_bounds::kSteps));
+  {
+    std::set<std::string> automatic;  // "auto" (or absent): TrainSpec::kAutoCheckpoints
+    if (r.IsAuto("train", "checkpoint_every", &automatic)) {
+      t.checkpoint_every = TrainSpec::kAutoCheckpoints;
+    } else if (r.Has("train", "checkpoint_every") && r.IsString("train", "checkpoint_every")) {
+      return InvalidArgument("run spec: train.checkpoint_every must be an integer (0 = only at the end) or \"auto\"");
+    } else {
+      STRATA_RETURN_IF_ERROR(r.Int("train", "checkpoint_every", &t.checkpoint_every, 0, spec_bounds::kSteps));
+    }
+  }
   // Retention: the newest N complete checkpoints are kept (0: all). A million is more than any
   // disk holds of a model worth checkpointing.
   STRATA_RETURN_IF_ERROR(r.Int("train", "keep_checkpoints", &t.keep_checkpoints, 0, 1000000));
@@ -420,11 +429,16 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.Bool("parallel", "sequence_parallel", &p.sequence_parallel));
   STRATA_RETURN_IF_ERROR(r.Bool("parallel", "tp_comm_overlap", &p.tp_comm_overlap));
   STRATA_RETURN_IF_ERROR(r.IntList("parallel", "stages", &p.stages, "auto"));
-  STRATA_RETURN_IF_ERROR(r.String("parallel", "offload", &p.offload));
-  if (p.offload != "none" && p.offload != "optimizer" && p.offload != "optimizer+params") {
-    return InvalidArgument("run spec: parallel.offload = \"" + p.offload +
-                           "\" is not supported; use \"none\", \"optimizer\" (optimizer state in host memory) or \"optimizer+params\" "
-                           "(parameters too, streamed to the GPU a layer at a time)");
+  // As keep_gathered: a stored spec without the key (an older coordinator's) ran offloading nothing.
+  if ((check_name || r.Has("parallel", "offload")) && r.IsAuto("parallel", "offload", &p.automatic)) {
+    p.offload = "none";  // until planned (the single-worker value, as the other automatic fields)
+  } else {
+    STRATA_RETURN_IF_ERROR(r.String("parallel", "offload", &p.offload));
+    if (p.offload != "none" && p.offload != "optimizer" && p.offload != "optimizer+params") {
+      return InvalidArgument("run spec: parallel.offload = \"" + p.offload +
+                             "\" is not supported; use \"auto\" (the default: only when nothing fits without it), \"none\", \"optimizer\" "
+                             "(optimizer state in host memory) or \"optimizer+params\" (parameters too, streamed to the GPU a layer at a time)");
+    }
   }
   // keep_gathered applies to ZeRO-3 without recompute: left to the planner on a mesh that is fixed
   // to something else, it is 0 (and leaves nothing to plan).
@@ -432,6 +446,13 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   if (p.automatic.count("keep_gathered") && !zero3_streamed_possible) {
     p.automatic.erase("keep_gathered");
     p.keep_gathered = 0;
+  }
+  // offload "auto" is searched with the mesh: a spec that fixes every other field runs as given
+  // (its estimate is the user's call), offloading nothing unless an out-of-memory re-plan does.
+  if (p.automatic.count("offload") &&
+      std::all_of(p.automatic.begin(), p.automatic.end(), [](const std::string& f) { return f == "offload" || f == "keep_gathered"; })) {
+    p.automatic.erase("offload");
+    p.offload = "none";
   }
   STRATA_RETURN_IF_ERROR(ValidateParallel(spec));
   return spec;

@@ -155,10 +155,18 @@ struct TrainSpec {
   double eps = 1e-8;       // AdamW's denominator term: sqrt(v_hat) + eps; in (0, kMaxEps]
   double grad_clip = 0.0;  // 0 = off
   int64_t seed = 1234;
-  int64_t checkpoint_every = 0;  // 0 = only at the end
+  // Steps between checkpoints; 0 = only at the end; kAutoCheckpoints ("auto", the default): a
+  // tenth of the run's steps (so a worker lost late resumes within the last 10%), fewer steps
+  // where the coordinator's plan predicts that a tenth would take over 30 minutes.
+  static constexpr int64_t kAutoCheckpoints = -1;
+  int64_t checkpoint_every = kAutoCheckpoints;
+  // The steps between checkpoints this run takes (checkpoint_every, with "auto" as a tenth).
+  int64_t CheckpointInterval() const { return checkpoint_every == kAutoCheckpoints ? (steps + 9) / 10 : checkpoint_every; }
   // Keep only the newest N complete checkpoints of the run (0: keep all); older ones are deleted
-  // from every store once a newer one is complete. Unreadable ones are kept for inspection.
-  int64_t keep_checkpoints = 0;
+  // from every store once a newer one is complete. Unreadable ones are kept for inspection, and
+  // so is the checkpoint a run resumed from. The default keeps 3 (a checkpoint of an 8B model's
+  // fp32 state is ~96 GB).
+  int64_t keep_checkpoints = 3;
   std::string lr_schedule = "constant";  // or "cosine": linear warmup, then cosine down to min_lr
   int64_t warmup_steps = 0;
   double min_lr = 0.0;
@@ -187,8 +195,10 @@ struct ParallelSpec {
   // Where AdamW's state lives: "none" (on the device), "optimizer" (m, v and the fp32 master in
   // pinned host memory, updated by the host's cores: worker/optimizer.h) or "optimizer+params"
   // (the parameters too, streamed to the device a layer at a time as ZeRO-3 gathers them:
-  // worker/stage_model.h; needs zero = 3 and no recompute). Fixed by the spec; a re-plan after
-  // an out-of-memory may turn it on.
+  // worker/stage_model.h; needs zero = 3 and no recompute), or "auto" (the default): the planner
+  // offloads only when no plan fits without it, the optimizer's state before the parameters
+  // ("offload" in `automatic`; "none" until planned). A re-plan after an out-of-memory may turn
+  // it on either way.
   std::string offload = "none";
   // ZeRO-3 without recompute: how many of each stage's last layers keep their gathered weights
   // from the forward to the backward instead of gathering them again (FSDP's reshard_after_forward
@@ -210,7 +220,7 @@ struct ParallelSpec {
   // matmul over fewer rows and, at tp > 2, of the sums' order (bit for bit on CPU at tp = 2).
   bool tp_comm_overlap = true;
   // Train runs: the fields above that the spec leaves to the planner ("auto", or absent), from
-  // {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered"}; until the coordinator plans the run
+  // {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "offload"}; until the coordinator plans the run
   // they hold the single-worker values. Empty for extract runs and once planned.
   std::set<std::string> automatic;
   bool planned() const { return automatic.empty(); }

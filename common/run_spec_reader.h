@@ -166,6 +166,10 @@ class Reader {
   }
 
   bool Has(const std::string& table, const std::string& key) { return Find(table, key) != nullptr; }
+  bool IsString(const std::string& table, const std::string& key) {
+    const toml::node* node = Find(table, key);
+    return node && node->is_string();
+  }
 
   Status Bool(const std::string& table, const std::string& key, bool* out) {
     const toml::node* node = Find(table, key);

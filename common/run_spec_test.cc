@@ -192,7 +192,8 @@ TEST_F(RunSpecTest, TensorParallelSwitchesAreOnByDefaultAndRoundTrip) {
 }
 TEST_F(RunSpecTest, OffloadIsNoneOptimizerOrOptimizerAndParamsAndRoundTrips) {
   ExpectRejected(Valid() + "[parallel]\noffload = \"disk\"\n",
-                 "parallel.offload = \"disk\" is not supported; use \"none\", \"optimizer\" (optimizer state in host memory) or \"optimizer+params\"");
+                 "parallel.offload = \"disk\" is not supported; use \"auto\" (the default: only when nothing fits without it), \"none\", "
+                 "\"optimizer\" (optimizer state in host memory) or \"optimizer+params\"");
   // Parameters stream as ZeRO-3 gathers them, without recompute: a fixed field that says otherwise is named.
   ExpectRejected(Valid() + "[parallel]\noffload = \"optimizer+params\"\nzero = 1\n", "parallel.zero = 1; set parallel.zero = 3");
   ExpectRejected(Valid() + "[parallel]\noffload = \"optimizer+params\"\nzero = 3\nrecompute = true\n",
@@ -205,12 +206,40 @@ TEST_F(RunSpecTest, OffloadIsNoneOptimizerOrOptimizerAndParamsAndRoundTrips) {
   ExpectRejected(Valid() + "[parallel]\noffload = true\n", "parallel.offload");
   auto defaults = ParseRunSpec(Valid(), dir_, true);
   ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  // Absent (or "auto"): the planner's, holding "none" until planned, and "auto" again once stored.
   EXPECT_EQ(defaults->parallel.offload, "none");
+  EXPECT_EQ(defaults->parallel.automatic.count("offload"), 1u);
+  auto stored = ParseRunSpec(RunSpecToToml(*defaults), dir_, true);
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  EXPECT_EQ(stored->parallel.automatic.count("offload"), 1u);
+  auto none = ParseRunSpec(Valid() + "[parallel]\noffload = \"none\"\n", dir_, true);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->parallel.automatic.count("offload"), 0u) << "an explicit none is the user's choice";
   auto spec = ParseRunSpec(Valid() + "[parallel]\noffload = \"optimizer\"\n", dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   auto again = ParseRunSpec(RunSpecToToml(*spec), dir_, true);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->parallel.offload, "optimizer");
+}
+// Defaults a long run survives: a checkpoint every tenth of the run, the newest 3 kept; an
+// explicit 0 keeps its meaning (only at the end; keep all).
+TEST_F(RunSpecTest, CheckpointDefaultsAreATenthOfTheRunAndTheNewestThree) {
+  auto defaults = ParseRunSpec(With("steps = 5\n", "steps = 1000\n"), dir_, true);
+  ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  EXPECT_EQ(defaults->train.checkpoint_every, TrainSpec::kAutoCheckpoints);
+  EXPECT_EQ(defaults->train.CheckpointInterval(), 100);
+  EXPECT_EQ(defaults->train.keep_checkpoints, 3);
+  auto stored = ParseRunSpec(RunSpecToToml(*defaults), dir_, true);
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  EXPECT_EQ(stored->train.checkpoint_every, TrainSpec::kAutoCheckpoints);
+  auto short_run = ParseRunSpec(With("steps = 5\n", "steps = 7\ncheckpoint_every = \"auto\"\n"), dir_, true);
+  ASSERT_TRUE(short_run.ok()) << short_run.status().ToString();
+  EXPECT_EQ(short_run->train.CheckpointInterval(), 1);
+  auto explicit_zero = ParseRunSpec(Valid("", "checkpoint_every = 0\nkeep_checkpoints = 0\n"), dir_, true);
+  ASSERT_TRUE(explicit_zero.ok()) << explicit_zero.status().ToString();
+  EXPECT_EQ(explicit_zero->train.CheckpointInterval(), 0);
+  EXPECT_EQ(explicit_zero->train.keep_checkpoints, 0);
+  ExpectRejected(Valid("", "checkpoint_every = \"hourly\"\n"), "train.checkpoint_every must be an integer (0 = only at the end) or \"auto\"");
 }
 TEST_F(RunSpecTest, StagesAreOneLayerCountPerStageAddingUpToTheModel) {
   // Valid(): 2 layers.
@@ -380,20 +409,26 @@ TEST_F(RunSpecTest, AbsentAndAutoParallelFieldsAreLeftToThePlanner) {
   auto spec = ParseRunSpec(Valid() + "[parallel]\ndp = 2\nzero = \"auto\"\n", dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_EQ(spec->parallel.dp, 2);
-  EXPECT_EQ(spec->parallel.automatic, (std::set<std::string>{"pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered"}));
+  EXPECT_EQ(spec->parallel.automatic, (std::set<std::string>{"pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "offload"}));
   EXPECT_FALSE(spec->parallel.planned());
   auto again = ParseRunSpec(RunSpecToToml(*spec), "", true);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->parallel.automatic, spec->parallel.automatic);
-  auto fixed = ParseRunSpec(Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\n", dir_, true);
+  auto fixed = ParseRunSpec(Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\noffload = \"none\"\n",
+                            dir_, true);
   ASSERT_TRUE(fixed.ok());
   EXPECT_TRUE(fixed->parallel.planned());
+  // Every other field fixed, an absent offload is "none": a fixed mesh runs as given.
+  auto mesh_only = ParseRunSpec(Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\n", dir_, true);
+  ASSERT_TRUE(mesh_only.ok());
+  EXPECT_TRUE(mesh_only->parallel.planned());
+  EXPECT_EQ(mesh_only->parallel.offload, "none");
 }
 
 // keep_gathered means something only under ZeRO-3 without recompute: left out on a mesh fixed to
 // anything else it is 0 and leaves nothing to plan; set there, it is refused naming the field.
 TEST_F(RunSpecTest, KeepGatheredIsPlannedOnlyWhereZero3GathersAgain) {
-  const std::string fixed_mesh = Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\n";
+  const std::string fixed_mesh = Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\noffload = \"none\"\n";
   auto zero1 = ParseRunSpec(fixed_mesh + "zero = 1\nrecompute = false\n", dir_, true);
   ASSERT_TRUE(zero1.ok()) << zero1.status().ToString();
   EXPECT_TRUE(zero1->parallel.planned());

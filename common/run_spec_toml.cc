@@ -61,7 +61,7 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"eps", spec.train.eps},
                                    {"grad_clip", spec.train.grad_clip},
                                    {"seed", spec.train.seed},
-                                   {"checkpoint_every", spec.train.checkpoint_every},
+
                                    {"keep_checkpoints", spec.train.keep_checkpoints},
                                    {"lr_schedule", spec.train.lr_schedule},
                                    {"warmup_steps", spec.train.warmup_steps},
@@ -69,6 +69,9 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"precision", spec.train.precision},
                                    {"cuda_graphs", spec.train.cuda_graphs},
                                    {"optimizer", spec.train.optimizer}});
+  toml::table& train = *root["train"].as_table();
+  if (spec.train.checkpoint_every == TrainSpec::kAutoCheckpoints) train.insert("checkpoint_every", "auto");
+  else train.insert("checkpoint_every", spec.train.checkpoint_every);
   toml::table parallel{{"dp", spec.parallel.dp},
                        {"pp", spec.parallel.pp},
                        {"tp", spec.parallel.tp},

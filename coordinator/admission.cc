@@ -1,6 +1,7 @@
 #include "coordinator/admission.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "shard/parallel_change.h"
@@ -67,11 +68,14 @@ bool Admission::PlanRun(RunEntry& run, std::vector<WorkerEntry*>* idle) {
   }
   auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), cluster);
   const bool others_busy = c_.workers.AnyBusy();
-  if (!plan.ok() && mesh.automatic == std::set<std::string>{"keep_gathered"}) {
+  const bool only_memory_left = std::all_of(mesh.automatic.begin(), mesh.automatic.end(),
+                                            [](const std::string& field) { return field == "keep_gathered" || field == "offload"; });
+  if (!plan.ok() && only_memory_left) {
     // Every other field fixed: the run starts as a fixed mesh does, unplanned (its estimate is
-    // the user's call; an out-of-memory re-plans), keeping no layer gathered.
+    // the user's call; an out-of-memory re-plans), keeping no layer gathered and offloading nothing.
     ParallelSpec fixed = mesh;
-    fixed.keep_gathered = 0;
+    if (fixed.automatic.count("keep_gathered")) fixed.keep_gathered = 0;
+    if (fixed.automatic.count("offload")) fixed.offload = "none";
     fixed.automatic.clear();
     TrainRun::SetParallel(run, fixed);
     c_.Persist(run);
@@ -83,6 +87,13 @@ bool Admission::PlanRun(RunEntry& run, std::vector<WorkerEntry*>* idle) {
     c_.AddEvent(run, EventKind::kFailed, run.message);
     c_.Transition(run, Phase::kFailed);
     return false;
+  }
+  if (run.spec.train.checkpoint_every == TrainSpec::kAutoCheckpoints) {
+    // "auto": a tenth of the run, or the steps the plan predicts for 30 minutes if fewer.
+    constexpr double kAutoCheckpointSeconds = 30 * 60;
+    const double step_s = std::max(plan->step_time.total_s(), 1e-9);
+    const int64_t in_half_an_hour = static_cast<int64_t>(std::clamp(std::floor(kAutoCheckpointSeconds / step_s), 1.0, 1e12));
+    run.spec.train.checkpoint_every = std::max<int64_t>(1, std::min(run.spec.train.CheckpointInterval(), in_half_an_hour));
   }
   TrainRun::SetParallel(run, shard::ParallelFromPlan(run.spec.parallel, *plan));
   std::vector<WorkerEntry*> ranks;

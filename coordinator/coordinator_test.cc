@@ -117,9 +117,10 @@ class FakeWorker {
  public:
   // `host`: the host it reports (workers on several hosts make the coordinator copy checkpoint
   // shards across them).
+  // `device`: what its memory reports describe ("cuda:0": the planner sees a GPU).
   FakeWorker(zmq::context_t& ctx, const std::string& endpoint, const std::string& name, const std::string& dir,
-             const std::string& host = "")
-      : socket_(ctx, zmq::socket_type::dealer), name_(name) {
+             const std::string& host = "", const std::string& device = "cpu")
+      : socket_(ctx, zmq::socket_type::dealer), name_(name), device_(device) {
     socket_.set(zmq::sockopt::linger, 0);
     socket_.set(zmq::sockopt::routing_id, name);
     socket_.connect(endpoint);
@@ -132,7 +133,7 @@ class FakeWorker {
     r.setStorePath(dir + "/" + name + "-store");
     r.setServeAddress("ipc://" + dir + "/" + name + ".serve.sock");
     auto memory = r.initMemory();
-    memory.setDevice("cpu");
+    memory.setDevice(device_);
     memory.setTotalBytes(uint64_t{8} << 30);
     memory.setFreeBytes(uint64_t{6} << 30);
     socket_.send(net::Buffer(reg.Serialize()), zmq::send_flags::none);
@@ -145,7 +146,7 @@ class FakeWorker {
     auto hb = msg.root().initHeartbeat();
     hb.setWorkerId(name_);
     auto memory = hb.initMemory();
-    memory.setDevice("cpu");
+    memory.setDevice(device_);
     memory.setTotalBytes(uint64_t{8} << 30);
     memory.setFreeBytes(uint64_t{6} << 30);
     socket_.send(net::Buffer(msg.Serialize()), zmq::send_flags::none);
@@ -229,9 +230,29 @@ class FakeWorker {
 
   zmq::socket_t socket_;
   std::string name_;
+  std::string device_;
   uint32_t rank_ = 0;
   uint64_t token_ = 0;
 };
+
+// Submits a spec for a model far over the fake worker's 6 GiB (an 8B-wide Llama of 32 layers)
+// with `parallel` as its [parallel] table; the spec the worker is assigned, and the run's id.
+std::string AssignedSpecOfABigModel(FakeWorker& worker, CoordinatorClient& client, const std::string& dir, const std::string& parallel,
+                                    std::string* run_id) {
+  schema::EnvelopeBuilder submit;
+  submit.root().initSubmitRun().setSpecToml("name = \"big\"\n[model]\nhidden = 4096\nheads = 32\nlayers = 32\nsequence = 16\n[data]\npath = \"" +
+                                            dir + "/corpus.txt\"\n[train]\nsteps = 3\nglobal_batch = 2\n[parallel]\n" + parallel);
+  auto submitted = client.Call(submit);
+  EXPECT_TRUE(submitted.ok()) << submitted.status().ToString();
+  if (!submitted.ok()) return "";
+  *run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
+  std::string spec;
+  EXPECT_TRUE(worker.Await(Envelope::ASSIGN_TASK, [&](Envelope::Reader root) {
+    spec = root.getAssignTask().getSpecToml().cStr();
+    return std::string(root.getAssignTask().getRunId().cStr()) == *run_id;
+  }));
+  return spec;
+}
 
 // A ZeRO-3 mesh fixed in every field but keep_gathered (left out, so the planner's) starts as a
 // fixed mesh always did when the planner finds no plan for it - here its estimate is far over the
@@ -240,20 +261,35 @@ TEST_F(CoordinatorTest, AFixedZero3MeshTheEstimateRefusesStillStartsKeepingNothi
   zmq::context_t ctx;
   FakeWorker worker(ctx, options_.listen, "w0", dir_);
   CoordinatorClient client(options_.listen);
-  schema::EnvelopeBuilder submit;
-  submit.root().initSubmitRun().setSpecToml(
-      "name = \"big\"\n[model]\nhidden = 4096\nheads = 32\nlayers = 32\nsequence = 16\n[data]\npath = \"" + dir_ +
-      "/corpus.txt\"\n[train]\nsteps = 3\nglobal_batch = 2\n[parallel]\ndp = 1\npp = 1\ntp = 1\nzero = 3\nrecompute = false\n"
-      "micro_batch = 0\n");
-  auto submitted = client.Call(submit);
-  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
-  const std::string run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
-  std::string spec;
-  ASSERT_TRUE(worker.Await(Envelope::ASSIGN_TASK, [&](Envelope::Reader root) {
-    spec = root.getAssignTask().getSpecToml().cStr();
-    return std::string(root.getAssignTask().getRunId().cStr()) == run_id;
-  }));
+  std::string run_id;
+  const std::string spec = AssignedSpecOfABigModel(worker, client, dir_,
+                                                   "dp = 1\npp = 1\ntp = 1\nzero = 3\nrecompute = false\nmicro_batch = 0\noffload = \"none\"\n", &run_id);
   EXPECT_NE(spec.find("keep_gathered = 0"), std::string::npos) << spec;
+}
+
+// The same one-worker mesh with zero, recompute, micro_batch and offload left to the planner:
+// nothing fits on the device, so the plan offloads the optimizer's state and the parameters
+// (streamed ZeRO-3), and its event says why. (A cluster of CPU workers never offloads by itself:
+// their device memory is their host's; this fake worker reports a GPU.)
+TEST_F(CoordinatorTest, AMeshThatFitsOnlyOffloadedIsPlannedWithOffload) {
+  zmq::context_t ctx;
+  FakeWorker worker(ctx, options_.listen, "w0", dir_, "", "cuda:0");
+  CoordinatorClient client(options_.listen);
+  std::string run_id;
+  const std::string spec = AssignedSpecOfABigModel(worker, client, dir_, "dp = 1\npp = 1\ntp = 1\n", &run_id);
+  EXPECT_NE(spec.find("offload = 'optimizer+params'"), std::string::npos) << spec;
+  EXPECT_NE(spec.find("dp = 1"), std::string::npos) << spec;
+  schema::EnvelopeBuilder events;
+  events.root().initEventsRequest().setRunId(run_id);
+  auto reply = client.Call(events);
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  std::string planned;
+  for (auto e : (*reply)->root().getEventsReply().getEvents()) {
+    if (std::string(e.getKind().cStr()) == "planned") planned = e.getMessage().cStr();
+  }
+  EXPECT_NE(planned.find("Offloads the optimizer's state and the parameters to host memory: without it the leanest plan needs"),
+            std::string::npos)
+      << planned;
 }
 
 // The run is not failed: it goes back to pending, to resume (here from step 0: no checkpoint)

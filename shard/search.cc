@@ -202,6 +202,9 @@ Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const Clust
   if (std::none_of(p.workers.begin(), p.workers.end(), [](const WorkerView& w) { return w.gpu; })) {
     p.options.workspace_bytes = options.cpu_workspace_bytes;
     p.cuda = false;
+    // A CPU worker's device memory is its host's: offloading there frees nothing, so "auto"
+    // offloads nothing (a fixed offload still runs as asked).
+    if (!p.job.offload) p.job.offload = Offload::kNone;
   }
   p.host_checked = std::any_of(p.workers.begin(), p.workers.end(), [](const WorkerView& w) { return w.host_free_bytes > 0; });
   return p;
@@ -325,9 +328,11 @@ JobSpec JobForRun(const RunSpec& spec) {
   }
   if (!p.automatic.count("recompute")) job.recompute = p.recompute;
   if (!p.automatic.count("keep_gathered")) job.keep_gathered = p.keep_gathered;
-  // Offload changes no loss (the host's AdamW is the device's arithmetic): fixed as the spec
-  // says, and a re-plan after an out-of-memory may still turn it on.
-  job.offload = OffloadFromName(p.offload).value_or(Offload::kNone);
+  // Offload changes no loss (the host's AdamW is the device's arithmetic): searched when the spec
+  // leaves it "auto" (tried only where nothing fits without it), else fixed as the spec says; a
+  // re-plan after an out-of-memory may still turn it on.
+  if (p.automatic.count("offload")) job.offload.reset();
+  else job.offload = OffloadFromName(p.offload).value_or(Offload::kNone);
   job.offload_supported = true;
   job.sequence_parallel = p.sequence_parallel;
   job.uniform_recompute = true;
@@ -481,7 +486,7 @@ Outcome Search(const internal::Problem& problem, bool full = true, internal::Spl
         if (tier != internal::OffloadTiers(problem).front()) {
           offload_reason = std::string(" Offloads ") + (tier == Offload::kOptimizer ? "the optimizer's state" : "the optimizer's state and the parameters") +
                            " to host memory: without it the leanest plan needs " + internal::FormatBytes(tier_need.begin()->second) +
-                           " free per worker" + (tier == Offload::kOptimizerAndParams && tier_need.count(Offload::kOptimizer)
+                           " free per GPU" + (tier == Offload::kOptimizerAndParams && tier_need.count(Offload::kOptimizer)
                                                      ? ", and " + internal::FormatBytes(tier_need.at(Offload::kOptimizer)) + " with the optimizer's state alone offloaded"
                                                      : "") +
                            " (" + internal::FormatBytes(roomiest_budget / (1.0 - options.safety_margin)) + " free on the roomiest).";
@@ -594,6 +599,7 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   std::vector<Option> alternatives;
   const std::vector<Offload> offloads = {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams};
   for (Offload offload : offloads) {
+    if (!problem.cuda) break;  // CPU workers: offloading frees nothing
     if (!problem.job.offload_supported && offload != Offload::kNone) continue;
     if (problem.job.offload == offload) continue;  // what was just searched
     JobSpec j = problem.job;

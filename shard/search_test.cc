@@ -147,9 +147,12 @@ TEST(PlanSearch, OffloadIsPlannedWhenNothingFitsWithoutIt) {
 // A refusal lists each memory option with what it would need, and each line's number is the
 // one ChoosePlan gives for the spec with that one edit (what `strata plan` prints).
 TEST(PlanSearch, ARefusalListsEachMemoryOptionWithNumbersItsPlanReproduces) {
-  JobSpec job = Bf16Job(8);
-  job.offload = Offload::kNone;  // the user fixed it: the other two offloads and 8-bit AdamW are the options
-  ClusterView cluster = Nodes(1, 1);
+  // Llama-3-70B on one node of 8 x 80 GiB with the offload fixed off (the user's choice): the
+  // other two offloads and 8-bit AdamW are the options.
+  JobSpec job = Bf16Job(1024);
+  job.offload = Offload::kNone;
+  job.uniform_recompute = true;
+  ClusterView cluster = Nodes(1, 8);
   auto refused = ChoosePlan(Llama3_70B(), job, cluster);
   ASSERT_FALSE(refused.ok());
   const std::string message = refused.status().message();

@@ -390,7 +390,7 @@ class TorchExecutor final : public TaskExecutor {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       context.reporter->ReportStep(trainer.step(), loss, trainer.last_grad_norm(), tokens_per_step / std::max(seconds, 1e-9), trainer.last_step_memory());
       const bool last = trainer.step() == spec.train.steps;
-      const int64_t every = spec.train.checkpoint_every;
+      const int64_t every = spec.train.CheckpointInterval();
       if (last || (every > 0 && trainer.step() % every == 0)) {
         STRATA_RETURN_IF_ERROR(writer.Wait());  // one checkpoint in host memory at a time
         const auto copy_start = std::chrono::steady_clock::now();

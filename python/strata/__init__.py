@@ -240,14 +240,17 @@ class SiteView:
 class Capture:
     """The stored activations of one extract run (see open_activations)."""
 
-    def __init__(self, reader, index):
+    def __init__(self, reader, index, raw_bf16=False):
         self._reader, self._index = reader, index
         self.run = index.run
         self.layers = list(index.layers)
         self.sites = list(index.sites)
         self.rows = index.total_rows
-        self.dtype = index.numpy_dtype  # float32, float16, or uint16 holding bf16 bits
         self.stored_dtype = index.dtype  # "f32", "f16", "bf16"
+        # bf16 rows read as float32, exactly widened (the CLI's .npy holds the same bytes); with
+        # raw_bf16=True as uint16 holding bf16's bits (half the memory; as_torch makes bfloat16).
+        self._widen = self.stored_dtype == "bf16" and not raw_bf16
+        self.dtype = np.dtype(np.float32) if self._widen else index.numpy_dtype  # float32, float16, or uint16 bits
         self.sequence = index.sequence
 
     def __repr__(self):
@@ -296,6 +299,8 @@ class Capture:
                 shape = (0,) + (tuple(self._index.row_shape(site)) if layer is not None else (3,))
                 return np.empty(shape, dtype=self.dtype if layer is not None else np.int64)
             out = self._reader.read(self._index, layer if layer is not None else 0, site, begin, end)
+            if layer is not None:
+                out = self._widened(out)
             return out[0] if isinstance(rows, (int, np.integer)) else out
         # Any rows: each stored chunk that holds some is read once.
         if sel.size == 0:
@@ -315,6 +320,12 @@ class Capture:
             mask = which == c
             out[mask] = part[sel[mask] - starts[c]]
         return out
+
+    def _widened(self, array):
+        """bf16 bits as float32 (exact: bf16 is float32's top half), unless raw_bf16 was asked."""
+        if not self._widen or array.dtype != np.uint16:
+            return array
+        return (array.astype(np.uint32) << 16).view(np.float32)
 
     def read(self, layer, site, rows=slice(None)):
         """capture[layer, site][rows]."""
@@ -351,25 +362,27 @@ class Capture:
                                       int(buffer_rows), bool(drop_last), int(prefetch), int(threads),
                                       None if page_cache is None else bool(page_cache))
         for _epoch, rows, arrays in stream:
+            arrays = [self._widened(a) if site != _strata.TOKENS_SITE else a for a, (_, site) in zip(arrays, records)]
             batch = arrays[0] if single else dict(zip(records, arrays))
             yield (rows, batch) if with_rows else batch
 
 
-def open_activations(run, *, cluster=None, stores=None):
+def open_activations(run, *, cluster=None, stores=None, raw_bf16=False):
     """The activations an extract run stored: from the cluster (a Cluster, a target for
     connect(), or None for the default cluster), or, with stores=[DIR, ...], from the workers'
     store directories alone (the cluster may be down; rows in none of them are reported missing).
-    Raises LookupError for an unknown run."""
+    bf16 captures read as float32, as `strata activations get` writes them; raw_bf16=True reads
+    their uint16 bits instead. Raises LookupError for an unknown run."""
     if stores is not None:
         if isinstance(stores, (str, os.PathLike)):
             stores = [stores]
         reader = _strata.open_stores([os.path.expanduser(os.fspath(s)) for s in stores])
-        return Capture(reader, reader.index(run))
+        return Capture(reader, reader.index(run), raw_bf16)
     if not isinstance(cluster, Cluster):
         cluster = connect(cluster)
     run = cluster.resolve(run)
     reader = _strata.connect_reader(cluster._target, 10000)
-    return Capture(reader, reader.index(run))
+    return Capture(reader, reader.index(run), raw_bf16)
 
 
 def as_torch(array, stored_dtype=None):
@@ -378,6 +391,6 @@ def as_torch(array, stored_dtype=None):
     import torch  # optional: only this helper needs it
 
     array = np.ascontiguousarray(array)
-    if stored_dtype == "bf16":
+    if stored_dtype == "bf16" and array.dtype == np.uint16:  # raw_bf16 reads; widened ones are float32
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)

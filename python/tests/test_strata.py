@@ -186,7 +186,7 @@ class PythonPackageTest(unittest.TestCase):
         self.assertEqual(len(list(capture.batches(2, "mlp_out", 1000, drop_last=True))), 4)
         type(self).online_batches = [r for r, _ in a]
 
-    def test_e_bf16_reads_as_uint16_bits_equal_to_the_widened_cli_export(self):
+    def test_e_bf16_reads_as_float32_equal_to_the_cli_export_and_raw_bits_on_request(self):
         # With data.documents: the tokens' document and position follow the given starts.
         starts = np.array([0, 100, 101, 700, 3000], dtype=np.uint64)
         starts.tofile(os.path.join(self.dir, "docs.u64"))
@@ -195,12 +195,18 @@ class PythonPackageTest(unittest.TestCase):
         run = self.cluster.submit(spec, base_dir=self.dir)
         self.cluster.wait(run, progress=False, timeout=120)
         capture = strata.open_activations(run, cluster=self.cluster)
-        self.assertEqual((capture.dtype, capture.stored_dtype), (np.uint16, "bf16"))
-        bits = capture[2, "mlp_out"][:]
+        self.assertEqual((capture.dtype, capture.stored_dtype), (np.float32, "bf16"))
+        values = capture[2, "mlp_out"][:]
         out = os.path.join(self.dir, "bf16.npy")
         cli("activations", "get", run, "--layer", "2", "--site", "mlp_out", "--out", out)
-        widened = (bits.astype(np.uint32) << 16).view(np.float32)
-        self.assertEqual(widened.tobytes(), np.load(out).tobytes())
+        self.assertEqual(values.dtype, np.float32)
+        self.assertEqual(values.tobytes(), np.load(out).tobytes())
+        batch = next(capture.batches(2, "mlp_out", 16, shuffle=False))
+        self.assertEqual(batch.tobytes(), values[:16].tobytes())
+        raw = strata.open_activations(run, cluster=self.cluster, raw_bf16=True)
+        self.assertEqual(raw.dtype, np.uint16)
+        bits = raw[2, "mlp_out"][:]
+        self.assertEqual((bits.astype(np.uint32) << 16).view(np.float32).tobytes(), values.tobytes())
         rows = np.arange(1024)
         document = np.searchsorted(starts.astype(np.int64), rows, side="right") - 1
         tokens = capture.tokens()

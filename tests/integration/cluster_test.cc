@@ -17,6 +17,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <thread>
 #include <zmq.hpp>
@@ -498,6 +499,48 @@ TEST_F(GrowBackTest, ARunShrunkByALostWorkerTakesItBackAtItsNextCheckpoint) {
   for (size_t i = 0; i < losses.size(); ++i) {
     ASSERT_NEAR(losses[i], clean_losses[i], 1e-5 * std::abs(clean_losses[i])) << "step " << i + 1;
   }
+}
+
+// With the defaults (no train.checkpoint_every or keep_checkpoints in the spec) a worker lost in
+// the last tenth of a long run costs at most a tenth of it: the run checkpoints every tenth of
+// its steps, resumes from the newest on the survivor, finishes, and keeps the newest 3.
+class DefaultCheckpointsTest : public GrowBackTest {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = testing::MakeClusterScratchDir("/tmp/strata-defaults-XXXXXX");
+    auto up = Strata(kUp);
+    ASSERT_EQ(up.rc, 0) << up.err;
+  }
+};
+
+TEST_F(DefaultCheckpointsTest, AWorkerLostLateResumesFromTheLastTenthAndThreeCheckpointsAreKept) {
+  const int steps = 400;  // a checkpoint every 40 steps; about 30 s on two CPU workers
+  std::string spec = Spec("late-loss", 2, steps, 0);
+  spec.erase(spec.find("checkpoint_every = 0\n"), std::string("checkpoint_every = 0\n").size());  // the default
+  auto submitted = Strata("submit " + WriteSpec("late-loss", spec));
+  ASSERT_EQ(submitted.rc, 0) << submitted.err;
+  const std::string run = submitted.out.substr(0, submitted.out.find('\n'));
+  const json before = WaitFor(run, [&](const json& s) { return s["step"].get<int64_t>() >= steps * 9 / 10 + 5; }, "the last tenth");
+  ASSERT_EQ(before["world_size"], 2);
+  ASSERT_EQ(kill(WorkerPid(before["workers"][1]), SIGKILL), 0);
+  Strata("status " + run + " --watch");
+  const json status = StrataJson("status " + run);
+  ASSERT_EQ(status["state"], "finished") << status.dump();
+  EXPECT_EQ(status["checkpoints"]["every_steps"], steps / 10) << status.dump();
+  EXPECT_EQ(status["checkpoints"]["keep"], 3) << status.dump();
+  int64_t lost_at = -1, resumed_from = -1;
+  std::smatch number;
+  for (auto& e : StrataJson("events " + run)) {
+    const std::string message = e["message"];
+    if (e["kind"] == "worker-lost" && std::regex_search(message, number, std::regex(R"(at step (\d+))"))) lost_at = std::stoll(number[1]);
+    if (e["kind"] == "recovering" && std::regex_search(message, number, std::regex(R"(checkpoint at step (\d+))"))) resumed_from = std::stoll(number[1]);
+  }
+  ASSERT_GE(lost_at, steps * 9 / 10) << StrataJson("events " + run).dump();
+  EXPECT_GE(resumed_from, steps * 9 / 10) << "resumed from step " << resumed_from << " after losing a worker at step " << lost_at;
+  EXPECT_LE(lost_at - resumed_from, steps / 10);
+  int complete = 0;
+  for (auto& c : StrataJson("checkpoints " + run)) complete += c["state"] == "complete";
+  EXPECT_EQ(complete, 3) << StrataJson("checkpoints " + run).dump();
 }
 
 // A damaged checkpoint found while resuming: the run does not fail; it falls back to the next

@@ -64,6 +64,8 @@ class DamageTest : public ::testing::Test {
       << "[data]\npath = \"corpus.txt\"\n"
       << "[train]\nsteps = " << steps << "\nglobal_batch = 8\nlr = 0.003\nseed = 7\ncheckpoint_every = " << checkpoint_every
       << "\n" << extra_train
+      // Every checkpoint kept unless the test says otherwise: the listings are what is checked.
+      << (extra_train.find("keep_checkpoints") == std::string::npos ? "keep_checkpoints = 0\n" : "")
       << "[parallel]\ndp = 1\npp = 1\ntp = 1\nzero = 0\nmicro_batch = 0\nrecompute = false\n";
     return s.str();
   }

@@ -45,6 +45,7 @@ class HostsTest : public ::testing::Test {
       << "[model]\nlayers = 2\nhidden = 32\nheads = 4\nvocab = 256\nsequence = 32\n"
       << "[data]\npath = \"corpus.txt\"\n"
       << "[train]\nsteps = " << kSteps << "\nglobal_batch = 8\nlr = 0.003\nseed = 5\ncheckpoint_every = 4\n"
+      << "keep_checkpoints = 0\n"  // every one kept: a reference resumes from step 8
       << "[parallel]\ndp = 2\npp = 1\ntp = 1\nzero = 1\nrecompute = false\nmicro_batch = 2\n";
     return s.str();
   }

@@ -215,6 +215,8 @@ TEST_F(MeshClusterTest, KilledWorkerRunReplansOnTheSurvivorsAndKeepsTheLosses) {
   auto spec = [&](const std::string& name) {
     std::string body = Spec(name, "gpt2", "dp = 4\npp = 2\n", steps, 20);
     body.replace(body.find("global_batch = 8"), 16, "global_batch = 24");
+    // Every checkpoint kept: the reference resumes the fault-free run at the crashed run's step.
+    body.insert(body.find("checkpoint_every = 20\n"), "keep_checkpoints = 0\n");
     return body;
   };
   const std::string clean_run = Run("fault-free", spec("fault-free"));

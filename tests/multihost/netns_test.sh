@@ -126,11 +126,11 @@ assert hosts == ['host-w1', 'host-w2', 'host-w3'], hosts" || fail "the workers d
 grep -q "NCCL_SOCKET_IFNAME=eth0 (--net-interface)" "$work/w1/log/worker.log" || fail "worker-w1 did not take --net-interface eth0"
 log "coordinator + 3 workers registered from 3 hosts"
 
-# ---- the run: examples/gpt2-tiny.toml made short, with frequent checkpoints
+# ---- the run: examples/gpt2-tiny.toml made short, with frequent checkpoints (all kept: step 4 is read back)
 # (2 shared cores run both workers: ~0.15 s a step at this size, 2 s at the example's own).
 steps=24
 spec() {  # spec NAME: the example under another name, $steps steps of 8 x 64 tokens, a checkpoint every 4
-  sed -e "s/^name = .*/name = \"$1\"/" -e "s/^steps = .*/steps = $steps/" -e "s/^checkpoint_every = .*/checkpoint_every = 4/" \
+  sed -e "s/^name = .*/name = \"$1\"/" -e "s/^steps = .*/steps = $steps/" -e "s/^checkpoint_every = .*/checkpoint_every = 4\nkeep_checkpoints = 0/" \
     -e "s/^warmup_steps = .*/warmup_steps = 4/" -e "s/^global_batch = .*/global_batch = 8/" -e "s/^sequence = .*/sequence = 64/" \
     "$repo/examples/gpt2-tiny.toml" >"$work/$1.toml"
   grep -q "^steps = $steps" "$work/$1.toml" || fail "examples/gpt2-tiny.toml changed shape; update spec() here"
