@@ -372,6 +372,7 @@ namespace {
 struct Outcome {
   Result<Plan> plan = Status::Ok();
   double leanest_need = 0;  // 0 when no candidate exists at all
+  bool host_refused = false;  // an offloaded plan fit the GPUs but not its node's host memory
 };
 
 // `full` false: the plan without its per-worker list, runner-up or reasons, and a short refusal
@@ -527,7 +528,7 @@ Outcome Search(const internal::Problem& problem, bool full = true, internal::Spl
                       "memory, or shorten the sequence / shrink the model" +
                       (host_refused ? " (plans with the optimizer offloaded fit the GPUs but need more host memory than the nodes have free)"
                                     : "")),
-                   leanest_need};
+                   leanest_need, host_refused};
   }
 
   // The runner-up is the best plan on another mesh (more telling than a ZeRO-stage variant of the
@@ -622,6 +623,7 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
       listed += "fits - peak " + Peak(*o.plan) + " (" + internal::Describe(*o.plan) + ")";
     } else if (o.plan.status().code() == StatusCode::kResourceExhausted) {
       listed += "does not fit - its leanest plan needs " + internal::FormatBytes(o.leanest_need) + " free per " + (gpus ? "GPU" : "worker");
+      if (o.host_refused) listed += ", and plans that fit the GPUs need more host memory for the offloaded state than the nodes have free";
     } else {
       listed += "no plan: " + o.plan.status().message();
     }

@@ -183,5 +183,21 @@ TEST(PlanSearch, ARefusalListsEachMemoryOptionWithNumbersItsPlanReproduces) {
   EXPECT_EQ(message.find("\n  parallel.offload = \"none\""), std::string::npos) << "the searched setting is not an option: " << message;
 }
 
+// One H200 (139 GiB free) on a host with 120 GiB free, as the GPU node measured: Llama-3.1-8B's
+// full state is over the GPU and its offloaded state over the host, so the run is refused; the
+// list names the host memory as what the offloads miss, and 8-bit AdamW as what fits.
+TEST(PlanSearch, ARefusalSaysWhenTheHostMemoryIsWhatAnOffloadMisses) {
+  ClusterView cluster = Nodes(1, 1, 141 * kGiB);
+  cluster.workers[0].free_bytes = 139 * kGiB;
+  cluster.workers[0].host_free_bytes = 120 * kGiB;
+  auto refused = ChoosePlan(Llama3_8B(), Bf16Job(8), cluster);
+  ASSERT_FALSE(refused.ok());
+  const std::string message = refused.status().message();
+  const size_t line = message.find("\n  parallel.offload = \"optimizer\": does not fit");
+  ASSERT_NE(line, std::string::npos) << message;
+  EXPECT_NE(message.find("need more host memory for the offloaded state than the nodes have free", line), std::string::npos) << message;
+  EXPECT_NE(message.find("\n  train.optimizer = \"adamw8bit\" (offload planned as now): fits - peak"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace strata::shard
