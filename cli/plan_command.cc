@@ -276,7 +276,7 @@ Result<std::string> EstimateForSubmit(const RunSpec& spec, client::CoordinatorCl
   return "estimate: " + Gib(m.total()) + " GiB on " + peak->worker + " (weights " + Gib(m.weights) + ", gradients " +
          Gib(m.gradients) + ", optimizer " + Gib(m.optimizer_state) + ", activations " + Gib(m.activations) + ", buffers " +
          Gib(m.communication_buffers) + ", workspace " + Gib(m.workspace) + ") of " + Gib(peak->budget_bytes) + " GiB usable" +
-         (plan->offload == shard::Offload::kNone ? std::string()
+         (plan->offload == shard::Offload::kNone || !spec.parallel.automatic.count("offload") ? std::string()
           : plan->offload == shard::Offload::kOptimizer
               ? std::string(", with the optimizer's state offloaded to host memory (no plan fits without it)")
               : std::string(", with the optimizer's state and the parameters offloaded to host memory (no plan fits without them)")) +
