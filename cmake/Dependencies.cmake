@@ -93,17 +93,25 @@ target_include_directories(strata_header_libs INTERFACE ${TOMLPP_INCLUDE_DIR} ${
 find_package(spdlog REQUIRED)
 
 # --- LibTorch (only worker execution links it) ---------------------------------------------------
-find_package(Torch REQUIRED)
-# CUDA parts are built only against a LibTorch that has CUDA (pip PyTorch on the GPU node).
-set(STRATA_TORCH_HAS_CUDA OFF)
-if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda OR CAFFE2_USE_CUDA)
-  set(STRATA_TORCH_HAS_CUDA ON)
+# OFF: the control plane alone on a machine without LibTorch - strata, strata-coordinator, the
+# planner, storage, the Python package's module and the tests that need no strata-worker.
+option(STRATA_WITH_TORCH "Build the worker's execution (strata-worker; needs LibTorch)" ON)
+if(STRATA_WITH_TORCH)
+  find_package(Torch REQUIRED)
+  # CUDA parts are built only against a LibTorch that has CUDA (pip PyTorch on the GPU node).
+  set(STRATA_TORCH_HAS_CUDA OFF)
+  if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda OR CAFFE2_USE_CUDA)
+    set(STRATA_TORCH_HAS_CUDA ON)
+  endif()
+  option(STRATA_WITH_CUDA "Build CUDA parts (needs a CUDA LibTorch)" ${STRATA_TORCH_HAS_CUDA})
+  if(STRATA_WITH_CUDA AND NOT STRATA_TORCH_HAS_CUDA)
+    message(FATAL_ERROR "STRATA_WITH_CUDA=ON but the LibTorch found at ${Torch_DIR} has no CUDA")
+  endif()
+  message(STATUS "Strata: LibTorch ${Torch_VERSION} from ${Torch_DIR}; CUDA parts: ${STRATA_WITH_CUDA}")
+else()
+  set(STRATA_WITH_CUDA OFF)
+  message(STATUS "Strata: without LibTorch (STRATA_WITH_TORCH=OFF): no strata-worker, no test that needs one")
 endif()
-option(STRATA_WITH_CUDA "Build CUDA parts (needs a CUDA LibTorch)" ${STRATA_TORCH_HAS_CUDA})
-if(STRATA_WITH_CUDA AND NOT STRATA_TORCH_HAS_CUDA)
-  message(FATAL_ERROR "STRATA_WITH_CUDA=ON but the LibTorch found at ${Torch_DIR} has no CUDA")
-endif()
-message(STATUS "Strata: LibTorch ${Torch_VERSION} from ${Torch_DIR}; CUDA parts: ${STRATA_WITH_CUDA}")
 
 # LibTorch's headers cost about 30 s to parse and 30 s more to compile in every file that includes
 # them (measured on a 2-core box); one precompiled <torch/torch.h>, built with strata_worker_exec,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, builds, and runs every test (unit, store, coordinator,
-# trainer and multi-process integration tests), then a short fuzz run (scripts/fuzz.sh). GPU
-# tests (label gpu) skip without a device.
+# trainer and multi-process integration tests), then the control plane without LibTorch and its
+# tests (build-notorch/), then a short fuzz run (scripts/fuzz.sh). GPU tests (label gpu) skip
+# without a device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
@@ -11,6 +12,24 @@ echo "build: $(( $(date +%s) - start )) s"
 # Tests in parallel, one per core: most wait on processes and sockets (RUN_SERIAL marks the ones
 # that must be alone).
 (cd build && ctest --output-on-failure --timeout 600 -j "$(nproc)" "$@")
+# The control plane without LibTorch (-DSTRATA_WITH_TORCH=OFF, build-notorch/): strata,
+# strata-coordinator and every test that needs no strata-worker build and pass without it, and
+# no binary of that build loads LibTorch. STRATA_NO_TORCH_CHECK=0 skips it.
+if [ "${STRATA_NO_TORCH_CHECK:-1}" != 0 ]; then
+  export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
+  start=$(date +%s)
+  cmake -S . -B build-notorch -G Ninja -DSTRATA_WITH_TORCH=OFF -DSTRATA_WERROR="${STRATA_WERROR:-ON}" >/dev/null
+  cmake --build build-notorch -j "$(nproc)"
+  echo "build without LibTorch: $(( $(date +%s) - start )) s"
+  for bin in build-notorch/bin/*; do
+    if ldd "$bin" 2>/dev/null | grep -q 'libtorch\|libc10'; then
+      echo "$bin links LibTorch in a build without it" >&2
+      exit 1
+    fi
+  done
+  [ ! -e build-notorch/bin/strata-worker ] || { echo "build-notorch made a strata-worker" >&2; exit 1; }
+  (cd build-notorch && ctest --output-on-failure --timeout 600 -j "$(nproc)")
+fi
 # A short run of every fuzzer under ASan/UBSan (fuzz/; about a minute with its build).
 # STRATA_FUZZ_RUNS=0 skips it.
 fuzz_runs=${STRATA_FUZZ_RUNS:-200000}
