@@ -199,5 +199,30 @@ TEST(PlanSearch, ARefusalSaysWhenTheHostMemoryIsWhatAnOffloadMisses) {
   EXPECT_NE(message.find("\n  train.optimizer = \"adamw8bit\" (offload planned as now): fits - peak"), std::string::npos) << message;
 }
 
+// The issue's case: Llama-3-70B (sequence 4096, global batch 1024) on one node of 8 x 80 GiB
+// whose host has 1 TiB free, offload left to the planner. Without the host memory stated it
+// would plan the optimizer's state offloaded; with it nothing fits (the offloaded state of 70B
+// parameters is over the host), and the list's 8-bit line is the plan `strata plan` gives for it.
+TEST(PlanSearch, Llama70BOnANodeOf80GiBCardsIsRefusedWithOptionsItsPlanReproduces) {
+  JobSpec job = Bf16Job(1024);
+  job.uniform_recompute = true;
+  ClusterView cluster = Nodes(1, 8);
+  auto without_host = ChoosePlan(Llama3_70B(), job, cluster);
+  ASSERT_TRUE(without_host.ok()) << without_host.status().ToString();
+  EXPECT_EQ(without_host->offload, Offload::kOptimizer);
+  for (WorkerView& w : cluster.workers) w.host_free_bytes = int64_t{1} << 40;
+  auto refused = ChoosePlan(Llama3_70B(), job, cluster);
+  ASSERT_FALSE(refused.ok());
+  const std::string message = refused.status().message();
+  std::smatch peak;
+  ASSERT_TRUE(std::regex_search(message, peak, std::regex(R"(train.optimizer = "adamw8bit" \(offload planned as now\): fits - peak ([0-9.]+ GiB))")))
+      << message;
+  JobSpec eight_bit = job;
+  eight_bit.optimizer = "adamw8bit";
+  auto again = ChoosePlan(Llama3_70B(), eight_bit, cluster);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_NE(again->why.find("peak " + peak[1].str()), std::string::npos) << again->why;
+}
+
 }  // namespace
 }  // namespace strata::shard
