@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Interpretability capture and reading on one GPU (docs/benchmarks.md, "Every site and shuffled
+# Interpretability capture and reading on one GPU (docs/history/benchmarks-sessions.md, "Every site and shuffled
 # batches"). Parts, each run on its own so one command stays under the node's time limit:
 #   all-gpt2, all-llama  every capture site (docs/extract.md) of GPT-2 124M (32 x 1024 tokens) or of a
 #                        1.1B Llama (TinyLlama's shape, 8 x 1024 tokens), stored as bf16, against the

@@ -41,7 +41,7 @@
 //     optimizer    a time per parameter of the optimizer range (this rank's ZeRO shard), and
 //                  1.0 ms a step whatever its size (norm, scalars, launches: session 23)
 //   both at the peak of an H100/H200 (989 TFLOP/s) and scaled with peak_flops. Measured on H200s
-//   (docs/benchmarks.md, sessions 18 and 20): matmul kernels at 0.71-0.79 of peak; the rest of a
+//   (docs/history/benchmarks-sessions.md, sessions 18 and 20): matmul kernels at 0.71-0.79 of peak; the rest of a
 //   step, less the loss (2.3 ps a logit: GPT-2's CrossEntropyRows, session 20), 115 ps (GPT-2
 //   124M, session 20's profile, after the weight gradients moved into their matmuls), 84 ps with
 //   the loss (Llama 886M, session 20) and 191 ps (Llama 8 x 4096, session 18's older code) per
@@ -79,7 +79,7 @@
 // step, i.e. compute * (pp-1)/m.
 //
 // Calibration (what worker/trainer really keeps, fitted to measured allocator peaks; the fit and
-// its residuals are in docs/benchmarks.md, "Estimate vs. measured peak"). Per rank:
+// its residuals are in docs/history/benchmarks-sessions.md, "Estimate vs. measured peak"). Per rank:
 //   peak = state + working copies + a * activations + recompute's layer + loss + buffers + d
 //   (a and recompute's layer differ by block kind: below, and "Refit for gated-MLP blocks")
 //   state         16 bytes per parameter, sharded by ZeRO: fp32 weights 4, fp32 gradient buffer 4

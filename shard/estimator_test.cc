@@ -204,7 +204,7 @@ TEST(StepTime, CpuWorkersPayZeroThreesCollectivesInLine) {
 }
 
 // Issue #19: the step-time model orders 4-GPU meshes of the Llama 886M (16 x 2048, the
-// scaling bench's llama1b) as they measured on 4x H200 (session 20, docs/benchmarks.md: 8
+// scaling bench's llama1b) as they measured on 4x H200 (session 20, docs/history/benchmarks-sessions.md: 8
 // sequences of 1024 per GPU, every [parallel] field fixed): dp=4 ZeRO-2 321.7k tokens/s over
 // ZeRO-1 301.6k (ZeRO-1 all-reduces its gradients and then gathers the updated shards, ZeRO-2
 // reduce-scatters: the model before charged both one all-reduce and tied them) over dp=2 x pp=2

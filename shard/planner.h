@@ -88,7 +88,7 @@ struct PlannerOptions {
   double inter_node_bandwidth = 12.5e9;  // bytes/s between nodes (100 Gb/s)
   double host_bandwidth = 25e9;     // bytes/s GPU <-> host, for optimizer offload
   // Bytes/s the host AdamW of an offloaded optimizer moves (28 a parameter): kernels_bench
-  // measured 116e9 on 16 threads of an H200 host (docs/benchmarks.md, 2026-11-28).
+  // measured 116e9 on 16 threads of an H200 host (docs/history/benchmarks-sessions.md, 2026-11-28).
   double host_adamw_bandwidth = 100e9;
   int64_t workspace_bytes = int64_t{1} << 30;  // CUDA context, cuBLAS workspace, fragmentation
   // Used instead when every worker is a CPU worker: allocator arenas and thread-pool buffers (its

@@ -39,7 +39,7 @@ std::vector<int64_t> Divisors(int64_t n) {
 }
 
 double DefaultBandwidth(const std::string& link) {
-  // NVLink: what NCCL's collectives reached between 2 H200s (docs/benchmarks.md, session 18: a
+  // NVLink: what NCCL's collectives reached between 2 H200s (docs/history/benchmarks-sessions.md, session 18: a
   // 498 MB reduce-scatter in 1.25 ms, 134 MB all-reduces in 0.72 ms), not the 450 GB/s a
   // direction of the link carries.
   if (link == "nvlink") return 200e9;
