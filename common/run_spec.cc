@@ -388,6 +388,8 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   // Retention: the newest N complete checkpoints are kept (0: all). A million is more than any
   // disk holds of a model worth checkpointing.
   STRATA_RETURN_IF_ERROR(r.Int("train", "keep_checkpoints", &t.keep_checkpoints, 0, 1000000));
+  // A stored spec without the key (an older coordinator's) kept every checkpoint.
+  if (!check_name && !r.Has("train", "keep_checkpoints")) t.keep_checkpoints = 0;
   if (t.lr <= 0) return InvalidArgument("run spec: train.lr must be > 0");
   STRATA_RETURN_IF_ERROR(r.String("train", "lr_schedule", &t.lr_schedule));
   if (t.lr_schedule != "constant" && t.lr_schedule != "cosine") {

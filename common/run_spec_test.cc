@@ -240,6 +240,10 @@ TEST_F(RunSpecTest, CheckpointDefaultsAreATenthOfTheRunAndTheNewestThree) {
   EXPECT_EQ(explicit_zero->train.CheckpointInterval(), 0);
   EXPECT_EQ(explicit_zero->train.keep_checkpoints, 0);
   ExpectRejected(Valid("", "checkpoint_every = \"hourly\"\n"), "train.checkpoint_every must be an integer (0 = only at the end) or \"auto\"");
+  // A spec an older coordinator stored, without the key, kept every checkpoint: it still does.
+  auto stored_old = ParseStoredRunSpec(Valid());
+  ASSERT_TRUE(stored_old.ok()) << stored_old.status().ToString();
+  EXPECT_EQ(stored_old->train.keep_checkpoints, 0);
 }
 TEST_F(RunSpecTest, StagesAreOneLayerCountPerStageAddingUpToTheModel) {
   // Valid(): 2 layers.

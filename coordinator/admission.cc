@@ -91,7 +91,8 @@ bool Admission::PlanRun(RunEntry& run, std::vector<WorkerEntry*>* idle) {
   if (run.spec.train.checkpoint_every == TrainSpec::kAutoCheckpoints) {
     // "auto": a tenth of the run, or the steps the plan predicts for 30 minutes if fewer.
     constexpr double kAutoCheckpointSeconds = 30 * 60;
-    const double step_s = std::max(plan->step_time.total_s(), 1e-9);
+    const double predicted = plan->step_time.total_s();
+    const double step_s = std::isfinite(predicted) && predicted > 1e-9 ? predicted : 1e-9;
     const int64_t in_half_an_hour = static_cast<int64_t>(std::clamp(std::floor(kAutoCheckpointSeconds / step_s), 1.0, 1e12));
     run.spec.train.checkpoint_every = std::max<int64_t>(1, std::min(run.spec.train.CheckpointInterval(), in_half_an_hour));
   }

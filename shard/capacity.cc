@@ -1,8 +1,8 @@
 #include "shard/capacity.h"
 
 #include <algorithm>
-#include <iterator>
 #include <map>
+#include <memory>
 
 #include "shard/internal.h"
 
@@ -17,6 +17,8 @@ std::vector<CapacityOption> CapacityOptions() {
 
 std::vector<Capacity> LargestTrainable(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster) {
   std::vector<Capacity> out;
+  // The stage splits of each layer count, shared by the options (they search the same models).
+  std::map<int64_t, std::shared_ptr<internal::StageSplits>> splits;
   for (const CapacityOption& option : CapacityOptions()) {
     JobSpec j = job;
     j.optimizer = option.optimizer;
@@ -24,18 +26,14 @@ std::vector<Capacity> LargestTrainable(const ModelSpec& model, const JobSpec& jo
     j.stages.clear();  // a stage split of the spec's layer count does not fit another count
     if (j.pp && *j.pp > 1) j.pp.reset();
     std::map<int64_t, Result<Plan>> tried;  // the bisection asks some counts twice
-    // Per count tried: the splits that cannot fit it, which cannot fit any larger count either.
-    std::map<int64_t, internal::SplitsThatCannotFit> ruled_out;
     auto fits = [&](int64_t layers) -> const Result<Plan>& {
       auto it = tried.find(layers);
       if (it != tried.end()) return it->second;
       ModelSpec m = model;
       m.layers = layers;
-      auto below = ruled_out.lower_bound(layers);
-      internal::SplitsThatCannotFit known = below == ruled_out.begin() ? internal::SplitsThatCannotFit{} : std::prev(below)->second;
-      Result<Plan> plan = internal::PlanWithoutWorkers(m, j, cluster, &known);
-      ruled_out[layers] = std::move(known);
-      return tried.emplace(layers, std::move(plan)).first->second;
+      auto& shared = splits[layers];
+      if (!shared) shared = std::make_shared<internal::StageSplits>();
+      return tried.emplace(layers, internal::PlanWithoutWorkers(m, j, cluster, shared)).first->second;
     };
     Capacity c{option, 0, 0, ""};
     const Result<Plan>& first = fits(1);

@@ -665,6 +665,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
 
     const double total = static_cast<double>(mem.total());
     local_fill.worst = std::max(local_fill.worst, total / static_cast<double>(std::max<int64_t>(geometry.min_budget[k], 1)));
+    local_fill.stage_total.push_back(total);
     any_streamed |= streamed_zero3;
     if (streamed_zero3 && layers > (last ? 0 : 1)) {
       // More kept layers take at most half of what the budget leaves (the rest stays headroom).

@@ -64,15 +64,17 @@ std::vector<Mesh> MeshesOf(const Problem& problem, int64_t n);
 std::vector<Offload> OffloadTiers(const Problem& problem);
 
 // A mesh's candidates for one offload that differ only in how many stages recompute: the first
-// `recompute_counts[i]` stages of `base` (whose recompute is all false), ascending. A plan's
-// memory falls and its step time grows with the count, so the search needs only the smallest
-// count that fits (ChoosePlan bisects for it).
+// `recompute_counts[i]` stages of `base` (whose recompute is all false), ascending. A stage's
+// memory depends only on its own flag, so the two ends of the counts bound every stage's
+// memory over the branch (ChoosePlan skips a mesh no end can fit).
 struct Branch {
   Candidate base;
   std::vector<int64_t> recompute_counts;
 };
 void ForEachBranch(const Problem& problem, const Mesh& mesh, Offload offload, const std::function<void(const Branch&)>& visit);
 Candidate WithRecompute(Candidate c, int64_t stages);  // recompute on the first `stages` stages
+// Every candidate of one mesh and offload: its branches' recompute counts each.
+void ForEachCandidateOf(const Problem& problem, const Mesh& mesh, Offload offload, const std::function<void(const Candidate&)>& visit);
 
 // Calls `visit` for every candidate on `workers_used` workers: each mesh's offloads, ZeRO stages,
 // micro-batches (dividing global_batch / dp) and recompute counts.
@@ -129,6 +131,7 @@ struct Fill {
   // ZeRO-3 without recompute: the most layers every such stage could keep gathered (the ones kept
   // now included) within half of what its budget leaves; 0 where no stage gathers.
   int64_t keep_room = 0;
+  std::vector<double> stage_total;  // each pipeline stage's device estimate per worker, first to last
 };
 Plan Evaluate(const Problem& problem, const Candidate& candidate, StageCache& cache, bool with_workers = true,
               Fill* fill = nullptr);
@@ -160,16 +163,12 @@ struct StateBytesPerParam {
 // scale per 256).
 StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer = false);
 
-// (offload, pp, tp) splits whose leanest candidates do not fit on the roomiest worker at the
-// most data-parallel ranks the cluster allows them, so at none. They stay so for the same job
-// on a model with more layers (each stage holds as many or more).
-using SplitsThatCannotFit = std::set<std::tuple<Offload, int64_t, int64_t>>;
-
 // ChoosePlan's search without the chosen plan's per-worker list, runner-up or reasons (`why` is
 // Describe's line), nor the memory options of a refusal: for callers that search many times.
-// `cannot_fit` (optional): splits known not to fit, skipped; those found are added.
+// `splits` (optional): the stage splits of this model and job's stages, shared with other
+// searches of the same model (the capacity table's options).
 Result<Plan> PlanWithoutWorkers(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
-                                SplitsThatCannotFit* cannot_fit = nullptr);
+                                std::shared_ptr<StageSplits> splits = nullptr);
 
 std::string FormatBytes(double bytes);
 std::string Describe(const Plan& plan);  // "dp=2 pp=1 tp=1, ZeRO-1, micro_batch 4 x 2, ..."

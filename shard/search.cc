@@ -1,12 +1,14 @@
 // Input validation and the plan search.
 //
-// The search is exhaustive over a small space: for the largest worker count that admits any
-// plan that fits (all workers first), every factorisation n = dp * pp * tp with tp | heads and
-// tp | kv_heads, pp <= layers, dp | global_batch; every ZeRO stage (only 0 when dp = 1, where
-// sharding changes nothing); every micro-batch dividing global_batch / dp; recompute on the
-// first k stages for k = 0..pp (stage 0 holds the most micro-batches in flight, so it is the
-// first to need it); offload off and on. A plan fits when every worker's estimate is within
-// free_bytes * (1 - safety_margin). The fastest predicted step wins; ties go to less
+// The search covers a small space: for the largest worker count that admits any plan that fits
+// (all workers first), every factorisation n = dp * pp * tp with tp | heads and tp | kv_heads,
+// pp <= layers, dp | global_batch; every ZeRO stage (only 0 when dp = 1, where sharding changes
+// nothing); every micro-batch dividing global_batch / dp; recompute on the first k stages for
+// k = 0..pp (stage 0 holds the most micro-batches in flight, so it is the first to need it);
+// offload in tiers (none; the optimizer's state; the parameters too), the next only where
+// nothing fits in the one before. Meshes that cannot fit even on the roomiest worker are skipped
+// unsearched (Search says how that is bounded). A plan fits when every worker's estimate is
+// within free_bytes * (1 - safety_margin). The fastest predicted step wins; ties go to less
 // communication, then to the simpler plan (less recompute, no offload, lower ZeRO, larger
 // micro-batch, shallower pipeline, narrower tensor parallelism).
 #include <algorithm>
@@ -262,13 +264,15 @@ Candidate WithRecompute(Candidate c, int64_t stages) {
   return c;
 }
 
+void ForEachCandidateOf(const Problem& problem, const Mesh& mesh, Offload offload, const std::function<void(const Candidate&)>& visit) {
+  ForEachBranch(problem, mesh, offload, [&](const Branch& branch) {
+    for (int64_t k : branch.recompute_counts) visit(WithRecompute(branch.base, k));
+  });
+}
+
 void ForEachCandidate(const Problem& problem, int64_t n, const std::function<void(const Candidate&)>& visit) {
   for (const Mesh& mesh : MeshesOf(problem, n)) {
-    for (Offload offload : OffloadTiers(problem)) {
-      ForEachBranch(problem, mesh, offload, [&](const Branch& branch) {
-        for (int64_t k : branch.recompute_counts) visit(WithRecompute(branch.base, k));
-      });
-    }
+    for (Offload offload : OffloadTiers(problem)) ForEachCandidateOf(problem, mesh, offload, visit);
   }
 }
 
@@ -377,9 +381,7 @@ struct Outcome {
 
 // `full` false: the plan without its per-worker list, runner-up or reasons, and a short refusal
 // (LargestTrainable's many searches need only whether a plan fits, and which).
-// `cannot_fit`: pp x tp splits known not to fit at any dp (LargestTrainable carries them from a
-// smaller model to a larger one); what this search finds is added.
-Outcome Search(const internal::Problem& problem, bool full = true, internal::SplitsThatCannotFit* cannot_fit_seen = nullptr) {
+Outcome Search(const internal::Problem& problem, bool full = true) {
   const PlannerOptions& options = problem.options;
   const int64_t all = static_cast<int64_t>(problem.workers.size());
   // The search keeps plans without their per-worker lists (O(stages) each, whatever the cluster
@@ -394,39 +396,51 @@ Outcome Search(const internal::Problem& problem, bool full = true, internal::Spl
   std::string offload_reason;  // why the chosen plan offloads, when it does
   int64_t evaluated = 0, fitting = 0, used = all;
   bool host_refused = false;  // an offload plan that fit the GPUs but not its node's host memory
-  // A mesh none of whose candidates fits even on the roomiest worker is skipped without picking
-  // its workers or searching it: its leanest candidates (the smallest micro-batch, the most
-  // recompute, each ZeRO stage) are estimated with every rank on that worker. This, and the
-  // bisection over recompute below, keep the search to a few candidates a mesh however many
-  // workers the cluster has (a plan's device memory falls with recompute, a smaller micro-batch
-  // and, over a ZeRO stage's options, is the least of them).
+  // A mesh none of whose candidates can fit even on the roomiest worker is skipped without
+  // picking its workers or searching it. Its bound: every rank on that worker, the smallest
+  // micro-batch (every one when keep_gathered is fixed above 0: kept layers cost more the more
+  // micro-batches are in flight), each ZeRO stage, and per pipeline stage the leaner of its
+  // memory with and without recompute (a stage's memory depends only on its own flag, and the
+  // two ends of a branch's recompute counts give both where the count can change it). A mesh
+  // passes when every stage's leaner estimate fits: the search is then that of every candidate
+  // on the meshes left, which a test holds equal to evaluating them all.
   const std::vector<WorkerView> roomiest = {*std::max_element(problem.workers.begin(), problem.workers.end(),
                                                                 [](const WorkerView& a, const WorkerView& b) { return a.free_bytes < b.free_bytes; })};
   const double roomiest_budget = static_cast<double>(roomiest.front().free_bytes) * (1.0 - options.safety_margin);
   internal::StageCache lean_stages(problem, roomiest, /*every_rank_is_first=*/true);
-  // Per offload tier: the least memory its hungriest worker needs (the refusal and `why` say it).
-  std::map<Offload, double> tier_need;
+  // Per offload tier: the least memory its hungriest worker needs, over the whole search (the
+  // refusal's options) and on the worker count being tried (why a plan offloads).
+  std::map<Offload, double> tier_need, tier_need_here;
   auto note_lean = [&](Offload tier, const Kept& kept, double need) {
     if (!leanest || need < leanest_need) leanest = kept, leanest_need = need;
-    auto it = tier_need.find(tier);
-    if (it == tier_need.end() || need < it->second) tier_need[tier] = need;
+    for (auto* needs : {&tier_need, &tier_need_here}) {
+      auto it = needs->find(tier);
+      if (it == needs->end() || need < it->second) (*needs)[tier] = need;
+    }
   };
-  // A mesh's leanest candidates need no more memory with more data-parallel ranks (ZeRO shards
-  // over more of them; fewer micro-batches are in flight), so once a pp x tp split cannot fit
-  // at some dp it cannot at a smaller one either: the search, going down in workers, skips it.
-  internal::SplitsThatCannotFit own;
-  internal::SplitsThatCannotFit& cannot_fit = cannot_fit_seen ? *cannot_fit_seen : own;
+  // The bound needs no more memory with more data-parallel ranks (ZeRO shards over more of them;
+  // fewer micro-batches are in flight), so once a pp x tp split cannot fit at some dp it cannot
+  // at a smaller one either: the search, going down in workers, skips it.
+  std::set<std::tuple<Offload, int64_t, int64_t>> cannot_fit;
+  const bool keeps = problem.job.keep_gathered.value_or(0) > 0;
   auto can_fit = [&](const internal::Mesh& mesh, Offload tier, int64_t n) {
     if (cannot_fit.count({tier, mesh.pp, mesh.tp})) return false;
     bool any = false;
+    std::optional<int64_t> smallest_micro_batch;
     internal::ForEachBranch(problem, mesh, tier, [&](const internal::Branch& branch) {
-      if (any || branch.base.micro_batch != (problem.job.micro_batch ? *problem.job.micro_batch : 1)) return;
-      internal::Fill fill;
-      const internal::Candidate lean = internal::WithRecompute(branch.base, branch.recompute_counts.back());
-      Kept kept{internal::Evaluate(problem, lean, lean_stages, /*with_workers=*/false, &fill), n};
-      ++evaluated;
-      note_lean(tier, kept, fill.largest_total / (1.0 - options.safety_margin));
-      any = fill.largest_total <= roomiest_budget;
+      if (!smallest_micro_batch) smallest_micro_batch = branch.base.micro_batch;
+      if (any || (!keeps && branch.base.micro_batch != *smallest_micro_batch)) return;
+      std::vector<double> leaner;  // per stage, over the branch's ends
+      for (int64_t count : {branch.recompute_counts.front(), branch.recompute_counts.back()}) {
+        internal::Fill fill;
+        Kept kept{internal::Evaluate(problem, internal::WithRecompute(branch.base, count), lean_stages, /*with_workers=*/false, &fill), n};
+        ++evaluated;
+        note_lean(tier, kept, fill.largest_total / (1.0 - options.safety_margin));
+        if (leaner.empty()) leaner = fill.stage_total;
+        for (size_t k = 0; k < leaner.size() && k < fill.stage_total.size(); ++k) leaner[k] = std::min(leaner[k], fill.stage_total[k]);
+        if (branch.recompute_counts.size() == 1) break;
+      }
+      any = std::all_of(leaner.begin(), leaner.end(), [&](double total) { return total <= roomiest_budget; });
     });
     if (!any) cannot_fit.insert({tier, mesh.pp, mesh.tp});
     return any;
@@ -435,6 +449,7 @@ Outcome Search(const internal::Problem& problem, bool full = true, internal::Spl
     used = n;
     const std::vector<internal::Mesh> meshes = internal::MeshesOf(problem, n);
     if (meshes.empty()) continue;  // at 10k workers, skipping is the whole cost
+    tier_need_here.clear();
     // Offload only when nothing fits without it (then the optimizer's state before the parameters).
     for (Offload tier : internal::OffloadTiers(problem)) {
       std::vector<internal::Mesh> open;
@@ -445,52 +460,40 @@ Outcome Search(const internal::Problem& problem, bool full = true, internal::Spl
       const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, n);
       const std::vector<WorkerView> whole_nodes = internal::PickWorkers(problem.workers, n, /*whole_nodes=*/true);
       internal::StageCache stages(problem, workers), tp_stages(problem, whole_nodes);
-      // Evaluates one candidate; true when it fits.
-      auto consider = [&](const internal::Candidate& c) {
-        internal::Fill fill;
-        Kept kept{internal::Evaluate(problem, c, c.tp > 1 ? tp_stages : stages, /*with_workers=*/false, &fill), n};
-        const Plan& plan = kept.plan;
-        ++evaluated;
-        note_lean(tier, kept, fill.largest_total / (1.0 - options.safety_margin));  // free memory its hungriest worker asks
-        if (fill.worst > 1.0) {
-          host_refused |= fill.host_limited;
-          if (!fastest_rejected || internal::Better(plan, fastest_rejected->plan)) fastest_rejected = kept;
-          return false;
-        }
-        ++fitting;
-        auto key = std::make_tuple(plan.dp, plan.pp, plan.tp);
-        auto it = best_per_mesh.find(key);
-        if (it == best_per_mesh.end()) best_per_mesh.emplace(key, kept);
-        else if (internal::Better(plan, it->second.plan)) it->second = kept;
-        if (!best || internal::Better(plan, best->plan)) {
-          second = std::move(best);
-          best = std::move(kept);
-        } else if (!second || internal::Better(plan, second->plan)) {
-          second = std::move(kept);
-        }
-        return true;
-      };
       for (const internal::Mesh& mesh : open) {
-        internal::ForEachBranch(problem, mesh, tier, [&](const internal::Branch& branch) {
-          // The fewest recomputing stages that fit: none if that fits; nothing if the most do not.
-          const std::vector<int64_t>& counts = branch.recompute_counts;
-          if (consider(internal::WithRecompute(branch.base, counts.front())) || counts.size() == 1) return;
-          if (!consider(internal::WithRecompute(branch.base, counts.back()))) return;
-          size_t lo = 0, hi = counts.size() - 1;  // counts[lo] does not fit, counts[hi] does
-          while (hi - lo > 1) {
-            const size_t mid = lo + (hi - lo) / 2;
-            (consider(internal::WithRecompute(branch.base, counts[mid])) ? hi : lo) = mid;
+        internal::ForEachCandidateOf(problem, mesh, tier, [&](const internal::Candidate& c) {
+          internal::Fill fill;
+          Kept kept{internal::Evaluate(problem, c, c.tp > 1 ? tp_stages : stages, /*with_workers=*/false, &fill), n};
+          const Plan& plan = kept.plan;
+          ++evaluated;
+          note_lean(tier, kept, fill.largest_total / (1.0 - options.safety_margin));  // free memory its hungriest worker asks
+          if (fill.worst > 1.0) {
+            host_refused |= fill.host_limited;
+            if (!fastest_rejected || internal::Better(plan, fastest_rejected->plan)) fastest_rejected = kept;
+            return;
+          }
+          ++fitting;
+          auto key = std::make_tuple(plan.dp, plan.pp, plan.tp);
+          auto it = best_per_mesh.find(key);
+          if (it == best_per_mesh.end()) best_per_mesh.emplace(key, kept);
+          else if (internal::Better(plan, it->second.plan)) it->second = kept;
+          if (!best || internal::Better(plan, best->plan)) {
+            second = std::move(best);
+            best = std::move(kept);
+          } else if (!second || internal::Better(plan, second->plan)) {
+            second = std::move(kept);
           }
         });
       }
       if (best) {
-        if (tier != internal::OffloadTiers(problem).front()) {
+        if (tier != internal::OffloadTiers(problem).front() && tier_need_here.count(Offload::kNone)) {
           offload_reason = std::string(" Offloads ") + (tier == Offload::kOptimizer ? "the optimizer's state" : "the optimizer's state and the parameters") +
-                           " to host memory: without it the leanest plan needs " + internal::FormatBytes(tier_need.begin()->second) +
-                           " free per GPU" + (tier == Offload::kOptimizerAndParams && tier_need.count(Offload::kOptimizer)
-                                                     ? ", and " + internal::FormatBytes(tier_need.at(Offload::kOptimizer)) + " with the optimizer's state alone offloaded"
-                                                     : "") +
-                           " (" + internal::FormatBytes(roomiest_budget / (1.0 - options.safety_margin)) + " free on the roomiest).";
+                           " to host memory: without it the leanest plan on " + std::to_string(n) + (n == 1 ? " worker" : " workers") + " needs " +
+                           internal::FormatBytes(tier_need_here.at(Offload::kNone)) + " free per GPU" +
+                           (tier == Offload::kOptimizerAndParams && tier_need_here.count(Offload::kOptimizer)
+                                ? ", and " + internal::FormatBytes(tier_need_here.at(Offload::kOptimizer)) + " with the optimizer's state alone offloaded"
+                                : "") +
+                           ".";
         }
         break;
       }
@@ -581,9 +584,10 @@ std::string Peak(const Plan& plan) {
 }  // namespace
 
 namespace internal {
-Result<Plan> PlanWithoutWorkers(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, SplitsThatCannotFit* cannot_fit) {
+Result<Plan> PlanWithoutWorkers(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, std::shared_ptr<StageSplits> splits) {
   STRATA_ASSIGN_OR_RETURN(Problem problem, Validate(model, job, cluster, PlannerOptions{}));
-  return std::move(Search(problem, /*full=*/false, cannot_fit).plan);
+  if (splits) problem.splits = std::move(splits);
+  return std::move(Search(problem, /*full=*/false).plan);
 }
 }  // namespace internal
 
