@@ -71,6 +71,7 @@ class ClusterTest : public ::testing::Test {
       << "[data]\npath = \"corpus.txt\"\n"
       << "[train]\nsteps = " << steps << "\nglobal_batch = 8\nlr = 0.003\nseed = 7\ncheckpoint_every = "
       << checkpoint_every << "\n"
+      << "keep_checkpoints = 0\n"  // every one kept: these tests read and resume old ones
       << "[parallel]\ndp = " << dp << "\npp = 1\ntp = 1\nrecompute = false\n";  // zero, micro_batch: planned
     return s.str();
   }
@@ -516,7 +517,7 @@ class DefaultCheckpointsTest : public GrowBackTest {
 TEST_F(DefaultCheckpointsTest, AWorkerLostLateResumesFromTheLastTenthAndThreeCheckpointsAreKept) {
   const int steps = 400;  // a checkpoint every 40 steps; about 30 s on two CPU workers
   std::string spec = Spec("late-loss", 2, steps, 0);
-  spec.erase(spec.find("checkpoint_every = 0\n"), std::string("checkpoint_every = 0\n").size());  // the default
+  for (const std::string line : {"checkpoint_every = 0\n", "keep_checkpoints = 0\n"}) spec.erase(spec.find(line), line.size());  // the defaults
   auto submitted = Strata("submit " + WriteSpec("late-loss", spec));
   ASSERT_EQ(submitted.rc, 0) << submitted.err;
   const std::string run = submitted.out.substr(0, submitted.out.find('\n'));
