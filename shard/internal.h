@@ -43,6 +43,8 @@ struct Problem {
 
 Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
                          const PlannerOptions& options);
+// The model's fields within the run spec's bounds (kv_heads and ffn as given), its family known.
+Status ValidateModel(ModelSpec& m);
 
 // One point of the search space.
 struct Candidate {
