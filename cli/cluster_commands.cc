@@ -144,7 +144,18 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
   const std::string bin = BinaryDir();
   int started = 0;
   std::vector<int> started_pids;
+  // A process killed a moment ago may still hold its store's lock or its socket: its successor
+  // starts once it is gone.
+  auto await_exit = [&](const ClusterProcess& p) -> Status {
+    constexpr int kExitWaitMs = 30000;
+    if (AwaitExitOf(p.pid, kExitWaitMs)) return Status::Ok();
+    const std::string pid = std::to_string(p.pid);
+    return Unavailable(p.name + " (pid " + pid + ") is still exiting after " + std::to_string(kExitWaitMs / 1000) +
+                       " s, holding its store and sockets (a thread in disk sleep?); see `ps -L -o pid,tid,stat,wchan -p " + pid +
+                       "` and run `strata up` again once it is gone");
+  };
   ClusterProcess* coord = find("coordinator");
+  if (Status st = await_exit(*coord); !st.ok()) return Fail(st);
   if (!IsStrataProcess(coord->pid)) {
     std::vector<std::string> argv = {bin + "/strata-coordinator", "--listen", file.endpoint, "--state-dir",
                                      dir + "/coordinator", "--heartbeat-timeout-ms", std::to_string(up.heartbeat_timeout_ms),
@@ -169,6 +180,7 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
   for (int i = 0; i < workers; ++i) {
     const std::string name = "worker-" + std::to_string(i);
     ClusterProcess* p = find(name);
+    if (Status st = await_exit(*p); !st.ok()) return Fail(st);
     if (IsStrataProcess(p->pid)) continue;
     std::vector<std::string> argv = {bin + "/strata-worker", "--name", name, "--coordinator", file.endpoint,
                                      "--store", dir + "/workers/" + name, "--data-address",

@@ -1,8 +1,5 @@
 #include "cli/cluster_file.h"
 
-#include "common/atomic_file.h"
-#include "common/hex.h"
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -11,11 +8,18 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "common/atomic_file.h"
+#include "common/hex.h"
 
 namespace strata::cli {
 
@@ -45,7 +49,8 @@ Result<ClusterFile> ReadClusterFile(const std::string& state_dir) {
     }
     return file;
   } catch (const std::exception& e) {
-    return Corruption(ClusterFilePath(state_dir) + " is damaged (" + e.what() + "); run `strata down` then `strata up`");
+    return Corruption(ClusterFilePath(state_dir) + " is damaged (" + e.what() +
+                      "); run `strata down` then `strata up`");
   }
 }
 
@@ -67,7 +72,8 @@ Result<std::string> EnsureHttpTokenFile(const std::string& state_dir) {
   if (std::filesystem::file_size(path, ec) > 1 && !ec) return path;
   unsigned char bytes[16];
   std::ifstream random("/dev/urandom", std::ios::binary);
-  if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) return IoError("cannot read /dev/urandom for the dashboard token");
+  if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes)))
+    return IoError("cannot read /dev/urandom for the dashboard token");
   std::string token = HexOf(std::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
   token += "\n";
   // Created 0600 from the start (the token never sits world-readable, even briefly) and whole or
@@ -94,17 +100,66 @@ Result<int> PickLocalPort(int preferred) {
   return Unavailable("no free TCP port on 127.0.0.1 for the dashboard");
 }
 
+namespace internal {
+
+ProcessLife LifeFromProc(const std::string& stat, const std::string& status) {
+  // stat: "PID (COMM) STATE PPID PGRP SESSION TTY TPGID FLAGS ..."; COMM may hold spaces and
+  // parentheses, so fields are counted from the last ')'.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return ProcessLife::kGone;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string state;
+  unsigned long long flags = 0;
+  std::string skip;
+  fields >> state >> skip >> skip >> skip >> skip >> skip >> flags;
+  if (state.empty() || state == "X" || state == "x") return ProcessLife::kGone;
+  int threads = 1;
+  unsigned long long pending = 0;
+  std::istringstream lines(status);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("Threads:", 0) == 0) threads = std::atoi(line.c_str() + 8);
+    if (line.rfind("SigPnd:", 0) == 0 || line.rfind("ShdPnd:", 0) == 0) {
+      pending |= std::strtoull(line.c_str() + 7, nullptr, 16);
+    }
+  }
+  if (state == "Z") return threads > 1 ? ProcessLife::kExiting : ProcessLife::kGone;
+  constexpr unsigned long long kPfExiting = 0x4;  // include/linux/sched.h
+  constexpr unsigned long long kSigKillBit = 1ull << (SIGKILL - 1);
+  if ((flags & kPfExiting) != 0 || (pending & kSigKillBit) != 0) return ProcessLife::kExiting;
+  return ProcessLife::kRunning;
+}
+
+}  // namespace internal
+
+namespace {
+
+std::string ReadProcFile(int pid, const char* name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + name);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+ProcessLife LifeOf(int pid) {
+  if (pid <= 0 || kill(pid, 0) != 0) return ProcessLife::kGone;
+  return internal::LifeFromProc(ReadProcFile(pid, "stat"), ReadProcFile(pid, "status"));
+}
+
 bool IsStrataProcess(int pid) {
-  if (pid <= 0 || kill(pid, 0) != 0) return false;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
-  std::string argv0;
-  std::getline(in, argv0, '\0');
-  if (argv0.find("strata") == std::string::npos) return false;
-  // A zombie (exited, not yet reaped) is not alive.
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string pid_field, comm, state;
-  stat >> pid_field >> comm >> state;
-  return state != "Z";
+  const ProcessLife life = LifeOf(pid);
+  if (life == ProcessLife::kGone) return false;
+  // The command line is empty once an exiting process has let go of its memory; its name stays.
+  std::string argv0 = ReadProcFile(pid, "cmdline");
+  argv0 = argv0.substr(0, argv0.find('\0'));
+  return argv0.find("strata") != std::string::npos || ReadProcFile(pid, "comm").find("strata") != std::string::npos;
+}
+
+bool AwaitExitOf(int pid, int timeout_ms) {
+  for (int waited = 0;; waited += 50) {
+    if (!IsStrataProcess(pid) || LifeOf(pid) != ProcessLife::kExiting) return true;
+    if (waited >= timeout_ms) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 std::vector<ClusterProcess> FindStrataProcesses(const std::string& state_dir) {

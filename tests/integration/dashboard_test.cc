@@ -227,11 +227,13 @@ class DashboardTest : public ::testing::Test {
   }
 
   // A dp=2 run far longer than the test; returns its id once it has trained `min_steps` steps.
+  // A run that cannot finish while a test looks at it (about 20 steps/s here on one worker, so
+  // 600 steps ended within a slow Chromium dump on a loaded machine); tests cancel it.
   std::string SubmitLongRun(int min_steps) {
     const std::string spec = dir_ + "/long.toml";
     std::ofstream(spec) << "name = \"dash\"\n[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nsequence = 32\n"
                         << "[data]\npath = \"/usr/share/common-licenses/GPL-3\"\n"
-                        << "[train]\nsteps = 600\nglobal_batch = 8\nlr = 0.003\ncheckpoint_every = 10\n"
+                        << "[train]\nsteps = 1000000\nglobal_batch = 8\nlr = 0.003\ncheckpoint_every = 10\n"
                         << "[parallel]\ndp = 2\n";
     auto r = Strata("submit " + spec);
     EXPECT_EQ(r.rc, 0) << r.err;
