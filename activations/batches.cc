@@ -6,8 +6,8 @@
 #include <deque>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 namespace strata::activations {
@@ -86,7 +86,8 @@ uint64_t AvailableMemory() {
 // read from it.
 storage::ColdRead ColdReadOf(const BatchOptions& options, const ActivationIndex& index,
                              const std::vector<uint64_t>& row_bytes) {
-  if (options.page_cache) return *options.page_cache ? storage::ColdRead::kThroughPageCache : storage::ColdRead::kDirect;
+  if (options.page_cache)
+    return *options.page_cache ? storage::ColdRead::kThroughPageCache : storage::ColdRead::kDirect;
   if (options.epochs < 2) return storage::ColdRead::kDirect;
   uint64_t epoch_bytes = 0;
   for (uint64_t n : row_bytes) epoch_bytes += n * index.total_rows;
@@ -118,7 +119,7 @@ class RecordBufferPool {
 // Rows of the window buffer: their row numbers and, per record, their bytes.
 struct Segment {
   std::vector<uint64_t> rows;
-  std::vector<const uint8_t*> data;  // per record: rows.size() rows, in `read` or `carried`
+  std::vector<const uint8_t*> data;         // per record: rows.size() rows, in `read` or `carried`
   std::vector<storage::RecordBuffer> read;  // a chunk's records as read (their bytes may start past the buffer's)
   std::vector<Bytes> carried;               // or rows carried over from the window before
 };
@@ -131,8 +132,13 @@ class ChunkPrefetcher {
   ChunkPrefetcher(const std::vector<std::unique_ptr<ActivationReader>>& readers, const ActivationIndex& index,
                   const BatchOptions& options, const std::vector<uint64_t>& row_bytes, std::vector<size_t> order,
                   size_t ahead, RecordBufferPool& buffers, storage::ColdRead cold)
-      : index_(index), options_(options), row_bytes_(row_bytes), order_(std::move(order)), ahead_(ahead),
-        buffers_(buffers), cold_(cold) {
+      : index_(index),
+        options_(options),
+        row_bytes_(row_bytes),
+        order_(std::move(order)),
+        ahead_(ahead),
+        buffers_(buffers),
+        cold_(cold) {
     for (const auto& reader : readers) threads_.emplace_back([this, r = reader.get()] { Work(r); });
   }
 
@@ -217,7 +223,9 @@ class ChunkPrefetcher {
 class StreamImpl final : public BatchStream {
  public:
   StreamImpl(OpenReader open, ActivationIndex index, BatchOptions options)
-      : open_(std::move(open)), index_(std::move(index)), options_(std::move(options)),
+      : open_(std::move(open)),
+        index_(std::move(index)),
+        options_(std::move(options)),
         threads_(ThreadCount(options_.threads)) {
     for (const auto& [layer, site] : options_.records) row_bytes_.push_back(index_.RowBytes(site));
     thread_ = std::thread([this] { Produce(); });
@@ -327,7 +335,9 @@ class StreamImpl final : public BatchStream {
                                 int64_t epoch) {
     const uint64_t batch = options_.batch_rows;
     std::vector<Batch> out(count);
-    auto gather = [&](size_t b) { out[b] = Gather(window, order, (first + b) * batch, (first + b + 1) * batch, epoch); };
+    auto gather = [&](size_t b) {
+      out[b] = Gather(window, order, (first + b) * batch, (first + b + 1) * batch, epoch);
+    };
     const size_t threads = std::min(threads_, count);
     if (threads <= 1) {
       for (size_t b = 0; b < count; ++b) gather(b);
@@ -417,9 +427,9 @@ class StreamImpl final : public BatchStream {
   const ActivationIndex index_;
   const BatchOptions options_;
   const size_t threads_;
-  std::vector<uint64_t> row_bytes_;  // per record
+  std::vector<uint64_t> row_bytes_;                                             // per record
   const std::shared_ptr<BufferPool> buffers_ = std::make_shared<BufferPool>();  // of batches
-  RecordBufferPool chunk_buffers_;  // of chunks read, across epochs
+  RecordBufferPool chunk_buffers_;                                              // of chunks read, across epochs
 
   std::mutex mu_;
   std::condition_variable ready_, space_;
@@ -434,13 +444,15 @@ class StreamImpl final : public BatchStream {
 Result<std::unique_ptr<BatchStream>> BatchStream::Start(OpenReader open, ActivationIndex index, BatchOptions options) {
   if (options.batch_rows == 0) return InvalidArgument("batch_rows is 0; give at least 1 row per batch");
   if (options.epochs < 1) return InvalidArgument("epochs is " + std::to_string(options.epochs) + "; give 1 or more");
-  if (options.records.empty()) return InvalidArgument("no (layer, site) asked for; give at least one layer and one site");
+  if (options.records.empty())
+    return InvalidArgument("no (layer, site) asked for; give at least one layer and one site");
   for (const auto& [layer, site] : options.records) {
     STRATA_RETURN_IF_ERROR(index.CheckSite(layer, site));
   }
   if (!index.complete()) {
     std::string missing;
-    for (auto [a, b] : index.MissingRows()) missing += (missing.empty() ? "" : ", ") + std::to_string(a) + ":" + std::to_string(b);
+    for (auto [a, b] : index.MissingRows())
+      missing += (missing.empty() ? "" : ", ") + std::to_string(a) + ":" + std::to_string(b);
     if (index.offline) {
       return NotFound("rows " + missing + " of run " + index.run + " are in none of the given " + index.source +
                       "; batches cover every row: pass the store of every worker that captured it");
@@ -448,7 +460,8 @@ Result<std::unique_ptr<BatchStream>> BatchStream::Start(OpenReader open, Activat
     return Unavailable("run " + index.run + " is " + index.state + " and has not stored rows " + missing +
                        " yet; batches cover every row: wait for it to finish");
   }
-  return std::unique_ptr<BatchStream>(std::make_unique<StreamImpl>(std::move(open), std::move(index), std::move(options)));
+  return std::unique_ptr<BatchStream>(
+      std::make_unique<StreamImpl>(std::move(open), std::move(index), std::move(options)));
 }
 
 }  // namespace strata::activations

@@ -77,7 +77,7 @@ using Bytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
 // fault and a zeroed page per 4 KiB, a quarter of the time of making a batch. Thread-safe.
 class BufferPool {
  public:
-  Bytes Take(size_t size);  // a kept buffer that holds `size` bytes, or a new one; not zero-filled
+  Bytes Take(size_t size);    // a kept buffer that holds `size` bytes, or a new one; not zero-filled
   void Give(Bytes&& buffer);  // kept while fewer than kKept are, else freed
 
  private:

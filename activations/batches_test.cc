@@ -27,7 +27,8 @@ class FakeReader final : public ActivationReader {
     for (uint64_t r = begin; r < end; ++r) v.insert(v.end(), 2, static_cast<float>(r + 1000 * layer));
     return sink({reinterpret_cast<const uint8_t*>(v.data()), v.size() * 4});
   }
-  Status ReadTokens(const ActivationIndex&, uint64_t, uint64_t, const std::function<Status(std::span<const uint8_t>)>&) override {
+  Status ReadTokens(const ActivationIndex&, uint64_t, uint64_t,
+                    const std::function<Status(std::span<const uint8_t>)>&) override {
     return NotFound("none");
   }
 
@@ -50,8 +51,8 @@ class FakeReader final : public ActivationReader {
 };
 
 std::vector<Batch> All(BatchOptions o, ActivationIndex index = FakeReader::MakeIndex()) {
-  auto stream = BatchStream::Start([] { return Result<std::unique_ptr<ActivationReader>>(std::make_unique<FakeReader>()); },
-                                   index, std::move(o));
+  auto stream = BatchStream::Start(
+      [] { return Result<std::unique_ptr<ActivationReader>>(std::make_unique<FakeReader>()); }, index, std::move(o));
   EXPECT_TRUE(stream.ok()) << stream.status().ToString();
   std::vector<Batch> out;
   if (!stream.ok()) return out;
@@ -174,8 +175,8 @@ class StoreBatchesTest : public ::testing::Test {
         }
         std::vector<int64_t> tokens(c.row_count * 3, 7);
         auto view = [&](storage::DType dtype, int64_t columns, const void* p, size_t bytes) {
-          return storage::TensorView{dtype, {static_cast<int64_t>(c.row_count), columns},
-                                     {static_cast<const uint8_t*>(p), bytes}};
+          return storage::TensorView{
+              dtype, {static_cast<int64_t>(c.row_count), columns}, {static_cast<const uint8_t*>(p), bytes}};
         };
         const std::vector<storage::ActivationRecordView> records = {
             {0, "resid_post", view(storage::DType::kF32, 2, values[0].data(), values[0].size() * 4)},
@@ -228,7 +229,8 @@ void ExpectSameBatches(const std::vector<Batch>& a, const std::vector<Batch>& b)
 TEST_F(StoreBatchesTest, ColdWarmAndThroughThePageCacheGiveTheFakesBatches) {
   const std::vector<Batch> expected = All(Options(5));
   for (int threads : {1, 3}) {
-    for (std::optional<bool> page_cache : {std::optional<bool>(false), std::optional<bool>(true), std::optional<bool>()}) {
+    for (std::optional<bool> page_cache :
+         {std::optional<bool>(false), std::optional<bool>(true), std::optional<bool>()}) {
       BatchOptions o = Options(5);
       o.threads = threads;
       o.page_cache = page_cache;

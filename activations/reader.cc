@@ -6,13 +6,12 @@
 #include <filesystem>
 #include <map>
 #include <set>
-
 #include <zmq.hpp>
 
-#include "common/net.h"
-#include "common/run_spec.h"
 #include "client/coordinator_client.h"
 #include "client/request.h"
+#include "common/net.h"
+#include "common/run_spec.h"
 #include "schema/envelope.h"
 
 namespace strata::activations {
@@ -45,11 +44,12 @@ class ReaderBase : public ActivationReader {
   Status ReadTokens(const ActivationIndex& index, uint64_t begin, uint64_t end,
                     const std::function<Status(std::span<const uint8_t>)>& sink) override {
     STRATA_RETURN_IF_ERROR(ValidateRows(index, begin, end));
-    Status st = Read(index, 0, storage::kActivationTokensSite, storage::kActivationTokenColumns * sizeof(int64_t), begin,
-                     end, sink);
+    Status st = Read(index, 0, storage::kActivationTokensSite, storage::kActivationTokenColumns * sizeof(int64_t),
+                     begin, end, sink);
     if (st.code() == StatusCode::kNotFound) {
-      return NotFound("run " + index.run + " keeps no tokens beside its rows (" + st.message() +
-                      "); it was captured by a Strata before chunks stored their tokens: capture it again to have them");
+      return NotFound(
+          "run " + index.run + " keeps no tokens beside its rows (" + st.message() +
+          "); it was captured by a Strata before chunks stored their tokens: capture it again to have them");
     }
     return st;
   }
@@ -114,7 +114,8 @@ class ReaderImpl final : public ReaderBase {
     request.root().initActivationsRequest().setRunId(run);
     STRATA_ASSIGN_OR_RETURN(auto reply, client_.Call(request));
     auto root = reply->root();
-    if (root.which() != Envelope::ACTIVATIONS_REPLY) return Internal("the coordinator answered with another message kind");
+    if (root.which() != Envelope::ACTIVATIONS_REPLY)
+      return Internal("the coordinator answered with another message kind");
     auto r = root.getActivationsReply();
     ActivationIndex index;
     index.run = r.getRunId().cStr();
@@ -192,19 +193,23 @@ class ReaderImpl final : public ReaderBase {
     auto it = sockets_.find(c.serve_address);
     if (it != sockets_.end()) return &it->second;
     const std::string endpoint = curve::SplitAddressKey(c.serve_address).first;
-    STRATA_ASSIGN_OR_RETURN(zmq::socket_t socket,
-                            client::ConnectDealer(context_, c.serve_address, keys_,
-                                                  "worker " + c.worker + " serves over tcp:// with CURVE: pass --keys DIR",
-                                                  "worker " + c.worker + " at " + endpoint));
+    STRATA_ASSIGN_OR_RETURN(
+        zmq::socket_t socket,
+        client::ConnectDealer(context_, c.serve_address, keys_,
+                              "worker " + c.worker + " serves over tcp:// with CURVE: pass --keys DIR",
+                              "worker " + c.worker + " at " + endpoint));
     return &sockets_.emplace(c.serve_address, std::move(socket)).first->second;
   }
 
   Result<zmq::message_t> Receive(zmq::socket_t* socket, uint64_t request_id, const StoredChunk& c) {
-    STRATA_ASSIGN_OR_RETURN(client::Reply reply, client::AwaitReply(*socket, request_id, timeout_ms_, "worker " + c.worker + ": ", [&] {
-      return "worker " + c.worker + " (" + c.serve_address + ") did not answer within " + std::to_string(timeout_ms_) +
-             " ms; is it running? (`strata workers`; `strata up` restarts it; with the cluster down, read its store "
-             "directly: --store DIR)";
-    }));
+    STRATA_ASSIGN_OR_RETURN(client::Reply reply,
+                            client::AwaitReply(*socket, request_id, timeout_ms_, "worker " + c.worker + ": ", [&] {
+                              return "worker " + c.worker + " (" + c.serve_address + ") did not answer within " +
+                                     std::to_string(timeout_ms_) +
+                                     " ms; is it running? (`strata workers`; `strata up` restarts it; with the cluster "
+                                     "down, read its store "
+                                     "directly: --store DIR)";
+                            }));
     auto root = reply.envelope->root();
     if (root.which() != Envelope::ACTIVATION_DATA || reply.frames.size() != 2) {
       return Internal("worker " + c.worker + " answered a read with something else");
@@ -248,7 +253,8 @@ class StoreReaderImpl final : public ReaderBase {
         info = record;
         info_from = i;
       } else if (record && !(*record == *info)) {
-        return InvalidArgument("stores " + dirs_[info_from] + " and " + dirs_[i] + " hold different records of run " + run +
+        return InvalidArgument("stores " + dirs_[info_from] + " and " + dirs_[i] + " hold different records of run " +
+                               run +
                                " (layers, sites, dtype or rows differ): they are not of the same capture; pass the "
                                "stores of one cluster");
       }
@@ -259,10 +265,13 @@ class StoreReaderImpl final : public ReaderBase {
     }
     if (!info) {
       if (!index.chunks.empty()) {
-        return NotFound("run " + run + " has chunks in " + index.source + " but no run record: it was captured by a "
-                        "Strata before stores kept one; read it through the cluster (`strata up`), or capture it again");
+        return NotFound(
+            "run " + run + " has chunks in " + index.source +
+            " but no run record: it was captured by a "
+            "Strata before stores kept one; read it through the cluster (`strata up`), or capture it again");
       }
-      return NotFound("unknown run " + run + ": none of " + index.source + " holds activations of it (give the run id: "
+      return NotFound("unknown run " + run + ": none of " + index.source +
+                      " holds activations of it (give the run id: "
                       "`strata status` lists them while the cluster is up)");
     }
     index.layers = info->layers;
@@ -302,8 +311,8 @@ class StoreReaderImpl final : public ReaderBase {
                              "; pass a chunk of the index this reader made");
     }
     // The store reads the record straight into `buffer` and checks it against its checksum.
-    STRATA_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes,
-                            stores_[chunk.store]->ReadActivationInto(index.run, layer, site, chunk.row_begin, buffer, cold));
+    STRATA_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes, stores_[chunk.store]->ReadActivationInto(
+                                                                index.run, layer, site, chunk.row_begin, buffer, cold));
     const uint64_t expected = chunk.row_count * index.RowBytes(site);
     if (bytes.size() != expected) {
       return Corruption(chunk.worker + " holds " + std::to_string(bytes.size()) + " bytes of " + site + " for rows " +
@@ -342,15 +351,16 @@ Status ActivationIndex::CheckSite(int64_t layer, const std::string& site) const 
   if (std::find(layers.begin(), layers.end(), layer) == layers.end()) {
     std::vector<std::string> list;
     for (int64_t l : layers) list.push_back(std::to_string(l));
-    return InvalidArgument("layer " + std::to_string(layer) + " was not captured by run " + run + "; its layers are " + Join(list));
+    return InvalidArgument("layer " + std::to_string(layer) + " was not captured by run " + run + "; its layers are " +
+                           Join(list));
   }
   if (std::find(sites.begin(), sites.end(), site) == sites.end()) {
     return InvalidArgument("site " + site + " was not captured by run " + run + "; its sites are " + Join(sites));
   }
   if (!Holds(layer, site)) {
     const std::string last = std::to_string(*std::max_element(layers.begin(), layers.end()));
-    return InvalidArgument("site " + site + " is the model's, stored once at the last layer (" + last + "), not at layer " +
-                           std::to_string(layer) + "; read layer " + last);
+    return InvalidArgument("site " + site + " is the model's, stored once at the last layer (" + last +
+                           "), not at layer " + std::to_string(layer) + "; read layer " + last);
   }
   return Status::Ok();
 }
@@ -397,24 +407,23 @@ uint64_t ActivationIndex::stored_until(uint64_t row) const {
 }
 
 Result<std::span<const uint8_t>> ActivationReader::ReadChunk(const ActivationIndex& index, const StoredChunk& chunk,
-                                                              int64_t layer, const std::string& site,
-                                                              storage::RecordBuffer& buffer, storage::ColdRead) {
+                                                             int64_t layer, const std::string& site,
+                                                             storage::RecordBuffer& buffer, storage::ColdRead) {
   const uint64_t size = chunk.row_count * index.RowBytes(site);
   uint8_t* out = buffer.Reserve(size);
   uint64_t at = 0;
-  STRATA_RETURN_IF_ERROR(ReadRows(index, layer, site, chunk.row_begin, chunk.row_begin + chunk.row_count,
-                                  [&](std::span<const uint8_t> bytes) {
-                                    if (at + bytes.size() > size) {
-                                      return Internal("the reader gave more bytes than chunk rows " +
-                                                      std::to_string(chunk.row_begin) + "+ hold");
-                                    }
-                                    std::memcpy(out + at, bytes.data(), bytes.size());
-                                    at += bytes.size();
-                                    return Status::Ok();
-                                  }));
+  STRATA_RETURN_IF_ERROR(ReadRows(
+      index, layer, site, chunk.row_begin, chunk.row_begin + chunk.row_count, [&](std::span<const uint8_t> bytes) {
+        if (at + bytes.size() > size) {
+          return Internal("the reader gave more bytes than chunk rows " + std::to_string(chunk.row_begin) + "+ hold");
+        }
+        std::memcpy(out + at, bytes.data(), bytes.size());
+        at += bytes.size();
+        return Status::Ok();
+      }));
   if (at != size) {
-    return Internal("the reader gave " + std::to_string(at) + " of the " + std::to_string(size) + " bytes of chunk rows " +
-                    std::to_string(chunk.row_begin) + "+");
+    return Internal("the reader gave " + std::to_string(at) + " of the " + std::to_string(size) +
+                    " bytes of chunk rows " + std::to_string(chunk.row_begin) + "+");
   }
   return std::span<const uint8_t>(out, size);
 }
@@ -425,7 +434,8 @@ Result<std::unique_ptr<ActivationReader>> ActivationReader::Connect(const std::s
 }
 
 Result<std::unique_ptr<ActivationReader>> ActivationReader::OpenStores(const std::vector<std::string>& dirs) {
-  if (dirs.empty()) return InvalidArgument("no store given: pass --store DIR (a worker's store directory), once per worker");
+  if (dirs.empty())
+    return InvalidArgument("no store given: pass --store DIR (a worker's store directory), once per worker");
   std::vector<std::unique_ptr<storage::ShardStore>> stores;
   storage::StoreOptions options;
   options.read_only = true;
@@ -433,7 +443,8 @@ Result<std::unique_ptr<ActivationReader>> ActivationReader::OpenStores(const std
   for (const std::string& dir : dirs) {
     std::error_code ec;
     if (!std::filesystem::is_directory(dir, ec)) {
-      return NotFound("store " + dir + " does not exist or is not a directory; give a worker's store directory "
+      return NotFound("store " + dir +
+                      " does not exist or is not a directory; give a worker's store directory "
                       "(STATE_DIR/workers/NAME/store for a local cluster)");
     }
     auto store = storage::ShardStore::Open(dir, options);

@@ -46,9 +46,9 @@ struct ActivationIndex {
   storage::DType dtype = storage::DType::kF32;
   int64_t hidden = 0;
   std::vector<std::vector<int64_t>> row_shapes;  // per site, in the order of sites
-  uint64_t sequence = 0;            // tokens per sequence; 0 when the source does not say
-  uint64_t total_rows = 0;          // when the capture is complete
-  std::vector<StoredChunk> chunks;  // stored so far, ascending by row_begin
+  uint64_t sequence = 0;                         // tokens per sequence; 0 when the source does not say
+  uint64_t total_rows = 0;                       // when the capture is complete
+  std::vector<StoredChunk> chunks;               // stored so far, ascending by row_begin
   // Where the index came from, for messages: "coordinator ADDR" or "stores DIR, DIR".
   std::string source;
   bool offline = false;  // OpenStores: rows not in the given stores are missing, not pending

@@ -18,6 +18,7 @@
 // Prints one JSON line per N, then a table. The bench itself runs on the same machine: its
 // heartbeat senders take CPU too (reported as bench_cpu), which matters on a small box.
 #include <fcntl.h>
+#include <httplib.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
@@ -40,8 +41,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <httplib.h>
 #include <zmq.hpp>
 
 #include "client/coordinator_client.h"
@@ -53,7 +52,8 @@ namespace {
 using strata::net::SteadyMs;
 
 int64_t SteadyUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 struct Options {
@@ -62,7 +62,7 @@ struct Options {
   std::vector<int> worker_counts = {1000, 5000, 10000};
   int seconds = 20;
   int warmup_seconds = 3;
-  int sender_threads = 2;        // per sender process
+  int sender_threads = 2;          // per sender process
   int workers_per_process = 4000;  // each costs the sender ~2 descriptors
   int probe_hz = 10;
   int submits = 5;
@@ -171,7 +171,7 @@ struct Shared {
   std::atomic<int64_t> errors_received{0};     // e.g. "unknown worker; register again" after a loss
   std::atomic<int> heartbeat_interval_ms{500};
   std::atomic<int> assignments_claimed{0};
-  std::atomic<int> assignments_published{0};   // slots [0, published) are complete
+  std::atomic<int> assignments_published{0};  // slots [0, published) are complete
   Assignment assignments[kMaxAssignments];
 
   void AddAssignment(const std::string& run_id, int64_t arrived_us) {
@@ -364,7 +364,9 @@ Percentiles Summarize(std::vector<double> v) {
   p.count = v.size();
   if (v.empty()) return p;
   std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1)]; };
+  auto at = [&](double q) {
+    return v[std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1)];
+  };
   p.p50 = at(0.50);
   p.p99 = at(0.99);
   p.max = v.back();
@@ -405,13 +407,16 @@ std::string Json(const BenchResult& r) {
   auto pct = [](const Percentiles& p) {
     return "{\"p50\":" + (std::isnan(p.p50) ? std::string("null") : Fmt(p.p50, 3)) +
            ",\"p99\":" + (std::isnan(p.p99) ? std::string("null") : Fmt(p.p99, 3)) +
-           ",\"max\":" + (std::isnan(p.max) ? std::string("null") : Fmt(p.max, 3)) + ",\"n\":" + std::to_string(p.count) + "}";
+           ",\"max\":" + (std::isnan(p.max) ? std::string("null") : Fmt(p.max, 3)) +
+           ",\"n\":" + std::to_string(p.count) + "}";
   };
   std::ostringstream o;
   o << "{\"workers\":" << r.workers << ",\"all_registered\":" << (r.all_registered ? "true" : "false")
     << ",\"register_s\":" << Fmt(r.register_s, 2) << ",\"window_s\":" << Fmt(r.window_s, 1)
-    << ",\"coordinator_cpu_cores\":" << Fmt(r.cpu_fraction, 3) << ",\"bench_cpu_cores\":" << Fmt(r.bench_cpu_fraction, 3)
-    << ",\"vmrss_mib\":" << Fmt(static_cast<double>(r.rss_kb) / 1024, 1) << ",\"vmhwm_mib\":" << Fmt(static_cast<double>(r.hwm_kb) / 1024, 1)
+    << ",\"coordinator_cpu_cores\":" << Fmt(r.cpu_fraction, 3)
+    << ",\"bench_cpu_cores\":" << Fmt(r.bench_cpu_fraction, 3)
+    << ",\"vmrss_mib\":" << Fmt(static_cast<double>(r.rss_kb) / 1024, 1)
+    << ",\"vmhwm_mib\":" << Fmt(static_cast<double>(r.hwm_kb) / 1024, 1)
     << ",\"heartbeats_per_s\":" << Fmt(r.heartbeats_per_s, 0) << ",\"heartbeats_dropped\":" << r.heartbeats_dropped
     << ",\"errors_to_workers\":" << r.errors << ",\"loop_delay_ms\":" << pct(r.loop_delay_ms)
     << ",\"probe_failures\":" << r.probe_failures << ",\"submit_to_assign_ms\":" << pct(r.submit_ms)
@@ -427,8 +432,11 @@ std::string Json(const BenchResult& r) {
 std::string SubmitSpec(const std::string& data_path, int index) {
   return "name = \"cpbench-" + std::to_string(index) +
          "\"\n[model]\nfamily = \"gpt2\"\nlayers = 2\nhidden = 128\nheads = 4\nvocab = 256\nsequence = 128\n"
-         "[data]\npath = \"" + data_path + "\"\nformat = \"bytes\"\n"
-         "[train]\nsteps = 10\nglobal_batch = 4\nlr = 1e-3\n[parallel]\ndp = 1\npp = 1\ntp = 1\n[worker]\nthreads = 1\n";
+         "[data]\npath = \"" +
+         data_path +
+         "\"\nformat = \"bytes\"\n"
+         "[train]\nsteps = 10\nglobal_batch = 4\nlr = 1e-3\n[parallel]\ndp = 1\npp = 1\ntp = 1\n[worker]\nthreads = "
+         "1\n";
 }
 
 BenchResult RunOne(const Options& opt, int n) {
@@ -471,7 +479,8 @@ BenchResult RunOne(const Options& opt, int n) {
       context.set(zmq::ctxopt::io_threads, 1);
       std::vector<std::vector<SimWorker>> slices(static_cast<size_t>(opt.sender_threads));
       for (int i = p; i < n; i += processes) {
-        slices[static_cast<size_t>((i / processes) % opt.sender_threads)].push_back(MakeWorker(i, opt.workers_per_host, dir));
+        slices[static_cast<size_t>((i / processes) % opt.sender_threads)].push_back(
+            MakeWorker(i, opt.workers_per_host, dir));
       }
       std::vector<std::unique_ptr<SenderThread>> threads_of_slices;
       std::vector<std::thread> threads;
@@ -491,11 +500,12 @@ BenchResult RunOne(const Options& opt, int n) {
     for (pid_t pid : senders) total += SampleProcess(pid).cpu_seconds;
     return total;
   };
-  while (shared.registered.load() < n && SteadyMs() - register_start < 120000) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (shared.registered.load() < n && SteadyMs() - register_start < 120000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   result.register_s = static_cast<double>(SteadyMs() - register_start) / 1000;
   result.all_registered = shared.registered.load() >= n;
-  fprintf(stderr, "N=%d: %lld registered in %.1f s; warming up %d s\n", n, static_cast<long long>(shared.registered.load()),
-          result.register_s, opt.warmup_seconds);
+  fprintf(stderr, "N=%d: %lld registered in %.1f s; warming up %d s\n", n,
+          static_cast<long long>(shared.registered.load()), result.register_s, opt.warmup_seconds);
   std::this_thread::sleep_for(std::chrono::seconds(opt.warmup_seconds));
 
   // ---- steady window: CPU, memory, event-loop delay (probe round trips)
@@ -599,7 +609,8 @@ BenchResult RunOne(const Options& opt, int n) {
     std::vector<double> times;
     for (int i = 0; i < std::min(opt.listings, 3); ++i) {
       const int64_t t0 = SteadyUs();
-      const pid_t cli = Spawn({opt.cli, "--cluster", endpoint, "--timeout-ms", "60000", "workers"}, dir + "/cli-workers.out");
+      const pid_t cli =
+          Spawn({opt.cli, "--cluster", endpoint, "--timeout-ms", "60000", "workers"}, dir + "/cli-workers.out");
       int status = 0;
       waitpid(cli, &status, 0);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) times.push_back(static_cast<double>(SteadyUs() - t0) / 1000);
@@ -630,7 +641,8 @@ BenchResult RunOne(const Options& opt, int n) {
   munmap(mapping, sizeof(Shared));
   kill(coordinator, SIGTERM);
   int status = 0;
-  for (int i = 0; i < 100 && waitpid(coordinator, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 100 && waitpid(coordinator, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   if (waitpid(coordinator, &status, WNOHANG) == 0) {
     kill(coordinator, SIGKILL);
     waitpid(coordinator, &status, 0);
@@ -659,25 +671,42 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (arg == "--coordinator") opt.coordinator = value();
-    else if (arg == "--cli") opt.cli = value();
-    else if (arg == "--workers") opt.worker_counts = ParseCounts(value());
-    else if (arg == "--seconds") opt.seconds = std::stoi(value());
-    else if (arg == "--warmup-seconds") opt.warmup_seconds = std::stoi(value());
-    else if (arg == "--sender-threads") opt.sender_threads = std::max(1, std::stoi(value()));
-    else if (arg == "--workers-per-process") opt.workers_per_process = std::max(1, std::stoi(value()));
-    else if (arg == "--probe-hz") opt.probe_hz = std::stoi(value());
-    else if (arg == "--submits") opt.submits = std::stoi(value());
-    else if (arg == "--listings") opt.listings = std::stoi(value());
-    else if (arg == "--http-port") opt.http_port = std::stoi(value());
-    else if (arg == "--work-dir") opt.work_dir = value();
-    else if (arg == "--perf-dir") opt.perf_dir = value();
-    else if (arg == "--no-http") opt.http = false;
+    if (arg == "--coordinator")
+      opt.coordinator = value();
+    else if (arg == "--cli")
+      opt.cli = value();
+    else if (arg == "--workers")
+      opt.worker_counts = ParseCounts(value());
+    else if (arg == "--seconds")
+      opt.seconds = std::stoi(value());
+    else if (arg == "--warmup-seconds")
+      opt.warmup_seconds = std::stoi(value());
+    else if (arg == "--sender-threads")
+      opt.sender_threads = std::max(1, std::stoi(value()));
+    else if (arg == "--workers-per-process")
+      opt.workers_per_process = std::max(1, std::stoi(value()));
+    else if (arg == "--probe-hz")
+      opt.probe_hz = std::stoi(value());
+    else if (arg == "--submits")
+      opt.submits = std::stoi(value());
+    else if (arg == "--listings")
+      opt.listings = std::stoi(value());
+    else if (arg == "--http-port")
+      opt.http_port = std::stoi(value());
+    else if (arg == "--work-dir")
+      opt.work_dir = value();
+    else if (arg == "--perf-dir")
+      opt.perf_dir = value();
+    else if (arg == "--no-http")
+      opt.http = false;
     else {
-      fprintf(stderr,
-              "usage: control_plane_bench [--coordinator PATH] [--cli PATH] [--workers 1000,5000,10000] [--seconds 20]\n"
-              "       [--warmup-seconds 3] [--sender-threads 2] [--workers-per-process 4000] [--probe-hz 10] [--submits 5] [--listings 5]\n"
-              "       [--http-port 18765] [--work-dir DIR] [--no-http] [--perf-dir DIR (perf record -g the coordinator's window)]\n");
+      fprintf(
+          stderr,
+          "usage: control_plane_bench [--coordinator PATH] [--cli PATH] [--workers 1000,5000,10000] [--seconds 20]\n"
+          "       [--warmup-seconds 3] [--sender-threads 2] [--workers-per-process 4000] [--probe-hz 10] [--submits 5] "
+          "[--listings 5]\n"
+          "       [--http-port 18765] [--work-dir DIR] [--no-http] [--perf-dir DIR (perf record -g the coordinator's "
+          "window)]\n");
       return 2;
     }
   }
@@ -696,17 +725,18 @@ int main(int argc, char** argv) {
     printf("%s\n", Json(results.back()).c_str());
     fflush(stdout);
   }
-  printf("\n| workers | coord CPU (cores) | bench CPU | VmRSS / VmHWM MiB | heartbeats/s | loop delay p50 / p99 ms | "
-         "submit->assign p50 / max ms | workersRequest ms | `strata workers` ms | GET /api/state ms (bytes) |\n"
-         "|---|---|---|---|---|---|---|---|---|---|\n");
+  printf(
+      "\n| workers | coord CPU (cores) | bench CPU | VmRSS / VmHWM MiB | heartbeats/s | loop delay p50 / p99 ms | "
+      "submit->assign p50 / max ms | workersRequest ms | `strata workers` ms | GET /api/state ms (bytes) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : results) {
     printf("| %d%s | %s | %s | %s / %s | %s | %s / %s | %s / %s | %s (%zu live) | %s | %s (%zu) |\n", r.workers,
-           r.all_registered ? "" : " (not all registered)", Fmt(r.cpu_fraction, 3).c_str(), Fmt(r.bench_cpu_fraction, 2).c_str(),
-           Fmt(static_cast<double>(r.rss_kb) / 1024, 0).c_str(), Fmt(static_cast<double>(r.hwm_kb) / 1024, 0).c_str(),
-           Fmt(r.heartbeats_per_s, 0).c_str(), Fmt(r.loop_delay_ms.p50).c_str(), Fmt(r.loop_delay_ms.p99).c_str(),
-           Fmt(r.submit_ms.p50).c_str(), Fmt(r.submit_ms.max).c_str(), Fmt(r.workers_request_ms.p50, 1).c_str(),
-           static_cast<size_t>(r.workers_live), Fmt(r.cli_workers_ms.p50, 0).c_str(), Fmt(r.api_state_ms.p50, 1).c_str(),
-           r.api_state_bytes);
+           r.all_registered ? "" : " (not all registered)", Fmt(r.cpu_fraction, 3).c_str(),
+           Fmt(r.bench_cpu_fraction, 2).c_str(), Fmt(static_cast<double>(r.rss_kb) / 1024, 0).c_str(),
+           Fmt(static_cast<double>(r.hwm_kb) / 1024, 0).c_str(), Fmt(r.heartbeats_per_s, 0).c_str(),
+           Fmt(r.loop_delay_ms.p50).c_str(), Fmt(r.loop_delay_ms.p99).c_str(), Fmt(r.submit_ms.p50).c_str(),
+           Fmt(r.submit_ms.max).c_str(), Fmt(r.workers_request_ms.p50, 1).c_str(), static_cast<size_t>(r.workers_live),
+           Fmt(r.cli_workers_ms.p50, 0).c_str(), Fmt(r.api_state_ms.p50, 1).c_str(), r.api_state_bytes);
   }
   return 0;
 }

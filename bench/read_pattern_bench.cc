@@ -166,20 +166,24 @@ int main(int argc, char** argv) {
       const bool direct = mode == "records-direct" || small_pages, willneed = mode == "records-willneed";
       what = small_pages ? "read pattern: one O_DIRECT pread per record into 4 KiB pages, batches' order"
              : direct    ? "read pattern: one O_DIRECT pread per record, batches' order"
-             : willneed ? "read pattern: WILLNEED then one buffered pread per record, batches' order"
-                        : "read pattern: one buffered pread per record, batches' order";
+             : willneed  ? "read pattern: WILLNEED then one buffered pread per record, batches' order"
+                         : "read pattern: one buffered pread per record, batches' order";
       constexpr uint64_t kAlign = storage::RecordBuffer::kAlignment;
-      bytes = Parallel(threads, ranges.size(), largest + 2 * kAlign, [&](size_t i, uint8_t* buffer) {
-        const Range& r = ranges[i];
-        const int fd = ::open(r.file.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-        if (fd < 0) Fail("open " + r.file + ": " + std::strerror(errno));
-        const uint64_t begin = direct ? r.offset / kAlign * kAlign : r.offset;
-        const uint64_t end = direct ? (r.offset + r.size + kAlign - 1) / kAlign * kAlign : r.offset + r.size;
-        if (willneed) ::posix_fadvise(fd, static_cast<off_t>(begin), static_cast<off_t>(end - begin), POSIX_FADV_WILLNEED);
-        ReadAll(fd, buffer, end - begin, begin);
-        ::close(fd);
-        return r.size;
-      }, small_pages);
+      bytes = Parallel(
+          threads, ranges.size(), largest + 2 * kAlign,
+          [&](size_t i, uint8_t* buffer) {
+            const Range& r = ranges[i];
+            const int fd = ::open(r.file.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+            if (fd < 0) Fail("open " + r.file + ": " + std::strerror(errno));
+            const uint64_t begin = direct ? r.offset / kAlign * kAlign : r.offset;
+            const uint64_t end = direct ? (r.offset + r.size + kAlign - 1) / kAlign * kAlign : r.offset + r.size;
+            if (willneed)
+              ::posix_fadvise(fd, static_cast<off_t>(begin), static_cast<off_t>(end - begin), POSIX_FADV_WILLNEED);
+            ReadAll(fd, buffer, end - begin, begin);
+            ::close(fd);
+            return r.size;
+          },
+          small_pages);
     } else if (mode == "files") {
       what = "chunk files read whole, sequentially (16 MiB buffered preads)";
       constexpr uint64_t kBlock = 16 << 20;
@@ -195,10 +199,11 @@ int main(int argc, char** argv) {
       Fail("unknown mode " + mode + " (records, records-willneed, records-direct, records-direct-4k, files)");
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("{\"measure\": \"%s\", \"mode\": \"%s\", \"threads\": %zu, \"records\": %zu, \"bytes\": %llu, "
-                "\"seconds\": %.3f, \"GB_per_s\": %.3f}\n",
-                what.c_str(), mode.c_str(), threads, ranges.size(), static_cast<unsigned long long>(bytes), seconds,
-                bytes / seconds / 1e9);
+    std::printf(
+        "{\"measure\": \"%s\", \"mode\": \"%s\", \"threads\": %zu, \"records\": %zu, \"bytes\": %llu, "
+        "\"seconds\": %.3f, \"GB_per_s\": %.3f}\n",
+        what.c_str(), mode.c_str(), threads, ranges.size(), static_cast<unsigned long long>(bytes), seconds,
+        bytes / seconds / 1e9);
     std::fflush(stdout);
   }
   return 0;

@@ -20,7 +20,8 @@ using namespace strata;
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s DIR RUN [LAYERS=12] [HIDDEN=768] [ROWS=1048576] [CHUNK_ROWS=16384] [SITE=resid_post]\n",
+    std::fprintf(stderr,
+                 "usage: %s DIR RUN [LAYERS=12] [HIDDEN=768] [ROWS=1048576] [CHUNK_ROWS=16384] [SITE=resid_post]\n",
                  argv[0]);
     return 2;
   }
@@ -66,16 +67,20 @@ int main(int argc, char** argv) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         words[i] = x;
       }
-      records.push_back({l, site, {storage::DType::kBF16, {static_cast<int64_t>(count), hidden},
-                                   {values[l].data(), count * hidden * 2}}});
+      records.push_back(
+          {l,
+           site,
+           {storage::DType::kBF16, {static_cast<int64_t>(count), hidden}, {values[l].data(), count * hidden * 2}}});
     }
     for (uint64_t i = 0; i < count; ++i) {
       tokens[i * 3] = static_cast<int64_t>((begin + i) % 50257);
       tokens[i * 3 + 1] = static_cast<int64_t>((begin + i) / 1024);
       tokens[i * 3 + 2] = static_cast<int64_t>((begin + i) % 1024);
     }
-    records.push_back({0, storage::kActivationTokensSite,
-                       {storage::DType::kI64, {static_cast<int64_t>(count), storage::kActivationTokenColumns},
+    records.push_back({0,
+                       storage::kActivationTokensSite,
+                       {storage::DType::kI64,
+                        {static_cast<int64_t>(count), storage::kActivationTokenColumns},
                         {reinterpret_cast<const uint8_t*>(tokens.data()), count * 3 * sizeof(int64_t)}}});
     storage::ActivationChunkInfo c{chunk, begin, count, 0};
     for (const auto& r : records) c.bytes += r.tensor.bytes.size();

@@ -62,10 +62,14 @@ int main(int argc, char** argv) {
   int repeat = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--path") path = argv[i + 1];
-    else if (flag == "--gib") gib = std::atof(argv[i + 1]);
-    else if (flag == "--vocab") vocab = std::atoll(argv[i + 1]);
-    else if (flag == "--repeat") repeat = std::atoi(argv[i + 1]);
+    if (flag == "--path")
+      path = argv[i + 1];
+    else if (flag == "--gib")
+      gib = std::atof(argv[i + 1]);
+    else if (flag == "--vocab")
+      vocab = std::atoll(argv[i + 1]);
+    else if (flag == "--repeat")
+      repeat = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -104,7 +108,8 @@ int main(int argc, char** argv) {
     }
     if (r > 0) best = std::min(best, s);
   }
-  std::printf("warm load   %.3f s for %.2f GB: %.2f GB/s (best of %d; mmap + range scan)\n", best, gb, gb / best, repeat);
+  std::printf("warm load   %.3f s for %.2f GB: %.2f GB/s (best of %d; mmap + range scan)\n", best, gb, gb / best,
+              repeat);
 
   {
     // Reference on the same file: glibc's memcpy (AVX2 where the CPU has it) of the mapping in
@@ -127,8 +132,9 @@ int main(int argc, char** argv) {
       ::munmap(base, bytes);
     }
     ::close(fd);
-    std::printf("memcpy      %.2f GB/s from a fresh mapping, %.2f GB/s from a mapped one (reference: reading with no check)\n",
-                gb / fresh, gb / again);
+    std::printf(
+        "memcpy      %.2f GB/s from a fresh mapping, %.2f GB/s from a mapped one (reference: reading with no check)\n",
+        gb / fresh, gb / again);
   }
 
   if (Evict(path)) {
@@ -166,8 +172,9 @@ int main(int argc, char** argv) {
     std::vector<int32_t> ids(raw.size() / 4);
     for (size_t i = 0; i < ids.size(); ++i) std::memcpy(&ids[i], raw.data() + 4 * i, 4);
     const double s = Seconds(start);
-    std::printf("old load    %.3f s: %.2f GB/s, +%.1f MiB heap per worker (read whole into a vector, widened to int32)\n", s,
-                gb / s, static_cast<double>(RssAnon() - before) / (1 << 20));
+    std::printf(
+        "old load    %.3f s: %.2f GB/s, +%.1f MiB heap per worker (read whole into a vector, widened to int32)\n", s,
+        gb / s, static_cast<double>(RssAnon() - before) / (1 << 20));
   }
   return 0;
 }

@@ -73,9 +73,11 @@ int main(int argc, char** argv) {
 
     start = Clock::now();
     const std::vector<uint32_t> whole = (*tokenizer)->Encode(text);
-    Report(pass == 1 ? "Encode (cold cache)" : "Encode (warm cache)", pass, text.size(), whole.size(), SecondsSince(start));
+    Report(pass == 1 ? "Encode (cold cache)" : "Encode (warm cache)", pass, text.size(), whole.size(),
+           SecondsSince(start));
     if (whole != ids) {
-      std::cerr << "tokenizer_bench: the stream and Encode disagree (" << ids.size() << " vs " << whole.size() << " ids)\n";
+      std::cerr << "tokenizer_bench: the stream and Encode disagree (" << ids.size() << " vs " << whole.size()
+                << " ids)\n";
       return 1;
     }
   }

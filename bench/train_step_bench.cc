@@ -23,17 +23,14 @@
 #include <random>
 #include <string>
 
-#include "worker/device_memory.h"
 #include "worker/torch_executor.h"
-#include "worker/trainer.h"
+#include "worker/train/device_memory.h"
+#include "worker/train/trainer.h"
 
 // --profile FILE: a Kineto trace (chrome JSON) of two more steps, LibTorch 2.x only
-// (worker/device_memory.h StepProfiler); bench/summarize_trace.py groups its GPU kernels.
+// (worker/train/device_memory.h StepProfiler); bench/summarize_trace.py groups its GPU kernels.
 
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 int main(int argc, char** argv) {
   strata::RunSpec spec;
@@ -56,31 +53,51 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const std::string v = argv[i + 1];
-    if (k == "--family") spec.model.family = v;
-    else if (k == "--layers") spec.model.layers = std::stoll(v);
-    else if (k == "--hidden") spec.model.hidden = std::stoll(v);
-    else if (k == "--heads") spec.model.heads = std::stoll(v);
-    else if (k == "--kv-heads") spec.model.kv_heads = std::stoll(v);
-    else if (k == "--ffn") spec.model.ffn = std::stoll(v);
-    else if (k == "--vocab") spec.model.vocab = std::stoll(v);
-    else if (k == "--sequence") spec.model.sequence = std::stoll(v);
-    else if (k == "--batch") spec.train.global_batch = std::stoll(v);
-    else if (k == "--micro-batch") spec.parallel.micro_batch = std::stoll(v);
-    else if (k == "--precision") spec.train.precision = v;
-    else if (k == "--steps") steps = std::stoi(v);
-    else if (k == "--device") device = v;
-    else if (k == "--profile") profile = v;
-    else if (k == "--cuda-graphs") spec.train.cuda_graphs = v != "0";
-    else if (k == "--optimizer") spec.train.optimizer = v;
-    else if (k == "--offload") spec.parallel.offload = v;
-    else if (k == "--zero") spec.parallel.zero = std::stoll(v);
-    else if (k == "--markov") markov = v != "0";
+    if (k == "--family")
+      spec.model.family = v;
+    else if (k == "--layers")
+      spec.model.layers = std::stoll(v);
+    else if (k == "--hidden")
+      spec.model.hidden = std::stoll(v);
+    else if (k == "--heads")
+      spec.model.heads = std::stoll(v);
+    else if (k == "--kv-heads")
+      spec.model.kv_heads = std::stoll(v);
+    else if (k == "--ffn")
+      spec.model.ffn = std::stoll(v);
+    else if (k == "--vocab")
+      spec.model.vocab = std::stoll(v);
+    else if (k == "--sequence")
+      spec.model.sequence = std::stoll(v);
+    else if (k == "--batch")
+      spec.train.global_batch = std::stoll(v);
+    else if (k == "--micro-batch")
+      spec.parallel.micro_batch = std::stoll(v);
+    else if (k == "--precision")
+      spec.train.precision = v;
+    else if (k == "--steps")
+      steps = std::stoi(v);
+    else if (k == "--device")
+      device = v;
+    else if (k == "--profile")
+      profile = v;
+    else if (k == "--cuda-graphs")
+      spec.train.cuda_graphs = v != "0";
+    else if (k == "--optimizer")
+      spec.train.optimizer = v;
+    else if (k == "--offload")
+      spec.parallel.offload = v;
+    else if (k == "--zero")
+      spec.parallel.zero = std::stoll(v);
+    else if (k == "--markov")
+      markov = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
     }
   }
-  if (spec.parallel.offload == "optimizer+params") spec.parallel.zero = 3;  // its streamed path (worker/stage_model.h)
+  if (spec.parallel.offload == "optimizer+params")
+    spec.parallel.zero = 3;  // its streamed path (worker/train/stage_model.h)
   if (spec.model.family == "llama") spec.model.norm_eps = 1e-6;
   if (spec.model.kv_heads == 12 && spec.model.heads != 12) spec.model.kv_heads = spec.model.heads;
   spec.model.tie_embeddings = spec.model.family == "gpt2" || spec.model.family == "gemma";
@@ -118,7 +135,12 @@ int main(int argc, char** argv) {
   context.spec = spec;
   context.communicator = comm.get();
   auto data = strata::worker::TokenData::Load(spec.data, spec.model.vocab);
-  strata::worker::Trainer trainer(context, std::move(data).value(), torch::Device(device));
+  auto made = strata::worker::Trainer::Create(context, std::move(data).value(), torch::Device(device));
+  if (!made.ok()) {
+    std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
+    return 1;
+  }
+  strata::worker::Trainer& trainer = **made;
   double loss = 0;
   for (int s = 0; s < warmup; ++s) loss = trainer.Step().value();
   std::vector<double> losses;
@@ -137,7 +159,8 @@ int main(int argc, char** argv) {
   // The step's peak: Trainer::Step resets the allocator's peak between the schedule (forward and
   // backward) and the update, so the executor's own reading would hold the update's alone.
   const auto& step_memory = trainer.last_step_memory();
-  const double peak_bytes = static_cast<double>(std::max(step_memory.schedule_peak_bytes, step_memory.update_peak_bytes));
+  const double peak_bytes =
+      static_cast<double>(std::max(step_memory.schedule_peak_bytes, step_memory.update_peak_bytes));
   if (!profile.empty()) {
     strata::worker::StepProfiler profiler(profile, 1, 2);
     for (int64_t s = 1; s <= 2; ++s) {
@@ -153,8 +176,10 @@ int main(int argc, char** argv) {
   for (size_t i = losses.size() - tail; i < losses.size(); ++i) tail_loss += losses[i] / static_cast<double>(tail);
   std::printf(
       "{\"impl\": \"strata\", \"family\": \"%s\", \"params\": %ld, \"batch\": %ld, \"sequence\": %ld, \"precision\": "
-      "\"%s\", \"optimizer\": \"%s\", \"offload\": \"%s\", \"cuda_graph\": %s, \"tokens_per_s\": %.0f, \"step_ms\": %.1f, \"peak_gib\": %.3f, "
-      "\"optimizer_state_bytes\": %ld, \"offload_update_ms\": %.1f, \"offload_gradient_wait_ms\": %.1f, \"offload_forward_wait_ms\": %.1f, "
+      "\"%s\", \"optimizer\": \"%s\", \"offload\": \"%s\", \"cuda_graph\": %s, \"tokens_per_s\": %.0f, \"step_ms\": "
+      "%.1f, \"peak_gib\": %.3f, "
+      "\"optimizer_state_bytes\": %ld, \"offload_update_ms\": %.1f, \"offload_gradient_wait_ms\": %.1f, "
+      "\"offload_forward_wait_ms\": %.1f, "
       "\"loss\": %.4f, \"last20_loss\": %.4f}\n",
       spec.model.family.c_str(), static_cast<long>(params), static_cast<long>(spec.train.global_batch),
       static_cast<long>(spec.model.sequence), spec.train.precision.c_str(), spec.train.optimizer.c_str(),

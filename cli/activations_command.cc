@@ -38,7 +38,7 @@ Result<std::pair<uint64_t, uint64_t>> ParseRows(const std::string& text, uint64_
 }
 
 Result<std::unique_ptr<activations::ActivationReader>> OpenReader(const CoordinatorAddress& coordinator,
-                                                                   const std::vector<std::string>& stores) {
+                                                                  const std::vector<std::string>& stores) {
   if (!stores.empty()) return activations::ActivationReader::OpenStores(stores);
   return activations::ActivationReader::Connect(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
 }
@@ -47,14 +47,15 @@ Result<std::unique_ptr<activations::ActivationReader>> OpenReader(const Coordina
 std::string TokensPath(const std::string& out) {
   const size_t dot = out.rfind('.');
   const size_t slash = out.rfind('/');
-  const std::string stem = dot != std::string::npos && (slash == std::string::npos || dot > slash) ? out.substr(0, dot) : out;
+  const std::string stem =
+      dot != std::string::npos && (slash == std::string::npos || dot > slash) ? out.substr(0, dot) : out;
   return stem + ".tokens.npy";
 }
 
 }  // namespace
 
-int ListActivations(const CoordinatorAddress& coordinator, const std::vector<std::string>& stores, const std::string& run,
-                    bool as_json) {
+int ListActivations(const CoordinatorAddress& coordinator, const std::vector<std::string>& stores,
+                    const std::string& run, bool as_json) {
   auto reader = OpenReader(coordinator, stores);
   if (!reader.ok()) return Fail(reader.status());
   auto index = (*reader)->Index(run);
@@ -95,9 +96,10 @@ int ListActivations(const CoordinatorAddress& coordinator, const std::vector<std
   std::cout << "run " << index->run << " (" << index->state << "): " << stored << " of " << index->total_rows
             << " token rows stored" << (index->complete() ? "" : " - capture still in progress") << "\n";
   std::cout << "dtype " << storage::DTypeName(index->dtype) << ", hidden " << index->hidden << ", "
-            << HumanBytes(stored * row_bytes) << " per layer and site, "
-            << HumanBytes(stored * stored_row_bytes) << " in all\n";
-  std::cout << std::left << std::setw(8) << "LAYER" << std::setw(12) << "SITE" << std::setw(14) << "ROWS" << "BYTES\n";
+            << HumanBytes(stored * row_bytes) << " per layer and site, " << HumanBytes(stored * stored_row_bytes)
+            << " in all\n";
+  std::cout << std::left << std::setw(8) << "LAYER" << std::setw(12) << "SITE" << std::setw(14) << "ROWS"
+            << "BYTES\n";
   for (int64_t layer : index->layers) {
     for (const auto& site : index->sites) {
       if (!index->Holds(layer, site)) continue;
@@ -121,7 +123,8 @@ Status CheckActivationsOut(const ActivationsGet& request) {
   std::error_code ec;
   if (request.out != "-" && !request.force &&
       std::filesystem::symlink_status(request.out, ec).type() != std::filesystem::file_type::not_found) {
-    return InvalidArgument("--out " + request.out + " already exists; choose a new path, remove it, or pass --force to replace it");
+    return InvalidArgument("--out " + request.out +
+                           " already exists; choose a new path, remove it, or pass --force to replace it");
   }
   if (request.with_tokens && request.out == "-") {
     return InvalidArgument("--with-tokens writes NAME.tokens.npy beside --out; give --out FILE.npy, not -");
@@ -144,9 +147,8 @@ class HeadSlice {
     slice.row_shape = index.RowShape(site);
     if (head < 0) return slice;
     if (slice.row_shape.size() != 2) {
-      return InvalidArgument("--head " + std::to_string(head) + ": site " + site +
-                             " has no heads (its rows are [" + std::to_string(slice.row_shape[0]) +
-                             "]); sites with heads: q, k, v, attn_pattern");
+      return InvalidArgument("--head " + std::to_string(head) + ": site " + site + " has no heads (its rows are [" +
+                             std::to_string(slice.row_shape[0]) + "]); sites with heads: q, k, v, attn_pattern");
     }
     const int64_t heads = slice.row_shape[0];
     if (head >= heads) {
@@ -215,8 +217,8 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
                             "); try again when its first chunk is done (`strata status " + index->run + "`)"));
   }
   if (!index->complete() && request.rows.empty()) {
-    std::cerr << "strata: run " << index->run << " is still capturing (" << index->state << "): writing the " << available
-              << " of " << index->total_rows << " rows complete so far" << std::endl;
+    std::cerr << "strata: run " << index->run << " is still capturing (" << index->state << "): writing the "
+              << available << " of " << index->total_rows << " rows complete so far" << std::endl;
   }
   const uint64_t n = end > begin ? end - begin : 0;
   if (Status st = index->CheckSite(request.layer, site); !st.ok()) return Fail(st);
@@ -243,18 +245,20 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
   if (st.ok()) st = head->CheckNoPartialRow();
   if (st.ok() && request.with_tokens) {
     // Written before --out is moved into place: a failed tokens read leaves neither file.
-    auto tokens = ArrayFileWriter::Create(TokensPath(request.out), storage::DType::kI64, n, {storage::kActivationTokenColumns},
-                                          "tokens", {}, request.force);
+    auto tokens = ArrayFileWriter::Create(TokensPath(request.out), storage::DType::kI64, n,
+                                          {storage::kActivationTokenColumns}, "tokens", {}, request.force);
     st = tokens.status();
-    if (st.ok()) st = (*reader)->ReadTokens(*index, begin, end, [&](std::span<const uint8_t> data) { return (*tokens)->Append(data); });
+    if (st.ok())
+      st = (*reader)->ReadTokens(*index, begin, end,
+                                 [&](std::span<const uint8_t> data) { return (*tokens)->Append(data); });
     if (st.ok()) st = (*tokens)->Commit();
   }
   if (st.ok()) st = (*writer)->Commit();
   if (!st.ok()) return Fail(st);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cerr << "strata: wrote " << (request.out == "-" ? "stdout" : request.out) << ": " << (*writer)->description()
-            << " (rows " << begin << ":" << end << " of layer " << request.layer << " " << site << "), " << HumanBytes(bytes)
-            << " read in " << std::fixed << std::setprecision(2) << seconds << " s ("
+            << " (rows " << begin << ":" << end << " of layer " << request.layer << " " << site << "), "
+            << HumanBytes(bytes) << " read in " << std::fixed << std::setprecision(2) << seconds << " s ("
             << bytes / std::max(seconds, 1e-9) / 1e9 << " GB/s)" << std::endl;
   return kExitOk;
 }

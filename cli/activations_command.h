@@ -22,12 +22,12 @@ struct CoordinatorAddress {
 struct ActivationsGet {
   std::string run;
   int64_t layer = -1;
-  std::string site;  // empty: the run's only site, else resid_post
-  int64_t head = -1;  // >= 0: only this head of a site with heads (q, k, v, attn_pattern)
-  std::string rows;  // "A:B", "A:" or empty (every stored row)
-  std::string out;   // FILE.npy, FILE.safetensors or "-"
-  bool force = false;  // replace an existing --out
-  bool with_tokens = false;  // also NAME.tokens.npy beside --out (not with --out -)
+  std::string site;                 // empty: the run's only site, else resid_post
+  int64_t head = -1;                // >= 0: only this head of a site with heads (q, k, v, attn_pattern)
+  std::string rows;                 // "A:B", "A:" or empty (every stored row)
+  std::string out;                  // FILE.npy, FILE.safetensors or "-"
+  bool force = false;               // replace an existing --out
+  bool with_tokens = false;         // also NAME.tokens.npy beside --out (not with --out -)
   std::vector<std::string> stores;  // --store: read these store directories, not the cluster
 };
 
@@ -37,8 +37,8 @@ Status CheckActivationsOut(const ActivationsGet& request);
 
 // Both return the process exit code (cli/exit.h).
 // With `stores` non-empty the coordinator is not asked (activations::ActivationReader::OpenStores).
-int ListActivations(const CoordinatorAddress& coordinator, const std::vector<std::string>& stores, const std::string& run,
-                    bool as_json);
+int ListActivations(const CoordinatorAddress& coordinator, const std::vector<std::string>& stores,
+                    const std::string& run, bool as_json);
 int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& request);
 
 }  // namespace strata::cli

@@ -16,8 +16,8 @@ struct Target {
   // Its cluster.json names the cluster (over $STRATA_CLUSTER); empty: the CLI's lookup from
   // --cluster, $STRATA_CLUSTER, then the default state directory.
   std::string state_dir;
-  std::string cluster;    // a coordinator address; empty: from the environment or STATE_DIR
-  std::string keys_dir;   // empty: $STRATA_KEYS, else STATE_DIR/keys when present
+  std::string cluster;   // a coordinator address; empty: from the environment or STATE_DIR
+  std::string keys_dir;  // empty: $STRATA_KEYS, else STATE_DIR/keys when present
   int timeout_ms = 3000;
 };
 

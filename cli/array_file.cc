@@ -56,20 +56,34 @@ class Writer final : public ArrayFileWriter {
     if (npy) {
       const char* descr = nullptr;
       switch (dtype) {
-        case storage::DType::kF32: descr = "<f4"; break;
-        case storage::DType::kF16: descr = "<f2"; break;
-        case storage::DType::kBF16: descr = "<f4"; widen_bf16_ = true; break;
-        case storage::DType::kI64: descr = "<i8"; break;
-        case storage::DType::kI32: descr = "<i4"; break;
-        default: return InvalidArgument(std::string("cannot write dtype ") + storage::DTypeName(dtype) + " as .npy");
+        case storage::DType::kF32:
+          descr = "<f4";
+          break;
+        case storage::DType::kF16:
+          descr = "<f2";
+          break;
+        case storage::DType::kBF16:
+          descr = "<f4";
+          widen_bf16_ = true;
+          break;
+        case storage::DType::kI64:
+          descr = "<i8";
+          break;
+        case storage::DType::kI32:
+          descr = "<i4";
+          break;
+        default:
+          return InvalidArgument(std::string("cannot write dtype ") + storage::DTypeName(dtype) + " as .npy");
       }
       prefix = NpyHeader(descr, shape);
       description_ = std::string(widen_bf16_ ? "float32 (widened from bf16)" : descr) + " [" + shape_text + "] .npy";
     } else if (EndsWith(path, ".safetensors")) {
       STRATA_ASSIGN_OR_RETURN(prefix, storage::SafetensorsPrefix({{name, dtype, shape}}, metadata));
-      description_ = std::string(storage::DTypeName(dtype)) + " [" + shape_text + "] .safetensors tensor '" + name + "'";
+      description_ =
+          std::string(storage::DTypeName(dtype)) + " [" + shape_text + "] .safetensors tensor '" + name + "'";
     } else {
-      return InvalidArgument("--out " + path + ": the extension must be .npy or .safetensors (or - for .npy on stdout)");
+      return InvalidArgument("--out " + path +
+                             ": the extension must be .npy or .safetensors (or - for .npy on stdout)");
     }
     if (path == "-") {
       file_ = stdout;
@@ -138,7 +152,8 @@ class Writer final : public ArrayFileWriter {
     return std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::not_found;
   }
   static Status Clobber(const std::string& path) {
-    return InvalidArgument("--out " + path + " already exists; choose a new path, remove it, or pass --force to replace it");
+    return InvalidArgument("--out " + path +
+                           " already exists; choose a new path, remove it, or pass --force to replace it");
   }
 
   std::string path_, tmp_, description_;
@@ -150,10 +165,11 @@ class Writer final : public ArrayFileWriter {
 
 }  // namespace
 
-Result<std::unique_ptr<ArrayFileWriter>> ArrayFileWriter::Create(const std::string& path, storage::DType dtype, uint64_t rows,
-                                                                 const std::vector<int64_t>& row_shape,
+Result<std::unique_ptr<ArrayFileWriter>> ArrayFileWriter::Create(const std::string& path, storage::DType dtype,
+                                                                 uint64_t rows, const std::vector<int64_t>& row_shape,
                                                                  const std::string& tensor_name,
-                                                                 const std::map<std::string, std::string>& metadata, bool replace) {
+                                                                 const std::map<std::string, std::string>& metadata,
+                                                                 bool replace) {
   auto writer = std::make_unique<Writer>();
   STRATA_RETURN_IF_ERROR(writer->Open(path, dtype, rows, row_shape, tensor_name, metadata, replace));
   return std::unique_ptr<ArrayFileWriter>(std::move(writer));

@@ -25,8 +25,10 @@ class ArrayFileWriter {
   // InvalidArgument for an extension other than .npy / .safetensors, or for an existing PATH
   // without `replace`; IoError if the temp file cannot be created (the message names the path).
   static Result<std::unique_ptr<ArrayFileWriter>> Create(const std::string& path, storage::DType dtype, uint64_t rows,
-                                                         const std::vector<int64_t>& row_shape, const std::string& tensor_name,
-                                                         const std::map<std::string, std::string>& metadata, bool replace);
+                                                         const std::vector<int64_t>& row_shape,
+                                                         const std::string& tensor_name,
+                                                         const std::map<std::string, std::string>& metadata,
+                                                         bool replace);
   virtual ~ArrayFileWriter() = default;
   virtual Status Append(std::span<const uint8_t> bytes) = 0;  // row-major data of `dtype`
   virtual Status Commit() = 0;                                // every byte appended: move into place

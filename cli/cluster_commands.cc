@@ -1,6 +1,4 @@
 // `strata keygen`, `strata up` and `strata down`: keys, and the local cluster's daemons.
-#include "cli/commands.h"
-
 #include <fcntl.h>
 #include <net/if.h>
 #include <signal.h>
@@ -15,6 +13,7 @@
 #include <thread>
 
 #include "cli/cluster_file.h"
+#include "cli/commands.h"
 #include "cli/exit.h"
 #include "common/byte_size.h"
 #include "common/curve.h"
@@ -98,15 +97,19 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
   if (!up.memory_limit.empty()) {
     auto limit = ParseByteSize(up.memory_limit, "--memory-limit");
     if (!limit.ok()) return Fail(limit.status());
-    if (*limit == 0) return Fail(InvalidArgument("--memory-limit " + up.memory_limit + " is 0; give a size such as 8GiB, or leave it out"));
+    if (*limit == 0)
+      return Fail(
+          InvalidArgument("--memory-limit " + up.memory_limit + " is 0; give a size such as 8GiB, or leave it out"));
   }
   if (!up.net_interface.empty() && if_nametoindex(up.net_interface.c_str()) == 0) {
-    return Fail(InvalidArgument("--net-interface " + up.net_interface + ": this host has no such network interface; name "
+    return Fail(InvalidArgument("--net-interface " + up.net_interface +
+                                ": this host has no such network interface; name "
                                 "one it has (list them with `ip -br addr`), or leave the flag out"));
   }
   if (up.hosts > (up.gpus > 0 ? up.gpus : up.workers)) {
     return Fail(InvalidArgument("--hosts " + std::to_string(up.hosts) + " is more than the " +
-                                std::to_string(up.gpus > 0 ? up.gpus : up.workers) + " workers; a host needs a worker"));
+                                std::to_string(up.gpus > 0 ? up.gpus : up.workers) +
+                                " workers; a host needs a worker"));
   }
   const int workers = up.gpus > 0 ? up.gpus : up.workers;
   const std::string dir = fs::absolute(g.state_dir).lexically_normal().string();
@@ -136,7 +139,8 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
   std::vector<std::string> keys_args;
   if (const std::string keys = ResolveKeysDir(g); !keys.empty()) {
     if (!fs::exists(keys + "/coordinator.key")) {
-      return Fail(InvalidArgument("the key directory " + keys + " has no coordinator.key, so a local coordinator "
+      return Fail(InvalidArgument("the key directory " + keys +
+                                  " has no coordinator.key, so a local coordinator "
                                   "cannot use it; unset STRATA_KEYS / drop --keys, or make one with `strata keygen`"));
     }
     keys_args = {"--keys", fs::absolute(keys).string()};
@@ -150,16 +154,24 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
     constexpr int kExitWaitMs = 30000;
     if (AwaitExitOf(p.pid, kExitWaitMs)) return Status::Ok();
     const std::string pid = std::to_string(p.pid);
-    return Unavailable(p.name + " (pid " + pid + ") is still exiting after " + std::to_string(kExitWaitMs / 1000) +
-                       " s, holding its store and sockets (a thread in disk sleep?); see `ps -L -o pid,tid,stat,wchan -p " + pid +
-                       "` and run `strata up` again once it is gone");
+    return Unavailable(
+        p.name + " (pid " + pid + ") is still exiting after " + std::to_string(kExitWaitMs / 1000) +
+        " s, holding its store and sockets (a thread in disk sleep?); see `ps -L -o pid,tid,stat,wchan -p " + pid +
+        "` and run `strata up` again once it is gone");
   };
   ClusterProcess* coord = find("coordinator");
   if (Status st = await_exit(*coord); !st.ok()) return Fail(st);
   if (!IsStrataProcess(coord->pid)) {
-    std::vector<std::string> argv = {bin + "/strata-coordinator", "--listen", file.endpoint, "--state-dir",
-                                     dir + "/coordinator", "--heartbeat-timeout-ms", std::to_string(up.heartbeat_timeout_ms),
-                                     "--replace-grace-ms", std::to_string(up.replace_grace_ms), "--grow-back-min-saving-s",
+    std::vector<std::string> argv = {bin + "/strata-coordinator",
+                                     "--listen",
+                                     file.endpoint,
+                                     "--state-dir",
+                                     dir + "/coordinator",
+                                     "--heartbeat-timeout-ms",
+                                     std::to_string(up.heartbeat_timeout_ms),
+                                     "--replace-grace-ms",
+                                     std::to_string(up.replace_grace_ms),
+                                     "--grow-back-min-saving-s",
                                      std::to_string(up.grow_back_min_saving_s)};
     argv.insert(argv.end(), keys_args.begin(), keys_args.end());
     if (up.salvage) argv.push_back("--salvage");
@@ -182,9 +194,16 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
     ClusterProcess* p = find(name);
     if (Status st = await_exit(*p); !st.ok()) return Fail(st);
     if (IsStrataProcess(p->pid)) continue;
-    std::vector<std::string> argv = {bin + "/strata-worker", "--name", name, "--coordinator", file.endpoint,
-                                     "--store", dir + "/workers/" + name, "--data-address",
-                                     "ipc://" + dir + "/" + name + ".data.sock", "--serve-address",
+    std::vector<std::string> argv = {bin + "/strata-worker",
+                                     "--name",
+                                     name,
+                                     "--coordinator",
+                                     file.endpoint,
+                                     "--store",
+                                     dir + "/workers/" + name,
+                                     "--data-address",
+                                     "ipc://" + dir + "/" + name + ".data.sock",
+                                     "--serve-address",
                                      "ipc://" + dir + "/" + name + ".serve.sock"};
     if (up.gpus > 0) argv.insert(argv.end(), {"--device", "cuda:" + std::to_string(i)});
     if (up.hosts > 1) argv.insert(argv.end(), {"--host", "host-" + std::to_string(i % up.hosts)});
@@ -207,7 +226,8 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
     for (int pid : started_pids) {
       if (IsStrataProcess(pid)) kill(pid, SIGTERM);
     }
-    return Fail(Status(st.code(), st.message() + (started_pids.empty() ? "" : "; the processes this call started were stopped")));
+    return Fail(Status(st.code(),
+                       st.message() + (started_pids.empty() ? "" : "; the processes this call started were stopped")));
   }
   // Wait until the coordinator answers and every worker has registered.
   const int64_t deadline = net::SteadyMs() + 60000;
@@ -231,7 +251,8 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
   }
   std::cout << "cluster up: coordinator at " << file.endpoint << ", " << live << " worker(s) (" << started
             << " process(es) started)\nstate and logs: " << dir << std::endl;
-  if (!file.http.empty()) std::cout << "dashboard: " << file.http << " (token for actions: " << dir << "/http.token)" << std::endl;
+  if (!file.http.empty())
+    std::cout << "dashboard: " << file.http << " (token for actions: " << dir << "/http.token)" << std::endl;
   return kExitOk;
 }
 
@@ -246,8 +267,8 @@ int CmdDown(GlobalOptions& g, int grace_s) {
     const std::string dir = fs::absolute(g.state_dir).lexically_normal().string();
     std::vector<ClusterProcess> found = FindStrataProcesses(dir);
     if (found.empty()) return Fail(file.status());
-    std::cerr << "strata: " << file.status().message() << "; stopping the " << found.size()
-              << " process(es) of " << dir << " found running" << std::endl;
+    std::cerr << "strata: " << file.status().message() << "; stopping the " << found.size() << " process(es) of " << dir
+              << " found running" << std::endl;
     ClusterFile recovered;
     recovered.state_dir = dir;
     recovered.endpoint = "ipc://" + dir + "/coordinator.sock";
@@ -278,7 +299,8 @@ int CmdDown(GlobalOptions& g, int grace_s) {
   }
   std::string survivors;
   for (auto& p : file->processes) {
-    if (IsStrataProcess(p.pid)) survivors += (survivors.empty() ? "" : ", ") + p.name + " (pid " + std::to_string(p.pid) + ")";
+    if (IsStrataProcess(p.pid))
+      survivors += (survivors.empty() ? "" : ", ") + p.name + " (pid " + std::to_string(p.pid) + ")";
   }
   if (!survivors.empty()) {
     std::cerr << "strata: not down: " << survivors << " did not exit within " << 2 * grace_s + 2

@@ -1,7 +1,5 @@
 // Shared by the commands (commands.h): finding and calling the coordinator, and the JSON forms
 // of its records.
-#include "cli/commands.h"
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +10,7 @@
 
 #include "cli/activations_command.h"
 #include "cli/cluster_file.h"
+#include "cli/commands.h"
 #include "client/coordinator_client.h"
 #include "common/curve.h"
 #include "common/run_spec.h"
@@ -35,7 +34,8 @@ Status ValidateEndpoint(const std::string& endpoint, const std::string& source) 
   const size_t scheme_end = endpoint.find("://");
   if (scheme_end == std::string::npos) return bad("no scheme");
   const std::string scheme = endpoint.substr(0, scheme_end), rest = endpoint.substr(scheme_end + 3);
-  if (scheme != "tcp" && scheme != "ipc" && scheme != "inproc") return bad("unknown scheme " + EscapeForTerminal(scheme) + "://");
+  if (scheme != "tcp" && scheme != "ipc" && scheme != "inproc")
+    return bad("unknown scheme " + EscapeForTerminal(scheme) + "://");
   if (rest.empty()) return bad("nothing after " + scheme + "://");
   if (endpoint.find('\0') != std::string::npos) return bad("a NUL byte");
   if (scheme == "tcp") {
@@ -74,7 +74,7 @@ std::string ResolveKeysDir(const GlobalOptions& g) {
 }
 
 Result<std::unique_ptr<client::CoordinatorClient>> MakeClient(const GlobalOptions& g, const std::string& endpoint,
-                                                                   int timeout_ms) {
+                                                              int timeout_ms) {
   std::optional<curve::ClientKeys> keys;
   if (const std::string dir = ResolveKeysDir(g); !dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(keys, curve::LoadClientKeys(dir));
@@ -121,32 +121,56 @@ json RunToJson(RunRecord::Reader r, bool with_plan) {
   for (auto w : r.getWorkers()) workers.push_back(w.cStr());
   json memory = json::array();
   for (auto m : r.getMemory()) {
-    memory.push_back({{"worker", m.getWorker().cStr()}, {"estimate_bytes", m.getEstimateBytes()},
-                      {"workspace_bytes", m.getWorkspaceBytes()}, {"measured_peak_bytes", m.getMeasuredPeakBytes()}});
+    memory.push_back({{"worker", m.getWorker().cStr()},
+                      {"estimate_bytes", m.getEstimateBytes()},
+                      {"workspace_bytes", m.getWorkspaceBytes()},
+                      {"measured_peak_bytes", m.getMeasuredPeakBytes()}});
   }
   json handled = json::object();
   for (auto h : r.getHandled()) handled[h.getKind().cStr()] = h.getCount();
   // The plan the run has now (after any re-planning): the [parallel] fields of its stored spec.
   json plan = json::object();
   json checkpoints = json::object();
-  if (auto spec = with_plan ? ParseStoredRunSpec(r.getSpecToml().cStr()) : Result<RunSpec>(InvalidArgument("not asked for"));
+  if (auto spec =
+          with_plan ? ParseStoredRunSpec(r.getSpecToml().cStr()) : Result<RunSpec>(InvalidArgument("not asked for"));
       spec.ok() && !spec->is_extract()) {
     // How often the run checkpoints and how many it keeps (train.checkpoint_every "auto" is a
     // tenth of the run until the plan's predicted step time makes it half an hour's steps).
     const TrainSpec& t = spec->train;
-    checkpoints = {{"every_steps", t.CheckpointInterval()}, {"auto", t.checkpoint_every == TrainSpec::kAutoCheckpoints},
+    checkpoints = {{"every_steps", t.CheckpointInterval()},
+                   {"auto", t.checkpoint_every == TrainSpec::kAutoCheckpoints},
                    {"keep", t.keep_checkpoints}};
-    const shard::PlanSummary p = shard::SummarizePlan(*spec);  // stages: layers per pipeline stage, as the ranks run them
-    plan = {{"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero}, {"micro_batch", p.micro_batch},
-            {"gradient_accumulation", p.gradient_accumulation}, {"recompute", p.recompute},
-            {"keep_gathered", p.keep_gathered}, {"offload", p.offload}, {"stages", p.stages}, {"planned", p.planned}};
+    const shard::PlanSummary p =
+        shard::SummarizePlan(*spec);  // stages: layers per pipeline stage, as the ranks run them
+    plan = {{"dp", p.dp},
+            {"pp", p.pp},
+            {"tp", p.tp},
+            {"zero", p.zero},
+            {"micro_batch", p.micro_batch},
+            {"gradient_accumulation", p.gradient_accumulation},
+            {"recompute", p.recompute},
+            {"keep_gathered", p.keep_gathered},
+            {"offload", p.offload},
+            {"stages", p.stages},
+            {"planned", p.planned}};
   }
-  return {{"memory", memory}, {"handled", handled}, {"plan", plan}, {"checkpoints", checkpoints}, {"run_id", r.getRunId().cStr()},     {"name", r.getName().cStr()}, {"kind", r.getKind().cStr()},
-          {"state", schema::RunStateName(r.getState())}, {"step", r.getStep()},
-          {"total_steps", r.getTotalSteps()},  {"world_size", r.getWorldSize()},
-          {"losses", losses},                  {"workers", workers},
-          {"message", r.getMessage().cStr()},  {"tokens_per_second", r.getTokensPerSecond()},
-          {"created_unix_ms", r.getCreatedUnixMs()}, {"updated_unix_ms", r.getUpdatedUnixMs()}};
+  return {{"memory", memory},
+          {"handled", handled},
+          {"plan", plan},
+          {"checkpoints", checkpoints},
+          {"run_id", r.getRunId().cStr()},
+          {"name", r.getName().cStr()},
+          {"kind", r.getKind().cStr()},
+          {"state", schema::RunStateName(r.getState())},
+          {"step", r.getStep()},
+          {"total_steps", r.getTotalSteps()},
+          {"world_size", r.getWorldSize()},
+          {"losses", losses},
+          {"workers", workers},
+          {"message", r.getMessage().cStr()},
+          {"tokens_per_second", r.getTokensPerSecond()},
+          {"created_unix_ms", r.getCreatedUnixMs()},
+          {"updated_unix_ms", r.getUpdatedUnixMs()}};
 }
 
 namespace {
@@ -178,12 +202,8 @@ json CheckpointToJson(CheckpointManifest::Reader m) {
     }
     shards.push_back({{"store_path", shard.getStorePath().cStr()}, {"tensors", list}});
   }
-  return {{"run_id", m.getRunId().cStr()},
-          {"step", m.getStep()},
-          {"committed_unix_ms", m.getCommittedUnixMs()},
-          {"tensor_count", tensors},
-          {"size_bytes", bytes},
-          {"shards", shards}};
+  return {{"run_id", m.getRunId().cStr()}, {"step", m.getStep()}, {"committed_unix_ms", m.getCommittedUnixMs()},
+          {"tensor_count", tensors},       {"size_bytes", bytes}, {"shards", shards}};
 }
 
 }  // namespace strata::cli

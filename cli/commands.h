@@ -4,12 +4,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/activations_command.h"
 #include "cli/export.h"
@@ -34,8 +33,8 @@ struct UpOptions {
   int heartbeat_timeout_ms = 2000, replace_grace_ms = 10000, peer_timeout_ms = 120000, stuck_task_restart_ms = 30000;
   int grow_back_min_saving_s = 30;
   std::string memory_limit;
-  std::string net_interface;  // passed to every worker (strata-worker --net-interface)
-  bool salvage = false;  // start daemons whose stores are damaged, keeping what is intact
+  std::string net_interface;               // passed to every worker (strata-worker --net-interface)
+  bool salvage = false;                    // start daemons whose stores are damaged, keeping what is intact
   std::vector<std::string> inject_faults;  // tests only: passed to every worker (worker/fault_injector.h)
 };
 
@@ -50,7 +49,7 @@ struct SubmitOptions {
 Result<std::string> ResolveEndpoint(const GlobalOptions& g);
 std::string ResolveKeysDir(const GlobalOptions& g);
 Result<std::unique_ptr<client::CoordinatorClient>> MakeClient(const GlobalOptions& g, const std::string& endpoint,
-                                                                   int timeout_ms);
+                                                              int timeout_ms);
 Result<CoordinatorAddress> ResolveCoordinator(const GlobalOptions& g);
 Result<std::unique_ptr<schema::DecodedEnvelope>> Call(const GlobalOptions& g, schema::EnvelopeBuilder& request);
 std::string Printable(const std::string& text);
@@ -63,6 +62,12 @@ Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint
 int CmdUp(GlobalOptions& g, const UpOptions& up);
 int CmdDown(GlobalOptions& g, int grace_s);
 int CmdWorkers(GlobalOptions& g, bool as_json);
+// The coordinator's replies about one run ("" for every run's status); `last_loss_only`: each
+// run's losses holds at most its last loss (what listings show).
+Result<std::unique_ptr<schema::DecodedEnvelope>> FetchStatus(const GlobalOptions& g, const std::string& run,
+                                                             bool last_loss_only = false);
+Result<std::unique_ptr<schema::DecodedEnvelope>> FetchEvents(const GlobalOptions& g, const std::string& run);
+Result<std::unique_ptr<schema::DecodedEnvelope>> FetchCheckpoints(const GlobalOptions& g, const std::string& run);
 Result<std::string> ResolveRun(const GlobalOptions& g, const std::string& text);
 Result<json> StatusJson(const GlobalOptions& g, const std::string& run);
 Result<json> EventsJson(const GlobalOptions& g, const std::string& run);

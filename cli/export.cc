@@ -7,13 +7,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
+#include "common/hf_config.h"
 #include "common/run_spec.h"
+#include "model/hf_checkpoint.h"
+#include "model/parameters.h"
 #include "shard/layout.h"
 #include "storage/safetensors.h"
 #include "storage/shard_store.h"
-#include "common/hf_config.h"
-#include "model/hf_checkpoint.h"
-#include "model/parameters.h"
 
 namespace strata::cli {
 namespace {
@@ -109,11 +109,12 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
   // (a larger tensor gets a file of its own). A file is written as soon as it is full, under a
   // provisional name until the count is known: host memory holds one file and one tensor.
   ExportSummary summary;
-  std::vector<std::string> provisional;                    // written files, in order
-  std::vector<std::vector<std::string>> names_in_file;     // their tensors
+  std::vector<std::string> provisional;                          // written files, in order
+  std::vector<std::vector<std::string>> names_in_file;           // their tensors
   std::vector<std::pair<std::string, storage::Tensor>> pending;  // the file being filled
   uint64_t pending_bytes = 0;
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"strata_run", run}, {"strata_step", std::to_string(step)}};
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"strata_run", run}, {"strata_step", std::to_string(step)}};
   auto remove_provisional = [&] {
     for (const std::string& path : provisional) std::filesystem::remove(path, ec);
   };
@@ -136,19 +137,22 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
     shard::TensorAssembler assembler(spec.model);
     for (const model::Parameter& p : model::Parameters(spec.model)) {
       auto found = pieces.find(p.name);
-      if (found == pieces.end()) return Corruption("checkpoint " + std::to_string(step) + " of run " + run + " has no parameter " + p.name);
+      if (found == pieces.end())
+        return Corruption("checkpoint " + std::to_string(step) + " of run " + run + " has no parameter " + p.name);
       storage::Tensor t;
       for (const PieceRef& ref : found->second) {
         const OpenStore& from = stores[ref.store];
         STRATA_ASSIGN_OR_RETURN(storage::Tensor read, from.store->ReadCheckpointTensor(from.key_run, step, ref.name));
         if (read.checksum != ref.checksum) {
-          return Corruption("tensor '" + ref.name + "' in " + from.path + " does not match the checkpoint manifest; "
-                            "export an older checkpoint (`strata checkpoints " + run + "`)");
+          return Corruption("tensor '" + ref.name + "' in " + from.path +
+                            " does not match the checkpoint manifest; "
+                            "export an older checkpoint (`strata checkpoints " +
+                            run + "`)");
         }
         const size_t element = storage::DTypeSize(read.dtype);
         if (read.bytes.size() != static_cast<size_t>(ref.piece.end - ref.piece.begin) * element) {
-          return Corruption("tensor '" + ref.name + "' in " + from.path + " holds " + std::to_string(read.bytes.size()) +
-                            " bytes, not the piece its name describes");
+          return Corruption("tensor '" + ref.name + "' in " + from.path + " holds " +
+                            std::to_string(read.bytes.size()) + " bytes, not the piece its name describes");
         }
         STRATA_RETURN_IF_ERROR(assembler.Add(ref.piece, element, read.bytes.data()));
         t.dtype = read.dtype;
@@ -171,7 +175,8 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
       summary.bytes += size;
       ++summary.tensors;
     }
-    if (summary.tensors == 0) return NotFound("checkpoint " + std::to_string(step) + " of run " + run + " holds no parameters");
+    if (summary.tensors == 0)
+      return NotFound("checkpoint " + std::to_string(step) + " of run " + run + " holds no parameters");
     return flush();
   };
   if (Status st = export_all(); !st.ok()) {
@@ -202,11 +207,13 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
     auto text = ReadSpecFile(init_from + "/config.json", "model config", 4 << 20);
     if (text.ok()) source_config = *text;
   }
-  STRATA_ASSIGN_OR_RETURN(std::string config, HuggingFaceConfigJson(spec.model, source_config, options.dtype == "bf16" ? "bfloat16" : "float32"));
+  STRATA_ASSIGN_OR_RETURN(std::string config, HuggingFaceConfigJson(spec.model, source_config,
+                                                                    options.dtype == "bf16" ? "bfloat16" : "float32"));
   STRATA_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/config.json", config, 0644));
   if (!init_from.empty()) {
     for (const std::string& name : model::CompanionFiles(init_from)) {
-      std::filesystem::copy_file(init_from + "/" + name, out_dir + "/" + name, std::filesystem::copy_options::overwrite_existing, ec);
+      std::filesystem::copy_file(init_from + "/" + name, out_dir + "/" + name,
+                                 std::filesystem::copy_options::overwrite_existing, ec);
       if (ec) return IoError("cannot copy " + init_from + "/" + name + " to " + out_dir + ": " + ec.message());
       ++summary.companion_files;
     }

@@ -13,8 +13,8 @@
 namespace strata::cli {
 
 struct ExportOptions {
-  std::string dtype = "fp32";                  // "fp32" or "bf16" (round to nearest even, as torch)
-  uint64_t max_shard_bytes = 5'000'000'000;    // save_pretrained's default "5GB"
+  std::string dtype = "fp32";                // "fp32" or "bf16" (round to nearest even, as torch)
+  uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default "5GB"
 };
 
 struct ExportSummary {

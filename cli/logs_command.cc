@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "cli/exit.h"
+#include "client/coordinator_client.h"
 #include "common/net.h"
 #include "common/run_spec.h"
 #include "common/task_log.h"
-#include "client/coordinator_client.h"
 #include "schema/envelope.h"
 
 namespace strata::cli {
@@ -37,7 +37,8 @@ Result<FilePiece> ReadPiece(client::CoordinatorClient& client, const std::string
   r.setRank(rank);
   r.setOffset(offset);
   STRATA_ASSIGN_OR_RETURN(auto reply, client.Call(req));
-  if (reply->root().which() != Envelope::RUN_FILE_REPLY) return Internal("the coordinator answered a log read with another message");
+  if (reply->root().which() != Envelope::RUN_FILE_REPLY)
+    return Internal("the coordinator answered a log read with another message");
   auto f = reply->root().getRunFileReply();
   FilePiece piece;
   piece.data.assign(reinterpret_cast<const char*>(f.getData().begin()), f.getData().size());
@@ -50,7 +51,8 @@ Result<FilePiece> ReadPiece(client::CoordinatorClient& client, const std::string
 
 Result<int64_t> ParseDurationMs(const std::string& text) {
   auto bad = [&] {
-    return InvalidArgument("--since " + EscapeForTerminal(text) + " is not a duration; write a number and a unit: 500ms, 30s, 10m, 2h or 1d");
+    return InvalidArgument("--since " + EscapeForTerminal(text) +
+                           " is not a duration; write a number and a unit: 500ms, 30s, 10m, 2h or 1d");
   };
   size_t digits = 0;
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
@@ -74,7 +76,7 @@ int ShowLogs(const CoordinatorAddress& coordinator, const LogsRequest& request) 
   }
   client::CoordinatorClient client(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
   uint64_t offset = 0;
-  std::string pending;  // the end of the file read so far, short of its newline
+  std::string pending;                // the end of the file read so far, short of its newline
   bool show = request.since.empty();  // a line without a timestamp goes with the line before it
   auto print_line = [&](const std::string& line) {
     int64_t at = 0;
@@ -92,7 +94,7 @@ int ShowLogs(const CoordinatorAddress& coordinator, const LogsRequest& request) 
     }
     pending.erase(0, start);
     std::fflush(stdout);
-    if (offset < piece->size) continue;        // more is there already
+    if (offset < piece->size) continue;             // more is there already
     if (!request.follow || piece->terminal) break;  // the run has ended: the log will not grow
     std::this_thread::sleep_for(kFollowPoll);
   }

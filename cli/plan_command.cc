@@ -1,5 +1,7 @@
 #include "cli/plan_command.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -8,12 +10,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "cli/exit.h"
+#include "client/coordinator_client.h"
 #include "common/byte_size.h"
 #include "common/run_spec.h"
-#include "client/coordinator_client.h"
 #include "schema/envelope.h"
 #include "shard/capacity.h"
 #include "shard/layout.h"
@@ -34,12 +35,14 @@ Result<shard::ClusterView> ClusterFromSpec(const std::string& path) {
     root = toml::parse(text);
   } catch (const toml::parse_error& e) {
     std::ostringstream msg;
-    msg << "--cluster-spec " << path << " is not valid TOML at line " << e.source().begin.line << ": " << e.description();
+    msg << "--cluster-spec " << path << " is not valid TOML at line " << e.source().begin.line << ": "
+        << e.description();
     return InvalidArgument(msg.str());
   }
   const toml::array* nodes = root["nodes"].as_array();
   if (!nodes || nodes->empty()) {
-    return InvalidArgument("--cluster-spec " + path + " describes no GPUs: add at least one [[nodes]] table with count, gpus and memory");
+    return InvalidArgument("--cluster-spec " + path +
+                           " describes no GPUs: add at least one [[nodes]] table with count, gpus and memory");
   }
   shard::ClusterView view;
   int group = 0;
@@ -59,13 +62,17 @@ Result<shard::ClusterView> ClusterFromSpec(const std::string& path) {
       STRATA_ASSIGN_OR_RETURN(free, ParseByteSize(t->get("free")->value_or<std::string>("?"), where + "free"));
     }
     if (memory == 0) return InvalidArgument(where + "memory must be more than 0");
-    if (free > memory) return InvalidArgument(where + "free (" + HumanBytes(free) + ") exceeds memory (" + HumanBytes(memory) + ")");
+    if (free > memory)
+      return InvalidArgument(where + "free (" + HumanBytes(free) + ") exceeds memory (" + HumanBytes(memory) + ")");
     const std::string link = t->get("link") ? t->get("link")->value_or<std::string>("?") : "nvlink";
-    if (link != "nvlink" && link != "pcie" && link != "tcp") return InvalidArgument(where + "link must be nvlink, pcie or tcp");
+    if (link != "nvlink" && link != "pcie" && link != "tcp")
+      return InvalidArgument(where + "link must be nvlink, pcie or tcp");
     uint64_t host_memory = 0;  // 0: not given, offload's host memory not checked
     if (t->get("host_memory")) {
-      STRATA_ASSIGN_OR_RETURN(host_memory, ParseByteSize(t->get("host_memory")->value_or<std::string>("?"), where + "host_memory"));
-      if (host_memory == 0) return InvalidArgument(where + "host_memory must be more than 0 (leave it out to not check host memory)");
+      STRATA_ASSIGN_OR_RETURN(host_memory,
+                              ParseByteSize(t->get("host_memory")->value_or<std::string>("?"), where + "host_memory"));
+      if (host_memory == 0)
+        return InvalidArgument(where + "host_memory must be more than 0 (leave it out to not check host memory)");
     }
     const double tflops = t->get("tflops") ? t->get("tflops")->value_or<double>(-1) : 989.0;
     if (!(tflops > 0)) return InvalidArgument(where + "tflops must be a number > 0");
@@ -95,16 +102,21 @@ Result<shard::ClusterView> ClusterFromCoordinator(client::CoordinatorClient& cli
   for (auto w : reply->root().getWorkersReply().getWorkers()) {
     // Lost workers, and ones whose first memory report has not arrived, cannot be planned for.
     if (w.getState() == WorkerState::LOST || w.getMemory().getTotalBytes() == 0) continue;
-    view.workers.push_back(shard::WorkerFromMemory(w.getName().cStr(), w.getHost().cStr(), schema::ReadMemoryStats(w.getMemory())));
+    view.workers.push_back(
+        shard::WorkerFromMemory(w.getName().cStr(), w.getHost().cStr(), schema::ReadMemoryStats(w.getMemory())));
   }
   return view;  // possibly empty
 }
 
 json EstimateJson(const shard::MemoryEstimate& m) {
-  return {{"weights", m.weights},       {"gradients", m.gradients},
-          {"optimizer_state", m.optimizer_state}, {"activations", m.activations},
-          {"communication_buffers", m.communication_buffers}, {"workspace", m.workspace},
-          {"total", m.total()}, {"host", m.host}};
+  return {{"weights", m.weights},
+          {"gradients", m.gradients},
+          {"optimizer_state", m.optimizer_state},
+          {"activations", m.activations},
+          {"communication_buffers", m.communication_buffers},
+          {"workspace", m.workspace},
+          {"total", m.total()},
+          {"host", m.host}};
 }
 
 std::string Gib(int64_t bytes) {
@@ -143,24 +155,43 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
   if (request.as_json) {
     json workers = json::array();
     for (const auto& w : p.workers) {
-      workers.push_back({{"worker", w.worker}, {"stage", w.stage}, {"dp_rank", w.dp_rank}, {"tp_rank", w.tp_rank},
-                         {"estimate", EstimateJson(w.memory)}, {"budget", w.budget_bytes}});
+      workers.push_back({{"worker", w.worker},
+                         {"stage", w.stage},
+                         {"dp_rank", w.dp_rank},
+                         {"tp_rank", w.tp_rank},
+                         {"estimate", EstimateJson(w.memory)},
+                         {"budget", w.budget_bytes}});
     }
     json stages = json::array();
     for (const auto& s : p.stages) stages.push_back({s.begin, s.end});
     json out = {{"parameters", shard::ParameterCount(spec->model)},
-                {"dp", p.dp}, {"pp", p.pp}, {"tp", p.tp}, {"zero", p.zero},
-                {"micro_batch", p.micro_batch}, {"gradient_accumulation", p.gradient_accumulation},
-                {"recompute", p.recompute}, {"offload", shard::OffloadName(p.offload)}, {"keep_gathered", p.keep_gathered},
+                {"dp", p.dp},
+                {"pp", p.pp},
+                {"tp", p.tp},
+                {"zero", p.zero},
+                {"micro_batch", p.micro_batch},
+                {"gradient_accumulation", p.gradient_accumulation},
+                {"recompute", p.recompute},
+                {"offload", shard::OffloadName(p.offload)},
+                {"keep_gathered", p.keep_gathered},
                 {"vocab_parallel", shard::VocabParallel(spec->model, p.tp)},
-                {"sequence_parallel", shard::SequenceParallel(*spec, p.tp)}, {"stages", stages},
-                {"step_time_s", {{"compute", p.step_time.compute_s}, {"communication", p.step_time.communication_s},
-                                 {"bubble", p.step_time.bubble_s}, {"total", p.step_time.total_s()}}},
-                {"why", p.why}, {"workers", workers}};
+                {"sequence_parallel", shard::SequenceParallel(*spec, p.tp)},
+                {"stages", stages},
+                {"step_time_s",
+                 {{"compute", p.step_time.compute_s},
+                  {"communication", p.step_time.communication_s},
+                  {"bubble", p.step_time.bubble_s},
+                  {"total", p.step_time.total_s()}}},
+                {"why", p.why},
+                {"workers", workers}};
     json largest = json::array();
     for (const auto& c : capacities) {
-      largest.push_back({{"option", c.option.name}, {"optimizer", c.option.optimizer}, {"offload", shard::OffloadName(c.option.offload)},
-                         {"layers", c.layers}, {"parameters", c.parameters}, {"plan", c.plan}});
+      largest.push_back({{"option", c.option.name},
+                         {"optimizer", c.option.optimizer},
+                         {"offload", shard::OffloadName(c.option.offload)},
+                         {"layers", c.layers},
+                         {"parameters", c.parameters},
+                         {"plan", c.plan}});
     }
     out["largest_trainable"] = largest;
     std::cout << out.dump(2) << std::endl;
@@ -170,16 +201,19 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
             << " worker(s)\n";
   std::cout << "plan: dp=" << p.dp << " pp=" << p.pp << " tp=" << p.tp << " zero=" << p.zero << ", micro-batch "
             << p.micro_batch << " x " << p.gradient_accumulation << " accumulation, recompute per stage " << recompute
-            << (p.offload == shard::Offload::kOptimizer            ? ", optimizer offloaded to host"
-                : p.offload == shard::Offload::kOptimizerAndParams ? ", optimizer and parameters offloaded to host (streamed a layer at a time)"
-                                                                   : "")
-            << (p.keep_gathered > 0 ? ", keep_gathered " + std::to_string(p.keep_gathered) + " (layers a stage keeps gathered for the backward)" : "")
+            << (p.offload == shard::Offload::kOptimizer ? ", optimizer offloaded to host"
+                : p.offload == shard::Offload::kOptimizerAndParams
+                    ? ", optimizer and parameters offloaded to host (streamed a layer at a time)"
+                    : "")
+            << (p.keep_gathered > 0 ? ", keep_gathered " + std::to_string(p.keep_gathered) +
+                                          " (layers a stage keeps gathered for the backward)"
+                                    : "")
             << "\n";
   if (p.tp > 1) {
     const int64_t vocab = spec->model.vocab;
     if (shard::VocabParallel(spec->model, p.tp)) {
-      std::cout << "vocabulary: " << vocab << " rows split over tp=" << p.tp << " (each rank holds and multiplies " << vocab / p.tp
-                << " rows of the embedding and the head)\n";
+      std::cout << "vocabulary: " << vocab << " rows split over tp=" << p.tp << " (each rank holds and multiplies "
+                << vocab / p.tp << " rows of the embedding and the head)\n";
     } else {
       // The next multiple of 64 x tp: each rank's rows stay aligned for the head's matmul.
       const int64_t step = 64 * p.tp, padded = (vocab + step - 1) / step * step;
@@ -190,10 +224,11 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
     }
     const int64_t sequence = spec->model.sequence;
     if (shard::SequenceParallel(*spec, p.tp)) {
-      std::cout << "sequence parallel: norms and residual adds on " << sequence / p.tp << " of each sequence's " << sequence
-                << " tokens a rank (parallel.sequence_parallel = false runs them on every token)\n";
+      std::cout << "sequence parallel: norms and residual adds on " << sequence / p.tp << " of each sequence's "
+                << sequence << " tokens a rank (parallel.sequence_parallel = false runs them on every token)\n";
     } else if (!spec->parallel.sequence_parallel) {
-      std::cout << "sequence parallel: off (parallel.sequence_parallel = false); every rank runs the norms on every token\n";
+      std::cout
+          << "sequence parallel: off (parallel.sequence_parallel = false); every rank runs the norms on every token\n";
     } else {
       std::cout << "sequence parallel: off - tp=" << p.tp << " does not divide model.sequence = " << sequence
                 << "; every rank runs the norms on every token\n";
@@ -217,26 +252,29 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
     }
     rows.push_back({w, 1});
   }
-  std::cout << std::left << std::setw(22) << "WORKER" << std::setw(7) << "STAGE" << std::setw(9) << "WEIGHTS" << std::setw(8)
-            << "GRADS" << std::setw(8) << "OPTIM" << std::setw(8) << "ACTIV" << std::setw(8) << "COMM" << std::setw(8) << "WORK"
-            << std::setw(9) << "TOTAL" << std::setw(10) << "BUDGET" << "HEADROOM (GiB)\n";
+  std::cout << std::left << std::setw(22) << "WORKER" << std::setw(7) << "STAGE" << std::setw(9) << "WEIGHTS"
+            << std::setw(8) << "GRADS" << std::setw(8) << "OPTIM" << std::setw(8) << "ACTIV" << std::setw(8) << "COMM"
+            << std::setw(8) << "WORK" << std::setw(9) << "TOTAL" << std::setw(10) << "BUDGET"
+            << "HEADROOM (GiB)\n";
   for (const auto& r : rows) {
     const auto& m = r.w.memory;
     const std::string name = r.count > 1 ? r.w.worker + " +" + std::to_string(r.count - 1) : r.w.worker;
     std::cout << std::setw(22) << name << std::setw(7) << r.w.stage << std::setw(9) << Gib(m.weights) << std::setw(8)
-              << Gib(m.gradients) << std::setw(8) << Gib(m.optimizer_state) << std::setw(8) << Gib(m.activations) << std::setw(8)
-              << Gib(m.communication_buffers) << std::setw(8) << Gib(m.workspace) << std::setw(9) << Gib(m.total())
-              << std::setw(10) << Gib(r.w.budget_bytes) << Gib(r.w.budget_bytes - m.total()) << "\n";
+              << Gib(m.gradients) << std::setw(8) << Gib(m.optimizer_state) << std::setw(8) << Gib(m.activations)
+              << std::setw(8) << Gib(m.communication_buffers) << std::setw(8) << Gib(m.workspace) << std::setw(9)
+              << Gib(m.total()) << std::setw(10) << Gib(r.w.budget_bytes) << Gib(r.w.budget_bytes - m.total()) << "\n";
   }
   std::cout << "(budget = free memory less a 10% margin)\n";
   if (p.offload != shard::Offload::kNone) {
     std::cout << "host memory for the offloaded state: " << Gib(p.workers.front().memory.host)
               << " GiB on each worker of the first stage (m, v, a master copy of the parameters and a gradient buffer"
-              << (p.offload == shard::Offload::kOptimizerAndParams ? ", which the GPU streams its layers from" : "") << ")\n";
+              << (p.offload == shard::Offload::kOptimizerAndParams ? ", which the GPU streams its layers from" : "")
+              << ")\n";
   }
   std::cout << "\n";
   std::cout << "largest model of this width (hidden " << spec->model.hidden << ", ffn " << spec->model.ffn << ", vocab "
-            << spec->model.vocab << ", sequence " << spec->model.sequence << ") each optimizer option trains on these workers:\n";
+            << spec->model.vocab << ", sequence " << spec->model.sequence
+            << ") each optimizer option trains on these workers:\n";
   for (const auto& c : capacities) {
     std::cout << "  " << std::left << std::setw(40) << c.option.name;
     if (c.layers == 0) {
@@ -263,10 +301,12 @@ Result<std::string> EstimateForSubmit(const RunSpec& spec, client::CoordinatorCl
   auto plan = shard::ChoosePlan(spec.model, job, *live);
   if (!plan.ok()) {
     if (plan.status().code() != StatusCode::kResourceExhausted) return std::string();  // nothing to say
-    return Status(StatusCode::kResourceExhausted,
-                  "not submitted: " + plan.status().message() +
-                      "\n  or: more workers (parallel.dp, with parallel.zero = 1 or 2 to shard optimizer state and gradients), "
-                      "parallel.pp / parallel.tp, parallel.recompute = true, a smaller parallel.micro_batch, or a smaller model; `strata plan SPEC` shows the estimate per worker");
+    return Status(
+        StatusCode::kResourceExhausted,
+        "not submitted: " + plan.status().message() +
+            "\n  or: more workers (parallel.dp, with parallel.zero = 1 or 2 to shard optimizer state and gradients), "
+            "parallel.pp / parallel.tp, parallel.recompute = true, a smaller parallel.micro_batch, or a smaller model; "
+            "`strata plan SPEC` shows the estimate per worker");
   }
   const shard::WorkerAssignment* peak = &plan->workers.front();
   for (const auto& w : plan->workers) {
@@ -274,12 +314,14 @@ Result<std::string> EstimateForSubmit(const RunSpec& spec, client::CoordinatorCl
   }
   const auto& m = peak->memory;
   return "estimate: " + Gib(m.total()) + " GiB on " + peak->worker + " (weights " + Gib(m.weights) + ", gradients " +
-         Gib(m.gradients) + ", optimizer " + Gib(m.optimizer_state) + ", activations " + Gib(m.activations) + ", buffers " +
-         Gib(m.communication_buffers) + ", workspace " + Gib(m.workspace) + ") of " + Gib(peak->budget_bytes) + " GiB usable" +
+         Gib(m.gradients) + ", optimizer " + Gib(m.optimizer_state) + ", activations " + Gib(m.activations) +
+         ", buffers " + Gib(m.communication_buffers) + ", workspace " + Gib(m.workspace) + ") of " +
+         Gib(peak->budget_bytes) + " GiB usable" +
          (plan->offload == shard::Offload::kNone || !spec.parallel.automatic.count("offload") ? std::string()
           : plan->offload == shard::Offload::kOptimizer
               ? std::string(", with the optimizer's state offloaded to host memory (no plan fits without it)")
-              : std::string(", with the optimizer's state and the parameters offloaded to host memory (no plan fits without them)")) +
+              : std::string(", with the optimizer's state and the parameters offloaded to host memory (no plan fits "
+                            "without them)")) +
          "; `strata plan` for details";
 }
 

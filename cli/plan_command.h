@@ -19,8 +19,8 @@
 #include <string>
 
 #include "cli/activations_command.h"  // CoordinatorAddress
-#include "common/run_spec.h"
 #include "client/coordinator_client.h"
+#include "common/run_spec.h"
 
 namespace strata::cli {
 

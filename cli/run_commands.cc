@@ -1,7 +1,5 @@
 // The commands about runs: workers, status, events, checkpoints, cancel, submit (with --follow)
 // and export.
-#include "cli/commands.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "cli/commands.h"
 #include "cli/exit.h"
 #include "cli/export.h"
 #include "cli/plan_command.h"
@@ -45,9 +44,12 @@ int CmdWorkers(GlobalOptions& g, bool as_json) {
                      {"host", w.getHost().cStr()},
                      {"pid", w.getPid()},
                      {"device", m.getDevice().cStr()},
-                     {"memory", {{"total_bytes", m.getTotalBytes()}, {"free_bytes", m.getFreeBytes()},
-                                 {"allocated_bytes", m.getAllocatedBytes()}, {"reserved_bytes", m.getReservedBytes()},
-                                 {"peak_bytes", m.getPeakBytes()}}},
+                     {"memory",
+                      {{"total_bytes", m.getTotalBytes()},
+                       {"free_bytes", m.getFreeBytes()},
+                       {"allocated_bytes", m.getAllocatedBytes()},
+                       {"reserved_bytes", m.getReservedBytes()},
+                       {"peak_bytes", m.getPeakBytes()}}},
                      {"store_path", w.getStorePath().cStr()},
                      {"current_run", w.getCurrentRun().cStr()},
                      {"last_heartbeat_ms_ago", w.getLastHeartbeatMsAgo()}});
@@ -59,19 +61,16 @@ int CmdWorkers(GlobalOptions& g, bool as_json) {
               "HEARTBEAT", "RUN");
   for (auto w : list) {
     auto m = w.getMemory();
-    std::printf("%-12s %-6s %-8u %-7s %-11s %-11s %-10s %s\n", Printable(w.getWorkerId()).c_str(), schema::WorkerStateName(w.getState()),
-                w.getPid(), Printable(m.getDevice()).c_str(), HumanBytes(m.getAllocatedBytes()).c_str(),
-                HumanBytes(m.getFreeBytes()).c_str(), (std::to_string(w.getLastHeartbeatMsAgo()) + " ms").c_str(),
-                Printable(w.getCurrentRun()).c_str());
+    std::printf("%-12s %-6s %-8u %-7s %-11s %-11s %-10s %s\n", Printable(w.getWorkerId()).c_str(),
+                schema::WorkerStateName(w.getState()), w.getPid(), Printable(m.getDevice()).c_str(),
+                HumanBytes(m.getAllocatedBytes()).c_str(), HumanBytes(m.getFreeBytes()).c_str(),
+                (std::to_string(w.getLastHeartbeatMsAgo()) + " ms").c_str(), Printable(w.getCurrentRun()).c_str());
   }
   return kExitOk;
 }
 
-namespace {
-
-// last_loss_only: each run's losses holds at most its last loss (what listings show).
 Result<std::unique_ptr<schema::DecodedEnvelope>> FetchStatus(const GlobalOptions& g, const std::string& run,
-                                                            bool last_loss_only = false) {
+                                                             bool last_loss_only) {
   schema::EnvelopeBuilder req;
   auto status = req.root().initStatusRequest();
   status.setRunId(run);
@@ -90,7 +89,6 @@ Result<std::unique_ptr<schema::DecodedEnvelope>> FetchCheckpoints(const GlobalOp
   req.root().initCheckpointsRequest().setRunId(run);
   return Call(g, req);
 }
-}  // namespace
 
 // What a user may type for RUN: a run id, a unique prefix of one, a run name (names repeat
 // across submits: the newest run of that name), or `latest` (the newest run of all). Resolved
@@ -116,7 +114,8 @@ Result<std::string> ResolveRun(const GlobalOptions& g, const std::string& text) 
   }
   auto by_newest = [](const Candidate& a, const Candidate& b) { return a.created > b.created; };
   if (text == "latest") {
-    if (!newest) return NotFound("`latest` names the newest run, and there are no runs yet; `strata submit SPEC` starts one");
+    if (!newest)
+      return NotFound("`latest` names the newest run, and there are no runs yet; `strata submit SPEC` starts one");
     return newest->id;
   }
   if (!named.empty()) {
@@ -180,8 +179,9 @@ Result<json> EventsJson(const GlobalOptions& g, const std::string& run) {
 
 int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_losses) {
   if (with_losses && run.empty()) {
-    return Fail(InvalidArgument("--losses needs a run: the listing of all runs carries each run's last loss only; "
-                                "use `strata status RUN --json --losses`"));
+    return Fail(
+        InvalidArgument("--losses needs a run: the listing of all runs carries each run's last loss only; "
+                        "use `strata status RUN --json --losses`"));
   }
   if (as_json) {
     auto out = StatusJson(g, run);
@@ -199,7 +199,8 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
     for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + Printable(w);
     char loss[32] = "-";
     if (losses.size() > 0) std::snprintf(loss, sizeof(loss), "%.4f", losses[losses.size() - 1]);
-    std::printf("%-28s %-10s %-13s %-10s %-12.0f %s\n", Printable(r.getRunId()).c_str(), schema::RunStateName(r.getState()),
+    std::printf("%-28s %-10s %-13s %-10s %-12.0f %s\n", Printable(r.getRunId()).c_str(),
+                schema::RunStateName(r.getState()),
                 (std::to_string(r.getStep()) + "/" + std::to_string(r.getTotalSteps())).c_str(), loss,
                 r.getTokensPerSecond(), workers.c_str());
     if (r.getMessage().size() > 0) std::printf("  %s\n", Printable(r.getMessage()).c_str());
@@ -209,11 +210,13 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
       const json& p = j["plan"];
       const long long kept = p.value("keep_gathered", 0LL);
       const std::string offload = p.value("offload", std::string("none"));
-      std::printf("  plan: dp=%lld pp=%lld tp=%lld, ZeRO-%lld, micro-batch %lld x %lld accumulation, recompute %s%s%s\n",
-                  p["dp"].get<long long>(), p["pp"].get<long long>(), p["tp"].get<long long>(), p["zero"].get<long long>(),
-                  p["micro_batch"].get<long long>(), p["gradient_accumulation"].get<long long>(), p["recompute"].get<bool>() ? "on" : "off",
-                  kept > 0 ? (", keep_gathered " + std::to_string(kept)).c_str() : "",
-                  offload != "none" ? (", offload " + Printable(offload)).c_str() : "");
+      std::printf(
+          "  plan: dp=%lld pp=%lld tp=%lld, ZeRO-%lld, micro-batch %lld x %lld accumulation, recompute %s%s%s\n",
+          p["dp"].get<long long>(), p["pp"].get<long long>(), p["tp"].get<long long>(), p["zero"].get<long long>(),
+          p["micro_batch"].get<long long>(), p["gradient_accumulation"].get<long long>(),
+          p["recompute"].get<bool>() ? "on" : "off",
+          kept > 0 ? (", keep_gathered " + std::to_string(kept)).c_str() : "",
+          offload != "none" ? (", offload " + Printable(offload)).c_str() : "");
     }
     if (!j["checkpoints"].empty()) {
       const json& c = j["checkpoints"];
@@ -221,12 +224,16 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
       std::printf("  checkpoints: %s%s, %s\n",
                   every > 0 ? ("every " + std::to_string(every) + " steps and the last").c_str() : "the last step only",
                   c["auto"].get<bool>() ? " (train.checkpoint_every = \"auto\": a tenth of the run)" : "",
-                  keep > 0 ? ("the newest " + std::to_string(keep) + " complete ones kept (train.keep_checkpoints)").c_str()
-                           : "all kept (train.keep_checkpoints = 0)");
+                  keep > 0
+                      ? ("the newest " + std::to_string(keep) + " complete ones kept (train.keep_checkpoints)").c_str()
+                      : "all kept (train.keep_checkpoints = 0)");
     }
     std::string handled;
-    for (auto& [kind, count] : j["handled"].items()) handled += (handled.empty() ? "" : ", ") + kind + " " + std::to_string(count.get<int>());
-    if (!handled.empty()) std::printf("  handled: %s (`strata events %s` for each)\n", Printable(handled).c_str(), Printable(r.getRunId()).c_str());
+    for (auto& [kind, count] : j["handled"].items())
+      handled += (handled.empty() ? "" : ", ") + kind + " " + std::to_string(count.get<int>());
+    if (!handled.empty())
+      std::printf("  handled: %s (`strata events %s` for each)\n", Printable(handled).c_str(),
+                  Printable(r.getRunId()).c_str());
   }
   return kExitOk;
 }
@@ -242,7 +249,8 @@ int CmdEvents(GlobalOptions& g, const std::string& run, bool as_json) {
   if (!reply.ok()) return Fail(reply.status());
   auto events = (*reply)->root().getEventsReply().getEvents();
   for (auto e : events) {
-    std::printf("%s  %-22s %s\n", FormatTime(e.getUnixMs()).c_str(), Printable(e.getKind()).c_str(), Printable(e.getMessage()).c_str());
+    std::printf("%s  %-22s %s\n", FormatTime(e.getUnixMs()).c_str(), Printable(e.getKind()).c_str(),
+                Printable(e.getMessage()).c_str());
   }
   return kExitOk;
 }
@@ -280,9 +288,9 @@ int CmdCheckpoints(GlobalOptions& g, const std::string& run, bool as_json) {
     auto m = list[i];
     json j = CheckpointToJson(m);
     const auto [state, why] = CheckpointState(checkpoints, i);
-    std::printf("%-8ld %-14s %-8u %-8zu %-12s %s\n", static_cast<long>(m.getStep()), state.c_str(), m.getShards().size(),
-                j["tensor_count"].get<size_t>(), HumanBytes(j["size_bytes"].get<uint64_t>()).c_str(),
-                FormatTime(m.getCommittedUnixMs()).c_str());
+    std::printf("%-8ld %-14s %-8u %-8zu %-12s %s\n", static_cast<long>(m.getStep()), state.c_str(),
+                m.getShards().size(), j["tensor_count"].get<size_t>(),
+                HumanBytes(j["size_bytes"].get<uint64_t>()).c_str(), FormatTime(m.getCommittedUnixMs()).c_str());
     if (!why.empty()) std::printf("  %s\n", why.c_str());
   }
   if (list.size() == 0) std::printf("(no complete checkpoint yet)\n");
@@ -296,156 +304,6 @@ int CmdCancel(GlobalOptions& g, const std::string& run) {
   if (!reply.ok()) return Fail(reply.status());
   std::cout << "cancelled " << run << std::endl;
   return kExitOk;
-}
-
-namespace {
-
-// Client-side progress of one run: rate from the steps seen while watching, ETA from it.
-class ProgressTracker {
- public:
-  // "step  120/200  loss 2.4312  3210 tok/s  ETA 0:25  dp=2 pp=2 on worker-0,...,worker-3"
-  std::string Line(RunRecord::Reader r) {
-    const int64_t now = net::SteadyMs();
-    const int64_t step = r.getStep();
-    if (first_step_ < 0 || step < first_step_) {
-      first_step_ = step;
-      first_ms_ = now;
-    }
-    auto losses = r.getLosses();
-    std::string workers;
-    for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + Printable(w);
-    char buf[512];
-    const std::string kind = r.getKind().cStr();
-    const bool extract = kind == "extract" || kind == "patch";  // steps count stored chunks
-    int n = std::snprintf(buf, sizeof(buf), "%s %5ld/%ld", extract ? "chunk" : "step", static_cast<long>(step),
-                          static_cast<long>(r.getTotalSteps()));
-    if (losses.size() > 0) n += std::snprintf(buf + n, sizeof(buf) - n, "  loss %.4f", losses[losses.size() - 1]);
-    if (r.getTokensPerSecond() > 0) n += std::snprintf(buf + n, sizeof(buf) - n, "  %.0f tok/s", r.getTokensPerSecond());
-    if (step > first_step_ && step < r.getTotalSteps()) {
-      const double ms_per_step = double(now - first_ms_) / double(step - first_step_);
-      const int64_t eta_s = static_cast<int64_t>(ms_per_step * (r.getTotalSteps() - step) / 1000.0);
-      n += std::snprintf(buf + n, sizeof(buf) - n, "  ETA %ld:%02ld", static_cast<long>(eta_s / 60),
-                         static_cast<long>(eta_s % 60));
-    }
-    // Train runs show their mesh (it changes when a lost worker makes the run re-plan).
-    std::string mesh = (extract ? "workers=" : "dp=") + std::to_string(r.getWorldSize());
-    if (!extract) {
-      auto spec = ParseStoredRunSpec(r.getSpecToml().cStr());
-      if (spec.ok() && !spec->parallel.planned()) {
-        mesh = "mesh planned when it starts";
-      } else if (spec.ok()) {
-        const ParallelSpec& p = spec->parallel;
-        mesh = "dp=" + std::to_string(p.dp) + (p.pp > 1 ? " pp=" + std::to_string(p.pp) : "") +
-               (p.tp > 1 ? " tp=" + std::to_string(p.tp) : "") + (p.zero > 0 ? " zero=" + std::to_string(p.zero) : "");
-      }
-    }
-    std::snprintf(buf + n, sizeof(buf) - n, "  %s%s%s", mesh.c_str(), workers.empty() ? "" : " on ", workers.c_str());
-    return buf;
-  }
-
- private:
-  int64_t first_step_ = -1;
-  int64_t first_ms_ = 0;
-};
-}  // namespace
-
-// Polls the run until it ends, printing events as they happen and its progress: on a terminal
-// one live line, rewritten in place; into a pipe or file (a log) a line every `every_s` seconds
-// or every 5% of the steps, whichever comes first, and the last step. 0 iff it finished.
-int Follow(GlobalOptions& g, const std::string& run, int every_s) {
-  const bool tty = isatty(STDOUT_FILENO);
-  ProgressTracker progress;
-  int64_t printed_step = 0, printed_ms = net::SteadyMs();
-  size_t printed_events = 0;
-  int failures = 0, pending_polls = 0;
-  bool waiting_noted = false, live_line = false;
-  auto clear_live = [&] {
-    if (live_line) std::printf("\r\033[K");
-    live_line = false;
-  };
-  while (true) {
-    auto reply = FetchStatus(g, run);
-    if (!reply.ok()) {
-      if (++failures > 10) return Fail(reply.status());  // tolerate a coordinator restart
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      continue;
-    }
-    failures = 0;
-    auto r = (*reply)->root().getStatusReply().getRuns()[0];
-    if (auto ev = FetchEvents(g, run); ev.ok()) {
-      auto events = (*ev)->root().getEventsReply().getEvents();
-      for (; printed_events < events.size(); ++printed_events) {
-        clear_live();
-        std::printf("[%s] %s\n", Printable(events[printed_events].getKind()).c_str(), Printable(events[printed_events].getMessage()).c_str());
-      }
-    }
-    const std::string line = progress.Line(r);
-    if (tty) {
-      clear_live();
-      std::printf("%s", line.c_str());
-      live_line = true;
-    } else {
-      const int64_t every = std::max<int64_t>(1, r.getTotalSteps() / 20);  // 5%
-      const int64_t now = net::SteadyMs();
-      if (r.getStep() > printed_step && (r.getStep() - printed_step >= every || now - printed_ms >= every_s * 1000LL ||
-                                         r.getStep() == r.getTotalSteps())) {
-        std::printf("%s\n", line.c_str());
-        printed_step = r.getStep();
-        printed_ms = now;
-      }
-    }
-    std::fflush(stdout);
-    const RunState state = r.getState();
-    if (state == RunState::PENDING && !waiting_noted && ++pending_polls > 10) {
-      waiting_noted = true;
-      clear_live();
-      std::printf("waiting: the run needs %u idle worker(s); `strata workers` shows who is busy or lost\n",
-                  r.getWorldSize());
-    }
-    if (state == RunState::FINISHED || state == RunState::FAILED || state == RunState::CANCELLED) {
-      if (tty) std::printf("\n");
-      if (state == RunState::FINISHED) {
-        if (const std::string kind = r.getKind().cStr(); kind == "extract" || kind == "patch") {
-          std::printf("run %s finished: %ld chunks stored, %.0f tokens/s; `strata activations %s` lists them\n", run.c_str(),
-                      static_cast<long>(r.getStep()), r.getTokensPerSecond(), run.c_str());
-        } else {
-          std::printf("run %s finished: %ld steps, %.0f tokens/s on the last step\n", run.c_str(),
-                      static_cast<long>(r.getStep()), r.getTokensPerSecond());
-        }
-        return kExitOk;
-      }
-      std::printf("run %s %s: %s\n", Printable(run).c_str(), schema::RunStateName(state), Printable(r.getMessage()).c_str());
-      return kExitFailure;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  }
-}
-
-// `status --watch` without a run: a header, then one line per active (pending or running) run, or
-// per run with `all`, until interrupted or no run is active. On a terminal the screen is
-// redrawn each second; into a pipe or file a block every 5 s.
-int WatchAll(GlobalOptions& g, bool all) {
-  std::map<std::string, ProgressTracker> trackers;
-  const bool tty = isatty(STDOUT_FILENO);
-  while (true) {
-    auto reply = FetchStatus(g, "", /*last_loss_only=*/true);
-    if (!reply.ok()) return Fail(reply.status());
-    auto runs = (*reply)->root().getStatusReply().getRuns();
-    if (tty) std::printf("\033[H\033[2J");
-    std::printf("%-28s %-10s %s\n", "RUN", "STATE", "PROGRESS");
-    int active = 0;
-    for (auto r : runs) {
-      const bool is_active = r.getState() == RunState::PENDING || r.getState() == RunState::RUNNING;
-      active += is_active;
-      if (!is_active && !all) continue;
-      const std::string line = trackers[r.getRunId().cStr()].Line(r);
-      std::printf("%-28s %-10s %s\n", Printable(r.getRunId()).c_str(), schema::RunStateName(r.getState()), line.c_str());
-    }
-    if (active == 0) std::printf("(no active run%s)\n", all ? "" : "; `strata status` or `--watch --all` shows the ended ones");
-    std::fflush(stdout);
-    if (active == 0) return kExitOk;
-    std::this_thread::sleep_for(std::chrono::milliseconds(tty ? 1000 : 5000));
-  }
 }
 
 namespace {
@@ -477,7 +335,8 @@ Result<std::string> SubmitSpecText(const GlobalOptions& g, const std::string& te
   }
   // data.format = "text": tokenized once into a cached u32 file, which the run then reads.
   if (Status text_data = PrepareTextData(&*spec, g.state_dir, o.progress_every_s); !text_data.ok()) {
-    return text_data.code() == StatusCode::kInvalidArgument ? InvalidArgument(path + ": " + text_data.message()) : text_data;
+    return text_data.code() == StatusCode::kInvalidArgument ? InvalidArgument(path + ": " + text_data.message())
+                                                            : text_data;
   }
   std::pair<std::string, int64_t> resume_from;
   if (!resume.empty()) {
@@ -490,13 +349,14 @@ Result<std::string> SubmitSpecText(const GlobalOptions& g, const std::string& te
   }
   // A fixed mesh needs dp x pp x tp workers at once: more than the cluster has would wait
   // forever unless workers come, so that takes --queue.
-  if (const ParallelSpec& p = spec->parallel;
-      !spec->is_extract() && !p.automatic.count("dp") && !p.automatic.count("pp") && !p.automatic.count("tp") && !o.queue) {
+  if (const ParallelSpec& p = spec->parallel; !spec->is_extract() && !p.automatic.count("dp") &&
+                                              !p.automatic.count("pp") && !p.automatic.count("tp") && !o.queue) {
     STRATA_ASSIGN_OR_RETURN(auto live, CountLiveWorkers(g, *endpoint));
     if (p.workers() > live) {
       return InvalidArgument(
-          path + ": parallel.dp x parallel.pp x parallel.tp = " + std::to_string(p.dp) + " x " + std::to_string(p.pp) + " x " +
-          std::to_string(p.tp) + " = " + std::to_string(p.workers()) + " workers, but the cluster has " + std::to_string(live) +
+          path + ": parallel.dp x parallel.pp x parallel.tp = " + std::to_string(p.dp) + " x " + std::to_string(p.pp) +
+          " x " + std::to_string(p.tp) + " = " + std::to_string(p.workers()) + " workers, but the cluster has " +
+          std::to_string(live) +
           " live; lower them or set them to \"auto\", start more workers (`strata up --workers N`), or pass --queue to "
           "submit it to wait for workers");
     }
@@ -508,8 +368,10 @@ Result<std::string> SubmitSpecText(const GlobalOptions& g, const std::string& te
   if (!estimate.ok()) {
     std::string why = estimate.status().message();
     if (why.rfind("not submitted: ", 0) == 0) why = why.substr(15);
-    std::cerr << "strata: submitting anyway (--skip-estimate): " << why
-              << "; a rank that runs out of memory makes the run re-plan (smaller micro-batch first) and replay the step" << std::endl;
+    std::cerr
+        << "strata: submitting anyway (--skip-estimate): " << why
+        << "; a rank that runs out of memory makes the run re-plan (smaller micro-batch first) and replay the step"
+        << std::endl;
   } else if (!estimate->empty()) {
     std::cerr << "strata: " << *estimate << std::endl;
   }
@@ -542,17 +404,20 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o)
 int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int64_t> step, const std::string& out_dir,
               bool force, const ExportOptions& options) {
   if (step && *step < 0) {
-    return Fail(InvalidArgument("--step " + std::to_string(*step) + " is not a checkpoint step; give a step that `strata checkpoints " +
-                                typed_run + "` lists, or leave --step out for the latest"));
+    return Fail(InvalidArgument("--step " + std::to_string(*step) +
+                                " is not a checkpoint step; give a step that `strata checkpoints " + typed_run +
+                                "` lists, or leave --step out for the latest"));
   }
   std::error_code ec;
   const fs::file_status out_status = fs::status(out_dir, ec);
   if (fs::exists(out_status) && !fs::is_directory(out_status)) {
-    return Fail(InvalidArgument("--out " + out_dir + " exists and is not a directory; export writes a directory "
+    return Fail(InvalidArgument("--out " + out_dir +
+                                " exists and is not a directory; export writes a directory "
                                 "(config.json + model.safetensors), choose a new path"));
   }
   if (fs::is_directory(out_status) && !force && !fs::is_empty(out_dir, ec)) {
-    return Fail(InvalidArgument("--out " + out_dir + " is not empty; export into a new or empty directory, or pass --force "
+    return Fail(InvalidArgument("--out " + out_dir +
+                                " is not empty; export into a new or empty directory, or pass --force "
                                 "to replace its config.json and model.safetensors"));
   }
   auto id = ResolveRun(g, typed_run);  // a name, an id prefix or `latest`: after the checks that need no cluster
@@ -570,15 +435,16 @@ int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int6
     auto m = list[i];
     if (!step ? m.getStep() == list[list.size() - 1].getStep() : m.getStep() == *step) {
       if (const auto [state, why] = CheckpointState((*reply)->root().getCheckpointsReply(), i); !why.empty()) {
-        return Fail(Corruption("the checkpoint of run " + Printable(run) + " at step " + std::to_string(m.getStep()) + " is " +
-                               state + ": " + why + "; `strata checkpoints` lists the complete ones"));
+        return Fail(Corruption("the checkpoint of run " + Printable(run) + " at step " + std::to_string(m.getStep()) +
+                               " is " + state + ": " + why + "; `strata checkpoints` lists the complete ones"));
       }
       auto summary = ExportCheckpoint(spec_toml, m, out_dir, options);
       if (!summary.ok()) return Fail(summary.status());
-      std::printf("exported run %s step %ld: %zu tensors (%s, %s) in %zu file%s to %s", Printable(run).c_str(), static_cast<long>(m.getStep()),
-                  summary->tensors, HumanBytes(summary->bytes).c_str(), options.dtype.c_str(), summary->files,
-                  summary->files == 1 ? "" : "s", out_dir.c_str());
-      if (summary->companion_files > 0) std::printf(" (+%zu tokenizer/config files from init_from)", summary->companion_files);
+      std::printf("exported run %s step %ld: %zu tensors (%s, %s) in %zu file%s to %s", Printable(run).c_str(),
+                  static_cast<long>(m.getStep()), summary->tensors, HumanBytes(summary->bytes).c_str(),
+                  options.dtype.c_str(), summary->files, summary->files == 1 ? "" : "s", out_dir.c_str());
+      if (summary->companion_files > 0)
+        std::printf(" (+%zu tokenizer/config files from init_from)", summary->companion_files);
       std::printf("\n");
       return kExitOk;
     }

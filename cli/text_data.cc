@@ -63,7 +63,8 @@ Status PrepareTextData(RunSpec* spec, const std::string& state_dir, int progress
   if (fs::is_regular_file(cache, ec)) {
     std::fprintf(stderr, "data: %s tokenized before, using %s\n", data.path.c_str(), cache.c_str());
   } else {
-    std::fprintf(stderr, "data: tokenizing %s with %s into %s\n", data.path.c_str(), data.tokenizer.c_str(), cache.c_str());
+    std::fprintf(stderr, "data: tokenizing %s with %s into %s\n", data.path.c_str(), data.tokenizer.c_str(),
+                 cache.c_str());
     TokenizeRequest request;
     request.model_dir = data.tokenizer;
     request.input = data.path;
@@ -77,8 +78,9 @@ Status PrepareTextData(RunSpec* spec, const std::string& state_dir, int progress
   }
   const uintmax_t tokens = fs::file_size(cache, ec) / 4;
   if (ec || tokens < static_cast<uintmax_t>(spec->model.sequence + 1)) {
-    return InvalidArgument("data.path = " + data.path + " gives " + std::to_string(tokens) + " tokens, fewer than model.sequence + 1 = " +
-                           std::to_string(spec->model.sequence + 1) + "; use a longer text or a shorter sequence");
+    return InvalidArgument("data.path = " + data.path + " gives " + std::to_string(tokens) +
+                           " tokens, fewer than model.sequence + 1 = " + std::to_string(spec->model.sequence + 1) +
+                           "; use a longer text or a shorter sequence");
   }
   data.path = cache.string();
   data.format = "u32";

@@ -62,7 +62,8 @@ class IdWriter {
     for (const uint32_t id : ids) {
       const uint32_t le = std::endian::native == std::endian::little ? id : __builtin_bswap32(id);
       if (u16_) {
-        const uint16_t v = static_cast<uint16_t>(std::endian::native == std::endian::little ? id : __builtin_bswap16(static_cast<uint16_t>(id)));
+        const uint16_t v = static_cast<uint16_t>(
+            std::endian::native == std::endian::little ? id : __builtin_bswap16(static_cast<uint16_t>(id)));
         std::memcpy(out, &v, 2);
       } else {
         std::memcpy(out, &le, 4);
@@ -106,8 +107,10 @@ class Progress {
     const double rate = seconds > 0 ? bytes / seconds : 0;
     std::ostringstream line;
     line << "strata tokenize: ";
-    if (total_ > 0) line << (bytes * 100 / total_) << "% (" << HumanBytes(bytes) << " of " << HumanBytes(total_) << "), ";
-    else line << HumanBytes(bytes) << " read, ";
+    if (total_ > 0)
+      line << (bytes * 100 / total_) << "% (" << HumanBytes(bytes) << " of " << HumanBytes(total_) << "), ";
+    else
+      line << HumanBytes(bytes) << " read, ";
     line << tokens << " tokens, ";
     char speed[32];
     std::snprintf(speed, sizeof(speed), "%.1f MB/s", rate / 1e6);
@@ -133,16 +136,21 @@ Status CheckRequest(const TokenizeRequest& r) {
   if (r.out.empty()) return InvalidArgument("name the output file: --out FILE.u32");
   std::error_code ec;
   if (r.input != "-") {
-    if (!fs::exists(r.input, ec)) return InvalidArgument(EscapeForTerminal(r.input) + ": no such file (INPUT is a UTF-8 text file, or - for standard input)");
-    if (fs::is_directory(r.input, ec)) return InvalidArgument(EscapeForTerminal(r.input) + " is a directory; INPUT is a UTF-8 text file");
+    if (!fs::exists(r.input, ec))
+      return InvalidArgument(EscapeForTerminal(r.input) +
+                             ": no such file (INPUT is a UTF-8 text file, or - for standard input)");
+    if (fs::is_directory(r.input, ec))
+      return InvalidArgument(EscapeForTerminal(r.input) + " is a directory; INPUT is a UTF-8 text file");
   }
-  if (fs::is_directory(r.out, ec)) return InvalidArgument("--out " + EscapeForTerminal(r.out) + " is a directory; name a file");
+  if (fs::is_directory(r.out, ec))
+    return InvalidArgument("--out " + EscapeForTerminal(r.out) + " is a directory; name a file");
   if (fs::exists(r.out, ec) && !r.force) {
     return InvalidArgument("--out " + EscapeForTerminal(r.out) + " exists; pass --force to replace it");
   }
   const fs::path parent = fs::path(r.out).parent_path();
   if (!parent.empty() && !fs::is_directory(parent, ec)) {
-    return InvalidArgument("--out " + EscapeForTerminal(r.out) + ": the directory " + EscapeForTerminal(parent.string()) + " does not exist");
+    return InvalidArgument("--out " + EscapeForTerminal(r.out) + ": the directory " +
+                           EscapeForTerminal(parent.string()) + " does not exist");
   }
   return Status::Ok();
 }
@@ -154,8 +162,8 @@ struct Totals {
 };
 
 // INPUT through the tokenizer's stream into `writer`.
-Status Stream(const TokenizeRequest& r, const tokenizer::Tokenizer& tok, int in_fd, int64_t total_bytes, IdWriter& writer,
-              Totals* totals) {
+Status Stream(const TokenizeRequest& r, const tokenizer::Tokenizer& tok, int in_fd, int64_t total_bytes,
+              IdWriter& writer, Totals* totals) {
   const std::string input_name = r.input == "-" ? "standard input" : EscapeForTerminal(r.input);
   auto stream = tok.NewStream();
   Progress progress(total_bytes, r.progress_every_s);
@@ -213,8 +221,9 @@ int Tokenize(const TokenizeRequest& r) {
   const tokenizer::Tokenizer& tok = **loaded;
   const bool u16 = r.format == "u16";
   if (u16 && tok.vocab_size() > 65536) {
-    return Fail(InvalidArgument("--format u16 holds ids below 65536, but this tokenizer has " + std::to_string(tok.vocab_size()) +
-                                " ids (" + tok.description() + "); use --format u32"));
+    return Fail(InvalidArgument("--format u16 holds ids below 65536, but this tokenizer has " +
+                                std::to_string(tok.vocab_size()) + " ids (" + tok.description() +
+                                "); use --format u32"));
   }
 
   int in_fd = STDIN_FILENO;
@@ -266,9 +275,10 @@ int Tokenize(const TokenizeRequest& r) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   char rate[64];
   std::snprintf(rate, sizeof(rate), "%.2f s, %.1f MB/s", seconds, seconds > 0 ? totals.bytes / seconds / 1e6 : 0.0);
-  (r.summary_to_stderr ? std::cerr : std::cout) << "wrote " << totals.tokens << " token ids (" << r.format << ", " << Size(totals.tokens * (u16 ? 2 : 4))
-            << ") to " << EscapeForTerminal(r.out) << " from " << Size(totals.bytes) << " of text in " << rate
-            << "; tokenizer: " << tok.description() << std::endl;
+  (r.summary_to_stderr ? std::cerr : std::cout)
+      << "wrote " << totals.tokens << " token ids (" << r.format << ", " << Size(totals.tokens * (u16 ? 2 : 4))
+      << ") to " << EscapeForTerminal(r.out) << " from " << Size(totals.bytes) << " of text in " << rate
+      << "; tokenizer: " << tok.description() << std::endl;
   if (totals.inexact_cuts > 0) {
     std::cerr << "strata tokenize: warning: " << totals.inexact_cuts
               << " cut(s) in text without spaces, where the ids may differ from encoding the whole text by the pieces "
@@ -279,16 +289,20 @@ int Tokenize(const TokenizeRequest& r) {
 }
 
 TokenizeCommand::TokenizeCommand(CLI::App& app) {
-  command_ = app.add_subcommand("tokenize",
-                                "turn a text file into token ids with a model's tokenizer (tokenizer.json or tokenizer.model)");
+  command_ = app.add_subcommand(
+      "tokenize", "turn a text file into token ids with a model's tokenizer (tokenizer.json or tokenizer.model)");
   command_->add_option("model_dir", request_.model_dir, "the model's directory (a Hugging Face checkout)")->required();
   command_->add_option("input", request_.input, "a UTF-8 text file, or - for standard input")->required();
-  command_->add_option("--out", request_.out, "the ids, flat little-endian (FILE.u32 / FILE.u16); written whole or not at all")
+  command_
+      ->add_option("--out", request_.out,
+                   "the ids, flat little-endian (FILE.u32 / FILE.u16); written whole or not at all")
       ->required();
-  command_->add_option("--format", request_.format, "u32, or u16 when every id is below 65536")->check(CLI::IsMember({"u32", "u16"}));
+  command_->add_option("--format", request_.format, "u32, or u16 when every id is below 65536")
+      ->check(CLI::IsMember({"u32", "u16"}));
   command_->add_flag("--force", request_.force, "replace an existing --out file");
-  command_->add_option("--progress-every-s", request_.progress_every_s,
-                       "a progress line on stderr at most every this many seconds, or every 5% of the input if sooner")
+  command_
+      ->add_option("--progress-every-s", request_.progress_every_s,
+                   "a progress line on stderr at most every this many seconds, or every 5% of the input if sooner")
       ->check(CLI::Range(1, 86400));
 }
 

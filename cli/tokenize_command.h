@@ -14,11 +14,11 @@ namespace strata::cli {
 
 struct TokenizeRequest {
   std::string model_dir;
-  std::string input;   // a file, or "-" for standard input
+  std::string input;  // a file, or "-" for standard input
   std::string out;
-  std::string format = "u32";  // little-endian uint32 ids, or uint16 when the vocabulary fits
-  bool force = false;          // replace an existing --out
-  int progress_every_s = 10;   // a progress line on stderr at most this often (or every 5%)
+  std::string format = "u32";      // little-endian uint32 ids, or uint16 when the vocabulary fits
+  bool force = false;              // replace an existing --out
+  int progress_every_s = 10;       // a progress line on stderr at most this often (or every 5%)
   bool summary_to_stderr = false;  // the closing "wrote N token ids" line (submit keeps stdout for the run id)
 };
 

@@ -1,9 +1,8 @@
 #include "client/coordinator_client.h"
 
-#include "client/request.h"
-
 #include <random>
 
+#include "client/request.h"
 #include "common/net.h"
 
 namespace strata::client {
@@ -34,9 +33,11 @@ Result<std::unique_ptr<schema::DecodedEnvelope>> CoordinatorClient::Call(schema:
     }
   }
   STRATA_ASSIGN_OR_RETURN(Reply reply, AwaitReply(socket_, id, timeout_ms_, "", [&] {
-    return "the coordinator at " + endpoint_ + " did not answer within " + std::to_string(timeout_ms_ / 1000.0).substr(0, 3) +
-           " s; check it runs (`strata up` starts one) and see its log under the state dir" + AuthHint();
-  }));
+                            return "the coordinator at " + endpoint_ + " did not answer within " +
+                                   std::to_string(timeout_ms_ / 1000.0).substr(0, 3) +
+                                   " s; check it runs (`strata up` starts one) and see its log under the state dir" +
+                                   AuthHint();
+                          }));
   return std::move(reply.envelope);
 }
 

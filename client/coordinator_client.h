@@ -5,7 +5,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-
 #include <zmq.hpp>
 
 #include "common/curve.h"

@@ -22,7 +22,8 @@ class StoreClient {
                                                       const std::optional<curve::ClientKeys>& keys, int timeout_ms);
   virtual ~StoreClient() = default;
 
-  virtual Result<storage::Tensor> ReadCheckpointPiece(const std::string& key_run, int64_t step, const std::string& name) = 0;
+  virtual Result<storage::Tensor> ReadCheckpointPiece(const std::string& key_run, int64_t step,
+                                                      const std::string& name) = 0;
   // The same into `out`, which must be exactly the piece's size (InvalidArgument otherwise).
   virtual Status ReadCheckpointPieceInto(const std::string& key_run, int64_t step, const std::string& name,
                                          std::span<uint8_t> out) = 0;

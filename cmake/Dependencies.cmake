@@ -114,8 +114,32 @@ else()
 endif()
 
 # LibTorch's headers cost about 30 s to parse and 30 s more to compile in every file that includes
-# them (measured on a 2-core box); one precompiled <torch/torch.h>, built with strata_worker_exec,
-# serves every target that sees LibTorch. Targets call strata_use_torch_pch(TARGET).
+# them (measured on a 2-core box); one precompiled <torch/torch.h>, built with strata_nn (the lowest
+# LibTorch library), serves every target that sees LibTorch. Targets call strata_use_torch_pch(TARGET).
 function(strata_use_torch_pch target)
-  target_precompile_headers(${target} REUSE_FROM strata_worker_exec)
+  target_precompile_headers(${target} REUSE_FROM strata_nn)
+endfunction()
+
+# A library of LibTorch code (worker/ and its rooms): LibTorch private to it, the shared
+# precompiled header, STRATA_WITH_CUDA in CUDA builds.
+function(strata_torch_library target)
+  add_library(${target} ${ARGN})
+  target_link_libraries(${target} PRIVATE ${TORCH_LIBRARIES})
+  target_include_directories(${target} PRIVATE ${TORCH_INCLUDE_DIRS})
+  if(STRATA_WITH_CUDA)
+    target_compile_definitions(${target} PRIVATE STRATA_WITH_CUDA=1)
+  endif()
+  if(target STREQUAL "strata_nn")
+    target_precompile_headers(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:<torch/torch.h>>")
+  else()
+    strata_use_torch_pch(${target})
+  endif()
+endfunction()
+
+# A test of LibTorch code: GoogleTest, LibTorch, the shared precompiled header.
+function(strata_torch_test target)
+  add_executable(${target} ${ARGN})
+  target_link_libraries(${target} ${TORCH_LIBRARIES} GTest::gtest_main)
+  strata_use_torch_pch(${target})
+  gtest_discover_tests(${target} DISCOVERY_TIMEOUT 60)
 endfunction()

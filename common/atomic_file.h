@@ -4,9 +4,10 @@
 // path (ResourceExhausted for ENOSPC / EDQUOT).
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <string_view>
-#include <sys/types.h>
 
 #include "common/status.h"
 

@@ -15,13 +15,13 @@ template <typename A, typename B>
 
 // STRATA_CHECK_EQ(a, b) and friends: as STRATA_CHECK, and print both operands' values
 // ("x.cc:12: check failed: rows == expected (96 vs 128)"). Each operand is evaluated once.
-#define STRATA_CHECK_OP(op, a, b)                                                             \
-  do {                                                                                        \
-    const auto& _strata_a = (a);                                                              \
-    const auto& _strata_b = (b);                                                              \
-    if (!(_strata_a op _strata_b)) {                                                          \
+#define STRATA_CHECK_OP(op, a, b)                                                                    \
+  do {                                                                                               \
+    const auto& _strata_a = (a);                                                                     \
+    const auto& _strata_b = (b);                                                                     \
+    if (!(_strata_a op _strata_b)) {                                                                 \
       ::strata::check_internal::Failed(__FILE__, __LINE__, #a " " #op " " #b, _strata_a, _strata_b); \
-    }                                                                                         \
+    }                                                                                                \
   } while (0)
 #define STRATA_CHECK_EQ(a, b) STRATA_CHECK_OP(==, a, b)
 #define STRATA_CHECK_NE(a, b) STRATA_CHECK_OP(!=, a, b)

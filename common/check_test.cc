@@ -1,6 +1,6 @@
-#include <gtest/gtest.h>
-
 #include "common/check.h"
+
+#include <gtest/gtest.h>
 
 namespace strata {
 namespace {

@@ -291,8 +291,7 @@ void ZapHandler::LogUnlogged() {
   const int64_t now = net::SteadyMs();
   STRATA_LOG(kWarn) << what_ << ": " << unlogged_ << " more connection(s) refused in the last "
                     << std::max<int64_t>(1, (now - last_log_ms_ + 999) / 1000)
-                    << " s: public keys not in authorized_keys (the latest "
-                    << last_unlogged_ << ")";
+                    << " s: public keys not in authorized_keys (the latest " << last_unlogged_ << ")";
   last_log_ms_ = now;
   unlogged_ = 0;
 }

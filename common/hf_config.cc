@@ -27,7 +27,8 @@ class ConfigReader {
       }
       return InvalidArgument(source_ + " has no \"" + key + "\"; a " + family_ + " config.json needs it");
     }
-    if (!v->is_number_integer()) return InvalidArgument(source_ + ": \"" + key + "\" must be an integer, not " + v->dump());
+    if (!v->is_number_integer())
+      return InvalidArgument(source_ + ": \"" + key + "\" must be an integer, not " + v->dump());
     *out = v->get<int64_t>();
     return Status::Ok();
   }
@@ -65,7 +66,8 @@ class ConfigReader {
   // The field is absent, null, false, 0 or "": Strata implements only that value.
   Status MustBeOff(const char* key, const std::string& why) {
     const json* v = Find(key);
-    if (!v || (v->is_boolean() && !v->get<bool>()) || (v->is_number() && v->get<double>() == 0) || (v->is_string() && v->get<std::string>().empty())) {
+    if (!v || (v->is_boolean() && !v->get<bool>()) || (v->is_number() && v->get<double>() == 0) ||
+        (v->is_string() && v->get<std::string>().empty())) {
       return Status::Ok();
     }
     return InvalidArgument(source_ + ": \"" + key + "\" = " + v->dump() + " is not supported (" + why + ")");
@@ -90,8 +92,9 @@ class ConfigReader {
 };
 
 const std::map<std::string, std::string>& FamilyOfModelType() {
-  static const std::map<std::string, std::string> families = {{"gpt2", "gpt2"},   {"llama", "llama"}, {"mistral", "mistral"},
-                                                               {"qwen2", "qwen2"}, {"gemma", "gemma"}, {"gpt_neox", "gpt_neox"}};
+  static const std::map<std::string, std::string> families = {{"gpt2", "gpt2"},       {"llama", "llama"},
+                                                              {"mistral", "mistral"}, {"qwen2", "qwen2"},
+                                                              {"gemma", "gemma"},     {"gpt_neox", "gpt_neox"}};
   return families;
 }
 
@@ -114,20 +117,23 @@ Status ReadRope(ConfigReader& r, ModelSpec* m, bool scaling_allowed) {
   if (!scaling->is_object()) return InvalidArgument(r.source() + ": \"" + key + "\" must be an object or null");
   if (params) {
     if (auto it = params->find("rope_theta"); it != params->end() && it->is_number()) m->rope_theta = it->get<double>();
-    if (auto it = params->find("partial_rotary_factor"); it != params->end() && it->is_number()) m->rotary_pct = it->get<double>();
+    if (auto it = params->find("partial_rotary_factor"); it != params->end() && it->is_number())
+      m->rotary_pct = it->get<double>();
   }
   std::string type = scaling->value("rope_type", scaling->value("type", std::string("default")));
   if (type == "default") return Status::Ok();
   if (!scaling_allowed || (type != "linear" && type != "llama3")) {
-    return InvalidArgument(r.source() + ": \"" + key + "\" has rope_type \"" + type + "\", which Strata does not implement" +
-                           (scaling_allowed ? " (it runs \"default\", \"linear\" and \"llama3\")" : " for this family") +
-                           "; running it with plain rotary embeddings would give wrong activations");
+    return InvalidArgument(
+        r.source() + ": \"" + key + "\" has rope_type \"" + type + "\", which Strata does not implement" +
+        (scaling_allowed ? " (it runs \"default\", \"linear\" and \"llama3\")" : " for this family") +
+        "; running it with plain rotary embeddings would give wrong activations");
   }
   RopeScaling& rs = m->rope_scaling;
   rs.type = type;
   auto number = [&](const char* name, double* out) -> Status {
     auto it = scaling->find(name);
-    if (it == scaling->end()) return InvalidArgument(r.source() + ": \"" + key + "\" of type " + type + " has no \"" + name + "\"");
+    if (it == scaling->end())
+      return InvalidArgument(r.source() + ": \"" + key + "\" of type " + type + " has no \"" + name + "\"");
     if (!it->is_number()) return InvalidArgument(r.source() + ": \"" + key + "." + name + "\" must be a number");
     *out = it->get<double>();
     return Status::Ok();
@@ -152,7 +158,8 @@ Status ReadActivation(ConfigReader& r, const char* key, std::string fallback, Mo
   } else if (act == "gelu" || act == "silu") {
     m->activation = act;
   } else {
-    return InvalidArgument(r.source() + ": \"" + key + "\" = \"" + act + "\" is not supported; Strata runs gelu, gelu_new / gelu_pytorch_tanh and silu");
+    return InvalidArgument(r.source() + ": \"" + key + "\" = \"" + act +
+                           "\" is not supported; Strata runs gelu, gelu_new / gelu_pytorch_tanh and silu");
   }
   return Status::Ok();
 }
@@ -193,11 +200,16 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
     STRATA_RETURN_IF_ERROR(r.Float("layer_norm_epsilon", &m.norm_eps, "norm_eps", 1e-5));
     STRATA_RETURN_IF_ERROR(ReadActivation(r, "activation_function", "gelu_new", &m));
     STRATA_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &m.tie_embeddings, "tie_embeddings", true));
-    if (!m.tie_embeddings) return InvalidArgument(source + ": \"tie_word_embeddings\" = false is not supported for gpt2 (its head is its token embedding)");
-    STRATA_RETURN_IF_ERROR(r.MustBeOff("scale_attn_by_inverse_layer_idx", "attention scores are scaled by 1/sqrt(head_dim) only"));
+    if (!m.tie_embeddings)
+      return InvalidArgument(
+          source + ": \"tie_word_embeddings\" = false is not supported for gpt2 (its head is its token embedding)");
+    STRATA_RETURN_IF_ERROR(
+        r.MustBeOff("scale_attn_by_inverse_layer_idx", "attention scores are scaled by 1/sqrt(head_dim) only"));
     bool scaled = true;
     STRATA_RETURN_IF_ERROR(r.Bool("scale_attn_weights", &scaled, "scale_attn_weights", true));
-    if (!scaled) return InvalidArgument(source + ": \"scale_attn_weights\" = false is not supported (Strata scales scores by 1/sqrt(head_dim))");
+    if (!scaled)
+      return InvalidArgument(
+          source + ": \"scale_attn_weights\" = false is not supported (Strata scales scores by 1/sqrt(head_dim))");
   } else {
     STRATA_RETURN_IF_ERROR(r.Int("num_hidden_layers", &m.layers, "layers"));
     STRATA_RETURN_IF_ERROR(r.Int("hidden_size", &m.hidden, "hidden"));
@@ -209,10 +221,13 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
     r.NoteKey("rope_scaling", "rope_scaling");
     if (f == "gpt_neox") {
       STRATA_RETURN_IF_ERROR(r.Float("layer_norm_eps", &m.norm_eps, "norm_eps", 1e-5));
-      STRATA_RETURN_IF_ERROR(r.Float("rotary_emb_base", &m.rope_theta, "rope_theta", r.Find("rope_theta") ? 0.0 : 10000.0));
+      STRATA_RETURN_IF_ERROR(
+          r.Float("rotary_emb_base", &m.rope_theta, "rope_theta", r.Find("rope_theta") ? 0.0 : 10000.0));
       if (r.Find("rope_theta")) STRATA_RETURN_IF_ERROR(r.Float("rope_theta", &m.rope_theta, "rope_theta"));
-      STRATA_RETURN_IF_ERROR(r.Float("rotary_pct", &m.rotary_pct, "rotary_pct", r.Find("partial_rotary_factor") ? 0.0 : 0.25));
-      if (r.Find("partial_rotary_factor")) STRATA_RETURN_IF_ERROR(r.Float("partial_rotary_factor", &m.rotary_pct, "rotary_pct"));
+      STRATA_RETURN_IF_ERROR(
+          r.Float("rotary_pct", &m.rotary_pct, "rotary_pct", r.Find("partial_rotary_factor") ? 0.0 : 0.25));
+      if (r.Find("partial_rotary_factor"))
+        STRATA_RETURN_IF_ERROR(r.Float("partial_rotary_factor", &m.rotary_pct, "rotary_pct"));
       STRATA_RETURN_IF_ERROR(r.Bool("use_parallel_residual", &m.parallel_residual, "parallel_residual", true));
       STRATA_RETURN_IF_ERROR(r.Bool("attention_bias", &m.attention_bias, "attention_bias", true));
       STRATA_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &m.tie_embeddings, "tie_embeddings", false));
@@ -220,7 +235,8 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
       STRATA_RETURN_IF_ERROR(ReadRope(r, &m, /*scaling_allowed=*/false));
     } else {
       STRATA_RETURN_IF_ERROR(r.Int("num_key_value_heads", &m.kv_heads, "kv_heads", m.heads));
-      STRATA_RETURN_IF_ERROR(r.Int("head_dim", &m.head_dim, "head_dim", f == "gemma" ? 256 : m.hidden / std::max<int64_t>(m.heads, 1)));
+      STRATA_RETURN_IF_ERROR(
+          r.Int("head_dim", &m.head_dim, "head_dim", f == "gemma" ? 256 : m.hidden / std::max<int64_t>(m.heads, 1)));
       STRATA_RETURN_IF_ERROR(r.Float("rms_norm_eps", &m.norm_eps, "norm_eps", 1e-6));
       STRATA_RETURN_IF_ERROR(r.Float("rope_theta", &m.rope_theta, "rope_theta", 10000.0));
       STRATA_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &m.tie_embeddings, "tie_embeddings", f == "gemma"));
@@ -238,7 +254,8 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
       }
       if (f == "mistral") STRATA_RETURN_IF_ERROR(r.Int("sliding_window", &m.sliding_window, "sliding_window", 0));
       if (f == "qwen2") {
-        STRATA_RETURN_IF_ERROR(r.MustBeOff("use_sliding_window", "Qwen2's per-layer sliding window is not implemented"));
+        STRATA_RETURN_IF_ERROR(
+            r.MustBeOff("use_sliding_window", "Qwen2's per-layer sliding window is not implemented"));
       }
     }
   }
@@ -262,19 +279,23 @@ Status ResolveHuggingFaceConfig(const std::string& dir, const std::set<std::stri
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
-    return InvalidArgument("run spec: model.init_from = \"" + dir + "\" is not a directory; point it at a Hugging Face model directory (config.json + *.safetensors)");
+    return InvalidArgument(
+        "run spec: model.init_from = \"" + dir +
+        "\" is not a directory; point it at a Hugging Face model directory (config.json + *.safetensors)");
   }
   auto text = ReadSpecFile(path, "model config", 4 << 20);
   if (!text.ok()) {
-    return InvalidArgument("run spec: model.init_from = \"" + dir + "\" has no readable config.json (" + text.status().message() +
+    return InvalidArgument("run spec: model.init_from = \"" + dir + "\" has no readable config.json (" +
+                           text.status().message() +
                            "); point it at a directory saved by save_pretrained or `strata export`");
   }
   STRATA_ASSIGN_OR_RETURN(ParsedConfig parsed, ParseConfig(*text, path));
   ModelSpec c = parsed.model;
   c.init_from = m->init_from;
   if (given.count("family") && m->family != c.family) {
-    return InvalidArgument("run spec: model.family = \"" + m->family + "\" but " + path + " has model_type = \"" + c.family +
-                           "\"; remove model.family (init_from supplies it) or point init_from at a " + m->family + " model");
+    return InvalidArgument("run spec: model.family = \"" + m->family + "\" but " + path + " has model_type = \"" +
+                           c.family + "\"; remove model.family (init_from supplies it) or point init_from at a " +
+                           m->family + " model");
   }
   const int64_t positions = c.max_positions > 0 ? c.max_positions : 2048;
   c.sequence = given.count("sequence") ? m->sequence : std::min<int64_t>(positions, 2048);
@@ -287,8 +308,8 @@ Status ResolveHuggingFaceConfig(const std::string& dir, const std::set<std::stri
     if (!given.count(field) || ours == theirs) return Status::Ok();
     auto key = parsed.keys.find(field);
     const std::string config_key = key == parsed.keys.end() ? field : key->second;
-    return InvalidArgument("run spec: model." + field + " = " + ours + " but " + path + " has " + config_key + " = " + theirs +
-                           "; remove model." + field + " (init_from supplies it) or make them agree");
+    return InvalidArgument("run spec: model." + field + " = " + ours + " but " + path + " has " + config_key + " = " +
+                           theirs + "; remove model." + field + " (init_from supplies it) or make them agree");
   };
   auto b = [](bool v) { return std::string(v ? "true" : "false"); };
   const auto& i = [](int64_t v) { return std::to_string(v); };
@@ -310,15 +331,17 @@ Status ResolveHuggingFaceConfig(const std::string& dir, const std::set<std::stri
   STRATA_RETURN_IF_ERROR(disagree("parallel_residual", b(own.parallel_residual), b(c.parallel_residual)));
   STRATA_RETURN_IF_ERROR(disagree("activation", "\"" + own.activation + "\"", "\"" + c.activation + "\""));
   if (given.count("rope_scaling") && !(own.rope_scaling == c.rope_scaling)) {
-    return InvalidArgument("run spec: model.rope_scaling (type \"" + own.rope_scaling.type + "\", factor " + Str(own.rope_scaling.factor) +
-                           ") disagrees with " + path + " (type \"" + c.rope_scaling.type + "\", factor " + Str(c.rope_scaling.factor) +
+    return InvalidArgument("run spec: model.rope_scaling (type \"" + own.rope_scaling.type + "\", factor " +
+                           Str(own.rope_scaling.factor) + ") disagrees with " + path + " (type \"" +
+                           c.rope_scaling.type + "\", factor " + Str(c.rope_scaling.factor) +
                            "); remove model.rope_scaling (init_from supplies it)");
   }
   *m = c;
   return Status::Ok();
 }
 
-Result<std::string> HuggingFaceConfigJson(const ModelSpec& m, const std::string& source_json, const std::string& dtype) {
+Result<std::string> HuggingFaceConfigJson(const ModelSpec& m, const std::string& source_json,
+                                          const std::string& dtype) {
   json config = json::object();
   if (!source_json.empty()) {
     try {

@@ -8,10 +8,10 @@
 namespace strata {
 
 struct MemorySnapshot {
-  std::string device = "cpu";   // "cpu" or "cuda:N"
-  uint64_t total_bytes = 0;     // CPU: cgroup limit or MemTotal; GPU: device memory
+  std::string device = "cpu";  // "cpu" or "cuda:N"
+  uint64_t total_bytes = 0;    // CPU: cgroup limit or MemTotal; GPU: device memory
   uint64_t free_bytes = 0;
-  uint64_t allocated_bytes = 0; // CPU: resident set; GPU: the caching allocator's allocated bytes
+  uint64_t allocated_bytes = 0;  // CPU: resident set; GPU: the caching allocator's allocated bytes
   uint64_t reserved_bytes = 0;
   uint64_t peak_bytes = 0;
   // The worker's host (its cgroup limit or MemTotal, and MemAvailable within it), which an

@@ -35,5 +35,4 @@ bool RecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames, i
   }
 }
 
-
 }  // namespace strata::net

@@ -1,12 +1,11 @@
 // Small ZeroMQ and clock helpers shared by every process.
 #pragma once
 
-#include <zmq.hpp>
-
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
+#include <zmq.hpp>
 
 namespace strata::net {
 
@@ -21,6 +20,5 @@ inline zmq::const_buffer Buffer(const std::string& s) { return zmq::buffer(s.dat
 
 // Receives every frame of one message. Returns false if nothing arrived within timeout_ms.
 bool RecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames, int timeout_ms);
-
 
 }  // namespace strata::net

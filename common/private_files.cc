@@ -12,7 +12,8 @@ Status ApplyUmask(const std::string& octal) {
   } catch (const std::exception&) {
   }
   if (octal.empty() || used != octal.size() || mask > 0777) {
-    return InvalidArgument("--umask " + octal + ": expected an octal mask such as 0077 (private, the default) or 0027 "
+    return InvalidArgument("--umask " + octal +
+                           ": expected an octal mask such as 0077 (private, the default) or 0027 "
                            "(readable by the group)");
   }
   ::umask(static_cast<mode_t>(mask));

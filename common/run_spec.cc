@@ -1,8 +1,8 @@
 #include "common/run_spec.h"
-#include "common/token_file.h"  // [data] file layouts (check_files)
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <toml++/toml.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,17 +16,16 @@
 #include <optional>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "common/hf_config.h"
 #include "common/run_spec_reader.h"
+#include "common/token_file.h"  // [data] file layouts (check_files)
 
 namespace strata {
 using namespace run_spec_internal;  // Reader, ParseExtract, ParsePatch
 namespace {
 
 namespace fs = std::filesystem;
-
 
 // The [model] table. With model.init_from (and `resolve_config`), DIR/config.json supplies every
 // field the spec leaves out and must agree with every one it gives (ResolveHuggingFaceConfig);
@@ -36,7 +35,8 @@ Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, M
   const std::set<std::string> given = r.Keys("model");
   STRATA_RETURN_IF_ERROR(r.String("model", "family", &m.family));
   if (std::find(ModelFamilies().begin(), ModelFamilies().end(), m.family) == ModelFamilies().end()) {
-    return InvalidArgument("run spec: model.family = \"" + m.family + "\" is not supported; use one of " + FamilyList());
+    return InvalidArgument("run spec: model.family = \"" + m.family + "\" is not supported; use one of " +
+                           FamilyList());
   }
   STRATA_RETURN_IF_ERROR(r.Int("model", "layers", &m.layers, 1, spec_bounds::kLayers));
   STRATA_RETURN_IF_ERROR(r.Int("model", "hidden", &m.hidden, 1, spec_bounds::kHidden));
@@ -60,7 +60,8 @@ Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, M
   STRATA_RETURN_IF_ERROR(r.String("model", "activation", &m.activation));
   STRATA_RETURN_IF_ERROR(r.String("model", "init_from", &m.init_from));
   if (m.family == "gpt2" && tie_embeddings == false) {
-    return InvalidArgument("run spec: model.tie_embeddings = false: gpt2's head is always its token embedding; remove it");
+    return InvalidArgument(
+        "run spec: model.tie_embeddings = false: gpt2's head is always its token embedding; remove it");
   }
   // Family defaults for what the spec leaves out.
   m.attention_bias = attention_bias.value_or(m.family == "gpt_neox");
@@ -82,7 +83,8 @@ Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, M
     if (given.count(field) && !families.count(m.family)) {
       std::string list;
       for (const auto& f : families) list += (list.empty() ? "" : ", ") + f;
-      return InvalidArgument("run spec: model." + field + " applies to families " + list + " only; remove it for " + m.family);
+      return InvalidArgument("run spec: model." + field + " applies to families " + list + " only; remove it for " +
+                             m.family);
     }
   }
 
@@ -97,85 +99,6 @@ Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, M
 
 }  // namespace
 
-Status ValidateRunName(const std::string& name) {
-  auto refuse = [&](const std::string& why) {
-    return InvalidArgument("run spec: name = \"" + EscapeForTerminal(name.size() > 80 ? name.substr(0, 80) + "..." : name) +
-                           "\" " + why + "; a run name is 1 to " + std::to_string(spec_bounds::kNameLength) +
-                           " characters of A-Z a-z 0-9 . _ - not starting with '.' or '-' (it names files and log lines)");
-  };
-  if (name.empty()) return refuse("is empty");
-  if (name.size() > spec_bounds::kNameLength) return refuse("is " + std::to_string(name.size()) + " bytes long");
-  for (unsigned char c : name) {
-    if (!std::isalnum(c) && c != '.' && c != '_' && c != '-') {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02X", c);
-      return refuse(std::string("holds the character ") + (c >= 0x20 && c < 0x7f ? "'" + std::string(1, static_cast<char>(c)) + "'" : hex));
-    }
-  }
-  if (name[0] == '.' || name[0] == '-') return refuse("starts with '" + name.substr(0, 1) + "'");
-  return Status::Ok();
-}
-
-std::string EscapeForTerminal(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  auto hex = [&](unsigned char c) {
-    char buf[8];
-    std::snprintf(buf, sizeof buf, "\\x%02X", c);
-    out += buf;
-  };
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
-    if (c < 0x20 || c == 0x7f || c == '\\') {
-      hex(c);
-    } else if (c == 0xC2 && next >= 0x80 && next <= 0x9F) {  // U+0080..U+009F: C1 controls (CSI is U+009B)
-      hex(c), hex(next), ++i;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
-Result<std::string> ReadSpecFile(const std::string& path, const std::string& what, size_t max_bytes) {
-  // O_NONBLOCK: opening a FIFO for reading must not wait for a writer; fstat then refuses it.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) {
-    const int err = errno;
-    return InvalidArgument("cannot read " + what + " " + path + ": " + std::strerror(err) + (err == ENOENT ? "; check the path" : ""));
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) return IoError("cannot stat " + what + " " + path + ": " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) {
-    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device"
-                       : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a regular file";
-    return InvalidArgument(what + " " + path + " is " + kind + "; give a regular file (TOML, at most " +
-                           std::to_string(max_bytes >> 10) + " KiB)");
-  }
-  auto too_big = [&] {
-    return InvalidArgument(what + " " + path + " is larger than " + std::to_string(max_bytes >> 10) +
-                           " KiB; a run spec is a few lines of TOML, check the path");
-  };
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) return too_big();
-  // Read to the end, but never past the limit (a file that grows while it is read).
-  std::string text;
-  char buf[65536];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return IoError("cannot read " + what + " " + path + ": " + std::strerror(errno));
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (text.size() > max_bytes) return too_big();
-  }
-  return text;
-}
-
 const std::vector<std::string>& ModelFamilies() {
   static const std::vector<std::string> families = {"gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox"};
   return families;
@@ -183,7 +106,8 @@ const std::vector<std::string>& ModelFamilies() {
 
 int64_t ModelSpec::rotary_dims() const {
   if (!rotary()) return 0;
-  const int64_t dims = static_cast<int64_t>(static_cast<double>(head_size()) * rotary_pct);  // as transformers: int(head_size * pct)
+  const int64_t dims =
+      static_cast<int64_t>(static_cast<double>(head_size()) * rotary_pct);  // as transformers: int(head_size * pct)
   return dims - dims % 2;
 }
 
@@ -194,7 +118,8 @@ Status ValidateModelSpec(ModelSpec& m, const std::string& context) {
   if (m.kv_heads == 0) m.kv_heads = m.heads;
   if (m.ffn == 0) m.ffn = 4 * m.hidden;
   if (m.norm_eps == 0.0) m.norm_eps = m.rms_norm() ? 1e-6 : 1e-5;
-  if (m.activation.empty()) m.activation = m.family == "gpt_neox" ? "gelu" : m.rms_norm() && m.family != "gemma" ? "silu" : "gelu_tanh";
+  if (m.activation.empty())
+    m.activation = m.family == "gpt_neox" ? "gelu" : m.rms_norm() && m.family != "gemma" ? "silu" : "gelu_tanh";
   if (m.family == "gpt2" && m.max_positions == 0) m.max_positions = m.sequence;
   if (!grouped || m.head_dim == 0) {
     if (m.hidden % m.heads != 0) {
@@ -202,7 +127,8 @@ Status ValidateModelSpec(ModelSpec& m, const std::string& context) {
                  "; choose heads so that hidden % heads == 0" + (grouped ? " (or set model.head_dim)" : ""));
     }
     if (m.head_dim != 0 && m.head_dim != m.hidden / m.heads) {
-      return msg("model.head_dim = " + str(m.head_dim) + " but " + m.family + " heads are hidden / heads = " + str(m.hidden / m.heads));
+      return msg("model.head_dim = " + str(m.head_dim) + " but " + m.family +
+                 " heads are hidden / heads = " + str(m.hidden / m.heads));
     }
     m.head_dim = m.hidden / m.heads;
   }
@@ -213,14 +139,21 @@ Status ValidateModelSpec(ModelSpec& m, const std::string& context) {
   if (!grouped && m.kv_heads != m.heads) {
     return msg("model.kv_heads applies to families llama, mistral, qwen2, gemma only; remove it for " + m.family);
   }
-  if (m.heads * m.head_dim > spec_bounds::kFfn) return msg("model.heads x model.head_dim = " + str(m.heads * m.head_dim) + " is over the bound of " + str(spec_bounds::kFfn));
-  if (m.rotary() && (m.rotary_dims() < 2 || m.rotary_dims() % 2 != 0 || (m.rotary_pct == 1.0 && m.head_size() % 2 != 0))) {
-    return msg("the rotary part of a head is " + str(m.rotary_dims()) + " dimensions (model.head_dim " + str(m.head_size()) +
-               (m.family == "gpt_neox" ? " x model.rotary_pct" : "") + "); rotary embeddings need an even number >= 2");
+  if (m.heads * m.head_dim > spec_bounds::kFfn)
+    return msg("model.heads x model.head_dim = " + str(m.heads * m.head_dim) + " is over the bound of " +
+               str(spec_bounds::kFfn));
+  if (m.rotary() &&
+      (m.rotary_dims() < 2 || m.rotary_dims() % 2 != 0 || (m.rotary_pct == 1.0 && m.head_size() % 2 != 0))) {
+    return msg("the rotary part of a head is " + str(m.rotary_dims()) + " dimensions (model.head_dim " +
+               str(m.head_size()) + (m.family == "gpt_neox" ? " x model.rotary_pct" : "") +
+               "); rotary embeddings need an even number >= 2");
   }
-  static const std::map<std::string, std::set<std::string>> kActivations = {
-      {"gpt2", {"gelu_tanh"}}, {"llama", {"silu"}}, {"mistral", {"silu"}}, {"qwen2", {"silu"}},
-      {"gemma", {"gelu_tanh", "gelu"}}, {"gpt_neox", {"gelu", "gelu_tanh"}}};
+  static const std::map<std::string, std::set<std::string>> kActivations = {{"gpt2", {"gelu_tanh"}},
+                                                                            {"llama", {"silu"}},
+                                                                            {"mistral", {"silu"}},
+                                                                            {"qwen2", {"silu"}},
+                                                                            {"gemma", {"gelu_tanh", "gelu"}},
+                                                                            {"gpt_neox", {"gelu", "gelu_tanh"}}};
   if (!kActivations.at(m.family).count(m.activation)) {
     std::string list;
     for (const auto& a : kActivations.at(m.family)) list += (list.empty() ? "\"" : ", \"") + a + "\"";
@@ -229,7 +162,8 @@ Status ValidateModelSpec(ModelSpec& m, const std::string& context) {
   if (m.family == "gpt2") m.tie_embeddings = true;  // its head is always the token embedding
   const RopeScaling& rs = m.rope_scaling;
   if (rs.type != "none" && rs.type != "linear" && rs.type != "llama3") {
-    return msg("model.rope_scaling.type = \"" + rs.type + "\" is not supported; use \"none\", \"linear\" or \"llama3\"");
+    return msg("model.rope_scaling.type = \"" + rs.type +
+               "\" is not supported; use \"none\", \"linear\" or \"llama3\"");
   }
   if (rs.type == "llama3" && !(rs.high_freq_factor > rs.low_freq_factor)) {
     return msg("model.rope_scaling.high_freq_factor must be larger than low_freq_factor (Llama 3.1: 4.0 and 1.0)");
@@ -261,8 +195,8 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
     root = toml::parse(toml_text);
   } catch (const toml::parse_error& e) {
     std::ostringstream msg;
-    msg << "run spec is not valid TOML at line " << e.source().begin.line << ", column "
-        << e.source().begin.column << ": " << e.description();
+    msg << "run spec is not valid TOML at line " << e.source().begin.line << ", column " << e.source().begin.column
+        << ": " << e.description();
     return InvalidArgument(msg.str());
   }
   Reader r(root);
@@ -274,7 +208,8 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   if (check_name) STRATA_RETURN_IF_ERROR(ValidateRunName(spec.name));
   STRATA_RETURN_IF_ERROR(r.String("", "kind", &spec.kind));
   if (spec.kind != "train" && spec.kind != "extract" && spec.kind != "patch") {
-    return InvalidArgument("run spec: kind = \"" + spec.kind + "\" is not supported; use \"train\", \"extract\" or \"patch\"");
+    return InvalidArgument("run spec: kind = \"" + spec.kind +
+                           "\" is not supported; use \"train\", \"extract\" or \"patch\"");
   }
   if (root.contains("patch") && !spec.is_patch()) {
     return InvalidArgument("run spec: a [patch] table needs kind = \"patch\" at the top of the spec");
@@ -294,35 +229,42 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.String("data", "tokenizer", &spec.data.tokenizer));
   const bool text = spec.data.format == "text";
   if (!spec.data.tokenizer.empty() && !text) {
-    return InvalidArgument("run spec: data.tokenizer applies to data.format = \"text\" only; remove it, or set the format");
+    return InvalidArgument(
+        "run spec: data.tokenizer applies to data.format = \"text\" only; remove it, or set the format");
   }
   if (text && spec.data.tokenizer.empty()) spec.data.tokenizer = m.init_from;
   if (text && spec.data.tokenizer.empty()) {
-    return InvalidArgument("run spec: data.format = \"text\" needs a tokenizer: set data.tokenizer to a model directory with "
-                           "tokenizer.json or tokenizer.model (or model.init_from, whose tokenizer is the default)");
+    return InvalidArgument(
+        "run spec: data.format = \"text\" needs a tokenizer: set data.tokenizer to a model directory with "
+        "tokenizer.json or tokenizer.model (or model.init_from, whose tokenizer is the default)");
   }
   if (spec.data.path.empty()) {
-    return InvalidArgument("run spec: data.path is missing; set it to a text file (format = \"bytes\") or a token file (\"u16\", \"u32\", \"npy\")");
+    return InvalidArgument(
+        "run spec: data.path is missing; set it to a text file (format = \"bytes\") or a token file (\"u16\", \"u32\", "
+        "\"npy\")");
   }
   if (!IsTokenFormat(spec.data.format) && !text) {
-    return InvalidArgument("run spec: data.format = \"" + spec.data.format + "\" is not supported; use " + kTokenFormats +
-                           ", or \"text\" with data.tokenizer");
+    return InvalidArgument("run spec: data.format = \"" + spec.data.format + "\" is not supported; use " +
+                           kTokenFormats + ", or \"text\" with data.tokenizer");
   }
   if (spec.data.format == "bytes" && m.vocab < 256) {
     return InvalidArgument("run spec: model.vocab = " + std::to_string(m.vocab) +
                            " is too small for data.format = \"bytes\"; byte tokens need vocab >= 256");
   }
   if (spec.data.sample_within_documents && spec.data.documents.empty()) {
-    return InvalidArgument("run spec: data.sample_within_documents = true needs data.documents, a file of document start offsets "
-                           "(little-endian u64, or a .npy of int64)");
+    return InvalidArgument(
+        "run spec: data.sample_within_documents = true needs data.documents, a file of document start offsets "
+        "(little-endian u64, or a .npy of int64)");
   }
   if (!spec.data.documents.empty() && !spec.data.sample_within_documents && !spec.is_extract()) {
-    return InvalidArgument("run spec: data.documents is read only with data.sample_within_documents = true (or by extract "
-                           "runs, to number the rows' documents); set it, or remove data.documents");
+    return InvalidArgument(
+        "run spec: data.documents is read only with data.sample_within_documents = true (or by extract "
+        "runs, to number the rows' documents); set it, or remove data.documents");
   }
   if (spec.data.sample_within_documents && spec.is_extract()) {
-    return InvalidArgument("run spec: data.sample_within_documents applies to train runs; an extract run captures the file's "
-                           "sequences in order, so remove it (data.documents alone numbers the rows' documents)");
+    return InvalidArgument(
+        "run spec: data.sample_within_documents applies to train runs; an extract run captures the file's "
+        "sequences in order, so remove it (data.documents alone numbers the rows' documents)");
   }
   auto absolute = [&](const std::string& path) {
     fs::path p(path);
@@ -337,8 +279,10 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
     if (!fs::is_regular_file(spec.data.path, ec)) {
       return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" does not exist or is not a file");
     }
-    if (!fs::is_regular_file(spec.data.tokenizer + "/tokenizer.json", ec) && !fs::is_regular_file(spec.data.tokenizer + "/tokenizer.model", ec)) {
-      return InvalidArgument("run spec: data.tokenizer = \"" + spec.data.tokenizer + "\" holds neither tokenizer.json nor tokenizer.model");
+    if (!fs::is_regular_file(spec.data.tokenizer + "/tokenizer.json", ec) &&
+        !fs::is_regular_file(spec.data.tokenizer + "/tokenizer.model", ec)) {
+      return InvalidArgument("run spec: data.tokenizer = \"" + spec.data.tokenizer +
+                             "\" holds neither tokenizer.json nor tokenizer.model");
     }
   } else if (check_files) {
     std::error_code ec;
@@ -348,13 +292,14 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
     auto layout = ReadTokenFileLayout(spec.data.path, spec.data.format);
     if (!layout.ok()) return InvalidArgument("run spec: " + layout.status().message());
     if (layout->tokens < static_cast<uint64_t>(m.sequence + 1)) {
-      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" holds " + std::to_string(layout->tokens) +
-                             " tokens, fewer than model.sequence + 1 = " + std::to_string(m.sequence + 1) +
-                             "; use a larger file or a shorter sequence");
+      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" holds " +
+                             std::to_string(layout->tokens) + " tokens, fewer than model.sequence + 1 = " +
+                             std::to_string(m.sequence + 1) + "; use a larger file or a shorter sequence");
     }
     if (!spec.data.documents.empty()) {
       if (!fs::is_regular_file(spec.data.documents, ec)) {
-        return InvalidArgument("run spec: data.documents = \"" + spec.data.documents + "\" does not exist or is not a file");
+        return InvalidArgument("run spec: data.documents = \"" + spec.data.documents +
+                               "\" does not exist or is not a file");
       }
       // The size and header here; the offsets themselves when a worker loads them (TokenData).
       auto documents = ReadDocumentsLayout(spec.data.documents);
@@ -393,19 +338,22 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   if (t.lr <= 0) return InvalidArgument("run spec: train.lr must be > 0");
   STRATA_RETURN_IF_ERROR(r.String("train", "lr_schedule", &t.lr_schedule));
   if (t.lr_schedule != "constant" && t.lr_schedule != "cosine") {
-    return InvalidArgument("run spec: train.lr_schedule = \"" + t.lr_schedule + "\" is not supported; use \"constant\" or \"cosine\"");
+    return InvalidArgument("run spec: train.lr_schedule = \"" + t.lr_schedule +
+                           "\" is not supported; use \"constant\" or \"cosine\"");
   }
   STRATA_RETURN_IF_ERROR(r.Int("train", "warmup_steps", &t.warmup_steps, 0, spec_bounds::kSteps));
   STRATA_RETURN_IF_ERROR(r.Float("train", "min_lr", &t.min_lr, 0.0, 10.0));
   if (t.min_lr > t.lr) return InvalidArgument("run spec: train.min_lr must not exceed train.lr");
   STRATA_RETURN_IF_ERROR(r.String("train", "precision", &t.precision));
   if (t.precision != "fp32" && t.precision != "bf16") {
-    return InvalidArgument("run spec: train.precision = \"" + t.precision + "\" is not supported; use \"fp32\" or \"bf16\"");
+    return InvalidArgument("run spec: train.precision = \"" + t.precision +
+                           "\" is not supported; use \"fp32\" or \"bf16\"");
   }
   STRATA_RETURN_IF_ERROR(r.Bool("train", "cuda_graphs", &t.cuda_graphs));
   STRATA_RETURN_IF_ERROR(r.String("train", "optimizer", &t.optimizer));
   if (t.optimizer != "adamw" && t.optimizer != "adamw8bit") {
-    return InvalidArgument("run spec: train.optimizer = \"" + t.optimizer + "\" is not supported; use \"adamw\" or \"adamw8bit\"");
+    return InvalidArgument("run spec: train.optimizer = \"" + t.optimizer +
+                           "\" is not supported; use \"adamw\" or \"adamw8bit\"");
   }
 
   STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0, spec_bounds::kThreads));
@@ -420,13 +368,16 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "dp", &p.dp, 1, spec_bounds::kWorkers, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "pp", &p.pp, 1, spec_bounds::kLayers, &p.automatic));
   STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "tp", &p.tp, 1, spec_bounds::kHeads, &p.automatic));
-  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "micro_batch", &p.micro_batch, 0, spec_bounds::kGlobalBatch, &p.automatic));
-  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "zero", &p.zero, 0, std::numeric_limits<int64_t>::max(), &p.automatic));  // 0-3: ValidateParallel
+  STRATA_RETURN_IF_ERROR(
+      r.IntOrAuto("parallel", "micro_batch", &p.micro_batch, 0, spec_bounds::kGlobalBatch, &p.automatic));
+  STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "zero", &p.zero, 0, std::numeric_limits<int64_t>::max(),
+                                     &p.automatic));  // 0-3: ValidateParallel
   STRATA_RETURN_IF_ERROR(r.BoolOrAuto("parallel", "recompute", &p.recompute, &p.automatic));
   // A stored spec carries every field (RunSpecToToml); one stored before keep_gathered existed
   // ran with every layer gathered again: its missing key is 0, not the planner's.
   if (check_name || r.Has("parallel", "keep_gathered")) {
-    STRATA_RETURN_IF_ERROR(r.IntOrAuto("parallel", "keep_gathered", &p.keep_gathered, 0, spec_bounds::kLayers, &p.automatic));
+    STRATA_RETURN_IF_ERROR(
+        r.IntOrAuto("parallel", "keep_gathered", &p.keep_gathered, 0, spec_bounds::kLayers, &p.automatic));
   }
   STRATA_RETURN_IF_ERROR(r.Bool("parallel", "sequence_parallel", &p.sequence_parallel));
   STRATA_RETURN_IF_ERROR(r.Bool("parallel", "tp_comm_overlap", &p.tp_comm_overlap));
@@ -437,22 +388,26 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   } else {
     STRATA_RETURN_IF_ERROR(r.String("parallel", "offload", &p.offload));
     if (p.offload != "none" && p.offload != "optimizer" && p.offload != "optimizer+params") {
-      return InvalidArgument("run spec: parallel.offload = \"" + p.offload +
-                             "\" is not supported; use \"auto\" (the default: only when nothing fits without it), \"none\", \"optimizer\" "
-                             "(optimizer state in host memory) or \"optimizer+params\" (parameters too, streamed to the GPU a layer at a time)");
+      return InvalidArgument(
+          "run spec: parallel.offload = \"" + p.offload +
+          "\" is not supported; use \"auto\" (the default: only when nothing fits without it), \"none\", \"optimizer\" "
+          "(optimizer state in host memory) or \"optimizer+params\" (parameters too, streamed to the GPU a layer at a "
+          "time)");
     }
   }
   // keep_gathered applies to ZeRO-3 without recompute: left to the planner on a mesh that is fixed
   // to something else, it is 0 (and leaves nothing to plan).
-  const bool zero3_streamed_possible = (p.automatic.count("zero") || p.zero == 3) && (p.automatic.count("recompute") || !p.recompute);
+  const bool zero3_streamed_possible =
+      (p.automatic.count("zero") || p.zero == 3) && (p.automatic.count("recompute") || !p.recompute);
   if (p.automatic.count("keep_gathered") && !zero3_streamed_possible) {
     p.automatic.erase("keep_gathered");
     p.keep_gathered = 0;
   }
   // offload "auto" is searched with the mesh: a spec that fixes every other field runs as given
   // (its estimate is the user's call), offloading nothing unless an out-of-memory re-plan does.
-  if (p.automatic.count("offload") &&
-      std::all_of(p.automatic.begin(), p.automatic.end(), [](const std::string& f) { return f == "offload" || f == "keep_gathered"; })) {
+  if (p.automatic.count("offload") && std::all_of(p.automatic.begin(), p.automatic.end(), [](const std::string& f) {
+        return f == "offload" || f == "keep_gathered";
+      })) {
     p.automatic.erase("offload");
     p.offload = "none";
   }
@@ -474,13 +429,15 @@ Status ValidateParallel(const RunSpec& spec) {
   if (fixed("micro_batch") && p.micro_batch > 0) {
     const int64_t local_batch = fixed("dp") ? t.global_batch / p.dp : t.global_batch;
     if (local_batch % p.micro_batch != 0) {
-      return InvalidArgument("run spec: parallel.micro_batch = " + std::to_string(p.micro_batch) +
-                             " does not divide the per-rank batch train.global_batch / parallel.dp = " +
-                             std::to_string(local_batch));
+      return InvalidArgument(
+          "run spec: parallel.micro_batch = " + std::to_string(p.micro_batch) +
+          " does not divide the per-rank batch train.global_batch / parallel.dp = " + std::to_string(local_batch));
     }
   }
-  if (fixed("dp") && fixed("pp") && fixed("tp") && p.dp * p.pp * p.tp > spec_bounds::kWorkers) {  // each <= 2^16: no overflow
-    return OverBound("parallel.dp * parallel.pp * parallel.tp", std::to_string(p.dp * p.pp * p.tp), std::to_string(spec_bounds::kWorkers));
+  if (fixed("dp") && fixed("pp") && fixed("tp") &&
+      p.dp * p.pp * p.tp > spec_bounds::kWorkers) {  // each <= 2^16: no overflow
+    return OverBound("parallel.dp * parallel.pp * parallel.tp", std::to_string(p.dp * p.pp * p.tp),
+                     std::to_string(spec_bounds::kWorkers));
   }
   if (fixed("zero") && p.zero > 3) {
     return InvalidArgument("run spec: parallel.zero = " + std::to_string(p.zero) +
@@ -489,26 +446,30 @@ Status ValidateParallel(const RunSpec& spec) {
   if (fixed("keep_gathered") && p.keep_gathered > 0) {
     // Only ZeRO-3 without recompute gathers a layer again for its backward.
     if (fixed("zero") && p.zero != 3) {
-      return InvalidArgument("run spec: parallel.keep_gathered = " + std::to_string(p.keep_gathered) +
-                             " keeps ZeRO-3's gathered layers for the backward, but parallel.zero = " + std::to_string(p.zero) +
-                             " gathers none; set parallel.keep_gathered = 0 (or leave it out), or parallel.zero = 3");
+      return InvalidArgument(
+          "run spec: parallel.keep_gathered = " + std::to_string(p.keep_gathered) +
+          " keeps ZeRO-3's gathered layers for the backward, but parallel.zero = " + std::to_string(p.zero) +
+          " gathers none; set parallel.keep_gathered = 0 (or leave it out), or parallel.zero = 3");
     }
     if (fixed("recompute") && p.recompute) {
-      return InvalidArgument("run spec: parallel.keep_gathered = " + std::to_string(p.keep_gathered) +
-                             " does not combine with parallel.recompute = true (a recomputed layer gathers its fp32 weights again "
-                             "by design); set parallel.keep_gathered = 0 or parallel.recompute = false");
+      return InvalidArgument(
+          "run spec: parallel.keep_gathered = " + std::to_string(p.keep_gathered) +
+          " does not combine with parallel.recompute = true (a recomputed layer gathers its fp32 weights again "
+          "by design); set parallel.keep_gathered = 0 or parallel.recompute = false");
     }
   }
   if (p.offload == "optimizer+params") {
     // The parameters stream from host memory as ZeRO-3 gathers them, without recompute
-    // (worker/stage_model.h): the planner picks those when the fields are left to it.
+    // (worker/train/stage_model.h): the planner picks those when the fields are left to it.
     if (fixed("zero") && p.zero != 3) {
-      return InvalidArgument("run spec: parallel.offload = \"optimizer+params\" streams every layer as ZeRO-3 does, but parallel.zero = " +
-                             std::to_string(p.zero) + "; set parallel.zero = 3 or \"auto\"");
+      return InvalidArgument(
+          "run spec: parallel.offload = \"optimizer+params\" streams every layer as ZeRO-3 does, but parallel.zero = " +
+          std::to_string(p.zero) + "; set parallel.zero = 3 or \"auto\"");
     }
     if (fixed("recompute") && p.recompute) {
-      return InvalidArgument("run spec: parallel.offload = \"optimizer+params\" does not combine with parallel.recompute = true (the "
-                             "streamed layers keep their activations); set parallel.recompute = false or \"auto\"");
+      return InvalidArgument(
+          "run spec: parallel.offload = \"optimizer+params\" does not combine with parallel.recompute = true (the "
+          "streamed layers keep their activations); set parallel.recompute = false or \"auto\"");
     }
   }
   if (fixed("pp") && p.pp > m.layers) {
@@ -522,27 +483,32 @@ Status ValidateParallel(const RunSpec& spec) {
       return "parallel.stages = [" + text + "]";
     };
     if (!fixed("pp") || static_cast<int64_t>(p.stages.size()) != p.pp) {
-      return InvalidArgument("run spec: " + listed() + " has " + std::to_string(p.stages.size()) + " stages but parallel.pp is " +
-                             (fixed("pp") ? std::to_string(p.pp) : std::string("\"auto\"")) +
-                             "; give one layer count per pipeline stage with pp fixed, or leave stages out for balanced ones");
+      return InvalidArgument(
+          "run spec: " + listed() + " has " + std::to_string(p.stages.size()) + " stages but parallel.pp is " +
+          (fixed("pp") ? std::to_string(p.pp) : std::string("\"auto\"")) +
+          "; give one layer count per pipeline stage with pp fixed, or leave stages out for balanced ones");
     }
     int64_t sum = 0;
     for (int64_t n : p.stages) {
-      if (n < 1) return InvalidArgument("run spec: " + listed() + " gives a stage no layers; every stage needs at least one");
+      if (n < 1)
+        return InvalidArgument("run spec: " + listed() + " gives a stage no layers; every stage needs at least one");
       if (n > m.layers) {  // checked before the sum, which then cannot overflow
-        return InvalidArgument("run spec: " + listed() + " gives a stage " + std::to_string(n) + " layers but model.layers = " +
-                               std::to_string(m.layers) + "; the counts must add up to the model's layers");
+        return InvalidArgument("run spec: " + listed() + " gives a stage " + std::to_string(n) +
+                               " layers but model.layers = " + std::to_string(m.layers) +
+                               "; the counts must add up to the model's layers");
       }
       sum += n;
     }
     if (sum != m.layers) {
-      return InvalidArgument("run spec: " + listed() + " covers " + std::to_string(sum) + " layers but model.layers = " +
-                             std::to_string(m.layers) + "; the counts must add up to the model's layers");
+      return InvalidArgument("run spec: " + listed() + " covers " + std::to_string(sum) +
+                             " layers but model.layers = " + std::to_string(m.layers) +
+                             "; the counts must add up to the model's layers");
     }
   }
   if (fixed("tp") && (m.heads % p.tp != 0 || m.kv_heads % p.tp != 0)) {
-    return InvalidArgument("run spec: parallel.tp = " + std::to_string(p.tp) + " does not divide model.heads = " +
-                           std::to_string(m.heads) + (m.kv_heads != m.heads ? " and model.kv_heads = " + std::to_string(m.kv_heads) : "") +
+    return InvalidArgument("run spec: parallel.tp = " + std::to_string(p.tp) +
+                           " does not divide model.heads = " + std::to_string(m.heads) +
+                           (m.kv_heads != m.heads ? " and model.kv_heads = " + std::to_string(m.kv_heads) : "") +
                            "; each tensor-parallel rank takes whole heads");
   }
   if (fixed("tp") && m.ffn % p.tp != 0) {

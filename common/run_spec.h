@@ -38,26 +38,26 @@ namespace strata {
 // (divisors, stage balancing) take milliseconds, and a per-layer or per-step list costs at most
 // a few MiB. A value over a bound is refused at submit, naming the bound (README, "Run specs").
 namespace spec_bounds {
-inline constexpr int64_t kLayers = 1024;               // the largest dense models run ~100-200
-inline constexpr int64_t kHidden = 65536;              // 2^16; the largest published ~25k
-inline constexpr int64_t kHeads = 1024;                // also bounds kv_heads (they divide heads)
-inline constexpr int64_t kFfn = int64_t{1} << 20;      // 16 x the largest hidden
-inline constexpr int64_t kVocab = int64_t{1} << 24;    // 16.7M ids; tokenizers stop near 256k
-inline constexpr int64_t kSequence = int64_t{1} << 20; // 1M tokens of context
-inline constexpr int64_t kSteps = 1000000000;          // 10^9 optimizer steps (years of training)
-inline constexpr int64_t kGlobalBatch = int64_t{1} << 24;  // 16.7M sequences per step
-inline constexpr int64_t kWorkers = 65536;             // dp, tp, and dp * pp * tp (workers per run)
-inline constexpr double kMaxEps = 1e-2;                // train.eps: (0, 1e-2]; larger stops being Adam
-inline constexpr int64_t kThreads = 1024;              // worker.threads; a worker clamps to its cores
-inline constexpr int64_t kExtractBatch = 65536;        // sequences per stored chunk
+inline constexpr int64_t kLayers = 1024;                     // the largest dense models run ~100-200
+inline constexpr int64_t kHidden = 65536;                    // 2^16; the largest published ~25k
+inline constexpr int64_t kHeads = 1024;                      // also bounds kv_heads (they divide heads)
+inline constexpr int64_t kFfn = int64_t{1} << 20;            // 16 x the largest hidden
+inline constexpr int64_t kVocab = int64_t{1} << 24;          // 16.7M ids; tokenizers stop near 256k
+inline constexpr int64_t kSequence = int64_t{1} << 20;       // 1M tokens of context
+inline constexpr int64_t kSteps = 1000000000;                // 10^9 optimizer steps (years of training)
+inline constexpr int64_t kGlobalBatch = int64_t{1} << 24;    // 16.7M sequences per step
+inline constexpr int64_t kWorkers = 65536;                   // dp, tp, and dp * pp * tp (workers per run)
+inline constexpr double kMaxEps = 1e-2;                      // train.eps: (0, 1e-2]; larger stops being Adam
+inline constexpr int64_t kThreads = 1024;                    // worker.threads; a worker clamps to its cores
+inline constexpr int64_t kExtractBatch = 65536;              // sequences per stored chunk
 inline constexpr int64_t kExtractTokens = int64_t{1} << 48;  // 281T tokens: more than any corpus
 // attn_pattern rows are [heads, sequence]: a capture grows with sequence^2, so it is admitted up
 // to this sequence length, and only while one chunk's records fit kExtractChunkBytes.
 inline constexpr int64_t kAttnPatternSequence = 2048;
 // One chunk's records are held in host memory while computed and queued for the writer (up to
-// four at once, worker/extractor.h): 4 GiB keeps that within a worker's host memory.
+// four at once, worker/extract/extractor.h): 4 GiB keeps that within a worker's host memory.
 inline constexpr uint64_t kExtractChunkBytes = uint64_t{4} << 30;
-inline constexpr size_t kNameLength = 64;              // run names; ids add "-NNNNNNNN-NNN"
+inline constexpr size_t kNameLength = 64;                  // run names; ids add "-NNNNNNNN-NNN"
 inline constexpr size_t kSpecFileBytes = size_t{1} << 20;  // a spec file (submit, plan): 1 MiB
 }  // namespace spec_bounds
 
@@ -110,15 +110,15 @@ struct ModelSpec {
   int64_t max_positions = 0;  // positions the model supports; 0 -> sequence (gpt2: its position table's rows)
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
-  double rotary_pct = 1.0;    // gpt_neox: the share of each head's dimensions that rotates
-  double norm_eps = 0.0;      // 0 -> 1e-5 (LayerNorm families) or 1e-6 (RMSNorm families)
-  bool attention_bias = false;  // biases on q/k/v/o (llama, gemma, gpt_neox); qwen2 always has q/k/v ones
-  bool mlp_bias = false;        // biases on gate/up/down (llama)
-  bool tie_embeddings = false;  // the head reuses the token embedding (always for gpt2)
-  int64_t sliding_window = 0;   // mistral: a token attends to the last N positions; 0 = all
+  double rotary_pct = 1.0;        // gpt_neox: the share of each head's dimensions that rotates
+  double norm_eps = 0.0;          // 0 -> 1e-5 (LayerNorm families) or 1e-6 (RMSNorm families)
+  bool attention_bias = false;    // biases on q/k/v/o (llama, gemma, gpt_neox); qwen2 always has q/k/v ones
+  bool mlp_bias = false;          // biases on gate/up/down (llama)
+  bool tie_embeddings = false;    // the head reuses the token embedding (always for gpt2)
+  int64_t sliding_window = 0;     // mistral: a token attends to the last N positions; 0 = all
   bool parallel_residual = true;  // gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
-  std::string activation;     // MLP nonlinearity: "gelu_tanh" | "gelu" | "silu"; "" -> the family's
-  std::string init_from;      // start from this Hugging Face directory (config.json + safetensors)
+  std::string activation;         // MLP nonlinearity: "gelu_tanh" | "gelu" | "silu"; "" -> the family's
+  std::string init_from;          // start from this Hugging Face directory (config.json + safetensors)
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden / heads; }
   // Dimensions of a head that rotary embeddings turn (even); 0 for gpt2.
@@ -135,9 +135,10 @@ struct ModelSpec {
 };
 
 struct DataSpec {
-  std::string path;              // absolute after ParseRunSpec
-  std::string format = "bytes";  // "bytes" (a byte per token), "u16", "u32" (little-endian ids) or "npy" (common/token_file.h)
-  std::string documents;         // document start offsets (u64, or .npy of int64/uint64); absolute; empty: none
+  std::string path;  // absolute after ParseRunSpec
+  std::string format =
+      "bytes";            // "bytes" (a byte per token), "u16", "u32" (little-endian ids) or "npy" (common/token_file.h)
+  std::string documents;  // document start offsets (u64, or .npy of int64/uint64); absolute; empty: none
   bool sample_within_documents = false;  // train windows never cross a document boundary (needs documents)
   // format "text": the model directory whose tokenizer (tokenizer.json or tokenizer.model) turns
   // the text into ids; absolute; empty: model.init_from. `strata submit` tokenizes the text once
@@ -161,7 +162,9 @@ struct TrainSpec {
   static constexpr int64_t kAutoCheckpoints = -1;
   int64_t checkpoint_every = kAutoCheckpoints;
   // The steps between checkpoints this run takes (checkpoint_every, with "auto" as a tenth).
-  int64_t CheckpointInterval() const { return checkpoint_every == kAutoCheckpoints ? (steps + 9) / 10 : checkpoint_every; }
+  int64_t CheckpointInterval() const {
+    return checkpoint_every == kAutoCheckpoints ? (steps + 9) / 10 : checkpoint_every;
+  }
   // Keep only the newest N complete checkpoints of the run (0: keep all); older ones are deleted
   // from every store once a newer one is complete. Unreadable ones are kept for inspection, and
   // so is the checkpoint a run resumed from. The default keeps 3 (a checkpoint of an 8B model's
@@ -187,15 +190,15 @@ struct ParallelSpec {
   // ZeRO stage over the dp group: 1 shards optimizer state, 2 also gradients, 3 also parameters
   // (gathered one layer at a time, and gathered again with its forward recomputed in backward).
   int64_t zero = 0;
-  bool recompute = false;   // keep only each layer's input; recompute its forward in backward
+  bool recompute = false;  // keep only each layer's input; recompute its forward in backward
   // Layers per pipeline stage, first to last (size pp, sum model.layers). Empty: the
   // coordinator fills in the planner's stages, balanced by compute and memory (the first stage
   // also holds the embedding, the last the head), when the run starts.
   std::vector<int64_t> stages;
   // Where AdamW's state lives: "none" (on the device), "optimizer" (m, v and the fp32 master in
-  // pinned host memory, updated by the host's cores: worker/optimizer.h) or "optimizer+params"
+  // pinned host memory, updated by the host's cores: worker/train/optimizer.h) or "optimizer+params"
   // (the parameters too, streamed to the device a layer at a time as ZeRO-3 gathers them:
-  // worker/stage_model.h; needs zero = 3 and no recompute), or "auto" (the default): the planner
+  // worker/train/stage_model.h; needs zero = 3 and no recompute), or "auto" (the default): the planner
   // offloads only when no plan fits without it, the optimizer's state before the parameters
   // ("offload" in `automatic`; "none" until planned). A re-plan after an out-of-memory may turn
   // it on either way.
@@ -220,8 +223,8 @@ struct ParallelSpec {
   // matmul over fewer rows and, at tp > 2, of the sums' order (bit for bit on CPU at tp = 2).
   bool tp_comm_overlap = true;
   // Train runs: the fields above that the spec leaves to the planner ("auto", or absent), from
-  // {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "offload"}; until the coordinator plans the run
-  // they hold the single-worker values. Empty for extract runs and once planned.
+  // {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "offload"}; until the coordinator plans the
+  // run they hold the single-worker values. Empty for extract runs and once planned.
   std::set<std::string> automatic;
   bool planned() const { return automatic.empty(); }
   // dp, pp and tp are fixed: the run takes that many workers, whatever else the planner fills in.
@@ -232,12 +235,12 @@ struct ParallelSpec {
 // Activation capture. Rows are token positions: sequence i of the data (tokens
 // [i * model.sequence, (i + 1) * model.sequence)) gives rows [i * sequence, (i + 1) * sequence).
 struct ExtractSpec {
-  std::vector<int64_t> layers;                    // ascending; default every layer
+  std::vector<int64_t> layers;                      // ascending; default every layer
   std::vector<std::string> sites = {"resid_post"};  // ExtractSites(); docs/extract.md defines each
-  std::string dtype = "fp32";      // stored dtype: fp32 | bf16 | fp16
-  std::string precision = "fp32";  // compute: fp32, or bf16 autocast (CUDA workers)
-  int64_t batch = 8;               // sequences per chunk (the unit of storage and resume)
-  int64_t tokens = 0;              // capture at most this many tokens; 0 = the whole data file
+  std::string dtype = "fp32";                       // stored dtype: fp32 | bf16 | fp16
+  std::string precision = "fp32";                   // compute: fp32, or bf16 autocast (CUDA workers)
+  int64_t batch = 8;                                // sequences per chunk (the unit of storage and resume)
+  int64_t tokens = 0;                               // capture at most this many tokens; 0 = the whole data file
   // "whole": each worker holds the model and captures its chunks; "layerwise": weights visit the
   // device one block at a time (models larger than the device); "auto": whole when the estimate
   // fits the device's free memory, else layerwise.
@@ -288,7 +291,9 @@ struct WorkerSpec {
 // The intra-op thread count a worker with `cores` cores applies for worker.threads: at most its
 // cores (more only oversubscribes them; 100000 hung a worker), 0 kept (LibTorch's default).
 // The worker logs the clamp.
-inline int64_t ClampWorkerThreads(int64_t threads, int64_t cores) { return std::min(threads, std::max<int64_t>(cores, 1)); }
+inline int64_t ClampWorkerThreads(int64_t threads, int64_t cores) {
+  return std::min(threads, std::max<int64_t>(cores, 1));
+}
 
 struct RunSpec {
   std::string name;

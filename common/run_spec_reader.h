@@ -3,13 +3,14 @@
 // which checks its type and bounds and names the field in its message.
 #pragma once
 
+#include <toml++/toml.h>
+
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <string>
-#include <toml++/toml.h>
 #include <vector>
 
 #include "common/run_spec.h"
@@ -21,13 +22,34 @@ namespace strata::run_spec_internal {
 inline const std::map<std::string, std::set<std::string>>& AllowedKeys() {
   static const std::map<std::string, std::set<std::string>> keys = {
       {"", {"name", "kind", "model", "data", "train", "parallel", "worker", "extract", "patch"}},
-      {"model", {"family", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "sequence", "max_positions",
-                 "rope_theta", "rope_scaling", "rotary_pct", "norm_eps", "attention_bias", "mlp_bias", "tie_embeddings",
-                 "sliding_window", "parallel_residual", "activation", "init_from"}},
+      {"model", {"family",
+                 "layers",
+                 "hidden",
+                 "heads",
+                 "kv_heads",
+                 "head_dim",
+                 "ffn",
+                 "vocab",
+                 "sequence",
+                 "max_positions",
+                 "rope_theta",
+                 "rope_scaling",
+                 "rotary_pct",
+                 "norm_eps",
+                 "attention_bias",
+                 "mlp_bias",
+                 "tie_embeddings",
+                 "sliding_window",
+                 "parallel_residual",
+                 "activation",
+                 "init_from"}},
       {"data", {"path", "format", "documents", "sample_within_documents", "tokenizer"}},
-      {"train", {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1",
-                 "beta2", "eps", "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision", "cuda_graphs", "optimizer"}},
-      {"parallel", {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "sequence_parallel", "tp_comm_overlap", "stages", "offload"}},
+      {"train",
+       {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1", "beta2", "eps",
+        "grad_clip", "seed", "checkpoint_every", "keep_checkpoints", "precision", "cuda_graphs", "optimizer"}},
+      {"parallel",
+       {"dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "sequence_parallel", "tp_comm_overlap",
+        "stages", "offload"}},
       {"worker", {"threads"}},
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode", "logits_top_k"}},
       {"patch", {"layers", "sites", "ablation", "source", "logits"}},
@@ -49,8 +71,9 @@ inline std::string Closest(const std::string& key, const std::set<std::string>& 
 
 // "run spec: model.layers = 2147483648 is over the bound of 1024; ..." (spec_bounds in run_spec.h).
 inline Status OverBound(const std::string& field, const std::string& value, const std::string& bound) {
-  return InvalidArgument("run spec: " + field + " = " + value + " is over the bound of " + bound +
-                         "; Strata refuses larger values (the README's run spec table lists the bounds), use a smaller one");
+  return InvalidArgument(
+      "run spec: " + field + " = " + value + " is over the bound of " + bound +
+      "; Strata refuses larger values (the README's run spec table lists the bounds), use a smaller one");
 }
 
 class Reader {
@@ -88,8 +111,8 @@ class Reader {
       return InvalidArgument("run spec: " + Path(table, key) + " must be an integer");
     }
     if (*v < min) {
-      return InvalidArgument("run spec: " + Path(table, key) + " = " + std::to_string(*v) + " must be >= " +
-                             std::to_string(min));
+      return InvalidArgument("run spec: " + Path(table, key) + " = " + std::to_string(*v) +
+                             " must be >= " + std::to_string(min));
     }
     if (*v > max) return OverBound(Path(table, key), std::to_string(*v), std::to_string(max));
     *out = *v;
@@ -113,7 +136,8 @@ class Reader {
   }
 
   // An array of integers, or the string `empty_word` (-> empty: "all" layers, "auto" stages).
-  Status IntList(const std::string& table, const std::string& key, std::vector<int64_t>* out, const std::string& empty_word = "all") {
+  Status IntList(const std::string& table, const std::string& key, std::vector<int64_t>* out,
+                 const std::string& empty_word = "all") {
     const toml::node* node = Find(table, key);
     if (!node) return Status::Ok();
     if (node->is_string() && node->value<std::string>() == empty_word) {
@@ -121,11 +145,13 @@ class Reader {
       return Status::Ok();
     }
     const toml::array* array = node->as_array();
-    if (!array) return InvalidArgument("run spec: " + Path(table, key) + " must be a list of integers or \"" + empty_word + "\"");
+    if (!array)
+      return InvalidArgument("run spec: " + Path(table, key) + " must be a list of integers or \"" + empty_word + "\"");
     out->clear();
     for (const auto& item : *array) {
       auto v = item.value<int64_t>();
-      if (!item.is_integer() || !v) return InvalidArgument("run spec: " + Path(table, key) + " must hold integers only");
+      if (!item.is_integer() || !v)
+        return InvalidArgument("run spec: " + Path(table, key) + " must hold integers only");
       out->push_back(*v);
     }
     return Status::Ok();
@@ -156,12 +182,14 @@ class Reader {
   Status IntOrAuto(const std::string& table, const std::string& key, int64_t* out, int64_t min, int64_t max,
                    std::set<std::string>* automatic) {
     if (IsAuto(table, key, automatic)) return Status::Ok();
-    if (Find(table, key)->is_string()) return InvalidArgument("run spec: " + Path(table, key) + " must be an integer or \"auto\"");
+    if (Find(table, key)->is_string())
+      return InvalidArgument("run spec: " + Path(table, key) + " must be an integer or \"auto\"");
     return Int(table, key, out, min, max);
   }
   Status BoolOrAuto(const std::string& table, const std::string& key, bool* out, std::set<std::string>* automatic) {
     if (IsAuto(table, key, automatic)) return Status::Ok();
-    if (Find(table, key)->is_string()) return InvalidArgument("run spec: " + Path(table, key) + " must be true, false or \"auto\"");
+    if (Find(table, key)->is_string())
+      return InvalidArgument("run spec: " + Path(table, key) + " must be true, false or \"auto\"");
     return Bool(table, key, out);
   }
 
@@ -214,10 +242,12 @@ class Reader {
     const toml::table* t = node->as_table();
     const std::string path = Path(table, key);
     if (!t) return InvalidArgument("run spec: " + path + " must be a table, e.g. { type = \"llama3\", factor = 8.0 }");
-    static const std::set<std::string> allowed = {"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions"};
+    static const std::set<std::string> allowed = {"type", "factor", "low_freq_factor", "high_freq_factor",
+                                                  "original_max_positions"};
     for (const auto& [sub, _] : *t) {
       if (!allowed.count(std::string(sub.str()))) {
-        return InvalidArgument("run spec: unknown key '" + path + "." + std::string(sub.str()) + "'; keys are: " + Closest("", allowed));
+        return InvalidArgument("run spec: unknown key '" + path + "." + std::string(sub.str()) +
+                               "'; keys are: " + Closest("", allowed));
       }
     }
     toml::table wrapped;  // one table named "model.rope_scaling": messages name the field in full
@@ -227,7 +257,8 @@ class Reader {
     STRATA_RETURN_IF_ERROR(inner.Float(path, "factor", &out->factor, 1.0, 1e6));
     STRATA_RETURN_IF_ERROR(inner.Float(path, "low_freq_factor", &out->low_freq_factor, 1e-6, 1e6));
     STRATA_RETURN_IF_ERROR(inner.Float(path, "high_freq_factor", &out->high_freq_factor, 1e-6, 1e6));
-    STRATA_RETURN_IF_ERROR(inner.Int(path, "original_max_positions", &out->original_max_positions, 1, spec_bounds::kSequence));
+    STRATA_RETURN_IF_ERROR(
+        inner.Int(path, "original_max_positions", &out->original_max_positions, 1, spec_bounds::kSequence));
     return Status::Ok();
   }
 

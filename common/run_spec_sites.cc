@@ -22,8 +22,9 @@ Status ParseExtract(Reader& r, RunSpec* spec) {
   }
   for (int64_t layer : e.layers) {
     if (layer < 0 || layer >= layers) {
-      return InvalidArgument("run spec: extract.layers holds " + std::to_string(layer) + ", out of range: model.layers = " +
-                             std::to_string(layers) + ", so layers are 0.." + std::to_string(layers - 1));
+      return InvalidArgument("run spec: extract.layers holds " + std::to_string(layer) +
+                             ", out of range: model.layers = " + std::to_string(layers) + ", so layers are 0.." +
+                             std::to_string(layers - 1));
     }
   }
   std::sort(e.layers.begin(), e.layers.end());
@@ -37,8 +38,9 @@ Status ParseExtract(Reader& r, RunSpec* spec) {
   if (spec->is_patch()) {
     // What a patch run stores is fixed by [patch]; [extract] only chunks it.
     if (r.Has("extract", "sites") || r.Has("extract", "layers")) {
-      return InvalidArgument("run spec: a patch run stores each row's loss (and logits with patch.logits = true), so "
-                             "extract.layers and extract.sites do not apply; remove them (the [patch] table names what is replaced)");
+      return InvalidArgument(
+          "run spec: a patch run stores each row's loss (and logits with patch.logits = true), so "
+          "extract.layers and extract.sites do not apply; remove them (the [patch] table names what is replaced)");
     }
     e.sites = {"loss"};
     if (spec->patch.logits) e.sites.push_back("logits");
@@ -51,17 +53,20 @@ Status ParseExtract(Reader& r, RunSpec* spec) {
                              " (docs/extract.md defines each)");
     }
     if (site == "loss" && !spec->is_patch()) {
-      return InvalidArgument("run spec: extract.sites holds \"loss\", which patch runs store (kind = \"patch\"); remove it");
+      return InvalidArgument(
+          "run spec: extract.sites holds \"loss\", which patch runs store (kind = \"patch\"); remove it");
     }
     if (site == "logits_ids") {
-      return InvalidArgument("run spec: extract.sites holds \"logits_ids\", which is stored beside \"logits\" when "
-                             "extract.logits_top_k > 0; name \"logits\" and set logits_top_k instead");
+      return InvalidArgument(
+          "run spec: extract.sites holds \"logits_ids\", which is stored beside \"logits\" when "
+          "extract.logits_top_k > 0; name \"logits\" and set logits_top_k instead");
     }
   }
   const bool logits = std::find(e.sites.begin(), e.sites.end(), "logits") != e.sites.end();
   if (e.logits_top_k > 0 && !logits) {
-    return InvalidArgument("run spec: extract.logits_top_k = " + std::to_string(e.logits_top_k) +
-                           " applies to the logits site; add \"logits\" to extract.sites (or patch.logits = true), or remove it");
+    return InvalidArgument(
+        "run spec: extract.logits_top_k = " + std::to_string(e.logits_top_k) +
+        " applies to the logits site; add \"logits\" to extract.sites (or patch.logits = true), or remove it");
   }
   if (e.logits_top_k > 0) e.sites.push_back("logits_ids");
   // Storage order, not the user's order: one record layout whatever the spelling.
@@ -78,27 +83,32 @@ Status ParseExtract(Reader& r, RunSpec* spec) {
   }
   if (std::find(e.sites.begin(), e.sites.end(), "attn_pattern") != e.sites.end() &&
       spec->model.sequence > spec_bounds::kAttnPatternSequence) {
-    return InvalidArgument("run spec: extract.sites holds attn_pattern, whose rows are [heads, sequence]; model.sequence = " +
-                           std::to_string(spec->model.sequence) + " is over the " + std::to_string(spec_bounds::kAttnPatternSequence) +
-                           " it is captured up to; capture it from a run with a shorter model.sequence");
+    return InvalidArgument(
+        "run spec: extract.sites holds attn_pattern, whose rows are [heads, sequence]; model.sequence = " +
+        std::to_string(spec->model.sequence) + " is over the " + std::to_string(spec_bounds::kAttnPatternSequence) +
+        " it is captured up to; capture it from a run with a shorter model.sequence");
   }
   STRATA_RETURN_IF_ERROR(r.String("extract", "dtype", &e.dtype));
   if (e.dtype != "fp32" && e.dtype != "bf16" && e.dtype != "fp16") {
-    return InvalidArgument("run spec: extract.dtype = \"" + e.dtype + "\" is not supported; use \"fp32\", \"bf16\" or \"fp16\"");
+    return InvalidArgument("run spec: extract.dtype = \"" + e.dtype +
+                           "\" is not supported; use \"fp32\", \"bf16\" or \"fp16\"");
   }
   STRATA_RETURN_IF_ERROR(r.String("extract", "precision", &e.precision));
   if (e.precision != "fp32" && e.precision != "bf16") {
-    return InvalidArgument("run spec: extract.precision = \"" + e.precision + "\" is not supported; use \"fp32\" or \"bf16\"");
+    return InvalidArgument("run spec: extract.precision = \"" + e.precision +
+                           "\" is not supported; use \"fp32\" or \"bf16\"");
   }
   STRATA_RETURN_IF_ERROR(r.String("extract", "mode", &e.mode));
   if (e.mode != "auto" && e.mode != "whole" && e.mode != "layerwise") {
-    return InvalidArgument("run spec: extract.mode = \"" + e.mode + "\" is not supported; use \"auto\", \"whole\" or \"layerwise\"");
+    return InvalidArgument("run spec: extract.mode = \"" + e.mode +
+                           "\" is not supported; use \"auto\", \"whole\" or \"layerwise\"");
   }
   STRATA_RETURN_IF_ERROR(r.Int("extract", "batch", &e.batch, 1, spec_bounds::kExtractBatch));
   STRATA_RETURN_IF_ERROR(r.Int("extract", "tokens", &e.tokens, 0, spec_bounds::kExtractTokens));
   if (e.tokens > 0 && e.tokens < spec->model.sequence) {
-    return InvalidArgument("run spec: extract.tokens = " + std::to_string(e.tokens) + " is less than one sequence (model.sequence = " +
-                           std::to_string(spec->model.sequence) + "); raise it or set 0 for the whole file");
+    return InvalidArgument("run spec: extract.tokens = " + std::to_string(e.tokens) +
+                           " is less than one sequence (model.sequence = " + std::to_string(spec->model.sequence) +
+                           "); raise it or set 0 for the whole file");
   }
   // Sites that grow with sequence or vocab (attn_pattern, logits) can make one chunk larger than
   // a worker's host memory holds; the residual-width sites never come near (a 4096-wide fp32 row
@@ -117,8 +127,9 @@ Status ParseExtract(Reader& r, RunSpec* spec) {
                            std::to_string(e.layers.size()) + " layer(s), " + std::to_string(spec->model.sequence) +
                            " tokens each), over the " + std::to_string(spec_bounds::kExtractChunkBytes >> 20) +
                            " MiB a chunk may hold in a worker's memory; lower extract.batch" +
-                           (large.extract.sites.size() == 1 && large.extract.sites[0] == "attn_pattern" ? ", capture fewer layers"
-                                                                                                          : ", set extract.logits_top_k") +
+                           (large.extract.sites.size() == 1 && large.extract.sites[0] == "attn_pattern"
+                                ? ", capture fewer layers"
+                                : ", set extract.logits_top_k") +
                            " or use a shorter model.sequence");
   }
   return Status::Ok();
@@ -133,22 +144,26 @@ Status ParsePatch(Reader& r, const std::string& base_dir, bool check_files, RunS
   STRATA_RETURN_IF_ERROR(r.String("patch", "source", &p.source));
   STRATA_RETURN_IF_ERROR(r.Bool("patch", "logits", &p.logits));
   if (p.layers.empty()) {
-    return InvalidArgument("run spec: patch.layers is missing or empty; name the layers whose sites are replaced, e.g. layers = [3]");
+    return InvalidArgument(
+        "run spec: patch.layers is missing or empty; name the layers whose sites are replaced, e.g. layers = [3]");
   }
   for (int64_t layer : p.layers) {
     if (layer < 0 || layer >= layers) {
-      return InvalidArgument("run spec: patch.layers holds " + std::to_string(layer) + ", out of range: model.layers = " +
-                             std::to_string(layers) + ", so layers are 0.." + std::to_string(layers - 1));
+      return InvalidArgument("run spec: patch.layers holds " + std::to_string(layer) +
+                             ", out of range: model.layers = " + std::to_string(layers) + ", so layers are 0.." +
+                             std::to_string(layers - 1));
     }
   }
   std::sort(p.layers.begin(), p.layers.end());
   p.layers.erase(std::unique(p.layers.begin(), p.layers.end()), p.layers.end());
   std::string patchable;
   for (const auto& site : PatchableSites()) patchable += (patchable.empty() ? "" : ", ") + site;
-  if (p.sites.empty()) return InvalidArgument("run spec: patch.sites is missing or empty; name at least one of " + patchable);
+  if (p.sites.empty())
+    return InvalidArgument("run spec: patch.sites is missing or empty; name at least one of " + patchable);
   for (const auto& site : p.sites) {
     if (std::find(PatchableSites().begin(), PatchableSites().end(), site) == PatchableSites().end()) {
-      return InvalidArgument("run spec: patch.sites holds \"" + site + "\", which cannot be replaced; patchable sites are " + patchable);
+      return InvalidArgument("run spec: patch.sites holds \"" + site +
+                             "\", which cannot be replaced; patchable sites are " + patchable);
     }
   }
   std::vector<std::string> ordered;
@@ -157,29 +172,34 @@ Status ParsePatch(Reader& r, const std::string& base_dir, bool check_files, RunS
   }
   p.sites = ordered;
   if (p.ablation == "capture") {
-    return InvalidArgument("run spec: patch.ablation = \"capture\" is not built yet; use \"zero\", or \"mean\" with "
-                           "patch.source = a .npy of the values");
+    return InvalidArgument(
+        "run spec: patch.ablation = \"capture\" is not built yet; use \"zero\", or \"mean\" with "
+        "patch.source = a .npy of the values");
   }
   if (p.ablation != "zero" && p.ablation != "mean") {
-    return InvalidArgument("run spec: patch.ablation = \"" + p.ablation + "\" is not supported; use \"zero\" or \"mean\"");
+    return InvalidArgument("run spec: patch.ablation = \"" + p.ablation +
+                           "\" is not supported; use \"zero\" or \"mean\"");
   }
   if (p.ablation == "zero" && !p.source.empty()) {
-    return InvalidArgument("run spec: patch.source is the .npy of values for ablation = \"mean\"; remove it for ablation = \"zero\"");
+    return InvalidArgument(
+        "run spec: patch.source is the .npy of values for ablation = \"mean\"; remove it for ablation = \"zero\"");
   }
   if (p.ablation == "mean") {
     // One vector replaces the site at every row: the mean of a capture, e.g. numpy's
     // np.load(activations get's .npy).mean(0), saved as fp32.
     if (p.sites.size() != 1 || p.layers.size() != 1) {
-      return InvalidArgument("run spec: patch.ablation = \"mean\" replaces one site at one layer with the values in patch.source; "
-                             "name exactly one in patch.layers and patch.sites (they hold " + std::to_string(p.layers.size()) +
-                             " and " + std::to_string(p.sites.size()) + ")");
+      return InvalidArgument(
+          "run spec: patch.ablation = \"mean\" replaces one site at one layer with the values in patch.source; "
+          "name exactly one in patch.layers and patch.sites (they hold " +
+          std::to_string(p.layers.size()) + " and " + std::to_string(p.sites.size()) + ")");
     }
     const std::vector<int64_t> shape = ExtractSiteRowShape(*spec, p.sites[0]);
     std::string want;
     for (int64_t d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
     if (p.source.empty()) {
       return InvalidArgument("run spec: patch.ablation = \"mean\" needs patch.source, an fp32 .npy of shape (" + want +
-                             ") holding the value " + p.sites[0] + " takes at every row (e.g. a capture's mean over its rows)");
+                             ") holding the value " + p.sites[0] +
+                             " takes at every row (e.g. a capture's mean over its rows)");
     }
     fs::path source(p.source);
     if (source.is_relative() && !base_dir.empty()) source = fs::path(base_dir) / source;
@@ -197,8 +217,8 @@ Status ParsePatch(Reader& r, const std::string& base_dir, bool check_files, RunS
       if (header->descr != "<f4" || header->fortran_order || got != shape) {
         std::string have;
         for (int64_t d : got) have += (have.empty() ? "" : ", ") + std::to_string(d);
-        return InvalidArgument("run spec: " + what + " holds a " + header->descr + " array of shape (" + have + "); " + p.sites[0] +
-                               " needs fp32 ('<f4', C order) of shape (" + want + ")");
+        return InvalidArgument("run spec: " + what + " holds a " + header->descr + " array of shape (" + have + "); " +
+                               p.sites[0] + " needs fp32 ('<f4', C order) of shape (" + want + ")");
       }
     }
   }
@@ -209,14 +229,15 @@ Status ParsePatch(Reader& r, const std::string& base_dir, bool check_files, RunS
 
 const std::vector<std::string>& ExtractSites() {
   // The first three keep the places they had before the others existed.
-  static const std::vector<std::string> sites = {"resid_post", "attn_out", "mlp_out", "resid_pre", "resid_mid",
-                                                 "q", "k", "v", "attn_pattern", "mlp_hidden",
-                                                 "final_norm", "logits", "logits_ids", "loss"};
+  static const std::vector<std::string> sites = {"resid_post", "attn_out", "mlp_out",    "resid_pre",    "resid_mid",
+                                                 "q",          "k",        "v",          "attn_pattern", "mlp_hidden",
+                                                 "final_norm", "logits",   "logits_ids", "loss"};
   return sites;
 }
 
 const std::vector<std::string>& PatchableSites() {
-  static const std::vector<std::string> sites = {"resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "resid_post"};
+  static const std::vector<std::string> sites = {"resid_pre",  "attn_out", "resid_mid",
+                                                 "mlp_hidden", "mlp_out",  "resid_post"};
   return sites;
 }
 
@@ -230,7 +251,8 @@ std::vector<int64_t> ExtractSiteRowShape(const RunSpec& spec, const std::string&
   if (site == "k" || site == "v") return {m.kv_heads > 0 ? m.kv_heads : m.heads, m.head_size()};
   if (site == "attn_pattern") return {m.heads, m.sequence};
   if (site == "mlp_hidden") return {m.ffn > 0 ? m.ffn : 4 * m.hidden};
-  if (site == "logits" || site == "logits_ids") return {spec.extract.logits_top_k > 0 ? spec.extract.logits_top_k : m.vocab};
+  if (site == "logits" || site == "logits_ids")
+    return {spec.extract.logits_top_k > 0 ? spec.extract.logits_top_k : m.vocab};
   if (site == "loss") return {1};
   return {m.hidden};  // resid_pre, resid_mid, resid_post, attn_out, mlp_out, final_norm
 }

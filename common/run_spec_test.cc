@@ -1,7 +1,6 @@
 #include "common/run_spec.h"
 
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -60,9 +59,13 @@ TEST_F(RunSpecTest, MalformedTomlNamesTheLine) { ExpectRejected("name = \n[model
 TEST_F(RunSpecTest, UnknownKeyIsNamed) { ExpectRejected(Valid("hiden = 3\n"), "model.hiden"); }
 TEST_F(RunSpecTest, UnknownTableIsNamed) { ExpectRejected(Valid() + "[optimizer]\nx = 1\n", "'optimizer'"); }
 TEST_F(RunSpecTest, ZeroLayersIsRejected) { ExpectRejected(With("layers = 2", "layers = 0"), "model.layers"); }
-TEST_F(RunSpecTest, NegativeBatchIsRejected) { ExpectRejected(With("global_batch = 4", "global_batch = -4"), "train.global_batch"); }
+TEST_F(RunSpecTest, NegativeBatchIsRejected) {
+  ExpectRejected(With("global_batch = 4", "global_batch = -4"), "train.global_batch");
+}
 TEST_F(RunSpecTest, HeadsMustDivideHidden) { ExpectRejected(With("heads = 4", "heads = 5"), "hidden % heads"); }
-TEST_F(RunSpecTest, WrongTypeIsNamed) { ExpectRejected(With("layers = 2", "layers = \"two\""), "model.layers must be an integer"); }
+TEST_F(RunSpecTest, WrongTypeIsNamed) {
+  ExpectRejected(With("layers = 2", "layers = \"two\""), "model.layers must be an integer");
+}
 TEST_F(RunSpecTest, MissingDataFileIsNamed) {
   std::remove((dir_ + "/corpus.txt").c_str());
   ExpectRejected(Valid(), "data.path");
@@ -72,34 +75,43 @@ TEST_F(RunSpecTest, MissingDataFileIsNamed) {
 // and sequence + 1 tokens; the documents keys go together and only with train runs.
 TEST_F(RunSpecTest, DataFormatsAreCheckedAgainstTheirFiles) {
   auto data = [&](const std::string& body) { return With("[data]\npath = \"corpus.txt\"\n", "[data]\n" + body); };
-  auto write = [&](const std::string& name, const std::string& bytes) { std::ofstream(dir_ + "/" + name, std::ios::binary) << bytes; };
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir_ + "/" + name, std::ios::binary) << bytes;
+  };
   write("ids.u32", std::string(4 * 33, '\0'));  // 33 ids: sequence 32 + 1
   write("ids.u16", std::string(2 * 33, '\0'));
   write("short.u32", std::string(4 * 32, '\0'));
   write("odd.u32", std::string(4 * 40 + 2, '\0'));
   std::string dict = "{'descr': '<u4', 'fortran_order': False, 'shape': (33,), }";
   dict.append(128 - 10 - dict.size() - 1, ' ');  // np.save pads the header to a multiple of 64 bytes
-  write("ids.npy", std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(dict.size() + 1) + '\0' + dict + "\n" + std::string(4 * 33, '\0'));
+  write("ids.npy", std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(dict.size() + 1) + '\0' + dict + "\n" +
+                       std::string(4 * 33, '\0'));
   std::string fortran = dict;
   fortran.replace(fortran.find("False"), 5, "True ");
-  write("fortran.npy", std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(dict.size() + 1) + '\0' + fortran + "\n" + std::string(4 * 33, '\0'));
+  write("fortran.npy", std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(dict.size() + 1) + '\0' + fortran +
+                           "\n" + std::string(4 * 33, '\0'));
   for (const char* ok : {"path = \"ids.u32\"\nformat = \"u32\"\n", "path = \"ids.u16\"\nformat = \"u16\"\n",
-                                "path = \"ids.npy\"\nformat = \"npy\"\n"}) {
+                         "path = \"ids.npy\"\nformat = \"npy\"\n"}) {
     auto spec = ParseRunSpec(data(ok), dir_, true);
     EXPECT_TRUE(spec.ok()) << ok << spec.status().ToString();
   }
-  ExpectRejected(data("path = \"ids.u32\"\nformat = \"u64\"\n"), "data.format = \"u64\" is not supported; use \"bytes\", \"u16\", \"u32\" or \"npy\"");
-  ExpectRejected(data("path = \"short.u32\"\nformat = \"u32\"\n"), "holds 32 tokens, fewer than model.sequence + 1 = 33");
+  ExpectRejected(data("path = \"ids.u32\"\nformat = \"u64\"\n"),
+                 "data.format = \"u64\" is not supported; use \"bytes\", \"u16\", \"u32\" or \"npy\"");
+  ExpectRejected(data("path = \"short.u32\"\nformat = \"u32\"\n"),
+                 "holds 32 tokens, fewer than model.sequence + 1 = 33");
   ExpectRejected(data("path = \"odd.u32\"\nformat = \"u32\"\n"), "odd.u32\" holds 162 bytes, not a multiple of 4");
   ExpectRejected(data("path = \"ids.u16\"\nformat = \"npy\"\n"), "ids.u16\" is not a valid .npy file");
-  ExpectRejected(data("path = \"fortran.npy\"\nformat = \"npy\"\n"), "fortran.npy\": .npy header field 'fortran_order' is True");
+  ExpectRejected(data("path = \"fortran.npy\"\nformat = \"npy\"\n"),
+                 "fortran.npy\": .npy header field 'fortran_order' is True");
   // Without check_files (strata plan) the format name is still checked, the file is not.
   EXPECT_TRUE(ParseRunSpec(data("path = \"gone.u32\"\nformat = \"u32\"\n"), dir_, false).ok());
   EXPECT_FALSE(ParseRunSpec(data("path = \"gone.u32\"\nformat = \"u8\"\n"), dir_, false).ok());
 }
 
 TEST_F(RunSpecTest, DocumentsGoWithSampleWithinDocumentsOnTrainRuns) {
-  auto data = [&](const std::string& body) { return With("[data]\npath = \"corpus.txt\"\n", "[data]\npath = \"corpus.txt\"\n" + body); };
+  auto data = [&](const std::string& body) {
+    return With("[data]\npath = \"corpus.txt\"\n", "[data]\npath = \"corpus.txt\"\n" + body);
+  };
   std::ofstream(dir_ + "/docs.idx", std::ios::binary) << std::string(16, '\0');
   std::ofstream(dir_ + "/odd.idx", std::ios::binary) << std::string(12, '\0');
   auto spec = ParseRunSpec(data("documents = \"docs.idx\"\nsample_within_documents = true\n"), dir_, true);
@@ -114,9 +126,12 @@ TEST_F(RunSpecTest, DocumentsGoWithSampleWithinDocumentsOnTrainRuns) {
   auto plain = ParseRunSpec(Valid(), dir_, true);
   EXPECT_EQ(RunSpecToToml(*plain).find("documents"), std::string::npos);  // default: unchanged
   ExpectRejected(data("sample_within_documents = true\n"), "data.sample_within_documents = true needs data.documents");
-  ExpectRejected(data("documents = \"docs.idx\"\n"), "data.documents is read only with data.sample_within_documents = true");
-  ExpectRejected(data("documents = \"gone.idx\"\nsample_within_documents = true\n"), "data.documents = \"" + dir_ + "/gone.idx\" does not exist");
-  ExpectRejected(data("documents = \"odd.idx\"\nsample_within_documents = true\n"), "odd.idx\" holds 12 bytes, not a multiple of 8");
+  ExpectRejected(data("documents = \"docs.idx\"\n"),
+                 "data.documents is read only with data.sample_within_documents = true");
+  ExpectRejected(data("documents = \"gone.idx\"\nsample_within_documents = true\n"),
+                 "data.documents = \"" + dir_ + "/gone.idx\" does not exist");
+  ExpectRejected(data("documents = \"odd.idx\"\nsample_within_documents = true\n"),
+                 "odd.idx\" holds 12 bytes, not a multiple of 8");
   ExpectRejected(data("sample_within_documents = 1\n"), "data.sample_within_documents must be true or false");
   ExpectRejected("kind = \"extract\"\n" + data("documents = \"docs.idx\"\nsample_within_documents = true\n"),
                  "data.sample_within_documents applies to train runs");
@@ -138,7 +153,9 @@ TEST_F(RunSpecTest, LlamaDefaultsAndGroupedQueryAttention) {
 TEST_F(RunSpecTest, KvHeadsMustDivideHeads) {
   ExpectRejected(With("layers = 2", "family = \"llama\"\nlayers = 2\nkv_heads = 3"), "model.kv_heads");
 }
-TEST_F(RunSpecTest, UnknownFamilyIsNamed) { ExpectRejected(With("layers = 2", "family = \"mamba\"\nlayers = 2"), "model.family"); }
+TEST_F(RunSpecTest, UnknownFamilyIsNamed) {
+  ExpectRejected(With("layers = 2", "family = \"mamba\"\nlayers = 2"), "model.family");
+}
 TEST_F(RunSpecTest, MicroBatchMustDivideTheRankBatch) {
   ExpectRejected(Valid() + "[parallel]\ndp = 2\nmicro_batch = 3\n", "parallel.micro_batch");
 }
@@ -158,7 +175,8 @@ TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
   auto graphs_again = ParseRunSpec(RunSpecToToml(*graphs_off), dir_, true);
   ASSERT_TRUE(graphs_again.ok()) << graphs_again.status().ToString();
   EXPECT_FALSE(graphs_again->train.cuda_graphs);
-  ExpectRejected(Valid("", "optimizer = \"sgd\"\n"), "train.optimizer = \"sgd\" is not supported; use \"adamw\" or \"adamw8bit\"");
+  ExpectRejected(Valid("", "optimizer = \"sgd\"\n"),
+                 "train.optimizer = \"sgd\" is not supported; use \"adamw\" or \"adamw8bit\"");
   auto eight_bit = ParseRunSpec(Valid("", "optimizer = \"adamw8bit\"\n"), dir_, true);
   ASSERT_TRUE(eight_bit.ok()) << eight_bit.status().ToString();
   auto eight_bit_again = ParseRunSpec(RunSpecToToml(*eight_bit), dir_, true);
@@ -175,8 +193,8 @@ TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
 // parallel.sequence_parallel and parallel.tp_comm_overlap: on unless set false; kept through a
 // stored spec; a non-boolean is named.
 TEST_F(RunSpecTest, TensorParallelSwitchesAreOnByDefaultAndRoundTrip) {
-  const std::vector<std::pair<std::string, bool ParallelSpec::*>> switches = {{"sequence_parallel", &ParallelSpec::sequence_parallel},
-                                                                             {"tp_comm_overlap", &ParallelSpec::tp_comm_overlap}};
+  const std::vector<std::pair<std::string, bool ParallelSpec::*>> switches = {
+      {"sequence_parallel", &ParallelSpec::sequence_parallel}, {"tp_comm_overlap", &ParallelSpec::tp_comm_overlap}};
   for (const auto& [name, field] : switches) {
     ExpectRejected(Valid() + "[parallel]\n" + name + " = \"yes\"\n", "parallel." + name + " must be true or false");
     auto on = ParseRunSpec(Valid() + "[parallel]\ntp = 2\n", dir_, true);
@@ -192,13 +210,16 @@ TEST_F(RunSpecTest, TensorParallelSwitchesAreOnByDefaultAndRoundTrip) {
 }
 TEST_F(RunSpecTest, OffloadIsNoneOptimizerOrOptimizerAndParamsAndRoundTrips) {
   ExpectRejected(Valid() + "[parallel]\noffload = \"disk\"\n",
-                 "parallel.offload = \"disk\" is not supported; use \"auto\" (the default: only when nothing fits without it), \"none\", "
+                 "parallel.offload = \"disk\" is not supported; use \"auto\" (the default: only when nothing fits "
+                 "without it), \"none\", "
                  "\"optimizer\" (optimizer state in host memory) or \"optimizer+params\"");
   // Parameters stream as ZeRO-3 gathers them, without recompute: a fixed field that says otherwise is named.
-  ExpectRejected(Valid() + "[parallel]\noffload = \"optimizer+params\"\nzero = 1\n", "parallel.zero = 1; set parallel.zero = 3");
+  ExpectRejected(Valid() + "[parallel]\noffload = \"optimizer+params\"\nzero = 1\n",
+                 "parallel.zero = 1; set parallel.zero = 3");
   ExpectRejected(Valid() + "[parallel]\noffload = \"optimizer+params\"\nzero = 3\nrecompute = true\n",
                  "set parallel.recompute = false");
-  auto streamed = ParseRunSpec(Valid() + "[parallel]\noffload = \"optimizer+params\"\nzero = 3\nrecompute = false\n", dir_, true);
+  auto streamed =
+      ParseRunSpec(Valid() + "[parallel]\noffload = \"optimizer+params\"\nzero = 3\nrecompute = false\n", dir_, true);
   ASSERT_TRUE(streamed.ok()) << streamed.status().ToString();
   auto streamed_again = ParseRunSpec(RunSpecToToml(*streamed), dir_, true);
   ASSERT_TRUE(streamed_again.ok()) << streamed_again.status().ToString();
@@ -239,7 +260,8 @@ TEST_F(RunSpecTest, CheckpointDefaultsAreATenthOfTheRunAndTheNewestThree) {
   ASSERT_TRUE(explicit_zero.ok()) << explicit_zero.status().ToString();
   EXPECT_EQ(explicit_zero->train.CheckpointInterval(), 0);
   EXPECT_EQ(explicit_zero->train.keep_checkpoints, 0);
-  ExpectRejected(Valid("", "checkpoint_every = \"hourly\"\n"), "train.checkpoint_every must be an integer (0 = only at the end) or \"auto\"");
+  ExpectRejected(Valid("", "checkpoint_every = \"hourly\"\n"),
+                 "train.checkpoint_every must be an integer (0 = only at the end) or \"auto\"");
   // A spec an older coordinator stored, without the key, kept every checkpoint: it still does.
   auto stored_old = ParseStoredRunSpec(Valid());
   ASSERT_TRUE(stored_old.ok()) << stored_old.status().ToString();
@@ -247,11 +269,14 @@ TEST_F(RunSpecTest, CheckpointDefaultsAreATenthOfTheRunAndTheNewestThree) {
 }
 TEST_F(RunSpecTest, StagesAreOneLayerCountPerStageAddingUpToTheModel) {
   // Valid(): 2 layers.
-  ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = [2]\n", "parallel.stages = [2] has 1 stages but parallel.pp is 2");
-  ExpectRejected(Valid() + "[parallel]\nstages = [1, 1]\n", "parallel.stages = [1, 1] has 2 stages but parallel.pp is \"auto\"");
+  ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = [2]\n",
+                 "parallel.stages = [2] has 1 stages but parallel.pp is 2");
+  ExpectRejected(Valid() + "[parallel]\nstages = [1, 1]\n",
+                 "parallel.stages = [1, 1] has 2 stages but parallel.pp is \"auto\"");
   ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = [2, 0]\n", "gives a stage no layers");
   ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = [2, 1]\n", "covers 3 layers but model.layers = 2");
-  ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = \"even\"\n", "parallel.stages must be a list of integers or \"auto\"");
+  ExpectRejected(Valid() + "[parallel]\npp = 2\nstages = \"even\"\n",
+                 "parallel.stages must be a list of integers or \"auto\"");
   auto spec = ParseRunSpec(Valid() + "[parallel]\npp = 2\nstages = [1, 1]\n", dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   auto again = ParseRunSpec(RunSpecToToml(*spec), dir_, true);
@@ -278,9 +303,7 @@ TEST(LearningRateTest, WarmupThenCosineToMinLr) {
   t.lr_schedule = "constant";
   EXPECT_DOUBLE_EQ(LearningRate(t, 100), 1.0);
 }
-TEST_F(RunSpecTest, BatchMustDivideByDp) {
-  ExpectRejected(Valid() + "[parallel]\ndp = 3\n", "parallel.dp");
-}
+TEST_F(RunSpecTest, BatchMustDivideByDp) { ExpectRejected(Valid() + "[parallel]\ndp = 3\n", "parallel.dp"); }
 
 // ---- extract runs
 
@@ -322,15 +345,16 @@ TEST_F(RunSpecTest, ExtractBadInputNamesTheKey) {
 }
 
 TEST_F(RunSpecTest, EverySiteHasARowShapeAndModelLevelSitesAddTheLastLayer) {
-  auto spec = ParseRunSpec("kind = \"extract\"\n" + Valid("kv_heads = 2\nfamily = \"llama\"\nffn = 96\n") +
-                               "[extract]\nlayers = [0]\nsites = [\"logits\", \"q\", \"k\", \"attn_pattern\", \"mlp_hidden\", "
-                               "\"final_norm\", \"resid_mid\"]\nlogits_top_k = 7\n",
-                           dir_, true);
+  auto spec =
+      ParseRunSpec("kind = \"extract\"\n" + Valid("kv_heads = 2\nfamily = \"llama\"\nffn = 96\n") +
+                       "[extract]\nlayers = [0]\nsites = [\"logits\", \"q\", \"k\", \"attn_pattern\", \"mlp_hidden\", "
+                       "\"final_norm\", \"resid_mid\"]\nlogits_top_k = 7\n",
+                   dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   // final_norm and logits are stored as the last layer's; logits_ids comes with top-k.
   EXPECT_EQ(spec->extract.layers, (std::vector<int64_t>{0, 1}));
-  EXPECT_EQ(spec->extract.sites, (std::vector<std::string>{"resid_mid", "q", "k", "attn_pattern", "mlp_hidden", "final_norm",
-                                                           "logits", "logits_ids"}));
+  EXPECT_EQ(spec->extract.sites, (std::vector<std::string>{"resid_mid", "q", "k", "attn_pattern", "mlp_hidden",
+                                                           "final_norm", "logits", "logits_ids"}));
   EXPECT_EQ(ExtractSiteRowShape(*spec, "q"), (std::vector<int64_t>{4, 16}));
   EXPECT_EQ(ExtractSiteRowShape(*spec, "k"), (std::vector<int64_t>{2, 16}));
   EXPECT_EQ(ExtractSiteRowShape(*spec, "attn_pattern"), (std::vector<int64_t>{4, 32}));
@@ -349,14 +373,17 @@ TEST_F(RunSpecTest, EverySiteHasARowShapeAndModelLevelSitesAddTheLastLayer) {
 TEST_F(RunSpecTest, SitesThatCannotBeCapturedAreRefusedNamingTheNumbers) {
   std::ofstream(dir_ + "/corpus.txt") << std::string(8192, 'a');  // one sequence of 4096 and its target
   const std::string head = "kind = \"extract\"\n";
-  ExpectRejected(head + With("sequence = 32", "sequence = 4096\nmax_positions = 4096") + "[extract]\nsites = [\"attn_pattern\"]\n",
-                 "model.sequence = 4096 is over the 2048 it is captured up to");
+  ExpectRejected(
+      head + With("sequence = 32", "sequence = 4096\nmax_positions = 4096") + "[extract]\nsites = [\"attn_pattern\"]\n",
+      "model.sequence = 4096 is over the 2048 it is captured up to");
   // 64 sequences x 2048 rows x [4 heads, 2048] fp32 x 2 layers = 8 GiB per chunk.
-  ExpectRejected(head + With("sequence = 32", "sequence = 2048\nmax_positions = 2048") +
-                     "[extract]\nsites = [\"attn_pattern\"]\nbatch = 64\n",
-                 "one chunk of 64 sequences would hold 8192 MiB of attn_pattern (over 2 layer(s), 2048 tokens each), over "
-                 "the 4096 MiB");
-  ExpectRejected(head + Valid("vocab = 200000\n") + "[extract]\nsites = [\"logits\"]\nbatch = 256\n", "set extract.logits_top_k");
+  ExpectRejected(
+      head + With("sequence = 32", "sequence = 2048\nmax_positions = 2048") +
+          "[extract]\nsites = [\"attn_pattern\"]\nbatch = 64\n",
+      "one chunk of 64 sequences would hold 8192 MiB of attn_pattern (over 2 layer(s), 2048 tokens each), over "
+      "the 4096 MiB");
+  ExpectRejected(head + Valid("vocab = 200000\n") + "[extract]\nsites = [\"logits\"]\nbatch = 256\n",
+                 "set extract.logits_top_k");
   ExpectRejected(head + Valid() + "[extract]\nlogits_top_k = 5\n", "logits_top_k = 5 applies to the logits site");
   ExpectRejected(head + Valid() + "[extract]\nsites = [\"logits\"]\nlogits_top_k = 300\n", "extract.logits_top_k");
   ExpectRejected(head + Valid() + "[extract]\nsites = [\"logits_ids\"]\n", "set logits_top_k instead");
@@ -364,9 +391,10 @@ TEST_F(RunSpecTest, SitesThatCannotBeCapturedAreRefusedNamingTheNumbers) {
 }
 
 TEST_F(RunSpecTest, PatchRunsStoreTheLossAtTheLastLayerAndRoundTrip) {
-  auto spec = ParseRunSpec("kind = \"patch\"\n" + Valid() +
-                               "[extract]\nbatch = 2\n[patch]\nlayers = [1, 0]\nsites = [\"mlp_out\", \"attn_out\"]\nlogits = true\n",
-                           dir_, true);
+  auto spec = ParseRunSpec(
+      "kind = \"patch\"\n" + Valid() +
+          "[extract]\nbatch = 2\n[patch]\nlayers = [1, 0]\nsites = [\"mlp_out\", \"attn_out\"]\nlogits = true\n",
+      dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_TRUE(spec->is_extract());
   EXPECT_TRUE(spec->is_patch());
@@ -388,7 +416,8 @@ TEST_F(RunSpecTest, PatchBadInputNamesTheField) {
   ExpectRejected(head + "[patch]\nsites = [\"attn_out\"]\n", "patch.layers is missing");
   ExpectRejected(head + "[patch]\nlayers = [2]\nsites = [\"attn_out\"]\n", "patch.layers holds 2");
   ExpectRejected(head + "[patch]\nlayers = [0]\n", "patch.sites is missing");
-  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"q\"]\n", "patch.sites holds \"q\", which cannot be replaced");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"q\"]\n",
+                 "patch.sites holds \"q\", which cannot be replaced");
   ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"capture\"\n", "not built yet");
   ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"mean\"\n",
                  "needs patch.source, an fp32 .npy of shape (64)");
@@ -398,10 +427,12 @@ TEST_F(RunSpecTest, PatchBadInputNamesTheField) {
                  "m.npy\" does not exist");
   std::string npy_header = "{'descr': '<f4', 'fortran_order': False, 'shape': (32,), }";
   npy_header.resize(117, ' ');
-  std::ofstream(dir_ + "/m.npy") << std::string("\x93NUMPY\x01\x00\x76\x00", 10) << npy_header << '\n' << std::string(128, '\0');
+  std::ofstream(dir_ + "/m.npy") << std::string("\x93NUMPY\x01\x00\x76\x00", 10) << npy_header << '\n'
+                                 << std::string(128, '\0');
   ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"mlp_out\"]\nablation = \"mean\"\nsource = \"m.npy\"\n",
                  "holds a <f4 array of shape (32); mlp_out needs fp32 ('<f4', C order) of shape (64)");
-  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"half\"\n", "patch.ablation = \"half\"");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"half\"\n",
+                 "patch.ablation = \"half\"");
   ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nsource = \"r1\"\n", "patch.source");
   ExpectRejected(head + "[extract]\nsites = [\"q\"]\n[patch]\nlayers = [0]\nsites = [\"attn_out\"]\n", "do not apply");
   ExpectRejected("kind = \"extract\"\n" + Valid() + "[patch]\nlayers = [0]\n", "needs kind = \"patch\"");
@@ -413,17 +444,21 @@ TEST_F(RunSpecTest, AbsentAndAutoParallelFieldsAreLeftToThePlanner) {
   auto spec = ParseRunSpec(Valid() + "[parallel]\ndp = 2\nzero = \"auto\"\n", dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_EQ(spec->parallel.dp, 2);
-  EXPECT_EQ(spec->parallel.automatic, (std::set<std::string>{"pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "offload"}));
+  EXPECT_EQ(spec->parallel.automatic,
+            (std::set<std::string>{"pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "offload"}));
   EXPECT_FALSE(spec->parallel.planned());
   auto again = ParseRunSpec(RunSpecToToml(*spec), "", true);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->parallel.automatic, spec->parallel.automatic);
-  auto fixed = ParseRunSpec(Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\noffload = \"none\"\n",
-                            dir_, true);
+  auto fixed = ParseRunSpec(
+      Valid() +
+          "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\noffload = \"none\"\n",
+      dir_, true);
   ASSERT_TRUE(fixed.ok());
   EXPECT_TRUE(fixed->parallel.planned());
   // Every other field fixed, an absent offload is "none": a fixed mesh runs as given.
-  auto mesh_only = ParseRunSpec(Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\n", dir_, true);
+  auto mesh_only = ParseRunSpec(
+      Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\n", dir_, true);
   ASSERT_TRUE(mesh_only.ok());
   EXPECT_TRUE(mesh_only->parallel.planned());
   EXPECT_EQ(mesh_only->parallel.offload, "none");
@@ -454,8 +489,10 @@ TEST_F(RunSpecTest, KeepGatheredIsPlannedOnlyWhereZero3GathersAgain) {
   ASSERT_TRUE(stored.ok()) << stored.status().ToString();
   EXPECT_TRUE(stored->parallel.planned());
   EXPECT_EQ(stored->parallel.keep_gathered, 0);
-  ExpectRejected(fixed_mesh + "zero = 2\nkeep_gathered = 2\n", "parallel.keep_gathered = 2 keeps ZeRO-3's gathered layers");
-  ExpectRejected(fixed_mesh + "zero = 3\nrecompute = true\nkeep_gathered = 1\n", "set parallel.keep_gathered = 0 or parallel.recompute = false");
+  ExpectRejected(fixed_mesh + "zero = 2\nkeep_gathered = 2\n",
+                 "parallel.keep_gathered = 2 keeps ZeRO-3's gathered layers");
+  ExpectRejected(fixed_mesh + "zero = 3\nrecompute = true\nkeep_gathered = 1\n",
+                 "set parallel.keep_gathered = 0 or parallel.recompute = false");
   ExpectRejected(fixed_mesh + "zero = 3\nkeep_gathered = -1\n", "parallel.keep_gathered");
   ExpectRejected(fixed_mesh + "zero = 3\nkeep_gathered = 5000\n", "parallel.keep_gathered = 5000 is over the bound");
 }
@@ -464,7 +501,6 @@ TEST_F(RunSpecTest, AutoIsTheOnlyWordAParallelFieldTakes) {
   ExpectRejected(Valid() + "[parallel]\ndp = \"max\"\n", "parallel.dp must be an integer or \"auto\"");
   ExpectRejected(Valid() + "[parallel]\nrecompute = \"yes\"\n", "parallel.recompute must be true, false or \"auto\"");
 }
-
 
 // Issue #24: AdamW's eps is a spec field (default 1e-8, the value every run used before), in
 // (0, 1e-2], written into the canonical TOML and read back.
@@ -499,7 +535,8 @@ TEST_F(RunSpecTest, NumbersOverTheirBoundsAreRefusedNamingTheBound) {
       {"heads = 4", "heads = 4096", "model.heads = 4096 is over the bound of 1024"},
       {"sequence = 32", "sequence = 2097152", "model.sequence = 2097152 is over the bound of 1048576"},
       {"steps = 5", "steps = 1000000000000000000", "train.steps = 1000000000000000000 is over the bound of 1000000000"},
-      {"global_batch = 4", "global_batch = 1099511627776", "train.global_batch = 1099511627776 is over the bound of 16777216"},
+      {"global_batch = 4", "global_batch = 1099511627776",
+       "train.global_batch = 1099511627776 is over the bound of 16777216"},
   };
   for (const auto& c : cases) ExpectRejected(With(c.from, c.to), c.needle);
   ExpectRejected(Valid("vocab = 16777217\n"), "model.vocab = 16777217 is over the bound of 16777216");
@@ -515,7 +552,8 @@ TEST_F(RunSpecTest, NumbersOverTheirBoundsAreRefusedNamingTheBound) {
   ExpectRejected(extract + "batch = 1000000\n", "extract.batch = 1000000 is over the bound of 65536");
   ExpectRejected(extract + "tokens = 9223372036854775807\n", "extract.tokens");
   // Floats: NaN and infinities are outside every range.
-  for (const char* v : {"nan", "inf", "-inf", "1e308"}) ExpectRejected(Valid("", std::string("lr = ") + v + "\n"), "train.lr");
+  for (const char* v : {"nan", "inf", "-inf", "1e308"})
+    ExpectRejected(Valid("", std::string("lr = ") + v + "\n"), "train.lr");
   ExpectRejected(Valid("rope_theta = nan\n"), "model.rope_theta");
   // The bounds themselves are accepted (the message promises "over the bound").
   auto at_bound = ParseRunSpec(With("steps = 5", "steps = 1000000000") + "[worker]\nthreads = 1024\n", dir_, true);
@@ -535,7 +573,8 @@ TEST_F(RunSpecTest, RunNamesAreShortAndOfASafeCharacterSet) {
   ExpectRejected(named("-rf"), "starts with '-'");
   ExpectRejected(named("a/b"), "holds the character '/'");
   ExpectRejected(named("caf\\u00e9"), "\\xC3");
-  for (const std::string& ok : {std::string("gpt2-tiny"), std::string("run_1.v2"), std::string("A"), std::string(64, 'x')}) {
+  for (const std::string& ok :
+       {std::string("gpt2-tiny"), std::string("run_1.v2"), std::string("A"), std::string(64, 'x')}) {
     auto spec = ParseRunSpec(named(ok), dir_, true);
     EXPECT_TRUE(spec.ok()) << ok << ": " << spec.status().ToString();
   }
@@ -550,8 +589,10 @@ TEST(EscapeForTerminalTest, ControlBytesAndBackslashesBecomeHexAndTextStays) {
   EXPECT_EQ(EscapeForTerminal("plain run-1 ok"), "plain run-1 ok");
   EXPECT_EQ(EscapeForTerminal("a\nb\rc\td\x7f"), "a\\x0Ab\\x0Dc\\x09d\\x7F");
   EXPECT_EQ(EscapeForTerminal("back\\slash"), "back\\x5Cslash");
-  EXPECT_EQ(EscapeForTerminal("caf\xC3\xA9"), "caf\xC3\xA9");           // UTF-8 text is kept
-  EXPECT_EQ(EscapeForTerminal("csi\xC2\x9B" "31m"), "csi\\xC2\\x9B31m");  // C1 CSI is not
+  EXPECT_EQ(EscapeForTerminal("caf\xC3\xA9"), "caf\xC3\xA9");  // UTF-8 text is kept
+  EXPECT_EQ(EscapeForTerminal("csi\xC2\x9B"
+                              "31m"),
+            "csi\\xC2\\x9B31m");  // C1 CSI is not
 }
 
 // Issue #20: `strata submit /dev/zero` ate memory forever and a FIFO blocked it.
@@ -562,7 +603,8 @@ TEST_F(RunSpecTest, SpecFilesAreRegularFilesOfBoundedSize) {
   auto zero = ReadSpecFile("/dev/zero", "run spec");
   ASSERT_FALSE(zero.ok());
   EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(zero.status().message().find("/dev/zero is a character device"), std::string::npos) << zero.status().message();
+  EXPECT_NE(zero.status().message().find("/dev/zero is a character device"), std::string::npos)
+      << zero.status().message();
   const std::string fifo = dir_ + "/fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   auto piped = ReadSpecFile(fifo, "run spec");  // no writer: a blocking open would hang here
@@ -584,8 +626,8 @@ TEST_F(RunSpecTest, SpecFilesAreRegularFilesOfBoundedSize) {
 TEST(ClampWorkerThreadsTest, AtMostTheCoresAndZeroKept) {
   EXPECT_EQ(ClampWorkerThreads(100000, 16), 16);
   EXPECT_EQ(ClampWorkerThreads(4, 16), 4);
-  EXPECT_EQ(ClampWorkerThreads(0, 16), 0);       // LibTorch's default
-  EXPECT_EQ(ClampWorkerThreads(8, 0), 1);        // hardware_concurrency() may not know: 0
+  EXPECT_EQ(ClampWorkerThreads(0, 16), 0);  // LibTorch's default
+  EXPECT_EQ(ClampWorkerThreads(8, 0), 1);   // hardware_concurrency() may not know: 0
 }
 
 }  // namespace

@@ -11,9 +11,16 @@ namespace {
 
 // Every [model] key of the family (ParseModel refuses the others), values as validated.
 toml::table ModelToToml(const ModelSpec& m) {
-  toml::table t{{"family", m.family}, {"layers", m.layers},     {"hidden", m.hidden},   {"heads", m.heads},
-                {"ffn", m.ffn},       {"vocab", m.vocab},       {"sequence", m.sequence}, {"norm_eps", m.norm_eps},
-                {"activation", m.activation}, {"tie_embeddings", m.tie_embeddings}};
+  toml::table t{{"family", m.family},
+                {"layers", m.layers},
+                {"hidden", m.hidden},
+                {"heads", m.heads},
+                {"ffn", m.ffn},
+                {"vocab", m.vocab},
+                {"sequence", m.sequence},
+                {"norm_eps", m.norm_eps},
+                {"activation", m.activation},
+                {"tie_embeddings", m.tie_embeddings}};
   if (m.max_positions > 0) t.insert("max_positions", m.max_positions);
   const std::string& f = m.family;
   const bool grouped = f != "gpt2" && f != "gpt_neox";
@@ -24,7 +31,9 @@ toml::table ModelToToml(const ModelSpec& m) {
   if (m.rotary()) t.insert("rope_theta", m.rope_theta);
   if (f == "llama" || f == "mistral" || f == "qwen2") {
     const RopeScaling& rs = m.rope_scaling;
-    t.insert("rope_scaling", toml::table{{"type", rs.type}, {"factor", rs.factor}, {"low_freq_factor", rs.low_freq_factor},
+    t.insert("rope_scaling", toml::table{{"type", rs.type},
+                                         {"factor", rs.factor},
+                                         {"low_freq_factor", rs.low_freq_factor},
                                          {"high_freq_factor", rs.high_freq_factor},
                                          {"original_max_positions", rs.original_max_positions}});
   }
@@ -70,8 +79,10 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"cuda_graphs", spec.train.cuda_graphs},
                                    {"optimizer", spec.train.optimizer}});
   toml::table& train = *root["train"].as_table();
-  if (spec.train.checkpoint_every == TrainSpec::kAutoCheckpoints) train.insert("checkpoint_every", "auto");
-  else train.insert("checkpoint_every", spec.train.checkpoint_every);
+  if (spec.train.checkpoint_every == TrainSpec::kAutoCheckpoints)
+    train.insert("checkpoint_every", "auto");
+  else
+    train.insert("checkpoint_every", spec.train.checkpoint_every);
   toml::table parallel{{"dp", spec.parallel.dp},
                        {"pp", spec.parallel.pp},
                        {"tp", spec.parallel.tp},
@@ -97,9 +108,9 @@ std::string RunSpecToToml(const RunSpec& spec) {
     for (const auto& site : spec.extract.sites) {
       if (site != "logits_ids" && site != "loss") sites.push_back(site);
     }
-    toml::table extract{{"dtype", spec.extract.dtype},         {"precision", spec.extract.precision},
-                        {"batch", spec.extract.batch},         {"tokens", spec.extract.tokens},
-                        {"mode", spec.extract.mode},           {"logits_top_k", spec.extract.logits_top_k}};
+    toml::table extract{{"dtype", spec.extract.dtype}, {"precision", spec.extract.precision},
+                        {"batch", spec.extract.batch}, {"tokens", spec.extract.tokens},
+                        {"mode", spec.extract.mode},   {"logits_top_k", spec.extract.logits_top_k}};
     if (!spec.is_patch()) {  // a patch run's follow from [patch]
       extract.insert("layers", layers);
       extract.insert("sites", sites);

@@ -2,12 +2,11 @@
 // the datagrams it receives are exactly what systemd would parse.
 #include "common/service_notify.h"
 
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>

@@ -17,11 +17,11 @@ enum class StatusCode {
   kInvalidArgument,  // the caller's input is wrong; the message names the field and the fix
   kNotFound,
   kAlreadyExists,
-  kCorruption,       // stored bytes fail their checksum or do not decode
+  kCorruption,  // stored bytes fail their checksum or do not decode
   kIoError,
-  kUnavailable,      // a peer or the coordinator cannot be reached
+  kUnavailable,  // a peer or the coordinator cannot be reached
   kDeadlineExceeded,
-  kAborted,          // work stopped on purpose (cancel, peer failure)
+  kAborted,  // work stopped on purpose (cancel, peer failure)
   kResourceExhausted,
   kInternal,
 };
@@ -58,7 +58,7 @@ inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExc
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT
     if (status_.ok()) status_ = Internal("Result constructed from an OK status without a value");
   }
@@ -80,27 +80,26 @@ class [[nodiscard]] Result {
 }  // namespace strata
 
 // Propagate a non-OK Status to the caller.
-#define STRATA_RETURN_IF_ERROR(expr)          \
-  do {                                        \
-    ::strata::Status _st = (expr);            \
-    if (!_st.ok()) return _st;                \
+#define STRATA_RETURN_IF_ERROR(expr) \
+  do {                               \
+    ::strata::Status _st = (expr);   \
+    if (!_st.ok()) return _st;       \
   } while (0)
 
 #define STRATA_CONCAT_INNER(a, b) a##b
 #define STRATA_CONCAT(a, b) STRATA_CONCAT_INNER(a, b)
 // STRATA_ASSIGN_OR_RETURN(auto x, MakeX());
-#define STRATA_ASSIGN_OR_RETURN(lhs, expr) \
-  STRATA_ASSIGN_OR_RETURN_IMPL(STRATA_CONCAT(_result_, __LINE__), lhs, expr)
+#define STRATA_ASSIGN_OR_RETURN(lhs, expr) STRATA_ASSIGN_OR_RETURN_IMPL(STRATA_CONCAT(_result_, __LINE__), lhs, expr)
 #define STRATA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                                 \
   if (!tmp.ok()) return tmp.status();                \
   lhs = std::move(tmp).value()
 
 // For our own bugs only: prints the failed condition with file:line and aborts.
-#define STRATA_CHECK(cond)                                                                   \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      std::cerr << __FILE__ << ":" << __LINE__ << ": check failed: " #cond << std::endl;   \
-      std::abort();                                                                          \
-    }                                                                                        \
+#define STRATA_CHECK(cond)                                                               \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      std::cerr << __FILE__ << ":" << __LINE__ << ": check failed: " #cond << std::endl; \
+      std::abort();                                                                      \
+    }                                                                                    \
   } while (0)

@@ -70,7 +70,8 @@ class CondVar {
   }
   // False when `timeout` passed with `ready` still false.
   template <typename Rep, typename Period, typename Predicate>
-  bool WaitFor(MutexLock& lock, std::chrono::duration<Rep, Period> timeout, Predicate ready) STRATA_NO_THREAD_SAFETY_ANALYSIS {
+  bool WaitFor(MutexLock& lock, std::chrono::duration<Rep, Period> timeout,
+               Predicate ready) STRATA_NO_THREAD_SAFETY_ANALYSIS {
     return cv_.wait_for(lock.lock_, timeout, ready);
   }
 

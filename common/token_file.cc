@@ -33,8 +33,9 @@ struct PyValue {
   bool negative = false;  // kInt
   uint64_t number = 0;    // kInt: its magnitude (saturates; `overflow` says so)
   bool overflow = false;
-  std::vector<PyValue> items;    // kTuple, kList; kDict: the values
-  std::vector<std::string> keys;  // kDict: the keys, in order (a pair<string, PyValue> cannot hold this incomplete type)
+  std::vector<PyValue> items;  // kTuple, kList; kDict: the values
+  std::vector<std::string>
+      keys;  // kDict: the keys, in order (a pair<string, PyValue> cannot hold this incomplete type)
 };
 
 class PyLiteralParser {
@@ -55,11 +56,14 @@ class PyLiteralParser {
     for (char& c : near) {
       if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
     }
-    return InvalidArgument(why + " at character " + std::to_string(pos_) + (near.empty() ? "" : " (near \"" + near + "\")"));
+    return InvalidArgument(why + " at character " + std::to_string(pos_) +
+                           (near.empty() ? "" : " (near \"" + near + "\")"));
   }
 
   void SkipSpace() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r')) ++pos_;
+    while (pos_ < text_.size() &&
+           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
+      ++pos_;
   }
 
   bool Consume(char c) {
@@ -128,8 +132,9 @@ class PyLiteralParser {
       v.text = std::string(text_.substr(start, pos_ - start));
       return v;
     }
-    for (const auto& [word, kind, flag] : {std::tuple{"True", PyValue::kBool, true}, std::tuple{"False", PyValue::kBool, false},
-                                           std::tuple{"None", PyValue::kNone, false}}) {
+    for (const auto& [word, kind, flag] :
+         {std::tuple{"True", PyValue::kBool, true}, std::tuple{"False", PyValue::kBool, false},
+          std::tuple{"None", PyValue::kNone, false}}) {
       const std::string_view w(word);
       if (text_.substr(pos_, w.size()) == w) {
         pos_ += w.size();
@@ -160,7 +165,8 @@ class PyLiteralParser {
 
 std::string Render(const PyValue& v) {
   switch (v.kind) {
-    case PyValue::kString: return "'" + v.text + "'";
+    case PyValue::kString:
+      return "'" + v.text + "'";
     case PyValue::kTuple:
     case PyValue::kList: {
       std::string out = v.kind == PyValue::kTuple ? "(" : "[";
@@ -168,8 +174,10 @@ std::string Render(const PyValue& v) {
       if (v.kind == PyValue::kTuple && v.items.size() == 1) out += ",";
       return out + (v.kind == PyValue::kTuple ? ")" : "]");
     }
-    case PyValue::kDict: return "{...}";
-    default: return v.text;
+    case PyValue::kDict:
+      return "{...}";
+    default:
+      return v.text;
   }
 }
 
@@ -219,7 +227,9 @@ Result<std::string> ReadPrefix(const OpenFile& file, uint64_t bytes, const std::
   return out;
 }
 
-bool IsNpy(std::string_view prefix) { return prefix.size() >= 6 && prefix.substr(0, 6) == std::string_view("\x93NUMPY", 6); }
+bool IsNpy(std::string_view prefix) {
+  return prefix.size() >= 6 && prefix.substr(0, 6) == std::string_view("\x93NUMPY", 6);
+}
 
 // Reads the header of the .npy file `file`; `what` names it.
 Result<NpyHeader> ReadNpyHeader(const OpenFile& file, const std::string& what) {
@@ -243,13 +253,17 @@ Result<IntType> IntegerDescr(const std::string& descr, const std::string& what, 
   if (descr.size() < 3) return refuse("is not a numpy dtype");
   const char order = descr[0], kind = descr[1];
   const std::string digits = descr.substr(2);
-  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 2) return refuse("is not a numpy dtype");
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 2)
+    return refuse("is not a numpy dtype");
   const uint32_t size = static_cast<uint32_t>(std::stoul(digits));
   if (order != '<' && order != '>' && order != '|' && order != '=') return refuse("has no byte order ('<', '|')");
   if (kind == 'f' || kind == 'c') return refuse("is a floating-point dtype; token ids must be integers");
   if (kind != 'u' && kind != 'i') return refuse("is not an integer dtype");
-  if (size != 1 && size != 2 && size != 4 && size != 8) return refuse("is not an integer width Strata reads (1, 2, 4 or 8 bytes)");
-  if (order == '>' && size > 1) return refuse("is big-endian; Strata reads little-endian arrays in place (convert with a.astype(a.dtype.newbyteorder('<')))");
+  if (size != 1 && size != 2 && size != 4 && size != 8)
+    return refuse("is not an integer width Strata reads (1, 2, 4 or 8 bytes)");
+  if (order == '>' && size > 1)
+    return refuse(
+        "is big-endian; Strata reads little-endian arrays in place (convert with a.astype(a.dtype.newbyteorder('<')))");
   return IntType{size, kind == 'i'};
 }
 
@@ -259,17 +273,20 @@ Status CheckNpyShape(const NpyHeader& h, const IntType& type, uint64_t file_size
   for (size_t i = 0; i < h.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(h.shape[i]);
   shape += h.shape.size() == 1 ? ",)" : ")";
   if (h.fortran_order) {
-    return InvalidArgument(what + ": .npy header field 'fortran_order' is True; Strata reads C-order arrays "
-                                  "(save np.ascontiguousarray(a))");
+    return InvalidArgument(what +
+                           ": .npy header field 'fortran_order' is True; Strata reads C-order arrays "
+                           "(save np.ascontiguousarray(a))");
   }
   if (h.shape.size() != 1) {
-    return InvalidArgument(what + ": .npy header field 'shape' = " + shape + " is not 1-D; save the ids as one flat array (a.reshape(-1))");
+    return InvalidArgument(what + ": .npy header field 'shape' = " + shape +
+                           " is not 1-D; save the ids as one flat array (a.reshape(-1))");
   }
   const uint64_t n = h.shape[0];
   if (n > (file_size - h.data_offset) / type.size + 1 || n * type.size != file_size - h.data_offset) {
     return InvalidArgument(what + ": .npy header field 'shape' = " + shape + " says " + std::to_string(n) + " x " +
                            std::to_string(type.size) + " bytes of data but the file holds " +
-                           std::to_string(file_size - h.data_offset) + " bytes after its " + std::to_string(h.data_offset) +
+                           std::to_string(file_size - h.data_offset) + " bytes after its " +
+                           std::to_string(h.data_offset) +
                            "-byte header; the file is truncated or was not written by np.save");
   }
   return Status::Ok();
@@ -294,7 +311,8 @@ Result<NpyHeader> ParseNpyHeader(std::string_view bytes, const std::string& what
   const uint64_t length = ReadLe(p + 8, h.major == 1 ? 2 : 4);
   if (length > kMaxNpyHeaderBytes) return bad("its header length " + std::to_string(length) + " is over 1 MiB");
   if (bytes.size() < prefix + length) {
-    return bad("its header says " + std::to_string(length) + " bytes but the file ends after " + std::to_string(bytes.size() - prefix));
+    return bad("its header says " + std::to_string(length) + " bytes but the file ends after " +
+               std::to_string(bytes.size() - prefix));
   }
   h.data_offset = prefix + length;
   std::string_view dict = bytes.substr(prefix, length);
@@ -310,20 +328,29 @@ Result<NpyHeader> ParseNpyHeader(std::string_view bytes, const std::string& what
   for (size_t i = 0; i < root.keys.size(); ++i) {
     const std::string& key = root.keys[i];
     const PyValue& value = root.items[i];
-    if (key == "descr") descr = &value;
-    else if (key == "fortran_order") fortran = &value;
-    else if (key == "shape") shape = &value;
-    else return bad("its header has the key '" + key + "'; a .npy header holds only 'descr', 'fortran_order' and 'shape'");
+    if (key == "descr")
+      descr = &value;
+    else if (key == "fortran_order")
+      fortran = &value;
+    else if (key == "shape")
+      shape = &value;
+    else
+      return bad("its header has the key '" + key + "'; a .npy header holds only 'descr', 'fortran_order' and 'shape'");
   }
   if (!descr || !fortran || !shape) {
-    return bad(std::string("its header lacks the key '") + (!descr ? "descr" : !fortran ? "fortran_order" : "shape") + "'");
+    return bad(std::string("its header lacks the key '") +
+               (!descr     ? "descr"
+                : !fortran ? "fortran_order"
+                           : "shape") +
+               "'");
   }
   if (descr->kind != PyValue::kString) {
     return InvalidArgument(what + ": .npy header field 'descr' = " + Render(*descr) +
                            " is a structured dtype; Strata reads plain integer arrays");
   }
   h.descr = descr->text;
-  if (fortran->kind != PyValue::kBool) return bad("its header field 'fortran_order' = " + Render(*fortran) + " is not True or False");
+  if (fortran->kind != PyValue::kBool)
+    return bad("its header field 'fortran_order' = " + Render(*fortran) + " is not True or False");
   h.fortran_order = fortran->flag;
   if (shape->kind != PyValue::kTuple) return bad("its header field 'shape' = " + Render(*shape) + " is not a tuple");
   for (const PyValue& d : shape->items) {
@@ -335,7 +362,9 @@ Result<NpyHeader> ParseNpyHeader(std::string_view bytes, const std::string& what
   return h;
 }
 
-bool IsTokenFormat(const std::string& format) { return format == "bytes" || format == "u16" || format == "u32" || format == "npy"; }
+bool IsTokenFormat(const std::string& format) {
+  return format == "bytes" || format == "u16" || format == "u32" || format == "npy";
+}
 
 Result<TokenFileLayout> ReadTokenFileLayout(const std::string& path, const std::string& format) {
   const std::string what = DataWhat(path);
@@ -359,8 +388,9 @@ Result<TokenFileLayout> ReadTokenFileLayout(const std::string& path, const std::
   layout.type = IntType{format == "u32" ? 4u : format == "u16" ? 2u : 1u, false};
   if (file.size % layout.type.size != 0) {
     return InvalidArgument(what + " holds " + std::to_string(file.size) + " bytes, not a multiple of " +
-                           std::to_string(layout.type.size) + " (data.format = \"" + format + "\": " +
-                           std::to_string(layout.type.size * 8) + "-bit ids); the file is truncated or has another format");
+                           std::to_string(layout.type.size) + " (data.format = \"" + format +
+                           "\": " + std::to_string(layout.type.size * 8) +
+                           "-bit ids); the file is truncated or has another format");
   }
   layout.tokens = file.size / layout.type.size;
   return layout;
@@ -385,12 +415,14 @@ Result<DocumentsLayout> ReadDocumentsLayout(const std::string& path) {
     layout.count = h.shape[0];
   } else {
     if (file.size % 8 != 0) {
-      return InvalidArgument(what + " holds " + std::to_string(file.size) +
-                             " bytes, not a multiple of 8; document offsets are little-endian uint64 (or a .npy of int64)");
+      return InvalidArgument(
+          what + " holds " + std::to_string(file.size) +
+          " bytes, not a multiple of 8; document offsets are little-endian uint64 (or a .npy of int64)");
     }
     layout.count = file.size / 8;
   }
-  if (layout.count == 0) return InvalidArgument(what + " holds no offsets; the first document starts at 0, so it needs at least one");
+  if (layout.count == 0)
+    return InvalidArgument(what + " holds no offsets; the first document starts at 0, so it needs at least one");
   return layout;
 }
 

@@ -19,10 +19,10 @@ namespace strata {
 // the keys 'descr', 'fortran_order' and 'shape', padded with spaces and ended by '\n').
 struct NpyHeader {
   int major = 1;
-  std::string descr;          // e.g. "<u4"; a structured (list) descr is refused by the parser
+  std::string descr;  // e.g. "<u4"; a structured (list) descr is refused by the parser
   bool fortran_order = false;
   std::vector<uint64_t> shape;
-  uint64_t data_offset = 0;   // bytes before the array's first element
+  uint64_t data_offset = 0;  // bytes before the array's first element
 };
 
 // Parses the header at the start of `bytes` (at least the whole header; more is ignored).
@@ -39,7 +39,7 @@ struct IntType {
 
 struct TokenFileLayout {
   std::string path;
-  std::string format;        // data.format
+  std::string format;  // data.format
   uint64_t file_bytes = 0;
   uint64_t data_offset = 0;  // bytes before the first id (a .npy header)
   IntType type;

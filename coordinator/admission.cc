@@ -47,8 +47,10 @@ void Admission::Schedule() {
 bool Admission::FailUnplaceableExtract(RunEntry& run) {
   const auto live = static_cast<int64_t>(c_.workers.Live());
   if (live == 0 || run.spec.parallel.dp <= live) return false;
-  run.message = "cannot place the run: parallel.dp = " + std::to_string(run.spec.parallel.dp) + " capture workers but the cluster has " +
-                std::to_string(live) + " live worker(s); set parallel.dp <= " + std::to_string(live) + " or add workers (`strata up --workers N`)";
+  run.message = "cannot place the run: parallel.dp = " + std::to_string(run.spec.parallel.dp) +
+                " capture workers but the cluster has " + std::to_string(live) +
+                " live worker(s); set parallel.dp <= " + std::to_string(live) +
+                " or add workers (`strata up --workers N`)";
   c_.AddEvent(run, EventKind::kFailed, run.message);
   c_.Transition(run, Phase::kFailed);
   return true;
@@ -68,8 +70,9 @@ bool Admission::PlanRun(RunEntry& run, std::vector<WorkerEntry*>* idle) {
   }
   auto plan = shard::ChoosePlan(run.spec.model, shard::JobForRun(run.spec), cluster);
   const bool others_busy = c_.workers.AnyBusy();
-  const bool only_memory_left = std::all_of(mesh.automatic.begin(), mesh.automatic.end(),
-                                            [](const std::string& field) { return field == "keep_gathered" || field == "offload"; });
+  const bool only_memory_left = std::all_of(mesh.automatic.begin(), mesh.automatic.end(), [](const std::string& field) {
+    return field == "keep_gathered" || field == "offload";
+  });
   if (!plan.ok() && only_memory_left) {
     // Every other field fixed: the run starts as a fixed mesh does, unplanned (its estimate is
     // the user's call; an out-of-memory re-plans), keeping no layer gathered and offloading nothing.
@@ -93,8 +96,10 @@ bool Admission::PlanRun(RunEntry& run, std::vector<WorkerEntry*>* idle) {
     constexpr double kAutoCheckpointSeconds = 30 * 60;
     const double predicted = plan->step_time.total_s();
     const double step_s = std::isfinite(predicted) && predicted > 1e-9 ? predicted : 1e-9;
-    const int64_t in_half_an_hour = static_cast<int64_t>(std::clamp(std::floor(kAutoCheckpointSeconds / step_s), 1.0, 1e12));
-    run.spec.train.checkpoint_every = std::max<int64_t>(1, std::min(run.spec.train.CheckpointInterval(), in_half_an_hour));
+    const int64_t in_half_an_hour =
+        static_cast<int64_t>(std::clamp(std::floor(kAutoCheckpointSeconds / step_s), 1.0, 1e12));
+    run.spec.train.checkpoint_every =
+        std::max<int64_t>(1, std::min(run.spec.train.CheckpointInterval(), in_half_an_hour));
   }
   TrainRun::SetParallel(run, shard::ParallelFromPlan(run.spec.parallel, *plan));
   std::vector<WorkerEntry*> ranks;

@@ -8,7 +8,8 @@
 
 namespace strata::coordinator {
 
-bool CheckpointCommitter::ShardSaved(RunEntry& run, uint32_t rank, CheckpointShard::Reader shard, size_t expected, bool snapshot) {
+bool CheckpointCommitter::ShardSaved(RunEntry& run, uint32_t rank, CheckpointShard::Reader shard, size_t expected,
+                                     bool snapshot) {
   // A resent report of a checkpoint already committed changes nothing.
   if (c_.journal.CheckpointCommitted(run.id, shard.getStep())) return false;
   auto& by_rank = run.pending_shards[shard.getStep()];
@@ -61,10 +62,14 @@ bool CheckpointCommitter::ReplicateAcrossHosts(RunEntry& run, int64_t step) {
       if (!target || load[w.id] < load[target->id]) target = &w;
     }
     if (!origin || origin->serve_address.empty() || !target) {
-      c_.AddEvent(run, EventKind::kCheckpointNotCopied, "checkpoint at step " + std::to_string(step) + ": rank " + std::to_string(rank) +
-                                                 "'s shard has no copy on another host (" +
-                                                 (!origin ? "its store's worker is unknown" : origin->serve_address.empty() ? "worker " + origin->id + " serves no store: start it with --serve-address" : "no live worker on another host") +
-                                                 "); losing its host loses this checkpoint");
+      c_.AddEvent(run, EventKind::kCheckpointNotCopied,
+                  "checkpoint at step " + std::to_string(step) + ": rank " + std::to_string(rank) +
+                      "'s shard has no copy on another host (" +
+                      (!origin ? "its store's worker is unknown"
+                       : origin->serve_address.empty()
+                           ? "worker " + origin->id + " serves no store: start it with --serve-address"
+                           : "no live worker on another host") +
+                      "); losing its host loses this checkpoint");
       return false;
     }
     ++load[target->id];
@@ -97,9 +102,13 @@ void CheckpointCommitter::ShardReplicated(const std::string& identity, ShardRepl
   auto step_it = run.pending_copies.find(step);
   if (step_it == run.pending_copies.end()) return;  // committed, or abandoned
   auto copy = step_it->second.find(done.getRank());
-  if (copy == step_it->second.end() || copy->second.target != identity || copy->second.key_run != done.getKeyRun().cStr()) return;
+  if (copy == step_it->second.end() || copy->second.target != identity ||
+      copy->second.key_run != done.getKeyRun().cStr())
+    return;
   if (done.getError().size() > 0) {
-    AbandonCopies(run, step, "copying rank " + std::to_string(done.getRank()) + "'s shard to " + identity + " failed: " + done.getError().cStr());
+    AbandonCopies(run, step,
+                  "copying rank " + std::to_string(done.getRank()) + "'s shard to " + identity +
+                      " failed: " + done.getError().cStr());
     return;
   }
   copy->second.store_path = done.getStorePath().cStr();
@@ -114,8 +123,9 @@ void CheckpointCommitter::ShardReplicated(const std::string& identity, ShardRepl
 void CheckpointCommitter::AbandonCopies(RunEntry& run, int64_t step, const std::string& why) {
   run.pending_copies.erase(step);
   run.pending_shards.erase(step);
-  c_.AddEvent(run, EventKind::kCheckpointIncomplete, "checkpoint at step " + std::to_string(step) + " not committed: " + why +
-                                             "; the latest complete checkpoint is still the one before it");
+  c_.AddEvent(run, EventKind::kCheckpointIncomplete,
+              "checkpoint at step " + std::to_string(step) + " not committed: " + why +
+                  "; the latest complete checkpoint is still the one before it");
 }
 
 void CheckpointCommitter::AbandonCopiesTo(const std::string& worker) {
@@ -126,7 +136,8 @@ void CheckpointCommitter::AbandonCopiesTo(const std::string& worker) {
         return c.second.target == worker && c.second.store_path.empty();
       });
       ++step_it;
-      if (waiting_on_it) AbandonCopies(run, step, "worker " + worker + ", which was making a copy of a shard on another host, was lost");
+      if (waiting_on_it)
+        AbandonCopies(run, step, "worker " + worker + ", which was making a copy of a shard on another host, was lost");
     }
   }
 }
@@ -146,7 +157,8 @@ void CheckpointCommitter::Commit(RunEntry& run, int64_t step) {
     if (decoded.ok()) {
       shards.setWithCaveats(i, decoded->root());
       auto shard = shards[i];
-      if (const WorkerEntry* origin = c_.workers.WithStore(decoded->root().getStorePath().cStr())) shard.setHost(origin->host);
+      if (const WorkerEntry* origin = c_.workers.WithStore(decoded->root().getStorePath().cStr()))
+        shard.setHost(origin->host);
       if (copies_it != run.pending_copies.end() && copies_it->second.count(rank)) {
         const RunEntry::PendingCopy& c = copies_it->second.at(rank);
         auto list = shard.initCopies(1);
@@ -168,8 +180,9 @@ void CheckpointCommitter::Commit(RunEntry& run, int64_t step) {
   run.pending_copies.erase(step);
   const size_t shard_count = by_rank.size();
   run.pending_shards.erase(step);
-  c_.AddEvent(run, EventKind::kCheckpoint, "checkpoint at step " + std::to_string(step) + " committed (" + std::to_string(shard_count) +
-                                  " shards" + (copied == shard_count && copied > 0 ? ", each with a copy on another host" : "") + ")");
+  c_.AddEvent(run, EventKind::kCheckpoint,
+              "checkpoint at step " + std::to_string(step) + " committed (" + std::to_string(shard_count) + " shards" +
+                  (copied == shard_count && copied > 0 ? ", each with a copy on another host" : "") + ")");
   ApplyRetention(run);
   if (on_committed_) on_committed_(run, step);
 }
@@ -192,13 +205,16 @@ void CheckpointCommitter::ApplyRetention(RunEntry& run) {
     const int64_t step = manifest->root().getStep();
     if (c_.journal.Unreadable(run.id, step) || ++readable <= keep) continue;
     bool in_use = false;
-    for (const auto& [id, other] : c_.runs) in_use = in_use || (!other.terminal() && other.resume_run == run.id && other.resume_step == step);
+    for (const auto& [id, other] : c_.runs)
+      in_use = in_use || (!other.terminal() && other.resume_run == run.id && other.resume_step == step);
     if (in_use) continue;
     std::vector<std::pair<std::string, std::string>> locations;  // store path, key run
     for (auto shard : manifest->root().getShards()) {
-      locations.emplace_back(shard.getStorePath().cStr(), shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : run.id);
+      locations.emplace_back(shard.getStorePath().cStr(),
+                             shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : run.id);
       for (auto copy : shard.getCopies()) {
-        locations.emplace_back(copy.getStorePath().cStr(), copy.getKeyRun().size() > 0 ? copy.getKeyRun().cStr() : run.id);
+        locations.emplace_back(copy.getStorePath().cStr(),
+                               copy.getKeyRun().size() > 0 ? copy.getKeyRun().cStr() : run.id);
       }
     }
     Status st = Status::Ok();
@@ -207,7 +223,8 @@ void CheckpointCommitter::ApplyRetention(RunEntry& run) {
     }
     if (st.ok()) st = c_.journal.store().DeleteMetadata(it->first);
     if (!st.ok()) {
-      STRATA_LOG(kError) << "run " << run.id << ": could not retire the checkpoint at step " << step << ": " << st.ToString();
+      STRATA_LOG(kError) << "run " << run.id << ": could not retire the checkpoint at step " << step << ": "
+                         << st.ToString();
       return;
     }
     for (const auto& [store_path, key_run] : locations) {
@@ -215,9 +232,9 @@ void CheckpointCommitter::ApplyRetention(RunEntry& run) {
         SendDeleteCheckpoint(*holder, key_run, step);
       }
     }
-    c_.AddEvent(run, EventKind::kCheckpointDeleted, "checkpoint at step " + std::to_string(step) + " deleted from " +
-                                            std::to_string(locations.size()) + " store(s) (train.keep_checkpoints = " +
-                                            std::to_string(keep) + ")");
+    c_.AddEvent(run, EventKind::kCheckpointDeleted,
+                "checkpoint at step " + std::to_string(step) + " deleted from " + std::to_string(locations.size()) +
+                    " store(s) (train.keep_checkpoints = " + std::to_string(keep) + ")");
   }
 }
 
@@ -231,7 +248,8 @@ void CheckpointCommitter::SendDeleteCheckpoint(const WorkerEntry& w, const std::
 
 // Shards retention deleted that this worker's store still holds are deleted again; tombstones
 // of shards it no longer holds are done.
-void CheckpointCommitter::RetryDeletedShards(const WorkerEntry& w, const std::set<std::pair<std::string, int64_t>>& held) {
+void CheckpointCommitter::RetryDeletedShards(const WorkerEntry& w,
+                                             const std::set<std::pair<std::string, int64_t>>& held) {
   const std::string prefix = keys::DeletedShardPrefix(w.store_path);
   auto tombstones = c_.journal.store().ScanMetadata(prefix);
   if (!tombstones.ok()) return;
@@ -261,7 +279,8 @@ void CheckpointCommitter::ReconcileStoredCheckpoints(const WorkerEntry& w, Regis
   RetryDeletedShards(w, held);
   auto manifests = c_.journal.store().ScanMetadata(keys::AllCheckpoints());
   if (!manifests.ok()) {
-    STRATA_LOG(kError) << "cannot reconcile the checkpoints of " << w.id << "'s store: " << manifests.status().message();
+    STRATA_LOG(kError) << "cannot reconcile the checkpoints of " << w.id
+                       << "'s store: " << manifests.status().message();
     return;
   }
   for (auto& [key, value] : *manifests) {
@@ -283,16 +302,19 @@ void CheckpointCommitter::ReconcileStoredCheckpoints(const WorkerEntry& w, Regis
       }
       if (missing_here == 0) continue;
       auto run = c_.runs.find(run_id);
-      const std::string what = "missing shard: worker " + w.id + "'s store at " + w.store_path + " no longer holds rank " +
-                               std::to_string(this_rank) + "'s shard of the checkpoint at step " + std::to_string(step) +
+      const std::string what = "missing shard: worker " + w.id + "'s store at " + w.store_path +
+                               " no longer holds rank " + std::to_string(this_rank) +
+                               "'s shard of the checkpoint at step " + std::to_string(step) +
                                " (the store was salvaged after damage, or replaced)";
       if (missing_here < locations) {
-        if (run != c_.runs.end()) c_.AddEvent(run->second, EventKind::kCheckpointCopyLost, what + "; another copy remains");
+        if (run != c_.runs.end())
+          c_.AddEvent(run->second, EventKind::kCheckpointCopyLost, what + "; another copy remains");
         continue;
       }
       static_cast<void>(c_.journal.MarkUnreadable(run_id, step, what));
       if (run != c_.runs.end()) {
-        c_.AddEvent(run->second, EventKind::kCheckpointUnreadable, what + "; it is marked unreadable and resumes use an older one");
+        c_.AddEvent(run->second, EventKind::kCheckpointUnreadable,
+                    what + "; it is marked unreadable and resumes use an older one");
       } else {
         STRATA_LOG(kWarn) << "run " << run_id << ": " << what;
       }

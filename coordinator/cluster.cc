@@ -29,7 +29,8 @@ void Cluster::FailRun(RunEntry& run, const std::string& why) {
   Schedule();
 }
 
-void Cluster::SendCancel(const WorkerEntry& w, const std::string& run_id, const std::string& why, int64_t snapshot_step) {
+void Cluster::SendCancel(const WorkerEntry& w, const std::string& run_id, const std::string& why,
+                         int64_t snapshot_step) {
   schema::EnvelopeBuilder msg;
   auto c = msg.root().initCancelTask();
   c.setRunId(run_id);

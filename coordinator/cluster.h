@@ -30,7 +30,11 @@ class Outbox {
 class Cluster {
  public:
   Cluster(const CoordinatorOptions& options, const Clock& clock, TimerQueue& timers, Journal& journal, Outbox& outbox)
-      : options(options), clock(clock), timers(timers), journal(journal), outbox(outbox),
+      : options(options),
+        clock(clock),
+        timers(timers),
+        journal(journal),
+        outbox(outbox),
         workers(clock, options.heartbeat_timeout_ms) {}
 
   const CoordinatorOptions& options;

@@ -13,7 +13,6 @@
 
 #include <atomic>
 #include <filesystem>
-
 #include <zmq.hpp>
 
 #include "common/curve.h"
@@ -51,7 +50,8 @@ class CoordinatorImpl final : public Coordinator, private Outbox {
   void RequestStop() override { stop_requested_.store(true); }
 
   Status Run() override {
-    STRATA_LOG(kInfo) << "coordinator listening on " << options_.listen << " with " << core_.cluster().runs.size() << " runs loaded";
+    STRATA_LOG(kInfo) << "coordinator listening on " << options_.listen << " with " << core_.cluster().runs.size()
+                      << " runs loaded";
     if (options_.on_ready) options_.on_ready(core_.Summary());
     std::vector<zmq::message_t> frames;
     while (!stop_requested_.load()) {
@@ -90,7 +90,8 @@ class CoordinatorImpl final : public Coordinator, private Outbox {
     const std::string identity(static_cast<const char*>(frames[0].data()), frames[0].size());
     auto decoded = schema::DecodeEnvelope(net::Bytes(frames[1]));
     if (!decoded.ok()) {
-      STRATA_LOG(kWarn) << "dropped an undecodable message (" << frames[1].size() << " bytes): " << decoded.status().message();
+      STRATA_LOG(kWarn) << "dropped an undecodable message (" << frames[1].size()
+                        << " bytes): " << decoded.status().message();
       Send(identity, schema::MakeErrorReply(0, decoded.status()));
       return;
     }
@@ -100,7 +101,8 @@ class CoordinatorImpl final : public Coordinator, private Outbox {
     } catch (const std::exception& e) {
       // A handler must never take the loop down: a malformed-but-decodable message lands here.
       STRATA_LOG(kError) << "handler failed: " << e.what();
-      Send(identity, schema::MakeErrorReply(root.getRequestId(), InvalidArgument(std::string("bad request: ") + e.what())));
+      Send(identity,
+           schema::MakeErrorReply(root.getRequestId(), InvalidArgument(std::string("bad request: ") + e.what())));
     }
   }
 

@@ -17,9 +17,9 @@ class Clock;               // coordinator/clock.h
 
 struct CoordinatorOptions {
   std::string listen = "ipc:///tmp/strata-coordinator.sock";
-  std::string state_dir;                // holds the metadata store
-  int heartbeat_interval_ms = 500;      // told to workers at registration
-  int heartbeat_timeout_ms = 2000;      // a worker silent this long is marked lost
+  std::string state_dir;            // holds the metadata store
+  int heartbeat_interval_ms = 500;  // told to workers at registration
+  int heartbeat_timeout_ms = 2000;  // a worker silent this long is marked lost
   // Extract runs: how long a lost worker's unfinished chunks wait for it to come back (its store
   // may already hold some of them) before they go to the other workers.
   int replace_grace_ms = 10000;

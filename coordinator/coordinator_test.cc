@@ -13,9 +13,9 @@
 #include <random>
 #include <thread>
 
+#include "client/coordinator_client.h"
 #include "common/net.h"
 #include "coordinator/clock.h"
-#include "client/coordinator_client.h"
 
 namespace strata::coordinator {
 namespace {
@@ -237,11 +237,12 @@ class FakeWorker {
 
 // Submits a spec for a model far over the fake worker's 6 GiB (an 8B-wide Llama of 32 layers)
 // with `parallel` as its [parallel] table; the spec the worker is assigned, and the run's id.
-std::string AssignedSpecOfABigModel(FakeWorker& worker, CoordinatorClient& client, const std::string& dir, const std::string& parallel,
-                                    std::string* run_id) {
+std::string AssignedSpecOfABigModel(FakeWorker& worker, CoordinatorClient& client, const std::string& dir,
+                                    const std::string& parallel, std::string* run_id) {
   schema::EnvelopeBuilder submit;
-  submit.root().initSubmitRun().setSpecToml("name = \"big\"\n[model]\nhidden = 4096\nheads = 32\nlayers = 32\nsequence = 16\n[data]\npath = \"" +
-                                            dir + "/corpus.txt\"\n[train]\nsteps = 3\nglobal_batch = 2\n[parallel]\n" + parallel);
+  submit.root().initSubmitRun().setSpecToml(
+      "name = \"big\"\n[model]\nhidden = 4096\nheads = 32\nlayers = 32\nsequence = 16\n[data]\npath = \"" + dir +
+      "/corpus.txt\"\n[train]\nsteps = 3\nglobal_batch = 2\n[parallel]\n" + parallel);
   auto submitted = client.Call(submit);
   EXPECT_TRUE(submitted.ok()) << submitted.status().ToString();
   if (!submitted.ok()) return "";
@@ -262,8 +263,9 @@ TEST_F(CoordinatorTest, AFixedZero3MeshTheEstimateRefusesStillStartsKeepingNothi
   FakeWorker worker(ctx, options_.listen, "w0", dir_);
   CoordinatorClient client(options_.listen);
   std::string run_id;
-  const std::string spec = AssignedSpecOfABigModel(worker, client, dir_,
-                                                   "dp = 1\npp = 1\ntp = 1\nzero = 3\nrecompute = false\nmicro_batch = 0\noffload = \"none\"\n", &run_id);
+  const std::string spec = AssignedSpecOfABigModel(
+      worker, client, dir_,
+      "dp = 1\npp = 1\ntp = 1\nzero = 3\nrecompute = false\nmicro_batch = 0\noffload = \"none\"\n", &run_id);
   EXPECT_NE(spec.find("keep_gathered = 0"), std::string::npos) << spec;
 }
 
@@ -287,7 +289,8 @@ TEST_F(CoordinatorTest, AMeshThatFitsOnlyOffloadedIsPlannedWithOffload) {
   for (auto e : (*reply)->root().getEventsReply().getEvents()) {
     if (std::string(e.getKind().cStr()) == "planned") planned = e.getMessage().cStr();
   }
-  EXPECT_NE(planned.find("Offloads the optimizer's state and the parameters to host memory: without it the leanest plan on 1 worker needs"),
+  EXPECT_NE(planned.find("Offloads the optimizer's state and the parameters to host memory: without it the leanest "
+                         "plan on 1 worker needs"),
             std::string::npos)
       << planned;
 }
@@ -345,7 +348,8 @@ class StallTest : public CoordinatorTest {
 
   // Three fake workers running one dp=3 run; returns its id.
   std::string StartRun(zmq::context_t& ctx, std::vector<std::unique_ptr<FakeWorker>>& workers) {
-    for (const char* name : {"w0", "w1", "w2"}) workers.push_back(std::make_unique<FakeWorker>(ctx, options_.listen, name, dir_));
+    for (const char* name : {"w0", "w1", "w2"})
+      workers.push_back(std::make_unique<FakeWorker>(ctx, options_.listen, name, dir_));
     CoordinatorClient client(options_.listen);
     schema::EnvelopeBuilder submit;
     std::string spec = Spec(3);
@@ -493,7 +497,8 @@ TEST_F(CoordinatorTest, CheckpointsOfAClusterSpanningHostsWaitForACopyOfEverySha
     steps = checkpoints();
   }
   EXPECT_EQ(steps, std::vector<int64_t>{4});
-  EXPECT_NE(events("checkpoint").find("checkpoint at step 4 committed (2 shards, each with a copy on another host)"), std::string::npos)
+  EXPECT_NE(events("checkpoint").find("checkpoint at step 4 committed (2 shards, each with a copy on another host)"),
+            std::string::npos)
       << events("checkpoint");
 }
 
@@ -549,7 +554,8 @@ TEST_F(CoordinatorTest, AfterARestartARunIsNotAssignedToWorkersThatHaveNotRegist
     for (auto p : root.getAssignTask().getPeerDataAddresses()) peers.push_back(p.cStr());
     return true;
   });
-  for (const auto& p : peers) EXPECT_FALSE(p.empty()) << "a rank was assigned to a worker that has not registered since the restart";
+  for (const auto& p : peers)
+    EXPECT_FALSE(p.empty()) << "a rank was assigned to a worker that has not registered since the restart";
   EXPECT_TRUE(peers.empty()) << "assigned before wb registered again: " << peers.size() << " peers";
   FakeWorker b(ctx, options_.listen, "wb", dir_);  // once both are back, the run resumes on them
   EXPECT_TRUE(a.AwaitAssignment(run_id));
@@ -561,7 +567,8 @@ TEST_F(CoordinatorTest, AfterARestartARunIsNotAssignedToWorkersThatHaveNotRegist
 // checkpoint after training ("File name too long").
 TEST_F(CoordinatorTest, SubmitMessagesWithUnsafeRunNamesAreRefused) {
   CoordinatorClient client(options_.listen);
-  for (const std::string& name : {std::string("a\\u0000b"), std::string(115, 'n'), std::string("x\\u001b[2J"), std::string("../up")}) {
+  for (const std::string& name :
+       {std::string("a\\u0000b"), std::string(115, 'n'), std::string("x\\u001b[2J"), std::string("../up")}) {
     std::string spec = Spec();
     spec.replace(spec.find("name = \"t\""), 10, "name = \"" + name + "\"");
     schema::EnvelopeBuilder req;
@@ -569,7 +576,8 @@ TEST_F(CoordinatorTest, SubmitMessagesWithUnsafeRunNamesAreRefused) {
     auto reply = client.Call(req);
     ASSERT_FALSE(reply.ok()) << name;
     EXPECT_EQ(reply.status().code(), StatusCode::kInvalidArgument) << name;
-    EXPECT_NE(reply.status().message().find("a run name is 1 to 64 characters"), std::string::npos) << reply.status().message();
+    EXPECT_NE(reply.status().message().find("a run name is 1 to 64 characters"), std::string::npos)
+        << reply.status().message();
   }
   schema::EnvelopeBuilder status;
   status.root().initStatusRequest();
@@ -586,8 +594,9 @@ TEST_F(CoordinatorTest, ExtractRunNeedingMoreWorkersThanTheClusterHasFailsAtOnce
   CoordinatorClient client(options_.listen);
   auto submit = [&](int dp) {
     schema::EnvelopeBuilder req;
-    std::string spec = "kind = \"extract\"\nname = \"cap\"\n[model]\nhidden = 32\nheads = 2\nsequence = 16\n[data]\npath = \"" + dir_ +
-                       "/corpus.txt\"\n[parallel]\ndp = " + std::to_string(dp) + "\n";
+    std::string spec =
+        "kind = \"extract\"\nname = \"cap\"\n[model]\nhidden = 32\nheads = 2\nsequence = 16\n[data]\npath = \"" + dir_ +
+        "/corpus.txt\"\n[parallel]\ndp = " + std::to_string(dp) + "\n";
     req.root().initSubmitRun().setSpecToml(spec);
     auto reply = client.Call(req);
     EXPECT_TRUE(reply.ok()) << reply.status().ToString();

@@ -4,8 +4,9 @@
 
 namespace strata::coordinator {
 
-CoordinatorCore::CoordinatorCore(const CoordinatorOptions& options, const Clock& clock, std::unique_ptr<storage::ShardStore> store,
-                                 Outbox& outbox, std::function<void()> on_shutdown)
+CoordinatorCore::CoordinatorCore(const CoordinatorOptions& options, const Clock& clock,
+                                 std::unique_ptr<storage::ShardStore> store, Outbox& outbox,
+                                 std::function<void()> on_shutdown)
     : timers_(clock),
       journal_(std::move(store), clock),
       cluster_(options, clock, timers_, journal_, outbox),

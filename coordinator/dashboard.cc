@@ -21,10 +21,14 @@ bool Terminal(const std::string& state) { return state == "finished" || state ==
 std::string EscapeLabel(const std::string& v) {
   std::string out;
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -92,10 +96,11 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
                             {"pid", w.pid},
                             {"state", w.state},
                             {"device", w.device},
-                            {"memory", {{"total", w.memory_total},
-                                        {"free", w.memory_free},
-                                        {"allocated", w.memory_allocated},
-                                        {"peak", w.memory_peak}}},
+                            {"memory",
+                             {{"total", w.memory_total},
+                              {"free", w.memory_free},
+                              {"allocated", w.memory_allocated},
+                              {"peak", w.memory_peak}}},
                             {"heartbeat_age_ms", w.heartbeat_age_ms},
                             {"current_run", w.current_run},
                             {"memory_history", MemoryHistoryJson(w.memory_history)}});
@@ -114,44 +119,57 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
     for (const auto& [kind, count] : r.handled) handled[kind] = count;
     json memory = json::array();
     for (const auto& m : r.memory) {
-      memory.push_back({{"worker", m.worker}, {"estimate", m.estimate}, {"workspace", m.workspace}, {"measured_peak", m.measured_peak}});
+      memory.push_back({{"worker", m.worker},
+                        {"estimate", m.estimate},
+                        {"workspace", m.workspace},
+                        {"measured_peak", m.measured_peak}});
     }
     json plan = nullptr;
     if (r.plan.known) {
-      plan = {{"dp", r.plan.dp}, {"pp", r.plan.pp}, {"tp", r.plan.tp}, {"zero", r.plan.zero}, {"micro_batch", r.plan.micro_batch},
-              {"gradient_accumulation", r.plan.gradient_accumulation}, {"recompute", r.plan.recompute}, {"stages", r.plan.stages},
-              {"keep_gathered", r.plan.keep_gathered}, {"offload", r.plan.offload}};
+      plan = {{"dp", r.plan.dp},
+              {"pp", r.plan.pp},
+              {"tp", r.plan.tp},
+              {"zero", r.plan.zero},
+              {"micro_batch", r.plan.micro_batch},
+              {"gradient_accumulation", r.plan.gradient_accumulation},
+              {"recompute", r.plan.recompute},
+              {"stages", r.plan.stages},
+              {"keep_gathered", r.plan.keep_gathered},
+              {"offload", r.plan.offload}};
     }
     json extract = nullptr;
     if (r.kind == "extract" || r.kind == "patch") {
-      extract = {{"rows_stored", r.rows_stored}, {"rows_total", r.rows_total}, {"bytes_stored", r.bytes_stored},
+      extract = {{"rows_stored", r.rows_stored},
+                 {"rows_total", r.rows_total},
+                 {"bytes_stored", r.bytes_stored},
                  {"bytes_per_second", r.bytes_per_second}};
     }
     const bool timed = r.kind != "extract" && r.kind != "patch" && r.tokens_per_second > 0 && r.tokens_per_step > 0;
-    j["runs"].push_back({{"id", r.id},
-                         {"name", r.name},
-                         {"kind", r.kind.empty() ? "train" : r.kind},
-                         {"state", r.state},
-                         {"created_unix_ms", r.created_unix_ms},
-                         {"updated_unix_ms", r.updated_unix_ms},
-                         {"step", r.step},
-                         {"total_steps", r.total_steps},
-                         {"loss", r.losses.empty() ? json(nullptr) : json(r.losses.back())},
-                         {"loss_points", std::move(points)},
-                         {"tokens_per_second", r.tokens_per_second},
-                         {"step_seconds", timed ? json(static_cast<double>(r.tokens_per_step) / r.tokens_per_second) : json(nullptr)},
-                         {"eta_seconds", eta < 0 ? json(nullptr) : json(eta)},
-                         {"workers", r.workers},
-                         {"message", r.message},
-                         {"checkpoints", r.checkpoints},
-                         {"workers_lost", r.workers_lost},
-                         {"ooms", r.ooms},
-                         {"restarts", r.restarts},
-                         {"handled", std::move(handled)},
-                         {"plan", std::move(plan)},
-                         {"memory", std::move(memory)},
-                         {"extract", std::move(extract)},
-                         {"events", std::move(events)}});
+    j["runs"].push_back(
+        {{"id", r.id},
+         {"name", r.name},
+         {"kind", r.kind.empty() ? "train" : r.kind},
+         {"state", r.state},
+         {"created_unix_ms", r.created_unix_ms},
+         {"updated_unix_ms", r.updated_unix_ms},
+         {"step", r.step},
+         {"total_steps", r.total_steps},
+         {"loss", r.losses.empty() ? json(nullptr) : json(r.losses.back())},
+         {"loss_points", std::move(points)},
+         {"tokens_per_second", r.tokens_per_second},
+         {"step_seconds", timed ? json(static_cast<double>(r.tokens_per_step) / r.tokens_per_second) : json(nullptr)},
+         {"eta_seconds", eta < 0 ? json(nullptr) : json(eta)},
+         {"workers", r.workers},
+         {"message", r.message},
+         {"checkpoints", r.checkpoints},
+         {"workers_lost", r.workers_lost},
+         {"ooms", r.ooms},
+         {"restarts", r.restarts},
+         {"handled", std::move(handled)},
+         {"plan", std::move(plan)},
+         {"memory", std::move(memory)},
+         {"extract", std::move(extract)},
+         {"events", std::move(events)}});
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // stored names may not be UTF-8
 }
@@ -187,7 +205,8 @@ std::string RenderMetrics(const DashboardSnapshot& s) {
                [](const DashboardWorker& w) { return static_cast<double>(w.heartbeat_age_ms) / 1000.0; });
 
   m.Family("strata_runs", "gauge", "Runs known to the coordinator, by state.");
-  std::map<std::string, int> runs_by_state{{"pending", 0}, {"running", 0}, {"finished", 0}, {"failed", 0}, {"cancelled", 0}};
+  std::map<std::string, int> runs_by_state{
+      {"pending", 0}, {"running", 0}, {"finished", 0}, {"failed", 0}, {"cancelled", 0}};
   for (const auto& r : s.runs) ++runs_by_state[r.state];
   for (const auto& [state, n] : runs_by_state) m.Sample("strata_runs", {{"state", state}}, n);
 
@@ -200,7 +219,8 @@ std::string RenderMetrics(const DashboardSnapshot& s) {
     }
   };
   run_gauge("strata_run_step", "Last completed training step.", [](const DashboardRun& r) { return double(r.step); });
-  run_gauge("strata_run_total_steps", "Steps the run will train.", [](const DashboardRun& r) { return double(r.total_steps); });
+  run_gauge("strata_run_total_steps", "Steps the run will train.",
+            [](const DashboardRun& r) { return double(r.total_steps); });
   run_gauge("strata_run_loss", "Training loss at the last step (NaN before the first).",
             [](const DashboardRun& r) { return r.losses.empty() ? std::nan("") : r.losses.back(); });
   run_gauge("strata_run_tokens_per_second", "Training throughput over all ranks.",

@@ -43,8 +43,8 @@ struct DashboardPlan {
   int64_t dp = 1, pp = 1, tp = 1, zero = 0;
   int64_t micro_batch = 0, gradient_accumulation = 1;
   bool recompute = false;
-  std::vector<int64_t> stages;  // layers per pipeline stage
-  int64_t keep_gathered = 0;    // ZeRO-3: layers a stage keeps gathered for the backward
+  std::vector<int64_t> stages;   // layers per pipeline stage
+  int64_t keep_gathered = 0;     // ZeRO-3: layers a stage keeps gathered for the backward
   std::string offload = "none";  // [parallel] offload
 };
 

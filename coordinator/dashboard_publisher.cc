@@ -12,8 +12,17 @@ namespace {
 // The run's parallel plan as it stands (shard::SummarizePlan, as `strata status` shows it).
 DashboardPlan PlanOf(const RunSpec& spec) {
   const shard::PlanSummary summary = shard::SummarizePlan(spec);
-  return {true, summary.dp, summary.pp, summary.tp, summary.zero, summary.micro_batch, summary.gradient_accumulation,
-          summary.recompute, summary.stages, summary.keep_gathered, summary.offload};
+  return {true,
+          summary.dp,
+          summary.pp,
+          summary.tp,
+          summary.zero,
+          summary.micro_batch,
+          summary.gradient_accumulation,
+          summary.recompute,
+          summary.stages,
+          summary.keep_gathered,
+          summary.offload};
 }
 
 }  // namespace
@@ -30,9 +39,18 @@ void DashboardPublisher::Publish() {
   s->endpoint = c_.options.listen;
   s->workers_lost_total = c_.workers.lost_total();
   for (const auto& [id, w] : c_.workers.all()) {
-    s->workers.push_back({w.id, w.host, w.pid, schema::WorkerStateName(w.state), w.memory.device, w.memory.total_bytes,
-                          w.memory.free_bytes, w.memory.allocated_bytes, w.memory.peak_bytes, now - w.last_heartbeat_ms,
-                          w.current_run, {w.memory_history.begin(), w.memory_history.end()}});
+    s->workers.push_back({w.id,
+                          w.host,
+                          w.pid,
+                          schema::WorkerStateName(w.state),
+                          w.memory.device,
+                          w.memory.total_bytes,
+                          w.memory.free_bytes,
+                          w.memory.allocated_bytes,
+                          w.memory.peak_bytes,
+                          now - w.last_heartbeat_ms,
+                          w.current_run,
+                          {w.memory_history.begin(), w.memory_history.end()}});
   }
   std::vector<const RunEntry*> runs;
   for (const auto& [id, run] : c_.runs) runs.push_back(&run);

@@ -3,10 +3,9 @@
 // /api/state shows follows the coordinator, and cancel needs the bearer token.
 #include "coordinator/dashboard.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-
-#include <arpa/inet.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "common/net.h"
 #include "client/coordinator_client.h"
+#include "common/net.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http_server.h"
 
@@ -34,8 +33,18 @@ DashboardSnapshot HandMade() {
   s.workers_lost_total = 1;
   s.checkpoints_total = 3;
   s.run_workers_lost_total = 1;
-  s.workers.push_back({"worker-0", "host-a", 42, "busy", "cuda:0", 80ull << 30, 60ull << 30, 12ull << 30,
-                       15ull << 30, 250, "r1", {{1699999999000, 20ull << 30, 11ull << 30}, {1700000000000, 20ull << 30, 12ull << 30}}});
+  s.workers.push_back({"worker-0",
+                       "host-a",
+                       42,
+                       "busy",
+                       "cuda:0",
+                       80ull << 30,
+                       60ull << 30,
+                       12ull << 30,
+                       15ull << 30,
+                       250,
+                       "r1",
+                       {{1699999999000, 20ull << 30, 11ull << 30}, {1700000000000, 20ull << 30, 12ull << 30}}});
   s.workers.push_back({"worker-\"1\"", "host-a", 43, "lost", "cpu", 0, 0, 0, 0, 4500, "", {}});
   DashboardRun r;
   r.id = "r1";
@@ -82,11 +91,15 @@ TEST(DashboardRender, MetricsAreExactPrometheusText) {
                       "strata_worker_memory_free_bytes{worker=\"worker-\\\"1\\\"\",device=\"cpu\"} 0\n"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("strata_worker_memory_used_bytes{worker=\"worker-0\",device=\"cuda:0\"} 21474836480\n"), std::string::npos);
-  EXPECT_NE(text.find("strata_worker_heartbeat_age_seconds{worker=\"worker-0\",device=\"cuda:0\"} 0.25\n"), std::string::npos);
-  EXPECT_NE(text.find("strata_worker_up{worker=\"worker-\\\"1\\\"\",device=\"cpu\"} 0\n"), std::string::npos);
-  EXPECT_NE(text.find("strata_workers{state=\"busy\"} 1\nstrata_workers{state=\"idle\"} 0\nstrata_workers{state=\"lost\"} 1\n"),
+  EXPECT_NE(text.find("strata_worker_memory_used_bytes{worker=\"worker-0\",device=\"cuda:0\"} 21474836480\n"),
             std::string::npos);
+  EXPECT_NE(text.find("strata_worker_heartbeat_age_seconds{worker=\"worker-0\",device=\"cuda:0\"} 0.25\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("strata_worker_up{worker=\"worker-\\\"1\\\"\",device=\"cpu\"} 0\n"), std::string::npos);
+  EXPECT_NE(
+      text.find(
+          "strata_workers{state=\"busy\"} 1\nstrata_workers{state=\"idle\"} 0\nstrata_workers{state=\"lost\"} 1\n"),
+      std::string::npos);
   EXPECT_NE(text.find("strata_run_loss{run=\"r1\",name=\"tiny\"} 3.125\n"), std::string::npos);
   EXPECT_NE(text.find("strata_run_step{run=\"r1\",name=\"tiny\"} 3\n"), std::string::npos);
   EXPECT_NE(text.find("strata_run_tokens_per_second{run=\"r1\",name=\"tiny\"} 500\n"), std::string::npos);
@@ -137,7 +150,8 @@ TEST(DashboardRender, StateJsonCarriesWorkersRunsEventsAndEta) {
   ASSERT_EQ(r["events"].size(), 2u);
   EXPECT_EQ(r["events"][1]["kind"], "checkpoint");
   EXPECT_TRUE(j["runs"][2]["eta_seconds"].is_null()) << "no ETA for a finished run";
-  EXPECT_EQ(j["workers"][0]["memory_history"], json::parse("[[1699999999000,21474836480,11811160064],[1700000000000,21474836480,12884901888]]"));
+  EXPECT_EQ(j["workers"][0]["memory_history"],
+            json::parse("[[1699999999000,21474836480,11811160064],[1700000000000,21474836480,12884901888]]"));
   EXPECT_EQ(j["workers"][1]["memory_history"], json::array());
 }
 
@@ -146,7 +160,8 @@ TEST(DashboardRender, StateJsonCarriesPlanFailuresRankMemoryAndExtractRows) {
   const json& r = j["runs"][0];
   EXPECT_EQ(r["kind"], "train");
   EXPECT_EQ(r["handled"], json::parse(R"({"oom": 2, "worker-lost": 1})"));
-  EXPECT_EQ(r["plan"], json::parse(R"({"dp": 2, "pp": 2, "tp": 1, "zero": 3, "micro_batch": 4, "gradient_accumulation": 2,
+  EXPECT_EQ(r["plan"],
+            json::parse(R"({"dp": 2, "pp": 2, "tp": 1, "zero": 3, "micro_batch": 4, "gradient_accumulation": 2,
                                        "recompute": false, "stages": [3, 5], "keep_gathered": 2, "offload": "optimizer+params"})"));
   EXPECT_EQ(r["memory"], json::parse(R"([{"worker": "worker-0", "estimate": 10737418240, "workspace": 1073741824,
                                          "measured_peak": 9663676416}])"));
@@ -156,7 +171,9 @@ TEST(DashboardRender, StateJsonCarriesPlanFailuresRankMemoryAndExtractRows) {
   EXPECT_EQ(x["kind"], "extract");
   EXPECT_TRUE(x["plan"].is_null());
   EXPECT_TRUE(x["step_seconds"].is_null());
-  EXPECT_EQ(x["extract"], json::parse(R"({"rows_stored": 4096, "rows_total": 16384, "bytes_stored": 1048576, "bytes_per_second": 2.5e8})"));
+  EXPECT_EQ(
+      x["extract"],
+      json::parse(R"({"rows_stored": 4096, "rows_total": 16384, "bytes_stored": 1048576, "bytes_per_second": 2.5e8})"));
   EXPECT_EQ(j["runs"][2]["kind"], "train") << "a run without a kind is a train run";
   EXPECT_EQ(j["runs"][2]["handled"], json::object());
 }
@@ -219,8 +236,9 @@ TEST(HttpServer, ServesTheCoordinatorsStateAndCancelsOnlyWithTheToken) {
 
   CoordinatorClient client(options.listen);
   schema::EnvelopeBuilder submit;
-  submit.root().initSubmitRun().setSpecToml("name = \"t\"\n[model]\nhidden = 32\nheads = 2\nsequence = 16\n[data]\npath = \"" +
-                                            dir + "/corpus.txt\"\n[train]\nsteps = 3\nglobal_batch = 2\n");
+  submit.root().initSubmitRun().setSpecToml(
+      "name = \"t\"\n[model]\nhidden = 32\nheads = 2\nsequence = 16\n[data]\npath = \"" + dir +
+      "/corpus.txt\"\n[train]\nsteps = 3\nglobal_batch = 2\n");
   auto submitted = client.Call(submit);
   ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
   const std::string run = (*submitted)->root().getSubmitted().getRunId().cStr();
@@ -266,12 +284,14 @@ TEST(HttpServer, ServesTheCoordinatorsStateAndCancelsOnlyWithTheToken) {
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
   std::string state;
-  for (int i = 0; i < 20 && (state = run_state()) != "cancelled"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 20 && (state = run_state()) != "cancelled"; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(state, "cancelled");
   auto again = web.Post(path, httplib::Headers{{"Authorization", "Bearer s3cret"}}, "", "text/plain");
   ASSERT_TRUE(again);
   EXPECT_EQ(again->status, 409) << "cancelling a cancelled run is a conflict: " << again->body;
-  auto unknown = web.Post("/api/runs/nope/cancel", httplib::Headers{{"Authorization", "Bearer s3cret"}}, "", "text/plain");
+  auto unknown =
+      web.Post("/api/runs/nope/cancel", httplib::Headers{{"Authorization", "Bearer s3cret"}}, "", "text/plain");
   ASSERT_TRUE(unknown);
   EXPECT_EQ(unknown->status, 404);
 
@@ -315,7 +335,9 @@ TEST(HttpServer, SlowClientsDoNotStarveOthers) {
   (*server)->Publish(std::make_shared<const DashboardSnapshot>(HandMade()));
   const int port = (*server)->port();
 
-  const std::string partial = "GET /api/state HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  const std::string partial =
+      "GET /api/state HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
   std::vector<int> slow;
   for (int i = 0; i < 80; ++i) {
     const int fd = ConnectLoopback(port);
@@ -453,13 +475,15 @@ TEST(HttpServer, LoopbackAnswersOnlyLoopbackHostNames) {
   (*server)->Publish(std::make_shared<const DashboardSnapshot>(HandMade()));
   const std::string port = std::to_string((*server)->port());
   httplib::Client web("127.0.0.1", (*server)->port());
-  for (const std::string& host : std::vector<std::string>{"evil.example:" + port, "evil.example", "127.0.0.1.evil.example:" + port, ""}) {
+  for (const std::string& host :
+       std::vector<std::string>{"evil.example:" + port, "evil.example", "127.0.0.1.evil.example:" + port, ""}) {
     auto res = web.Get("/api/state", httplib::Headers{{"Host", host}});
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 403) << "Host: " << host;
     EXPECT_NE(res->body.find("DNS rebinding"), std::string::npos) << res->body;
   }
-  for (const std::string& host : std::vector<std::string>{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST:8080", "[::1]:" + port, "localhost"}) {
+  for (const std::string& host : std::vector<std::string>{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST:8080",
+                                                          "[::1]:" + port, "localhost"}) {
     auto res = web.Get("/api/state", httplib::Headers{{"Host", host}});
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 200) << "Host: " << host << ": " << res->body;

@@ -21,8 +21,8 @@ enum class EventKind {
   kWorkerLost,
   kStalled,
   kRecovering,
-  kReplanned,           // a train run's mesh or micro-batch changed ("replanned")
-  kGrew,                // a shrunken train run took workers back
+  kReplanned,  // a train run's mesh or micro-batch changed ("replanned")
+  kGrew,       // a shrunken train run took workers back
   kOom,
   kSnapshot,
   kCheckpoint,

@@ -17,7 +17,8 @@ Status ExtractScheduler::SizeExtract(RunEntry& run) {
   const int64_t tokens = static_cast<int64_t>(layout.tokens);
   const int64_t sequences = ExtractSequences(run.spec, tokens);
   if (sequences <= 0) {
-    return InvalidArgument("data.path = \"" + run.spec.data.path + "\" holds fewer tokens than one sequence (model.sequence = " +
+    return InvalidArgument("data.path = \"" + run.spec.data.path +
+                           "\" holds fewer tokens than one sequence (model.sequence = " +
                            std::to_string(run.spec.model.sequence) + "); nothing to capture");
   }
   run.extract.total_chunks = static_cast<uint64_t>(ExtractChunks(run.spec, tokens));
@@ -41,7 +42,8 @@ std::vector<uint64_t> ExtractScheduler::UnassignedChunks(const RunEntry& run) {
 
 // Splits `chunks` into contiguous blocks, one per worker (rows of one block sit in one store,
 // so a query over a row range reads few stores).
-void ExtractScheduler::AssignBlocks(RunEntry& run, const std::vector<uint64_t>& chunks, const std::vector<WorkerEntry*>& workers) {
+void ExtractScheduler::AssignBlocks(RunEntry& run, const std::vector<uint64_t>& chunks,
+                                    const std::vector<WorkerEntry*>& workers) {
   const size_t n = std::min(workers.size(), chunks.size());
   for (size_t i = 0; i < n; ++i) {
     const size_t begin = chunks.size() * i / n, end = chunks.size() * (i + 1) / n;
@@ -99,20 +101,24 @@ void ExtractScheduler::ScheduleChunks(RunEntry& run) {
     for (uint64_t c : it->second.chunks) {
       if (!x.stored.count(c)) chunks.push_back(c);
     }
-    c_.AddEvent(run, EventKind::kChunksResumed, w->first + " is back: it resumes its " + std::to_string(chunks.size()) + " unfinished chunks");
+    c_.AddEvent(run, EventKind::kChunksResumed,
+                w->first + " is back: it resumes its " + std::to_string(chunks.size()) + " unfinished chunks");
     it = x.reserved.erase(it);
     if (!chunks.empty()) AssignExtractTask(run, w->second, chunks);
   }
   const std::vector<uint64_t> chunks = UnassignedChunks(run);
   if (chunks.empty()) return;
-  const size_t room = static_cast<size_t>(run.spec.parallel.dp) > x.tasks.size() ? run.spec.parallel.dp - x.tasks.size() : 0;
+  const size_t room =
+      static_cast<size_t>(run.spec.parallel.dp) > x.tasks.size() ? run.spec.parallel.dp - x.tasks.size() : 0;
   std::vector<WorkerEntry*> idle;
   for (auto& [id, w] : c_.workers.all()) {
     if (w.state == WorkerState::IDLE && idle.size() < room) idle.push_back(&w);
   }
   if (idle.empty()) return;
   AssignBlocks(run, chunks, idle);
-  c_.AddEvent(run, EventKind::kChunksReassigned, std::to_string(chunks.size()) + " unfinished chunks go to " + std::to_string(std::min(idle.size(), chunks.size())) + " worker(s)");
+  c_.AddEvent(run, EventKind::kChunksReassigned,
+              std::to_string(chunks.size()) + " unfinished chunks go to " +
+                  std::to_string(std::min(idle.size(), chunks.size())) + " worker(s)");
   c_.Persist(run);
 }
 
@@ -128,9 +134,10 @@ void ExtractScheduler::WorkerLost(RunEntry& run, const WorkerEntry& w, std::stri
   if (!chunks.empty()) {
     const uint64_t serial = ++reservations_;
     x.reserved[w.id] = {serial, chunks};
-    c_.timers.After(c_.options.replace_grace_ms, [this, run_id = run.id, worker = w.id, serial] { ReservationExpired(run_id, worker, serial); });
-    what += "; its " + std::to_string(chunks.size()) + " unfinished chunks wait " + std::to_string(c_.options.replace_grace_ms) +
-            " ms for it to come back, then go to the other workers";
+    c_.timers.After(c_.options.replace_grace_ms,
+                    [this, run_id = run.id, worker = w.id, serial] { ReservationExpired(run_id, worker, serial); });
+    what += "; its " + std::to_string(chunks.size()) + " unfinished chunks wait " +
+            std::to_string(c_.options.replace_grace_ms) + " ms for it to come back, then go to the other workers";
   }
   c_.AddEvent(run, EventKind::kWorkerLost, what);
   c_.Persist(run);
@@ -162,7 +169,8 @@ void ExtractScheduler::RecordChunk(RunEntry& run, const std::string& worker, Chu
   ++(c.getComputed() ? x.computed_reports : x.found_reports);
   if (x.stored.count(chunk)) {
     // Only after a reassignment past the grace period: the index keeps the first copy.
-    STRATA_LOG(kWarn) << "chunk " << chunk << " of " << run.id << " reported again by " << worker << "; keeping the first";
+    STRATA_LOG(kWarn) << "chunk " << chunk << " of " << run.id << " reported again by " << worker
+                      << "; keeping the first";
     return;
   }
   capnp::MallocMessageBuilder message;
@@ -214,8 +222,8 @@ void ExtractScheduler::FinishExtract(RunEntry& run) {
   const double gib = run.extract.stored_bytes / double(1ull << 30);
   std::ostringstream msg;
   msg << "captured " << run.extract.total_rows << " token rows in " << run.extract.total_chunks << " chunks ("
-      << std::fixed << std::setprecision(2) << gib << " GiB): " << run.extract.computed_reports << " chunk(s) computed, "
-      << run.extract.found_reports << " found already stored by a resumed task";
+      << std::fixed << std::setprecision(2) << gib << " GiB): " << run.extract.computed_reports
+      << " chunk(s) computed, " << run.extract.found_reports << " found already stored by a resumed task";
   c_.AddEvent(run, EventKind::kFinished, msg.str());
   c_.CancelRanks(run, "run finished");
   for (auto& [worker, chunks] : run.extract.tasks) (void)c_.journal.store().DeleteMetadata(keys::Task(run.id, worker));
@@ -258,9 +266,9 @@ void ExtractScheduler::ReservationExpired(const std::string& run_id, const std::
   if (!run || !run->running()) return;
   auto it = run->extract.reserved.find(worker);
   if (it == run->extract.reserved.end() || it->second.serial != serial) return;
-  c_.AddEvent(*run, EventKind::kReservationExpired, worker + " did not come back within " + std::to_string(c_.options.replace_grace_ms) +
-                                                        " ms: its " + std::to_string(it->second.chunks.size()) +
-                                                        " chunks go to the other workers");
+  c_.AddEvent(*run, EventKind::kReservationExpired,
+              worker + " did not come back within " + std::to_string(c_.options.replace_grace_ms) + " ms: its " +
+                  std::to_string(it->second.chunks.size()) + " chunks go to the other workers");
   run->extract.reserved.erase(it);
   c_.Schedule();
 }

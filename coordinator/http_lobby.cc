@@ -25,11 +25,13 @@ Arrival PeekRequest(int fd) {
   const std::string_view data(buf.data(), static_cast<size_t>(n));
   size_t end = data.find("\r\n\r\n");
   size_t sep = 4;
-  if (const size_t lf = data.find("\n\n"); lf != std::string_view::npos && (end == std::string_view::npos || lf < end)) {
+  if (const size_t lf = data.find("\n\n");
+      lf != std::string_view::npos && (end == std::string_view::npos || lf < end)) {
     end = lf;
     sep = 2;
   }
-  if (end == std::string_view::npos) return static_cast<size_t>(n) == buf.size() ? Arrival::kTooLarge : Arrival::kIncomplete;
+  if (end == std::string_view::npos)
+    return static_cast<size_t>(n) == buf.size() ? Arrival::kTooLarge : Arrival::kIncomplete;
   size_t body = 0;
   for (size_t at = data.find('\n'); at < end; at = data.find('\n', at + 1)) {
     const size_t line_end = std::min(data.find('\n', at + 1), end);
@@ -84,7 +86,8 @@ void Refuse(int fd, int status, const char* reason, const std::string& message) 
 
 }  // namespace
 
-Lobby::Lobby(Limits limits, std::function<void(int, const std::string&)> dispatch) : limits_(limits), dispatch_(std::move(dispatch)) {
+Lobby::Lobby(Limits limits, std::function<void(int, const std::string&)> dispatch)
+    : limits_(limits), dispatch_(std::move(dispatch)) {
   wake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   thread_ = std::thread([this] { Loop(); });
 }
@@ -121,8 +124,9 @@ bool Lobby::Admit(int fd, std::string* address_out) {
       return false;
     }
     if (total_ >= limits_.total && !EvictOldestParked(nullptr, &evicted)) {
-      Refuse(fd, 503, "Service Unavailable", "the dashboard is serving its maximum of " +
-                                                 std::to_string(limits_.total) + " connections; retry in a moment");
+      Refuse(fd, 503, "Service Unavailable",
+             "the dashboard is serving its maximum of " + std::to_string(limits_.total) +
+                 " connections; retry in a moment");
       return false;
     }
     ++per_address_[address];
@@ -200,7 +204,8 @@ void Lobby::Finish(int fd, Arrival a) {
              "the request is over " + std::to_string(kMaxRequestBytes) + " bytes; the dashboard takes small requests");
       break;
     case Arrival::kBodyTooLarge:
-      Refuse(fd, 413, "Payload Too Large", "a request body may have at most " + std::to_string(kMaxBodyBytes) + " bytes");
+      Refuse(fd, 413, "Payload Too Large",
+             "a request body may have at most " + std::to_string(kMaxBodyBytes) + " bytes");
       break;
     case Arrival::kChunked:
       Refuse(fd, 411, "Length Required", "send the body with Content-Length (chunked bodies are not accepted)");

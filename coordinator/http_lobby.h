@@ -82,7 +82,7 @@ class Lobby {
   std::thread thread_;
   Mutex mu_;
   bool stopping_ STRATA_GUARDED_BY(mu_) = false;
-  std::map<int, Conn> conns_ STRATA_GUARDED_BY(mu_);  // admitted, not yet being served
+  std::map<int, Conn> conns_ STRATA_GUARDED_BY(mu_);               // admitted, not yet being served
   std::map<std::string, int> per_address_ STRATA_GUARDED_BY(mu_);  // counted connections by peer address
   int total_ STRATA_GUARDED_BY(mu_) = 0;
   uint64_t sequence_ STRATA_GUARDED_BY(mu_) = 0;

@@ -1,5 +1,4 @@
 #include "coordinator/http_server.h"
-#include "common/thread_annotations.h"
 
 #include <arpa/inet.h>
 #include <httplib.h>
@@ -16,8 +15,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "common/log.h"
 #include "client/coordinator_client.h"
+#include "common/log.h"
+#include "common/thread_annotations.h"
 #include "coordinator/http_lobby.h"
 #include "schema/envelope.h"
 
@@ -28,7 +28,6 @@ using http::kMaxBodyBytes;
 using http::kPoolThreads;
 using http::Lobby;
 using http::SteadyNowMs;
-
 
 // A served connection as httplib's request parser sees it. The request is in the receive buffer
 // already; the whole exchange, the response's write included, must end by `deadline_ms` (a client
@@ -215,9 +214,11 @@ class HttpServerImpl final : public HttpServer {
       // the browser read this port, but the browser still sends Host: evil.example. Any port is
       // accepted, so `ssh -L 8080:127.0.0.1:PORT` and http://localhost:8080 keep working.
       if (!LoopbackHostHeader(req.get_header_value("Host"))) {
-        Error(res, 403, "the Host header must be localhost, 127.0.0.1 or [::1] (with any port): this dashboard "
-                        "answers only requests addressed to the loopback interface (DNS rebinding guard); "
-                        "reach it through http://127.0.0.1:" + std::to_string(port_) + " or an ssh tunnel");
+        Error(res, 403,
+              "the Host header must be localhost, 127.0.0.1 or [::1] (with any port): this dashboard "
+              "answers only requests addressed to the loopback interface (DNS rebinding guard); "
+              "reach it through http://127.0.0.1:" +
+                  std::to_string(port_) + " or an ssh tunnel");
         return httplib::Server::HandlerResponse::Handled;
       }
       return httplib::Server::HandlerResponse::Unhandled;
@@ -230,9 +231,10 @@ class HttpServerImpl final : public HttpServer {
     }
     if (!Authorized(req)) {
       res.set_header("WWW-Authenticate", "Bearer");
-      Error(res, 401, "this dashboard listens beyond loopback, so reads need the token too: send "
-                      "Authorization: Bearer <token> (the first line of the coordinator's --http-token-file), or "
-                      "restart the coordinator with --http-public-read to let anyone read");
+      Error(res, 401,
+            "this dashboard listens beyond loopback, so reads need the token too: send "
+            "Authorization: Bearer <token> (the first line of the coordinator's --http-token-file), or "
+            "restart the coordinator with --http-public-read to let anyone read");
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -241,7 +243,8 @@ class HttpServerImpl final : public HttpServer {
   bool Authorized(const httplib::Request& req) const {
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
-    return !options_.token.empty() && auth.rfind(prefix, 0) == 0 && SameToken(auth.substr(prefix.size()), options_.token);
+    return !options_.token.empty() && auth.rfind(prefix, 0) == 0 &&
+           SameToken(auth.substr(prefix.size()), options_.token);
   }
 
   static bool LoopbackHostHeader(const std::string& host) {
@@ -258,7 +261,8 @@ class HttpServerImpl final : public HttpServer {
   }
 
   void Routes() {
-    server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return Guard(req, res); });
+    server_.set_pre_routing_handler(
+        [this](const httplib::Request& req, httplib::Response& res) { return Guard(req, res); });
     server_.Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
       res.set_content(std::string(DashboardPageHtml()), "text/html; charset=utf-8");
@@ -268,8 +272,9 @@ class HttpServerImpl final : public HttpServer {
       const int64_t age = PublishedAgeMs();
       if (age < 0) return Error(res, 503, "starting: the coordinator has not published its state yet");
       if (age > options_.health_stale_ms) {
-        return Error(res, 503, "the coordinator's event loop last published its state " + std::to_string(age) +
-                                   " ms ago (it does every ~250 ms): it is stuck or starved");
+        return Error(res, 503,
+                     "the coordinator's event loop last published its state " + std::to_string(age) +
+                         " ms ago (it does every ~250 ms): it is stuck or starved");
       }
       res.set_content("ok: state published " + std::to_string(age) + " ms ago\n", "text/plain; charset=utf-8");
     });
@@ -300,7 +305,10 @@ class HttpServerImpl final : public HttpServer {
       lock.Unlock();
       if (!reply.ok()) {
         const StatusCode code = reply.status().code();
-        return Error(res, code == StatusCode::kNotFound ? 404 : code == StatusCode::kInvalidArgument ? 409 : 502,
+        return Error(res,
+                     code == StatusCode::kNotFound          ? 404
+                     : code == StatusCode::kInvalidArgument ? 409
+                                                            : 502,
                      reply.status().message());
       }
       STRATA_LOG(kInfo) << "run " << run << " cancelled from the dashboard by " << req.remote_addr;
@@ -350,7 +358,8 @@ Result<std::pair<std::string, int>> ParseHttpAddress(const std::string& address)
   } catch (const std::exception&) {
   }
   if (p < 0 || p > 65535) {
-    return InvalidArgument("--http " + address + ": expected HOST:PORT or PORT, e.g. 127.0.0.1:8080 (port 0 picks a free one)");
+    return InvalidArgument("--http " + address +
+                           ": expected HOST:PORT or PORT, e.g. 127.0.0.1:8080 (port 0 picks a free one)");
   }
   return std::make_pair(host, p);
 }
@@ -361,7 +370,8 @@ Result<std::string> ReadTokenFile(const std::string& path) {
   std::string token;
   std::getline(in, token);
   while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
-  if (token.empty()) return InvalidArgument("the token file " + path + " is empty; put a random token on its first line");
+  if (token.empty())
+    return InvalidArgument("the token file " + path + " is empty; put a random token on its first line");
   return token;
 }
 

@@ -19,9 +19,9 @@ namespace strata::coordinator {
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  int port = 0;                      // 0: any free port (see HttpServer::port())
-  std::string token;                 // empty: POST endpoints answer 403
-  std::string coordinator_endpoint;  // ZeroMQ endpoint cancels are sent to
+  int port = 0;                           // 0: any free port (see HttpServer::port())
+  std::string token;                      // empty: POST endpoints answer 403
+  std::string coordinator_endpoint;       // ZeroMQ endpoint cancels are sent to
   std::optional<curve::ClientKeys> keys;  // for a coordinator with --keys (CURVE), as the CLI's
   // A host that is not a loopback address makes reads (/api/state, /metrics) need the token too,
   // unless this is set (--http-public-read); Start refuses such a host with neither.

@@ -21,7 +21,9 @@ std::string Loss(const std::string& run, int64_t step) { return LossPrefix(run) 
 std::string ChunkPrefix(const std::string& run) { return "act/" + EncodeKeyString(run); }
 std::string Chunk(const std::string& run, uint64_t chunk) { return ChunkPrefix(run) + EncodeKeyU64(chunk); }
 std::string TaskPrefix(const std::string& run) { return "task/" + EncodeKeyString(run); }
-std::string Task(const std::string& run, const std::string& worker) { return TaskPrefix(run) + EncodeKeyString(worker); }
+std::string Task(const std::string& run, const std::string& worker) {
+  return TaskPrefix(run) + EncodeKeyString(worker);
+}
 std::string DeletedShardPrefix(const std::string& store_path) { return "ckptdel/" + EncodeKeyString(store_path); }
 std::string DeletedShard(const std::string& store_path, const std::string& key_run, int64_t step) {
   return DeletedShardPrefix(store_path) + EncodeKeyString(key_run) + EncodeKeyU64(step);
@@ -32,7 +34,9 @@ std::string UnreadableCheckpoint(const std::string& run, int64_t step) {
 std::string Salvaged(const std::string& key) { return "salvaged/" + key; }
 }  // namespace keys
 
-std::span<const uint8_t> AsBytes(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
+std::span<const uint8_t> AsBytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
 
 void Journal::AddNotice(RunEntry& run, const std::string& kind, const std::string& message) {
   if (IsHandledFailure(kind)) ++run.handled[kind];
@@ -102,7 +106,9 @@ std::string Journal::UnreadableWhy(const std::string& run, int64_t step) {
 
 Status Journal::MarkUnreadable(const std::string& run, int64_t step, const std::string& why) {
   Status st = store_->PutMetadata(keys::UnreadableCheckpoint(run, step), AsBytes(why), true);
-  if (!st.ok()) STRATA_LOG(kError) << "could not mark the checkpoint of " << run << " at step " << step << " unreadable: " << st.ToString();
+  if (!st.ok())
+    STRATA_LOG(kError) << "could not mark the checkpoint of " << run << " at step " << step
+                       << " unreadable: " << st.ToString();
   return st;
 }
 

@@ -1,7 +1,6 @@
 // strata-coordinator: parses flags, wires the coordinator, serves until told to stop.
-#include <csignal>
-
 #include <CLI/CLI.hpp>
+#include <csignal>
 
 #include "common/log.h"
 #include "common/private_files.h"
@@ -31,19 +30,23 @@ int main(int argc, char** argv) {
   app.add_option("--replace-grace-ms", options.replace_grace_ms,
                  "extract runs: how long a lost worker's unfinished chunks wait for it before others take them")
       ->check(CLI::Range(0, 86400000));
-  app.add_option("--stall-window-ms", options.stall_window_ms,
-                 "after a rank's collective times out naming no one (NCCL), wait this long for the other ranks' reports; "
-                 "the ranks that send none are treated as lost")
+  app.add_option(
+         "--stall-window-ms", options.stall_window_ms,
+         "after a rank's collective times out naming no one (NCCL), wait this long for the other ranks' reports; "
+         "the ranks that send none are treated as lost")
       ->check(CLI::Range(100, 3600000));
-  app.add_option("--grow-back-min-saving-s", options.grow_back_min_saving_s,
-                 "a run shrunk by a lost worker takes idle workers back at its next checkpoint when that saves at least "
-                 "this many seconds over its remaining steps (-1: never)")
+  app.add_option(
+         "--grow-back-min-saving-s", options.grow_back_min_saving_s,
+         "a run shrunk by a lost worker takes idle workers back at its next checkpoint when that saves at least "
+         "this many seconds over its remaining steps (-1: never)")
       ->check(CLI::Range(-1, 86400));
   std::string http_address, http_token_file;
-  app.add_option("--http", http_address, "serve the dashboard, /api/state and /metrics on HOST:PORT (off by default; "
-                                         "PORT alone binds 127.0.0.1)");
-  app.add_option("--http-token-file", http_token_file, "file whose first line is the token that POST requests "
-                                                       "(cancel) must send as Authorization: Bearer");
+  app.add_option("--http", http_address,
+                 "serve the dashboard, /api/state and /metrics on HOST:PORT (off by default; "
+                 "PORT alone binds 127.0.0.1)");
+  app.add_option("--http-token-file", http_token_file,
+                 "file whose first line is the token that POST requests "
+                 "(cancel) must send as Authorization: Bearer");
   bool http_public_read = false;
   app.add_flag("--http-public-read", http_public_read,
                "with --http on a non-loopback address: serve reads (/api/state, /metrics) without the token");

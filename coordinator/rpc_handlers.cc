@@ -11,23 +11,38 @@ namespace strata::coordinator {
 void RpcHandlers::Dispatch(const std::string& identity, Envelope::Reader root) {
   const uint64_t rid = root.getRequestId();
   switch (root.which()) {
-    case Envelope::REGISTER_WORKER: return HandleRegisterWorker(identity, rid, root.getRegisterWorker());
-    case Envelope::HEARTBEAT: return HandleHeartbeat(identity, rid, root.getHeartbeat());
-    case Envelope::TASK_EVENT: return HandleTaskEvent(identity, root.getTaskEvent());
-    case Envelope::SUBMIT_RUN: return HandleSubmitRun(identity, rid, root.getSubmitRun());
-    case Envelope::STATUS_REQUEST: return HandleStatusRequest(identity, rid, root.getStatusRequest());
-    case Envelope::WORKERS_REQUEST: return HandleWorkersRequest(identity, rid);
-    case Envelope::EVENTS_REQUEST: return HandleEventsRequest(identity, rid, root.getEventsRequest());
-    case Envelope::CANCEL_RUN: return HandleCancelRun(identity, rid, root.getCancelRun());
-    case Envelope::CHECKPOINTS_REQUEST: return HandleCheckpointsRequest(identity, rid, root.getCheckpointsRequest());
-    case Envelope::ACTIVATIONS_REQUEST: return HandleActivationsRequest(identity, rid, root.getActivationsRequest());
-    case Envelope::RUN_FILE_REQUEST: return HandleRunFileRequest(identity, rid, root.getRunFileRequest());
-    case Envelope::SHARD_REPLICATED: return HandleShardReplicated(identity, root.getShardReplicated());
-    case Envelope::SHUTDOWN: return HandleShutdown(identity, rid);
-    case Envelope::ACK: return;
+    case Envelope::REGISTER_WORKER:
+      return HandleRegisterWorker(identity, rid, root.getRegisterWorker());
+    case Envelope::HEARTBEAT:
+      return HandleHeartbeat(identity, rid, root.getHeartbeat());
+    case Envelope::TASK_EVENT:
+      return HandleTaskEvent(identity, root.getTaskEvent());
+    case Envelope::SUBMIT_RUN:
+      return HandleSubmitRun(identity, rid, root.getSubmitRun());
+    case Envelope::STATUS_REQUEST:
+      return HandleStatusRequest(identity, rid, root.getStatusRequest());
+    case Envelope::WORKERS_REQUEST:
+      return HandleWorkersRequest(identity, rid);
+    case Envelope::EVENTS_REQUEST:
+      return HandleEventsRequest(identity, rid, root.getEventsRequest());
+    case Envelope::CANCEL_RUN:
+      return HandleCancelRun(identity, rid, root.getCancelRun());
+    case Envelope::CHECKPOINTS_REQUEST:
+      return HandleCheckpointsRequest(identity, rid, root.getCheckpointsRequest());
+    case Envelope::ACTIVATIONS_REQUEST:
+      return HandleActivationsRequest(identity, rid, root.getActivationsRequest());
+    case Envelope::RUN_FILE_REQUEST:
+      return HandleRunFileRequest(identity, rid, root.getRunFileRequest());
+    case Envelope::SHARD_REPLICATED:
+      return HandleShardReplicated(identity, root.getShardReplicated());
+    case Envelope::SHUTDOWN:
+      return HandleShutdown(identity, rid);
+    case Envelope::ACK:
+      return;
     default:
       STRATA_LOG(kWarn) << "dropped a message of unexpected kind " << static_cast<int>(root.which());
-      c_.outbox.Send(identity, schema::MakeErrorReply(rid, InvalidArgument("the coordinator does not accept this message kind")));
+      c_.outbox.Send(identity,
+                     schema::MakeErrorReply(rid, InvalidArgument("the coordinator does not accept this message kind")));
   }
 }
 
@@ -86,7 +101,8 @@ void RpcHandlers::HandleShardReplicated(const std::string& identity, ShardReplic
 }
 
 void RpcHandlers::HandleRunFileRequest(const std::string& identity, uint64_t rid, RunFileRequest::Reader req) {
-  if (const RunEntry* run = RunOrReplyNotFound(identity, rid, req.getRunId().cStr())) files_.HandleRunFileRequest(identity, rid, *run, req);
+  if (const RunEntry* run = RunOrReplyNotFound(identity, rid, req.getRunId().cStr()))
+    files_.HandleRunFileRequest(identity, rid, *run, req);
 }
 
 // ---------------------------------------------------------------- runs
@@ -133,7 +149,8 @@ void RpcHandlers::HandleSubmitRun(const std::string& identity, uint64_t rid, Sub
   // The run is accepted only once its record is durable: a submit that cannot be journaled (a
   // full disk) is refused, never a run that a restart would forget.
   if (Status st = c_.journal.Persist(run); !st.ok()) {
-    c_.outbox.Send(identity, schema::MakeErrorReply(rid, Status(st.code(), "the run was not submitted: " + st.message())));
+    c_.outbox.Send(identity,
+                   schema::MakeErrorReply(rid, Status(st.code(), "the run was not submitted: " + st.message())));
     return;
   }
   RunEntry& stored = c_.runs[run.id] = std::move(run);
@@ -142,15 +159,17 @@ void RpcHandlers::HandleSubmitRun(const std::string& identity, uint64_t rid, Sub
     for (const auto& site : stored.spec.patch.sites) what += (what.empty() ? "" : ", ") + site;
     std::string layers;
     for (int64_t l : stored.spec.patch.layers) layers += (layers.empty() ? "" : ", ") + std::to_string(l);
-    c_.AddEvent(stored, EventKind::kSubmitted, "run " + stored.id + " submitted: the loss of " + std::to_string(stored.extract.total_rows) +
-                                      " token rows with " + what + " of layer(s) " + layers + " replaced (" +
-                                      stored.spec.patch.ablation + " ablation), in " + std::to_string(stored.extract.total_chunks) +
-                                      " chunks on " + std::to_string(stored.spec.parallel.dp) + " worker(s)");
+    c_.AddEvent(stored, EventKind::kSubmitted,
+                "run " + stored.id + " submitted: the loss of " + std::to_string(stored.extract.total_rows) +
+                    " token rows with " + what + " of layer(s) " + layers + " replaced (" + stored.spec.patch.ablation +
+                    " ablation), in " + std::to_string(stored.extract.total_chunks) + " chunks on " +
+                    std::to_string(stored.spec.parallel.dp) + " worker(s)");
   } else if (stored.spec.is_extract()) {
-    c_.AddEvent(stored, EventKind::kSubmitted, "run " + stored.id + " submitted: capture " + std::to_string(stored.extract.total_rows) +
-                                      " token rows of " + std::to_string(stored.spec.extract.layers.size()) + " layer(s) in " +
-                                      std::to_string(stored.extract.total_chunks) + " chunks on " +
-                                      std::to_string(stored.spec.parallel.dp) + " worker(s)");
+    c_.AddEvent(stored, EventKind::kSubmitted,
+                "run " + stored.id + " submitted: capture " + std::to_string(stored.extract.total_rows) +
+                    " token rows of " + std::to_string(stored.spec.extract.layers.size()) + " layer(s) in " +
+                    std::to_string(stored.extract.total_chunks) + " chunks on " +
+                    std::to_string(stored.spec.parallel.dp) + " worker(s)");
   } else {
     // An auto-planned run's mesh is chosen when it starts (the `planned` event says what): until
     // then its parallel fields hold placeholders, so they are not printed as if decided.
@@ -158,15 +177,16 @@ void RpcHandlers::HandleSubmitRun(const std::string& identity, uint64_t rid, Sub
     std::string automatic;
     for (const std::string& field : p.automatic) automatic += (automatic.empty() ? "" : ", ") + field;
     const bool fixed_mesh = p.mesh_fixed();
-    const std::string mesh = !fixed_mesh ? ", mesh planned when it starts (auto: " + automatic + ")"
-                             : " on " + std::to_string(p.workers()) + " worker(s) (dp=" + std::to_string(p.dp) + " pp=" +
-                                   std::to_string(p.pp) + " tp=" + std::to_string(p.tp) + ")" +
-                                   (p.planned() ? "" : "; " + automatic + " planned when it starts");
-    c_.AddEvent(stored, EventKind::kSubmitted, "run " + stored.id + " submitted: " + std::to_string(stored.spec.train.steps) +
-                                      " steps" + mesh +
-                                      (stored.resume_run.empty() ? std::string()
-                                                                 : ", resuming from " + stored.resume_run + " at step " +
-                                                                       std::to_string(stored.resume_step)));
+    const std::string mesh = !fixed_mesh
+                                 ? ", mesh planned when it starts (auto: " + automatic + ")"
+                                 : " on " + std::to_string(p.workers()) + " worker(s) (dp=" + std::to_string(p.dp) +
+                                       " pp=" + std::to_string(p.pp) + " tp=" + std::to_string(p.tp) + ")" +
+                                       (p.planned() ? "" : "; " + automatic + " planned when it starts");
+    c_.AddEvent(stored, EventKind::kSubmitted,
+                "run " + stored.id + " submitted: " + std::to_string(stored.spec.train.steps) + " steps" + mesh +
+                    (stored.resume_run.empty()
+                         ? std::string()
+                         : ", resuming from " + stored.resume_run + " at step " + std::to_string(stored.resume_step)));
   }
   c_.Persist(stored);
   schema::EnvelopeBuilder reply(rid);
@@ -184,16 +204,18 @@ Status RpcHandlers::SetUpResume(RunEntry& run, const std::string& source_id, int
   if (from.is_extract()) return InvalidArgument("--resume: run " + source_id + " is a capture and has no checkpoints");
   const ModelSpec &a = from.model, &b = run.spec.model;
   const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
-      {"layers", {a.layers, b.layers}}, {"hidden", {a.hidden, b.hidden}}, {"heads", {a.heads, b.heads}},
-      {"kv_heads", {a.kv_heads, b.kv_heads}}, {"ffn", {a.ffn, b.ffn}}, {"vocab", {a.vocab, b.vocab}},
+      {"layers", {a.layers, b.layers}},       {"hidden", {a.hidden, b.hidden}}, {"heads", {a.heads, b.heads}},
+      {"kv_heads", {a.kv_heads, b.kv_heads}}, {"ffn", {a.ffn, b.ffn}},          {"vocab", {a.vocab, b.vocab}},
       {"sequence", {a.sequence, b.sequence}}};
   if (a.family != b.family) {
-    return InvalidArgument("--resume: model.family = \"" + b.family + "\" but run " + source_id + " trained \"" + a.family + "\"");
+    return InvalidArgument("--resume: model.family = \"" + b.family + "\" but run " + source_id + " trained \"" +
+                           a.family + "\"");
   }
   for (const auto& [field, values] : fields) {
     if (values.first != values.second) {
-      return InvalidArgument("--resume: model." + std::string(field) + " = " + std::to_string(values.second) + " but run " +
-                             source_id + " trained model." + field + " = " + std::to_string(values.first) +
+      return InvalidArgument("--resume: model." + std::string(field) + " = " + std::to_string(values.second) +
+                             " but run " + source_id + " trained model." + field + " = " +
+                             std::to_string(values.first) +
                              "; a checkpoint resumes only the same model (the mesh may differ)");
     }
   }
@@ -205,20 +227,23 @@ Status RpcHandlers::SetUpResume(RunEntry& run, const std::string& source_id, int
     if (!manifest.ok()) continue;
     const int64_t s = manifest->root().getStep();
     steps += (steps.empty() ? "" : ", ") + std::to_string(s);
-    if (s == step || (step == 0 && !c_.journal.Unreadable(source_id, s))) chosen = s;  // in step order: 0 ends on the latest readable
+    if (s == step || (step == 0 && !c_.journal.Unreadable(source_id, s)))
+      chosen = s;  // in step order: 0 ends on the latest readable
   }
   if (step != 0 && chosen == step) {
     if (const std::string why = c_.journal.UnreadableWhy(source_id, step); !why.empty()) {
       const int64_t older = c_.journal.LastCheckpointStep(source_id, step);
-      return InvalidArgument("--resume " + source_id + "@" + std::to_string(step) + ": that checkpoint is unreadable (" + why +
-                             "); " + (older > 0 ? "resume from " + source_id + "@" + std::to_string(older) + ", the newest readable one before it"
-                                                : std::string("no older checkpoint is readable")));
+      return InvalidArgument(
+          "--resume " + source_id + "@" + std::to_string(step) + ": that checkpoint is unreadable (" + why + "); " +
+          (older > 0 ? "resume from " + source_id + "@" + std::to_string(older) + ", the newest readable one before it"
+                     : std::string("no older checkpoint is readable")));
     }
   }
   if (chosen == 0) {
-    return InvalidArgument("--resume: run " + source_id + " has no complete checkpoint" +
-                           (step ? " at step " + std::to_string(step) : std::string()) +
-                           (steps.empty() ? std::string("; set train.checkpoint_every in its spec") : "; complete ones: " + steps));
+    return InvalidArgument(
+        "--resume: run " + source_id + " has no complete checkpoint" +
+        (step ? " at step " + std::to_string(step) : std::string()) +
+        (steps.empty() ? std::string("; set train.checkpoint_every in its spec") : "; complete ones: " + steps));
   }
   if (chosen >= run.spec.train.steps) {
     return InvalidArgument("--resume: train.steps = " + std::to_string(run.spec.train.steps) +
@@ -256,12 +281,14 @@ void RpcHandlers::HandleCancelRun(const std::string& identity, uint64_t rid, Run
   }
   RunEntry& run = it->second;
   if (run.terminal()) {
-    c_.outbox.Send(identity, schema::MakeErrorReply(rid, InvalidArgument("run " + run.id + " already " + schema::RunStateName(run.state()))));
+    c_.outbox.Send(identity, schema::MakeErrorReply(rid, InvalidArgument("run " + run.id + " already " +
+                                                                         schema::RunStateName(run.state()))));
     return;
   }
   for (auto& id : run.workers) {
     auto w = c_.workers.all().find(id);
-    if (w != c_.workers.all().end() && w->second.state != WorkerState::LOST) c_.SendCancel(w->second, run.id, "cancelled by user");
+    if (w != c_.workers.all().end() && w->second.state != WorkerState::LOST)
+      c_.SendCancel(w->second, run.id, "cancelled by user");
   }
   run.message = "cancelled by user";
   c_.AddEvent(run, EventKind::kCancelled, "cancelled by user at step " + std::to_string(run.step));
@@ -277,7 +304,9 @@ void RpcHandlers::HandleActivationsRequest(const std::string& identity, uint64_t
   if (!found) return;
   const RunEntry& run = *found;
   if (!run.spec.is_extract()) {
-    c_.outbox.Send(identity, schema::MakeErrorReply(rid, InvalidArgument("run " + id + " is a training run; activations are stored by "
+    c_.outbox.Send(identity,
+                   schema::MakeErrorReply(rid, InvalidArgument("run " + id +
+                                                               " is a training run; activations are stored by "
                                                                "runs of kind = \"extract\"")));
     return;
   }
@@ -286,7 +315,8 @@ void RpcHandlers::HandleActivationsRequest(const std::string& identity, uint64_t
   r.setRunId(run.id);
   r.setState(run.state());
   auto layers = r.initLayers(run.spec.extract.layers.size());
-  for (size_t i = 0; i < run.spec.extract.layers.size(); ++i) layers.set(i, static_cast<uint32_t>(run.spec.extract.layers[i]));
+  for (size_t i = 0; i < run.spec.extract.layers.size(); ++i)
+    layers.set(i, static_cast<uint32_t>(run.spec.extract.layers[i]));
   auto sites = r.initSites(run.spec.extract.sites.size());
   for (size_t i = 0; i < run.spec.extract.sites.size(); ++i) sites.set(i, run.spec.extract.sites[i]);
   const std::string& dtype = run.spec.extract.dtype;
@@ -308,7 +338,8 @@ void RpcHandlers::HandleActivationsRequest(const std::string& identity, uint64_t
     chunks.setWithCaveats(i, loc->root());
     // A worker that re-registered may serve from a new address: give the live one.
     auto w = c_.workers.all().find(loc->root().getWorker().cStr());
-    if (w != c_.workers.all().end() && !w->second.serve_address.empty()) chunks[i].setServeAddress(w->second.serve_address);
+    if (w != c_.workers.all().end() && !w->second.serve_address.empty())
+      chunks[i].setServeAddress(w->second.serve_address);
     ++i;
   }
   c_.outbox.Send(identity, reply.Serialize());
@@ -359,8 +390,9 @@ void RpcHandlers::HandleWorkersRequest(const std::string& identity, uint64_t rid
 }
 
 void RpcHandlers::HandleEventsRequest(const std::string& identity, uint64_t rid, RunRef::Reader req) {
-  ReplyWithRunRecords<Event>(identity, rid, req.getRunId().cStr(), keys::EventPrefix(req.getRunId().cStr()),
-                             [](schema::EnvelopeBuilder& reply, size_t n) { return reply.root().initEventsReply().initEvents(n); });
+  ReplyWithRunRecords<Event>(
+      identity, rid, req.getRunId().cStr(), keys::EventPrefix(req.getRunId().cStr()),
+      [](schema::EnvelopeBuilder& reply, size_t n) { return reply.root().initEventsReply().initEvents(n); });
 }
 
 void RpcHandlers::HandleCheckpointsRequest(const std::string& identity, uint64_t rid, RunRef::Reader req) {
@@ -378,8 +410,9 @@ void RpcHandlers::HandleCheckpointsRequest(const std::string& identity, uint64_t
 
 // Answers with every persisted record of type T under `prefix` (one run's), in key order.
 template <typename T, typename InitList>
-void RpcHandlers::ReplyWithRunRecords(const std::string& identity, uint64_t rid, const std::string& id, const std::string& prefix,
-                                      InitList init_list, const std::function<void(schema::EnvelopeBuilder&)>& finish) {
+void RpcHandlers::ReplyWithRunRecords(const std::string& identity, uint64_t rid, const std::string& id,
+                                      const std::string& prefix, InitList init_list,
+                                      const std::function<void(schema::EnvelopeBuilder&)>& finish) {
   if (!RunOrReplyNotFound(identity, rid, id)) return;
   auto records = c_.journal.store().ScanMetadata(prefix);
   if (!records.ok()) {

@@ -18,7 +18,12 @@ class RpcHandlers {
  public:
   RpcHandlers(Cluster& c, TrainRun& train, ExtractScheduler& extract, CheckpointCommitter& committer, RunFiles& files,
               std::function<void()> on_shutdown)
-      : c_(c), train_(train), extract_(extract), committer_(committer), files_(files), on_shutdown_(std::move(on_shutdown)) {}
+      : c_(c),
+        train_(train),
+        extract_(extract),
+        committer_(committer),
+        files_(files),
+        on_shutdown_(std::move(on_shutdown)) {}
 
   // Handles one decoded envelope from `identity` (a worker or a client).
   void Dispatch(const std::string& identity, Envelope::Reader root);

@@ -24,15 +24,24 @@ RunState StateOf(Phase phase) {
 
 const char* PhaseName(Phase phase) {
   switch (phase) {
-    case Phase::kQueued: return "queued";
-    case Phase::kRecovering: return "recovering";
-    case Phase::kRecoveringAnyMesh: return "recovering-any-mesh";
-    case Phase::kAwaitingSnapshot: return "awaiting-snapshot";
-    case Phase::kRunning: return "running";
-    case Phase::kStallWindow: return "stall-window";
-    case Phase::kFinished: return "finished";
-    case Phase::kFailed: return "failed";
-    case Phase::kCancelled: return "cancelled";
+    case Phase::kQueued:
+      return "queued";
+    case Phase::kRecovering:
+      return "recovering";
+    case Phase::kRecoveringAnyMesh:
+      return "recovering-any-mesh";
+    case Phase::kAwaitingSnapshot:
+      return "awaiting-snapshot";
+    case Phase::kRunning:
+      return "running";
+    case Phase::kStallWindow:
+      return "stall-window";
+    case Phase::kFinished:
+      return "finished";
+    case Phase::kFailed:
+      return "failed";
+    case Phase::kCancelled:
+      return "cancelled";
   }
   return "?";
 }

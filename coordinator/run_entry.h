@@ -17,12 +17,12 @@ namespace strata::coordinator {
 // Where a run stands. RunState (persisted, shown) is coarser: StateOf maps each phase onto it.
 // Train runs use every phase; extract runs kQueued, kRunning and the terminal ones.
 enum class Phase {
-  kQueued,              // pending: waits for idle workers for its mesh (FIFO)
-  kRecovering,          // pending after a lost rank: waits options.replace_grace_ms for its mesh
-  kRecoveringAnyMesh,   // pending, the grace period over: re-planned onto the idle workers present
-  kAwaitingSnapshot,    // pending after an out-of-memory stop: waits for the ranks' snapshot shards
+  kQueued,             // pending: waits for idle workers for its mesh (FIFO)
+  kRecovering,         // pending after a lost rank: waits options.replace_grace_ms for its mesh
+  kRecoveringAnyMesh,  // pending, the grace period over: re-planned onto the idle workers present
+  kAwaitingSnapshot,   // pending after an out-of-memory stop: waits for the ranks' snapshot shards
   kRunning,
-  kStallWindow,         // running; some ranks' collective timed out: waits for the others' reports
+  kStallWindow,  // running; some ranks' collective timed out: waits for the others' reports
   kFinished,
   kFailed,
   kCancelled,
@@ -44,10 +44,10 @@ struct ExtractState {
     std::set<uint64_t> chunks;
   };
   std::map<std::string, Reservation> reserved;  // lost worker -> chunks waiting for it
-  int64_t started_ms = 0;                        // steady clock of the first assignment here
-  uint64_t computed_rows = 0;                    // rows computed since started_ms
-  uint64_t computed_bytes = 0;                   // their bytes
-  double bytes_per_second = 0;                   // computed_bytes over the time since started_ms
+  int64_t started_ms = 0;                       // steady clock of the first assignment here
+  uint64_t computed_rows = 0;                   // rows computed since started_ms
+  uint64_t computed_bytes = 0;                  // their bytes
+  double bytes_per_second = 0;                  // computed_bytes over the time since started_ms
   // Reports since this coordinator started: chunks computed (duplicates included, so a chunk
   // computed twice shows), and chunks a resumed task found already in its store.
   uint64_t computed_reports = 0, found_reports = 0;
@@ -109,7 +109,7 @@ struct RunEntry {
   };
   std::vector<RankMemory> memory;
   std::map<std::string, uint32_t> handled;  // failure event kind -> how many (RunRecord.handled)
-  ExtractState extract;  // kind == "extract" only
+  ExtractState extract;                     // kind == "extract" only
 
   RunState state() const { return StateOf(phase); }
   bool terminal() const { return phase == Phase::kFinished || phase == Phase::kFailed || phase == Phase::kCancelled; }

@@ -38,18 +38,19 @@ void RunFiles::AppendMetrics(const RunEntry& run, int64_t step, StepReport::Read
     const auto end = std::to_chars(text, text + sizeof(text), v).ptr;  // shortest that reads back equal
     return std::string(text, end);
   };
-  const std::string line = "{\"step\":" + std::to_string(step) + ",\"loss\":" + number(s.getLoss()) +
-                           ",\"lr\":" + number(LearningRate(run.spec.train, step)) +
-                           ",\"grad_norm\":" + number(s.getGradNorm()) +
-                           ",\"tokens_per_second\":" + number(s.getTokensPerSecond()) +
-                           ",\"memory_bytes\":" + std::to_string(std::max(s.getSchedulePeakBytes(), s.getUpdatePeakBytes())) +
-                           ",\"unix_ms\":" + std::to_string(c_.clock.UnixMs()) + "}\n";
+  const std::string line =
+      "{\"step\":" + std::to_string(step) + ",\"loss\":" + number(s.getLoss()) +
+      ",\"lr\":" + number(LearningRate(run.spec.train, step)) + ",\"grad_norm\":" + number(s.getGradNorm()) +
+      ",\"tokens_per_second\":" + number(s.getTokensPerSecond()) +
+      ",\"memory_bytes\":" + std::to_string(std::max(s.getSchedulePeakBytes(), s.getUpdatePeakBytes())) +
+      ",\"unix_ms\":" + std::to_string(c_.clock.UnixMs()) + "}\n";
   std::error_code ec;
   std::filesystem::create_directories(c_.options.state_dir + "/metrics", ec);
   const std::string path = MetricsPath(run.id);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0 || ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-    STRATA_LOG(kWarn) << "could not append step " << step << " of " << run.id << " to " << path << ": " << std::strerror(errno);
+    STRATA_LOG(kWarn) << "could not append step " << step << " of " << run.id << " to " << path << ": "
+                      << std::strerror(errno);
   }
   if (fd >= 0) ::close(fd);
 }
@@ -68,7 +69,8 @@ int64_t RunFiles::LastMetricsStep(const std::string& run_id) const {
 // A piece of a run's metrics file or of one rank's log. Logs are read by path: the store of the
 // worker that ran the rank last (else any known worker's store holding that rank's log) must be
 // on this host's filesystem; a worker on another host gets an error saying so.
-void RunFiles::HandleRunFileRequest(const std::string& identity, uint64_t rid, const RunEntry& run, RunFileRequest::Reader req) {
+void RunFiles::HandleRunFileRequest(const std::string& identity, uint64_t rid, const RunEntry& run,
+                                    RunFileRequest::Reader req) {
   const std::string& id = run.id;
   std::string path;
   if (req.getKind() == RunFileRequest::Kind::METRICS) {
@@ -77,7 +79,8 @@ void RunFiles::HandleRunFileRequest(const std::string& identity, uint64_t rid, c
     const uint32_t rank = req.getRank();
     std::vector<const WorkerEntry*> candidates;
     if (rank < run.workers.size()) {
-      if (auto w = c_.workers.all().find(run.workers[rank]); w != c_.workers.all().end()) candidates.push_back(&w->second);
+      if (auto w = c_.workers.all().find(run.workers[rank]); w != c_.workers.all().end())
+        candidates.push_back(&w->second);
     }
     for (const auto& [name, w] : c_.workers.all()) candidates.push_back(&w);
     std::string tried;
@@ -103,9 +106,11 @@ void RunFiles::HandleRunFileRequest(const std::string& identity, uint64_t rid, c
       return;
     }
     if (path.empty()) {
-      c_.outbox.Send(identity, schema::MakeErrorReply(rid, NotFound("no log of rank " + std::to_string(rank) + " of run " + id +
-                                                          " in the stores of the known workers" + tried +
-                                                          "; the run has ranks 0-" + std::to_string(std::max<int64_t>(1, run.spec.parallel.workers()) - 1))));
+      c_.outbox.Send(identity,
+                     schema::MakeErrorReply(
+                         rid, NotFound("no log of rank " + std::to_string(rank) + " of run " + id +
+                                       " in the stores of the known workers" + tried + "; the run has ranks 0-" +
+                                       std::to_string(std::max<int64_t>(1, run.spec.parallel.workers()) - 1))));
       return;
     }
   }

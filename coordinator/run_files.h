@@ -21,7 +21,9 @@ class RunFiles {
   void HandleRunFileRequest(const std::string& identity, uint64_t rid, const RunEntry& run, RunFileRequest::Reader req);
 
  private:
-  std::string MetricsPath(const std::string& run_id) const { return c_.options.state_dir + "/metrics/" + run_id + ".jsonl"; }
+  std::string MetricsPath(const std::string& run_id) const {
+    return c_.options.state_dir + "/metrics/" + run_id + ".jsonl";
+  }
   int64_t LastMetricsStep(const std::string& run_id) const;
 
   static constexpr uint64_t kRunFileChunk = 1 << 20;

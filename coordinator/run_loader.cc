@@ -9,11 +9,16 @@ namespace {
 
 Phase PhaseOf(RunState state) {
   switch (state) {
-    case RunState::RUNNING: return Phase::kRunning;
-    case RunState::FINISHED: return Phase::kFinished;
-    case RunState::FAILED: return Phase::kFailed;
-    case RunState::CANCELLED: return Phase::kCancelled;
-    default: return Phase::kQueued;
+    case RunState::RUNNING:
+      return Phase::kRunning;
+    case RunState::FINISHED:
+      return Phase::kFinished;
+    case RunState::FAILED:
+      return Phase::kFailed;
+    case RunState::CANCELLED:
+      return Phase::kCancelled;
+    default:
+      return Phase::kQueued;
   }
 }
 
@@ -22,8 +27,9 @@ Phase PhaseOf(RunState state) {
 Status RunLoader::Load() {
   auto scanned = c_.journal.store().ScanMetadata(keys::AllRuns());
   if (!scanned.ok()) {
-    return Status(scanned.status().code(), scanned.status().message() +
-                                               (c_.options.salvage ? "" : " (start with --salvage to keep what is intact)"));
+    return Status(
+        scanned.status().code(),
+        scanned.status().message() + (c_.options.salvage ? "" : " (start with --salvage to keep what is intact)"));
   }
   auto& records = *scanned;
   for (auto& [key, bytes] : records) {
@@ -39,7 +45,8 @@ Status RunLoader::Load() {
     run.spec_toml = r.getSpecToml().cStr();
     auto spec = ParseStoredRunSpec(run.spec_toml);  // names from before the name rule still load
     if (!spec.ok()) {
-      STRATA_RETURN_IF_ERROR(UnreadableRunRecord(key, bytes, "its stored spec does not parse: " + spec.status().message()));
+      STRATA_RETURN_IF_ERROR(
+          UnreadableRunRecord(key, bytes, "its stored spec does not parse: " + spec.status().message()));
       continue;
     }
     run.spec = *spec;
@@ -52,7 +59,8 @@ Status RunLoader::Load() {
     run.grow_back_to_dp = r.getGrowBackToDp();
     run.task_token = r.getTaskToken();
     for (auto m : r.getMemory()) {
-      run.memory.push_back({m.getWorker().cStr(), m.getEstimateBytes(), m.getWorkspaceBytes(), m.getMeasuredPeakBytes()});
+      run.memory.push_back(
+          {m.getWorker().cStr(), m.getEstimateBytes(), m.getWorkspaceBytes(), m.getMeasuredPeakBytes()});
     }
     if (run.resume_run == run.id && r.getState() == RunState::PENDING) {
       run.phase = Phase::kRecovering;  // it was recovering: its grace period starts again
@@ -81,7 +89,8 @@ Status RunLoader::Load() {
     if (events.ok()) {
       for (auto& [key, value] : *events) {
         auto event = schema::DecodedRecord<Event>::Decode(value);
-        if (event.ok() && IsHandledFailure(event->root().getKind().cStr())) ++run.handled[event->root().getKind().cStr()];
+        if (event.ok() && IsHandledFailure(event->root().getKind().cStr()))
+          ++run.handled[event->root().getKind().cStr()];
       }
     }
     RunEntry& stored = c_.runs[run.id] = std::move(run);
@@ -90,7 +99,8 @@ Status RunLoader::Load() {
       // Expect its workers back: placeholders that the heartbeat timeout turns lost (failing
       // the run) unless they re-register in time.
       for (auto& id : stored.workers) c_.workers.ExpectBack(id, stored.id);
-      c_.AddEvent(stored, EventKind::kCoordinatorRestarted, "coordinator restarted; waiting for the run's workers to re-attach");
+      c_.AddEvent(stored, EventKind::kCoordinatorRestarted,
+                  "coordinator restarted; waiting for the run's workers to re-attach");
     }
   }
   return Status::Ok();
@@ -99,14 +109,19 @@ Status RunLoader::Load() {
 // A run record that does not decode: without --salvage the coordinator does not start (it would
 // otherwise forget the run without a word); with it, the record moves under "salvaged/" (kept,
 // not deleted) and the rest loads.
-Status RunLoader::UnreadableRunRecord(const std::string& key, const std::vector<uint8_t>& bytes, const std::string& why) {
-  const std::string where = "the run record " + storage::PrintableKey(key) + " in the metadata store " + c_.options.state_dir + "/metadata";
+Status RunLoader::UnreadableRunRecord(const std::string& key, const std::vector<uint8_t>& bytes,
+                                      const std::string& why) {
+  const std::string where =
+      "the run record " + storage::PrintableKey(key) + " in the metadata store " + c_.options.state_dir + "/metadata";
   if (!c_.options.salvage) {
-    return Corruption(where + " is damaged (" + why + "); the coordinator did not start, so nothing is lost yet. Restore "
-                      "the state directory from a backup, or start with --salvage to keep every intact run (the damaged "
-                      "record is kept under the salvaged/ prefix)");
+    return Corruption(
+        where + " is damaged (" + why +
+        "); the coordinator did not start, so nothing is lost yet. Restore "
+        "the state directory from a backup, or start with --salvage to keep every intact run (the damaged "
+        "record is kept under the salvaged/ prefix)");
   }
-  STRATA_LOG(kError) << where << " is damaged (" << why << "): salvaging, it is kept under salvaged/ and its run is not loaded";
+  STRATA_LOG(kError) << where << " is damaged (" << why
+                     << "): salvaging, it is kept under salvaged/ and its run is not loaded";
   STRATA_RETURN_IF_ERROR(c_.journal.store().PutMetadata(keys::Salvaged(key), bytes, true));
   return c_.journal.store().DeleteMetadata(key);
 }

@@ -2,8 +2,6 @@
 // CoordinatorCore (the coordinator without its socket, over a real RocksDB journal) with the
 // messages workers would send, moves time, and checks the phase the run ends in, the journal's
 // events and what the workers were told.
-#include "coordinator/core.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +10,8 @@
 #include <functional>
 #include <map>
 #include <set>
+
+#include "coordinator/core.h"
 
 namespace strata::coordinator {
 namespace {
@@ -49,7 +49,8 @@ class Harness {
 
   std::string Spec(int dp, int global_batch, int steps = 100) const {
     return "name = \"t\"\n[model]\nhidden = 32\nheads = 2\nsequence = 16\n[data]\npath = \"" + dir_ +
-           "/corpus.txt\"\n[train]\nsteps = " + std::to_string(steps) + "\nglobal_batch = " + std::to_string(global_batch) +
+           "/corpus.txt\"\n[train]\nsteps = " + std::to_string(steps) +
+           "\nglobal_batch = " + std::to_string(global_batch) +
            "\ncheckpoint_every = 2\n[parallel]\ndp = " + std::to_string(dp) + "\npp = 1\ntp = 1\n";
   }
 
@@ -81,7 +82,8 @@ class Harness {
     Deliver("client", submit);
     for (auto& [identity, bytes] : outbox_.sent) {
       auto env = Decode(bytes);
-      if (identity == "client" && env->root().which() == Envelope::SUBMITTED) return env->root().getSubmitted().getRunId().cStr();
+      if (identity == "client" && env->root().which() == Envelope::SUBMITTED)
+        return env->root().getSubmitted().getRunId().cStr();
     }
     ADD_FAILURE() << "no Submitted reply";
     return "";
@@ -95,7 +97,8 @@ class Harness {
       if (env->root().which() != Envelope::ASSIGN_TASK) continue;
       auto a = env->root().getAssignTask();
       if (std::string(a.getRunId().cStr()) != run) continue;
-      out[outbox_.sent[seen_].first] = {a.getRank(), a.getTaskToken(), a.hasResumeFrom(), a.hasResumeFrom() ? a.getResumeFrom().getStep() : 0};
+      out[outbox_.sent[seen_].first] = {a.getRank(), a.getTaskToken(), a.hasResumeFrom(),
+                                        a.hasResumeFrom() ? a.getResumeFrom().getStep() : 0};
       tokens_[outbox_.sent[seen_].first] = {a.getRank(), a.getTaskToken()};
     }
     return out;
@@ -134,7 +137,8 @@ class Harness {
       st.setDetail("an all-reduce has not finished");
     });
   }
-  void OutOfMemory(const std::string& worker, const std::string& run, int64_t step, int64_t micro_batch, int64_t intact_step) {
+  void OutOfMemory(const std::string& worker, const std::string& run, int64_t step, int64_t micro_batch,
+                   int64_t intact_step) {
     Report(worker, run, [&](TaskEvent::Builder ev) {
       auto o = ev.initOutOfMemory();
       o.setStep(step);
@@ -171,7 +175,8 @@ class Harness {
     std::vector<std::string> kinds;
     auto records = core_->journal().store().ScanMetadata(keys::EventPrefix(run));
     EXPECT_TRUE(records.ok());
-    for (auto& [key, value] : *records) kinds.push_back(schema::DecodedRecord<::Event>::Decode(value)->root().getKind().cStr());
+    for (auto& [key, value] : *records)
+      kinds.push_back(schema::DecodedRecord<::Event>::Decode(value)->root().getKind().cStr());
     return kinds;
   }
   const CoordinatorOptions& options() const { return options_; }
@@ -217,8 +222,8 @@ struct Case {
   const char* name;
   // Drives the harness; returns the run it is about.
   std::function<std::string(Harness&)> script;
-  Phase phase;                       // where the run ends
-  std::vector<std::string> events;   // a subsequence of its journal's event kinds
+  Phase phase;                      // where the run ends
+  std::vector<std::string> events;  // a subsequence of its journal's event kinds
   std::function<void(Harness&, const std::string& run)> check = nullptr;
 };
 
@@ -252,7 +257,8 @@ const Case kCases[] = {
        h.Advance(h.options().snapshot_timeout_ms);
        return run;
      },
-     Phase::kQueued, {"oom", "replanned", "snapshot", "snapshot"},
+     Phase::kQueued,
+     {"oom", "replanned", "snapshot", "snapshot"},
      [](Harness& h, const std::string& run) {
        EXPECT_EQ(h.Run(run).step, 2);  // the snapshot never completed: from the checkpoint at 2
        EXPECT_EQ(h.journal().LastCheckpointStep(run), 2);
@@ -267,7 +273,8 @@ const Case kCases[] = {
        h.Checkpoint(w1, run, 3);
        return run;
      },
-     Phase::kRunning, {"oom", "replanned", "snapshot", "checkpoint", "assigned"},
+     Phase::kRunning,
+     {"oom", "replanned", "snapshot", "checkpoint", "assigned"},
      [](Harness& h, const std::string& run) {
        const auto assigned = h.NewAssignments(run);
        ASSERT_EQ(assigned.size(), 2u);
@@ -285,7 +292,8 @@ const Case kCases[] = {
        EXPECT_EQ(h.StateOf("w2"), WorkerState::LOST);
        return run;
      },
-     Phase::kRecovering, {"stalled", "worker-lost", "recovering"}},
+     Phase::kRecovering,
+     {"stalled", "worker-lost", "recovering"}},
     {"EveryRankStalledStartsAgainOnTheSameWorkers",
      [](Harness& h) {
        const std::string run = RunWithCheckpoint(h, 2, 2, 4);
@@ -293,7 +301,8 @@ const Case kCases[] = {
        h.UnknownStall("w1", run);
        return run;
      },
-     Phase::kRunning, {"stalled", "recovering", "assigned"},
+     Phase::kRunning,
+     {"stalled", "recovering", "assigned"},
      [](Harness& h, const std::string& run) {
        EXPECT_EQ(h.StateOf("w0"), WorkerState::BUSY);
        EXPECT_EQ(h.StateOf("w1"), WorkerState::BUSY);
@@ -320,7 +329,8 @@ const Case kCases[] = {
        }
        return run;
      },
-     Phase::kRunning, {"worker-lost", "recovering", "replanned", "assigned", "checkpoint", "grew", "assigned"},
+     Phase::kRunning,
+     {"worker-lost", "recovering", "replanned", "assigned", "checkpoint", "grew", "assigned"},
      [](Harness& h, const std::string& run) {
        EXPECT_EQ(h.Run(run).spec.parallel.dp, 3);
        EXPECT_EQ(h.Run(run).grow_back_to_dp, 0);
@@ -347,7 +357,8 @@ const Case kCases[] = {
        });
        return run;
      },
-     Phase::kRunning, {"worker-lost", "recovering", "assigned", "checkpoint-unreadable", "assigned"},
+     Phase::kRunning,
+     {"worker-lost", "recovering", "assigned", "checkpoint-unreadable", "assigned"},
      [](Harness& h, const std::string& run) {
        EXPECT_TRUE(h.journal().Unreadable(run, 2));
        EXPECT_EQ(h.Run(run).step, 0);
@@ -365,7 +376,8 @@ const Case kCases[] = {
        h.OutOfMemory(w0, run, 3, 2, 2);  // w0 was still stopping its task
        return run;
      },
-     Phase::kRecovering, {"worker-lost", "recovering"},
+     Phase::kRecovering,
+     {"worker-lost", "recovering"},
      [](Harness& h, const std::string& run) {
        const auto kinds = h.Events(run);
        EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "oom"), 0) << Join(kinds);
@@ -379,7 +391,8 @@ const Case kCases[] = {
        h.OutOfMemory("w0", run, 1, 1, 0);
        return run;
      },
-     Phase::kFailed, {"oom", "failed"}},
+     Phase::kFailed,
+     {"oom", "failed"}},
 };
 
 class RunMachineTest : public ::testing::TestWithParam<Case> {};

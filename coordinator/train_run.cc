@@ -37,10 +37,12 @@ void TrainRun::ArmRecoveryDeadline(RunEntry& run) {
 // and is told to drop the task), and the run re-plans without them.
 void TrainRun::RanksStalled(RunEntry& run, const std::vector<uint32_t>& missing, const std::string& how) {
   std::string names;
-  for (uint32_t r : missing) names += (names.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " on " + run.workers[r];
+  for (uint32_t r : missing)
+    names += (names.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " on " + run.workers[r];
   c_.AddEvent(run, EventKind::kStalled, names + " did not arrive: " + how + "; treated as lost");
   for (uint32_t r : missing) {
-    if (WorkerEntry* w = c_.workers.Find(run.workers[r])) c_.workers.MarkLost(*w, "stalled in a collective", /*run_handles_it=*/true);
+    if (WorkerEntry* w = c_.workers.Find(run.workers[r]))
+      c_.workers.MarkLost(*w, "stalled in a collective", /*run_handles_it=*/true);
   }
   WorkerLost(run, run.workers[missing.front()], names + " stalled");
   c_.Schedule();
@@ -60,8 +62,9 @@ void TrainRun::StallWindowClosed(RunEntry& run) {
   const std::string how = std::to_string(stall.ranks.size()) + " of " + std::to_string(run.workers.size()) +
                           " ranks timed out in a collective (" + stall.detail + ")";
   if (!missing.empty()) return RanksStalled(run, missing, how);
-  c_.AddEvent(run, EventKind::kStalled, "every rank timed out in a collective and none can be blamed: " + how +
-                               "; the run starts again from its latest checkpoint");
+  c_.AddEvent(run, EventKind::kStalled,
+              "every rank timed out in a collective and none can be blamed: " + how +
+                  "; the run starts again from its latest checkpoint");
   Recover(run, "a collective timed out on every rank: the run starts again");
   c_.Schedule();
 }
@@ -82,11 +85,12 @@ void TrainRun::Recover(RunEntry& run, const std::string& why, const std::string&
   ResumeFromLatest(run);
   const int64_t from = run.step;
   c_.AddEvent(run, EventKind::kRecovering,
-           (from > 0 ? "resuming from the checkpoint " + (run.resume_run == run.id ? std::string() : "of " + run.resume_run + " ") +
-                           "at step " + std::to_string(from)
-                     : std::string("restarting from step 0 (no complete checkpoint)")) +
-               "; waiting up to " + std::to_string(c_.options.replace_grace_ms / 1000) + " s for " +
-               std::to_string(run.spec.parallel.workers()) + " workers, then re-planning onto the workers present");
+              (from > 0 ? "resuming from the checkpoint " +
+                              (run.resume_run == run.id ? std::string() : "of " + run.resume_run + " ") + "at step " +
+                              std::to_string(from)
+                        : std::string("restarting from step 0 (no complete checkpoint)")) +
+                  "; waiting up to " + std::to_string(c_.options.replace_grace_ms / 1000) + " s for " +
+                  std::to_string(run.spec.parallel.workers()) + " workers, then re-planning onto the workers present");
   EnterRecovering(run);
 }
 
@@ -104,19 +108,20 @@ void TrainRun::CheckpointUnreadable(RunEntry& run, uint32_t rank, ::CheckpointUn
   c_.ReleaseWorkers(run);
   run.workers.clear();
   const int64_t older = c_.journal.LastCheckpointStep(source, step);
-  std::string what = "rank " + std::to_string(rank) + " on " + worker + " cannot read the checkpoint of " + source + " at step " +
-                     std::to_string(step) + " (" + why + "); it is kept and marked unreadable";
+  std::string what = "rank " + std::to_string(rank) + " on " + worker + " cannot read the checkpoint of " + source +
+                     " at step " + std::to_string(step) + " (" + why + "); it is kept and marked unreadable";
   if (older == 0 && source != run.id) {
     c_.AddEvent(run, EventKind::kCheckpointUnreadable, what);
-    return c_.FailRun(run, "the checkpoint of " + source + " at step " + std::to_string(step) + " is unreadable and " + source +
-                            " has no older complete one; resume from another run or start fresh");
+    return c_.FailRun(run, "the checkpoint of " + source + " at step " + std::to_string(step) + " is unreadable and " +
+                               source + " has no older complete one; resume from another run or start fresh");
   }
   if (run.resume_step_asked && source != run.id) {  // the user named this one: no other
     c_.AddEvent(run, EventKind::kCheckpointUnreadable, what);
-    return c_.FailRun(run, "the checkpoint of " + source + " at step " + std::to_string(step) + " that --resume named is unreadable (" +
-                            why + "); " +
-                            (older > 0 ? "resume from " + source + "@" + std::to_string(older) + ", the newest readable one before it"
-                                       : std::string("no older checkpoint of it is readable")));
+    return c_.FailRun(run, "the checkpoint of " + source + " at step " + std::to_string(step) +
+                               " that --resume named is unreadable (" + why + "); " +
+                               (older > 0 ? "resume from " + source + "@" + std::to_string(older) +
+                                                ", the newest readable one before it"
+                                          : std::string("no older checkpoint of it is readable")));
   }
   if (older == 0) {
     run.resume_run.clear();
@@ -154,18 +159,22 @@ void TrainRun::OutOfMemory(RunEntry& run, uint32_t rank, ::OutOfMemory::Reader o
   if (!run.running()) return;
   const std::string worker = rank < run.workers.size() ? run.workers[rank] : "?";
   const int64_t failed_micro_batch = oom.getMicroBatch();
-  c_.AddEvent(run, EventKind::kOom, "rank " + std::to_string(rank) + " on " + worker + " (" + FormatBytes(oom.getFreeBytes()) + " of " +
-                           FormatBytes(oom.getTotalBytes()) + " free after it): " + oom.getDetail().cStr());
+  c_.AddEvent(run, EventKind::kOom,
+              "rank " + std::to_string(rank) + " on " + worker + " (" + FormatBytes(oom.getFreeBytes()) + " of " +
+                  FormatBytes(oom.getTotalBytes()) + " free after it): " + oom.getDetail().cStr());
   const int64_t latest = c_.journal.LastCheckpointStep(run.id);
-  const int64_t snapshot = oom.getIntactStep() > std::max<int64_t>(latest, run.resume_run == run.id ? 0 : run.resume_step)
-                               ? oom.getIntactStep() : 0;
+  const int64_t snapshot =
+      oom.getIntactStep() > std::max<int64_t>(latest, run.resume_run == run.id ? 0 : run.resume_step)
+          ? oom.getIntactStep()
+          : 0;
   if (snapshot > 0) {
     run.snapshot.step = snapshot;
     run.snapshot.token = run.task_token;
     run.snapshot.ranks = run.workers.size();
     // Shards of this step already here (the failed rank saves before it reports) are this
     // attempt's: pending_shards is cleared at every assignment.
-    if (auto it = run.pending_shards.find(snapshot); it != run.pending_shards.end() && it->second.size() == run.snapshot.ranks) {
+    if (auto it = run.pending_shards.find(snapshot);
+        it != run.pending_shards.end() && it->second.size() == run.snapshot.ranks) {
       committer_.Commit(run, snapshot);
       run.snapshot = {};
     }
@@ -180,12 +189,15 @@ void TrainRun::OutOfMemory(RunEntry& run, uint32_t rank, ::OutOfMemory::Reader o
     ranks.push_back(&it->second);
     c_.SendCancel(it->second, run.id, stop, snapshot);
   }
-  if (!ShrinkForMemory(run, worker, failed_micro_batch, oom.getFreeBytes(), oom.getTotalBytes(), ranks)) return;  // failed: nothing fits
+  if (!ShrinkForMemory(run, worker, failed_micro_batch, oom.getFreeBytes(), oom.getTotalBytes(), ranks))
+    return;  // failed: nothing fits
   c_.ReleaseWorkers(run);
   run.workers.clear();
   if (awaiting_snapshot) {  // the resume point is set once the snapshot is in (SnapshotDone)
-    c_.AddEvent(run, EventKind::kSnapshot, "waiting up to " + std::to_string(c_.options.snapshot_timeout_ms / 1000) + " s for the " +
-                                  std::to_string(run.snapshot.ranks) + " ranks to save their state of step " + std::to_string(snapshot));
+    c_.AddEvent(run, EventKind::kSnapshot,
+                "waiting up to " + std::to_string(c_.options.snapshot_timeout_ms / 1000) + " s for the " +
+                    std::to_string(run.snapshot.ranks) + " ranks to save their state of step " +
+                    std::to_string(snapshot));
     c_.Transition(run, Phase::kAwaitingSnapshot);
     c_.AtPhaseDeadline(run, c_.options.snapshot_timeout_ms, [this](RunEntry& r) { SnapshotDone(r, false); });
   } else {
@@ -200,8 +212,9 @@ void TrainRun::OutOfMemory(RunEntry& run, uint32_t rank, ::OutOfMemory::Reader o
 void TrainRun::SnapshotDone(RunEntry& run, bool complete) {
   if (!complete) {
     run.pending_shards.erase(run.snapshot.step);
-    c_.AddEvent(run, EventKind::kSnapshot, "the state of step " + std::to_string(run.snapshot.step) +
-                                  " was not saved by every rank in time; replaying from the latest complete checkpoint");
+    c_.AddEvent(run, EventKind::kSnapshot,
+                "the state of step " + std::to_string(run.snapshot.step) +
+                    " was not saved by every rank in time; replaying from the latest complete checkpoint");
   }
   run.snapshot = {};
   if (run.phase == Phase::kAwaitingSnapshot) {
@@ -231,15 +244,19 @@ bool TrainRun::ShrinkForMemory(RunEntry& run, const std::string& worker, int64_t
   }
   auto change = shard::ChangeForOutOfMemory(run.spec, unbounded, after, worker, micro_batch, ranks.size());
   if (!change.ok()) {
-    c_.FailRun(run, "out of memory at micro-batch 1 on " + worker + " and no plan for the run's " + std::to_string(ranks.size()) +
-                        " workers fits their free memory: " + change.status().message() +
-                        "; add workers, set parallel.recompute = true or parallel.zero = 3, or use workers with more memory, then "
-                        "resume with `strata submit SPEC --resume " + run.id + "`");
+    c_.FailRun(
+        run,
+        "out of memory at micro-batch 1 on " + worker + " and no plan for the run's " + std::to_string(ranks.size()) +
+            " workers fits their free memory: " + change.status().message() +
+            "; add workers, set parallel.recompute = true or parallel.zero = 3, or use workers with more memory, then "
+            "resume with `strata submit SPEC --resume " +
+            run.id + "`");
     return false;
   }
   SetParallel(run, change->parallel);
-  c_.AddEvent(run, EventKind::kReplanned, change->description + "; global batch " + std::to_string(run.spec.train.global_batch) +
-                                              " unchanged, so the losses continue as before");
+  c_.AddEvent(run, EventKind::kReplanned,
+              change->description + "; global batch " + std::to_string(run.spec.train.global_batch) +
+                  " unchanged, so the losses continue as before");
   return true;
 }
 
@@ -251,8 +268,9 @@ bool TrainRun::Replan(RunEntry& run, size_t available) {
   if (!change) return false;
   SetParallel(run, change->parallel);
   if (run.spec.parallel.dp < before) run.grow_back_to_dp = std::max(run.grow_back_to_dp, before);
-  c_.AddEvent(run, EventKind::kReplanned, change->description + "; global batch " + std::to_string(run.spec.train.global_batch) +
-                                              " unchanged, so the losses continue as before");
+  c_.AddEvent(run, EventKind::kReplanned,
+              change->description + "; global batch " + std::to_string(run.spec.train.global_batch) +
+                  " unchanged, so the losses continue as before");
   c_.Persist(run);
   return true;
 }
@@ -265,11 +283,12 @@ bool TrainRun::Replan(RunEntry& run, size_t available) {
 void TrainRun::MaybeGrowBack(RunEntry& run, int64_t step) {
   const ParallelSpec& p = run.spec.parallel;
   // A snapshot being saved (an out-of-memory stop) is not a point to grow from.
-  if (c_.options.grow_back_min_saving_s < 0 || !run.running() || run.spec.is_extract() ||
-      run.snapshot.token != 0 || run.grow_back_to_dp <= p.dp || run.tokens_per_second <= 0 || run.step < step) {
+  if (c_.options.grow_back_min_saving_s < 0 || !run.running() || run.spec.is_extract() || run.snapshot.token != 0 ||
+      run.grow_back_to_dp <= p.dp || run.tokens_per_second <= 0 || run.step < step) {
     return;
   }
-  const auto grow = shard::GrowBackDataParallel(run.spec, run.grow_back_to_dp, static_cast<int64_t>(c_.workers.Idle().size()));
+  const auto grow =
+      shard::GrowBackDataParallel(run.spec, run.grow_back_to_dp, static_cast<int64_t>(c_.workers.Idle().size()));
   if (!grow) return;
   const int64_t grow_to = *grow;
   const double step_seconds =
@@ -287,10 +306,11 @@ void TrainRun::MaybeGrowBack(RunEntry& run, int64_t step) {
   SetParallel(run, shard::WithDataParallel(run.spec.parallel, run.spec.train.global_batch, grow_to));
   if (grow_to >= run.grow_back_to_dp) run.grow_back_to_dp = 0;
   ResumeFromLatest(run);
-  c_.AddEvent(run, EventKind::kGrew, "dp " + std::to_string(before) + " -> " + std::to_string(grow_to) + " (workers are idle again): " +
-                            "resuming from the checkpoint at step " + std::to_string(run.step) + ", " + estimate +
-                            "; global batch " + std::to_string(run.spec.train.global_batch) +
-                            " unchanged, so the losses continue as before");
+  c_.AddEvent(run, EventKind::kGrew,
+              "dp " + std::to_string(before) + " -> " + std::to_string(grow_to) +
+                  " (workers are idle again): " + "resuming from the checkpoint at step " + std::to_string(run.step) +
+                  ", " + estimate + "; global batch " + std::to_string(run.spec.train.global_batch) +
+                  " unchanged, so the losses continue as before");
   c_.Transition(run, Phase::kQueued);
   c_.Schedule();
 }
@@ -364,8 +384,8 @@ void TrainRun::HandleTaskEvent(RunEntry& run, TaskEvent::Reader ev) {
   // Reports of an earlier attempt of this run (a rank still stopping after the run re-planned)
   // change nothing, except the shards of the snapshot that attempt was asked to leave.
   const uint64_t token = ev.getTaskToken();
-  const bool snapshot_shard = ev.which() == TaskEvent::CHECKPOINT_SAVED && run.snapshot.token != 0 && token == run.snapshot.token &&
-                              ev.getCheckpointSaved().getStep() == run.snapshot.step;
+  const bool snapshot_shard = ev.which() == TaskEvent::CHECKPOINT_SAVED && run.snapshot.token != 0 &&
+                              token == run.snapshot.token && ev.getCheckpointSaved().getStep() == run.snapshot.step;
   if (token != 0 && run.task_token != 0 && token != run.task_token && !snapshot_shard) return;
   const uint32_t rank = ev.getRank();
   switch (ev.which()) {
@@ -389,13 +409,15 @@ void TrainRun::HandleTaskEvent(RunEntry& run, TaskEvent::Reader ev) {
       // Not synced: after a crash the run resumes from a checkpoint and re-reports later steps.
       const std::string bytes = schema::StructToBytes(s);
       Status st = c_.journal.store().PutMetadata(keys::Loss(run.id, step), AsBytes(bytes), false);
-      if (!st.ok()) STRATA_LOG(kError) << "could not persist step " << step << " of " << run.id << ": " << st.ToString();
+      if (!st.ok())
+        STRATA_LOG(kError) << "could not persist step " << step << " of " << run.id << ": " << st.ToString();
       files_.AppendMetrics(run, step, s);
       break;
     }
     case TaskEvent::CHECKPOINT_SAVED: {
       const size_t expected = snapshot_shard ? run.snapshot.ranks : run.workers.size();
-      if (committer_.ShardSaved(run, rank, ev.getCheckpointSaved(), expected, snapshot_shard) && snapshot_shard) SnapshotDone(run, true);
+      if (committer_.ShardSaved(run, rank, ev.getCheckpointSaved(), expected, snapshot_shard) && snapshot_shard)
+        SnapshotDone(run, true);
       break;
     }
     case TaskEvent::OUT_OF_MEMORY:
@@ -418,14 +440,16 @@ void TrainRun::HandleTaskEvent(RunEntry& run, TaskEvent::Reader ev) {
       const uint32_t missing = stalled.getMissingRank();
       if (missing >= run.workers.size()) break;
       const std::string waiter = rank < run.workers.size() ? run.workers[rank] : "?";
-      RanksStalled(run, {missing}, "rank " + std::to_string(rank) + " on " + waiter + " gave up (" + stalled.getDetail().cStr() + ")");
+      RanksStalled(run, {missing},
+                   "rank " + std::to_string(rank) + " on " + waiter + " gave up (" + stalled.getDetail().cStr() + ")");
       break;
     }
     case TaskEvent::FINISHED:
       run.finished_ranks.insert(rank);
       if (run.finished_ranks.size() == run.workers.size()) {
-        c_.AddEvent(run, EventKind::kFinished, "finished " + std::to_string(run.step) + " steps, final loss " +
-                                      (run.losses.empty() ? "n/a" : std::to_string(run.losses.back())));
+        c_.AddEvent(run, EventKind::kFinished,
+                    "finished " + std::to_string(run.step) + " steps, final loss " +
+                        (run.losses.empty() ? "n/a" : std::to_string(run.losses.back())));
         c_.ReleaseWorkers(run);
         c_.Transition(run, Phase::kFinished);
         c_.Schedule();

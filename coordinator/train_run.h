@@ -68,8 +68,8 @@ class TrainRun {
   void ResumeFromLatest(RunEntry& run);
   void OutOfMemory(RunEntry& run, uint32_t rank, ::OutOfMemory::Reader oom);
   void SnapshotDone(RunEntry& run, bool complete);
-  bool ShrinkForMemory(RunEntry& run, const std::string& worker, int64_t micro_batch, uint64_t free_bytes, uint64_t total_bytes,
-                       const std::vector<WorkerEntry*>& ranks);
+  bool ShrinkForMemory(RunEntry& run, const std::string& worker, int64_t micro_batch, uint64_t free_bytes,
+                       uint64_t total_bytes, const std::vector<WorkerEntry*>& ranks);
   void EstimateMemory(RunEntry& run, const std::vector<WorkerEntry*>& workers);
 
   Cluster& c_;

@@ -29,12 +29,12 @@ Result<WorkerEntry*> WorkerRegistry::Register(const std::string& identity, Regis
   w.current_run = req.getCurrentRun().cStr();
   w.state = WorkerState::IDLE;
   if (!previous_run.empty() && previous_run != w.current_run) {
-    const std::string why = "worker " + name + " restarted (pid " + std::to_string(previous_pid) + " -> " + std::to_string(w.pid) +
-                            ") and lost its task";
+    const std::string why = "worker " + name + " restarted (pid " + std::to_string(previous_pid) + " -> " +
+                            std::to_string(w.pid) + ") and lost its task";
     for (auto& listener : task_lost_) listener(w, previous_run, why);
   }
-  STRATA_LOG(kInfo) << (known ? "worker re-registered: " : "worker registered: ") << name << " pid " << w.pid << " store "
-                    << w.store_path;
+  STRATA_LOG(kInfo) << (known ? "worker re-registered: " : "worker registered: ") << name << " pid " << w.pid
+                    << " store " << w.store_path;
   return &w;
 }
 
@@ -60,7 +60,8 @@ void WorkerRegistry::CheckHeartbeats() {
   const int64_t now = clock_.SteadyMs();
   for (auto& [id, w] : workers_) {
     if (w.state == WorkerState::LOST || now - w.last_heartbeat_ms <= heartbeat_timeout_ms_) continue;
-    STRATA_LOG(kWarn) << "worker " << id << " (pid " << w.pid << ") lost: no heartbeat for " << (now - w.last_heartbeat_ms) << " ms";
+    STRATA_LOG(kWarn) << "worker " << id << " (pid " << w.pid << ") lost: no heartbeat for "
+                      << (now - w.last_heartbeat_ms) << " ms";
     MarkLost(w, "worker " + id + " (pid " + std::to_string(w.pid) + ") stopped sending heartbeats");
   }
 }
@@ -107,11 +108,13 @@ std::vector<WorkerEntry*> WorkerRegistry::Idle() {
 }
 
 size_t WorkerRegistry::Live() const {
-  return std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.state != WorkerState::LOST; });
+  return std::count_if(workers_.begin(), workers_.end(),
+                       [](const auto& w) { return w.second.state != WorkerState::LOST; });
 }
 
 bool WorkerRegistry::AnyBusy() const {
-  return std::any_of(workers_.begin(), workers_.end(), [](const auto& w) { return w.second.state == WorkerState::BUSY; });
+  return std::any_of(workers_.begin(), workers_.end(),
+                     [](const auto& w) { return w.second.state == WorkerState::BUSY; });
 }
 
 }  // namespace strata::coordinator

@@ -42,7 +42,8 @@ class WorkerRegistry {
   // A worker is lost (after its state became LOST, before TaskLost listeners run).
   using WorkerLostListener = std::function<void(const std::string& worker)>;
 
-  WorkerRegistry(const Clock& clock, int heartbeat_timeout_ms) : clock_(clock), heartbeat_timeout_ms_(heartbeat_timeout_ms) {}
+  WorkerRegistry(const Clock& clock, int heartbeat_timeout_ms)
+      : clock_(clock), heartbeat_timeout_ms_(heartbeat_timeout_ms) {}
 
   void AddWorkerLostListener(WorkerLostListener listener) { worker_lost_.push_back(std::move(listener)); }
   void AddTaskLostListener(TaskLostListener listener) { task_lost_.push_back(std::move(listener)); }

@@ -17,9 +17,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   strata::fuzz::ReadEverything(root);
   // The helpers receivers call on parts of a message.
   switch (root.which()) {
-    case Envelope::ERROR: (void)StatusFromError(root.getError()); break;
-    case Envelope::REGISTER_WORKER: (void)ReadMemoryStats(root.getRegisterWorker().getMemory()); break;
-    case Envelope::HEARTBEAT: (void)ReadMemoryStats(root.getHeartbeat().getMemory()); break;
+    case Envelope::ERROR:
+      (void)StatusFromError(root.getError());
+      break;
+    case Envelope::REGISTER_WORKER:
+      (void)ReadMemoryStats(root.getRegisterWorker().getMemory());
+      break;
+    case Envelope::HEARTBEAT:
+      (void)ReadMemoryStats(root.getHeartbeat().getMemory());
+      break;
     case Envelope::STATUS_REPLY:
       for (auto run : root.getStatusReply().getRuns()) (void)RunStateName(run.getState());
       break;
@@ -29,8 +35,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (void)ReadMemoryStats(worker.getMemory());
       }
       break;
-    case Envelope::ACTIVATION_DATA: (void)DTypeName(root.getActivationData().getDtype()); break;
-    default: break;
+    case Envelope::ACTIVATION_DATA:
+      (void)DTypeName(root.getActivationData().getDtype());
+      break;
+    default:
+      break;
   }
   return 0;
 }

@@ -368,7 +368,8 @@ void TensorRecordSeeds(SeedWriter& out) {
     value.append(bytes.begin(), bytes.end());
     out.Add("tensor_record_fuzz", value);
     const uint64_t size = *storage::records::ByteSize(t.dtype, t.shape);
-    out.Add("tensor_record_fuzz", storage::records::EncodeFileRef({"20-4242-1764200000-0.bin", 4096, size, 77, t.dtype, t.shape}));
+    out.Add("tensor_record_fuzz",
+            storage::records::EncodeFileRef({"20-4242-1764200000-0.bin", 4096, size, 77, t.dtype, t.shape}));
   }
 }
 
@@ -402,7 +403,8 @@ void KeySeeds(SeedWriter& out) {
   out.Add("key_fuzz", std::string("\x03\x00\x01\x00", 4) + storage::EncodeKeyString("run-1") +
                           storage::EncodeKeyU64(20) + storage::EncodeKeyString("h.0.mlp.c_fc.weight"));
   out.Add("key_fuzz", std::string("\x04\x00\x00\x01\x01", 5) + storage::EncodeKeyString("run-2") +
-                          storage::EncodeKeyString("resid_post") + storage::EncodeKeyU64(3) + storage::EncodeKeyU64(1536));
+                          storage::EncodeKeyString("resid_post") + storage::EncodeKeyU64(3) +
+                          storage::EncodeKeyU64(1536));
 }
 
 void NpyHeaderSeeds(SeedWriter& out) {
@@ -415,7 +417,8 @@ void NpyHeaderSeeds(SeedWriter& out) {
   for (const Header& h : {Header{1, "<u2", 1000}, Header{1, "<u4", 7}, Header{2, "<i8", 3}, Header{1, "|u1", 0},
                           Header{3, "<u8", 12345678901}}) {
     const auto& [major, descr, n] = h;
-    std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }";
+    std::string dict =
+        std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }";
     const size_t prefix = major == 1 ? 10 : 12;
     dict.append((64 - (prefix + dict.size() + 1) % 64) % 64, ' ');
     dict += '\n';

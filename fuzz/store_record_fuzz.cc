@@ -32,12 +32,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   std::span<const uint8_t> value(data + 1, size - 1);
   switch (data[0] % 6) {
-    case 0: Check<RunRecord>(value); break;
-    case 1: Check<Event>(value); break;
-    case 2: Check<StepReport>(value); break;
-    case 3: Check<CheckpointManifest>(value); break;
-    case 4: Check<CheckpointShard>(value); break;
-    case 5: Check<ChunkLocation>(value); break;
+    case 0:
+      Check<RunRecord>(value);
+      break;
+    case 1:
+      Check<Event>(value);
+      break;
+    case 2:
+      Check<StepReport>(value);
+      break;
+    case 3:
+      Check<CheckpointManifest>(value);
+      break;
+    case 4:
+      Check<CheckpointShard>(value);
+      break;
+    case 5:
+      Check<ChunkLocation>(value);
+      break;
   }
   return 0;
 }

@@ -1,7 +1,7 @@
 // Tensor values of a shard store ([u32 header length][TensorHeader][raw bytes], or a data file
-// reference: storage/records.h), read back from RocksDB where a bad disk or a bug may have damaged them. DecodeTensorValue must
-// return Corruption for anything malformed; what it accepts must be self-consistent (dtype x shape
-// = bytes, checksum matches) and encode back to the same tensor.
+// reference: storage/records.h), read back from RocksDB where a bad disk or a bug may have damaged them.
+// DecodeTensorValue must return Corruption for anything malformed; what it accepts must be self-consistent (dtype x
+// shape = bytes, checksum matches) and encode back to the same tensor.
 #include <cstddef>
 #include <cstdint>
 #include <string>

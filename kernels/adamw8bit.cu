@@ -124,7 +124,8 @@ __device__ inline float WarpMax(float x) {
 template <typename F>
 __device__ inline void ForEachWarpBlock(int64_t n, F f) {
   const int64_t blocks = (n + kAdamW8bitBlock - 1) / kAdamW8bitBlock;
-  for (int64_t b = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; b < blocks; b += int64_t(gridDim.x) * kWarpsPerBlock) {
+  for (int64_t b = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; b < blocks;
+       b += int64_t(gridDim.x) * kWarpsPerBlock) {
     const int64_t begin = b * kAdamW8bitBlock;
     f(b, begin, static_cast<int>(min(kAdamW8bitBlock, n - begin)));
   }
@@ -180,8 +181,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int VEC>
 __global__ void __launch_bounds__(kThreads)
-    QuantizeKernel(CodeTable table, const float* __restrict__ values, uint8_t* __restrict__ codes, float* __restrict__ scales,
-                   int64_t n) {
+    QuantizeKernel(CodeTable table, const float* __restrict__ values, uint8_t* __restrict__ codes,
+                   float* __restrict__ scales, int64_t n) {
   __shared__ Staged staged;
   Stage(table, staged);
   __syncthreads();
@@ -202,8 +203,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    DequantizeKernel(CodeTable table, const uint8_t* __restrict__ codes, const float* __restrict__ scales, float* __restrict__ out,
-                     int64_t n) {
+    DequantizeKernel(CodeTable table, const uint8_t* __restrict__ codes, const float* __restrict__ scales,
+                     float* __restrict__ out, int64_t n) {
   __shared__ float sorted[kCodes];
   sorted[threadIdx.x] = table.codes[threadIdx.x];
   __syncthreads();
@@ -262,7 +263,8 @@ void AdamW8bitInit(const Place& place, uint8_t* exp_avg_codes, float* exp_avg_sc
   STRATA_CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_scales, 0, scale_bytes, stream));
 }
 
-void Dequantize8bit(const Place& place, bool is_signed, const uint8_t* codes, const float* scales, float* out, int64_t n) {
+void Dequantize8bit(const Place& place, bool is_signed, const uint8_t* codes, const float* scales, float* out,
+                    int64_t n) {
   if (!place.cuda) return Dequantize8bitReference(is_signed, codes, scales, out, n);
   if (n <= 0) return;
   DequantizeKernel<<<GridFor<DequantizeKernel>(n, kThreads), kThreads, 0, static_cast<cudaStream_t>(place.stream)>>>(
@@ -276,11 +278,11 @@ void Quantize8bit(const Place& place, bool is_signed, const float* values, uint8
   auto stream = static_cast<cudaStream_t>(place.stream);
   const int64_t blocks = AdamW8bitBlocks(n);
   if (cuda_util::Aligned16(values) && Aligned4(codes)) {
-    QuantizeKernel<4><<<GridFor<QuantizeKernel<4>>(blocks, kWarpsPerBlock), kThreads, 0, stream>>>(TableOf(is_signed), values, codes,
-                                                                                                  scales, n);
+    QuantizeKernel<4><<<GridFor<QuantizeKernel<4>>(blocks, kWarpsPerBlock), kThreads, 0, stream>>>(
+        TableOf(is_signed), values, codes, scales, n);
   } else {
-    QuantizeKernel<1><<<GridFor<QuantizeKernel<1>>(blocks, kWarpsPerBlock), kThreads, 0, stream>>>(TableOf(is_signed), values, codes,
-                                                                                                  scales, n);
+    QuantizeKernel<1><<<GridFor<QuantizeKernel<1>>(blocks, kWarpsPerBlock), kThreads, 0, stream>>>(
+        TableOf(is_signed), values, codes, scales, n);
   }
   STRATA_CUDA_CHECK(cudaGetLastError());
 }

@@ -71,8 +71,8 @@ int64_t AdamW8bitBlocks(int64_t n) { return n <= 0 ? 0 : (n + kAdamW8bitBlock - 
 
 const float* AdamW8bitCodeTable(bool is_signed) { return Book(is_signed).sorted.data(); }
 
-void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes, float* exp_avg_scales,
-                        uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, int64_t n) {
+void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes,
+                        float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, int64_t n) {
   const AdamWScalars s = ScalarsOf(args);
   const CodeBook &m_book = Book(true), &v_book = Book(false);
   float m[kAdamW8bitBlock], v[kAdamW8bitBlock];  // the block's new moments, before quantizing
@@ -112,8 +112,8 @@ void Dequantize8bitReference(bool is_signed, const uint8_t* codes, const float* 
   for (int64_t i = 0; i < n; ++i) out[i] = adamw8bit::Mul(table[codes[i]], scales[i / kAdamW8bitBlock]);
 }
 
-void AdamW8bitInitReference(uint8_t* exp_avg_codes, float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales,
-                            int64_t n) {
+void AdamW8bitInitReference(uint8_t* exp_avg_codes, float* exp_avg_scales, uint8_t* exp_avg_sq_codes,
+                            float* exp_avg_sq_scales, int64_t n) {
   if (n <= 0) return;
   std::memset(exp_avg_codes, adamw8bit::kSignedZeroCode, static_cast<size_t>(n));
   std::memset(exp_avg_sq_codes, adamw8bit::kUnsignedZeroCode, static_cast<size_t>(n));
@@ -136,7 +136,8 @@ void AdamW8bitInit(const Place& place, uint8_t* exp_avg_codes, float* exp_avg_sc
   AdamW8bitInitReference(exp_avg_codes, exp_avg_scales, exp_avg_sq_codes, exp_avg_sq_scales, n);
 }
 
-void Dequantize8bit(const Place& place, bool is_signed, const uint8_t* codes, const float* scales, float* out, int64_t n) {
+void Dequantize8bit(const Place& place, bool is_signed, const uint8_t* codes, const float* scales, float* out,
+                    int64_t n) {
   if (place.cuda) NoCuda("kernels::Dequantize8bit");
   Dequantize8bitReference(is_signed, codes, scales, out, n);
 }

@@ -32,7 +32,9 @@ double HalfGap(bool is_signed) {
 int64_t Blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
 
 // One scale per element: its block's.
-torch::Tensor PerElement(const torch::Tensor& scales, int64_t n) { return scales.repeat_interleave(kBlock).narrow(0, 0, n); }
+torch::Tensor PerElement(const torch::Tensor& scales, int64_t n) {
+  return scales.repeat_interleave(kBlock).narrow(0, 0, n);
+}
 
 // kernels.h's quantization, by brute force: every code's fp32 distance, the first (lowest) of the
 // nearest.
@@ -54,7 +56,8 @@ struct State8 {
   torch::Tensor m_codes, m_scales, v_codes, v_scales;
 
   static State8 Fresh(int64_t n) {
-    State8 s{torch::empty({n}, torch::kUInt8), torch::empty({Blocks(n)}), torch::empty({n}, torch::kUInt8), torch::empty({Blocks(n)})};
+    State8 s{torch::empty({n}, torch::kUInt8), torch::empty({Blocks(n)}), torch::empty({n}, torch::kUInt8),
+             torch::empty({Blocks(n)})};
     AdamW8bitInit(Place{}, s.m_codes.data_ptr<uint8_t>(), s.m_scales.data_ptr<float>(), s.v_codes.data_ptr<uint8_t>(),
                   s.v_scales.data_ptr<float>(), n);
     return s;
@@ -66,16 +69,16 @@ struct State8 {
 // `decayed` false: a span of norms and biases (weight decay 0).
 void Step8(AdamWArgs a, torch::Tensor& p, const torch::Tensor& g, State8& s, bool decayed) {
   if (!decayed) a.weight_decay = 0;
-  AdamW8bit(Place{}, a, p.data_ptr<float>(), g.data_ptr<float>(), s.m_codes.data_ptr<uint8_t>(), s.m_scales.data_ptr<float>(),
-            s.v_codes.data_ptr<uint8_t>(), s.v_scales.data_ptr<float>(), p.numel());
+  AdamW8bit(Place{}, a, p.data_ptr<float>(), g.data_ptr<float>(), s.m_codes.data_ptr<uint8_t>(),
+            s.m_scales.data_ptr<float>(), s.v_codes.data_ptr<uint8_t>(), s.v_scales.data_ptr<float>(), p.numel());
 }
 
 torch::Tensor DecayMask(int64_t n, bool decayed) { return torch::full({n}, decayed ? 1.0f : 0.0f); }
 
 // kernels.h's step written plainly: dequantize, AdamW op by op with the scalar factors rounded to
 // fp32 once, quantize by brute force. `m` and `v` get the new moments before quantizing.
-State8 LibTorchStep8(const AdamWArgs& a, torch::Tensor& p, const torch::Tensor& grad, const State8& s, const torch::Tensor& decay,
-                     torch::Tensor* m_out = nullptr, torch::Tensor* v_out = nullptr) {
+State8 LibTorchStep8(const AdamWArgs& a, torch::Tensor& p, const torch::Tensor& grad, const State8& s,
+                     const torch::Tensor& decay, torch::Tensor* m_out = nullptr, torch::Tensor* v_out = nullptr) {
   const double t = static_cast<double>(a.step);
   const float decay_factor = static_cast<float>(-a.lr * a.weight_decay), beta1 = static_cast<float>(a.beta1),
               one_minus_beta1 = static_cast<float>(1.0 - a.beta1), beta2 = static_cast<float>(a.beta2),
@@ -106,8 +109,8 @@ int64_t Differing(const torch::Tensor& a, const torch::Tensor& b) { return a.ne(
 
 // |dequantize(quantize(x)) - x| <= scale * (half the widest gap) per element; the slack is fp32
 // rounding of x / scale and of code * scale (a few ulps of the scale).
-void ExpectWithinQuantizationBound(const torch::Tensor& dequantized, const torch::Tensor& x, const torch::Tensor& scales, bool is_signed,
-                                   const std::string& what) {
+void ExpectWithinQuantizationBound(const torch::Tensor& dequantized, const torch::Tensor& x,
+                                   const torch::Tensor& scales, bool is_signed, const std::string& what) {
   const auto bound = PerElement(scales, x.numel()) * (HalfGap(is_signed) + 1e-6);
   const auto excess = (dequantized - x).abs() - bound;
   EXPECT_LE(excess.max().item<double>(), 0.0) << what << ": worst at " << excess.argmax().item<int64_t>();
@@ -240,7 +243,8 @@ TEST(AdamW8bitTest, ReferenceEqualsLibTorchOpByOpBitForBitOverSteps) {
   EXPECT_EQ(ours.v_scales[zero_block].item<float>(), 0.0f);
   EXPECT_TRUE(ours.m_codes.narrow(0, zero_block * kBlock, kBlock).eq(127).all().item<bool>());
   EXPECT_TRUE(ours.v_codes.narrow(0, zero_block * kBlock, kBlock).eq(0).all().item<bool>());
-  EXPECT_GT(torch::bincount(ours.m_codes.to(torch::kLong), {}, 256).gt(0).sum().item<int64_t>(), 200) << "the steps used most of the table";
+  EXPECT_GT(torch::bincount(ours.m_codes.to(torch::kLong), {}, 256).gt(0).sum().item<int64_t>(), 200)
+      << "the steps used most of the table";
 }
 
 TEST(AdamW8bitTest, OnTheDequantizedStateTheStepIsFp32AdamWs) {
@@ -250,7 +254,8 @@ TEST(AdamW8bitTest, OnTheDequantizedStateTheStepIsFp32AdamWs) {
   const int64_t n = 7 * kBlock + 5;
   auto p = torch::randn({n});
   State8 s = State8::Fresh(n);
-  for (int64_t step = 1; step <= 3; ++step) Step8({1e-2, 0.9, 0.999, 1e-8, 0.1, step, 1.0}, p, torch::randn({n}), s, true);
+  for (int64_t step = 1; step <= 3; ++step)
+    Step8({1e-2, 0.9, 0.999, 1e-8, 0.1, step, 1.0}, p, torch::randn({n}), s, true);
   auto m = TableDequantize(s.m_codes, s.m_scales, true), v = TableDequantize(s.v_codes, s.v_scales, false);
   auto p32 = p.clone();
   const auto g = torch::randn({n});
@@ -273,13 +278,13 @@ TEST(AdamW8bitTest, PartialBlocksTouchNothingPastTheVector) {
     EXPECT_TRUE(v_codes.narrow(0, 0, n).eq(0).all().item<bool>());
     EXPECT_TRUE(m_scales.narrow(0, 0, Blocks(n)).eq(0).all().item<bool>());
     auto p = torch::randn({n}), p_theirs = p.clone(), decay = DecayMask(n, true);
-    State8 theirs{m_codes.narrow(0, 0, n).clone(), m_scales.narrow(0, 0, Blocks(n)).clone(), v_codes.narrow(0, 0, n).clone(),
-                  v_scales.narrow(0, 0, Blocks(n)).clone()};
+    State8 theirs{m_codes.narrow(0, 0, n).clone(), m_scales.narrow(0, 0, Blocks(n)).clone(),
+                  v_codes.narrow(0, 0, n).clone(), v_scales.narrow(0, 0, Blocks(n)).clone()};
     for (int64_t step = 1; step <= 2; ++step) {
       const AdamWArgs a{1e-2, 0.9, 0.999, 1e-8, 0.01, step, 1.0};
       const auto g = torch::randn({n});
-      AdamW8bit(Place{}, a, p.data_ptr<float>(), g.data_ptr<float>(), m_codes.data_ptr<uint8_t>(), m_scales.data_ptr<float>(),
-                v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(), n);
+      AdamW8bit(Place{}, a, p.data_ptr<float>(), g.data_ptr<float>(), m_codes.data_ptr<uint8_t>(),
+                m_scales.data_ptr<float>(), v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(), n);
       theirs = LibTorchStep8(a, p_theirs, g, theirs, decay);
     }
     EXPECT_TRUE(torch::equal(m_codes.narrow(0, 0, n), theirs.m_codes));
@@ -321,7 +326,8 @@ TEST(AdamW8bitTest, TracksFp32AdamWOnAQuadratic) {
     worst_mean = std::max(worst_mean, diff.mean().item<double>());
   }
   const double start_loss = loss(start), loss8 = loss(p8), loss32 = loss(p32);
-  SCOPED_TRACE("losses: start " + std::to_string(start_loss) + ", 8-bit " + std::to_string(loss8) + ", fp32 " + std::to_string(loss32));
+  SCOPED_TRACE("losses: start " + std::to_string(start_loss) + ", 8-bit " + std::to_string(loss8) + ", fp32 " +
+               std::to_string(loss32));
   EXPECT_LT(loss32, 1e-4 * start_loss) << "the problem is solved";
   EXPECT_LT(loss8, 1e-4 * start_loss);
   EXPECT_LT(loss8, 1.5 * loss32);

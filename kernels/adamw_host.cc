@@ -24,14 +24,15 @@ namespace {
 #define STRATA_HOST_CLONES
 #endif
 
-STRATA_HOST_CLONES void AdamWSpan(const AdamWScalars s, float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                                  float* __restrict__ v, int64_t n) {
+STRATA_HOST_CLONES void AdamWSpan(const AdamWScalars s, float* __restrict__ p, const float* __restrict__ g,
+                                  float* __restrict__ m, float* __restrict__ v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) AdamWElement(s, p[i], g[i], m[i], v[i]);
 }
 
 }  // namespace
 
-void AdamWHost(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, int threads) {
+void AdamWHost(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+               int threads) {
   const AdamWScalars s = ScalarsOf(args);
   // Below ~1M elements a thread's start costs more than its share; chunks are whole cache lines.
   constexpr int64_t kMinPerThread = 1 << 20, kAlign = 16;
@@ -63,7 +64,8 @@ double SquareSumHost(const float* grad, int64_t n, int threads) {
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(threads, chunks));
   const int64_t per = (chunks + workers - 1) / std::max<int64_t>(workers, 1);
   std::vector<std::thread> pool;
-  for (int64_t first = per; first < chunks; first += per) pool.emplace_back(sum_chunks, first, std::min(chunks, first + per));
+  for (int64_t first = per; first < chunks; first += per)
+    pool.emplace_back(sum_chunks, first, std::min(chunks, first + per));
   sum_chunks(0, std::min(chunks, per));
   for (auto& t : pool) t.join();
   double total = 0;

@@ -9,19 +9,25 @@
 namespace strata::kernels {
 
 struct AdamWScalars {
-  float decay;        // -lr * weight_decay
+  float decay;  // -lr * weight_decay
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float sqrt_bc2;     // sqrt(1 - beta2^t)
-  float step_size;    // -lr / (1 - beta1^t)
+  float sqrt_bc2;   // sqrt(1 - beta2^t)
+  float step_size;  // -lr / (1 - beta1^t)
   float eps, grad_scale;
 };
 
 inline AdamWScalars ScalarsOf(const AdamWArgs& a) {
   const double t = static_cast<double>(a.step);
   const double bc1 = 1.0 - std::pow(a.beta1, t), bc2 = 1.0 - std::pow(a.beta2, t);
-  return {static_cast<float>(-a.lr * a.weight_decay), static_cast<float>(a.beta1), static_cast<float>(1.0 - a.beta1),
-          static_cast<float>(a.beta2), static_cast<float>(1.0 - a.beta2), static_cast<float>(std::sqrt(bc2)),
-          static_cast<float>(-a.lr / bc1), static_cast<float>(a.eps), static_cast<float>(a.grad_scale)};
+  return {static_cast<float>(-a.lr * a.weight_decay),
+          static_cast<float>(a.beta1),
+          static_cast<float>(1.0 - a.beta1),
+          static_cast<float>(a.beta2),
+          static_cast<float>(1.0 - a.beta2),
+          static_cast<float>(std::sqrt(bc2)),
+          static_cast<float>(-a.lr / bc1),
+          static_cast<float>(a.eps),
+          static_cast<float>(a.grad_scale)};
 }
 
 #if defined(__CUDACC__)

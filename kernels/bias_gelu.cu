@@ -37,15 +37,17 @@ __device__ inline float ActGrad(float z) {
 }
 
 template <bool kTanh, typename T, int VEC>
-__global__ void __launch_bounds__(kThreads) BiasGeluForwardKernel(const T* __restrict__ h, const float* __restrict__ bias,
-                                                                  T* __restrict__ y, int64_t rows, int64_t cols, int64_t rows_per_group) {
+__global__ void __launch_bounds__(kThreads)
+    BiasGeluForwardKernel(const T* __restrict__ h, const float* __restrict__ bias, T* __restrict__ y, int64_t rows,
+                          int64_t cols, int64_t rows_per_group) {
   using P = Pack<T, VEC>;
   const int64_t col = (blockIdx.x * int64_t(kThreads) + threadIdx.x) * VEC;
   if (col >= cols) return;
   float b[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) b[j] = bias[col + j];
-  const int64_t begin = blockIdx.y * rows_per_group, end = begin + rows_per_group < rows ? begin + rows_per_group : rows;
+  const int64_t begin = blockIdx.y * rows_per_group,
+                end = begin + rows_per_group < rows ? begin + rows_per_group : rows;
 #pragma unroll 4
   for (int64_t r = begin; r < end; ++r) {
     const P in = *reinterpret_cast<const P*>(h + r * cols + col);
@@ -57,10 +59,10 @@ __global__ void __launch_bounds__(kThreads) BiasGeluForwardKernel(const T* __res
 }
 
 template <bool kTanh, typename T, int VEC>
-__global__ void __launch_bounds__(kThreads) BiasGeluBackwardKernel(const T* __restrict__ h, const float* __restrict__ bias,
-                                                                   const T* __restrict__ dy, T* __restrict__ dh,
-                                                                   float* __restrict__ dbias_partials, int64_t rows, int64_t cols,
-                                                                   int64_t rows_per_group) {
+__global__ void __launch_bounds__(kThreads)
+    BiasGeluBackwardKernel(const T* __restrict__ h, const float* __restrict__ bias, const T* __restrict__ dy,
+                           T* __restrict__ dh, float* __restrict__ dbias_partials, int64_t rows, int64_t cols,
+                           int64_t rows_per_group) {
   using P = Pack<T, VEC>;
   const int64_t col = (blockIdx.x * int64_t(kThreads) + threadIdx.x) * VEC;
   if (col >= cols) return;
@@ -70,7 +72,8 @@ __global__ void __launch_bounds__(kThreads) BiasGeluBackwardKernel(const T* __re
     b[j] = bias[col + j];
     sum[j] = 0.0f;
   }
-  const int64_t begin = blockIdx.y * rows_per_group, end = begin + rows_per_group < rows ? begin + rows_per_group : rows;
+  const int64_t begin = blockIdx.y * rows_per_group,
+                end = begin + rows_per_group < rows ? begin + rows_per_group : rows;
 #pragma unroll 4
   for (int64_t r = begin; r < end; ++r) {
     const P hp = *reinterpret_cast<const P*>(h + r * cols + col), dp = *reinterpret_cast<const P*>(dy + r * cols + col);
@@ -87,7 +90,9 @@ __global__ void __launch_bounds__(kThreads) BiasGeluBackwardKernel(const T* __re
   for (int j = 0; j < VEC; ++j) dbias_partials[blockIdx.y * cols + col + j] = sum[j];
 }
 
-int64_t RowGroups(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, int64_t(cuda_util::SmCount()) * 4)); }
+int64_t RowGroups(int64_t rows) {
+  return std::max<int64_t>(1, std::min<int64_t>(rows, int64_t(cuda_util::SmCount()) * 4));
+}
 
 // Calls f with a typed null pointer of the storage dtype, the 16-byte pack width when it
 // applies (cols a multiple of it, every pointer 16-byte aligned) and the row grouping.
@@ -99,7 +104,8 @@ void Dispatch(DType dtype, Gelu kind, int64_t rows, int64_t cols, bool aligned, 
     const bool vectorized = aligned && cols % kVec == 0;
     const int64_t groups = RowGroups(rows), per_group = (rows + groups - 1) / groups;
     const int64_t vec = vectorized ? kVec : 1;
-    const dim3 grid(static_cast<unsigned>((cols / vec + kThreads - 1) / kThreads), static_cast<unsigned>((rows + per_group - 1) / per_group));
+    const dim3 grid(static_cast<unsigned>((cols / vec + kThreads - 1) / kThreads),
+                    static_cast<unsigned>((rows + per_group - 1) / per_group));
     auto with_kind = [&](auto tanh_tag) {
       constexpr bool kTanh = decltype(tanh_tag)::value;
       if (vectorized) {
@@ -123,16 +129,18 @@ void Dispatch(DType dtype, Gelu kind, int64_t rows, int64_t cols, bool aligned, 
 
 }  // namespace
 
-void BiasGeluForward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, void* y, int64_t rows, int64_t cols) {
+void BiasGeluForward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, void* y,
+                     int64_t rows, int64_t cols) {
   if (!place.cuda) return BiasGeluForwardReference(kind, dtype, h, bias, y, rows, cols);
   if (rows <= 0 || cols <= 0) return;
   auto stream = static_cast<cudaStream_t>(place.stream);
   const bool aligned = cuda_util::Aligned16(h) && cuda_util::Aligned16(y);
-  Dispatch(dtype, kind, rows, cols, aligned, [&](dim3 grid, int64_t per_group, auto typed, auto tanh_tag, auto vec_tag) {
-    using T = std::remove_pointer_t<decltype(typed)>;
-    BiasGeluForwardKernel<decltype(tanh_tag)::value, T, decltype(vec_tag)::value><<<grid, kThreads, 0, stream>>>(
-        static_cast<const T*>(h), bias, static_cast<T*>(y), rows, cols, per_group);
-  });
+  Dispatch(
+      dtype, kind, rows, cols, aligned, [&](dim3 grid, int64_t per_group, auto typed, auto tanh_tag, auto vec_tag) {
+        using T = std::remove_pointer_t<decltype(typed)>;
+        BiasGeluForwardKernel<decltype(tanh_tag)::value, T, decltype(vec_tag)::value>
+            <<<grid, kThreads, 0, stream>>>(static_cast<const T*>(h), bias, static_cast<T*>(y), rows, cols, per_group);
+      });
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -142,17 +150,19 @@ int64_t BiasPartialRows(const Place& place, int64_t rows) {
   return (rows + per_group - 1) / per_group;  // the grid's y extent: every partial row is written
 }
 
-void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, const void* dy, void* dh,
-                      float* dbias_partials, int64_t rows, int64_t cols) {
+void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, const void* dy,
+                      void* dh, float* dbias_partials, int64_t rows, int64_t cols) {
   if (!place.cuda) return BiasGeluBackwardReference(kind, dtype, h, bias, dy, dh, dbias_partials, rows, cols);
   if (rows <= 0 || cols <= 0) return;
   auto stream = static_cast<cudaStream_t>(place.stream);
   const bool aligned = cuda_util::Aligned16(h) && cuda_util::Aligned16(dy) && cuda_util::Aligned16(dh);
-  Dispatch(dtype, kind, rows, cols, aligned, [&](dim3 grid, int64_t per_group, auto typed, auto tanh_tag, auto vec_tag) {
-    using T = std::remove_pointer_t<decltype(typed)>;
-    BiasGeluBackwardKernel<decltype(tanh_tag)::value, T, decltype(vec_tag)::value><<<grid, kThreads, 0, stream>>>(
-        static_cast<const T*>(h), bias, static_cast<const T*>(dy), static_cast<T*>(dh), dbias_partials, rows, cols, per_group);
-  });
+  Dispatch(dtype, kind, rows, cols, aligned,
+           [&](dim3 grid, int64_t per_group, auto typed, auto tanh_tag, auto vec_tag) {
+             using T = std::remove_pointer_t<decltype(typed)>;
+             BiasGeluBackwardKernel<decltype(tanh_tag)::value, T, decltype(vec_tag)::value>
+                 <<<grid, kThreads, 0, stream>>>(static_cast<const T*>(h), bias, static_cast<const T*>(dy),
+                                                 static_cast<T*>(dh), dbias_partials, rows, cols, per_group);
+           });
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 

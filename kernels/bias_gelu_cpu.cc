@@ -12,7 +12,8 @@ namespace strata::kernels {
 using internal::Get;
 using internal::Set;
 
-void BiasGeluForwardReference(Gelu kind, DType dtype, const void* h, const float* bias, void* y, int64_t rows, int64_t cols) {
+void BiasGeluForwardReference(Gelu kind, DType dtype, const void* h, const float* bias, void* y, int64_t rows,
+                              int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < cols; ++j) {
       const float z = Get(dtype, h, r * cols + j) + bias[j];
@@ -28,7 +29,8 @@ void BiasGeluBackwardReference(Gelu kind, DType dtype, const void* h, const floa
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t i = r * cols + j;
       const float z = Get(dtype, h, i) + bias[j];
-      const float d = Get(dtype, dy, i) * (kind == Gelu::kTanh ? gelu_math::GeluTanhGrad(z) : gelu_math::GeluErfGrad(z));
+      const float d =
+          Get(dtype, dy, i) * (kind == Gelu::kTanh ? gelu_math::GeluTanhGrad(z) : gelu_math::GeluErfGrad(z));
       Set(dtype, dh, i, d);
       db[static_cast<size_t>(j)] += d;
     }
@@ -37,15 +39,16 @@ void BiasGeluBackwardReference(Gelu kind, DType dtype, const void* h, const floa
 }
 
 #ifndef STRATA_KERNELS_WITH_CUDA
-void BiasGeluForward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, void* y, int64_t rows, int64_t cols) {
+void BiasGeluForward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, void* y,
+                     int64_t rows, int64_t cols) {
   if (place.cuda) internal::NoCuda("kernels::BiasGeluForward");
   BiasGeluForwardReference(kind, dtype, h, bias, y, rows, cols);
 }
 
 int64_t BiasPartialRows(const Place&, int64_t) { return 1; }
 
-void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, const void* dy, void* dh,
-                      float* dbias_partials, int64_t rows, int64_t cols) {
+void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, const void* dy,
+                      void* dh, float* dbias_partials, int64_t rows, int64_t cols) {
   if (place.cuda) internal::NoCuda("kernels::BiasGeluBackward");
   BiasGeluBackwardReference(kind, dtype, h, bias, dy, dh, dbias_partials, rows, cols);
 }

@@ -13,10 +13,10 @@
 
 namespace strata::kernels::gelu_math {
 
-constexpr float kBeta = 0.7978845608028654f;       // sqrt(2 / pi)
+constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kKappa = 0.044715f;
-constexpr float kSqrtHalf = 0.7071067811865476f;   // 1 / sqrt(2)
-constexpr float kPdfScale = 0.3989422804014327f;   // 1 / sqrt(2 pi)
+constexpr float kSqrtHalf = 0.7071067811865476f;  // 1 / sqrt(2)
+constexpr float kPdfScale = 0.3989422804014327f;  // 1 / sqrt(2 pi)
 
 STRATA_HOST_DEVICE inline float GeluTanh(float z) {
   const float inner = kBeta * (z + kKappa * z * z * z);

@@ -84,8 +84,9 @@ __device__ inline float NormInput(const TX* xr, const TA* ar, int64_t j) {
 
 // kAdd: a (the addend) and s (the sum, stored in x's dtype) [rows, cols]; else both null.
 template <bool kCentered, bool kAdd, typename TX, typename TA, typename TY>
-__global__ void __launch_bounds__(kNormWarps * 32) NormForwardKernel(const TX* x, const TA* a, TX* s, const float* w, const float* b, TY* y,
-                                                                     float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+__global__ void __launch_bounds__(kNormWarps * 32)
+    NormForwardKernel(const TX* x, const TA* a, TX* s, const float* w, const float* b, TY* y, float* mean, float* rstd,
+                      int64_t rows, int64_t cols, float eps) {
   const int64_t row = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -131,8 +132,9 @@ __device__ inline void StoreDx(TX* dxr, const TX* dr, TC* dc, int64_t j, float d
 // of shared memory, and the block adds the slices in warp order at the end: deterministic.
 // d_residual (x's dtype) and dx_copy (TC) [rows, cols] or null: NormResidualGrad's.
 template <bool kCentered, typename TX, typename TD, typename TC>
-__global__ void NormBackwardKernel(const TX* x, const float* w, const float* mean, const float* rstd, const TD* dy, const TX* d_residual,
-                                   TX* dx, TC* dx_copy, float* dw_partials, float* db_partials, int64_t rows, int64_t cols) {
+__global__ void NormBackwardKernel(const TX* x, const float* w, const float* mean, const float* rstd, const TD* dy,
+                                   const TX* d_residual, TX* dx, TC* dx_copy, float* dw_partials, float* db_partials,
+                                   int64_t rows, int64_t cols) {
   extern __shared__ float sums[];  // [warps][kCentered ? 2 : 1][cols]
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t slice = (kCentered ? 2 : 1) * cols;
@@ -181,9 +183,10 @@ __global__ void NormBackwardKernel(const TX* x, const float* w, const float* mea
 // H200 for Llama's 2048: faster than a warp per row, whose per-warp slices of shared memory
 // (8 KB a warp) leave too few warps per SM to keep loads in flight.
 template <bool kCentered, typename TX, typename TD, typename TC>
-__global__ void __launch_bounds__(kNormThreads) NormBackwardBlockKernel(const TX* x, const float* w, const float* mean, const float* rstd,
-                                                                   const TD* dy, const TX* d_residual, TX* dx, TC* dx_copy,
-                                                                   float* dw_partials, float* db_partials, int64_t rows, int64_t cols) {
+__global__ void __launch_bounds__(kNormThreads)
+    NormBackwardBlockKernel(const TX* x, const float* w, const float* mean, const float* rstd, const TD* dy,
+                            const TX* d_residual, TX* dx, TC* dx_copy, float* dw_partials, float* db_partials,
+                            int64_t rows, int64_t cols) {
   // [cols] dw partial sums, then (LayerNorm) [cols] db: thread t owns columns t + k * kNormThreads.
   extern __shared__ float sums[];
   float* dw = sums;
@@ -247,7 +250,8 @@ template <typename T, int VEC>
 __global__ void SwiGluBackwardKernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, int64_t packs) {
   using P = Pack<T, VEC>;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < packs; i += int64_t(gridDim.x) * blockDim.x) {
-    const P gp = reinterpret_cast<const P*>(gate)[i], up_p = reinterpret_cast<const P*>(up)[i], dp = reinterpret_cast<const P*>(dy)[i];
+    const P gp = reinterpret_cast<const P*>(gate)[i], up_p = reinterpret_cast<const P*>(up)[i],
+            dp = reinterpret_cast<const P*>(dy)[i];
     P dg, du;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -261,17 +265,18 @@ __global__ void SwiGluBackwardKernel(const T* gate, const T* up, const T* dy, T*
   }
 }
 
-
 // ---- Rotary: one thread per (head row, 4 consecutive pairs i..i+3), indices in 32 bits where
 // the tensor allows (64-bit division costs more than the rotation itself); the pass-through
 // dimensions of a partial rotation are copied by a second kernel.
 
 template <typename Index, int VEC, typename TX, typename TY>
-__global__ void RotaryKernel(RotaryShape shape, const TX* x, TY* y, const float* cos, const float* sin, float sign, Index quads) {
+__global__ void RotaryKernel(RotaryShape shape, const TX* x, TY* y, const float* cos, const float* sin, float sign,
+                             Index quads) {
   using PX = Pack<TX, VEC>;
   using PY = Pack<TY, VEC>;
   const Index half = static_cast<Index>(shape.rotary_dims / 2), per_row = half / 4;
-  const Index heads = static_cast<Index>(shape.heads), seq = static_cast<Index>(shape.seq), hd = static_cast<Index>(shape.head_dim);
+  const Index heads = static_cast<Index>(shape.heads), seq = static_cast<Index>(shape.seq),
+              hd = static_cast<Index>(shape.head_dim);
   for (Index q = blockIdx.x * Index(blockDim.x) + threadIdx.x; q < quads; q += Index(gridDim.x) * blockDim.x) {
     const Index head_row = q / per_row, i0 = (q - head_row * per_row) * 4;
     const Index p = (head_row / heads) % seq;
@@ -326,15 +331,15 @@ void WithType(DType dtype, void* p, F f) {
   }
 }
 
-
 }  // namespace
 
 namespace {
 
 // `addend` null: the plain norm of x (`sum` unused); else the norm of s = x + addend, stored in `sum`.
 template <bool kCentered>
-void NormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, const float* weight,
-                 const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+void NormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                 const float* weight, const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows,
+                 int64_t cols, float eps) {
   auto stream = static_cast<cudaStream_t>(place.stream);
   const auto blocks = static_cast<unsigned>((rows + kNormWarps - 1) / kNormWarps);
   WithType(x_dtype, x, [&](auto xt) {
@@ -342,13 +347,13 @@ void NormForward(const Place& place, DType x_dtype, const void* x, DType addend_
     WithType(y_dtype, y, [&](auto yt) {
       using TY = std::remove_pointer_t<decltype(yt)>;
       if (addend == nullptr) {
-        NormForwardKernel<kCentered, false, TX, TX, TY>
-            <<<blocks, kNormWarps * 32, 0, stream>>>(xt, nullptr, nullptr, weight, bias, yt, mean, rstd, rows, cols, eps);
+        NormForwardKernel<kCentered, false, TX, TX, TY><<<blocks, kNormWarps * 32, 0, stream>>>(
+            xt, nullptr, nullptr, weight, bias, yt, mean, rstd, rows, cols, eps);
       } else {
         WithType(addend_dtype, addend, [&](auto at) {
           using TA = std::remove_const_t<std::remove_pointer_t<decltype(at)>>;
-          NormForwardKernel<kCentered, true, TX, TA, TY><<<blocks, kNormWarps * 32, 0, stream>>>(xt, at, static_cast<TX*>(sum), weight, bias, yt,
-                                                                                                  mean, rstd, rows, cols, eps);
+          NormForwardKernel<kCentered, true, TX, TA, TY><<<blocks, kNormWarps * 32, 0, stream>>>(
+              xt, at, static_cast<TX*>(sum), weight, bias, yt, mean, rstd, rows, cols, eps);
         });
       }
     });
@@ -357,13 +362,14 @@ void NormForward(const Place& place, DType x_dtype, const void* x, DType addend_
 }
 
 template <bool kCentered>
-void NormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
-                  DType dy_dtype, const void* dy, void* dx, float* dw_partials, float* db_partials, int64_t rows, int64_t cols,
-                  const NormResidualGrad& residual) {
+void NormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean,
+                  const float* rstd, DType dy_dtype, const void* dy, void* dx, float* dw_partials, float* db_partials,
+                  int64_t rows, int64_t cols, const NormResidualGrad& residual) {
   auto stream = static_cast<cudaStream_t>(place.stream);
   const int blocks = static_cast<int>(NormPartialRows(rows));
   const size_t per_slice = static_cast<size_t>(cols) * sizeof(float) * (kCentered ? 2 : 1);
-  if (per_slice > 200 * 1024) throw std::invalid_argument("kernels: a norm backward over rows of more than 25,600 columns");
+  if (per_slice > 200 * 1024)
+    throw std::invalid_argument("kernels: a norm backward over rows of more than 25,600 columns");
   WithType(x_dtype, x, [&](auto xt) {
     using TX = std::remove_const_t<std::remove_pointer_t<decltype(xt)>>;
     WithType(dy_dtype, dy, [&](auto dyt) {
@@ -373,14 +379,17 @@ void NormBackward(const Place& place, DType x_dtype, const void* x, const float*
         // Narrow rows (GPT-2's 768): a warp per row, 8 warps a block, each with its own slice.
         // Wide rows: a block per row (see NormBackwardBlockKernel).
         const bool warp_rows = cols <= 1024;
-        auto kernel = warp_rows ? NormBackwardKernel<kCentered, TX, TD, TC> : NormBackwardBlockKernel<kCentered, TX, TD, TC>;
+        auto kernel =
+            warp_rows ? NormBackwardKernel<kCentered, TX, TD, TC> : NormBackwardBlockKernel<kCentered, TX, TD, TC>;
         const int threads = warp_rows ? 8 * 32 : kNormThreads;
         const size_t shared = warp_rows ? per_slice * 8 : per_slice;
         if (shared > 48 * 1024) {
-          STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+          STRATA_CUDA_CHECK(
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
         }
-        kernel<<<blocks, threads, shared, stream>>>(xt, weight, mean, rstd, dyt, static_cast<const TX*>(residual.d_residual),
-                                                    static_cast<TX*>(dx), dct, dw_partials, db_partials, rows, cols);
+        kernel<<<blocks, threads, shared, stream>>>(xt, weight, mean, rstd, dyt,
+                                                    static_cast<const TX*>(residual.d_residual), static_cast<TX*>(dx),
+                                                    dct, dw_partials, db_partials, rows, cols);
       });
     });
   });
@@ -389,55 +398,72 @@ void NormBackward(const Place& place, DType x_dtype, const void* x, const float*
 
 }  // namespace
 
-void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
-                    int64_t rows, int64_t cols, float eps) {
+void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y,
+                    float* rstd, int64_t rows, int64_t cols, float eps) {
   if (!place.cuda) return RmsNormForwardReference(x_dtype, x, weight, y_dtype, y, rstd, rows, cols, eps);
-  if (rows > 0) NormForward<false>(place, x_dtype, x, x_dtype, nullptr, nullptr, weight, nullptr, y_dtype, y, nullptr, rstd, rows, cols, eps);
+  if (rows > 0)
+    NormForward<false>(place, x_dtype, x, x_dtype, nullptr, nullptr, weight, nullptr, y_dtype, y, nullptr, rstd, rows,
+                       cols, eps);
 }
 
 int64_t NormWeightPartialRows(const Place& place, int64_t rows) { return place.cuda ? NormPartialRows(rows) : 1; }
 
-void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
-                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual) {
-  if (!place.cuda) return RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols, residual);
+void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd,
+                     DType dy_dtype, const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols,
+                     const NormResidualGrad& residual) {
+  if (!place.cuda)
+    return RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols, residual);
   if (rows > 0) {
-    NormBackward<false>(place, x_dtype, x, weight, nullptr, rstd, dy_dtype, dy, dx, dweight_partials, nullptr, rows, cols, residual);
+    NormBackward<false>(place, x_dtype, x, weight, nullptr, rstd, dy_dtype, dy, dx, dweight_partials, nullptr, rows,
+                        cols, residual);
   }
 }
 
-void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
-                      float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias,
+                      DType y_dtype, void* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
   if (!place.cuda) return LayerNormForwardReference(x_dtype, x, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
-  if (rows > 0) NormForward<true>(place, x_dtype, x, x_dtype, nullptr, nullptr, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
+  if (rows > 0)
+    NormForward<true>(place, x_dtype, x, x_dtype, nullptr, nullptr, weight, bias, y_dtype, y, mean, rstd, rows, cols,
+                      eps);
 }
 
-void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
-                       DType dy_dtype, const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows,
-                       int64_t cols, const NormResidualGrad& residual) {
+void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean,
+                       const float* rstd, DType dy_dtype, const void* dy, void* dx, float* dweight_partials,
+                       float* dbias_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual) {
   if (!place.cuda) {
-    return LayerNormBackwardReference(x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols,
-                                      residual);
+    return LayerNormBackwardReference(x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials,
+                                      dbias_partials, rows, cols, residual);
   }
   if (rows > 0) {
-    NormBackward<true>(place, x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols, residual);
+    NormBackward<true>(place, x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows,
+                       cols, residual);
   }
 }
 
-void AddRmsNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
-                       const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols, float eps) {
-  if (!place.cuda) return AddRmsNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, y_dtype, y, rstd, rows, cols, eps);
-  if (addend == nullptr || sum == nullptr) throw std::invalid_argument("kernels::AddRmsNormForward: null addend or sum");
-  if (rows > 0) NormForward<false>(place, x_dtype, x, addend_dtype, addend, sum, weight, nullptr, y_dtype, y, nullptr, rstd, rows, cols, eps);
+void AddRmsNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend,
+                       void* sum, const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols,
+                       float eps) {
+  if (!place.cuda)
+    return AddRmsNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, y_dtype, y, rstd, rows, cols, eps);
+  if (addend == nullptr || sum == nullptr)
+    throw std::invalid_argument("kernels::AddRmsNormForward: null addend or sum");
+  if (rows > 0)
+    NormForward<false>(place, x_dtype, x, addend_dtype, addend, sum, weight, nullptr, y_dtype, y, nullptr, rstd, rows,
+                       cols, eps);
 }
 
-void AddLayerNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
-                         const float* weight, const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows,
-                         int64_t cols, float eps) {
+void AddLayerNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend,
+                         void* sum, const float* weight, const float* bias, DType y_dtype, void* y, float* mean,
+                         float* rstd, int64_t rows, int64_t cols, float eps) {
   if (!place.cuda) {
-    return AddLayerNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
+    return AddLayerNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, bias, y_dtype, y, mean, rstd,
+                                        rows, cols, eps);
   }
-  if (addend == nullptr || sum == nullptr) throw std::invalid_argument("kernels::AddLayerNormForward: null addend or sum");
-  if (rows > 0) NormForward<true>(place, x_dtype, x, addend_dtype, addend, sum, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
+  if (addend == nullptr || sum == nullptr)
+    throw std::invalid_argument("kernels::AddLayerNormForward: null addend or sum");
+  if (rows > 0)
+    NormForward<true>(place, x_dtype, x, addend_dtype, addend, sum, weight, bias, y_dtype, y, mean, rstd, rows, cols,
+                      eps);
 }
 
 void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n) {
@@ -449,17 +475,18 @@ void SwiGluForward(const Place& place, DType dtype, const void* gate, const void
     using T = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
     constexpr int kVec = 16 / sizeof(T);
     if (vectorized && n % kVec == 0) {
-      SwiGluForwardKernel<T, kVec><<<ElementBlocks(n / kVec), kElementThreads, 0, stream>>>(g, static_cast<const T*>(up), static_cast<T*>(y),
-                                                                                             n / kVec);
+      SwiGluForwardKernel<T, kVec><<<ElementBlocks(n / kVec), kElementThreads, 0, stream>>>(
+          g, static_cast<const T*>(up), static_cast<T*>(y), n / kVec);
     } else {
-      SwiGluForwardKernel<T, 1><<<ElementBlocks(n), kElementThreads, 0, stream>>>(g, static_cast<const T*>(up), static_cast<T*>(y), n);
+      SwiGluForwardKernel<T, 1>
+          <<<ElementBlocks(n), kElementThreads, 0, stream>>>(g, static_cast<const T*>(up), static_cast<T*>(y), n);
     }
   });
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
-void SwiGluBackward(const Place& place, DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup,
-                    int64_t n) {
+void SwiGluBackward(const Place& place, DType dtype, const void* gate, const void* up, const void* dy, void* dgate,
+                    void* dup, int64_t n) {
   if (!place.cuda) return SwiGluBackwardReference(dtype, gate, up, dy, dgate, dup, n);
   if (n <= 0) return;
   auto stream = static_cast<cudaStream_t>(place.stream);
@@ -470,17 +497,18 @@ void SwiGluBackward(const Place& place, DType dtype, const void* gate, const voi
     auto u = static_cast<const T*>(up);
     auto d = static_cast<const T*>(dy);
     if (vectorized && n % kVec == 0) {
-      SwiGluBackwardKernel<T, kVec><<<ElementBlocks(n / kVec), kElementThreads, 0, stream>>>(g, u, d, static_cast<T*>(dgate),
-                                                                                              static_cast<T*>(dup), n / kVec);
+      SwiGluBackwardKernel<T, kVec><<<ElementBlocks(n / kVec), kElementThreads, 0, stream>>>(
+          g, u, d, static_cast<T*>(dgate), static_cast<T*>(dup), n / kVec);
     } else {
-      SwiGluBackwardKernel<T, 1><<<ElementBlocks(n), kElementThreads, 0, stream>>>(g, u, d, static_cast<T*>(dgate), static_cast<T*>(dup), n);
+      SwiGluBackwardKernel<T, 1>
+          <<<ElementBlocks(n), kElementThreads, 0, stream>>>(g, u, d, static_cast<T*>(dgate), static_cast<T*>(dup), n);
     }
   });
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
-void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
-            const float* sin, bool inverse) {
+void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y,
+            const float* cos, const float* sin, bool inverse) {
   const int64_t n = shape.batch * shape.seq * shape.heads * shape.head_dim;
   if (!place.cuda || (shape.rotary_dims / 2) % 4 != 0) {
     // The CPU, or a rotation of an odd number of pair quads (no such model today): the reference
@@ -497,8 +525,8 @@ void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const v
       const float sign = inverse ? -1.0f : 1.0f;
       // Quads start at multiples of 4 elements of rows of head_dim (a multiple of 8), so 4-wide
       // packs are aligned wherever the tensors' bases are.
-      const bool packed = (reinterpret_cast<uintptr_t>(xt) % (4 * sizeof(*xt))) == 0 && (reinterpret_cast<uintptr_t>(yt) % (4 * sizeof(*yt))) == 0 &&
-                          shape.head_dim % 4 == 0;
+      const bool packed = (reinterpret_cast<uintptr_t>(xt) % (4 * sizeof(*xt))) == 0 &&
+                          (reinterpret_cast<uintptr_t>(yt) % (4 * sizeof(*yt))) == 0 && shape.head_dim % 4 == 0;
       const int blocks = ElementBlocks(quads);
       if (n < (int64_t{1} << 31)) {
         const auto q32 = static_cast<uint32_t>(quads);

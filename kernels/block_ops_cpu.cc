@@ -28,8 +28,8 @@ void AddInto(DType x_dtype, const void* x, DType addend_dtype, const void* adden
 
 }  // namespace
 
-void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows,
-                             int64_t cols, float eps) {
+void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
+                             int64_t rows, int64_t cols, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     double squares = 0;
     for (int64_t j = 0; j < cols; ++j) {
@@ -42,8 +42,9 @@ void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, 
   }
 }
 
-void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype, const void* dy,
-                              void* dx, float* dweight_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual) {
+void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
+                              const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols,
+                              const NormResidualGrad& residual) {
   std::vector<double> dw(static_cast<size_t>(cols), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const float inv = rstd[r];
@@ -62,8 +63,8 @@ void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight,
   for (int64_t j = 0; j < cols; ++j) dweight_partials[j] = static_cast<float>(dw[j]);
 }
 
-void LayerNormForwardReference(DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
-                               float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+void LayerNormForwardReference(DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype,
+                               void* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     double sum = 0;
     for (int64_t j = 0; j < cols; ++j) sum += Get(x_dtype, x, r * cols + j);
@@ -82,24 +83,27 @@ void LayerNormForwardReference(DType x_dtype, const void* x, const float* weight
   }
 }
 
-void LayerNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd, DType dy_dtype,
-                                const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows, int64_t cols,
-                                const NormResidualGrad& residual) {
+void LayerNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
+                                DType dy_dtype, const void* dy, void* dx, float* dweight_partials,
+                                float* dbias_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual) {
   std::vector<double> dw(static_cast<size_t>(cols), 0.0), db(static_cast<size_t>(cols), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const float inv = rstd[r], mu = mean[r];
     double g_sum = 0, gx_sum = 0;
     for (int64_t j = 0; j < cols; ++j) {
-      const float xhat = (Get(x_dtype, x, r * cols + j) - mu) * inv, d = Get(dy_dtype, dy, r * cols + j), g = weight[j] * d;
+      const float xhat = (Get(x_dtype, x, r * cols + j) - mu) * inv, d = Get(dy_dtype, dy, r * cols + j),
+                  g = weight[j] * d;
       g_sum += g;
       gx_sum += static_cast<double>(g) * xhat;
       dw[j] += static_cast<double>(d) * xhat;
       db[j] += d;
     }
-    const float c1 = static_cast<float>(g_sum / static_cast<double>(cols)), c2 = static_cast<float>(gx_sum / static_cast<double>(cols));
+    const float c1 = static_cast<float>(g_sum / static_cast<double>(cols)),
+                c2 = static_cast<float>(gx_sum / static_cast<double>(cols));
     for (int64_t j = 0; j < cols; ++j) {
       const float xhat = (Get(x_dtype, x, r * cols + j) - mu) * inv;
-      StoreDx(x_dtype, dx, residual, r * cols + j, inv * (weight[j] * Get(dy_dtype, dy, r * cols + j) - c1 - xhat * c2));
+      StoreDx(x_dtype, dx, residual, r * cols + j,
+              inv * (weight[j] * Get(dy_dtype, dy, r * cols + j) - c1 - xhat * c2));
     }
   }
   for (int64_t j = 0; j < cols; ++j) {
@@ -108,15 +112,16 @@ void LayerNormBackwardReference(DType x_dtype, const void* x, const float* weigh
   }
 }
 
-void AddRmsNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, const float* weight,
-                                DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols, float eps) {
+void AddRmsNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                                const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols,
+                                float eps) {
   AddInto(x_dtype, x, addend_dtype, addend, sum, rows * cols);
   RmsNormForwardReference(x_dtype, sum, weight, y_dtype, y, rstd, rows, cols, eps);
 }
 
-void AddLayerNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, const float* weight,
-                                  const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
-                                  float eps) {
+void AddLayerNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                                  const float* weight, const float* bias, DType y_dtype, void* y, float* mean,
+                                  float* rstd, int64_t rows, int64_t cols, float eps) {
   AddInto(x_dtype, x, addend_dtype, addend, sum, rows * cols);
   LayerNormForwardReference(x_dtype, sum, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
 }
@@ -134,7 +139,8 @@ void SwiGluForwardReference(DType dtype, const void* gate, const void* up, void*
   }
 }
 
-void SwiGluBackwardReference(DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n) {
+void SwiGluBackwardReference(DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup,
+                             int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = Get(dtype, gate, i), u = Get(dtype, up, i), d = Get(dtype, dy, i);
     const float s = Sigmoid(g);
@@ -164,44 +170,48 @@ void RotaryReference(const RotaryShape& shape, DType x_dtype, const void* x, DTy
 #ifndef STRATA_KERNELS_WITH_CUDA
 using internal::NoCuda;
 
-void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
-                    int64_t rows, int64_t cols, float eps) {
+void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y,
+                    float* rstd, int64_t rows, int64_t cols, float eps) {
   if (place.cuda) NoCuda("kernels::RmsNormForward");
   RmsNormForwardReference(x_dtype, x, weight, y_dtype, y, rstd, rows, cols, eps);
 }
 
 int64_t NormWeightPartialRows(const Place&, int64_t) { return 1; }
 
-void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
-                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual) {
+void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd,
+                     DType dy_dtype, const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols,
+                     const NormResidualGrad& residual) {
   if (place.cuda) NoCuda("kernels::RmsNormBackward");
   RmsNormBackwardReference(x_dtype, x, weight, rstd, dy_dtype, dy, dx, dweight_partials, rows, cols, residual);
 }
 
-void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
-                      float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias,
+                      DType y_dtype, void* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
   if (place.cuda) NoCuda("kernels::LayerNormForward");
   LayerNormForwardReference(x_dtype, x, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
 }
 
-void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
-                       DType dy_dtype, const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows,
-                       int64_t cols, const NormResidualGrad& residual) {
+void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean,
+                       const float* rstd, DType dy_dtype, const void* dy, void* dx, float* dweight_partials,
+                       float* dbias_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual) {
   if (place.cuda) NoCuda("kernels::LayerNormBackward");
-  LayerNormBackwardReference(x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows, cols, residual);
+  LayerNormBackwardReference(x_dtype, x, weight, mean, rstd, dy_dtype, dy, dx, dweight_partials, dbias_partials, rows,
+                             cols, residual);
 }
 
-void AddRmsNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
-                       const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols, float eps) {
+void AddRmsNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend,
+                       void* sum, const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols,
+                       float eps) {
   if (place.cuda) NoCuda("kernels::AddRmsNormForward");
   AddRmsNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, y_dtype, y, rstd, rows, cols, eps);
 }
 
-void AddLayerNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
-                         const float* weight, const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows,
-                         int64_t cols, float eps) {
+void AddLayerNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend,
+                         void* sum, const float* weight, const float* bias, DType y_dtype, void* y, float* mean,
+                         float* rstd, int64_t rows, int64_t cols, float eps) {
   if (place.cuda) NoCuda("kernels::AddLayerNormForward");
-  AddLayerNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, bias, y_dtype, y, mean, rstd, rows, cols, eps);
+  AddLayerNormForwardReference(x_dtype, x, addend_dtype, addend, sum, weight, bias, y_dtype, y, mean, rstd, rows, cols,
+                               eps);
 }
 
 void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n) {
@@ -209,14 +219,14 @@ void SwiGluForward(const Place& place, DType dtype, const void* gate, const void
   SwiGluForwardReference(dtype, gate, up, y, n);
 }
 
-void SwiGluBackward(const Place& place, DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup,
-                    int64_t n) {
+void SwiGluBackward(const Place& place, DType dtype, const void* gate, const void* up, const void* dy, void* dgate,
+                    void* dup, int64_t n) {
   if (place.cuda) NoCuda("kernels::SwiGluBackward");
   SwiGluBackwardReference(dtype, gate, up, dy, dgate, dup, n);
 }
 
-void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
-            const float* sin, bool inverse) {
+void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y,
+            const float* cos, const float* sin, bool inverse) {
   if (place.cuda) NoCuda("kernels::Rotary");
   RotaryReference(shape, x_dtype, x, y_dtype, y, cos, sin, inverse);
 }

@@ -93,8 +93,9 @@ using cuda_util::Pack;
 enum class Passes { kBoth, kStats, kGrad };
 
 template <typename T, int VEC, Passes P>
-__global__ void __launch_bounds__(kRowThreads) CrossEntropyRows(T* logits, int64_t vocab, int64_t stride, const int64_t* targets,
-                                                                float grad_scale, float* row_loss, float* lse_io, float* target_logit) {
+__global__ void __launch_bounds__(kRowThreads)
+    CrossEntropyRows(T* logits, int64_t vocab, int64_t stride, const int64_t* targets, float grad_scale,
+                     float* row_loss, float* lse_io, float* target_logit) {
   const int64_t row = blockIdx.x;
   T* z = logits + row * stride;
   // VEC == 1: any stride; else stride % VEC == 0 and z 16-byte aligned (the caller checked).
@@ -140,58 +141,62 @@ __global__ void __launch_bounds__(kRowThreads) CrossEntropyRows(T* logits, int64
 }
 
 template <Passes P, typename T>
-void Launch(cudaStream_t stream, T* logits, int64_t rows, int64_t vocab, int64_t stride, const int64_t* targets, float scale,
-            float* row_loss, float* lse, float* target_logit) {
+void Launch(cudaStream_t stream, T* logits, int64_t rows, int64_t vocab, int64_t stride, const int64_t* targets,
+            float scale, float* row_loss, float* lse, float* target_logit) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vectorized = stride % kVec == 0 && (reinterpret_cast<uintptr_t>(logits) & 15u) == 0;
   if (vectorized) {
-    CrossEntropyRows<T, kVec, P><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(logits, vocab, stride, targets, scale, row_loss,
-                                                                                          lse, target_logit);
+    CrossEntropyRows<T, kVec, P><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+        logits, vocab, stride, targets, scale, row_loss, lse, target_logit);
   } else {
-    CrossEntropyRows<T, 1, P><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(logits, vocab, stride, targets, scale, row_loss,
-                                                                                       lse, target_logit);
+    CrossEntropyRows<T, 1, P><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+        logits, vocab, stride, targets, scale, row_loss, lse, target_logit);
   }
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
 template <Passes P>
-void Dispatch(const char* name, const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t stride,
-              const int64_t* targets, float scale, float* row_loss, float* lse, float* target_logit) {
+void Dispatch(const char* name, const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab,
+              int64_t stride, const int64_t* targets, float scale, float* row_loss, float* lse, float* target_logit) {
   if (rows <= 0) return;
-  if (rows > 0x7fffffff) throw std::invalid_argument(std::string(name) + ": more than 2^31 - 1 rows; pass fewer per call");
+  if (rows > 0x7fffffff)
+    throw std::invalid_argument(std::string(name) + ": more than 2^31 - 1 rows; pass fewer per call");
   auto stream = static_cast<cudaStream_t>(place.stream);
   if (dtype == DType::kFloat32) {
     Launch<P>(stream, static_cast<float*>(logits), rows, vocab, stride, targets, scale, row_loss, lse, target_logit);
   } else {
-    Launch<P>(stream, static_cast<__nv_bfloat16*>(logits), rows, vocab, stride, targets, scale, row_loss, lse, target_logit);
+    Launch<P>(stream, static_cast<__nv_bfloat16*>(logits), rows, vocab, stride, targets, scale, row_loss, lse,
+              target_logit);
   }
 }
 
 }  // namespace
 
-void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                             const int64_t* targets, float grad_scale, float* row_loss) {
+void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab,
+                             int64_t row_stride, const int64_t* targets, float grad_scale, float* row_loss) {
   if (!place.cuda) {
     return CrossEntropyGradInPlaceReference(dtype, logits, rows, vocab, row_stride, targets, grad_scale, row_loss);
   }
-  Dispatch<Passes::kBoth>("kernels::CrossEntropyGradInPlace", place, dtype, logits, rows, vocab, row_stride, targets, grad_scale,
-                          row_loss, nullptr, nullptr);
+  Dispatch<Passes::kBoth>("kernels::CrossEntropyGradInPlace", place, dtype, logits, rows, vocab, row_stride, targets,
+                          grad_scale, row_loss, nullptr, nullptr);
 }
 
-void CrossEntropyRowStats(const Place& place, DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                          const int64_t* targets, float* lse, float* target_logit) {
-  if (!place.cuda) return CrossEntropyRowStatsReference(dtype, logits, rows, vocab, row_stride, targets, lse, target_logit);
+void CrossEntropyRowStats(const Place& place, DType dtype, const void* logits, int64_t rows, int64_t vocab,
+                          int64_t row_stride, const int64_t* targets, float* lse, float* target_logit) {
+  if (!place.cuda)
+    return CrossEntropyRowStatsReference(dtype, logits, rows, vocab, row_stride, targets, lse, target_logit);
   // Pass 1 only reads the logits.
-  Dispatch<Passes::kStats>("kernels::CrossEntropyRowStats", place, dtype, const_cast<void*>(logits), rows, vocab, row_stride, targets,
-                           0.0f, nullptr, lse, target_logit);
+  Dispatch<Passes::kStats>("kernels::CrossEntropyRowStats", place, dtype, const_cast<void*>(logits), rows, vocab,
+                           row_stride, targets, 0.0f, nullptr, lse, target_logit);
 }
 
-void CrossEntropyGradFromLse(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                             const int64_t* targets, const float* lse, float grad_scale) {
-  if (!place.cuda) return CrossEntropyGradFromLseReference(dtype, logits, rows, vocab, row_stride, targets, lse, grad_scale);
+void CrossEntropyGradFromLse(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab,
+                             int64_t row_stride, const int64_t* targets, const float* lse, float grad_scale) {
+  if (!place.cuda)
+    return CrossEntropyGradFromLseReference(dtype, logits, rows, vocab, row_stride, targets, lse, grad_scale);
   // Pass 2 only reads lse.
-  Dispatch<Passes::kGrad>("kernels::CrossEntropyGradFromLse", place, dtype, logits, rows, vocab, row_stride, targets, grad_scale,
-                          nullptr, const_cast<float*>(lse), nullptr);
+  Dispatch<Passes::kGrad>("kernels::CrossEntropyGradFromLse", place, dtype, logits, rows, vocab, row_stride, targets,
+                          grad_scale, nullptr, const_cast<float*>(lse), nullptr);
 }
 
 }  // namespace strata::kernels

@@ -7,11 +7,11 @@
 #include <stdexcept>
 #include <string>
 
-#define STRATA_CUDA_CHECK(call)                                                                                   \
-  do {                                                                                                            \
-    cudaError_t strata_cuda_error = (call);                                                                       \
-    if (strata_cuda_error != cudaSuccess) {                                                                       \
-      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #call " failed: " + \
-                               cudaGetErrorString(strata_cuda_error));                                            \
-    }                                                                                                             \
+#define STRATA_CUDA_CHECK(call)                                                                 \
+  do {                                                                                          \
+    cudaError_t strata_cuda_error = (call);                                                     \
+    if (strata_cuda_error != cudaSuccess) {                                                     \
+      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) +         \
+                               ": " #call " failed: " + cudaGetErrorString(strata_cuda_error)); \
+    }                                                                                           \
   } while (0)

@@ -12,7 +12,8 @@
 namespace strata::kernels::internal {
 
 inline float Get(DType dtype, const void* base, int64_t i) {
-  return dtype == DType::kFloat32 ? static_cast<const float*>(base)[i] : Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
+  return dtype == DType::kFloat32 ? static_cast<const float*>(base)[i]
+                                  : Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
 }
 
 inline void Set(DType dtype, void* base, int64_t i, float value) {

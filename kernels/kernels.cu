@@ -48,7 +48,8 @@ __global__ void AdamWVec4(AdamWScalars s, float4* p, const float4* g, float4* m,
   }
 }
 
-__global__ void AdamWScalar(AdamWScalars s, float* p, const float* g, float* m, float* v, __nv_bfloat16* p16, int64_t n) {
+__global__ void AdamWScalar(AdamWScalars s, float* p, const float* g, float* m, float* v, __nv_bfloat16* p16,
+                            int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     AdamWElement(s, p[i], g[i], m[i], v[i]);
     if (p16) p16[i] = __float2bfloat16_rn(p[i]);
@@ -91,8 +92,8 @@ __global__ void SquareSumFinal(const float* partial, int count, float* out) {
 
 bool HasCuda() { return true; }
 
-void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-           uint16_t* param_bf16) {
+void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg,
+           float* exp_avg_sq, int64_t n, uint16_t* param_bf16) {
   if (!place.cuda) {
     if (param_bf16) return AdamWReference(args, param, grad, exp_avg, exp_avg_sq, n, param_bf16);
     return AdamWHost(args, param, grad, exp_avg, exp_avg_sq, n);
@@ -101,20 +102,22 @@ void AdamW(const Place& place, const AdamWArgs& args, float* param, const float*
   const AdamWScalars s = ScalarsOf(args);
   auto stream = static_cast<cudaStream_t>(place.stream);
   int64_t done = 0;
-  if (Aligned16(param) && Aligned16(grad) && Aligned16(exp_avg) && Aligned16(exp_avg_sq) && (!param_bf16 || (reinterpret_cast<uintptr_t>(param_bf16) & 7u) == 0)) {
+  if (Aligned16(param) && Aligned16(grad) && Aligned16(exp_avg) && Aligned16(exp_avg_sq) &&
+      (!param_bf16 || (reinterpret_cast<uintptr_t>(param_bf16) & 7u) == 0)) {
     const int64_t n4 = n / 4;
     if (n4 > 0) {
-      AdamWVec4<<<Blocks(n4), kThreads, 0, stream>>>(s, reinterpret_cast<float4*>(param), reinterpret_cast<const float4*>(grad),
-                                                      reinterpret_cast<float4*>(exp_avg), reinterpret_cast<float4*>(exp_avg_sq),
-                                                      reinterpret_cast<uint2*>(param_bf16), n4);
+      AdamWVec4<<<Blocks(n4), kThreads, 0, stream>>>(
+          s, reinterpret_cast<float4*>(param), reinterpret_cast<const float4*>(grad),
+          reinterpret_cast<float4*>(exp_avg), reinterpret_cast<float4*>(exp_avg_sq),
+          reinterpret_cast<uint2*>(param_bf16), n4);
       STRATA_CUDA_CHECK(cudaGetLastError());
     }
     done = n4 * 4;
   }
   if (done < n) {
-    AdamWScalar<<<Blocks(n - done), kThreads, 0, stream>>>(s, param + done, grad + done, exp_avg + done, exp_avg_sq + done,
-                                                            param_bf16 ? reinterpret_cast<__nv_bfloat16*>(param_bf16) + done : nullptr,
-                                                            n - done);
+    AdamWScalar<<<Blocks(n - done), kThreads, 0, stream>>>(
+        s, param + done, grad + done, exp_avg + done, exp_avg_sq + done,
+        param_bf16 ? reinterpret_cast<__nv_bfloat16*>(param_bf16) + done : nullptr, n - done);
     STRATA_CUDA_CHECK(cudaGetLastError());
   }
 }

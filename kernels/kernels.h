@@ -39,7 +39,7 @@
 //   row_loss[i] = lse_i - z_{i t_i}
 //   z_iv <- grad_scale * (exp(z_iv - lse_i) - [v = t_i])   for v < V;   0 for V <= v < row_stride
 // rounded to the storage dtype (bf16: round to nearest even, as LibTorch converts).
-// Vocab-parallel, the same in two passes (worker/fused_loss.h): each tensor-parallel rank holds
+// Vocab-parallel, the same in two passes (worker/nn/fused_loss.h): each tensor-parallel rank holds
 // the logits of its slice of the vocabulary, and the ranks merge their row statistics between
 // the passes. t_i is the target's column in this slice, or any value outside [0, V) where the
 // target is another rank's.
@@ -97,7 +97,7 @@
 // weight decay is one for the whole call, as AdamW's.
 //   blocks    the vector is cut into blocks of kAdamW8bitBlock = 256 consecutive elements from its
 //             first (the last may be partial): blocks are counted from the first element of
-//             each call (worker/optimizer.h: each span of this rank's optimizer range).
+//             each call (worker/train/optimizer.h: each span of this rank's optimizer range).
 //   state     per moment, per block b an fp32 scale S_b and per element i an 8-bit code q_i: an
 //             index into a sorted table C[0..255] of values in [-1, 1] (AdamW8bitCodeTable): m
 //             uses the signed table, v the unsigned one (values in [0, 1]). Element i stands for
@@ -148,8 +148,8 @@ enum class DType { kFloat32, kBFloat16 };
 
 struct AdamWArgs {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
-  int64_t step = 1;          // t, 1-based: the bias corrections' exponent
-  double grad_scale = 1.0;   // clipping's factor
+  int64_t step = 1;         // t, 1-based: the bias corrections' exponent
+  double grad_scale = 1.0;  // clipping's factor
 };
 
 // True when this build has the CUDA kernels.
@@ -158,9 +158,10 @@ bool HasCuda();
 // `param_bf16` (optional): also write the updated parameters rounded to bf16 (to nearest even,
 // as LibTorch's cast) - the working copy a bf16 run's matmuls read, made in the same pass rather
 // than a second one over the fp32 weights.
-void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-           uint16_t* param_bf16 = nullptr);
-void AdamWHost(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, int threads = 1);
+void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg,
+           float* exp_avg_sq, int64_t n, uint16_t* param_bf16 = nullptr);
+void AdamWHost(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+               int threads = 1);
 double SquareSumHost(const float* grad, int64_t n, int threads = 1);
 
 // `scratch`: at least SquareSumScratch() floats on the same device (CUDA; unused on CPU).
@@ -168,17 +169,17 @@ void SquareSum(const Place& place, const float* grad, int64_t n, float* out, flo
 int64_t SquareSumScratch();
 
 // `targets` [rows] in [0, vocab); `row_loss` [rows] fp32; all on the place's device.
-void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                             const int64_t* targets, float grad_scale, float* row_loss);
+void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab,
+                             int64_t row_stride, const int64_t* targets, float grad_scale, float* row_loss);
 
 // `lse` and `target_logit` [rows] fp32; `targets` [rows] any int64.
-void CrossEntropyRowStats(const Place& place, DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                          const int64_t* targets, float* lse, float* target_logit);
-void CrossEntropyGradFromLse(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                             const int64_t* targets, const float* lse, float grad_scale);
+void CrossEntropyRowStats(const Place& place, DType dtype, const void* logits, int64_t rows, int64_t vocab,
+                          int64_t row_stride, const int64_t* targets, float* lse, float* target_logit);
+void CrossEntropyGradFromLse(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab,
+                             int64_t row_stride, const int64_t* targets, const float* lse, float grad_scale);
 
-void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
-                    int64_t rows, int64_t cols, float eps);
+void RmsNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y,
+                    float* rstd, int64_t rows, int64_t cols, float eps);
 int64_t NormWeightPartialRows(const Place& place, int64_t rows);
 
 // The norm backwards' optional residual gradient (see AddRmsNorm above); the default, all null,
@@ -190,43 +191,46 @@ struct NormResidualGrad {
 };
 
 // dx in x_dtype; dy in y_dtype (the forward's output dtype).
-void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
-                     const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual = {});
+void RmsNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* rstd,
+                     DType dy_dtype, const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols,
+                     const NormResidualGrad& residual = {});
 
 // mean and rstd [rows] fp32 (saved for the backward); dweight and dbias partials as RmsNorm's.
-void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
-                      float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
-void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
-                       DType dy_dtype, const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows,
-                       int64_t cols, const NormResidualGrad& residual = {});
+void LayerNormForward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* bias,
+                      DType y_dtype, void* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
+void LayerNormBackward(const Place& place, DType x_dtype, const void* x, const float* weight, const float* mean,
+                       const float* rstd, DType dy_dtype, const void* dy, void* dx, float* dweight_partials,
+                       float* dbias_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual = {});
 
 // s = x + addend into `sum` (x_dtype; may not alias x or addend), y = the norm of s; the rest as
 // RmsNormForward / LayerNormForward. Their backward is the norm's backward of `sum`.
-void AddRmsNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
-                       const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols, float eps);
-void AddLayerNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
-                         const float* weight, const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows,
-                         int64_t cols, float eps);
+void AddRmsNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend,
+                       void* sum, const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols,
+                       float eps);
+void AddLayerNormForward(const Place& place, DType x_dtype, const void* x, DType addend_dtype, const void* addend,
+                         void* sum, const float* weight, const float* bias, DType y_dtype, void* y, float* mean,
+                         float* rstd, int64_t rows, int64_t cols, float eps);
 
 // All of g, u, y (and the gradients) in one dtype; n elements.
 void SwiGluForward(const Place& place, DType dtype, const void* gate, const void* up, void* y, int64_t n);
-void SwiGluBackward(const Place& place, DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup,
-                    int64_t n);
+void SwiGluBackward(const Place& place, DType dtype, const void* gate, const void* up, const void* dy, void* dgate,
+                    void* dup, int64_t n);
 
 struct RotaryShape {
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0, rotary_dims = 0;  // rotary_dims even, <= head_dim
 };
-void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
-            const float* sin, bool inverse);
+void Rotary(const Place& place, const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y,
+            const float* cos, const float* sin, bool inverse);
 
 enum class Gelu { kTanh, kErf };
 // h, y, dy and dh in one dtype; bias fp32.
-void BiasGeluForward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, void* y, int64_t rows, int64_t cols);
+void BiasGeluForward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, void* y,
+                     int64_t rows, int64_t cols);
 int64_t BiasPartialRows(const Place& place, int64_t rows);
-void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, const void* dy, void* dh,
-                      float* dbias_partials, int64_t rows, int64_t cols);
+void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, const void* dy,
+                      void* dh, float* dbias_partials, int64_t rows, int64_t cols);
 
-// Embedding rows read from and summed into a ZeRO-3 shard of the table (worker/stage_model_lookup.cc):
+// Embedding rows read from and summed into a ZeRO-3 shard of the table (worker/train/stage_model_lookup.cc):
 // a table [rows, cols], flat, of which this rank holds the elements [shard_begin, shard_end)
 // at `shard` (its edges may cut a row). For n looked-up ids:
 //   ShardRowsGather:      out[i, j] = shard[ids[i] cols + j - shard_begin] where that element is
@@ -254,9 +258,10 @@ int64_t ShardRowsScatterAddScratch(int64_t n, int64_t cols);
 struct ShardRowsShape {
   int64_t cols = 0, shard_begin = 0, shard_end = 0;
 };
-void ShardRowsGather(const Place& place, const ShardRowsShape& shape, const float* shard, const int64_t* ids, int64_t n, float* out);
-void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& shape, const float* dy, const int64_t* sorted, const int64_t* order,
-                         int64_t n, float* grad, float* scratch);
+void ShardRowsGather(const Place& place, const ShardRowsShape& shape, const float* shard, const int64_t* ids, int64_t n,
+                     float* out);
+void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& shape, const float* dy, const int64_t* sorted,
+                         const int64_t* order, int64_t n, float* grad, float* scratch);
 
 // ---- AdamW8bit (maths above). codes: n bytes per moment; scales: AdamW8bitBlocks(n) floats
 // per moment; all on the place's device. `param`, `grad` as AdamW's.
@@ -276,48 +281,55 @@ void AdamW8bitInit(const Place& place, uint8_t* exp_avg_codes, float* exp_avg_sc
 
 // Between fp32 values and blockwise codes, by the rule above (signed: m's table, unsigned: v's):
 // for checkpoints written or read in fp32, and for tests. Unsigned, negative values store as 0.
-void Dequantize8bit(const Place& place, bool is_signed, const uint8_t* codes, const float* scales, float* out, int64_t n);
+void Dequantize8bit(const Place& place, bool is_signed, const uint8_t* codes, const float* scales, float* out,
+                    int64_t n);
 void Quantize8bit(const Place& place, bool is_signed, const float* values, uint8_t* codes, float* scales, int64_t n);
 
 // The CPU references (what the Place-dispatching calls run on the CPU).
-void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                    uint16_t* param_bf16 = nullptr);
-void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes, float* exp_avg_scales,
-                        uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, int64_t n);
-void AdamW8bitInitReference(uint8_t* exp_avg_codes, float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales,
-                            int64_t n);
+void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                    int64_t n, uint16_t* param_bf16 = nullptr);
+void AdamW8bitReference(const AdamWArgs& args, float* param, const float* grad, uint8_t* exp_avg_codes,
+                        float* exp_avg_scales, uint8_t* exp_avg_sq_codes, float* exp_avg_sq_scales, int64_t n);
+void AdamW8bitInitReference(uint8_t* exp_avg_codes, float* exp_avg_scales, uint8_t* exp_avg_sq_codes,
+                            float* exp_avg_sq_scales, int64_t n);
 void Dequantize8bitReference(bool is_signed, const uint8_t* codes, const float* scales, float* out, int64_t n);
 void Quantize8bitReference(bool is_signed, const float* values, uint8_t* codes, float* scales, int64_t n);
 void SquareSumReference(const float* grad, int64_t n, float* out);
-void ShardRowsGatherReference(const ShardRowsShape& shape, const float* shard, const int64_t* ids, int64_t n, float* out);
-void ShardRowsScatterAddReference(const ShardRowsShape& shape, const float* dy, const int64_t* sorted, const int64_t* order, int64_t n,
-                                  float* grad);
+void ShardRowsGatherReference(const ShardRowsShape& shape, const float* shard, const int64_t* ids, int64_t n,
+                              float* out);
+void ShardRowsScatterAddReference(const ShardRowsShape& shape, const float* dy, const int64_t* sorted,
+                                  const int64_t* order, int64_t n, float* grad);
 void CrossEntropyGradInPlaceReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                                       const int64_t* targets, float grad_scale, float* row_loss);
 void CrossEntropyRowStatsReference(DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                                    const int64_t* targets, float* lse, float* target_logit);
 void CrossEntropyGradFromLseReference(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
                                       const int64_t* targets, const float* lse, float grad_scale);
-void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows,
-                             int64_t cols, float eps);
+void RmsNormForwardReference(DType x_dtype, const void* x, const float* weight, DType y_dtype, void* y, float* rstd,
+                             int64_t rows, int64_t cols, float eps);
 // One partial row: dweight_partials [cols].
-void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype, const void* dy,
-                              void* dx, float* dweight_partials, int64_t rows, int64_t cols, const NormResidualGrad& residual = {});
-void LayerNormForwardReference(DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype, void* y,
-                               float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
-void LayerNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd, DType dy_dtype,
-                                const void* dy, void* dx, float* dweight_partials, float* dbias_partials, int64_t rows, int64_t cols,
+void RmsNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* rstd, DType dy_dtype,
+                              const void* dy, void* dx, float* dweight_partials, int64_t rows, int64_t cols,
+                              const NormResidualGrad& residual = {});
+void LayerNormForwardReference(DType x_dtype, const void* x, const float* weight, const float* bias, DType y_dtype,
+                               void* y, float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
+void LayerNormBackwardReference(DType x_dtype, const void* x, const float* weight, const float* mean, const float* rstd,
+                                DType dy_dtype, const void* dy, void* dx, float* dweight_partials,
+                                float* dbias_partials, int64_t rows, int64_t cols,
                                 const NormResidualGrad& residual = {});
-void AddRmsNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, const float* weight,
-                                DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols, float eps);
-void AddLayerNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum, const float* weight,
-                                  const float* bias, DType y_dtype, void* y, float* mean, float* rstd, int64_t rows, int64_t cols,
-                                  float eps);
+void AddRmsNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                                const float* weight, DType y_dtype, void* y, float* rstd, int64_t rows, int64_t cols,
+                                float eps);
+void AddLayerNormForwardReference(DType x_dtype, const void* x, DType addend_dtype, const void* addend, void* sum,
+                                  const float* weight, const float* bias, DType y_dtype, void* y, float* mean,
+                                  float* rstd, int64_t rows, int64_t cols, float eps);
 void SwiGluForwardReference(DType dtype, const void* gate, const void* up, void* y, int64_t n);
-void SwiGluBackwardReference(DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n);
+void SwiGluBackwardReference(DType dtype, const void* gate, const void* up, const void* dy, void* dgate, void* dup,
+                             int64_t n);
 void RotaryReference(const RotaryShape& shape, DType x_dtype, const void* x, DType y_dtype, void* y, const float* cos,
                      const float* sin, bool inverse);
-void BiasGeluForwardReference(Gelu kind, DType dtype, const void* h, const float* bias, void* y, int64_t rows, int64_t cols);
+void BiasGeluForwardReference(Gelu kind, DType dtype, const void* h, const float* bias, void* y, int64_t rows,
+                              int64_t cols);
 // One partial row: dbias_partials [cols].
 void BiasGeluBackwardReference(Gelu kind, DType dtype, const void* h, const float* bias, const void* dy, void* dh,
                                float* dbias_partials, int64_t rows, int64_t cols);

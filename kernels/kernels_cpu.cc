@@ -11,8 +11,8 @@
 
 namespace strata::kernels {
 
-void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                    uint16_t* param_bf16) {
+void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                    int64_t n, uint16_t* param_bf16) {
   const AdamWScalars s = ScalarsOf(args);
   for (int64_t i = 0; i < n; ++i) {
     AdamWElement(s, param[i], grad[i], exp_avg[i], exp_avg_sq[i]);
@@ -35,7 +35,8 @@ int64_t SquareSumScratch() { return 1024; }
 namespace {
 
 // Row i's first `vocab` logits, widened to fp32.
-void ReadLogitRow(DType dtype, const void* logits, int64_t i, int64_t vocab, int64_t row_stride, std::vector<float>& z) {
+void ReadLogitRow(DType dtype, const void* logits, int64_t i, int64_t vocab, int64_t row_stride,
+                  std::vector<float>& z) {
   z.resize(static_cast<size_t>(vocab));
   if (dtype == DType::kFloat32) {
     const float* row = static_cast<const float*>(logits) + i * row_stride;
@@ -55,8 +56,8 @@ float LogSumExp(const std::vector<float>& z) {
 }
 
 // grad_scale * (softmax - one-hot at t) over the row's vocabulary, 0 over its padding.
-void WriteGradRow(DType dtype, void* logits, int64_t i, int64_t row_stride, const std::vector<float>& z, float lse, int64_t t,
-                  float grad_scale) {
+void WriteGradRow(DType dtype, void* logits, int64_t i, int64_t row_stride, const std::vector<float>& z, float lse,
+                  int64_t t, float grad_scale) {
   const auto vocab = static_cast<int64_t>(z.size());
   float* f32 = dtype == DType::kFloat32 ? static_cast<float*>(logits) + i * row_stride : nullptr;
   uint16_t* b16 = dtype == DType::kBFloat16 ? static_cast<uint16_t*>(logits) + i * row_stride : nullptr;
@@ -109,8 +110,8 @@ bool HasCuda() { return false; }
 
 using internal::NoCuda;
 
-void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-           uint16_t* param_bf16) {
+void AdamW(const Place& place, const AdamWArgs& args, float* param, const float* grad, float* exp_avg,
+           float* exp_avg_sq, int64_t n, uint16_t* param_bf16) {
   if (place.cuda) NoCuda("kernels::AdamW");
   if (param_bf16) return AdamWReference(args, param, grad, exp_avg, exp_avg_sq, n, param_bf16);
   AdamWHost(args, param, grad, exp_avg, exp_avg_sq, n);
@@ -121,20 +122,20 @@ void SquareSum(const Place& place, const float* grad, int64_t n, float* out, flo
   SquareSumReference(grad, n, out);
 }
 
-void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                             const int64_t* targets, float grad_scale, float* row_loss) {
+void CrossEntropyGradInPlace(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab,
+                             int64_t row_stride, const int64_t* targets, float grad_scale, float* row_loss) {
   if (place.cuda) NoCuda("kernels::CrossEntropyGradInPlace");
   CrossEntropyGradInPlaceReference(dtype, logits, rows, vocab, row_stride, targets, grad_scale, row_loss);
 }
 
-void CrossEntropyRowStats(const Place& place, DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                          const int64_t* targets, float* lse, float* target_logit) {
+void CrossEntropyRowStats(const Place& place, DType dtype, const void* logits, int64_t rows, int64_t vocab,
+                          int64_t row_stride, const int64_t* targets, float* lse, float* target_logit) {
   if (place.cuda) NoCuda("kernels::CrossEntropyRowStats");
   CrossEntropyRowStatsReference(dtype, logits, rows, vocab, row_stride, targets, lse, target_logit);
 }
 
-void CrossEntropyGradFromLse(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                             const int64_t* targets, const float* lse, float grad_scale) {
+void CrossEntropyGradFromLse(const Place& place, DType dtype, void* logits, int64_t rows, int64_t vocab,
+                             int64_t row_stride, const int64_t* targets, const float* lse, float grad_scale) {
   if (place.cuda) NoCuda("kernels::CrossEntropyGradFromLse");
   CrossEntropyGradFromLseReference(dtype, logits, rows, vocab, row_stride, targets, lse, grad_scale);
 }

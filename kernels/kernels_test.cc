@@ -2,12 +2,12 @@
 // op-by-op AdamW the trainer ran before kernels/). The bound: fp32 rounding of the update - the
 // reference computes each element's expression once, LibTorch's vectorized ops may fuse a
 // multiply-add; both hold every intermediate in fp32.
+#include "kernels/kernels.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
-
-#include "kernels/kernels.h"
 
 namespace strata::kernels {
 namespace {
@@ -16,7 +16,7 @@ struct AdamState {
   torch::Tensor p, m, v;
 };
 
-// What worker/trainer.cc did per unit before the fused kernel.
+// What worker/train/trainer.cc did per unit before the fused kernel.
 void LibTorchAdamW(const AdamWArgs& a, AdamState& s, torch::Tensor g, const torch::Tensor& decay_mask) {
   const double bc1 = 1.0 - std::pow(a.beta1, double(a.step)), bc2 = 1.0 - std::pow(a.beta2, double(a.step));
   if (a.grad_scale != 1.0) g = g * a.grad_scale;
@@ -85,7 +85,8 @@ TEST(KernelsTest, HostAdamWEqualsTheReferenceBitForBit) {
   const int64_t n = (3 << 20) + 7;  // over the threading threshold: several threads really run
   for (const int threads : {1, 3, 8}) {
     const auto p0 = torch::randn({n});
-    AdamState ref{p0.clone(), torch::zeros({n}), torch::zeros({n})}, host{p0.clone(), torch::zeros({n}), torch::zeros({n})};
+    AdamState ref{p0.clone(), torch::zeros({n}), torch::zeros({n})},
+        host{p0.clone(), torch::zeros({n}), torch::zeros({n})};
     for (int64_t step = 1; step <= 6; ++step) {
       auto g = torch::randn({n}) * torch::pow(10.0, torch::randint(-30, 5, {n}).to(torch::kFloat));
       g.narrow(0, 100, 50).zero_();
@@ -179,8 +180,8 @@ TEST(KernelsTest, CrossEntropyReferenceEqualsLibTorchInFp32AndBf16) {
     LibTorchCrossEntropy(stored, vocab, targets, scale, &expected_loss, &expected_grad);
     auto ours = stored.clone();
     auto loss = torch::empty({rows});
-    CrossEntropyGradInPlace(Place{}, dtype == torch::kFloat ? DType::kFloat32 : DType::kBFloat16, ours.data_ptr(), rows, vocab,
-                            stride, targets.data_ptr<int64_t>(), scale, loss.data_ptr<float>());
+    CrossEntropyGradInPlace(Place{}, dtype == torch::kFloat ? DType::kFloat32 : DType::kBFloat16, ours.data_ptr(), rows,
+                            vocab, stride, targets.data_ptr<int64_t>(), scale, loss.data_ptr<float>());
     EXPECT_LE(MaxRelative(loss, expected_loss), 1e-6) << dtype;
     if (dtype == torch::kFloat) {
       EXPECT_LE((ours - expected_grad).abs().max().item<double>(), 1e-6 * scale) << "fp32 gradient";
@@ -192,7 +193,8 @@ TEST(KernelsTest, CrossEntropyReferenceEqualsLibTorchInFp32AndBf16) {
       EXPECT_LE((diff - theirs.abs() * (1.0 / 128)).max().item<double>(), 1e-12) << "bf16 gradient within one ulp";
       EXPECT_GT(diff.eq(0).to(torch::kFloat).mean().item<double>(), 0.99) << "bf16 gradient mostly bit-equal";
     }
-    EXPECT_EQ(ours.narrow(1, vocab, stride - vocab).abs().max().item<double>(), 0.0) << "padding columns get gradient 0";
+    EXPECT_EQ(ours.narrow(1, vocab, stride - vocab).abs().max().item<double>(), 0.0)
+        << "padding columns get gradient 0";
   }
 }
 
@@ -220,23 +222,26 @@ TEST(KernelsTest, CrossEntropyInVocabSlicesEqualsLibTorchOverTheWholeRow) {
       part.narrow(1, 0, slice_vocab).copy_(stored.narrow(1, r * slice_vocab, slice_vocab));
       parts.push_back(part);
       local_targets.push_back((targets - r * slice_vocab).contiguous());  // outside [0, slice) on other slices
-      CrossEntropyRowStats(Place{}, Of(dtype), part.data_ptr(), rows, slice_vocab, stride, local_targets[r].data_ptr<int64_t>(),
-                           lse[r].data_ptr<float>(), target_logit[r].data_ptr<float>());
+      CrossEntropyRowStats(Place{}, Of(dtype), part.data_ptr(), rows, slice_vocab, stride,
+                           local_targets[r].data_ptr<int64_t>(), lse[r].data_ptr<float>(),
+                           target_logit[r].data_ptr<float>());
     }
     auto merged = torch::logsumexp(lse, 0).contiguous();
     auto loss = merged - target_logit.sum(0);
     EXPECT_LE(MaxRelative(loss, expected_loss), 2e-6) << dtype;
     for (int64_t r = 0; r < slices; ++r) {
-      CrossEntropyGradFromLse(Place{}, Of(dtype), parts[r].data_ptr(), rows, slice_vocab, stride, local_targets[r].data_ptr<int64_t>(),
-                              merged.data_ptr<float>(), scale);
-      EXPECT_EQ(parts[r].narrow(1, slice_vocab, stride - slice_vocab).abs().max().item<double>(), 0.0) << "padding gets gradient 0";
+      CrossEntropyGradFromLse(Place{}, Of(dtype), parts[r].data_ptr(), rows, slice_vocab, stride,
+                              local_targets[r].data_ptr<int64_t>(), merged.data_ptr<float>(), scale);
+      EXPECT_EQ(parts[r].narrow(1, slice_vocab, stride - slice_vocab).abs().max().item<double>(), 0.0)
+          << "padding gets gradient 0";
       auto ours = parts[r].narrow(1, 0, slice_vocab).to(torch::kFloat);
       auto theirs = expected_grad.narrow(1, r * slice_vocab, slice_vocab);
       if (dtype == torch::kFloat) {
         EXPECT_LE((ours - theirs).abs().max().item<double>(), 2e-6 * scale) << "fp32 gradient, slice " << r;
       } else {  // one bf16 ulp where the fp32 values straddle a rounding boundary
         auto rounded = theirs.to(torch::kBFloat16).to(torch::kFloat);
-        EXPECT_LE(((ours - rounded).abs() - rounded.abs() * (1.0 / 128)).max().item<double>(), 1e-12) << "bf16 gradient, slice " << r;
+        EXPECT_LE(((ours - rounded).abs() - rounded.abs() * (1.0 / 128)).max().item<double>(), 1e-12)
+            << "bf16 gradient, slice " << r;
       }
     }
   }
@@ -254,33 +259,42 @@ struct AddNormCase {
 AddNormCase MakeAddNormCase(bool centered, torch::ScalarType a_type) {
   torch::manual_seed(centered ? 13 : 12);
   const int64_t rows = 37, cols = 160;
-  return {centered,       torch::randn({rows, cols}) + 0.3, torch::randn({rows, cols}).to(a_type), torch::randn({cols}),
-          torch::randn({cols}), torch::randn({rows, cols}),  torch::randn({rows, cols})};
+  return {centered,
+          torch::randn({rows, cols}) + 0.3,
+          torch::randn({rows, cols}).to(a_type),
+          torch::randn({cols}),
+          torch::randn({cols}),
+          torch::randn({rows, cols}),
+          torch::randn({rows, cols})};
 }
 
 TEST(KernelsTest, AddNormForwardEqualsTheAddThenTheNormAndLibTorch) {
   for (bool centered : {false, true}) {
     for (auto a_type : {torch::kFloat, torch::kBFloat16}) {
-      SCOPED_TRACE(std::string(centered ? "LayerNorm" : "RmsNorm") + (a_type == torch::kFloat ? " fp32 addend" : " bf16 addend"));
+      SCOPED_TRACE(std::string(centered ? "LayerNorm" : "RmsNorm") +
+                   (a_type == torch::kFloat ? " fp32 addend" : " bf16 addend"));
       AddNormCase c = MakeAddNormCase(centered, a_type);
       const int64_t rows = c.x.size(0), cols = c.x.size(1);
-      auto sum = torch::empty_like(c.x), y = torch::empty_like(c.x), mean = torch::empty({rows}), rstd = torch::empty({rows});
+      auto sum = torch::empty_like(c.x), y = torch::empty_like(c.x), mean = torch::empty({rows}),
+           rstd = torch::empty({rows});
       // Through the Place-dispatching call (the CPU runs the reference).
       if (centered) {
-        AddLayerNormForward(Place{}, DType::kFloat32, c.x.data_ptr(), Of(a_type), c.a.data_ptr(), sum.data_ptr(), c.w.data_ptr<float>(),
-                            c.b.data_ptr<float>(), DType::kFloat32, y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols,
-                            1e-5f);
+        AddLayerNormForward(Place{}, DType::kFloat32, c.x.data_ptr(), Of(a_type), c.a.data_ptr(), sum.data_ptr(),
+                            c.w.data_ptr<float>(), c.b.data_ptr<float>(), DType::kFloat32, y.data_ptr(),
+                            mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
       } else {
-        AddRmsNormForward(Place{}, DType::kFloat32, c.x.data_ptr(), Of(a_type), c.a.data_ptr(), sum.data_ptr(), c.w.data_ptr<float>(),
-                          DType::kFloat32, y.data_ptr(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
+        AddRmsNormForward(Place{}, DType::kFloat32, c.x.data_ptr(), Of(a_type), c.a.data_ptr(), sum.data_ptr(),
+                          c.w.data_ptr<float>(), DType::kFloat32, y.data_ptr(), rstd.data_ptr<float>(), rows, cols,
+                          1e-5f);
       }
       const auto expected_sum = c.x + c.a;  // LibTorch's promotion: fp32
       EXPECT_TRUE(torch::equal(sum, expected_sum)) << "the sum is LibTorch's x + a bit for bit";
       // The norm part equals the plain norm of the stored sum bit for bit...
       auto y2 = torch::empty_like(c.x), mean2 = torch::empty({rows}), rstd2 = torch::empty({rows});
       if (centered) {
-        LayerNormForwardReference(DType::kFloat32, sum.data_ptr(), c.w.data_ptr<float>(), c.b.data_ptr<float>(), DType::kFloat32,
-                                  y2.data_ptr(), mean2.data_ptr<float>(), rstd2.data_ptr<float>(), rows, cols, 1e-5f);
+        LayerNormForwardReference(DType::kFloat32, sum.data_ptr(), c.w.data_ptr<float>(), c.b.data_ptr<float>(),
+                                  DType::kFloat32, y2.data_ptr(), mean2.data_ptr<float>(), rstd2.data_ptr<float>(),
+                                  rows, cols, 1e-5f);
         EXPECT_TRUE(torch::equal(mean, mean2));
       } else {
         RmsNormForwardReference(DType::kFloat32, sum.data_ptr(), c.w.data_ptr<float>(), DType::kFloat32, y2.data_ptr(),
@@ -304,32 +318,37 @@ TEST(KernelsTest, NormBackwardWithAResidualGradientEqualsLibTorchsAutograd) {
     // LibTorch: s used twice (the residual path, whose gradient is d_residual, and the norm).
     auto s = (c.x + c.a).requires_grad_(true);
     auto w = c.w.clone().requires_grad_(true), b = c.b.clone().requires_grad_(true);
-    auto y = centered ? torch::layer_norm(s, {cols}, w, b, 1e-5) : w * (s * torch::rsqrt(s.pow(2).mean(-1, true) + 1e-5));
+    auto y =
+        centered ? torch::layer_norm(s, {cols}, w, b, 1e-5) : w * (s * torch::rsqrt(s.pow(2).mean(-1, true) + 1e-5));
     torch::autograd::backward({s, y}, {c.d_residual, c.dy});
     // The kernels: forward for mean and rstd, then the backward with the residual gradient and a
     // bf16 copy of ds (a bf16 sublayer output's gradient).
     const auto sd = s.detach().contiguous();
     auto yk = torch::empty_like(sd), mean = torch::empty({rows}), rstd = torch::empty({rows});
-    auto ds = torch::empty_like(sd), ds_bf16 = torch::empty(sd.sizes(), torch::kBFloat16), dw = torch::empty({cols}), db = torch::empty({cols});
+    auto ds = torch::empty_like(sd), ds_bf16 = torch::empty(sd.sizes(), torch::kBFloat16), dw = torch::empty({cols}),
+         db = torch::empty({cols});
     auto plain_dx = torch::empty_like(sd), plain_dw = torch::empty({cols}), plain_db = torch::empty({cols});
     const NormResidualGrad residual{c.d_residual.data_ptr(), ds_bf16.data_ptr(), DType::kBFloat16};
     if (centered) {
-      LayerNormForwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), c.b.data_ptr<float>(), DType::kFloat32,
-                                yk.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
-      LayerNormBackward(Place{}, DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                        DType::kFloat32, c.dy.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(), db.data_ptr<float>(), rows, cols, residual);
-      LayerNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                                 DType::kFloat32, c.dy.data_ptr(), plain_dx.data_ptr(), plain_dw.data_ptr<float>(),
-                                 plain_db.data_ptr<float>(), rows, cols);
+      LayerNormForwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), c.b.data_ptr<float>(),
+                                DType::kFloat32, yk.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows,
+                                cols, 1e-5f);
+      LayerNormBackward(Place{}, DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), mean.data_ptr<float>(),
+                        rstd.data_ptr<float>(), DType::kFloat32, c.dy.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(),
+                        db.data_ptr<float>(), rows, cols, residual);
+      LayerNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), mean.data_ptr<float>(),
+                                 rstd.data_ptr<float>(), DType::kFloat32, c.dy.data_ptr(), plain_dx.data_ptr(),
+                                 plain_dw.data_ptr<float>(), plain_db.data_ptr<float>(), rows, cols);
       EXPECT_LE(MaxRelative(db, b.grad()), 1e-5);
       EXPECT_TRUE(torch::equal(db, plain_db));
     } else {
-      RmsNormForwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), DType::kFloat32, yk.data_ptr(), rstd.data_ptr<float>(),
-                              rows, cols, 1e-5f);
-      RmsNormBackward(Place{}, DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kFloat32,
-                      c.dy.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(), rows, cols, residual);
-      RmsNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kFloat32,
-                               c.dy.data_ptr(), plain_dx.data_ptr(), plain_dw.data_ptr<float>(), rows, cols);
+      RmsNormForwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), DType::kFloat32, yk.data_ptr(),
+                              rstd.data_ptr<float>(), rows, cols, 1e-5f);
+      RmsNormBackward(Place{}, DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), rstd.data_ptr<float>(),
+                      DType::kFloat32, c.dy.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(), rows, cols, residual);
+      RmsNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), rstd.data_ptr<float>(),
+                               DType::kFloat32, c.dy.data_ptr(), plain_dx.data_ptr(), plain_dw.data_ptr<float>(), rows,
+                               cols);
     }
     EXPECT_LE(MaxRelative(ds, s.grad()), 1e-5) << "ds = d_residual + the norm's dx";
     EXPECT_LE(MaxRelative(dw, w.grad()), 1e-5);
@@ -341,12 +360,13 @@ TEST(KernelsTest, NormBackwardWithAResidualGradientEqualsLibTorchsAutograd) {
     auto dx_only = torch::empty_like(sd), copy_only = torch::empty(sd.sizes(), torch::kBFloat16);
     const NormResidualGrad copy{nullptr, copy_only.data_ptr(), DType::kBFloat16};
     if (centered) {
-      LayerNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                                 DType::kFloat32, c.dy.data_ptr(), dx_only.data_ptr(), dw.data_ptr<float>(), db.data_ptr<float>(), rows,
-                                 cols, copy);
+      LayerNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), mean.data_ptr<float>(),
+                                 rstd.data_ptr<float>(), DType::kFloat32, c.dy.data_ptr(), dx_only.data_ptr(),
+                                 dw.data_ptr<float>(), db.data_ptr<float>(), rows, cols, copy);
     } else {
-      RmsNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kFloat32,
-                               c.dy.data_ptr(), dx_only.data_ptr(), dw.data_ptr<float>(), rows, cols, copy);
+      RmsNormBackwardReference(DType::kFloat32, sd.data_ptr(), c.w.data_ptr<float>(), rstd.data_ptr<float>(),
+                               DType::kFloat32, c.dy.data_ptr(), dx_only.data_ptr(), dw.data_ptr<float>(), rows, cols,
+                               copy);
     }
     EXPECT_TRUE(torch::equal(dx_only, plain_dx));
     EXPECT_TRUE(torch::equal(copy_only, plain_dx.to(torch::kBFloat16)));
@@ -358,11 +378,13 @@ TEST(KernelsTest, AddNormInBf16RoundsTheSumBeforeTheNormReadsIt) {
   // rounded s - what LibTorch's bf16 x + a followed by the norm computes.
   torch::manual_seed(14);
   const int64_t rows = 9, cols = 64;
-  auto x = torch::randn({rows, cols}).to(torch::kBFloat16), a = (torch::randn({rows, cols}) * 1e-2).to(torch::kBFloat16);
+  auto x = torch::randn({rows, cols}).to(torch::kBFloat16),
+       a = (torch::randn({rows, cols}) * 1e-2).to(torch::kBFloat16);
   auto w = torch::randn({cols});
   auto sum = torch::empty_like(x), y = torch::empty({rows, cols}), rstd = torch::empty({rows});
-  AddRmsNormForwardReference(DType::kBFloat16, x.data_ptr(), DType::kBFloat16, a.data_ptr(), sum.data_ptr(), w.data_ptr<float>(),
-                             DType::kFloat32, y.data_ptr(), rstd.data_ptr<float>(), rows, cols, 1e-6f);
+  AddRmsNormForwardReference(DType::kBFloat16, x.data_ptr(), DType::kBFloat16, a.data_ptr(), sum.data_ptr(),
+                             w.data_ptr<float>(), DType::kFloat32, y.data_ptr(), rstd.data_ptr<float>(), rows, cols,
+                             1e-6f);
   const auto expected_sum = x + a;
   ASSERT_EQ(expected_sum.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::equal(sum, expected_sum));
@@ -372,7 +394,6 @@ TEST(KernelsTest, AddNormInBf16RoundsTheSumBeforeTheNormReadsIt) {
   const auto unrounded = x.to(torch::kFloat) + a.to(torch::kFloat);
   EXPECT_GT(MaxRelative(y, w * (unrounded * torch::rsqrt(unrounded.pow(2).mean(-1, true) + 1e-6))), 1e-4);
 }
-
 
 // A shard whose edges cut rows (elements 50..301 of a 13 x 24 table): the gather is the table's
 // rows with the elements outside the shard zero; the scatter-add is LibTorch's embedding backward
@@ -404,8 +425,8 @@ TEST(KernelsTest, ShardRowsEqualLibTorchsEmbeddingAndItsBackwardOnTheShard) {
   const auto& order = std::get<1>(sorted);
   auto grad = torch::randn({end - begin});
   const auto before = grad.clone();
-  ShardRowsScatterAddReference(shape, dy.data_ptr<float>(), sorted_ids.data_ptr<int64_t>(), order.data_ptr<int64_t>(), n,
-                               grad.data_ptr<float>());
+  ShardRowsScatterAddReference(shape, dy.data_ptr<float>(), sorted_ids.data_ptr<int64_t>(), order.data_ptr<int64_t>(),
+                               n, grad.data_ptr<float>());
   const auto keep = ids < rows;  // LibTorch's backward takes no id outside the table
   const auto dense = at::embedding_dense_backward(dy.index({keep}), ids.index({keep}), rows, -1, false);
   EXPECT_TRUE(torch::equal(grad, before + dense.view({-1}).narrow(0, begin, end - begin)));
@@ -430,7 +451,8 @@ TEST(KernelsTest, ShardRowsScatterAddSumsRunsPastAChunkWithinRoundingOfLibTorch)
   const auto libtorch = at::embedding_dense_backward(dy, ids, rows, -1, false).view({-1});
   const auto exact = at::embedding_dense_backward(dy.to(torch::kDouble), ids, rows, -1, false).view({-1});
   const auto magnitude = at::embedding_dense_backward(dy.abs().to(torch::kDouble), ids, rows, -1, false).view({-1});
-  const auto terms = at::embedding_dense_backward(torch::ones({n, cols}, torch::kDouble), ids, rows, -1, false).view({-1});
+  const auto terms =
+      at::embedding_dense_backward(torch::ones({n, cols}, torch::kDouble), ids, rows, -1, false).view({-1});
   const auto bound = (terms - 1).clamp_min(0) * magnitude * std::ldexp(1.0, -24);
   EXPECT_TRUE(((grad.to(torch::kDouble) - exact).abs() <= bound).all().item<bool>());
   EXPECT_TRUE(((libtorch.to(torch::kDouble) - exact).abs() <= bound).all().item<bool>());

@@ -32,8 +32,8 @@ namespace {
 constexpr int kThreads = 256;
 
 template <bool kVec>
-__global__ void ShardRowsGatherKernel(ShardRowsShape s, const float* __restrict__ shard, const int64_t* __restrict__ ids,
-                                      float* __restrict__ out) {
+__global__ void ShardRowsGatherKernel(ShardRowsShape s, const float* __restrict__ shard,
+                                      const int64_t* __restrict__ ids, float* __restrict__ out) {
   const int64_t i = blockIdx.x;
   const int64_t id = ids[i];
   const int64_t base = id * s.cols;
@@ -71,7 +71,8 @@ constexpr int kRunUnroll = 8;
 // thread at a time (4: 16-byte packs, from and to multiples of 4): the sum in order from 0 of
 // `count` rows, row q's values at row_at(q) + column, handed to done(at, pack).
 template <int kWidth, typename RowAt, typename Done>
-__device__ void SumRows(int64_t count, const RowAt& row_at, int64_t row_begin, int64_t from, int64_t to, const Done& done) {
+__device__ void SumRows(int64_t count, const RowAt& row_at, int64_t row_begin, int64_t from, int64_t to,
+                        const Done& done) {
   using Pack = cuda_util::Pack<float, kWidth>;
   for (int64_t at = from + int64_t(threadIdx.x) * kWidth; at < to; at += int64_t(blockDim.x) * kWidth) {
     const int64_t j = at - row_begin;
@@ -100,9 +101,11 @@ __device__ void SumRows(int64_t count, const RowAt& row_at, int64_t row_begin, i
 // of 4, so packs are 16-byte aligned in every buffer; only a shard's end that cuts the row may
 // leave a few elements over, taken one at a time), else element by element.
 template <bool kVec, typename RowAt, typename Done>
-__device__ void SumRowsOverShard(const ShardRowsShape& s, int64_t row, int64_t count, const RowAt& row_at, const Done& done) {
+__device__ void SumRowsOverShard(const ShardRowsShape& s, int64_t row, int64_t count, const RowAt& row_at,
+                                 const Done& done) {
   const int64_t row_begin = row * s.cols, row_end = row_begin + s.cols;
-  const int64_t from = row_begin > s.shard_begin ? row_begin : s.shard_begin, to = row_end < s.shard_end ? row_end : s.shard_end;
+  const int64_t from = row_begin > s.shard_begin ? row_begin : s.shard_begin,
+                to = row_end < s.shard_end ? row_end : s.shard_end;
   if constexpr (kVec) {
     const int64_t packed_to = from + (to - from) / 4 * 4;
     SumRows<4>(count, row_at, row_begin, from, packed_to, done);
@@ -143,12 +146,14 @@ __device__ bool HeldByShard(const ShardRowsShape& s, int64_t row) {
 // 1: the run starting in it and going on past its end).
 template <bool kVec>
 __global__ void ShardRowsPartsKernel(ShardRowsShape s, const float* __restrict__ dy, const int64_t* __restrict__ sorted,
-                                     const int64_t* __restrict__ order, int64_t n, float* __restrict__ grad, float* __restrict__ scratch) {
+                                     const int64_t* __restrict__ order, int64_t n, float* __restrict__ grad,
+                                     float* __restrict__ scratch) {
   const int64_t k = blockIdx.x;
   const int64_t row = sorted[k];
   const bool run_start = k == 0 || sorted[k - 1] != row;
   if ((!run_start && k % kShardRowsChunk != 0) || !HeldByShard(s, row)) return;
-  const int64_t chunk = k / kShardRowsChunk, chunk_end = (chunk + 1) * kShardRowsChunk < n ? (chunk + 1) * kShardRowsChunk : n;
+  const int64_t chunk = k / kShardRowsChunk,
+                chunk_end = (chunk + 1) * kShardRowsChunk < n ? (chunk + 1) * kShardRowsChunk : n;
   // The part's end: the first later position of the chunk that holds another id, or the chunk's end.
   __shared__ unsigned long long part_end;
   if (threadIdx.x == 0) part_end = static_cast<unsigned long long>(chunk_end);
@@ -172,8 +177,8 @@ __global__ void ShardRowsPartsKernel(ShardRowsShape s, const float* __restrict__
 // and added into grad. A run of R ids has R / 32 parts, summed one after another (512 at most
 // for 16,384 ids).
 template <bool kVec>
-__global__ void ShardRowsJoinKernel(ShardRowsShape s, const int64_t* __restrict__ sorted, int64_t n, float* __restrict__ grad,
-                                    const float* __restrict__ scratch) {
+__global__ void ShardRowsJoinKernel(ShardRowsShape s, const int64_t* __restrict__ sorted, int64_t n,
+                                    float* __restrict__ grad, const float* __restrict__ scratch) {
   const int64_t chunk = blockIdx.x, begin = chunk * kShardRowsChunk, end = begin + kShardRowsChunk;
   if (end >= n) return;  // the last chunk: nothing goes on past it
   const int64_t row = sorted[end - 1];
@@ -186,14 +191,17 @@ __global__ void ShardRowsJoinKernel(ShardRowsShape s, const int64_t* __restrict_
 
 }  // namespace
 
-void ShardRowsGather(const Place& place, const ShardRowsShape& s, const float* shard, const int64_t* ids, int64_t n, float* out) {
+void ShardRowsGather(const Place& place, const ShardRowsShape& s, const float* shard, const int64_t* ids, int64_t n,
+                     float* out) {
   if (!place.cuda) return ShardRowsGatherReference(s, shard, ids, n, out);
   if (n <= 0 || s.cols <= 0) return;
   if (n > INT_MAX) {
-    throw std::invalid_argument("kernels::ShardRowsGather: " + std::to_string(n) + " ids, more than a grid's 2^31 - 1 blocks");
+    throw std::invalid_argument("kernels::ShardRowsGather: " + std::to_string(n) +
+                                " ids, more than a grid's 2^31 - 1 blocks");
   }
   auto stream = static_cast<cudaStream_t>(place.stream);
-  const bool vec = s.cols % 4 == 0 && s.shard_begin % 4 == 0 && cuda_util::Aligned16(shard) && cuda_util::Aligned16(out);
+  const bool vec =
+      s.cols % 4 == 0 && s.shard_begin % 4 == 0 && cuda_util::Aligned16(shard) && cuda_util::Aligned16(out);
   if (vec) {
     ShardRowsGatherKernel<true><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(s, shard, ids, out);
   } else {
@@ -202,28 +210,32 @@ void ShardRowsGather(const Place& place, const ShardRowsShape& s, const float* s
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
-void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& s, const float* dy, const int64_t* sorted, const int64_t* order,
-                         int64_t n, float* grad, float* scratch) {
+void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& s, const float* dy, const int64_t* sorted,
+                         const int64_t* order, int64_t n, float* grad, float* scratch) {
   if (!place.cuda) return ShardRowsScatterAddReference(s, dy, sorted, order, n, grad);
   if (n <= 0 || s.cols <= 0) return;
   if (n > INT_MAX) {
-    throw std::invalid_argument("kernels::ShardRowsScatterAdd: " + std::to_string(n) + " ids, more than a grid's 2^31 - 1 blocks");
+    throw std::invalid_argument("kernels::ShardRowsScatterAdd: " + std::to_string(n) +
+                                " ids, more than a grid's 2^31 - 1 blocks");
   }
   if (scratch == nullptr) {
-    throw std::invalid_argument("kernels::ShardRowsScatterAdd: no scratch on the device; pass ShardRowsScatterAddScratch(n, cols) floats");
+    throw std::invalid_argument(
+        "kernels::ShardRowsScatterAdd: no scratch on the device; pass ShardRowsScatterAddScratch(n, cols) floats");
   }
   auto stream = static_cast<cudaStream_t>(place.stream);
   const unsigned chunks = static_cast<unsigned>((n + kShardRowsChunk - 1) / kShardRowsChunk);
-  const bool vec = s.cols % 4 == 0 && s.shard_begin % 4 == 0 && cuda_util::Aligned16(dy) && cuda_util::Aligned16(grad) &&
-                   cuda_util::Aligned16(scratch);
+  const bool vec = s.cols % 4 == 0 && s.shard_begin % 4 == 0 && cuda_util::Aligned16(dy) &&
+                   cuda_util::Aligned16(grad) && cuda_util::Aligned16(scratch);
   if (vec) {
     // A thread a pack of the row, in whole warps up to kThreads (GPT-2's 768 columns: 192).
     const int threads = static_cast<int>(std::min<int64_t>(kThreads, (s.cols / 4 + 31) / 32 * 32));
-    ShardRowsPartsKernel<true><<<static_cast<unsigned>(n), threads, 0, stream>>>(s, dy, sorted, order, n, grad, scratch);
+    ShardRowsPartsKernel<true>
+        <<<static_cast<unsigned>(n), threads, 0, stream>>>(s, dy, sorted, order, n, grad, scratch);
     STRATA_CUDA_CHECK(cudaGetLastError());
     ShardRowsJoinKernel<true><<<chunks, threads, 0, stream>>>(s, sorted, n, grad, scratch);
   } else {
-    ShardRowsPartsKernel<false><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(s, dy, sorted, order, n, grad, scratch);
+    ShardRowsPartsKernel<false>
+        <<<static_cast<unsigned>(n), kThreads, 0, stream>>>(s, dy, sorted, order, n, grad, scratch);
     STRATA_CUDA_CHECK(cudaGetLastError());
     ShardRowsJoinKernel<false><<<chunks, kThreads, 0, stream>>>(s, sorted, n, grad, scratch);
   }

@@ -22,8 +22,8 @@ int64_t ShardRowsScatterAddScratch(int64_t n, int64_t cols) {
   return (n + kShardRowsChunk - 1) / kShardRowsChunk * 2 * cols;
 }
 
-void ShardRowsScatterAddReference(const ShardRowsShape& s, const float* dy, const int64_t* sorted, const int64_t* order, int64_t n,
-                                  float* grad) {
+void ShardRowsScatterAddReference(const ShardRowsShape& s, const float* dy, const int64_t* sorted, const int64_t* order,
+                                  int64_t n, float* grad) {
   const int64_t first_row = s.shard_begin / s.cols, end_row = (s.shard_end + s.cols - 1) / s.cols;
   for (int64_t k = 0; k < n;) {
     const int64_t row = sorted[k];
@@ -49,13 +49,14 @@ void ShardRowsScatterAddReference(const ShardRowsShape& s, const float* dy, cons
 }
 
 #ifndef STRATA_KERNELS_WITH_CUDA
-void ShardRowsGather(const Place& place, const ShardRowsShape& s, const float* shard, const int64_t* ids, int64_t n, float* out) {
+void ShardRowsGather(const Place& place, const ShardRowsShape& s, const float* shard, const int64_t* ids, int64_t n,
+                     float* out) {
   if (place.cuda) internal::NoCuda("kernels::ShardRowsGather");
   ShardRowsGatherReference(s, shard, ids, n, out);
 }
 
-void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& s, const float* dy, const int64_t* sorted, const int64_t* order,
-                         int64_t n, float* grad, float* /*scratch*/) {
+void ShardRowsScatterAdd(const Place& place, const ShardRowsShape& s, const float* dy, const int64_t* sorted,
+                         const int64_t* order, int64_t n, float* grad, float* /*scratch*/) {
   if (place.cuda) internal::NoCuda("kernels::ShardRowsScatterAdd");
   ShardRowsScatterAddReference(s, dy, sorted, order, n, grad);
 }

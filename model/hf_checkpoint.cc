@@ -36,7 +36,8 @@ Result<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
     }
     std::map<std::string, size_t> file_index;
     for (const auto& [tensor, file] : index["weight_map"].items()) {
-      if (!file.is_string()) return InvalidArgument("model.init_from: " + index_path.string() + " maps '" + tensor + "' to a non-string");
+      if (!file.is_string())
+        return InvalidArgument("model.init_from: " + index_path.string() + " maps '" + tensor + "' to a non-string");
       const std::string name = file.get<std::string>();
       if (name.find('/') != std::string::npos || name == ".." || name.empty()) {
         return InvalidArgument("model.init_from: " + index_path.string() + " maps '" + tensor + "' to \"" + name +
@@ -46,8 +47,8 @@ Result<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
       if (inserted) {
         const fs::path path = fs::path(dir) / name;
         if (!fs::is_regular_file(path, ec)) {
-          return InvalidArgument("model.init_from: " + index_path.string() + " names " + name + ", which is missing from " + dir +
-                                 "; download or copy every shard of the model");
+          return InvalidArgument("model.init_from: " + index_path.string() + " names " + name +
+                                 ", which is missing from " + dir + "; download or copy every shard of the model");
         }
         auto mapped = storage::MappedSafetensors::Open(path.string());
         if (!mapped.ok()) return AsInvalid(mapped.status());
@@ -55,8 +56,9 @@ Result<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
       }
       const auto& tensors = checkpoint.files_[it->second]->tensors();
       if (!tensors.count(tensor)) {
-        return InvalidArgument("model.init_from: " + index_path.string() + " places tensor '" + tensor + "' in " + name +
-                               ", which does not hold it; the index and the files are from different models or versions");
+        return InvalidArgument(
+            "model.init_from: " + index_path.string() + " places tensor '" + tensor + "' in " + name +
+            ", which does not hold it; the index and the files are from different models or versions");
       }
       checkpoint.where_[tensor] = it->second;
     }
@@ -67,7 +69,8 @@ Result<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
     checkpoint.files_.push_back(std::move(*mapped));
     for (const auto& [name, _] : checkpoint.files_[0]->tensors()) checkpoint.where_[name] = 0;
   } else {
-    return InvalidArgument("model.init_from = \"" + dir + "\" holds neither model.safetensors nor model.safetensors.index.json; "
+    return InvalidArgument("model.init_from = \"" + dir +
+                           "\" holds neither model.safetensors nor model.safetensors.index.json; "
                            "point it at a directory saved by save_pretrained (safetensors) or `strata export`");
   }
   return checkpoint;
@@ -96,8 +99,8 @@ Status CheckHfCheckpoint(const std::string& dir, const ModelSpec& m) {
         for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
         return out + "]";
       };
-      return InvalidArgument("model.init_from: tensor '" + hf.name + "' has shape " + str(t->shape) + " but config.json implies " +
-                             str(expected) + "; the weights do not match config.json");
+      return InvalidArgument("model.init_from: tensor '" + hf.name + "' has shape " + str(t->shape) +
+                             " but config.json implies " + str(expected) + "; the weights do not match config.json");
     }
     if (t->dtype != storage::DType::kF32 && t->dtype != storage::DType::kBF16 && t->dtype != storage::DType::kF16) {
       return InvalidArgument("model.init_from: tensor '" + hf.name + "' has dtype " + storage::DTypeName(t->dtype) +
@@ -108,9 +111,9 @@ Status CheckHfCheckpoint(const std::string& dir, const ModelSpec& m) {
 }
 
 std::vector<std::string> CompanionFiles(const std::string& dir) {
-  static const std::set<std::string> known = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
-                                              "special_tokens_map.json", "generation_config.json", "vocab.json",
-                                              "merges.txt", "added_tokens.json", "chat_template.jinja"};
+  static const std::set<std::string> known = {
+      "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+      "vocab.json",     "merges.txt",      "added_tokens.json",     "chat_template.jinja"};
   std::vector<std::string> out;
   std::error_code ec;
   for (const auto& name : known) {

@@ -20,23 +20,35 @@ using nlohmann::json;
 // A tiny config.json of each family, with the variants the issue names.
 json TinyConfig(const std::string& family) {
   if (family == "gpt2") {
-    return {{"model_type", "gpt2"}, {"n_layer", 2}, {"n_embd", 32}, {"n_head", 4}, {"n_inner", nullptr},
-            {"vocab_size", 300}, {"n_positions", 64}, {"layer_norm_epsilon", 1e-5}, {"activation_function", "gelu_new"},
+    return {{"model_type", "gpt2"},
+            {"n_layer", 2},
+            {"n_embd", 32},
+            {"n_head", 4},
+            {"n_inner", nullptr},
+            {"vocab_size", 300},
+            {"n_positions", 64},
+            {"layer_norm_epsilon", 1e-5},
+            {"activation_function", "gelu_new"},
             {"resid_pdrop", 0.1}};
   }
   if (family == "gpt_neox") {
-    return {{"model_type", "gpt_neox"}, {"num_hidden_layers", 2}, {"hidden_size", 32}, {"num_attention_heads", 4},
-            {"intermediate_size", 128}, {"vocab_size", 300}, {"max_position_embeddings", 128}, {"rotary_pct", 0.25},
-            {"rotary_emb_base", 10000}, {"use_parallel_residual", true}, {"hidden_act", "gelu"}, {"layer_norm_eps", 1e-5},
+    return {{"model_type", "gpt_neox"},       {"num_hidden_layers", 2},   {"hidden_size", 32},
+            {"num_attention_heads", 4},       {"intermediate_size", 128}, {"vocab_size", 300},
+            {"max_position_embeddings", 128}, {"rotary_pct", 0.25},       {"rotary_emb_base", 10000},
+            {"use_parallel_residual", true},  {"hidden_act", "gelu"},     {"layer_norm_eps", 1e-5},
             {"tie_word_embeddings", false}};
   }
-  json c = {{"model_type", family}, {"num_hidden_layers", 2}, {"hidden_size", 32}, {"num_attention_heads", 4},
-            {"num_key_value_heads", 2}, {"intermediate_size", 96}, {"vocab_size", 70000}, {"max_position_embeddings", 256},
-            {"rms_norm_eps", 1e-6}, {"rope_theta", 500000.0}, {"hidden_act", "silu"}, {"tie_word_embeddings", false}};
+  json c = {{"model_type", family},     {"num_hidden_layers", 2},         {"hidden_size", 32},
+            {"num_attention_heads", 4}, {"num_key_value_heads", 2},       {"intermediate_size", 96},
+            {"vocab_size", 70000},      {"max_position_embeddings", 256}, {"rms_norm_eps", 1e-6},
+            {"rope_theta", 500000.0},   {"hidden_act", "silu"},           {"tie_word_embeddings", false}};
   if (family == "llama") {
     c["head_dim"] = 16;  // != hidden / heads
     c["attention_bias"] = true;
-    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
                          {"original_max_position_embeddings", 64}};
   }
   if (family == "qwen2") c["tie_word_embeddings"] = true;
@@ -52,7 +64,8 @@ json TinyConfig(const std::string& family) {
 
 class TinyModelDir {
  public:
-  explicit TinyModelDir(const std::string& name) : dir_(fs::temp_directory_path() / ("strata_model_test_" + name + std::to_string(::getpid()))) {
+  explicit TinyModelDir(const std::string& name)
+      : dir_(fs::temp_directory_path() / ("strata_model_test_" + name + std::to_string(::getpid()))) {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -73,7 +86,9 @@ class TinyModelDir {
     for (const Parameter& p : params) storage_.emplace_back(static_cast<size_t>(p.numel()) * 2, uint8_t{0x3c});
     for (int f = 0; f < files; ++f) {
       std::vector<storage::NamedTensorView> views;
-      const std::string name = files == 1 ? "model.safetensors" : "model-0000" + std::to_string(f + 1) + "-of-0000" + std::to_string(files) + ".safetensors";
+      const std::string name =
+          files == 1 ? "model.safetensors"
+                     : "model-0000" + std::to_string(f + 1) + "-of-0000" + std::to_string(files) + ".safetensors";
       for (size_t i = f; i < params.size(); i += static_cast<size_t>(files)) {
         HfTensorName hf = ToHuggingFace(m, params[i].name);
         std::vector<int64_t> shape = params[i].shape;
@@ -83,7 +98,9 @@ class TinyModelDir {
       }
       EXPECT_TRUE(storage::WriteSafetensors((dir_ / name).string(), views).ok());
     }
-    if (files > 1) std::ofstream(dir_ / "model.safetensors.index.json") << json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump();
+    if (files > 1)
+      std::ofstream(dir_ / "model.safetensors.index.json")
+          << json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump();
     return m;
   }
 
@@ -132,7 +149,8 @@ TEST_P(FamilyTest, ConfigFillsTheSpecAndTheMultiFileCheckpointMatchesIt) {
   EXPECT_EQ(json::parse(*twice), b);  // export -> init_from -> export: the same config
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::Values("gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox"));
+INSTANTIATE_TEST_SUITE_P(Families, FamilyTest,
+                         ::testing::Values("gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox"));
 
 TEST(FamilyTableTest, VariantsShapeTheParameters) {
   TinyModelDir dir("variants");

@@ -34,13 +34,22 @@ void Translate(std::exception_ptr p) {
   } catch (const StatusError& e) {
     PyObject* type = PyExc_RuntimeError;
     switch (e.code) {
-      case StatusCode::kInvalidArgument: type = PyExc_ValueError; break;
-      case StatusCode::kNotFound: type = PyExc_LookupError; break;
+      case StatusCode::kInvalidArgument:
+        type = PyExc_ValueError;
+        break;
+      case StatusCode::kNotFound:
+        type = PyExc_LookupError;
+        break;
       case StatusCode::kUnavailable:
-      case StatusCode::kDeadlineExceeded: type = PyExc_ConnectionError; break;
+      case StatusCode::kDeadlineExceeded:
+        type = PyExc_ConnectionError;
+        break;
       case StatusCode::kCorruption:
-      case StatusCode::kIoError: type = PyExc_OSError; break;
-      default: break;
+      case StatusCode::kIoError:
+        type = PyExc_OSError;
+        break;
+      default:
+        break;
     }
     PyErr_SetString(type, e.what());
   }
@@ -58,12 +67,18 @@ T Take(Result<T> r) {
 
 py::dtype NumpyDType(storage::DType d) {
   switch (d) {
-    case storage::DType::kF32: return py::dtype("<f4");
-    case storage::DType::kF16: return py::dtype("<f2");
-    case storage::DType::kBF16: return py::dtype("<u2");  // numpy has no bfloat16: the raw bits
-    case storage::DType::kI64: return py::dtype("<i8");
-    case storage::DType::kI32: return py::dtype("<i4");
-    default: throw std::runtime_error(std::string("no numpy dtype for ") + storage::DTypeName(d));
+    case storage::DType::kF32:
+      return py::dtype("<f4");
+    case storage::DType::kF16:
+      return py::dtype("<f2");
+    case storage::DType::kBF16:
+      return py::dtype("<u2");  // numpy has no bfloat16: the raw bits
+    case storage::DType::kI64:
+      return py::dtype("<i8");
+    case storage::DType::kI32:
+      return py::dtype("<i4");
+    default:
+      throw std::runtime_error(std::string("no numpy dtype for ") + storage::DTypeName(d));
   }
 }
 
@@ -114,7 +129,8 @@ class Reader {
         at += bytes.size();
         return Status::Ok();
       };
-      st = tokens ? reader_->ReadTokens(index, begin, end, sink) : reader_->ReadRows(index, layer, site, begin, end, sink);
+      st = tokens ? reader_->ReadTokens(index, begin, end, sink)
+                  : reader_->ReadRows(index, layer, site, begin, end, sink);
     }
     Check(st);
     return out;
@@ -148,7 +164,8 @@ class Stream {
       o->pool->Give(std::move(o->bytes));
       delete o;
     });
-    return py::array(NumpyDType(dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()), owned->bytes.data(), free);
+    return py::array(NumpyDType(dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()), owned->bytes.data(),
+                     free);
   }
 
   // (epoch, rows, [array per record]); StopIteration after the last.
@@ -199,10 +216,11 @@ PYBIND11_MODULE(_strata, m) {
       .def_readonly("state_dir", &api::Target::state_dir)
       .def_readonly("cluster", &api::Target::cluster);
 
-  m.def("submit_text", [](const api::Target& t, const std::string& toml, const std::string& base, const std::string& label) {
-    py::gil_scoped_release release;
-    return Take(api::SubmitText(t, toml, base, label));
-  });
+  m.def("submit_text",
+        [](const api::Target& t, const std::string& toml, const std::string& base, const std::string& label) {
+          py::gil_scoped_release release;
+          return Take(api::SubmitText(t, toml, base, label));
+        });
   m.def("submit_file", [](const api::Target& t, const std::string& path) {
     py::gil_scoped_release release;
     return Take(api::Submit(t, path));
@@ -249,28 +267,25 @@ PYBIND11_MODULE(_strata, m) {
   py::class_<Reader>(m, "Reader")
       .def("index", &Reader::Index)
       .def("read", &Reader::Read)
-      .def("batches",
-           [](const Reader& reader, const activations::ActivationIndex& index,
-              std::vector<std::pair<int64_t, std::string>> records, uint64_t batch_rows, bool shuffle, uint64_t seed,
-              int64_t epochs, uint64_t buffer_rows, bool drop_last, size_t prefetch, size_t threads,
-              std::optional<bool> page_cache) {
-             activations::BatchOptions o;
-             o.records = std::move(records);
-             o.batch_rows = batch_rows;
-             o.shuffle = shuffle;
-             o.seed = seed;
-             o.epochs = epochs;
-             o.buffer_rows = buffer_rows;
-             o.drop_last = drop_last;
-             o.prefetch = prefetch;
-             o.threads = threads;
-             o.page_cache = page_cache;
-             return std::make_unique<Stream>(reader, index, std::move(o));
-           });
+      .def("batches", [](const Reader& reader, const activations::ActivationIndex& index,
+                         std::vector<std::pair<int64_t, std::string>> records, uint64_t batch_rows, bool shuffle,
+                         uint64_t seed, int64_t epochs, uint64_t buffer_rows, bool drop_last, size_t prefetch,
+                         size_t threads, std::optional<bool> page_cache) {
+        activations::BatchOptions o;
+        o.records = std::move(records);
+        o.batch_rows = batch_rows;
+        o.shuffle = shuffle;
+        o.seed = seed;
+        o.epochs = epochs;
+        o.buffer_rows = buffer_rows;
+        o.drop_last = drop_last;
+        o.prefetch = prefetch;
+        o.threads = threads;
+        o.page_cache = page_cache;
+        return std::make_unique<Stream>(reader, index, std::move(o));
+      });
 
-  py::class_<Stream>(m, "Stream")
-      .def("__iter__", [](py::object self) { return self; })
-      .def("__next__", &Stream::Next);
+  py::class_<Stream>(m, "Stream").def("__iter__", [](py::object self) { return self; }).def("__next__", &Stream::Next);
 
   m.def("connect_reader", [](const api::Target& t, int timeout_ms) {
     auto address = Take(api::Coordinator(t));

@@ -12,7 +12,9 @@ void ReadAll(capnp::DynamicValue::Reader value);
 
 void ReadAllFields(capnp::DynamicStruct::Reader s) {
   for (capnp::StructSchema::Field field : s.getSchema().getNonUnionFields()) ReadAll(s.get(field));
-  KJ_IF_MAYBE(field, s.which()) { ReadAll(s.get(*field)); }  // an unknown member is nullptr, not an error
+  KJ_IF_MAYBE (field, s.which()) {
+    ReadAll(s.get(*field));
+  }  // an unknown member is nullptr, not an error
 }
 
 // get() has already checked the pointer that led here (kind, bounds, text NUL, list element size),
@@ -29,7 +31,8 @@ void ReadAll(capnp::DynamicValue::Reader value) {
       case capnp::schema::Type::STRUCT:
         for (capnp::DynamicValue::Reader element : list) ReadAll(element);
         break;
-      default: break;  // numbers, enums, void: their bytes were checked with the list pointer
+      default:
+        break;  // numbers, enums, void: their bytes were checked with the list pointer
     }
   }
 }
@@ -75,14 +78,14 @@ Result<std::unique_ptr<DecodedEnvelope>> DecodeEnvelope(std::span<const uint8_t>
   std::memcpy(decoded->words_.begin(), bytes.data(), bytes.size());
   try {
     capnp::ReaderOptions options;
-    options.traversalLimitInWords = 64 * 1024 * 1024;  // 512 MiB: specs and listings only
+    options.traversalLimitInWords = 64 * 1024 * 1024;                              // 512 MiB: specs and listings only
     CheckFullyReadable(decoded->words_.asPtr(), capnp::Schema::from<Envelope>());  // so later reads cannot fault
     decoded->reader_ = std::make_unique<capnp::FlatArrayMessageReader>(decoded->words_.asPtr(), options);
     decoded->root_ = decoded->reader_->getRoot<Envelope>();
     if (decoded->root_.getVersion() != kProtocolVersion) {
       return InvalidArgument("protocol version " + std::to_string(decoded->root_.getVersion()) +
-                             " is not supported (this build speaks version " +
-                             std::to_string(kProtocolVersion) + "); run the same Strata release everywhere");
+                             " is not supported (this build speaks version " + std::to_string(kProtocolVersion) +
+                             "); run the same Strata release everywhere");
     }
     decoded->root_.which();  // an unknown union member is reported by which(), not thrown
   } catch (const std::exception& e) {
@@ -93,34 +96,50 @@ Result<std::unique_ptr<DecodedEnvelope>> DecodeEnvelope(std::span<const uint8_t>
 
 const char* RunStateName(RunState state) {
   switch (state) {
-    case RunState::PENDING: return "pending";
-    case RunState::RUNNING: return "running";
-    case RunState::FINISHED: return "finished";
-    case RunState::FAILED: return "failed";
-    case RunState::CANCELLED: return "cancelled";
+    case RunState::PENDING:
+      return "pending";
+    case RunState::RUNNING:
+      return "running";
+    case RunState::FINISHED:
+      return "finished";
+    case RunState::FAILED:
+      return "failed";
+    case RunState::CANCELLED:
+      return "cancelled";
   }
   return "unknown";
 }
 
 const char* WorkerStateName(WorkerState state) {
   switch (state) {
-    case WorkerState::IDLE: return "idle";
-    case WorkerState::BUSY: return "busy";
-    case WorkerState::LOST: return "lost";
+    case WorkerState::IDLE:
+      return "idle";
+    case WorkerState::BUSY:
+      return "busy";
+    case WorkerState::LOST:
+      return "lost";
   }
   return "unknown";
 }
 
 const char* DTypeName(::DType dtype) {
   switch (dtype) {
-    case ::DType::F32: return "f32";
-    case ::DType::F16: return "f16";
-    case ::DType::BF16: return "bf16";
-    case ::DType::F64: return "f64";
-    case ::DType::I64: return "i64";
-    case ::DType::I32: return "i32";
-    case ::DType::U16: return "u16";
-    case ::DType::U8: return "u8";
+    case ::DType::F32:
+      return "f32";
+    case ::DType::F16:
+      return "f16";
+    case ::DType::BF16:
+      return "bf16";
+    case ::DType::F64:
+      return "f64";
+    case ::DType::I64:
+      return "i64";
+    case ::DType::I32:
+      return "i32";
+    case ::DType::U16:
+      return "u16";
+    case ::DType::U8:
+      return "u8";
   }
   return "unknown";
 }

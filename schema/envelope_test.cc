@@ -87,10 +87,10 @@ TEST(EnvelopeTest, TruncatedValidMessageIsRejected) {
 std::string HandMadeEnvelope(Envelope::Which which, std::vector<uint64_t> tail) {
   const uint32_t discriminant_offset = capnp::Schema::from<Envelope>().getProto().getStruct().getDiscriminantOffset();
   std::vector<uint64_t> words = {
-      (3 + tail.size()) << 32,                                          // segment table: 1 segment
-      uint64_t{2 | (1 << 16)} << 32,                                    // root: struct, 2 data words, 1 pointer
+      (3 + tail.size()) << 32,        // segment table: 1 segment
+      uint64_t{2 | (1 << 16)} << 32,  // root: struct, 2 data words, 1 pointer
       kProtocolVersion | uint64_t{static_cast<uint16_t>(which)} << (16 * discriminant_offset),
-      5,                                                                // requestId
+      5,  // requestId
   };
   words.insert(words.end(), tail.begin(), tail.end());
   return std::string(reinterpret_cast<const char*>(words.data()), 8 * words.size());
@@ -126,11 +126,12 @@ TEST(EnvelopeTest, TextWithoutItsNulIsRejected) {
 TEST(EnvelopeTest, SmallMessageClaimingAHugeListIsRejected) {
   // statusReply.runs: 16M RunRecords of zero words each, in 7 words. Decoding it used to succeed,
   // and the receiver then looped over 16M runs.
-  auto decoded = DecodeEnvelope(AsBytes(HandMadeEnvelope(Envelope::STATUS_REPLY, {
-                                                             uint64_t{1} << 48,  // StatusReply: 0 data, 1 pointer
-                                                             uint64_t{7} << 32 | 1,  // runs: inline composite, 0 words
-                                                             uint64_t{1} << 24 << 2,  // tag: 16M elements of 0 + 0
-                                                         })));
+  auto decoded = DecodeEnvelope(
+      AsBytes(HandMadeEnvelope(Envelope::STATUS_REPLY, {
+                                                           uint64_t{1} << 48,       // StatusReply: 0 data, 1 pointer
+                                                           uint64_t{7} << 32 | 1,   // runs: inline composite, 0 words
+                                                           uint64_t{1} << 24 << 2,  // tag: 16M elements of 0 + 0
+                                                       })));
   ASSERT_FALSE(decoded.ok());
   EXPECT_NE(decoded.status().message().find("does not decode"), std::string::npos) << decoded.status().ToString();
 }
@@ -154,8 +155,9 @@ TEST(DecodedRecordTest, UnknownHugeVoidListIsCorruption) {  // found by fuzz/sto
       uint64_t{5} << 32,              // segment table: 1 segment of 5 words
       uint64_t{1 | (3 << 16)} << 32,  // root: struct, 1 data word, 3 pointers
       1700000000000,                  // unixMs
-      0, 0,                           // kind, message: null
-      uint64_t{1} << 28 << 35 | 1,    // list, element size void, 2^28 elements
+      0,
+      0,                            // kind, message: null
+      uint64_t{1} << 28 << 35 | 1,  // list, element size void, 2^28 elements
   };
   auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(words.data()), 8 * words.size());
   auto decoded = DecodedRecord<Event>::Decode(bytes);
@@ -171,7 +173,9 @@ TEST(DecodedRecordTest, UnknownPointerOutOfBoundsIsCorruption) {  // found by fu
     std::vector<uint64_t> words = {
         uint64_t{5} << 32,              // segment table: 1 segment of 5 words
         uint64_t{3 | (1 << 16)} << 32,  // root: struct, 3 data words, 1 pointer
-        7, 0, 0,                        // step 7, loss, tokensPerSecond
+        7,
+        0,
+        0,  // step 7, loss, tokensPerSecond
         extra_pointer,
     };
     return std::string(reinterpret_cast<const char*>(words.data()), 8 * words.size());

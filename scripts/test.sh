@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian 12 machine, builds, and runs every test (unit, store, coordinator,
-# trainer and multi-process integration tests), then the control plane without LibTorch and its
-# tests (build-notorch/), then a short fuzz run (scripts/fuzz.sh). GPU tests (label gpu) skip
-# without a device.
+# Sets up a fresh Debian 12 machine, checks the C++ layout (scripts/check-format.sh), builds, and
+# runs every test (unit, store, coordinator, trainer and multi-process integration tests), then
+# the control plane without LibTorch and its tests (build-notorch/), then a short fuzz run with
+# clang's -Wthread-safety over the threaded libraries (scripts/fuzz.sh). GPU tests (label gpu)
+# skip without a device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
+# The layout first: a file clang-format would change fails the run before the build.
+bash scripts/check-format.sh
 start=$(date +%s)
 bash scripts/build.sh
 echo "build: $(( $(date +%s) - start )) s"

@@ -46,8 +46,10 @@ std::vector<Capacity> LargestTrainable(const ModelSpec& model, const JobSpec& jo
     // it and the last that did (the small counts a large cluster fits at once are not asked).
     int64_t good = 1, bad = 2;
     if (const int64_t start = std::min(model.layers, spec_bounds::kLayers); start > 1) {
-      if (fits(start).ok()) good = start, bad = 2 * start;
-      else bad = start;
+      if (fits(start).ok())
+        good = start, bad = 2 * start;
+      else
+        bad = start;
     }
     while (bad <= spec_bounds::kLayers && fits(bad).ok()) good = bad, bad *= 2;
     if (bad > spec_bounds::kLayers) {

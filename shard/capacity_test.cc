@@ -1,9 +1,10 @@
 #include "shard/capacity.h"
-#include "shard/parallel_change.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+
+#include "shard/parallel_change.h"
 
 namespace strata::shard {
 namespace {
@@ -139,7 +140,8 @@ TEST(OffloadPlanning, StreamedParametersLeaveTheGpuOnlyWhatIsInFlight) {
 // is what the host must hold.
 TEST(OffloadPlanning, WorkersOfANodeShareItsHost) {
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.dp = 2, job.pp = 1, job.tp = 1, job.zero = 1, job.offload = Offload::kOptimizer;
+  job.global_batch = 8, job.precision = "bf16", job.dp = 2, job.pp = 1, job.tp = 1, job.zero = 1,
+  job.offload = Offload::kOptimizer;
   ClusterView cluster = OneGpu(141 * kGiB);
   cluster.workers.push_back(cluster.workers[0]);
   cluster.workers[1].name = "gpu1";
@@ -153,7 +155,7 @@ TEST(OffloadPlanning, WorkersOfANodeShareItsHost) {
   EXPECT_FALSE(ChoosePlan(m, job, cluster).ok());
 }
 
-// The offloaded update runs beside the next forward (worker/optimizer.h): the step pays only
+// The offloaded update runs beside the next forward (worker/train/optimizer.h): the step pays only
 // what the forward does not hide, so offload's share of the step falls as the batch grows and
 // is gone once the forward outlasts the update. ZeRO-1 with dp > 1 gathers the updated shards
 // before any forward: there all of it counts.
@@ -218,7 +220,7 @@ TEST(OffloadPlanning, OutOfMemoryReplanTurnsOffloadOnWhenNothingElseFits) {
   job.global_batch = 8, job.precision = "bf16", job.offload = Offload::kNone;
   ClusterView cluster = OneGpu(141 * kGiB);
   m.layers = LargestTrainable(m, job, cluster)[0].layers;  // the most AdamW on the GPU trains
-  job.micro_batch = 1, job.recompute = true;  // nothing left to shrink (the re-plan opens every field)
+  job.micro_batch = 1, job.recompute = true;               // nothing left to shrink (the re-plan opens every field)
   auto current = ChoosePlan(m, job, cluster);
   ASSERT_TRUE(current.ok()) << current.status().ToString();
   ASSERT_EQ(current->offload, Offload::kNone);

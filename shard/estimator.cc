@@ -52,9 +52,9 @@
 // Communication (not overlapped, so the prediction is conservative; but ZeRO-3 without
 // recompute, whose collectives run beside the matmuls, counts what the matmuls do not hide and
 // a fixed 70 us for each unit's forward gather and reduce-scatter per micro-batch). ZeRO 0-2's
-// gradient sums now start in the last micro-batch's backward (worker/optimizer.h); how much of
+// gradient sums now start in the last micro-batch's backward (worker/train/optimizer.h); how much of
 // them that hides was not measured yet (no two-GPU machine in session 24), so none is credited;
-// nor is tensor parallel's overlap (parallel.tp_comm_overlap, worker/tensor_parallel.h: the
+// nor is tensor parallel's overlap (parallel.tp_comm_overlap, worker/train/tensor_parallel.h: the
 // backward's collectives beside the weight gradients and the own tokens' dx, the forward's
 // gathers beside the own tokens' matmul and its sums in chunks beside the next chunk's). On 2x
 // H200 (session 26) the wide Llama's tp=2 ran 1.2% faster with it than without, and 13% faster
@@ -87,11 +87,11 @@
 //                 (adamw8bit: 2.03). See BytesPerParam.
 //   working       2 bytes per parameter of the units with a bf16 working copy (CUDA bf16 runs:
 //                 every unit but ZeRO-3 shards, recomputed blocks and a one-stage tied embedding;
-//                 worker/stage_model.cc), kept for the whole run.
+//                 worker/train/stage_model.cc), kept for the whole run.
 //   activations   the layers' saved tensors above, for the micro-batches in flight.
 //   recompute's   a recomputed layer's weights cast to bf16 and their fp32 gradients: 6 bytes
 //   layer         per parameter of one layer.
-//   loss          on the last stage (worker/fused_loss.cc), whole on every tensor-parallel rank:
+//   loss          on the last stage (worker/nn/fused_loss.cc), whole on every tensor-parallel rank:
 //                 c bytes per logit of one chunk (rows x vocab padded to 64, at most 256 MiB of
 //                 bf16 logits; fp32 in fp32 runs and on CPU workers); per element of the
 //                 [vocab padded, h] head weight, dW in fp32 and a chunk's partial dW in the
@@ -102,10 +102,9 @@
 //                 loss's gradient for it (2).
 //   buffers       pp: a received activation and a received gradient (fp32; 1/tp of the tokens
 //                 under sequence parallelism); tp: an all-reduce's copy of an activation, or an
-//                 all-gather's whole one (bf16 on a bf16 GPU run, else fp32); ZeRO-3: a layer gathered whole (fp32); without
-//                 recompute, the layers kept gathered for the backward (parallel.keep_gathered):
-//                 each in the compute dtype, per micro-batch in flight (not calibrated: counted
-//                 as the bytes they are).
+//                 all-gather's whole one (bf16 on a bf16 GPU run, else fp32); ZeRO-3: a layer gathered whole (fp32);
+//                 without recompute, the layers kept gathered for the backward (parallel.keep_gathered): each in the
+//                 compute dtype, per micro-batch in flight (not calibrated: counted as the bytes they are).
 //   d             cuBLAS workspaces and what else the caching allocator holds outside the step.
 // Least squares on the relative error over all 44 rank-runs measured on NVIDIA H200s, bf16,
 // sequence 1024, global batch 8 (2026-11-28; bench/results/calibration-2026-11-28-*.jsonl): one
@@ -144,202 +143,20 @@
 #include <map>
 
 #include "model/parameters.h"
+#include "shard/estimator_constants.h"
 #include "shard/internal.h"
 #include "shard/layout.h"
 
 namespace strata::shard {
-namespace {
-
-ModelSpec Filled(ModelSpec model) {
-  if (model.kv_heads == 0) model.kv_heads = model.heads;
-  if (model.ffn == 0) model.ffn = 4 * model.hidden;
-  return model;
-}
-
-// See "Calibration" above.
-// Step-time terms at 989 TFLOP/s peak (the header's "Step time").
-constexpr double kReferencePeakFlops = 989e12;
-constexpr double kElementwiseSecondsPerElement = 115e-12;  // per element of tokens x hidden per layer
-// Of that, the norms' and residual adds' share, which sequence parallelism runs on 1/tp of the
-// tokens (attention and the MLP's activation already run on the rank's heads and columns, but the
-// constant above was fitted with them counted whole): kernels_bench on an H200 (docs/benchmarks.md)
-// puts the fused RMSNorm and add + RMSNorm forward and backward at 7.5 and 12.6 ps a element of the
-// 115, LayerNorm's at 11.7 and 17.6.
-constexpr double kSequenceParallelShare = 0.2;
-constexpr double kLossSecondsPerLogit = 2.3e-12;           // the fused loss's elementwise work, per logit
-constexpr double kOptimizerSecondsPerParam = 4e-12;
-// What a step costs once whatever its size (the gradient norm and the loss's scalars across the
-// ranks, a host sync, the update's launches per unit): 1.0 ms, fitted in session 23 from GPT-2
-// 124M on H200s, one GPU (20.54 ms a step of 8 sequences) against pp=2 with 16 micro-batches
-// (177.0 ms): a per-token miss of 0.65 ms a micro-batch and a per-step miss of 0.98 ms explain both.
-// Fitted on GPUs and counted as is on CPU workers too, whose plans the step time only ranks.
-constexpr double kStepSeconds = 1.0e-3;
-// A streamed ZeRO-3 unit's fixed cost over NCCL, per micro-batch, for its forward gather and for
-// its reduce-scatter: 32 us each, from GPT-2 124M on 2x H200 in session 28: dp=2 ZeRO-3 took
-// 21.31 ms a step against one GPU's 20.42, the bytes hidden by the matmuls, so 0.90 ms for 14
-// units' two collectives (the embedding looked up from its shards, the dp mean folded into the
-// update). The backward's gathers, prefetched behind the previous layer's gradients, cost next to
-// nothing of their own (session 23: keeping all 12 layers gathered saved 0.05 ms). Sessions 23
-// and 18 measured 70 and 110 us. CPU workers have no side stream (worker/side_stream.h): their
-// collectives run in line, hidden by nothing, and are charged whole below.
-constexpr double kGatherSeconds = 32e-6;
-// The same for host-streamed units (offload = "optimizer+params" on one rank: an upload, a cast
-// and events per unit): session 18's value, that path not measured again.
-constexpr double kHostStreamSeconds = 110e-6;
-constexpr double kActivationScale = 1.153;       // GPT-2-style blocks (LayerNorm, bias + GELU)
-constexpr double kGatedActivationScale = 1.0;    // gated-MLP blocks (RMSNorm, SwiGLU/GeGLU, RoPE)
-constexpr double kBytesPerChunkLogit = 1.76;
-constexpr int64_t kStepTemporaryBytes = int64_t{60} << 20;
-// worker/fused_loss.h: the fused loss makes its logits in row chunks of at most this many bytes.
-constexpr double kLossChunkBytes = double(int64_t{256} << 20);
-constexpr double kWorkingCopyBytes = 2;  // bf16
-
-int64_t ActivationBytesPerElement(bool fp32_activations) { return fp32_activations ? 4 : 2; }
-// The residual stream is fp32 in both precisions (worker/fused_ops.h: the norms take it in fp32).
-constexpr double kResidualBytes = 4;
-
-// Every estimate is computed in double (products such as sequence x micro-batch x hidden x layers
-// x micro-batches in flight overflow an int64 long before the run spec's bounds) and rounded here,
-// clamped to [0, 2^58] bytes (256 PiB): far beyond any device, so a plan at the ceiling never fits,
-// and the six parts of MemoryEstimate::total() cannot overflow their int64 sum. A negative or NaN
-// input (a caller's bug) counts as 0 rather than wrapping.
-constexpr int64_t kCeilingBytes = int64_t{1} << 58;
-int64_t ToBytes(double bytes) {
-  if (!(bytes > 0)) return 0;
-  if (bytes >= static_cast<double>(kCeilingBytes)) return kCeilingBytes;
-  return std::llround(bytes);
-}
-
-}  // namespace
-
-int64_t ParameterCount(const ModelSpec& spec) {
-  internal::UnitParams u = internal::CountUnits(spec, /*pp=*/1, /*tp=*/1);
-  return u.embedding_sharded + u.embedding_replicated + Filled(spec).layers * (u.layer_sharded + u.layer_replicated) +
-         u.head_sharded + u.head_replicated;
-}
-
-const char* OffloadName(Offload offload) {
-  switch (offload) {
-    case Offload::kNone: return "none";
-    case Offload::kOptimizer: return "optimizer";
-    case Offload::kOptimizerAndParams: return "optimizer+params";
-  }
-  return "none";
-}
-
-std::optional<Offload> OffloadFromName(const std::string& name) {
-  for (Offload o : {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams}) {
-    if (name == OffloadName(o)) return o;
-  }
-  return std::nullopt;
-}
-
-MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, Offload offload, bool eight_bit_optimizer) {
-  const internal::StateBytesPerParam b = internal::BytesPerParam(layout, eight_bit_optimizer);
-  const double p = static_cast<double>(params);
-  const double weight_share = zero >= 3 ? 1.0 / dp : 1.0;
-  // The ZeRO paper frees the gradients a rank does not own; our trainer reduce-scatters in place.
-  const double gradient_share = zero >= 3 || (zero == 2 && layout == StateLayout::kZeroPaperMixed) ? 1.0 / dp : 1.0;
-  const double optimizer_share = zero >= 1 ? 1.0 / dp : 1.0;
-  MemoryEstimate m;
-  m.weights = ToBytes(p * b.weights * weight_share);
-  m.gradients = ToBytes(p * b.gradients * gradient_share);
-  m.optimizer_state = offload != Offload::kNone ? 0 : ToBytes(p * b.optimizer * optimizer_share);
-  if (offload == Offload::kOptimizerAndParams) m.weights = m.gradients = 0;  // in host memory, streamed
-  return m;
-}
-
-int64_t LayerActivationBytes(const ModelSpec& spec, int64_t sequence, int64_t micro_batch, int64_t tp,
-                             bool fp32_activations, bool fused_attention, bool sequence_parallel) {
-  const ModelSpec model = Filled(spec);
-  const double s = sequence, b = micro_batch, h = model.hidden, t = tp;
-  const double e = static_cast<double>(ActivationBytesPerElement(fp32_activations));
-  const double q = static_cast<double>(model.heads * model.head_size()) / h;  // q, and attention's output
-  const double kv = 2.0 * static_cast<double>(model.kv_heads * model.head_size()) / h;
-  const double mlp = (model.gated_mlp() ? 3.0 : 2.0) * static_cast<double>(model.ffn) / h;
-  const double scores = fused_attention ? 0.0 : static_cast<double>(model.heads) * s / h;
-  // Sequence parallel: the residual stream the norms save is the rank's tokens; the attention's
-  // and the MLP's inputs stay whole (the matmuls save what the all-gather made).
-  const double residual = 2 * kResidualBytes / (sequence_parallel ? t : 1.0);
-  const double per_sbh = residual + e * (2.0 + (2.0 * q + kv + mlp + scores) / t);
-  return ToBytes(s * b * h * per_sbh);
-}
-
-namespace {
-
-// StageActivationBytes from one layer's activations, `full` (LayerActivationBytes).
-int64_t StageActivationBytesOf(double full, const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
-                               int64_t layers, int64_t in_flight, bool recompute, bool sequence_parallel) {
-  const double held = static_cast<double>(in_flight) * static_cast<double>(layers);
-  if (!recompute) return ToBytes(held * full);
-  const double layer_input = static_cast<double>(sequence) * static_cast<double>(micro_batch) * static_cast<double>(model.hidden) *
-                             kResidualBytes / (sequence_parallel ? static_cast<double>(tp) : 1.0);
-  return ToBytes(held * layer_input + full);
-}
-
-}  // namespace
-
-int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
-                             bool fp32_activations, bool fused_attention, int64_t layers, int64_t in_flight,
-                             bool recompute, bool sequence_parallel) {
-  const double full =
-      static_cast<double>(LayerActivationBytes(model, sequence, micro_batch, tp, fp32_activations, fused_attention, sequence_parallel));
-  return StageActivationBytesOf(full, model, sequence, micro_batch, tp, layers, in_flight, recompute, sequence_parallel);
-}
-
+using namespace estimator_constants;  // NOLINT: this file is their other half
 namespace internal {
-
-UnitParams CountUnits(const ModelSpec& spec, int64_t pp, int64_t tp) {
-  const ModelSpec m = Filled(spec);
-  UnitParams u;
-  // From the family's parameter table (model/parameters.h): a block's tensors split over tp or
-  // replicated as shard/layout.h cuts them; the token embedding and the head split by vocabulary
-  // rows where tp divides the vocabulary (VocabParallel), else replicated, as the positions are.
-  for (const model::Parameter& p : model::BlockParameters(m)) {
-    const bool replicated = TensorParallelSplit(m, model::BlockPrefix(m, 0) + p.name, p.shape, tp).replicated();
-    (replicated ? u.layer_replicated : u.layer_sharded) += p.numel();
-  }
-  const bool vocab_parallel = VocabParallel(m, tp);
-  for (const std::string& name : model::EmbeddingNames(m)) {
-    if (name == "wpe.weight") {
-      u.embedding_replicated += (m.max_positions > 0 ? m.max_positions : m.sequence) * m.hidden;
-    } else {
-      (vocab_parallel && name == model::TokenEmbeddingName(m) ? u.embedding_sharded : u.embedding_replicated) += m.vocab * m.hidden;
-    }
-  }
-  u.head_replicated = static_cast<int64_t>(model::FinalNormNames(m).size()) * m.hidden;
-  // Untied: the head's own weight. Tied: the last stage keeps its own copy of the embedding.
-  if (!m.tied() || pp > 1) (vocab_parallel ? u.head_sharded : u.head_replicated) += m.vocab * m.hidden;
-  return u;
-}
-
-// Bytes per parameter of each kind of model state. The ZeRO paper's mixed precision keeps the
-// fp32 master copy inside the optimizer's 12 bytes; our trainer's master weights are the model
-// itself (a bf16 run's working copies depend on the plan: Evaluate adds them).
-StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer) {
-  // adamw8bit: m and v as one code byte each plus an fp32 scale per block of 256.
-  constexpr double kEightBitMoments = 2.0 * (1.0 + 4.0 / 256.0);
-  if (layout == StateLayout::kZeroPaperMixed) return {2, 2, 12};  // = 16
-  // The trainer's fp32 state in fp32 and bf16 runs alike: weights, gradients, m and v (= 16).
-  return {4, 4, eight_bit_optimizer ? kEightBitMoments : 8};
-}
-
-// Contiguous layers per stage minimising the largest stage cost, where a stage's cost is the
-// larger of its share of the compute (layers + the head's matmul) and of the parameters
-// (layers + embedding on stage 0, head on the last). Dynamic programming over (stage, layers).
-namespace {
-
-double RingAllReduceSeconds(double bytes, int64_t n, double bandwidth) {
-  return n <= 1 ? 0.0 : 2.0 * (n - 1) / n * bytes / bandwidth;
-}
-
-}  // namespace
 
 StageCache::StageCache(const Problem& problem, const std::vector<WorkerView>& workers, bool every_rank_is_first)
     : problem_(problem), workers_(workers), every_rank_is_first_(every_rank_is_first) {
   // Nodes as numbers: Geometry compares them for every member of every group of every mesh.
   std::map<std::string, int> ids;
-  for (const WorkerView& w : workers_) node_of_.push_back(ids.emplace(w.node, static_cast<int>(ids.size())).first->second);
+  for (const WorkerView& w : workers_)
+    node_of_.push_back(ids.emplace(w.node, static_cast<int>(ids.size())).first->second);
 }
 
 const std::vector<LayerRange>& StageCache::For(int64_t pp) { return problem_.splits->For(problem_, pp); }
@@ -358,8 +175,10 @@ const MeshGeometry& StageCache::Geometry(int64_t dp, int64_t pp, int64_t tp) {
     const WorkerView& w = workers_[static_cast<size_t>(i)];
     bandwidth = std::min(bandwidth, w.bandwidth);
     const int n = node_of_[static_cast<size_t>(i)];
-    if (node < 0) node = n;
-    else if (n != node) bandwidth = std::min(bandwidth, problem_.options.inter_node_bandwidth);
+    if (node < 0)
+      node = n;
+    else if (n != node)
+      bandwidth = std::min(bandwidth, problem_.options.inter_node_bandwidth);
   };
   MeshGeometry g;
   g.min_budget.assign(pp, std::numeric_limits<int64_t>::max());
@@ -369,7 +188,8 @@ const MeshGeometry& StageCache::Geometry(int64_t dp, int64_t pp, int64_t tp) {
   g.pp_bandwidth.assign(pp, inf);
   if (every_rank_is_first_) {  // one worker stands for every rank: no group spans nodes
     const WorkerView& w = workers_.front();
-    g.min_budget.assign(pp, static_cast<int64_t>(static_cast<double>(w.free_bytes) * (1.0 - problem_.options.safety_margin)));
+    g.min_budget.assign(
+        pp, static_cast<int64_t>(static_cast<double>(w.free_bytes) * (1.0 - problem_.options.safety_margin)));
     g.min_peak_flops.assign(pp, w.peak_flops);
     if (dp > 1) g.dp_bandwidth.assign(pp, w.bandwidth);
     if (tp > 1) g.tp_bandwidth.assign(pp, w.bandwidth);
@@ -381,7 +201,8 @@ const MeshGeometry& StageCache::Geometry(int64_t dp, int64_t pp, int64_t tp) {
     for (int64_t d = 0; d < dp; ++d) {
       for (int64_t r = 0; r < tp; ++r) {
         const WorkerView& w = workers_[static_cast<size_t>(rank(k, d, r))];
-        g.min_budget[k] = std::min(g.min_budget[k], static_cast<int64_t>(static_cast<double>(w.free_bytes) * (1.0 - problem_.options.safety_margin)));
+        g.min_budget[k] = std::min(g.min_budget[k], static_cast<int64_t>(static_cast<double>(w.free_bytes) *
+                                                                         (1.0 - problem_.options.safety_margin)));
         g.min_peak_flops[k] = std::min(g.min_peak_flops[k], w.peak_flops);
       }
     }
@@ -419,7 +240,8 @@ namespace {
 
 // Evaluate with `keep` layers of each ZeRO-3 stage (at most its own) kept gathered from the
 // forward to the backward.
-Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cache, bool with_workers, Fill* fill, int64_t keep) {
+Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cache, bool with_workers, Fill* fill,
+                     int64_t keep) {
   const ModelSpec& model = problem.model;
   const PlannerOptions& opt = problem.options;
   const bool fp32_acts = problem.layout == StateLayout::kFp32;
@@ -435,7 +257,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
   const bool sequence_parallel = SequenceParallel(problem.job.sequence_parallel, s, c.tp);
   const double held_tokens = sequence_parallel ? 1.0 / static_cast<double>(c.tp) : 1.0;
   // What crosses a pipeline boundary: the rank's residual stream, sent in fp32 whatever the
-  // precision (worker/stage_model.cc SendTensor). A tensor-parallel collective moves an
+  // precision (worker/train/stage_model.cc SendTensor). A tensor-parallel collective moves an
   // activation as computed: bf16 on a bf16 GPU run (stage_model.cc AllReduced), else fp32.
   const double boundary_bytes = sbh * kResidualBytes * held_tokens;
   const double tp_activation_bytes = sbh * (bf16_cuda ? 2.0 : kResidualBytes);
@@ -472,8 +294,9 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     const double flops_params = layers * layer_per_rank + (last ? static_cast<double>(vocab_rows * model.hidden) : 0);
     const double flops = (recompute ? 8.0 : 6.0) * flops_params * static_cast<double>(local_batch * s);
 
-    MemoryEstimate mem = ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload, problem.job.optimizer == "adamw8bit");
-    // The bf16 working copies the matmuls read (worker/stage_model.h, ParamUnit::working): every
+    MemoryEstimate mem =
+        ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload, problem.job.optimizer == "adamw8bit");
+    // The bf16 working copies the matmuls read (worker/train/stage_model.h, ParamUnit::working): every
     // unit but recomputed blocks and a one-stage tied embedding, whose head reads the fp32 master.
     // The first stage's embedding keeps one though its lookup reads fp32. ZeRO-3 shards without
     // recompute keep a copy of the shard (what is gathered); with recompute none.
@@ -501,12 +324,13 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     // inputs and one layer recomputed), scaled as measured; a recomputed layer's backward also
     // casts its weights to bf16 again and makes their fp32 gradients.
     const double activation_scale = model.gated_mlp() ? kGatedActivationScale : kActivationScale;
-    double acts = activation_scale * StageActivationBytesOf(layer_activations, model, s, b, c.tp, layers, in_flight, recompute, sequence_parallel);
+    double acts = activation_scale * StageActivationBytesOf(layer_activations, model, s, b, c.tp, layers, in_flight,
+                                                            recompute, sequence_parallel);
     // (Measured on GPT-2-style blocks; the gated-MLP blocks' peaks hold none of it: session 19's
     // Llama grid at two widths.)
     if (recompute && !model.gated_mlp()) acts += ((fp32_acts ? 0.0 : 2.0) + 4.0) * layer_per_rank;
     if (last) {
-      // The fused loss (worker/fused_loss.cc) over this rank's rows of the head (the whole
+      // The fused loss (worker/nn/fused_loss.cc) over this rank's rows of the head (the whole
       // vocabulary, or its 1/tp slice when vocab-parallel): one chunk of logits, the head-sized
       // buffers it holds at its peak, and per token the final norm's fp32 input and its output,
       // and the loss's gradient for that output (dx).
@@ -522,16 +346,16 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       // comes after the loss's chunk buffers are gone: the measured peak (GPT-2 124M, dp=2, the
       // calibration point) holds no more of it.
       if (c.zero >= 3) per_weight += recompute ? 4 : loss_bytes;
-      if (vocab_rows % 64 != 0) per_weight += master ? 4 : 2;         // the weight padded to 64 rows
-      if (master && loss_bytes == 2) per_weight += 2;                 // its cast to bf16
+      if (vocab_rows % 64 != 0) per_weight += master ? 4 : 2;  // the weight padded to 64 rows
+      if (master && loss_bytes == 2) per_weight += 2;          // its cast to bf16
       acts += per_weight * vocab * static_cast<double>(model.hidden);
       acts += (kResidualBytes * held_tokens + 2 * loss_bytes) * sbh;
     }
     mem.activations = ToBytes(acts + static_cast<double>(kStepTemporaryBytes));
     const double gradient_bytes = params * per_param.gradients;
-    double buffers = 0;  // gradients are all-reduced in place, one unit at a time
-    if (c.tp > 1) buffers += tp_activation_bytes;     // an all-reduce's copy, or an all-gather's whole activation
-    if (c.pp > 1) buffers += 2 * boundary_bytes;      // a received activation and a received gradient, fp32
+    double buffers = 0;                            // gradients are all-reduced in place, one unit at a time
+    if (c.tp > 1) buffers += tp_activation_bytes;  // an all-reduce's copy, or an all-gather's whole activation
+    if (c.pp > 1) buffers += 2 * boundary_bytes;   // a received activation and a received gradient, fp32
     if (streamed_zero3) {
       // At the backward's start: the last layer gathered again and the one before it on its way
       // (in the compute dtype), and the last layer's fp32 gradient before its reduce-scatter.
@@ -545,10 +369,10 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     mem.communication_buffers = ToBytes(buffers);
     mem.workspace = opt.workspace_bytes;
     if (c.offload != Offload::kNone) {
-      // The offloaded optimizer's host memory (worker/optimizer.h): over its optimizer range m and
+      // The offloaded optimizer's host memory (worker/train/optimizer.h): over its optimizer range m and
       // v (or their 8-bit codes and scales), the parameters' fp32 master copy and gradient buffer.
       // Host-streamed, the master copy is the shard itself, and the gradients' sums take two
-      // staging buffers of the longest unit's shard (worker/host_copies.h, HostGradientSums).
+      // staging buffers of the longest unit's shard (worker/train/host_copies.h, HostGradientSums).
       double host = params * (per_param.optimizer + 8.0) / (c.zero >= 1 ? c.dp : 1);
       if (host_streamed) {
         double longest = layers > 0 ? layer_per_rank : 0;
@@ -561,7 +385,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     }
 
     const double total = static_cast<double>(mem.total());
-    local_fill.worst = std::max(local_fill.worst, total / static_cast<double>(std::max<int64_t>(geometry.min_budget[k], 1)));
+    local_fill.worst =
+        std::max(local_fill.worst, total / static_cast<double>(std::max<int64_t>(geometry.min_budget[k], 1)));
     local_fill.stage_total.push_back(total);
     any_streamed |= streamed_zero3;
     if (streamed_zero3 && layers > (last ? 0 : 1)) {
@@ -597,7 +422,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     if (c.dp > 1) {
       const double t = RingAllReduceSeconds(gradient_bytes, c.dp, geometry.dp_bandwidth[k]);
       // ZeRO-0 all-reduces the gradients. ZeRO-1 too, then all-gathers the updated fp32 shards
-      // (half an all-reduce's bytes more: worker/optimizer.cc); ZeRO-2 reduce-scatters instead,
+      // (half an all-reduce's bytes more: worker/train/optimizer.cc); ZeRO-2 reduce-scatters instead,
       // so its reduce-scatter and gather move what one all-reduce does (measured on 4 H200s,
       // Llama 886M: ZeRO-2 6.7% faster than ZeRO-1; on 2, GPT-2 124M: 2.5%). ZeRO-3 gathers
       // twice and reduce-scatters: in fp32 with recompute (1.5 all-reduces' bytes), gathers in
@@ -615,7 +440,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
         // On CPU workers the gathers run in line with the compute (one stream): nothing hides them.
         // (problem.cuda is the cluster's: a cluster with any GPU worker is estimated as GPUs.)
         const double hidden_by = problem.cuda ? matmul_s : 0.0;
-        exposed = std::max(0.0, ((bf16_cuda ? 1.0 : 1.5) - saved) * t - hidden_by) + 2.0 * units * static_cast<double>(m) * kGatherSeconds;
+        exposed = std::max(0.0, ((bf16_cuda ? 1.0 : 1.5) - saved) * t - hidden_by) +
+                  2.0 * units * static_cast<double>(m) * kGatherSeconds;
       }
       dp_comm = std::max(dp_comm, exposed);
     }
@@ -629,31 +455,35 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       // lookup's sum; sequence parallel, its gradient gathered back.
       const double head = last ? (vocab_parallel ? 1.0 : sequence_parallel ? 0.5 : 0.0) : 0.0;
       const double embedding = first ? (vocab_parallel ? 1.0 : 0.0) + (sequence_parallel ? 0.5 : 0.0) : 0.0;
-      tp_comm = std::max(tp_comm, (((recompute ? 6.0 : 4.0) * layers + head) * all_reduce + embedding * fp32_all_reduce) * m);
+      tp_comm =
+          std::max(tp_comm, (((recompute ? 6.0 : 4.0) * layers + head) * all_reduce + embedding * fp32_all_reduce) * m);
     }
     if (!last) pp_comm = std::max(pp_comm, 2.0 * m * boundary_bytes / geometry.pp_bandwidth[k]);
     if (c.offload == Offload::kOptimizerAndParams) {
       // Every micro-batch uploads each unit twice (its forward's gather and its backward's) and
       // downloads its gradient, in fp32, beside the matmuls; the host sums the gradients (12 bytes
       // a parameter for each micro-batch after the first), takes their norm (4) and updates (28),
-      // which the next forward hides as far as its matmuls go (worker/optimizer.h).
+      // which the next forward hides as far as its matmuls go (worker/train/optimizer.h).
       const double shard_params = params / c.dp, mb = static_cast<double>(m);
-      const double uploads = mb * 4.0 * (2.0 * shard_params - static_cast<double>(kept) * layer_per_rank / c.dp) / opt.host_bandwidth;
+      const double uploads =
+          mb * 4.0 * (2.0 * shard_params - static_cast<double>(kept) * layer_per_rank / c.dp) / opt.host_bandwidth;
       const double host_work = (28.0 + 4.0 + 12.0 * (mb - 1)) * shard_params / opt.host_adamw_bandwidth;
       const double forward = matmul_s / 3.0;
       // One rank streams too: each unit's two gathers and gradient per micro-batch cost a fixed
       // time (counted with the collectives when dp > 1).
       const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);
       const double fixed = c.dp == 1 ? (3.0 * units - static_cast<double>(kept)) * mb * kHostStreamSeconds : 0.0;
-      offload_comm = std::max(offload_comm, std::max(0.0, uploads - matmul_s) + std::max(0.0, host_work - forward) + fixed);
+      offload_comm =
+          std::max(offload_comm, std::max(0.0, uploads - matmul_s) + std::max(0.0, host_work - forward) + fixed);
     } else if (c.offload == Offload::kOptimizer) {
       // fp32 gradients out and fp32 weights back, unit by unit while the host updates the units
       // between (28 bytes a parameter): the slower of the two sets the time. It runs beside the
-      // next step's forward (worker/optimizer.h), which hides as much of it as the forward takes
+      // next step's forward (worker/train/optimizer.h), which hides as much of it as the forward takes
       // (its matmuls: a third of the step's without recompute) - but not where ZeRO 1/2 gather
       // the updated shards first.
       const double shard_params = params / (c.zero >= 1 ? c.dp : 1);
-      const double copies = 2.0 * 4.0 * shard_params / opt.host_bandwidth, update = 28.0 * shard_params / opt.host_adamw_bandwidth;
+      const double copies = 2.0 * 4.0 * shard_params / opt.host_bandwidth,
+                   update = 28.0 * shard_params / opt.host_adamw_bandwidth;
       const bool beside_forward = !((c.zero == 1 || c.zero == 2) && c.dp > 1);
       const double forward = beside_forward ? 2.0 * flops_params * static_cast<double>(local_batch * s) /
                                                   (geometry.min_peak_flops[k] * opt.compute_efficiency)
@@ -671,7 +501,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
         const WorkerView& w = cache.Worker(k * c.dp * c.tp + r);
         auto& [need, free] = nodes[w.node];
         need += host;
-        if (w.host_free_bytes > 0 && (free <= 0 || w.host_free_bytes < free)) free = static_cast<double>(w.host_free_bytes);
+        if (w.host_free_bytes > 0 && (free <= 0 || w.host_free_bytes < free))
+          free = static_cast<double>(w.host_free_bytes);
       }
     }
     for (const auto& [node, need_free] : nodes) {
@@ -686,7 +517,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
   plan.step_time.bubble_s = compute * static_cast<double>(c.pp - 1) / static_cast<double>(m);
   // keep_gathered means something only where a stage gathers again (ZeRO-3 without recompute).
   plan.keep_gathered = any_streamed ? keep : 0;
-  if (local_fill.keep_room == std::numeric_limits<int64_t>::max()) local_fill.keep_room = 0;  // no stage could keep more
+  if (local_fill.keep_room == std::numeric_limits<int64_t>::max())
+    local_fill.keep_room = 0;  // no stage could keep more
   if (fill) *fill = local_fill;
   return plan;
 }
@@ -711,7 +543,8 @@ double WorstFill(const Plan& plan, double scale, size_t* worst_worker) {
   double worst = 0;
   for (size_t i = 0; i < plan.workers.size(); ++i) {
     const WorkerAssignment& w = plan.workers[i];
-    const double fill = scale * static_cast<double>(w.memory.total()) / static_cast<double>(std::max<int64_t>(w.budget_bytes, 1));
+    const double fill =
+        scale * static_cast<double>(w.memory.total()) / static_cast<double>(std::max<int64_t>(w.budget_bytes, 1));
     if (fill > worst) {
       worst = fill;
       if (worst_worker) *worst_worker = i;
@@ -733,19 +566,23 @@ std::string FormatBytes(double bytes) {
 std::string Describe(const Plan& plan) {
   const auto recomputed = std::count(plan.recompute.begin(), plan.recompute.end(), true);
   char text[200];
-  std::snprintf(text, sizeof text, "dp=%lld pp=%lld tp=%lld, ZeRO-%lld, micro_batch %lld x %lld accumulation, recompute on %lld of %lld stages, %s",
-                static_cast<long long>(plan.dp), static_cast<long long>(plan.pp), static_cast<long long>(plan.tp),
-                static_cast<long long>(plan.zero), static_cast<long long>(plan.micro_batch),
-                static_cast<long long>(plan.gradient_accumulation), static_cast<long long>(recomputed),
-                static_cast<long long>(plan.pp),
-                plan.offload == Offload::kNone        ? "no offload"
-                : plan.offload == Offload::kOptimizer ? "optimizer offloaded"
-                                                      : "optimizer and parameters offloaded");
+  std::snprintf(
+      text, sizeof text,
+      "dp=%lld pp=%lld tp=%lld, ZeRO-%lld, micro_batch %lld x %lld accumulation, recompute on %lld of %lld stages, %s",
+      static_cast<long long>(plan.dp), static_cast<long long>(plan.pp), static_cast<long long>(plan.tp),
+      static_cast<long long>(plan.zero), static_cast<long long>(plan.micro_batch),
+      static_cast<long long>(plan.gradient_accumulation), static_cast<long long>(recomputed),
+      static_cast<long long>(plan.pp),
+      plan.offload == Offload::kNone        ? "no offload"
+      : plan.offload == Offload::kOptimizer ? "optimizer offloaded"
+                                            : "optimizer and parameters offloaded");
   std::string described = text;
   if (plan.keep_gathered > 0) {
-    const bool all = std::all_of(plan.stages.begin(), plan.stages.end(), [&](const LayerRange& r) { return r.size() <= plan.keep_gathered; });
+    const bool all = std::all_of(plan.stages.begin(), plan.stages.end(),
+                                 [&](const LayerRange& r) { return r.size() <= plan.keep_gathered; });
     described += all ? ", every layer kept gathered for its backward"
-                     : ", the last " + std::to_string(plan.keep_gathered) + " layers of each stage kept gathered for their backward";
+                     : ", the last " + std::to_string(plan.keep_gathered) +
+                           " layers of each stage kept gathered for their backward";
   }
   return described;
 }

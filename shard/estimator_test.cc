@@ -1,7 +1,5 @@
 // The estimator against what was measured: memory peaks and the meshes' step-time ranking on
 // NVIDIA H200s (planner_test_util.h).
-#include "shard/planner_test_util.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 
 #include "shard/internal.h"
 #include "shard/parallel_change.h"
+#include "shard/planner_test_util.h"
 
 namespace strata::shard {
 namespace {
@@ -43,66 +42,66 @@ constexpr double kKnownMiss = 0.08;
 
 TEST(Calibration, EstimateMatchesMeasuredPeaks) {
   const MeasuredPeak points[] = {
-    // One GPU, NVIDIA H200, 2026-11-28 (bench/results/calibration-2026-11-28-one-gpu-h200.jsonl).
-    {"124m", 1, 1, 1, 0, 1, false, 0, 3212444672},
-    {"124m", 1, 1, 1, 0, 1, true, 0, 2794836992},
-    {"124m", 1, 1, 1, 0, 2, false, 0, 3791287296},
-    {"124m", 1, 1, 1, 0, 2, true, 0, 3078767616, kKnownMiss},
-    {"124m", 1, 1, 1, 0, 4, false, 0, 4680520704},
-    {"124m", 1, 1, 1, 0, 4, true, 0, 3362448384, kKnownMiss},
-    {"124m", 1, 1, 1, 0, 8, false, 0, 6205232128},
-    {"124m", 1, 1, 1, 0, 8, true, 0, 3676054528, kKnownMiss},
-    {"355m", 1, 1, 1, 0, 1, false, 0, 8539101184, kKnownMiss},
-    {"355m", 1, 1, 1, 0, 1, true, 0, 7196391424, kKnownMiss},
-    {"355m", 1, 1, 1, 0, 2, false, 0, 9695840256},
-    {"355m", 1, 1, 1, 0, 2, true, 0, 7545858048, kKnownMiss},
-    {"355m", 1, 1, 1, 0, 4, false, 0, 11724089344},
-    {"355m", 1, 1, 1, 0, 4, true, 0, 7959562240, kKnownMiss},
-    {"355m", 1, 1, 1, 0, 8, false, 0, 15526832128},
-    {"355m", 1, 1, 1, 0, 8, true, 0, 8533215232, kKnownMiss},
-    {"774m", 1, 1, 1, 0, 2, false, 0, 18475457536},
-    {"774m", 1, 1, 1, 0, 2, true, 0, 14046497792},
-    {"774m", 1, 1, 1, 0, 8, false, 0, 28910746624, kKnownMiss},
-    {"774m", 1, 1, 1, 0, 8, true, 0, 15437556736},
-    // The Llamas again, session 19, one `strata up` per run (bench/results/
-    // calibration-2026-11-28-llama-widths-h200.jsonl): the 886M and Llama 3 8B's width at 4 and 8
-    // layers.
-    {"llama", 1, 1, 1, 0, 2, false, 0, 18896410624},
-    {"llama", 1, 1, 1, 0, 2, true, 0, 15337134080},
-    {"llama", 1, 1, 1, 0, 8, false, 0, 26084235264},
-    {"llama", 1, 1, 1, 0, 8, true, 0, 16530972672},
-    {"llama-4096x4", 1, 1, 1, 0, 2, false, 0, 22752315392},
-    {"llama-4096x4", 1, 1, 1, 0, 2, true, 0, 19970826752},
-    {"llama-4096x4", 1, 1, 1, 0, 8, false, 0, 26916505600},
-    {"llama-4096x4", 1, 1, 1, 0, 8, true, 0, 21716221952},
-    {"llama-4096x8", 1, 1, 1, 0, 2, false, 0, 39732566016},
-    {"llama-4096x8", 1, 1, 1, 0, 2, true, 0, 34064212480},
-    {"llama-4096x8", 1, 1, 1, 0, 8, false, 0, 47725303808},
-    {"llama-4096x8", 1, 1, 1, 0, 8, true, 0, 36212260864},
-    // Issue #23's largest models on one H200 (bench/largest_model.py; docs/benchmarks.md): with
-    // AdamW, 8-bit AdamW and the optimizer offloaded (session 17, its table's peaks in GB), and
-    // with the parameters too (session 19, bench/results/largest-2026-11-28-offload-params-h200.jsonl).
-    {"llama-4096x36", 1, 1, 1, 0, 1, true, 0, 132020000000},                           // (a) adamw: 132.02 GB
-    {"llama-4096x57", 1, 1, 1, 0, 2, true, 0, 130940000000, 0.05, "none", "adamw8bit"},  // (b) 130.94 GB
-    {"llama-4096x32", 1, 1, 1, 0, 8, false, 0, 114640000000, 0.05, "optimizer"},
-    {"llama-4096x32", 1, 1, 1, 3, 8, false, 0, 43203116032, 0.05, "optimizer+params"},
-    // Two GPUs, NVIDIA H200, 2026-11-28 (bench/results/calibration-2026-11-28-two-gpus-h200.jsonl):
-    // GPT-2 124M only; one rank where both ranks measured the same bytes.
-    {"124m", 2, 1, 1, 0, 2, false, 0, 3653891072},
-    {"124m", 2, 1, 1, 1, 2, false, 0, 3143228416},
-    {"124m", 2, 1, 1, 2, 2, false, 0, 3143228416},
-    {"124m", 1, 2, 1, 0, 2, false, 0, 2798754816},
-    {"124m", 1, 2, 1, 0, 2, false, 1, 2050830336},
-    {"124m", 1, 1, 2, 0, 2, false, 0, 2633294336},
-    {"124m", 2, 1, 1, 0, 2, true, 0, 2873213952},
-    {"124m", 2, 1, 1, 1, 2, true, 0, 2362551296},
-    {"124m", 2, 1, 1, 2, 2, true, 0, 2362551296},
-    {"124m", 2, 1, 1, 3, 2, true, 0, 1997351424},
-    // ZeRO-3 without recompute (gathered in bf16, the next layer's gather beside the current one),
-    // 2026-11-28 session 18 (bench/results/calibration-2026-11-28-zero3-h200.jsonl).
-    {"124m", 2, 1, 1, 3, 2, false, 0, 2503841280},
-    {"124m", 1, 2, 1, 0, 2, true, 0, 1955697664},
-    {"124m", 1, 2, 1, 0, 2, true, 1, 1791303680},
+      // One GPU, NVIDIA H200, 2026-11-28 (bench/results/calibration-2026-11-28-one-gpu-h200.jsonl).
+      {"124m", 1, 1, 1, 0, 1, false, 0, 3212444672},
+      {"124m", 1, 1, 1, 0, 1, true, 0, 2794836992},
+      {"124m", 1, 1, 1, 0, 2, false, 0, 3791287296},
+      {"124m", 1, 1, 1, 0, 2, true, 0, 3078767616, kKnownMiss},
+      {"124m", 1, 1, 1, 0, 4, false, 0, 4680520704},
+      {"124m", 1, 1, 1, 0, 4, true, 0, 3362448384, kKnownMiss},
+      {"124m", 1, 1, 1, 0, 8, false, 0, 6205232128},
+      {"124m", 1, 1, 1, 0, 8, true, 0, 3676054528, kKnownMiss},
+      {"355m", 1, 1, 1, 0, 1, false, 0, 8539101184, kKnownMiss},
+      {"355m", 1, 1, 1, 0, 1, true, 0, 7196391424, kKnownMiss},
+      {"355m", 1, 1, 1, 0, 2, false, 0, 9695840256},
+      {"355m", 1, 1, 1, 0, 2, true, 0, 7545858048, kKnownMiss},
+      {"355m", 1, 1, 1, 0, 4, false, 0, 11724089344},
+      {"355m", 1, 1, 1, 0, 4, true, 0, 7959562240, kKnownMiss},
+      {"355m", 1, 1, 1, 0, 8, false, 0, 15526832128},
+      {"355m", 1, 1, 1, 0, 8, true, 0, 8533215232, kKnownMiss},
+      {"774m", 1, 1, 1, 0, 2, false, 0, 18475457536},
+      {"774m", 1, 1, 1, 0, 2, true, 0, 14046497792},
+      {"774m", 1, 1, 1, 0, 8, false, 0, 28910746624, kKnownMiss},
+      {"774m", 1, 1, 1, 0, 8, true, 0, 15437556736},
+      // The Llamas again, session 19, one `strata up` per run (bench/results/
+      // calibration-2026-11-28-llama-widths-h200.jsonl): the 886M and Llama 3 8B's width at 4 and 8
+      // layers.
+      {"llama", 1, 1, 1, 0, 2, false, 0, 18896410624},
+      {"llama", 1, 1, 1, 0, 2, true, 0, 15337134080},
+      {"llama", 1, 1, 1, 0, 8, false, 0, 26084235264},
+      {"llama", 1, 1, 1, 0, 8, true, 0, 16530972672},
+      {"llama-4096x4", 1, 1, 1, 0, 2, false, 0, 22752315392},
+      {"llama-4096x4", 1, 1, 1, 0, 2, true, 0, 19970826752},
+      {"llama-4096x4", 1, 1, 1, 0, 8, false, 0, 26916505600},
+      {"llama-4096x4", 1, 1, 1, 0, 8, true, 0, 21716221952},
+      {"llama-4096x8", 1, 1, 1, 0, 2, false, 0, 39732566016},
+      {"llama-4096x8", 1, 1, 1, 0, 2, true, 0, 34064212480},
+      {"llama-4096x8", 1, 1, 1, 0, 8, false, 0, 47725303808},
+      {"llama-4096x8", 1, 1, 1, 0, 8, true, 0, 36212260864},
+      // Issue #23's largest models on one H200 (bench/largest_model.py; docs/benchmarks.md): with
+      // AdamW, 8-bit AdamW and the optimizer offloaded (session 17, its table's peaks in GB), and
+      // with the parameters too (session 19, bench/results/largest-2026-11-28-offload-params-h200.jsonl).
+      {"llama-4096x36", 1, 1, 1, 0, 1, true, 0, 132020000000},                             // (a) adamw: 132.02 GB
+      {"llama-4096x57", 1, 1, 1, 0, 2, true, 0, 130940000000, 0.05, "none", "adamw8bit"},  // (b) 130.94 GB
+      {"llama-4096x32", 1, 1, 1, 0, 8, false, 0, 114640000000, 0.05, "optimizer"},
+      {"llama-4096x32", 1, 1, 1, 3, 8, false, 0, 43203116032, 0.05, "optimizer+params"},
+      // Two GPUs, NVIDIA H200, 2026-11-28 (bench/results/calibration-2026-11-28-two-gpus-h200.jsonl):
+      // GPT-2 124M only; one rank where both ranks measured the same bytes.
+      {"124m", 2, 1, 1, 0, 2, false, 0, 3653891072},
+      {"124m", 2, 1, 1, 1, 2, false, 0, 3143228416},
+      {"124m", 2, 1, 1, 2, 2, false, 0, 3143228416},
+      {"124m", 1, 2, 1, 0, 2, false, 0, 2798754816},
+      {"124m", 1, 2, 1, 0, 2, false, 1, 2050830336},
+      {"124m", 1, 1, 2, 0, 2, false, 0, 2633294336},
+      {"124m", 2, 1, 1, 0, 2, true, 0, 2873213952},
+      {"124m", 2, 1, 1, 1, 2, true, 0, 2362551296},
+      {"124m", 2, 1, 1, 2, 2, true, 0, 2362551296},
+      {"124m", 2, 1, 1, 3, 2, true, 0, 1997351424},
+      // ZeRO-3 without recompute (gathered in bf16, the next layer's gather beside the current one),
+      // 2026-11-28 session 18 (bench/results/calibration-2026-11-28-zero3-h200.jsonl).
+      {"124m", 2, 1, 1, 3, 2, false, 0, 2503841280},
+      {"124m", 1, 2, 1, 0, 2, true, 0, 1955697664},
+      {"124m", 1, 2, 1, 0, 2, true, 1, 1791303680},
   };
   for (const MeasuredPeak& p : points) {
     ModelSpec model = Gpt2Small();
@@ -113,7 +112,8 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
       model.ffn = 5632, model.vocab = 32000;
     }
     if (std::string(p.model).rfind("llama-4096x", 0) == 0) {  // Llama 3 8B's width
-      model.family = "llama", model.layers = std::stoll(std::string(p.model).substr(11)), model.hidden = 4096, model.heads = 32;
+      model.family = "llama", model.layers = std::stoll(std::string(p.model).substr(11)), model.hidden = 4096,
+      model.heads = 32;
       model.kv_heads = 8, model.ffn = 14336, model.vocab = 32000;
     }
     RunSpec spec;
@@ -127,14 +127,13 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     const MemoryEstimate& m = plan->workers[static_cast<size_t>(p.rank)].memory;
     const double error = static_cast<double>(m.total() - m.workspace) / static_cast<double>(p.peak_bytes) - 1;
-    const std::string where = std::string(p.model) + " dp" + std::to_string(p.dp) + " pp" + std::to_string(p.pp) + " tp" +
-                              std::to_string(p.tp) + " zero" + std::to_string(p.zero) + " mb" + std::to_string(p.micro_batch) +
-                              (p.recompute ? " recompute" : "") + " offload " + p.offload + " " + p.optimizer + " rank " +
-                              std::to_string(p.rank);
+    const std::string where = std::string(p.model) + " dp" + std::to_string(p.dp) + " pp" + std::to_string(p.pp) +
+                              " tp" + std::to_string(p.tp) + " zero" + std::to_string(p.zero) + " mb" +
+                              std::to_string(p.micro_batch) + (p.recompute ? " recompute" : "") + " offload " +
+                              p.offload + " " + p.optimizer + " rank " + std::to_string(p.rank);
     EXPECT_LE(std::abs(error), p.bound) << where << ": error " << error * 100 << "%";
   }
 }
-
 
 // Issue #19: the step-time model orders 2-GPU meshes as they measured on 2x H200
 // (docs/benchmarks.md: bench/mesh_bench.sh, fixed meshes, tokens/s against 2x one GPU). Only
@@ -149,7 +148,8 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
 // the dp mean in the update) over session 26's pp=2 with 8 (88.1%).
 TEST(StepTime, TwoGpuMeshesRankAsMeasured) {
   ModelSpec llama;
-  llama.family = "llama", llama.layers = 8, llama.hidden = 4096, llama.heads = 32, llama.kv_heads = 8, llama.ffn = 14336;
+  llama.family = "llama", llama.layers = 8, llama.hidden = 4096, llama.heads = 32, llama.kv_heads = 8,
+  llama.ffn = 14336;
   llama.vocab = 32000, llama.sequence = 1024;
   struct Mesh {
     int64_t dp, pp, tp, zero, global_batch, micro_batch;
@@ -162,7 +162,8 @@ TEST(StepTime, TwoGpuMeshesRankAsMeasured) {
     spec.parallel.dp = mesh.dp, spec.parallel.pp = mesh.pp, spec.parallel.tp = mesh.tp, spec.parallel.zero = mesh.zero;
     spec.parallel.micro_batch = mesh.micro_batch, spec.parallel.recompute = false;
     spec.parallel.sequence_parallel = sequence_parallel;
-    auto plan = ChoosePlan(model, JobForRun(spec), Workers(static_cast<int>(mesh.dp * mesh.pp * mesh.tp), 140 * kGiB, 141 * kGiB));
+    auto plan = ChoosePlan(model, JobForRun(spec),
+                           Workers(static_cast<int>(mesh.dp * mesh.pp * mesh.tp), 140 * kGiB, 141 * kGiB));
     EXPECT_TRUE(plan.ok()) << plan.status().ToString();
     return plan.ok() ? static_cast<double>(mesh.global_batch * model.sequence) / plan->step_time.total_s() : 0.0;
   };
@@ -188,7 +189,8 @@ TEST(StepTime, CpuWorkersPayZeroThreesCollectivesInLine) {
   ModelSpec tiny;
   tiny.family = "gpt2", tiny.layers = 2, tiny.hidden = 64, tiny.heads = 4, tiny.vocab = 256, tiny.sequence = 32;
   ClusterView cpus;
-  for (const char* name : {"w0", "w1"}) cpus.workers.push_back({name, 16 * kGiB, 12 * kGiB, "n0", "tcp", 1e11, 0, /*gpu=*/false});
+  for (const char* name : {"w0", "w1"})
+    cpus.workers.push_back({name, 16 * kGiB, 12 * kGiB, "n0", "tcp", 1e11, 0, /*gpu=*/false});
   auto plan = [&](std::optional<int64_t> zero) {
     JobSpec job;
     job.global_batch = 8, job.dp = 2, job.pp = 1, job.tp = 1, job.recompute = false, job.zero = zero;
@@ -212,7 +214,8 @@ TEST(StepTime, CpuWorkersPayZeroThreesCollectivesInLine) {
 // are not held.
 TEST(StepTime, FourGpuMeshesRankAsMeasured) {
   ModelSpec llama;
-  llama.family = "llama", llama.layers = 16, llama.hidden = 2048, llama.heads = 16, llama.kv_heads = 8, llama.ffn = 5632;
+  llama.family = "llama", llama.layers = 16, llama.hidden = 2048, llama.heads = 16, llama.kv_heads = 8,
+  llama.ffn = 5632;
   llama.vocab = 32000, llama.sequence = 1024;
   auto predicted = [&](int64_t dp, int64_t pp, int64_t tp, int64_t zero, int64_t micro_batch) {
     RunSpec spec;
@@ -275,7 +278,8 @@ std::vector<LayerRange> BalanceStagesByProgramme(const internal::Problem& proble
 TEST(StageBalance, EqualsTheDynamicProgramme) {
   ModelSpec llama;
   llama.family = "llama";
-  llama.layers = 40, llama.hidden = 1024, llama.heads = 16, llama.kv_heads = 4, llama.ffn = 2816, llama.vocab = 128256, llama.sequence = 512;
+  llama.layers = 40, llama.hidden = 1024, llama.heads = 16, llama.kv_heads = 4, llama.ffn = 2816, llama.vocab = 128256,
+  llama.sequence = 512;
   ModelSpec small_vocab = llama;
   small_vocab.vocab = 256, small_vocab.layers = 23;
   for (const ModelSpec& model : {Gpt2Small(), llama, small_vocab}) {
@@ -284,11 +288,14 @@ TEST(StageBalance, EqualsTheDynamicProgramme) {
     if (problem.model.kv_heads == 0) problem.model.kv_heads = problem.model.heads;
     if (problem.model.ffn == 0) problem.model.ffn = 4 * problem.model.hidden;
     for (int64_t pp = 1; pp <= model.layers; ++pp) {
-      const std::vector<LayerRange> fast = internal::BalanceStages(problem, pp), reference = BalanceStagesByProgramme(problem, pp);
+      const std::vector<LayerRange> fast = internal::BalanceStages(problem, pp),
+                                    reference = BalanceStagesByProgramme(problem, pp);
       ASSERT_EQ(fast.size(), reference.size());
       for (size_t k = 0; k < fast.size(); ++k) {
-        EXPECT_EQ(fast[k].begin, reference[k].begin) << model.family << " vocab " << model.vocab << " pp " << pp << " stage " << k;
-        EXPECT_EQ(fast[k].end, reference[k].end) << model.family << " vocab " << model.vocab << " pp " << pp << " stage " << k;
+        EXPECT_EQ(fast[k].begin, reference[k].begin)
+            << model.family << " vocab " << model.vocab << " pp " << pp << " stage " << k;
+        EXPECT_EQ(fast[k].end, reference[k].end)
+            << model.family << " vocab " << model.vocab << " pp " << pp << " stage " << k;
       }
     }
   }

@@ -34,7 +34,7 @@ struct Problem {
   std::vector<WorkerView> workers;  // as given
   PlannerOptions options;
   // GPU workers: a bf16 run keeps bf16 working copies of its weights and computes its loss in
-  // bf16 (worker/stage_model.cc); CPU workers compute in fp32 from the fp32 weights.
+  // bf16 (worker/train/stage_model.cc); CPU workers compute in fp32 from the fp32 weights.
   bool cuda = true;
   bool host_checked = false;  // some worker reported its host's free memory (offload is checked against it)
   // Depends on the model and the job's stages only: a copy with other stages needs its own.
@@ -73,10 +73,12 @@ struct Branch {
   Candidate base;
   std::vector<int64_t> recompute_counts;
 };
-void ForEachBranch(const Problem& problem, const Mesh& mesh, Offload offload, const std::function<void(const Branch&)>& visit);
+void ForEachBranch(const Problem& problem, const Mesh& mesh, Offload offload,
+                   const std::function<void(const Branch&)>& visit);
 Candidate WithRecompute(Candidate c, int64_t stages);  // recompute on the first `stages` stages
 // Every candidate of one mesh and offload: its branches' recompute counts each.
-void ForEachCandidateOf(const Problem& problem, const Mesh& mesh, Offload offload, const std::function<void(const Candidate&)>& visit);
+void ForEachCandidateOf(const Problem& problem, const Mesh& mesh, Offload offload,
+                        const std::function<void(const Candidate&)>& visit);
 
 // Calls `visit` for every candidate on `workers_used` workers: each mesh's offloads, ZeRO stages,
 // micro-batches (dividing global_batch / dp) and recompute counts.
@@ -109,7 +111,9 @@ class StageCache {
   StageCache(const Problem& problem, const std::vector<WorkerView>& workers, bool every_rank_is_first = false);
   const std::vector<LayerRange>& For(int64_t pp);
   const MeshGeometry& Geometry(int64_t dp, int64_t pp, int64_t tp);
-  const WorkerView& Worker(int64_t rank) const { return workers_[every_rank_is_first_ ? 0 : static_cast<size_t>(rank)]; }
+  const WorkerView& Worker(int64_t rank) const {
+    return workers_[every_rank_is_first_ ? 0 : static_cast<size_t>(rank)];
+  }
   const UnitParams& Units(int64_t pp, int64_t tp);
 
  private:
@@ -127,7 +131,7 @@ std::vector<LayerRange> BalanceStages(const Problem& problem, int64_t pp);
 // With `with_workers` false the plan's per-worker list stays empty (the search's fast path) and
 // `fill` receives what WorstFill would say and the largest per-worker total.
 struct Fill {
-  double worst = 0;        // largest estimate / budget (a node's host memory too, under offload)
+  double worst = 0;  // largest estimate / budget (a node's host memory too, under offload)
   double largest_total = 0;
   bool host_limited = false;  // the worst is a node's host memory
   // ZeRO-3 without recompute: the most layers every such stage could keep gathered (the ones kept
@@ -155,9 +159,8 @@ std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int6
 // index of that worker. `scale` multiplies every estimate (Replan's calibration after an OOM).
 double WorstFill(const Plan& plan, double scale, size_t* worst_worker);
 
-
 struct StateBytesPerParam {
-  double weights;       // persistent weights (master copy)
+  double weights;  // persistent weights (master copy)
   double gradients;
   double optimizer;
 };

@@ -1,5 +1,4 @@
 #include "shard/layout.h"
-#include "shard/plan_summary.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,6 +6,7 @@
 #include <sstream>
 
 #include "model/parameters.h"
+#include "shard/plan_summary.h"
 
 namespace strata::shard {
 namespace {
@@ -53,7 +53,9 @@ MeshPosition PositionOf(const MeshShape& mesh, int64_t rank) {
   return {rank / (mesh.dp * mesh.tp), (rank / mesh.tp) % mesh.dp, rank % mesh.tp};
 }
 
-int64_t RankOf(const MeshShape& mesh, const MeshPosition& p) { return (p.stage * mesh.dp + p.dp_rank) * mesh.tp + p.tp_rank; }
+int64_t RankOf(const MeshShape& mesh, const MeshPosition& p) {
+  return (p.stage * mesh.dp + p.dp_rank) * mesh.tp + p.tp_rank;
+}
 
 std::pair<int64_t, int64_t> StageLayers(int64_t layers, int64_t pp, int64_t stage) {
   // Stage s gets floor(layers / pp) layers, plus one when it is among the last layers % pp.
@@ -88,7 +90,8 @@ bool SequenceParallel(const RunSpec& spec, int64_t tp) {
   return SequenceParallel(spec.parallel.sequence_parallel, spec.model.sequence, tp);
 }
 
-TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape, int64_t tp) {
+TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape,
+                                int64_t tp) {
   if (LayerOf(name) < 0) {  // vocab-parallel token embedding and head; positions and final norm replicated
     const bool vocab_rows = name == model::TokenEmbeddingName(spec) || name == model::HeadWeightName(spec);
     if (vocab_rows && VocabParallel(spec, tp) && !shape.empty() && shape[0] == spec.vocab) return {shape, 0};
@@ -107,12 +110,14 @@ TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, 
   // Column-parallel (output rows split, biases with them); row-parallel (input columns split;
   // their biases are added after the all-reduce, so replicated). GPT-NeoX's fused
   // query_key_value holds each head's q, k, v rows together, so cutting its rows gives whole heads.
-  for (const char* column_parallel : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
-                                      "q_proj.bias", "k_proj.bias", "v_proj.bias", "gate_proj.bias", "up_proj.bias",
-                                      "query_key_value.weight", "query_key_value.bias", "dense_h_to_4h.weight", "dense_h_to_4h.bias"}) {
+  for (const char* column_parallel :
+       {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight", "q_proj.bias",
+        "k_proj.bias", "v_proj.bias", "gate_proj.bias", "up_proj.bias", "query_key_value.weight",
+        "query_key_value.bias", "dense_h_to_4h.weight", "dense_h_to_4h.bias"}) {
     if (EndsWith(name, column_parallel)) return rows();
   }
-  for (const char* row_parallel : {"o_proj.weight", "down_proj.weight", "attention.dense.weight", "dense_4h_to_h.weight"}) {
+  for (const char* row_parallel :
+       {"o_proj.weight", "down_proj.weight", "attention.dense.weight", "dense_4h_to_h.weight"}) {
     if (EndsWith(name, row_parallel)) return columns();
   }
   return {};
@@ -144,8 +149,8 @@ void CopySlice(const TensorSplit& split, const std::vector<int64_t>& shape, int6
   Transfer(split, shape, tp, tp_rank, element, full, slice, /*to_slice=*/true);
 }
 
-void PlaceSlice(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp, int64_t tp_rank, size_t element,
-                const uint8_t* slice, uint8_t* full) {
+void PlaceSlice(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp, int64_t tp_rank,
+                size_t element, const uint8_t* slice, uint8_t* full) {
   Transfer(split, shape, tp, tp_rank, element, slice, full, /*to_slice=*/false);
 }
 
@@ -161,7 +166,9 @@ Result<PieceName> ParsePiece(const std::string& stored) {
   const size_t at_tp = stored.find("@tp=");
   const size_t at_range = stored.find("@[");
   const size_t at_shape = stored.find(")@", at_range == std::string::npos ? 0 : at_range);
-  auto bad = [&] { return InvalidArgument("'" + stored + "' is not a checkpoint piece (KIND/NAME@tp=R/T@[B,E)@SHAPE)"); };
+  auto bad = [&] {
+    return InvalidArgument("'" + stored + "' is not a checkpoint piece (KIND/NAME@tp=R/T@[B,E)@SHAPE)");
+  };
   if (slash == std::string::npos || at_tp == std::string::npos || at_range == std::string::npos ||
       at_shape == std::string::npos || at_tp < slash || at_range < at_tp) {
     return bad();
@@ -170,8 +177,8 @@ Result<PieceName> ParsePiece(const std::string& stored) {
   p.kind = stored.substr(0, slash);
   p.name = stored.substr(slash + 1, at_tp - slash - 1);
   long long r = 0, t = 0, b = 0, e = 0;
-  if (std::sscanf(stored.c_str() + at_tp, "@tp=%lld/%lld@[%lld,%lld)", &r, &t, &b, &e) != 4 || t < 1 || r < 0 || r >= t ||
-      b < 0 || e < b) {
+  if (std::sscanf(stored.c_str() + at_tp, "@tp=%lld/%lld@[%lld,%lld)", &r, &t, &b, &e) != 4 || t < 1 || r < 0 ||
+      r >= t || b < 0 || e < b) {
     return bad();
   }
   p.tp_rank = r;
@@ -191,12 +198,13 @@ Result<PieceName> ParsePiece(const std::string& stored) {
 Status ElementCoverage::Add(int64_t begin, int64_t end) {
   const std::string range = "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
   if (begin < 0 || end <= begin || end > n_) {
-    return Corruption("elements " + range + " are not a range of the " + std::to_string(n_) + " elements it belongs to");
+    return Corruption("elements " + range + " are not a range of the " + std::to_string(n_) +
+                      " elements it belongs to");
   }
   auto next = ranges_.lower_bound(begin);
   if (next != ranges_.end() && next->first < end) {
-    return Corruption("elements " + range + " overlap [" + std::to_string(next->first) + ", " + std::to_string(next->second) +
-                      "), written by another piece");
+    return Corruption("elements " + range + " overlap [" + std::to_string(next->first) + ", " +
+                      std::to_string(next->second) + "), written by another piece");
   }
   if (next != ranges_.begin()) {
     auto before = std::prev(next);
@@ -239,8 +247,8 @@ Result<std::span<uint8_t>> TensorAssembler::Slot(const PieceName& piece, size_t 
   const auto slice_shape = SliceShape(split, full_shape, tp);
   const int64_t slice_elements = Product(slice_shape, 0, slice_shape.size());
   if (piece.end > slice_elements) {
-    return Corruption("checkpoint piece " + FormatPiece(piece) + " runs past its slice of " + std::to_string(slice_elements) +
-                      " elements");
+    return Corruption("checkpoint piece " + FormatPiece(piece) + " runs past its slice of " +
+                      std::to_string(slice_elements) + " elements");
   }
   auto& slices = part.slices[tp];
   auto& covered = part.covered[tp];
@@ -269,8 +277,9 @@ Result<std::vector<uint8_t>> TensorAssembler::Take(const std::string& name) {
       if (covered[r].complete()) continue;
       complete = false;
       if (missing.empty()) {
-        missing = " (written under tp=" + std::to_string(tp) + ": element " + std::to_string(covered[r].first_missing()) +
-                  " of tp rank " + std::to_string(r) + "'s slice has no piece)";
+        missing = " (written under tp=" + std::to_string(tp) + ": element " +
+                  std::to_string(covered[r].first_missing()) + " of tp rank " + std::to_string(r) +
+                  "'s slice has no piece)";
       }
     }
     if (!complete) continue;

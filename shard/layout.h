@@ -63,11 +63,12 @@ struct TensorSplit {
 };
 
 // How parameter `name` (full shape `shape`) of model family spec.family splits over tp ranks.
-TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape, int64_t tp);
+TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape,
+                                int64_t tp);
 // Whether the token embedding and the head are split by vocabulary rows over tp ranks.
 bool VocabParallel(const ModelSpec& spec, int64_t tp);
 // Whether the elementwise work between the split matmuls runs on 1/tp of the tokens per rank
-// (sequence parallelism, worker/stage_model.h): tp > 1, tp divides model.sequence, and
+// (sequence parallelism, worker/train/stage_model.h): tp > 1, tp divides model.sequence, and
 // parallel.sequence_parallel is not false. The parameters' layout is the same either way.
 bool SequenceParallel(const RunSpec& spec, int64_t tp);
 // The same rule from its parts (the planner's job holds no RunSpec): `enabled` is
@@ -82,8 +83,8 @@ bool ColumnParallel(const TensorSplit& split, const std::vector<int64_t>& shape,
 
 // Copies tp rank `tp_rank`'s slice out of `full` (row-major, `element` bytes each), or writes
 // `slice` into its place in `full`.
-void CopySlice(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp, int64_t tp_rank,
-               size_t element, const uint8_t* full, uint8_t* slice);
+void CopySlice(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp, int64_t tp_rank, size_t element,
+               const uint8_t* full, uint8_t* slice);
 void PlaceSlice(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp, int64_t tp_rank,
                 size_t element, const uint8_t* slice, uint8_t* full);
 

@@ -11,7 +11,7 @@ namespace {
 TEST(LayoutTest, RanksAndPositionsRoundTripWithTensorParallelFastest) {
   const MeshShape mesh{2, 2, 2};
   for (int64_t r = 0; r < mesh.size(); ++r) EXPECT_EQ(RankOf(mesh, PositionOf(mesh, r)), r);
-  EXPECT_EQ(PositionOf(mesh, 1).tp_rank, 1);   // tp groups are consecutive ranks
+  EXPECT_EQ(PositionOf(mesh, 1).tp_rank, 1);  // tp groups are consecutive ranks
   EXPECT_EQ(PositionOf(mesh, 2).dp_rank, 1);
   EXPECT_EQ(PositionOf(mesh, 4).stage, 1);
 }
@@ -44,18 +44,22 @@ TEST(LayoutTest, FusedQkvSplitsEachOfQKAndVByHeads) {
   EXPECT_EQ(SliceShape(split, shape, 2), (std::vector<int64_t>{6, 4}));
   std::vector<float> full(48), slice(24), back(48, -1.0f);
   std::iota(full.begin(), full.end(), 0.0f);
-  CopySlice(split, shape, 2, 1, sizeof(float), reinterpret_cast<uint8_t*>(full.data()), reinterpret_cast<uint8_t*>(slice.data()));
+  CopySlice(split, shape, 2, 1, sizeof(float), reinterpret_cast<uint8_t*>(full.data()),
+            reinterpret_cast<uint8_t*>(slice.data()));
   // Rank 1: q rows 2-3 (elements 8..15), k rows 6-7 (24..31), v rows 10-11 (40..47).
   EXPECT_EQ(slice[0], 8.0f);
   EXPECT_EQ(slice[8], 24.0f);
   EXPECT_EQ(slice[16], 40.0f);
   for (int64_t r = 0; r < 2; ++r) {
-    CopySlice(split, shape, 2, r, sizeof(float), reinterpret_cast<uint8_t*>(full.data()), reinterpret_cast<uint8_t*>(slice.data()));
-    PlaceSlice(split, shape, 2, r, sizeof(float), reinterpret_cast<uint8_t*>(slice.data()), reinterpret_cast<uint8_t*>(back.data()));
+    CopySlice(split, shape, 2, r, sizeof(float), reinterpret_cast<uint8_t*>(full.data()),
+              reinterpret_cast<uint8_t*>(slice.data()));
+    PlaceSlice(split, shape, 2, r, sizeof(float), reinterpret_cast<uint8_t*>(slice.data()),
+               reinterpret_cast<uint8_t*>(back.data()));
   }
   EXPECT_EQ(back, full);
   // Row-parallel projections split columns; norms and positions are replicated.
-  EXPECT_EQ(SliceShape(TensorParallelSplit(spec, "h.0.attn_proj.weight", {4, 4}, 2), {4, 4}, 2), (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(SliceShape(TensorParallelSplit(spec, "h.0.attn_proj.weight", {4, 4}, 2), {4, 4}, 2),
+            (std::vector<int64_t>{4, 2}));
   EXPECT_TRUE(TensorParallelSplit(spec, "h.0.ln_1.weight", {4}, 2).replicated());
   EXPECT_TRUE(TensorParallelSplit(spec, "wpe.weight", {256, 4}, 2).replicated());
   spec.family = "llama";
@@ -83,7 +87,8 @@ TEST(LayoutTest, EmbeddingAndHeadAreVocabParallelWhereTpDividesTheVocabulary) {
   EXPECT_FALSE(VocabParallel(spec, 4));
   spec.family = "gpt2";
   spec.vocab = 50257;
-  EXPECT_TRUE(TensorParallelSplit(spec, "wte.weight", {50257, 2}, 2).replicated()) << "GPT-2's odd vocabulary stays whole";
+  EXPECT_TRUE(TensorParallelSplit(spec, "wte.weight", {50257, 2}, 2).replicated())
+      << "GPT-2's odd vocabulary stays whole";
   spec.vocab = 50304;
   EXPECT_EQ(TensorParallelSplit(spec, "wte.weight", {50304, 2}, 2).dim, 0) << "padded to a multiple of tp, it splits";
 
@@ -95,11 +100,18 @@ TEST(LayoutTest, EmbeddingAndHeadAreVocabParallelWhereTpDividesTheVocabulary) {
   const TensorSplit split = TensorParallelSplit(spec, "lm_head.weight", shape, 2);
   for (int64_t r = 0; r < 2; ++r) {
     std::vector<float> slice(6);
-    CopySlice(split, shape, 2, r, sizeof(float), reinterpret_cast<uint8_t*>(full.data()), reinterpret_cast<uint8_t*>(slice.data()));
+    CopySlice(split, shape, 2, r, sizeof(float), reinterpret_cast<uint8_t*>(full.data()),
+              reinterpret_cast<uint8_t*>(slice.data()));
     EXPECT_EQ(slice[0], static_cast<float>(6 * r)) << "rank " << r << " holds rows [3r, 3r + 3)";
-    ASSERT_TRUE(assembler.Add({"param", "lm_head.weight", r, 2, 0, 6, shape}, sizeof(float), reinterpret_cast<uint8_t*>(slice.data())).ok());
+    ASSERT_TRUE(assembler
+                    .Add({"param", "lm_head.weight", r, 2, 0, 6, shape}, sizeof(float),
+                         reinterpret_cast<uint8_t*>(slice.data()))
+                    .ok());
   }
-  ASSERT_TRUE(assembler.Add({"param", "embed_tokens.weight", 0, 1, 0, 12, shape}, sizeof(float), reinterpret_cast<uint8_t*>(full.data())).ok());
+  ASSERT_TRUE(assembler
+                  .Add({"param", "embed_tokens.weight", 0, 1, 0, 12, shape}, sizeof(float),
+                       reinterpret_cast<uint8_t*>(full.data()))
+                  .ok());
   for (const char* name : {"lm_head.weight", "embed_tokens.weight"}) {
     auto taken = assembler.Take(name);
     ASSERT_TRUE(taken.ok()) << name << ": " << taken.status().ToString();
@@ -118,7 +130,8 @@ TEST(LayoutTest, PieceNamesRoundTripAndBadNamesAreRefused) {
   EXPECT_EQ(parsed->tp_rank, 1);
   EXPECT_EQ(parsed->end, 20);
   EXPECT_EQ(parsed->shape, p.shape);
-  for (const char* bad : {"param/wte.weight", "param/x@tp=2/2@[0,4)@4", "param/x@tp=0/1@[5,4)@4", "param/x@tp=0/1@[0,4)@"}) {
+  for (const char* bad :
+       {"param/wte.weight", "param/x@tp=2/2@[0,4)@4", "param/x@tp=0/1@[5,4)@4", "param/x@tp=0/1@[0,4)@"}) {
     EXPECT_FALSE(ParsePiece(bad).ok()) << bad;
   }
 }
@@ -127,13 +140,21 @@ TEST(LayoutTest, AssemblerNamesATensorWithAMissingPiece) {
   ModelSpec spec;
   TensorAssembler assembler(spec);
   std::vector<float> half(8, 1.0f);
-  ASSERT_TRUE(assembler.Add({"param", "wte.weight", 0, 1, 0, 8, {4, 4}}, sizeof(float), reinterpret_cast<uint8_t*>(half.data())).ok());
+  ASSERT_TRUE(
+      assembler.Add({"param", "wte.weight", 0, 1, 0, 8, {4, 4}}, sizeof(float), reinterpret_cast<uint8_t*>(half.data()))
+          .ok());
   auto taken = assembler.Take("wte.weight");
   ASSERT_FALSE(taken.ok());
   EXPECT_NE(taken.status().message().find("do not cover"), std::string::npos);
-  ASSERT_TRUE(assembler.Add({"param", "wte.weight", 0, 1, 8, 16, {4, 4}}, sizeof(float), reinterpret_cast<uint8_t*>(half.data())).ok());
+  ASSERT_TRUE(
+      assembler
+          .Add({"param", "wte.weight", 0, 1, 8, 16, {4, 4}}, sizeof(float), reinterpret_cast<uint8_t*>(half.data()))
+          .ok());
   EXPECT_TRUE(assembler.Take("wte.weight").ok());
-  EXPECT_FALSE(assembler.Add({"param", "wte.weight", 0, 1, 8, 20, {4, 4}}, sizeof(float), reinterpret_cast<uint8_t*>(half.data())).ok());
+  EXPECT_FALSE(
+      assembler
+          .Add({"param", "wte.weight", 0, 1, 8, 20, {4, 4}}, sizeof(float), reinterpret_cast<uint8_t*>(half.data()))
+          .ok());
 }
 
 // Counting elements is not coverage: two pieces of the same half add up to the whole tensor.

@@ -60,14 +60,16 @@ Result<ParallelChange> ChangeForOutOfMemory(const RunSpec& spec, const ClusterVi
   }
   if (spec.parallel.keep_gathered > 0) {  // the layers kept gathered for the backward go first
     ParallelChange change{spec.parallel, ""};
-    change.description = "keep_gathered " + std::to_string(spec.parallel.keep_gathered) + " -> 0 (every layer gathered again for its backward)";
+    change.description = "keep_gathered " + std::to_string(spec.parallel.keep_gathered) +
+                         " -> 0 (every layer gathered again for its backward)";
     change.parallel.keep_gathered = 0;
     return change;
   }
   const int64_t local = spec.local_batch();
   const int64_t current = spec.micro_batch_rows();
   if (current <= 1) {
-    return Status(StatusCode::kResourceExhausted, plan.ok() ? std::string("the estimate was too low") : plan.status().message());
+    return Status(StatusCode::kResourceExhausted,
+                  plan.ok() ? std::string("the estimate was too low") : plan.status().message());
   }
   ParallelChange change{spec.parallel, ""};
   ParallelSpec& p = change.parallel;

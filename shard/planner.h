@@ -25,8 +25,8 @@ int64_t ParameterCount(const ModelSpec& model);
 // ---- Inputs ------------------------------------------------------------------------------
 
 // Where the optimizer state, and with "+params" the parameters, live ([parallel] offload):
-// on the device; m, v and the fp32 master in host memory (worker/optimizer.h); or the parameters
-// too, streamed to the device a layer at a time as ZeRO-3 gathers them (worker/stage_model.h:
+// on the device; m, v and the fp32 master in host memory (worker/train/optimizer.h); or the parameters
+// too, streamed to the device a layer at a time as ZeRO-3 gathers them (worker/train/stage_model.h:
 // ZeRO-3 without recompute). Ordered from the simplest.
 enum class Offload { kNone, kOptimizer, kOptimizerAndParams };
 // The spec's names: "none", "optimizer", "optimizer+params".
@@ -56,11 +56,11 @@ struct WorkerView {
   std::string name;
   int64_t total_bytes = 0;
   int64_t free_bytes = 0;
-  std::string node;                 // workers with the same node share the link below
-  std::string link = "nvlink";      // "nvlink" | "pcie" | "tcp"
-  double peak_flops = 989e12;       // per second; H100 dense bf16
-  double bandwidth = 0;             // bytes/s to peers on the same node; 0 -> typical for `link`
-  bool gpu = true;                  // false: a CPU worker (no CUDA context or cuBLAS workspace)
+  std::string node;             // workers with the same node share the link below
+  std::string link = "nvlink";  // "nvlink" | "pcie" | "tcp"
+  double peak_flops = 989e12;   // per second; H100 dense bf16
+  double bandwidth = 0;         // bytes/s to peers on the same node; 0 -> typical for `link`
+  bool gpu = true;              // false: a CPU worker (no CUDA context or cuBLAS workspace)
   // Free memory of the worker's host (shared by the workers of its node), which an offloaded
   // optimizer's state takes; 0: unknown, not checked.
   int64_t host_free_bytes = 0;
@@ -80,13 +80,13 @@ JobSpec JobForRun(const RunSpec& spec);
 WorkerView WorkerFromMemory(std::string name, std::string node, const MemorySnapshot& memory);
 
 struct PlannerOptions {
-  double safety_margin = 0.1;       // a plan may use (1 - margin) of each worker's free memory
-  bool fused_attention = true;      // flash / SDPA attention: no s x s score matrix is stored
+  double safety_margin = 0.1;   // a plan may use (1 - margin) of each worker's free memory
+  bool fused_attention = true;  // flash / SDPA attention: no s x s score matrix is stored
   // Achieved fraction of peak_flops in the matmuls (measured 0.71-0.76 on an H200; the rest of a
   // step is counted apart, shard/estimator.cc "Step time").
   double compute_efficiency = 0.7;
   double inter_node_bandwidth = 12.5e9;  // bytes/s between nodes (100 Gb/s)
-  double host_bandwidth = 25e9;     // bytes/s GPU <-> host, for optimizer offload
+  double host_bandwidth = 25e9;          // bytes/s GPU <-> host, for optimizer offload
   // Bytes/s the host AdamW of an offloaded optimizer moves (28 a parameter): kernels_bench
   // measured 116e9 on 16 threads of an H200 host (docs/history/benchmarks-sessions.md, 2026-11-28).
   double host_adamw_bandwidth = 100e9;
@@ -134,16 +134,16 @@ struct WorkerAssignment {
 
 struct Plan {
   int64_t dp = 1, pp = 1, tp = 1, zero = 0;
-  int64_t micro_batch = 1;            // sequences per forward/backward on one rank
-  int64_t gradient_accumulation = 1;  // micro-batches per step per dp rank
-  std::vector<bool> recompute;        // per pipeline stage
-  Offload offload = Offload::kNone;   // where optimizer state (and parameters) live
-  int64_t keep_gathered = 0;          // ZeRO-3 without recompute: layers per stage kept gathered for the backward
-  std::vector<LayerRange> stages;     // stage 0 also holds the embedding, the last the head + loss
+  int64_t micro_batch = 1;                // sequences per forward/backward on one rank
+  int64_t gradient_accumulation = 1;      // micro-batches per step per dp rank
+  std::vector<bool> recompute;            // per pipeline stage
+  Offload offload = Offload::kNone;       // where optimizer state (and parameters) live
+  int64_t keep_gathered = 0;              // ZeRO-3 without recompute: layers per stage kept gathered for the backward
+  std::vector<LayerRange> stages;         // stage 0 also holds the embedding, the last the head + loss
   std::vector<WorkerAssignment> workers;  // in rank order
   StepTime step_time;
-  std::string why;                    // what was chosen, the runner-up and what it lost on
-  int64_t candidates_evaluated = 0;   // ChoosePlan: estimates the search made (its cost, bounded per mesh)
+  std::string why;                   // what was chosen, the runner-up and what it lost on
+  int64_t candidates_evaluated = 0;  // ChoosePlan: estimates the search made (its cost, bounded per mesh)
 };
 
 Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
@@ -176,9 +176,8 @@ struct PlanChange {
 // with more accumulation (same global batch), then recompute, then a higher ZeRO stage or
 // offload, then more pipeline stages, then anything else. User-fixed [parallel] fields in `job`
 // are not binding here: the run could not continue as they were.
-Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const JobSpec& job,
-                          const ClusterView& cluster, const ReplanReason& reason,
-                          const PlannerOptions& options = {});
+Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
+                          const ReplanReason& reason, const PlannerOptions& options = {});
 
 // ---- The estimator's building blocks (exposed so tests and `strata plan` can show the sums) --
 
@@ -193,8 +192,8 @@ enum class StateLayout {
 // ZeRO group (stage 1 shards optimizer state, 2 also gradients, 3 also weights); `offload`
 // moves optimizer state to host memory, and with the parameters also weights and gradients.
 // Other fields are zero.
-MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, Offload offload = Offload::kNone,
-                               bool eight_bit_optimizer = false);
+MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp,
+                               Offload offload = Offload::kNone, bool eight_bit_optimizer = false);
 
 // Activations one transformer layer stores for backward, one micro-batch, no recompute: the
 // tensors worker/'s blocks save (shard/estimator.cc lists them).
@@ -205,7 +204,7 @@ int64_t LayerActivationBytes(const ModelSpec& model, int64_t sequence, int64_t m
 // Activations of `layers` layers with `in_flight` micro-batches held: full, or with full
 // recompute only each layer's fp32 input plus one layer being recomputed.
 int64_t StageActivationBytes(const ModelSpec& model, int64_t sequence, int64_t micro_batch, int64_t tp,
-                             bool fp32_activations, bool fused_attention, int64_t layers,
-                             int64_t in_flight, bool recompute, bool sequence_parallel = false);
+                             bool fp32_activations, bool fused_attention, int64_t layers, int64_t in_flight,
+                             bool recompute, bool sequence_parallel = false);
 
 }  // namespace strata::shard

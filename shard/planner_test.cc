@@ -1,8 +1,6 @@
 // Expected numbers below are worked out by hand from the formulas (see the comments), not
 // copied from the implementation's output. Re-plans are in replan_test.cc, the estimator
 // against measured peaks and step times in estimator_test.cc.
-#include "shard/planner_test_util.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +10,7 @@
 #include <regex>
 
 #include "shard/parallel_change.h"
+#include "shard/planner_test_util.h"
 
 namespace strata::shard {
 namespace {
@@ -51,7 +50,8 @@ TEST(ModelStateBytes, ZeroPaperStagesAtDp4) {
 TEST(ModelStateBytes, EightBitMomentsTakeAQuarterOfTheirFp32Bytes) {
   const int64_t p = 1'000'000'000;
   // adamw8bit: m and v as 1 byte + 4 bytes per 256 each = 2.03125 bytes, against fp32 AdamW's 8.
-  const MemoryEstimate eight = ModelStateBytes(p, StateLayout::kBf16Autocast, 0, 1, Offload::kNone, /*eight_bit_optimizer=*/true);
+  const MemoryEstimate eight =
+      ModelStateBytes(p, StateLayout::kBf16Autocast, 0, 1, Offload::kNone, /*eight_bit_optimizer=*/true);
   const MemoryEstimate fp32 = ModelStateBytes(p, StateLayout::kBf16Autocast, 0, 1);
   EXPECT_EQ(eight.optimizer_state, 2'031'250'000);
   EXPECT_EQ(fp32.optimizer_state, 8'000'000'000);
@@ -261,7 +261,9 @@ TEST(ChoosePlan, StagesPutEmbeddingFirstAndHeadLast) {
 // w1 on B, ...), as `strata up --hosts 2` and cluster specs with round-robin names do.
 ClusterView TwoHostsOfFour() {
   ClusterView c;
-  for (int i = 0; i < 8; ++i) c.workers.push_back({"w" + std::to_string(i), 80 * kGiB, 80 * kGiB, i % 2 ? "hostB" : "hostA", "nvlink", 989e12, 0});
+  for (int i = 0; i < 8; ++i)
+    c.workers.push_back(
+        {"w" + std::to_string(i), 80 * kGiB, 80 * kGiB, i % 2 ? "hostB" : "hostA", "nvlink", 989e12, 0});
   return c;
 }
 
@@ -279,7 +281,8 @@ void ExpectTensorParallelInsideNodes(const Plan& plan, const ClusterView& cluste
     for (const auto& b : plan.workers) {
       if (a.stage == b.stage && a.dp_rank == b.dp_rank) {
         EXPECT_EQ(NodeOf(cluster, a.worker), NodeOf(cluster, b.worker))
-            << "tp group (stage " << a.stage << ", dp rank " << a.dp_rank << ") spans " << a.worker << " and " << b.worker;
+            << "tp group (stage " << a.stage << ", dp rank " << a.dp_rank << ") spans " << a.worker << " and "
+            << b.worker;
       }
     }
   }
@@ -392,7 +395,8 @@ TEST(ChoosePlan, BadInputsNameTheField) {
       {"free_bytes", [](ModelSpec&, JobSpec&, ClusterView& c) { c.workers[1].free_bytes = 0; }},
       {"total_bytes", [](ModelSpec&, JobSpec&, ClusterView& c) { c.workers[0].total_bytes = -1; }},
       {"model.layers", [](ModelSpec& m, JobSpec&, ClusterView&) { m.layers = 0; }},
-      {"parallel.dp * parallel.pp * parallel.tp", [](ModelSpec&, JobSpec& j, ClusterView&) { j.dp = 8, j.pp = 1, j.tp = 1; }},
+      {"parallel.dp * parallel.pp * parallel.tp",
+       [](ModelSpec&, JobSpec& j, ClusterView&) { j.dp = 8, j.pp = 1, j.tp = 1; }},
       {"parallel.tp", [](ModelSpec&, JobSpec& j, ClusterView&) { j.tp = 5; }},
       {"model.kv_heads", [](ModelSpec& m, JobSpec& j, ClusterView&) { m.family = "llama", m.kv_heads = 2, j.tp = 4; }},
       {"parallel.pp", [](ModelSpec& m, JobSpec& j, ClusterView&) { m.layers = 1, j.pp = 2; }},
@@ -466,7 +470,7 @@ TEST(ChoosePlan, TensorParallelRanksHoldTheirSliceOfAVocabularyTpDivides) {
   EXPECT_EQ(weights(32001) - weights(31999), 2 * 2 * 256 * 4) << "an odd vocabulary stays whole on each rank";
 }
 
-// Sequence parallelism (worker/stage_model.h): a rank keeps its 1/tp of the fp32 residual stream
+// Sequence parallelism (worker/train/stage_model.h): a rank keeps its 1/tp of the fp32 residual stream
 // the norms save - per layer s * b * h * 8 bytes, half of it under tp = 2 - and on the last stage
 // the final norm's fp32 input (s * b * h * 4, halved). Where tp does not divide the sequence, or
 // the spec switches it off, the estimate is the whole-sequence one.
@@ -484,8 +488,10 @@ TEST(ChoosePlan, SequenceParallelRanksHoldHalfTheResidualStream) {
   };
   const double sbh = 128.0 * 8 * 256;  // tokens x hidden of a micro-batch (a gated-MLP block's scale is 1)
   const double saved = static_cast<double>(activations(128, false) - activations(128, true));
-  EXPECT_NEAR(saved, llama.layers * sbh * 8 / 2 + sbh * 4 / 2, 8) << "half the norms' residual stream and the final norm's input";
-  EXPECT_EQ(activations(127, true), activations(127, false)) << "tp = 2 does not divide 127 tokens: no sequence parallelism";
+  EXPECT_NEAR(saved, llama.layers * sbh * 8 / 2 + sbh * 4 / 2, 8)
+      << "half the norms' residual stream and the final norm's input";
+  EXPECT_EQ(activations(127, true), activations(127, false))
+      << "tp = 2 does not divide 127 tokens: no sequence parallelism";
 }
 
 // ZeRO-3 without recompute keeps the last layers of a stage gathered for their backward where
@@ -505,7 +511,8 @@ TEST(ChoosePlan, Zero3KeepsLayersGatheredWhereTheBudgetHasRoom) {
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(all->keep_gathered, 12);
   const int64_t per_layer = 2 * kGpt2SmallLayer;  // one micro-batch in flight (no pipeline)
-  EXPECT_NEAR(static_cast<double>(all->workers[0].memory.total() - none->workers[0].memory.total()), 12.0 * per_layer, 2.0);
+  EXPECT_NEAR(static_cast<double>(all->workers[0].memory.total() - none->workers[0].memory.total()), 12.0 * per_layer,
+              2.0);
   // Over NVLink the backward's gathers hide behind the gradients' matmuls (session 23 measured
   // keeping every layer 0.2% faster): no time is predicted saved. Across two hosts their bytes
   // show, and keeping saves them.
@@ -534,7 +541,8 @@ TEST(ChoosePlan, Zero3KeepsLayersGatheredWhereTheBudgetHasRoom) {
   auto fixed = ChoosePlan(Gpt2Small(), job, Workers(2, free, 141 * kGiB));
   ASSERT_TRUE(fixed.ok()) << fixed.status().ToString();
   EXPECT_EQ(fixed->keep_gathered, 8);
-  EXPECT_NEAR(static_cast<double>(fixed->workers[0].memory.total() - none->workers[0].memory.total()), 8.0 * per_layer, 2.0);
+  EXPECT_NEAR(static_cast<double>(fixed->workers[0].memory.total() - none->workers[0].memory.total()), 8.0 * per_layer,
+              2.0);
 }
 
 // On a pipeline, a stage without the head keeps its last layer's gather anyway (its last call):
@@ -552,7 +560,8 @@ TEST(ChoosePlan, KeptLayersCostWhatTheWorkerKeepsOnEachPipelineStage) {
     EXPECT_TRUE(none.ok() && kept.ok());
     std::vector<double> layers;
     for (size_t k = 0; k < 2; ++k) {
-      layers.push_back(static_cast<double>(kept->workers[k].memory.total() - none->workers[k].memory.total()) / (2.0 * kGpt2SmallLayer));
+      layers.push_back(static_cast<double>(kept->workers[k].memory.total() - none->workers[k].memory.total()) /
+                       (2.0 * kGpt2SmallLayer));
     }
     return layers;
   };
@@ -591,7 +600,8 @@ TEST(ChoosePlan, LargestBatchAllowedPlansQuicklyAndHugeOnesAreRefused) {
   job.global_batch = int64_t{1} << 40;
   auto refused = ChoosePlan(Gpt2Small(), job, cluster);
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("train.global_batch = 1099511627776 is over the bound of 16777216"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("train.global_batch = 1099511627776 is over the bound of 16777216"),
+            std::string::npos)
       << refused.status().message();
 }
 
@@ -605,11 +615,13 @@ TEST(ChoosePlan, EstimatesAtTheBoundsSaturateInsteadOfWrapping) {
   auto plan = ChoosePlan(m, job, Workers(2, 80 * kGiB));
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_FALSE(std::regex_search(plan.status().message(), std::regex("(^|[ (=])-[0-9]"))) << "a negative size: " << plan.status().message();
+  EXPECT_FALSE(std::regex_search(plan.status().message(), std::regex("(^|[ (=])-[0-9]")))
+      << "a negative size: " << plan.status().message();
   const MemoryEstimate state = ModelStateBytes(ParameterCount(m), StateLayout::kFp32, 0, 1);
   EXPECT_GT(state.total(), 0);
   for (bool recompute : {false, true}) {
-    const int64_t acts = StageActivationBytes(m, m.sequence, job.global_batch, 1, true, false, m.layers, 1024, recompute);
+    const int64_t acts =
+        StageActivationBytes(m, m.sequence, job.global_batch, 1, true, false, m.layers, 1024, recompute);
     EXPECT_GT(acts, int64_t{1} << 50) << recompute;  // clamped high, never wrapped negative
   }
   ModelSpec huge = Gpt2Small();
@@ -617,7 +629,8 @@ TEST(ChoosePlan, EstimatesAtTheBoundsSaturateInsteadOfWrapping) {
   auto refused = ChoosePlan(huge, JobSpec{}, Workers(2, 80 * kGiB));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("model.hidden = 4611686018427387904 is over the bound of 65536"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("model.hidden = 4611686018427387904 is over the bound of 65536"),
+            std::string::npos)
       << refused.status().message();
 }
 

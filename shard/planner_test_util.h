@@ -28,7 +28,8 @@ inline constexpr int64_t kGpt2SmallLayer = 3072 + 1'771'776 + 590'592 + 2'362'36
 
 inline ClusterView Workers(int n, int64_t free_bytes, int64_t total_bytes = 80 * kGiB) {
   ClusterView c;
-  for (int i = 0; i < n; ++i) c.workers.push_back({"w" + std::to_string(i), total_bytes, free_bytes, "n0", "nvlink", 989e12, 0});
+  for (int i = 0; i < n; ++i)
+    c.workers.push_back({"w" + std::to_string(i), total_bytes, free_bytes, "n0", "nvlink", 989e12, 0});
   return c;
 }
 
@@ -36,7 +37,8 @@ inline void ExpectFits(const Plan& plan, const ClusterView& cluster, double marg
   ASSERT_FALSE(plan.workers.empty());
   EXPECT_EQ(static_cast<int64_t>(plan.workers.size()), plan.dp * plan.pp * plan.tp);
   for (const auto& w : plan.workers) {
-    const auto it = std::find_if(cluster.workers.begin(), cluster.workers.end(), [&](const WorkerView& v) { return v.name == w.worker; });
+    const auto it = std::find_if(cluster.workers.begin(), cluster.workers.end(),
+                                 [&](const WorkerView& v) { return v.name == w.worker; });
     ASSERT_NE(it, cluster.workers.end()) << w.worker;
     EXPECT_LE(w.memory.total(), static_cast<double>(it->free_bytes) * (1 - margin)) << w.worker;
   }

@@ -58,19 +58,22 @@ Holding HoldingOf(const Plan& plan, const WorkerAssignment& w, int64_t unit, int
 int64_t BytesToMove(const internal::Problem& problem, const Plan& from, const Plan& to) {
   const int64_t layers = problem.model.layers;
   const internal::UnitParams u = internal::CountUnits(problem.model, to.pp, to.tp);
-  const internal::StateBytesPerParam per_param = internal::BytesPerParam(problem.layout, problem.job.optimizer == "adamw8bit");
+  const internal::StateBytesPerParam per_param =
+      internal::BytesPerParam(problem.layout, problem.job.optimizer == "adamw8bit");
   double moved = 0;
   for (const WorkerAssignment& w : to.workers) {
-    auto old = std::find_if(from.workers.begin(), from.workers.end(), [&](const WorkerAssignment& o) { return o.worker == w.worker; });
+    auto old = std::find_if(from.workers.begin(), from.workers.end(),
+                            [&](const WorkerAssignment& o) { return o.worker == w.worker; });
     for (int64_t unit = 0; unit <= layers + 1; ++unit) {
       const Holding need = HoldingOf(to, w, unit, layers);
       if (!need.held) continue;
       const Holding had = old == from.workers.end() ? Holding{} : HoldingOf(from, *old, unit, layers);
-      const double params = static_cast<double>(unit == 0 ? u.embedding_sharded + u.embedding_replicated
+      const double params = static_cast<double>(unit == 0       ? u.embedding_sharded + u.embedding_replicated
                                                 : unit > layers ? u.head_sharded + u.head_replicated
                                                                 : u.layer_sharded + u.layer_replicated);
       const double missing_weights = need.weights.length() - (had.held ? Overlap(need.weights, had.weights) : 0.0);
-      const double missing_optimizer = need.optimizer.length() - (had.held ? Overlap(need.optimizer, had.optimizer) : 0.0);
+      const double missing_optimizer =
+          need.optimizer.length() - (had.held ? Overlap(need.optimizer, had.optimizer) : 0.0);
       moved += params * (missing_weights * per_param.weights + missing_optimizer * per_param.optimizer);
     }
   }
@@ -96,7 +99,8 @@ int64_t ChangeSize(const Plan& current, int64_t baseline_micro_batch, const Plan
 std::string Changes(const Plan& a, const Plan& b) {
   std::string out;
   auto field = [&](const char* name, int64_t x, int64_t y) {
-    if (x != y) out += std::string(out.empty() ? "" : ", ") + name + " " + std::to_string(x) + " -> " + std::to_string(y);
+    if (x != y)
+      out += std::string(out.empty() ? "" : ", ") + name + " " + std::to_string(x) + " -> " + std::to_string(y);
   };
   field("workers", static_cast<int64_t>(a.workers.size()), static_cast<int64_t>(b.workers.size()));
   field("dp", a.dp, b.dp);
@@ -105,10 +109,13 @@ std::string Changes(const Plan& a, const Plan& b) {
   field("zero", a.zero, b.zero);
   field("micro_batch", a.micro_batch, b.micro_batch);
   field("gradient_accumulation", a.gradient_accumulation, b.gradient_accumulation);
-  const auto on = [](const Plan& p) { return static_cast<int64_t>(std::count(p.recompute.begin(), p.recompute.end(), true)); };
+  const auto on = [](const Plan& p) {
+    return static_cast<int64_t>(std::count(p.recompute.begin(), p.recompute.end(), true));
+  };
   field("recompute stages", on(a), on(b));
   field("keep_gathered", a.keep_gathered, b.keep_gathered);
-  if (a.offload != b.offload) out += std::string(out.empty() ? "" : ", ") + "offload " + OffloadName(a.offload) + " -> " + OffloadName(b.offload);
+  if (a.offload != b.offload)
+    out += std::string(out.empty() ? "" : ", ") + "offload " + OffloadName(a.offload) + " -> " + OffloadName(b.offload);
   return out.empty() ? "no change" : out;
 }
 
@@ -129,10 +136,13 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
   if (current.workers.empty() || current.stages.size() != static_cast<size_t>(current.pp) || current.micro_batch < 1) {
     return InvalidArgument("replan: the current plan is empty or inconsistent; pass the Plan that ChoosePlan returned");
   }
-  const auto in_view = std::find_if(problem.workers.begin(), problem.workers.end(), [&](const WorkerView& w) { return w.name == reason.worker; });
-  const auto in_plan = std::find_if(current.workers.begin(), current.workers.end(), [&](const WorkerAssignment& w) { return w.worker == reason.worker; });
+  const auto in_view = std::find_if(problem.workers.begin(), problem.workers.end(),
+                                    [&](const WorkerView& w) { return w.name == reason.worker; });
+  const auto in_plan = std::find_if(current.workers.begin(), current.workers.end(),
+                                    [&](const WorkerAssignment& w) { return w.worker == reason.worker; });
   if (in_plan == current.workers.end()) {
-    return InvalidArgument("replan: worker \"" + reason.worker + "\" is not part of the current plan; name a worker the plan uses");
+    return InvalidArgument("replan: worker \"" + reason.worker +
+                           "\" is not part of the current plan; name a worker the plan uses");
   }
 
   const bool oom = reason.kind == ReplanReason::Kind::kOutOfMemory;
@@ -141,13 +151,17 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
   std::string cause;
   if (oom) {
     if (in_view == problem.workers.end()) {
-      return InvalidArgument("replan: worker \"" + reason.worker + "\" ran out of memory but is missing from the cluster view; include it, or report it lost");
+      return InvalidArgument(
+          "replan: worker \"" + reason.worker +
+          "\" ran out of memory but is missing from the cluster view; include it, or report it lost");
     }
-    scale = std::max(1.0, static_cast<double>(in_view->free_bytes) / static_cast<double>(std::max<int64_t>(in_plan->memory.total(), 1)));
+    scale = std::max(1.0, static_cast<double>(in_view->free_bytes) /
+                              static_cast<double>(std::max<int64_t>(in_plan->memory.total(), 1)));
     cause = "out of memory at micro_batch " + std::to_string(baseline_micro_batch) + " on \"" + reason.worker + "\"";
   } else {
     if (in_view != problem.workers.end()) {
-      return InvalidArgument("replan: worker \"" + reason.worker + "\" is reported lost but is still in the cluster view; drop it from the view");
+      return InvalidArgument("replan: worker \"" + reason.worker +
+                             "\" is reported lost but is still in the cluster view; drop it from the view");
     }
     cause = "worker \"" + reason.worker + "\" lost";
   }
@@ -176,13 +190,18 @@ Result<PlanChange> Replan(const Plan& current, const ModelSpec& model, const Job
     });
   }
   if (!best) {
-    return Status(StatusCode::kResourceExhausted, "replan after " + cause + ": no plan fits the remaining workers' free memory, even with ZeRO-3, recompute and offload; add workers or free memory, then resubmit from the last checkpoint");
+    return Status(StatusCode::kResourceExhausted,
+                  "replan after " + cause +
+                      ": no plan fits the remaining workers' free memory, even with ZeRO-3, recompute and offload; add "
+                      "workers or free memory, then resubmit from the last checkpoint");
   }
 
   PlanChange change;
   change.bytes_to_move = BytesToMove(problem, current, *best);
   change.description = cause + ": " + Changes(current, *best) + "; " +
-                       (change.bytes_to_move == 0 ? std::string("no state moves") : internal::FormatBytes(static_cast<double>(change.bytes_to_move)) + " of state moves");
+                       (change.bytes_to_move == 0
+                            ? std::string("no state moves")
+                            : internal::FormatBytes(static_cast<double>(change.bytes_to_move)) + " of state moves");
   best->why = "re-planned after " + cause + ". " + internal::Describe(*best);
   change.plan = std::move(*best);
   return change;

@@ -1,7 +1,5 @@
 // Re-plans after an out-of-memory or a lost worker (shard/parallel_change.h): what changes, in
 // what order, and what is refused (planner_test_util.h).
-#include "shard/planner_test_util.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <regex>
 
 #include "shard/parallel_change.h"
+#include "shard/planner_test_util.h"
 
 namespace strata::shard {
 namespace {
@@ -23,7 +22,8 @@ TEST(ChangeForOutOfMemory, DropsTheLayersKeptGatheredFirstEvenAtMicroBatchOne) {
   spec.train.global_batch = 2, spec.train.precision = "bf16";
   spec.parallel.dp = 2, spec.parallel.zero = 3, spec.parallel.micro_batch = 1, spec.parallel.recompute = false;
   spec.parallel.keep_gathered = 12;
-  const ClusterView unbounded = Workers(2, int64_t{1} << 50, int64_t{1} << 50), after = Workers(2, kGiB / 4, 141 * kGiB);
+  const ClusterView unbounded = Workers(2, int64_t{1} << 50, int64_t{1} << 50),
+                    after = Workers(2, kGiB / 4, 141 * kGiB);
   auto change = ChangeForOutOfMemory(spec, unbounded, after, "w0", 1, 2);
   ASSERT_TRUE(change.ok()) << change.status().ToString();
   EXPECT_EQ(change->parallel.keep_gathered, 0);

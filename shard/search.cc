@@ -25,7 +25,6 @@ namespace strata::shard {
 namespace internal {
 namespace {
 
-
 // Ascending. Trial division up to sqrt(n) (pairs d, n / d): 4096 steps for the largest global
 // batch a spec allows (2^24), where counting to n spun the planner for minutes at 2^40.
 std::vector<int64_t> Divisors(int64_t n) {
@@ -44,9 +43,11 @@ std::vector<int64_t> Divisors(int64_t n) {
 bool Better(const Plan& a, const Plan& b) {
   const double ta = a.step_time.total_s(), tb = b.step_time.total_s();
   if (std::abs(ta - tb) > 1e-9 * std::max(ta, tb)) return ta < tb;
-  if (a.step_time.communication_s != b.step_time.communication_s) return a.step_time.communication_s < b.step_time.communication_s;
+  if (a.step_time.communication_s != b.step_time.communication_s)
+    return a.step_time.communication_s < b.step_time.communication_s;
   auto simplicity = [](const Plan& p) {
-    return std::make_tuple(std::count(p.recompute.begin(), p.recompute.end(), true), p.offload, p.zero, -p.micro_batch, p.pp, p.tp);
+    return std::make_tuple(std::count(p.recompute.begin(), p.recompute.end(), true), p.offload, p.zero, -p.micro_batch,
+                           p.pp, p.tp);
   };
   return simplicity(a) < simplicity(b);
 }
@@ -79,7 +80,8 @@ std::vector<Mesh> MeshesOf(const Problem& problem, int64_t n) {
   const JobSpec& job = problem.job;
   std::vector<Mesh> meshes;
   for (int64_t tp : Divisors(n)) {
-    if ((job.tp && tp != *job.tp) || problem.model.heads % tp || problem.model.kv_heads % tp || problem.model.ffn % tp) continue;
+    if ((job.tp && tp != *job.tp) || problem.model.heads % tp || problem.model.kv_heads % tp || problem.model.ffn % tp)
+      continue;
     for (int64_t pp : Divisors(n / tp)) {
       const int64_t dp = n / tp / pp;
       if ((job.pp && pp != *job.pp) || pp > problem.model.layers || (job.dp && dp != *job.dp)) continue;
@@ -96,14 +98,16 @@ std::vector<Offload> OffloadTiers(const Problem& problem) {
   return {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams};
 }
 
-void ForEachBranch(const Problem& problem, const Mesh& mesh, Offload offload, const std::function<void(const Branch&)>& visit) {
+void ForEachBranch(const Problem& problem, const Mesh& mesh, Offload offload,
+                   const std::function<void(const Branch&)>& visit) {
   const JobSpec& job = problem.job;
   const int64_t dp = mesh.dp, pp = mesh.pp, tp = mesh.tp;
   const int64_t local_batch = job.global_batch / dp;
-  const std::vector<int64_t> micro_batches = job.micro_batch ? std::vector<int64_t>{*job.micro_batch} : Divisors(local_batch);
+  const std::vector<int64_t> micro_batches =
+      job.micro_batch ? std::vector<int64_t>{*job.micro_batch} : Divisors(local_batch);
   // Layers kept gathered (a fixed keep_gathered > 0) are ZeRO-3's without recompute.
   const bool keeps = job.keep_gathered.value_or(0) > 0;
-  // Parameters in host memory stream as ZeRO-3 gathers them, without recompute (worker/stage_model.h).
+  // Parameters in host memory stream as ZeRO-3 gathers them, without recompute (worker/train/stage_model.h).
   const bool streamed = offload == Offload::kOptimizerAndParams;
   const int64_t min_k = job.recompute ? (*job.recompute ? pp : 0) : 0;
   const int64_t max_k = streamed ? 0 : job.recompute || keeps ? min_k : pp;
@@ -112,11 +116,14 @@ void ForEachBranch(const Problem& problem, const Mesh& mesh, Offload offload, co
     if (!job.uniform_recompute || k == 0 || k == pp) counts.push_back(k);
   }
   if (counts.empty()) return;  // streamed with recompute fixed on
-  std::vector<int64_t> zeros = job.zero ? std::vector<int64_t>{*job.zero} : dp == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 1, 2, 3};
+  std::vector<int64_t> zeros = job.zero  ? std::vector<int64_t>{*job.zero}
+                               : dp == 1 ? std::vector<int64_t>{0}
+                                         : std::vector<int64_t>{0, 1, 2, 3};
   if (streamed || keeps) zeros = !job.zero || *job.zero == 3 ? std::vector<int64_t>{3} : std::vector<int64_t>{};
   for (int64_t zero : zeros) {
     for (int64_t mb : micro_batches) {
-      visit(Branch{Candidate{dp, pp, tp, zero, mb, std::vector<bool>(static_cast<size_t>(pp), false), offload}, counts});
+      visit(
+          Branch{Candidate{dp, pp, tp, zero, mb, std::vector<bool>(static_cast<size_t>(pp), false), offload}, counts});
     }
   }
 }
@@ -127,7 +134,8 @@ Candidate WithRecompute(Candidate c, int64_t stages) {
   return c;
 }
 
-void ForEachCandidateOf(const Problem& problem, const Mesh& mesh, Offload offload, const std::function<void(const Candidate&)>& visit) {
+void ForEachCandidateOf(const Problem& problem, const Mesh& mesh, Offload offload,
+                        const std::function<void(const Candidate&)>& visit) {
   ForEachBranch(problem, mesh, offload, [&](const Branch& branch) {
     for (int64_t k : branch.recompute_counts) visit(WithRecompute(branch.base, k));
   });
@@ -142,7 +150,8 @@ void ForEachCandidate(const Problem& problem, int64_t n, const std::function<voi
 bool HasCandidate(const Problem& problem, int64_t n) {
   bool any = false;
   for (const Mesh& mesh : MeshesOf(problem, n)) {
-    for (Offload offload : OffloadTiers(problem)) ForEachBranch(problem, mesh, offload, [&](const Branch&) { any = true; });
+    for (Offload offload : OffloadTiers(problem))
+      ForEachBranch(problem, mesh, offload, [&](const Branch&) { any = true; });
     if (any) return true;
   }
   return false;
@@ -150,7 +159,8 @@ bool HasCandidate(const Problem& problem, int64_t n) {
 
 std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int64_t count, bool whole_nodes) {
   std::vector<WorkerView> picked = workers;
-  std::stable_sort(picked.begin(), picked.end(), [](const WorkerView& a, const WorkerView& b) { return a.free_bytes > b.free_bytes; });
+  std::stable_sort(picked.begin(), picked.end(),
+                   [](const WorkerView& a, const WorkerView& b) { return a.free_bytes > b.free_bytes; });
   if (whole_nodes && count < static_cast<int64_t>(picked.size())) {
     // Per node: its worker count and where its roomiest worker stands (a tie-break that keeps the
     // memory order between nodes of equal size). Workers of one node compare equal, so the stable
@@ -167,7 +177,9 @@ std::vector<WorkerView> PickWorkers(const std::vector<WorkerView>& workers, int6
     });
   }
   picked.resize(static_cast<size_t>(count));
-  std::sort(picked.begin(), picked.end(), [](const WorkerView& a, const WorkerView& b) { return std::tie(a.node, a.name) < std::tie(b.node, b.name); });
+  std::sort(picked.begin(), picked.end(), [](const WorkerView& a, const WorkerView& b) {
+    return std::tie(a.node, a.name) < std::tie(b.node, b.name);
+  });
   return picked;
 }
 
@@ -190,16 +202,20 @@ JobSpec JobForRun(const RunSpec& spec) {
   job.zero = fixed("zero", p.zero);
   if (!p.automatic.count("micro_batch")) {
     // 0 = the whole per-rank batch, which needs dp: fixed here only when dp is.
-    if (p.micro_batch > 0) job.micro_batch = p.micro_batch;
-    else if (job.dp) job.micro_batch = spec.train.global_batch / *job.dp;
+    if (p.micro_batch > 0)
+      job.micro_batch = p.micro_batch;
+    else if (job.dp)
+      job.micro_batch = spec.train.global_batch / *job.dp;
   }
   if (!p.automatic.count("recompute")) job.recompute = p.recompute;
   if (!p.automatic.count("keep_gathered")) job.keep_gathered = p.keep_gathered;
   // Offload changes no loss (the host's AdamW is the device's arithmetic): searched when the spec
   // leaves it "auto" (tried only where nothing fits without it), else fixed as the spec says; a
   // re-plan after an out-of-memory may still turn it on.
-  if (p.automatic.count("offload")) job.offload.reset();
-  else job.offload = OffloadFromName(p.offload).value_or(Offload::kNone);
+  if (p.automatic.count("offload"))
+    job.offload.reset();
+  else
+    job.offload = OffloadFromName(p.offload).value_or(Offload::kNone);
   job.offload_supported = true;
   job.sequence_parallel = p.sequence_parallel;
   job.uniform_recompute = true;
@@ -225,7 +241,8 @@ Result<std::vector<int64_t>> BalancedStages(const ModelSpec& model, int64_t pp) 
   internal::Problem problem{model, JobSpec{}, StateLayout::kFp32, {}, PlannerOptions{}};
   STRATA_RETURN_IF_ERROR(internal::ValidateModel(problem.model));
   if (pp < 1 || pp > problem.model.layers) {
-    return InvalidArgument("parallel.pp = " + std::to_string(pp) + " for model.layers = " + std::to_string(problem.model.layers) +
+    return InvalidArgument("parallel.pp = " + std::to_string(pp) +
+                           " for model.layers = " + std::to_string(problem.model.layers) +
                            "; every pipeline stage needs a layer, use 1 <= pp <= layers");
   }
   std::vector<int64_t> stages;
@@ -238,7 +255,7 @@ namespace {
 // One search: the plan, or why none fits and the least free memory a worker would need.
 struct Outcome {
   Result<Plan> plan = Status::Ok();
-  double leanest_need = 0;  // 0 when no candidate exists at all
+  double leanest_need = 0;    // 0 when no candidate exists at all
   bool host_refused = false;  // an offloaded plan fit the GPUs but not its node's host memory
 };
 
@@ -267,8 +284,9 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
   // two ends of a branch's recompute counts give both where the count can change it). A mesh
   // passes when every stage's leaner estimate fits: the search is then that of every candidate
   // on the meshes left, which a test holds equal to evaluating them all.
-  const std::vector<WorkerView> roomiest = {*std::max_element(problem.workers.begin(), problem.workers.end(),
-                                                                [](const WorkerView& a, const WorkerView& b) { return a.free_bytes < b.free_bytes; })};
+  const std::vector<WorkerView> roomiest = {
+      *std::max_element(problem.workers.begin(), problem.workers.end(),
+                        [](const WorkerView& a, const WorkerView& b) { return a.free_bytes < b.free_bytes; })};
   const double roomiest_budget = static_cast<double>(roomiest.front().free_bytes) * (1.0 - options.safety_margin);
   internal::StageCache lean_stages(problem, roomiest, /*every_rank_is_first=*/true);
   // Per offload tier: the least memory its hungriest worker needs, over the whole search (the
@@ -296,11 +314,14 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
       std::vector<double> leaner;  // per stage, over the branch's ends
       for (int64_t count : {branch.recompute_counts.front(), branch.recompute_counts.back()}) {
         internal::Fill fill;
-        Kept kept{internal::Evaluate(problem, internal::WithRecompute(branch.base, count), lean_stages, /*with_workers=*/false, &fill), n};
+        Kept kept{internal::Evaluate(problem, internal::WithRecompute(branch.base, count), lean_stages,
+                                     /*with_workers=*/false, &fill),
+                  n};
         ++evaluated;
         note_lean(tier, kept, fill.largest_total / (1.0 - options.safety_margin));
         if (leaner.empty()) leaner = fill.stage_total;
-        for (size_t k = 0; k < leaner.size() && k < fill.stage_total.size(); ++k) leaner[k] = std::min(leaner[k], fill.stage_total[k]);
+        for (size_t k = 0; k < leaner.size() && k < fill.stage_total.size(); ++k)
+          leaner[k] = std::min(leaner[k], fill.stage_total[k]);
         if (branch.recompute_counts.size() == 1) break;
       }
       any = std::all_of(leaner.begin(), leaner.end(), [&](double total) { return total <= roomiest_budget; });
@@ -329,7 +350,8 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
           Kept kept{internal::Evaluate(problem, c, c.tp > 1 ? tp_stages : stages, /*with_workers=*/false, &fill), n};
           const Plan& plan = kept.plan;
           ++evaluated;
-          note_lean(tier, kept, fill.largest_total / (1.0 - options.safety_margin));  // free memory its hungriest worker asks
+          note_lean(tier, kept,
+                    fill.largest_total / (1.0 - options.safety_margin));  // free memory its hungriest worker asks
           if (fill.worst > 1.0) {
             host_refused |= fill.host_limited;
             if (!fastest_rejected || internal::Better(plan, fastest_rejected->plan)) fastest_rejected = kept;
@@ -338,8 +360,10 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
           ++fitting;
           auto key = std::make_tuple(plan.dp, plan.pp, plan.tp);
           auto it = best_per_mesh.find(key);
-          if (it == best_per_mesh.end()) best_per_mesh.emplace(key, kept);
-          else if (internal::Better(plan, it->second.plan)) it->second = kept;
+          if (it == best_per_mesh.end())
+            best_per_mesh.emplace(key, kept);
+          else if (internal::Better(plan, it->second.plan))
+            it->second = kept;
           if (!best || internal::Better(plan, best->plan)) {
             second = std::move(best);
             best = std::move(kept);
@@ -350,13 +374,17 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
       }
       if (best) {
         if (tier != internal::OffloadTiers(problem).front() && tier_need_here.count(Offload::kNone)) {
-          offload_reason = std::string(" Offloads ") + (tier == Offload::kOptimizer ? "the optimizer's state" : "the optimizer's state and the parameters") +
-                           " to host memory: without it the leanest plan on " + std::to_string(n) + (n == 1 ? " worker" : " workers") + " needs " +
-                           internal::FormatBytes(tier_need_here.at(Offload::kNone)) + " free per GPU" +
-                           (tier == Offload::kOptimizerAndParams && tier_need_here.count(Offload::kOptimizer)
-                                ? ", and " + internal::FormatBytes(tier_need_here.at(Offload::kOptimizer)) + " with the optimizer's state alone offloaded"
-                                : "") +
-                           ".";
+          offload_reason =
+              std::string(" Offloads ") +
+              (tier == Offload::kOptimizer ? "the optimizer's state" : "the optimizer's state and the parameters") +
+              " to host memory: without it the leanest plan on " + std::to_string(n) +
+              (n == 1 ? " worker" : " workers") + " needs " + internal::FormatBytes(tier_need_here.at(Offload::kNone)) +
+              " free per GPU" +
+              (tier == Offload::kOptimizerAndParams && tier_need_here.count(Offload::kOptimizer)
+                   ? ", and " + internal::FormatBytes(tier_need_here.at(Offload::kOptimizer)) +
+                         " with the optimizer's state alone offloaded"
+                   : "") +
+              ".";
         }
         break;
       }
@@ -365,16 +393,26 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
   // The reported plans with their workers.
   auto expand = [&](const std::optional<Kept>& kept) -> std::optional<Plan> {
     if (!kept) return std::nullopt;
-    const std::vector<WorkerView> workers = internal::PickWorkers(problem.workers, kept->n, /*whole_nodes=*/kept->plan.tp > 1);
+    const std::vector<WorkerView> workers =
+        internal::PickWorkers(problem.workers, kept->n, /*whole_nodes=*/kept->plan.tp > 1);
     internal::StageCache stages(problem, workers);
     return internal::Evaluate(problem, internal::CandidateOf(kept->plan), stages);
   };
   if (!leanest) {
-    return Outcome{InvalidArgument("no dp * pp * tp split of 1.." + std::to_string(all) + " workers satisfies the rules (tp divides model.heads and kv_heads, pp <= model.layers, dp divides train.global_batch = " +
-                           std::to_string(problem.job.global_batch) + ", micro_batch divides global_batch / dp); relax the fixed [parallel] fields or change global_batch"), 0};
+    return Outcome{
+        InvalidArgument(
+            "no dp * pp * tp split of 1.." + std::to_string(all) +
+            " workers satisfies the rules (tp divides model.heads and kv_heads, pp <= model.layers, dp divides "
+            "train.global_batch = " +
+            std::to_string(problem.job.global_batch) +
+            ", micro_batch divides global_batch / dp); relax the fixed [parallel] fields or change global_batch"),
+        0};
   }
   if (!full) {
-    if (!best) return Outcome{Status(StatusCode::kResourceExhausted, "no plan fits: the leanest needs " + internal::FormatBytes(leanest_need) + " free a worker"), leanest_need};
+    if (!best)
+      return Outcome{Status(StatusCode::kResourceExhausted, "no plan fits: the leanest needs " +
+                                                                internal::FormatBytes(leanest_need) + " free a worker"),
+                     leanest_need};
     best->plan.why = internal::Describe(best->plan);
     best->plan.candidates_evaluated = evaluated;
     return Outcome{std::move(best->plan), leanest_need};
@@ -385,16 +423,21 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
     internal::WorstFill(*leanest_plan, 1.0, &worst);
     const WorkerAssignment& w = leanest_plan->workers[worst];
     const double free = w.budget_bytes / (1.0 - options.safety_margin);
-    const bool gpus = std::any_of(problem.workers.begin(), problem.workers.end(), [](const WorkerView& v) { return v.gpu; });
-    return Outcome{Status(StatusCode::kResourceExhausted,
-                  "no plan fits in the cluster's free memory, even with ZeRO-3, recompute and offload where the [parallel] fields allow: the leanest (" +
-                      internal::Describe(*leanest_plan) + ") needs " + internal::FormatBytes(leanest_need) + " free per " + (gpus ? "GPU" : "worker") + " (with the " +
-                      std::to_string(static_cast<int>(options.safety_margin * 100)) + "% safety margin), but worker \"" + w.worker + "\" has " +
-                      internal::FormatBytes(free) + " free; add workers, free " + (gpus ? "GPU " : "") +
-                      "memory, or shorten the sequence / shrink the model" +
-                      (host_refused ? " (plans with the optimizer offloaded fit the GPUs but need more host memory than the nodes have free)"
-                                    : "")),
-                   leanest_need, host_refused};
+    const bool gpus =
+        std::any_of(problem.workers.begin(), problem.workers.end(), [](const WorkerView& v) { return v.gpu; });
+    return Outcome{
+        Status(StatusCode::kResourceExhausted,
+               "no plan fits in the cluster's free memory, even with ZeRO-3, recompute and offload where the "
+               "[parallel] fields allow: the leanest (" +
+                   internal::Describe(*leanest_plan) + ") needs " + internal::FormatBytes(leanest_need) + " free per " +
+                   (gpus ? "GPU" : "worker") + " (with the " +
+                   std::to_string(static_cast<int>(options.safety_margin * 100)) + "% safety margin), but worker \"" +
+                   w.worker + "\" has " + internal::FormatBytes(free) + " free; add workers, free " +
+                   (gpus ? "GPU " : "") + "memory, or shorten the sequence / shrink the model" +
+                   (host_refused ? " (plans with the optimizer offloaded fit the GPUs but need more host memory than "
+                                   "the nodes have free)"
+                                 : "")),
+        leanest_need, host_refused};
   }
 
   // The runner-up is the best plan on another mesh (more telling than a ZeRO-stage variant of the
@@ -402,7 +445,9 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
   const Kept* runner_up_kept = second ? &*second : nullptr;
   const Kept* other_mesh = nullptr;
   for (const auto& [key, kept] : best_per_mesh) {
-    if (key != std::make_tuple(best->plan.dp, best->plan.pp, best->plan.tp) && (!other_mesh || internal::Better(kept.plan, other_mesh->plan))) other_mesh = &kept;
+    if (key != std::make_tuple(best->plan.dp, best->plan.pp, best->plan.tp) &&
+        (!other_mesh || internal::Better(kept.plan, other_mesh->plan)))
+      other_mesh = &kept;
   }
   if (other_mesh) runner_up_kept = other_mesh;
   const Plan* runner_up = runner_up_kept ? &runner_up_kept->plan : nullptr;
@@ -412,22 +457,25 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
   internal::WorstFill(*chosen, 1.0, &peak_index);
   const WorkerAssignment& peak = chosen->workers[peak_index];
   std::string why = internal::Describe(*chosen) + ": " + internal::StepSummary(*chosen) + "; peak " +
-                    internal::FormatBytes(peak.memory.total()) + " on \"" + peak.worker + "\" of a " + internal::FormatBytes(peak.budget_bytes) + " budget.";
+                    internal::FormatBytes(peak.memory.total()) + " on \"" + peak.worker + "\" of a " +
+                    internal::FormatBytes(peak.budget_bytes) + " budget.";
   const bool mesh_fixed = problem.job.dp && problem.job.pp && problem.job.tp;
   if (used < all) {
-    why += " Uses " + std::to_string(used) + " of " + std::to_string(all) + " workers: " +
-           (mesh_fixed ? "the [parallel] mesh is fixed at that size." : "no plan fit on more.");
+    why += " Uses " + std::to_string(used) + " of " + std::to_string(all) +
+           " workers: " + (mesh_fixed ? "the [parallel] mesh is fixed at that size." : "no plan fit on more.");
   }
   if (runner_up) {
-    why += " Runner-up: " + internal::Describe(*runner_up) + ", " + internal::StepSummary(*runner_up) + ", lost on " + internal::LostOn(*chosen, *runner_up) + ".";
+    why += " Runner-up: " + internal::Describe(*runner_up) + ", " + internal::StepSummary(*runner_up) + ", lost on " +
+           internal::LostOn(*chosen, *runner_up) + ".";
   }
   if (fastest_rejected && internal::Better(fastest_rejected->plan, *chosen)) {
     const std::optional<Plan> rejected = expand(fastest_rejected);
     size_t i = 0;
     internal::WorstFill(*rejected, 1.0, &i);
     const WorkerAssignment& w = rejected->workers[i];
-    why += " Faster but too big: " + internal::Describe(*rejected) + " needs " + internal::FormatBytes(w.memory.total()) + " on \"" +
-           w.worker + "\" (budget " + internal::FormatBytes(w.budget_bytes) + ").";
+    why += " Faster but too big: " + internal::Describe(*rejected) + " needs " +
+           internal::FormatBytes(w.memory.total()) + " on \"" + w.worker + "\" (budget " +
+           internal::FormatBytes(w.budget_bytes) + ").";
   }
   why += offload_reason;
   why += " " + std::to_string(fitting) + " of " + std::to_string(evaluated) + " candidates fit.";
@@ -447,17 +495,20 @@ std::string Peak(const Plan& plan) {
 }  // namespace
 
 namespace internal {
-Result<Plan> PlanWithoutWorkers(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, std::shared_ptr<StageSplits> splits) {
+Result<Plan> PlanWithoutWorkers(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
+                                std::shared_ptr<StageSplits> splits) {
   STRATA_ASSIGN_OR_RETURN(Problem problem, Validate(model, job, cluster, PlannerOptions{}));
   if (splits) problem.splits = std::move(splits);
   return std::move(Search(problem, /*full=*/false).plan);
 }
 }  // namespace internal
 
-Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster, const PlannerOptions& options) {
+Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
+                        const PlannerOptions& options) {
   STRATA_ASSIGN_OR_RETURN(internal::Problem problem, internal::Validate(model, job, cluster, options));
   Outcome outcome = Search(problem);
-  if (outcome.plan.ok() || outcome.plan.status().code() != StatusCode::kResourceExhausted) return std::move(outcome.plan);
+  if (outcome.plan.ok() || outcome.plan.status().code() != StatusCode::kResourceExhausted)
+    return std::move(outcome.plan);
   // Nothing fits: what each memory option Strata has would need, each as the one edit to the
   // spec that `strata plan` then shows with the same numbers.
   struct Option {
@@ -477,9 +528,11 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   if (problem.job.optimizer != "adamw8bit") {
     JobSpec j = problem.job;
     j.optimizer = "adamw8bit";
-    alternatives.push_back({std::string("train.optimizer = \"adamw8bit\"") + (j.offload ? "" : " (offload planned as now)"), j});
+    alternatives.push_back(
+        {std::string("train.optimizer = \"adamw8bit\"") + (j.offload ? "" : " (offload planned as now)"), j});
   }
-  const bool gpus = std::any_of(problem.workers.begin(), problem.workers.end(), [](const WorkerView& v) { return v.gpu; });
+  const bool gpus =
+      std::any_of(problem.workers.begin(), problem.workers.end(), [](const WorkerView& v) { return v.gpu; });
   std::string listed;
   for (const Option& option : alternatives) {
     internal::Problem other = problem;
@@ -489,15 +542,19 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
     if (o.plan.ok()) {
       listed += "fits - peak " + Peak(*o.plan) + " (" + internal::Describe(*o.plan) + ")";
     } else if (o.plan.status().code() == StatusCode::kResourceExhausted) {
-      listed += "does not fit - its leanest plan needs " + internal::FormatBytes(o.leanest_need) + " free per " + (gpus ? "GPU" : "worker");
-      if (o.host_refused) listed += ", and plans that fit the GPUs need more host memory for the offloaded state than the nodes have free";
+      listed += "does not fit - its leanest plan needs " + internal::FormatBytes(o.leanest_need) + " free per " +
+                (gpus ? "GPU" : "worker");
+      if (o.host_refused)
+        listed +=
+            ", and plans that fit the GPUs need more host memory for the offloaded state than the nodes have free";
     } else {
       listed += "no plan: " + o.plan.status().message();
     }
   }
   if (listed.empty()) return std::move(outcome.plan);
-  return Status(StatusCode::kResourceExhausted, outcome.plan.status().message() +
-                                                    ". Memory options (one edit each to the spec; `strata plan` shows the same numbers):" + listed);
+  return Status(StatusCode::kResourceExhausted,
+                outcome.plan.status().message() +
+                    ". Memory options (one edit each to the spec; `strata plan` shows the same numbers):" + listed);
 }
 
 }  // namespace strata::shard

@@ -99,7 +99,8 @@ std::optional<Plan> ExhaustiveBest(const ModelSpec& model, const JobSpec& job, c
 TEST(PlanSearch, ChoosesWhatEvaluatingEveryCandidateChooses) {
   ModelSpec llama;
   llama.family = "llama";
-  llama.layers = 6, llama.hidden = 256, llama.heads = 8, llama.kv_heads = 4, llama.ffn = 688, llama.vocab = 1000, llama.sequence = 512;
+  llama.layers = 6, llama.hidden = 256, llama.heads = 8, llama.kv_heads = 4, llama.ffn = 688, llama.vocab = 1000,
+  llama.sequence = 512;
   ModelSpec one_layer = Gpt2Small();  // recomputing its one layer needs more than keeping it
   one_layer.layers = 1;
   int compared = 0;
@@ -112,7 +113,8 @@ TEST(PlanSearch, ChoosesWhatEvaluatingEveryCandidateChooses) {
           const ClusterView cluster = Workers(workers, memory);
           const std::optional<Plan> reference = ExhaustiveBest(model, job, cluster);
           auto plan = ChoosePlan(model, job, cluster);
-          const std::string what = model.family + " on " + std::to_string(workers) + " x " + std::to_string(memory >> 20) + " MiB, " + job.precision;
+          const std::string what = model.family + " on " + std::to_string(workers) + " x " +
+                                   std::to_string(memory >> 20) + " MiB, " + job.precision;
           ASSERT_EQ(plan.ok(), reference.has_value()) << what << ": " << plan.status().ToString();
           if (!reference) continue;
           ++compared;
@@ -121,7 +123,8 @@ TEST(PlanSearch, ChoosesWhatEvaluatingEveryCandidateChooses) {
           EXPECT_EQ(plan->tp, reference->tp) << what;
           EXPECT_EQ(plan->offload, reference->offload) << what;
           // Equal-time plans are told apart by the tie-breaks, which the reference leaves out.
-          EXPECT_NEAR(plan->step_time.total_s(), reference->step_time.total_s(), 1e-9 * reference->step_time.total_s()) << what;
+          EXPECT_NEAR(plan->step_time.total_s(), reference->step_time.total_s(), 1e-9 * reference->step_time.total_s())
+              << what;
         }
       }
     }
@@ -140,7 +143,8 @@ TEST(PlanSearch, ChoosesWhatEvaluatingEveryCandidateChooses) {
     auto plan = ChoosePlan(model, job, cluster);
     ASSERT_EQ(plan.ok(), reference.has_value()) << what << ": " << plan.status().ToString();
     if (!reference) continue;
-    EXPECT_NEAR(plan->step_time.total_s(), reference->step_time.total_s(), 1e-9 * reference->step_time.total_s()) << what;
+    EXPECT_NEAR(plan->step_time.total_s(), reference->step_time.total_s(), 1e-9 * reference->step_time.total_s())
+        << what;
     EXPECT_EQ(plan->recompute, reference->recompute) << what;
     EXPECT_EQ(plan->micro_batch, reference->micro_batch) << what;
   }
@@ -152,7 +156,8 @@ TEST(PlanSearch, OffloadIsPlannedWhenNothingFitsWithoutIt) {
   auto plan = ChoosePlan(Llama3_8B(), Bf16Job(8), Nodes(1, 1));
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_NE(plan->offload, Offload::kNone);
-  EXPECT_NE(plan->why.find("to host memory: without it the leanest plan on 1 worker needs"), std::string::npos) << plan->why;
+  EXPECT_NE(plan->why.find("to host memory: without it the leanest plan on 1 worker needs"), std::string::npos)
+      << plan->why;
   JobSpec fixed = Bf16Job(8);
   fixed.offload = Offload::kNone;
   EXPECT_FALSE(ChoosePlan(Llama3_8B(), fixed, Nodes(1, 1)).ok());
@@ -183,7 +188,8 @@ TEST(PlanSearch, ARefusalListsEachMemoryOptionWithNumbersItsPlanReproduces) {
   optimizer.offload = Offload::kOptimizer;
   params.offload = Offload::kOptimizerAndParams;
   eight_bit.optimizer = "adamw8bit";
-  for (const Edit& edit : {Edit{"parallel.offload = \"optimizer\": ", optimizer}, Edit{"parallel.offload = \"optimizer+params\": ", params},
+  for (const Edit& edit : {Edit{"parallel.offload = \"optimizer\": ", optimizer},
+                           Edit{"parallel.offload = \"optimizer+params\": ", params},
                            Edit{"train.optimizer = \"adamw8bit\": ", eight_bit}}) {
     const size_t at = message.find("\n  " + edit.line);
     ASSERT_NE(at, std::string::npos) << edit.line << " missing from: " << message;
@@ -199,7 +205,8 @@ TEST(PlanSearch, ARefusalListsEachMemoryOptionWithNumbersItsPlanReproduces) {
           << line << " vs " << again.status().message();
     }
   }
-  EXPECT_EQ(message.find("\n  parallel.offload = \"none\""), std::string::npos) << "the searched setting is not an option: " << message;
+  EXPECT_EQ(message.find("\n  parallel.offload = \"none\""), std::string::npos)
+      << "the searched setting is not an option: " << message;
 }
 
 // One H200 (139 GiB free) on a host with 120 GiB free, as the GPU node measured: Llama-3.1-8B's
@@ -214,8 +221,12 @@ TEST(PlanSearch, ARefusalSaysWhenTheHostMemoryIsWhatAnOffloadMisses) {
   const std::string message = refused.status().message();
   const size_t line = message.find("\n  parallel.offload = \"optimizer\": does not fit");
   ASSERT_NE(line, std::string::npos) << message;
-  EXPECT_NE(message.find("need more host memory for the offloaded state than the nodes have free", line), std::string::npos) << message;
-  EXPECT_NE(message.find("\n  train.optimizer = \"adamw8bit\" (offload planned as now): fits - peak"), std::string::npos) << message;
+  EXPECT_NE(message.find("need more host memory for the offloaded state than the nodes have free", line),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("\n  train.optimizer = \"adamw8bit\" (offload planned as now): fits - peak"),
+            std::string::npos)
+      << message;
 }
 
 // The issue's case: Llama-3-70B (sequence 4096, global batch 1024) on one node of 8 x 80 GiB
@@ -234,7 +245,9 @@ TEST(PlanSearch, Llama70BOnANodeOf80GiBCardsIsRefusedWithOptionsItsPlanReproduce
   ASSERT_FALSE(refused.ok());
   const std::string message = refused.status().message();
   std::smatch peak;
-  ASSERT_TRUE(std::regex_search(message, peak, std::regex(R"(train.optimizer = "adamw8bit" \(offload planned as now\): fits - peak ([0-9.]+ GiB))")))
+  ASSERT_TRUE(std::regex_search(
+      message, peak,
+      std::regex(R"(train.optimizer = "adamw8bit" \(offload planned as now\): fits - peak ([0-9.]+ GiB))")))
       << message;
   JobSpec eight_bit = job;
   eight_bit.optimizer = "adamw8bit";

@@ -42,7 +42,8 @@ std::vector<LayerRange> BalanceStages(const Problem& problem, int64_t pp) {
   auto most_within = [&](int64_t stage, double bound) {
     const double flops_extra = stage == pp - 1 ? head_flops : 0.0;
     const double params_extra = (stage == 0 ? embedding : 0.0) + (stage == pp - 1 ? head : 0.0);
-    const double solved = std::min((bound * total_flops - flops_extra) / layer, (bound * total_params - params_extra) / layer);
+    const double solved =
+        std::min((bound * total_flops - flops_extra) / layer, (bound * total_params - params_extra) / layer);
     int64_t count = static_cast<int64_t>(std::clamp(std::floor(solved), 0.0, static_cast<double>(layers)));
     while (count < layers && load(stage, count + 1) <= bound) ++count;
     while (count > 0 && load(stage, count) > bound) --count;
@@ -77,8 +78,10 @@ std::vector<LayerRange> BalanceStages(const Problem& problem, int64_t pp) {
       int64_t lo = 1, hi = j;  // the smallest count whose load holds the layers (j always does)
       while (lo < hi) {
         const int64_t mid = lo + (hi - lo) / 2;
-        if (holds(k, j, load(stage, mid))) hi = mid;
-        else lo = mid + 1;
+        if (holds(k, j, load(stage, mid)))
+          hi = mid;
+        else
+          lo = mid + 1;
       }
       if (holds(k, j, load(stage, lo))) found = std::min(found, load(stage, lo));
     }

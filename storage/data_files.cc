@@ -72,7 +72,8 @@ Status CannotOpen(const std::string& path, const char* what) {
 }
 
 Status Shorter(const std::string& path, const char* what) {
-  return Corruption(std::string("the ") + what + " file " + path + " is shorter than the store's index says; the store is damaged");
+  return Corruption(std::string("the ") + what + " file " + path +
+                    " is shorter than the store's index says; the store is damaged");
 }
 
 // Reads until `size` bytes are in or the file ends; the bytes read, or -errno.
@@ -140,7 +141,8 @@ Status ReadFileRange(const std::string& path, const char* what, uint64_t offset,
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return CannotOpen(path, what);
   const int64_t n = PreadFully(fd.get(), out.data(), out.size(), offset);
-  if (n < 0) return IoError(std::string("reading the ") + what + " file " + path + ": " + std::strerror(static_cast<int>(-n)));
+  if (n < 0)
+    return IoError(std::string("reading the ") + what + " file " + path + ": " + std::strerror(static_cast<int>(-n)));
   if (static_cast<uint64_t>(n) < out.size()) return Shorter(path, what);
   return Status::Ok();
 }
@@ -182,7 +184,7 @@ Result<std::span<const uint8_t>> ReadFileRecord(const std::string& path, const c
   const uint64_t end = (offset + size + kAlign - 1) / kAlign * kAlign;
   uint8_t* out = buffer.Reserve(end - begin);
   const int64_t n = PreadFully(direct.get(), out, end - begin, begin);  // ends short at the file's end
-  if (n == -EINVAL) return buffered();  // alignment the device refuses
+  if (n == -EINVAL) return buffered();                                  // alignment the device refuses
   if (n < 0) {
     return IoError(std::string("reading the ") + what + " file " + path + ": " + std::strerror(static_cast<int>(-n)));
   }

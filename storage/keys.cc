@@ -69,8 +69,8 @@ std::string ManifestKey(const std::string& run, int64_t step) {
 }
 
 std::string ActivationRecordKey(const std::string& run, const std::string& site, int64_t layer, uint64_t row_begin) {
-  return kActivationRecordTag + EncodeKeyString(run) + EncodeKeyString(site) + EncodeKeyU64(static_cast<uint64_t>(layer)) +
-         EncodeKeyU64(row_begin);
+  return kActivationRecordTag + EncodeKeyString(run) + EncodeKeyString(site) +
+         EncodeKeyU64(static_cast<uint64_t>(layer)) + EncodeKeyU64(row_begin);
 }
 std::string ActivationCursorPrefix(const std::string& run) { return kActivationCursorTag + EncodeKeyString(run); }
 std::string ActivationCursorKey(const std::string& run, uint64_t chunk) {

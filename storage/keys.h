@@ -31,5 +31,4 @@ std::string ActivationCursorKey(const std::string& run, uint64_t chunk);
 //   run     'i' + EncodeKeyString(run)   (ActivationRunInfo)
 std::string ActivationRunKey(const std::string& run);
 
-
 }  // namespace strata::storage::keys

@@ -13,28 +13,40 @@ namespace strata::storage {
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kU8: return 1;
+    case DType::kU8:
+      return 1;
     case DType::kF16:
     case DType::kBF16:
-    case DType::kU16: return 2;
+    case DType::kU16:
+      return 2;
     case DType::kF32:
-    case DType::kI32: return 4;
+    case DType::kI32:
+      return 4;
     case DType::kF64:
-    case DType::kI64: return 8;
+    case DType::kI64:
+      return 8;
   }
   return 0;  // not a DType (a cast from a bad integer)
 }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kF64: return "f64";
-    case DType::kI64: return "i64";
-    case DType::kI32: return "i32";
-    case DType::kU16: return "u16";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF64:
+      return "f64";
+    case DType::kI64:
+      return "i64";
+    case DType::kI32:
+      return "i32";
+    case DType::kU16:
+      return "u16";
+    case DType::kU8:
+      return "u8";
   }
   return "invalid";
 }
@@ -187,8 +199,9 @@ constexpr std::string_view kFileRefMagic = "\xffSF1";
 bool IsFileRef(std::string_view value) { return value.substr(0, kFileRefMagic.size()) == kFileRefMagic; }
 
 std::string EncodeFileRef(const FileRef& ref) {
-  std::string out = std::string(kFileRefMagic) + EncodeKeyString(ref.file) + EncodeKeyU64(ref.offset) + EncodeKeyU64(ref.size) +
-                    EncodeKeyU64(ref.checksum) + EncodeKeyU64(static_cast<uint64_t>(ref.dtype)) + EncodeKeyU64(ref.shape.size());
+  std::string out = std::string(kFileRefMagic) + EncodeKeyString(ref.file) + EncodeKeyU64(ref.offset) +
+                    EncodeKeyU64(ref.size) + EncodeKeyU64(ref.checksum) +
+                    EncodeKeyU64(static_cast<uint64_t>(ref.dtype)) + EncodeKeyU64(ref.shape.size());
   for (int64_t d : ref.shape) out += EncodeKeyU64(static_cast<uint64_t>(d));
   return out;
 }
@@ -206,7 +219,8 @@ Result<FileRef> DecodeFileRef(std::string_view v) {
   // A plain file name: a damaged reference must not reach outside the run's directory.
   if (ref.file.empty() || ref.file.find('/') != std::string::npos || ref.file.find('\0') != std::string::npos ||
       ref.file == "." || ref.file == "..") {
-    return Corruption("is malformed: a data file reference naming '" + ref.file + "', not a file of its run's directory");
+    return Corruption("is malformed: a data file reference naming '" + ref.file +
+                      "', not a file of its run's directory");
   }
   ref.dtype = static_cast<DType>(dtype);
   for (uint64_t i = 0; i < rank; ++i) {

@@ -30,7 +30,8 @@ constexpr size_t kChunkWriteThreads = 4;
 Status RocksDbShardStore::PutActivationChunk(const std::string& run, const ActivationChunkInfo& chunk,
                                              std::span<const ActivationRecordView> records) {
   if (run.empty()) return InvalidArgument("activation chunk: run name is empty");
-  if (records.empty()) return InvalidArgument("activation chunk " + std::to_string(chunk.chunk) + " of run " + run + " has no records");
+  if (records.empty())
+    return InvalidArgument("activation chunk " + std::to_string(chunk.chunk) + " of run " + run + " has no records");
   const std::string action = "storing activation chunk " + std::to_string(chunk.chunk) + " of run " + run;
   for (const ActivationRecordView& record : records) {
     const std::string name = record.site + " of layer " + std::to_string(record.layer);
@@ -78,12 +79,14 @@ Status RocksDbShardStore::PutActivationChunk(const std::string& run, const Activ
     const ActivationRecordView& record = records[i];
     const std::string ref = EncodeRecordRef(chunk.chunk, offsets[i], checksums[i], record.tensor);
     STRATA_RETURN_IF_ERROR(FromRocks(
-        batch.Put(activations_, keys::ActivationRecordKey(run, record.site, record.layer, chunk.row_begin), ref), path_, action));
+        batch.Put(activations_, keys::ActivationRecordKey(run, record.site, record.layer, chunk.row_begin), ref), path_,
+        action));
   }
   std::filesystem::rename(file + ".tmp", file, ec);
   if (ec) return IoError(action + ": cannot rename " + file + ".tmp (" + ec.message() + ")");
   STRATA_RETURN_IF_ERROR(SyncDirectory(dir));
-  STRATA_RETURN_IF_ERROR(FromRocks(batch.Put(activations_, keys::ActivationCursorKey(run, chunk.chunk), EncodeCursor(chunk)), path_, action));
+  STRATA_RETURN_IF_ERROR(FromRocks(
+      batch.Put(activations_, keys::ActivationCursorKey(run, chunk.chunk), EncodeCursor(chunk)), path_, action));
   rocksdb::WriteOptions durable;
   durable.sync = true;
   return FromRocks(db_->Write(durable, &batch), path_, action + " (index)");
@@ -117,7 +120,8 @@ Result<std::optional<ActivationChunkInfo>> RocksDbShardStore::GetActivationChunk
   rocksdb::PinnableSlice value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), activations_, keys::ActivationCursorKey(run, chunk), &value);
   if (s.IsNotFound()) return std::optional<ActivationChunkInfo>();
-  STRATA_RETURN_IF_ERROR(FromRocks(s, path_, "reading the cursor of chunk " + std::to_string(chunk) + " of run " + run));
+  STRATA_RETURN_IF_ERROR(
+      FromRocks(s, path_, "reading the cursor of chunk " + std::to_string(chunk) + " of run " + run));
   STRATA_ASSIGN_OR_RETURN(ActivationChunkInfo info, DecodeCursor(run, View(value)));
   return std::optional<ActivationChunkInfo>(info);
 }
@@ -141,7 +145,8 @@ Result<Tensor> RocksDbShardStore::ReadActivation(const std::string& run, int64_t
   Tensor tensor{ref.dtype, ref.shape, std::vector<uint8_t>(ref.size), ref.checksum};
   const std::string file = ChunkFile(run, ref.chunk);
   STRATA_RETURN_IF_ERROR(ReadFileRange(file, "activation", ref.offset, tensor.bytes));
-  if (Checksum(tensor.bytes) != ref.checksum) return Damaged("activations " + what + " in " + file, "fail their checksum");
+  if (Checksum(tensor.bytes) != ref.checksum)
+    return Damaged("activations " + what + " in " + file, "fail their checksum");
   return tensor;
 }
 
@@ -151,14 +156,16 @@ Result<std::span<const uint8_t>> RocksDbShardStore::ReadActivationInto(const std
   const std::string what = ActivationWhat(run, layer, site, row_begin);
   STRATA_ASSIGN_OR_RETURN(RecordRef ref, FindRecord(run, layer, site, row_begin, what));
   const std::string file = ChunkFile(run, ref.chunk);
-  STRATA_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes, ReadFileRecord(file, "activation", ref.offset, ref.size, buffer, cold));
+  STRATA_ASSIGN_OR_RETURN(std::span<const uint8_t> bytes,
+                          ReadFileRecord(file, "activation", ref.offset, ref.size, buffer, cold));
   if (Checksum(bytes) != ref.checksum) return Damaged("activations " + what + " in " + file, "fail their checksum");
   return bytes;
 }
 
 Result<ActivationLocation> RocksDbShardStore::LocateActivation(const std::string& run, int64_t layer,
                                                                const std::string& site, uint64_t row_begin) {
-  STRATA_ASSIGN_OR_RETURN(RecordRef ref, FindRecord(run, layer, site, row_begin, ActivationWhat(run, layer, site, row_begin)));
+  STRATA_ASSIGN_OR_RETURN(RecordRef ref,
+                          FindRecord(run, layer, site, row_begin, ActivationWhat(run, layer, site, row_begin)));
   return ActivationLocation{ChunkFile(run, ref.chunk), ref.offset, ref.size, ref.checksum};
 }
 
@@ -229,8 +236,9 @@ std::string RocksDbShardStore::EncodeRunInfo(const ActivationRunInfo& info) {
 
 bool RocksDbShardStore::DecodeRunInfo(std::string_view v, ActivationRunInfo* info) {
   uint64_t dtype = 0, layers = 0, sites = 0;
-  if (!ConsumeKeyU64(&v, &dtype) || dtype > static_cast<uint64_t>(DType::kU8) || !ConsumeKeyU64(&v, &info->total_rows) ||
-      !ConsumeKeyU64(&v, &info->sequence) || !ConsumeKeyU64(&v, &layers) || layers > v.size() / 8) {
+  if (!ConsumeKeyU64(&v, &dtype) || dtype > static_cast<uint64_t>(DType::kU8) ||
+      !ConsumeKeyU64(&v, &info->total_rows) || !ConsumeKeyU64(&v, &info->sequence) || !ConsumeKeyU64(&v, &layers) ||
+      layers > v.size() / 8) {
     return false;
   }
   info->dtype = static_cast<DType>(dtype);
@@ -262,8 +270,8 @@ std::string RocksDbShardStore::EncodeCursor(const ActivationChunkInfo& c) {
 
 Result<ActivationChunkInfo> RocksDbShardStore::DecodeCursor(const std::string& run, std::string_view v) const {
   ActivationChunkInfo c;
-  if (!ConsumeKeyU64(&v, &c.chunk) || !ConsumeKeyU64(&v, &c.row_begin) ||
-      !ConsumeKeyU64(&v, &c.row_count) || !ConsumeKeyU64(&v, &c.bytes) || !v.empty()) {
+  if (!ConsumeKeyU64(&v, &c.chunk) || !ConsumeKeyU64(&v, &c.row_begin) || !ConsumeKeyU64(&v, &c.row_count) ||
+      !ConsumeKeyU64(&v, &c.bytes) || !v.empty()) {
     return Damaged("an activation chunk cursor of run " + run, "is malformed");
   }
   return c;

@@ -1,10 +1,9 @@
 // RocksDbShardStore's checkpoints: staging tensors (inline records or data files), the commit that
 // makes them visible, reads, deletion, and collecting what dead attempts left behind. Why data
 // files and a manifest as the commit point: rocksdb_shard_store.cc.
+#include <fcntl.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
-
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,7 +60,8 @@ Status RocksDbShardStore::PutCheckpointTensor(const std::string& run, int64_t st
     return Status(StatusCode::kAlreadyExists, "cannot stage tensor '" + name + "': the " + Describe(run, step) +
                                                   " is already committed; write a new step instead");
   }
-  if (read_only_) return InvalidArgument("staging " + Describe(run, step, name) + ": the store at " + path_ + " is open read-only");
+  if (read_only_)
+    return InvalidArgument("staging " + Describe(run, step, name) + ": the store at " + path_ + " is open read-only");
   const std::string key = keys::TensorKey(run, step, name);
   const std::string action = "staging " + Describe(run, step, name);
   STRATA_RETURN_IF_ERROR(EnsureSpace(tensor.bytes.size() + key.size(), action));
@@ -76,20 +76,18 @@ Status RocksDbShardStore::PutCheckpointTensor(const std::string& run, int64_t st
       const uint64_t offset = file->end.fetch_add(tensor.bytes.size());
       STRATA_RETURN_IF_ERROR(file->writer.WriteAt(offset, tensor.bytes));
       const records::FileRef ref{file->name, offset, tensor.bytes.size(), checksum, tensor.dtype, tensor.shape};
-      return FromRocks(db_->Put(rocksdb::WriteOptions(), checkpoints_, key, records::EncodeFileRef(ref)),
-                       path_, action);
+      return FromRocks(db_->Put(rocksdb::WriteOptions(), checkpoints_, key, records::EncodeFileRef(ref)), path_,
+                       action);
     }
   }
   // Header and raw bytes go into the batch as two parts: the tensor is copied once, not twice.
   const std::string prefix = records::EncodeTensorPrefix(tensor, checksum);
   rocksdb::Slice key_part(key);
   rocksdb::Slice value_parts[2] = {
-      rocksdb::Slice(prefix),
-      rocksdb::Slice(reinterpret_cast<const char*>(tensor.bytes.data()), tensor.bytes.size())};
+      rocksdb::Slice(prefix), rocksdb::Slice(reinterpret_cast<const char*>(tensor.bytes.data()), tensor.bytes.size())};
   rocksdb::WriteBatch batch;
   STRATA_RETURN_IF_ERROR(FromRocks(
-      batch.Put(checkpoints_, rocksdb::SliceParts(&key_part, 1), rocksdb::SliceParts(value_parts, 2)), path_,
-      action));
+      batch.Put(checkpoints_, rocksdb::SliceParts(&key_part, 1), rocksdb::SliceParts(value_parts, 2)), path_, action));
   return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), path_, action);
 }
 
@@ -134,7 +132,8 @@ Status RocksDbShardStore::CommitCheckpoint(const std::string& run, int64_t step)
     }
     if (records::IsFileRef(View(it->value()))) {
       Result<records::FileRef> decoded_ref = records::DecodeFileRef(View(it->value()));
-      if (!decoded_ref.ok()) return Damaged("the reference of " + Describe(run, step, name), decoded_ref.status().message());
+      if (!decoded_ref.ok())
+        return Damaged("the reference of " + Describe(run, step, name), decoded_ref.status().message());
       const records::FileRef& ref = *decoded_ref;
       file_ends[ref.file] = std::max(file_ends[ref.file], ref.offset + ref.size);
       total_bytes += ref.size;
@@ -157,14 +156,13 @@ Status RocksDbShardStore::CommitCheckpoint(const std::string& run, int64_t step)
     STRATA_RETURN_IF_ERROR(SyncDataFile(CheckpointDir(run) + "/" + file, end, Describe(run, step)));
   }
   if (!file_ends.empty()) STRATA_RETURN_IF_ERROR(SyncDirectory(CheckpointDir(run)));
-  std::sort(info.tensors.begin(), info.tensors.end(),
-            [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::sort(info.tensors.begin(), info.tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
 
   rocksdb::WriteOptions durable;
   durable.sync = true;  // the commit point: the WAL sync also covers the staged tensors before it
-  STRATA_RETURN_IF_ERROR(FromRocks(
-      db_->Put(durable, checkpoints_, keys::ManifestKey(run, step), records::EncodeManifest(info)), path_,
-      "committing the " + Describe(run, step)));
+  STRATA_RETURN_IF_ERROR(
+      FromRocks(db_->Put(durable, checkpoints_, keys::ManifestKey(run, step), records::EncodeManifest(info)), path_,
+                "committing the " + Describe(run, step)));
   STRATA_LOG(kInfo) << "committed checkpoint run " << run << " step " << step << " (" << info.tensors.size()
                     << " tensors, " << total_bytes << " bytes) in " << path_;
   return Status::Ok();
@@ -215,7 +213,8 @@ Result<std::vector<StoredCheckpoint>> RocksDbShardStore::ListAllCheckpoints() {
 
 Status RocksDbShardStore::DeleteCheckpoint(const std::string& run, int64_t step) {
   STRATA_RETURN_IF_ERROR(ValidateCheckpointId(run, step));
-  if (read_only_) return InvalidArgument("deleting the " + Describe(run, step) + ": the store at " + path_ + " is open read-only");
+  if (read_only_)
+    return InvalidArgument("deleting the " + Describe(run, step) + ": the store at " + path_ + " is open read-only");
   MutexLock lock(commit_mu_);
   STRATA_ASSIGN_OR_RETURN(bool committed, ManifestExists(run, step));
   if (!committed) return NotFound("run " + run + " has no committed checkpoint at step " + std::to_string(step));
@@ -268,7 +267,9 @@ void RocksDbShardStore::CollectOrphans() {
     }
     if (records > 0) {
       rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
-      if (!s.ok()) STRATA_LOG(kWarn) << "collecting staged records of dead checkpoint attempts in " << path_ << ": " << s.ToString();
+      if (!s.ok())
+        STRATA_LOG(kWarn) << "collecting staged records of dead checkpoint attempts in " << path_ << ": "
+                          << s.ToString();
     }
   }
   // Data files.
@@ -314,10 +315,11 @@ void RocksDbShardStore::CollectOrphans() {
 
 Result<Tensor> RocksDbShardStore::ReadCheckpointTensor(const std::string& run, int64_t step, const std::string& name) {
   Tensor out;
-  STRATA_RETURN_IF_ERROR(ReadCheckpointBytes(run, step, name, [&](const CheckpointTensorInfo& entry) -> Result<std::span<uint8_t>> {
-    out = Tensor{entry.dtype, entry.shape, std::vector<uint8_t>(entry.size_bytes), entry.checksum};
-    return std::span<uint8_t>(out.bytes);
-  }));
+  STRATA_RETURN_IF_ERROR(
+      ReadCheckpointBytes(run, step, name, [&](const CheckpointTensorInfo& entry) -> Result<std::span<uint8_t>> {
+        out = Tensor{entry.dtype, entry.shape, std::vector<uint8_t>(entry.size_bytes), entry.checksum};
+        return std::span<uint8_t>(out.bytes);
+      }));
   return out;
 }
 
@@ -325,9 +327,9 @@ Status RocksDbShardStore::ReadCheckpointTensorInto(const std::string& run, int64
                                                    DType dtype, std::span<uint8_t> out) {
   return ReadCheckpointBytes(run, step, name, [&](const CheckpointTensorInfo& entry) -> Result<std::span<uint8_t>> {
     if (entry.dtype != dtype || entry.size_bytes != out.size()) {
-      return InvalidArgument("the " + Describe(run, step, name) + " holds " + std::to_string(entry.size_bytes) + " bytes of " +
-                             std::string(DTypeName(entry.dtype)) + ", not the " + std::to_string(out.size()) + " bytes of " +
-                             std::string(DTypeName(dtype)) + " asked for");
+      return InvalidArgument("the " + Describe(run, step, name) + " holds " + std::to_string(entry.size_bytes) +
+                             " bytes of " + std::string(DTypeName(entry.dtype)) + ", not the " +
+                             std::to_string(out.size()) + " bytes of " + std::string(DTypeName(dtype)) + " asked for");
     }
     return out;
   });
@@ -363,7 +365,8 @@ Status RocksDbShardStore::ReadCheckpointBytes(
   };
   if (records::IsFileRef(View(value))) {
     Result<records::FileRef> decoded_ref = records::DecodeFileRef(View(value));
-    if (!decoded_ref.ok()) return Damaged("the reference of " + Describe(run, step, name), decoded_ref.status().message());
+    if (!decoded_ref.ok())
+      return Damaged("the reference of " + Describe(run, step, name), decoded_ref.status().message());
     const records::FileRef& ref = *decoded_ref;
     if (!matches(ref.dtype, ref.shape, ref.checksum)) {
       return Damaged(Describe(run, step, name), "does not match its manifest entry (checksum, dtype or shape)");
@@ -391,7 +394,8 @@ std::string RocksDbShardStore::CheckpointDir(const std::string& run) const {
 // "<step>-<pid>-<time>-<n>.bin" -> step; -1 for any other name.
 int64_t RocksDbShardStore::StepOfDataFile(const std::string& name) {
   const size_t dash = name.find('-');
-  if (dash == 0 || dash == std::string::npos || name.size() < 4 || name.compare(name.size() - 4, 4, ".bin") != 0) return -1;
+  if (dash == 0 || dash == std::string::npos || name.size() < 4 || name.compare(name.size() - 4, 4, ".bin") != 0)
+    return -1;
   int64_t step = 0;
   for (size_t i = 0; i < dash; ++i) {
     if (name[i] < '0' || name[i] > '9' || step > (int64_t{1} << 55)) return -1;
@@ -417,7 +421,8 @@ Status RocksDbShardStore::DeleteTensorRecords(const std::string& run, int64_t st
   rocksdb::WriteBatch batch;
   const std::string prefix = keys::TensorPrefix(run, step);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), checkpoints_));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) batch.Delete(checkpoints_, it->key());
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next())
+    batch.Delete(checkpoints_, it->key());
   STRATA_RETURN_IF_ERROR(FromRocks(it->status(), path_, action));
   return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), path_, action);
 }
@@ -439,7 +444,9 @@ Result<std::shared_ptr<RocksDbShardStore::StagingFile>> RocksDbShardStore::Stagi
   const std::string dir = CheckpointDir(run);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return IoError("cannot create " + dir + " for a checkpoint's data (" + ec.message() + "); check the disk and its permissions");
+  if (ec)
+    return IoError("cannot create " + dir + " for a checkpoint's data (" + ec.message() +
+                   "); check the disk and its permissions");
   // A new name per attempt: a file of a writer that died mid-checkpoint is never appended to.
   static std::atomic<uint64_t> attempts{0};
   const auto now = std::chrono::system_clock::now().time_since_epoch().count();
@@ -454,7 +461,9 @@ Result<std::shared_ptr<RocksDbShardStore::StagingFile>> RocksDbShardStore::Stagi
 // Makes a data file durable and checks it holds `end` bytes.
 Status RocksDbShardStore::SyncDataFile(const std::string& path, uint64_t end, const std::string& what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Damaged("the " + what, "names the data file " + path + ", which cannot be opened (" + std::strerror(errno) + ")");
+  if (fd < 0)
+    return Damaged("the " + what,
+                   "names the data file " + path + ", which cannot be opened (" + std::strerror(errno) + ")");
   struct stat st {};
   const bool ok = ::fstat(fd, &st) == 0 && ::fdatasync(fd) == 0;
   const int err = errno;
@@ -499,8 +508,8 @@ Result<CheckpointInfo> RocksDbShardStore::DecodeManifestAt(const std::string& ru
   Result<CheckpointInfo> info = records::DecodeManifest(View(value));
   if (!info.ok()) return Damaged("the " + Describe(run, step), info.status().message());
   if (info->run != run || info->step != step) {
-    return Damaged("the " + Describe(run, step), "has a manifest naming run " + info->run + " step " +
-                                                     std::to_string(info->step));
+    return Damaged("the " + Describe(run, step),
+                   "has a manifest naming run " + info->run + " step " + std::to_string(info->step));
   }
   return info;
 }

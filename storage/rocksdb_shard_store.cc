@@ -14,9 +14,10 @@
 // the XXH3 checksum and the manifest's view of the tensor, so damaged bytes surface as Corruption.
 // Stores written before the data files keep their tensors as inline records (some in blob files),
 // which read as before.
+#include "storage/rocksdb_shard_store.h"
+
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
-
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -25,7 +26,6 @@
 
 #include "common/log.h"
 #include "storage/metadata_batch.h"
-#include "storage/rocksdb_shard_store.h"
 #include "storage/wal_tail.h"
 
 namespace strata::storage::internal {
@@ -39,11 +39,12 @@ Status FromRocks(const rocksdb::Status& s, const std::string& path, const std::s
   }
   if (s.IsNoSpace()) {
     return Status(StatusCode::kResourceExhausted, action + " failed: the disk holding the store at " + path +
-                                                      " is full (" + detail + "); free space or choose another --store");
+                                                      " is full (" + detail +
+                                                      "); free space or choose another --store");
   }
   if (s.IsIOError() && detail.find("lock") != std::string::npos) {
-    return IoError(action + " failed: another process (or this one) holds the store at " + path + " open (" +
-                   detail + "); stop it (strata down) or choose another --store");
+    return IoError(action + " failed: another process (or this one) holds the store at " + path + " open (" + detail +
+                   "); stop it (strata down) or choose another --store");
   }
   if (s.IsInvalidArgument() || s.IsNotSupported()) {
     return InvalidArgument(action + " failed for the store at " + path + ": " + detail);
@@ -58,7 +59,11 @@ Status FromRocks(const rocksdb::Status& s, const std::string& path, const std::s
 RocksDbShardStore::RocksDbShardStore(std::string path, rocksdb::DB* db,
                                      std::vector<rocksdb::ColumnFamilyHandle*> handles, bool read_only,
                                      uint64_t file_threshold)
-    : path_(std::move(path)), db_(db), handles_(std::move(handles)), read_only_(read_only), file_threshold_(file_threshold) {
+    : path_(std::move(path)),
+      db_(db),
+      handles_(std::move(handles)),
+      read_only_(read_only),
+      file_threshold_(file_threshold) {
   checkpoints_ = handles_[1];
   activations_ = handles_[2];
   metadata_ = handles_[3];
@@ -141,7 +146,8 @@ Status RocksDbShardStore::EnsureSpace(uint64_t bytes, const std::string& action)
   return Status(StatusCode::kResourceExhausted,
                 action + " failed: the disk holding the store at " + path_ + " is full (" + std::to_string(free >> 20) +
                     " MiB free; this write needs " + std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB and " +
-                    std::to_string(reserve >> 20) + " MiB stay free for the store's own upkeep); free space, lower "
+                    std::to_string(reserve >> 20) +
+                    " MiB stay free for the store's own upkeep); free space, lower "
                     "train.keep_checkpoints, or choose another --store");
 }
 
@@ -164,7 +170,8 @@ bool LogIsCut(const std::string& store_path) {
 
 bool IsTornLogTail(const rocksdb::Status& status) {
   const std::string what = status.ToString();
-  return what.find("truncated record body") != std::string::npos || what.find("error reading trailing data") != std::string::npos;
+  return what.find("truncated record body") != std::string::npos ||
+         what.find("error reading trailing data") != std::string::npos;
 }
 
 }  // namespace
@@ -175,17 +182,21 @@ using internal::RocksDbShardStore;
 // Copies the store's log and descriptor files to STORE/damaged-<unix time>/ before a salvage
 // changes them: what the salvage drops stays on disk for a person to look at.
 static Result<std::string> KeepDamagedFiles(const std::string& path) {
-  const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const std::string kept = path + "/damaged-" + std::to_string(now);
   std::error_code ec;
   std::filesystem::create_directories(kept, ec);
-  if (ec) return IoError("cannot create " + kept + " to keep the damaged files before salvaging (" + ec.message() + ")");
+  if (ec)
+    return IoError("cannot create " + kept + " to keep the damaged files before salvaging (" + ec.message() + ")");
   for (const auto& file : std::filesystem::directory_iterator(path, ec)) {
     const std::string name = file.path().filename().string();
     const bool log = file.path().extension() == ".log", table = file.path().extension() == ".sst";
     if (!file.is_regular_file() || !(log || table || name.rfind("MANIFEST-", 0) == 0 || name == "CURRENT")) continue;
     std::filesystem::copy_file(file.path(), kept + "/" + name, ec);
-    if (ec) return IoError("cannot copy " + file.path().string() + " to " + kept + " before salvaging (" + ec.message() + ")");
+    if (ec)
+      return IoError("cannot copy " + file.path().string() + " to " + kept + " before salvaging (" + ec.message() +
+                     ")");
   }
   return kept;
 }
@@ -263,7 +274,8 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
     }
     if (opened.IsCorruption() && options.salvage) {
       STRATA_ASSIGN_OR_RETURN(std::string kept, KeepDamagedFiles(path));
-      STRATA_LOG(kWarn) << "the store at " << path << " is damaged (" << opened.ToString() << "); salvaging what is intact (the damaged "
+      STRATA_LOG(kWarn) << "the store at " << path << " is damaged (" << opened.ToString()
+                        << "); salvaging what is intact (the damaged "
                         << "files are kept in " << kept << ")";
       // First the log up to the damage; if table files are damaged too, RocksDB's repair.
       db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
@@ -274,15 +286,17 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
       }
     }
     if (opened.IsCorruption()) {
-      return Corruption("the store at " + path + " is damaged (" + opened.ToString() +
-                        "); it was not opened, so nothing in it is lost yet. Restore it from a replica, or start with "
-                        "--salvage to keep what is intact (the damaged files are kept beside it, and the coordinator marks "
-                        "the checkpoints it no longer holds unreadable)");
+      return Corruption(
+          "the store at " + path + " is damaged (" + opened.ToString() +
+          "); it was not opened, so nothing in it is lost yet. Restore it from a replica, or start with "
+          "--salvage to keep what is intact (the damaged files are kept beside it, and the coordinator marks "
+          "the checkpoints it no longer holds unreadable)");
     }
     STRATA_RETURN_IF_ERROR(FromRocks(opened, path, "opening the store"));
     STRATA_LOG(kInfo) << "opened store at " << path;
   }
-  auto store = std::make_unique<RocksDbShardStore>(path, db, std::move(handles), options.read_only, options.file_threshold);
+  auto store =
+      std::make_unique<RocksDbShardStore>(path, db, std::move(handles), options.read_only, options.file_threshold);
   if (!options.read_only) store->CollectOrphans();
   return std::unique_ptr<ShardStore>(std::move(store));
 }
@@ -290,7 +304,8 @@ Result<std::unique_ptr<ShardStore>> ShardStore::Open(const std::string& path, co
 Status PutMetadataBatch(ShardStore& store, std::span<const MetadataPut> puts) {
   if (auto* rocks = dynamic_cast<RocksDbShardStore*>(&store)) return rocks->PutMetadataBatch(puts);
   for (const MetadataPut& put : puts) {
-    STRATA_RETURN_IF_ERROR(store.PutMetadata(put.key, {reinterpret_cast<const uint8_t*>(put.value.data()), put.value.size()}, true));
+    STRATA_RETURN_IF_ERROR(
+        store.PutMetadata(put.key, {reinterpret_cast<const uint8_t*>(put.value.data()), put.value.size()}, true));
   }
   return Status::Ok();
 }

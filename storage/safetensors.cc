@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,20 +25,29 @@ using json = nlohmann::json;
 
 const char* SafetensorsDType(DType d) {
   switch (d) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kF64: return "F64";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kU16: return "U16";
-    case DType::kU8: return "U8";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF64:
+      return "F64";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kU16:
+      return "U16";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
 
 bool ParseDType(const std::string& s, DType* out) {
-  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI64, DType::kI32, DType::kU16, DType::kU8}) {
+  for (DType d :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI64, DType::kI32, DType::kU16, DType::kU8}) {
     if (s == SafetensorsDType(d)) {
       *out = d;
       return true;
@@ -76,7 +85,8 @@ Result<std::string> SafetensorsPrefix(const std::vector<SafetensorsEntry>& entri
   for (const auto& e : entries) {
     if (!names.insert(e.name).second) return InvalidArgument("safetensors: tensor '" + e.name + "' given twice");
     const uint64_t bytes = Numel(e.shape) * DTypeSize(e.dtype);
-    header[e.name] = {{"dtype", SafetensorsDType(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[e.name] = {
+        {"dtype", SafetensorsDType(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -106,7 +116,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<NamedTensorVi
     if (!out) return IoError("cannot write " + tmp + ": check the directory exists and is writable");
     out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
     for (const auto& t : tensors) {
-      out.write(reinterpret_cast<const char*>(t.tensor.bytes.data()), static_cast<std::streamsize>(t.tensor.bytes.size()));
+      out.write(reinterpret_cast<const char*>(t.tensor.bytes.data()),
+                static_cast<std::streamsize>(t.tensor.bytes.size()));
     }
     out.flush();
     written = static_cast<bool>(out);
@@ -144,10 +155,12 @@ struct Header {
 using ReadFn = std::function<bool(uint64_t offset, uint64_t n, char* out)>;
 Result<Header> ParseHeader(const std::string& path, uint64_t file_size, const ReadFn& read) {
   unsigned char len[8];
-  if (file_size < 8 || !read(0, 8, reinterpret_cast<char*>(len))) return Corruption(path + ": shorter than a safetensors header");
+  if (file_size < 8 || !read(0, 8, reinterpret_cast<char*>(len)))
+    return Corruption(path + ": shorter than a safetensors header");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
-  if (n > file_size - 8 || n > (100u << 20)) return Corruption(path + ": header length " + std::to_string(n) + " exceeds the file");
+  if (n > file_size - 8 || n > (100u << 20))
+    return Corruption(path + ": header length " + std::to_string(n) + " exceeds the file");
   std::string text(n, '\0');
   if (!read(8, n, text.data())) return Corruption(path + ": cannot read its header");
   const uint64_t data_size = file_size - 8 - n;
@@ -183,12 +196,14 @@ Result<Header> ParseHeader(const std::string& path, uint64_t file_size, const Re
                           " has more bytes than fit in 64 bits");
       }
       std::optional<std::vector<uint64_t>> offsets = UnsignedList(entry.at("data_offsets"));
-      if (!offsets || offsets->size() != 2 || (*offsets)[0] > (*offsets)[1] || (*offsets)[1] - (*offsets)[0] != *expected) {
+      if (!offsets || offsets->size() != 2 || (*offsets)[0] > (*offsets)[1] ||
+          (*offsets)[1] - (*offsets)[0] != *expected) {
         return Corruption(path + ": tensor '" + name + "' has data_offsets not matching its shape and dtype");
       }
       if ((*offsets)[1] > data_size) {
-        return Corruption(path + ": tensor '" + name + "' ends at byte " + std::to_string(8 + n + (*offsets)[1]) + " but the file has " +
-                          std::to_string(file_size) + " bytes: the file is truncated (copy or download it again)");
+        return Corruption(path + ": tensor '" + name + "' ends at byte " + std::to_string(8 + n + (*offsets)[1]) +
+                          " but the file has " + std::to_string(file_size) +
+                          " bytes: the file is truncated (copy or download it again)");
       }
       t.begin = 8 + n + (*offsets)[0];
       t.size = *expected;
@@ -219,7 +234,8 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
     t.dtype = e.dtype;
     t.shape = e.shape;
     t.bytes.resize(e.size);
-    if (!read(e.begin, e.size, reinterpret_cast<char*>(t.bytes.data()))) return Corruption(path + ": tensor '" + e.name + "' is truncated");
+    if (!read(e.begin, e.size, reinterpret_cast<char*>(t.bytes.data())))
+      return Corruption(path + ": tensor '" + e.name + "' is truncated");
     t.checksum = Checksum(t.bytes);
     file.tensors.emplace(e.name, std::move(t));
   }

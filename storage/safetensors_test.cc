@@ -112,7 +112,8 @@ TEST_F(SafetensorsTest, ShapesThatAreNotByteCountsAreCorruption) {
     EXPECT_NE(r.status().message().find("'w'"), std::string::npos) << r.status().message();
   }
   // The same header with a whole shape is fine.
-  auto ok = ReadSafetensors(write("ok.safetensors", R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "12345678"));
+  auto ok =
+      ReadSafetensors(write("ok.safetensors", R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "12345678"));
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->tensors.at("w").shape, (std::vector<int64_t>{2}));
 }

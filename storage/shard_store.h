@@ -2,9 +2,9 @@
 // store), speaking bytes + dtype + shape - never torch::Tensor.
 //
 // Layout. Three column families:
-//   checkpoints  tensor records (small tensors inline, large ones as references into STORE/checkpoints/ data files) and manifests
-//   activations  the index of captured activations (bytes in STORE/activations/ chunk files) and per-chunk cursors
-//   metadata     small records (runs, events, manifests of the coordinator) under caller keys
+//   checkpoints  tensor records (small tensors inline, large ones as references into STORE/checkpoints/ data files) and
+//   manifests activations  the index of captured activations (bytes in STORE/activations/ chunk files) and per-chunk
+//   cursors metadata     small records (runs, events, manifests of the coordinator) under caller keys
 // Keys are order-preserving: strings are length-prefixed, numbers big-endian, so all of one run's
 // checkpoint at one step is one contiguous range and steps sort numerically.
 //
@@ -14,8 +14,8 @@
 //
 // Checkpoints. PutCheckpointTensor stages tensors of (run, step); they are invisible until
 // CommitCheckpoint syncs their data and writes the manifest (synced to disk). The bytes of large
-// tensors are in STORE/checkpoints/ data files, indexed by RocksDB, like activations. Listing and reading go through the
-// manifest only, so a writer killed mid-checkpoint leaves no partial checkpoint visible.
+// tensors are in STORE/checkpoints/ data files, indexed by RocksDB, like activations. Listing and reading go through
+// the manifest only, so a writer killed mid-checkpoint leaves no partial checkpoint visible.
 //
 // Thread safety: all methods may be called from several threads (RocksDB is thread-safe).
 #pragma once
@@ -79,7 +79,7 @@ struct ActivationChunkInfo {
 
 struct ActivationRecordView {
   int64_t layer = 0;
-  std::string site;  // "resid_post", "attn_out", "mlp_out"
+  std::string site;   // "resid_post", "attn_out", "mlp_out"
   TensorView tensor;  // [row_count, hidden]
 };
 

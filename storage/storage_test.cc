@@ -2,6 +2,7 @@
 // trips, key order, commit semantics, validation, reopen, damaged records (bytes edited through
 // the raw RocksDB API) and a writer SIGKILLed mid-checkpoint in a real child process.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
@@ -9,8 +10,6 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
@@ -408,7 +407,8 @@ TEST_F(ShardStoreTest, FlippedPayloadByteIsCorruptionNotData) {
 // A data file cut short or gone, and references that are damaged or point outside the run's
 // directory: Corruption naming the tensor, never data or a crash; the other tensors still read.
 TEST_F(ShardStoreTest, DamagedDataFilesAndReferencesAreCorruptionNotData) {
-  const std::vector<TestTensor> tensors = {MakeTensor("a", DType::kF32, {128, 128}, 1), MakeTensor("b", DType::kF32, {128, 128}, 2),
+  const std::vector<TestTensor> tensors = {MakeTensor("a", DType::kF32, {128, 128}, 1),
+                                           MakeTensor("b", DType::kF32, {128, 128}, 2),
                                            MakeTensor("c", DType::kF32, {128, 128}, 3)};
   {
     auto store = OpenStore();
@@ -439,7 +439,8 @@ TEST_F(ShardStoreTest, DamagedDataFilesAndReferencesAreCorruptionNotData) {
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
   ExpectReadsBack(*store, "r", 1, tensors[0]);
-  ExpectCode(store->ReadCheckpointTensor("r", 1, "b").status(), StatusCode::kCorruption, "reference of checkpoint tensor 'b'");
+  ExpectCode(store->ReadCheckpointTensor("r", 1, "b").status(), StatusCode::kCorruption,
+             "reference of checkpoint tensor 'b'");
   ExpectCode(store->ReadCheckpointTensor("r", 1, "c").status(), StatusCode::kCorruption, "shorter");
   ExpectCode(store->ReadCheckpointTensor("r", 2, "a").status(), StatusCode::kCorruption, "cannot be opened");
   std::vector<uint8_t> into(tensors[2].bytes.size());
@@ -481,10 +482,10 @@ TEST_F(ShardStoreTest, GarbageRecordsAreCorruptionNotCrash) {
         with_length(12, std::string(80, 'x')),           // not whole words
         with_length(64, std::string(128, '\xff')),       // all ones: absurd segment table
         with_length(16, std::string("\0\0\0\0\x01\0\0\0", 8) + std::string("\xfc\xff\xff\x7f\x01\0\x01\0", 8) +
-                            payload),                    // struct pointer far out of bounds
-        original.substr(0, original.size() - 1),         // payload one byte short
-        original + "z",                                  // payload one byte long
-        originals[1],                                    // a valid record, not the manifest's
+                            payload),             // struct pointer far out of bounds
+        original.substr(0, original.size() - 1),  // payload one byte short
+        original + "z",                           // payload one byte long
+        originals[1],                             // a valid record, not the manifest's
     };
     for (uint64_t seed = 0; garbage.size() < 100; ++seed) {
       // A valid one-segment table followed by random words, so Cap'n Proto decodes pointers.
@@ -498,7 +499,8 @@ TEST_F(ShardStoreTest, GarbageRecordsAreCorruptionNotCrash) {
       // One to three random bytes of the real header flipped (padding flips may go unnoticed).
       std::string value = originals[i];
       std::vector<uint8_t> r = Pattern(8, 5000 + i);
-      for (int k = 0; k <= r[0] % 3; ++k) value[4 + r[1 + 2 * k] % header_length] ^= static_cast<char>(r[2 + 2 * k] | 1);
+      for (int k = 0; k <= r[0] % 3; ++k)
+        value[4 + r[1 + 2 * k] % header_length] ^= static_cast<char>(r[2 + 2 * k] | 1);
       flipped.push_back(value);
     }
     for (size_t i = 0; i < kTensors; ++i) {
@@ -542,7 +544,8 @@ TEST_F(ShardStoreTest, ConcurrentStagingAndRacingCommits) {
   for (int w = 0; w < 4; ++w) {
     threads.emplace_back([&, w] {
       for (int i = 0; i < 25; ++i) {
-        const TestTensor t = MakeTensor("w" + std::to_string(w) + "." + std::to_string(i), DType::kF32, {32}, w * 100 + i);
+        const TestTensor t =
+            MakeTensor("w" + std::to_string(w) + "." + std::to_string(i), DType::kF32, {32}, w * 100 + i);
         if (!store->PutCheckpointTensor("r", 1, t.name, t.View()).ok()) ++failures;
       }
     });
@@ -668,8 +671,9 @@ TEST_F(ShardStoreTest, WriterKilledMidCheckpointLeavesLastCommitIntact) {
   std::vector<char*> envp;
   for (std::string& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
-  std::string filter = "--gtest_filter=" + std::string(::testing::UnitTest::GetInstance()->current_test_suite()->name()) +
-                       "." + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::string filter =
+      "--gtest_filter=" + std::string(::testing::UnitTest::GetInstance()->current_test_suite()->name()) + "." +
+      ::testing::UnitTest::GetInstance()->current_test_info()->name();
   std::string argv0 = "storage_test";
   char* argv[] = {argv0.data(), filter.data(), nullptr};
 
@@ -762,7 +766,8 @@ TEST_F(ShardStoreTest, DamagedWriteAheadLogRefusesToOpenAndSalvageKeepsWhatIsInt
     auto store = OpenStore();
     ASSERT_NE(store, nullptr);
     for (int64_t step : {1, 2, 3, 4}) {
-      PutAll(*store, "run", step, {MakeTensor("w", DType::kF32, {64}, step), MakeTensor("b", DType::kF32, {16}, 10 + step)});
+      PutAll(*store, "run", step,
+             {MakeTensor("w", DType::kF32, {64}, step), MakeTensor("b", DType::kF32, {16}, 10 + step)});
       ASSERT_TRUE(store->CommitCheckpoint("run", step).ok());
     }
   }  // closed without a flush: the commits are in the log only
@@ -801,7 +806,8 @@ TEST_F(ShardStoreTest, DamagedWriteAheadLogRefusesToOpenAndSalvageKeepsWhatIsInt
   int kept_logs = 0;
   for (const auto& entry : std::filesystem::directory_iterator(path_)) {
     if (entry.path().filename().string().rfind("damaged-", 0) != 0) continue;
-    for (const auto& kept : std::filesystem::directory_iterator(entry.path())) kept_logs += kept.path().extension() == ".log";
+    for (const auto& kept : std::filesystem::directory_iterator(entry.path()))
+      kept_logs += kept.path().extension() == ".log";
   }
   EXPECT_GE(kept_logs, 1) << "the damaged log was not kept beside the store";
 }
@@ -810,7 +816,8 @@ TEST_F(ShardStoreTest, DeletedCheckpointIsGoneWithItsDataFilesAndOthersStay) {
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
   for (int64_t step : {1, 2}) {
-    PutAll(*store, "run", step, {MakeTensor("embed", DType::kF32, {256, 128}, step), MakeTensor("norm", DType::kF32, {8}, step)});
+    PutAll(*store, "run", step,
+           {MakeTensor("embed", DType::kF32, {256, 128}, step), MakeTensor("norm", DType::kF32, {8}, step)});
     ASSERT_TRUE(store->CommitCheckpoint("run", step).ok());
   }
   ASSERT_EQ(DataFiles().size(), 2u);
@@ -835,7 +842,8 @@ TEST_F(ShardStoreTest, OpenCollectsWhatDeadAttemptsLeftButKeepsAStepThatMayStill
   {
     auto store = OpenStore();
     ASSERT_NE(store, nullptr);
-    PutAll(*store, "run", 3, {MakeTensor("embed", DType::kF32, {256, 128}, 3), MakeTensor("norm", DType::kF32, {8}, 3)});
+    PutAll(*store, "run", 3,
+           {MakeTensor("embed", DType::kF32, {256, 128}, 3), MakeTensor("norm", DType::kF32, {8}, 3)});
     PutAll(*store, "run", 5, {MakeTensor("embed", DType::kF32, {256, 128}, 5)});
     ASSERT_TRUE(store->CommitCheckpoint("run", 5).ok());
     PutAll(*store, "run", 7, {MakeTensor("embed", DType::kF32, {256, 128}, 7)});
@@ -861,11 +869,14 @@ TEST_F(ShardStoreTest, ActivationChunksRoundTripAndAreInvisibleUntilTheirCursor)
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
   const TestTensor a = MakeTensor("a", DType::kBF16, {64, 96}, 11);
-  const TestTensor b = MakeTensor("b", DType::kF32, {64, 96}, 12);  // 24 KiB
+  const TestTensor b = MakeTensor("b", DType::kF32, {64, 96}, 12);       // 24 KiB
   const TestTensor big = MakeTensor("big", DType::kF32, {256, 96}, 13);  // 96 KiB: a blob value
   const std::vector<ActivationRecordView> records = {{3, "resid_post", a.View()}, {3, "mlp_out", b.View()}};
   ASSERT_TRUE(store->PutActivationChunk("run", {0, 0, 64, a.bytes.size() + b.bytes.size()}, records).ok());
-  ASSERT_TRUE(store->PutActivationChunk("run", {2, 320, 256, big.bytes.size()}, std::vector<ActivationRecordView>{{3, "resid_post", big.View()}}).ok());
+  ASSERT_TRUE(store
+                  ->PutActivationChunk("run", {2, 320, 256, big.bytes.size()},
+                                       std::vector<ActivationRecordView>{{3, "resid_post", big.View()}})
+                  .ok());
 
   auto chunks = store->ListActivationChunks("run");
   ASSERT_TRUE(chunks.ok());
@@ -885,7 +896,8 @@ TEST_F(ShardStoreTest, ActivationChunksRoundTripAndAreInvisibleUntilTheirCursor)
   EXPECT_EQ(read_big->bytes, big.bytes);
   ExpectCode(store->ReadActivation("run", 4, "mlp_out", 0).status(), StatusCode::kNotFound, "layer 4");
   // A record whose first dimension is not the chunk's rows is refused, naming it.
-  ExpectCode(store->PutActivationChunk("run", {5, 0, 10, 0}, records), StatusCode::kInvalidArgument, "resid_post of layer 3");
+  ExpectCode(store->PutActivationChunk("run", {5, 0, 10, 0}, records), StatusCode::kInvalidArgument,
+             "resid_post of layer 3");
 
   // Survives a reopen (records were flushed around the WAL, the cursor went through it).
   store.reset();
@@ -914,11 +926,12 @@ TEST_F(ShardStoreTest, ActivationRecordsReadIntoABufferColdAndWarm) {
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
   const TestTensor odd = MakeTensor("odd", DType::kI64, {7, 3}, 21);  // 168 bytes
-  const TestTensor a = MakeTensor("a", DType::kBF16, {300, 96}, 22);   // 57,600 bytes: b starts unaligned
-  const TestTensor b = MakeTensor("b", DType::kF32, {300, 96}, 23);    // 115,200 bytes
+  const TestTensor a = MakeTensor("a", DType::kBF16, {300, 96}, 22);  // 57,600 bytes: b starts unaligned
+  const TestTensor b = MakeTensor("b", DType::kF32, {300, 96}, 23);   // 115,200 bytes
   const std::vector<ActivationRecordView> records = {
       {0, "#odd", odd.View()}, {3, "resid_post", a.View()}, {3, "mlp_out", b.View()}};
-  ASSERT_TRUE(store->PutActivationChunk("run", {0, 0, 300, 0}, std::vector<ActivationRecordView>{records[1], records[2]}).ok());
+  ASSERT_TRUE(
+      store->PutActivationChunk("run", {0, 0, 300, 0}, std::vector<ActivationRecordView>{records[1], records[2]}).ok());
   ASSERT_TRUE(store->PutActivationChunk("run", {1, 300, 7, 0}, std::vector<ActivationRecordView>{records[0]}).ok());
   auto where = store->LocateActivation("run", 3, "mlp_out", 0);
   ASSERT_TRUE(where.ok()) << where.status().ToString();
@@ -950,7 +963,8 @@ TEST_F(ShardStoreTest, ActivationRecordsReadIntoABufferColdAndWarm) {
   if (can_be_cold) {
     EXPECT_FALSE(cached(*where)) << "a cold record is read around the page cache";
   }
-  auto first = store->ReadActivationInto("run", 3, "resid_post", 0, buffer, ColdRead::kDirect);  // the same buffer again
+  auto first =
+      store->ReadActivationInto("run", 3, "resid_post", 0, buffer, ColdRead::kDirect);  // the same buffer again
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_TRUE(std::equal(first->begin(), first->end(), a.bytes.begin(), a.bytes.end()));
   // Through the page cache: the record is cached after, and later reads copy it from there.
@@ -971,10 +985,11 @@ TEST_F(ShardStoreTest, ActivationRecordsReadIntoABufferColdAndWarm) {
     f.seekp(static_cast<std::streamoff>(where->offset + 5000));
     f.put(static_cast<char>(b.bytes[5000] ^ 0x01));
   }
-  ExpectCode(store->ReadActivationInto("run", 3, "mlp_out", 0, buffer, ColdRead::kDirect).status(), StatusCode::kCorruption,
-             "mlp_out of layer 3 at row 0");
+  ExpectCode(store->ReadActivationInto("run", 3, "mlp_out", 0, buffer, ColdRead::kDirect).status(),
+             StatusCode::kCorruption, "mlp_out of layer 3 at row 0");
   drop(where->file);
-  ExpectCode(store->ReadActivationInto("run", 3, "mlp_out", 0, buffer, ColdRead::kDirect).status(), StatusCode::kCorruption, "checksum");
+  ExpectCode(store->ReadActivationInto("run", 3, "mlp_out", 0, buffer, ColdRead::kDirect).status(),
+             StatusCode::kCorruption, "checksum");
   // The other record of the file is intact.
   EXPECT_TRUE(store->ReadActivationInto("run", 3, "resid_post", 0, buffer, ColdRead::kDirect).ok());
 }

@@ -9,7 +9,8 @@
 // --memory-limit-mib. A failing input is saved under --scratch as failure-N.toml.
 //
 //   spec_fuzz --examples examples --strata build/bin/strata --seed 1 --iterations 300   # CI (ctest spec_fuzz)
-//   build/bin/spec_fuzz --examples examples --strata build/bin/strata --seed $RANDOM --iterations 200000 --binary-every 200
+//   build/bin/spec_fuzz --examples examples --strata build/bin/strata --seed $RANDOM --iterations 200000 --binary-every
+//   200
 //
 // Checks on what is accepted: every number within its bound (common/run_spec.h), the name
 // valid, the canonical TOML parsing back to the same TOML, and every planner estimate (or the
@@ -23,8 +24,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,19 +60,62 @@ struct Options {
 
 // ------------------------------------------------------------------ mutations
 
-const char* const kNumbers[] = {"2147483648", "9223372036854775807", "-9223372036854775808", "1e308", "-1e308", "nan", "inf",
-                                "-inf", "-1", "0", "1", "1099511627776", "4611686018427387904", "0x7fffffff", "1_000_000",
-                                "3.5", "99999999999999999999", "1024", "1025", "65536", "16777216", "16777217", "1048577",
-                                "1000000001", "1e-320", "-0.0", "+7", "0o777", "0b1011"};
-const char* const kValues[] = {"\"auto\"", "\"\"", "\"all\"", "true", "false", "[]", "[1, 2, 3]", "[1, 9223372036854775807]",
-                               "[\"resid_post\", \"mlp_out\"]", "{ a = 1 }", "1979-05-27T07:32:00Z", "\"x\\u0000y\"",
-                               "\"\\u001b[2J\"", "\"bf16\"", "\"llama\"", "\"extract\"", "\"cosine\"", "[[1], [2]]"};
-const char* const kKeys[] = {"name", "kind", "family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "sequence",
-                             "rope_theta", "norm_eps", "init_from", "path", "format", "steps", "global_batch", "lr",
-                             "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "seed",
-                             "checkpoint_every", "precision", "dp", "pp", "tp", "micro_batch", "zero", "recompute", "keep_gathered", "stages",
-                             "threads", "sites", "dtype", "batch", "tokens", "mode"};
-const char* const kTables[] = {"[model]", "[data]", "[train]", "[parallel]", "[worker]", "[extract]", "[[nodes]]", "[model.sub]"};
+const char* const kNumbers[] = {"2147483648",
+                                "9223372036854775807",
+                                "-9223372036854775808",
+                                "1e308",
+                                "-1e308",
+                                "nan",
+                                "inf",
+                                "-inf",
+                                "-1",
+                                "0",
+                                "1",
+                                "1099511627776",
+                                "4611686018427387904",
+                                "0x7fffffff",
+                                "1_000_000",
+                                "3.5",
+                                "99999999999999999999",
+                                "1024",
+                                "1025",
+                                "65536",
+                                "16777216",
+                                "16777217",
+                                "1048577",
+                                "1000000001",
+                                "1e-320",
+                                "-0.0",
+                                "+7",
+                                "0o777",
+                                "0b1011"};
+const char* const kValues[] = {"\"auto\"",
+                               "\"\"",
+                               "\"all\"",
+                               "true",
+                               "false",
+                               "[]",
+                               "[1, 2, 3]",
+                               "[1, 9223372036854775807]",
+                               "[\"resid_post\", \"mlp_out\"]",
+                               "{ a = 1 }",
+                               "1979-05-27T07:32:00Z",
+                               "\"x\\u0000y\"",
+                               "\"\\u001b[2J\"",
+                               "\"bf16\"",
+                               "\"llama\"",
+                               "\"extract\"",
+                               "\"cosine\"",
+                               "[[1], [2]]"};
+const char* const kKeys[] = {
+    "name",         "kind",      "family",      "layers",           "hidden",    "heads",        "kv_heads", "ffn",
+    "vocab",        "sequence",  "rope_theta",  "norm_eps",         "init_from", "path",         "format",   "steps",
+    "global_batch", "lr",        "lr_schedule", "warmup_steps",     "min_lr",    "weight_decay", "beta1",    "beta2",
+    "eps",          "grad_clip", "seed",        "checkpoint_every", "precision", "dp",           "pp",       "tp",
+    "micro_batch",  "zero",      "recompute",   "keep_gathered",    "stages",    "threads",      "sites",    "dtype",
+    "batch",        "tokens",    "mode"};
+const char* const kTables[] = {"[model]",  "[data]",    "[train]",   "[parallel]",
+                               "[worker]", "[extract]", "[[nodes]]", "[model.sub]"};
 
 class Mutator {
  public:
@@ -85,7 +129,9 @@ class Mutator {
 
  private:
   template <typename T, size_t N>
-  const T& Pick(const T (&list)[N]) { return list[rng_() % N]; }
+  const T& Pick(const T (&list)[N]) {
+    return list[rng_() % N];
+  }
   size_t Below(size_t n) { return n == 0 ? 0 : rng_() % n; }
 
   std::vector<std::string> Lines(const std::string& text) {
@@ -134,12 +180,15 @@ class Mutator {
         std::string open, close;
         const bool arrays = rng_() % 2;
         for (size_t i = 0; i < depth; ++i) open += arrays ? "[" : "{ a = ", close += arrays ? "]" : " }";
-        lines.insert(lines.begin() + static_cast<long>(Below(lines.size() + 1)), std::string(Pick(kKeys)) + " = " + open + "1" + close);
+        lines.insert(lines.begin() + static_cast<long>(Below(lines.size() + 1)),
+                     std::string(Pick(kKeys)) + " = " + open + "1" + close);
         return Join(lines);
       }
       case 6: {  // a long string value
-        const std::string value = "\"" + std::string(1 + Below(rng_() % 2 ? 200 : 300000), "a_\\u0007."[rng_() % 4 == 0 ? 2 : 0]) + "\"";
-        lines.insert(lines.begin() + static_cast<long>(Below(lines.size() + 1)), std::string(Pick(kKeys)) + " = " + value);
+        const std::string value =
+            "\"" + std::string(1 + Below(rng_() % 2 ? 200 : 300000), "a_\\u0007."[rng_() % 4 == 0 ? 2 : 0]) + "\"";
+        lines.insert(lines.begin() + static_cast<long>(Below(lines.size() + 1)),
+                     std::string(Pick(kKeys)) + " = " + value);
         return Join(lines);
       }
       case 7:  // the name replaced by something unsafe
@@ -156,7 +205,8 @@ class Mutator {
         return text.substr(0, Below(text.size() + 1));
       case 10: {  // a key of any table, with a hostile number or value
         const std::string value = rng_() % 2 ? Pick(kNumbers) : Pick(kValues);
-        lines.insert(lines.begin() + static_cast<long>(Below(lines.size() + 1)), std::string(Pick(kKeys)) + " = " + value);
+        lines.insert(lines.begin() + static_cast<long>(Below(lines.size() + 1)),
+                     std::string(Pick(kKeys)) + " = " + value);
         return Join(lines);
       }
       default:  // a table header
@@ -184,17 +234,20 @@ int CheckSpec(const std::string& text, const std::string& base_dir) {
   (void)ParseStoredRunSpec(text);  // the coordinator's and status's path: must not crash either
   auto spec = ParseRunSpec(text, base_dir, /*check_files=*/false);
   if (!spec.ok()) {
-    if (spec.status().code() != StatusCode::kInvalidArgument) return fail("refused with a non-InvalidArgument code: " + spec.status().ToString());
+    if (spec.status().code() != StatusCode::kInvalidArgument)
+      return fail("refused with a non-InvalidArgument code: " + spec.status().ToString());
     return 0;
   }
   const ModelSpec& m = spec->model;
   namespace b = spec_bounds;
-  if (m.layers > b::kLayers || m.hidden > b::kHidden || m.heads > b::kHeads || m.kv_heads > b::kHeads || m.ffn > b::kFfn ||
-      m.vocab > b::kVocab || m.sequence > b::kSequence || spec->train.steps > b::kSteps ||
-      spec->train.global_batch > b::kGlobalBatch || spec->worker.threads > b::kThreads || spec->extract.batch > b::kExtractBatch) {
+  if (m.layers > b::kLayers || m.hidden > b::kHidden || m.heads > b::kHeads || m.kv_heads > b::kHeads ||
+      m.ffn > b::kFfn || m.vocab > b::kVocab || m.sequence > b::kSequence || spec->train.steps > b::kSteps ||
+      spec->train.global_batch > b::kGlobalBatch || spec->worker.threads > b::kThreads ||
+      spec->extract.batch > b::kExtractBatch) {
     return fail("accepted a number over its bound");
   }
-  if (!std::isfinite(spec->train.lr) || !std::isfinite(spec->model.rope_theta)) return fail("accepted a non-finite float");
+  if (!std::isfinite(spec->train.lr) || !std::isfinite(spec->model.rope_theta))
+    return fail("accepted a non-finite float");
   if (!(spec->train.eps > 0 && spec->train.eps <= b::kMaxEps)) return fail("accepted train.eps outside (0, 1e-2]");
   if (!ValidateRunName(spec->name).ok()) return fail("accepted the name " + EscapeForTerminal(spec->name));
   const std::string canonical = RunSpecToToml(*spec);
@@ -208,22 +261,25 @@ int CheckSpec(const std::string& text, const std::string& base_dir) {
     shard::WorkerView w{"cpu" + std::to_string(i), int64_t{8} << 30, int64_t{6} << 30, "host", "tcp", 1e11, 0, false};
     cpus.workers.push_back(w);
   }
-  for (int i = 0; i < 8; ++i) gpus.workers.push_back({"gpu" + std::to_string(i), int64_t{80} << 30, int64_t{78} << 30, "n0"});
+  for (int i = 0; i < 8; ++i)
+    gpus.workers.push_back({"gpu" + std::to_string(i), int64_t{80} << 30, int64_t{78} << 30, "n0"});
   for (const shard::ClusterView* cluster : {&cpus, &gpus}) {
     auto plan = shard::ChoosePlan(spec->model, shard::JobForRun(*spec), *cluster);
     if (!plan.ok()) {
-      if (Negative(plan.status().message())) return fail("negative number in the planner's refusal: " + plan.status().message());
+      if (Negative(plan.status().message()))
+        return fail("negative number in the planner's refusal: " + plan.status().message());
       continue;
     }
     for (const auto& w : plan->workers) {
       const auto& e = w.memory;
-      if (e.weights < 0 || e.gradients < 0 || e.optimizer_state < 0 || e.activations < 0 || e.communication_buffers < 0 ||
-          e.total() < 0) {
+      if (e.weights < 0 || e.gradients < 0 || e.optimizer_state < 0 || e.activations < 0 ||
+          e.communication_buffers < 0 || e.total() < 0) {
         return fail("negative estimate on " + w.worker);
       }
     }
   }
-  if (!spec->parallel.automatic.count("pp") && spec->parallel.pp > 1) (void)shard::BalancedStages(spec->model, spec->parallel.pp);
+  if (!spec->parallel.automatic.count("pp") && spec->parallel.pp > 1)
+    (void)shard::BalancedStages(spec->model, spec->parallel.pp);
   return 0;
 }
 
@@ -237,7 +293,8 @@ struct Outcome {
 };
 
 int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 // Runs `child` in a fork under RLIMIT_AS (if `limit_as`), waits at most `time_limit_ms`, and
@@ -273,9 +330,12 @@ Outcome RunForked(const Options& o, bool limit_as, Child child, Allowed allowed_
   out.ms = (NowUs() - start) / 1000.0;
   out.rss_kib = usage.ru_maxrss;
   if (timed_out) return {false, "no answer within " + std::to_string(o.time_limit_ms) + " ms", out.ms, out.rss_kib};
-  if (WIFSIGNALED(status)) return {false, std::string("killed by signal ") + strsignal(WTERMSIG(status)), out.ms, out.rss_kib};
-  if (!allowed_exit(WEXITSTATUS(status))) return {false, "exit code " + std::to_string(WEXITSTATUS(status)), out.ms, out.rss_kib};
-  if (out.rss_kib > o.memory_limit_mib * 1024) return {false, "peak RSS " + std::to_string(out.rss_kib / 1024) + " MiB", out.ms, out.rss_kib};
+  if (WIFSIGNALED(status))
+    return {false, std::string("killed by signal ") + strsignal(WTERMSIG(status)), out.ms, out.rss_kib};
+  if (!allowed_exit(WEXITSTATUS(status)))
+    return {false, "exit code " + std::to_string(WEXITSTATUS(status)), out.ms, out.rss_kib};
+  if (out.rss_kib > o.memory_limit_mib * 1024)
+    return {false, "peak RSS " + std::to_string(out.rss_kib / 1024) + " MiB", out.ms, out.rss_kib};
   return out;
 }
 
@@ -298,16 +358,25 @@ int Main(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--examples") o.examples = value;
-    else if (flag == "--strata") o.strata = value;
-    else if (flag == "--scratch") o.scratch = value;
-    else if (flag == "--seed") o.seed = std::stoull(value);
-    else if (flag == "--iterations") o.iterations = std::stoll(value);
-    else if (flag == "--binary-every") o.binary_every = std::stoll(value);
-    else if (flag == "--time-limit-ms") o.time_limit_ms = std::stoll(value);
-    else if (flag == "--memory-limit-mib") o.memory_limit_mib = std::stoll(value);
+    if (flag == "--examples")
+      o.examples = value;
+    else if (flag == "--strata")
+      o.strata = value;
+    else if (flag == "--scratch")
+      o.scratch = value;
+    else if (flag == "--seed")
+      o.seed = std::stoull(value);
+    else if (flag == "--iterations")
+      o.iterations = std::stoll(value);
+    else if (flag == "--binary-every")
+      o.binary_every = std::stoll(value);
+    else if (flag == "--time-limit-ms")
+      o.time_limit_ms = std::stoll(value);
+    else if (flag == "--memory-limit-mib")
+      o.memory_limit_mib = std::stoll(value);
     else {
-      std::cerr << "spec_fuzz: unknown flag " << flag << " (see the comment at the top of tests/spec_fuzz.cc)" << std::endl;
+      std::cerr << "spec_fuzz: unknown flag " << flag << " (see the comment at the top of tests/spec_fuzz.cc)"
+                << std::endl;
       return 2;
     }
   }
@@ -341,13 +410,15 @@ int Main(int argc, char** argv) {
   auto report = [&](const std::string& what, const Outcome& r, const std::string& text) {
     const std::string file = o.scratch + "/failure-" + std::to_string(failures++) + ".toml";
     std::ofstream(file, std::ios::binary) << text;
-    std::cerr << "spec_fuzz: FAILED (" << what << "): " << r.why << " after " << r.ms << " ms; input saved as " << file << std::endl;
+    std::cerr << "spec_fuzz: FAILED (" << what << "): " << r.why << " after " << r.ms << " ms; input saved as " << file
+              << std::endl;
   };
   for (int64_t i = 0; i < o.iterations; ++i) {
     const auto& [path, original] = examples[pick() % examples.size()];
     const std::string text = mutator.Mutate(original);
     const std::string base = fs::path(path).parent_path().string();
-    Outcome lib = RunForked(o, /*limit_as=*/true, [&] { return CheckSpec(text, base); }, [](int code) { return code == 0; });
+    Outcome lib = RunForked(
+        o, /*limit_as=*/true, [&] { return CheckSpec(text, base); }, [](int code) { return code == 0; });
     max_lib_ms = std::max(max_lib_ms, lib.ms), max_lib_rss = std::max(max_lib_rss, lib.rss_kib);
     if (!lib.ok) report("library", lib, text);
     if (ParseRunSpec(text, base, false).ok()) ++accepted;
@@ -356,7 +427,8 @@ int Main(int argc, char** argv) {
       std::ofstream(file, std::ios::binary) << text;
       for (const std::vector<std::string>& args :
            {std::vector<std::string>{o.strata, "plan", file, "--cluster-spec", cluster_spec},
-            std::vector<std::string>{o.strata, "--cluster", "ipc://" + o.scratch + "/nobody.sock", "--timeout-ms", "200", "submit", file}}) {
+            std::vector<std::string>{o.strata, "--cluster", "ipc://" + o.scratch + "/nobody.sock", "--timeout-ms",
+                                     "200", "submit", file}}) {
         Outcome bin = RunBinary(o, args);
         ++binary_runs;
         max_bin_ms = std::max(max_bin_ms, bin.ms), max_bin_rss = std::max(max_bin_rss, bin.rss_kib);
@@ -365,11 +437,13 @@ int Main(int argc, char** argv) {
       fs::remove(file);
     }
   }
-  std::printf("spec_fuzz: seed %llu, %lld inputs (%lld accepted), %lld runs of strata, %.1f s; library: max %.1f ms, max RSS %.1f MiB; "
-              "binary: max %.1f ms, max RSS %.1f MiB; %lld failure(s)\n",
-              static_cast<unsigned long long>(o.seed), static_cast<long long>(o.iterations), static_cast<long long>(accepted),
-              static_cast<long long>(binary_runs), (NowUs() - started) / 1e6, max_lib_ms, max_lib_rss / 1024.0, max_bin_ms,
-              max_bin_rss / 1024.0, static_cast<long long>(failures));
+  std::printf(
+      "spec_fuzz: seed %llu, %lld inputs (%lld accepted), %lld runs of strata, %.1f s; library: max %.1f ms, max RSS "
+      "%.1f MiB; "
+      "binary: max %.1f ms, max RSS %.1f MiB; %lld failure(s)\n",
+      static_cast<unsigned long long>(o.seed), static_cast<long long>(o.iterations), static_cast<long long>(accepted),
+      static_cast<long long>(binary_runs), (NowUs() - started) / 1e6, max_lib_ms, max_lib_rss / 1024.0, max_bin_ms,
+      max_bin_rss / 1024.0, static_cast<long long>(failures));
   if (own_scratch && failures == 0 && !std::getenv("STRATA_KEEP_TEST_DIRS")) fs::remove_all(o.scratch);
   return failures == 0 ? 0 : 1;
 }

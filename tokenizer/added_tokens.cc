@@ -133,7 +133,8 @@ size_t AddedTokenMatcher::Split(std::string_view text, bool final, char32_t char
         break;
       }
       size_t length = 0;
-      const bool word_before = IsUnicodeWordChar(CharBefore(text, start, char_before)) && (start > 0 || char_before != 0);
+      const bool word_before =
+          IsUnicodeWordChar(CharBefore(text, start, char_before)) && (start > 0 || char_before != 0);
       const bool word_after = end < n && IsUnicodeWordChar(DecodeUtf8At(text, end, &length));
       if (word_before || word_after) {  // not a word of its own: skipped, the search goes on after it
         pos = match_end;

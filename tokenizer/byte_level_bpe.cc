@@ -44,7 +44,9 @@ struct QueuedMerge {
 };
 // std::push_heap keeps the largest first: "larger" = lower priority = higher rank, then right-most.
 struct LowerPriority {
-  bool operator()(const QueuedMerge& a, const QueuedMerge& b) const { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; }
+  bool operator()(const QueuedMerge& a, const QueuedMerge& b) const {
+    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  }
 };
 
 }  // namespace
@@ -179,7 +181,10 @@ class BpeStream final : public EncodeStream {
 };
 
 BpeStream::BpeStream(const ByteLevelBpeTokenizer& tokenizer, WordCache* shared_cache, std::mutex* shared_cache_mutex)
-    : t_(tokenizer), shared_cache_(shared_cache), shared_cache_mutex_(shared_cache_mutex), spans_(tokenizer.stages_.size()) {}
+    : t_(tokenizer),
+      shared_cache_(shared_cache),
+      shared_cache_mutex_(shared_cache_mutex),
+      spans_(tokenizer.stages_.size()) {}
 
 void BpeStream::Feed(std::string_view text, std::vector<uint32_t>* ids) {
   std::string joined;
@@ -350,8 +355,8 @@ size_t BpeStream::SplitAt(std::string_view text, size_t stage_index, bool final,
     case SplitBehavior::kMergedWithPrevious: {
       bool previous_match = false;
       for (const Span& s : spans) {
-        const bool join = stage.behavior == SplitBehavior::kContiguous ? s.is_match == previous_match
-                                                                        : s.is_match && !previous_match;
+        const bool join =
+            stage.behavior == SplitBehavior::kContiguous ? s.is_match == previous_match : s.is_match && !previous_match;
         if (join && !merged.empty()) {
           merged.back().end = s.end;
         } else {

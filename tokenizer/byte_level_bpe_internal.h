@@ -44,7 +44,7 @@ struct BpeScratch;  // MergeWord's working memory (byte_level_bpe.cc)
 
 struct BpeModel {
   FlatStringMap<uint32_t> vocab;  // the bytes a token stands for -> id
-  FlatPairMap<MergeRule> merges;   // (left id, right id) -> rank and merged id
+  FlatPairMap<MergeRule> merges;  // (left id, right id) -> rank and merged id
   std::array<ByteSymbol, 256> byte_symbols;
   std::optional<uint32_t> unk_id;
   bool fuse_unk = false;

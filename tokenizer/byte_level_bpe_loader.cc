@@ -1,7 +1,5 @@
 // Reads a Hugging Face tokenizer.json into a ByteLevelBpeTokenizer (byte_level_bpe_internal.h),
 // checking each field it uses; what the fields mean for encoding: byte_level_bpe.cc.
-#include "tokenizer/byte_level_bpe.h"
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -11,6 +9,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "tokenizer/byte_level_bpe.h"
 #include "tokenizer/byte_level_bpe_internal.h"
 
 namespace strata::tokenizer {
@@ -37,14 +36,17 @@ class Loader {
 
  private:
   // A file this library reads, written wrong: the field and what is wrong with it.
-  Status Bad(const std::string& field, const std::string& what) const { return InvalidArgument(path_ + ": " + field + " " + what); }
+  Status Bad(const std::string& field, const std::string& what) const {
+    return InvalidArgument(path_ + ": " + field + " " + what);
+  }
   // A well-formed file of a kind this library does not read.
   Status Unsupported(const std::string& field, const std::string& what) {
     unsupported_ = true;
     return InvalidArgument(path_ + ": " + field + " " + what);
   }
 
-  Status LoadModel(const json& model, ByteLevelBpeTokenizer* t, std::unordered_map<std::string, uint32_t>* vocab_by_text);
+  Status LoadModel(const json& model, ByteLevelBpeTokenizer* t,
+                   std::unordered_map<std::string, uint32_t>* vocab_by_text);
   Status LoadNormalizer(const json& normalizer, const std::string& field, bool* nfc);
   Status LoadPreTokenizer(const json& pre_tokenizer, const std::string& field, std::vector<PreTokenizerStage>* stages);
   Status LoadAddedTokens(const json& added, const std::unordered_map<std::string, uint32_t>& vocab_by_text,
@@ -81,7 +83,8 @@ HuggingFaceLoad Loader::Load() {
   try {
     root = json::parse(contents.str());
   } catch (const json::parse_error& e) {
-    result.tokenizer = InvalidArgument(path_ + ": not valid JSON (" + e.what() + "); the file is damaged or cut short: fetch it again");
+    result.tokenizer = InvalidArgument(path_ + ": not valid JSON (" + e.what() +
+                                       "); the file is damaged or cut short: fetch it again");
     return result;
   }
   auto fail = [&](Status status) {
@@ -91,7 +94,8 @@ HuggingFaceLoad Loader::Load() {
   };
   if (!root.is_object()) return fail(Bad("(the top level)", "is not a JSON object: this is not a tokenizer.json"));
   const auto model = root.find("model");
-  if (model == root.end() || !model->is_object()) return fail(Bad("model", "is missing or not an object: this is not a tokenizer.json"));
+  if (model == root.end() || !model->is_object())
+    return fail(Bad("model", "is missing or not an object: this is not a tokenizer.json"));
 
   auto t = std::make_unique<ByteLevelBpeTokenizer>();
   std::unordered_map<std::string, uint32_t> vocab_by_text;
@@ -106,7 +110,9 @@ HuggingFaceLoad Loader::Load() {
 
   const auto pre_tokenizer = root.find("pre_tokenizer");
   if (pre_tokenizer == root.end() || pre_tokenizer->is_null()) {
-    return fail(Unsupported("pre_tokenizer", std::string("is null: a BPE without the ByteLevel pre-tokenizer is not byte-level") + kWhatWeRead));
+    return fail(
+        Unsupported("pre_tokenizer",
+                    std::string("is null: a BPE without the ByteLevel pre-tokenizer is not byte-level") + kWhatWeRead));
   }
   if (Status st = LoadPreTokenizer(*pre_tokenizer, "pre_tokenizer", &t->stages_); !st.ok()) return fail(st);
   // The byte-level alphabet is applied last: a split after it would see 'Ġ' for ' '.
@@ -114,12 +120,14 @@ HuggingFaceLoad Loader::Load() {
   for (size_t i = 0; i < t->stages_.size(); ++i) {
     const bool byte_level = t->stages_[i].byte_level;
     if (byte_level && i + 1 != t->stages_.size()) {
-      return fail(Unsupported(t->stages_[i + 1].field, "comes after ByteLevel; strata reads pre-tokenizers whose ByteLevel is the last step"));
+      return fail(Unsupported(t->stages_[i + 1].field,
+                              "comes after ByteLevel; strata reads pre-tokenizers whose ByteLevel is the last step"));
     }
     byte_level_last = byte_level;
   }
   if (!byte_level_last) {
-    return fail(Unsupported("pre_tokenizer", std::string("has no ByteLevel step: the vocabulary is not byte-level") + kWhatWeRead));
+    return fail(Unsupported("pre_tokenizer",
+                            std::string("has no ByteLevel step: the vocabulary is not byte-level") + kWhatWeRead));
   }
 
   const auto added = root.find("added_tokens");
@@ -135,17 +143,20 @@ HuggingFaceLoad Loader::Load() {
   return result;
 }
 
-Status Loader::LoadModel(const json& model, ByteLevelBpeTokenizer* t, std::unordered_map<std::string, uint32_t>* vocab_by_text) {
+Status Loader::LoadModel(const json& model, ByteLevelBpeTokenizer* t,
+                         std::unordered_map<std::string, uint32_t>* vocab_by_text) {
   const auto type = model.find("type");
   if (type != model.end() && !(type->is_string() && type->get<std::string>() == "BPE")) {
     return Unsupported("model.type", "is " + type->dump() + kWhatWeRead);
   }
   const auto vocab = model.find("vocab");
   const auto merges = model.find("merges");
-  if (type == model.end() && (merges == model.end() || vocab == model.end())) {  // untagged: tokenizers infers the model from its fields
+  if (type == model.end() &&
+      (merges == model.end() || vocab == model.end())) {  // untagged: tokenizers infers the model from its fields
     return Unsupported("model", std::string("has no \"type\" and is not a BPE (no vocab and merges)") + kWhatWeRead);
   }
-  if (vocab == model.end() || !vocab->is_object()) return Bad("model.vocab", "is missing or not an object of token: id");
+  if (vocab == model.end() || !vocab->is_object())
+    return Bad("model.vocab", "is missing or not an object of token: id");
   if (merges == model.end() || !merges->is_array()) return Bad("model.merges", "is missing or not a list");
 
   if (const auto dropout = model.find("dropout"); dropout != model.end() && !dropout->is_null()) {
@@ -159,7 +170,8 @@ Status Loader::LoadModel(const json& model, ByteLevelBpeTokenizer* t, std::unord
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     const auto it = model.find(key);
     if (it != model.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
-      return Unsupported(std::string("model.") + key, "is " + it->dump() + ": a word-piece style BPE, not byte-level" + kWhatWeRead);
+      return Unsupported(std::string("model.") + key,
+                         "is " + it->dump() + ": a word-piece style BPE, not byte-level" + kWhatWeRead);
     }
   }
   STRATA_ASSIGN_OR_RETURN(const bool byte_fallback, OptionalBool(model, "byte_fallback", "model", false));
@@ -195,7 +207,8 @@ Status Loader::LoadModel(const json& model, ByteLevelBpeTokenizer* t, std::unord
   if (const auto unk = model.find("unk_token"); unk != model.end() && !unk->is_null()) {
     if (!unk->is_string()) return Bad("model.unk_token", "is " + unk->dump() + ", not a token");
     const auto it = vocab_by_text->find(unk->get<std::string>());
-    if (it == vocab_by_text->end()) return Bad("model.unk_token", Quoted(unk->get<std::string>()) + " is not in model.vocab");
+    if (it == vocab_by_text->end())
+      return Bad("model.unk_token", Quoted(unk->get<std::string>()) + " is not in model.vocab");
     m.unk_id = it->second;
   }
   for (int b = 0; b < 256; ++b) {
@@ -245,10 +258,12 @@ Status Loader::LoadModel(const json& model, ByteLevelBpeTokenizer* t, std::unord
     } else {
       return Bad(field, "is " + merge.dump() + ": a merge is \"A B\" or [\"A\", \"B\"]");
     }
-    const auto l = vocab_by_text->find(left), r = vocab_by_text->find(right), merged = vocab_by_text->find(left + right);
+    const auto l = vocab_by_text->find(left), r = vocab_by_text->find(right),
+               merged = vocab_by_text->find(left + right);
     if (l == vocab_by_text->end()) return Bad(field, "names " + Quoted(left) + ", which is not in model.vocab");
     if (r == vocab_by_text->end()) return Bad(field, "names " + Quoted(right) + ", which is not in model.vocab");
-    if (merged == vocab_by_text->end()) return Bad(field, "makes " + Quoted(left + right) + ", which is not in model.vocab");
+    if (merged == vocab_by_text->end())
+      return Bad(field, "makes " + Quoted(left + right) + ", which is not in model.vocab");
     // A pair listed twice takes its later rank, as tokenizers' merge map does.
     m.merges.Insert(l->second, r->second, {static_cast<uint32_t>(rank), merged->second});
   }
@@ -273,17 +288,20 @@ Status Loader::LoadNormalizer(const json& normalizer, const std::string& field, 
     }
     return Status::Ok();
   }
-  return Unsupported(field + ".type", "is " + type->dump() + "; strata reads no normalizer or NFC (Qwen2)" + kWhatWeRead);
+  return Unsupported(field + ".type",
+                     "is " + type->dump() + "; strata reads no normalizer or NFC (Qwen2)" + kWhatWeRead);
 }
 
-Status Loader::LoadPreTokenizer(const json& pre_tokenizer, const std::string& field, std::vector<PreTokenizerStage>* stages) {
+Status Loader::LoadPreTokenizer(const json& pre_tokenizer, const std::string& field,
+                                std::vector<PreTokenizerStage>* stages) {
   if (!pre_tokenizer.is_object()) return Bad(field, "is " + pre_tokenizer.dump() + ", not an object");
   const auto type = pre_tokenizer.find("type");
   if (type == pre_tokenizer.end() || !type->is_string()) return Bad(field + ".type", "is missing");
   const std::string name = type->get<std::string>();
   if (name == "Sequence") {
     const auto list = pre_tokenizer.find("pretokenizers");
-    if (list == pre_tokenizer.end() || !list->is_array()) return Bad(field + ".pretokenizers", "is missing or not a list");
+    if (list == pre_tokenizer.end() || !list->is_array())
+      return Bad(field + ".pretokenizers", "is missing or not a list");
     for (size_t i = 0; i < list->size(); ++i) {
       STRATA_RETURN_IF_ERROR(LoadPreTokenizer((*list)[i], field + ".pretokenizers[" + std::to_string(i) + "]", stages));
     }
@@ -314,7 +332,8 @@ Status Loader::LoadPreTokenizer(const json& pre_tokenizer, const std::string& fi
     if (!text.is_string() || (kind != "Regex" && kind != "String")) {
       return Bad(field + ".pattern", "is " + pattern->dump() + ", not {\"Regex\": \"...\"} / {\"String\": \"...\"}");
     }
-    auto regex = kind == "Regex" ? Regex::Compile(text.get<std::string>()) : Regex::CompileLiteral(text.get<std::string>());
+    auto regex =
+        kind == "Regex" ? Regex::Compile(text.get<std::string>()) : Regex::CompileLiteral(text.get<std::string>());
     if (!regex.ok()) return Bad(field + ".pattern." + kind, regex.status().message());
     stage.regex = std::move(regex).value();
     const auto behavior = pre_tokenizer.find("behavior");
@@ -330,12 +349,15 @@ Status Loader::LoadPreTokenizer(const json& pre_tokenizer, const std::string& fi
     } else if (b == "Contiguous") {
       stage.behavior = SplitBehavior::kContiguous;
     } else {
-      return Bad(field + ".behavior", "is " + (behavior == pre_tokenizer.end() ? std::string("missing") : behavior->dump()) +
-                                          ", not Isolated, Removed, MergedWithPrevious, MergedWithNext or Contiguous");
+      return Bad(field + ".behavior",
+                 "is " + (behavior == pre_tokenizer.end() ? std::string("missing") : behavior->dump()) +
+                     ", not Isolated, Removed, MergedWithPrevious, MergedWithNext or Contiguous");
     }
     STRATA_ASSIGN_OR_RETURN(stage.invert, OptionalBool(pre_tokenizer, "invert", field, false));
   } else {
-    return Unsupported(field + ".type", "is " + type->dump() + "; strata reads ByteLevel, Split and Sequence pre-tokenizers" + kWhatWeRead);
+    return Unsupported(
+        field + ".type",
+        "is " + type->dump() + "; strata reads ByteLevel, Split and Sequence pre-tokenizers" + kWhatWeRead);
   }
   stages->push_back(std::move(stage));
   return Status::Ok();

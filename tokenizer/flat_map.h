@@ -25,7 +25,8 @@ class FlatStringMap {
     for (size_t i = hash & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (s.key_length == kEmpty) return nullptr;
-      if (s.hash == hash && s.key_length == key.size() && std::memcmp(keys_.data() + s.key_offset, key.data(), key.size()) == 0) {
+      if (s.hash == hash && s.key_length == key.size() &&
+          std::memcmp(keys_.data() + s.key_offset, key.data(), key.size()) == 0) {
         return &s.value;
       }
     }
@@ -39,7 +40,8 @@ class FlatStringMap {
     for (;; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
       if (s.key_length == kEmpty) break;
-      if (s.hash == hash && s.key_length == key.size() && std::memcmp(keys_.data() + s.key_offset, key.data(), key.size()) == 0) {
+      if (s.hash == hash && s.key_length == key.size() &&
+          std::memcmp(keys_.data() + s.key_offset, key.data(), key.size()) == 0) {
         s.value = value;
         return;
       }
@@ -91,7 +93,7 @@ class FlatPairMap {
   const Value* Find(uint32_t left, uint32_t right) const {
     if (slots_.empty()) return nullptr;
     const uint64_t key = Key(left, right);
-    for (size_t i = Slot(key); ; i = (i + 1) & mask_) {
+    for (size_t i = Slot(key);; i = (i + 1) & mask_) {
       if (slots_[i].key == key) return &slots_[i].value;
       if (slots_[i].key == kEmpty) return nullptr;
     }

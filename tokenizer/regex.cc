@@ -9,7 +9,8 @@ namespace strata::tokenizer {
 namespace {
 
 // Unicode White_Space, as Oniguruma's \s (PCRE2's UCP \s also has U+180E, which is not).
-constexpr const char* kWhiteSpaceRanges = "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+constexpr const char* kWhiteSpaceRanges =
+    "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 constexpr const char* kHexDigitRanges = "0-9a-fA-F";
 
 std::string PcreErrorText(int code) {
@@ -30,7 +31,9 @@ std::string RewriteOnigurumaClasses(std::string_view pattern) {
     if (c == '\\' && i + 1 < pattern.size()) {
       const char e = pattern[i + 1];
       ++i;
-      const char* ranges = (e == 's' || e == 'S') ? kWhiteSpaceRanges : (e == 'h' || e == 'H') ? kHexDigitRanges : nullptr;
+      const char* ranges = (e == 's' || e == 'S')   ? kWhiteSpaceRanges
+                           : (e == 'h' || e == 'H') ? kHexDigitRanges
+                                                    : nullptr;
       const bool negated = e == 'S' || e == 'H';
       if (ranges == nullptr || (in_class && negated)) {  // a negated class inside a class stays as written
         out += '\\';

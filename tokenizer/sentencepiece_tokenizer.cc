@@ -37,7 +37,7 @@ namespace {
 
 constexpr size_t kPartBytes = 256;              // see the top of the file
 constexpr size_t kMaxWithoutSpace = 256 << 10;  // then cut before a newline, inexactly
-constexpr const char* kProbe = "a";            // the word a part after a cut is encoded behind
+constexpr const char* kProbe = "a";             // the word a part after a cut is encoded behind
 
 // A character on either side of a space where SentencePiece may be cut: letters and digits of the
 // common scripts, none of which NFKC (nmt_nfkc) turns into or merges with a space.
@@ -49,13 +49,13 @@ bool IsCutNeighbour(std::string_view text, size_t i) {
   if (length == 0) return false;
   const char32_t c = DecodeUtf8At(text, i, &length);
   return (c >= 0xC0 && c <= 0x24F && c != 0xD7 && c != 0xF7) ||  // Latin letters
-         (c >= 0x391 && c <= 0x3C9) ||                            // Greek
-         (c >= 0x400 && c <= 0x4FF) ||                            // Cyrillic
-         (c >= 0x5D0 && c <= 0x5EA) ||                            // Hebrew
-         (c >= 0x620 && c <= 0x64A) ||                            // Arabic
-         (c >= 0x3041 && c <= 0x30FF) ||                          // kana
-         (c >= 0x4E00 && c <= 0x9FFF) ||                          // CJK
-         (c >= 0xAC00 && c <= 0xD7A3);                            // Hangul
+         (c >= 0x391 && c <= 0x3C9) ||                           // Greek
+         (c >= 0x400 && c <= 0x4FF) ||                           // Cyrillic
+         (c >= 0x5D0 && c <= 0x5EA) ||                           // Hebrew
+         (c >= 0x620 && c <= 0x64A) ||                           // Arabic
+         (c >= 0x3041 && c <= 0x30FF) ||                         // kana
+         (c >= 0x4E00 && c <= 0x9FFF) ||                         // CJK
+         (c >= 0xAC00 && c <= 0xD7A3);                           // Hangul
 }
 
 class SentencePieceTokenizer;

@@ -13,7 +13,8 @@ namespace fs = std::filesystem;
 // Says what the tokenizer that is used instead was chosen over.
 class DescribedTokenizer final : public Tokenizer {
  public:
-  DescribedTokenizer(std::unique_ptr<Tokenizer> inner, std::string note) : inner_(std::move(inner)), note_(std::move(note)) {}
+  DescribedTokenizer(std::unique_ptr<Tokenizer> inner, std::string note)
+      : inner_(std::move(inner)), note_(std::move(note)) {}
   std::vector<uint32_t> Encode(std::string_view text) const override { return inner_->Encode(text); }
   std::string Decode(const std::vector<uint32_t>& ids) const override { return inner_->Decode(ids); }
   std::unique_ptr<EncodeStream> NewStream() const override { return inner_->NewStream(); }
@@ -36,10 +37,12 @@ Result<std::unique_ptr<Tokenizer>> LoadHuggingFaceTokenizerJson(const std::strin
 Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir) {
   std::error_code ec;
   if (!fs::exists(model_dir, ec)) {
-    return InvalidArgument(model_dir + ": no such directory; name a model directory with a tokenizer.json or tokenizer.model");
+    return InvalidArgument(model_dir +
+                           ": no such directory; name a model directory with a tokenizer.json or tokenizer.model");
   }
   if (!fs::is_directory(model_dir, ec)) {
-    return InvalidArgument(model_dir + " is not a directory; name the model directory that holds tokenizer.json or tokenizer.model");
+    return InvalidArgument(
+        model_dir + " is not a directory; name the model directory that holds tokenizer.json or tokenizer.model");
   }
   const std::string json_path = (fs::path(model_dir) / "tokenizer.json").string();
   const std::string model_path = (fs::path(model_dir) / "tokenizer.model").string();
@@ -55,8 +58,10 @@ Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir) {
         std::move(sentencepiece), "tokenizer.json passed over: " + load.tokenizer.status().message()));
   }
   if (has_model) return LoadSentencePieceModel(model_path);
-  return InvalidArgument(model_dir + " has no tokenizer.json or tokenizer.model; strata tokenize reads a Hugging Face "
-                         "tokenizer.json (byte-level BPE) or a SentencePiece tokenizer.model from the model's directory");
+  return InvalidArgument(
+      model_dir +
+      " has no tokenizer.json or tokenizer.model; strata tokenize reads a Hugging Face "
+      "tokenizer.json (byte-level BPE) or a SentencePiece tokenizer.model from the model's directory");
 }
 
 }  // namespace strata::tokenizer

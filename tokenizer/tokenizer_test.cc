@@ -55,8 +55,10 @@ class TokenizerJson {
     root_["padding"] = nullptr;
     root_["added_tokens"] = json::array();
     root_["normalizer"] = nullptr;
-    root_["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-    root_["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
+    root_["pre_tokenizer"] = {
+        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+    root_["post_processor"] = {
+        {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
     root_["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
   }
   // Adds the merge "a b" (a and b written as plain text) and returns the id of the merged token.
@@ -71,8 +73,8 @@ class TokenizerJson {
     vocab_[byte_level_token] = id;
     return id;
   }
-  uint32_t AddedToken(const std::string& content, bool special, bool normalized, bool lstrip = false, bool rstrip = false,
-                      bool single_word = false) {
+  uint32_t AddedToken(const std::string& content, bool special, bool normalized, bool lstrip = false,
+                      bool rstrip = false, bool single_word = false) {
     const uint32_t id = static_cast<uint32_t>(vocab_.size() + root_["added_tokens"].size());
     root_["added_tokens"].push_back({{"id", id},
                                      {"content", content},
@@ -85,10 +87,11 @@ class TokenizerJson {
   }
   // Llama 3 / Qwen2: the regex in a Split, then ByteLevel without its own regex.
   void SplitPreTokenizer(const std::string& pattern) {
-    root_["pre_tokenizer"] = {{"type", "Sequence"},
-                              {"pretokenizers",
-                               {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-                                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+    root_["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
   }
   json& root() { return root_; }
   void set_model(const std::string& key, json value) { model_extra_[key] = std::move(value); }
@@ -104,10 +107,16 @@ class TokenizerJson {
         merges.push_back(a + " " + b);
       }
     }
-    root["model"] = {{"type", "BPE"},           {"dropout", nullptr},   {"unk_token", nullptr},
-                     {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
-                     {"fuse_unk", false},        {"byte_fallback", false}, {"ignore_merges", false},
-                     {"vocab", vocab_},          {"merges", merges}};
+    root["model"] = {{"type", "BPE"},
+                     {"dropout", nullptr},
+                     {"unk_token", nullptr},
+                     {"continuing_subword_prefix", nullptr},
+                     {"end_of_word_suffix", nullptr},
+                     {"fuse_unk", false},
+                     {"byte_fallback", false},
+                     {"ignore_merges", false},
+                     {"vocab", vocab_},
+                     {"merges", merges}};
     for (const auto& [key, value] : model_extra_.items()) root["model"][key] = value;
     return root;
   }
@@ -162,7 +171,8 @@ TEST_F(TokenizerTest, Gpt2StyleMergesByRankWithinRegexWords) {
   ASSERT_NE(tok, nullptr);
   // "Hello" -> H e [ll] o -> H [ell] o -> [Hell] o; " the" -> Ġ t [he] -> [Ġt] he -> [Ġthe];
   // " world" has no merge; "'s" is a regex word of its own.
-  EXPECT_EQ(tok->Encode("Hello the world's"), (Ids{hell, B('o'), sp_the, B(' '), B('w'), B('o'), B('r'), B('l'), B('d'), apos_s}));
+  EXPECT_EQ(tok->Encode("Hello the world's"),
+            (Ids{hell, B('o'), sp_the, B(' '), B('w'), B('o'), B('r'), B('l'), B('d'), apos_s}));
   // Equal ranks: the leftmost pair first.
   EXPECT_EQ(tok->Encode("lll"), (Ids{ll, B('l')}));
   // GPT-2's regex keeps digits together and gives a run of spaces' last space to the next word.
@@ -244,7 +254,7 @@ TEST_F(TokenizerTest, SpecialTokensInTextAreMatchedLeftmostLongest) {
   TokenizerJson t;
   const uint32_t sp_t = t.Merge(" ", "t");
   const uint32_t eot = t.AddedToken("<|endoftext|>", /*special=*/true, /*normalized=*/true);  // as GPT-2's file has it
-  const uint32_t bot = t.AddedToken("<|begin_of_text|>", true, false);                     // as Llama 3's
+  const uint32_t bot = t.AddedToken("<|begin_of_text|>", true, false);                        // as Llama 3's
   const uint32_t x = t.AddedToken("<x>", false, false), xy = t.AddedToken("<x>y", false, false);
   auto tok = Load(t);
   ASSERT_NE(tok, nullptr);
@@ -328,11 +338,14 @@ TEST_F(TokenizerTest, IllFormedUtf8IsReadAsReplacementCharacters) {
 // newlines, CRLF, combining marks (NFC), added tokens, many scripts, emoji.
 std::string MixedText(size_t approx_bytes, uint32_t seed) {
   const std::vector<std::string> words = {
-      "the",   "Hello", "world's", "I'LL",   "don't",   "12345",  "3.14159", "über",   "Straße", "Grüße",
-      "中文",  "测试",  "Привет",  "мир",    "مرحبا",   "😀",     "👍🏽",     "if(x){", "return", "x+=1;",
-      "e\xCC\x81", "\xCC\x81", "<|endoftext|>", "<|begin_of_text|>", "<|endof", "<x>", "<x>y", "'s", "!!", "...",
-      "Ελλάδα", "日本語", "한국어", "\t", "ſ", "\xE2\x80\xAF", "\xE1\xA0\x8E", "<m>", "<r>", "<lr>", "<l", "<"};
-  const std::vector<std::string> gaps = {" ", "  ", "   ", "\n", "\n\n", "\r\n", " \n", "\t", "", " \n\n  ", "\xE3\x80\x80"};
+      "the",      "Hello",  "world's", "I'LL",         "don't",        "12345",    "3.14159",       "über",
+      "Straße",   "Grüße",  "中文",    "测试",         "Привет",       "мир",      "مرحبا",         "😀",
+      "👍🏽", "if(x){", "return",  "x+=1;",        "e\xCC\x81",    "\xCC\x81", "<|endoftext|>", "<|begin_of_text|>",
+      "<|endof",  "<x>",    "<x>y",    "'s",           "!!",           "...",      "Ελλάδα",        "日本語",
+      "한국어",   "\t",     "ſ",       "\xE2\x80\xAF", "\xE1\xA0\x8E", "<m>",      "<r>",           "<lr>",
+      "<l",       "<"};
+  const std::vector<std::string> gaps = {" ",   "  ", "   ", "\n",      "\n\n",        "\r\n",
+                                         " \n", "\t", "",    " \n\n  ", "\xE3\x80\x80"};
   std::mt19937 rng(seed);
   std::string text;
   while (text.size() < approx_bytes) {
@@ -365,41 +378,57 @@ TEST_F(TokenizerTest, StreamingInAnyBlocksEqualsEncodingTheWhole) {
   };
   const std::vector<Config> configs = {
       {"gpt2", [](TokenizerJson&) {}},
-      {"llama3", [](TokenizerJson& t) {
+      {"llama3",
+       [](TokenizerJson& t) {
          t.SplitPreTokenizer(kLlama3Pattern);
          t.set_model("ignore_merges", true);
        }},
-      {"qwen2", [](TokenizerJson& t) {
+      {"qwen2",
+       [](TokenizerJson& t) {
          t.SplitPreTokenizer(kQwen2Pattern);
          t.root()["normalizer"] = {{"type", "NFC"}};
        }},
       {"prefix-space", [](TokenizerJson& t) { t.root()["pre_tokenizer"]["add_prefix_space"] = true; }},
-      {"strip-and-single-word-tokens", [](TokenizerJson& t) {
+      {"strip-and-single-word-tokens",
+       [](TokenizerJson& t) {
          t.root()["pre_tokenizer"]["add_prefix_space"] = true;
          t.AddedToken("<m>", true, false, /*lstrip=*/true, /*rstrip=*/false);
          t.AddedToken("<r>", true, true, /*lstrip=*/false, /*rstrip=*/true);
          t.AddedToken("<lr>", false, true, /*lstrip=*/true, /*rstrip=*/true);
          t.AddedToken("the", false, false, false, false, /*single_word=*/true);
        }},
-      {"merged-with-next", [](TokenizerJson& t) {
-         t.root()["pre_tokenizer"] = {{"type", "Sequence"},
-                                      {"pretokenizers",
-                                       {{{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "MergedWithNext"}},
-                                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+      {"merged-with-next",
+       [](TokenizerJson& t) {
+         t.root()["pre_tokenizer"] = {
+             {"type", "Sequence"},
+             {"pretokenizers",
+              {{{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "MergedWithNext"}},
+               {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
        }},
-      {"contiguous-inverted", [](TokenizerJson& t) {
-         t.root()["pre_tokenizer"] = {{"type", "Sequence"},
-                                      {"pretokenizers",
-                                       {{{"type", "Split"}, {"pattern", {{"Regex", "\\p{L}+"}}}, {"behavior", "Contiguous"}, {"invert", true}},
-                                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}}}};
+      {"contiguous-inverted",
+       [](TokenizerJson& t) {
+         t.root()["pre_tokenizer"] = {
+             {"type", "Sequence"},
+             {"pretokenizers",
+              {{{"type", "Split"}, {"pattern", {{"Regex", "\\p{L}+"}}}, {"behavior", "Contiguous"}, {"invert", true}},
+               {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}}}};
        }},
   };
   for (const Config& config : configs) {
     SCOPED_TRACE(config.name);
     TokenizerJson t;
-    const std::vector<std::pair<std::string, std::string>> merges = {
-        {"t", "h"}, {"th", "e"}, {"l", "l"}, {"e", "ll"}, {"H", "ell"}, {" ", "t"}, {"1", "2"},
-        {"12", "3"}, {"\n", "\n"}, {"'", "s"}, {"\xC3", "\xBC"} /* ü */, {" ", "\xE4"}};
+    const std::vector<std::pair<std::string, std::string>> merges = {{"t", "h"},
+                                                                     {"th", "e"},
+                                                                     {"l", "l"},
+                                                                     {"e", "ll"},
+                                                                     {"H", "ell"},
+                                                                     {" ", "t"},
+                                                                     {"1", "2"},
+                                                                     {"12", "3"},
+                                                                     {"\n", "\n"},
+                                                                     {"'", "s"},
+                                                                     {"\xC3", "\xBC"} /* ü */,
+                                                                     {" ", "\xE4"}};
     for (const auto& [a, b] : merges) t.Merge(a, b);
     t.AddedToken("<|endoftext|>", true, true);
     t.AddedToken("<|begin_of_text|>", true, false);
@@ -445,7 +474,9 @@ TEST_F(TokenizerTest, MalformedFilesNameTheField) {
   bad["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   EXPECT_NE(LoadError(bad.dump()).find("pre_tokenizer.pattern.Regex the regex does not compile"), std::string::npos);
   bad = t.Build();
-  bad["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Sideways"}}}}};
+  bad["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Sideways"}}}}};
   EXPECT_NE(LoadError(bad.dump()).find("pre_tokenizer.pretokenizers[0].behavior is \"Sideways\""), std::string::npos);
 }
 
@@ -453,7 +484,8 @@ TEST_F(TokenizerTest, OtherKindsAreRefusedNamingTheField) {
   TokenizerJson t;
   json other = t.Build();
   other["model"]["type"] = "WordPiece";
-  EXPECT_NE(LoadError(other.dump()).find("model.type is \"WordPiece\"; strata reads byte-level BPE"), std::string::npos);
+  EXPECT_NE(LoadError(other.dump()).find("model.type is \"WordPiece\"; strata reads byte-level BPE"),
+            std::string::npos);
   other = t.Build();
   other["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "▁"}};
   EXPECT_NE(LoadError(other.dump()).find("pre_tokenizer.type is \"Metaspace\""), std::string::npos);
@@ -489,10 +521,15 @@ TEST_F(TokenizerTest, DirectoryErrors) {
 }
 
 TEST(RegexTest, OnigurumaClassesAndPartialMatches) {
-  EXPECT_EQ(RewriteOnigurumaClasses(R"(a\sb)"), "a[\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]b");
-  EXPECT_EQ(RewriteOnigurumaClasses(R"([^\s\p{L}])"), "[^\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\p{L}]");
+  EXPECT_EQ(
+      RewriteOnigurumaClasses(R"(a\sb)"),
+      "a[\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]b");
+  EXPECT_EQ(
+      RewriteOnigurumaClasses(R"([^\s\p{L}])"),
+      "[^\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\p{L}]");
   EXPECT_EQ(RewriteOnigurumaClasses(R"([\S\h])"), "[\\S0-9a-fA-F]");
-  EXPECT_EQ(RewriteOnigurumaClasses(R"([]\s])"), "[]\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]");
+  EXPECT_EQ(RewriteOnigurumaClasses(R"([]\s])"),
+            "[]\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]");
   auto re = Regex::Compile(R"( ?\p{L}+|\s+(?!\S)|\s+)");
   ASSERT_TRUE(re.ok()) << re.status().message();
   RegexScratch scratch;
@@ -512,8 +549,8 @@ class SentencePieceTest : public TokenizerTest {
   void TrainModel(const std::string& extra_args = "") {
     std::string corpus;
     std::mt19937 rng(3);
-    const std::vector<std::string> words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "über",
-                                            "Straße", "naïve", "café", "hello", "world", "tokenizer", "stream"};
+    const std::vector<std::string> words = {"the",  "quick",  "brown", "fox",  "jumps", "over",  "lazy",      "dog",
+                                            "über", "Straße", "naïve", "café", "hello", "world", "tokenizer", "stream"};
     for (int line = 0; line < 3000; ++line) {
       for (int w = 0; w < 12; ++w) corpus += words[rng() % words.size()] + (w == 11 ? "\n" : " ");
     }
@@ -548,9 +585,10 @@ TEST_F(SentencePieceTest, PartsCutAtSpacesGiveTheWholeSentencesIds) {
   // 120 kB: hundreds of 256-byte parts, each after the first encoded behind the probe word. The
   // reference is the processor on the whole text as one sentence: these tiny vocabularies (letters
   // and whole words) have no equal-scoring segmentations for float sums to drift between.
-  for (const std::string args : {"--model_type=bpe", "--model_type=bpe --add_dummy_prefix=false",
-                                 "--model_type=bpe --remove_extra_whitespaces=false", "--model_type=unigram --hard_vocab_limit=false",
-                                 "--model_type=unigram --hard_vocab_limit=false --add_dummy_prefix=false --remove_extra_whitespaces=false"}) {
+  for (const std::string args :
+       {"--model_type=bpe", "--model_type=bpe --add_dummy_prefix=false",
+        "--model_type=bpe --remove_extra_whitespaces=false", "--model_type=unigram --hard_vocab_limit=false",
+        "--model_type=unigram --hard_vocab_limit=false --add_dummy_prefix=false --remove_extra_whitespaces=false"}) {
     SCOPED_TRACE("trained with '" + args + "'");
     TrainModel(args);
     auto tok = LoadTokenizer(dir_);
@@ -559,14 +597,16 @@ TEST_F(SentencePieceTest, PartsCutAtSpacesGiveTheWholeSentencesIds) {
     ASSERT_TRUE(reference.Load(dir_ + "/tokenizer.model").ok());
     std::string text;
     std::mt19937 rng(5);
-    while (text.size() < 120000) text += words_[rng() % words_.size()] + (rng() % 9 == 0 ? "\n" : rng() % 7 == 0 ? "  " : " ");
+    while (text.size() < 120000)
+      text += words_[rng() % words_.size()] + (rng() % 9 == 0 ? "\n" : rng() % 7 == 0 ? "  " : " ");
     std::vector<int> expected;
     ASSERT_TRUE(reference.Encode(text, &expected).ok());
     const Ids whole(expected.begin(), expected.end());
     EXPECT_TRUE((*tok)->Encode(text) == whole);
     auto stream = (*tok)->NewStream();
     Ids streamed;
-    for (size_t pos = 0; pos < text.size(); pos += 7000) stream->Feed(std::string_view(text).substr(pos, 7000), &streamed);
+    for (size_t pos = 0; pos < text.size(); pos += 7000)
+      stream->Feed(std::string_view(text).substr(pos, 7000), &streamed);
     stream->Finish(&streamed);
     EXPECT_EQ(stream->inexact_cuts(), 0);
     EXPECT_EQ(streamed.size(), whole.size());

@@ -22,7 +22,8 @@ struct HangAt {
 
 class ScriptedFaults final : public FaultInjector {
  public:
-  ScriptedFaults(std::vector<Ballast> ballasts, std::vector<HangAt> hangs) : ballasts_(std::move(ballasts)), hangs_(std::move(hangs)) {}
+  ScriptedFaults(std::vector<Ballast> ballasts, std::vector<HangAt> hangs)
+      : ballasts_(std::move(ballasts)), hangs_(std::move(hangs)) {}
 
   int64_t StepBallastBytesPerSequence(int64_t step, uint32_t rank) const override {
     int64_t bytes = 0;
@@ -85,8 +86,9 @@ Result<std::unique_ptr<FaultInjector>> ParseFaults(const std::vector<std::string
                number(1)) {
       hangs.push_back({*number(0), *number(1), parts.size() == 4});
     } else {
-      return InvalidArgument("--inject-fault \"" + spec +
-                             "\" is not a fault; use ballast:STEP:BYTES[:RANK] or hang:STEP:RANK[:stuck] (worker/fault_injector.h)");
+      return InvalidArgument(
+          "--inject-fault \"" + spec +
+          "\" is not a fault; use ballast:STEP:BYTES[:RANK] or hang:STEP:RANK[:stuck] (worker/fault_injector.h)");
     }
   }
   return std::unique_ptr<FaultInjector>(std::make_unique<ScriptedFaults>(std::move(ballasts), std::move(hangs)));

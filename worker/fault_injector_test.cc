@@ -37,7 +37,8 @@ TEST(FaultInjectorTest, NoFaultsInjectsNothing) {
 }
 
 TEST(FaultInjectorTest, BadSpecIsRefusedNamingIt) {
-  for (const char* bad : {"hang:6", "hang:6:1:later", "ballast:3", "ballast:x:5", "ballast:3:-5", "explode:1:1", "hang:6:1:stuck:0", ""}) {
+  for (const char* bad : {"hang:6", "hang:6:1:later", "ballast:3", "ballast:x:5", "ballast:3:-5", "explode:1:1",
+                          "hang:6:1:stuck:0", ""}) {
     auto faults = ParseFaults({bad});
     ASSERT_FALSE(faults.ok()) << bad;
     EXPECT_NE(faults.status().message().find("--inject-fault \"" + std::string(bad) + "\""), std::string::npos)

@@ -1,7 +1,6 @@
 // strata-worker: parses flags, wires the LibTorch executor into the control loop, serves.
-#include <csignal>
-
 #include <CLI/CLI.hpp>
+#include <csignal>
 
 #include "common/byte_size.h"
 #include "common/log.h"
@@ -30,15 +29,17 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--device", exec_options.device, "cpu or cuda:N");
   std::string memory_limit;
-  app.add_option("--memory-limit", memory_limit,
-                 "use at most this much memory, e.g. 8GiB: CUDA caps the caching allocator (emulates a smaller card); "
-                 "CPU limits the address space the process may add after startup (RLIMIT_AS), so allocations past it fail");
+  app.add_option(
+      "--memory-limit", memory_limit,
+      "use at most this much memory, e.g. 8GiB: CUDA caps the caching allocator (emulates a smaller card); "
+      "CPU limits the address space the process may add after startup (RLIMIT_AS), so allocations past it fail");
   app.add_option("--serve-address", options.serve_address,
                  "endpoint of this worker's store server (activation reads by `strata activations get`; checkpoint "
                  "reads and copies from other hosts)");
-  app.add_option("--host", options.host,
-                 "host name this worker reports (default: the machine's); workers of a host read each other's stores by "
-                 "path, and a cluster spanning hosts keeps every checkpoint shard on two of them");
+  app.add_option(
+      "--host", options.host,
+      "host name this worker reports (default: the machine's); workers of a host read each other's stores by "
+      "path, and a cluster spanning hosts keeps every checkpoint shard on two of them");
   std::string net_interface;
   app.add_option("--net-interface", net_interface,
                  "network interface (e.g. eth1, ib0) that NCCL uses across hosts: sets NCCL_SOCKET_IFNAME before any "
@@ -49,9 +50,10 @@ int main(int argc, char** argv) {
                  "restart this worker process (same pid) when a cancelled task has not stopped after this");
   app.add_option("--keys", options.keys_dir,
                  "CURVE key directory from `strata keygen` (required for tcp:// coordinator or data address)");
-  app.add_flag("--salvage", options.salvage_store,
-               "open a damaged store anyway, keeping what is intact (the damaged files are kept in STORE/damaged-TIME/; "
-               "the coordinator marks the checkpoints it no longer holds unreadable)");
+  app.add_flag(
+      "--salvage", options.salvage_store,
+      "open a damaged store anyway, keeping what is intact (the damaged files are kept in STORE/damaged-TIME/; "
+      "the coordinator marks the checkpoints it no longer holds unreadable)");
   app.set_version_flag("--version", [] { return strata::worker::TorchBuildInfo(); });
   std::string umask = strata::kDefaultDaemonUmask;
   app.add_option("--umask", umask,

@@ -2,11 +2,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
-
 #include <fstream>
 #include <sstream>
-#include <algorithm>
 #include <string>
 
 #include "worker/task.h"
@@ -72,8 +71,9 @@ Status LimitCpuMemory(uint64_t bytes) {
   rlimit limit{};
   limit.rlim_cur = limit.rlim_max = baseline + bytes;
   if (setrlimit(RLIMIT_AS, &limit) != 0) {
-    return Internal("--memory-limit: setrlimit(RLIMIT_AS) failed; run without --memory-limit or limit the process from outside "
-                    "(systemd MemoryMax=, docker --memory)");
+    return Internal(
+        "--memory-limit: setrlimit(RLIMIT_AS) failed; run without --memory-limit or limit the process from outside "
+        "(systemd MemoryMax=, docker --memory)");
   }
   g_limit_baseline.store(baseline);
   g_limit_bytes.store(bytes);
@@ -88,7 +88,8 @@ MemorySnapshot ReadCpuMemory() {
   m.total_bytes = (limit > 0 && limit < mem_total) ? limit : mem_total;
   m.free_bytes = MeminfoKb("MemAvailable") * 1024;
   if (const uint64_t own = g_limit_bytes.load(); own > 0) {  // what the OS lets this process still map
-    const uint64_t size = StatusKb("VmSize") * 1024, grown = size > g_limit_baseline.load() ? size - g_limit_baseline.load() : 0;
+    const uint64_t size = StatusKb("VmSize") * 1024,
+                   grown = size > g_limit_baseline.load() ? size - g_limit_baseline.load() : 0;
     m.total_bytes = std::min(m.total_bytes, own);
     m.free_bytes = std::min<uint64_t>(m.free_bytes, own > grown ? own - grown : 0);
   }

@@ -3,21 +3,24 @@
 // another host is read through its worker's store server, the only way to it. The shard's own
 // store comes first, then its copies (made on other hosts when the cluster spans hosts), so a
 // host that is gone with its disks costs nothing but the first attempt.
-#include "worker/task.h"
-
 #include <mutex>
 
 #include "client/store_client.h"
 #include "common/thread_annotations.h"
+#include "worker/task.h"
 
 namespace strata::worker {
 namespace {
 
 class LocalShardReader final : public ShardReader {
  public:
-  LocalShardReader(storage::ShardStore* store, std::unique_ptr<storage::ShardStore> opened, std::string key_run, int64_t step,
-                   std::string where)
-      : store_(store), opened_(std::move(opened)), key_run_(std::move(key_run)), step_(step), where_(std::move(where)) {}
+  LocalShardReader(storage::ShardStore* store, std::unique_ptr<storage::ShardStore> opened, std::string key_run,
+                   int64_t step, std::string where)
+      : store_(store),
+        opened_(std::move(opened)),
+        key_run_(std::move(key_run)),
+        step_(step),
+        where_(std::move(where)) {}
 
   Status ReadInto(const std::string& name, storage::DType dtype, std::span<uint8_t> out) override {
     return store_->ReadCheckpointTensorInto(key_run_, step_, name, dtype, out);
@@ -64,7 +67,8 @@ Result<std::unique_ptr<ShardReader>> OpenShardReader(const ResumePoint& resume, 
   for (const auto& copy : copies) {
     const std::string key_run = copy.key_run.empty() ? resume.run_id : copy.key_run;
     if (own_store && copy.store_path == own_store_path) {
-      return std::unique_ptr<ShardReader>(std::make_unique<LocalShardReader>(own_store, nullptr, key_run, resume.step, copy.store_path));
+      return std::unique_ptr<ShardReader>(
+          std::make_unique<LocalShardReader>(own_store, nullptr, key_run, resume.step, copy.store_path));
     }
     if (copy.host == access.host) {
       storage::StoreOptions options;
@@ -73,7 +77,8 @@ Result<std::unique_ptr<ShardReader>> OpenShardReader(const ResumePoint& resume, 
       auto open = storage::ShardStore::Open(copy.store_path, options);
       if (open.ok()) {
         storage::ShardStore* store = open->get();
-        return std::unique_ptr<ShardReader>(std::make_unique<LocalShardReader>(store, std::move(open).value(), key_run, resume.step, copy.store_path));
+        return std::unique_ptr<ShardReader>(
+            std::make_unique<LocalShardReader>(store, std::move(open).value(), key_run, resume.step, copy.store_path));
       }
       tried += "; " + copy.store_path + ": " + open.status().message();
       continue;
@@ -84,12 +89,14 @@ Result<std::unique_ptr<ShardReader>> OpenShardReader(const ResumePoint& resume, 
     }
     auto client = client::StoreClient::Connect(copy.serve_address, access.keys, access.timeout_ms);
     if (client.ok()) {
-      return std::unique_ptr<ShardReader>(std::make_unique<RemoteShardReader>(std::move(client).value(), key_run, resume.step,
-                                                                              copy.store_path + " on host " + copy.host + " (via " + copy.serve_address + ")"));
+      return std::unique_ptr<ShardReader>(std::make_unique<RemoteShardReader>(
+          std::move(client).value(), key_run, resume.step,
+          copy.store_path + " on host " + copy.host + " (via " + copy.serve_address + ")"));
     }
     tried += "; " + copy.store_path + " on host " + copy.host + ": " + client.status().message();
   }
-  return Unavailable("no copy of the shard written to " + shard.store_path + " is reachable from host " + access.host + tried);
+  return Unavailable("no copy of the shard written to " + shard.store_path + " is reachable from host " + access.host +
+                     tried);
 }
 
 }  // namespace strata::worker

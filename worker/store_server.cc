@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <thread>
-
 #include <zmq.hpp>
 
 #include "common/log.h"
@@ -68,7 +67,8 @@ class StoreServerImpl final : public StoreServer {
       return;
     }
     auto root = (*decoded)->root();
-    Result<storage::Tensor> tensor = InvalidArgument("the store server answers readActivation and readCheckpointPiece only");
+    Result<storage::Tensor> tensor =
+        InvalidArgument("the store server answers readActivation and readCheckpointPiece only");
     if (root.which() == Envelope::READ_ACTIVATION) {
       auto req = root.getReadActivation();
       tensor = store_->ReadActivation(req.getRunId().cStr(), req.getLayer(), req.getSite().cStr(), req.getRowBegin());
@@ -81,7 +81,8 @@ class StoreServerImpl final : public StoreServer {
       return;
     }
     schema::EnvelopeBuilder reply(root.getRequestId());
-    auto data = root.which() == Envelope::READ_ACTIVATION ? reply.root().initActivationData() : reply.root().initCheckpointPieceData();
+    auto data = root.which() == Envelope::READ_ACTIVATION ? reply.root().initActivationData()
+                                                          : reply.root().initCheckpointPieceData();
     data.setDtype(static_cast<::DType>(static_cast<uint8_t>(tensor->dtype)));
     auto shape = data.initShape(tensor->shape.size());
     for (size_t i = 0; i < tensor->shape.size(); ++i) shape.set(i, tensor->shape[i]);
@@ -89,8 +90,9 @@ class StoreServerImpl final : public StoreServer {
     const std::string header = reply.Serialize();
     // The bytes frame takes the tensor's buffer without a copy; ZeroMQ frees it once sent.
     auto* owned = new std::vector<uint8_t>(std::move(tensor->bytes));
-    zmq::message_t bytes(owned->data(), owned->size(), [](void*, void* hint) { delete static_cast<std::vector<uint8_t>*>(hint); },
-                         owned);
+    zmq::message_t bytes(
+        owned->data(), owned->size(), [](void*, void* hint) { delete static_cast<std::vector<uint8_t>*>(hint); },
+        owned);
     try {
       socket_.send(net::Buffer(identity), zmq::send_flags::sndmore);
       socket_.send(net::Buffer(header), zmq::send_flags::sndmore);

@@ -13,15 +13,13 @@
 #include "common/curve.h"
 #include "common/memory_snapshot.h"
 #include "common/run_spec.h"
-#include "common/thread_annotations.h"
-#include "worker/fault_injector.h"
 #include "common/status.h"
-#include "worker/fault_injector.h"
+#include "common/thread_annotations.h"
 #include "storage/shard_store.h"
-#include "worker/communicator.h"
+#include "worker/comm/communicator.h"
+#include "worker/fault_injector.h"
 
 namespace strata::worker {
-
 
 // CPU: resident set (allocated), peak RSS, cgroup limit or MemTotal (total), MemAvailable (free).
 MemorySnapshot ReadCpuMemory();
@@ -32,7 +30,7 @@ Status LimitCpuMemory(uint64_t bytes);
 // The process's peak resident set (VmHWM) alone: what a step's peak needs, without the rest.
 uint64_t ReadCpuPeakBytes();
 
-// A rank's measured peak memory in one training step (worker/device_memory.h says what is
+// A rank's measured peak memory in one training step (worker/train/device_memory.h says what is
 // counted on each device): the forward/backward schedule, and the optimizer update after it.
 struct StepMemory {
   int64_t schedule_peak_bytes = 0;
@@ -53,10 +51,12 @@ class TaskReporter {
  public:
   virtual ~TaskReporter() = default;
   // `grad_norm`: the global L2 norm of the step's gradient, before clipping.
-  virtual void ReportStep(int64_t step, double loss, double grad_norm, double tokens_per_second, const StepMemory& memory) = 0;
+  virtual void ReportStep(int64_t step, double loss, double grad_norm, double tokens_per_second,
+                          const StepMemory& memory) = 0;
   // Called after the shard of `step` is committed (durable) in this worker's store, under
   // (key_run, step): the run's id, or a key of its own for a shard cut unlike one already there.
-  virtual void ReportCheckpoint(int64_t step, const std::string& key_run, const std::vector<storage::CheckpointTensorInfo>& tensors) = 0;
+  virtual void ReportCheckpoint(int64_t step, const std::string& key_run,
+                                const std::vector<storage::CheckpointTensorInfo>& tensors) = 0;
   // Extract runs: `chunk` is durable in this worker's store (computed now, or found there).
   virtual void ReportChunk(const storage::ActivationChunkInfo& chunk, bool computed) = 0;
   // A line for the run's journal (`strata events`), e.g. kind "oom".
@@ -99,7 +99,7 @@ class ShardReader {
   // from several threads at once.
   virtual Status ReadInto(const std::string& name, storage::DType dtype, std::span<uint8_t> out) = 0;
   virtual const std::string& where() const = 0;  // for messages: the store or server read
-  virtual bool remote() const = 0;                // read through another host's store server
+  virtual bool remote() const = 0;               // read through another host's store server
 };
 
 // Beside its own store, what a worker can reach: stores of its host by path (opened read-only
@@ -164,15 +164,15 @@ struct TaskContext {
   uint32_t world_size = 1;
   Communicator* communicator = nullptr;
   storage::ShardStore* store = nullptr;
-  std::string store_path;  // where `store` lives (a resume shard there is read through `store`)
+  std::string store_path;    // where `store` lives (a resume shard there is read through `store`)
   ShardAccess shard_access;  // how a resume reaches the shards of other workers' stores
-  ResumePoint resume;      // train runs
+  ResumePoint resume;        // train runs
   TaskReporter* reporter = nullptr;
   CancelFlag* cancelled = nullptr;  // checked between steps
   // Set with a cancel (> 0): save the state of this step before stopping, if it is the state held
   // (schema CancelTask.snapshotStep).
   const std::atomic<int64_t>* snapshot_step = nullptr;
-  std::vector<uint64_t> chunks;                   // extract runs: the chunks to capture
+  std::vector<uint64_t> chunks;  // extract runs: the chunks to capture
   // A collective not finished this long after it was issued is aborted (the hang watchdog of
   // communicators that cannot time out a single wait, i.e. NCCL).
   int collective_timeout_ms = 120000;

@@ -97,10 +97,14 @@ size_t ScanTyped(const unsigned char* p, size_t n, uint64_t vocab) {
 template <typename Fn>
 decltype(auto) WithType(const IntType& type, Fn&& fn) {
   switch (type.size) {
-    case 1: return type.is_signed ? fn(int8_t{}) : fn(uint8_t{});
-    case 2: return type.is_signed ? fn(int16_t{}) : fn(uint16_t{});
-    case 4: return type.is_signed ? fn(int32_t{}) : fn(uint32_t{});
-    default: return type.is_signed ? fn(int64_t{}) : fn(uint64_t{});
+    case 1:
+      return type.is_signed ? fn(int8_t{}) : fn(uint8_t{});
+    case 2:
+      return type.is_signed ? fn(int16_t{}) : fn(uint16_t{});
+    case 4:
+      return type.is_signed ? fn(int32_t{}) : fn(uint32_t{});
+    default:
+      return type.is_signed ? fn(int64_t{}) : fn(uint64_t{});
   }
 }
 
@@ -131,8 +135,8 @@ class Mapping {
     const off_t end = ::lseek(fd, 0, SEEK_END);
     if (end < 0 || static_cast<uint64_t>(end) != expected_bytes) {
       ::close(fd);
-      return IoError(what + " changed size while it was being opened (" + std::to_string(expected_bytes) + " bytes, now " +
-                     std::to_string(end) + "); do not rewrite a corpus while a run reads it");
+      return IoError(what + " changed size while it was being opened (" + std::to_string(expected_bytes) +
+                     " bytes, now " + std::to_string(end) + "); do not rewrite a corpus while a run reads it");
     }
     if (expected_bytes > 0) {
       void* base = ::mmap(nullptr, expected_bytes, PROT_READ, MAP_SHARED, fd, 0);
@@ -188,7 +192,9 @@ struct TokenData::Impl {
     return length > static_cast<uint64_t>(sequence) ? length - static_cast<uint64_t>(sequence) : 0;
   }
   uint64_t Offset(uint64_t r) const {
-    const size_t k = static_cast<size_t>(std::upper_bound(windows_before.begin(), windows_before.end(), r) - windows_before.begin()) - 1;
+    const size_t k = static_cast<size_t>(std::upper_bound(windows_before.begin(), windows_before.end(), r) -
+                                         windows_before.begin()) -
+                     1;
     r -= windows_before[k];
     for (uint64_t d = k * kDocumentStride;; ++d) {
       const uint64_t w = Windows(d);
@@ -201,11 +207,13 @@ struct TokenData::Impl {
     const uint64_t byte = layout.data_offset + index * layout.type.size;
     const int64_t id = IdAt(layout.type, ids + index * layout.type.size);
     const bool negative = layout.type.is_signed && id < 0;
-    const std::string text = negative ? std::to_string(id) : std::to_string(static_cast<uint64_t>(id));  // u8 ids past 2^63 too
-    return InvalidArgument("data.path = \"" + path + "\" holds token id " + text + " at byte offset " +
-                           std::to_string(byte) + " (token " + std::to_string(index) + "), " +
-                           (negative ? std::string("a negative id") : "not below model.vocab = " + std::to_string(vocab)) +
-                           "; token ids must lie in [0, model.vocab): raise model.vocab to the tokenizer's, or re-tokenize");
+    const std::string text =
+        negative ? std::to_string(id) : std::to_string(static_cast<uint64_t>(id));  // u8 ids past 2^63 too
+    return InvalidArgument(
+        "data.path = \"" + path + "\" holds token id " + text + " at byte offset " + std::to_string(byte) + " (token " +
+        std::to_string(index) + "), " +
+        (negative ? std::string("a negative id") : "not below model.vocab = " + std::to_string(vocab)) +
+        "; token ids must lie in [0, model.vocab): raise model.vocab to the tokenizer's, or re-tokenize");
   }
 
   Status LoadDocuments(const std::string& documents_path);
@@ -240,26 +248,30 @@ Status TokenData::Impl::LoadDocuments(const std::string& documents_path) {
     const int64_t raw = IdAt(documents.type, starts + d * 8);
     const uint64_t start = static_cast<uint64_t>(raw);
     auto refuse = [&](const std::string& why) {
-      return InvalidArgument(what + ": offset " + std::to_string(d) + " (byte " + std::to_string(documents.data_offset + d * 8) +
-                             ") is " + (documents.type.is_signed ? std::to_string(raw) : std::to_string(start)) + ", " + why +
+      return InvalidArgument(what + ": offset " + std::to_string(d) + " (byte " +
+                             std::to_string(documents.data_offset + d * 8) + ") is " +
+                             (documents.type.is_signed ? std::to_string(raw) : std::to_string(start)) + ", " + why +
                              "; the file lists each document's first token, ascending from 0");
     };
     if (d == 0 && start != 0) return refuse("not 0");
     if (documents.type.is_signed && raw < 0) return refuse("negative");
     if (start > layout.tokens) return refuse("past the " + std::to_string(layout.tokens) + " tokens of data.path");
-    if (d > 0 && start < Start(d - 1)) return refuse("below offset " + std::to_string(d - 1) + " = " + std::to_string(Start(d - 1)));
+    if (d > 0 && start < Start(d - 1))
+      return refuse("below offset " + std::to_string(d - 1) + " = " + std::to_string(Start(d - 1)));
     if (d % kDocumentStride == 0) windows_before.push_back(windows);
     // Offsets up to d are checked, and Windows(d) reads d + 1: check it first.
-    const uint64_t next = d + 1 < documents.count ? static_cast<uint64_t>(IdAt(documents.type, starts + (d + 1) * 8)) : layout.tokens;
+    const uint64_t next =
+        d + 1 < documents.count ? static_cast<uint64_t>(IdAt(documents.type, starts + (d + 1) * 8)) : layout.tokens;
     if (next < start || next > layout.tokens) continue;  // refused at the next offset
     longest = std::max(longest, next - start);
     windows += Windows(d);
   }
   documents_map.Advise(MADV_RANDOM);
   if (windows == 0) {
-    return InvalidArgument(what + ": no document holds model.sequence + 1 = " + std::to_string(sequence + 1) +
-                           " tokens (the longest holds " + std::to_string(longest) +
-                           "), so no window lies inside one; use a shorter sequence or set data.sample_within_documents = false");
+    return InvalidArgument(
+        what + ": no document holds model.sequence + 1 = " + std::to_string(sequence + 1) +
+        " tokens (the longest holds " + std::to_string(longest) +
+        "), so no window lies inside one; use a shorter sequence or set data.sample_within_documents = false");
   }
   return Status::Ok();
 }
@@ -280,7 +292,8 @@ Result<TokenData> TokenData::Load(const DataSpec& spec, int64_t vocab, int64_t s
   d.ids = d.map.bytes() ? d.map.bytes() + layout.data_offset : nullptr;
   // Unsigned ids of a type whose largest value is below vocab need no check (bytes, u16 with a
   // vocab over 65535).
-  const bool bounded = !layout.type.is_signed && layout.type.size < 8 && (uint64_t{1} << (8 * layout.type.size)) <= d.vocab;
+  const bool bounded =
+      !layout.type.is_signed && layout.type.size < 8 && (uint64_t{1} << (8 * layout.type.size)) <= d.vocab;
   if (bounded || layout.tokens == 0) {
     d.scanned = true;
   } else if (layout.tokens * layout.type.size <= kScanAtLoadBytes) {

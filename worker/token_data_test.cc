@@ -4,9 +4,8 @@
 #include "worker/token_data.h"
 
 #include <fcntl.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -70,11 +69,13 @@ class TokenDataTest : public ::testing::Test {
     return out;
   }
   // Loads and expects InvalidArgument containing each of `needles`.
-  void ExpectRefused(const DataSpec& spec, int64_t vocab, const std::vector<std::string>& needles, int64_t sequence = 0) {
+  void ExpectRefused(const DataSpec& spec, int64_t vocab, const std::vector<std::string>& needles,
+                     int64_t sequence = 0) {
     auto data = TokenData::Load(spec, vocab, sequence);
     ASSERT_FALSE(data.ok()) << spec.path << " loaded";
     EXPECT_EQ(data.status().code(), StatusCode::kInvalidArgument) << data.status().ToString();
-    for (const auto& needle : needles) EXPECT_NE(data.status().message().find(needle), std::string::npos) << data.status().message();
+    for (const auto& needle : needles)
+      EXPECT_NE(data.status().message().find(needle), std::string::npos) << data.status().message();
   }
 
   std::string dir_;
@@ -112,7 +113,8 @@ TEST_F(TokenDataTest, EveryFormatReadsTheSameIds) {
     ASSERT_TRUE(data->Read(12345, 1000, window.data()).ok()) << name;
     EXPECT_TRUE(std::equal(window.begin(), window.end(), ids.begin() + 12345)) << name;
     // The same batches whatever the format: sampling depends only on the token count.
-    EXPECT_EQ(data->BatchOffsets(7, 3, 8, 64), TokenData::Load(files.at("u16"), 60000)->BatchOffsets(7, 3, 8, 64)) << name;
+    EXPECT_EQ(data->BatchOffsets(7, 3, 8, 64), TokenData::Load(files.at("u16"), 60000)->BatchOffsets(7, 3, 8, 64))
+        << name;
   }
 }
 
@@ -163,18 +165,26 @@ TEST_F(TokenDataTest, NpyHeadersStrataCannotReadNameTheField) {
   const std::string four = Bytes(std::vector<uint32_t>{1, 2, 3, 4});
   const std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> cases = {
       {"fortran", Npy("{'descr': '<u4', 'fortran_order': True, 'shape': (4,), }", four), {"'fortran_order'", "True"}},
-      {"2-D", Npy("{'descr': '<u4', 'fortran_order': False, 'shape': (2, 2), }", four), {"'shape' = (2, 2)", "not 1-D"}},
-      {"0-D", Npy("{'descr': '<u4', 'fortran_order': False, 'shape': (), }", four.substr(0, 4)), {"'shape' = ()", "not 1-D"}},
+      {"2-D",
+       Npy("{'descr': '<u4', 'fortran_order': False, 'shape': (2, 2), }", four),
+       {"'shape' = (2, 2)", "not 1-D"}},
+      {"0-D",
+       Npy("{'descr': '<u4', 'fortran_order': False, 'shape': (), }", four.substr(0, 4)),
+       {"'shape' = ()", "not 1-D"}},
       {"big-endian", Npy(NpyDict(">u4", 4), four), {"'descr' = '>u4'", "big-endian"}},
       {"float", Npy(NpyDict("<f4", 4), four), {"'descr' = '<f4'", "floating-point"}},
       {"bool", Npy(NpyDict("|b1", 4), four.substr(0, 4)), {"'descr' = '|b1'", "not an integer"}},
-      {"structured", Npy("{'descr': [('a', '<u4')], 'fortran_order': False, 'shape': (4,), }", four), {"'descr'", "structured"}},
+      {"structured",
+       Npy("{'descr': [('a', '<u4')], 'fortran_order': False, 'shape': (4,), }", four),
+       {"'descr'", "structured"}},
       {"shape too long", Npy(NpyDict("<u4", 5), four), {"'shape' = (5,)", "truncated"}},
       {"shape too short", Npy(NpyDict("<u4", 3), four), {"'shape' = (3,)", "16 bytes"}},
       {"negative dim", Npy("{'descr': '<u4', 'fortran_order': False, 'shape': (-4,), }", four), {"'shape'", "-4"}},
       {"extra key", Npy("{'descr': '<u4', 'fortran_order': False, 'shape': (4,), 'x': 1}", four), {"'x'"}},
       {"missing key", Npy("{'descr': '<u4', 'shape': (4,)}", four), {"lacks the key 'fortran_order'"}},
-      {"duplicate key", Npy("{'descr': '<u4', 'descr': '<u4', 'fortran_order': False, 'shape': (4,)}", four), {"twice"}},
+      {"duplicate key",
+       Npy("{'descr': '<u4', 'descr': '<u4', 'fortran_order': False, 'shape': (4,)}", four),
+       {"twice"}},
       {"not a dict", Npy("[1, 2]", four), {"not a dict"}},
       {"garbage", Npy("{'descr': <u4}", four), {"does not parse", "character"}},
       {"deep", Npy(std::string(40, '[') + std::string(40, ']'), four), {"nesting"}},
@@ -210,10 +220,12 @@ TEST_F(TokenDataTest, AnIdOutsideTheVocabularyNamesItsByteOffset) {
   // Signed arrays: a negative id is refused as such.
   std::vector<int16_t> i16 = {3, 2, -1, 0};
   ExpectRefused(Spec(Write("s.npy", Npy(NpyDict("<i2", i16.size()), Bytes(i16))), "npy"), 1000,
-                {"token id -1 at byte offset " + std::to_string(Npy(NpyDict("<i2", 4), "").size() + 4) + " (token 2)", "negative"});
+                {"token id -1 at byte offset " + std::to_string(Npy(NpyDict("<i2", 4), "").size() + 4) + " (token 2)",
+                 "negative"});
   std::vector<int64_t> i64 = {3, 2, 1, int64_t{1} << 40};
   ExpectRefused(Spec(Write("l.npy", Npy(NpyDict("<i8", i64.size()), Bytes(i64))), "npy"), 1000,
-                {"token id 1099511627776 at byte offset " + std::to_string(Npy(NpyDict("<i8", 4), "").size() + 24) + " (token 3)"});
+                {"token id 1099511627776 at byte offset " + std::to_string(Npy(NpyDict("<i8", 4), "").size() + 24) +
+                 " (token 3)"});
   std::vector<uint64_t> u64 = {1, ~uint64_t{0}};
   ExpectRefused(Spec(Write("u.npy", Npy(NpyDict("<u8", u64.size()), Bytes(u64))), "npy"), 1000,
                 {"token id 18446744073709551615 at byte offset", "not below model.vocab = 1000"});
@@ -249,7 +261,8 @@ TEST_F(TokenDataTest, FilesPastTheScanThresholdAreCheckedPerWindow) {
   EXPECT_TRUE(data->Read(static_cast<int64_t>(bad) - 65, 65, window.data()).ok());
   Status read = data->Read(static_cast<int64_t>(bad) - 60, 65, window.data());
   EXPECT_EQ(read.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(read.message().find("token id 77777 at byte offset " + std::to_string(bad * 4)), std::string::npos) << read.message();
+  EXPECT_NE(read.message().find("token id 77777 at byte offset " + std::to_string(bad * 4)), std::string::npos)
+      << read.message();
   EXPECT_NE(read.message().find(path), std::string::npos) << read.message();
 }
 
@@ -268,7 +281,8 @@ TEST_F(TokenDataTest, SizesThatDoNotFitTheFormatNameTheFile) {
 class DocumentsTest : public TokenDataTest {
  protected:
   // `lengths` documents of consecutive ids (id = position % 1000), and the offsets file.
-  TokenData LoadDocuments(const std::vector<uint64_t>& lengths, int64_t sequence, std::vector<uint64_t>* starts_out = nullptr) {
+  TokenData LoadDocuments(const std::vector<uint64_t>& lengths, int64_t sequence,
+                          std::vector<uint64_t>* starts_out = nullptr) {
     std::vector<uint64_t> starts;
     uint64_t total = 0;
     for (uint64_t n : lengths) starts.push_back(total), total += n;
@@ -297,8 +311,11 @@ TEST_F(DocumentsTest, WindowsStayInsideDocumentsAndCoverEachEvenly) {
   std::map<int64_t, int> hits;
   for (int64_t step = 0; step < 2000; ++step) {
     for (int64_t o : data.BatchOffsets(11, step, 32, 16)) {
-      const size_t d = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), static_cast<uint64_t>(o)) - starts.begin()) - 1;
-      ASSERT_LE(o + 17, static_cast<int64_t>(starts[d] + lengths[d])) << "window at " << o << " crosses the end of document " << d;
+      const size_t d = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), static_cast<uint64_t>(o)) -
+                                           starts.begin()) -
+                       1;
+      ASSERT_LE(o + 17, static_cast<int64_t>(starts[d] + lengths[d]))
+          << "window at " << o << " crosses the end of document " << d;
       ++hits[o];
     }
   }
@@ -326,12 +343,14 @@ TEST_F(DocumentsTest, OneDocumentSamplesAsWithout) {
   TokenData within = LoadDocuments({5000}, 64);
   auto plain = TokenData::Load(Spec(dir_ + "/docs.u32", "u32"), 1000);
   ASSERT_TRUE(plain.ok());
-  for (int64_t step = 0; step < 5; ++step) EXPECT_EQ(within.BatchOffsets(9, step, 8, 64), plain->BatchOffsets(9, step, 8, 64));
+  for (int64_t step = 0; step < 5; ++step)
+    EXPECT_EQ(within.BatchOffsets(9, step, 8, 64), plain->BatchOffsets(9, step, 8, 64));
 }
 
 TEST_F(DocumentsTest, OffsetsFilesAreValidatedNamingTheIndex) {
   const std::string tokens = Write("t.u32", Bytes(SomeIds(100, 50)));
-  auto refuse = [&](const std::string& name, const std::string& bytes, const std::vector<std::string>& needles, int64_t sequence = 8) {
+  auto refuse = [&](const std::string& name, const std::string& bytes, const std::vector<std::string>& needles,
+                    int64_t sequence = 8) {
     SCOPED_TRACE(name);
     DataSpec spec = Spec(tokens, "u32");
     spec.documents = Write(name, bytes);
@@ -345,9 +364,12 @@ TEST_F(DocumentsTest, OffsetsFilesAreValidatedNamingTheIndex) {
   refuse("past", Bytes(std::vector<uint64_t>{0, 40, 101}), {"offset 2 (byte 16) is 101, past the 100 tokens"});
   refuse("size", std::string(12, '\0'), {"12 bytes, not a multiple of 8"});
   refuse("empty", "", {"holds no offsets"});
-  refuse("short docs", Bytes(std::vector<uint64_t>{0, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90}), {"no document holds model.sequence + 1 = 11 tokens (the longest holds 10)"}, 10);
-  refuse("npy negative", Npy(NpyDict("<i8", 2), Bytes(std::vector<int64_t>{0, -5})), {"offset 1 (byte 136) is -5, negative"});
-  refuse("npy u4", Npy(NpyDict("<u4", 2), Bytes(std::vector<uint32_t>{0, 5})), {"'descr' = '<u4'", "not a 64-bit integer"});
+  refuse("short docs", Bytes(std::vector<uint64_t>{0, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90}),
+         {"no document holds model.sequence + 1 = 11 tokens (the longest holds 10)"}, 10);
+  refuse("npy negative", Npy(NpyDict("<i8", 2), Bytes(std::vector<int64_t>{0, -5})),
+         {"offset 1 (byte 136) is -5, negative"});
+  refuse("npy u4", Npy(NpyDict("<u4", 2), Bytes(std::vector<uint32_t>{0, 5})),
+         {"'descr' = '<u4'", "not a 64-bit integer"});
   // Accepted: an int64 .npy, empty documents (equal neighbours) and a final offset at the end.
   DataSpec spec = Spec(tokens, "u32");
   spec.documents = Write("ok.npy", Npy(NpyDict("<i8", 4), Bytes(std::vector<int64_t>{0, 0, 60, 100})));

@@ -15,16 +15,17 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/thread_annotations.h"
-#include "worker/device_memory.h"
-#include "worker/extractor.h"
-#include "worker/trainer.h"
+#include "worker/extract/extractor.h"
+#include "worker/train/device_memory.h"
+#include "worker/train/trainer.h"
 
 #ifdef STRATA_WITH_CUDA
-#include "worker/nccl_communicator.h"
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
+
+#include "worker/comm/nccl_communicator.h"
 #endif
 
 namespace strata::worker {
@@ -58,13 +59,14 @@ void InjectedHangBeforeStep(const TaskContext& context, int64_t step) {
   std::thread([comm, done] {  // holds the communicator alive for as long as its abort takes
     comm->Abort();
     done->set_value();
-  }).detach();
+  })
+      .detach();
   if (aborted.wait_for(std::chrono::milliseconds(kAbortDeadlineMs)) == std::future_status::ready) {
     STRATA_LOG(kInfo) << "run " << context.run_id << ": communicators aborted in " << net::SteadyMs() - start << " ms";
     return;
   }
-  STRATA_LOG(kError) << "run " << context.run_id << ": the communicator abort has not returned after " << kAbortDeadlineMs
-                     << " ms; this device is stuck";
+  STRATA_LOG(kError) << "run " << context.run_id << ": the communicator abort has not returned after "
+                     << kAbortDeadlineMs << " ms; this device is stuck";
   if (context.device_stuck) context.device_stuck->store(true);
 }
 
@@ -83,11 +85,14 @@ class CheckpointWriter {
       auto saved = Trainer::WriteCheckpointShard(*context_.store, std::move(copy));
       // An I/O failure of the store (a full disk says so, with the free bytes), never mistaken for
       // running out of device memory, which the task reports as ResourceExhausted.
-      if (!saved.ok()) return IoError("the checkpoint of step " + std::to_string(step) + " was not written: " + saved.status().message());
-      STRATA_LOG(kInfo) << "checkpoint of step " << step << ": " << bytes / (1 << 20) << " MiB copied to the host in "
-                        << static_cast<int64_t>(copy_seconds * 1000) << " ms (training paused), written in "
-                        << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()
-                        << " ms (in the background)";
+      if (!saved.ok())
+        return IoError("the checkpoint of step " + std::to_string(step) +
+                       " was not written: " + saved.status().message());
+      STRATA_LOG(kInfo)
+          << "checkpoint of step " << step << ": " << bytes / (1 << 20) << " MiB copied to the host in "
+          << static_cast<int64_t>(copy_seconds * 1000) << " ms (training paused), written in "
+          << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()
+          << " ms (in the background)";
       context_.reporter->ReportCheckpoint(step, saved->key_run, saved->tensors);
       return Status::Ok();
     });
@@ -123,7 +128,8 @@ class MemorySampler {
     std::thread([state = state_, read = std::move(read)] {
       State& s = *state;
       MutexLock lock(s.mutex);
-      while (!s.wake.WaitFor(lock, std::chrono::milliseconds(kEveryMs), [&]() STRATA_REQUIRES(s.mutex) { return s.stop; })) {
+      while (!s.wake.WaitFor(lock, std::chrono::milliseconds(kEveryMs),
+                             [&]() STRATA_REQUIRES(s.mutex) { return s.stop; })) {
         lock.Unlock();
         MemorySnapshot fresh = read();
         lock.Lock();
@@ -160,9 +166,11 @@ class MemorySampler {
 
 class TorchExecutor final : public TaskExecutor {
  public:
-  TorchExecutor(torch::Device device, uint64_t memory_limit_bytes) : device_(device), memory_limit_bytes_(memory_limit_bytes) {
+  TorchExecutor(torch::Device device, uint64_t memory_limit_bytes)
+      : device_(device), memory_limit_bytes_(memory_limit_bytes) {
     if (device_.is_cuda()) {
-      sampler_ = std::make_unique<MemorySampler>([device, memory_limit_bytes] { return ReadDeviceMemory(device, memory_limit_bytes); });
+      sampler_ = std::make_unique<MemorySampler>(
+          [device, memory_limit_bytes] { return ReadDeviceMemory(device, memory_limit_bytes); });
     }
   }
 
@@ -191,7 +199,9 @@ class TorchExecutor final : public TaskExecutor {
     }
     return status;
   }
-  Status RunExtract(TaskContext& context) override { return Guarded("capture", [&] { return Extract(context); }); }
+  Status RunExtract(TaskContext& context) override {
+    return Guarded("capture", [&] { return Extract(context); });
+  }
 
   // The control thread's view (heartbeats, registration): a GPU's last sample, at most
   // MemorySampler::kEveryMs old; a CPU's memory read now (/proc, never blocks).
@@ -237,7 +247,8 @@ class TorchExecutor final : public TaskExecutor {
     try {
       return fn();
     } catch (const c10::OutOfMemoryError& e) {
-      return Status(StatusCode::kResourceExhausted, std::string(what) + " ran out of device memory: " + e.what_without_backtrace());
+      return Status(StatusCode::kResourceExhausted,
+                    std::string(what) + " ran out of device memory: " + e.what_without_backtrace());
     } catch (const c10::Error& e) {
       return Internal(std::string("LibTorch error: ") + e.what_without_backtrace());
     } catch (const std::exception& e) {
@@ -258,7 +269,8 @@ class TorchExecutor final : public TaskExecutor {
 #endif
     const int64_t cores = static_cast<int64_t>(std::thread::hardware_concurrency());
     if (const int64_t clamped = ClampWorkerThreads(threads, cores); clamped != threads) {
-      STRATA_LOG(kWarn) << "worker.threads = " << threads << " is more than this machine's " << cores << " cores; using " << clamped;
+      STRATA_LOG(kWarn) << "worker.threads = " << threads << " is more than this machine's " << cores
+                        << " cores; using " << clamped;
       threads = clamped;
     }
     if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
@@ -272,12 +284,15 @@ class TorchExecutor final : public TaskExecutor {
       return InvalidArgument("extract.precision = \"bf16\" needs a CUDA worker and this one runs on " + device_.str() +
                              "; use precision = \"fp32\" on CPU workers");
     }
-    STRATA_ASSIGN_OR_RETURN(auto data, TokenData::Load(spec.data, spec.model.vocab, spec.model.sequence, TokenData::Access::kSequential));
-    Extractor extractor(context, std::move(data), device_, ReadDeviceMemory());
-    return extractor.Run();
+    STRATA_ASSIGN_OR_RETURN(
+        auto data, TokenData::Load(spec.data, spec.model.vocab, spec.model.sequence, TokenData::Access::kSequential));
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Extractor> extractor,
+                            Extractor::Create(context, std::move(data), device_, ReadDeviceMemory()));
+    return extractor->Run();
   }
 
-  void ReportOutOfMemory(TaskContext& context, int64_t step, int64_t micro_batch, int64_t intact_step, const std::string& detail) {
+  void ReportOutOfMemory(TaskContext& context, int64_t step, int64_t micro_batch, int64_t intact_step,
+                         const std::string& detail) {
     OutOfMemoryReport report;
     report.step = step;
     report.micro_batch = micro_batch;
@@ -288,7 +303,8 @@ class TorchExecutor final : public TaskExecutor {
     // optimizer state), which it gives back when it ends.
     const MemorySnapshot memory = ReadDeviceMemory();
     report.total_bytes = memory.total_bytes;
-    report.free_bytes = std::min(memory.total_bytes, memory.free_bytes + (device_.is_cuda() ? memory.allocated_bytes : 0));
+    report.free_bytes =
+        std::min(memory.total_bytes, memory.free_bytes + (device_.is_cuda() ? memory.allocated_bytes : 0));
     context.reporter->ReportOutOfMemory(report);
   }
 
@@ -303,10 +319,12 @@ class TorchExecutor final : public TaskExecutor {
 
   // A cancelled task stops; asked for a snapshot, it leaves its state behind first.
   static Status Stop(TaskContext& context, Trainer& trainer, CheckpointWriter& writer) {
-    if (Status last = writer.Wait(); !last.ok()) STRATA_LOG(kWarn) << "the last checkpoint write failed: " << last.ToString();
+    if (Status last = writer.Wait(); !last.ok())
+      STRATA_LOG(kWarn) << "the last checkpoint write failed: " << last.ToString();
     const int64_t step = context.snapshot_step ? context.snapshot_step->load() : 0;
     Status saved = SaveSnapshot(context, trainer, step);
-    if (!saved.ok()) STRATA_LOG(kWarn) << "could not save the state of step " << step << " before stopping: " << saved.ToString();
+    if (!saved.ok())
+      STRATA_LOG(kWarn) << "could not save the state of step " << step << " before stopping: " << saved.ToString();
     return Aborted("cancelled");
   }
 
@@ -329,8 +347,8 @@ class TorchExecutor final : public TaskExecutor {
       // A collective past its deadline is reported at once, from the watchdog's thread: this one
       // may stay blocked on it.
       auto on_timeout = [reporter = context.reporter](const std::string& why) { reporter->ReportStalled(-1, why); };
-      STRATA_ASSIGN_OR_RETURN(nccl, CreateNcclCommunicator(*context.communicator, device_.index(), context.collective_timeout_ms,
-                                                           on_timeout));
+      STRATA_ASSIGN_OR_RETURN(nccl, CreateNcclCommunicator(*context.communicator, device_.index(),
+                                                           context.collective_timeout_ms, on_timeout));
       context.communicator = nccl.get();
       // A cancel (e.g. a peer was lost) must also reach NCCL: kernels waiting for a dead peer
       // never return on their own, and this thread may be blocked on one.
@@ -348,13 +366,15 @@ class TorchExecutor final : public TaskExecutor {
       }
     } join_watcher{*context.cancelled, cancel_watcher};
     const int64_t build_start = net::SteadyMs();
-    Trainer trainer(context, std::move(data), device_);
-    STRATA_RETURN_IF_ERROR(trainer.init_status());
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> made, Trainer::Create(context, std::move(data), device_));
+    Trainer& trainer = *made;
     STRATA_LOG(kInfo) << "run " << context.run_id << ": model built in " << net::SteadyMs() - build_start << " ms";
     if (!context.resume.run_id.empty()) {
       STRATA_RETURN_IF_ERROR(trainer.Resume(context.resume));
-      if (context.rank == 0) context.reporter->ReportNotice("resumed", "the " + std::to_string(context.world_size) + " rank(s) loaded the checkpoint of " +
-                                                    context.resume.run_id + " at step " + std::to_string(context.resume.step));
+      if (context.rank == 0)
+        context.reporter->ReportNotice("resumed", "the " + std::to_string(context.world_size) +
+                                                      " rank(s) loaded the checkpoint of " + context.resume.run_id +
+                                                      " at step " + std::to_string(context.resume.step));
     }
     const int64_t tokens_per_step = spec.train.global_batch * spec.model.sequence;
     StepProfiler profiler(context.run_id, static_cast<int>(context.rank));
@@ -373,7 +393,8 @@ class TorchExecutor final : public TaskExecutor {
         const int64_t failed = trainer.step() + 1;
         int64_t intact = trainer.state_intact() ? trainer.step() : -1;
         if (Status saved = SaveSnapshot(context, trainer, intact); !saved.ok()) {
-          STRATA_LOG(kWarn) << "could not save the state of step " << intact << " after running out of memory: " << saved.ToString();
+          STRATA_LOG(kWarn) << "could not save the state of step " << intact
+                            << " after running out of memory: " << saved.ToString();
           intact = -1;
         }
         ReportOutOfMemory(context, failed, trainer.micro_batch(), intact, stepped.status().message());
@@ -388,7 +409,8 @@ class TorchExecutor final : public TaskExecutor {
       const double loss = *stepped;
       profiler.AfterStep(trainer.step());
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      context.reporter->ReportStep(trainer.step(), loss, trainer.last_grad_norm(), tokens_per_step / std::max(seconds, 1e-9), trainer.last_step_memory());
+      context.reporter->ReportStep(trainer.step(), loss, trainer.last_grad_norm(),
+                                   tokens_per_step / std::max(seconds, 1e-9), trainer.last_step_memory());
       const bool last = trainer.step() == spec.train.steps;
       const int64_t every = spec.train.CheckpointInterval();
       if (last || (every > 0 && trainer.step() % every == 0)) {
@@ -397,7 +419,8 @@ class TorchExecutor final : public TaskExecutor {
         auto copy = trainer.CopyCheckpointShard();
         STRATA_RETURN_IF_ERROR(copy.status());
         if (Status comm = context.communicator->Check(); comm.code() == StatusCode::kDeadlineExceeded) return comm;
-        writer.Start(std::move(copy).value(), std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());
+        writer.Start(std::move(copy).value(),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count());
       }
     }
     return writer.Wait();  // the final checkpoint is durable and reported before the task ends
@@ -427,7 +450,8 @@ Result<std::unique_ptr<TaskExecutor>> CreateTorchExecutor(const TorchExecutorOpt
         // Emulates a smaller card: the caching allocator refuses to grow past the fraction.
         size_t free = 0, total = 0;
         if (cudaMemGetInfo(&free, &total) != cudaSuccess || total == 0) return Internal("cudaMemGetInfo failed");
-        const double fraction = std::min(1.0, static_cast<double>(options.memory_limit_bytes) / static_cast<double>(total));
+        const double fraction =
+            std::min(1.0, static_cast<double>(options.memory_limit_bytes) / static_cast<double>(total));
         c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
       }
 #else
@@ -440,8 +464,8 @@ Result<std::unique_ptr<TaskExecutor>> CreateTorchExecutor(const TorchExecutorOpt
     }
     return std::unique_ptr<TaskExecutor>(std::make_unique<TorchExecutor>(device, options.memory_limit_bytes));
   } catch (const c10::Error& e) {
-    return InvalidArgument("--device " + options.device + " is not a device (use cpu or cuda:N): " +
-                           e.what_without_backtrace());
+    return InvalidArgument("--device " + options.device +
+                           " is not a device (use cpu or cuda:N): " + e.what_without_backtrace());
   }
 }
 

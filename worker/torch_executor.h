@@ -10,7 +10,7 @@
 namespace strata::worker {
 
 struct TorchExecutorOptions {
-  std::string device = "cpu";  // "cpu" or "cuda:N" (needs a CUDA build)
+  std::string device = "cpu";       // "cpu" or "cuda:N" (needs a CUDA build)
   uint64_t memory_limit_bytes = 0;  // CUDA: cap the caching allocator at this much (0 = the card)
 };
 

@@ -1,6 +1,8 @@
 // Worker control loop. See worker.h for who owns what.
 #include "worker/worker.h"
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,303 +10,30 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <optional>
 #include <mutex>
-#include <cstdio>
+#include <optional>
 #include <thread>
-
-#include <capnp/message.h>
-#include <capnp/serialize.h>
 #include <zmq.hpp>
 
+#include "client/store_client.h"
 #include "common/curve.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "common/task_log.h"
 #include "common/thread_annotations.h"
-#include "common/net.h"
 #include "schema/envelope.h"
-#include "client/store_client.h"
+#include "worker/outbox.h"
+#include "worker/running_task.h"
+#include "worker/shard_replicator.h"
 #include "worker/store_server.h"
 
 namespace strata::worker {
 namespace {
-
-// Messages the task thread wants sent; the control thread drains and sends them.
-class Outbox {
- public:
-  void Push(std::string bytes) STRATA_EXCLUDES(mutex_) {
-    MutexLock lock(mutex_);
-    queue_.push_back(std::move(bytes));
-  }
-  std::deque<std::string> Take() STRATA_EXCLUDES(mutex_) {
-    MutexLock lock(mutex_);
-    return std::exchange(queue_, {});
-  }
-
- private:
-  Mutex mutex_;
-  std::deque<std::string> queue_ STRATA_GUARDED_BY(mutex_);
-};
-
-
-::DType ToWire(storage::DType d) { return static_cast<::DType>(static_cast<uint8_t>(d)); }
-
-// Copies checkpoint shards of other workers into this worker's store (ReplicateShard), one at a
-// time on its own thread, a piece at a time (host memory holds one piece), and reports each copy
-// through the outbox once it is committed (durable). A request for a copy already committed (the
-// coordinator restarted and asked again) is answered at once.
-class ShardReplicator {
- public:
-  ShardReplicator(storage::ShardStore* store, std::string store_path, std::optional<curve::ClientKeys> keys, Outbox* outbox)
-      : store_(store), store_path_(std::move(store_path)), keys_(std::move(keys)), outbox_(outbox) {}
-  ~ShardReplicator() {
-    stopping_.store(true);  // a copy in progress stops at its next piece
-    std::thread thread;
-    {
-      MutexLock lock(mutex_);
-      stop_ = true;
-      thread = std::move(thread_);
-    }
-    wake_.NotifyAll();
-    if (thread.joinable()) thread.join();
-  }
-
-  struct Request {
-    std::string run_id, source, source_key_run, key_run;
-    int64_t step = 0;
-    uint32_t rank = 0;
-    std::vector<std::string> names;
-  };
-
-  void Add(Request request) STRATA_EXCLUDES(mutex_) {
-    {
-      MutexLock lock(mutex_);
-      queue_.push_back(std::move(request));
-      if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
-    }
-    wake_.NotifyAll();
-  }
-
- private:
-  void Loop() STRATA_EXCLUDES(mutex_) {
-    while (true) {
-      Request r;
-      {
-        MutexLock lock(mutex_);
-        wake_.Wait(lock, [&]() STRATA_REQUIRES(mutex_) { return stop_ || !queue_.empty(); });
-        if (stop_) return;
-        r = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      const auto start = std::chrono::steady_clock::now();
-      uint64_t bytes = 0;
-      Status st = Copy(r, &bytes);
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (st.ok()) {
-        STRATA_LOG(kInfo) << "copied rank " << r.rank << "'s shard of checkpoint " << r.run_id << "@" << r.step << " ("
-                          << bytes / (1 << 20) << " MiB, " << r.names.size() << " pieces) from " << r.source << " in " << seconds << " s";
-      } else {
-        STRATA_LOG(kWarn) << "could not copy rank " << r.rank << "'s shard of checkpoint " << r.run_id << "@" << r.step << ": " << st.message();
-      }
-      schema::EnvelopeBuilder msg;
-      auto done = msg.root().initShardReplicated();
-      done.setRunId(r.run_id);
-      done.setStep(r.step);
-      done.setRank(r.rank);
-      done.setStorePath(store_path_);
-      done.setKeyRun(r.key_run);
-      if (!st.ok()) done.setError(st.message());
-      outbox_->Push(msg.Serialize());
-    }
-  }
-
-  Status Copy(const Request& r, uint64_t* bytes) {
-    STRATA_ASSIGN_OR_RETURN(auto existing, store_->GetCheckpoint(r.key_run, r.step));
-    if (existing) return Status::Ok();  // committed by an earlier request
-    STRATA_ASSIGN_OR_RETURN(auto client, client::StoreClient::Connect(r.source, keys_, 30000));
-    for (const auto& name : r.names) {
-      if (stopping_.load()) return Aborted("the worker is stopping");
-      STRATA_ASSIGN_OR_RETURN(storage::Tensor piece, client->ReadCheckpointPiece(r.source_key_run, r.step, name));
-      STRATA_RETURN_IF_ERROR(store_->PutCheckpointTensor(r.key_run, r.step, name, {piece.dtype, piece.shape, piece.bytes}));
-      *bytes += piece.bytes.size();
-    }
-    return store_->CommitCheckpoint(r.key_run, r.step);
-  }
-
-  storage::ShardStore* store_;
-  std::string store_path_;
-  std::optional<curve::ClientKeys> keys_;
-  Outbox* outbox_;
-  Mutex mutex_;
-  CondVar wake_;
-  std::deque<Request> queue_ STRATA_GUARDED_BY(mutex_);
-  bool stop_ STRATA_GUARDED_BY(mutex_) = false;
-  std::atomic<bool> stopping_{false};
-  std::thread thread_ STRATA_GUARDED_BY(mutex_);  // started by the first Add; joined by the destructor
-};
-
-// A running task: its thread, cancel flag and reporter.
-class RunningTask final : public TaskReporter {
- public:
-  RunningTask(std::string run_id, uint32_t rank, uint64_t task_token, Outbox* outbox)
-      : run_id_(std::move(run_id)), rank_(rank), task_token_(task_token), outbox_(outbox) {}
-
-  void ReportStep(int64_t step, double loss, double grad_norm, double tokens_per_second, const StepMemory& memory) override {
-    current_step_.store(step);
-    schema::EnvelopeBuilder msg;
-    auto ev = Event(msg);
-    auto s = ev.initStep();
-    s.setStep(step);
-    s.setLoss(loss);
-    s.setTokensPerSecond(tokens_per_second);
-    s.setGradNorm(grad_norm);
-    s.setSchedulePeakBytes(static_cast<uint64_t>(std::max<int64_t>(0, memory.schedule_peak_bytes)));
-    s.setUpdatePeakBytes(static_cast<uint64_t>(std::max<int64_t>(0, memory.update_peak_bytes)));
-    PushAndRemember(msg.Serialize());
-    if (task_log_) {
-      char line[256];
-      std::snprintf(line, sizeof(line), "step %lld loss %.6f lr %.6g grad_norm %.6g tokens/s %.1f memory %lld bytes",
-                    static_cast<long long>(step), loss, LearningRate(train_, step), grad_norm, tokens_per_second,
-                    static_cast<long long>(std::max(memory.schedule_peak_bytes, memory.update_peak_bytes)));
-      task_log_->Append(log::Level::kInfo, line);
-    }
-  }
-
-  void ReportCheckpoint(int64_t step, const std::string& key_run, const std::vector<storage::CheckpointTensorInfo>& tensors) override {
-    schema::EnvelopeBuilder msg;
-    auto shard = Event(msg).initCheckpointSaved();
-    shard.setStep(step);
-    shard.setStorePath(store_path_);
-    if (key_run != run_id_) shard.setKeyRun(key_run);
-    auto list = shard.initTensors(tensors.size());
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      list[i].setName(tensors[i].name);
-      list[i].setDtype(ToWire(tensors[i].dtype));
-      auto shape = list[i].initShape(tensors[i].shape.size());
-      for (size_t d = 0; d < tensors[i].shape.size(); ++d) shape.set(d, tensors[i].shape[d]);
-      list[i].setChecksum(tensors[i].checksum);
-      list[i].setSizeBytes(tensors[i].size_bytes);
-    }
-    PushAndRemember(msg.Serialize());
-  }
-
-  // Step and checkpoint reports sent during a coordinator outage (or in flight when it died) are
-  // lost with it; they are idempotent, so after re-registering the control thread sends them all
-  // again (the restarted coordinator keeps what it lacks).
-  std::vector<std::string> History() STRATA_EXCLUDES(history_mutex_) {
-    MutexLock lock(history_mutex_);
-    return {history_.begin(), history_.end()};
-  }
-
-  void ReportChunk(const storage::ActivationChunkInfo& chunk, bool computed) override {
-    current_step_.fetch_add(1);
-    schema::EnvelopeBuilder msg;
-    auto c = Event(msg).initChunkStored();
-    c.setChunk(chunk.chunk);
-    c.setRowBegin(chunk.row_begin);
-    c.setRowCount(chunk.row_count);
-    c.setBytes(chunk.bytes);
-    c.setComputed(computed);
-    outbox_->Push(msg.Serialize());
-  }
-
-  void ReportNotice(const std::string& kind, const std::string& message) override {
-    schema::EnvelopeBuilder msg;
-    auto n = Event(msg).initNotice();
-    n.setKind(kind);
-    n.setMessage(message);
-    outbox_->Push(msg.Serialize());
-  }
-
-  void ReportOutOfMemory(const OutOfMemoryReport& report) override {
-    schema::EnvelopeBuilder msg;
-    auto o = Event(msg).initOutOfMemory();
-    o.setStep(report.step);
-    o.setMicroBatch(report.micro_batch);
-    o.setIntactStep(report.intact_step);
-    o.setDetail(report.detail);
-    o.setFreeBytes(report.free_bytes);
-    o.setTotalBytes(report.total_bytes);
-    end_reported_.store(true);
-    outbox_->Push(msg.Serialize());
-  }
-
-  // missing_rank < 0: this rank timed out but cannot say on whom (an NCCL collective). Once: the
-  // NCCL watchdog reports from its thread, and the task reports again when it unblocks.
-  void ReportStalled(int64_t missing_rank, const std::string& detail) override {
-    if (stall_reported_.exchange(true)) return;
-    schema::EnvelopeBuilder msg;
-    auto st = Event(msg).initStalled();
-    st.setMissingRank(missing_rank < 0 ? 0 : static_cast<uint32_t>(missing_rank));
-    st.setRankKnown(missing_rank >= 0);
-    st.setDetail(detail);
-    end_reported_.store(true);
-    outbox_->Push(msg.Serialize());
-  }
-
-  // `resume`: the checkpoint the task started from. A resumed train task that ends with
-  // kCorruption could not read it (nothing else in training reads the store), which the
-  // coordinator answers with an older checkpoint rather than failing the run.
-  void ReportEnd(const Status& status, const ResumePoint& resume) {
-    if (end_reported_.load()) return;  // ReportOutOfMemory was the end report
-    schema::EnvelopeBuilder msg;
-    auto ev = Event(msg);
-    if (status.ok()) {
-      ev.setFinished();
-    } else if (status.code() == StatusCode::kCorruption && !resume.run_id.empty()) {
-      auto u = ev.initCheckpointUnreadable();
-      u.setSourceRun(resume.run_id);
-      u.setStep(resume.step);
-      u.setWhy(status.message());
-    } else {
-      ev.setFailed(status.ToString());
-    }
-    outbox_->Push(msg.Serialize());
-  }
-
-  ::TaskEvent::Builder Event(schema::EnvelopeBuilder& msg) {
-    auto ev = msg.root().initTaskEvent();
-    ev.setRunId(run_id_);
-    ev.setRank(rank_);
-    ev.setTaskToken(task_token_);
-    return ev;
-  }
-
-  void PushAndRemember(std::string bytes) STRATA_EXCLUDES(history_mutex_) {
-    {
-      MutexLock lock(history_mutex_);
-      history_.push_back(bytes);
-      if (history_.size() > kHistoryLimit) history_.pop_front();
-    }
-    outbox_->Push(std::move(bytes));
-  }
-
-  static constexpr size_t kHistoryLimit = 100000;  // ~100 bytes each
-  const std::string run_id_;
-  const uint32_t rank_;
-  const uint64_t task_token_;
-  Outbox* outbox_;
-  std::atomic<bool> end_reported_{false};
-  std::atomic<bool> stall_reported_{false};
-  Mutex history_mutex_;
-  std::deque<std::string> history_ STRATA_GUARDED_BY(history_mutex_);
-  std::string store_path_;
-  TrainSpec train_;                         // set before the task thread starts
-  std::shared_ptr<log::TaskLog> task_log_;  // STORE/logs/<hex run>/rank-R.log; null if it could not open
-  std::thread thread;
-  CancelFlag cancelled;
-  std::atomic<int64_t> snapshot_step{0};  // set before `cancelled` (CancelTask.snapshotStep)
-  std::atomic<bool> done{false};
-  std::atomic<bool> device_stuck{false};  // TaskContext::device_stuck
-  std::atomic<int64_t> current_step_{0};
-  // Set by the task thread while it exists; the control thread aborts it on a cancel.
-  Mutex communicator_mutex;
-  Communicator* communicator STRATA_GUARDED_BY(communicator_mutex) = nullptr;
-};
 
 class WorkerImpl final : public Worker {
  public:
@@ -345,8 +74,9 @@ class WorkerImpl final : public Worker {
       if (!curve::RequiresCurve(options_.coordinator) && !curve::RequiresCurve(options_.data_address)) {
         return Status::Ok();
       }
-      return InvalidArgument("tcp:// coordinator or data addresses need CURVE keys: pass --keys DIR (made by "
-                             "`strata keygen DIR` on the coordinator's host, copied here without coordinator.key)");
+      return InvalidArgument(
+          "tcp:// coordinator or data addresses need CURVE keys: pass --keys DIR (made by "
+          "`strata keygen DIR` on the coordinator's host, copied here without coordinator.key)");
     }
     const std::string pair = std::filesystem::exists(options_.keys_dir + "/worker.key") ? "worker" : "client";
     STRATA_ASSIGN_OR_RETURN(auto keys, curve::LoadClientKeys(options_.keys_dir, pair, /*with_authorized=*/true));
@@ -355,7 +85,8 @@ class WorkerImpl final : public Worker {
       options_.data_address = curve::AddressWithKey(options_.data_address, keys.own.public_key);
     }
     STRATA_LOG(kInfo) << "CURVE on with public key " << keys.own.public_key
-                      << (curve::RequiresCurve(options_.data_address) ? " (coordinator and data plane)" : " (coordinator)");
+                      << (curve::RequiresCurve(options_.data_address) ? " (coordinator and data plane)"
+                                                                      : " (coordinator)");
     curve_ = std::move(keys);
     return Status::Ok();
   }
@@ -429,7 +160,8 @@ class WorkerImpl final : public Worker {
       }
       r.setStoredCheckpointsKnown(true);
     } else {
-      STRATA_LOG(kWarn) << "cannot list the checkpoints of the store at " << options_.store_path << ": " << stored.status().message();
+      STRATA_LOG(kWarn) << "cannot list the checkpoints of the store at " << options_.store_path << ": "
+                        << stored.status().message();
     }
     Send(msg.Serialize());
   }
@@ -488,10 +220,16 @@ class WorkerImpl final : public Worker {
           break;
         case Envelope::REPLICATE_SHARD: {
           auto r = root.getReplicateShard();
-          ShardReplicator::Request request{r.getRunId().cStr(), r.getSource().cStr(), r.getSourceKeyRun().cStr(),
-                                           r.getKeyRun().cStr(), r.getStep(), r.getRank(), {}};
+          ShardReplicator::Request request{r.getRunId().cStr(),
+                                           r.getSource().cStr(),
+                                           r.getSourceKeyRun().cStr(),
+                                           r.getKeyRun().cStr(),
+                                           r.getStep(),
+                                           r.getRank(),
+                                           {}};
           for (auto t : r.getTensors()) request.names.push_back(t.getName().cStr());
-          if (!replicator_) replicator_ = std::make_unique<ShardReplicator>(store_.get(), options_.store_path, curve_, &outbox_);
+          if (!replicator_)
+            replicator_ = std::make_unique<ShardReplicator>(store_.get(), options_.store_path, curve_, &outbox_);
           replicator_->Add(std::move(request));
           break;
         }
@@ -503,8 +241,8 @@ class WorkerImpl final : public Worker {
             STRATA_LOG(kInfo) << "deleted the checkpoint shard " << d.getKeyRun().cStr() << " at step " << d.getStep()
                               << " (the run keeps only its newest checkpoints)";
           } else if (deleted.code() != StatusCode::kNotFound) {
-            STRATA_LOG(kWarn) << "could not delete the checkpoint shard " << d.getKeyRun().cStr() << " at step " << d.getStep()
-                              << ": " << deleted.ToString() << " (asked again at the next registration)";
+            STRATA_LOG(kWarn) << "could not delete the checkpoint shard " << d.getKeyRun().cStr() << " at step "
+                              << d.getStep() << ": " << deleted.ToString() << " (asked again at the next registration)";
           }
           break;
         }
@@ -528,7 +266,8 @@ class WorkerImpl final : public Worker {
       RestartProcess("run " + task_->run_id_ + ": a device call will not return (an NCCL abort after a peer died)");
     }
     if (task_->cancelled.load() && now - cancelled_at_ms_ > options_.stuck_task_restart_ms) {
-      RestartProcess("run " + task_->run_id_ + " did not stop within " + std::to_string(options_.stuck_task_restart_ms / 1000) +
+      RestartProcess("run " + task_->run_id_ + " did not stop within " +
+                     std::to_string(options_.stuck_task_restart_ms / 1000) +
                      " s of its cancel (stuck in a device call)");
     }
   }
@@ -559,7 +298,8 @@ class WorkerImpl final : public Worker {
       for (auto& arg : options_.restart_argv) argv.push_back(const_cast<char*>(arg.c_str()));
       argv.push_back(nullptr);
       execv("/proc/self/exe", argv.data());
-      STRATA_LOG(kError) << "cannot re-execute /proc/self/exe (" << std::strerror(errno) << "); exiting for the supervisor";
+      STRATA_LOG(kError) << "cannot re-execute /proc/self/exe (" << std::strerror(errno)
+                         << "); exiting for the supervisor";
     }
     std::_Exit(3);  // no destructors: they would join the stuck thread
   }
@@ -613,10 +353,12 @@ class WorkerImpl final : public Worker {
         ResumePoint::Shard s;
         s.store_path = shard.getStorePath().cStr();
         for (auto t : shard.getTensors()) s.tensors.push_back(t.getName().cStr());
-        const std::string key_run = shard.hasKeyRun() && shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : resume.run_id;
+        const std::string key_run =
+            shard.hasKeyRun() && shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : resume.run_id;
         s.copies.push_back({s.store_path, key_run, shard.getHost().cStr(), shard.getServeAddress().cStr()});
         for (auto c : shard.getCopies()) {
-          s.copies.push_back({c.getStorePath().cStr(), c.getKeyRun().cStr(), c.getHost().cStr(), c.getServeAddress().cStr()});
+          s.copies.push_back(
+              {c.getStorePath().cStr(), c.getKeyRun().cStr(), c.getHost().cStr(), c.getServeAddress().cStr()});
         }
         resume.shards.push_back(std::move(s));
       }
@@ -633,9 +375,8 @@ class WorkerImpl final : public Worker {
       STRATA_LOG(kInfo) << "starting run " << run_id << " as rank " << a.getRank() << " of " << a.getWorldSize();
     }
     RunningTask* t = task.get();
-    task->thread = std::thread([this, t, spec = *spec, comm_options, chunks = std::move(chunks), resume = std::move(resume)] {
-      RunTaskThread(t, spec, comm_options, chunks, resume);
-    });
+    task->thread = std::thread([this, t, spec = *spec, comm_options, chunks = std::move(chunks),
+                                resume = std::move(resume)] { RunTaskThread(t, spec, comm_options, chunks, resume); });
     task_ = std::move(task);
   }
 
@@ -644,7 +385,8 @@ class WorkerImpl final : public Worker {
                      ResumePoint resume) {
     // This thread's log lines also go to the run's own log (`strata logs RUN --rank R`).
     log::ScopedThreadTaskLog scoped_log(t->task_log_);
-    STRATA_LOG(kInfo) << "worker " << options_.name << " (host " << host_ << ") runs run " << t->run_id_ << " as rank " << comm_options.rank;
+    STRATA_LOG(kInfo) << "worker " << options_.name << " (host " << host_ << ") runs run " << t->run_id_ << " as rank "
+                      << comm_options.rank;
     Status status;
     ResumePoint resumed_from;
     resumed_from.run_id = resume.run_id;
@@ -664,7 +406,8 @@ class WorkerImpl final : public Worker {
       STRATA_LOG(kInfo) << "run " << t->run_id_ << " stopped: cancelled";
     } else {
       if (status.code() == StatusCode::kResourceExhausted && !spec_is_extract) {
-        STRATA_LOG(kWarn) << "run " << t->run_id_ << ": " << status.message() << "; the coordinator re-plans and replays the step";
+        STRATA_LOG(kWarn) << "run " << t->run_id_ << ": " << status.message()
+                          << "; the coordinator re-plans and replays the step";
       } else if (!status.ok()) {
         STRATA_LOG(kError) << "run " << t->run_id_ << " failed: " << status.ToString();
       }
@@ -744,8 +487,8 @@ class WorkerImpl final : public Worker {
   std::unique_ptr<RunningTask> task_;
   std::optional<kj::Array<capnp::word>> deferred_assign_;  // see StartDeferredAssignment
   int64_t cancelled_at_ms_ = 0;                            // steady clock of task_'s cancel
-  std::optional<curve::ClientKeys> curve_;  // with --keys
-  std::string host_;                        // --host, or gethostname
+  std::optional<curve::ClientKeys> curve_;                 // with --keys
+  std::string host_;                                       // --host, or gethostname
   std::atomic<bool> stop_requested_{false};
   bool registered_ = false;
   bool ready_ = false;          // told on_ready (once per process: re-registering is not a restart)

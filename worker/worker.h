@@ -39,10 +39,10 @@
 namespace strata::worker {
 
 struct WorkerOptions {
-  std::string name;             // stable id, e.g. "worker-0"
-  std::string coordinator;      // endpoint of the coordinator
-  std::string store_path;       // this worker's shard store
-  std::string data_address;     // data-plane endpoint peers connect to (bound while a task runs)
+  std::string name;          // stable id, e.g. "worker-0"
+  std::string coordinator;   // endpoint of the coordinator
+  std::string store_path;    // this worker's shard store
+  std::string data_address;  // data-plane endpoint peers connect to (bound while a task runs)
   // Store server endpoint (ipc:// or tcp:// with keys): answers reads of captured activations
   // from its own thread. Empty: no server (activations of this worker are then unreadable remotely).
   std::string serve_address;

@@ -1,22 +1,21 @@
 // Parity with Hugging Face transformers (ctest label gpu: the GPU node's python3 has
 // transformers; elsewhere the test skips). A model built and exported by Strata must load in
 // transformers and produce the same logits for the same tokens, in fp32.
-#include <gtest/gtest.h>
-
-#include <cstdlib>
-
 #include <capnp/message.h>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <fstream>
 
-#include "common/hf_config.h"
 #include "cli/export.h"
+#include "common/hf_config.h"
 #include "schema/messages.capnp.h"
 #include "storage/safetensors.h"
 #include "storage/shard_store.h"
-#include "worker/hf_format.h"
-#include "worker/trainer.h"
+#include "worker/nn/causal_lm.h"
+#include "worker/nn/hf_format.h"
+#include "worker/train/trainer.h"
 
 namespace strata::worker {
 namespace {
@@ -27,10 +26,14 @@ class HfParityTest : public ::testing::TestWithParam<std::string> {};
 Status WriteExpected(const std::string& dir, const torch::Tensor& tokens, const torch::Tensor& logits) {
   return storage::WriteSafetensors(
       dir + "/expected.safetensors",
-      {{"tokens", {storage::DType::kI64, tokens.sizes().vec(),
-                   {static_cast<const uint8_t*>(tokens.data_ptr()), static_cast<size_t>(tokens.numel()) * 8}}},
-       {"logits", {storage::DType::kF32, logits.sizes().vec(),
-                   {static_cast<const uint8_t*>(logits.data_ptr()), static_cast<size_t>(logits.numel()) * 4}}}});
+      {{"tokens",
+        {storage::DType::kI64,
+         tokens.sizes().vec(),
+         {static_cast<const uint8_t*>(tokens.data_ptr()), static_cast<size_t>(tokens.numel()) * 8}}},
+       {"logits",
+        {storage::DType::kF32,
+         logits.sizes().vec(),
+         {static_cast<const uint8_t*>(logits.data_ptr()), static_cast<size_t>(logits.numel()) * 4}}}});
 }
 
 TEST_P(HfParityTest, LogitsMatchTransformers) {
@@ -58,7 +61,7 @@ TEST_P(HfParityTest, LogitsMatchTransformers) {
       if (p.value().dim() == 1) p.value().uniform_(0.5, 1.5);
     }
   }
-  ASSERT_TRUE(ExportHuggingFace(*model, spec, dir).ok());
+  ASSERT_TRUE(ExportHuggingFace(model->named_parameters(), spec, dir).ok());
   torch::NoGradGuard no_grad;
   auto tokens = torch::randint(0, spec.vocab, {2, spec.sequence}, torch::kLong);
   auto logits = model->Logits(tokens).contiguous();
@@ -81,7 +84,9 @@ TEST_P(ExportParityTest, TrainedFromSavePretrainedExportsWhatItComputes) {
   char tmpl[] = "/tmp/strata-export-parity-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   const std::string gpu_tests = std::string(STRATA_SOURCE_DIR) + "/tests/gpu";
-  ASSERT_EQ(std::system(("python3 " + gpu_tests + "/family_reference.py make " + dir + "/hf " + GetParam() + " 2 64").c_str()), 0);
+  ASSERT_EQ(std::system(
+                ("python3 " + gpu_tests + "/family_reference.py make " + dir + "/hf " + GetParam() + " 2 64").c_str()),
+            0);
   {
     std::ofstream corpus(dir + "/corpus.txt");
     for (int i = 0; i < 200; ++i) corpus << "the quick brown fox jumps over the lazy dog. ";
@@ -102,8 +107,9 @@ TEST_P(ExportParityTest, TrainedFromSavePretrainedExportsWhatItComputes) {
   context.store = store->get();
   auto data = TokenData::Load(context.spec.data, context.spec.model.vocab);
   ASSERT_TRUE(data.ok());
-  Trainer trainer(context, std::move(data).value(), torch::Device(torch::kCUDA, 0));
-  ASSERT_TRUE(trainer.init_status().ok()) << trainer.init_status().ToString();
+  auto made = Trainer::Create(context, std::move(data).value(), torch::Device(torch::kCUDA, 0));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Trainer& trainer = **made;
   for (int s = 0; s < 20; ++s) ASSERT_TRUE(trainer.Step().ok());
   auto saved = trainer.SaveCheckpointShard();
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
@@ -135,10 +141,12 @@ TEST_P(ExportParityTest, TrainedFromSavePretrainedExportsWhatItComputes) {
   auto tokens = torch::randint(0, context.spec.model.vocab, {2, 64}, torch::kLong);
   auto logits = (*model)->Logits(tokens.to(torch::kCUDA)).to(torch::kCPU).contiguous();
   ASSERT_TRUE(WriteExpected(dir + "/exported", tokens, logits).ok());
-  EXPECT_EQ(std::system(("python3 " + gpu_tests + "/hf_parity.py " + dir + "/exported 1e-5").c_str()), 0) << "see the printed difference";
+  EXPECT_EQ(std::system(("python3 " + gpu_tests + "/hf_parity.py " + dir + "/exported 1e-5").c_str()), 0)
+      << "see the printed difference";
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, ExportParityTest, ::testing::Values("llama3", "llama_tied", "mistral", "qwen2", "gemma", "pythia", "gpt2"));
+INSTANTIATE_TEST_SUITE_P(Families, ExportParityTest,
+                         ::testing::Values("llama3", "llama_tied", "mistral", "qwen2", "gemma", "pythia", "gpt2"));
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParityTest, ::testing::Values("gpt2", "llama"));
 

@@ -49,7 +49,8 @@ TEST_F(KernelsGpuTest, AdamWEqualsTheReferenceBitForBitAlignedAndNot) {
                      v.data_ptr<float>() + offset, n);
       // Odd steps also write the bf16 working copy (the kernel's other variant; same fp32 update).
       AdamW(place_, a, pd.data_ptr<float>() + offset, gd.data_ptr<float>() + offset, md.data_ptr<float>() + offset,
-            vd.data_ptr<float>() + offset, n, step % 2 ? reinterpret_cast<uint16_t*>(working.data_ptr()) + offset : nullptr);
+            vd.data_ptr<float>() + offset, n,
+            step % 2 ? reinterpret_cast<uint16_t*>(working.data_ptr()) + offset : nullptr);
     }
     EXPECT_TRUE(torch::equal(working.narrow(0, offset, n).cpu(), pd.narrow(0, offset, n).cpu().to(torch::kBFloat16)))
         << "offset " << offset << ": the working copy is the cast of the last update";
@@ -89,7 +90,8 @@ TEST_F(KernelsGpuTest, CrossEntropyEqualsTheReferenceVectorizedAndNot) {
       const DType d = dtype == torch::kFloat ? DType::kFloat32 : DType::kBFloat16;
       auto ref = logits.clone();
       auto ref_loss = torch::empty({rows});
-      CrossEntropyGradInPlaceReference(d, ref.data_ptr(), rows, vocab, stride, targets.data_ptr<int64_t>(), 0.5f, ref_loss.data_ptr<float>());
+      CrossEntropyGradInPlaceReference(d, ref.data_ptr(), rows, vocab, stride, targets.data_ptr<int64_t>(), 0.5f,
+                                       ref_loss.data_ptr<float>());
       auto gpu = logits.cuda();
       auto gpu_targets = targets.cuda();
       auto gpu_loss = torch::empty({rows}, gpu.options().dtype(torch::kFloat));
@@ -99,7 +101,8 @@ TEST_F(KernelsGpuTest, CrossEntropyEqualsTheReferenceVectorizedAndNot) {
       auto diff = (gpu.cpu().to(torch::kFloat) - ref.to(torch::kFloat)).abs();
       // fp32: exp's rounding; bf16: at most one ulp where the fp32 values straddle a boundary.
       const double bound = dtype == torch::kFloat ? 4e-6 : 1.0 / 128;
-      EXPECT_LE((diff - ref.to(torch::kFloat).abs() * bound).max().item<double>(), 1e-9) << "stride " << stride << " " << dtype;
+      EXPECT_LE((diff - ref.to(torch::kFloat).abs() * bound).max().item<double>(), 1e-9)
+          << "stride " << stride << " " << dtype;
     }
   }
 }
@@ -117,22 +120,24 @@ TEST_F(KernelsGpuTest, CrossEntropyRowStatsAndGradFromLseEqualTheReference) {
       auto targets = torch::randint(-vocab, 2 * vocab, {rows}, torch::kLong);
       auto lse = torch::randn({rows}) + 12;  // the merged lse of every rank's slice
       auto ref_lse = torch::empty({rows}), ref_target = torch::empty({rows});
-      CrossEntropyRowStatsReference(Of(dtype), logits.data_ptr(), rows, vocab, stride, targets.data_ptr<int64_t>(), ref_lse.data_ptr<float>(),
-                                    ref_target.data_ptr<float>());
+      CrossEntropyRowStatsReference(Of(dtype), logits.data_ptr(), rows, vocab, stride, targets.data_ptr<int64_t>(),
+                                    ref_lse.data_ptr<float>(), ref_target.data_ptr<float>());
       auto ref = logits.clone();
-      CrossEntropyGradFromLseReference(Of(dtype), ref.data_ptr(), rows, vocab, stride, targets.data_ptr<int64_t>(), lse.data_ptr<float>(), 0.25f);
+      CrossEntropyGradFromLseReference(Of(dtype), ref.data_ptr(), rows, vocab, stride, targets.data_ptr<int64_t>(),
+                                       lse.data_ptr<float>(), 0.25f);
       auto gpu = logits.cuda();
       auto gpu_targets = targets.cuda(), gpu_lse = lse.cuda();
       auto out_lse = torch::empty({rows}, gpu.options().dtype(torch::kFloat)), out_target = torch::empty_like(out_lse);
-      CrossEntropyRowStats(place_, Of(dtype), gpu.data_ptr(), rows, vocab, stride, gpu_targets.data_ptr<int64_t>(), out_lse.data_ptr<float>(),
-                           out_target.data_ptr<float>());
+      CrossEntropyRowStats(place_, Of(dtype), gpu.data_ptr(), rows, vocab, stride, gpu_targets.data_ptr<int64_t>(),
+                           out_lse.data_ptr<float>(), out_target.data_ptr<float>());
       EXPECT_LE(MaxRelative(out_lse, ref_lse), 1e-6) << "stride " << stride << " " << dtype;
       EXPECT_TRUE(torch::equal(out_target.cpu(), ref_target)) << "the target's logit is read, not computed";
-      CrossEntropyGradFromLse(place_, Of(dtype), gpu.data_ptr(), rows, vocab, stride, gpu_targets.data_ptr<int64_t>(), gpu_lse.data_ptr<float>(),
-                              0.25f);
+      CrossEntropyGradFromLse(place_, Of(dtype), gpu.data_ptr(), rows, vocab, stride, gpu_targets.data_ptr<int64_t>(),
+                              gpu_lse.data_ptr<float>(), 0.25f);
       auto diff = (gpu.cpu().to(torch::kFloat) - ref.to(torch::kFloat)).abs();
       const double bound = dtype == torch::kFloat ? 4e-6 : 1.0 / 128;
-      EXPECT_LE((diff - ref.to(torch::kFloat).abs() * bound).max().item<double>(), 1e-9) << "stride " << stride << " " << dtype;
+      EXPECT_LE((diff - ref.to(torch::kFloat).abs() * bound).max().item<double>(), 1e-9)
+          << "stride " << stride << " " << dtype;
     }
   }
 }
@@ -147,15 +152,18 @@ TEST_F(KernelsGpuTest, RmsNormForwardAndBackwardEqualTheReference) {
       auto x = torch::randn({rows, cols}).to(xt), w = torch::randn({cols}), dy = torch::randn({rows, cols}).to(yt);
       auto y = torch::empty({rows, cols}, torch::TensorOptions().dtype(yt)), rstd = torch::empty({rows});
       auto dx = torch::empty_like(x), dw = torch::empty({cols});
-      RmsNormForwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), Of(yt), y.data_ptr(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
-      RmsNormBackwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), Of(yt), dy.data_ptr(), dx.data_ptr(),
-                               dw.data_ptr<float>(), rows, cols);
+      RmsNormForwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), Of(yt), y.data_ptr(), rstd.data_ptr<float>(),
+                              rows, cols, 1e-5f);
+      RmsNormBackwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), Of(yt), dy.data_ptr(),
+                               dx.data_ptr(), dw.data_ptr<float>(), rows, cols);
       auto xd = x.cuda(), wd = w.cuda(), dyd = dy.cuda();
-      auto yd = torch::empty({rows, cols}, wd.options().dtype(yt)), rstdd = torch::empty({rows}, wd.options()), dxd = torch::empty_like(xd);
+      auto yd = torch::empty({rows, cols}, wd.options().dtype(yt)), rstdd = torch::empty({rows}, wd.options()),
+           dxd = torch::empty_like(xd);
       auto partials = torch::empty({NormWeightPartialRows(place_, rows), cols}, wd.options());
-      RmsNormForward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), Of(yt), yd.data_ptr(), rstdd.data_ptr<float>(), rows, cols, 1e-5f);
-      RmsNormBackward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), rstdd.data_ptr<float>(), Of(yt), dyd.data_ptr(), dxd.data_ptr(),
-                      partials.data_ptr<float>(), rows, cols);
+      RmsNormForward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), Of(yt), yd.data_ptr(),
+                     rstdd.data_ptr<float>(), rows, cols, 1e-5f);
+      RmsNormBackward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), rstdd.data_ptr<float>(), Of(yt),
+                      dyd.data_ptr(), dxd.data_ptr(), partials.data_ptr<float>(), rows, cols);
       EXPECT_LE(MaxRelative(rstdd, rstd), 1e-6) << xt << " " << yt;
       EXPECT_LE(MaxRelative(yd.to(torch::kFloat), y.to(torch::kFloat)), Bound(yt)) << xt << " " << yt;
       EXPECT_LE(MaxRelative(dxd.to(torch::kFloat), dx.to(torch::kFloat)), Bound(xt)) << xt << " " << yt;
@@ -172,18 +180,21 @@ TEST_F(KernelsGpuTest, LayerNormForwardAndBackwardEqualTheReference) {
     auto dy = torch::randn({rows, cols}).to(torch::kBFloat16);
     auto y = torch::empty({rows, cols}, torch::kBFloat16), mean = torch::empty({rows}), rstd = torch::empty({rows});
     auto dx = torch::empty_like(x), dw = torch::empty({cols}), db = torch::empty({cols});
-    LayerNormForwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), b.data_ptr<float>(), DType::kBFloat16, y.data_ptr(),
-                              mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
-    LayerNormBackwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                               DType::kBFloat16, dy.data_ptr(), dx.data_ptr(), dw.data_ptr<float>(), db.data_ptr<float>(), rows, cols);
+    LayerNormForwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), b.data_ptr<float>(), DType::kBFloat16,
+                              y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
+    LayerNormBackwardReference(Of(xt), x.data_ptr(), w.data_ptr<float>(), mean.data_ptr<float>(),
+                               rstd.data_ptr<float>(), DType::kBFloat16, dy.data_ptr(), dx.data_ptr(),
+                               dw.data_ptr<float>(), db.data_ptr<float>(), rows, cols);
     auto xd = x.cuda(), wd = w.cuda(), bd = b.cuda(), dyd = dy.cuda();
-    auto yd = torch::empty({rows, cols}, wd.options().dtype(torch::kBFloat16)), meand = torch::empty({rows}, wd.options());
+    auto yd = torch::empty({rows, cols}, wd.options().dtype(torch::kBFloat16)),
+         meand = torch::empty({rows}, wd.options());
     auto rstdd = torch::empty_like(meand), dxd = torch::empty_like(xd);
     auto dwp = torch::empty({NormWeightPartialRows(place_, rows), cols}, wd.options()), dbp = torch::empty_like(dwp);
-    LayerNormForward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), bd.data_ptr<float>(), DType::kBFloat16, yd.data_ptr(),
-                     meand.data_ptr<float>(), rstdd.data_ptr<float>(), rows, cols, 1e-5f);
-    LayerNormBackward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), meand.data_ptr<float>(), rstdd.data_ptr<float>(),
-                      DType::kBFloat16, dyd.data_ptr(), dxd.data_ptr(), dwp.data_ptr<float>(), dbp.data_ptr<float>(), rows, cols);
+    LayerNormForward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), bd.data_ptr<float>(), DType::kBFloat16,
+                     yd.data_ptr(), meand.data_ptr<float>(), rstdd.data_ptr<float>(), rows, cols, 1e-5f);
+    LayerNormBackward(place_, Of(xt), xd.data_ptr(), wd.data_ptr<float>(), meand.data_ptr<float>(),
+                      rstdd.data_ptr<float>(), DType::kBFloat16, dyd.data_ptr(), dxd.data_ptr(), dwp.data_ptr<float>(),
+                      dbp.data_ptr<float>(), rows, cols);
     EXPECT_LE(MaxRelative(rstdd, rstd), 1e-5) << xt;
     EXPECT_LE(MaxRelative(yd.to(torch::kFloat), y.to(torch::kFloat)), Bound(torch::kBFloat16)) << xt;
     EXPECT_LE(MaxRelative(dxd.to(torch::kFloat), dx.to(torch::kFloat)), Bound(xt)) << xt;
@@ -210,46 +221,57 @@ TEST_F(KernelsGpuTest, AddNormsAndResidualGradientsEqualTheReferenceAndTheUnfuse
           auto w = torch::randn({cols}), b = torch::randn({cols});
           auto dy = torch::randn({rows, cols}).to(yt), dres = torch::randn({rows, cols}).to(xt);
           // The CPU reference.
-          auto s = torch::empty_like(x), y = torch::empty({rows, cols}, yt), mean = torch::empty({rows}), rstd = torch::empty({rows});
-          auto ds = torch::empty_like(x), copy = torch::empty({rows, cols}, at), dw = torch::empty({cols}), db = torch::empty({cols});
+          auto s = torch::empty_like(x), y = torch::empty({rows, cols}, yt), mean = torch::empty({rows}),
+               rstd = torch::empty({rows});
+          auto ds = torch::empty_like(x), copy = torch::empty({rows, cols}, at), dw = torch::empty({cols}),
+               db = torch::empty({cols});
           const NormResidualGrad residual{dres.data_ptr(), copy.data_ptr(), Of(at)};
           if (centered) {
-            AddLayerNormForwardReference(Of(xt), x.data_ptr(), Of(at), a.data_ptr(), s.data_ptr(), w.data_ptr<float>(), b.data_ptr<float>(),
-                                         Of(yt), y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
-            LayerNormBackwardReference(Of(xt), s.data_ptr(), w.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(), Of(yt),
-                                       dy.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(), db.data_ptr<float>(), rows, cols, residual);
+            AddLayerNormForwardReference(Of(xt), x.data_ptr(), Of(at), a.data_ptr(), s.data_ptr(), w.data_ptr<float>(),
+                                         b.data_ptr<float>(), Of(yt), y.data_ptr(), mean.data_ptr<float>(),
+                                         rstd.data_ptr<float>(), rows, cols, 1e-5f);
+            LayerNormBackwardReference(Of(xt), s.data_ptr(), w.data_ptr<float>(), mean.data_ptr<float>(),
+                                       rstd.data_ptr<float>(), Of(yt), dy.data_ptr(), ds.data_ptr(),
+                                       dw.data_ptr<float>(), db.data_ptr<float>(), rows, cols, residual);
           } else {
-            AddRmsNormForwardReference(Of(xt), x.data_ptr(), Of(at), a.data_ptr(), s.data_ptr(), w.data_ptr<float>(), Of(yt), y.data_ptr(),
-                                       rstd.data_ptr<float>(), rows, cols, 1e-5f);
-            RmsNormBackwardReference(Of(xt), s.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), Of(yt), dy.data_ptr(), ds.data_ptr(),
-                                     dw.data_ptr<float>(), rows, cols, residual);
+            AddRmsNormForwardReference(Of(xt), x.data_ptr(), Of(at), a.data_ptr(), s.data_ptr(), w.data_ptr<float>(),
+                                       Of(yt), y.data_ptr(), rstd.data_ptr<float>(), rows, cols, 1e-5f);
+            RmsNormBackwardReference(Of(xt), s.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), Of(yt),
+                                     dy.data_ptr(), ds.data_ptr(), dw.data_ptr<float>(), rows, cols, residual);
           }
           // The CUDA kernels: fused, then the unfused ones on the fused sum.
           auto xd = x.cuda(), ad = a.cuda(), wd = w.cuda(), bd = b.cuda(), dyd = dy.cuda(), dresd = dres.cuda();
-          auto sd = torch::empty_like(xd), yd = torch::empty({rows, cols}, wd.options().dtype(yt)), meand = torch::empty({rows}, wd.options());
-          auto rstdd = torch::empty_like(meand), dsd = torch::empty_like(xd), copyd = torch::empty({rows, cols}, wd.options().dtype(at));
-          auto dwp = torch::empty({NormWeightPartialRows(place_, rows), cols}, wd.options()), dbp = torch::empty_like(dwp);
-          auto y2 = torch::empty_like(yd), mean2 = torch::empty_like(meand), rstd2 = torch::empty_like(meand), dx2 = torch::empty_like(xd);
+          auto sd = torch::empty_like(xd), yd = torch::empty({rows, cols}, wd.options().dtype(yt)),
+               meand = torch::empty({rows}, wd.options());
+          auto rstdd = torch::empty_like(meand), dsd = torch::empty_like(xd),
+               copyd = torch::empty({rows, cols}, wd.options().dtype(at));
+          auto dwp = torch::empty({NormWeightPartialRows(place_, rows), cols}, wd.options()),
+               dbp = torch::empty_like(dwp);
+          auto y2 = torch::empty_like(yd), mean2 = torch::empty_like(meand), rstd2 = torch::empty_like(meand),
+               dx2 = torch::empty_like(xd);
           auto dwp2 = torch::empty_like(dwp), dbp2 = torch::empty_like(dwp);
           const NormResidualGrad residual_d{dresd.data_ptr(), copyd.data_ptr(), Of(at)};
           if (centered) {
-            AddLayerNormForward(place_, Of(xt), xd.data_ptr(), Of(at), ad.data_ptr(), sd.data_ptr(), wd.data_ptr<float>(), bd.data_ptr<float>(),
-                                Of(yt), yd.data_ptr(), meand.data_ptr<float>(), rstdd.data_ptr<float>(), rows, cols, 1e-5f);
-            LayerNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), meand.data_ptr<float>(), rstdd.data_ptr<float>(), Of(yt),
-                              dyd.data_ptr(), dsd.data_ptr(), dwp.data_ptr<float>(), dbp.data_ptr<float>(), rows, cols, residual_d);
-            LayerNormForward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), bd.data_ptr<float>(), Of(yt), y2.data_ptr(),
-                             mean2.data_ptr<float>(), rstd2.data_ptr<float>(), rows, cols, 1e-5f);
-            LayerNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), mean2.data_ptr<float>(), rstd2.data_ptr<float>(), Of(yt),
-                              dyd.data_ptr(), dx2.data_ptr(), dwp2.data_ptr<float>(), dbp2.data_ptr<float>(), rows, cols);
+            AddLayerNormForward(place_, Of(xt), xd.data_ptr(), Of(at), ad.data_ptr(), sd.data_ptr(),
+                                wd.data_ptr<float>(), bd.data_ptr<float>(), Of(yt), yd.data_ptr(),
+                                meand.data_ptr<float>(), rstdd.data_ptr<float>(), rows, cols, 1e-5f);
+            LayerNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), meand.data_ptr<float>(),
+                              rstdd.data_ptr<float>(), Of(yt), dyd.data_ptr(), dsd.data_ptr(), dwp.data_ptr<float>(),
+                              dbp.data_ptr<float>(), rows, cols, residual_d);
+            LayerNormForward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), bd.data_ptr<float>(), Of(yt),
+                             y2.data_ptr(), mean2.data_ptr<float>(), rstd2.data_ptr<float>(), rows, cols, 1e-5f);
+            LayerNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), mean2.data_ptr<float>(),
+                              rstd2.data_ptr<float>(), Of(yt), dyd.data_ptr(), dx2.data_ptr(), dwp2.data_ptr<float>(),
+                              dbp2.data_ptr<float>(), rows, cols);
           } else {
-            AddRmsNormForward(place_, Of(xt), xd.data_ptr(), Of(at), ad.data_ptr(), sd.data_ptr(), wd.data_ptr<float>(), Of(yt), yd.data_ptr(),
-                              rstdd.data_ptr<float>(), rows, cols, 1e-5f);
-            RmsNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), rstdd.data_ptr<float>(), Of(yt), dyd.data_ptr(), dsd.data_ptr(),
-                            dwp.data_ptr<float>(), rows, cols, residual_d);
-            RmsNormForward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), Of(yt), y2.data_ptr(), rstd2.data_ptr<float>(), rows, cols,
-                           1e-5f);
-            RmsNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), rstd2.data_ptr<float>(), Of(yt), dyd.data_ptr(), dx2.data_ptr(),
-                            dwp2.data_ptr<float>(), rows, cols);
+            AddRmsNormForward(place_, Of(xt), xd.data_ptr(), Of(at), ad.data_ptr(), sd.data_ptr(), wd.data_ptr<float>(),
+                              Of(yt), yd.data_ptr(), rstdd.data_ptr<float>(), rows, cols, 1e-5f);
+            RmsNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), rstdd.data_ptr<float>(), Of(yt),
+                            dyd.data_ptr(), dsd.data_ptr(), dwp.data_ptr<float>(), rows, cols, residual_d);
+            RmsNormForward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), Of(yt), y2.data_ptr(),
+                           rstd2.data_ptr<float>(), rows, cols, 1e-5f);
+            RmsNormBackward(place_, Of(xt), sd.data_ptr(), wd.data_ptr<float>(), rstd2.data_ptr<float>(), Of(yt),
+                            dyd.data_ptr(), dx2.data_ptr(), dwp2.data_ptr<float>(), rows, cols);
           }
           // Against the reference: the sum exactly (one fp32 add, one rounding), the rest as the norms'.
           EXPECT_TRUE(torch::equal(sd.cpu(), s)) << what;
@@ -271,7 +293,8 @@ TEST_F(KernelsGpuTest, AddNormsAndResidualGradientsEqualTheReferenceAndTheUnfuse
           if (xt == torch::kFloat) {
             EXPECT_TRUE(torch::equal(dsd, unfused_ds)) << what;
           } else {
-            EXPECT_LE(MaxRelative(dsd.to(torch::kFloat), unfused_ds.to(torch::kFloat)), Bound(xt)) << what;  // dx2 was rounded once more
+            EXPECT_LE(MaxRelative(dsd.to(torch::kFloat), unfused_ds.to(torch::kFloat)), Bound(xt))
+                << what;  // dx2 was rounded once more
           }
           // The copy and dx are one fp32 value rounded to each's dtype: equal in the narrower.
           const auto narrower = xt == torch::kBFloat16 ? xt : at;
@@ -282,16 +305,19 @@ TEST_F(KernelsGpuTest, AddNormsAndResidualGradientsEqualTheReferenceAndTheUnfuse
   }
   // Without a residual gradient the backward with a copy is the plain one, plus the copy.
   const int64_t cols = 2048;
-  auto s = torch::randn({rows, cols}, torch::kCUDA), w = torch::randn({cols}, torch::kCUDA), rstd = torch::empty({rows}, torch::kCUDA);
-  auto y = torch::empty({rows, cols}, s.options().dtype(torch::kBFloat16)), dy = torch::randn({rows, cols}, y.options());
-  RmsNormForward(place_, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), DType::kBFloat16, y.data_ptr(), rstd.data_ptr<float>(), rows, cols,
-                 1e-5f);
+  auto s = torch::randn({rows, cols}, torch::kCUDA), w = torch::randn({cols}, torch::kCUDA),
+       rstd = torch::empty({rows}, torch::kCUDA);
+  auto y = torch::empty({rows, cols}, s.options().dtype(torch::kBFloat16)),
+       dy = torch::randn({rows, cols}, y.options());
+  RmsNormForward(place_, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), DType::kBFloat16, y.data_ptr(),
+                 rstd.data_ptr<float>(), rows, cols, 1e-5f);
   auto dx = torch::empty_like(s), dx2 = torch::empty_like(s), copy = torch::empty_like(y);
   auto dwp = torch::empty({NormWeightPartialRows(place_, rows), cols}, s.options()), dwp2 = torch::empty_like(dwp);
-  RmsNormBackward(place_, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kBFloat16, dy.data_ptr(),
-                  dx.data_ptr(), dwp.data_ptr<float>(), rows, cols, NormResidualGrad{nullptr, copy.data_ptr(), DType::kBFloat16});
-  RmsNormBackward(place_, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kBFloat16, dy.data_ptr(),
-                  dx2.data_ptr(), dwp2.data_ptr<float>(), rows, cols);
+  RmsNormBackward(place_, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kBFloat16,
+                  dy.data_ptr(), dx.data_ptr(), dwp.data_ptr<float>(), rows, cols,
+                  NormResidualGrad{nullptr, copy.data_ptr(), DType::kBFloat16});
+  RmsNormBackward(place_, DType::kFloat32, s.data_ptr(), w.data_ptr<float>(), rstd.data_ptr<float>(), DType::kBFloat16,
+                  dy.data_ptr(), dx2.data_ptr(), dwp2.data_ptr<float>(), rows, cols);
   EXPECT_TRUE(torch::equal(dx, dx2));
   EXPECT_TRUE(torch::equal(copy, dx2.to(torch::kBFloat16)));
 }
@@ -318,10 +344,12 @@ TEST_F(KernelsGpuTest, SwiGluAndRotaryEqualTheReference) {
     auto cos = freqs.cos().contiguous(), sin = freqs.sin().contiguous();
     for (bool inverse : {false, true}) {
       auto ry = torch::empty_like(x);
-      RotaryReference(shape, Of(t), x.data_ptr(), Of(t), ry.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), inverse);
+      RotaryReference(shape, Of(t), x.data_ptr(), Of(t), ry.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                      inverse);
       auto xd = x.cuda(), cd = cos.cuda(), sd = sin.cuda();
       auto yd2 = torch::empty_like(xd);
-      Rotary(place_, shape, Of(t), xd.data_ptr(), Of(t), yd2.data_ptr(), cd.data_ptr<float>(), sd.data_ptr<float>(), inverse);
+      Rotary(place_, shape, Of(t), xd.data_ptr(), Of(t), yd2.data_ptr(), cd.data_ptr<float>(), sd.data_ptr<float>(),
+             inverse);
       EXPECT_LE(MaxRelative(yd2.to(torch::kFloat), ry.to(torch::kFloat)), Bound(t)) << t << " inverse " << inverse;
     }
   }
@@ -339,14 +367,14 @@ TEST_F(KernelsGpuTest, BiasGeluForwardAndBackwardEqualTheReference) {
         auto bias = torch::randn({cols});
         auto y = torch::empty_like(h), dh = torch::empty_like(h), db = torch::empty({cols});
         BiasGeluForwardReference(kind, Of(t), h.data_ptr(), bias.data_ptr<float>(), y.data_ptr(), rows, cols);
-        BiasGeluBackwardReference(kind, Of(t), h.data_ptr(), bias.data_ptr<float>(), dy.data_ptr(), dh.data_ptr(), db.data_ptr<float>(),
-                                  rows, cols);
+        BiasGeluBackwardReference(kind, Of(t), h.data_ptr(), bias.data_ptr<float>(), dy.data_ptr(), dh.data_ptr(),
+                                  db.data_ptr<float>(), rows, cols);
         auto hd = h.cuda(), dyd = dy.cuda(), bd = bias.cuda();
         auto yd = torch::empty_like(hd), dhd = torch::empty_like(hd);
         auto partials = torch::empty({BiasPartialRows(place_, rows), cols}, bd.options());
         BiasGeluForward(place_, kind, Of(t), hd.data_ptr(), bd.data_ptr<float>(), yd.data_ptr(), rows, cols);
-        BiasGeluBackward(place_, kind, Of(t), hd.data_ptr(), bd.data_ptr<float>(), dyd.data_ptr(), dhd.data_ptr(), partials.data_ptr<float>(),
-                         rows, cols);
+        BiasGeluBackward(place_, kind, Of(t), hd.data_ptr(), bd.data_ptr<float>(), dyd.data_ptr(), dhd.data_ptr(),
+                         partials.data_ptr<float>(), rows, cols);
         const std::string what = std::string(t == torch::kFloat ? "fp32" : "bf16") + " cols " + std::to_string(cols) +
                                  (kind == Gelu::kTanh ? " tanh" : " erf");
         EXPECT_LE(MaxRelative(yd.to(torch::kFloat), y.to(torch::kFloat)), Bound(t)) << what;
@@ -384,22 +412,27 @@ TEST_F(KernelsGpuTest, AdamW8bitEqualsTheReferenceBitForBit) {
   const auto u8 = torch::TensorOptions().dtype(torch::kUInt8);
   const auto m_table = torch::from_blob(const_cast<float*>(AdamW8bitCodeTable(true)), {256}).clone();
   const auto v_table = torch::from_blob(const_cast<float*>(AdamW8bitCodeTable(false)), {256}).clone();
-  for (const AdamW8bitCase c : {AdamW8bitCase{4096 * kAdamW8bitBlock, 0}, AdamW8bitCase{1'000'003, 0}, AdamW8bitCase{1'000'003, 1}}) {
+  for (const AdamW8bitCase c :
+       {AdamW8bitCase{4096 * kAdamW8bitBlock, 0}, AdamW8bitCase{1'000'003, 0}, AdamW8bitCase{1'000'003, 1}}) {
     const int64_t n = c.n, blocks = AdamW8bitBlocks(n), zero_block = 7, huge_at = 11 * kAdamW8bitBlock + 5;
     auto block_size = torch::pow(10.0, torch::randn({blocks}) * 1.5);
     block_size[huge_at / kAdamW8bitBlock] = 1.0;
     auto p = torch::randn({n});
-    auto m_codes = torch::empty({n}, u8), v_codes = torch::empty({n}, u8), m_scales = torch::empty({blocks}), v_scales = torch::empty({blocks});
-    AdamW8bitInit(Place{}, m_codes.data_ptr<uint8_t>(), m_scales.data_ptr<float>(), v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(), n);
+    auto m_codes = torch::empty({n}, u8), v_codes = torch::empty({n}, u8), m_scales = torch::empty({blocks}),
+         v_scales = torch::empty({blocks});
+    AdamW8bitInit(Place{}, m_codes.data_ptr<uint8_t>(), m_scales.data_ptr<float>(), v_codes.data_ptr<uint8_t>(),
+                  v_scales.data_ptr<float>(), n);
     {
       auto mcd = OnDevice(torch::full({n}, 9, u8), c.offset), vcd = OnDevice(torch::full({n}, 9, u8), c.offset);
       auto msd = OnDevice(torch::full({blocks}, 9.0f), 0), vsd = OnDevice(torch::full({blocks}, 9.0f), 0);
-      AdamW8bitInit(place_, mcd.data_ptr<uint8_t>(), msd.data_ptr<float>(), vcd.data_ptr<uint8_t>(), vsd.data_ptr<float>(), n);
+      AdamW8bitInit(place_, mcd.data_ptr<uint8_t>(), msd.data_ptr<float>(), vcd.data_ptr<uint8_t>(),
+                    vsd.data_ptr<float>(), n);
       EXPECT_TRUE(torch::equal(mcd.cpu(), m_codes) && torch::equal(vcd.cpu(), v_codes)) << "Init's codes, n " << n;
       EXPECT_TRUE(torch::equal(msd.cpu(), m_scales) && torch::equal(vsd.cpu(), v_scales)) << "Init's scales, n " << n;
     }
     for (int64_t step = 1; step <= 5; ++step) {
-      const std::string what = "n " + std::to_string(n) + " offset " + std::to_string(c.offset) + " step " + std::to_string(step);
+      const std::string what =
+          "n " + std::to_string(n) + " offset " + std::to_string(c.offset) + " step " + std::to_string(step);
       AdamWArgs a{1e-3, 0.9, 0.95, 1e-8, 0.1, step, step == 3 ? 0.5 : 1.0};
       if (step == 2) a.weight_decay = 0;  // a span of norms
       auto g = torch::randn({n}) * block_size.repeat_interleave(kAdamW8bitBlock).narrow(0, 0, n);
@@ -407,18 +440,20 @@ TEST_F(KernelsGpuTest, AdamW8bitEqualsTheReferenceBitForBit) {
       g[huge_at] = 1e4;
       // The GPU from the reference's state.
       auto pd = OnDevice(p, c.offset), gd = OnDevice(g, c.offset);
-      auto mcd = OnDevice(m_codes, c.offset), vcd = OnDevice(v_codes, c.offset), msd = OnDevice(m_scales, 0), vsd = OnDevice(v_scales, 0);
-      AdamW8bit(place_, a, pd.data_ptr<float>(), gd.data_ptr<float>(), mcd.data_ptr<uint8_t>(), msd.data_ptr<float>(), vcd.data_ptr<uint8_t>(),
-                vsd.data_ptr<float>(), n);
+      auto mcd = OnDevice(m_codes, c.offset), vcd = OnDevice(v_codes, c.offset), msd = OnDevice(m_scales, 0),
+           vsd = OnDevice(v_scales, 0);
+      AdamW8bit(place_, a, pd.data_ptr<float>(), gd.data_ptr<float>(), mcd.data_ptr<uint8_t>(), msd.data_ptr<float>(),
+                vcd.data_ptr<uint8_t>(), vsd.data_ptr<float>(), n);
       // The fp32 moments before quantizing (fp32 AdamW on the dequantized state), to judge a
       // differing code by; then the reference's step.
       auto m = torch::empty({n}), v = torch::empty({n}), p32 = p.clone();
       Dequantize8bit(Place{}, true, m_codes.data_ptr<uint8_t>(), m_scales.data_ptr<float>(), m.data_ptr<float>(), n);
       Dequantize8bit(Place{}, false, v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(), v.data_ptr<float>(), n);
       AdamWReference(a, p32.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n);
-      AdamW8bitReference(a, p.data_ptr<float>(), g.data_ptr<float>(), m_codes.data_ptr<uint8_t>(), m_scales.data_ptr<float>(),
-                         v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(), n);
-      const auto gpu_m_codes = mcd.cpu(), gpu_v_codes = vcd.cpu(), gpu_m_scales = msd.cpu(), gpu_v_scales = vsd.cpu(), gpu_p = pd.cpu();
+      AdamW8bitReference(a, p.data_ptr<float>(), g.data_ptr<float>(), m_codes.data_ptr<uint8_t>(),
+                         m_scales.data_ptr<float>(), v_codes.data_ptr<uint8_t>(), v_scales.data_ptr<float>(), n);
+      const auto gpu_m_codes = mcd.cpu(), gpu_v_codes = vcd.cpu(), gpu_m_scales = msd.cpu(), gpu_v_scales = vsd.cpu(),
+                 gpu_p = pd.cpu();
       EXPECT_LE(MaxRelative(gpu_m_scales, m_scales), 1e-6) << what;
       EXPECT_LE(MaxRelative(gpu_v_scales, v_scales), 1e-6) << what;
       EXPECT_LE(MaxRelative(gpu_p, p), 1e-6) << what;
@@ -431,9 +466,11 @@ TEST_F(KernelsGpuTest, AdamW8bitEqualsTheReferenceBitForBit) {
         if (at.numel() == 0) continue;
         const auto& table = is_m ? m_table : v_table;
         const auto ci = ours.index({at}).to(torch::kLong), cr = ref.index({at}).to(torch::kLong);
-        const auto unit = (is_m ? m : v).index({at}) / (is_m ? m_scales : v_scales).index({torch::div(at, kAdamW8bitBlock, "floor")});
+        const auto unit =
+            (is_m ? m : v).index({at}) / (is_m ? m_scales : v_scales).index({torch::div(at, kAdamW8bitBlock, "floor")});
         const auto midpoint = (table.index({ci}) + table.index({cr})) / 2;
-        EXPECT_TRUE((ci - cr).abs().eq(1).all().item<bool>()) << what << (is_m ? " m" : " v") << ": a differing code is a neighbour";
+        EXPECT_TRUE((ci - cr).abs().eq(1).all().item<bool>())
+            << what << (is_m ? " m" : " v") << ": a differing code is a neighbour";
         EXPECT_LE(((unit - midpoint).abs() - midpoint.abs() * std::ldexp(1.0, -21)).max().item<double>(), 0.0)
             << what << (is_m ? " m" : " v") << ": a differing code is a tie within 4 ulps";
       }
@@ -444,17 +481,20 @@ TEST_F(KernelsGpuTest, AdamW8bitEqualsTheReferenceBitForBit) {
       EXPECT_TRUE(torch::equal(gpu_p, p)) << what;
       // Deterministic: the same step twice from one state gives the same bits.
       auto again = [&] {
-        std::vector<torch::Tensor> state = {OnDevice(gpu_p, c.offset), OnDevice(gpu_m_codes, c.offset), OnDevice(gpu_m_scales, 0),
-                                            OnDevice(gpu_v_codes, c.offset), OnDevice(gpu_v_scales, 0)};
-        AdamW8bit(place_, a, state[0].data_ptr<float>(), gd.data_ptr<float>(), state[1].data_ptr<uint8_t>(), state[2].data_ptr<float>(),
-                  state[3].data_ptr<uint8_t>(), state[4].data_ptr<float>(), n);
+        std::vector<torch::Tensor> state = {OnDevice(gpu_p, c.offset), OnDevice(gpu_m_codes, c.offset),
+                                            OnDevice(gpu_m_scales, 0), OnDevice(gpu_v_codes, c.offset),
+                                            OnDevice(gpu_v_scales, 0)};
+        AdamW8bit(place_, a, state[0].data_ptr<float>(), gd.data_ptr<float>(), state[1].data_ptr<uint8_t>(),
+                  state[2].data_ptr<float>(), state[3].data_ptr<uint8_t>(), state[4].data_ptr<float>(), n);
         return state;
       };
       const auto first = again(), second = again();
-      for (size_t k = 0; k < first.size(); ++k) EXPECT_TRUE(torch::equal(first[k], second[k])) << what << ": deterministic, tensor " << k;
+      for (size_t k = 0; k < first.size(); ++k)
+        EXPECT_TRUE(torch::equal(first[k], second[k])) << what << ": deterministic, tensor " << k;
     }
     EXPECT_EQ(m_scales[zero_block].item<float>(), 0.0f) << "a block without gradient keeps scale 0";
-    EXPECT_EQ(m_table[int64_t{m_codes[huge_at].item<uint8_t>()}].item<float>(), 1.0f) << "the huge value is its block's largest m";
+    EXPECT_EQ(m_table[int64_t{m_codes[huge_at].item<uint8_t>()}].item<float>(), 1.0f)
+        << "the huge value is its block's largest m";
   }
 }
 
@@ -469,20 +509,22 @@ TEST_F(KernelsGpuTest, Quantize8bitAndDequantize8bitEqualTheReference) {
       auto x = torch::randn({n}) * torch::pow(10.0, torch::rand({n}) * 8 - 6);
       if (!is_signed) x = x.abs();
       x.narrow(0, 3 * kAdamW8bitBlock, kAdamW8bitBlock).zero_();
-      auto codes = torch::empty({n}, torch::kUInt8), scales = torch::empty({AdamW8bitBlocks(n)}), back = torch::empty({n});
+      auto codes = torch::empty({n}, torch::kUInt8), scales = torch::empty({AdamW8bitBlocks(n)}),
+           back = torch::empty({n});
       Quantize8bit(Place{}, is_signed, x.data_ptr<float>(), codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), n);
-      Dequantize8bit(Place{}, is_signed, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), back.data_ptr<float>(), n);
+      Dequantize8bit(Place{}, is_signed, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), back.data_ptr<float>(),
+                     n);
       auto xd = OnDevice(x, offset), codesd = OnDevice(torch::zeros({n}, torch::kUInt8), offset);
       auto scalesd = OnDevice(torch::zeros({AdamW8bitBlocks(n)}), 0), backd = OnDevice(torch::zeros({n}), offset);
       Quantize8bit(place_, is_signed, xd.data_ptr<float>(), codesd.data_ptr<uint8_t>(), scalesd.data_ptr<float>(), n);
-      Dequantize8bit(place_, is_signed, codesd.data_ptr<uint8_t>(), scalesd.data_ptr<float>(), backd.data_ptr<float>(), n);
+      Dequantize8bit(place_, is_signed, codesd.data_ptr<uint8_t>(), scalesd.data_ptr<float>(), backd.data_ptr<float>(),
+                     n);
       EXPECT_TRUE(torch::equal(codesd.cpu(), codes)) << what;
       EXPECT_TRUE(torch::equal(scalesd.cpu(), scales)) << what;
       EXPECT_TRUE(torch::equal(backd.cpu(), back)) << what;
     }
   }
 }
-
 
 // ZeRO-3's shard lookups (stage_model_lookup.cc): the gather and the deterministic scatter-add
 // bit for bit against the references, with ids repeated hundreds of times (a frequent token: runs
@@ -499,10 +541,10 @@ TEST_F(KernelsGpuTest, ShardRowsGatherAndScatterAddEqualTheReferenceBitForBit) {
     int64_t rows, cols, begin, end, long_row;
     bool id_past_table;  // an id >= rows (sorts last), else a second negative one
   };
-  for (const Shape& shape_case : {Shape{1000, 768, 768 * 300 + 128, 768 * 700 - 256, 500, true},
-                                  Shape{1000, 64, 64 * 100 + 8, 64 * 700 - 57, 699, true},
-                                  Shape{500, 30, 4001, 500 * 30, 300, false},
-                                  Shape{300, 32, 0, 300 * 32, 150, false}}) {
+  for (const Shape& shape_case :
+       {Shape{1000, 768, 768 * 300 + 128, 768 * 700 - 256, 500, true},
+        Shape{1000, 64, 64 * 100 + 8, 64 * 700 - 57, 699, true}, Shape{500, 30, 4001, 500 * 30, 300, false},
+        Shape{300, 32, 0, 300 * 32, 150, false}}) {
     const auto [rows, cols, begin, end, long_row, id_past_table] = shape_case;
     const int64_t n = 4099;  // not a whole number of chunks
     auto ids = torch::randint(0, rows, {n}, torch::kLong);
@@ -529,7 +571,8 @@ TEST_F(KernelsGpuTest, ShardRowsGatherAndScatterAddEqualTheReferenceBitForBit) {
     const auto sorted_d = torch::sort(ids_d, /*stable=*/true, 0, false);  // the worker sorts on the device
     auto scratch = torch::full({ShardRowsScatterAddScratch(n, cols)}, std::nanf(""), dy_d.options());
     ShardRowsScatterAdd(place_, shape, dy_d.data_ptr<float>(), std::get<0>(sorted_d).data_ptr<int64_t>(),
-                        std::get<1>(sorted_d).data_ptr<int64_t>(), n, grad_d.data_ptr<float>(), scratch.data_ptr<float>());
+                        std::get<1>(sorted_d).data_ptr<int64_t>(), n, grad_d.data_ptr<float>(),
+                        scratch.data_ptr<float>());
     EXPECT_TRUE(torch::equal(grad_d.cpu(), grad)) << "cols " << cols << ", max relative " << MaxRelative(grad_d, grad);
     // Without its scratch the call is refused, not run through a null pointer.
     EXPECT_THROW(ShardRowsScatterAdd(place_, shape, dy_d.data_ptr<float>(), std::get<0>(sorted_d).data_ptr<int64_t>(),

@@ -13,14 +13,17 @@ namespace {
 
 class MirrorCommunicator final : public Communicator {
  public:
-  MirrorCommunicator(uint32_t world, uint32_t rank, torch::Device device) : world_(world), rank_(rank), device_(device) {}
+  MirrorCommunicator(uint32_t world, uint32_t rank, torch::Device device)
+      : world_(world), rank_(rank), device_(device) {}
 
   uint32_t rank() const override { return rank_; }
   uint32_t world_size() const override { return world_; }
 
   Status AllReduceSum(float* data, size_t count) override { return Sum(View(data, count, torch::kFloat)); }
   Status AllReduceSumBf16(uint16_t* data, size_t count) override { return Sum(View(data, count, torch::kBFloat16)); }
-  Status ReduceScatterSum(float* data, size_t count) override { return Sum(Block(View(data, count, torch::kFloat), rank_)); }
+  Status ReduceScatterSum(float* data, size_t count) override {
+    return Sum(Block(View(data, count, torch::kFloat), rank_));
+  }
   Status ReduceScatterSumTo(float* data, float* block, size_t count) override {
     return SumInto(View(data, count, torch::kFloat), block);
   }
@@ -54,10 +57,12 @@ class MirrorCommunicator final : public Communicator {
  private:
   Status Live() const { return Check(); }
   static Status NoPeer() {
-    return InvalidArgument("mirror communicator: pipeline stages need a GPU each (a copy of this rank has nothing to send)");
+    return InvalidArgument(
+        "mirror communicator: pipeline stages need a GPU each (a copy of this rank has nothing to send)");
   }
   torch::Tensor View(const void* data, size_t count, torch::ScalarType type) const {
-    return torch::from_blob(const_cast<void*>(data), {static_cast<int64_t>(count)}, torch::TensorOptions().dtype(type).device(device_));
+    return torch::from_blob(const_cast<void*>(data), {static_cast<int64_t>(count)},
+                            torch::TensorOptions().dtype(type).device(device_));
   }
   torch::Tensor Block(const torch::Tensor& whole, uint32_t rank) const {
     const auto [begin, end] = ShardRange(static_cast<size_t>(whole.numel()), world_, rank);

@@ -15,7 +15,7 @@
 
 #include <memory>
 
-#include "worker/communicator.h"
+#include "worker/comm/communicator.h"
 
 namespace strata::worker {
 

@@ -1,32 +1,29 @@
 // GPU tests (ctest label `gpu`): skip cleanly where LibTorch has no CUDA or no device is visible.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <thread>
 #include <vector>
 
-#include <fstream>
-#include <sstream>
-
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include "tests/gpu/mirror_communicator.h"
-#include "worker/buffer_sink_testing.h"
-#include "worker/communicator.h"
-#include "worker/fused_linear.h"
-#include "worker/torch_compat.h"
+#include "worker/comm/communicator.h"
+#include "worker/nn/buffer_sink_testing.h"
+#include "worker/nn/fused_linear.h"
+#include "worker/nn/torch_compat.h"
 #include "worker/torch_executor.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 namespace strata::worker {
 namespace {
-
 
 class GpuTest : public ::testing::Test {
  protected:
@@ -35,7 +32,8 @@ class GpuTest : public ::testing::Test {
     char tmpl[] = "/tmp/strata-gpu-XXXXXX";
     dir_ = mkdtemp(tmpl);
     std::ofstream out(dir_ + "/corpus.txt");
-    for (int i = 0; i < 300; ++i) out << "the quick brown fox jumps over the lazy dog. pack my box with five dozen jugs. ";
+    for (int i = 0; i < 300; ++i)
+      out << "the quick brown fox jumps over the lazy dog. pack my box with five dozen jugs. ";
   }
   std::string dir_;
 };
@@ -43,7 +41,8 @@ class GpuTest : public ::testing::Test {
 std::vector<double> Train(const std::string& corpus, torch::Device device, int steps,
                           const std::string& precision = "fp32", const std::string& family = "gpt2", int64_t zero = 0,
                           const std::function<void(RunSpec&)>& adjust = {}, int* graph_steps = nullptr,
-                          FaultInjector* faults = nullptr, TensorParallelOverlapCounts* overlap_counts = nullptr, bool mirrored = false) {
+                          FaultInjector* faults = nullptr, TensorParallelOverlapCounts* overlap_counts = nullptr,
+                          bool mirrored = false) {
   TaskContext context;
   context.run_id = "gpu";
   if (faults) context.faults = faults;
@@ -78,8 +77,10 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
     EXPECT_NE(rank, nullptr) << "a mesh of " << world << " ranks runs as processes: TrainMesh";
     if (!rank) return {};
     std::vector<std::string> addresses;
-    const size_t mesh_id = std::hash<std::string>{}(std::getenv("STRATA_GPU_TEST_MESH") ? std::getenv("STRATA_GPU_TEST_MESH") : "");
-    for (uint32_t r = 0; r < world; ++r) addresses.push_back("ipc://" + corpus + "." + std::to_string(mesh_id % 1000000) + ".rank" + std::to_string(r));
+    const size_t mesh_id =
+        std::hash<std::string>{}(std::getenv("STRATA_GPU_TEST_MESH") ? std::getenv("STRATA_GPU_TEST_MESH") : "");
+    for (uint32_t r = 0; r < world; ++r)
+      addresses.push_back("ipc://" + corpus + "." + std::to_string(mesh_id % 1000000) + ".rank" + std::to_string(r));
     context.rank = static_cast<uint32_t>(std::stoul(rank));
     context.world_size = world;
     auto zmq = CreateZmqCommunicator(zmq_context, {context.rank, addresses, 5, 60000, std::nullopt});
@@ -93,8 +94,10 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
   auto data = TokenData::Load(context.spec.data, 256);
   EXPECT_TRUE(data.ok());
   if (world > 1) std::fprintf(stderr, "rank %u of %u: communicator up\n", context.rank, world);
-  Trainer trainer(context, std::move(data).value(), device);
-  EXPECT_TRUE(trainer.init_status().ok()) << trainer.init_status().ToString();
+  auto made = Trainer::Create(context, std::move(data).value(), device);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  if (!made.ok()) return {};
+  Trainer& trainer = **made;
   if (world > 1) std::fprintf(stderr, "rank %u: trainer built\n", context.rank);
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
@@ -130,19 +133,23 @@ TEST_F(GpuTest, CudaTrainingMatchesCpuInFp32) {
 // backward on a CUDA device in one thread, where one rank's collective would wait for another's
 // backward queued behind it.) Steps run op by op: a host-staged collective cannot be captured in
 // a CUDA graph. Returns rank 0's losses.
-std::vector<double> TrainMesh(const std::string& dir, int64_t dp, int64_t tp, int64_t zero, int steps, const std::string& precision,
-                              const std::string& family) {
+std::vector<double> TrainMesh(const std::string& dir, int64_t dp, int64_t tp, int64_t zero, int steps,
+                              const std::string& precision, const std::string& family) {
   const int world = static_cast<int>(dp * tp);
-  for (int r = 0; r < world; ++r) std::remove((dir + "/losses.rank" + std::to_string(r)).c_str());  // none left from a run before
+  for (int r = 0; r < world; ++r)
+    std::remove((dir + "/losses.rank" + std::to_string(r)).c_str());  // none left from a run before
   std::vector<pid_t> children;
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
       setenv("STRATA_GPU_TEST_RANK", std::to_string(r).c_str(), 1);
-      setenv("STRATA_GPU_TEST_MESH", (dir + "|" + std::to_string(steps) + "|" + precision + "|" + family + "|" + std::to_string(dp) + "|" +
-                                      std::to_string(tp) + "|" + std::to_string(zero)).c_str(), 1);
-      execl("/proc/self/exe", "trainer_gpu_test", "--gtest_filter=GpuTest.DISABLED_MeshRank", "--gtest_also_run_disabled_tests",
-            static_cast<char*>(nullptr));
+      setenv("STRATA_GPU_TEST_MESH",
+             (dir + "|" + std::to_string(steps) + "|" + precision + "|" + family + "|" + std::to_string(dp) + "|" +
+              std::to_string(tp) + "|" + std::to_string(zero))
+                 .c_str(),
+             1);
+      execl("/proc/self/exe", "trainer_gpu_test", "--gtest_filter=GpuTest.DISABLED_MeshRank",
+            "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr));
       _exit(127);
     }
     children.push_back(pid);
@@ -172,8 +179,8 @@ TEST_F(GpuTest, DISABLED_MeshRank) {
   for (std::string field; std::getline(in, field, '|');) fields.push_back(field);
   ASSERT_EQ(fields.size(), 7u);
   const int64_t dp = std::stoll(fields[4]), tp = std::stoll(fields[5]);
-  auto losses = Train(fields[0] + "/corpus.txt", torch::Device(torch::kCUDA, 0), std::stoi(fields[1]), fields[2], fields[3],
-                      std::stoll(fields[6]), [dp, tp](RunSpec& spec) {
+  auto losses = Train(fields[0] + "/corpus.txt", torch::Device(torch::kCUDA, 0), std::stoi(fields[1]), fields[2],
+                      fields[3], std::stoll(fields[6]), [dp, tp](RunSpec& spec) {
                         spec.parallel.dp = dp;
                         spec.parallel.tp = tp;
                         spec.train.cuda_graphs = false;
@@ -196,16 +203,17 @@ TEST_F(GpuTest, TensorParallelRanksWithTheVocabularySplitTrainAsOneRank) {
       auto two = TrainMesh(dir_, 1, 2, 0, 6, precision, family);
       ASSERT_EQ(two.size(), one.size()) << family << " " << precision;
       const double bound = std::string(precision) == "fp32" ? 1e-5 : 2e-2;
-      for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], bound * one[i]) << family << " " << precision << " step " << i + 1;
+      for (size_t i = 0; i < one.size(); ++i)
+        EXPECT_NEAR(two[i], one[i], bound * one[i]) << family << " " << precision << " step " << i + 1;
       EXPECT_LT(two.back(), two.front()) << family << " " << precision;
-      std::printf("%s %s tp=2 on one GPU: losses %.6f .. %.6f, one rank %.6f .. %.6f\n", family, precision, two.front(), two.back(),
-                  one.front(), one.back());
+      std::printf("%s %s tp=2 on one GPU: losses %.6f .. %.6f, one rank %.6f .. %.6f\n", family, precision, two.front(),
+                  two.back(), one.front(), one.back());
     }
   }
 }
 
 // Data parallel under ZeRO 1 and 2: each unit's gradient sum starts beside the backward on a side
-// stream (worker/optimizer.h), here with CUDA tensors staged through the host. dp = 2 is gradient
+// stream (worker/train/optimizer.h), here with CUDA tensors staged through the host. dp = 2 is gradient
 // accumulation over two ranks: one rank's losses, in fp32 within rounding, in bf16 within its
 // precision.
 TEST_F(GpuTest, DataParallelRanksSumBesideTheBackwardAndTrainAsOneRank) {
@@ -216,7 +224,8 @@ TEST_F(GpuTest, DataParallelRanksSumBesideTheBackwardAndTrainAsOneRank) {
       auto two = TrainMesh(dir_, 2, 1, zero, 6, precision, "llama");
       ASSERT_EQ(two.size(), one.size()) << "zero " << zero << " " << precision;
       const double bound = std::string(precision) == "fp32" ? 1e-5 : 2e-2;
-      for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], bound * one[i]) << "zero " << zero << " " << precision << " step " << i + 1;
+      for (size_t i = 0; i < one.size(); ++i)
+        EXPECT_NEAR(two[i], one[i], bound * one[i]) << "zero " << zero << " " << precision << " step " << i + 1;
       std::printf("llama %s dp=2 zero %lld on one GPU: losses %.6f .. %.6f, one rank %.6f .. %.6f\n", precision,
                   static_cast<long long>(zero), two.front(), two.back(), one.front(), one.back());
     }
@@ -247,9 +256,11 @@ TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
         spec.train.cuda_graphs = graphs;
       };
     };
-    auto eager = Train(dir_ + "/corpus.txt", gpu, steps, "fp32", "llama", zero, mesh(false), nullptr, nullptr, nullptr, true);
+    auto eager =
+        Train(dir_ + "/corpus.txt", gpu, steps, "fp32", "llama", zero, mesh(false), nullptr, nullptr, nullptr, true);
     int graph_steps = 0;
-    auto graphed = Train(dir_ + "/corpus.txt", gpu, steps, "fp32", "llama", zero, mesh(true), &graph_steps, nullptr, nullptr, true);
+    auto graphed = Train(dir_ + "/corpus.txt", gpu, steps, "fp32", "llama", zero, mesh(true), &graph_steps, nullptr,
+                         nullptr, true);
     ASSERT_EQ(graphed.size(), eager.size()) << what;
     EXPECT_EQ(graph_steps, steps - 1) << what << ": the first step runs eagerly, every later one as the graph";
     double worst = 0;
@@ -257,8 +268,8 @@ TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
       worst = std::max(worst, std::abs(graphed[i] - eager[i]) / eager[i]);
       EXPECT_NEAR(graphed[i], eager[i], 1e-5 * eager[i]) << what << " step " << i + 1;
     }
-    std::printf("%s: losses %.6f .. %.6f, graph vs op by op largest relative difference %.3g\n", what.c_str(), graphed.front(),
-                graphed.back(), worst);
+    std::printf("%s: losses %.6f .. %.6f, graph vs op by op largest relative difference %.3g\n", what.c_str(),
+                graphed.front(), graphed.back(), worst);
   }
   for (const std::string family : {"llama", "gpt2"}) {
     for (const std::string precision : {"fp32", "bf16"}) {
@@ -271,15 +282,16 @@ TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
         std::map<bool, int> graph_steps;
         for (const bool graphs : {false, true}) {
           for (const bool overlap : {false, true}) {
-            losses[std::make_pair(graphs, overlap)] = Train(dir_ + "/corpus.txt", gpu, steps, precision, family, 0,
-                                              [&](RunSpec& spec) {
-                                                spec.parallel.tp = tp;
-                                                spec.parallel.tp_comm_overlap = overlap;
-                                                spec.train.cuda_graphs = graphs;
-                                                spec.model.heads = 4;
-                                                spec.model.kv_heads = 4;
-                                              },
-                                              &graph_steps[graphs], nullptr, &counts[std::make_pair(graphs, overlap)], true);
+            losses[std::make_pair(graphs, overlap)] = Train(
+                dir_ + "/corpus.txt", gpu, steps, precision, family, 0,
+                [&](RunSpec& spec) {
+                  spec.parallel.tp = tp;
+                  spec.parallel.tp_comm_overlap = overlap;
+                  spec.train.cuda_graphs = graphs;
+                  spec.model.heads = 4;
+                  spec.model.kv_heads = 4;
+                },
+                &graph_steps[graphs], nullptr, &counts[std::make_pair(graphs, overlap)], true);
           }
           const std::pair<bool, bool> with{graphs, true}, without{graphs, false};
           ASSERT_EQ(losses[with].size(), static_cast<size_t>(steps)) << what;
@@ -290,10 +302,12 @@ TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
           for (int i = 0; i < steps; ++i) {
             const double on = losses[with][i], off = losses[without][i];
             overlap_worst = std::max(overlap_worst, std::abs(on - off) / off);
-            EXPECT_NEAR(on, off, (precision == "fp32" ? 1e-5 : 2e-3) * off) << what << (graphs ? ", graphs" : "") << " step " << i + 1;
+            EXPECT_NEAR(on, off, (precision == "fp32" ? 1e-5 : 2e-3) * off)
+                << what << (graphs ? ", graphs" : "") << " step " << i + 1;
           }
-          std::printf("%s%s: overlap on vs off largest relative loss difference %.3g (%s)\n", what.c_str(), graphs ? ", graphs" : "",
-                      overlap_worst, losses[with] == losses[without] ? "bit for bit" : "not bit for bit");
+          std::printf("%s%s: overlap on vs off largest relative loss difference %.3g (%s)\n", what.c_str(),
+                      graphs ? ", graphs" : "", overlap_worst,
+                      losses[with] == losses[without] ? "bit for bit" : "not bit for bit");
           EXPECT_GT(counts[with].weight_gradients_deferred, 0) << what;
           EXPECT_GT(counts[with].collectives_beside_matmuls, 0) << what;
           EXPECT_EQ(counts[without].weight_gradients_deferred, 0) << what;
@@ -308,11 +322,13 @@ TEST_F(GpuTest, MirroredMeshCollectivesOnSideStreamsGiveTheOrderedLosses) {
           worst = std::max(worst, std::abs(graphed - eager) / eager);
           EXPECT_NEAR(graphed, eager, bound * eager) << what << " step " << i + 1;
         }
-        std::printf("%s: losses %.6f .. %.6f, %lld weight gradients beside a collective, %lld collectives beside a matmul; "
-                    "%d of two runs' %d steps replayed a graph; graph vs op by op largest relative difference %.3g\n",
-                    what.c_str(), losses[std::make_pair(false, true)].front(), losses[std::make_pair(false, true)].back(),
-                    static_cast<long long>(counts[std::make_pair(false, true)].weight_gradients_deferred),
-                    static_cast<long long>(counts[std::make_pair(false, true)].collectives_beside_matmuls), graph_steps[true], 2 * steps, worst);
+        std::printf(
+            "%s: losses %.6f .. %.6f, %lld weight gradients beside a collective, %lld collectives beside a matmul; "
+            "%d of two runs' %d steps replayed a graph; graph vs op by op largest relative difference %.3g\n",
+            what.c_str(), losses[std::make_pair(false, true)].front(), losses[std::make_pair(false, true)].back(),
+            static_cast<long long>(counts[std::make_pair(false, true)].weight_gradients_deferred),
+            static_cast<long long>(counts[std::make_pair(false, true)].collectives_beside_matmuls), graph_steps[true],
+            2 * steps, worst);
       }
     }
   }
@@ -332,17 +348,18 @@ TEST_F(GpuTest, MirroredZero3UnderTensorParallelOverlapsAndGivesTheOrderedLosses
     std::map<bool, int> graph_steps;
     for (const bool graphs : {false, true}) {
       for (const bool overlap : {false, true}) {
-        losses[std::make_pair(graphs, overlap)] = Train(dir_ + "/corpus.txt", gpu, steps, precision, "llama", 3,
-                                                        [&](RunSpec& spec) {
-                                                          spec.parallel.dp = 2;
-                                                          spec.parallel.tp = 2;
-                                                          spec.parallel.tp_comm_overlap = overlap;
-                                                          spec.train.global_batch = 16;
-                                                          spec.train.cuda_graphs = graphs;
-                                                          spec.model.heads = 4;
-                                                          spec.model.kv_heads = 4;
-                                                        },
-                                                        &graph_steps[graphs], nullptr, &counts[std::make_pair(graphs, overlap)], true);
+        losses[std::make_pair(graphs, overlap)] = Train(
+            dir_ + "/corpus.txt", gpu, steps, precision, "llama", 3,
+            [&](RunSpec& spec) {
+              spec.parallel.dp = 2;
+              spec.parallel.tp = 2;
+              spec.parallel.tp_comm_overlap = overlap;
+              spec.train.global_batch = 16;
+              spec.train.cuda_graphs = graphs;
+              spec.model.heads = 4;
+              spec.model.kv_heads = 4;
+            },
+            &graph_steps[graphs], nullptr, &counts[std::make_pair(graphs, overlap)], true);
       }
     }
     const std::vector<double>& ordered = losses[std::make_pair(false, false)];
@@ -353,17 +370,19 @@ TEST_F(GpuTest, MirroredZero3UnderTensorParallelOverlapsAndGivesTheOrderedLosses
       ASSERT_EQ(run.size(), ordered.size()) << what;
       for (int i = 0; i < steps; ++i) {
         worst = std::max(worst, std::abs(run[i] - ordered[i]) / ordered[i]);
-        EXPECT_NEAR(run[i], ordered[i], bound * ordered[i]) << what << (key.first ? ", graphs" : "") << (key.second ? ", overlap" : "")
-                                                            << " step " << i + 1;
+        EXPECT_NEAR(run[i], ordered[i], bound * ordered[i])
+            << what << (key.first ? ", graphs" : "") << (key.second ? ", overlap" : "") << " step " << i + 1;
       }
     }
     EXPECT_GT(counts[std::make_pair(false, true)].collectives_beside_matmuls, 0) << what;
     EXPECT_EQ(counts[std::make_pair(false, true)].weight_gradients_deferred, 0) << what;
     EXPECT_EQ(counts[std::make_pair(false, false)].collectives_beside_matmuls, 0) << what;
-    std::printf("%s: losses %.6f .. %.6f, %lld collectives beside a matmul, %d of two runs' %d steps replayed a graph; "
-                "largest relative difference from the ordered op-by-op run %.3g\n",
-                what.c_str(), ordered.front(), ordered.back(),
-                static_cast<long long>(counts[std::make_pair(false, true)].collectives_beside_matmuls), graph_steps[true], 2 * steps, worst);
+    std::printf(
+        "%s: losses %.6f .. %.6f, %lld collectives beside a matmul, %d of two runs' %d steps replayed a graph; "
+        "largest relative difference from the ordered op-by-op run %.3g\n",
+        what.c_str(), ordered.front(), ordered.back(),
+        static_cast<long long>(counts[std::make_pair(false, true)].collectives_beside_matmuls), graph_steps[true],
+        2 * steps, worst);
   }
 }
 
@@ -376,14 +395,15 @@ TEST_F(GpuTest, CudaGraphStepsGiveTheLossesOfOpByOpSteps) {
     for (const std::string precision : {"fp32", "bf16"}) {
       for (const int64_t micro : {int64_t{0}, int64_t{2}}) {
         const std::string what = family + " " + precision + " micro_batch " + std::to_string(micro);
-        auto eager = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, micro ? 1 : 0,
-                           [&](RunSpec& spec) {
+        auto eager = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family,
+                           micro ? 1 : 0, [&](RunSpec& spec) {
                              spec.train.cuda_graphs = false;
                              spec.parallel.micro_batch = micro;
                            });
         int graph_steps = 0;
-        auto graphed = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, micro ? 1 : 0,
-                             [&](RunSpec& spec) { spec.parallel.micro_batch = micro; }, &graph_steps);
+        auto graphed = Train(
+            dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, micro ? 1 : 0,
+            [&](RunSpec& spec) { spec.parallel.micro_batch = micro; }, &graph_steps);
         EXPECT_EQ(graph_steps, steps - 1) << what << ": the first step runs eagerly, every later one as the graph";
         const double bound = precision == "fp32" ? 1e-5 : 2e-3;
         double worst = 0;
@@ -412,12 +432,14 @@ TEST_F(GpuTest, Zero3StepsReplayAsAGraphAndARefusedCaptureFallsBackCleanly) {
   const int steps = 6;
   for (const std::string family : {"gpt2", "llama"}) {
     auto micro2 = [](RunSpec& spec) { spec.parallel.micro_batch = 2; };  // 4 micro-batches: uses add up
-    auto eager = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, "bf16", family, 3, [&](RunSpec& spec) {
-      micro2(spec);
-      spec.train.cuda_graphs = false;
-    });
+    auto eager =
+        Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, "bf16", family, 3, [&](RunSpec& spec) {
+          micro2(spec);
+          spec.train.cuda_graphs = false;
+        });
     int graph_steps = 0;
-    auto graphed = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, "bf16", family, 3, micro2, &graph_steps);
+    auto graphed =
+        Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, "bf16", family, 3, micro2, &graph_steps);
     EXPECT_EQ(graph_steps, steps - 1) << family;
     int refused_graph_steps = 0;
     auto refused = Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, "bf16", family, 3, micro2,
@@ -431,7 +453,7 @@ TEST_F(GpuTest, Zero3StepsReplayAsAGraphAndARefusedCaptureFallsBackCleanly) {
 }
 
 // [parallel] offload = "optimizer" on a CUDA worker: the host AdamW, with gradients leaving during
-// the backward and each unit's update waited for by the next forward (worker/optimizer.h), gives
+// the backward and each unit's update waited for by the next forward (worker/train/optimizer.h), gives
 // the on-GPU optimizer's losses - bit for bit where two on-GPU runs agree bit for bit (the host
 // AdamW's arithmetic is the GPU kernel's). With gradient accumulation (the last micro-batch's
 // backward sends the gradients) and with recompute (its units are sent after the backward).
@@ -439,15 +461,18 @@ TEST_F(GpuTest, OffloadedOptimizerGivesTheOnGpuLosses) {
   const int steps = 8;
   for (const std::string family : {"gpt2", "llama"}) {
     for (const std::string precision : {"fp32", "bf16"}) {
-      for (const auto& [micro, recompute] : {std::pair{int64_t{0}, false}, std::pair{int64_t{2}, false}, std::pair{int64_t{2}, true}}) {
-        const std::string what = family + " " + precision + " micro_batch " + std::to_string(micro) + (recompute ? " recompute" : "");
+      for (const auto& [micro, recompute] :
+           {std::pair{int64_t{0}, false}, std::pair{int64_t{2}, false}, std::pair{int64_t{2}, true}}) {
+        const std::string what =
+            family + " " + precision + " micro_batch " + std::to_string(micro) + (recompute ? " recompute" : "");
         auto run = [&](const std::string& offload) {
-          return Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, 0, [&](RunSpec& spec) {
-            spec.train.cuda_graphs = false;
-            spec.parallel.micro_batch = micro;
-            spec.parallel.recompute = recompute;
-            spec.parallel.offload = offload;
-          });
+          return Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, 0,
+                       [&](RunSpec& spec) {
+                         spec.train.cuda_graphs = false;
+                         spec.parallel.micro_batch = micro;
+                         spec.parallel.recompute = recompute;
+                         spec.parallel.offload = offload;
+                       });
         };
         const auto on_gpu = run("none");
         const bool deterministic = run("none") == on_gpu;
@@ -456,7 +481,8 @@ TEST_F(GpuTest, OffloadedOptimizerGivesTheOnGpuLosses) {
           if (deterministic) {
             EXPECT_EQ(offloaded[i], on_gpu[i]) << what << " step " << i + 1;
           } else {
-            EXPECT_NEAR(offloaded[i], on_gpu[i], (precision == "fp32" ? 1e-5 : 2e-3) * on_gpu[i]) << what << " step " << i + 1;
+            EXPECT_NEAR(offloaded[i], on_gpu[i], (precision == "fp32" ? 1e-5 : 2e-3) * on_gpu[i])
+                << what << " step " << i + 1;
           }
         }
         std::printf("%s: on-GPU runs %s; offloaded vs on-GPU at the last step %.17g vs %.17g\n", what.c_str(),
@@ -477,11 +503,12 @@ TEST_F(GpuTest, HostStreamedParametersGiveTheOnGpuZero3Losses) {
       for (const int64_t micro : {int64_t{0}, int64_t{2}}) {
         const std::string what = family + " " + precision + " micro_batch " + std::to_string(micro);
         auto run = [&](const std::string& offload) {
-          return Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, 3, [&](RunSpec& spec) {
-            spec.train.cuda_graphs = false;
-            spec.parallel.micro_batch = micro;
-            spec.parallel.offload = offload;
-          });
+          return Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, 3,
+                       [&](RunSpec& spec) {
+                         spec.train.cuda_graphs = false;
+                         spec.parallel.micro_batch = micro;
+                         spec.parallel.offload = offload;
+                       });
         };
         const auto on_gpu = run("none");
         const bool deterministic = run("none") == on_gpu;
@@ -490,11 +517,12 @@ TEST_F(GpuTest, HostStreamedParametersGiveTheOnGpuZero3Losses) {
           if (deterministic) {
             EXPECT_EQ(streamed[i], on_gpu[i]) << what << " step " << i + 1;
           } else {
-            EXPECT_NEAR(streamed[i], on_gpu[i], (precision == "fp32" ? 1e-5 : 2e-3) * on_gpu[i]) << what << " step " << i + 1;
+            EXPECT_NEAR(streamed[i], on_gpu[i], (precision == "fp32" ? 1e-5 : 2e-3) * on_gpu[i])
+                << what << " step " << i + 1;
           }
         }
-        std::printf("%s: on-GPU ZeRO-3 runs %s; host-streamed vs on-GPU at the last step %.17g vs %.17g\n", what.c_str(),
-                    deterministic ? "agree bit for bit" : "differ", streamed.back(), on_gpu.back());
+        std::printf("%s: on-GPU ZeRO-3 runs %s; host-streamed vs on-GPU at the last step %.17g vs %.17g\n",
+                    what.c_str(), deterministic ? "agree bit for bit" : "differ", streamed.back(), on_gpu.back());
         EXPECT_LT(streamed.back(), streamed.front()) << what;
       }
     }
@@ -571,26 +599,31 @@ TEST(GpuLinearTest, LinearIntoGradientWritesTheBf16MatmulsGradientInFp32) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (or a CPU-only LibTorch)";
   torch::manual_seed(5);
   const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
-  const auto x = torch::randn({4, 64, 512}, bf16), dy1 = torch::randn({4, 64, 256}, bf16), dy2 = torch::randn({4, 64, 256}, bf16);
+  const auto x = torch::randn({4, 64, 512}, bf16), dy1 = torch::randn({4, 64, 256}, bf16),
+             dy2 = torch::randn({4, 64, 256}, bf16);
   const auto param = torch::randn({256, 512}, bf16.dtype(torch::kFloat)).requires_grad_(true);
   const auto working = param.detach().to(torch::kBFloat16);
   BufferSink sink(torch::full({256, 512}, std::nan(""), torch::TensorOptions().device(torch::kCUDA)));
   const auto x_ours = x.clone().requires_grad_(true);
   const auto y1 = LinearIntoGradient(x_ours, param, working, torch::Tensor(), &sink);
   const auto y2 = LinearIntoGradient(x_ours, param, working, torch::Tensor(), &sink);
-  ((y1.to(torch::kFloat) * dy1.to(torch::kFloat)).sum() + (y2.to(torch::kFloat) * dy2.to(torch::kFloat)).sum()).backward();
+  ((y1.to(torch::kFloat) * dy1.to(torch::kFloat)).sum() + (y2.to(torch::kFloat) * dy2.to(torch::kFloat)).sum())
+      .backward();
   const auto exact = dy1.to(torch::kFloat).reshape({-1, 256}).t().mm(x.to(torch::kFloat).reshape({-1, 512})) +
                      dy2.to(torch::kFloat).reshape({-1, 256}).t().mm(x.to(torch::kFloat).reshape({-1, 512}));
   const double error = ((sink.buffer - exact).abs().max() / exact.abs().max()).item<double>();
-  std::printf("LinearIntoGradient bf16 -> fp32 weight gradient: largest relative error %.3g (fused matmul: %d)\n", error,
-              STRATA_TORCH_HAS_MATMUL_OUT_DTYPE);
+  std::printf("LinearIntoGradient bf16 -> fp32 weight gradient: largest relative error %.3g (fused matmul: %d)\n",
+              error, STRATA_TORCH_HAS_MATMUL_OUT_DTYPE);
   EXPECT_EQ(sink.received, 2);
   EXPECT_LT(error, STRATA_TORCH_HAS_MATMUL_OUT_DTYPE ? 1e-5 : 1e-2);
   const auto x_ref = x.clone().requires_grad_(true);
   const auto r = torch::linear(x_ref, working);
-  ((r.to(torch::kFloat) * dy1.to(torch::kFloat)).sum() + (r.to(torch::kFloat) * dy2.to(torch::kFloat)).sum()).backward();
+  ((r.to(torch::kFloat) * dy1.to(torch::kFloat)).sum() + (r.to(torch::kFloat) * dy2.to(torch::kFloat)).sum())
+      .backward();
   EXPECT_LT(((x_ours.grad().to(torch::kFloat) - x_ref.grad().to(torch::kFloat)).abs().max() /
-             x_ref.grad().to(torch::kFloat).abs().max()).item<double>(), 1e-2);
+             x_ref.grad().to(torch::kFloat).abs().max())
+                .item<double>(),
+            1e-2);
 }
 
 }  // namespace

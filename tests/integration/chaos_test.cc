@@ -6,9 +6,8 @@
 // CI size: 10 worker kills and 2 coordinator kills (STRATA_CHAOS_WORKER_KILLS /
 // STRATA_CHAOS_COORDINATOR_KILLS change them; tests/chaos/soak.sh runs 50 and 5). The order and
 // the victims come from STRATA_CHAOS_SEED (default 1), printed so a failure can be replayed.
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -49,7 +48,9 @@ class ChaosTest : public ::testing::Test {
 
   static testing::CommandResult Strata(const std::string& args) { return testing::RunStrata(args, dir_); }
   // Three workers for a dp=2 run: a spare, so a kill never has to wait for the victim's return.
-  static testing::CommandResult Up() { return Strata("up --workers 3 --heartbeat-timeout-ms 1000 --replace-grace-ms 3000"); }
+  static testing::CommandResult Up() {
+    return Strata("up --workers 3 --heartbeat-timeout-ms 1000 --replace-grace-ms 3000");
+  }
 
   static std::string Spec(const std::string& name, int steps) {
     std::ostringstream s;
@@ -114,8 +115,8 @@ TEST_F(ChaosTest, RunFinishesThroughWorkerAndCoordinatorKillsWithTheFaultFreeLos
   std::fill(coordinator.begin(), coordinator.begin() + coordinator_kills, true);
   std::mt19937 rng(seed);
   std::shuffle(coordinator.begin(), coordinator.end(), rng);
-  std::cout << "chaos seed " << seed << ": " << worker_kills << " worker kills, " << coordinator_kills << " coordinator kills, "
-            << steps << " steps" << std::endl;
+  std::cout << "chaos seed " << seed << ": " << worker_kills << " worker kills, " << coordinator_kills
+            << " coordinator kills, " << steps << " steps" << std::endl;
 
   const std::string run = Submit("chaos", Spec("chaos", steps));
   const int64_t start = testing::NowMs();
@@ -145,7 +146,8 @@ TEST_F(ChaosTest, RunFinishesThroughWorkerAndCoordinatorKillsWithTheFaultFreeLos
     const int pid = Pid(victim);
     ASSERT_GT(pid, 0) << victim;
     ASSERT_EQ(kill(pid, SIGKILL), 0) << victim;
-    std::cout << "fault " << fault + 1 << ": kill -9 " << victim << " (pid " << pid << ") at step " << last_step << std::endl;
+    std::cout << "fault " << fault + 1 << ": kill -9 " << victim << " (pid " << pid << ") at step " << last_step
+              << std::endl;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     auto up = Up();  // the supervisor brings it back
     ASSERT_EQ(up.rc, 0) << up.err;
@@ -162,7 +164,8 @@ TEST_F(ChaosTest, RunFinishesThroughWorkerAndCoordinatorKillsWithTheFaultFreeLos
   ASSERT_EQ(s["state"], "finished") << s.dump();
   const auto losses = s["losses"].get<std::vector<double>>();
   ASSERT_EQ(losses.size(), clean.size());
-  for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], clean[i], 1e-5 * std::abs(clean[i])) << "step " << i + 1;
+  for (size_t i = 0; i < losses.size(); ++i)
+    EXPECT_NEAR(losses[i], clean[i], 1e-5 * std::abs(clean[i])) << "step " << i + 1;
   // Every checkpoint the run committed reads back: `strata export` assembles the last one.
   EXPECT_EQ(s["checkpoint_steps"].back(), steps) << s.dump();
   auto exported = Strata("export " + run + " --out " + dir_ + "/exported");
@@ -172,8 +175,8 @@ TEST_F(ChaosTest, RunFinishesThroughWorkerAndCoordinatorKillsWithTheFaultFreeLos
   // the exact fp32 state, so the final parameters are the fault-free run's, bit for bit.
   auto reference_export = Strata("export " + reference_id + " --out " + dir_ + "/reference-exported");
   EXPECT_EQ(reference_export.rc, 0) << reference_export.err;
-  testing::ExpectBitIdenticalModels(dir_ + "/exported/model.safetensors", dir_ + "/reference-exported/model.safetensors",
-                                    "the fault-free run");
+  testing::ExpectBitIdenticalModels(dir_ + "/exported/model.safetensors",
+                                    dir_ + "/reference-exported/model.safetensors", "the fault-free run");
   // The journal counts what was handled. Once in about fifteen runs one worker kill was not
   // journaled as a loss (the run still finished with the same parameters); not yet explained, so
   // this asks only that losses were seen.

@@ -4,9 +4,8 @@
 // planned when the run starts; a fixed mesh larger than the cluster is refused without --queue);
 // progress into a pipe every 5% / N seconds; `status --watch` with a header and active runs only;
 // `down` returning once its processes have exited.
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <fstream>
@@ -43,7 +42,8 @@ class CliExperienceTest : public ::testing::Test {
   // A tiny model; `parallel` is the [parallel] table ("" leaves every field auto).
   static std::string Spec(const std::string& name, int steps, const std::string& parallel = "") {
     const std::string path = dir_ + "/" + name + "-" + std::to_string(++specs_) + ".toml";
-    std::ofstream(path) << "name = \"" << name << "\"\n[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nsequence = 32\n"
+    std::ofstream(path) << "name = \"" << name
+                        << "\"\n[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nsequence = 32\n"
                         << "[data]\npath = \"corpus.txt\"\n[train]\nsteps = " << steps
                         << "\nglobal_batch = 8\nlr = 0.003\nseed = 7\ncheckpoint_every = 2\n"
                         << parallel;
@@ -55,7 +55,9 @@ class CliExperienceTest : public ::testing::Test {
     EXPECT_EQ(r.rc, 0) << r.out << r.err;
     return FirstLine(r.out);
   }
-  static bool Contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+  static bool Contains(const std::string& haystack, const std::string& needle) {
+    return haystack.find(needle) != std::string::npos;
+  }
 
   static std::string dir_;
   static int specs_;
@@ -98,15 +100,18 @@ TEST_F(CliExperienceTest, VersionHelpDefaultsGlobalOptionsAnywhereAndCompletion)
   // Completion: valid bash, made from the parser (every subcommand, nested ones and options).
   auto completion = Strata("completion bash");
   ASSERT_EQ(completion.rc, 0) << completion.err;
-  for (const char* word : {"complete -F _strata strata", " checkpoints", " activations get", "--resume", "--queue", "--state-dir"}) {
+  for (const char* word :
+       {"complete -F _strata strata", " checkpoints", " activations get", "--resume", "--queue", "--state-dir"}) {
     EXPECT_TRUE(Contains(completion.out, word)) << word << " missing from:\n" << completion.out;
   }
   std::ofstream(dir_ + "/completion.bash") << completion.out;
   auto syntax = Run("bash -n " + dir_ + "/completion.bash");
   EXPECT_EQ(syntax.rc, 0) << syntax.err;
   // It completes: subcommands after `strata`, options after `strata submit --`.
-  auto complete = Run("bash -c 'source " + dir_ + "/completion.bash; COMP_WORDS=(strata che); COMP_CWORD=1; _strata; "
-                      "echo \"${COMPREPLY[@]}\"; COMP_WORDS=(strata submit --q); COMP_CWORD=2; _strata; echo \"${COMPREPLY[@]}\"'");
+  auto complete =
+      Run("bash -c 'source " + dir_ +
+          "/completion.bash; COMP_WORDS=(strata che); COMP_CWORD=1; _strata; "
+          "echo \"${COMPREPLY[@]}\"; COMP_WORDS=(strata submit --q); COMP_CWORD=2; _strata; echo \"${COMPREPLY[@]}\"'");
   EXPECT_TRUE(Contains(complete.out, "checkpoints")) << complete.out << complete.err;
   EXPECT_TRUE(Contains(complete.out, "--queue")) << complete.out << complete.err;
   EXPECT_EQ(Strata("completion fish").rc, 2);
@@ -149,7 +154,8 @@ TEST_F(CliExperienceTest, RunsAreAddressedByNamePrefixAndLatest) {
   EXPECT_FALSE(Contains(activations.err, "latest")) << "RUN was not resolved: " << activations.err;
   const std::string resumed = SubmitAndFollow(Spec("alpha", 6) + " --resume alpha@2");
   json submitted = StrataJson("events " + resumed);
-  EXPECT_TRUE(Contains(submitted[0]["message"].get<std::string>(), "resuming from " + alpha2 + " at step 2")) << submitted.dump();
+  EXPECT_TRUE(Contains(submitted[0]["message"].get<std::string>(), "resuming from " + alpha2 + " at step 2"))
+      << submitted.dump();
   // cancel: a pending run (a fixed mesh of 2 on a 1-worker cluster, queued) by its name.
   auto queued = Strata("submit " + Spec("gamma", 4, "[parallel]\ndp = 2\npp = 1\ntp = 1\n") + " --queue");
   ASSERT_EQ(queued.rc, 0) << queued.err;
@@ -170,7 +176,8 @@ TEST_F(CliExperienceTest, SubmitSaysWhatItKnowsAndRefusesAMeshTheClusterCannotHo
   EXPECT_FALSE(Contains(submitted, "dp=1")) << submitted;
   // A fixed mesh names its workers.
   const std::string fixed = SubmitAndFollow(Spec("fixed-mesh", 2, "[parallel]\ndp = 1\npp = 1\ntp = 1\n"));
-  EXPECT_TRUE(Contains(StrataJson("events " + fixed)[0]["message"].get<std::string>(), "on 1 worker(s) (dp=1 pp=1 tp=1)"));
+  EXPECT_TRUE(
+      Contains(StrataJson("events " + fixed)[0]["message"].get<std::string>(), "on 1 worker(s) (dp=1 pp=1 tp=1)"));
 
   // dp x pp x tp = 2 > 1 live worker: refused at submit, naming the fields, unless --queue.
   const std::string big = Spec("too-big", 2, "[parallel]\ndp = 2\npp = 1\ntp = 1\n");

@@ -1,13 +1,10 @@
 // End-to-end tests of a local cluster: `strata up` starts real coordinator and worker processes
 // (ipc sockets, RocksDB stores under a temporary state dir), and every check goes through the
 // CLI's --json output or the stores themselves - what a user would look at.
+#include <gtest/gtest.h>
+#include <rocksdb/db.h>
 #include <signal.h>
 #include <sys/wait.h>
-
-#include <gtest/gtest.h>
-
-#include <map>
-#include <set>
 
 #include <chrono>
 #include <cmath>
@@ -15,20 +12,20 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <zmq.hpp>
 
-#include <rocksdb/db.h>
-
 #include "common/hex.h"
 #include "storage/keys.h"
 #include "storage/safetensors.h"
-#include "tests/integration/harness.h"
 #include "storage/shard_store.h"
+#include "tests/integration/harness.h"
 
 namespace strata {
 namespace {
@@ -69,8 +66,8 @@ class ClusterTest : public ::testing::Test {
     s << "name = \"" << name << "\"\n"
       << "[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nsequence = 32\n"
       << "[data]\npath = \"corpus.txt\"\n"
-      << "[train]\nsteps = " << steps << "\nglobal_batch = 8\nlr = 0.003\nseed = 7\ncheckpoint_every = "
-      << checkpoint_every << "\n"
+      << "[train]\nsteps = " << steps
+      << "\nglobal_batch = 8\nlr = 0.003\nseed = 7\ncheckpoint_every = " << checkpoint_every << "\n"
       << "keep_checkpoints = 0\n"  // every one kept: these tests read and resume old ones
       << "[parallel]\ndp = " << dp << "\npp = 1\ntp = 1\nrecompute = false\n";  // zero, micro_batch: planned
     return s.str();
@@ -105,22 +102,26 @@ TEST_F(ClusterTest, PlanShowsTheMeshAndEachWorkersEstimateBeforeAnythingRuns) {
   ASSERT_TRUE(live.is_object());
   EXPECT_EQ(live["workers"].size(), 1u);
   EXPECT_EQ(live["dp"], 1) << "the spec fixes parallel.dp = 1";
-  EXPECT_NE(live["why"].get<std::string>().find("Uses 1 of 2 workers: the [parallel] mesh is fixed"), std::string::npos) << live["why"];
+  EXPECT_NE(live["why"].get<std::string>().find("Uses 1 of 2 workers: the [parallel] mesh is fixed"), std::string::npos)
+      << live["why"];
   // Against a described cluster of 4 nodes x 8 GPUs: every worker planned, none over budget.
   const std::string cluster = dir_ + "/cluster.toml";
   std::ofstream(cluster) << "[[nodes]]\ncount = 4\ngpus = 8\nmemory = \"80GiB\"\nfree = \"70GiB\"\n";
-  const std::string free_dp = WriteSpec("plan-auto", "name = \"plan-auto\"\n[model]\nlayers = 4\nhidden = 256\nheads = 8\n"
-                                                     "sequence = 128\n[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 64\n");
+  const std::string free_dp = WriteSpec("plan-auto",
+                                        "name = \"plan-auto\"\n[model]\nlayers = 4\nhidden = 256\nheads = 8\n"
+                                        "sequence = 128\n[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 64\n");
   json described = StrataJson("plan " + free_dp + " --cluster-spec " + cluster);
   ASSERT_TRUE(described.is_object());
   EXPECT_EQ(described["workers"].size(), 32u);
   EXPECT_EQ(described["dp"].get<int>() * described["pp"].get<int>() * described["tp"].get<int>(), 32);
-  for (auto& w : described["workers"]) EXPECT_LE(w["estimate"]["total"].get<int64_t>(), w["budget"].get<int64_t>()) << w.dump();
+  for (auto& w : described["workers"])
+    EXPECT_LE(w["estimate"]["total"].get<int64_t>(), w["budget"].get<int64_t>()) << w.dump();
   // Under tensor parallelism the plan says whether the vocabulary splits over the ranks, and
   // what vocabulary would split it.
   std::ofstream(cluster) << "[[nodes]]\ngpus = 2\nmemory = \"80GiB\"\n";
   auto tp_spec = [&](const std::string& name, const std::string& vocab) {
-    return WriteSpec(name, "name = \"" + name + "\"\n[model]\nlayers = 4\nhidden = 256\nheads = 8\nsequence = 128\n" + vocab +
+    return WriteSpec(name, "name = \"" + name + "\"\n[model]\nlayers = 4\nhidden = 256\nheads = 8\nsequence = 128\n" +
+                               vocab +
                                "[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 8\n[parallel]\ntp = 2\n");
   };
   json split = StrataJson("plan " + tp_spec("plan-tp", "") + " --cluster-spec " + cluster);
@@ -133,12 +134,14 @@ TEST_F(ClusterTest, PlanShowsTheMeshAndEachWorkersEstimateBeforeAnythingRuns) {
   EXPECT_EQ(odd.rc, 0) << odd.err;
   EXPECT_NE(odd.out.find("50257 rows do not divide by tp=2"), std::string::npos) << odd.out;
   EXPECT_NE(odd.out.find("model.vocab = 50304"), std::string::npos) << odd.out;
-  EXPECT_NE(odd.out.find("sequence parallel: norms and residual adds on 64 of each sequence's 128 tokens a rank"), std::string::npos)
+  EXPECT_NE(odd.out.find("sequence parallel: norms and residual adds on 64 of each sequence's 128 tokens a rank"),
+            std::string::npos)
       << odd.out;
   // Switched off by the spec, the plan says so and how it runs instead.
-  const std::string off_spec = WriteSpec("plan-tp-off", "name = \"plan-tp-off\"\n[model]\nlayers = 4\nhidden = 256\nheads = 8\n"
-                                                        "sequence = 128\n[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 8\n"
-                                                        "[parallel]\ntp = 2\nsequence_parallel = false\n");
+  const std::string off_spec = WriteSpec("plan-tp-off",
+                                         "name = \"plan-tp-off\"\n[model]\nlayers = 4\nhidden = 256\nheads = 8\n"
+                                         "sequence = 128\n[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 8\n"
+                                         "[parallel]\ntp = 2\nsequence_parallel = false\n");
   auto off = Strata("plan " + off_spec + " --cluster-spec " + cluster);
   EXPECT_EQ(off.rc, 0) << off.err;
   EXPECT_NE(off.out.find("sequence parallel: off (parallel.sequence_parallel = false)"), std::string::npos) << off.out;
@@ -152,8 +155,9 @@ TEST_F(ClusterTest, PlanShowsTheMeshAndEachWorkersEstimateBeforeAnythingRuns) {
   EXPECT_EQ(bad.rc, 2);
   EXPECT_NE(bad.err.find("memory"), std::string::npos) << bad.err;
   // submit refuses a training run that cannot fit the live workers, saying what it needs.
-  const std::string huge = WriteSpec("huge", "name = \"huge\"\n[model]\nlayers = 64\nhidden = 8192\nheads = 64\n"
-                                             "sequence = 128\n[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 2\n");
+  const std::string huge = WriteSpec("huge",
+                                     "name = \"huge\"\n[model]\nlayers = 64\nhidden = 8192\nheads = 64\n"
+                                     "sequence = 128\n[data]\npath = \"corpus.txt\"\n[train]\nglobal_batch = 2\n");
   auto refused = Strata("submit " + huge);
   EXPECT_EQ(refused.rc, 1) << refused.out;
   EXPECT_NE(refused.err.find("not submitted"), std::string::npos) << refused.err;
@@ -293,15 +297,17 @@ TEST_F(ClusterTest, DataParallelOnTwoWorkersMatchesOneWorker) {
   }
   ASSERT_EQ(moment_elements.size(), 2u);
   EXPECT_EQ(moment_elements[0] + moment_elements[1], param_elements[0] + param_elements[1]);
-  EXPECT_NEAR(static_cast<double>(moment_elements[0]), static_cast<double>(moment_elements[1]), 0.05 * moment_elements[1]);
+  EXPECT_NEAR(static_cast<double>(moment_elements[0]), static_cast<double>(moment_elements[1]),
+              0.05 * moment_elements[1]);
 }
 
 // A spec that leaves [parallel] out is planned by the coordinator over the idle workers: the run
 // journal says what was chosen and why, the stored spec holds the chosen mesh, and every rank's
 // estimate sits beside its measured peak.
 TEST_F(ClusterTest, AutoParallelIsPlannedAndEachRankRecordsEstimateAndMeasuredPeak) {
-  const std::string body = "name = \"auto\"\n[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nsequence = 32\n"
-                           "[data]\npath = \"corpus.txt\"\n[train]\nsteps = 4\nglobal_batch = 8\nlr = 0.003\nseed = 7\n";
+  const std::string body =
+      "name = \"auto\"\n[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nsequence = 32\n"
+      "[data]\npath = \"corpus.txt\"\n[train]\nsteps = 4\nglobal_batch = 8\nlr = 0.003\nseed = 7\n";
   const std::string run = SubmitAndFollow("auto", body);
   const json status = StrataJson("status " + run);
   ASSERT_EQ(status["state"], "finished") << status.dump();
@@ -322,8 +328,9 @@ TEST_F(ClusterTest, AutoParallelIsPlannedAndEachRankRecordsEstimateAndMeasuredPe
 
 // A model no plan can fit is refused at submit, naming what it needs per worker.
 TEST_F(ClusterTest, AutoRunThatCannotFitIsRefusedWithTheMemoryItNeeds) {
-  const std::string body = "name = \"huge\"\n[model]\nlayers = 200\nhidden = 65536\nheads = 64\nvocab = 256\nsequence = 32\n"
-                           "[data]\npath = \"corpus.txt\"\n[train]\nsteps = 4\nglobal_batch = 8\n";
+  const std::string body =
+      "name = \"huge\"\n[model]\nlayers = 200\nhidden = 65536\nheads = 64\nvocab = 256\nsequence = 32\n"
+      "[data]\npath = \"corpus.txt\"\n[train]\nsteps = 4\nglobal_batch = 8\n";
   auto r = Strata("submit " + WriteSpec("huge", body));
   EXPECT_NE(r.rc, 0) << r.out;
   EXPECT_NE(r.err.find("needs"), std::string::npos) << r.err;
@@ -446,7 +453,8 @@ TEST_F(ClusterTest, ZzWorkerKill9IsMarkedLostWithinThreeSeconds) {
 // batch throughout).
 class GrowBackTest : public ClusterTest {
  protected:
-  static constexpr const char* kUp = "up --workers 2 --heartbeat-timeout-ms 1000 --replace-grace-ms 0 --grow-back-min-saving-s 0";
+  static constexpr const char* kUp =
+      "up --workers 2 --heartbeat-timeout-ms 1000 --replace-grace-ms 0 --grow-back-min-saving-s 0";
   static void SetUpTestSuite() {
     dir_ = testing::MakeClusterScratchDir("/tmp/strata-grow-XXXXXX");
     auto up = Strata(kUp);
@@ -475,11 +483,14 @@ TEST_F(GrowBackTest, ARunShrunkByALostWorkerTakesItBackAtItsNextCheckpoint) {
   auto submitted = Strata("submit " + WriteSpec("grow", Spec("grow", 2, steps, 10)));
   ASSERT_EQ(submitted.rc, 0) << submitted.err;
   const std::string run = submitted.out.substr(0, submitted.out.find('\n'));
-  const json before = WaitFor(run, [](const json& s) { return s["step"].get<int64_t>() >= 30; }, "step 30");
+  const json before = WaitFor(
+      run, [](const json& s) { return s["step"].get<int64_t>() >= 30; }, "step 30");
   ASSERT_EQ(before["world_size"], 2);
   const std::string victim = before["workers"][1];
   ASSERT_EQ(kill(WorkerPid(victim), SIGKILL), 0);
-  WaitFor(run, [](const json& s) { return s["world_size"] == 1 && s["state"] == "running"; }, "the re-plan onto the survivor");
+  WaitFor(
+      run, [](const json& s) { return s["world_size"] == 1 && s["state"] == "running"; },
+      "the re-plan onto the survivor");
   auto up = Strata(kUp);  // starts the killed worker again
   ASSERT_EQ(up.rc, 0) << up.err;
 
@@ -517,11 +528,13 @@ class DefaultCheckpointsTest : public GrowBackTest {
 TEST_F(DefaultCheckpointsTest, AWorkerLostLateResumesFromTheLastTenthAndThreeCheckpointsAreKept) {
   const int steps = 400;  // a checkpoint every 40 steps; about 30 s on two CPU workers
   std::string spec = Spec("late-loss", 2, steps, 0);
-  for (const std::string line : {"checkpoint_every = 0\n", "keep_checkpoints = 0\n"}) spec.erase(spec.find(line), line.size());  // the defaults
+  for (const std::string line : {"checkpoint_every = 0\n", "keep_checkpoints = 0\n"})
+    spec.erase(spec.find(line), line.size());  // the defaults
   auto submitted = Strata("submit " + WriteSpec("late-loss", spec));
   ASSERT_EQ(submitted.rc, 0) << submitted.err;
   const std::string run = submitted.out.substr(0, submitted.out.find('\n'));
-  const json before = WaitFor(run, [&](const json& s) { return s["step"].get<int64_t>() >= steps * 9 / 10 + 5; }, "the last tenth");
+  const json before = WaitFor(
+      run, [&](const json& s) { return s["step"].get<int64_t>() >= steps * 9 / 10 + 5; }, "the last tenth");
   ASSERT_EQ(before["world_size"], 2);
   ASSERT_EQ(kill(WorkerPid(before["workers"][1]), SIGKILL), 0);
   Strata("status " + run + " --watch");
@@ -533,11 +546,14 @@ TEST_F(DefaultCheckpointsTest, AWorkerLostLateResumesFromTheLastTenthAndThreeChe
   std::smatch number;
   for (auto& e : StrataJson("events " + run)) {
     const std::string message = e["message"];
-    if (e["kind"] == "worker-lost" && std::regex_search(message, number, std::regex(R"(at step (\d+))"))) lost_at = std::stoll(number[1]);
-    if (e["kind"] == "recovering" && std::regex_search(message, number, std::regex(R"(checkpoint at step (\d+))"))) resumed_from = std::stoll(number[1]);
+    if (e["kind"] == "worker-lost" && std::regex_search(message, number, std::regex(R"(at step (\d+))")))
+      lost_at = std::stoll(number[1]);
+    if (e["kind"] == "recovering" && std::regex_search(message, number, std::regex(R"(checkpoint at step (\d+))")))
+      resumed_from = std::stoll(number[1]);
   }
   ASSERT_GE(lost_at, steps * 9 / 10) << StrataJson("events " + run).dump();
-  EXPECT_GE(resumed_from, steps * 9 / 10) << "resumed from step " << resumed_from << " after losing a worker at step " << lost_at;
+  EXPECT_GE(resumed_from, steps * 9 / 10)
+      << "resumed from step " << resumed_from << " after losing a worker at step " << lost_at;
   EXPECT_LE(lost_at - resumed_from, steps / 10);
   int complete = 0;
   for (auto& c : StrataJson("checkpoints " + run)) complete += c["state"] == "complete";
@@ -570,7 +586,8 @@ class DamagedCheckpointTest : public ClusterTest {
     const auto before = StrataJson("status " + source)["losses"].get<std::vector<double>>();
     const auto after = status["losses"].get<std::vector<double>>();
     ASSERT_EQ(after.size(), 10u);
-    for (size_t i = 0; i < before.size(); ++i) EXPECT_NEAR(after[i], before[i], 1e-5 * std::abs(before[i])) << "step " << i + 1;
+    for (size_t i = 0; i < before.size(); ++i)
+      EXPECT_NEAR(after[i], before[i], 1e-5 * std::abs(before[i])) << "step " << i + 1;
     // The damaged checkpoint is still listed (kept, not deleted) as unreadable, never as
     // complete; a plain resume now skips it.
     EXPECT_EQ(StrataJson("checkpoints " + source).back()["step"], 8);
@@ -600,13 +617,15 @@ TEST_F(DamagedCheckpointTest, ZzExplicitResumeOfADamagedStepFailsInsteadOfTaking
   ASSERT_EQ(Strata("down").rc, 0);
   CutStep8DataFile(checkpoints.back()["shards"][0]["store_path"], source);
   ASSERT_EQ(Strata("up --workers 2").rc, 0);
-  auto r = Strata("submit " + WriteSpec("named-resumed", Spec("named-resumed", 1, 10, 0)) + " --resume " + source + "@8 --follow");
+  auto r = Strata("submit " + WriteSpec("named-resumed", Spec("named-resumed", 1, 10, 0)) + " --resume " + source +
+                  "@8 --follow");
   EXPECT_NE(r.rc, 0) << r.out;
   const std::string resumed = r.out.substr(0, r.out.find('\n'));
   const json status = StrataJson("status " + resumed);
   EXPECT_EQ(status["state"], "failed");
   EXPECT_NE(status["message"].get<std::string>().find(source + "@6"), std::string::npos) << status["message"];
-  auto again = Strata("submit " + WriteSpec("named-again", Spec("named-again", 1, 10, 0)) + " --resume " + source + "@8");
+  auto again =
+      Strata("submit " + WriteSpec("named-again", Spec("named-again", 1, 10, 0)) + " --resume " + source + "@8");
   EXPECT_EQ(again.rc, 2) << again.out << again.err;
   EXPECT_NE(again.err.find("unreadable"), std::string::npos) << again.err;
 }
@@ -620,12 +639,14 @@ TEST_F(DamagedCheckpointTest, ZzTruncatedRecordFallsBackToTheOlderOne) {
   ASSERT_EQ(Strata("down").rc, 0);
   {
     std::vector<rocksdb::ColumnFamilyDescriptor> families;
-    for (const char* name : {"default", "checkpoints", "activations", "metadata"}) families.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    for (const char* name : {"default", "checkpoints", "activations", "metadata"})
+      families.emplace_back(name, rocksdb::ColumnFamilyOptions());
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     rocksdb::DB* raw = nullptr;
     ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), store, families, &handles, &raw).ok()) << store;
     // A truncated record: a few bytes where a header and a tensor (or its reference) were.
-    EXPECT_TRUE(raw->Put(rocksdb::WriteOptions(), handles[1], storage::keys::TensorKey(source, 8, piece), "trunc").ok());
+    EXPECT_TRUE(
+        raw->Put(rocksdb::WriteOptions(), handles[1], storage::keys::TensorKey(source, 8, piece), "trunc").ok());
     for (auto* h : handles) raw->DestroyColumnFamilyHandle(h);
     EXPECT_TRUE(raw->Close().ok());
     delete raw;

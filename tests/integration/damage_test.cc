@@ -11,23 +11,21 @@
 //     `strata down` stops everything.
 //   - `strata down` with cluster.json emptied still stops the state directory's daemons.
 //   - train.keep_checkpoints = 2: older checkpoints leave the listing and the store's disk.
+#include <gtest/gtest.h>
+#include <rocksdb/db.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
-
-#include <rocksdb/db.h>
 
 #include "tests/integration/harness.h"
 
@@ -62,8 +60,9 @@ class DamageTest : public ::testing::Test {
     s << "name = \"" << name << "\"\n"
       << "[model]\nlayers = " << layers << "\nhidden = " << hidden << "\nheads = 4\nvocab = 256\nsequence = 32\n"
       << "[data]\npath = \"corpus.txt\"\n"
-      << "[train]\nsteps = " << steps << "\nglobal_batch = 8\nlr = 0.003\nseed = 7\ncheckpoint_every = " << checkpoint_every
-      << "\n" << extra_train
+      << "[train]\nsteps = " << steps
+      << "\nglobal_batch = 8\nlr = 0.003\nseed = 7\ncheckpoint_every = " << checkpoint_every << "\n"
+      << extra_train
       // Every checkpoint kept unless the test says otherwise: the listings are what is checked.
       << (extra_train.find("keep_checkpoints") == std::string::npos ? "keep_checkpoints = 0\n" : "")
       << "[parallel]\ndp = 1\npp = 1\ntp = 1\nzero = 0\nmicro_batch = 0\nrecompute = false\n";
@@ -104,7 +103,8 @@ void ExpectAllExitWithin(const std::vector<int>& pids, int ms) {
 void FlipBytesInTheLog(const std::string& store, int count) {
   std::string log;
   for (const auto& entry : fs::directory_iterator(store)) {
-    if (entry.path().extension() == ".log" && (log.empty() || entry.file_size() > fs::file_size(log))) log = entry.path().string();
+    if (entry.path().extension() == ".log" && (log.empty() || entry.file_size() > fs::file_size(log)))
+      log = entry.path().string();
   }
   ASSERT_FALSE(log.empty()) << "no write-ahead log in " << store;
   const auto size = fs::file_size(log);
@@ -144,7 +144,8 @@ TEST_F(DamageTest, DamagedWorkerLogStopsTheWorkerAndSalvageMarksWhatItLost) {
   }
   bool told = false;
   for (const auto& e : StrataJson("events " + source)) {
-    told = told || (e["kind"] == "checkpoint-unreadable" && e["message"].get<std::string>().find("step 8") != std::string::npos);
+    told = told || (e["kind"] == "checkpoint-unreadable" &&
+                    e["message"].get<std::string>().find("step 8") != std::string::npos);
   }
   EXPECT_TRUE(told) << "no checkpoint-unreadable event names step 8";
 
@@ -168,7 +169,8 @@ TEST_F(DamageTest, DamagedWorkerLogStopsTheWorkerAndSalvageMarksWhatItLost) {
   }
   bool from_older = false;
   for (const auto& e : StrataJson("events " + resumed_id)) {
-    from_older = from_older || e["message"].get<std::string>().find("at step " + std::to_string(newest_complete)) != std::string::npos;
+    from_older = from_older || e["message"].get<std::string>().find("at step " + std::to_string(newest_complete)) !=
+                                   std::string::npos;
   }
   EXPECT_TRUE(from_older || newest_complete == 0) << "the resume did not start from step " << newest_complete;
 }
@@ -181,12 +183,14 @@ TEST_F(DamageTest, DamagedCoordinatorRecordStopsItAndSalvageKeepsTheIntactRuns) 
   const std::string metadata = dir_ + "/state/coordinator/metadata";
   {
     std::vector<rocksdb::ColumnFamilyDescriptor> families;
-    for (const char* name : {"default", "checkpoints", "activations", "metadata"}) families.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    for (const char* name : {"default", "checkpoints", "activations", "metadata"})
+      families.emplace_back(name, rocksdb::ColumnFamilyOptions());
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     rocksdb::DB* raw = nullptr;
     ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), metadata, families, &handles, &raw).ok()) << metadata;
     // A record that does not decode, under a key holding a NUL and a terminal escape.
-    EXPECT_TRUE(raw->Put(rocksdb::WriteOptions(), handles[3], std::string("run/bad\0\x1b[31mred", 16), "not a record").ok());
+    EXPECT_TRUE(
+        raw->Put(rocksdb::WriteOptions(), handles[3], std::string("run/bad\0\x1b[31mred", 16), "not a record").ok());
     for (auto* h : handles) raw->DestroyColumnFamilyHandle(h);
     EXPECT_TRUE(raw->Close().ok());
     delete raw;
@@ -194,7 +198,8 @@ TEST_F(DamageTest, DamagedCoordinatorRecordStopsItAndSalvageKeepsTheIntactRuns) 
   auto refused = Strata("up --workers 1");
   EXPECT_NE(refused.rc, 0);
   EXPECT_NE(refused.err.find(metadata), std::string::npos) << refused.err;
-  EXPECT_NE(refused.err.find("run/bad\\x00\\x1b[31mred"), std::string::npos) << "the key is cut or printed raw: " << refused.err;
+  EXPECT_NE(refused.err.find("run/bad\\x00\\x1b[31mred"), std::string::npos)
+      << "the key is cut or printed raw: " << refused.err;
   EXPECT_NE(refused.err.find("--salvage"), std::string::npos) << refused.err;
   ASSERT_EQ(Strata("down").rc, 0);
 

@@ -3,12 +3,11 @@
 // the workers' memory gauges, cancel must need the token, and the page, rendered by headless
 // Chromium, must show the workers, the run and its loss curve; a run that lost a worker must show
 // the failure it got through and its new plan on its card, and an extract run its rows.
+#include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
-#include <httplib.h>
 
 #include <chrono>
 #include <cmath>
@@ -126,9 +125,12 @@ std::string ParsePrometheus(const std::string& text, Exposition* out) {
           if (line[i] == '\\') {
             if (i + 1 >= line.size()) return where + "dangling escape";
             const char e = line[++i];
-            if (e == 'n') value += '\n';
-            else if (e == '\\' || e == '"') value += e;
-            else return where + "bad escape \\" + std::string(1, e);
+            if (e == 'n')
+              value += '\n';
+            else if (e == '\\' || e == '"')
+              value += e;
+            else
+              return where + "bad escape \\" + std::string(1, e);
           } else {
             value += line[i];
           }
@@ -137,8 +139,10 @@ std::string ParsePrometheus(const std::string& text, Exposition* out) {
         if (i >= line.size()) return where + "unterminated label value";
         ++i;  // closing quote
         if (!s.labels.emplace(label, value).second) return where + "label " + label + " twice";
-        if (i < line.size() && line[i] == ',') ++i;
-        else if (i >= line.size() || line[i] != '}') return where + "expected ',' or '}'";
+        if (i < line.size() && line[i] == ',')
+          ++i;
+        else if (i >= line.size() || line[i] != '}')
+          return where + "expected ',' or '}'";
       }
     }
     if (i >= line.size() || line[i] != ' ') return where + "no space before the value";
@@ -167,14 +171,14 @@ TEST(PrometheusParser, RejectsWhatPrometheusRejects) {
   Exposition e;
   EXPECT_EQ(ParsePrometheus("# TYPE a gauge\na{x=\"1\"} 2.5\na 3\n", &e), "");
   EXPECT_EQ(e.samples.size(), 2u);
-  for (const char* bad : {"a 1\n",                              // no TYPE
-                          "# TYPE a gauge\na{x=1} 1\n",         // unquoted label
-                          "# TYPE a gauge\na one\n",            // not a float
-                          "# TYPE 1a gauge\n",                  // bad name
+  for (const char* bad : {"a 1\n",                       // no TYPE
+                          "# TYPE a gauge\na{x=1} 1\n",  // unquoted label
+                          "# TYPE a gauge\na one\n",     // not a float
+                          "# TYPE 1a gauge\n",           // bad name
                           "# TYPE a gauge\na 1\n# TYPE a gauge\n",
                           "# TYPE a gauge\n# TYPE b gauge\na 1\nb 1\na{x=\"\"} 2\n",  // interleaved
-                          "# TYPE a gauge\na 1",                // no final newline
-                          "# TYPE a gauge\na 1\na 2\n"}) {      // duplicate series
+                          "# TYPE a gauge\na 1",                                      // no final newline
+                          "# TYPE a gauge\na 1\na 2\n"}) {                            // duplicate series
     Exposition x;
     EXPECT_NE(ParsePrometheus(bad, &x), "") << bad;
   }
@@ -263,7 +267,8 @@ class DashboardTest : public ::testing::Test {
                        const std::string& fragment = "") {
     return Run("timeout 60 " + chromium + " --headless --no-sandbox --disable-gpu --disable-background-networking" +
                " --disable-component-update --disable-sync --no-first-run --disable-dev-shm-usage --hide-scrollbars" +
-               " --user-data-dir=" + dir_ + "/" + profile + " --virtual-time-budget=5000 " + args + " '" + url_ + "/" + fragment + "'");
+               " --user-data-dir=" + dir_ + "/" + profile + " --virtual-time-budget=5000 " + args + " '" + url_ + "/" +
+               fragment + "'");
   }
   // What the page rendered (the script source, with its templates, is cut off).
   CommandResult Dom(const std::string& chromium, const std::string& profile, const std::string& fragment = "") {
@@ -353,7 +358,8 @@ TEST_F(DashboardTest, MetricsParseStrictlyAndCancelNeedsTheToken) {
   auto anonymous = web.Post(cancel, "", "text/plain");
   ASSERT_TRUE(anonymous);
   EXPECT_EQ(anonymous->status, 401) << anonymous->body;
-  auto wrong = web.Post(cancel, httplib::Headers{{"Authorization", "Bearer " + std::string(token_.size(), '0')}}, "", "text/plain");
+  auto wrong = web.Post(cancel, httplib::Headers{{"Authorization", "Bearer " + std::string(token_.size(), '0')}}, "",
+                        "text/plain");
   ASSERT_TRUE(wrong);
   EXPECT_EQ(wrong->status, 401) << wrong->body;
   const int64_t before = Status(run).value("step", 0);
@@ -420,7 +426,8 @@ TEST_F(DashboardTest, PageShowsWorkersRunAndLossCurveInHeadlessChromium) {
   ASSERT_TRUE(std::regex_search(body, m, std::regex("class=\"loss\" data-points=\"([0-9]+)\""))) << body;
   EXPECT_GE(std::stoi(m[1]), 30) << "loss curve points";
   // The plan on the card, and each worker's memory chart has samples (one a second).
-  EXPECT_TRUE(std::regex_search(body, std::regex("dp 2 · pp 1 · tp 1 · ZeRO-[0-3] · micro-batch [0-9]+ x [0-9]+"))) << body;
+  EXPECT_TRUE(std::regex_search(body, std::regex("dp 2 · pp 1 · tp 1 · ZeRO-[0-3] · micro-batch [0-9]+ x [0-9]+")))
+      << body;
   EXPECT_TRUE(std::regex_search(body, m, std::regex("class=\"mem\" data-samples=\"([0-9]+)\""))) << body;
   EXPECT_GE(std::stoi(m[1]), 2) << "memory chart samples";
 
@@ -429,7 +436,8 @@ TEST_F(DashboardTest, PageShowsWorkersRunAndLossCurveInHeadlessChromium) {
   // so a test run leaves the checkout clean.
   if (std::getenv("STRATA_UPDATE_DOCS")) {
     std::error_code ec;
-    fs::copy_file(shot, std::string(STRATA_SOURCE_DIR) + "/docs/dashboard.png", fs::copy_options::overwrite_existing, ec);
+    fs::copy_file(shot, std::string(STRATA_SOURCE_DIR) + "/docs/dashboard.png", fs::copy_options::overwrite_existing,
+                  ec);
     EXPECT_FALSE(ec) << "cannot copy the screenshot to docs/: " << ec.message();
   }
   Strata("cancel " + run);
@@ -462,10 +470,11 @@ TEST_F(DashboardFailureTest, RunThatLostAWorkerShowsItsFailuresAndPlanAndExtract
   if (chromium.empty()) GTEST_SKIP() << "no chromium (deploy/install-deps.sh installs it): cannot render the page";
   // (1) An extract run on both workers, to its end.
   const std::string extract_spec = dir_ + "/extract.toml";
-  std::ofstream(extract_spec) << "name = \"acts\"\nkind = \"extract\"\n[model]\nfamily = \"gpt2\"\nlayers = 2\nhidden = 32\n"
-                              << "heads = 4\nvocab = 256\nsequence = 64\n[data]\npath = \"/usr/share/common-licenses/GPL-3\"\n"
-                              << "[train]\nseed = 7\n[parallel]\ndp = 2\n[extract]\nlayers = [0, 1]\nsites = [\"resid_post\"]\n"
-                              << "batch = 8\ntokens = 16384\n";
+  std::ofstream(extract_spec)
+      << "name = \"acts\"\nkind = \"extract\"\n[model]\nfamily = \"gpt2\"\nlayers = 2\nhidden = 32\n"
+      << "heads = 4\nvocab = 256\nsequence = 64\n[data]\npath = \"/usr/share/common-licenses/GPL-3\"\n"
+      << "[train]\nseed = 7\n[parallel]\ndp = 2\n[extract]\nlayers = [0, 1]\nsites = [\"resid_post\"]\n"
+      << "batch = 8\ntokens = 16384\n";
   auto submitted = Strata("submit " + extract_spec + " --follow");
   ASSERT_EQ(submitted.rc, 0) << submitted.out << submitted.err;
   const std::string extract = submitted.out.substr(0, submitted.out.find('\n'));
@@ -482,7 +491,8 @@ TEST_F(DashboardFailureTest, RunThatLostAWorkerShowsItsFailuresAndPlanAndExtract
   int64_t replanned_at = -1;
   for (const int64_t start = NowMs(); NowMs() - start < 30000;) {
     s = Status(run);
-    if (replanned_at < 0 && s.value("world_size", 0) == 1 && s.value("state", "") == "running") replanned_at = s.value("step", 0);
+    if (replanned_at < 0 && s.value("world_size", 0) == 1 && s.value("state", "") == "running")
+      replanned_at = s.value("step", 0);
     if (replanned_at >= 0 && s.value("step", 0) >= replanned_at + 5) break;  // training again
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -513,12 +523,14 @@ TEST_F(DashboardFailureTest, RunThatLostAWorkerShowsItsFailuresAndPlanAndExtract
   ASSERT_NE(body.find("data-ready=\"1\""), std::string::npos) << "the page never loaded /api/state:\n" << body;
   const std::string card = Card(body, run);
   ASSERT_FALSE(card.empty()) << body;
-  EXPECT_NE(card.find("class=\"run selected hurt\""), std::string::npos) << "a run that lost a worker must not look normal: " << card;
+  EXPECT_NE(card.find("class=\"run selected hurt\""), std::string::npos)
+      << "a run that lost a worker must not look normal: " << card;
   // The count status gives now (1 above; on a loaded machine a late heartbeat under the 1 s timeout
   // can add one more loss since, which the card must show as well).
   const int64_t lost_now = Status(run)["handled"].value("worker-lost", 0);
   EXPECT_GE(lost_now, 1);
-  EXPECT_NE(card.find("data-handled=\"worker-lost\">worker-lost " + std::to_string(lost_now) + "<"), std::string::npos) << card;
+  EXPECT_NE(card.find("data-handled=\"worker-lost\">worker-lost " + std::to_string(lost_now) + "<"), std::string::npos)
+      << card;
   EXPECT_TRUE(std::regex_search(card, std::regex("dp 1 · pp 1 · tp 1 · ZeRO-[0-3] · micro-batch [0-9]+ x [0-9]+")))
       << "the plan after the re-plan: " << card;
   EXPECT_NE(card.find("tokens/s <b>"), std::string::npos) << card;
@@ -529,7 +541,8 @@ TEST_F(DashboardFailureTest, RunThatLostAWorkerShowsItsFailuresAndPlanAndExtract
   EXPECT_NE(detail.find("data-rank=\"0\""), std::string::npos) << "per-rank memory: " << detail;
   EXPECT_NE(detail.find("data-run=\"" + run + "\""), std::string::npos) << detail;
   EXPECT_NE(detail.find("data-kind=\"worker-lost\""), std::string::npos) << detail;
-  EXPECT_EQ(detail.find("data-kind=\"finished\""), std::string::npos) << "the extract run's events leaked in: " << detail;
+  EXPECT_EQ(detail.find("data-kind=\"finished\""), std::string::npos)
+      << "the extract run's events leaked in: " << detail;
   // The extract run's card: rows stored / total (all of them) and a speed, no loss.
   const std::string xcard = Card(body, extract);
   std::smatch m;
@@ -541,7 +554,8 @@ TEST_F(DashboardFailureTest, RunThatLostAWorkerShowsItsFailuresAndPlanAndExtract
   const std::string survivor = s["workers"][0];
   const size_t row = body.find("data-worker-id=\"" + survivor + "\"");
   ASSERT_NE(row, std::string::npos) << body;
-  ASSERT_TRUE(std::regex_search(body.cbegin() + row, body.cend(), m, std::regex("class=\"mem\" data-samples=\"([0-9]+)\"")));
+  ASSERT_TRUE(
+      std::regex_search(body.cbegin() + row, body.cend(), m, std::regex("class=\"mem\" data-samples=\"([0-9]+)\"")));
   EXPECT_GE(std::stoi(m[1]), 5) << "memory chart samples of " << survivor;
   Screenshot(chromium, "dashboard-failures.png");
 
@@ -550,7 +564,8 @@ TEST_F(DashboardFailureTest, RunThatLostAWorkerShowsItsFailuresAndPlanAndExtract
   ASSERT_EQ(xdom.rc, 0) << xdom.err.substr(0, 2000);
   const std::string xdetail = xdom.out.substr(xdom.out.find("id=\"detail\""));
   EXPECT_NE(xdetail.find("data-run-id=\"" + extract + "\""), std::string::npos) << xdetail;
-  EXPECT_NE(xdetail.find("class=\"loss hidden\""), std::string::npos) << "an extract run has no loss chart: " << xdetail;
+  EXPECT_NE(xdetail.find("class=\"loss hidden\""), std::string::npos)
+      << "an extract run has no loss chart: " << xdetail;
   EXPECT_TRUE(std::regex_search(xdetail, std::regex("rows [0-9,]+ / [0-9,]+ \\(100%\\) · [0-9.]+ GB/s"))) << xdetail;
   EXPECT_NE(xdetail.find("data-kind=\"finished\""), std::string::npos) << xdetail;
   EXPECT_EQ(xdetail.find("data-kind=\"worker-lost\""), std::string::npos) << xdetail;

@@ -3,9 +3,8 @@
 // them back over the workers' store servers into .npy / .safetensors files. The reference is a
 // direct forward pass of the same model in this process (same seed, same batches, one thread),
 // so fp32 data must match bit for bit.
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -20,7 +19,7 @@
 #include "common/run_spec.h"
 #include "storage/shard_store.h"
 #include "tests/integration/harness.h"
-#include "worker/direct_forward.h"
+#include "worker/extract/direct_forward.h"
 
 namespace strata {
 namespace {
@@ -167,7 +166,8 @@ TEST_F(ExtractTest, TwoWorkersStoreWhatADirectForwardComputesBitForBit) {
   for (int64_t layer : {0, 2}) {
     for (const std::string site : {"resid_post", "attn_out", "mlp_out"}) {
       const std::string out = dir_ + "/l" + std::to_string(layer) + site + ".npy";
-      auto get = Strata("activations get " + run + " --layer " + std::to_string(layer) + " --site " + site + " --out " + out);
+      auto get =
+          Strata("activations get " + run + " --layer " + std::to_string(layer) + " --site " + site + " --out " + out);
       ASSERT_EQ(get.rc, 0) << get.err;
       auto [header, data] = ReadNpy(out);
       EXPECT_NE(header.find("'descr': '<f4'"), std::string::npos) << header;
@@ -192,13 +192,15 @@ TEST_F(ExtractTest, TwoWorkersStoreWhatADirectForwardComputesBitForBit) {
   EXPECT_TRUE(file.substr(8 + n) == expected);
 
   // numpy loads both with the right shape and dtype (system python has numpy; skip without).
-  if (fs::exists("/usr/bin/python3") &&
-      testing::RunCommand("/usr/bin/python3 -c 'import numpy'", dir_).rc == 0) {
+  if (fs::exists("/usr/bin/python3") && testing::RunCommand("/usr/bin/python3 -c 'import numpy'", dir_).rc == 0) {
     auto py = testing::RunCommand(
-        "/usr/bin/python3 -c \"import numpy as np, json, struct; a = np.load('" + dir_ + "/l2mlp_out.npy'); "
-        "b = open('" + st_path + "', 'rb').read(); k = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + k]); "
-        "s = np.frombuffer(b[8 + k:], dtype=np.float32).reshape(h['layer2.resid_post']['shape']); "
-        "print(a.shape, a.dtype, s.shape, s.dtype)\"",
+        "/usr/bin/python3 -c \"import numpy as np, json, struct; a = np.load('" + dir_ +
+            "/l2mlp_out.npy'); "
+            "b = open('" +
+            st_path +
+            "', 'rb').read(); k = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + k]); "
+            "s = np.frombuffer(b[8 + k:], dtype=np.float32).reshape(h['layer2.resid_post']['shape']); "
+            "print(a.shape, a.dtype, s.shape, s.dtype)\"",
         dir_);
     EXPECT_EQ(py.rc, 0) << py.err;
     EXPECT_EQ(py.out, "(" + std::to_string(rows) + ", 32) float32 (4000, 32) float32\n");
@@ -209,7 +211,8 @@ TEST_F(ExtractTest, LayerByLayerExecutionStoresTheSameBytes) {
   // mode = "layerwise" is what a model larger than the device runs (weights visit the device one
   // block at a time); on CPU it must store exactly what the whole-model path and a direct
   // forward pass compute. "auto" on a CPU worker with room picks the whole model and says why.
-  std::string body = std::regex_replace(std::string(kGpt2Extract), std::regex("tokens = 40000"), "tokens = 8192\nmode = \"layerwise\"");
+  std::string body = std::regex_replace(std::string(kGpt2Extract), std::regex("tokens = 40000"),
+                                        "tokens = 8192\nmode = \"layerwise\"");
   const std::string run = Submit("gpt2-layerwise", body);
   ASSERT_EQ(WaitForEnd(run, 120000)["state"], "finished");
   auto spec = ParseRunSpec(body, dir_, true);
@@ -223,13 +226,16 @@ TEST_F(ExtractTest, LayerByLayerExecutionStoresTheSameBytes) {
   EXPECT_NE(events.out.find("layer by layer"), std::string::npos) << events.out;
   EXPECT_NE(events.out.find("extract.mode = \"layerwise\""), std::string::npos) << events.out;
 
-  const std::string auto_run = Submit("gpt2-auto", std::regex_replace(std::string(kGpt2Extract), std::regex("tokens = 40000"), "tokens = 4096"));
+  const std::string auto_run =
+      Submit("gpt2-auto", std::regex_replace(std::string(kGpt2Extract), std::regex("tokens = 40000"), "tokens = 4096"));
   ASSERT_EQ(WaitForEnd(auto_run, 60000)["state"], "finished");
   EXPECT_NE(Strata("events " + auto_run).out.find("whole model on the device"), std::string::npos);
 }
 
 TEST_F(ExtractTest, BadQueriesExitNonZeroAndLeaveNothingBehind) {
-  const std::string run = Submit("gpt2-extract-small", std::regex_replace(std::string(kGpt2Extract), std::regex("tokens = 40000"), "tokens = 4096"));
+  const std::string run =
+      Submit("gpt2-extract-small",
+             std::regex_replace(std::string(kGpt2Extract), std::regex("tokens = 40000"), "tokens = 4096"));
   ASSERT_EQ(WaitForEnd(run, 60000)["state"], "finished");
   const std::string out = dir_ + "/bad.npy";
   auto layer = Strata("activations get " + run + " --layer 1 --out " + out);
@@ -252,8 +258,9 @@ TEST_F(ExtractTest, BadQueriesExitNonZeroAndLeaveNothingBehind) {
   EXPECT_EQ(piped.out.compare(0, 6, "\x93NUMPY"), 0);
   EXPECT_NE(piped.out.find("'shape': (64, 32)"), std::string::npos);
   // A training run has no activations.
-  const std::string train = Submit("tiny-train", "name = \"tiny-train\"\n[model]\nlayers = 1\nhidden = 16\nheads = 2\nsequence = 16\n"
-                                                 "[data]\npath = \"corpus.txt\"\n[train]\nsteps = 1\nglobal_batch = 2\n");
+  const std::string train = Submit("tiny-train",
+                                   "name = \"tiny-train\"\n[model]\nlayers = 1\nhidden = 16\nheads = 2\nsequence = 16\n"
+                                   "[data]\npath = \"corpus.txt\"\n[train]\nsteps = 1\nglobal_batch = 2\n");
   auto not_extract = Strata("activations " + train);
   EXPECT_EQ(not_extract.rc, 2);
   EXPECT_NE(not_extract.err.find("is a training run"), std::string::npos) << not_extract.err;
@@ -261,7 +268,9 @@ TEST_F(ExtractTest, BadQueriesExitNonZeroAndLeaveNothingBehind) {
   auto unknown = Strata("activations no-such-run");
   EXPECT_NE(unknown.rc, 0);
   EXPECT_NE(unknown.err.find("no run 'no-such-run'"), std::string::npos) << unknown.err;
-  auto bad_spec = Strata("submit " + WriteSpec("bad-layer", std::regex_replace(std::string(kGpt2Extract), std::regex("layers = \\[0, 2\\]"), "layers = [0, 3]")));
+  auto bad_spec = Strata(
+      "submit " + WriteSpec("bad-layer", std::regex_replace(std::string(kGpt2Extract),
+                                                            std::regex("layers = \\[0, 2\\]"), "layers = [0, 3]")));
   EXPECT_EQ(bad_spec.rc, 2);
   EXPECT_NE(bad_spec.err.find("extract.layers holds 3"), std::string::npos) << bad_spec.err;
 }
@@ -274,7 +283,8 @@ TEST_F(ExtractTest, KilledWorkerResumesWithEveryChunkStoredOnceAndTheSameData) {
   const std::string run = Submit("gpt2-extract-kill", body);
   // Kill worker-1 once a few chunks are stored, and restart it as a supervisor would.
   const int64_t deadline = NowMs() + 60000;
-  while (NowMs() < deadline && Status(run)["step"].get<int64_t>() < 40) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (NowMs() < deadline && Status(run)["step"].get<int64_t>() < 40)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   json before = Status(run);
   ASSERT_EQ(before["state"], "running") << "the capture ended before the kill; make it longer";
   // A query during the capture returns only complete rows and says so.

@@ -140,7 +140,9 @@ TEST_F(HangTest, RankStuckForGoodRestartsItsWorkerInPlaceAndTheRunFinishes) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_NE(at, std::string::npos) << log;
-  EXPECT_NE(log.find("registered with the coordinator", at), std::string::npos) << "no registration after the restart:\n" << log;
+  EXPECT_NE(log.find("registered with the coordinator", at), std::string::npos)
+      << "no registration after the restart:\n"
+      << log;
   const auto [pid_after, state] = pid_of("worker-1");
   EXPECT_EQ(pid_after, pid) << "the worker restarted in place (exec), not as a new process";
   EXPECT_EQ(state, "idle");

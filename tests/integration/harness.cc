@@ -1,10 +1,9 @@
 #include "tests/integration/harness.h"
 
-#include <gtest/gtest.h>
-
 #include <arpa/inet.h>
-#include <signal.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -98,7 +98,9 @@ TEST_F(HostsTest, ShardsAreCopiedAcrossHostsAndARunSurvivesLosingAHostWithItsDis
   ASSERT_EQ(ref["state"], "finished") << ref.dump() << Journal(reference);
   const auto losses = ref["losses"].get<std::vector<double>>();
   const std::string journal = Journal(reference);
-  EXPECT_NE(journal.find("checkpoint at step 8 committed (2 shards, each with a copy on another host)"), std::string::npos) << journal;
+  EXPECT_NE(journal.find("checkpoint at step 8 committed (2 shards, each with a copy on another host)"),
+            std::string::npos)
+      << journal;
   auto manifests = json::parse(Strata("checkpoints " + reference + " --json").out);
   ASSERT_FALSE(manifests.empty());
 
@@ -109,9 +111,11 @@ TEST_F(HostsTest, ShardsAreCopiedAcrossHostsAndARunSurvivesLosingAHostWithItsDis
   ASSERT_EQ(res["state"], "finished") << res.dump() << Journal(resumed);
   const auto resumed_losses = res["losses"].get<std::vector<double>>();
   ASSERT_EQ(resumed_losses.size(), static_cast<size_t>(kSteps));
-  for (size_t i = 8; i < resumed_losses.size(); ++i) EXPECT_NEAR(resumed_losses[i], losses[i], 1e-5 * std::abs(losses[i])) << "step " << i + 1;
+  for (size_t i = 8; i < resumed_losses.size(); ++i)
+    EXPECT_NEAR(resumed_losses[i], losses[i], 1e-5 * std::abs(losses[i])) << "step " << i + 1;
   const std::string log0 = testing::ReadFile(dir_ + "/state/logs/worker-0.log");
-  EXPECT_NE(log0.find("(1 of 2 shards through another host's store server)"), std::string::npos) << log0.substr(log0.size() > 3000 ? log0.size() - 3000 : 0);
+  EXPECT_NE(log0.find("(1 of 2 shards through another host's store server)"), std::string::npos)
+      << log0.substr(log0.size() > 3000 ? log0.size() - 3000 : 0);
 
   // Lose host-1 with its disks once the run has a complete checkpoint: kill -9 both of its
   // workers and delete their stores. The run re-plans onto host-0's workers and resumes from the

@@ -3,11 +3,9 @@
 // started, grown without bound, blocked on, overwritten or aborted. Most cases need no cluster
 // (they are refused before one is contacted); the last starts a bare coordinator on a store that
 // holds names from before the name rule, to check they print escaped.
-#include <sys/stat.h>
-
-#include <gtest/gtest.h>
-
 #include <capnp/message.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -58,7 +56,8 @@ class InputTest : public ::testing::Test {
     return path;
   }
   static std::string Valid(const std::string& name = "ok") {
-    return "name = \"" + name + "\"\n[model]\nlayers = 2\nhidden = 64\nheads = 4\nsequence = 32\n[data]\npath = \"corpus.txt\"\n"
+    return "name = \"" + name +
+           "\"\n[model]\nlayers = 2\nhidden = 64\nheads = 4\nsequence = 32\n[data]\npath = \"corpus.txt\"\n"
            "[train]\nsteps = 5\nglobal_batch = 8\n";
   }
   static std::string With(const std::string& from, const std::string& to) {
@@ -77,7 +76,8 @@ std::string InputTest::dir_;
 TEST_F(InputTest, SpecNumbersOverTheirBoundsAreRefusedBySubmitAndPlan) {
   const std::pair<std::string, std::string> cases[] = {
       {With("layers = 2", "layers = 2147483648"), "model.layers = 2147483648 is over the bound of 1024"},
-      {With("global_batch = 8", "global_batch = 1099511627776"), "train.global_batch = 1099511627776 is over the bound"},
+      {With("global_batch = 8", "global_batch = 1099511627776"),
+       "train.global_batch = 1099511627776 is over the bound"},
       {With("hidden = 64", "hidden = 4611686018427387904"), "model.hidden = 4611686018427387904 is over the bound"},
       {With("steps = 5", "steps = 1000000000000000000"), "train.steps = 1000000000000000000 is over the bound"},
       {Valid() + "[worker]\nthreads = 100000\n", "worker.threads = 100000 is over the bound of 1024"},
@@ -105,7 +105,8 @@ TEST_F(InputTest, SpecFilesMustBeSmallRegularFilesAndAreNeverBlockedOn) {
 // Before: a NUL in a name wedged the cluster, 115+ characters failed the checkpoint after
 // training, escapes and newlines printed raw.
 TEST_F(InputTest, UnsafeRunNamesAreRefusedNamingTheRule) {
-  for (const std::string& name : std::vector<std::string>{"a\\u0000b", std::string(115, 'n'), "red\\u001b[31m", "two\\nlines", ".hidden", "a/b"}) {
+  for (const std::string& name : std::vector<std::string>{"a\\u0000b", std::string(115, 'n'), "red\\u001b[31m",
+                                                          "two\\nlines", ".hidden", "a/b"}) {
     ExpectBadInput("submit " + WriteSpec("name", Valid(name)), "a run name is 1 to 64 characters of A-Z a-z 0-9 . _ -");
   }
   CommandResult r = Strata("submit " + WriteSpec("name", Valid("red\\u001b[31m")));
@@ -119,7 +120,8 @@ TEST_F(InputTest, BadClusterAddressesAreACleanErrorNotAnAbort) {
   ExpectBadInput("--cluster tcp://host:99999 status", "tcp:// needs HOST:PORT");
   ExpectBadInput("--cluster localhost:5555 status", "no scheme");
   ExpectBadInput("--cluster foo://bar activations some-run", "not a coordinator address");
-  CommandResult env = testing::RunCommand("STRATA_CLUSTER=zmq://x " + std::string(STRATA_BIN_DIR) + "/strata status", dir_);
+  CommandResult env =
+      testing::RunCommand("STRATA_CLUSTER=zmq://x " + std::string(STRATA_BIN_DIR) + "/strata status", dir_);
   EXPECT_EQ(env.rc, 2) << env.err;
   EXPECT_NE(env.err.find("STRATA_CLUSTER zmq://x is not a coordinator address"), std::string::npos) << env.err;
 }
@@ -148,7 +150,10 @@ TEST_F(InputTest, CliWritesNeverClobber) {
   ExpectBadInput("activations get some-run --layer 0 --out " + file, "--out " + file + " already exists");
   EXPECT_EQ(ReadFile(file), "keep me too");
   // With --force they go on to the cluster (none here: exit 1, unreachable), nothing written.
-  CommandResult forced = testing::RunStrata("--cluster ipc://" + dir_ + "/nobody.sock --timeout-ms 300 activations get some-run --layer 0 --force --out " + file, dir_);
+  CommandResult forced =
+      testing::RunStrata("--cluster ipc://" + dir_ +
+                             "/nobody.sock --timeout-ms 300 activations get some-run --layer 0 --force --out " + file,
+                         dir_);
   EXPECT_EQ(forced.rc, 1) << forced.err;
   EXPECT_EQ(ReadFile(file), "keep me too");
 }
@@ -176,19 +181,22 @@ TEST_F(InputTest, StoredNamesWithControlBytesPrintEscaped) {
     r.setTotalSteps(5);
     r.setMessage("failed:\x1b[31m red\nsecond line");
     const std::string bytes = schema::StructToBytes(message.getRoot<RunRecord>().asReader());
-    ASSERT_TRUE((*store)->PutMetadata("run/" + id, {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}).ok());
+    ASSERT_TRUE(
+        (*store)->PutMetadata("run/" + id, {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}).ok());
     capnp::MallocMessageBuilder event_message;
     auto ev = event_message.initRoot<Event>();
     ev.setUnixMs(net::NowUnixMs());
     ev.setKind("failed");
     ev.setMessage("run " + id + " failed\x07");
     const std::string event = schema::StructToBytes(ev.asReader());
-    ASSERT_TRUE((*store)->PutMetadata("evt/" + storage::EncodeKeyString(id) + storage::EncodeKeyU64(0),
-                                      {reinterpret_cast<const uint8_t*>(event.data()), event.size()}).ok());
+    ASSERT_TRUE((*store)
+                    ->PutMetadata("evt/" + storage::EncodeKeyString(id) + storage::EncodeKeyU64(0),
+                                  {reinterpret_cast<const uint8_t*>(event.data()), event.size()})
+                    .ok());
   }
   const std::string endpoint = "ipc://" + dir_ + "/coord.sock";
-  testing::RunCommand("(" + std::string(STRATA_BIN_DIR) + "/strata-coordinator --listen " + endpoint + " --state-dir " + state +
-                          " > " + dir_ + "/coord.log 2>&1 & echo $! > " + dir_ + "/coord.pid)",
+  testing::RunCommand("(" + std::string(STRATA_BIN_DIR) + "/strata-coordinator --listen " + endpoint + " --state-dir " +
+                          state + " > " + dir_ + "/coord.log 2>&1 & echo $! > " + dir_ + "/coord.pid)",
                       dir_);
   CommandResult status;
   for (int i = 0; i < 50; ++i) {

@@ -1,9 +1,8 @@
 // `strata logs` and `strata metrics` through the real binary on a local cluster of 2 CPU workers:
 // each rank's log holds that rank's lines of that run only (one line per step among them), and
 // the metrics file has one row per step with the losses `strata status` reports.
-#include <sys/stat.h>
-
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cmath>
@@ -95,15 +94,18 @@ TEST_F(LogsTest, EachRankLogHasItsStepLinesAndNothingOfAnotherRunAndMetricsMatch
   auto logs = Strata("logs " + a + " --rank 1");
   ASSERT_EQ(logs.rc, 0) << logs.err;
   for (int step = 1; step <= 6; ++step) {
-    EXPECT_EQ(CountSubstring(logs.out, "step " + std::to_string(step) + " loss "), 1) << "step " << step << ":\n" << logs.out;
+    EXPECT_EQ(CountSubstring(logs.out, "step " + std::to_string(step) + " loss "), 1) << "step " << step << ":\n"
+                                                                                      << logs.out;
   }
   EXPECT_NE(logs.out.find(" lr 0.003 grad_norm "), std::string::npos) << logs.out;
   EXPECT_NE(logs.out.find("tokens/s "), std::string::npos) << logs.out;
   EXPECT_NE(logs.out.find(" memory "), std::string::npos) << logs.out;
-  EXPECT_NE(logs.out.find("runs run " + a + " as rank 1"), std::string::npos) << "the task thread's own log lines:\n" << logs.out;
+  EXPECT_NE(logs.out.find("runs run " + a + " as rank 1"), std::string::npos) << "the task thread's own log lines:\n"
+                                                                              << logs.out;
   EXPECT_EQ(logs.out.find("as rank 0"), std::string::npos) << "rank 0's lines in rank 1's log:\n" << logs.out;
   EXPECT_EQ(logs.out.find(b), std::string::npos) << "run " << b << "'s lines in run " << a << "'s log:\n" << logs.out;
-  for (const auto& line : Lines(logs.out)) EXPECT_EQ(line.substr(4, 1) + line.substr(10, 1) + line.substr(23, 1), "-TZ") << line;
+  for (const auto& line : Lines(logs.out))
+    EXPECT_EQ(line.substr(4, 1) + line.substr(10, 1) + line.substr(23, 1), "-TZ") << line;
 
   // The files: one per run and rank in the worker's store, private to the user.
   int rank1_files = 0;

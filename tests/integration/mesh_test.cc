@@ -1,20 +1,18 @@
 // Sharded training through the CLI on a local cluster of 8 CPU worker processes: dp x pp x tp
 // meshes give the single worker's losses, their checkpoints export to the same model, and a run
 // resumes from a checkpoint under another mesh.
+#include <gtest/gtest.h>
 #include <signal.h>
 
-#include <gtest/gtest.h>
-
 #include <chrono>
-#include <regex>
-#include <set>
-#include <thread>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "storage/safetensors.h"
 #include "tests/integration/export_compare.h"
@@ -48,11 +46,11 @@ class MeshClusterTest : public ::testing::Test {
     std::ostringstream s;
     s << "name = \"" << name << "\"\n"
       << "[model]\nfamily = \"" << family << "\"\nlayers = 4\nhidden = 32\nheads = 4\nvocab = 256\nsequence = 32\n"
-      << (family == "llama" ? "kv_heads = 2\nffn = 96\n" : "")
-      << "[data]\npath = \"corpus.txt\"\n"
+      << (family == "llama" ? "kv_heads = 2\nffn = 96\n" : "") << "[data]\npath = \"corpus.txt\"\n"
       << "[train]\nsteps = " << steps << "\nglobal_batch = 8\nlr = 0.003\nseed = 11\ngrad_clip = 1.0\n"
       << "checkpoint_every = " << checkpoint_every << "\n"
-      << "[parallel]\nmicro_batch = 2\n" << parallel;
+      << "[parallel]\nmicro_batch = 2\n"
+      << parallel;
     return s.str();
   }
 
@@ -85,7 +83,6 @@ class MeshClusterTest : public ::testing::Test {
       EXPECT_NEAR(got[i], reference[i + from], 1e-5 * reference[i + from]) << what << ", step " << i + from + 1;
     }
   }
-
 
   // Polls the run's status until it reaches `step` (or 30 s pass); the last status seen.
   static json WaitForStep(const std::string& run, int64_t step) {
@@ -123,12 +120,14 @@ TEST_P(MeshFamilyTest, MeshesOfWorkerProcessesGiveTheSingleWorkerLosses) {
   ExpectSameLosses(one, Losses(Run(family + "-pp2tp2", Spec(family + "-pp2tp2", family, "pp = 2\ntp = 2\n"))),
                    "pp=2 x tp=2");
   ExpectSameLosses(one,
-                   Losses(Run(family + "-all", Spec(family + "-all", family, "dp = 2\npp = 2\ntp = 2\nzero = 1\nrecompute = true\n"))),
+                   Losses(Run(family + "-all",
+                              Spec(family + "-all", family, "dp = 2\npp = 2\ntp = 2\nzero = 1\nrecompute = true\n"))),
                    "dp=2 x pp=2 x tp=2, zero 1, recompute");
   ExpectSameLosses(one, Losses(Run(family + "-z3", Spec(family + "-z3", family, "dp = 2\ntp = 2\nzero = 3\n"))),
                    "dp=2 x tp=2, zero 3");
   // Uneven stages as given: 3 layers + the embedding, then 1 layer + the head.
-  const std::string uneven = Run(family + "-uneven", Spec(family + "-uneven", family, "dp = 1\ntp = 1\npp = 2\nstages = [3, 1]\n", 10, 10));
+  const std::string uneven =
+      Run(family + "-uneven", Spec(family + "-uneven", family, "dp = 1\ntp = 1\npp = 2\nstages = [3, 1]\n", 10, 10));
   ExpectSameLosses(one, Losses(uneven), "pp=2, stages [3, 1]");
   auto plan = json::parse(Strata("status " + uneven + " --json").out)["plan"];
   EXPECT_EQ(plan["stages"], json::array({3, 1})) << plan.dump();
@@ -146,7 +145,8 @@ TEST_P(MeshFamilyTest, MeshesOfWorkerProcessesGiveTheSingleWorkerLosses) {
     }
     layers_per_shard.push_back(layers);
   }
-  EXPECT_EQ(layers_per_shard, (std::vector<std::set<int>>{{0, 1, 2}, {3}})) << checkpoints.back()["shards"].dump().substr(0, 2000);
+  EXPECT_EQ(layers_per_shard, (std::vector<std::set<int>>{{0, 1, 2}, {3}}))
+      << checkpoints.back()["shards"].dump().substr(0, 2000);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MeshFamilyTest, ::testing::Values("gpt2", "llama"));
@@ -171,7 +171,8 @@ TEST_F(MeshClusterTest, ExportAssemblesTheSameModelFromAnyMesh) {
     const auto* fa = reinterpret_cast<const float*>(ta.bytes.data());
     const auto* fb = reinterpret_cast<const float*>(tb.bytes.data());
     double max_diff = 0;
-    for (size_t i = 0; i < ta.bytes.size() / sizeof(float); ++i) max_diff = std::max(max_diff, double(std::abs(fa[i] - fb[i])));
+    for (size_t i = 0; i < ta.bytes.size() / sizeof(float); ++i)
+      max_diff = std::max(max_diff, double(std::abs(fa[i] - fb[i])));
     EXPECT_LT(max_diff, 1e-4) << name;
   }
 }
@@ -194,10 +195,12 @@ TEST_F(MeshClusterTest, ResumesUnderAnotherMeshWithTheUninterruptedLosses) {
   // An older checkpoint by step, and refusals that name the problem.
   const std::string from3 = Run("resume-at-3", Spec("resume-at-3", "gpt2", "dp = 2\n"), " --resume " + first + "@3");
   ExpectSameLosses(uninterrupted, Losses(from3), "resumed from step 3");
-  std::ofstream(dir_ + "/other.toml") << Spec("other", "gpt2", "").replace(Spec("other", "gpt2", "").find("layers = 4"), 10, "layers = 2");
+  std::ofstream(dir_ + "/other.toml")
+      << Spec("other", "gpt2", "").replace(Spec("other", "gpt2", "").find("layers = 4"), 10, "layers = 2");
   auto other = Strata("submit " + dir_ + "/other.toml --resume " + first);
   EXPECT_NE(other.rc, 0);
-  EXPECT_NE(other.err.find("model.layers = 2 but run " + first + " trained model.layers = 4"), std::string::npos) << other.err;
+  EXPECT_NE(other.err.find("model.layers = 2 but run " + first + " trained model.layers = 4"), std::string::npos)
+      << other.err;
   auto missing = Strata("submit " + dir_ + "/straight.toml --resume " + first + "@5");
   EXPECT_NE(missing.rc, 0);
   EXPECT_NE(missing.err.find("complete ones: 3, 6"), std::string::npos) << missing.err;
@@ -253,14 +256,15 @@ TEST_F(MeshClusterTest, KilledWorkerRunReplansOnTheSurvivorsAndKeepsTheLosses) {
   ASSERT_GT(resumed_at, 0) << events;
   std::string same_path = spec("same-path");
   same_path.replace(same_path.find("dp = 4"), 6, "dp = 3");
-  const std::string reference = Run("same-path", same_path, " --resume " + clean_run + "@" + std::to_string(resumed_at));
+  const std::string reference =
+      Run("same-path", same_path, " --resume " + clean_run + "@" + std::to_string(resumed_at));
   ExpectSameLosses(clean, Losses(reference), "the fault-free run's path through the same resume");
   for (const auto& [name, id] : {std::pair<std::string, std::string>{"crash", run}, {"same-path", reference}}) {
     auto r = Strata("export " + id + " --out " + dir_ + "/export-" + name);
     ASSERT_EQ(r.rc, 0) << r.err;
   }
-  testing::ExpectBitIdenticalModels(dir_ + "/export-crash/model.safetensors", dir_ + "/export-same-path/model.safetensors",
-                                    "the fault-free run");
+  testing::ExpectBitIdenticalModels(dir_ + "/export-crash/model.safetensors",
+                                    dir_ + "/export-same-path/model.safetensors", "the fault-free run");
 }
 
 // A hang rather than a crash: SIGSTOP one rank of a dp=2 run. It stops heartbeating, is named
@@ -286,7 +290,8 @@ TEST_F(MeshClusterTest, StoppedWorkerIsNamedAndTheRunRecovers) {
   ExpectSameLosses(clean, losses, "after the stopped worker");
   auto events = Strata("events " + run).out;
   EXPECT_NE(events.find("worker " + victim + " (pid " + std::to_string(pid) + ") stopped sending heartbeats"),
-            std::string::npos) << events;
+            std::string::npos)
+      << events;
   EXPECT_NE(events.find("resuming from the checkpoint at step"), std::string::npos) << events;
   for (auto& w : json::parse(Strata("status " + run + " --json").out)["workers"]) {
     EXPECT_NE(w.get<std::string>(), victim) << "the run finished on the stopped worker";

@@ -28,18 +28,25 @@ using testing::CommandResult;
 
 json TinyConfig(const std::string& family) {
   if (family == "gpt2") {
-    return {{"model_type", "gpt2"}, {"n_layer", 2}, {"n_embd", 32}, {"n_head", 4}, {"vocab_size", 300}, {"n_positions", 64}};
+    return {{"model_type", "gpt2"}, {"n_layer", 2},      {"n_embd", 32},
+            {"n_head", 4},          {"vocab_size", 300}, {"n_positions", 64}};
   }
   if (family == "gpt_neox") {
-    return {{"model_type", "gpt_neox"}, {"num_hidden_layers", 2}, {"hidden_size", 32}, {"num_attention_heads", 4},
-            {"intermediate_size", 64}, {"vocab_size", 300}, {"max_position_embeddings", 64}, {"rotary_pct", 0.25}};
+    return {{"model_type", "gpt_neox"},      {"num_hidden_layers", 2},  {"hidden_size", 32},
+            {"num_attention_heads", 4},      {"intermediate_size", 64}, {"vocab_size", 300},
+            {"max_position_embeddings", 64}, {"rotary_pct", 0.25}};
   }
-  json c = {{"model_type", family}, {"num_hidden_layers", 2}, {"hidden_size", 32}, {"num_attention_heads", 4},
-            {"num_key_value_heads", 2}, {"intermediate_size", 64}, {"vocab_size", 300}, {"max_position_embeddings", 64},
-            {"rope_theta", 10000.0}, {"tie_word_embeddings", family == "qwen2" || family == "gemma"},
-            {"bos_token_id", 1}, {"eos_token_id", 2}};
+  json c = {{"model_type", family},     {"num_hidden_layers", 2},
+            {"hidden_size", 32},        {"num_attention_heads", 4},
+            {"num_key_value_heads", 2}, {"intermediate_size", 64},
+            {"vocab_size", 300},        {"max_position_embeddings", 64},
+            {"rope_theta", 10000.0},    {"tie_word_embeddings", family == "qwen2" || family == "gemma"},
+            {"bos_token_id", 1},        {"eos_token_id", 2}};
   if (family == "llama") {
-    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
                          {"original_max_position_embeddings", 16}};
     c["head_dim"] = 16;
   }
@@ -85,9 +92,12 @@ void WriteModel(const std::string& dir, const json& config, const json& written 
     weight_map[hf.name] = "model-0000" + std::to_string(f + 1) + "-of-00002.safetensors";
   }
   for (int f = 0; f < 2; ++f) {
-    ASSERT_TRUE(storage::WriteSafetensors(dir + "/model-0000" + std::to_string(f + 1) + "-of-00002.safetensors", files[f]).ok());
+    ASSERT_TRUE(
+        storage::WriteSafetensors(dir + "/model-0000" + std::to_string(f + 1) + "-of-00002.safetensors", files[f])
+            .ok());
   }
-  std::ofstream(dir + "/model.safetensors.index.json") << json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump();
+  std::ofstream(dir + "/model.safetensors.index.json")
+      << json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump();
 }
 
 class ModelsTest : public ::testing::Test {
@@ -107,8 +117,11 @@ class ModelsTest : public ::testing::Test {
   static std::string Spec(const std::string& name, const std::string& init_from, const std::string& body,
                           const std::string& model_extra = "") {
     const std::string path = dir_ + "/" + name + ".toml";
-    std::ofstream(path) << "name = \"" << name << "\"\n" << body.substr(0, body.find('[')) << "[model]\ninit_from = \"" << init_from
-                        << "\"\nsequence = 32\n" << model_extra << "[data]\npath = \"corpus.txt\"\n" << body.substr(body.find('['));
+    std::ofstream(path) << "name = \"" << name << "\"\n"
+                        << body.substr(0, body.find('[')) << "[model]\ninit_from = \"" << init_from
+                        << "\"\nsequence = 32\n"
+                        << model_extra << "[data]\npath = \"corpus.txt\"\n"
+                        << body.substr(body.find('['));
     return path;
   }
   static std::string RunId(const CommandResult& r) { return r.out.substr(0, r.out.find('\n')); }
@@ -118,7 +131,8 @@ class ModelsTest : public ::testing::Test {
 std::string ModelsTest::dir_;
 
 const char* kTrain = "[train]\nsteps = 3\nglobal_batch = 4\nlr = 0.001\nseed = 3\n[parallel]\ndp = 2\n";
-const char* kExtract = "kind = \"extract\"\n[extract]\nlayers = [1]\nsites = [\"resid_post\", \"mlp_out\"]\ntokens = 256\nbatch = 4\n";
+const char* kExtract =
+    "kind = \"extract\"\n[extract]\nlayers = [1]\nsites = [\"resid_post\", \"mlp_out\"]\ntokens = 256\nbatch = 4\n";
 
 TEST_F(ModelsTest, EveryFamilyTrainsAndIsCapturedFromInitFromAlone) {
   for (const std::string family : {"gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox"}) {
@@ -134,7 +148,8 @@ TEST_F(ModelsTest, EveryFamilyTrainsAndIsCapturedFromInitFromAlone) {
     EXPECT_NEAR(status["losses"][0].get<double>(), std::log(300.0), 0.5);
     auto extract = Strata("submit " + Spec(family + "-extract", model, kExtract) + " --follow");
     ASSERT_EQ(extract.rc, 0) << extract.out << extract.err;
-    auto get = Strata("activations get " + RunId(extract) + " --layer 1 --site mlp_out --out " + dir_ + "/" + family + ".npy");
+    auto get =
+        Strata("activations get " + RunId(extract) + " --layer 1 --site mlp_out --out " + dir_ + "/" + family + ".npy");
     EXPECT_EQ(get.rc, 0) << get.err;
     EXPECT_GT(fs::file_size(dir_ + "/" + family + ".npy"), 256u * 32u * 4u);
   }
@@ -147,7 +162,8 @@ TEST_F(ModelsTest, ExportLoadsBackAndExportsTheSameBytes) {
     SCOPED_TRACE(family);
     const std::string model = dir_ + "/rt-" + family;
     WriteModel(model, TinyConfig(family));
-    const std::string still = "[train]\nsteps = 1\nglobal_batch = 4\nlr = 1e-30\ncheckpoint_every = 1\n[parallel]\ndp = 1\n";
+    const std::string still =
+        "[train]\nsteps = 1\nglobal_batch = 4\nlr = 1e-30\ncheckpoint_every = 1\n[parallel]\ndp = 1\n";
     auto first = Strata("submit " + Spec("rt1-" + family, model, still) + " --follow");
     ASSERT_EQ(first.rc, 0) << first.err;
     const std::string a = dir_ + "/export-a-" + family, b = dir_ + "/export-b-" + family;
@@ -156,7 +172,8 @@ TEST_F(ModelsTest, ExportLoadsBackAndExportsTheSameBytes) {
     EXPECT_NE(export_a.out.find("files"), std::string::npos) << export_a.out;  // sharded: several files
     EXPECT_TRUE(fs::exists(a + "/model.safetensors.index.json"));
     EXPECT_TRUE(fs::exists(a + "/tokenizer.json"));  // carried from init_from
-    json source = json::parse(testing::ReadFile(model + "/config.json")), exported = json::parse(testing::ReadFile(a + "/config.json"));
+    json source = json::parse(testing::ReadFile(model + "/config.json")),
+         exported = json::parse(testing::ReadFile(a + "/config.json"));
     for (const auto& [key, value] : source.items()) EXPECT_EQ(exported[key], value) << key;  // every source field kept
     auto second = Strata("submit " + Spec("rt2-" + family, a, still) + " --follow");
     ASSERT_EQ(second.rc, 0) << second.err;
@@ -170,11 +187,14 @@ TEST_F(ModelsTest, ExportLoadsBackAndExportsTheSameBytes) {
       ++files;
       const std::string x = testing::ReadFile(entry.path().string()), y = testing::ReadFile(b + "/" + name);
       // The same tensors in the same bytes; only the run id in the header's metadata differs.
-      auto body = [](const std::string& s) { return s.substr(8 + static_cast<size_t>(*reinterpret_cast<const uint64_t*>(s.data()))); };
+      auto body = [](const std::string& s) {
+        return s.substr(8 + static_cast<size_t>(*reinterpret_cast<const uint64_t*>(s.data())));
+      };
       EXPECT_EQ(body(x), body(y)) << name;
     }
     EXPECT_GT(files, 2u);
-    EXPECT_EQ(testing::ReadFile(a + "/model.safetensors.index.json"), testing::ReadFile(b + "/model.safetensors.index.json"));
+    EXPECT_EQ(testing::ReadFile(a + "/model.safetensors.index.json"),
+              testing::ReadFile(b + "/model.safetensors.index.json"));
     if (family != "llama") continue;
     // An export that fails part-way (its second file cannot be written: a directory holds the
     // name export gives it until the count is known) leaves none of its weight files behind.
@@ -204,13 +224,18 @@ json AsciiTokenizer() {
   vocab[byte_level("\n")] = 10;
   json merges = json::array();
   int next = 256;
-  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{{"t", "h"}, {"th", "e"}, {" ", "the"}, {"o", "n"}}) {
+  for (const auto& [a, b] :
+       std::vector<std::pair<std::string, std::string>>{{"t", "h"}, {"th", "e"}, {" ", "the"}, {"o", "n"}}) {
     merges.push_back(byte_level(a) + " " + byte_level(b));
     vocab[byte_level(a + b)] = next++;
   }
-  return {{"version", "1.0"}, {"added_tokens", json::array()}, {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
-          {"decoder", {{"type", "ByteLevel"}}}, {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+  return {{"version", "1.0"},
+          {"added_tokens", json::array()},
+          {"normalizer", nullptr},
+          {"pre_tokenizer",
+           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"decoder", {{"type", "ByteLevel"}}},
+          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
 }
 
 // data.format = "text": tokenized once with the model's own tokenizer, the cached ids reused.
@@ -225,14 +250,16 @@ TEST_F(ModelsTest, TextDataIsTokenizedOnceWithTheModelsTokenizer) {
   const std::string body = std::string("[train]\nsteps = 2\nglobal_batch = 4\nlr = 0.001\n[parallel]\ndp = 1\n");
   const std::string spec = dir_ + "/text.toml";
   std::ofstream(spec) << "name = \"text\"\n[model]\ninit_from = \"" << model << "\"\nsequence = 32\n"
-                      << "[data]\npath = \"story.txt\"\nformat = \"text\"\n" << body;
+                      << "[data]\npath = \"story.txt\"\nformat = \"text\"\n"
+                      << body;
   auto first = Strata("submit " + spec + " --follow");
   ASSERT_EQ(first.rc, 0) << first.out << first.err;
   EXPECT_NE(first.err.find("tokenizing " + dir_ + "/story.txt"), std::string::npos) << first.err;
   json status = testing::RunStrataJson("status " + RunId(first), dir_);
   EXPECT_EQ(status["state"], "finished");
   int cached = 0;
-  for (const auto& entry : fs::directory_iterator(dir_)) cached += entry.path().filename().string().rfind("story.txt.tok-", 0) == 0;
+  for (const auto& entry : fs::directory_iterator(dir_))
+    cached += entry.path().filename().string().rfind("story.txt.tok-", 0) == 0;
   EXPECT_EQ(cached, 1);
   auto second = Strata("submit " + spec + " --follow");
   ASSERT_EQ(second.rc, 0) << second.err;
@@ -244,7 +271,8 @@ TEST_F(ModelsTest, TextDataIsTokenizedOnceWithTheModelsTokenizer) {
   fs::create_directories(dir_ + "/big-tokenizer");
   std::ofstream(dir_ + "/big-tokenizer/tokenizer.json") << big.dump();
   std::ofstream(spec) << "name = \"text\"\n[model]\ninit_from = \"" << model << "\"\nsequence = 32\n"
-                      << "[data]\npath = \"story.txt\"\nformat = \"text\"\ntokenizer = \"big-tokenizer\"\n" << body;
+                      << "[data]\npath = \"story.txt\"\nformat = \"text\"\ntokenizer = \"big-tokenizer\"\n"
+                      << body;
   auto refused = Strata("submit " + spec);
   EXPECT_EQ(refused.rc, 2) << refused.err;
   EXPECT_NE(refused.err.find("5001 ids but model.vocab = 300"), std::string::npos) << refused.err;
@@ -254,7 +282,8 @@ TEST_F(ModelsTest, WhatWouldLoadWrongIsRefusedAtSubmitNamingIt) {
   const std::string model = dir_ + "/bad";
   json config = TinyConfig("llama");
   WriteModel(model, config);
-  auto expect_refused = [&](const std::string& name, const std::string& model_dir, const std::string& extra, const std::string& needle) {
+  auto expect_refused = [&](const std::string& name, const std::string& model_dir, const std::string& extra,
+                            const std::string& needle) {
     auto r = Strata("submit " + Spec(name, model_dir, kTrain, extra));
     EXPECT_EQ(r.rc, 2) << name << ": " << r.out << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << name << ": " << r.err;
@@ -262,7 +291,9 @@ TEST_F(ModelsTest, WhatWouldLoadWrongIsRefusedAtSubmitNamingIt) {
   expect_refused("disagree", model, "hidden = 64\n", "model.hidden = 64 but");
   {
     const std::string path = dir_ + "/long.toml";
-    std::ofstream(path) << "name = \"long\"\n[model]\ninit_from = \"" << model << "\"\nsequence = 128\n[data]\npath = \"corpus.txt\"\n" << kTrain;
+    std::ofstream(path) << "name = \"long\"\n[model]\ninit_from = \"" << model
+                        << "\"\nsequence = 128\n[data]\npath = \"corpus.txt\"\n"
+                        << kTrain;
     auto r = Strata("submit " + path);
     EXPECT_EQ(r.rc, 2);
     EXPECT_NE(r.err.find("max_positions = 64"), std::string::npos) << r.err;

@@ -41,9 +41,10 @@ class OutOfMemoryTest : public ::testing::Test {
     // 8 (~184 MiB) and fits at 4 (~92 MiB). (The spike was 16 MiB per sequence with 64 tokens;
     // 12 MiB stopped failing at 8 once in three runs after the fused AdamW left out the update's
     // temporaries, and with 160 tokens 16 MiB failed at 4 as well.)
-    auto up = testing::RunCommand(std::string(STRATA_BIN_DIR) +
-                                      "/strata up --workers 2 --memory-limit 160MiB --inject-fault ballast:3:12582912:1",
-                                  dir_);
+    auto up =
+        testing::RunCommand(std::string(STRATA_BIN_DIR) +
+                                "/strata up --workers 2 --memory-limit 160MiB --inject-fault ballast:3:12582912:1",
+                            dir_);
     ASSERT_EQ(up.rc, 0) << up.err;
   }
 
@@ -61,7 +62,8 @@ class OutOfMemoryTest : public ::testing::Test {
       << "[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 16384\nsequence = 160\n"
       << "[data]\npath = \"corpus.txt\"\n"
       << "[train]\nsteps = 5\nglobal_batch = 16\nlr = 0.003\nseed = 7\ncheckpoint_every = " << checkpoint_every << "\n"
-      << "[parallel]\ndp = " << dp << "\npp = 1\ntp = 1\nzero = 0\nrecompute = false\nmicro_batch = " << micro_batch << "\n";
+      << "[parallel]\ndp = " << dp << "\npp = 1\ntp = 1\nzero = 0\nrecompute = false\nmicro_batch = " << micro_batch
+      << "\n";
     return s.str();
   }
 
@@ -93,7 +95,8 @@ class OutOfMemoryTest : public ::testing::Test {
 
   static void ExpectReferenceLosses(const std::vector<double>& losses) {
     ASSERT_EQ(losses.size(), reference_.size());
-    for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], reference_[i], 1e-5 * std::abs(reference_[i])) << "step " << i + 1;
+    for (size_t i = 0; i < losses.size(); ++i)
+      EXPECT_NEAR(losses[i], reference_[i], 1e-5 * std::abs(reference_[i])) << "step " << i + 1;
   }
 
   static std::string dir_;
@@ -118,7 +121,8 @@ TEST_F(OutOfMemoryTest, FirstMicroBatchTooBigIsHalvedAndTheRunFinishesWithTheSam
   EXPECT_NE(said.find("allocate"), std::string::npos) << said;  // the allocator's own words
   const auto replans = Events(run, "replanned");
   ASSERT_EQ(replans.size(), ooms.size());
-  EXPECT_NE(replans[0]["message"].get<std::string>().find("micro_batch 16 -> 8"), std::string::npos) << replans[0].dump();
+  EXPECT_NE(replans[0]["message"].get<std::string>().find("micro_batch 16 -> 8"), std::string::npos)
+      << replans[0].dump();
   // The reduced setting is kept: the plan the run shows is the new one.
   EXPECT_EQ(status["plan"]["micro_batch"], 8) << status.dump();
   EXPECT_EQ(status["handled"]["oom"], ooms.size()) << status.dump();
@@ -140,7 +144,8 @@ TEST_F(OutOfMemoryTest, MidRunOutOfMemoryReplaysTheStepFromEveryRanksSnapshot) {
   // The replay started from the snapshot of step 2, not from step 0.
   EXPECT_EQ(status["checkpoint_steps"], json::array({2, 5})) << status.dump();
   bool resumed_at_2 = false;
-  for (auto& e : Events(run, "resumed")) resumed_at_2 |= e["message"].get<std::string>().find("at step 2") != std::string::npos;
+  for (auto& e : Events(run, "resumed"))
+    resumed_at_2 |= e["message"].get<std::string>().find("at step 2") != std::string::npos;
   EXPECT_TRUE(resumed_at_2);
 }
 

@@ -90,7 +90,7 @@ TEST_F(PermissionsTest, HandStartedDaemonsKeepStoresAndCheckpointsPrivate) {
       if (S_ISLNK(st.st_mode)) continue;
       S_ISDIR(st.st_mode) ? ++dirs : ++files;
       EXPECT_EQ(st.st_mode & 077, 0u) << path << " is mode " << std::oct << (st.st_mode & 0777)
-                                       << ": group or others can use it";
+                                      << ": group or others can use it";
     }
   }
   EXPECT_GT(files, 5u) << "the metadata store, the shard store and the checkpoint files";

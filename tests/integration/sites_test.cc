@@ -1,7 +1,7 @@
 // Every capture site of every family, and patch runs, end to end: `strata up` starts a
 // coordinator and 2 CPU workers, extract runs capture every site (whole-model and layer-by-layer
 // execution), and what the workers' stores hold equals a direct forward pass in this process
-// (worker/direct_forward.h: same seed, same batches) bit for bit. Patch runs (zero ablation)
+// (worker/extract/direct_forward.h: same seed, same batches) bit for bit. Patch runs (zero ablation)
 // store a per-row loss equal to an independent computation of the same ablation. Rows are read
 // from the stores themselves (read-only opens beside the running workers), so the check covers
 // each record's stored shape and dtype too.
@@ -19,7 +19,7 @@
 #include "common/run_spec.h"
 #include "storage/shard_store.h"
 #include "tests/integration/harness.h"
-#include "worker/direct_forward.h"
+#include "worker/extract/direct_forward.h"
 
 namespace strata {
 namespace {
@@ -100,7 +100,8 @@ std::string SitesTest::dir_;
 // A 2-layer model of `family` drawn from train.seed; shapes chosen so heads, kv_heads, head_dim
 // and ffn all differ where the family allows (a row shape mixed up with another shows).
 std::string ModelTable(const std::string& family) {
-  std::string m = "[model]\nfamily = \"" + family + "\"\nlayers = 2\nhidden = 32\nheads = 4\nvocab = 256\nsequence = 32\n";
+  std::string m =
+      "[model]\nfamily = \"" + family + "\"\nlayers = 2\nhidden = 32\nheads = 4\nvocab = 256\nsequence = 32\n";
   if (family == "llama") m += "kv_heads = 2\nffn = 48\nhead_dim = 16\n";
   if (family == "mistral") m += "kv_heads = 2\nffn = 48\nsliding_window = 8\n";
   if (family == "qwen2") m += "kv_heads = 1\nffn = 40\n";
@@ -123,9 +124,10 @@ TEST_F(SitesTest, EverySiteOfEveryFamilyEqualsTheDirectForwardBitForBit) {
     for (const std::string mode : {"whole", "layerwise"}) {
       SCOPED_TRACE(family + " " + mode);
       // Layer 0 only: final_norm and logits add the last layer (1), with every per-block site.
-      auto [run, spec] = Run(family + "-" + mode, ExtractSpec(family + "-" + mode, family,
-                                                              std::string("layers = [0]\n") + kAllSites +
-                                                                  "batch = 4\ntokens = 256\nmode = \"" + mode + "\"\n"));
+      auto [run, spec] =
+          Run(family + "-" + mode, ExtractSpec(family + "-" + mode, family,
+                                               std::string("layers = [0]\n") + kAllSites +
+                                                   "batch = 4\ntokens = 256\nmode = \"" + mode + "\"\n"));
       ASSERT_EQ(spec.extract.layers, (std::vector<int64_t>{0, 1}));
       for (int64_t layer : {0, 1}) {
         for (const std::string& site : spec.extract.sites) {
@@ -134,7 +136,8 @@ TEST_F(SitesTest, EverySiteOfEveryFamilyEqualsTheDirectForwardBitForBit) {
           const std::string expected = Reference(spec, layer, site);
           ASSERT_FALSE(expected.empty());
           ASSERT_EQ(stored.size(), expected.size()) << "layer " << layer << " " << site;
-          EXPECT_TRUE(stored == expected) << "layer " << layer << " " << site << " differs from the direct forward pass";
+          EXPECT_TRUE(stored == expected)
+              << "layer " << layer << " " << site << " differs from the direct forward pass";
         }
       }
       // Each attention row is a distribution over the keys it may see: sums to 1, zero beyond
@@ -161,7 +164,9 @@ TEST_F(SitesTest, EverySiteOfEveryFamilyEqualsTheDirectForwardBitForBit) {
 }
 
 TEST_F(SitesTest, TopKLogitsStoreValuesAndInt32IdsLikeTheDirectForward) {
-  auto [run, spec] = Run("topk", ExtractSpec("topk", "llama", "layers = [1]\nsites = [\"logits\"]\nlogits_top_k = 5\nbatch = 4\ntokens = 256\n"));
+  auto [run, spec] = Run(
+      "topk",
+      ExtractSpec("topk", "llama", "layers = [1]\nsites = [\"logits\"]\nlogits_top_k = 5\nbatch = 4\ntokens = 256\n"));
   ASSERT_EQ(spec.extract.sites, (std::vector<std::string>{"logits", "logits_ids"}));
   for (const std::string site : {"logits", "logits_ids"}) {
     const std::string stored = Stored(spec, run, 1, site);
@@ -185,9 +190,11 @@ TEST_F(SitesTest, TopKLogitsStoreValuesAndInt32IdsLikeTheDirectForward) {
   }
 }
 
-std::string PatchSpec(const std::string& name, const std::string& family, const std::string& patch, const std::string& mode) {
+std::string PatchSpec(const std::string& name, const std::string& family, const std::string& patch,
+                      const std::string& mode) {
   return "name = \"" + name + "\"\nkind = \"patch\"\n" + ModelTable(family) +
-         "[data]\npath = \"corpus.txt\"\n[train]\nseed = 11\n[parallel]\ndp = 2\n[extract]\nbatch = 4\ntokens = 256\nmode = \"" +
+         "[data]\npath = \"corpus.txt\"\n[train]\nseed = 11\n[parallel]\ndp = 2\n[extract]\nbatch = 4\ntokens = "
+         "256\nmode = \"" +
          mode + "\"\n[patch]\n" + patch;
 }
 
@@ -248,7 +255,8 @@ TEST_F(SitesTest, ZeroAblationPatchRunsStoreTheLossOfAnIndependentForward) {
 TEST_F(SitesTest, MeanAblationReplacesTheSiteWithTheGivenValuesAtEveryRow) {
   for (const std::string family : {"gpt2", "qwen2"}) {
     SCOPED_TRACE(family);
-    auto capture = ParseRunSpec(ExtractSpec("c", family, "layers = [0]\nsites = [\"attn_out\"]\nbatch = 4\ntokens = 256\n"), dir_, true);
+    auto capture = ParseRunSpec(
+        ExtractSpec("c", family, "layers = [0]\nsites = [\"attn_out\"]\nbatch = 4\ntokens = 256\n"), dir_, true);
     ASSERT_TRUE(capture.ok()) << capture.status().ToString();
     const std::string rows = Reference(*capture, 0, "attn_out");
     ASSERT_EQ(rows.size(), 256u * 32u * 4u);
@@ -260,12 +268,16 @@ TEST_F(SitesTest, MeanAblationReplacesTheSiteWithTheGivenValuesAtEveryRow) {
     header.resize(128 - 10 - 1, ' ');
     header += '\n';
     std::ofstream npy(dir_ + "/mean-" + family + ".npy", std::ios::binary);
-    npy << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size() & 0xff) << static_cast<char>(header.size() >> 8) << header;
+    npy << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size() & 0xff)
+        << static_cast<char>(header.size() >> 8) << header;
     npy.write(reinterpret_cast<const char*>(mean.data()), static_cast<std::streamsize>(mean.size() * 4));
     npy.close();
     const std::string name = "mean-" + family;
-    auto [run, spec] = Run(name, PatchSpec(name, family, "layers = [0]\nsites = [\"attn_out\"]\nablation = \"mean\"\nsource = \"mean-" +
-                                                             family + ".npy\"\n", "whole"));
+    auto [run, spec] = Run(
+        name,
+        PatchSpec(name, family,
+                  "layers = [0]\nsites = [\"attn_out\"]\nablation = \"mean\"\nsource = \"mean-" + family + ".npy\"\n",
+                  "whole"));
     ASSERT_EQ(spec.patch.source, dir_ + "/mean-" + family + ".npy");
     auto expected = worker::DirectForwardPatchedLoss(spec, mean);
     ASSERT_TRUE(expected.ok()) << expected.status().ToString();

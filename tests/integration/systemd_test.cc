@@ -5,14 +5,13 @@
 // systemd acts on: READY=1 only once the daemon serves (the worker: once registered), WATCHDOG=1
 // well inside the period, sent by the main pid (NotifyAccess=main), and STOPPING=1 on SIGTERM.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -33,7 +32,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 std::string ReadFile(const std::string& path) {
@@ -240,7 +240,10 @@ class SystemdTest : public ::testing::Test {
       for (size_t i = 0; i < w.size(); ++i) {
         if (w[i] == '%' && i + 1 < w.size()) {
           const char spec = w[++i];
-          out += spec == 'i' ? instance : spec == 'S' ? dir_ + "/state" : spec == 't' ? dir_ + "/run" : std::string(1, spec);
+          out += spec == 'i'   ? instance
+                 : spec == 'S' ? dir_ + "/state"
+                 : spec == 't' ? dir_ + "/run"
+                               : std::string(1, spec);
         } else if (w.compare(i, 2, "${") == 0 && w.find('}', i) != std::string::npos) {
           const size_t end = w.find('}', i);
           out += env[w.substr(i + 2, end - i - 2)];

@@ -34,7 +34,8 @@ std::string Npy(const std::string& descr, size_t n, const std::string& data) {
   std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }";
   dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');
   dict += '\n';
-  return std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(dict.size() & 0xff) + static_cast<char>(dict.size() >> 8) + dict + data;
+  return std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(dict.size() & 0xff) +
+         static_cast<char>(dict.size() >> 8) + dict + data;
 }
 
 class TokenDataClusterTest : public ::testing::Test {
@@ -44,7 +45,8 @@ class TokenDataClusterTest : public ::testing::Test {
     // Ids over the byte range: the corpus's bytes, every third one moved up by 256, under a
     // vocabulary of 512. The same ids in three files.
     const std::string text = ReadFile(dir_ + "/corpus.txt");
-    for (size_t i = 0; i < text.size(); ++i) ids_.push_back(static_cast<unsigned char>(text[i]) + (i % 3 == 0 ? 256u : 0u));
+    for (size_t i = 0; i < text.size(); ++i)
+      ids_.push_back(static_cast<unsigned char>(text[i]) + (i % 3 == 0 ? 256u : 0u));
     std::vector<int64_t> wide(ids_.begin(), ids_.end());
     Write("ids.u32", Bytes(ids_));
     Write("ids.npy", Npy("<u2", ids_.size(), Bytes(std::vector<uint16_t>(ids_.begin(), ids_.end()))));
@@ -58,16 +60,20 @@ class TokenDataClusterTest : public ::testing::Test {
     if (!std::getenv("STRATA_KEEP_TEST_DIRS")) fs::remove_all(dir_);
   }
 
-  static void Write(const std::string& name, const std::string& bytes) { std::ofstream(dir_ + "/" + name, std::ios::binary) << bytes; }
-  static CommandResult Strata(const std::string& args) { return testing::RunCommand(std::string(STRATA_BIN_DIR) + "/strata " + args, dir_); }
+  static void Write(const std::string& name, const std::string& bytes) {
+    std::ofstream(dir_ + "/" + name, std::ios::binary) << bytes;
+  }
+  static CommandResult Strata(const std::string& args) {
+    return testing::RunCommand(std::string(STRATA_BIN_DIR) + "/strata " + args, dir_);
+  }
   static json StrataJson(const std::string& args) { return testing::RunStrataJson(args, dir_); }
 
   static std::string Spec(const std::string& name, const std::string& data, int dp = 2, int steps = 12) {
     std::ostringstream s;
     s << "name = \"" << name << "\"\n"
       << "[model]\nlayers = 2\nhidden = 32\nheads = 4\nvocab = 512\nsequence = 32\n"
-      << "[data]\n" << data
-      << "[train]\nsteps = " << steps << "\nglobal_batch = 8\nlr = 0.003\nseed = 11\n"
+      << "[data]\n"
+      << data << "[train]\nsteps = " << steps << "\nglobal_batch = 8\nlr = 0.003\nseed = 11\n"
       << "[parallel]\ndp = " << dp << "\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\n";
     return s.str();
   }
@@ -137,14 +143,16 @@ TEST_F(TokenDataClusterTest, SamplingWithinDocumentsTrainsToTheEnd) {
   std::vector<uint64_t> starts;
   for (uint64_t s = 0; s < ids_.size(); s += 100) starts.push_back(s);
   Write("ids.docs", Bytes(starts));
-  const auto losses = FinishedLosses("docs", Spec("docs", "path = \"ids.u32\"\nformat = \"u32\"\ndocuments = \"ids.docs\"\n"
-                                                          "sample_within_documents = true\n"));
+  const auto losses = FinishedLosses("docs", Spec("docs",
+                                                  "path = \"ids.u32\"\nformat = \"u32\"\ndocuments = \"ids.docs\"\n"
+                                                  "sample_within_documents = true\n"));
   EXPECT_EQ(losses.size(), 12u);
   // An offsets file that is not ascending fails the run at load, naming the index.
   std::swap(starts[3], starts[4]);
   Write("bad.docs", Bytes(starts));
-  auto [run, r] = SubmitAndFollow("bad-docs", Spec("bad-docs", "path = \"ids.u32\"\nformat = \"u32\"\ndocuments = \"bad.docs\"\n"
-                                                               "sample_within_documents = true\n"));
+  auto [run, r] = SubmitAndFollow("bad-docs", Spec("bad-docs",
+                                                   "path = \"ids.u32\"\nformat = \"u32\"\ndocuments = \"bad.docs\"\n"
+                                                   "sample_within_documents = true\n"));
   EXPECT_EQ(r.rc, 1) << r.out << r.err;
   const std::string message = StrataJson("status " + run)["message"].get<std::string>();
   EXPECT_NE(message.find("bad.docs\": offset 4 (byte 32) is 300, below offset 3 = 400"), std::string::npos) << message;
@@ -157,8 +165,11 @@ TEST_F(TokenDataClusterTest, ExtractReadsNpyDataAsItsBytes) {
   for (size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
   Write("bytes.npy", Npy("<u2", bytes.size(), Bytes(bytes)));
   auto extract = [&](const std::string& name, const std::string& data) {
-    const std::string body = "name = \"" + name + "\"\nkind = \"extract\"\n[model]\nlayers = 2\nhidden = 32\nheads = 4\nvocab = 256\n"
-                             "sequence = 64\n[data]\n" + data + "[train]\nseed = 3\n[parallel]\ndp = 2\n[extract]\nlayers = [1]\nbatch = 8\n"
+    const std::string body = "name = \"" + name +
+                             "\"\nkind = \"extract\"\n[model]\nlayers = 2\nhidden = 32\nheads = 4\nvocab = 256\n"
+                             "sequence = 64\n[data]\n" +
+                             data +
+                             "[train]\nseed = 3\n[parallel]\ndp = 2\n[extract]\nlayers = [1]\nbatch = 8\n"
                              "tokens = 4160\n";
     auto [run, r] = SubmitAndFollow(name, body);
     EXPECT_EQ(r.rc, 0) << r.out << r.err;

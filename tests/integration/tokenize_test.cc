@@ -60,10 +60,17 @@ class TokenizeTest : public ::testing::Test {
       vocab[ByteLevel(a + b)] = next++;
     }
     json root = {{"version", "1.0"},
-                 {"added_tokens", {{{"id", 300}, {"content", "<|endoftext|>"}, {"single_word", false}, {"lstrip", false},
-                                    {"rstrip", false}, {"normalized", true}, {"special", true}}}},
+                 {"added_tokens",
+                  {{{"id", 300},
+                    {"content", "<|endoftext|>"},
+                    {"single_word", false},
+                    {"lstrip", false},
+                    {"rstrip", false},
+                    {"normalized", true},
+                    {"special", true}}}},
                  {"normalizer", nullptr},
-                 {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+                 {"pre_tokenizer",
+                  {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
                  {"decoder", {{"type", "ByteLevel"}}},
                  {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
     std::ofstream(dir_ + "/model/tokenizer.json") << root.dump();
@@ -91,7 +98,8 @@ class TokenizeTest : public ::testing::Test {
     std::vector<uint32_t> ids;
     for (size_t i = 0; i + sizeof(T) <= bytes.size(); i += sizeof(T)) {
       T v = 0;
-      for (size_t k = 0; k < sizeof(T); ++k) v |= static_cast<T>(static_cast<unsigned char>(bytes[i + k])) << (8 * k);  // little-endian
+      for (size_t k = 0; k < sizeof(T); ++k)
+        v |= static_cast<T>(static_cast<unsigned char>(bytes[i + k])) << (8 * k);  // little-endian
       ids.push_back(v);
     }
     return ids;
@@ -174,7 +182,8 @@ TEST_F(TokenizeTest, RefusesBadInputWithExitTwoAndLeavesNothing) {
 
   r = Strata("tokenize " + dir_ + "/large " + input + " --out " + out + " --format u16");
   EXPECT_EQ(r.rc, 2);
-  EXPECT_NE(r.err.find("--format u16 holds ids below 65536, but this tokenizer has 70001 ids"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--format u16 holds ids below 65536, but this tokenizer has 70001 ids"), std::string::npos)
+      << r.err;
 
   r = Strata("tokenize " + dir_ + "/model " + input + " --out " + out + " --format u8");
   EXPECT_EQ(r.rc, 2);

@@ -1,0 +1,79 @@
+#include "worker/nn/family_llama.h"
+
+#include "worker/nn/fused_ops.h"
+#include "worker/nn/torch_compat.h"
+
+namespace strata::worker {
+
+BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, const TensorParallel& tp,
+                                const BlockRequest& request) const {
+  const int64_t hd = spec_.head_size();
+  const int64_t heads = spec_.heads / tp.size, kv_heads = spec_.kv_heads / tp.size;
+  BlockOutputs out;
+  out.resid_pre = Patched(request, "resid_pre", x_in);
+  const torch::Tensor& x = out.resid_pre;
+  const torch::ScalarType compute = compat::ComputeType(x);
+  // Unpatched, each norm takes in the residual add beside it (ResidualNorm, AddNorm), so backward
+  // sums the residual stream's two gradients in the norm's kernel, not in autograd's adds. A patch
+  // may replace resid_mid between its add and its norm: op by op, every site as it always was.
+  const bool fuse_residual = !request.patch;
+  const NormedResidual first = fuse_residual ? ResidualNorm(x, p("input_layernorm.weight"))
+                                             : NormedResidual{x, Norm(x, p("input_layernorm.weight"))};
+  const std::vector<torch::Tensor> qkv = tp.enter_linears(p, first.normed,
+                                                          {{"self_attn.q_proj.weight", "self_attn.q_proj.bias"},
+                                                           {"self_attn.k_proj.weight", "self_attn.k_proj.bias"},
+                                                           {"self_attn.v_proj.weight", "self_attn.v_proj.bias"}});
+  // The attention's tokens: all of them, where x may hold 1/tp (sequence parallel, model_family.h).
+  const int64_t b = qkv[0].size(0), t = qkv[0].size(1);
+  auto [cos, sin] = RotaryHalf(x, t);
+  // RoPE on [b, t, heads, hd] as the projections lay it out, then the heads-first view attention takes.
+  auto q = FusedRotary(qkv[0].view({b, t, heads, hd}), cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
+  auto k = FusedRotary(qkv[1].view({b, t, kv_heads, hd}), cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
+  auto v = qkv[2].view({b, t, kv_heads, hd}).transpose(1, 2);
+  out.q = q.transpose(1, 2);
+  out.k = k.transpose(1, 2);  // kv_heads, before the repeat below
+  out.v = v.transpose(1, 2);
+  // Each kv head serves heads / kv_heads consecutive query heads (CausalAttention reads it in place).
+  if (request.attn_pattern) {
+    out.attn_pattern =
+        AttentionPattern(q, kv_heads == heads ? k : k.repeat_interleave(heads / kv_heads, 1), spec_.sliding_window);
+  }
+  auto y = compat::CausalAttention(q, k, v, spec_.sliding_window).transpose(1, 2).reshape({b, t, heads * hd});
+  auto attn = tp.linear_leave(p, y, "self_attn.o_proj.weight");
+  if (auto bias = p.Optional("self_attn.o_proj.bias"); bias.defined()) attn = attn + bias;
+  out.attn_out = Patched(request, "attn_out", attn);
+  NormedResidual second;
+  if (fuse_residual) {
+    second = AddNorm(first.residual, out.attn_out, p("post_attention_layernorm.weight"));
+    out.resid_mid = second.residual;
+  } else {
+    out.resid_mid = Patched(request, "resid_mid", x + out.attn_out);
+    second = {out.resid_mid, Norm(out.resid_mid, p("post_attention_layernorm.weight"))};
+  }
+  const std::vector<torch::Tensor> gate_up = tp.enter_linears(
+      p, second.normed, {{"mlp.gate_proj.weight", "mlp.gate_proj.bias"}, {"mlp.up_proj.weight", "mlp.up_proj.bias"}});
+  const torch::Tensor &gate = gate_up[0], &up = gate_up[1];
+  out.mlp_hidden =
+      Patched(request, "mlp_hidden", spec_.activation == "silu" ? FusedSwiGlu(gate, up) : Activation(gate) * up);
+  auto mlp = tp.linear_leave(p, out.mlp_hidden, "mlp.down_proj.weight");
+  if (auto bias = p.Optional("mlp.down_proj.bias"); bias.defined()) mlp = mlp + bias;
+  out.mlp_out = Patched(request, "mlp_out", mlp);
+  out.resid_post = Patched(request, "resid_post", out.resid_mid + out.mlp_out);
+  return out;
+}
+
+torch::Tensor LlamaFamily::Norm(const torch::Tensor& x, const torch::Tensor& weight) const {
+  return FusedRmsNorm(x, weight, spec_.norm_eps, compat::ComputeType(x));
+}
+
+NormedResidual LlamaFamily::ResidualNorm(const torch::Tensor& x, const torch::Tensor& weight) const {
+  return FusedResidualRmsNorm(x, weight, spec_.norm_eps, compat::ComputeType(x));
+}
+
+NormedResidual LlamaFamily::AddNorm(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& weight) const {
+  return FusedAddRmsNorm(x, y, weight, spec_.norm_eps, compat::ComputeType(x));
+}
+
+std::unique_ptr<ModelFamily> CreateLlamaFamily(const ModelSpec& spec) { return std::make_unique<LlamaFamily>(spec); }
+
+}  // namespace strata::worker
