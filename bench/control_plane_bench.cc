@@ -15,13 +15,18 @@
 //                dashboard's GET /api/state (coordinator started with --http)
 //
 // usage: control_plane_bench --coordinator build/bin/strata-coordinator --workers 1000,5000,10000 --seconds 20
-// Prints one JSON line per N, then a table. The bench itself runs on the same machine: its
+// Prints one JSON line per N, then a table; during a window, a line a minute on stderr (the
+// coordinator's RSS, that minute's loop delay, a GET /api/state). It ends by itself: past
+// --deadline-s (default: what every N should take, twice) or on SIGINT / SIGTERM it stops where it
+// is and prints what it measured so far, marked partial; every process it started dies with it
+// (PR_SET_PDEATHSIG, even when it is killed). The bench itself runs on the same machine: its
 // heartbeat senders take CPU too (reported as bench_cpu), which matters on a small box.
 #include <fcntl.h>
 #include <httplib.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -51,9 +56,29 @@ namespace {
 
 using strata::net::SteadyMs;
 
+// Set by SIGINT / SIGTERM; with the deadline, every loop below checks Stopping().
+std::atomic<bool> g_stop{false};
+int64_t g_deadline_us = 0;  // 0: none
+
+extern "C" void OnStopSignal(int) { g_stop.store(true); }
+
 int64_t SteadyUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+bool Stopping() { return g_stop.load() || (g_deadline_us > 0 && SteadyUs() > g_deadline_us); }
+
+// In a forked child: die with this process, however it ends.
+void DieWithParent(pid_t parent) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);  // it ended before the call above
+}
+
+// Sleeps up to `ms`, in slices, returning early once Stopping().
+void SleepUnlessStopping(int64_t ms) {
+  const int64_t end = SteadyUs() + ms * 1000;
+  while (!Stopping() && SteadyUs() < end) std::this_thread::sleep_for(std::chrono::milliseconds(50));
 }
 
 struct Options {
@@ -72,6 +97,7 @@ struct Options {
   std::string work_dir;
   bool http = true;      // --no-http: start the coordinator without a dashboard (no /api/state)
   std::string perf_dir;  // non-empty: `perf record -g` the coordinator over the steady window
+  int deadline_s = 0;    // 0: twice what the worker counts should take
 };
 
 // ---------------------------------------------------------------- the coordinator process
@@ -113,8 +139,10 @@ double SelfCpuSeconds() {
 }
 
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
+    DieWithParent(parent);
     int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd >= 0) {
       dup2(fd, 1);
@@ -394,6 +422,16 @@ struct BenchResult {
   Percentiles cli_workers_ms;
   Percentiles api_state_ms;
   size_t api_state_bytes = 0;
+  bool partial = false;  // stopped early (deadline or signal): what was measured until then
+  // One per full minute of the window: the coordinator's RSS, that minute's loop delay and a
+  // GET /api/state (ms, bytes; NaN / 0 without the dashboard).
+  struct Minute {
+    int64_t rss_kb = 0;
+    Percentiles loop_delay_ms;
+    double api_state_ms = NAN;
+    size_t api_state_bytes = 0;
+  };
+  std::vector<Minute> minutes;
 };
 
 std::string Fmt(double v, int digits = 2) {
@@ -424,7 +462,15 @@ std::string Json(const BenchResult& r) {
     << ",\"workers_live\":" << r.workers_live << ",\"cli_workers_ms\":" << pct(r.cli_workers_ms)
     << ",\"api_state_ms\":" << pct(r.api_state_ms) << ",\"api_state_bytes\":" << r.api_state_bytes;
   if (!r.submit_error.empty()) o << ",\"submit_error\":\"" << r.submit_error << "\"";
-  o << "}";
+  o << ",\"partial\":" << (r.partial ? "true" : "false") << ",\"minutes\":[";
+  for (size_t i = 0; i < r.minutes.size(); ++i) {
+    const auto& m = r.minutes[i];
+    o << (i ? "," : "") << "{\"vmrss_mib\":" << Fmt(static_cast<double>(m.rss_kb) / 1024, 1)
+      << ",\"loop_delay_ms\":" << pct(m.loop_delay_ms)
+      << ",\"api_state_ms\":" << (std::isnan(m.api_state_ms) ? std::string("null") : Fmt(m.api_state_ms, 1))
+      << ",\"api_state_bytes\":" << m.api_state_bytes << "}";
+  }
+  o << "]}";
   return o.str();
 }
 
@@ -456,7 +502,7 @@ BenchResult RunOne(const Options& opt, int n) {
   // Wait until it answers.
   {
     strata::client::CoordinatorClient probe(endpoint, 500);
-    for (int i = 0; i < 100; ++i) {
+    for (int i = 0; i < 100 && !Stopping(); ++i) {
       strata::schema::EnvelopeBuilder req;
       req.root().initStatusRequest().setLastLossOnly(true);
       if (probe.Call(req).ok()) break;
@@ -471,9 +517,11 @@ BenchResult RunOne(const Options& opt, int n) {
   const int processes = (n + opt.workers_per_process - 1) / opt.workers_per_process;
   std::vector<pid_t> senders;
   const int64_t register_start = SteadyMs();
-  for (int p = 0; p < processes; ++p) {
+  const pid_t parent = getpid();
+  for (int p = 0; p < processes && !Stopping(); ++p) {
     const pid_t pid = fork();
     if (pid == 0) {
+      DieWithParent(parent);
       zmq::context_t context;
       context.set(zmq::ctxopt::max_sockets, opt.workers_per_process + 64);
       context.set(zmq::ctxopt::io_threads, 1);
@@ -500,13 +548,13 @@ BenchResult RunOne(const Options& opt, int n) {
     for (pid_t pid : senders) total += SampleProcess(pid).cpu_seconds;
     return total;
   };
-  while (shared.registered.load() < n && SteadyMs() - register_start < 120000)
+  while (shared.registered.load() < n && SteadyMs() - register_start < 120000 && !Stopping())
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   result.register_s = static_cast<double>(SteadyMs() - register_start) / 1000;
   result.all_registered = shared.registered.load() >= n;
   fprintf(stderr, "N=%d: %lld registered in %.1f s; warming up %d s\n", n,
           static_cast<long long>(shared.registered.load()), result.register_s, opt.warmup_seconds);
-  std::this_thread::sleep_for(std::chrono::seconds(opt.warmup_seconds));
+  SleepUnlessStopping(int64_t{opt.warmup_seconds} * 1000);
 
   // ---- steady window: CPU, memory, event-loop delay (probe round trips)
   pid_t perf = -1;
@@ -527,7 +575,30 @@ BenchResult RunOne(const Options& opt, int n) {
     strata::client::CoordinatorClient probe(endpoint, 5000);
     const int64_t period_us = 1000000 / std::max(1, opt.probe_hz);
     int64_t next_us = window_start_us;
-    while (SteadyUs() - window_start_us < int64_t{opt.seconds} * 1000000) {
+    size_t minute_begin = 0;  // delays[minute_begin..] are this minute's
+    while (SteadyUs() - window_start_us < int64_t{opt.seconds} * 1000000 && !Stopping()) {
+      if (SteadyUs() - window_start_us >= static_cast<int64_t>(result.minutes.size() + 1) * 60000000) {
+        BenchResult::Minute m;
+        m.rss_kb = SampleProcess(coordinator).rss_kb;
+        m.loop_delay_ms =
+            Summarize(std::vector<double>(delays.begin() + static_cast<std::ptrdiff_t>(minute_begin), delays.end()));
+        minute_begin = delays.size();
+        if (opt.http) {
+          httplib::Client http("127.0.0.1", http_port);
+          http.set_read_timeout(60, 0);
+          const int64_t t0 = SteadyUs();
+          if (auto response = http.Get("/api/state"); response && response->status == 200) {
+            m.api_state_ms = static_cast<double>(SteadyUs() - t0) / 1000;
+            m.api_state_bytes = response->body.size();
+          }
+          next_us = SteadyUs();  // the probes resume after the listing
+        }
+        result.minutes.push_back(m);
+        fprintf(stderr,
+                "N=%d minute %zu: RSS %.0f MiB, loop delay p50 %s / p99 %s ms, GET /api/state %s ms (%zu bytes)\n", n,
+                result.minutes.size(), static_cast<double>(m.rss_kb) / 1024, Fmt(m.loop_delay_ms.p50).c_str(),
+                Fmt(m.loop_delay_ms.p99).c_str(), Fmt(m.api_state_ms, 1).c_str(), m.api_state_bytes);
+      }
       next_us += period_us;
       strata::schema::EnvelopeBuilder req;
       req.root().initStatusRequest().setRunId("cpbench-no-such-run");  // NotFound, answered from memory
@@ -559,7 +630,7 @@ BenchResult RunOne(const Options& opt, int n) {
   {
     strata::client::CoordinatorClient client(endpoint, 30000);
     std::vector<double> latencies;
-    for (int i = 0; i < opt.submits; ++i) {
+    for (int i = 0; i < opt.submits && !Stopping(); ++i) {
       strata::schema::EnvelopeBuilder req;
       req.root().initSubmitRun().setSpecToml(SubmitSpec("/usr/share/common-licenses/GPL-3", i));
       const int64_t t0 = SteadyUs();
@@ -590,7 +661,7 @@ BenchResult RunOne(const Options& opt, int n) {
   {
     strata::client::CoordinatorClient client(endpoint, 60000);
     std::vector<double> times;
-    for (int i = 0; i < opt.listings; ++i) {
+    for (int i = 0; i < opt.listings && !Stopping(); ++i) {
       strata::schema::EnvelopeBuilder req;
       req.root().setWorkersRequest();
       const int64_t t0 = SteadyUs();
@@ -607,7 +678,7 @@ BenchResult RunOne(const Options& opt, int n) {
   }
   {
     std::vector<double> times;
-    for (int i = 0; i < std::min(opt.listings, 3); ++i) {
+    for (int i = 0; i < std::min(opt.listings, 3) && !Stopping(); ++i) {
       const int64_t t0 = SteadyUs();
       const pid_t cli =
           Spawn({opt.cli, "--cluster", endpoint, "--timeout-ms", "60000", "workers"}, dir + "/cli-workers.out");
@@ -621,7 +692,7 @@ BenchResult RunOne(const Options& opt, int n) {
     httplib::Client http("127.0.0.1", http_port);
     http.set_read_timeout(60, 0);
     std::vector<double> times;
-    for (int i = 0; i < opt.listings; ++i) {
+    for (int i = 0; i < opt.listings && !Stopping(); ++i) {
       const int64_t t0 = SteadyUs();
       auto response = http.Get("/api/state");
       const int64_t t1 = SteadyUs();
@@ -632,12 +703,21 @@ BenchResult RunOne(const Options& opt, int n) {
     result.api_state_ms = Summarize(times);
   }
 
+  result.partial = Stopping();
   if (perf > 0) {
     kill(perf, SIGINT);
     waitpid(perf, nullptr, 0);
   }
   shared.stop.store(true);
-  for (pid_t pid : senders) waitpid(pid, nullptr, 0);
+  for (pid_t pid : senders) {  // they stop at the flag; a stuck one is killed after 10 s
+    int waited = 0;
+    while (waitpid(pid, nullptr, WNOHANG) == 0 && waited++ < 200)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (waited > 200) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
   munmap(mapping, sizeof(Shared));
   kill(coordinator, SIGTERM);
   int status = 0;
@@ -699,6 +779,8 @@ int main(int argc, char** argv) {
       opt.perf_dir = value();
     else if (arg == "--no-http")
       opt.http = false;
+    else if (arg == "--deadline-s")
+      opt.deadline_s = std::stoi(value());
     else {
       fprintf(
           stderr,
@@ -706,7 +788,8 @@ int main(int argc, char** argv) {
           "       [--warmup-seconds 3] [--sender-threads 2] [--workers-per-process 4000] [--probe-hz 10] [--submits 5] "
           "[--listings 5]\n"
           "       [--http-port 18765] [--work-dir DIR] [--no-http] [--perf-dir DIR (perf record -g the coordinator's "
-          "window)]\n");
+          "window)]\n"
+          "       [--deadline-s S (stop and print what was measured; default twice the expected time)]\n");
       return 2;
     }
   }
@@ -715,6 +798,14 @@ int main(int argc, char** argv) {
   if (opt.work_dir.empty()) opt.work_dir = "/tmp/strata-cpbench-" + std::to_string(getpid());
   std::filesystem::create_directories(opt.work_dir);
   signal(SIGPIPE, SIG_IGN);
+  struct sigaction stop {};
+  stop.sa_handler = OnStopSignal;
+  sigaction(SIGINT, &stop, nullptr);
+  sigaction(SIGTERM, &stop, nullptr);
+  // Per N: up to 120 s to register, the warm-up and the window, and a minute for the rest.
+  int64_t expected_s = 0;
+  for (size_t i = 0; i < opt.worker_counts.size(); ++i) expected_s += 120 + opt.warmup_seconds + opt.seconds + 60;
+  g_deadline_us = SteadyUs() + (opt.deadline_s > 0 ? int64_t{opt.deadline_s} : 2 * expected_s) * 1000000;
   const int max_workers = *std::max_element(opt.worker_counts.begin(), opt.worker_counts.end());
   const rlim_t files = RaiseFileLimit(static_cast<rlim_t>(max_workers) * 4 + 4096);
   fprintf(stderr, "open-file limit %llu; work dir %s\n", static_cast<unsigned long long>(files), opt.work_dir.c_str());
@@ -724,19 +815,25 @@ int main(int argc, char** argv) {
     results.push_back(RunOne(opt, n));
     printf("%s\n", Json(results.back()).c_str());
     fflush(stdout);
+    if (Stopping()) {
+      fprintf(stderr, "%s: stopped after N=%d; what was measured is above\n",
+              g_stop.load() ? "interrupted" : "past --deadline-s", n);
+      break;
+    }
   }
   printf(
       "\n| workers | coord CPU (cores) | bench CPU | VmRSS / VmHWM MiB | heartbeats/s | loop delay p50 / p99 ms | "
       "submit->assign p50 / max ms | workersRequest ms | `strata workers` ms | GET /api/state ms (bytes) |\n"
       "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : results) {
-    printf("| %d%s | %s | %s | %s / %s | %s | %s / %s | %s / %s | %s (%zu live) | %s | %s (%zu) |\n", r.workers,
-           r.all_registered ? "" : " (not all registered)", Fmt(r.cpu_fraction, 3).c_str(),
-           Fmt(r.bench_cpu_fraction, 2).c_str(), Fmt(static_cast<double>(r.rss_kb) / 1024, 0).c_str(),
-           Fmt(static_cast<double>(r.hwm_kb) / 1024, 0).c_str(), Fmt(r.heartbeats_per_s, 0).c_str(),
-           Fmt(r.loop_delay_ms.p50).c_str(), Fmt(r.loop_delay_ms.p99).c_str(), Fmt(r.submit_ms.p50).c_str(),
-           Fmt(r.submit_ms.max).c_str(), Fmt(r.workers_request_ms.p50, 1).c_str(), static_cast<size_t>(r.workers_live),
-           Fmt(r.cli_workers_ms.p50, 0).c_str(), Fmt(r.api_state_ms.p50, 1).c_str(), r.api_state_bytes);
+    printf("| %d%s%s | %s | %s | %s / %s | %s | %s / %s | %s / %s | %s (%zu live) | %s | %s (%zu) |\n", r.workers,
+           r.all_registered ? "" : " (not all registered)", r.partial ? " (partial)" : "",
+           Fmt(r.cpu_fraction, 3).c_str(), Fmt(r.bench_cpu_fraction, 2).c_str(),
+           Fmt(static_cast<double>(r.rss_kb) / 1024, 0).c_str(), Fmt(static_cast<double>(r.hwm_kb) / 1024, 0).c_str(),
+           Fmt(r.heartbeats_per_s, 0).c_str(), Fmt(r.loop_delay_ms.p50).c_str(), Fmt(r.loop_delay_ms.p99).c_str(),
+           Fmt(r.submit_ms.p50).c_str(), Fmt(r.submit_ms.max).c_str(), Fmt(r.workers_request_ms.p50, 1).c_str(),
+           static_cast<size_t>(r.workers_live), Fmt(r.cli_workers_ms.p50, 0).c_str(),
+           Fmt(r.api_state_ms.p50, 1).c_str(), r.api_state_bytes);
   }
-  return 0;
+  return g_stop.load() ? 130 : 0;
 }

@@ -18,6 +18,12 @@ struct MemorySnapshot {
   // offloaded optimizer's state takes; 0: not reported (an older worker).
   uint64_t host_total_bytes = 0;
   uint64_t host_free_bytes = 0;
+  // The disk of the worker's shard store: its size, what a checkpoint may still use there (free
+  // space less the reserve the store keeps for its own upkeep) and the filesystem's id (stores of
+  // one host on one filesystem share its space); 0: not reported.
+  uint64_t store_total_bytes = 0;
+  uint64_t store_free_bytes = 0;
+  uint64_t store_fs_id = 0;
 };
 
 }  // namespace strata

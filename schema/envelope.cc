@@ -154,6 +154,9 @@ MemorySnapshot ReadMemoryStats(::MemoryStats::Reader r) {
   m.peak_bytes = r.getPeakBytes();
   m.host_total_bytes = r.getHostTotalBytes();
   m.host_free_bytes = r.getHostFreeBytes();
+  m.store_total_bytes = r.getStoreTotalBytes();
+  m.store_free_bytes = r.getStoreFreeBytes();
+  m.store_fs_id = r.getStoreFsId();
   return m;
 }
 
@@ -166,6 +169,9 @@ void WriteMemoryStats(const MemorySnapshot& m, ::MemoryStats::Builder b) {
   b.setPeakBytes(m.peak_bytes);
   b.setHostTotalBytes(m.host_total_bytes);
   b.setHostFreeBytes(m.host_free_bytes);
+  b.setStoreTotalBytes(m.store_total_bytes);
+  b.setStoreFreeBytes(m.store_free_bytes);
+  b.setStoreFsId(m.store_fs_id);
 }
 
 std::string MakeErrorReply(uint64_t request_id, const Status& status) {

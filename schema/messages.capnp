@@ -74,6 +74,10 @@ struct MemoryStats {
   peakBytes @5 :UInt64;
   hostTotalBytes @6 :UInt64; # the worker's host memory (for optimizer offload); 0: not reported
   hostFreeBytes @7 :UInt64;
+  # The disk of the worker's shard store (MemorySnapshot); 0: not reported.
+  storeTotalBytes @8 :UInt64;
+  storeFreeBytes @9 :UInt64;   # what writes may still use: free space less the store's reserve
+  storeFsId @10 :UInt64;       # statvfs f_fsid: stores of one host with the same id share a disk
 }
 
 struct RegisterWorker {

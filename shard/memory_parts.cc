@@ -118,4 +118,23 @@ StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer) {
 }
 
 }  // namespace internal
+
+int64_t CheckpointShardBytes(const ModelSpec& model, const Plan& plan, const WorkerAssignment& w) {
+  // pp = 1: the checkpoint holds a tied embedding once (the last stage's copy is not written).
+  const internal::UnitParams u = internal::CountUnits(model, 1, plan.tp);
+  const bool first = w.stage == 0;
+  const bool last = w.stage == static_cast<int64_t>(plan.stages.size()) - 1;
+  const int64_t layers = w.stage < static_cast<int64_t>(plan.stages.size()) ? plan.stages[w.stage].size() : 0;
+  const double sharded = static_cast<double>(layers) * static_cast<double>(u.layer_sharded) +
+                         (first ? static_cast<double>(u.embedding_sharded) : 0.0) +
+                         (last ? static_cast<double>(u.head_sharded) : 0.0);
+  const double replicated = static_cast<double>(layers) * static_cast<double>(u.layer_replicated) +
+                            (first ? static_cast<double>(u.embedding_replicated) : 0.0) +
+                            (last ? static_cast<double>(u.head_replicated) : 0.0);
+  const double elements =
+      sharded / static_cast<double>(std::max<int64_t>(plan.tp, 1)) + (w.tp_rank == 0 ? replicated : 0.0);
+  constexpr double kBytesPerElement = 3 * 4;  // param, adam_m, adam_v in fp32
+  return ToBytes(std::ceil(elements / static_cast<double>(std::max<int64_t>(plan.dp, 1))) * kBytesPerElement);
+}
+
 }  // namespace strata::shard

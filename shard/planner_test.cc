@@ -33,6 +33,40 @@ TEST(ParameterCount, LlamaWithGroupedQueryAttention) {
   EXPECT_EQ(ParameterCount(m), 125'248);
 }
 
+WorkerAssignment Rank(int64_t stage, int64_t dp_rank, int64_t tp_rank) {
+  WorkerAssignment w;
+  w.stage = stage, w.dp_rank = dp_rank, w.tp_rank = tp_rank;
+  return w;
+}
+
+TEST(CheckpointShardBytes, EachRankWritesItsShareOfTheWeightsAndBothMoments) {
+  // GPT-2 124M on one worker: 124,439,808 parameters x (weights, m, v) x 4 bytes.
+  Plan one;
+  one.stages = {{0, 12}};
+  EXPECT_EQ(CheckpointShardBytes(Gpt2Small(), one, Rank(0, 0, 0)), int64_t{124'439'808} * 12);
+  // pp = 2 x dp = 2: stage 0 holds wte (50257 x 768 = 38,597,376), wpe (786,432) and 6 blocks
+  // (42,527,232): 81,911,040 / 2 a rank. Stage 1: 6 blocks and ln_f (1,536), 42,528,768 / 2; the
+  // tied head's copy on the last stage is not written.
+  Plan piped;
+  piped.dp = 2, piped.pp = 2;
+  piped.stages = {{0, 6}, {6, 12}};
+  EXPECT_EQ(CheckpointShardBytes(Gpt2Small(), piped, Rank(0, 1, 0)), int64_t{40'955'520} * 12);
+  EXPECT_EQ(CheckpointShardBytes(Gpt2Small(), piped, Rank(1, 1, 0)), int64_t{21'264'384} * 12);
+}
+
+TEST(CheckpointShardBytes, TensorParallelRanksSplitWhatIsSplitAndWriteReplicatedTensorsOnce) {
+  ModelSpec m;
+  m.family = "llama";
+  m.layers = 2, m.hidden = 64, m.heads = 4, m.kv_heads = 2, m.ffn = 176, m.vocab = 256;  // 125,248 parameters
+  Plan plan;
+  plan.tp = 2;
+  plan.stages = {{0, 2}};
+  const int64_t b0 = CheckpointShardBytes(m, plan, Rank(0, 0, 0)), b1 = CheckpointShardBytes(m, plan, Rank(0, 0, 1));
+  EXPECT_EQ(b0 + b1, int64_t{125'248} * 12);
+  // The RMSNorms (2 x 64 a layer, 64 final) are replicated: rank 0 writes them.
+  EXPECT_EQ(b0 - b1, int64_t{2 * 128 + 64} * 12);
+}
+
 TEST(ModelStateBytes, ZeroPaperStagesAtDp4) {
   const int64_t p = 1'000'000'000;
   // Stage 0: 2 (fp16 weights) + 2 (fp16 grads) + 12 (fp32 master, m, v) = 16 GB.

@@ -99,7 +99,8 @@ Status RocksDbShardStore::CommitCheckpoint(const std::string& run, int64_t step)
   if (committed) {
     return Status(StatusCode::kAlreadyExists, "the " + Describe(run, step) + " is already committed");
   }
-  STRATA_RETURN_IF_ERROR(EnsureSpace(1 << 20, "committing the " + Describe(run, step)));  // the manifest
+  STRATA_RETURN_IF_ERROR(
+      EnsureSpace(1 << 20, "committing the " + Describe(run, step), /*metadata=*/true));  // the manifest
 
   // This process's data file of the step is closed (no more writes) and synced below.
   std::shared_ptr<StagingFile> staged;

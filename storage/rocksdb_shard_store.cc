@@ -21,7 +21,9 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 
 #include "common/log.h"
@@ -78,7 +80,7 @@ RocksDbShardStore::~RocksDbShardStore() {
 
 Status RocksDbShardStore::PutMetadata(const std::string& key, std::span<const uint8_t> value, bool sync) {
   const std::string action = "writing metadata key '" + PrintableKey(key) + "'";
-  STRATA_RETURN_IF_ERROR(EnsureSpace(key.size() + value.size(), action));
+  STRATA_RETURN_IF_ERROR(EnsureSpace(key.size() + value.size(), action, /*metadata=*/true));
   rocksdb::WriteOptions options;
   options.sync = sync;
   rocksdb::Slice slice(reinterpret_cast<const char*>(value.data()), value.size());
@@ -114,7 +116,7 @@ Status RocksDbShardStore::PutMetadataBatch(std::span<const MetadataPut> puts) {
     if (!s.ok()) return FromRocks(s, path_, "batching metadata key '" + PrintableKey(put.key) + "'");
   }
   const std::string action = "writing " + std::to_string(puts.size()) + " metadata keys";
-  STRATA_RETURN_IF_ERROR(EnsureSpace(bytes, action));
+  STRATA_RETURN_IF_ERROR(EnsureSpace(bytes, action, /*metadata=*/true));
   rocksdb::WriteOptions options;
   options.sync = true;
   return FromRocks(db_->Write(options, &batch), path_, action);
@@ -134,19 +136,19 @@ Status RocksDbShardStore::Damaged(const std::string& what, const std::string& re
 // A write that would leave less free space than the reserve is refused before RocksDB meets
 // ENOSPC: Debian's librocksdb keeps its assertions, and its log writer's error path aborts the
 // process on the next write after a failed one (WritableFileWriter::AssertFalseAndGetStatusForPrevError,
-// measured on a full tmpfs), and a flush or compaction needs room of its own. The reserve is 5%
-// of the filesystem, at least 16 MiB and at most 256 MiB.
-Status RocksDbShardStore::EnsureSpace(uint64_t bytes, const std::string& action) const {
-  struct statvfs fs {};
-  if (::statvfs(path_.c_str(), &fs) != 0) return Status::Ok();  // cannot tell: let the write say
-  const uint64_t total = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
-  const uint64_t free = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
-  const uint64_t reserve = std::clamp<uint64_t>(total / 20, uint64_t{16} << 20, uint64_t{256} << 20);
-  if (free >= bytes + reserve) return Status::Ok();
+// measured on a full tmpfs), and a flush or compaction needs room of its own (StoreDiskOf).
+// Small control-plane writes may go further into the reserve than bulk data (checkpoint tensors,
+// activation chunks): a checkpoint that fills a disk shared with the coordinator (a local cluster)
+// must not stop the coordinator's records, which say what is going on.
+Status RocksDbShardStore::EnsureSpace(uint64_t bytes, const std::string& action, bool metadata) const {
+  auto disk = StoreDiskOf(path_);
+  if (!disk.ok()) return Status::Ok();  // cannot tell: let the write say
+  const uint64_t reserve = metadata ? disk->metadata_reserve() : disk->reserve;
+  if (disk->free >= bytes + reserve) return Status::Ok();
   return Status(StatusCode::kResourceExhausted,
-                action + " failed: the disk holding the store at " + path_ + " is full (" + std::to_string(free >> 20) +
-                    " MiB free; this write needs " + std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB and " +
-                    std::to_string(reserve >> 20) +
+                action + " failed: the disk holding the store at " + path_ + " is full (" +
+                    std::to_string(disk->free >> 20) + " MiB free; this write needs " +
+                    std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB and " + std::to_string(reserve >> 20) +
                     " MiB stay free for the store's own upkeep); free space, lower "
                     "train.keep_checkpoints, or choose another --store");
 }
@@ -154,6 +156,20 @@ Status RocksDbShardStore::EnsureSpace(uint64_t bytes, const std::string& action)
 }  // namespace strata::storage::internal
 
 namespace strata::storage {
+
+Result<StoreDisk> StoreDiskOf(const std::string& path) {
+  struct statvfs fs {};
+  if (::statvfs(path.c_str(), &fs) != 0) {
+    return IoError("cannot read the free space of " + path + ": " + std::strerror(errno));
+  }
+  StoreDisk disk;
+  disk.total = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+  disk.free = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  disk.reserve = std::clamp<uint64_t>(disk.total / 20, uint64_t{16} << 20, uint64_t{256} << 20);
+  disk.fs_id = static_cast<uint64_t>(fs.f_fsid);
+  return disk;
+}
+
 namespace {
 
 constexpr const char* kCheckpointsCf = "checkpoints";

@@ -82,7 +82,9 @@ class RocksDbShardStore final : public ShardStore {
  private:
   // ---- shared (rocksdb_shard_store.cc)
   Status Damaged(const std::string& what, const std::string& reason) const;
-  Status EnsureSpace(uint64_t bytes, const std::string& action) const;
+  // `metadata`: a small control-plane write (run records, events, a checkpoint's manifest), which
+  // may use the bulk writes' reserve down to its last quarter (StoreDisk::metadata_reserve).
+  Status EnsureSpace(uint64_t bytes, const std::string& action, bool metadata = false) const;
 
   // ---- checkpoint data files (rocksdb_checkpoints.cc)
   // One per (run, step) and staging attempt of this process, appended to at reserved offsets.

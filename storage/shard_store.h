@@ -243,4 +243,19 @@ bool ConsumeKeyU64(std::string_view* in, uint64_t* out);
 // escape sequence reach a terminal.
 std::string PrintableKey(std::string_view key);
 
+// The disk a store at `path` writes to. `reserve`: what bulk writes (checkpoint tensors,
+// activation chunks) leave free for the store's own upkeep (5% of the filesystem, at least 16 MiB
+// and at most 256 MiB); a write of N bytes fits when free >= N + reserve. IoError when statvfs
+// cannot tell.
+struct StoreDisk {
+  uint64_t total = 0;
+  uint64_t free = 0;  // for unprivileged writers (f_bavail)
+  uint64_t reserve = 0;
+  uint64_t fs_id = 0;
+  uint64_t writable() const { return free > reserve ? free - reserve : 0; }
+  // Small control-plane writes (records, events, manifests) may use all but a quarter of it.
+  uint64_t metadata_reserve() const { return reserve / 4; }
+};
+Result<StoreDisk> StoreDiskOf(const std::string& path);
+
 }  // namespace strata::storage

@@ -75,28 +75,59 @@ void InjectedHangBeforeStep(const TaskContext& context, int64_t step) {
 // reports it. At most one checkpoint is in host memory: the next copy waits for the last write.
 class CheckpointWriter {
  public:
+  // How often a checkpoint that met a full disk is tried again.
+  static constexpr int64_t kDiskRetryMs = 5000;
+
   explicit CheckpointWriter(TaskContext& context) : context_(context) {}
   ~CheckpointWriter() { (void)Wait(); }
 
+  // Writes `copy` in the background. A full disk does not lose it: the rank keeps the copy in host
+  // memory, says so once ("save-paused": the store, what is free, what the write needs), tries
+  // again every kDiskRetryMs until the disk has room ("save-resumed") or the task is cancelled,
+  // and training goes on meanwhile.
   void Start(HostCheckpoint copy, double copy_seconds) {
+    waiting_for_disk_.store(false);
     writing_ = std::async(std::launch::async, [this, copy = std::move(copy), copy_seconds]() mutable -> Status {
       const auto start = std::chrono::steady_clock::now();
       const int64_t step = copy.step, bytes = copy.bytes();
-      auto saved = Trainer::WriteCheckpointShard(*context_.store, std::move(copy));
-      // An I/O failure of the store (a full disk says so, with the free bytes), never mistaken for
-      // running out of device memory, which the task reports as ResourceExhausted.
-      if (!saved.ok())
-        return IoError("the checkpoint of step " + std::to_string(step) +
-                       " was not written: " + saved.status().message());
-      STRATA_LOG(kInfo)
-          << "checkpoint of step " << step << ": " << bytes / (1 << 20) << " MiB copied to the host in "
-          << static_cast<int64_t>(copy_seconds * 1000) << " ms (training paused), written in "
-          << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()
-          << " ms (in the background)";
-      context_.reporter->ReportCheckpoint(step, saved->key_run, saved->tensors);
-      return Status::Ok();
+      const std::string what = "the checkpoint of step " + std::to_string(step);
+      for (;;) {
+        auto saved = Trainer::WriteCheckpointShard(*context_.store, &copy);
+        if (saved.ok()) {
+          const auto ms =
+              std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+          if (waiting_for_disk_.exchange(false)) {
+            context_.reporter->ReportNotice("save-resumed", what + " is written, " + std::to_string(ms / 1000) +
+                                                                " s after the disk first had no room for it");
+          }
+          STRATA_LOG(kInfo) << what << ": " << bytes / (1 << 20) << " MiB copied to the host in "
+                            << static_cast<int64_t>(copy_seconds * 1000) << " ms (training paused), written in " << ms
+                            << " ms (in the background)";
+          context_.reporter->ReportCheckpoint(step, saved->key_run, saved->tensors);
+          return Status::Ok();
+        }
+        // An I/O failure of the store, never mistaken for running out of device memory, which the
+        // task reports as ResourceExhausted; only a full disk (the store says so) is waited out.
+        if (saved.status().code() != StatusCode::kResourceExhausted) {
+          return IoError(what + " was not written: " + saved.status().message());
+        }
+        if (!waiting_for_disk_.exchange(true)) {
+          STRATA_LOG(kWarn) << what << " waits for disk space: " << saved.status().message();
+          context_.reporter->ReportNotice("save-paused",
+                                          what + " waits for disk space (held in host memory, tried again every " +
+                                              std::to_string(kDiskRetryMs / 1000) +
+                                              " s; training goes on): " + saved.status().message());
+        }
+        if (context_.cancelled && context_.cancelled->WaitFor(kDiskRetryMs)) {
+          return Aborted("cancelled while " + what + " waited for disk space");
+        }
+        if (!context_.cancelled) std::this_thread::sleep_for(std::chrono::milliseconds(kDiskRetryMs));
+      }
     });
   }
+
+  // True while the write in progress waits for disk space.
+  bool waiting_for_disk() const { return waiting_for_disk_.load(); }
 
   // The last write's status (OK when none is pending).
   Status Wait() {
@@ -111,6 +142,7 @@ class CheckpointWriter {
  private:
   TaskContext& context_;
   std::future<Status> writing_;
+  std::atomic<bool> waiting_for_disk_{false};
 };
 
 // A GPU's memory, sampled on a thread of its own: the control thread's heartbeats read the last
@@ -413,7 +445,12 @@ class TorchExecutor final : public TaskExecutor {
                                    tokens_per_step / std::max(seconds, 1e-9), trainer.last_step_memory());
       const bool last = trainer.step() == spec.train.steps;
       const int64_t every = spec.train.CheckpointInterval();
-      if (last || (every > 0 && trainer.step() % every == 0)) {
+      if (!last && every > 0 && trainer.step() % every == 0 && writer.waiting_for_disk()) {
+        // Waiting here for the earlier one would hold every other rank in its next collective past
+        // the peer timeout: this checkpoint is skipped (the last one is always taken).
+        STRATA_LOG(kWarn) << "no checkpoint of step " << trainer.step()
+                          << " on this rank: the one before still waits for disk space";
+      } else if (last || (every > 0 && trainer.step() % every == 0)) {
         STRATA_RETURN_IF_ERROR(writer.Wait());  // one checkpoint in host memory at a time
         const auto copy_start = std::chrono::steady_clock::now();
         auto copy = trainer.CopyCheckpointShard();

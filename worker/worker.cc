@@ -119,6 +119,18 @@ class WorkerImpl final : public Worker {
   }
 
  private:
+  // The executor's memory and the store's disk: submit refuses a run whose checkpoint this disk
+  // cannot take (cli/plan_command.cc).
+  MemorySnapshot MemoryWithStoreDisk() {
+    MemorySnapshot m = executor_->ReadMemory();
+    if (auto disk = storage::StoreDiskOf(options_.store_path); disk.ok()) {
+      m.store_total_bytes = disk->total;
+      m.store_free_bytes = disk->writable();
+      m.store_fs_id = disk->fs_id;
+    }
+    return m;
+  }
+
   void Send(const std::string& bytes) {
     // Dropped if the coordinator is unreachable right now: heartbeats and re-registration
     // recover the state; dontwait keeps the loop (and its heartbeats) from ever blocking.
@@ -143,7 +155,7 @@ class WorkerImpl final : public Worker {
     r.setName(options_.name);
     r.setHost(host_);
     r.setPid(static_cast<uint32_t>(getpid()));
-    schema::WriteMemoryStats(executor_->ReadMemory(), r.initMemory());
+    schema::WriteMemoryStats(MemoryWithStoreDisk(), r.initMemory());
     r.setStorePath(options_.store_path);
     r.setDataAddress(options_.data_address);
     if (store_server_) r.setServeAddress(store_server_->advertised_address());
@@ -171,7 +183,7 @@ class WorkerImpl final : public Worker {
     schema::EnvelopeBuilder msg;
     auto hb = msg.root().initHeartbeat();
     hb.setWorkerId(options_.name);
-    schema::WriteMemoryStats(executor_->ReadMemory(), hb.initMemory());
+    schema::WriteMemoryStats(MemoryWithStoreDisk(), hb.initMemory());
     if (task_) {
       hb.setCurrentRun(task_->run_id_);
       hb.setCurrentStep(task_->current_step_.load());

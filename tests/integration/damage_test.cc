@@ -15,6 +15,7 @@
 #include <rocksdb/db.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,6 +50,33 @@ class DamageTest : public ::testing::Test {
     return testing::RunCommand(std::string(STRATA_BIN_DIR) + "/strata " + args, dir_);
   }
   json StrataJson(const std::string& args) { return testing::RunStrataJson(args, dir_); }
+  // A real 64 MiB tmpfs at `state` (unmounted at teardown): "" once mounted, else why not.
+  std::string MountSmallDisk(const std::string& state) {
+    fs::create_directories(state);
+    if (::mount("tmpfs", state.c_str(), "tmpfs", 0, "size=64m,mode=0700") != 0) {
+      return "cannot mount a 64 MiB tmpfs at " + state + " (" + std::strerror(errno) +
+             "); this test needs root or CAP_SYS_ADMIN to make a real small filesystem";
+    }
+    mounted_ = state;
+    return "";
+  }
+  // The events of `run` once one of kind `kind` is there (up to 60 s), else all of them.
+  json EventsOnceThereIs(const std::string& run, const std::string& kind, const std::string& context = "") {
+    json events;
+    for (int i = 0; i < 600; ++i) {
+      events = StrataJson("events " + run);
+      for (const auto& e : events) {
+        if (e["kind"] == kind) return events;
+      }
+      ::usleep(100000);
+    }
+    std::string log;
+    if (std::ifstream in(dir_ + "/state/logs/worker-0.log"); in) log.assign(std::istreambuf_iterator<char>(in), {});
+    ADD_FAILURE() << "no " << kind << " event for " << run << ": " << events.dump() << "\n"
+                  << StrataJson("status " + run).dump() << context << "\nworker-0.log ends:\n"
+                  << log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
+    return events;
+  }
   std::string WriteSpec(const std::string& name, const std::string& body) {
     const std::string path = dir_ + "/" + name + ".toml";
     std::ofstream(path) << body;
@@ -212,29 +240,39 @@ TEST_F(DamageTest, DamagedCoordinatorRecordStopsItAndSalvageKeepsTheIntactRuns) 
   EXPECT_EQ(StrataJson("status " + second)["state"], "finished");
 }
 
-TEST_F(DamageTest, AFullDiskFailsTheRunNamingTheStoreAndNoDaemonAborts) {
+TEST_F(DamageTest, AFullDiskPausesTheSaveNamingTheStoreAndNoDaemonAborts) {
   const std::string state = dir_ + "/state";
-  fs::create_directories(state);
-  if (::mount("tmpfs", state.c_str(), "tmpfs", 0, "size=64m,mode=0700") != 0) {
-    GTEST_SKIP() << "cannot mount a 64 MiB tmpfs at " << state << " (" << std::strerror(errno)
-                 << "); this test needs root or CAP_SYS_ADMIN to make a real full filesystem";
-  }
-  mounted_ = state;
+  if (const std::string why = MountSmallDisk(state); !why.empty()) GTEST_SKIP() << why;
   ASSERT_EQ(Strata("up --workers 1").rc, 0);
   const std::vector<int> pids = ClusterPids();
   ASSERT_EQ(pids.size(), 2u);
   // ~3.3M parameters: each checkpoint (weights and both AdamW moments) is about 38 MiB, so the
   // second does not fit next to the first on a 64 MiB disk that keeps 16 MiB in reserve.
-  auto r = Strata("submit " + WriteSpec("full", Spec("full", 6, 1, "", 256, 4)) + " --follow");
-  EXPECT_NE(r.rc, 0) << r.out;
+  auto r = Strata("submit " + WriteSpec("full", Spec("full", 6, 1, "", 256, 4)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  // One checkpoint fits, the six it keeps (keep_checkpoints = 0) do not: submit said so.
+  EXPECT_NE(r.err.find("warning: worker-0's store at " + state + "/workers/worker-0 takes one checkpoint"),
+            std::string::npos)
+      << r.err;
   const std::string run = r.out.substr(0, r.out.find('\n'));
-  const json status = StrataJson("status " + run);
-  EXPECT_EQ(status["state"], "failed");
-  const std::string message = status["message"];
-  EXPECT_NE(message.find(state + "/workers/worker-0"), std::string::npos) << message;
-  EXPECT_NE(message.find("is full"), std::string::npos) << message;
-  EXPECT_NE(message.find("MiB free"), std::string::npos) << message;
+  // The second save waits for room instead of failing the run and losing its state.
+  std::string paused;
+  for (const auto& e : EventsOnceThereIs(run, "save-paused", StrataJson("status " + run).dump())) {
+    if (e["kind"] == "save-paused") paused = e["message"];
+  }
+  EXPECT_NE(paused.find(state + "/workers/worker-0"), std::string::npos) << paused;
+  EXPECT_NE(paused.find("is full"), std::string::npos) << paused;
+  EXPECT_NE(paused.find("MiB free"), std::string::npos) << paused;
+  EXPECT_EQ(StrataJson("status " + run)["state"], "running");
   for (int pid : pids) EXPECT_EQ(::kill(pid, 0), 0) << "daemon " << pid << " died on the full disk";
+  // Cancel still stops it.
+  EXPECT_EQ(Strata("cancel " + run).rc, 0);
+  json status = json::object();
+  for (int i = 0; i < 300 && status.value("state", "") != "cancelled"; ++i) {
+    ::usleep(100000);
+    status = StrataJson("status " + run);
+  }
+  EXPECT_EQ(status["state"], "cancelled") << status.dump();
 
   // The disk filled to the last byte: `up` changes nothing it cannot write whole, and `down`
   // stops everything.
@@ -251,6 +289,86 @@ TEST_F(DamageTest, AFullDiskFailsTheRunNamingTheStoreAndNoDaemonAborts) {
   auto down = Strata("down");
   EXPECT_EQ(down.rc, 0) << down.err;
   ExpectAllExitWithin(pids, 5000);
+}
+
+// Size before you start: a run whose one checkpoint the store's disk cannot take is refused at
+// submit, naming the store, what the checkpoint needs and what is free - not after it trained.
+TEST_F(DamageTest, ACheckpointLargerThanTheStoresDiskIsRefusedAtSubmit) {
+  const std::string state = dir_ + "/state";
+  if (const std::string why = MountSmallDisk(state); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_EQ(Strata("up --workers 1").rc, 0);
+  // ~12.7M parameters: one checkpoint (weights and both AdamW moments, fp32) is ~146 MiB, three
+  // times the 48 MiB a 64 MiB disk leaves beyond its 16 MiB reserve.
+  auto r = Strata("submit " + WriteSpec("huge", Spec("huge", 4, 2, "", 512, 4)));
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(
+      r.err.find("one checkpoint of this run needs 0.14 GiB in worker-0's store at " + state + "/workers/worker-0"),
+      std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("GiB free beyond what the store keeps in reserve"), std::string::npos) << r.err;
+  EXPECT_EQ(StrataJson("status").size(), 0u) << "nothing was submitted";
+  // The same run with the check waived is accepted, and its first save waits for room, naming the
+  // disk; cancel stops it.
+  auto waived = Strata("submit " + WriteSpec("huge2", Spec("huge2", 4, 2, "", 512, 4)) + " --skip-estimate");
+  ASSERT_EQ(waived.rc, 0) << waived.err;
+  EXPECT_NE(waived.err.find("submitting anyway (--skip-estimate): one checkpoint of this run needs"), std::string::npos)
+      << waived.err;
+  const std::string run = waived.out.substr(0, waived.out.find('\n'));
+  EventsOnceThereIs(run, "save-paused");
+  EXPECT_EQ(Strata("cancel " + run).rc, 0);
+  ASSERT_EQ(Strata("down").rc, 0);
+}
+
+// A disk filled between two saves pauses the save, not the run; once space is freed the save is
+// written and the run finishes with the losses of a run that never waited.
+TEST_F(DamageTest, ASaveThatMeetsAFullDiskWaitsAndTheRunFinishesOnceThereIsRoom) {
+  const std::string state = dir_ + "/state";
+  if (const std::string why = MountSmallDisk(state); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_EQ(Strata("up --workers 1").rc, 0);
+  // ~0.8M parameters, ~9 MiB a checkpoint; one kept.
+  const std::string body = Spec("waits", 9, 3, "keep_checkpoints = 1\n", 128, 4);
+  const std::string reference = SubmitAndFollow("reference", body);
+  const auto expected = StrataJson("status " + reference)["losses"].get<std::vector<double>>();
+  ASSERT_EQ(expected.size(), 9u);
+  // Leave the store 4 MiB beyond its reserve: the next checkpoint does not fit.
+  struct statvfs fs_info {};
+  ASSERT_EQ(::statvfs(state.c_str(), &fs_info), 0);
+  const uint64_t free_bytes = static_cast<uint64_t>(fs_info.f_bavail) * fs_info.f_frsize;
+  const uint64_t reserve = uint64_t{16} << 20;  // 5% of 64 MiB is under the store's 16 MiB floor
+  ASSERT_GT(free_bytes, reserve + (uint64_t{4} << 20));
+  {
+    std::ofstream filler(state + "/filler", std::ios::binary);
+    std::vector<char> block(1 << 20, 'x');
+    for (uint64_t left = free_bytes - reserve - (uint64_t{4} << 20); left > 0;) {
+      const uint64_t n = std::min<uint64_t>(left, block.size());
+      filler.write(block.data(), static_cast<std::streamsize>(n));
+      left -= n;
+    }
+  }
+  auto r = Strata("submit " + WriteSpec("waits", body));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string run = r.out.substr(0, r.out.find('\n'));
+  EventsOnceThereIs(run, "save-paused");
+  // Training went on meanwhile: every step is done, and the run waits only for its saves.
+  json status = json::object();
+  for (int i = 0; i < 100 && status.value("step", 0) < 9; ++i) {
+    ::usleep(100000);
+    status = StrataJson("status " + run);
+  }
+  EXPECT_EQ(status["step"], 9) << status.dump();
+  EXPECT_EQ(status["state"], "running") << status.dump();
+  fs::remove(state + "/filler");
+  for (int i = 0; i < 600 && status.value("state", "") == "running"; ++i) {
+    ::usleep(100000);
+    status = StrataJson("status " + run);
+  }
+  ASSERT_EQ(status["state"], "finished") << status.dump();
+  EXPECT_EQ(status["losses"].get<std::vector<double>>(), expected) << "the wait changed the training";
+  EXPECT_EQ(status["checkpoint_steps"].back(), 9) << status.dump();
+  int resumed = 0;
+  for (const auto& e : StrataJson("events " + run)) resumed += e["kind"] == "save-resumed";
+  EXPECT_GE(resumed, 1);
+  ASSERT_EQ(Strata("down").rc, 0);
 }
 
 // An older `up` on a full disk left cluster.json empty, after which `down` refused and the

@@ -94,7 +94,9 @@ class Trainer {
   // attempt already committed the same pieces of this step here, their infos).
   Result<HostCheckpoint> CopyCheckpointShard();
   // The rest, on any thread (touches no trainer state): stage the copies in `store` and commit.
-  static Result<SavedShard> WriteCheckpointShard(storage::ShardStore& store, HostCheckpoint copy);
+  // On an error `copy` keeps only the pieces not staged yet, so that trying again (after a full
+  // disk has room) writes the rest, not everything twice.
+  static Result<SavedShard> WriteCheckpointShard(storage::ShardStore& store, HostCheckpoint* copy);
 
   // Loads the checkpoint at `resume` (written under any mesh): reads the pieces of the tensors this
   // rank holds from the stores the manifest names, assembles them, keeps its slice and shard of

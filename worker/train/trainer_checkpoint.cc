@@ -267,7 +267,7 @@ Status Trainer::Resume(const ResumePoint& resume) {
 
 Result<SavedShard> Trainer::SaveCheckpointShard() {
   STRATA_ASSIGN_OR_RETURN(HostCheckpoint copy, CopyCheckpointShard());
-  return WriteCheckpointShard(*context_.store, std::move(copy));
+  return WriteCheckpointShard(*context_.store, &copy);
 }
 
 Result<HostCheckpoint> Trainer::CopyCheckpointShard() {
@@ -311,18 +311,21 @@ Result<HostCheckpoint> Trainer::CopyCheckpointShard() {
                                                 ", cut differently; the store is not the one this rank wrote");
 }
 
-Result<SavedShard> Trainer::WriteCheckpointShard(storage::ShardStore& store, HostCheckpoint copy) {
-  if (!copy.existing.empty()) return SavedShard{copy.key_run, copy.existing};
-  const std::string& run = copy.key_run;
+Result<SavedShard> Trainer::WriteCheckpointShard(storage::ShardStore& store, HostCheckpoint* copy) {
+  if (!copy->existing.empty()) return SavedShard{copy->key_run, copy->existing};
+  const std::string& run = copy->key_run;
+  auto& pieces = copy->pieces;
   // A few threads stage the pieces at once: copying gigabytes into the page cache is CPU-bound on
   // one thread (~2 GB/s), below a fast disk. Not the intra-op pool: training uses it meanwhile.
   constexpr size_t kWriteThreads = 4;
   std::atomic<size_t> next{0};
-  std::vector<Status> results(std::min(kWriteThreads, copy.pieces.size()));
+  std::vector<Status> results(std::min(kWriteThreads, pieces.size()));
+  std::vector<char> staged(pieces.size(), 0);  // one writer per index
   auto stage = [&](size_t t) {
-    for (size_t i = next.fetch_add(1); i < copy.pieces.size() && results[t].ok(); i = next.fetch_add(1)) {
-      const auto& [name, values] = copy.pieces[i];
-      results[t] = store.PutCheckpointTensor(run, copy.step, name, ViewOf(values));
+    for (size_t i = next.fetch_add(1); i < pieces.size() && results[t].ok(); i = next.fetch_add(1)) {
+      const auto& [name, values] = pieces[i];
+      results[t] = store.PutCheckpointTensor(run, copy->step, name, ViewOf(values));
+      staged[i] = results[t].ok();
     }
   };
   std::vector<std::thread> pool;
@@ -335,11 +338,21 @@ Result<SavedShard> Trainer::WriteCheckpointShard(storage::ShardStore& store, Hos
   }
   if (!results.empty()) stage(0);
   for (auto& thread : pool) thread.join();
-  for (const Status& result : results) STRATA_RETURN_IF_ERROR(result);
-  STRATA_RETURN_IF_ERROR(store.CommitCheckpoint(run, copy.step));
-  STRATA_ASSIGN_OR_RETURN(std::optional<storage::CheckpointInfo> committed, store.GetCheckpoint(run, copy.step));
+  for (const Status& result : results) {
+    if (result.ok()) continue;
+    size_t kept = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (staged[i]) continue;
+      if (kept != i) pieces[kept] = std::move(pieces[i]);  // never onto itself: that empties the name
+      ++kept;
+    }
+    pieces.resize(kept);
+    return result;
+  }
+  STRATA_RETURN_IF_ERROR(store.CommitCheckpoint(run, copy->step));
+  STRATA_ASSIGN_OR_RETURN(std::optional<storage::CheckpointInfo> committed, store.GetCheckpoint(run, copy->step));
   if (committed) return SavedShard{run, std::move(committed->tensors)};
-  return Internal("checkpoint at step " + std::to_string(copy.step) + " missing right after its commit");
+  return Internal("checkpoint at step " + std::to_string(copy->step) + " missing right after its commit");
 }
 
 // This rank's pieces of the checkpoint (shard/layout.h): host copies of their values into
