@@ -16,11 +16,11 @@
 #include "cli/cluster_file.h"
 #include "cli/commands.h"
 #include "cli/exit.h"
-#include "cli/export.h"
 #include "cli/logs_command.h"
 #include "cli/plan_command.h"
 #include "cli/tokenize_command.h"
 #include "cli/version.h"
+#include "client/export.h"
 #include "common/byte_size.h"
 #include "schema/envelope.h"
 
@@ -317,7 +317,7 @@ int RunCli(int argc, char** argv) {
       if (!shard_bytes.ok()) return Fail(shard_bytes.status());
       if (*shard_bytes < (uint64_t{1} << 10))
         return Fail(InvalidArgument("--max-shard-size " + export_shard_size + " is below 1KiB; use e.g. 5GB"));
-      ExportOptions options{export_dtype, *shard_bytes};
+      client::ExportOptions options{export_dtype, *shard_bytes};
       return CmdExport(g, run, export_step_option->count() > 0 ? std::optional<int64_t>(export_step) : std::nullopt,
                        export_dir, export_force, options);
     }

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cli/activations_command.h"
-#include "cli/export.h"
 #include "client/coordinator_client.h"
+#include "client/export.h"
 #include "common/status.h"
 #include "schema/envelope.h"
 
@@ -82,6 +82,6 @@ Result<std::string> SubmitSpecText(const GlobalOptions& g, const std::string& te
 Result<std::string> SubmitSpecFile(const GlobalOptions& g, const std::string& path, const SubmitOptions& o);
 int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o);
 int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int64_t> step, const std::string& out_dir,
-              bool force, const ExportOptions& options);
+              bool force, const client::ExportOptions& options);
 
 }  // namespace strata::cli

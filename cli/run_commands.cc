@@ -14,9 +14,9 @@
 
 #include "cli/commands.h"
 #include "cli/exit.h"
-#include "cli/export.h"
 #include "cli/plan_command.h"
 #include "cli/text_data.h"
+#include "client/export.h"
 #include "common/byte_size.h"
 #include "common/net.h"
 #include "common/run_spec.h"
@@ -402,7 +402,7 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o)
 // `step` empty: the latest complete checkpoint. Writes into `out_dir` only if it is new or empty,
 // or with `force` (which replaces its config.json and model.safetensors, nothing else).
 int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int64_t> step, const std::string& out_dir,
-              bool force, const ExportOptions& options) {
+              bool force, const client::ExportOptions& options) {
   if (step && *step < 0) {
     return Fail(InvalidArgument("--step " + std::to_string(*step) +
                                 " is not a checkpoint step; give a step that `strata checkpoints " + typed_run +
@@ -438,7 +438,7 @@ int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int6
         return Fail(Corruption("the checkpoint of run " + Printable(run) + " at step " + std::to_string(m.getStep()) +
                                " is " + state + ": " + why + "; `strata checkpoints` lists the complete ones"));
       }
-      auto summary = ExportCheckpoint(spec_toml, m, out_dir, options);
+      auto summary = client::ExportCheckpoint(spec_toml, m, out_dir, options);
       if (!summary.ok()) return Fail(summary.status());
       std::printf("exported run %s step %ld: %zu tensors (%s, %s) in %zu file%s to %s", Printable(run).c_str(),
                   static_cast<long>(m.getStep()), summary->tensors, HumanBytes(summary->bytes).c_str(),

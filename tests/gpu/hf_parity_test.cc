@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "cli/export.h"
+#include "client/export.h"
 #include "common/hf_config.h"
 #include "schema/messages.capnp.h"
 #include "storage/safetensors.h"
@@ -125,9 +125,10 @@ TEST_P(ExportParityTest, TrainedFromSavePretrainedExportsWhatItComputes) {
     entries[i].setName(saved->tensors[i].name);
     entries[i].setChecksum(saved->tensors[i].checksum);
   }
-  cli::ExportOptions options;
+  client::ExportOptions options;
   options.max_shard_bytes = 100 << 10;  // several files and an index, as a large model gets
-  auto exported = cli::ExportCheckpoint(RunSpecToToml(context.spec), manifest.asReader(), dir + "/exported", options);
+  auto exported =
+      client::ExportCheckpoint(RunSpecToToml(context.spec), manifest.asReader(), dir + "/exported", options);
   ASSERT_TRUE(exported.ok()) << exported.status().ToString();
   EXPECT_GT(exported->files, 1u);
 

@@ -1,4 +1,4 @@
-#include "cli/export.h"
+#include "client/export.h"
 
 #include <cstring>
 #include <filesystem>
@@ -15,7 +15,7 @@
 #include "storage/safetensors.h"
 #include "storage/shard_store.h"
 
-namespace strata::cli {
+namespace strata::client {
 namespace {
 
 constexpr const char* kParamPrefix = "param/";
@@ -221,4 +221,4 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
   return summary;
 }
 
-}  // namespace strata::cli
+}  // namespace strata::client

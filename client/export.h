@@ -10,7 +10,7 @@
 #include "common/status.h"
 #include "schema/messages.capnp.h"
 
-namespace strata::cli {
+namespace strata::client {
 
 struct ExportOptions {
   std::string dtype = "fp32";                // "fp32" or "bf16" (round to nearest even, as torch)
@@ -31,4 +31,4 @@ struct ExportSummary {
 Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointManifest::Reader manifest,
                                        const std::string& out_dir, const ExportOptions& options = {});
 
-}  // namespace strata::cli
+}  // namespace strata::client
