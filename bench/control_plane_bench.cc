@@ -24,7 +24,6 @@
 #include <fcntl.h>
 #include <httplib.h>
 #include <signal.h>
-#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -41,19 +40,20 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <queue>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-#include <zmq.hpp>
 
+#include "bench/control_plane_report.h"
+#include "bench/control_plane_sim.h"
 #include "client/coordinator_client.h"
 #include "common/net.h"
 #include "schema/envelope.h"
 
 namespace {
 
+using namespace cpbench;
 using strata::net::SteadyMs;
 
 // Set by SIGINT / SIGTERM; with the deadline, every loop below checks Stopping().
@@ -61,11 +61,6 @@ std::atomic<bool> g_stop{false};
 int64_t g_deadline_us = 0;  // 0: none
 
 extern "C" void OnStopSignal(int) { g_stop.store(true); }
-
-int64_t SteadyUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 bool Stopping() { return g_stop.load() || (g_deadline_us > 0 && SteadyUs() > g_deadline_us); }
 
@@ -172,308 +167,6 @@ rlim_t RaiseFileLimit(rlim_t wanted) {
   return limit.rlim_cur;
 }
 
-// ---------------------------------------------------------------- simulated workers
-struct SimWorker {
-  std::unique_ptr<zmq::socket_t> socket;
-  std::string name;
-  std::string register_bytes;
-  std::string heartbeat_bytes;
-  bool registered = false;
-  int64_t next_heartbeat_ms = 0;
-  int64_t last_register_ms = 0;
-};
-
-// What the senders tell the main thread. It lives in a MAP_SHARED mapping: the workers are spread
-// over child processes, because each simulated worker costs the sender two descriptors (its
-// socket's mailbox and its connection) and a container's hard limit (often 20k) cannot be raised.
-struct Shared {
-  static constexpr int kMaxAssignments = 256;
-  struct Assignment {
-    char run_id[128];
-    int64_t arrived_us;
-  };
-  std::atomic<bool> stop{false};
-  std::atomic<int64_t> registered{0};
-  std::atomic<int64_t> heartbeats_sent{0};
-  std::atomic<int64_t> heartbeats_dropped{0};  // EAGAIN on a full pipe: the coordinator is behind
-  std::atomic<int64_t> errors_received{0};     // e.g. "unknown worker; register again" after a loss
-  std::atomic<int> heartbeat_interval_ms{500};
-  std::atomic<int> assignments_claimed{0};
-  std::atomic<int> assignments_published{0};  // slots [0, published) are complete
-  Assignment assignments[kMaxAssignments];
-
-  void AddAssignment(const std::string& run_id, int64_t arrived_us) {
-    const int slot = assignments_claimed.fetch_add(1);
-    if (slot >= kMaxAssignments) return;
-    snprintf(assignments[slot].run_id, sizeof(assignments[slot].run_id), "%s", run_id.c_str());
-    assignments[slot].arrived_us = arrived_us;
-    int expected = slot;  // publish in slot order (assignments come one submit at a time)
-    while (!assignments_published.compare_exchange_weak(expected, slot + 1)) expected = slot;
-  }
-  int64_t FindAssignment(const std::string& run_id) const {
-    const int published = std::min(assignments_published.load(), kMaxAssignments);
-    for (int i = 0; i < published; ++i) {
-      if (run_id == assignments[i].run_id) return assignments[i].arrived_us;
-    }
-    return -1;
-  }
-};
-
-// One thread owns a slice of the workers and their sockets: it registers them, answers nothing
-// but Registered / AssignTask / Error, and sends each one's heartbeat at its own phase of the interval.
-class SenderThread {
- public:
-  SenderThread(zmq::context_t& context, Shared& shared, std::string endpoint, std::vector<SimWorker> workers)
-      : context_(context), shared_(shared), endpoint_(std::move(endpoint)), workers_(std::move(workers)) {}
-
-  void Run() {
-    const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      auto& w = workers_[i];
-      w.socket = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
-      w.socket->set(zmq::sockopt::linger, 0);
-      w.socket->set(zmq::sockopt::routing_id, w.name);
-      w.socket->set(zmq::sockopt::reconnect_ivl, 100);
-      w.socket->connect(endpoint_);
-      // ZMQ_FD says "look at this socket"; level-triggered, and every send is followed by a drain
-      // because a send can consume the signal of a message that arrived meanwhile.
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u64 = i;
-      epoll_ctl(epoll_fd, EPOLL_CTL_ADD, w.socket->get(zmq::sockopt::fd), &ev);
-    }
-    std::vector<epoll_event> events(256);
-    int64_t last_register_sweep_ms = 0;
-    while (!shared_.stop.load(std::memory_order_relaxed)) {
-      int64_t now = SteadyMs();
-      if (now - last_register_sweep_ms >= 250) {  // (re)registration: rare, a sweep is fine
-        last_register_sweep_ms = now;
-        for (auto& w : workers_) {
-          if (w.registered || now - w.last_register_ms < 2000) continue;
-          w.last_register_ms = now;
-          Send(w, w.register_bytes);
-          Drain(w);
-        }
-      }
-      // Heartbeats in due order: the heap holds (due time, worker) of every registered worker.
-      while (!due_.empty() && due_.top().first <= now) {
-        const size_t i = due_.top().second;
-        due_.pop();
-        SimWorker& w = workers_[i];
-        if (!w.registered || w.next_heartbeat_ms > now) continue;  // lost, or a stale entry
-        const bool sent = Send(w, w.heartbeat_bytes);
-        (sent ? shared_.heartbeats_sent : shared_.heartbeats_dropped).fetch_add(1, std::memory_order_relaxed);
-        w.next_heartbeat_ms += shared_.heartbeat_interval_ms.load(std::memory_order_relaxed);
-        if (w.next_heartbeat_ms <= now) w.next_heartbeat_ms = now + 1;  // we fell behind: do not burst
-        due_.emplace(w.next_heartbeat_ms, i);
-        Drain(w);
-        now = SteadyMs();
-      }
-      const int64_t next_due = due_.empty() ? now + 20 : due_.top().first;
-      const int timeout = static_cast<int>(std::clamp<int64_t>(next_due - SteadyMs(), 0, 20));
-      const int n = epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), timeout);
-      for (int k = 0; k < n; ++k) Drain(workers_[events[k].data.u64]);
-    }
-    close(epoll_fd);
-    for (auto& w : workers_) w.socket.reset();
-  }
-
- private:
-  bool Send(SimWorker& w, const std::string& bytes) {
-    try {
-      return w.socket->send(strata::net::Buffer(bytes), zmq::send_flags::dontwait).has_value();
-    } catch (const zmq::error_t&) {
-      return false;
-    }
-  }
-
-  void Drain(SimWorker& w) {
-    for (;;) {
-      // ZMQ_EVENTS processes the socket's pending commands and clears ZMQ_FD's signal.
-      if (!(w.socket->get(zmq::sockopt::events) & ZMQ_POLLIN)) return;
-      zmq::message_t frame;
-      if (!w.socket->recv(frame, zmq::recv_flags::dontwait)) return;
-      const int64_t arrived_us = SteadyUs();
-      auto decoded = strata::schema::DecodeEnvelope(strata::net::Bytes(frame));
-      if (!decoded.ok()) continue;
-      auto root = (*decoded)->root();
-      switch (root.which()) {
-        case Envelope::REGISTERED:
-          if (!w.registered) {
-            w.registered = true;
-            shared_.heartbeat_interval_ms.store(static_cast<int>(root.getRegistered().getHeartbeatIntervalMs()));
-            // Phases spread evenly over the interval: worker k of N first beats k/N of it later.
-            w.next_heartbeat_ms = SteadyMs() + PhaseOffsetMs(w);
-            due_.emplace(w.next_heartbeat_ms, static_cast<size_t>(&w - workers_.data()));
-            shared_.registered.fetch_add(1);
-          }
-          break;
-        case Envelope::ASSIGN_TASK:
-          shared_.AddAssignment(root.getAssignTask().getRunId().cStr(), arrived_us);
-          break;
-        case Envelope::ERROR:
-          shared_.errors_received.fetch_add(1);
-          if (w.registered && std::string(root.getError().getCode().cStr()) == "NotFound") {
-            w.registered = false;  // declared lost: register again, as a real worker does
-            w.last_register_ms = 0;
-            shared_.registered.fetch_sub(1);
-          }
-          break;
-        default:
-          break;  // CancelTask and the rest: a simulated worker has no task to stop
-      }
-    }
-  }
-
-  int64_t PhaseOffsetMs(const SimWorker& w) const {
-    const size_t index = static_cast<size_t>(std::stoul(w.name.substr(w.name.rfind('-') + 1)));
-    const int interval = shared_.heartbeat_interval_ms.load();
-    return static_cast<int64_t>(index % 997) * interval / 997;  // spread, independent of the thread split
-  }
-
-  zmq::context_t& context_;
-  Shared& shared_;
-  std::string endpoint_;
-  std::vector<SimWorker> workers_;
-  using Due = std::pair<int64_t, size_t>;  // (steady ms, index into workers_)
-  std::priority_queue<Due, std::vector<Due>, std::greater<>> due_;
-};
-
-std::string WorkerName(int i) {
-  char name[32];
-  snprintf(name, sizeof(name), "sim-%05d", i);
-  return name;
-}
-
-SimWorker MakeWorker(int i, int workers_per_host, const std::string& state_dir) {
-  SimWorker w;
-  w.name = WorkerName(i);
-  const std::string host = "simhost-" + std::to_string(i / workers_per_host);
-  strata::MemorySnapshot memory;
-  memory.device = "cpu";
-  memory.total_bytes = 64ull << 30;
-  memory.free_bytes = (40ull << 30) + static_cast<uint64_t>(i % 97) * (16ull << 20);
-  memory.allocated_bytes = (300ull << 20) + static_cast<uint64_t>(i % 13) * (1ull << 20);
-  memory.reserved_bytes = memory.allocated_bytes;
-  memory.peak_bytes = memory.allocated_bytes + (50ull << 20);
-  {
-    strata::schema::EnvelopeBuilder msg;
-    auto r = msg.root().initRegisterWorker();
-    r.setName(w.name);
-    r.setHost(host);
-    r.setPid(static_cast<uint32_t>(100000 + i));
-    strata::schema::WriteMemoryStats(memory, r.initMemory());
-    r.setStorePath(state_dir + "/stores/" + w.name);
-    r.setDataAddress("ipc://" + state_dir + "/data-" + w.name);
-    r.initStoredCheckpoints(0);
-    r.setStoredCheckpointsKnown(true);
-    w.register_bytes = msg.Serialize();
-  }
-  {
-    // Heartbeats are encoded once per worker: the coordinator's cost is what we measure, and
-    // re-encoding 20k messages a second would only take CPU from it on a small machine.
-    strata::schema::EnvelopeBuilder msg;
-    auto hb = msg.root().initHeartbeat();
-    hb.setWorkerId(w.name);
-    strata::schema::WriteMemoryStats(memory, hb.initMemory());
-    w.heartbeat_bytes = msg.Serialize();
-  }
-  return w;
-}
-
-// ---------------------------------------------------------------- measurements
-struct Percentiles {
-  double p50 = NAN, p99 = NAN, max = NAN;
-  size_t count = 0;
-};
-
-Percentiles Summarize(std::vector<double> v) {
-  Percentiles p;
-  p.count = v.size();
-  if (v.empty()) return p;
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) {
-    return v[std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1)];
-  };
-  p.p50 = at(0.50);
-  p.p99 = at(0.99);
-  p.max = v.back();
-  return p;
-}
-
-struct BenchResult {
-  int workers = 0;
-  bool all_registered = false;
-  double register_s = 0;
-  double window_s = 0;
-  double cpu_fraction = 0;
-  double bench_cpu_fraction = 0;
-  int64_t rss_kb = 0, hwm_kb = 0;
-  double heartbeats_per_s = 0;
-  int64_t heartbeats_dropped = 0;
-  int64_t errors = 0;
-  Percentiles loop_delay_ms;
-  int64_t probe_failures = 0;
-  Percentiles submit_ms;
-  std::string submit_error;
-  Percentiles workers_request_ms;
-  size_t workers_reply_bytes = 0;
-  int64_t workers_live = 0;
-  Percentiles cli_workers_ms;
-  Percentiles api_state_ms;
-  size_t api_state_bytes = 0;
-  bool partial = false;  // stopped early (deadline or signal): what was measured until then
-  // One per full minute of the window: the coordinator's RSS, that minute's loop delay and a
-  // GET /api/state (ms, bytes; NaN / 0 without the dashboard).
-  struct Minute {
-    int64_t rss_kb = 0;
-    Percentiles loop_delay_ms;
-    double api_state_ms = NAN;
-    size_t api_state_bytes = 0;
-  };
-  std::vector<Minute> minutes;
-};
-
-std::string Fmt(double v, int digits = 2) {
-  if (std::isnan(v)) return "-";
-  char buf[64];
-  snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
-
-std::string Json(const BenchResult& r) {
-  auto pct = [](const Percentiles& p) {
-    return "{\"p50\":" + (std::isnan(p.p50) ? std::string("null") : Fmt(p.p50, 3)) +
-           ",\"p99\":" + (std::isnan(p.p99) ? std::string("null") : Fmt(p.p99, 3)) +
-           ",\"max\":" + (std::isnan(p.max) ? std::string("null") : Fmt(p.max, 3)) +
-           ",\"n\":" + std::to_string(p.count) + "}";
-  };
-  std::ostringstream o;
-  o << "{\"workers\":" << r.workers << ",\"all_registered\":" << (r.all_registered ? "true" : "false")
-    << ",\"register_s\":" << Fmt(r.register_s, 2) << ",\"window_s\":" << Fmt(r.window_s, 1)
-    << ",\"coordinator_cpu_cores\":" << Fmt(r.cpu_fraction, 3)
-    << ",\"bench_cpu_cores\":" << Fmt(r.bench_cpu_fraction, 3)
-    << ",\"vmrss_mib\":" << Fmt(static_cast<double>(r.rss_kb) / 1024, 1)
-    << ",\"vmhwm_mib\":" << Fmt(static_cast<double>(r.hwm_kb) / 1024, 1)
-    << ",\"heartbeats_per_s\":" << Fmt(r.heartbeats_per_s, 0) << ",\"heartbeats_dropped\":" << r.heartbeats_dropped
-    << ",\"errors_to_workers\":" << r.errors << ",\"loop_delay_ms\":" << pct(r.loop_delay_ms)
-    << ",\"probe_failures\":" << r.probe_failures << ",\"submit_to_assign_ms\":" << pct(r.submit_ms)
-    << ",\"workers_request_ms\":" << pct(r.workers_request_ms) << ",\"workers_reply_bytes\":" << r.workers_reply_bytes
-    << ",\"workers_live\":" << r.workers_live << ",\"cli_workers_ms\":" << pct(r.cli_workers_ms)
-    << ",\"api_state_ms\":" << pct(r.api_state_ms) << ",\"api_state_bytes\":" << r.api_state_bytes;
-  if (!r.submit_error.empty()) o << ",\"submit_error\":\"" << r.submit_error << "\"";
-  o << ",\"partial\":" << (r.partial ? "true" : "false") << ",\"minutes\":[";
-  for (size_t i = 0; i < r.minutes.size(); ++i) {
-    const auto& m = r.minutes[i];
-    o << (i ? "," : "") << "{\"vmrss_mib\":" << Fmt(static_cast<double>(m.rss_kb) / 1024, 1)
-      << ",\"loop_delay_ms\":" << pct(m.loop_delay_ms)
-      << ",\"api_state_ms\":" << (std::isnan(m.api_state_ms) ? std::string("null") : Fmt(m.api_state_ms, 1))
-      << ",\"api_state_bytes\":" << m.api_state_bytes << "}";
-  }
-  o << "]}";
-  return o.str();
-}
-
 // A dp = 1 train run of a tiny GPT-2 on a byte file: valid, so the coordinator plans and assigns it.
 std::string SubmitSpec(const std::string& data_path, int index) {
   return "name = \"cpbench-" + std::to_string(index) +
@@ -522,23 +215,8 @@ BenchResult RunOne(const Options& opt, int n) {
     const pid_t pid = fork();
     if (pid == 0) {
       DieWithParent(parent);
-      zmq::context_t context;
-      context.set(zmq::ctxopt::max_sockets, opt.workers_per_process + 64);
-      context.set(zmq::ctxopt::io_threads, 1);
-      std::vector<std::vector<SimWorker>> slices(static_cast<size_t>(opt.sender_threads));
-      for (int i = p; i < n; i += processes) {
-        slices[static_cast<size_t>((i / processes) % opt.sender_threads)].push_back(
-            MakeWorker(i, opt.workers_per_host, dir));
-      }
-      std::vector<std::unique_ptr<SenderThread>> threads_of_slices;
-      std::vector<std::thread> threads;
-      for (auto& slice : slices) {
-        threads_of_slices.push_back(std::make_unique<SenderThread>(context, shared, endpoint, std::move(slice)));
-        threads.emplace_back([s = threads_of_slices.back().get()] { s->Run(); });
-      }
-      for (auto& t : threads) t.join();
-      threads_of_slices.clear();
-      context.close();
+      RunSenderProcess(p, processes, n, {opt.sender_threads, opt.workers_per_process, opt.workers_per_host}, shared,
+                       endpoint, dir);
       _exit(0);
     }
     senders.push_back(pid);
@@ -821,19 +499,6 @@ int main(int argc, char** argv) {
       break;
     }
   }
-  printf(
-      "\n| workers | coord CPU (cores) | bench CPU | VmRSS / VmHWM MiB | heartbeats/s | loop delay p50 / p99 ms | "
-      "submit->assign p50 / max ms | workersRequest ms | `strata workers` ms | GET /api/state ms (bytes) |\n"
-      "|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const auto& r : results) {
-    printf("| %d%s%s | %s | %s | %s / %s | %s | %s / %s | %s / %s | %s (%zu live) | %s | %s (%zu) |\n", r.workers,
-           r.all_registered ? "" : " (not all registered)", r.partial ? " (partial)" : "",
-           Fmt(r.cpu_fraction, 3).c_str(), Fmt(r.bench_cpu_fraction, 2).c_str(),
-           Fmt(static_cast<double>(r.rss_kb) / 1024, 0).c_str(), Fmt(static_cast<double>(r.hwm_kb) / 1024, 0).c_str(),
-           Fmt(r.heartbeats_per_s, 0).c_str(), Fmt(r.loop_delay_ms.p50).c_str(), Fmt(r.loop_delay_ms.p99).c_str(),
-           Fmt(r.submit_ms.p50).c_str(), Fmt(r.submit_ms.max).c_str(), Fmt(r.workers_request_ms.p50, 1).c_str(),
-           static_cast<size_t>(r.workers_live), Fmt(r.cli_workers_ms.p50, 0).c_str(),
-           Fmt(r.api_state_ms.p50, 1).c_str(), r.api_state_bytes);
-  }
+  PrintTable(results);
   return g_stop.load() ? 130 : 0;
 }

@@ -145,18 +145,27 @@ ProcessLife LifeOf(int pid) {
   return internal::LifeFromProc(ReadProcFile(pid, "stat"), ReadProcFile(pid, "status"));
 }
 
-bool IsStrataProcess(int pid) {
+namespace {
+
+// LifeOf, kGone for a pid that runs none of our binaries (pid reuse). The command line is empty
+// once an exiting process has let go of its memory; its name stays.
+ProcessLife StrataLifeOf(int pid) {
   const ProcessLife life = LifeOf(pid);
-  if (life == ProcessLife::kGone) return false;
-  // The command line is empty once an exiting process has let go of its memory; its name stays.
+  if (life == ProcessLife::kGone) return life;
   std::string argv0 = ReadProcFile(pid, "cmdline");
   argv0 = argv0.substr(0, argv0.find('\0'));
-  return argv0.find("strata") != std::string::npos || ReadProcFile(pid, "comm").find("strata") != std::string::npos;
+  const bool ours =
+      argv0.find("strata") != std::string::npos || ReadProcFile(pid, "comm").find("strata") != std::string::npos;
+  return ours ? life : ProcessLife::kGone;
 }
+
+}  // namespace
+
+bool IsStrataProcess(int pid) { return StrataLifeOf(pid) != ProcessLife::kGone; }
 
 bool AwaitExitOf(int pid, int timeout_ms) {
   for (int waited = 0;; waited += 50) {
-    if (!IsStrataProcess(pid) || LifeOf(pid) != ProcessLife::kExiting) return true;
+    if (StrataLifeOf(pid) != ProcessLife::kExiting) return true;
     if (waited >= timeout_ms) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
