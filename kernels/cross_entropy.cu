@@ -24,7 +24,9 @@
 namespace strata::kernels {
 namespace {
 
-constexpr int kRowThreads = 256;  // of 512, 256, 128: the fused loss fastest at 256 (kernels_bench, H200, session 24)
+// Of 512, 256 and 128 threads a row, the fused loss is fastest at 256 (kernels_bench, one H200, 2026-11-29:
+// docs/history/benchmarks-sessions.md, "The loss kernel").
+constexpr int kRowThreads = 256;
 
 using cuda_util::Load;
 using cuda_util::Store;

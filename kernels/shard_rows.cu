@@ -64,7 +64,8 @@ __global__ void ShardRowsGatherKernel(ShardRowsShape s, const float* __restrict_
 
 // Rows a thread loads before it adds them, in order: their loads are in flight together, where a
 // sum that loaded one row at a time waited for each (the kernel was latency-bound at about a
-// quarter of the copy peak in session 28's trace).
+// quarter of the copy peak in the dp=2 ZeRO-3 step's trace on 2x H200, 2026-11-29:
+// docs/history/benchmarks-sessions.md, "ZeRO-3 at 95.8% of 2x one GPU").
 constexpr int kRunUnroll = 8;
 
 // For the columns [from, to) of the table (flat; row_begin its row's first element), `kWidth` a

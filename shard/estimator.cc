@@ -39,27 +39,30 @@
 //                  norms' and adds' share, 0.2, is split); the loss's per logit of the rank's
 //                  vocabulary rows
 //     optimizer    a time per parameter of the optimizer range (this rank's ZeRO shard), and
-//                  1.0 ms a step whatever its size (norm, scalars, launches: session 23)
+//                  1.0 ms a step whatever its size (norm, scalars, launches: fitted on 2x H200, 2026-11-29)
 //   both at the peak of an H100/H200 (989 TFLOP/s) and scaled with peak_flops. Measured on H200s
-//   (docs/history/benchmarks-sessions.md, sessions 18 and 20): matmul kernels at 0.71-0.79 of peak; the rest of a
-//   step, less the loss (2.3 ps a logit: GPT-2's CrossEntropyRows, session 20), 115 ps (GPT-2
-//   124M, session 20's profile, after the weight gradients moved into their matmuls), 84 ps with
-//   the loss (Llama 886M, session 20) and 191 ps (Llama 8 x 4096, session 18's older code) per
-//   element of tokens x hidden per layer (115 taken: session 18's 165 and 7.8 ps a logit
+//   (docs/history/benchmarks-sessions.md, 2026-11-28: "ZeRO-3 streamed in bf16 beside the compute"
+//   and "weight gradients written in fp32 by their matmul"): matmul kernels at 0.71-0.79 of peak;
+//   the rest of a step, less the loss (2.3 ps a logit: GPT-2's CrossEntropyRows, the second), 115 ps
+//   (GPT-2 124M, the second's profile, after the weight gradients moved into their matmuls), 84 ps
+//   with the loss (Llama 886M, the second) and 191 ps (Llama 8 x 4096, the first's older code) per
+//   element of tokens x hidden per layer (115 taken: the first's 165 and 7.8 ps a logit
 //   predicted GPT-2's step 22% slow and Llama 886M's 12%, and ranked GPT-2's pp=2 over its
 //   ZeRO-2); the fused AdamW 3.9 ps per parameter
 //   (Llama; GPT-2's small units 9.2).
 // Communication (not overlapped, so the prediction is conservative; but ZeRO-3 without
 // recompute, whose collectives run beside the matmuls, counts what the matmuls do not hide and
-// a fixed 70 us for each unit's forward gather and reduce-scatter per micro-batch). ZeRO 0-2's
+// a fixed 32 us (kGatherSeconds) for each unit's forward gather and reduce-scatter per micro-batch). ZeRO 0-2's
 // gradient sums now start in the last micro-batch's backward (worker/train/optimizer.h); how much of
-// them that hides was not measured yet (no two-GPU machine in session 24), so none is credited;
+// them that hides was not measured yet (no two-GPU machine when they were added, 2026-11-29), so
+// none is credited;
 // nor is tensor parallel's overlap (parallel.tp_comm_overlap, worker/train/tensor_parallel.h: the
 // backward's collectives beside the weight gradients and the own tokens' dx, the forward's
 // gathers beside the own tokens' matmul and its sums in chunks beside the next chunk's). On 2x
-// H200 (session 26) the wide Llama's tp=2 ran 1.2% faster with it than without, and 13% faster
-// than this model predicts either way; crediting tp alone would rank it over ZeRO-2, which
-// measured 1.3% faster, so the model is left as it is until a profile of tp=2 says where its
+// H200 (2026-11-29, bench/results/mesh-ranking-2026-11-29-s26-h200x2.json) the wide Llama's
+// tp=2 ran 1.2% faster with it than without, and 13% faster than this model predicts either
+// way; crediting tp alone would rank it over ZeRO-2, which measured 1.3% faster, so the model
+// is left as it is until a profile of tp=2 says where its
 // time goes. The overlap adds nothing to the memory peak: the forward's
 // chunks hold what the whole matmul's output and its sum held, and the put-off gradients hold the
 // column-parallel matmuls' dy (Llama's
@@ -123,7 +126,7 @@
 // the order the runs were made in, about 48 MiB a run (correlation 0.69), where the two-GPU
 // grid's ZeRO-1 and ZeRO-2 runs, which hold the same bytes, measured the same peak to the byte.
 // docs/benchmarks.md has the numbers.
-// Refit for gated-MLP blocks (Llama, Mistral, Qwen2, Gemma; session 19, 2026-11-28, one H200,
+// Refit for gated-MLP blocks (Llama, Mistral, Qwen2, Gemma; 2026-11-28, one H200,
 // one `strata up` per run: bench/results/calibration-2026-11-28-llama-widths-h200.jsonl): the
 // Llama 886M and Llama 3 8B's width at 4 and 8 layers, micro-batch 2 and 8, recompute on and
 // off. Differencing 8 and 4 layers of the 8B width gives 1.27 GB a layer at micro-batch 8:
@@ -326,8 +329,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     const double activation_scale = model.gated_mlp() ? kGatedActivationScale : kActivationScale;
     double acts = activation_scale * StageActivationBytesOf(layer_activations, model, s, b, c.tp, layers, in_flight,
                                                             recompute, sequence_parallel);
-    // (Measured on GPT-2-style blocks; the gated-MLP blocks' peaks hold none of it: session 19's
-    // Llama grid at two widths.)
+    // (Measured on GPT-2-style blocks; the gated-MLP blocks' peaks hold none of it: the Llama grid
+    // at two widths, bench/results/calibration-2026-11-28-llama-widths-h200.jsonl.)
     if (recompute && !model.gated_mlp()) acts += ((fp32_acts ? 0.0 : 2.0) + 4.0) * layer_per_rank;
     if (last) {
       // The fused loss (worker/nn/fused_loss.cc) over this rank's rows of the head (the whole
@@ -432,7 +435,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       if (streamed_zero3) {
         // Beside the matmuls, but each unit's two gathers and reduce-scatter per micro-batch cost
         // a fixed time the compute does not hide (GPT-2 124M's 2 ms layers: measured 91% of 2x
-        // one GPU in session 23, 76-81% in session 18; Llama 8 x 4096's 24 ms layers: 96%).
+        // one GPU on 2x H200, 2026-11-29 (bench/results/mesh-ranking-2026-11-29-h200x2.json), 76-81%
+        // on 2026-11-28 (bench/results/mesh-ranking-h200.json); Llama 8 x 4096's 24 ms layers: 96%).
         // A kept layer saves its backward's gather: 2 (bf16) or 4 (fp32) bytes a parameter of the
         // 8 an all-reduce's time counts (the backward gathers' fixed cost is hidden: above).
         const double units = static_cast<double>(layers) + (first ? 1 : 0) + (last ? 1 : 0);

@@ -29,22 +29,27 @@ constexpr double kSequenceParallelShare = 0.2;
 constexpr double kLossSecondsPerLogit = 2.3e-12;  // the fused loss's elementwise work, per logit
 constexpr double kOptimizerSecondsPerParam = 4e-12;
 // What a step costs once whatever its size (the gradient norm and the loss's scalars across the
-// ranks, a host sync, the update's launches per unit): 1.0 ms, fitted in session 23 from GPT-2
+// ranks, a host sync, the update's launches per unit): 1.0 ms, fitted on 2x H200, 2026-11-29
+// (docs/history/benchmarks-sessions.md, "vocab-parallel embedding, head and loss") from GPT-2
 // 124M on H200s, one GPU (20.54 ms a step of 8 sequences) against pp=2 with 16 micro-batches
 // (177.0 ms): a per-token miss of 0.65 ms a micro-batch and a per-step miss of 0.98 ms explain both.
 // Fitted on GPUs and counted as is on CPU workers too, whose plans the step time only ranks.
 constexpr double kStepSeconds = 1.0e-3;
 // A streamed ZeRO-3 unit's fixed cost over NCCL, per micro-batch, for its forward gather and for
-// its reduce-scatter: 32 us each, from GPT-2 124M on 2x H200 in session 28: dp=2 ZeRO-3 took
+// its reduce-scatter: 32 us each, from GPT-2 124M on 2x H200, 2026-11-29
+// (bench/results/mesh-ranking-2026-11-29-s28-h200x2.json): dp=2 ZeRO-3 took
 // 21.31 ms a step against one GPU's 20.42, the bytes hidden by the matmuls, so 0.90 ms for 14
 // units' two collectives (the embedding looked up from its shards, the dp mean folded into the
 // update). The backward's gathers, prefetched behind the previous layer's gradients, cost next to
-// nothing of their own (session 23: keeping all 12 layers gathered saved 0.05 ms). Sessions 23
-// and 18 measured 70 and 110 us. CPU workers have no side stream (worker/train/side_stream.h): their
+// nothing of their own (2x H200, 2026-11-29: keeping all 12 layers gathered saved 0.05 ms). The
+// fits of 2026-11-29 and 2026-11-28 (docs/history/benchmarks-sessions.md, "vocab-parallel
+// embedding, head and loss" and "ZeRO-3 streamed in bf16 beside the compute") measured 70 and
+// 110 us. CPU workers have no side stream (worker/train/side_stream.h): their
 // collectives run in line, hidden by nothing, and are charged whole below.
 constexpr double kGatherSeconds = 32e-6;
 // The same for host-streamed units (offload = "optimizer+params" on one rank: an upload, a cast
-// and events per unit): session 18's value, that path not measured again.
+// and events per unit): the value of 2026-11-28 (docs/history/benchmarks-sessions.md, "ZeRO-3
+// streamed in bf16 beside the compute"), that path not measured again.
 constexpr double kHostStreamSeconds = 110e-6;
 constexpr double kActivationScale = 1.153;     // GPT-2-style blocks (LayerNorm, bias + GELU)
 constexpr double kGatedActivationScale = 1.0;  // gated-MLP blocks (RMSNorm, SwiGLU/GeGLU, RoPE)

@@ -63,7 +63,7 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
       {"774m", 1, 1, 1, 0, 2, true, 0, 14046497792},
       {"774m", 1, 1, 1, 0, 8, false, 0, 28910746624, kKnownMiss},
       {"774m", 1, 1, 1, 0, 8, true, 0, 15437556736},
-      // The Llamas again, session 19, one `strata up` per run (bench/results/
+      // The Llamas again, one H200, 2026-11-28, one `strata up` per run (bench/results/
       // calibration-2026-11-28-llama-widths-h200.jsonl): the 886M and Llama 3 8B's width at 4 and 8
       // layers.
       {"llama", 1, 1, 1, 0, 2, false, 0, 18896410624},
@@ -79,8 +79,9 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
       {"llama-4096x8", 1, 1, 1, 0, 8, false, 0, 47725303808},
       {"llama-4096x8", 1, 1, 1, 0, 8, true, 0, 36212260864},
       // Issue #23's largest models on one H200 (bench/largest_model.py; docs/benchmarks.md): with
-      // AdamW, 8-bit AdamW and the optimizer offloaded (session 17, its table's peaks in GB), and
-      // with the parameters too (session 19, bench/results/largest-2026-11-28-offload-params-h200.jsonl).
+      // AdamW, 8-bit AdamW and the optimizer offloaded (docs/history/benchmarks-sessions.md, 2026-11-28,
+      // "The largest Llama each optimizer option trains on one H200": its table's peaks in GB), and
+      // with the parameters too (bench/results/largest-2026-11-28-offload-params-h200.jsonl).
       {"llama-4096x36", 1, 1, 1, 0, 1, true, 0, 132020000000},                             // (a) adamw: 132.02 GB
       {"llama-4096x57", 1, 1, 1, 0, 2, true, 0, 130940000000, 0.05, "none", "adamw8bit"},  // (b) 130.94 GB
       {"llama-4096x32", 1, 1, 1, 0, 8, false, 0, 114640000000, 0.05, "optimizer"},
@@ -98,7 +99,7 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
       {"124m", 2, 1, 1, 2, 2, true, 0, 2362551296},
       {"124m", 2, 1, 1, 3, 2, true, 0, 1997351424},
       // ZeRO-3 without recompute (gathered in bf16, the next layer's gather beside the current one),
-      // 2026-11-28 session 18 (bench/results/calibration-2026-11-28-zero3-h200.jsonl).
+      // 2x H200, 2026-11-28 (bench/results/calibration-2026-11-28-zero3-h200.jsonl).
       {"124m", 2, 1, 1, 3, 2, false, 0, 2503841280},
       {"124m", 1, 2, 1, 0, 2, true, 0, 1955697664},
       {"124m", 1, 2, 1, 0, 2, true, 1, 1791303680},
@@ -121,7 +122,7 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
     spec.train.global_batch = 8, spec.train.precision = "bf16", spec.train.optimizer = p.optimizer;
     spec.parallel.dp = p.dp, spec.parallel.pp = p.pp, spec.parallel.tp = p.tp, spec.parallel.zero = p.zero;
     spec.parallel.micro_batch = p.micro_batch, spec.parallel.recompute = p.recompute, spec.parallel.offload = p.offload;
-    spec.parallel.sequence_parallel = false;  // every tp point was measured before sequence parallelism (session 24)
+    spec.parallel.sequence_parallel = false;  // every tp point predates sequence parallelism (added 2026-11-29)
     const int64_t n = p.dp * p.pp * p.tp;
     auto plan = ChoosePlan(model, JobForRun(spec), Workers(static_cast<int>(n), 140 * kGiB, 141 * kGiB));
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
@@ -138,14 +139,16 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
 // Issue #19: the step-time model orders 2-GPU meshes as they measured on 2x H200
 // (docs/benchmarks.md: bench/mesh_bench.sh, fixed meshes, tokens/s against 2x one GPU). Only
 // pairs measured more than 5% apart are held, beyond the few percent machines of one kind
-// differ by. The Llama of 8 x 4096 (session 26, sequence parallel, both tp overlaps): ZeRO-3
-// (94.6%) over ZeRO-2 (90.0%) and over tp=2 (88.8%); pp=2 (91.0%), ZeRO-2 and tp=2 came within
-// 2.5% of each other and are not held (session 23's tp=2, 77.4%, was under all of them). GPT-2
-// 124M (session 26): pp=2 with 16 micro-batches (92.9%) over pp=2 with 8 (88.1%); and (session
-// 23, before sequence parallelism, which the prediction then leaves off) every mesh over tp=2
-// (39.5%). Session 18's GPT-2 pairs (ZeRO-1/2 over ZeRO-3) no longer hold: ZeRO-3 measured 91.9%
-// in session 26, ZeRO-2 91.0%. Session 28's ZeRO-3 (95.8%: steps captured, the lookup's kernels,
-// the dp mean in the update) over session 26's pp=2 with 8 (88.1%).
+// differ by. The Llama of 8 x 4096 (2x H200, 2026-11-29: bench/results/mesh-ranking-2026-11-29-s26-h200x2.json;
+// sequence parallel, both tp overlaps): ZeRO-3 (94.6%) over ZeRO-2 (90.0%) and over tp=2 (88.8%);
+// pp=2 (91.0%), ZeRO-2 and tp=2 came within 2.5% of each other and are not held (the earlier tp=2
+// of bench/results/mesh-ranking-2026-11-29-h200x2.json, 77.4%, was under all of them). GPT-2 124M
+// (the -s26- file): pp=2 with 16 micro-batches (92.9%) over pp=2 with 8 (88.1%); and (the earlier
+// file, before sequence parallelism, which the prediction then leaves off) every mesh over tp=2
+// (39.5%). The GPT-2 pairs of 2026-11-28 (bench/results/mesh-ranking-h200.json: ZeRO-1/2 over
+// ZeRO-3) no longer hold: ZeRO-3 measured 91.9% in the -s26- file, ZeRO-2 91.0%. The ZeRO-3 of
+// bench/results/mesh-ranking-2026-11-29-s28-h200x2.json (95.8%: steps captured, the lookup's
+// kernels, the dp mean in the update) over the -s26- file's pp=2 with 8 (88.1%).
 TEST(StepTime, TwoGpuMeshesRankAsMeasured) {
   ModelSpec llama;
   llama.family = "llama", llama.layers = 8, llama.hidden = 4096, llama.heads = 32, llama.kv_heads = 8,
@@ -206,7 +209,8 @@ TEST(StepTime, CpuWorkersPayZeroThreesCollectivesInLine) {
 }
 
 // Issue #19: the step-time model orders 4-GPU meshes of the Llama 886M (16 x 2048, the
-// scaling bench's llama1b) as they measured on 4x H200 (session 20, docs/history/benchmarks-sessions.md: 8
+// scaling bench's llama1b) as they measured on 4x H200, 2026-11-28 (bench/results/mesh-ranking-h200.json;
+// docs/history/benchmarks-sessions.md, "Four GPUs: the planner's plan against DDP + torch.compile": 8
 // sequences of 1024 per GPU, every [parallel] field fixed): dp=4 ZeRO-2 321.7k tokens/s over
 // ZeRO-1 301.6k (ZeRO-1 all-reduces its gradients and then gathers the updated shards, ZeRO-2
 // reduce-scatters: the model before charged both one all-reduce and tied them) over dp=2 x pp=2
@@ -223,7 +227,7 @@ TEST(StepTime, FourGpuMeshesRankAsMeasured) {
     spec.train.global_batch = 32, spec.train.precision = "bf16";
     spec.parallel.dp = dp, spec.parallel.pp = pp, spec.parallel.tp = tp, spec.parallel.zero = zero;
     spec.parallel.micro_batch = micro_batch, spec.parallel.recompute = false;
-    spec.parallel.sequence_parallel = false;  // the tp run was measured before it (session 24)
+    spec.parallel.sequence_parallel = false;  // the tp run was measured before it (added 2026-11-29)
     auto plan = ChoosePlan(llama, JobForRun(spec), Workers(4, 140 * kGiB, 141 * kGiB));
     EXPECT_TRUE(plan.ok()) << plan.status().ToString();
     return plan.ok() ? 32.0 * 1024 / plan->step_time.total_s() : 0.0;

@@ -547,8 +547,9 @@ TEST(ChoosePlan, Zero3KeepsLayersGatheredWhereTheBudgetHasRoom) {
   const int64_t per_layer = 2 * kGpt2SmallLayer;  // one micro-batch in flight (no pipeline)
   EXPECT_NEAR(static_cast<double>(all->workers[0].memory.total() - none->workers[0].memory.total()), 12.0 * per_layer,
               2.0);
-  // Over NVLink the backward's gathers hide behind the gradients' matmuls (session 23 measured
-  // keeping every layer 0.2% faster): no time is predicted saved. Across two hosts their bytes
+  // Over NVLink the backward's gathers hide behind the gradients' matmuls (2x H200, 2026-11-29,
+  // bench/results/mesh-ranking-2026-11-29-h200x2.json: keeping every layer measured 0.2%
+  // faster): no time is predicted saved. Across two hosts their bytes
   // show, and keeping saves them.
   EXPECT_LE(all->step_time.communication_s, none->step_time.communication_s);
   EXPECT_NE(all->why.find("every layer kept gathered for its backward"), std::string::npos) << all->why;

@@ -13,8 +13,9 @@ namespace {
 std::string Str(int64_t v) { return std::to_string(v); }
 
 double DefaultBandwidth(const std::string& link) {
-  // NVLink: what NCCL's collectives reached between 2 H200s (docs/history/benchmarks-sessions.md, session 18: a
-  // 498 MB reduce-scatter in 1.25 ms, 134 MB all-reduces in 0.72 ms), not the 450 GB/s a
+  // NVLink: what NCCL's collectives reached between 2 H200s (docs/history/benchmarks-sessions.md,
+  // 2026-11-28, "ZeRO-3 streamed in bf16 beside the compute": a 498 MB reduce-scatter in 1.25 ms,
+  // 134 MB all-reduces in 0.72 ms), not the 450 GB/s a
   // direction of the link carries.
   if (link == "nvlink") return 200e9;
   if (link == "pcie") return 25e9;  // PCIe 4.0 x16 in practice

@@ -449,8 +449,8 @@ class DashboardFailureTest : public DashboardTest {
  protected:
   std::string UpArgs() const override {
     // 4 s: this test renders the page in Chromium beside the rest of ctest -j2 on two cores, where
-    // a worker's heartbeat thread went unscheduled past a 1 s timeout twice in session 25 (a worker
-    // lost before the kill, or a second loss after it). The killed worker is still found in 4 s.
+    // a worker's heartbeat thread went unscheduled past a 1 s timeout twice on 2026-11-29 (commit
+    // 2348c7e: a worker lost before the kill, or a second loss after it). The killed worker is still found in 4 s.
     return "up --workers 2 --heartbeat-timeout-ms 4000 --replace-grace-ms 0 --grow-back-min-saving-s 0";
   }
 };

@@ -50,8 +50,7 @@ struct UnitCallFunction : torch::autograd::Function<UnitCallFunction> {
     StageModel::Call& call = *CallOf(handle);
     auto fulls = Gather(call);
     std::vector<std::vector<torch::Tensor>> views;
-    for (size_t i = 0; i < fulls.size(); ++i)
-      views.push_back(call.model->ViewsOf(call.model->units_[call.units[i]], fulls[i]));
+    for (size_t i = 0; i < fulls.size(); ++i) views.push_back(UnitViews(call.model->units_[call.units[i]], fulls[i]));
     return call.fn(x, views);  // the gathered units are dropped on return
   }
 
@@ -70,7 +69,7 @@ struct UnitCallFunction : torch::autograd::Function<UnitCallFunction> {
     if (x_grad) inputs.push_back(x_leaf);
     auto fulls = Gather(call);
     for (size_t i = 0; i < fulls.size(); ++i) {
-      views.push_back(call.model->ViewsOf(call.model->units_[call.units[i]], fulls[i]));
+      views.push_back(UnitViews(call.model->units_[call.units[i]], fulls[i]));
       for (auto& v : views.back()) {
         v = v.detach().requires_grad_(true);
         inputs.push_back(v);
@@ -110,6 +109,12 @@ struct UnitCallFunction : torch::autograd::Function<UnitCallFunction> {
 };
 
 StageModel::~StageModel() = default;
+
+void StageModel::EndStep() {
+  calls_.clear();
+  tp_group_->DropUnfinished();
+  if (zero3_) zero3_->EndStep();
+}
 
 StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
                        const WeightLoader& load, torch::Device device, Groups groups)
@@ -200,19 +205,21 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
       slots_.emplace_back(unit.params[i].grad(), &unit.received[i], &unit.uses[i], this, static_cast<int>(u));
     if (working_copies) {
       unit.working = torch::empty({unit.numel}, unit.flat.options().dtype(torch::kBFloat16).requires_grad(false));
-      unit.working_params = ViewsOf(unit, unit.working);
+      unit.working_params = UnitViews(unit, unit.working);
     }
   }
   RefreshWorkingWeights();
   if (spec.parallel.zero == 3) {
-    if (spec.parallel.offload == "optimizer+params") {
-      host_anchor_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_)).requires_grad_(true);
-    }
-    side_ = std::make_unique<SideStream>(device_);
-    looks_up_shards_ = CanLookUpShards();
-    if (first_stage()) call_order_.push_back({embed_units_, false});  // the lookup reads fp32
-    for (int b : block_units_) call_order_.push_back({{b}, true});
-    if (last_stage()) call_order_.push_back({head_units_, true});
+    Zero3Shards::Layout layout;
+    layout.embed_units = embed_units_;
+    layout.block_units = block_units_;
+    if (first_stage()) layout.call_order.push_back({embed_units_, false});  // the lookup reads fp32
+    for (int b : block_units_) layout.call_order.push_back({{b}, true});
+    if (last_stage()) layout.call_order.push_back({head_units_, true});
+    layout.keep_gathered = spec.parallel.keep_gathered;
+    layout.working_copies = working_copies;
+    layout.lookups_allowed = !spec.parallel.recompute && mesh_.tp == 1 && first_stage();
+    zero3_ = std::make_unique<Zero3Shards>(units_, *groups_.dp, device_, std::move(layout));
   }
   tp_group_ = std::make_unique<TensorParallelGroup>(groups_.tp, device_, mesh_.tp > 1 && spec.parallel.tp_comm_overlap,
                                                     [this](int u) { gradient_ready_(static_cast<size_t>(u)); });
@@ -315,8 +322,8 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
     // buffer, so autograd accumulates into it in place (a contiguous gradient buffer).
     unit.flat = held;
     unit.grad = torch::zeros_like(unit.flat);
-    for (auto& view : ViewsOf(unit, unit.flat)) unit.params.push_back(view.detach().requires_grad_(true));
-    auto grads = ViewsOf(unit, unit.grad);
+    for (auto& view : UnitViews(unit, unit.flat)) unit.params.push_back(view.detach().requires_grad_(true));
+    auto grads = UnitViews(unit, unit.grad);
     for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].mutable_grad() = grads[i];
   }
   units_.push_back(std::move(unit));
@@ -327,23 +334,19 @@ ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vecto
   std::vector<std::string> names;
   std::vector<torch::Tensor> views;
   std::vector<SunkParameter> sunk;
-  const bool sinks =
-      torch::GradMode::is_enabled() &&
-      (sharded_view_ != nullptr || std::any_of(units.begin(), units.end(), [&](int u) { return units_[u].sink; }));
+  const bool zero3_call = zero3_ && zero3_->running();
+  const bool sinks = torch::GradMode::is_enabled() &&
+                     (zero3_call || std::any_of(units.begin(), units.end(), [&](int u) { return units_[u].sink; }));
   for (size_t u = 0; u < units.size(); ++u) {
     ParamUnit& unit = units_[units[u]];
-    // A ZeRO-3 call's unit: its slots, by its place among the call's units.
-    static const std::vector<int> kNoCall;
-    const std::vector<int>& call_units = sharded_view_ ? *sharded_view_->units : kNoCall;
-    const auto in_call = std::find(call_units.begin(), call_units.end(), units[u]);
-    const size_t k = static_cast<size_t>(in_call - call_units.begin());
     for (size_t i = 0; i < unit.names.size(); ++i) {
       names.push_back(unit.names[i].substr(strip.size()));
       views.push_back(tensors[u][i]);
       if (!sinks) continue;
-      if (in_call != call_units.end()) {
-        // The slot's function takes the shard (or the host anchor) as its autograd input.
-        sunk.push_back(SunkParameter{unit.on_host ? host_anchor_ : unit.flat, sharded_view_->slots[k][i]});
+      // A ZeRO-3 call's unit: its slot, whose function takes the shard (or the host anchor) as
+      // its autograd input.
+      if (GradientSink* shard_slot = zero3_call ? zero3_->SlotOf(units[u], i) : nullptr) {
+        sunk.push_back(SunkParameter{zero3_->AutogradInput(unit), shard_slot});
         continue;
       }
       GradSlot* slot =
@@ -355,7 +358,7 @@ ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vecto
   return ParamView(std::move(names), std::move(views), std::move(sunk));
 }
 
-std::vector<torch::Tensor> StageModel::ViewsOf(const ParamUnit& unit, const torch::Tensor& full_flat) const {
+std::vector<torch::Tensor> UnitViews(const ParamUnit& unit, const torch::Tensor& full_flat) {
   std::vector<torch::Tensor> views;
   for (size_t i = 0; i < unit.names.size(); ++i) {
     int64_t n = 1;
@@ -376,7 +379,7 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
     for (int u : units) views.push_back(units_[u].sink ? UnitValues(u, matmul_weights) : units_[u].params);
     return fn(x, views);
   }
-  if (sharded && !spec_.parallel.recompute) return RunSharded(units, x, fn, matmul_weights);
+  if (sharded && !spec_.parallel.recompute) return zero3_->Run(units, x, fn, matmul_weights, forwards_done_);
   auto call = std::make_shared<Call>(Call{this, units, std::move(fn), spec_.train.precision == "bf16"});
   calls_.push_back(call);
   std::vector<torch::Tensor> leaves;
@@ -392,7 +395,7 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
 }
 
 torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
-  if (LooksUpShards(tokens)) return EmbedFromShards(tokens);
+  if (zero3_ && zero3_->LooksUpRows(tokens)) return EmbedFromShards(tokens);
   return Run(
       embed_units_, tokens,
       [this](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
@@ -400,6 +403,23 @@ torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
         return sequence_parallel_ ? ScatterToSequenceParallel(*tp_group_, x) : x;
       },
       /*recompute=*/false, /*matmul_weights=*/false);  // a lookup: the residual stream starts from the fp32 table
+}
+
+torch::Tensor StageModel::EmbedFromShards(const torch::Tensor& tokens) {
+  std::vector<std::string> names;
+  std::map<std::string, int> unit_of;
+  for (int u : embed_units_) {
+    if (before_use_) before_use_(static_cast<size_t>(u));
+    names.push_back(units_[static_cast<size_t>(u)].names[0]);
+    unit_of[names.back()] = u;
+  }
+  auto rows = [this, unit_of](const std::string& name, const torch::Tensor& ids) {
+    return zero3_->LookUpRows(unit_of.at(name), ids);
+  };
+  const ParamView view(names, std::vector<torch::Tensor>(names.size()), {}, rows);
+  torch::Tensor x = family_->Embed(view, tokens, tensor_parallel_);
+  zero3_->AfterLookups();
+  return x;
 }
 
 torch::Tensor StageModel::Blocks(torch::Tensor x) {

@@ -81,7 +81,7 @@ std::vector<torch::Tensor> StageModel::UnitValues(int u, bool matmul_weights) co
 void StageModel::BeginGradients(int64_t forwards) {
   forwards_expected_ = forwards;
   forwards_done_ = 0;
-  unit_reductions_.assign(units_.size(), 0);
+  if (zero3_) zero3_->BeginGradients();
   tp_group_->DropUnfinished();
   for (ParamUnit& unit : units_) {
     std::fill(unit.received.begin(), unit.received.end(), 0);
@@ -105,7 +105,7 @@ const TensorParallelOverlapCounts& StageModel::tp_overlap_counts() const { retur
 
 void StageModel::FinishGradients() {
   torch::NoGradGuard no_grad;
-  FinishShardedGradients();
+  if (zero3_) zero3_->FinishGradients();
   for (ParamUnit& unit : units_) {
     if (!unit.sink) continue;
     for (size_t i = 0; i < unit.received.size(); ++i) {

@@ -1,19 +1,10 @@
-// StageModel's ZeRO-3 calls without recompute (stage_model.h has the schedule; split from
-// stage_model.cc). Per call and sharded unit u, with n = u's length and s its shard on this rank:
-//   forward    full <- all-gather(working shard, bf16) or all-gather(fp32 shard)   [side stream,
-//              queued by the call before]; y = f(x, views of full); free full's memory
-//   backward   refill full, all-gather again [side stream; the call before it queued next]; the
-//              gradients of f's parameters are written into g (fp32, n; a matmul's weight
-//              gradient by the matmul itself, fused_linear.h); once all have:
-//              shard gradient += reduce-scatter(g)[s]   [side stream]; free g and full
-// The compute stream waits for a gather only before it reads it, and for the reduce-scatters at
-// the end of the step's backwards (FinishGradients).
+// Zero3Shards (zero3_shards.h has the schedule): gathers, gradient slots and reduce-scatters.
+#include "worker/train/zero3_shards.h"
+
 #include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <stdexcept>
-
-#include "worker/train/stage_model.h"
 
 namespace strata::worker {
 
@@ -89,7 +80,7 @@ torch::Tensor WideBuffer(const ParamUnit& unit, torch::ScalarType dtype, const t
 }  // namespace
 
 // One use of a sharded unit by a call: the whole unit gathered, and its gradient.
-struct StageModel::ShardedCall {
+struct Zero3Shards::ShardedCall {
   struct Use {
     int unit = -1;
     torch::Tensor full;                       // the gathered unit (memory freed between forward and backward)
@@ -104,7 +95,7 @@ struct StageModel::ShardedCall {
   };
   std::vector<Use> uses;
   int64_t micro_batch = 0;  // forwards done before it: calls of one micro-batch share it
-  size_t index = 0;         // in sharded_calls_
+  size_t index = 0;         // in calls_
 };
 
 // A parameter of a gathered unit: forward hands on its view of the gathered buffer (vectors
@@ -118,7 +109,7 @@ struct ShardedWeightFunction : torch::autograd::Function<ShardedWeightFunction> 
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
-    auto* slot = reinterpret_cast<StageModel::ShardSlot*>(ctx->saved_data["slot"].toInt());
+    auto* slot = reinterpret_cast<Zero3Shards::ShardSlot*>(ctx->saved_data["slot"].toInt());
     const torch::Tensor& g = grad[0];
     if (!g.defined()) {
       slot->Skip();
@@ -135,21 +126,41 @@ struct ShardedWeightFunction : torch::autograd::Function<ShardedWeightFunction> 
   }
 };
 
-torch::Tensor StageModel::ShardSlot::Use(const torch::Tensor& param, const torch::Tensor& value) {
+Zero3Shards::Zero3Shards(std::vector<ParamUnit>& units, Communicator& dp, torch::Device device, Layout layout)
+    : units_(units), dp_(dp), device_(device), layout_(std::move(layout)), side_(std::make_unique<SideStream>(device)) {
+  const bool host_streamed =
+      std::any_of(units_.begin(), units_.end(), [](const ParamUnit& unit) { return unit.on_host; });
+  if (host_streamed) {
+    host_anchor_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_)).requires_grad_(true);
+  }
+  looks_up_rows_ = CanLookUpRows();
+}
+
+Zero3Shards::~Zero3Shards() = default;
+
+GradientSink* Zero3Shards::SlotOf(int unit, size_t param) const {
+  if (running_ == nullptr) return nullptr;
+  const std::vector<int>& call_units = *running_->units;
+  const auto in_call = std::find(call_units.begin(), call_units.end(), unit);
+  if (in_call == call_units.end()) return nullptr;
+  return running_->slots[static_cast<size_t>(in_call - call_units.begin())][param];
+}
+
+torch::Tensor Zero3Shards::ShardSlot::Use(const torch::Tensor& param, const torch::Tensor& value) {
   CountUse();
   return ShardedWeightFunction::apply(param, value, reinterpret_cast<int64_t>(this));
 }
 
-void StageModel::ShardSlot::CountUse() { ++call_->uses[use_].pending; }
+void Zero3Shards::ShardSlot::CountUse() { ++call_->uses[use_].pending; }
 
-void StageModel::ShardSlot::Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) {
+void Zero3Shards::ShardSlot::Write(const std::function<void(torch::Tensor& buffer, bool first)>& write) {
   ShardedCall::Use& use = call_->uses[use_];
   {
     torch::NoGradGuard no_grad;
-    const ParamUnit& unit = model_->units_[static_cast<size_t>(use.unit)];
+    const ParamUnit& unit = shards_->units_[static_cast<size_t>(use.unit)];
     // Not zero-filled: each parameter's first gradient writes its part (a matmul's with beta 0,
     // fused_linear.h), and ReduceScatterUse zeroes the parts no gradient reached.
-    if (!use.grad.defined()) model_->TakeGradBuffer(*call_, use_);
+    if (!use.grad.defined()) shards_->TakeGradBuffer(*call_, use_);
     int64_t n = 1;
     for (int64_t d : unit.shapes[param_]) n *= d;
     torch::Tensor part = use.grad.narrow(0, unit.offsets[param_], n).view(unit.shapes[param_]);
@@ -160,27 +171,27 @@ void StageModel::ShardSlot::Write(const std::function<void(torch::Tensor& buffer
   Skip();
 }
 
-void StageModel::ShardSlot::Skip() {
-  if (--call_->uses[use_].pending == 0) model_->ReduceScatterUse(*call_, use_);
+void Zero3Shards::ShardSlot::Skip() {
+  if (--call_->uses[use_].pending == 0) shards_->ReduceScatterUse(*call_, use_);
 }
 
 // The identity on a ZeRO-3 call's output, whose backward - the first of the call's - gathers
 // its units again.
 struct RegatherOnBackward : torch::autograd::Function<RegatherOnBackward> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor y, int64_t model, int64_t call) {
-    ctx->saved_data["model"] = model;
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor y, int64_t shards, int64_t call) {
+    ctx->saved_data["shards"] = shards;
     ctx->saved_data["call"] = call;
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
-    auto* model = reinterpret_cast<StageModel*>(ctx->saved_data["model"].toInt());
-    model->Regather(*reinterpret_cast<StageModel::ShardedCall*>(ctx->saved_data["call"].toInt()), /*wait=*/true);
+    auto* shards = reinterpret_cast<Zero3Shards*>(ctx->saved_data["shards"].toInt());
+    shards->Regather(*reinterpret_cast<Zero3Shards::ShardedCall*>(ctx->saved_data["call"].toInt()), /*wait=*/true);
     return {grad[0], torch::Tensor(), torch::Tensor()};
   }
 };
 
-std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Tensor& full, torch::Tensor wide) {
+std::shared_ptr<SideStream::Done> Zero3Shards::GatherInto(int u, const torch::Tensor& full, torch::Tensor wide) {
   const ParamUnit& unit = units_[static_cast<size_t>(u)];
   const bool bf16 = full.scalar_type() == torch::kBFloat16;
   const torch::Tensor shard = bf16 && !unit.on_host ? unit.working : unit.flat.detach();
@@ -195,9 +206,9 @@ std::shared_ptr<SideStream::Done> StageModel::GatherInto(int u, const torch::Ten
   });
 }
 
-void StageModel::GatherOnSide(const ParamUnit& unit, const torch::Tensor& shard, torch::Tensor& target) {
+void Zero3Shards::GatherOnSide(const ParamUnit& unit, const torch::Tensor& shard, torch::Tensor& target) {
   const bool bf16 = target.scalar_type() == torch::kBFloat16;
-  Communicator& dp = *groups_.dp;
+  Communicator& dp = dp_;
   if (!unit.on_host) {  // out of place: the collective reads the shard where it is
     AllGatherTensorFrom(dp, shard, target);
     return;
@@ -220,44 +231,44 @@ void StageModel::GatherOnSide(const ParamUnit& unit, const torch::Tensor& shard,
   }
 }
 
-bool StageModel::KeepsGathered(const std::vector<int>& units) const {
-  const int64_t keep = spec_.parallel.keep_gathered;
+bool Zero3Shards::KeepsGathered(const std::vector<int>& units) const {
+  const int64_t keep = layout_.keep_gathered;
   if (keep <= 0 || units.size() != 1) return false;
-  const auto it = std::find(block_units_.begin(), block_units_.end(), units.front());
-  if (it == block_units_.end()) return false;
-  const int64_t position = it - block_units_.begin(), layers = static_cast<int64_t>(block_units_.size());
+  const auto it = std::find(layout_.block_units.begin(), layout_.block_units.end(), units.front());
+  if (it == layout_.block_units.end()) return false;
+  const int64_t position = it - layout_.block_units.begin(), layers = static_cast<int64_t>(layout_.block_units.size());
   return position >= layers - keep;
 }
 
-std::pair<std::vector<int>, bool> StageModel::NextCall(const std::vector<int>& units) const {
-  for (size_t i = 0; i + 1 < call_order_.size(); ++i) {
-    if (call_order_[i].first == units) return call_order_[i + 1];
+std::pair<std::vector<int>, bool> Zero3Shards::NextCall(const std::vector<int>& units) const {
+  for (size_t i = 0; i + 1 < layout_.call_order.size(); ++i) {
+    if (layout_.call_order[i].first == units) return layout_.call_order[i + 1];
   }
   return {{}, false};
 }
 
-void StageModel::Prefetch(const std::vector<int>& units, bool bf16) {
+void Zero3Shards::Prefetch(const std::vector<int>& units, bool bf16) {
   for (int u : units) {
     if (prefetched_.count(u)) continue;
     if (before_use_) before_use_(static_cast<size_t>(u));
     const ParamUnit& unit = units_[static_cast<size_t>(u)];
-    const torch::ScalarType dtype = GatherType(unit, bf16, working_copies_);
+    const torch::ScalarType dtype = GatherType(unit, bf16, layout_.working_copies);
     torch::Tensor full = GatherBuffer(unit, dtype, device_), wide = WideBuffer(unit, dtype, device_);
     prefetched_[u] = {full, wide, GatherInto(u, full, wide)};
   }
 }
 
-torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch::Tensor& x, const CallFn& fn,
-                                     bool matmul_weights) {
+torch::Tensor Zero3Shards::Run(const std::vector<int>& units, const torch::Tensor& x, const CallFn& fn,
+                               bool matmul_weights, int64_t micro_batch) {
   const bool grad = torch::GradMode::is_enabled();
   auto call = std::make_shared<ShardedCall>();
-  call->micro_batch = forwards_done_;
-  call->index = sharded_calls_.size();
+  call->micro_batch = micro_batch;
+  call->index = calls_.size();
   // This call's units (every unit is sharded under ZeRO-3): gathered ahead by the call before, or now.
   for (int u : units) {
     ShardedCall::Use use;
     use.unit = u;
-    const torch::ScalarType dtype = GatherType(units_[static_cast<size_t>(u)], matmul_weights, working_copies_);
+    const torch::ScalarType dtype = GatherType(units_[static_cast<size_t>(u)], matmul_weights, layout_.working_copies);
     auto it = prefetched_.find(u);
     if (it != prefetched_.end() && it->second.full.scalar_type() == dtype) {
       use.full = it->second.full;
@@ -281,14 +292,14 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
   const auto [next, next_bf16] = NextCall(units);
   Prefetch(next, next_bf16);
   std::vector<std::vector<torch::Tensor>> views;
-  ShardedView sinks;  // the gradients' slots, handed out by ViewOfUnit (a use counted per access)
+  RunningCall sinks;  // the gradients' slots, handed out by SlotOf (a use counted per access)
   sinks.units = &units;
-  std::deque<ShardSlot>* slots = grad ? &shard_slots_.emplace_back() : nullptr;
+  std::deque<ShardSlot>* slots = grad ? &slots_.emplace_back() : nullptr;
   for (size_t k = 0; k < units.size(); ++k) {
     ShardedCall::Use& use = call->uses[k];
     ParamUnit& unit = units_[static_cast<size_t>(use.unit)];
     side_->Wait(use.ready);
-    std::vector<torch::Tensor> params = ViewsOf(unit, use.full);
+    std::vector<torch::Tensor> params = UnitViews(unit, use.full);
     if (use.wide.defined()) UseWideVectors(unit, use.wide, params);
     use.written.assign(params.size(), false);
     sinks.slots.emplace_back();
@@ -300,10 +311,10 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
   torch::Tensor y;
   {
     struct Current {  // the slots are this call's while its forward runs, and no longer
-      const ShardedView*& view;
+      const RunningCall*& view;
       ~Current() { view = nullptr; }
-    } current{sharded_view_};
-    if (grad) sharded_view_ = &sinks;
+    } current{running_};
+    if (grad) running_ = &sinks;
     y = fn(x, views);
   }
   // The gathered memory goes back; autograd's saved views of it are filled again in backward.
@@ -316,11 +327,11 @@ torch::Tensor StageModel::RunSharded(const std::vector<int>& units, const torch:
     }
   }
   if (!grad || !y.requires_grad()) return y;
-  sharded_calls_.push_back(call);
+  calls_.push_back(call);
   return RegatherOnBackward::apply(y, reinterpret_cast<int64_t>(this), reinterpret_cast<int64_t>(call.get()));
 }
 
-void StageModel::Regather(ShardedCall& call, bool wait) {
+void Zero3Shards::Regather(ShardedCall& call, bool wait) {
   for (ShardedCall::Use& use : call.uses) {
     if (use.filled || use.reduced) continue;
     RefillMemory(use.full);
@@ -331,7 +342,7 @@ void StageModel::Regather(ShardedCall& call, bool wait) {
   for (ShardedCall::Use& use : call.uses) side_->Wait(use.ready);
   // The call before it in the micro-batch comes next in the backward: its gathers now.
   if (call.index > 0) {
-    ShardedCall& before = *sharded_calls_[call.index - 1];
+    ShardedCall& before = *calls_[call.index - 1];
     if (before.micro_batch == call.micro_batch) Regather(before, /*wait=*/false);
   }
 }
@@ -344,7 +355,7 @@ void StageModel::Regather(ShardedCall& call, bool wait) {
 // A buffer is free once its reduce-scatter is queued, not done: the taker's stream waits for that,
 // so the one released last (its reduce-scatter just queued) is never taken - it would make the
 // backward wait for the reduce-scatter it should overlap - and the oldest release goes first.
-void StageModel::TakeGradBuffer(ShardedCall& call, size_t k) {
+void Zero3Shards::TakeGradBuffer(ShardedCall& call, size_t k) {
   ShardedCall::Use& use = call.uses[k];
   const int64_t numel = units_[static_cast<size_t>(use.unit)].numel;
   int best = -1;
@@ -371,7 +382,7 @@ void StageModel::TakeGradBuffer(ShardedCall& call, size_t k) {
   use.grad_buffer = best;
 }
 
-void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
+void Zero3Shards::ReduceScatterUse(ShardedCall& call, size_t k) {
   ShardedCall::Use& use = call.uses[k];
   if (use.reduced) return;
   use.reduced = true;
@@ -397,10 +408,10 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
     torch::Tensor g = full;
     if (!unit.on_host && to.first) {  // reduce-scattered straight into the shard's gradient
       torch::Tensor shard = to.sum;
-      ReduceScatterTensorTo(*groups_.dp, g, shard);
+      ReduceScatterTensorTo(dp_, g, shard);
       return;
     }
-    ReduceScatterTensor(*groups_.dp, g);  // each rank keeps its shard's sum
+    ReduceScatterTensor(dp_, g);  // each rank keeps its shard's sum
     // A host-streamed shard's sum goes to the host from a copy of its own: the host's download
     // runs on its copy stream, after this, while `full` (a reused buffer) is taken again once the
     // side stream is past this point. (Handed over in place, the next use's gradient could land
@@ -424,7 +435,7 @@ void StageModel::ReduceScatterUse(ShardedCall& call, size_t k) {
 // The shard's gradient sums every use of the step (micro-batches, a tied embedding's two, its
 // lookup's rows): on the device, or for a host-streamed unit in host memory (the hook). The step's
 // first contribution writes it; later ones add.
-StageModel::ShardGradient StageModel::NextShardGradient(size_t u, const torch::TensorOptions& options) {
+Zero3Shards::ShardGradient Zero3Shards::NextShardGradient(size_t u, const torch::TensorOptions& options) {
   ParamUnit& unit = units_[u];
   TORCH_CHECK(!unit.on_host || host_gradient_,
               "a host-streamed unit's gradient has nowhere to go: no SetHostGradient hook");
@@ -434,7 +445,7 @@ StageModel::ShardGradient StageModel::NextShardGradient(size_t u, const torch::T
           unit_reductions_.at(u)++ == 0};  // counted from BeginGradients
 }
 
-void StageModel::AddToShardGradient(size_t u, const ShardGradient& to, const torch::Tensor& part) {
+void Zero3Shards::AddToShardGradient(size_t u, const ShardGradient& to, const torch::Tensor& part) {
   if (units_[u].on_host) {
     host_gradient_(u, part);
     return;
@@ -447,23 +458,24 @@ void StageModel::AddToShardGradient(size_t u, const ShardGradient& to, const tor
   }
 }
 
-void StageModel::FinishShardedGradients() {
-  for (const auto& call : sharded_calls_) {  // a parameter that received no gradient leaves its use open
+void Zero3Shards::BeginGradients() { unit_reductions_.assign(units_.size(), 0); }
+
+void Zero3Shards::FinishGradients() {
+  for (const auto& call : calls_) {  // a parameter that received no gradient leaves its use open
     for (size_t k = 0; k < call->uses.size(); ++k) {
       ReduceScatterUse(*call, k);
     }
   }
-  if (side_) side_->WaitAll();
+  side_->WaitAll();
 }
 
-void StageModel::EndStep() {
-  calls_.clear();
-  tp_group_->DropUnfinished();
-  if (side_) side_->WaitAll();  // nothing still writes a gradient or a gathered buffer
-  unsorted_lookups_.clear();    // (after the wait: a sort that failed part-way may have queued work)
+void Zero3Shards::EndStep() {
+  side_->WaitAll();           // nothing still writes a gradient or a gathered buffer
+  unsorted_lookups_.clear();  // (after the wait: a sort that failed part-way may have queued work)
   if (host_anchor_.defined()) side_->Synchronize();  // nor reads a host shard the optimizer writes next
-  sharded_calls_.clear();
-  shard_slots_.clear();
+  calls_.clear();
+  running_ = nullptr;
+  slots_.clear();
   prefetched_.clear();
   for (GradBuffer& b : grad_buffers_) {  // a step that failed part-way left some taken; the wait above covers them
     b.busy = false;

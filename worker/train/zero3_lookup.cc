@@ -1,5 +1,5 @@
-// ZeRO-3's embedding call without its tables gathered (stage_model.h; the gathering schedule is
-// stage_model_zero3.cc's).
+// ZeRO-3's embedding lookups without its tables gathered (zero3_shards.h has the gathering
+// schedule).
 //
 // Why: a lookup reads few rows of a large table - GPT-2's token table has 38.6M parameters, a
 // Llama 3's 525M, and a rank's micro-batch reads 8,192 rows. Gathered like a layer, in fp32 (the
@@ -22,14 +22,14 @@
 // Per rank that sends and receives (dp - 1) n c fp32 values in each direction, where gathering
 // moved (dp - 1)/dp of the table twice and reduce-scattered its dense gradient: about
 // 3 (dp - 1)/dp rows c. So the lookup moves less while dp n < 1.5 rows, and it holds two dp n c
-// buffers (and, on a GPU, the scatter-add's scratch of dp n c / 16); past that the call gathers (LooksUpShards, which
+// buffers (and, on a GPU, the scatter-add's scratch of dp n c / 16); past that the call gathers (LooksUpRows, which
 // counts every table at the tokens' count: GPT-2 at 8,192 tokens a rank looks up to dp = 4). Every data-parallel rank
 // looks up as many ids (a training micro-batch: the same rows and sequence on each), so the collectives match. It all
 // runs on the side stream, in order with the shards' other collectives (the head's use of a tied table reduce-scatters
 // into the same gradient, and its head still gathers the table for its matmul). The ids' sort, which only the backward
 // reads, is queued after the first block's gathers, which the forward waits for.
 #include "worker/nn/kernel_place.h"
-#include "worker/train/stage_model.h"
+#include "worker/train/zero3_shards.h"
 
 namespace strata::worker {
 
@@ -38,9 +38,9 @@ namespace strata::worker {
 struct ShardRowsFunction : torch::autograd::Function<ShardRowsFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor /*shard*/, torch::Tensor ids,
                                int64_t model, int64_t unit) {
-    auto* stage = reinterpret_cast<StageModel*>(model);
-    StageModel::LookedUpIds saved;
-    torch::Tensor rows = stage->LookUpShardRows(static_cast<int>(unit), ids, &saved);
+    auto* shards = reinterpret_cast<Zero3Shards*>(model);
+    Zero3Shards::LookedUpIds saved;
+    torch::Tensor rows = shards->LookUpShardRows(static_cast<int>(unit), ids, &saved);
     ctx->saved_data["model"] = model;
     ctx->saved_data["unit"] = unit;
     ctx->saved_data["ids"] = saved.ids;
@@ -50,17 +50,17 @@ struct ShardRowsFunction : torch::autograd::Function<ShardRowsFunction> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
-    auto* stage = reinterpret_cast<StageModel*>(ctx->saved_data["model"].toInt());
-    const StageModel::LookedUpIds saved{ctx->saved_data["ids"].toTensor(), ctx->saved_data["sorted"].toTensor(),
-                                        ctx->saved_data["order"].toTensor()};
-    stage->AddShardRowsGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), saved, grad[0]);
+    auto* shards = reinterpret_cast<Zero3Shards*>(ctx->saved_data["model"].toInt());
+    const Zero3Shards::LookedUpIds saved{ctx->saved_data["ids"].toTensor(), ctx->saved_data["sorted"].toTensor(),
+                                         ctx->saved_data["order"].toTensor()};
+    shards->AddShardRowsGradient(static_cast<int>(ctx->saved_data["unit"].toInt()), saved, grad[0]);
     return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
-bool StageModel::CanLookUpShards() const {
-  if (spec_.parallel.zero != 3 || spec_.parallel.recompute || mesh_.tp != 1 || !first_stage()) return false;
-  for (int u : embed_units_) {
+bool Zero3Shards::CanLookUpRows() const {
+  if (!layout_.lookups_allowed) return false;
+  for (int u : layout_.embed_units) {
     const ParamUnit& unit = units_[static_cast<size_t>(u)];
     // One table a unit, ids exact as fp32 (the gather below carries them so).
     if (!unit.sharded || unit.names.size() != 1 || unit.shapes[0].size() != 2 || unit.offsets[0] != 0 ||
@@ -71,15 +71,15 @@ bool StageModel::CanLookUpShards() const {
   return true;
 }
 
-bool StageModel::LooksUpShards(const torch::Tensor& tokens) const {
-  if (!looks_up_shards_) return false;
-  const int64_t world = groups_.dp->world_size();
+bool Zero3Shards::LooksUpRows(const torch::Tensor& tokens) const {
+  if (!looks_up_rows_) return false;
+  const int64_t world = dp_.world_size();
   if (world == 1) return true;  // nothing crosses either way; the lookup reads the shard in place
   // Bytes each way per rank (the file's head): 2 (dp - 1) n c looking up, against about
   // 3 (dp - 1)/dp rows c gathering, summed over the tables; n is at most the tokens (GPT-2's
   // positions table reads fewer).
   double lookup = 0, gather = 0;
-  for (int u : embed_units_) {
+  for (int u : layout_.embed_units) {
     const auto& shape = units_[static_cast<size_t>(u)].shapes[0];
     lookup += 2.0 * static_cast<double>(tokens.numel()) * static_cast<double>(shape[1]);
     gather += 3.0 * static_cast<double>(shape[0]) * static_cast<double>(shape[1]) / static_cast<double>(world);
@@ -87,30 +87,20 @@ bool StageModel::LooksUpShards(const torch::Tensor& tokens) const {
   return lookup < gather;
 }
 
-torch::Tensor StageModel::EmbedFromShards(const torch::Tensor& tokens) {
-  std::vector<std::string> names;
-  std::map<std::string, int> unit_of;
-  for (int u : embed_units_) {
-    if (before_use_) before_use_(static_cast<size_t>(u));
-    names.push_back(units_[static_cast<size_t>(u)].names[0]);
-    unit_of[names.back()] = u;
-  }
-  auto rows = [this, unit_of](const std::string& name, const torch::Tensor& ids) {
-    const int u = unit_of.at(name);
-    const ParamUnit& unit = units_[static_cast<size_t>(u)];
-    return ShardRowsFunction::apply(unit.on_host ? host_anchor_ : unit.flat, ids, reinterpret_cast<int64_t>(this),
-                                    static_cast<int64_t>(u));
-  };
-  const ParamView view(names, std::vector<torch::Tensor>(names.size()), {}, rows);
-  torch::Tensor x = family_->Embed(view, tokens, tensor_parallel_);
-  // The first block's gathers, beside the rest of this call; then the sorts only the backward reads.
-  const auto [next, next_bf16] = NextCall(embed_units_);
-  Prefetch(next, next_bf16);
-  SortLookups();
-  return x;
+torch::Tensor Zero3Shards::LookUpRows(int u, const torch::Tensor& ids) {
+  return ShardRowsFunction::apply(AutogradInput(units_[static_cast<size_t>(u)]), ids, reinterpret_cast<int64_t>(this),
+                                  static_cast<int64_t>(u));
 }
 
-void StageModel::SortLookups() {
+void Zero3Shards::AfterLookups() {
+  // The first block's gathers, beside the rest of the embedding's call; then the sorts only the
+  // backward reads.
+  const auto [next, next_bf16] = NextCall(layout_.embed_units);
+  Prefetch(next, next_bf16);
+  SortLookups();
+}
+
+void Zero3Shards::SortLookups() {
   if (unsorted_lookups_.empty()) return;
   side_->Run([&] {
     for (LookedUpIds& l : unsorted_lookups_)
@@ -124,11 +114,11 @@ void StageModel::SortLookups() {
   unsorted_lookups_.clear();
 }
 
-torch::Tensor StageModel::LookUpShardRows(int u, const torch::Tensor& ids, LookedUpIds* saved) {
+torch::Tensor Zero3Shards::LookUpShardRows(int u, const torch::Tensor& ids, LookedUpIds* saved) {
   torch::NoGradGuard no_grad;
   const ParamUnit& unit = units_[static_cast<size_t>(u)];
   const int64_t columns = unit.shapes[0][1];
-  Communicator& dp = *groups_.dp;
+  Communicator& dp = dp_;
   const int64_t world = dp.world_size();
   const torch::Tensor flat_ids = ids.reshape({-1}).to(torch::kLong);
   const int64_t n = flat_ids.numel();
@@ -170,11 +160,11 @@ torch::Tensor StageModel::LookUpShardRows(int u, const torch::Tensor& ids, Looke
   return out;
 }
 
-void StageModel::AddShardRowsGradient(int u, const LookedUpIds& saved, const torch::Tensor& grad) {
+void Zero3Shards::AddShardRowsGradient(int u, const LookedUpIds& saved, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
   ParamUnit& unit = units_[static_cast<size_t>(u)];
   const int64_t columns = unit.shapes[0][1], length = unit.shard_end - unit.shard_begin;
-  Communicator& dp = *groups_.dp;
+  Communicator& dp = dp_;
   const int64_t world = dp.world_size();
   const int64_t n = saved.ids.numel() / world;
   // No gradient reached the rows: zeros, so the shard's gradient is still written this step.
