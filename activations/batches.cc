@@ -1,14 +1,14 @@
 #include "activations/batches.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <thread>
+
+#include "common/thread_annotations.h"
 
 namespace strata::activations {
 
@@ -40,7 +40,7 @@ uint64_t SplitMix64::Below(uint64_t n) {
 
 Bytes BufferPool::Take(size_t size) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (size_t i = 0; i < kept_.size(); ++i) {
       if (kept_[i].capacity() >= size) {
         Bytes b = std::move(kept_[i]);
@@ -57,7 +57,7 @@ Bytes BufferPool::Take(size_t size) {
 }
 
 void BufferPool::Give(Bytes&& buffer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (kept_.size() < kKept) kept_.push_back(std::move(buffer));
 }
 
@@ -99,21 +99,22 @@ storage::ColdRead ColdReadOf(const BatchOptions& options, const ActivationIndex&
 // Thread-safe.
 class RecordBufferPool {
  public:
-  storage::RecordBuffer Take() {
-    std::lock_guard<std::mutex> lock(mu_);
+  storage::RecordBuffer Take() STRATA_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (kept_.empty()) return storage::RecordBuffer();
     storage::RecordBuffer b = std::move(kept_.back());
     kept_.pop_back();
     return b;
   }
-  void Give(storage::RecordBuffer&& buffer) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Give(storage::RecordBuffer&& buffer) STRATA_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     kept_.push_back(std::move(buffer));
   }
 
  private:
-  std::mutex mu_;
-  std::vector<storage::RecordBuffer> kept_;  // at most what one window and the read-ahead held at once
+  Mutex mu_;
+  // At most what one window and the read-ahead held at once.
+  std::vector<storage::RecordBuffer> kept_ STRATA_GUARDED_BY(mu_);
 };
 
 // Rows of the window buffer: their row numbers and, per record, their bytes.
@@ -144,39 +145,40 @@ class ChunkPrefetcher {
 
   ~ChunkPrefetcher() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
-    changed_.notify_all();
+    changed_.NotifyAll();
     for (auto& t : threads_) t.join();
   }
 
-  Result<Segment> Take(size_t i) {
-    std::unique_lock<std::mutex> lock(mu_);
+  Result<Segment> Take(size_t i) STRATA_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     taken_ = i;
-    changed_.notify_all();
-    changed_.wait(lock, [&] { return done_.count(i) > 0; });
+    changed_.NotifyAll();
+    changed_.Wait(lock, [&]() STRATA_REQUIRES(mu_) { return done_.count(i) > 0; });
     Result<Segment> out = std::move(done_.at(i));
     done_.erase(i);
     return out;
   }
 
  private:
-  void Work(ActivationReader* reader) {
+  void Work(ActivationReader* reader) STRATA_EXCLUDES(mu_) {
     for (;;) {
       size_t i;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        changed_.wait(lock, [&] { return stop_ || next_ >= order_.size() || next_ <= taken_ + ahead_; });
+        MutexLock lock(mu_);
+        changed_.Wait(
+            lock, [&]() STRATA_REQUIRES(mu_) { return stop_ || next_ >= order_.size() || next_ <= taken_ + ahead_; });
         if (stop_ || next_ >= order_.size()) return;
         i = next_++;
       }
       Result<Segment> segment = Read(reader, index_.chunks[order_[i]]);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         done_.emplace(i, std::move(segment));
       }
-      changed_.notify_all();
+      changed_.NotifyAll();
     }
   }
 
@@ -211,12 +213,12 @@ class ChunkPrefetcher {
   RecordBufferPool& buffers_;
   const storage::ColdRead cold_;
 
-  std::mutex mu_;
-  std::condition_variable changed_;
-  size_t next_ = 0;   // the next chunk (position in order_) a thread takes up
-  size_t taken_ = 0;  // the chunk the consumer waits for
-  std::map<size_t, Result<Segment>> done_;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar changed_;
+  size_t next_ STRATA_GUARDED_BY(mu_) = 0;   // the next chunk (position in order_) a thread takes up
+  size_t taken_ STRATA_GUARDED_BY(mu_) = 0;  // the chunk the consumer waits for
+  std::map<size_t, Result<Segment>> done_ STRATA_GUARDED_BY(mu_);
+  bool stop_ STRATA_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 
@@ -233,20 +235,20 @@ class StreamImpl final : public BatchStream {
 
   ~StreamImpl() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
-    space_.notify_all();
+    space_.NotifyAll();
     thread_.join();
   }
 
-  Result<std::optional<Batch>> Next() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    ready_.wait(lock, [&] { return !queue_.empty() || done_; });
+  Result<std::optional<Batch>> Next() override STRATA_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    ready_.Wait(lock, [&]() STRATA_REQUIRES(mu_) { return !queue_.empty() || done_; });
     if (!queue_.empty()) {
       Batch b = std::move(queue_.front());
       queue_.pop_front();
-      space_.notify_one();
+      space_.NotifyOne();
       return std::optional<Batch>(std::move(b));
     }
     STRATA_RETURN_IF_ERROR(status_);
@@ -282,26 +284,27 @@ class StreamImpl final : public BatchStream {
     }
   };
 
-  void Produce() {
+  void Produce() STRATA_EXCLUDES(mu_) {
     Status st = Run();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     status_ = st;
     done_ = true;
-    ready_.notify_all();
+    ready_.NotifyAll();
   }
 
   // False when the consumer went away.
-  bool Push(Batch batch) {
-    std::unique_lock<std::mutex> lock(mu_);
-    space_.wait(lock, [&] { return queue_.size() < std::max<size_t>(options_.prefetch, 1) || stop_; });
+  bool Push(Batch batch) STRATA_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    space_.Wait(lock,
+                [&]() STRATA_REQUIRES(mu_) { return queue_.size() < std::max<size_t>(options_.prefetch, 1) || stop_; });
     if (stop_) return false;
     queue_.push_back(std::move(batch));
-    ready_.notify_one();
+    ready_.NotifyOne();
     return true;
   }
 
-  bool Stopped() {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool Stopped() STRATA_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return stop_;
   }
 
@@ -431,11 +434,12 @@ class StreamImpl final : public BatchStream {
   const std::shared_ptr<BufferPool> buffers_ = std::make_shared<BufferPool>();  // of batches
   RecordBufferPool chunk_buffers_;                                              // of chunks read, across epochs
 
-  std::mutex mu_;
-  std::condition_variable ready_, space_;
-  std::deque<Batch> queue_;
-  bool stop_ = false, done_ = false;
-  Status status_;
+  Mutex mu_;
+  CondVar ready_, space_;
+  std::deque<Batch> queue_ STRATA_GUARDED_BY(mu_);
+  bool stop_ STRATA_GUARDED_BY(mu_) = false;
+  bool done_ STRATA_GUARDED_BY(mu_) = false;
+  Status status_ STRATA_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -25,6 +24,7 @@
 
 #include "activations/reader.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace strata::activations {
 
@@ -77,13 +77,14 @@ using Bytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
 // fault and a zeroed page per 4 KiB, a quarter of the time of making a batch. Thread-safe.
 class BufferPool {
  public:
-  Bytes Take(size_t size);    // a kept buffer that holds `size` bytes, or a new one; not zero-filled
-  void Give(Bytes&& buffer);  // kept while fewer than kKept are, else freed
+  // A kept buffer that holds `size` bytes, or a new one; not zero-filled.
+  Bytes Take(size_t size) STRATA_EXCLUDES(mu_);
+  void Give(Bytes&& buffer) STRATA_EXCLUDES(mu_);  // kept while fewer than kKept are, else freed
 
  private:
   static constexpr size_t kKept = 64;
-  std::mutex mu_;
-  std::vector<Bytes> kept_;
+  Mutex mu_;
+  std::vector<Bytes> kept_ STRATA_GUARDED_BY(mu_);
 };
 
 struct Batch {

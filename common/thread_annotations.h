@@ -1,6 +1,7 @@
 // Clang's thread-safety analysis (-Wthread-safety): which mutex guards which member, checked at
 // compile time. The clang build that the fuzzers use (scripts/fuzz.sh, build-fuzz/) compiles the
-// libraries with these checks as errors; GCC ignores the attributes.
+// control-plane libraries with these checks as errors, and scripts/thread-safety.sh checks every
+// product file that uses them (the LibTorch ones too); GCC ignores the attributes.
 //
 //   Mutex mutex_;
 //   std::deque<Item> queue_ STRATA_GUARDED_BY(mutex_);

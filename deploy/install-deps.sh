@@ -6,7 +6,7 @@
 set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build pkg-config ccache libssl-dev
-  clang libclang-rt-dev                          # scripts/fuzz.sh: libFuzzer, ASan, UBSan
+  clang libclang-rt-dev                          # scripts/fuzz.sh: libFuzzer, ASan, UBSan; scripts/thread-safety.sh
   clang-format                                   # scripts/check-format.sh: the C++ layout (.clang-format)
   libtorch-dev                                   # LibTorch 1.13 (CPU): worker execution only
   libzmq3-dev cppzmq-dev                         # ZeroMQ 4.3 (+ CURVE via libsodium)

@@ -7,12 +7,12 @@
 
 #include <cstring>
 #include <memory>
-#include <mutex>
 
 #include "activations/batches.h"
 #include "activations/reader.h"
 #include "cli/api.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace py = pybind11;
 
@@ -98,15 +98,15 @@ class Reader {
     reader_ = Take(open_());
   }
 
-  activations::ActivationIndex Index(const std::string& run) {
+  activations::ActivationIndex Index(const std::string& run) STRATA_EXCLUDES(mu_) {
     py::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return Take(reader_->Index(run));
   }
 
   // Rows [begin, end) of (layer, site) or (site "#tokens") the token record, into a new array.
   py::array Read(const activations::ActivationIndex& index, int64_t layer, const std::string& site, uint64_t begin,
-                 uint64_t end) {
+                 uint64_t end) STRATA_EXCLUDES(mu_) {
     const bool tokens = site == storage::kActivationTokensSite;
     const storage::DType dtype = tokens ? storage::DType::kI64 : index.SiteDType(site);
     std::vector<int64_t> shape = {static_cast<int64_t>(end > begin ? end - begin : 0)};
@@ -121,7 +121,7 @@ class Reader {
     Status st;
     {
       py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       size_t at = 0;
       auto sink = [&](std::span<const uint8_t> bytes) {
         if (at + bytes.size() > capacity) return Internal("the reader gave more bytes than the rows asked for hold");
@@ -140,8 +140,8 @@ class Reader {
 
  private:
   activations::BatchStream::OpenReader open_;
-  std::mutex mu_;
-  std::unique_ptr<activations::ActivationReader> reader_;
+  Mutex mu_;
+  std::unique_ptr<activations::ActivationReader> reader_ STRATA_GUARDED_BY(mu_);
 };
 
 class Stream {

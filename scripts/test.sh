@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, checks the C++ layout (scripts/check-format.sh), builds, and
-# runs every test (unit, store, coordinator, trainer and multi-process integration tests), then
+# runs every test (unit, store, coordinator, trainer and multi-process integration tests), checks
+# the locking of every file that uses a Mutex with clang (scripts/thread-safety.sh), then
 # the control plane without LibTorch and its tests (build-notorch/), then a short fuzz run with
 # clang's -Wthread-safety over the threaded libraries (scripts/fuzz.sh). GPU tests (label gpu)
 # skip without a device.
@@ -28,6 +29,15 @@ run_tests() {  # build-dir [ctest args]
   flaky+=("$failed")
 }
 run_tests build "$@"
+# Clang's -Wthread-safety over every product file that uses Mutex, LibTorch rooms included, with
+# build/'s flags (compile_commands.json), and no bare std::mutex in product code: GCC ignores the
+# annotations and the fuzz build's clang compiles only the control-plane libraries. Where clang++
+# is missing (deploy/install-deps.sh installs it) it is skipped, said so.
+if command -v clang++ >/dev/null; then
+  bash scripts/thread-safety.sh build
+else
+  echo "thread-safety: skipped, no clang++"
+fi
 # The control plane without LibTorch (-DSTRATA_WITH_TORCH=OFF, build-notorch/): strata,
 # strata-coordinator and every test that needs no strata-worker build and pass without it, and
 # no binary of that build loads LibTorch. STRATA_NO_TORCH_CHECK=0 skips it.

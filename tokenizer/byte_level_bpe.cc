@@ -24,6 +24,7 @@
 // of the whole text, whatever the blocks.
 #include <algorithm>
 
+#include "common/thread_annotations.h"
 #include "tokenizer/byte_level_bpe_internal.h"
 
 namespace strata::tokenizer::internal {
@@ -150,7 +151,7 @@ struct Span {
 class BpeStream final : public EncodeStream {
  public:
   // With `shared_cache` (and its mutex) the stream uses the tokenizer's cache; else its own.
-  BpeStream(const ByteLevelBpeTokenizer& tokenizer, WordCache* shared_cache, std::mutex* shared_cache_mutex);
+  BpeStream(const ByteLevelBpeTokenizer& tokenizer, WordCache* shared_cache, Mutex* shared_cache_mutex);
   void Feed(std::string_view text, std::vector<uint32_t>* ids) override;
   void Finish(std::vector<uint32_t>* ids) override;
   size_t held_bytes() const override { return incomplete_.size() + raw_.size() + normalized_.size(); }
@@ -165,8 +166,8 @@ class BpeStream final : public EncodeStream {
   void EncodeWord(std::string_view word, std::vector<uint32_t>* ids);
 
   const ByteLevelBpeTokenizer& t_;
-  WordCache* shared_cache_;
-  std::mutex* shared_cache_mutex_;
+  WordCache* shared_cache_ STRATA_PT_GUARDED_BY(shared_cache_mutex_);
+  Mutex* shared_cache_mutex_;
   WordCache own_cache_;
   RegexScratch regex_scratch_;
   BpeScratch bpe_scratch_;
@@ -180,7 +181,7 @@ class BpeStream final : public EncodeStream {
   std::vector<std::vector<Span>> spans_;  // one per pre-tokenizer stage (they nest)
 };
 
-BpeStream::BpeStream(const ByteLevelBpeTokenizer& tokenizer, WordCache* shared_cache, std::mutex* shared_cache_mutex)
+BpeStream::BpeStream(const ByteLevelBpeTokenizer& tokenizer, WordCache* shared_cache, Mutex* shared_cache_mutex)
     : t_(tokenizer),
       shared_cache_(shared_cache),
       shared_cache_mutex_(shared_cache_mutex),
@@ -423,7 +424,7 @@ void BpeStream::EncodeWord(std::string_view word, std::vector<uint32_t>* ids) {
     }
   }
   if (shared_cache_ != nullptr) {
-    std::lock_guard<std::mutex> lock(*shared_cache_mutex_);
+    MutexLock lock(*shared_cache_mutex_);
     if (shared_cache_->Lookup(word, ids)) return;
   } else if (own_cache_.Lookup(word, ids)) {
     return;
@@ -432,7 +433,7 @@ void BpeStream::EncodeWord(std::string_view word, std::vector<uint32_t>* ids) {
   model.MergeWord(word, bpe_scratch_, &bpe_scratch_.word_ids);
   ids->insert(ids->end(), bpe_scratch_.word_ids.begin(), bpe_scratch_.word_ids.end());
   if (shared_cache_ != nullptr) {
-    std::lock_guard<std::mutex> lock(*shared_cache_mutex_);
+    MutexLock lock(*shared_cache_mutex_);
     shared_cache_->Insert(word, bpe_scratch_.word_ids);
   } else {
     own_cache_.Insert(word, bpe_scratch_.word_ids);

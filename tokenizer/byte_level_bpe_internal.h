@@ -8,12 +8,12 @@
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/flat_map.h"
 #include "tokenizer/regex.h"
@@ -125,8 +125,8 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
   std::string description_;
 
  private:
-  mutable std::mutex cache_mutex_;
-  mutable WordCache cache_;  // guarded by cache_mutex_
+  mutable Mutex cache_mutex_;
+  mutable WordCache cache_ STRATA_GUARDED_BY(cache_mutex_);
 };
 
 }  // namespace strata::tokenizer::internal

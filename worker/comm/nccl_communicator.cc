@@ -36,23 +36,49 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <thread>
 
+#include "common/log.h"
 #include "common/net.h"
+#include "common/thread_annotations.h"
 
 namespace strata::worker {
 namespace {
 
-Status NcclStatus(ncclResult_t result, ncclComm_t comm, const char* what) {
+// Where a failed call is: the file's name (not the build machine's path) and its line.
+std::string CallSite(const char* file, int line) {
+  const char* slash = std::strrchr(file, '/');
+  return std::string(slash ? slash + 1 : file) + ":" + std::to_string(line);
+}
+
+Status NcclStatus(ncclResult_t result, ncclComm_t comm, const char* what, const char* file, int line) {
   if (result == ncclSuccess || result == ncclInProgress) return Status::Ok();
   std::string detail = ncclGetErrorString(result);
   if (comm) {
     const char* last = ncclGetLastError(comm);
     if (last && *last) detail += std::string(": ") + last;
   }
-  return Unavailable(std::string("NCCL ") + what + " failed: " + detail);
+  return Unavailable(std::string("NCCL ") + what + " failed (" + CallSite(file, line) + "): " + detail);
 }
+
+Status CudaStatus(cudaError_t result, const char* call, const char* file, int line) {
+  if (result == cudaSuccess) return Status::Ok();
+  return Internal(std::string(call) + " failed (" + CallSite(file, line) + "): " + cudaGetErrorString(result));
+}
+
+// A CUDA call whose failure cannot be returned (a destructor, the watchdog): logged with its site.
+void LogIfCudaFailed(cudaError_t result, const char* call, const char* file, int line) {
+  if (result != cudaSuccess) {
+    STRATA_LOG(kWarn) << call << " failed (" << CallSite(file, line) << "): " << cudaGetErrorString(result);
+  }
+}
+
+// Every NCCL and CUDA call is checked, naming the call and its file:line.
+#define STRATA_NCCL_STATUS(call, comm, what) NcclStatus((call), (comm), (what), __FILE__, __LINE__)
+#define STRATA_CUDA_STATUS(call) CudaStatus((call), #call, __FILE__, __LINE__)
+#define STRATA_CUDA_LOG(call) LogIfCudaFailed((call), #call, __FILE__, __LINE__)
+// A collective enqueued on the compute stream (NcclCommunicator::Tracked).
+#define STRATA_TRACKED(call, what) Tracked((call), (what), __FILE__, __LINE__)
 
 // What the world and its groups share: the aborted flag, every live NCCL communicator (so Abort()
 // from any thread, the executor's cancel watcher or the watchdog, aborts them all: ncclCommAbort
@@ -67,17 +93,17 @@ class NcclShared {
   ~NcclShared() {
     stop_.store(true);
     watchdog_.join();
-    for (const Pending& p : pending_) cudaEventDestroy(p.done);
-    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (const Pending& p : pending_) STRATA_CUDA_LOG(cudaEventDestroy(p.done));
+    for (cudaEvent_t e : free_events_) STRATA_CUDA_LOG(cudaEventDestroy(e));
   }
 
-  void Add(ncclComm_t* comm) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void Add(ncclComm_t* comm) STRATA_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     comms_.push_back(comm);
   }
   // Destroys (or, after an abort, aborts) the communicator and forgets it.
-  void Remove(ncclComm_t* comm) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void Remove(ncclComm_t* comm) STRATA_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     comms_.erase(std::remove(comms_.begin(), comms_.end(), comm), comms_.end());
     if (*comm && aborted_.load()) {
       ncclCommAbort(*comm);
@@ -87,16 +113,16 @@ class NcclShared {
     *comm = nullptr;
   }
 
-  void Abort() {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void Abort() STRATA_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     AbortLocked();
   }
 
   // Aborted after Abort(), DeadlineExceeded after the watchdog fired, else OK. Never waits for
   // mutex_, which an abort that does not return keeps.
-  Status Check() {
+  Status Check() STRATA_EXCLUDES(reason_mutex_) {
     if (!aborted_.load()) return Status::Ok();
-    std::lock_guard<std::mutex> lock(reason_mutex_);
+    MutexLock lock(reason_mutex_);
     return timed_out_.empty() ? Aborted("communicator aborted") : DeadlineExceeded(timed_out_);
   }
 
@@ -104,21 +130,26 @@ class NcclShared {
   // operation captured into a CUDA graph (step_graph.h) is not run now and its event could not be
   // queried; a replay is watched through what the host waits for after it (the loss's
   // all-reduce, queued behind the replay on the same stream).
-  void Track(cudaStream_t stream, const char* what, uint32_t rank) {
+  void Track(cudaStream_t stream, const char* what, uint32_t rank) STRATA_EXCLUDES(mutex_) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
     cudaEvent_t done = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (!free_events_.empty()) {
         done = free_events_.back();
         free_events_.pop_back();
       }
     }
     if (!done && cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess)
-      return;  // unwatched, not wrong
-    cudaEventRecord(done, stream);
-    std::lock_guard<std::mutex> lock(mutex_);
+      return;                                            // unwatched, not wrong
+    if (cudaEventRecord(done, stream) != cudaSuccess) {  // unwatched: the collective's own result says why
+      (void)cudaGetLastError();
+      MutexLock lock(mutex_);
+      free_events_.push_back(done);
+      return;
+    }
+    MutexLock lock(mutex_);
     pending_.push_back({done, net::SteadyMs(), what, rank});
   }
 
@@ -130,7 +161,7 @@ class NcclShared {
     uint32_t rank;  // in the communicator that issued it
   };
 
-  void AbortLocked() {
+  void AbortLocked() STRATA_REQUIRES(mutex_) {
     aborted_.store(true);
     for (ncclComm_t* comm : comms_) {
       if (*comm) ncclCommAbort(*comm);
@@ -141,9 +172,9 @@ class NcclShared {
   // Every later call fails with `why`, the task hears of it at once (it may be blocked on the very
   // collective), then the communicators are aborted (mutex_ held). That abort may itself never
   // return (a dead in-node peer); the worker then restarts its process on the next cancel.
-  void Fire(const std::string& why) {
+  void Fire(const std::string& why) STRATA_REQUIRES(mutex_) STRATA_EXCLUDES(reason_mutex_) {
     {
-      std::lock_guard<std::mutex> lock(reason_mutex_);
+      MutexLock lock(reason_mutex_);
       timed_out_ = why;
     }
     aborted_.store(true);
@@ -151,11 +182,11 @@ class NcclShared {
     AbortLocked();
   }
 
-  void Watch() {
-    cudaSetDevice(device_);  // event queries need this thread on the device's context
+  void Watch() STRATA_EXCLUDES(mutex_) {
+    STRATA_CUDA_LOG(cudaSetDevice(device_));  // event queries need this thread on the device's context
     while (!stop_.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (aborted_.load()) continue;  // already aborted: nothing left to watch
       const int64_t now = net::SteadyMs();
       while (!pending_.empty()) {
@@ -188,13 +219,13 @@ class NcclShared {
   const std::function<void(const std::string&)> on_timeout_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> stop_{false};
-  std::mutex mutex_;
-  std::vector<ncclComm_t*> comms_;        // guarded by mutex_; entries are set to null once aborted
-  std::deque<Pending> pending_;           // guarded by mutex_: oldest first
-  std::vector<cudaEvent_t> free_events_;  // guarded by mutex_
-  std::mutex reason_mutex_;
-  std::string timed_out_;  // guarded by reason_mutex_: why the watchdog aborted
-  std::thread watchdog_;   // last: starts after everything it reads
+  Mutex mutex_;
+  std::vector<ncclComm_t*> comms_ STRATA_GUARDED_BY(mutex_);  // entries are set to null once aborted
+  std::deque<Pending> pending_ STRATA_GUARDED_BY(mutex_);     // oldest first
+  std::vector<cudaEvent_t> free_events_ STRATA_GUARDED_BY(mutex_);
+  Mutex reason_mutex_;
+  std::string timed_out_ STRATA_GUARDED_BY(reason_mutex_);  // why the watchdog aborted
+  std::thread watchdog_;                                    // last: starts after everything it reads
 };
 
 class NcclCommunicator final : public Communicator {
@@ -206,9 +237,9 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override {
     shared_->Remove(&comm_);
-    if (p2p_stream_) cudaStreamDestroy(p2p_stream_);
-    if (p2p_done_) cudaEventDestroy(p2p_done_);
-    if (compute_ready_) cudaEventDestroy(compute_ready_);
+    if (p2p_stream_) STRATA_CUDA_LOG(cudaStreamDestroy(p2p_stream_));
+    if (p2p_done_) STRATA_CUDA_LOG(cudaEventDestroy(p2p_done_));
+    if (compute_ready_) STRATA_CUDA_LOG(cudaEventDestroy(compute_ready_));
   }
 
   uint32_t rank() const override { return rank_; }
@@ -220,7 +251,7 @@ class NcclCommunicator final : public Communicator {
   Status AllReduceSum(float* data, size_t count) override {
     STRATA_RETURN_IF_ERROR(Ready());
     if (world_ == 1) return Status::Ok();
-    return Tracked(ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, Stream()), "all-reduce");
+    return STRATA_TRACKED(ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, Stream()), "all-reduce");
   }
 
   Status ReduceScatterSum(float* data, size_t count) override {
@@ -228,8 +259,8 @@ class NcclCommunicator final : public Communicator {
     if (world_ == 1) return Status::Ok();
     if (count % world_ != 0) return AllReduceSum(data, count);
     const size_t block = count / world_;
-    return Tracked(ncclReduceScatter(data, data + rank_ * block, block, ncclFloat, ncclSum, comm_, Stream()),
-                   "reduce-scatter");
+    return STRATA_TRACKED(ncclReduceScatter(data, data + rank_ * block, block, ncclFloat, ncclSum, comm_, Stream()),
+                          "reduce-scatter");
   }
 
   Status AllGather(float* data, size_t count) override {
@@ -238,14 +269,12 @@ class NcclCommunicator final : public Communicator {
     if (count % world_ != 0) {
       const auto [begin, end] = ShardRange(count, world_, rank_);
       cudaStream_t stream = Stream();
-      if (cudaMemsetAsync(data, 0, begin * sizeof(float), stream) != cudaSuccess ||
-          cudaMemsetAsync(data + end, 0, (count - end) * sizeof(float), stream) != cudaSuccess) {
-        return Internal("cudaMemsetAsync failed before an uneven all-gather");
-      }
+      STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(cudaMemsetAsync(data, 0, begin * sizeof(float), stream)));
+      STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(cudaMemsetAsync(data + end, 0, (count - end) * sizeof(float), stream)));
       return AllReduceSum(data, count);
     }
     const size_t block = count / world_;
-    return Tracked(ncclAllGather(data + rank_ * block, data, block, ncclFloat, comm_, Stream()), "all-gather");
+    return STRATA_TRACKED(ncclAllGather(data + rank_ * block, data, block, ncclFloat, comm_, Stream()), "all-gather");
   }
 
   Status AllGather16(uint16_t* data, size_t count) override {
@@ -254,22 +283,22 @@ class NcclCommunicator final : public Communicator {
     if (count % world_ != 0) {  // as AllGather: zero what is not mine, then sum (x + 0 is exact in bf16 too)
       const auto [begin, end] = ShardRange(count, world_, rank_);
       cudaStream_t stream = Stream();
-      if (cudaMemsetAsync(data, 0, begin * sizeof(uint16_t), stream) != cudaSuccess ||
-          cudaMemsetAsync(data + end, 0, (count - end) * sizeof(uint16_t), stream) != cudaSuccess) {
-        return Internal("cudaMemsetAsync failed before an uneven all-gather");
-      }
-      return Tracked(ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, comm_, Stream()),
-                     "all-gather (16-bit, uneven)");
+      STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(cudaMemsetAsync(data, 0, begin * sizeof(uint16_t), stream)));
+      STRATA_RETURN_IF_ERROR(
+          STRATA_CUDA_STATUS(cudaMemsetAsync(data + end, 0, (count - end) * sizeof(uint16_t), stream)));
+      return STRATA_TRACKED(ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, comm_, Stream()),
+                            "all-gather (16-bit, uneven)");
     }
     const size_t block = count / world_;
-    return Tracked(ncclAllGather(data + rank_ * block, data, block, ncclBfloat16, comm_, Stream()),
-                   "all-gather (16-bit)");
+    return STRATA_TRACKED(ncclAllGather(data + rank_ * block, data, block, ncclBfloat16, comm_, Stream()),
+                          "all-gather (16-bit)");
   }
 
   Status AllReduceSumBf16(uint16_t* data, size_t count) override {
     STRATA_RETURN_IF_ERROR(Ready());
     if (world_ == 1) return Status::Ok();
-    return Tracked(ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, comm_, Stream()), "all-reduce (bf16)");
+    return STRATA_TRACKED(ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, comm_, Stream()),
+                          "all-reduce (bf16)");
   }
 
   Status ReduceScatterSumBf16To(uint16_t* data, uint16_t* block, size_t count) override {
@@ -279,8 +308,8 @@ class NcclCommunicator final : public Communicator {
       STRATA_RETURN_IF_ERROR(AllReduceSumBf16(data, count));
       return Copy(block, data + begin, (end - begin) * sizeof(uint16_t));
     }
-    return Tracked(ncclReduceScatter(data, block, count / world_, ncclBfloat16, ncclSum, comm_, Stream()),
-                   "reduce-scatter (bf16)");
+    return STRATA_TRACKED(ncclReduceScatter(data, block, count / world_, ncclBfloat16, ncclSum, comm_, Stream()),
+                          "reduce-scatter (bf16)");
   }
 
   // Out of place (communicator.h): NCCL reads `mine` / writes `block` directly, saving the copy
@@ -292,8 +321,8 @@ class NcclCommunicator final : public Communicator {
       STRATA_RETURN_IF_ERROR(world_ == 1 ? Status::Ok() : AllReduceSum(data, count));
       return Copy(block, data + begin, (end - begin) * sizeof(float));
     }
-    return Tracked(ncclReduceScatter(data, block, count / world_, ncclFloat, ncclSum, comm_, Stream()),
-                   "reduce-scatter");
+    return STRATA_TRACKED(ncclReduceScatter(data, block, count / world_, ncclFloat, ncclSum, comm_, Stream()),
+                          "reduce-scatter");
   }
 
   Status AllGatherFrom(const float* mine, float* data, size_t count) override {
@@ -308,7 +337,8 @@ class NcclCommunicator final : public Communicator {
     STRATA_RETURN_IF_ERROR(Ready());
     if (root >= world_) return InvalidArgument("broadcast: root " + std::to_string(root) + " is not a rank");
     if (world_ == 1) return Status::Ok();
-    return Tracked(ncclBroadcast(data, data, count, ncclFloat, static_cast<int>(root), comm_, Stream()), "broadcast");
+    return STRATA_TRACKED(ncclBroadcast(data, data, count, ncclFloat, static_cast<int>(root), comm_, Stream()),
+                          "broadcast");
   }
 
   Status Send(const void* data, size_t bytes, uint32_t peer) override {
@@ -343,7 +373,8 @@ class NcclCommunicator final : public Communicator {
     if (color < 0) return InvalidArgument("split: rank " + std::to_string(rank_) + " is in none of the groups");
     c10::cuda::CUDAGuard guard(device_);
     ncclComm_t sub = nullptr;
-    STRATA_RETURN_IF_ERROR(NcclStatus(ncclCommSplit(comm_, color, key, &sub, nullptr), comm_, "communicator split"));
+    STRATA_RETURN_IF_ERROR(
+        STRATA_NCCL_STATUS(ncclCommSplit(comm_, color, key, &sub, nullptr), comm_, "communicator split"));
     return std::unique_ptr<Communicator>(
         std::make_unique<NcclCommunicator>(sub, static_cast<uint32_t>(key), size, device_, shared_));
   }
@@ -362,32 +393,26 @@ class NcclCommunicator final : public Communicator {
         return AllGather(data, count);
       }
     }
-    return Tracked(ncclAllGather(mine, data, count / world_, type, comm_, Stream()), what);
+    return STRATA_TRACKED(ncclAllGather(mine, data, count / world_, type, comm_, Stream()), what);
   }
   // A device-to-device copy on the current stream.
   Status Copy(void* to, const void* from, size_t bytes) {
     if (bytes == 0) return Status::Ok();
-    if (cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, Stream()) != cudaSuccess) {
-      return Internal("cudaMemcpyAsync failed beside an NCCL collective");
-    }
-    return Status::Ok();
+    return STRATA_CUDA_STATUS(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, Stream()));
   }
   cudaStream_t Stream() const { return c10::cuda::getCurrentCUDAStream(device_).stream(); }
   // A collective just enqueued on the compute stream: its result, and the watchdog's clock started.
-  Status Tracked(ncclResult_t result, const char* what) {
-    STRATA_RETURN_IF_ERROR(NcclStatus(result, comm_, what));
+  Status Tracked(ncclResult_t result, const char* what, const char* file, int line) {
+    STRATA_RETURN_IF_ERROR(NcclStatus(result, comm_, what, file, line));
     shared_->Track(Stream(), what, rank_);
     return Status::Ok();
   }
 
   Status CreateTransferStream() {
     if (p2p_stream_) return Status::Ok();
-    if (cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&p2p_done_, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming) != cudaSuccess) {
-      return Internal("cannot create the point-to-point CUDA stream");
-    }
-    return Status::Ok();
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking)));
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(cudaEventCreateWithFlags(&p2p_done_, cudaEventDisableTiming)));
+    return STRATA_CUDA_STATUS(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
   }
 
   // `compute_waits`: the compute stream waits for the transfer (a receive, whose buffer it reads
@@ -397,13 +422,15 @@ class NcclCommunicator final : public Communicator {
     STRATA_RETURN_IF_ERROR(Ready());
     STRATA_RETURN_IF_ERROR(CreateTransferStream());
     cudaStream_t compute = Stream();
-    cudaEventRecord(compute_ready_, compute);  // the buffer is written (send) or allocated (recv)
-    cudaStreamWaitEvent(p2p_stream_, compute_ready_, 0);
-    STRATA_RETURN_IF_ERROR(NcclStatus(op(p2p_stream_), comm_, what));
+    // The buffer is written (send) or allocated (recv).
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(cudaEventRecord(compute_ready_, compute)));
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(cudaStreamWaitEvent(p2p_stream_, compute_ready_, 0)));
+    STRATA_RETURN_IF_ERROR(STRATA_NCCL_STATUS(op(p2p_stream_), comm_, what));
     shared_->Track(p2p_stream_, what, rank_);
     if (!compute_waits) return Status::Ok();
-    cudaEventRecord(p2p_done_, p2p_stream_);
-    cudaStreamWaitEvent(compute, p2p_done_, 0);  // nothing on compute touches the buffer before
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(cudaEventRecord(p2p_done_, p2p_stream_)));
+    // Nothing on compute touches the buffer before.
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_STATUS(cudaStreamWaitEvent(compute, p2p_done_, 0)));
     return Status::Ok();
   }
 
@@ -422,12 +449,12 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boots
   static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0, "the id travels as floats");
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
-  if (bootstrap.rank() == 0) STRATA_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), nullptr, "unique id"));
+  if (bootstrap.rank() == 0) STRATA_RETURN_IF_ERROR(STRATA_NCCL_STATUS(ncclGetUniqueId(&id), nullptr, "unique id"));
   // The ZeroMQ broadcast copies bytes, so the id arrives bit for bit.
   STRATA_RETURN_IF_ERROR(bootstrap.Broadcast(reinterpret_cast<float*>(&id), sizeof(id) / sizeof(float), 0));
   c10::cuda::CUDAGuard guard(device);
   ncclComm_t comm = nullptr;
-  STRATA_RETURN_IF_ERROR(NcclStatus(
+  STRATA_RETURN_IF_ERROR(STRATA_NCCL_STATUS(
       ncclCommInitRank(&comm, static_cast<int>(bootstrap.world_size()), id, static_cast<int>(bootstrap.rank())),
       nullptr, "init"));
   return std::unique_ptr<Communicator>(

@@ -1,15 +1,14 @@
 #include "worker/extract/extractor.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <fstream>
 #include <iomanip>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "common/token_file.h"
 #include "shard/planner.h"
 
@@ -40,41 +39,41 @@ class ChunkWriter {
   ~ChunkWriter() { (void)Finish(); }
 
   // False when an earlier write failed (Finish() says why).
-  bool Push(Chunk chunk) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    space_.wait(lock, [&] { return queue_.size() < kMaxQueuedChunks || !status_.ok(); });
+  bool Push(Chunk chunk) STRATA_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    space_.Wait(lock, [&]() STRATA_REQUIRES(mutex_) { return queue_.size() < kMaxQueuedChunks || !status_.ok(); });
     if (!status_.ok()) return false;
     queue_.push_back(std::move(chunk));
-    ready_.notify_one();
+    ready_.NotifyOne();
     return true;
   }
 
   // Writes what is queued, stops the thread, returns the first error.
-  Status Finish() {
+  Status Finish() STRATA_EXCLUDES(mutex_) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       closing_ = true;
-      ready_.notify_one();
+      ready_.NotifyOne();
     }
     if (thread_.joinable()) thread_.join();
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     return status_;
   }
 
  private:
-  void Loop() {
+  void Loop() STRATA_EXCLUDES(mutex_) {
     while (true) {
       Chunk chunk;
       {
-        std::unique_lock<std::mutex> lock(mutex_);
-        ready_.wait(lock, [&] { return !queue_.empty() || closing_; });
+        MutexLock lock(mutex_);
+        ready_.Wait(lock, [&]() STRATA_REQUIRES(mutex_) { return !queue_.empty() || closing_; });
         if (queue_.empty()) return;
         chunk = std::move(queue_.front());
         queue_.pop_front();
       }
       Status st = write_(chunk);
-      std::lock_guard<std::mutex> lock(mutex_);
-      space_.notify_all();
+      MutexLock lock(mutex_);
+      space_.NotifyAll();
       if (!st.ok()) {
         status_ = st;
         queue_.clear();
@@ -84,12 +83,12 @@ class ChunkWriter {
   }
 
   WriteFn write_;
-  std::mutex mutex_;
-  std::condition_variable ready_, space_;
-  std::deque<Chunk> queue_;  // guarded by mutex_
-  bool closing_ = false;     // guarded by mutex_
-  Status status_;            // guarded by mutex_
-  std::thread thread_;       // last: starts after the members it uses exist
+  Mutex mutex_;
+  CondVar ready_, space_;
+  std::deque<Chunk> queue_ STRATA_GUARDED_BY(mutex_);
+  bool closing_ STRATA_GUARDED_BY(mutex_) = false;
+  Status status_ STRATA_GUARDED_BY(mutex_);
+  std::thread thread_;  // last: starts after the members it uses exist
 };
 
 }  // namespace

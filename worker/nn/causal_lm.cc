@@ -5,9 +5,9 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
-#include <mutex>
 #include <tuple>
 
+#include "common/thread_annotations.h"
 #include "common/token_file.h"
 #include "model/parameters.h"
 #include "worker/nn/hf_format.h"
@@ -251,8 +251,8 @@ Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t s
   } else if (!for_resume) {
     // The generator is process-global: tasks sharing a process (tests) must not interleave
     // their initialisation.
-    static std::mutex init_mutex;
-    std::lock_guard<std::mutex> lock(init_mutex);
+    static Mutex init_mutex;
+    MutexLock lock(init_mutex);
     torch::manual_seed(static_cast<uint64_t>(seed));
     model->Initialize();
   }

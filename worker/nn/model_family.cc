@@ -132,7 +132,7 @@ void ModelFamily::Initialize(const std::string& name, torch::Tensor& t) const {
 std::pair<torch::Tensor, torch::Tensor> ModelFamily::RotaryHalf(const torch::Tensor& x, int64_t length) const {
   const int64_t t = length < 0 ? x.size(1) : length;
   const std::pair<std::string, int64_t> key{x.device().str(), t};
-  std::lock_guard<std::mutex> lock(rotary_mutex_);
+  MutexLock lock(rotary_mutex_);
   if (auto it = rotary_tables_.find(key); it != rotary_tables_.end()) return it->second;
   // A handful of lengths in practice (the run's sequence, an extraction's batches); a caller
   // cycling through many must not grow this without bound.

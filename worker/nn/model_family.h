@@ -22,12 +22,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/run_spec.h"
+#include "common/thread_annotations.h"
 #include "worker/nn/block_io.h"
 #include "worker/nn/fused_linear.h"
 
@@ -139,7 +139,8 @@ class ModelFamily {
   // attention's length: under sequence parallelism its input holds 1/tp of the tokens.
   std::pair<torch::Tensor, torch::Tensor> Rotary(const torch::Tensor& x, int64_t length = -1) const;
   // cos and sin [t, rotary_dims / 2] fp32 on x's device: the tables of FusedRotary.
-  std::pair<torch::Tensor, torch::Tensor> RotaryHalf(const torch::Tensor& x, int64_t length = -1) const;
+  std::pair<torch::Tensor, torch::Tensor> RotaryHalf(const torch::Tensor& x, int64_t length = -1) const
+      STRATA_EXCLUDES(rotary_mutex_);
   // Rotates the first rotary_dims of each head of q or k [b, heads, t, head_dim].
   torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor Activation(const torch::Tensor& x) const;
@@ -160,8 +161,9 @@ class ModelFamily {
   // RotaryHalf's tables by (device, length), built once: every block of every step reads the
   // same ones, and building them copies inv_freq_ from the host, which a CUDA graph capture
   // (step_graph.h) cannot contain. Extraction and training may run on different threads.
-  mutable std::mutex rotary_mutex_;
-  mutable std::map<std::pair<std::string, int64_t>, std::pair<torch::Tensor, torch::Tensor>> rotary_tables_;
+  mutable Mutex rotary_mutex_;
+  mutable std::map<std::pair<std::string, int64_t>, std::pair<torch::Tensor, torch::Tensor>> rotary_tables_
+      STRATA_GUARDED_BY(rotary_mutex_);
 };
 
 std::unique_ptr<ModelFamily> CreateModelFamily(const ModelSpec& spec);

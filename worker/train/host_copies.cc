@@ -20,15 +20,24 @@ namespace strata::worker {
 
 #ifdef STRATA_WITH_CUDA
 struct HostCopies::Streams {
+  using Events = std::unordered_map<size_t, std::unique_ptr<at::cuda::CUDAEvent>>;
   c10::cuda::CUDAStream down, up;
+  // The tickets: uploads may be queued on another thread than the downloads' (HostCopies::Upload).
+  Mutex mu;
   // The copies not yet waited for, by ticket (each is waited for once, then forgotten).
-  std::unordered_map<size_t, std::unique_ptr<at::cuda::CUDAEvent>> downloaded, uploaded;
-  size_t next_ticket = 0;
-  // The event of `ticket` in `pending` (downloaded or uploaded), taken out: each is waited for once.
-  static std::unique_ptr<at::cuda::CUDAEvent> Take(
-      std::mutex& mu, std::unordered_map<size_t, std::unique_ptr<at::cuda::CUDAEvent>>& pending, size_t ticket,
-      const char* what) {
-    std::lock_guard<std::mutex> lock(mu);
+  Events downloaded STRATA_GUARDED_BY(mu), uploaded STRATA_GUARDED_BY(mu);
+  size_t next_ticket STRATA_GUARDED_BY(mu) = 0;
+  // The event of download or upload `ticket`, taken out: each is waited for once.
+  std::unique_ptr<at::cuda::CUDAEvent> TakeDownload(size_t ticket) STRATA_EXCLUDES(mu) {
+    MutexLock lock(mu);
+    return Take(downloaded, ticket, "download");
+  }
+  std::unique_ptr<at::cuda::CUDAEvent> TakeUpload(size_t ticket) STRATA_EXCLUDES(mu) {
+    MutexLock lock(mu);
+    return Take(uploaded, ticket, "upload");
+  }
+  // The event of `ticket` in `pending` (downloaded or uploaded), taken out.
+  std::unique_ptr<at::cuda::CUDAEvent> Take(Events& pending, size_t ticket, const char* what) STRATA_REQUIRES(mu) {
     auto it = pending.find(ticket);
     TORCH_CHECK(it != pending.end(), "HostCopies: ", what, " ticket ", ticket, " is not pending");
     std::unique_ptr<at::cuda::CUDAEvent> event = std::move(it->second);
@@ -99,7 +108,7 @@ size_t HostCopies::Download(const torch::Tensor& device_src, const torch::Tensor
     }
     auto done = std::make_unique<at::cuda::CUDAEvent>();
     done->record(streams_->down);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(streams_->mu);
     const size_t ticket = streams_->next_ticket++;
     streams_->downloaded.emplace(ticket, std::move(done));
     return ticket;
@@ -111,7 +120,7 @@ size_t HostCopies::Download(const torch::Tensor& device_src, const torch::Tensor
 
 void HostCopies::WaitDownload(size_t ticket) {
 #ifdef STRATA_WITH_CUDA
-  if (streams_) Streams::Take(mu_, streams_->downloaded, ticket, "download")->synchronize();
+  if (streams_) streams_->TakeDownload(ticket)->synchronize();
 #else
   (void)ticket;
 #endif
@@ -141,7 +150,7 @@ size_t HostCopies::Upload(const torch::Tensor& host_src, const torch::Tensor& de
       if (then) then();
       done->record(streams_->up);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(streams_->mu);
     const size_t ticket = streams_->next_ticket++;
     streams_->uploaded.emplace(ticket, std::move(done));
     return ticket;
@@ -154,8 +163,7 @@ size_t HostCopies::Upload(const torch::Tensor& host_src, const torch::Tensor& de
 
 void HostCopies::CurrentStreamWaitsUpload(size_t ticket) {
 #ifdef STRATA_WITH_CUDA
-  if (streams_)
-    Streams::Take(mu_, streams_->uploaded, ticket, "upload")->block(c10::cuda::getCurrentCUDAStream(device_.index()));
+  if (streams_) streams_->TakeUpload(ticket)->block(c10::cuda::getCurrentCUDAStream(device_.index()));
 #else
   (void)ticket;
 #endif
@@ -167,7 +175,7 @@ void HostCopies::CurrentStreamWaitsUploads() {
     at::cuda::CUDAEvent done;
     done.record(streams_->up);
     done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(streams_->mu);
     streams_->uploaded.clear();
   }
 #endif
@@ -176,7 +184,7 @@ void HostCopies::CurrentStreamWaitsUploads() {
 void HostCopies::ForgetDownloads() {
 #ifdef STRATA_WITH_CUDA
   if (streams_) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(streams_->mu);
     streams_->downloaded.clear();
   }
 #endif
@@ -193,10 +201,10 @@ HostGradientSums::HostGradientSums(HostCopies& copies, const torch::Device& devi
 
 HostGradientSums::~HostGradientSums() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
   thread_.join();
 }
 
@@ -206,19 +214,19 @@ void HostGradientSums::Add(const torch::Tensor& device_src, const torch::Tensor&
               " values for a staging buffer of ", staging_.front().numel(), " and a sum of ", host_sum.numel());
   size_t staging = 0;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [&] { return !free_.empty(); });
+    MutexLock lock(mu_);
+    changed_.Wait(lock, [&]() STRATA_REQUIRES(mu_) { return !free_.empty(); });
     staging = free_.back();
     free_.pop_back();
   }
   // Outside the lock: on a CPU device the copy is made here, at once.
   const size_t ticket = copies_.Download(device_src, staging_[staging].narrow(0, 0, n));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     queue_.push_back({ticket, staging, host_sum, n, first});
     ++in_flight_;
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
 }
 
 void HostGradientSums::Loop() {
@@ -226,8 +234,8 @@ void HostGradientSums::Loop() {
     Job job;
     bool skip = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      changed_.Wait(lock, [&]() STRATA_REQUIRES(mu_) { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, nothing left
       job = std::move(queue_.front());
       queue_.pop_front();
@@ -249,18 +257,18 @@ void HostGradientSums::Loop() {
       failure = e.what();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!failure.empty() && failure_.empty()) failure_ = failure;
       free_.push_back(job.staging);
       --in_flight_;
     }
-    changed_.notify_all();
+    changed_.NotifyAll();
   }
 }
 
 Status HostGradientSums::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait(lock, [&] { return in_flight_ == 0; });
+  MutexLock lock(mu_);
+  changed_.Wait(lock, [&]() STRATA_REQUIRES(mu_) { return in_flight_ == 0; });
   if (failure_.empty()) return Status::Ok();
   const std::string failure = failure_;
   failure_.clear();

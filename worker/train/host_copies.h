@@ -8,17 +8,16 @@
 
 #include <torch/torch.h>
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace strata::worker {
 
@@ -56,10 +55,9 @@ class HostCopies {
   void ForgetDownloads();
 
  private:
-  struct Streams;  // CUDA streams and events (CUDA builds)
+  struct Streams;  // CUDA streams, and the tickets' events under Streams::mu (CUDA builds)
   torch::Device device_;
   std::unique_ptr<Streams> streams_;
-  std::mutex mu_;  // the tickets' events (Streams)
 };
 
 // Sums gradients in host memory (offload = "optimizer+params", where no unit's gradient stays on
@@ -78,13 +76,13 @@ class HostGradientSums {
   // Queues `device_src` (contiguous fp32, at most `length` values; read after the work queued so
   // far on the device's current stream, kept alive by the copy) into `host_sum`: written when
   // `first`, else added.
-  void Add(const torch::Tensor& device_src, const torch::Tensor& host_sum, bool first);
+  void Add(const torch::Tensor& device_src, const torch::Tensor& host_sum, bool first) STRATA_EXCLUDES(mu_);
   // Blocks until every queued sum is in host memory. Not OK when one failed (the sums are then
   // wrong; later ones were skipped).
-  Status Drain();
+  Status Drain() STRATA_EXCLUDES(mu_);
 
  private:
-  void Loop();
+  void Loop() STRATA_EXCLUDES(mu_);
   struct Job {
     size_t ticket = 0;
     size_t staging = 0;
@@ -94,13 +92,13 @@ class HostGradientSums {
   };
   HostCopies& copies_;
   std::vector<torch::Tensor> staging_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::vector<size_t> free_;  // staging buffers not in use
-  std::deque<Job> queue_;
-  int64_t in_flight_ = 0;  // queued and not yet summed
-  bool stop_ = false;
-  std::string failure_;
+  Mutex mu_;
+  CondVar changed_;
+  std::vector<size_t> free_ STRATA_GUARDED_BY(mu_);  // staging buffers not in use
+  std::deque<Job> queue_ STRATA_GUARDED_BY(mu_);
+  int64_t in_flight_ STRATA_GUARDED_BY(mu_) = 0;  // queued and not yet summed
+  bool stop_ STRATA_GUARDED_BY(mu_) = false;
+  std::string failure_ STRATA_GUARDED_BY(mu_);
   std::thread thread_;  // last: started once the rest is built
 };
 

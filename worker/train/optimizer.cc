@@ -330,10 +330,7 @@ void UnitOptimizer::Apply(const TrainSpec& tr, int64_t step, double lr, double c
       targets.push_back({units[u].sharded ? flat : flat.narrow(0, m.begin, m.end - m.begin),
                          fresh[u] ? units[u].working : torch::Tensor(), fresh[u] ? flat : torch::Tensor()});
     }
-    pending_ = std::make_unique<Pending>();
-    pending_->uploaded.assign(units.size(), std::nullopt);
-    pending_->waited.assign(units.size(), false);
-    pending_->step = step;
+    pending_ = std::make_unique<Pending>(units.size(), step);
     pending_->thread = std::thread(
         [this, tr, step, lr, clip, targets = std::move(targets)] { UpdateOnHost(tr, step, lr, clip, targets); });
     if (gathers) {
@@ -406,21 +403,21 @@ void UnitOptimizer::UpdateOnHost(const TrainSpec& tr, int64_t step, double lr, d
       const size_t ticket =
           target.params.defined() ? offload_->Upload(host.master, target.params, then) : kNothingUploaded;
       {
-        std::lock_guard<std::mutex> lock(pending.mu);
+        MutexLock lock(pending.mu);
         pending.uploaded[u] = ticket;
       }
-      pending.changed.notify_all();
+      pending.changed.NotifyAll();
     }
   } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(pending.mu);
+    MutexLock lock(pending.mu);
     pending.failure = e.what();
   }
   {
-    std::lock_guard<std::mutex> lock(pending.mu);
+    MutexLock lock(pending.mu);
     pending.update_s = std::chrono::duration<double>(Clock::now() - start).count();
     pending.done = true;
   }
-  pending.changed.notify_all();
+  pending.changed.NotifyAll();
 }
 
 void UnitOptimizer::WaitForUnit(size_t unit) {
@@ -428,8 +425,9 @@ void UnitOptimizer::WaitForUnit(size_t unit) {
   std::optional<size_t> ticket;
   const auto waiting = std::chrono::steady_clock::now();
   {
-    std::unique_lock<std::mutex> lock(pending_->mu);
-    pending_->changed.wait(lock, [&] { return pending_->uploaded[unit].has_value() || pending_->done; });
+    MutexLock lock(pending_->mu);
+    pending_->changed.Wait(
+        lock, [&]() STRATA_REQUIRES(pending_->mu) { return pending_->uploaded[unit].has_value() || pending_->done; });
     ticket = pending_->uploaded[unit];
   }
   pending_->forward_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();

@@ -54,9 +54,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -64,6 +62,7 @@
 
 #include "common/run_spec.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "worker/train/host_copies.h"
 #include "worker/train/stage_model.h"
 
@@ -199,15 +198,17 @@ class UnitOptimizer {
   // waited for already (a unit may be read by several calls: micro-batches, a tied embedding),
   // the forward's own.
   struct Pending {
+    Pending(size_t units, int64_t of_step) : uploaded(units, std::nullopt), waited(units, false), step(of_step) {}
     std::thread thread;
-    std::mutex mu;
-    std::condition_variable changed;
-    std::vector<std::optional<size_t>> uploaded;
+    Mutex mu;
+    CondVar changed;
+    std::vector<std::optional<size_t>> uploaded STRATA_GUARDED_BY(mu);
     std::vector<bool> waited;
     int64_t step = 0;
-    bool done = false;
+    bool done STRATA_GUARDED_BY(mu) = false;
+    // The thread's until it is joined (Settle reads them after).
     std::string failure;                                           // what stopped it, if something did
-    double update_s = 0, gradient_wait_s = 0, forward_wait_s = 0;  // OffloadTimes
+    double update_s = 0, gradient_wait_s = 0, forward_wait_s = 0;  // OffloadTimes (forward_wait_s: the forward's)
   };
   OffloadTimes offload_times_;
   std::unique_ptr<Pending> pending_;

@@ -18,7 +18,6 @@
 #include <deque>
 #include <iomanip>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -26,6 +25,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "worker/nn/causal_lm.h"
 #include "worker/nn/hf_format.h"
 #include "worker/nn/torch_compat.h"
@@ -200,8 +200,8 @@ Status Trainer::Resume(const ResumePoint& resume) {
         }
       }
       // The reads are independent: they run on the intra-op threads at once.
-      std::mutex failed_mutex;
-      Status failed = Status::Ok();
+      Mutex failed_mutex;
+      Status failed = Status::Ok();  // under failed_mutex until parallel_for returns
       const auto reads_start = Clock::now();
       at::parallel_for(0, static_cast<int64_t>(reads.size()), 1, [&](int64_t begin, int64_t end) {
         for (int64_t k = begin; k < end; ++k) {
@@ -215,7 +215,7 @@ Status Trainer::Resume(const ResumePoint& resume) {
             if (r.part_to) std::memcpy(r.part_to, r.staging.data() + r.part_offset, static_cast<size_t>(r.part_bytes));
             continue;
           }
-          std::lock_guard<std::mutex> lock(failed_mutex);
+          MutexLock lock(failed_mutex);
           if (failed.ok()) failed = read;
         }
       });
