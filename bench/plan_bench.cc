@@ -15,7 +15,7 @@ using namespace strata;
 
 ModelSpec Llama70B() {
   ModelSpec m;
-  m.family = "llama";
+  m.family = Family::kLlama;
   m.layers = 80, m.hidden = 8192, m.heads = 64, m.kv_heads = 8, m.ffn = 28672, m.vocab = 128256, m.sequence = 4096;
   return m;
 }
@@ -37,7 +37,7 @@ shard::ClusterView Nodes(int nodes, int gpus) {
 void BM_Plan(benchmark::State& state) {
   const auto cluster = Nodes(static_cast<int>(state.range(0)), 8);
   shard::JobSpec job;
-  job.global_batch = 1024, job.precision = "bf16";
+  job.global_batch = 1024, job.precision = Precision::kBf16;
   for (auto _ : state) {
     auto plan = shard::ChoosePlan(Llama70B(), job, cluster);
     if (!plan.ok()) state.SkipWithError(plan.status().message().c_str());

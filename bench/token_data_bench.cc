@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   }
   strata::DataSpec spec;
   spec.path = path;
-  spec.format = "u32";
+  spec.format = strata::TokenFormat::kU32;
   const double gb = static_cast<double>(bytes) / 1e9;
 
   double best = 1e30;

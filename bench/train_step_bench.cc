@@ -22,6 +22,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <type_traits>
 
 #include "worker/torch_executor.h"
 #include "worker/train/device_memory.h"
@@ -34,7 +35,7 @@ namespace {}  // namespace
 
 int main(int argc, char** argv) {
   strata::RunSpec spec;
-  spec.model.family = "gpt2";  // GPT-2 124M unless flags say otherwise
+  spec.model.family = strata::Family::kGpt2;  // GPT-2 124M unless flags say otherwise
   spec.model.layers = 12;
   spec.model.hidden = 768;
   spec.model.heads = 12;
@@ -45,17 +46,27 @@ int main(int argc, char** argv) {
   spec.train.global_batch = 8;
   spec.train.lr = 3e-4;
   spec.train.weight_decay = 0.1;
-  spec.train.precision = "bf16";
+  spec.train.precision = strata::Precision::kBf16;
   int steps = 10, warmup = 3;
   std::string device = "cuda:0";
   std::string profile;
   bool markov = false;
+  // A flag naming one of the run spec's choices, spelled as in its TOML.
+  auto choice = [](auto* out, const std::string& flag, const std::string& v) {
+    using E = std::remove_pointer_t<decltype(out)>;
+    if (const auto value = strata::ParseChoice<E>(v)) {
+      *out = *value;
+      return true;
+    }
+    std::fprintf(stderr, "%s %s: use %s\n", flag.c_str(), v.c_str(), strata::ChoiceList<E>().c_str());
+    return false;
+  };
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const std::string v = argv[i + 1];
-    if (k == "--family")
-      spec.model.family = v;
-    else if (k == "--layers")
+    if (k == "--family") {
+      if (!choice(&spec.model.family, k, v)) return 2;
+    } else if (k == "--layers")
       spec.model.layers = std::stoll(v);
     else if (k == "--hidden")
       spec.model.hidden = std::stoll(v);
@@ -73,9 +84,9 @@ int main(int argc, char** argv) {
       spec.train.global_batch = std::stoll(v);
     else if (k == "--micro-batch")
       spec.parallel.micro_batch = std::stoll(v);
-    else if (k == "--precision")
-      spec.train.precision = v;
-    else if (k == "--steps")
+    else if (k == "--precision") {
+      if (!choice(&spec.train.precision, k, v)) return 2;
+    } else if (k == "--steps")
       steps = std::stoi(v);
     else if (k == "--device")
       device = v;
@@ -83,11 +94,11 @@ int main(int argc, char** argv) {
       profile = v;
     else if (k == "--cuda-graphs")
       spec.train.cuda_graphs = v != "0";
-    else if (k == "--optimizer")
-      spec.train.optimizer = v;
-    else if (k == "--offload")
-      spec.parallel.offload = v;
-    else if (k == "--zero")
+    else if (k == "--optimizer") {
+      if (!choice(&spec.train.optimizer, k, v)) return 2;
+    } else if (k == "--offload") {
+      if (!choice(&spec.parallel.offload, k, v)) return 2;
+    } else if (k == "--zero")
       spec.parallel.zero = std::stoll(v);
     else if (k == "--markov")
       markov = v != "0";
@@ -96,11 +107,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (spec.parallel.offload == "optimizer+params")
+  if (spec.parallel.offload == strata::Offload::kOptimizerAndParams)
     spec.parallel.zero = 3;  // its streamed path (worker/train/stage_model.h)
-  if (spec.model.family == "llama") spec.model.norm_eps = 1e-6;
+  if (spec.model.family == strata::Family::kLlama) spec.model.norm_eps = 1e-6;
   if (spec.model.kv_heads == 12 && spec.model.heads != 12) spec.model.kv_heads = spec.model.heads;
-  spec.model.tie_embeddings = spec.model.family == "gpt2" || spec.model.family == "gemma";
+  spec.model.tie_embeddings = spec.model.family == strata::Family::kGpt2 || spec.model.family == strata::Family::kGemma;
   if (strata::Status valid = strata::ValidateModelSpec(spec.model, "model: "); !valid.ok()) {
     std::fprintf(stderr, "%s\n", valid.ToString().c_str());
     return 2;
@@ -122,7 +133,7 @@ int main(int argc, char** argv) {
     std::ofstream(data_path, std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
   }
   spec.data.path = data_path;
-  spec.data.format = "u16";
+  spec.data.format = strata::TokenFormat::kU16;
 
   auto executor = strata::worker::CreateTorchExecutor({device});
   if (!executor.ok()) {
@@ -181,9 +192,10 @@ int main(int argc, char** argv) {
       "\"optimizer_state_bytes\": %ld, \"offload_update_ms\": %.1f, \"offload_gradient_wait_ms\": %.1f, "
       "\"offload_forward_wait_ms\": %.1f, "
       "\"loss\": %.4f, \"last20_loss\": %.4f}\n",
-      spec.model.family.c_str(), static_cast<long>(params), static_cast<long>(spec.train.global_batch),
-      static_cast<long>(spec.model.sequence), spec.train.precision.c_str(), spec.train.optimizer.c_str(),
-      spec.parallel.offload.c_str(), trainer.last_step_replayed_graph() ? "true" : "false",
+      std::string(strata::Name(spec.model.family)).c_str(), static_cast<long>(params),
+      static_cast<long>(spec.train.global_batch), static_cast<long>(spec.model.sequence),
+      std::string(strata::Name(spec.train.precision)).c_str(), std::string(strata::Name(spec.train.optimizer)).c_str(),
+      std::string(strata::Name(spec.parallel.offload)).c_str(), trainer.last_step_replayed_graph() ? "true" : "false",
       steps * spec.train.global_batch * spec.model.sequence / seconds, 1000 * seconds / steps,
       peak_bytes / double(1ull << 30), static_cast<long>(trainer.optimizer_state_bytes()), 1000 * offload.update,
       1000 * offload.gradient_wait, 1000 * offload.forward_wait, loss, tail_loss);

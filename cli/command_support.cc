@@ -150,7 +150,7 @@ json RunToJson(RunRecord::Reader r, bool with_plan) {
             {"gradient_accumulation", p.gradient_accumulation},
             {"recompute", p.recompute},
             {"keep_gathered", p.keep_gathered},
-            {"offload", p.offload},
+            {"offload", std::string(Name(p.offload))},
             {"stages", p.stages},
             {"planned", p.planned}};
   }

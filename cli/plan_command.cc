@@ -243,7 +243,7 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
                 {"micro_batch", p.micro_batch},
                 {"gradient_accumulation", p.gradient_accumulation},
                 {"recompute", p.recompute},
-                {"offload", shard::OffloadName(p.offload)},
+                {"offload", std::string(Name(p.offload))},
                 {"keep_gathered", p.keep_gathered},
                 {"vocab_parallel", shard::VocabParallel(spec->model, p.tp)},
                 {"sequence_parallel", shard::SequenceParallel(*spec, p.tp)},
@@ -258,8 +258,8 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
     json largest = json::array();
     for (const auto& c : capacities) {
       largest.push_back({{"option", c.option.name},
-                         {"optimizer", c.option.optimizer},
-                         {"offload", shard::OffloadName(c.option.offload)},
+                         {"optimizer", std::string(Name(c.option.optimizer))},
+                         {"offload", std::string(Name(c.option.offload))},
                          {"layers", c.layers},
                          {"parameters", c.parameters},
                          {"plan", c.plan}});

@@ -44,7 +44,7 @@ Result<std::string> CacheKey(const DataSpec& data) {
 
 Status PrepareTextData(RunSpec* spec, const std::string& state_dir, int progress_every_s) {
   DataSpec& data = spec->data;
-  if (data.format != "text") return Status::Ok();
+  if (data.format != TokenFormat::kText) return Status::Ok();
   STRATA_ASSIGN_OR_RETURN(auto tokenizer, tokenizer::LoadTokenizer(data.tokenizer));
   if (tokenizer->vocab_size() > spec->model.vocab) {
     return InvalidArgument("data.tokenizer = " + data.tokenizer + " has " + std::to_string(tokenizer->vocab_size()) +
@@ -83,7 +83,7 @@ Status PrepareTextData(RunSpec* spec, const std::string& state_dir, int progress
                            "; use a longer text or a shorter sequence");
   }
   data.path = cache.string();
-  data.format = "u32";
+  data.format = TokenFormat::kU32;
   data.tokenizer.clear();
   return Status::Ok();
 }

@@ -79,7 +79,7 @@ class ConfigReader {
     return it == config_.end() || it->is_null() ? nullptr : &*it;
   }
 
-  void set_family(std::string family) { family_ = std::move(family); }
+  void set_family(Family family) { family_ = std::string(Name(family)); }
   const std::string& source() const { return source_; }
   const std::map<std::string, std::string>& keys() const { return keys_; }
   void NoteKey(const char* field, const char* key) { keys_[field] = key; }
@@ -91,19 +91,31 @@ class ConfigReader {
   std::map<std::string, std::string> keys_;  // ModelSpec field -> config key
 };
 
-const std::map<std::string, std::string>& FamilyOfModelType() {
-  static const std::map<std::string, std::string> families = {{"gpt2", "gpt2"},       {"llama", "llama"},
-                                                              {"mistral", "mistral"}, {"qwen2", "qwen2"},
-                                                              {"gemma", "gemma"},     {"gpt_neox", "gpt_neox"}};
+// config.json's model_type -> the family (the same spelling for each).
+const std::map<std::string, Family>& FamilyOfModelType() {
+  static const std::map<std::string, Family> families = [] {
+    std::map<std::string, Family> out;
+    for (const auto& [family, name] : Choices<Family>::kNames) out.emplace(name, family);
+    return out;
+  }();
   return families;
 }
 
-const char* ArchitectureOf(const std::string& family) {
-  if (family == "gpt2") return "GPT2LMHeadModel";
-  if (family == "llama") return "LlamaForCausalLM";
-  if (family == "mistral") return "MistralForCausalLM";
-  if (family == "qwen2") return "Qwen2ForCausalLM";
-  if (family == "gemma") return "GemmaForCausalLM";
+const char* ArchitectureOf(Family family) {
+  switch (family) {
+    case Family::kGpt2:
+      return "GPT2LMHeadModel";
+    case Family::kLlama:
+      return "LlamaForCausalLM";
+    case Family::kMistral:
+      return "MistralForCausalLM";
+    case Family::kQwen2:
+      return "Qwen2ForCausalLM";
+    case Family::kGemma:
+      return "GemmaForCausalLM";
+    case Family::kGptNeox:
+      return "GPTNeoXForCausalLM";
+  }
   return "GPTNeoXForCausalLM";
 }
 
@@ -129,7 +141,7 @@ Status ReadRope(ConfigReader& r, ModelSpec* m, bool scaling_allowed) {
         "; running it with plain rotary embeddings would give wrong activations");
   }
   RopeScaling& rs = m->rope_scaling;
-  rs.type = type;
+  rs.type = type == "llama3" ? RopeScalingType::kLlama3 : RopeScalingType::kLinear;
   auto number = [&](const char* name, double* out) -> Status {
     auto it = scaling->find(name);
     if (it == scaling->end())
@@ -139,7 +151,7 @@ Status ReadRope(ConfigReader& r, ModelSpec* m, bool scaling_allowed) {
     return Status::Ok();
   };
   STRATA_RETURN_IF_ERROR(number("factor", &rs.factor));
-  if (type == "llama3") {
+  if (rs.type == RopeScalingType::kLlama3) {
     double original = 0;
     STRATA_RETURN_IF_ERROR(number("low_freq_factor", &rs.low_freq_factor));
     STRATA_RETURN_IF_ERROR(number("high_freq_factor", &rs.high_freq_factor));
@@ -154,9 +166,11 @@ Status ReadActivation(ConfigReader& r, const char* key, std::string fallback, Mo
   std::string act = r.String(key);
   if (act.empty()) act = fallback;
   if (act == "gelu_new" || act == "gelu_pytorch_tanh") {
-    m->activation = "gelu_tanh";
-  } else if (act == "gelu" || act == "silu") {
-    m->activation = act;
+    m->activation = Activation::kGeluTanh;
+  } else if (act == "gelu") {
+    m->activation = Activation::kGelu;
+  } else if (act == "silu") {
+    m->activation = Activation::kSilu;
   } else {
     return InvalidArgument(r.source() + ": \"" + key + "\" = \"" + act +
                            "\" is not supported; Strata runs gelu, gelu_new / gelu_pytorch_tanh and silu");
@@ -189,8 +203,8 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
   m.family = family->second;
   r.set_family(m.family);
   r.NoteKey("family", "model_type");
-  const std::string& f = m.family;
-  if (f == "gpt2") {
+  const Family f = m.family;
+  if (f == Family::kGpt2) {
     STRATA_RETURN_IF_ERROR(r.Int("n_layer", &m.layers, "layers"));
     STRATA_RETURN_IF_ERROR(r.Int("n_embd", &m.hidden, "hidden"));
     STRATA_RETURN_IF_ERROR(r.Int("n_head", &m.heads, "heads"));
@@ -219,7 +233,7 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
     STRATA_RETURN_IF_ERROR(r.Int("max_position_embeddings", &m.max_positions, "max_positions"));
     r.NoteKey("rope_theta", "rope_theta");
     r.NoteKey("rope_scaling", "rope_scaling");
-    if (f == "gpt_neox") {
+    if (f == Family::kGptNeox) {
       STRATA_RETURN_IF_ERROR(r.Float("layer_norm_eps", &m.norm_eps, "norm_eps", 1e-5));
       STRATA_RETURN_IF_ERROR(
           r.Float("rotary_emb_base", &m.rope_theta, "rope_theta", r.Find("rope_theta") ? 0.0 : 10000.0));
@@ -235,25 +249,26 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
       STRATA_RETURN_IF_ERROR(ReadRope(r, &m, /*scaling_allowed=*/false));
     } else {
       STRATA_RETURN_IF_ERROR(r.Int("num_key_value_heads", &m.kv_heads, "kv_heads", m.heads));
-      STRATA_RETURN_IF_ERROR(
-          r.Int("head_dim", &m.head_dim, "head_dim", f == "gemma" ? 256 : m.hidden / std::max<int64_t>(m.heads, 1)));
+      STRATA_RETURN_IF_ERROR(r.Int("head_dim", &m.head_dim, "head_dim",
+                                   f == Family::kGemma ? 256 : m.hidden / std::max<int64_t>(m.heads, 1)));
       STRATA_RETURN_IF_ERROR(r.Float("rms_norm_eps", &m.norm_eps, "norm_eps", 1e-6));
       STRATA_RETURN_IF_ERROR(r.Float("rope_theta", &m.rope_theta, "rope_theta", 10000.0));
-      STRATA_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &m.tie_embeddings, "tie_embeddings", f == "gemma"));
-      STRATA_RETURN_IF_ERROR(ReadRope(r, &m, /*scaling_allowed=*/f != "gemma"));
-      if (f == "gemma") {
+      STRATA_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &m.tie_embeddings, "tie_embeddings", f == Family::kGemma));
+      STRATA_RETURN_IF_ERROR(ReadRope(r, &m, /*scaling_allowed=*/f != Family::kGemma));
+      if (f == Family::kGemma) {
         // transformers' Gemma uses hidden_activation and falls back to the tanh GELU (not hidden_act).
         STRATA_RETURN_IF_ERROR(ReadActivation(r, "hidden_activation", "gelu_pytorch_tanh", &m));
         STRATA_RETURN_IF_ERROR(r.Bool("attention_bias", &m.attention_bias, "attention_bias", false));
       } else {
         STRATA_RETURN_IF_ERROR(ReadActivation(r, "hidden_act", "silu", &m));
       }
-      if (f == "llama") {
+      if (f == Family::kLlama) {
         STRATA_RETURN_IF_ERROR(r.Bool("attention_bias", &m.attention_bias, "attention_bias", false));
         STRATA_RETURN_IF_ERROR(r.Bool("mlp_bias", &m.mlp_bias, "mlp_bias", false));
       }
-      if (f == "mistral") STRATA_RETURN_IF_ERROR(r.Int("sliding_window", &m.sliding_window, "sliding_window", 0));
-      if (f == "qwen2") {
+      if (f == Family::kMistral)
+        STRATA_RETURN_IF_ERROR(r.Int("sliding_window", &m.sliding_window, "sliding_window", 0));
+      if (f == Family::kQwen2) {
         STRATA_RETURN_IF_ERROR(
             r.MustBeOff("use_sliding_window", "Qwen2's per-layer sliding window is not implemented"));
       }
@@ -275,7 +290,8 @@ Result<ModelSpec> ModelSpecFromHuggingFaceConfig(const std::string& json_text, c
   return parsed.model;
 }
 
-Status ResolveHuggingFaceConfig(const std::string& dir, const std::set<std::string>& given, ModelSpec* m) {
+Status ResolveHuggingFaceConfig(const std::string& dir, const std::set<std::string>& given, ModelSpec* m,
+                                const UnknownModelChoices& unknown) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
@@ -293,9 +309,10 @@ Status ResolveHuggingFaceConfig(const std::string& dir, const std::set<std::stri
   ModelSpec c = parsed.model;
   c.init_from = m->init_from;
   if (given.count("family") && m->family != c.family) {
-    return InvalidArgument("run spec: model.family = \"" + m->family + "\" but " + path + " has model_type = \"" +
-                           c.family + "\"; remove model.family (init_from supplies it) or point init_from at a " +
-                           m->family + " model");
+    const std::string ours(Name(m->family));
+    return InvalidArgument(
+        "run spec: model.family = \"" + ours + "\" but " + path + " has model_type = \"" + std::string(Name(c.family)) +
+        "\"; remove model.family (init_from supplies it) or point init_from at a " + ours + " model");
   }
   const int64_t positions = c.max_positions > 0 ? c.max_positions : 2048;
   c.sequence = given.count("sequence") ? m->sequence : std::min<int64_t>(positions, 2048);
@@ -329,11 +346,15 @@ Status ResolveHuggingFaceConfig(const std::string& dir, const std::set<std::stri
   STRATA_RETURN_IF_ERROR(disagree("tie_embeddings", b(own.tie_embeddings), b(c.tie_embeddings)));
   STRATA_RETURN_IF_ERROR(disagree("sliding_window", i(own.sliding_window), i(c.sliding_window)));
   STRATA_RETURN_IF_ERROR(disagree("parallel_residual", b(own.parallel_residual), b(c.parallel_residual)));
-  STRATA_RETURN_IF_ERROR(disagree("activation", "\"" + own.activation + "\"", "\"" + c.activation + "\""));
-  if (given.count("rope_scaling") && !(own.rope_scaling == c.rope_scaling)) {
-    return InvalidArgument("run spec: model.rope_scaling (type \"" + own.rope_scaling.type + "\", factor " +
+  // A spelling that names no value (kept by the TOML parser) agrees with none of config.json's.
+  const std::string own_activation = unknown.activation.value_or(std::string(Name(own.activation)));
+  STRATA_RETURN_IF_ERROR(
+      disagree("activation", "\"" + own_activation + "\"", "\"" + std::string(Name(c.activation)) + "\""));
+  if (given.count("rope_scaling") && (unknown.rope_scaling_type || !(own.rope_scaling == c.rope_scaling))) {
+    const std::string own_type = unknown.rope_scaling_type.value_or(std::string(Name(own.rope_scaling.type)));
+    return InvalidArgument("run spec: model.rope_scaling (type \"" + own_type + "\", factor " +
                            Str(own.rope_scaling.factor) + ") disagrees with " + path + " (type \"" +
-                           c.rope_scaling.type + "\", factor " + Str(c.rope_scaling.factor) +
+                           std::string(Name(c.rope_scaling.type)) + "\", factor " + Str(c.rope_scaling.factor) +
                            "); remove model.rope_scaling (init_from supplies it)");
   }
   *m = c;
@@ -356,9 +377,9 @@ Result<std::string> HuggingFaceConfigJson(const ModelSpec& m, const std::string&
     if (config.contains(key) && config[key].is_null() && value == implied) return;
     config[key] = value;
   };
-  config["model_type"] = m.family;
-  const std::string& f = m.family;
-  if (f == "gpt2") {
+  config["model_type"] = std::string(Name(m.family));
+  const Family f = m.family;
+  if (f == Family::kGpt2) {
     config["n_layer"] = m.layers;
     config["n_embd"] = m.hidden;
     config["n_head"] = m.heads;
@@ -382,7 +403,7 @@ Result<std::string> HuggingFaceConfigJson(const ModelSpec& m, const std::string&
     config["max_position_embeddings"] = m.max_positions > 0 ? m.max_positions : m.sequence;
     config["tie_word_embeddings"] = m.tie_embeddings;
     const bool v5 = config.contains("rope_parameters") && config["rope_parameters"].is_object();
-    if (f == "gpt_neox") {
+    if (f == Family::kGptNeox) {
       config["layer_norm_eps"] = m.norm_eps;
       config["use_parallel_residual"] = m.parallel_residual;
       config["attention_bias"] = m.attention_bias;
@@ -393,7 +414,8 @@ Result<std::string> HuggingFaceConfigJson(const ModelSpec& m, const std::string&
         config["rotary_emb_base"] = m.rope_theta;
         config["rotary_pct"] = m.rotary_pct;
       }
-      if (!config.contains("hidden_act")) config["hidden_act"] = m.activation == "gelu" ? "gelu" : "gelu_new";
+      if (!config.contains("hidden_act"))
+        config["hidden_act"] = m.activation == Activation::kGelu ? "gelu" : "gelu_new";
     } else {
       set_or_keep_null("num_key_value_heads", m.kv_heads, m.heads);
       set_or_keep_null("head_dim", m.head_dim, m.hidden / m.heads);
@@ -402,11 +424,11 @@ Result<std::string> HuggingFaceConfigJson(const ModelSpec& m, const std::string&
         config["rope_parameters"]["rope_theta"] = m.rope_theta;
       } else {
         config["rope_theta"] = m.rope_theta;
-        if (m.rope_scaling.type == "none") {
+        if (m.rope_scaling.type == RopeScalingType::kNone) {
           if (config.contains("rope_scaling")) config["rope_scaling"] = nullptr;
         } else {
-          json rs = {{"rope_type", m.rope_scaling.type}, {"factor", m.rope_scaling.factor}};
-          if (m.rope_scaling.type == "llama3") {
+          json rs = {{"rope_type", std::string(Name(m.rope_scaling.type))}, {"factor", m.rope_scaling.factor}};
+          if (m.rope_scaling.type == RopeScalingType::kLlama3) {
             rs["low_freq_factor"] = m.rope_scaling.low_freq_factor;
             rs["high_freq_factor"] = m.rope_scaling.high_freq_factor;
             rs["original_max_position_embeddings"] = m.rope_scaling.original_max_positions;
@@ -414,17 +436,18 @@ Result<std::string> HuggingFaceConfigJson(const ModelSpec& m, const std::string&
           config["rope_scaling"] = rs;
         }
       }
-      if (f == "gemma") {
-        config["hidden_activation"] = m.activation == "gelu" ? "gelu" : "gelu_pytorch_tanh";
+      if (f == Family::kGemma) {
+        config["hidden_activation"] = m.activation == Activation::kGelu ? "gelu" : "gelu_pytorch_tanh";
         config["attention_bias"] = m.attention_bias;
       } else if (!config.contains("hidden_act")) {
         config["hidden_act"] = "silu";
       }
-      if (f == "llama") {
+      if (f == Family::kLlama) {
         config["attention_bias"] = m.attention_bias;
         config["mlp_bias"] = m.mlp_bias;
       }
-      if (f == "mistral") config["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
+      if (f == Family::kMistral)
+        config["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
     }
   }
   config[config.contains("dtype") ? "dtype" : "torch_dtype"] = dtype;

@@ -22,8 +22,10 @@ namespace strata {
 // Reads DIR/config.json and sets every [model] field from it. `given` are the [model] keys the
 // run spec sets itself: each must agree with config.json (InvalidArgument naming both values),
 // except model.sequence (the run's window: at most max_positions; absent, min(max_positions,
-// 2048)) and model.init_from.
-Status ResolveHuggingFaceConfig(const std::string& dir, const std::set<std::string>& given, ModelSpec* m);
+// 2048)) and model.init_from. `unknown`: spellings of given choices that name no value (kept by
+// the TOML parser; run_spec.h), each of which disagrees with config.json's value.
+Status ResolveHuggingFaceConfig(const std::string& dir, const std::set<std::string>& given, ModelSpec* m,
+                                const UnknownModelChoices& unknown = {});
 
 // The model of a config.json text (`source` names it in messages).
 Result<ModelSpec> ModelSpecFromHuggingFaceConfig(const std::string& json_text, const std::string& source);

@@ -33,9 +33,11 @@ namespace fs = std::filesystem;
 Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, ModelSpec* out) {
   ModelSpec& m = *out;
   const std::set<std::string> given = r.Keys("model");
-  STRATA_RETURN_IF_ERROR(r.String("model", "family", &m.family));
-  if (std::find(ModelFamilies().begin(), ModelFamilies().end(), m.family) == ModelFamilies().end()) {
-    return InvalidArgument("run spec: model.family = \"" + m.family + "\" is not supported; use one of " +
+  UnknownModelChoices unknown;  // refused where the family's choices are checked
+  std::optional<std::string> unknown_family;
+  STRATA_RETURN_IF_ERROR(r.Choice("model", "family", &m.family, &unknown_family));
+  if (unknown_family) {
+    return InvalidArgument("run spec: model.family = \"" + *unknown_family + "\" is not supported; use one of " +
                            FamilyList());
   }
   STRATA_RETURN_IF_ERROR(r.Int("model", "layers", &m.layers, 1, spec_bounds::kLayers));
@@ -48,7 +50,7 @@ Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, M
   STRATA_RETURN_IF_ERROR(r.Int("model", "head_dim", &m.head_dim, 0, spec_bounds::kHidden));
   STRATA_RETURN_IF_ERROR(r.Int("model", "ffn", &m.ffn, 0, spec_bounds::kFfn));
   STRATA_RETURN_IF_ERROR(r.Float("model", "rope_theta", &m.rope_theta, 1.0, 1e12));
-  STRATA_RETURN_IF_ERROR(r.RopeScalingTable("model", "rope_scaling", &m.rope_scaling));
+  STRATA_RETURN_IF_ERROR(r.RopeScalingTable("model", "rope_scaling", &m.rope_scaling, &unknown.rope_scaling_type));
   STRATA_RETURN_IF_ERROR(r.Float("model", "rotary_pct", &m.rotary_pct, 0.0, 1.0));
   STRATA_RETURN_IF_ERROR(r.Float("model", "norm_eps", &m.norm_eps, 0.0, 1.0));
   std::optional<bool> attention_bias, tie_embeddings;
@@ -57,34 +59,36 @@ Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, M
   STRATA_RETURN_IF_ERROR(r.OptionalBool("model", "tie_embeddings", &tie_embeddings));
   STRATA_RETURN_IF_ERROR(r.Int("model", "sliding_window", &m.sliding_window, 0, spec_bounds::kSequence));
   STRATA_RETURN_IF_ERROR(r.Bool("model", "parallel_residual", &m.parallel_residual));
-  STRATA_RETURN_IF_ERROR(r.String("model", "activation", &m.activation));
+  STRATA_RETURN_IF_ERROR(r.Choice("model", "activation", &m.activation, &unknown.activation));
   STRATA_RETURN_IF_ERROR(r.String("model", "init_from", &m.init_from));
-  if (m.family == "gpt2" && tie_embeddings == false) {
+  if (m.family == Family::kGpt2 && tie_embeddings == false) {
     return InvalidArgument(
         "run spec: model.tie_embeddings = false: gpt2's head is always its token embedding; remove it");
   }
   // Family defaults for what the spec leaves out.
-  m.attention_bias = attention_bias.value_or(m.family == "gpt_neox");
-  m.tie_embeddings = tie_embeddings.value_or(m.family == "gpt2" || m.family == "gemma");
+  m.attention_bias = attention_bias.value_or(m.family == Family::kGptNeox);
+  m.tie_embeddings = tie_embeddings.value_or(m.family == Family::kGpt2 || m.family == Family::kGemma);
 
   // Fields that mean something to some families only: given to another, they are a mistake.
-  static const std::map<std::string, std::set<std::string>> kFamilyOnly = {
-      {"kv_heads", {"llama", "mistral", "qwen2", "gemma"}},
-      {"head_dim", {"llama", "mistral", "qwen2", "gemma"}},
-      {"rope_theta", {"llama", "mistral", "qwen2", "gemma", "gpt_neox"}},
-      {"rope_scaling", {"llama", "mistral", "qwen2"}},
-      {"rotary_pct", {"gpt_neox"}},
-      {"attention_bias", {"llama", "gemma", "gpt_neox"}},
-      {"mlp_bias", {"llama"}},
-      {"sliding_window", {"mistral"}},
-      {"parallel_residual", {"gpt_neox"}},
+  // Families in the alphabetical order of their names, as the message lists them.
+  using F = Family;
+  static const std::map<std::string, std::vector<Family>> kFamilyOnly = {
+      {"kv_heads", {F::kGemma, F::kLlama, F::kMistral, F::kQwen2}},
+      {"head_dim", {F::kGemma, F::kLlama, F::kMistral, F::kQwen2}},
+      {"rope_theta", {F::kGemma, F::kGptNeox, F::kLlama, F::kMistral, F::kQwen2}},
+      {"rope_scaling", {F::kLlama, F::kMistral, F::kQwen2}},
+      {"rotary_pct", {F::kGptNeox}},
+      {"attention_bias", {F::kGemma, F::kGptNeox, F::kLlama}},
+      {"mlp_bias", {F::kLlama}},
+      {"sliding_window", {F::kMistral}},
+      {"parallel_residual", {F::kGptNeox}},
   };
   for (const auto& [field, families] : kFamilyOnly) {
-    if (given.count(field) && !families.count(m.family)) {
+    if (given.count(field) && std::find(families.begin(), families.end(), m.family) == families.end()) {
       std::string list;
-      for (const auto& f : families) list += (list.empty() ? "" : ", ") + f;
+      for (Family f : families) list += (list.empty() ? "" : ", ") + std::string(Name(f));
       return InvalidArgument("run spec: model." + field + " applies to families " + list + " only; remove it for " +
-                             m.family);
+                             std::string(Name(m.family)));
     }
   }
 
@@ -92,17 +96,48 @@ Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, M
     fs::path init(m.init_from);
     if (init.is_relative() && !base_dir.empty()) init = fs::path(base_dir) / init;
     m.init_from = init.lexically_normal().string();
-    if (resolve_config) STRATA_RETURN_IF_ERROR(ResolveHuggingFaceConfig(m.init_from, given, &m));
+    if (resolve_config) {
+      // An unknown spelling disagrees with config.json's value, which replaces every field.
+      STRATA_RETURN_IF_ERROR(ResolveHuggingFaceConfig(m.init_from, given, &m, unknown));
+      unknown = {};
+    }
   }
-  return ValidateModelSpec(m, "run spec: ");
+  return ValidateModelSpec(m, "run spec: ", unknown);
+}
+
+// The nonlinearity each family runs when model.activation leaves it out, and the ones it admits
+// (in the alphabetical order of their names, as the message lists them).
+Activation DefaultActivation(Family family) {
+  switch (family) {
+    case Family::kGptNeox:
+      return Activation::kGelu;
+    case Family::kLlama:
+    case Family::kMistral:
+    case Family::kQwen2:
+      return Activation::kSilu;
+    case Family::kGpt2:
+    case Family::kGemma:
+      return Activation::kGeluTanh;
+  }
+  return Activation::kGeluTanh;
+}
+
+std::vector<Activation> FamilyActivations(Family family) {
+  switch (family) {
+    case Family::kGpt2:
+      return {Activation::kGeluTanh};
+    case Family::kLlama:
+    case Family::kMistral:
+    case Family::kQwen2:
+      return {Activation::kSilu};
+    case Family::kGemma:
+    case Family::kGptNeox:
+      return {Activation::kGelu, Activation::kGeluTanh};
+  }
+  return {};
 }
 
 }  // namespace
-
-const std::vector<std::string>& ModelFamilies() {
-  static const std::vector<std::string> families = {"gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox"};
-  return families;
-}
 
 int64_t ModelSpec::rotary_dims() const {
   if (!rotary()) return 0;
@@ -111,23 +146,24 @@ int64_t ModelSpec::rotary_dims() const {
   return dims - dims % 2;
 }
 
-Status ValidateModelSpec(ModelSpec& m, const std::string& context) {
+Status ValidateModelSpec(ModelSpec& m, const std::string& context, const UnknownModelChoices& unknown) {
   const auto msg = [&](const std::string& text) { return InvalidArgument(context + text); };
   const auto str = [](int64_t v) { return std::to_string(v); };
-  const bool grouped = m.family != "gpt2" && m.family != "gpt_neox";  // families with kv_heads and head_dim
+  const std::string family(Name(m.family));
+  const bool gpt2 = m.family == Family::kGpt2, neox = m.family == Family::kGptNeox;
+  const bool grouped = !gpt2 && !neox;  // families with kv_heads and head_dim
   if (m.kv_heads == 0) m.kv_heads = m.heads;
   if (m.ffn == 0) m.ffn = 4 * m.hidden;
   if (m.norm_eps == 0.0) m.norm_eps = m.rms_norm() ? 1e-6 : 1e-5;
-  if (m.activation.empty())
-    m.activation = m.family == "gpt_neox" ? "gelu" : m.rms_norm() && m.family != "gemma" ? "silu" : "gelu_tanh";
-  if (m.family == "gpt2" && m.max_positions == 0) m.max_positions = m.sequence;
+  if (m.activation == Activation::kFamilyDefault) m.activation = DefaultActivation(m.family);
+  if (gpt2 && m.max_positions == 0) m.max_positions = m.sequence;
   if (!grouped || m.head_dim == 0) {
     if (m.hidden % m.heads != 0) {
       return msg("model.heads = " + str(m.heads) + " does not divide model.hidden = " + str(m.hidden) +
                  "; choose heads so that hidden % heads == 0" + (grouped ? " (or set model.head_dim)" : ""));
     }
     if (m.head_dim != 0 && m.head_dim != m.hidden / m.heads) {
-      return msg("model.head_dim = " + str(m.head_dim) + " but " + m.family +
+      return msg("model.head_dim = " + str(m.head_dim) + " but " + family +
                  " heads are hidden / heads = " + str(m.hidden / m.heads));
     }
     m.head_dim = m.hidden / m.heads;
@@ -137,7 +173,7 @@ Status ValidateModelSpec(ModelSpec& m, const std::string& context) {
                "; each key/value head must serve a whole number of query heads");
   }
   if (!grouped && m.kv_heads != m.heads) {
-    return msg("model.kv_heads applies to families llama, mistral, qwen2, gemma only; remove it for " + m.family);
+    return msg("model.kv_heads applies to families llama, mistral, qwen2, gemma only; remove it for " + family);
   }
   if (m.heads * m.head_dim > spec_bounds::kFfn)
     return msg("model.heads x model.head_dim = " + str(m.heads * m.head_dim) + " is over the bound of " +
@@ -145,32 +181,28 @@ Status ValidateModelSpec(ModelSpec& m, const std::string& context) {
   if (m.rotary() &&
       (m.rotary_dims() < 2 || m.rotary_dims() % 2 != 0 || (m.rotary_pct == 1.0 && m.head_size() % 2 != 0))) {
     return msg("the rotary part of a head is " + str(m.rotary_dims()) + " dimensions (model.head_dim " +
-               str(m.head_size()) + (m.family == "gpt_neox" ? " x model.rotary_pct" : "") +
+               str(m.head_size()) + (neox ? " x model.rotary_pct" : "") +
                "); rotary embeddings need an even number >= 2");
   }
-  static const std::map<std::string, std::set<std::string>> kActivations = {{"gpt2", {"gelu_tanh"}},
-                                                                            {"llama", {"silu"}},
-                                                                            {"mistral", {"silu"}},
-                                                                            {"qwen2", {"silu"}},
-                                                                            {"gemma", {"gelu_tanh", "gelu"}},
-                                                                            {"gpt_neox", {"gelu", "gelu_tanh"}}};
-  if (!kActivations.at(m.family).count(m.activation)) {
+  const std::vector<Activation> activations = FamilyActivations(m.family);
+  if (unknown.activation || std::find(activations.begin(), activations.end(), m.activation) == activations.end()) {
     std::string list;
-    for (const auto& a : kActivations.at(m.family)) list += (list.empty() ? "\"" : ", \"") + a + "\"";
-    return msg("model.activation = \"" + m.activation + "\" is not supported for " + m.family + "; use " + list);
+    for (Activation a : activations) list += (list.empty() ? "\"" : ", \"") + std::string(Name(a)) + "\"";
+    return msg("model.activation = \"" + unknown.activation.value_or(std::string(Name(m.activation))) +
+               "\" is not supported for " + family + "; use " + list);
   }
-  if (m.family == "gpt2") m.tie_embeddings = true;  // its head is always the token embedding
+  if (gpt2) m.tie_embeddings = true;  // its head is always the token embedding
   const RopeScaling& rs = m.rope_scaling;
-  if (rs.type != "none" && rs.type != "linear" && rs.type != "llama3") {
-    return msg("model.rope_scaling.type = \"" + rs.type +
-               "\" is not supported; use \"none\", \"linear\" or \"llama3\"");
+  if (unknown.rope_scaling_type) {
+    return msg("model.rope_scaling.type = \"" + *unknown.rope_scaling_type + "\" is not supported; use " +
+               ChoiceList<RopeScalingType>());
   }
-  if (rs.type == "llama3" && !(rs.high_freq_factor > rs.low_freq_factor)) {
+  if (rs.type == RopeScalingType::kLlama3 && !(rs.high_freq_factor > rs.low_freq_factor)) {
     return msg("model.rope_scaling.high_freq_factor must be larger than low_freq_factor (Llama 3.1: 4.0 and 1.0)");
   }
   if (m.max_positions > 0 && m.sequence > m.max_positions) {
     return msg("model.sequence = " + str(m.sequence) + " exceeds model.max_positions = " + str(m.max_positions) +
-               (m.family == "gpt2" ? " (gpt2's learned positions)" : " (the positions the model was trained for)") +
+               (gpt2 ? " (gpt2's learned positions)" : " (the positions the model was trained for)") +
                "; shorten model.sequence");
   }
   return Status::Ok();
@@ -206,11 +238,7 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.String("", "name", &spec.name));
   if (spec.name.empty()) spec.name = "run";
   if (check_name) STRATA_RETURN_IF_ERROR(ValidateRunName(spec.name));
-  STRATA_RETURN_IF_ERROR(r.String("", "kind", &spec.kind));
-  if (spec.kind != "train" && spec.kind != "extract" && spec.kind != "patch") {
-    return InvalidArgument("run spec: kind = \"" + spec.kind +
-                           "\" is not supported; use \"train\", \"extract\" or \"patch\"");
-  }
+  STRATA_RETURN_IF_ERROR(r.Choice("", "kind", &spec.kind));
   if (root.contains("patch") && !spec.is_patch()) {
     return InvalidArgument("run spec: a [patch] table needs kind = \"patch\" at the top of the spec");
   }
@@ -223,11 +251,12 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(ParseModel(r, base_dir, /*resolve_config=*/check_name, &m));
 
   STRATA_RETURN_IF_ERROR(r.String("data", "path", &spec.data.path));
-  STRATA_RETURN_IF_ERROR(r.String("data", "format", &spec.data.format));
+  std::optional<std::string> unknown_format;  // refused once data.path is checked to be given
+  STRATA_RETURN_IF_ERROR(r.Choice("data", "format", &spec.data.format, &unknown_format));
   STRATA_RETURN_IF_ERROR(r.String("data", "documents", &spec.data.documents));
   STRATA_RETURN_IF_ERROR(r.Bool("data", "sample_within_documents", &spec.data.sample_within_documents));
   STRATA_RETURN_IF_ERROR(r.String("data", "tokenizer", &spec.data.tokenizer));
-  const bool text = spec.data.format == "text";
+  const bool text = spec.data.format == TokenFormat::kText;
   if (!spec.data.tokenizer.empty() && !text) {
     return InvalidArgument(
         "run spec: data.tokenizer applies to data.format = \"text\" only; remove it, or set the format");
@@ -243,11 +272,11 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
         "run spec: data.path is missing; set it to a text file (format = \"bytes\") or a token file (\"u16\", \"u32\", "
         "\"npy\")");
   }
-  if (!IsTokenFormat(spec.data.format) && !text) {
-    return InvalidArgument("run spec: data.format = \"" + spec.data.format + "\" is not supported; use " +
+  if (unknown_format) {
+    return InvalidArgument("run spec: data.format = \"" + *unknown_format + "\" is not supported; use " +
                            kTokenFormats + ", or \"text\" with data.tokenizer");
   }
-  if (spec.data.format == "bytes" && m.vocab < 256) {
+  if (spec.data.format == TokenFormat::kBytes && m.vocab < 256) {
     return InvalidArgument("run spec: model.vocab = " + std::to_string(m.vocab) +
                            " is too small for data.format = \"bytes\"; byte tokens need vocab >= 256");
   }
@@ -336,25 +365,13 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   // A stored spec without the key (an older coordinator's) kept every checkpoint.
   if (!check_name && !r.Has("train", "keep_checkpoints")) t.keep_checkpoints = 0;
   if (t.lr <= 0) return InvalidArgument("run spec: train.lr must be > 0");
-  STRATA_RETURN_IF_ERROR(r.String("train", "lr_schedule", &t.lr_schedule));
-  if (t.lr_schedule != "constant" && t.lr_schedule != "cosine") {
-    return InvalidArgument("run spec: train.lr_schedule = \"" + t.lr_schedule +
-                           "\" is not supported; use \"constant\" or \"cosine\"");
-  }
+  STRATA_RETURN_IF_ERROR(r.Choice("train", "lr_schedule", &t.lr_schedule));
   STRATA_RETURN_IF_ERROR(r.Int("train", "warmup_steps", &t.warmup_steps, 0, spec_bounds::kSteps));
   STRATA_RETURN_IF_ERROR(r.Float("train", "min_lr", &t.min_lr, 0.0, 10.0));
   if (t.min_lr > t.lr) return InvalidArgument("run spec: train.min_lr must not exceed train.lr");
-  STRATA_RETURN_IF_ERROR(r.String("train", "precision", &t.precision));
-  if (t.precision != "fp32" && t.precision != "bf16") {
-    return InvalidArgument("run spec: train.precision = \"" + t.precision +
-                           "\" is not supported; use \"fp32\" or \"bf16\"");
-  }
+  STRATA_RETURN_IF_ERROR(r.Choice("train", "precision", &t.precision));
   STRATA_RETURN_IF_ERROR(r.Bool("train", "cuda_graphs", &t.cuda_graphs));
-  STRATA_RETURN_IF_ERROR(r.String("train", "optimizer", &t.optimizer));
-  if (t.optimizer != "adamw" && t.optimizer != "adamw8bit") {
-    return InvalidArgument("run spec: train.optimizer = \"" + t.optimizer +
-                           "\" is not supported; use \"adamw\" or \"adamw8bit\"");
-  }
+  STRATA_RETURN_IF_ERROR(r.Choice("train", "optimizer", &t.optimizer));
 
   STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0, spec_bounds::kThreads));
   ParallelSpec& p = spec.parallel;
@@ -384,12 +401,13 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.IntList("parallel", "stages", &p.stages, "auto"));
   // As keep_gathered: a stored spec without the key (an older coordinator's) ran offloading nothing.
   if ((check_name || r.Has("parallel", "offload")) && r.IsAuto("parallel", "offload", &p.automatic)) {
-    p.offload = "none";  // until planned (the single-worker value, as the other automatic fields)
+    p.offload = Offload::kNone;  // until planned (the single-worker value, as the other automatic fields)
   } else {
-    STRATA_RETURN_IF_ERROR(r.String("parallel", "offload", &p.offload));
-    if (p.offload != "none" && p.offload != "optimizer" && p.offload != "optimizer+params") {
+    std::optional<std::string> unknown;
+    STRATA_RETURN_IF_ERROR(r.Choice("parallel", "offload", &p.offload, &unknown));
+    if (unknown) {
       return InvalidArgument(
-          "run spec: parallel.offload = \"" + p.offload +
+          "run spec: parallel.offload = \"" + *unknown +
           "\" is not supported; use \"auto\" (the default: only when nothing fits without it), \"none\", \"optimizer\" "
           "(optimizer state in host memory) or \"optimizer+params\" (parameters too, streamed to the GPU a layer at a "
           "time)");
@@ -409,7 +427,7 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
         return f == "offload" || f == "keep_gathered";
       })) {
     p.automatic.erase("offload");
-    p.offload = "none";
+    p.offload = Offload::kNone;
   }
   STRATA_RETURN_IF_ERROR(ValidateParallel(spec));
   return spec;
@@ -458,7 +476,7 @@ Status ValidateParallel(const RunSpec& spec) {
           "by design); set parallel.keep_gathered = 0 or parallel.recompute = false");
     }
   }
-  if (p.offload == "optimizer+params") {
+  if (p.offload == Offload::kOptimizerAndParams) {
     // The parameters stream from host memory as ZeRO-3 gathers them, without recompute
     // (worker/train/stage_model.h): the planner picks those when the fields are left to it.
     if (fixed("zero") && p.zero != 3) {
@@ -522,7 +540,7 @@ double LearningRate(const TrainSpec& train, int64_t step) {
   if (train.warmup_steps > 0 && step <= train.warmup_steps) {
     return train.lr * static_cast<double>(step) / static_cast<double>(train.warmup_steps);
   }
-  if (train.lr_schedule != "cosine") return train.lr;
+  if (train.lr_schedule != LrSchedule::kCosine) return train.lr;
   const int64_t decay_steps = train.steps - train.warmup_steps;
   if (decay_steps <= 0) return train.lr;
   const double progress = static_cast<double>(step - train.warmup_steps) / static_cast<double>(decay_steps);

@@ -24,10 +24,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/spec_choices.h"  // the enums of the spec's choices, and their spellings
 #include "common/status.h"
 
 namespace strata {
@@ -80,7 +82,7 @@ Result<std::string> ReadSpecFile(const std::string& path, const std::string& wha
 // frequency by factor; "llama3" (Llama 3.1+) divides the low frequencies by factor, keeps the
 // high ones and blends in between (docs/run-spec.md has the formula).
 struct RopeScaling {
-  std::string type = "none";
+  RopeScalingType type = RopeScalingType::kNone;
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
@@ -88,17 +90,9 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
-// The model families (docs/models.md): the block maths of each is in worker/family_*.cc.
-//   gpt2      learned positions, LayerNorm, GELU(tanh) MLP, tied head
-//   llama     RMSNorm, rotary, SwiGLU, grouped-query attention (Llama 2/3.x)
-//   mistral   llama + sliding-window attention
-//   qwen2     llama + q/k/v biases
-//   gemma     llama with RMSNorm (1 + w), GeGLU(tanh), embeddings x sqrt(hidden), tied head
-//   gpt_neox  Pythia: LayerNorm with bias, partial rotary, parallel attention and MLP, GELU
-const std::vector<std::string>& ModelFamilies();
-
+// The model families are Family (common/spec_choices.h, which describes each).
 struct ModelSpec {
-  std::string family = "gpt2";
+  Family family = Family::kGpt2;
   int64_t layers = 2;
   int64_t hidden = 64;
   int64_t heads = 4;
@@ -117,28 +111,30 @@ struct ModelSpec {
   bool tie_embeddings = false;    // the head reuses the token embedding (always for gpt2)
   int64_t sliding_window = 0;     // mistral: a token attends to the last N positions; 0 = all
   bool parallel_residual = true;  // gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
-  std::string activation;         // MLP nonlinearity: "gelu_tanh" | "gelu" | "silu"; "" -> the family's
-  std::string init_from;          // start from this Hugging Face directory (config.json + safetensors)
+  // MLP nonlinearity: "gelu_tanh" | "gelu" | "silu"; kFamilyDefault ("") -> the family's
+  Activation activation = Activation::kFamilyDefault;
+  std::string init_from;  // start from this Hugging Face directory (config.json + safetensors)
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden / heads; }
   // Dimensions of a head that rotary embeddings turn (even); 0 for gpt2.
   int64_t rotary_dims() const;
-  bool rotary() const { return family != "gpt2"; }
+  bool rotary() const { return family != Family::kGpt2; }
   // The head is the token embedding (gpt2 always; tie_embeddings for the others).
-  bool tied() const { return family == "gpt2" || tie_embeddings; }
-  bool rms_norm() const { return family != "gpt2" && family != "gpt_neox"; }
+  bool tied() const { return family == Family::kGpt2 || tie_embeddings; }
+  bool rms_norm() const { return family != Family::kGpt2 && family != Family::kGptNeox; }
   bool gated_mlp() const { return rms_norm(); }
   // Biases on the attention's q/k/v, its output, and the MLP's projections.
-  bool qkv_bias() const { return family == "gpt2" || family == "qwen2" || attention_bias; }
-  bool attn_out_bias() const { return family == "gpt2" || (family != "qwen2" && attention_bias); }
-  bool mlp_biases() const { return family == "gpt2" || family == "gpt_neox" || mlp_bias; }
+  bool qkv_bias() const { return family == Family::kGpt2 || family == Family::kQwen2 || attention_bias; }
+  bool attn_out_bias() const { return family == Family::kGpt2 || (family != Family::kQwen2 && attention_bias); }
+  bool mlp_biases() const { return family == Family::kGpt2 || family == Family::kGptNeox || mlp_bias; }
 };
 
 struct DataSpec {
   std::string path;  // absolute after ParseRunSpec
-  std::string format =
-      "bytes";            // "bytes" (a byte per token), "u16", "u32" (little-endian ids) or "npy" (common/token_file.h)
-  std::string documents;  // document start offsets (u64, or .npy of int64/uint64); absolute; empty: none
+  // "bytes" (a byte per token), "u16", "u32" (little-endian ids) or "npy" (common/token_file.h), or
+  // "text" (below)
+  TokenFormat format = TokenFormat::kBytes;
+  std::string documents;                 // document start offsets (u64, or .npy of int64/uint64); absolute; empty: none
   bool sample_within_documents = false;  // train windows never cross a document boundary (needs documents)
   // format "text": the model directory whose tokenizer (tokenizer.json or tokenizer.model) turns
   // the text into ids; absolute; empty: model.init_from. `strata submit` tokenizes the text once
@@ -170,16 +166,16 @@ struct TrainSpec {
   // so is the checkpoint a run resumed from. The default keeps 3 (a checkpoint of an 8B model's
   // fp32 state is ~96 GB).
   int64_t keep_checkpoints = 3;
-  std::string lr_schedule = "constant";  // or "cosine": linear warmup, then cosine down to min_lr
+  LrSchedule lr_schedule = LrSchedule::kConstant;  // or "cosine": linear warmup, then cosine down to min_lr
   int64_t warmup_steps = 0;
   double min_lr = 0.0;
-  std::string precision = "fp32";  // or "bf16": bf16 compute, fp32 master weights (CUDA workers)
+  Precision precision = Precision::kFp32;  // or "bf16": bf16 compute, fp32 master weights (CUDA workers)
   // CUDA workers: replay each step's forwards and backwards as one CUDA graph where the schedule
   // is static (one pipeline stage, tp = 1, ZeRO < 3); false launches every kernel each step.
   bool cuda_graphs = true;
   // "adamw", or "adamw8bit": AdamW with its moments m and v as blockwise 8-bit codes
   // (kernels.h AdamW8bit; Dettmers et al. 2021), about a quarter of their fp32 memory.
-  std::string optimizer = "adamw";
+  Optimizer optimizer = Optimizer::kAdamW;
 };
 
 struct ParallelSpec {
@@ -202,7 +198,7 @@ struct ParallelSpec {
   // offloads only when no plan fits without it, the optimizer's state before the parameters
   // ("offload" in `automatic`; "none" until planned). A re-plan after an out-of-memory may turn
   // it on either way.
-  std::string offload = "none";
+  Offload offload = Offload::kNone;
   // ZeRO-3 without recompute: how many of each stage's last layers keep their gathered weights
   // from the forward to the backward instead of gathering them again (FSDP's reshard_after_forward
   // = False for those layers): one all-gather fewer per layer and micro-batch, for a layer's
@@ -237,14 +233,14 @@ struct ParallelSpec {
 struct ExtractSpec {
   std::vector<int64_t> layers;                      // ascending; default every layer
   std::vector<std::string> sites = {"resid_post"};  // ExtractSites(); docs/extract.md defines each
-  std::string dtype = "fp32";                       // stored dtype: fp32 | bf16 | fp16
-  std::string precision = "fp32";                   // compute: fp32, or bf16 autocast (CUDA workers)
+  StoredDType dtype = StoredDType::kFp32;           // stored dtype: fp32 | bf16 | fp16
+  Precision precision = Precision::kFp32;           // compute: fp32, or bf16 autocast (CUDA workers)
   int64_t batch = 8;                                // sequences per chunk (the unit of storage and resume)
   int64_t tokens = 0;                               // capture at most this many tokens; 0 = the whole data file
   // "whole": each worker holds the model and captures its chunks; "layerwise": weights visit the
   // device one block at a time (models larger than the device); "auto": whole when the estimate
   // fits the device's free memory, else layerwise.
-  std::string mode = "auto";
+  ExtractMode mode = ExtractMode::kAuto;
   // > 0: the logits site keeps only each row's top k (values, descending) and their token ids
   // (site logits_ids, int32); 0: the whole [vocab] row.
   int64_t logits_top_k = 0;
@@ -255,10 +251,10 @@ struct ExtractSpec {
 // extract.logits_top_k), chunked and scheduled as an extract run ([extract] batch, tokens, dtype,
 // precision, mode apply).
 struct PatchSpec {
-  std::vector<int64_t> layers;     // ascending
-  std::vector<std::string> sites;  // PatchableSites()
-  std::string ablation = "zero";   // zero | mean (capture: named, refused until built)
-  std::string source;              // ablation = "mean": an fp32 .npy of the site's row shape
+  std::vector<int64_t> layers;          // ascending
+  std::vector<std::string> sites;       // PatchableSites()
+  Ablation ablation = Ablation::kZero;  // zero | mean (capture: named, refused until built)
+  std::string source;                   // ablation = "mean": an fp32 .npy of the site's row shape
   bool logits = false;
 };
 
@@ -297,9 +293,9 @@ inline int64_t ClampWorkerThreads(int64_t threads, int64_t cores) {
 
 struct RunSpec {
   std::string name;
-  std::string kind = "train";  // or "extract", or "patch" (an extract run that patches)
-  bool is_extract() const { return kind == "extract" || kind == "patch"; }
-  bool is_patch() const { return kind == "patch"; }
+  RunKind kind = RunKind::kTrain;  // or "extract", or "patch" (an extract run that patches)
+  bool is_extract() const { return kind == RunKind::kExtract || kind == RunKind::kPatch; }
+  bool is_patch() const { return kind == RunKind::kPatch; }
   // Train runs: sequences per data-parallel rank per step, and per forward/backward on a rank
   // (parallel.micro_batch, 0 = all of them).
   int64_t local_batch() const { return train.global_batch / std::max<int64_t>(parallel.dp, 1); }
@@ -313,9 +309,18 @@ struct RunSpec {
   PatchSpec patch;
 };
 
+// Spellings of [model] choices that name no value (model.activation = "relu"), which the TOML
+// parser keeps to refuse them where the family's choices are checked (ValidateModelSpec, and
+// ResolveHuggingFaceConfig's comparison with config.json), with the messages those give. The
+// field itself holds its default meanwhile. Empty for a spec built in code.
+struct UnknownModelChoices {
+  std::optional<std::string> activation;
+  std::optional<std::string> rope_scaling_type;
+};
+
 // Fills a model's defaults (kv_heads, ffn, head_dim, norm_eps, activation, gpt2's max_positions)
 // and checks the fields against each other; messages start with `context`.
-Status ValidateModelSpec(ModelSpec& m, const std::string& context);
+Status ValidateModelSpec(ModelSpec& m, const std::string& context, const UnknownModelChoices& unknown = {});
 
 // Parses and validates. Relative data paths are resolved against `base_dir`. Does not touch
 // the file system except to check that the data file exists when `check_files` is set, and to

@@ -57,9 +57,11 @@ inline const std::map<std::string, std::set<std::string>>& AllowedKeys() {
   return keys;
 }
 
+// "gpt2", "llama", ...: every model.family spelling, as the message refusing another lists them.
 inline std::string FamilyList() {
   std::string list;
-  for (const auto& f : ModelFamilies()) list += (list.empty() ? "\"" : ", \"") + f + "\"";
+  for (const auto& [_, name] : Choices<Family>::kNames)
+    list += (list.empty() ? "\"" : ", \"") + std::string(name) + "\"";
   return list;
 }
 
@@ -217,6 +219,35 @@ class Reader {
     return Status::Ok();
   }
 
+  // A choice (common/spec_choices.h), spelled as a string: *out becomes the value it names. Any
+  // other string leaves *out as it is and lands in *unknown, for the caller to refuse where its
+  // check comes.
+  template <SpecChoice E>
+  Status Choice(const std::string& table, const std::string& key, E* out, std::optional<std::string>* unknown) {
+    if (!Find(table, key)) return Status::Ok();
+    std::string text;
+    STRATA_RETURN_IF_ERROR(String(table, key, &text));
+    if (const std::optional<E> value = ParseChoice<E>(text)) {
+      *out = *value;
+    } else {
+      *unknown = text;
+    }
+    return Status::Ok();
+  }
+
+  // As above, refusing any other string at once with its choices:
+  //   run spec: train.optimizer = "sgd" is not supported; use "adamw" or "adamw8bit"
+  template <SpecChoice E>
+  Status Choice(const std::string& table, const std::string& key, E* out) {
+    std::optional<std::string> unknown;
+    STRATA_RETURN_IF_ERROR(Choice(table, key, out, &unknown));
+    if (unknown) {
+      return InvalidArgument("run spec: " + Path(table, key) + " = \"" + *unknown + "\" is not supported; use " +
+                             ChoiceList<E>());
+    }
+    return Status::Ok();
+  }
+
   Status OptionalBool(const std::string& table, const std::string& key, std::optional<bool>* out) {
     if (!Find(table, key)) return Status::Ok();
     bool v = false;
@@ -236,7 +267,9 @@ class Reader {
 
   // model.rope_scaling = { type = "llama3", factor = 8.0, low_freq_factor = 1.0,
   //                        high_freq_factor = 4.0, original_max_positions = 8192 }
-  Status RopeScalingTable(const std::string& table, const std::string& key, RopeScaling* out) {
+  // A type that names no RopeScalingType lands in *unknown_type (ValidateModelSpec refuses it).
+  Status RopeScalingTable(const std::string& table, const std::string& key, RopeScaling* out,
+                          std::optional<std::string>* unknown_type) {
     const toml::node* node = Find(table, key);
     if (!node) return Status::Ok();
     const toml::table* t = node->as_table();
@@ -253,7 +286,7 @@ class Reader {
     toml::table wrapped;  // one table named "model.rope_scaling": messages name the field in full
     wrapped.insert(path, *t);
     Reader inner(wrapped);
-    STRATA_RETURN_IF_ERROR(inner.String(path, "type", &out->type));
+    STRATA_RETURN_IF_ERROR(inner.Choice(path, "type", &out->type, unknown_type));
     STRATA_RETURN_IF_ERROR(inner.Float(path, "factor", &out->factor, 1.0, 1e6));
     STRATA_RETURN_IF_ERROR(inner.Float(path, "low_freq_factor", &out->low_freq_factor, 1e-6, 1e6));
     STRATA_RETURN_IF_ERROR(inner.Float(path, "high_freq_factor", &out->high_freq_factor, 1e-6, 1e6));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "common/run_spec.h"
 #include "common/run_spec_reader.h"
@@ -88,21 +89,9 @@ Status ParseExtract(Reader& r, RunSpec* spec) {
         std::to_string(spec->model.sequence) + " is over the " + std::to_string(spec_bounds::kAttnPatternSequence) +
         " it is captured up to; capture it from a run with a shorter model.sequence");
   }
-  STRATA_RETURN_IF_ERROR(r.String("extract", "dtype", &e.dtype));
-  if (e.dtype != "fp32" && e.dtype != "bf16" && e.dtype != "fp16") {
-    return InvalidArgument("run spec: extract.dtype = \"" + e.dtype +
-                           "\" is not supported; use \"fp32\", \"bf16\" or \"fp16\"");
-  }
-  STRATA_RETURN_IF_ERROR(r.String("extract", "precision", &e.precision));
-  if (e.precision != "fp32" && e.precision != "bf16") {
-    return InvalidArgument("run spec: extract.precision = \"" + e.precision +
-                           "\" is not supported; use \"fp32\" or \"bf16\"");
-  }
-  STRATA_RETURN_IF_ERROR(r.String("extract", "mode", &e.mode));
-  if (e.mode != "auto" && e.mode != "whole" && e.mode != "layerwise") {
-    return InvalidArgument("run spec: extract.mode = \"" + e.mode +
-                           "\" is not supported; use \"auto\", \"whole\" or \"layerwise\"");
-  }
+  STRATA_RETURN_IF_ERROR(r.Choice("extract", "dtype", &e.dtype));
+  STRATA_RETURN_IF_ERROR(r.Choice("extract", "precision", &e.precision));
+  STRATA_RETURN_IF_ERROR(r.Choice("extract", "mode", &e.mode));
   STRATA_RETURN_IF_ERROR(r.Int("extract", "batch", &e.batch, 1, spec_bounds::kExtractBatch));
   STRATA_RETURN_IF_ERROR(r.Int("extract", "tokens", &e.tokens, 0, spec_bounds::kExtractTokens));
   if (e.tokens > 0 && e.tokens < spec->model.sequence) {
@@ -140,7 +129,8 @@ Status ParsePatch(Reader& r, const std::string& base_dir, bool check_files, RunS
   const int64_t layers = spec->model.layers;
   STRATA_RETURN_IF_ERROR(r.IntList("patch", "layers", &p.layers));
   STRATA_RETURN_IF_ERROR(r.StringList("patch", "sites", &p.sites));
-  STRATA_RETURN_IF_ERROR(r.String("patch", "ablation", &p.ablation));
+  std::optional<std::string> unknown_ablation;  // refused once the sites are checked
+  STRATA_RETURN_IF_ERROR(r.Choice("patch", "ablation", &p.ablation, &unknown_ablation));
   STRATA_RETURN_IF_ERROR(r.String("patch", "source", &p.source));
   STRATA_RETURN_IF_ERROR(r.Bool("patch", "logits", &p.logits));
   if (p.layers.empty()) {
@@ -171,20 +161,20 @@ Status ParsePatch(Reader& r, const std::string& base_dir, bool check_files, RunS
     if (std::find(p.sites.begin(), p.sites.end(), site) != p.sites.end()) ordered.push_back(site);
   }
   p.sites = ordered;
-  if (p.ablation == "capture") {
+  if (unknown_ablation == "capture") {
     return InvalidArgument(
         "run spec: patch.ablation = \"capture\" is not built yet; use \"zero\", or \"mean\" with "
         "patch.source = a .npy of the values");
   }
-  if (p.ablation != "zero" && p.ablation != "mean") {
-    return InvalidArgument("run spec: patch.ablation = \"" + p.ablation +
-                           "\" is not supported; use \"zero\" or \"mean\"");
+  if (unknown_ablation) {
+    return InvalidArgument("run spec: patch.ablation = \"" + *unknown_ablation + "\" is not supported; use " +
+                           ChoiceList<Ablation>());
   }
-  if (p.ablation == "zero" && !p.source.empty()) {
+  if (p.ablation == Ablation::kZero && !p.source.empty()) {
     return InvalidArgument(
         "run spec: patch.source is the .npy of values for ablation = \"mean\"; remove it for ablation = \"zero\"");
   }
-  if (p.ablation == "mean") {
+  if (p.ablation == Ablation::kMean) {
     // One vector replaces the site at every row: the mean of a capture, e.g. numpy's
     // np.load(activations get's .npy).mean(0), saved as fp32.
     if (p.sites.size() != 1 || p.layers.size() != 1) {
@@ -258,14 +248,14 @@ std::vector<int64_t> ExtractSiteRowShape(const RunSpec& spec, const std::string&
 }
 
 std::string ExtractSiteDType(const RunSpec& spec, const std::string& site) {
-  return ExtractSiteHoldsIds(site) ? "i32" : spec.extract.dtype;
+  return ExtractSiteHoldsIds(site) ? "i32" : std::string(Name(spec.extract.dtype));
 }
 
 uint64_t ExtractChunkBytes(const RunSpec& spec) {
   const uint64_t rows = static_cast<uint64_t>(spec.extract.batch) * static_cast<uint64_t>(spec.model.sequence);
   uint64_t bytes = 0;
   for (const auto& site : spec.extract.sites) {
-    uint64_t row = ExtractSiteDType(spec, site) == "fp32" || ExtractSiteDType(spec, site) == "i32" ? 4 : 2;
+    uint64_t row = ExtractSiteHoldsIds(site) || spec.extract.dtype == StoredDType::kFp32 ? 4 : 2;  // i32, fp32
     for (int64_t d : ExtractSiteRowShape(spec, site)) row *= static_cast<uint64_t>(d);
     bytes += rows * row * (IsModelLevelSite(site) ? 1 : spec.extract.layers.size());
   }

@@ -181,7 +181,7 @@ TEST_F(RunSpecTest, MeshIsCheckedAgainstTheModel) {
   ASSERT_TRUE(eight_bit.ok()) << eight_bit.status().ToString();
   auto eight_bit_again = ParseRunSpec(RunSpecToToml(*eight_bit), dir_, true);
   ASSERT_TRUE(eight_bit_again.ok()) << eight_bit_again.status().ToString();
-  EXPECT_EQ(eight_bit_again->train.optimizer, "adamw8bit");
+  EXPECT_EQ(eight_bit_again->train.optimizer, Optimizer::kAdamW8bit);
   auto spec = ParseRunSpec(Valid() + "[parallel]\ndp = 2\npp = 2\ntp = 2\nzero = 3\nrecompute = true\n", dir_, true);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_EQ(spec->parallel.workers(), 8);
@@ -223,12 +223,12 @@ TEST_F(RunSpecTest, OffloadIsNoneOptimizerOrOptimizerAndParamsAndRoundTrips) {
   ASSERT_TRUE(streamed.ok()) << streamed.status().ToString();
   auto streamed_again = ParseRunSpec(RunSpecToToml(*streamed), dir_, true);
   ASSERT_TRUE(streamed_again.ok()) << streamed_again.status().ToString();
-  EXPECT_EQ(streamed_again->parallel.offload, "optimizer+params");
+  EXPECT_EQ(streamed_again->parallel.offload, Offload::kOptimizerAndParams);
   ExpectRejected(Valid() + "[parallel]\noffload = true\n", "parallel.offload");
   auto defaults = ParseRunSpec(Valid(), dir_, true);
   ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
   // Absent (or "auto"): the planner's, holding "none" until planned, and "auto" again once stored.
-  EXPECT_EQ(defaults->parallel.offload, "none");
+  EXPECT_EQ(defaults->parallel.offload, Offload::kNone);
   EXPECT_EQ(defaults->parallel.automatic.count("offload"), 1u);
   auto stored = ParseRunSpec(RunSpecToToml(*defaults), dir_, true);
   ASSERT_TRUE(stored.ok()) << stored.status().ToString();
@@ -240,7 +240,7 @@ TEST_F(RunSpecTest, OffloadIsNoneOptimizerOrOptimizerAndParamsAndRoundTrips) {
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   auto again = ParseRunSpec(RunSpecToToml(*spec), dir_, true);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_EQ(again->parallel.offload, "optimizer");
+  EXPECT_EQ(again->parallel.offload, Offload::kOptimizer);
 }
 // Defaults a long run survives: a checkpoint every tenth of the run, the newest 3 kept; an
 // explicit 0 keeps its meaning (only at the end; keep all).
@@ -289,18 +289,69 @@ TEST_F(RunSpecTest, StagesAreOneLayerCountPerStageAddingUpToTheModel) {
 }
 TEST_F(RunSpecTest, UnknownPrecisionIsNamed) { ExpectRejected(Valid("", "precision = \"fp8\"\n"), "train.precision"); }
 
+// A choice's spelling is parsed once, into its enum (common/spec_choices.h); one that names no
+// value is refused with the key, the spelling and the choices, where the field's check is.
+TEST_F(RunSpecTest, MisspeltChoicesAreRefusedNamingTheKeyAndTheChoices) {
+  ExpectRejected(Valid("", "lr_schedule = \"linear\"\n"),
+                 "run spec: train.lr_schedule = \"linear\" is not supported; use \"constant\" or \"cosine\"");
+  ExpectRejected("kind = \"Train\"\n" + Valid(),
+                 "run spec: kind = \"Train\" is not supported; use \"train\", \"extract\" or \"patch\"");
+  ExpectRejected(With("layers = 2", "layers = 2\nactivation = \"relu\""),
+                 "run spec: model.activation = \"relu\" is not supported for gpt2; use \"gelu_tanh\"");
+  ExpectRejected(With("layers = 2", "family = \"gemma\"\nlayers = 2\nactivation = \"silu\""),
+                 "model.activation = \"silu\" is not supported for gemma; use \"gelu\", \"gelu_tanh\"");
+  ExpectRejected(
+      With("layers = 2", "family = \"llama\"\nlayers = 2\nrope_scaling = { type = \"yarn\" }"),
+      "run spec: model.rope_scaling.type = \"yarn\" is not supported; use \"none\", \"linear\" or \"llama3\"");
+  ExpectRejected(With("layers = 2", "family = \"Llama\"\nlayers = 2"),
+                 "model.family = \"Llama\" is not supported; use one of \"gpt2\", \"llama\", \"mistral\", \"qwen2\", "
+                 "\"gemma\", \"gpt_neox\"");
+  // An empty activation is the family's own, as an absent one.
+  auto neox = ParseRunSpec(With("layers = 2", "family = \"gpt_neox\"\nlayers = 2\nactivation = \"\""), dir_, true);
+  ASSERT_TRUE(neox.ok()) << neox.status().ToString();
+  EXPECT_EQ(neox->model.activation, Activation::kGelu);
+  auto again = ParseStoredRunSpec(RunSpecToToml(*neox));  // written as the filled-in value
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->model.activation, Activation::kGelu);
+}
+
+TEST(SpecChoicesTest, EverySpellingParsesToItsValue) {
+  const auto round_trips = [](auto value) {
+    using E = decltype(value);
+    for (const auto& [v, name] : Choices<E>::kNames) {
+      if (ParseChoice<E>(name) != v || Name(v) != name) return false;
+    }
+    return !ParseChoice<E>("no such choice").has_value();
+  };
+  EXPECT_TRUE(round_trips(RunKind{}));
+  EXPECT_TRUE(round_trips(Family{}));
+  EXPECT_TRUE(round_trips(Activation{}));
+  EXPECT_TRUE(round_trips(RopeScalingType{}));
+  EXPECT_TRUE(round_trips(TokenFormat{}));
+  EXPECT_TRUE(round_trips(LrSchedule{}));
+  EXPECT_TRUE(round_trips(Precision{}));
+  EXPECT_TRUE(round_trips(Optimizer{}));
+  EXPECT_TRUE(round_trips(Offload{}));
+  EXPECT_TRUE(round_trips(ExtractMode{}));
+  EXPECT_TRUE(round_trips(StoredDType{}));
+  EXPECT_TRUE(round_trips(Ablation{}));
+  EXPECT_EQ(Name(Offload::kOptimizerAndParams), "optimizer+params");
+  EXPECT_EQ(Name(Family::kGptNeox), "gpt_neox");
+  EXPECT_EQ(ChoiceList<StoredDType>(), "\"fp32\", \"bf16\" or \"fp16\"");
+}
+
 TEST(LearningRateTest, WarmupThenCosineToMinLr) {
   TrainSpec t;
   t.steps = 110;
   t.lr = 1.0;
   t.min_lr = 0.1;
   t.warmup_steps = 10;
-  t.lr_schedule = "cosine";
+  t.lr_schedule = LrSchedule::kCosine;
   EXPECT_DOUBLE_EQ(LearningRate(t, 1), 0.1);
   EXPECT_DOUBLE_EQ(LearningRate(t, 10), 1.0);
   EXPECT_NEAR(LearningRate(t, 60), 0.55, 1e-12);  // halfway down the cosine
   EXPECT_NEAR(LearningRate(t, 110), 0.1, 1e-12);
-  t.lr_schedule = "constant";
+  t.lr_schedule = LrSchedule::kConstant;
   EXPECT_DOUBLE_EQ(LearningRate(t, 100), 1.0);
 }
 TEST_F(RunSpecTest, BatchMustDivideByDp) { ExpectRejected(Valid() + "[parallel]\ndp = 3\n", "parallel.dp"); }
@@ -461,7 +512,7 @@ TEST_F(RunSpecTest, AbsentAndAutoParallelFieldsAreLeftToThePlanner) {
       Valid() + "[parallel]\ndp = 1\npp = 1\ntp = 1\nmicro_batch = 0\nzero = 0\nrecompute = false\n", dir_, true);
   ASSERT_TRUE(mesh_only.ok());
   EXPECT_TRUE(mesh_only->parallel.planned());
-  EXPECT_EQ(mesh_only->parallel.offload, "none");
+  EXPECT_EQ(mesh_only->parallel.offload, Offload::kNone);
 }
 
 // keep_gathered means something only under ZeRO-3 without recompute: left out on a mesh fixed to

@@ -11,7 +11,7 @@ namespace {
 
 // Every [model] key of the family (ParseModel refuses the others), values as validated.
 toml::table ModelToToml(const ModelSpec& m) {
-  toml::table t{{"family", m.family},
+  toml::table t{{"family", Name(m.family)},
                 {"layers", m.layers},
                 {"hidden", m.hidden},
                 {"heads", m.heads},
@@ -19,31 +19,31 @@ toml::table ModelToToml(const ModelSpec& m) {
                 {"vocab", m.vocab},
                 {"sequence", m.sequence},
                 {"norm_eps", m.norm_eps},
-                {"activation", m.activation},
+                {"activation", Name(m.activation)},
                 {"tie_embeddings", m.tie_embeddings}};
   if (m.max_positions > 0) t.insert("max_positions", m.max_positions);
-  const std::string& f = m.family;
-  const bool grouped = f != "gpt2" && f != "gpt_neox";
+  const Family f = m.family;
+  const bool grouped = f != Family::kGpt2 && f != Family::kGptNeox;
   if (grouped) {
     t.insert("kv_heads", m.kv_heads);
     t.insert("head_dim", m.head_dim);
   }
   if (m.rotary()) t.insert("rope_theta", m.rope_theta);
-  if (f == "llama" || f == "mistral" || f == "qwen2") {
+  if (f == Family::kLlama || f == Family::kMistral || f == Family::kQwen2) {
     const RopeScaling& rs = m.rope_scaling;
-    t.insert("rope_scaling", toml::table{{"type", rs.type},
+    t.insert("rope_scaling", toml::table{{"type", Name(rs.type)},
                                          {"factor", rs.factor},
                                          {"low_freq_factor", rs.low_freq_factor},
                                          {"high_freq_factor", rs.high_freq_factor},
                                          {"original_max_positions", rs.original_max_positions}});
   }
-  if (f == "gpt_neox") {
+  if (f == Family::kGptNeox) {
     t.insert("rotary_pct", m.rotary_pct);
     t.insert("parallel_residual", m.parallel_residual);
   }
-  if (f == "llama" || f == "gemma" || f == "gpt_neox") t.insert("attention_bias", m.attention_bias);
-  if (f == "llama") t.insert("mlp_bias", m.mlp_bias);
-  if (f == "mistral") t.insert("sliding_window", m.sliding_window);
+  if (f == Family::kLlama || f == Family::kGemma || f == Family::kGptNeox) t.insert("attention_bias", m.attention_bias);
+  if (f == Family::kLlama) t.insert("mlp_bias", m.mlp_bias);
+  if (f == Family::kMistral) t.insert("sliding_window", m.sliding_window);
   if (!m.init_from.empty()) t.insert("init_from", m.init_from);
   return t;
 }
@@ -53,9 +53,9 @@ toml::table ModelToToml(const ModelSpec& m) {
 std::string RunSpecToToml(const RunSpec& spec) {
   toml::table root;
   root.insert("name", spec.name);
-  root.insert("kind", spec.kind);
+  root.insert("kind", Name(spec.kind));
   root.insert("model", ModelToToml(spec.model));
-  root.insert("data", toml::table{{"path", spec.data.path}, {"format", spec.data.format}});
+  root.insert("data", toml::table{{"path", spec.data.path}, {"format", Name(spec.data.format)}});
   if (!spec.data.documents.empty()) {
     root["data"].as_table()->insert("documents", spec.data.documents);
     root["data"].as_table()->insert("sample_within_documents", spec.data.sample_within_documents);
@@ -72,12 +72,12 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                    {"seed", spec.train.seed},
 
                                    {"keep_checkpoints", spec.train.keep_checkpoints},
-                                   {"lr_schedule", spec.train.lr_schedule},
+                                   {"lr_schedule", Name(spec.train.lr_schedule)},
                                    {"warmup_steps", spec.train.warmup_steps},
                                    {"min_lr", spec.train.min_lr},
-                                   {"precision", spec.train.precision},
+                                   {"precision", Name(spec.train.precision)},
                                    {"cuda_graphs", spec.train.cuda_graphs},
-                                   {"optimizer", spec.train.optimizer}});
+                                   {"optimizer", Name(spec.train.optimizer)}});
   toml::table& train = *root["train"].as_table();
   if (spec.train.checkpoint_every == TrainSpec::kAutoCheckpoints)
     train.insert("checkpoint_every", "auto");
@@ -92,7 +92,7 @@ std::string RunSpecToToml(const RunSpec& spec) {
                        {"keep_gathered", spec.parallel.keep_gathered},
                        {"sequence_parallel", spec.parallel.sequence_parallel},
                        {"tp_comm_overlap", spec.parallel.tp_comm_overlap},
-                       {"offload", spec.parallel.offload}};
+                       {"offload", Name(spec.parallel.offload)}};
   if (!spec.parallel.stages.empty()) {
     toml::array stages;
     for (int64_t n : spec.parallel.stages) stages.push_back(n);
@@ -108,9 +108,9 @@ std::string RunSpecToToml(const RunSpec& spec) {
     for (const auto& site : spec.extract.sites) {
       if (site != "logits_ids" && site != "loss") sites.push_back(site);
     }
-    toml::table extract{{"dtype", spec.extract.dtype}, {"precision", spec.extract.precision},
-                        {"batch", spec.extract.batch}, {"tokens", spec.extract.tokens},
-                        {"mode", spec.extract.mode},   {"logits_top_k", spec.extract.logits_top_k}};
+    toml::table extract{{"dtype", Name(spec.extract.dtype)}, {"precision", Name(spec.extract.precision)},
+                        {"batch", spec.extract.batch},       {"tokens", spec.extract.tokens},
+                        {"mode", Name(spec.extract.mode)},   {"logits_top_k", spec.extract.logits_top_k}};
     if (!spec.is_patch()) {  // a patch run's follow from [patch]
       extract.insert("layers", layers);
       extract.insert("sites", sites);
@@ -123,7 +123,7 @@ std::string RunSpecToToml(const RunSpec& spec) {
     for (const auto& site : spec.patch.sites) sites.push_back(site);
     root.insert("patch", toml::table{{"layers", layers},
                                      {"sites", sites},
-                                     {"ablation", spec.patch.ablation},
+                                     {"ablation", Name(spec.patch.ablation)},
                                      {"source", spec.patch.source},
                                      {"logits", spec.patch.logits}});
   }

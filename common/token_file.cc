@@ -362,14 +362,13 @@ Result<NpyHeader> ParseNpyHeader(std::string_view bytes, const std::string& what
   return h;
 }
 
-bool IsTokenFormat(const std::string& format) {
-  return format == "bytes" || format == "u16" || format == "u32" || format == "npy";
-}
+bool IsTokenFormat(TokenFormat format) { return format != TokenFormat::kText; }
 
-Result<TokenFileLayout> ReadTokenFileLayout(const std::string& path, const std::string& format) {
+Result<TokenFileLayout> ReadTokenFileLayout(const std::string& path, TokenFormat format) {
   const std::string what = DataWhat(path);
   if (!IsTokenFormat(format)) {
-    return InvalidArgument("data.format = \"" + format + "\" is not supported; use " + kTokenFormats);
+    return InvalidArgument("data.format = \"" + std::string(Name(format)) + "\" is not supported; use " +
+                           kTokenFormats);
   }
   OpenFile file;
   STRATA_RETURN_IF_ERROR(OpenRegular(path, what, &file));
@@ -377,7 +376,7 @@ Result<TokenFileLayout> ReadTokenFileLayout(const std::string& path, const std::
   layout.path = path;
   layout.format = format;
   layout.file_bytes = file.size;
-  if (format == "npy") {
+  if (format == TokenFormat::kNpy) {
     STRATA_ASSIGN_OR_RETURN(NpyHeader h, ReadNpyHeader(file, what));
     STRATA_ASSIGN_OR_RETURN(layout.type, IntegerDescr(h.descr, what, "u1 u2 u4 u8 i1 i2 i4 i8"));
     STRATA_RETURN_IF_ERROR(CheckNpyShape(h, layout.type, file.size, what));
@@ -385,10 +384,10 @@ Result<TokenFileLayout> ReadTokenFileLayout(const std::string& path, const std::
     layout.tokens = h.shape[0];
     return layout;
   }
-  layout.type = IntType{format == "u32" ? 4u : format == "u16" ? 2u : 1u, false};
+  layout.type = IntType{format == TokenFormat::kU32 ? 4u : format == TokenFormat::kU16 ? 2u : 1u, false};
   if (file.size % layout.type.size != 0) {
     return InvalidArgument(what + " holds " + std::to_string(file.size) + " bytes, not a multiple of " +
-                           std::to_string(layout.type.size) + " (data.format = \"" + format +
+                           std::to_string(layout.type.size) + " (data.format = \"" + std::string(Name(format)) +
                            "\": " + std::to_string(layout.type.size * 8) +
                            "-bit ids); the file is truncated or has another format");
   }

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/spec_choices.h"  // TokenFormat
 #include "common/status.h"
 
 namespace strata {
@@ -39,18 +40,19 @@ struct IntType {
 
 struct TokenFileLayout {
   std::string path;
-  std::string format;  // data.format
+  TokenFormat format = TokenFormat::kBytes;  // data.format
   uint64_t file_bytes = 0;
   uint64_t data_offset = 0;  // bytes before the first id (a .npy header)
   IntType type;
   uint64_t tokens = 0;
 };
 
-// The data.format values, and the words a message lists them with.
-bool IsTokenFormat(const std::string& format);
+// The data.format values a file holds (every one but "text", which `strata submit` tokenizes
+// into a u32 file), and the words a message lists them with.
+bool IsTokenFormat(TokenFormat format);
 inline constexpr const char* kTokenFormats = "\"bytes\", \"u16\", \"u32\" or \"npy\"";
 
-// The layout of `path` read as `format`:
+// The layout of `path` read as `format` (kText is refused as not supported):
 //   "bytes"  each byte is a token (any size)
 //   "u16"    little-endian uint16 ids; the size must be a multiple of 2
 //   "u32"    little-endian uint32 ids; the size must be a multiple of 4
@@ -58,7 +60,7 @@ inline constexpr const char* kTokenFormats = "\"bytes\", \"u16\", \"u32\" or \"n
 //            whose data is exactly shape[0] elements
 // InvalidArgument names the file as `data.path = "PATH"` and what is wrong (the size, the header
 // field); NotFound when it cannot be opened.
-Result<TokenFileLayout> ReadTokenFileLayout(const std::string& path, const std::string& format);
+Result<TokenFileLayout> ReadTokenFileLayout(const std::string& path, TokenFormat format);
 
 // A document offsets file (data.documents): little-endian uint64 start offsets, or a 1-D .npy of
 // int64 / uint64 (chosen by the .npy magic, not the file name). Only the size and header are

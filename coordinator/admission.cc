@@ -78,7 +78,7 @@ bool Admission::PlanRun(RunEntry& run, std::vector<WorkerEntry*>* idle) {
     // the user's call; an out-of-memory re-plans), keeping no layer gathered and offloading nothing.
     ParallelSpec fixed = mesh;
     if (fixed.automatic.count("keep_gathered")) fixed.keep_gathered = 0;
-    if (fixed.automatic.count("offload")) fixed.offload = "none";
+    if (fixed.automatic.count("offload")) fixed.offload = Offload::kNone;
     fixed.automatic.clear();
     TrainRun::SetParallel(run, fixed);
     c_.Persist(run);

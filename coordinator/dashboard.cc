@@ -135,20 +135,21 @@ std::string RenderStateJson(const DashboardSnapshot& s) {
               {"recompute", r.plan.recompute},
               {"stages", r.plan.stages},
               {"keep_gathered", r.plan.keep_gathered},
-              {"offload", r.plan.offload}};
+              {"offload", std::string(Name(r.plan.offload))}};
     }
     json extract = nullptr;
-    if (r.kind == "extract" || r.kind == "patch") {
+    const bool capture = r.kind == RunKind::kExtract || r.kind == RunKind::kPatch;
+    if (capture) {
       extract = {{"rows_stored", r.rows_stored},
                  {"rows_total", r.rows_total},
                  {"bytes_stored", r.bytes_stored},
                  {"bytes_per_second", r.bytes_per_second}};
     }
-    const bool timed = r.kind != "extract" && r.kind != "patch" && r.tokens_per_second > 0 && r.tokens_per_step > 0;
+    const bool timed = !capture && r.tokens_per_second > 0 && r.tokens_per_step > 0;
     j["runs"].push_back(
         {{"id", r.id},
          {"name", r.name},
-         {"kind", r.kind.empty() ? "train" : r.kind},
+         {"kind", std::string(Name(r.kind))},
          {"state", r.state},
          {"created_unix_ms", r.created_unix_ms},
          {"updated_unix_ms", r.updated_unix_ms},

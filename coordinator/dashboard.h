@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/spec_choices.h"
+
 namespace strata::coordinator {
 
 // One heartbeat's memory, kept by the coordinator at most once a second per worker.
@@ -43,9 +45,9 @@ struct DashboardPlan {
   int64_t dp = 1, pp = 1, tp = 1, zero = 0;
   int64_t micro_batch = 0, gradient_accumulation = 1;
   bool recompute = false;
-  std::vector<int64_t> stages;   // layers per pipeline stage
-  int64_t keep_gathered = 0;     // ZeRO-3: layers a stage keeps gathered for the backward
-  std::string offload = "none";  // [parallel] offload
+  std::vector<int64_t> stages;       // layers per pipeline stage
+  int64_t keep_gathered = 0;         // ZeRO-3: layers a stage keeps gathered for the backward
+  Offload offload = Offload::kNone;  // [parallel] offload
 };
 
 // One rank's memory: the planner's estimate against the highest peak the rank reported.
@@ -56,7 +58,7 @@ struct DashboardRankMemory {
 
 struct DashboardRun {
   std::string id;
-  std::string kind;  // "train" | "extract"
+  RunKind kind = RunKind::kTrain;
   std::string name;
   std::string state;  // "pending" | "running" | "finished" | "failed" | "cancelled"
   int64_t created_unix_ms = 0;

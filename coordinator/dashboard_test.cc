@@ -58,15 +58,15 @@ DashboardSnapshot HandMade() {
   r.workers = {"worker-0"};
   r.events = {{1700000000000, "submitted", "run r1 submitted"}, {1700000000100, "checkpoint", "at step 2"}};
   r.checkpoints = 1;
-  r.kind = "train";
+  r.kind = RunKind::kTrain;
   r.handled = {{"worker-lost", 1}, {"oom", 2}};
-  r.plan = {true, 2, 2, 1, 3, 4, 2, false, {3, 5}, 2, "optimizer+params"};
+  r.plan = {true, 2, 2, 1, 3, 4, 2, false, {3, 5}, 2, Offload::kOptimizerAndParams};
   r.memory = {{"worker-0", 10ull << 30, 1ull << 30, 9ull << 30}};
   s.runs.push_back(r);
   DashboardRun x;
   x.id = "x1";
   x.name = "acts";
-  x.kind = "extract";
+  x.kind = RunKind::kExtract;
   x.state = "running";
   x.rows_stored = 4096;
   x.rows_total = 16384;

@@ -125,7 +125,7 @@ void Journal::FillRunRecord(const RunEntry& run, RunRecord::Builder b, bool with
   b.setCreatedUnixMs(run.created_ms);
   b.setUpdatedUnixMs(run.updated_ms);
   b.setTotalSteps(run.TotalSteps());
-  b.setKind(run.spec.kind);
+  b.setKind(std::string(Name(run.spec.kind)));
   b.setStep(run.step);
   if (with_losses) {
     auto losses = b.initLosses(run.losses.size());

@@ -161,8 +161,9 @@ void RpcHandlers::HandleSubmitRun(const std::string& identity, uint64_t rid, Sub
     for (int64_t l : stored.spec.patch.layers) layers += (layers.empty() ? "" : ", ") + std::to_string(l);
     c_.AddEvent(stored, EventKind::kSubmitted,
                 "run " + stored.id + " submitted: the loss of " + std::to_string(stored.extract.total_rows) +
-                    " token rows with " + what + " of layer(s) " + layers + " replaced (" + stored.spec.patch.ablation +
-                    " ablation), in " + std::to_string(stored.extract.total_chunks) + " chunks on " +
+                    " token rows with " + what + " of layer(s) " + layers + " replaced (" +
+                    std::string(Name(stored.spec.patch.ablation)) + " ablation), in " +
+                    std::to_string(stored.extract.total_chunks) + " chunks on " +
                     std::to_string(stored.spec.parallel.dp) + " worker(s)");
   } else if (stored.spec.is_extract()) {
     c_.AddEvent(stored, EventKind::kSubmitted,
@@ -208,8 +209,8 @@ Status RpcHandlers::SetUpResume(RunEntry& run, const std::string& source_id, int
       {"kv_heads", {a.kv_heads, b.kv_heads}}, {"ffn", {a.ffn, b.ffn}},          {"vocab", {a.vocab, b.vocab}},
       {"sequence", {a.sequence, b.sequence}}};
   if (a.family != b.family) {
-    return InvalidArgument("--resume: model.family = \"" + b.family + "\" but run " + source_id + " trained \"" +
-                           a.family + "\"");
+    return InvalidArgument("--resume: model.family = \"" + std::string(Name(b.family)) + "\" but run " + source_id +
+                           " trained \"" + std::string(Name(a.family)) + "\"");
   }
   for (const auto& [field, values] : fields) {
     if (values.first != values.second) {
@@ -319,8 +320,17 @@ void RpcHandlers::HandleActivationsRequest(const std::string& identity, uint64_t
     layers.set(i, static_cast<uint32_t>(run.spec.extract.layers[i]));
   auto sites = r.initSites(run.spec.extract.sites.size());
   for (size_t i = 0; i < run.spec.extract.sites.size(); ++i) sites.set(i, run.spec.extract.sites[i]);
-  const std::string& dtype = run.spec.extract.dtype;
-  r.setDtype(dtype == "bf16" ? ::DType::BF16 : dtype == "fp16" ? ::DType::F16 : ::DType::F32);
+  switch (run.spec.extract.dtype) {
+    case StoredDType::kFp32:
+      r.setDtype(::DType::F32);
+      break;
+    case StoredDType::kBf16:
+      r.setDtype(::DType::BF16);
+      break;
+    case StoredDType::kFp16:
+      r.setDtype(::DType::F16);
+      break;
+  }
   r.setHidden(static_cast<uint64_t>(run.spec.model.hidden));
   auto shapes = r.initRowShapes(run.spec.extract.sites.size());
   for (size_t i = 0; i < run.spec.extract.sites.size(); ++i) {

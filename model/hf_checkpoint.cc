@@ -88,7 +88,7 @@ Status CheckHfCheckpoint(const std::string& dir, const ModelSpec& m) {
     const HfTensorName hf = ToHuggingFace(m, p.name);
     auto t = checkpoint.Find(hf.name);
     if (!t.ok()) {
-      return InvalidArgument("model.init_from: " + t.status().message() + ", which a " + m.family +
+      return InvalidArgument("model.init_from: " + t.status().message() + ", which a " + std::string(Name(m.family)) +
                              " model of this config needs; the weights do not match config.json");
     }
     std::vector<int64_t> expected = p.shape;

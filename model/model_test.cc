@@ -117,7 +117,7 @@ TEST_P(FamilyTest, ConfigFillsTheSpecAndTheMultiFileCheckpointMatchesIt) {
   ModelSpec m;
   m.init_from = dir.path();
   ASSERT_TRUE(ResolveHuggingFaceConfig(dir.path(), {"init_from"}, &m).ok());
-  EXPECT_EQ(m.family, GetParam());
+  EXPECT_EQ(Name(m.family), GetParam());
   EXPECT_EQ(m.layers, 2);
   EXPECT_EQ(m.hidden, 32);
   EXPECT_EQ(m.vocab, written.vocab);
@@ -156,7 +156,7 @@ TEST(FamilyTableTest, VariantsShapeTheParameters) {
   TinyModelDir dir("variants");
   ModelSpec llama = dir.Write(TinyConfig("llama"), 1);
   EXPECT_EQ(llama.head_dim, 16);
-  EXPECT_EQ(llama.rope_scaling.type, "llama3");
+  EXPECT_EQ(llama.rope_scaling.type, RopeScalingType::kLlama3);
   bool q_bias = false, o_bias = false, lm_head = false;
   for (const Parameter& p : Parameters(llama)) {
     if (p.name == "layers.0.self_attn.q_proj.weight") {

@@ -27,14 +27,14 @@ std::vector<Parameter> BlockParameters(const ModelSpec& m) {
     p.push_back({name + ".weight", {h}});
     if (bias) p.push_back({name + ".bias", {h}});
   };
-  if (m.family == "gpt2") {
+  if (m.family == Family::kGpt2) {
     norm("ln_1", true);
     linear("c_attn", 3 * h, h, true);
     linear("attn_proj", h, h, true);
     norm("ln_2", true);
     linear("c_fc", f, h, true);
     linear("mlp_proj", h, f, true);
-  } else if (m.family == "gpt_neox") {
+  } else if (m.family == Family::kGptNeox) {
     norm("input_layernorm", true);
     norm("post_attention_layernorm", true);
     linear("attention.query_key_value", 3 * h, h, m.attention_bias);
@@ -56,35 +56,36 @@ std::vector<Parameter> BlockParameters(const ModelSpec& m) {
 }
 
 std::string BlockPrefix(const ModelSpec& m, int64_t layer) {
-  return (m.family == "gpt2" ? "h." : "layers.") + std::to_string(layer) + ".";
+  return (m.family == Family::kGpt2 ? "h." : "layers.") + std::to_string(layer) + ".";
 }
 
 std::string TokenEmbeddingName(const ModelSpec& m) {
-  if (m.family == "gpt2") return "wte.weight";
-  if (m.family == "gpt_neox") return "embed_in.weight";
+  if (m.family == Family::kGpt2) return "wte.weight";
+  if (m.family == Family::kGptNeox) return "embed_in.weight";
   return "embed_tokens.weight";
 }
 
 std::vector<std::string> EmbeddingNames(const ModelSpec& m) {
-  if (m.family == "gpt2") return {"wte.weight", "wpe.weight"};
+  if (m.family == Family::kGpt2) return {"wte.weight", "wpe.weight"};
   return {TokenEmbeddingName(m)};
 }
 
 std::vector<std::string> FinalNormNames(const ModelSpec& m) {
-  if (m.family == "gpt2") return {"ln_f.weight", "ln_f.bias"};
-  if (m.family == "gpt_neox") return {"final_layer_norm.weight", "final_layer_norm.bias"};
+  if (m.family == Family::kGpt2) return {"ln_f.weight", "ln_f.bias"};
+  if (m.family == Family::kGptNeox) return {"final_layer_norm.weight", "final_layer_norm.bias"};
   return {"norm.weight"};
 }
 
 std::string HeadWeightName(const ModelSpec& m) {
   if (m.tied()) return TokenEmbeddingName(m);
-  return m.family == "gpt_neox" ? "embed_out.weight" : "lm_head.weight";
+  return m.family == Family::kGptNeox ? "embed_out.weight" : "lm_head.weight";
 }
 
 std::vector<Parameter> Parameters(const ModelSpec& m) {
   std::vector<Parameter> p;
   p.push_back({TokenEmbeddingName(m), {m.vocab, m.hidden}});
-  if (m.family == "gpt2") p.push_back({"wpe.weight", {m.max_positions > 0 ? m.max_positions : m.sequence, m.hidden}});
+  if (m.family == Family::kGpt2)
+    p.push_back({"wpe.weight", {m.max_positions > 0 ? m.max_positions : m.sequence, m.hidden}});
   const std::vector<Parameter> block = BlockParameters(m);
   for (int64_t layer = 0; layer < m.layers; ++layer) {
     const std::string prefix = BlockPrefix(m, layer);
@@ -99,14 +100,14 @@ int64_t ParameterCount(const ModelSpec& m) {
   int64_t block = 0;
   for (const Parameter& b : BlockParameters(m)) block += b.numel();
   int64_t n = m.layers * block + m.vocab * m.hidden + static_cast<int64_t>(FinalNormNames(m).size()) * m.hidden;
-  if (m.family == "gpt2") n += (m.max_positions > 0 ? m.max_positions : m.sequence) * m.hidden;
+  if (m.family == Family::kGpt2) n += (m.max_positions > 0 ? m.max_positions : m.sequence) * m.hidden;
   if (!m.tied()) n += m.vocab * m.hidden;
   return n;
 }
 
 HfTensorName ToHuggingFace(const ModelSpec& m, const std::string& ours) {
-  if (m.family == "gpt_neox") return {ours == "embed_out.weight" ? ours : "gpt_neox." + ours, false};
-  if (m.family != "gpt2") return {ours == "lm_head.weight" ? ours : "model." + ours, false};
+  if (m.family == Family::kGptNeox) return {ours == "embed_out.weight" ? ours : "gpt_neox." + ours, false};
+  if (m.family != Family::kGpt2) return {ours == "lm_head.weight" ? ours : "model." + ours, false};
   HfTensorName hf{ours, false};
   for (const char* suffix : {"c_attn.weight", "attn_proj.weight", "c_fc.weight", "mlp_proj.weight"}) {
     hf.transposed |= EndsWith(ours, suffix);

@@ -9,10 +9,10 @@
 namespace strata::shard {
 
 std::vector<CapacityOption> CapacityOptions() {
-  return {{"adamw", "adamw", Offload::kNone},
-          {"adamw8bit", "adamw8bit", Offload::kNone},
-          {"adamw, offload = \"optimizer\"", "adamw", Offload::kOptimizer},
-          {"adamw, offload = \"optimizer+params\"", "adamw", Offload::kOptimizerAndParams}};
+  return {{"adamw", Optimizer::kAdamW, Offload::kNone},
+          {"adamw8bit", Optimizer::kAdamW8bit, Offload::kNone},
+          {"adamw, offload = \"optimizer\"", Optimizer::kAdamW, Offload::kOptimizer},
+          {"adamw, offload = \"optimizer+params\"", Optimizer::kAdamW, Offload::kOptimizerAndParams}};
 }
 
 std::vector<Capacity> LargestTrainable(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster) {

@@ -12,9 +12,9 @@
 namespace strata::shard {
 
 struct CapacityOption {
-  std::string name;                  // "adamw", "adamw8bit", "adamw, offload = \"optimizer\"", ...
-  std::string optimizer;             // train.optimizer
-  Offload offload = Offload::kNone;  // parallel.offload
+  std::string name;                         // "adamw", "adamw8bit", "adamw, offload = \"optimizer\"", ...
+  Optimizer optimizer = Optimizer::kAdamW;  // train.optimizer
+  Offload offload = Offload::kNone;         // parallel.offload
 };
 // AdamW; 8-bit AdamW; AdamW with its state offloaded to host memory; and with the parameters too.
 std::vector<CapacityOption> CapacityOptions();

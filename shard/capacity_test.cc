@@ -14,7 +14,8 @@ constexpr int64_t kGiB = int64_t{1} << 30;
 // A Llama-style model 4096 wide (Llama 2 7B's width); its layer count is what the search varies.
 ModelSpec Llama4096() {
   ModelSpec m;
-  m.family = "llama", m.layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 32, m.ffn = 11008, m.vocab = 32000;
+  m.family = Family::kLlama, m.layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 32, m.ffn = 11008,
+  m.vocab = 32000;
   m.sequence = 1024, m.norm_eps = 1e-5;
   return m;
 }
@@ -27,7 +28,7 @@ ClusterView OneGpu(int64_t bytes) {
 
 TEST(LargestTrainable, EachOptionsLayerCountFitsAndOneMoreDoesNot) {
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.dp = 1, job.pp = 1, job.tp = 1;
+  job.global_batch = 8, job.precision = Precision::kBf16, job.dp = 1, job.pp = 1, job.tp = 1;
   const ClusterView cluster = OneGpu(80 * kGiB);
   const auto capacities = LargestTrainable(Llama4096(), job, cluster);
   ASSERT_EQ(capacities.size(), 4u);
@@ -59,7 +60,7 @@ TEST(LargestTrainable, EachOptionsLayerCountFitsAndOneMoreDoesNot) {
 
 TEST(LargestTrainable, NothingFitsSaysWhy) {
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.dp = 1;
+  job.global_batch = 8, job.precision = Precision::kBf16, job.dp = 1;
   const auto capacities = LargestTrainable(Llama4096(), job, OneGpu(kGiB));
   for (const Capacity& c : capacities) {
     EXPECT_EQ(c.layers, 0) << c.option.name;
@@ -77,7 +78,7 @@ namespace {
 // master copy and the gradient buffer) within the host's free memory less the safety margin.
 TEST(OffloadPlanning, HostMemoryBoundsTheOffloadedModel) {
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.dp = 1, job.pp = 1, job.tp = 1;
+  job.global_batch = 8, job.precision = Precision::kBf16, job.dp = 1, job.pp = 1, job.tp = 1;
   ClusterView cluster = OneGpu(141 * kGiB);
   const int64_t unbounded = LargestTrainable(Llama4096(), job, cluster)[2].layers;
   cluster.workers[0].host_free_bytes = 128 * kGiB;  // the GPU node's host
@@ -104,7 +105,7 @@ TEST(OffloadPlanning, HostMemoryBoundsTheOffloadedModel) {
 // the host bounds it as it bounds "optimizer".
 TEST(OffloadPlanning, StreamedParametersLeaveTheGpuOnlyWhatIsInFlight) {
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.dp = 1, job.pp = 1, job.tp = 1;
+  job.global_batch = 8, job.precision = Precision::kBf16, job.dp = 1, job.pp = 1, job.tp = 1;
   ClusterView cluster = OneGpu(141 * kGiB);
   cluster.workers[0].host_free_bytes = 128 * kGiB;
   const auto capacities = LargestTrainable(Llama4096(), job, cluster);
@@ -140,7 +141,7 @@ TEST(OffloadPlanning, StreamedParametersLeaveTheGpuOnlyWhatIsInFlight) {
 // is what the host must hold.
 TEST(OffloadPlanning, WorkersOfANodeShareItsHost) {
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.dp = 2, job.pp = 1, job.tp = 1, job.zero = 1,
+  job.global_batch = 8, job.precision = Precision::kBf16, job.dp = 2, job.pp = 1, job.tp = 1, job.zero = 1,
   job.offload = Offload::kOptimizer;
   ClusterView cluster = OneGpu(141 * kGiB);
   cluster.workers.push_back(cluster.workers[0]);
@@ -161,7 +162,8 @@ TEST(OffloadPlanning, WorkersOfANodeShareItsHost) {
 // before any forward: there all of it counts.
 TEST(OffloadPlanning, TheNextForwardHidesTheUpdate) {
   JobSpec job;
-  job.precision = "bf16", job.dp = 1, job.pp = 1, job.tp = 1, job.offload = Offload::kOptimizer, job.micro_batch = 8;
+  job.precision = Precision::kBf16, job.dp = 1, job.pp = 1, job.tp = 1, job.offload = Offload::kOptimizer,
+  job.micro_batch = 8;
   const ClusterView cluster = OneGpu(141 * kGiB);
   ModelSpec m = Llama4096();
   m.layers = 4;
@@ -197,13 +199,13 @@ TEST(OffloadPlanning, TheSpecsOffloadIsTheJobsAndAPlanCarriesItBack) {
   spec.model = Llama4096();
   spec.train.global_batch = 8;
   for (const Offload o : {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams}) {
-    spec.parallel.offload = OffloadName(o);
-    EXPECT_EQ(JobForRun(spec).offload, std::optional<Offload>(o)) << OffloadName(o);
+    spec.parallel.offload = o;
+    EXPECT_EQ(JobForRun(spec).offload, std::optional<Offload>(o)) << Name(o);
     Plan plan;
     plan.dp = 1, plan.pp = 1, plan.tp = 1, plan.micro_batch = 8, plan.offload = o, plan.recompute = {false};
-    EXPECT_EQ(ParallelFromPlan(RunSpec().parallel, plan).offload, OffloadName(o));
+    EXPECT_EQ(ParallelFromPlan(RunSpec().parallel, plan).offload, o);
   }
-  EXPECT_EQ(OffloadFromName("disk"), std::nullopt);
+  EXPECT_EQ(ParseChoice<Offload>("disk"), std::nullopt);
 }
 
 }  // namespace
@@ -217,7 +219,7 @@ namespace {
 TEST(OffloadPlanning, OutOfMemoryReplanTurnsOffloadOnWhenNothingElseFits) {
   ModelSpec m = Llama4096();
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.offload = Offload::kNone;
+  job.global_batch = 8, job.precision = Precision::kBf16, job.offload = Offload::kNone;
   ClusterView cluster = OneGpu(141 * kGiB);
   m.layers = LargestTrainable(m, job, cluster)[0].layers;  // the most AdamW on the GPU trains
   job.micro_batch = 1, job.recompute = true;               // nothing left to shrink (the re-plan opens every field)

@@ -265,7 +265,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
   const double boundary_bytes = sbh * kResidualBytes * held_tokens;
   const double tp_activation_bytes = sbh * (bf16_cuda ? 2.0 : kResidualBytes);
   const double loss_bytes = bf16_cuda ? 2.0 : 4.0;
-  const StateBytesPerParam per_param = BytesPerParam(problem.layout, problem.job.optimizer == "adamw8bit");
+  const StateBytesPerParam per_param = BytesPerParam(problem.layout, problem.job.optimizer == Optimizer::kAdamW8bit);
   const UnitParams& u = cache.Units(c.pp, c.tp);
   // The head's rows on each rank (vocab-parallel, shard/layout.h: the vocabulary split over tp).
   const bool vocab_parallel = VocabParallel(model, c.tp);
@@ -297,8 +297,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     const double flops_params = layers * layer_per_rank + (last ? static_cast<double>(vocab_rows * model.hidden) : 0);
     const double flops = (recompute ? 8.0 : 6.0) * flops_params * static_cast<double>(local_batch * s);
 
-    MemoryEstimate mem =
-        ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload, problem.job.optimizer == "adamw8bit");
+    MemoryEstimate mem = ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload,
+                                         problem.job.optimizer == Optimizer::kAdamW8bit);
     // The bf16 working copies the matmuls read (worker/train/stage_model.h, ParamUnit::working): every
     // unit but recomputed blocks and a one-stage tied embedding, whose head reads the fp32 master.
     // The first stage's embedding keeps one though its lookup reads fp32. ZeRO-3 shards without

@@ -35,8 +35,8 @@ struct MeasuredPeak {
   bool recompute;
   int64_t rank, peak_bytes;
   double bound = 0.05;
-  const char* offload = "none";
-  const char* optimizer = "adamw";
+  Offload offload = Offload::kNone;
+  Optimizer optimizer = Optimizer::kAdamW;
 };
 constexpr double kKnownMiss = 0.08;
 
@@ -82,10 +82,11 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
       // AdamW, 8-bit AdamW and the optimizer offloaded (docs/history/benchmarks-sessions.md, 2026-11-28,
       // "The largest Llama each optimizer option trains on one H200": its table's peaks in GB), and
       // with the parameters too (bench/results/largest-2026-11-28-offload-params-h200.jsonl).
-      {"llama-4096x36", 1, 1, 1, 0, 1, true, 0, 132020000000},                             // (a) adamw: 132.02 GB
-      {"llama-4096x57", 1, 1, 1, 0, 2, true, 0, 130940000000, 0.05, "none", "adamw8bit"},  // (b) 130.94 GB
-      {"llama-4096x32", 1, 1, 1, 0, 8, false, 0, 114640000000, 0.05, "optimizer"},
-      {"llama-4096x32", 1, 1, 1, 3, 8, false, 0, 43203116032, 0.05, "optimizer+params"},
+      {"llama-4096x36", 1, 1, 1, 0, 1, true, 0, 132020000000},  // (a) adamw: 132.02 GB
+      {"llama-4096x57", 1, 1, 1, 0, 2, true, 0, 130940000000, 0.05, Offload::kNone,
+       Optimizer::kAdamW8bit},  // (b) 130.94 GB
+      {"llama-4096x32", 1, 1, 1, 0, 8, false, 0, 114640000000, 0.05, Offload::kOptimizer},
+      {"llama-4096x32", 1, 1, 1, 3, 8, false, 0, 43203116032, 0.05, Offload::kOptimizerAndParams},
       // Two GPUs, NVIDIA H200, 2026-11-28 (bench/results/calibration-2026-11-28-two-gpus-h200.jsonl):
       // GPT-2 124M only; one rank where both ranks measured the same bytes.
       {"124m", 2, 1, 1, 0, 2, false, 0, 3653891072},
@@ -109,17 +110,17 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
     if (std::string(p.model) == "355m") model.layers = 24, model.hidden = 1024, model.heads = 16;
     if (std::string(p.model) == "774m") model.layers = 36, model.hidden = 1280, model.heads = 20;
     if (std::string(p.model) == "llama") {  // the 886M Llama of bench/memory_calibration.py
-      model.family = "llama", model.layers = 16, model.hidden = 2048, model.heads = 16, model.kv_heads = 8;
+      model.family = Family::kLlama, model.layers = 16, model.hidden = 2048, model.heads = 16, model.kv_heads = 8;
       model.ffn = 5632, model.vocab = 32000;
     }
     if (std::string(p.model).rfind("llama-4096x", 0) == 0) {  // Llama 3 8B's width
-      model.family = "llama", model.layers = std::stoll(std::string(p.model).substr(11)), model.hidden = 4096,
+      model.family = Family::kLlama, model.layers = std::stoll(std::string(p.model).substr(11)), model.hidden = 4096,
       model.heads = 32;
       model.kv_heads = 8, model.ffn = 14336, model.vocab = 32000;
     }
     RunSpec spec;
     spec.model = model;
-    spec.train.global_batch = 8, spec.train.precision = "bf16", spec.train.optimizer = p.optimizer;
+    spec.train.global_batch = 8, spec.train.precision = Precision::kBf16, spec.train.optimizer = p.optimizer;
     spec.parallel.dp = p.dp, spec.parallel.pp = p.pp, spec.parallel.tp = p.tp, spec.parallel.zero = p.zero;
     spec.parallel.micro_batch = p.micro_batch, spec.parallel.recompute = p.recompute, spec.parallel.offload = p.offload;
     spec.parallel.sequence_parallel = false;  // every tp point predates sequence parallelism (added 2026-11-29)
@@ -131,7 +132,8 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
     const std::string where = std::string(p.model) + " dp" + std::to_string(p.dp) + " pp" + std::to_string(p.pp) +
                               " tp" + std::to_string(p.tp) + " zero" + std::to_string(p.zero) + " mb" +
                               std::to_string(p.micro_batch) + (p.recompute ? " recompute" : "") + " offload " +
-                              p.offload + " " + p.optimizer + " rank " + std::to_string(p.rank);
+                              std::string(Name(p.offload)) + " " + std::string(Name(p.optimizer)) + " rank " +
+                              std::to_string(p.rank);
     EXPECT_LE(std::abs(error), p.bound) << where << ": error " << error * 100 << "%";
   }
 }
@@ -151,7 +153,7 @@ TEST(Calibration, EstimateMatchesMeasuredPeaks) {
 // kernels, the dp mean in the update) over the -s26- file's pp=2 with 8 (88.1%).
 TEST(StepTime, TwoGpuMeshesRankAsMeasured) {
   ModelSpec llama;
-  llama.family = "llama", llama.layers = 8, llama.hidden = 4096, llama.heads = 32, llama.kv_heads = 8,
+  llama.family = Family::kLlama, llama.layers = 8, llama.hidden = 4096, llama.heads = 32, llama.kv_heads = 8,
   llama.ffn = 14336;
   llama.vocab = 32000, llama.sequence = 1024;
   struct Mesh {
@@ -161,7 +163,7 @@ TEST(StepTime, TwoGpuMeshesRankAsMeasured) {
   auto predicted = [](const ModelSpec& model, const Mesh& mesh, bool sequence_parallel = true) {
     RunSpec spec;
     spec.model = model;
-    spec.train.global_batch = mesh.global_batch, spec.train.precision = "bf16";
+    spec.train.global_batch = mesh.global_batch, spec.train.precision = Precision::kBf16;
     spec.parallel.dp = mesh.dp, spec.parallel.pp = mesh.pp, spec.parallel.tp = mesh.tp, spec.parallel.zero = mesh.zero;
     spec.parallel.micro_batch = mesh.micro_batch, spec.parallel.recompute = false;
     spec.parallel.sequence_parallel = sequence_parallel;
@@ -190,7 +192,7 @@ TEST(StepTime, TwoGpuMeshesRankAsMeasured) {
 // (DataParallelEqualsGradientAccumulationBitForBit), and left that bound under ZeRO-3).
 TEST(StepTime, CpuWorkersPayZeroThreesCollectivesInLine) {
   ModelSpec tiny;
-  tiny.family = "gpt2", tiny.layers = 2, tiny.hidden = 64, tiny.heads = 4, tiny.vocab = 256, tiny.sequence = 32;
+  tiny.family = Family::kGpt2, tiny.layers = 2, tiny.hidden = 64, tiny.heads = 4, tiny.vocab = 256, tiny.sequence = 32;
   ClusterView cpus;
   for (const char* name : {"w0", "w1"})
     cpus.workers.push_back({name, 16 * kGiB, 12 * kGiB, "n0", "tcp", 1e11, 0, /*gpu=*/false});
@@ -218,13 +220,13 @@ TEST(StepTime, CpuWorkersPayZeroThreesCollectivesInLine) {
 // are not held.
 TEST(StepTime, FourGpuMeshesRankAsMeasured) {
   ModelSpec llama;
-  llama.family = "llama", llama.layers = 16, llama.hidden = 2048, llama.heads = 16, llama.kv_heads = 8,
+  llama.family = Family::kLlama, llama.layers = 16, llama.hidden = 2048, llama.heads = 16, llama.kv_heads = 8,
   llama.ffn = 5632;
   llama.vocab = 32000, llama.sequence = 1024;
   auto predicted = [&](int64_t dp, int64_t pp, int64_t tp, int64_t zero, int64_t micro_batch) {
     RunSpec spec;
     spec.model = llama;
-    spec.train.global_batch = 32, spec.train.precision = "bf16";
+    spec.train.global_batch = 32, spec.train.precision = Precision::kBf16;
     spec.parallel.dp = dp, spec.parallel.pp = pp, spec.parallel.tp = tp, spec.parallel.zero = zero;
     spec.parallel.micro_batch = micro_batch, spec.parallel.recompute = false;
     spec.parallel.sequence_parallel = false;  // the tp run was measured before it (added 2026-11-29)
@@ -281,7 +283,7 @@ std::vector<LayerRange> BalanceStagesByProgramme(const internal::Problem& proble
 
 TEST(StageBalance, EqualsTheDynamicProgramme) {
   ModelSpec llama;
-  llama.family = "llama";
+  llama.family = Family::kLlama;
   llama.layers = 40, llama.hidden = 1024, llama.heads = 16, llama.kv_heads = 4, llama.ffn = 2816, llama.vocab = 128256,
   llama.sequence = 512;
   ModelSpec small_vocab = llama;
@@ -297,9 +299,9 @@ TEST(StageBalance, EqualsTheDynamicProgramme) {
       ASSERT_EQ(fast.size(), reference.size());
       for (size_t k = 0; k < fast.size(); ++k) {
         EXPECT_EQ(fast[k].begin, reference[k].begin)
-            << model.family << " vocab " << model.vocab << " pp " << pp << " stage " << k;
+            << Name(model.family) << " vocab " << model.vocab << " pp " << pp << " stage " << k;
         EXPECT_EQ(fast[k].end, reference[k].end)
-            << model.family << " vocab " << model.vocab << " pp " << pp << " stage " << k;
+            << Name(model.family) << " vocab " << model.vocab << " pp " << pp << " stage " << k;
       }
     }
   }

@@ -99,7 +99,7 @@ TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, 
   }
   auto rows = [&] { return TensorSplit{shape, 0}; };
   auto columns = [&] { return TensorSplit{shape, 1}; };
-  if (spec.family == "gpt2") {
+  if (spec.family == Family::kGpt2) {
     const int64_t h = spec.hidden;
     if (EndsWith(name, "c_attn.weight")) return {{3, h, h}, 1};
     if (EndsWith(name, "c_attn.bias")) return {{3, h}, 1};

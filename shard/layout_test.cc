@@ -62,7 +62,7 @@ TEST(LayoutTest, FusedQkvSplitsEachOfQKAndVByHeads) {
             (std::vector<int64_t>{4, 2}));
   EXPECT_TRUE(TensorParallelSplit(spec, "h.0.ln_1.weight", {4}, 2).replicated());
   EXPECT_TRUE(TensorParallelSplit(spec, "wpe.weight", {256, 4}, 2).replicated());
-  spec.family = "llama";
+  spec.family = Family::kLlama;
   EXPECT_EQ(TensorParallelSplit(spec, "layers.3.self_attn.k_proj.weight", {2, 4}, 2).dim, 0);
   EXPECT_EQ(TensorParallelSplit(spec, "layers.3.mlp.down_proj.weight", {4, 8}, 2).dim, 1);
 }
@@ -72,7 +72,7 @@ TEST(LayoutTest, FusedQkvSplitsEachOfQKAndVByHeads) {
 // assemble into the whole tensor.
 TEST(LayoutTest, EmbeddingAndHeadAreVocabParallelWhereTpDividesTheVocabulary) {
   ModelSpec spec;
-  spec.family = "llama";
+  spec.family = Family::kLlama;
   spec.vocab = 6;
   spec.hidden = 2;
   const std::vector<int64_t> shape = {6, 2};
@@ -85,14 +85,14 @@ TEST(LayoutTest, EmbeddingAndHeadAreVocabParallelWhereTpDividesTheVocabulary) {
   EXPECT_TRUE(TensorParallelSplit(spec, "norm.weight", {2}, 2).replicated());
   EXPECT_TRUE(VocabParallel(spec, 2));
   EXPECT_FALSE(VocabParallel(spec, 4));
-  spec.family = "gpt2";
+  spec.family = Family::kGpt2;
   spec.vocab = 50257;
   EXPECT_TRUE(TensorParallelSplit(spec, "wte.weight", {50257, 2}, 2).replicated())
       << "GPT-2's odd vocabulary stays whole";
   spec.vocab = 50304;
   EXPECT_EQ(TensorParallelSplit(spec, "wte.weight", {50304, 2}, 2).dim, 0) << "padded to a multiple of tp, it splits";
 
-  spec.family = "llama";
+  spec.family = Family::kLlama;
   spec.vocab = 6;
   std::vector<float> full(12);
   std::iota(full.begin(), full.end(), 0.0f);

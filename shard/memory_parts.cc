@@ -19,25 +19,6 @@ int64_t ParameterCount(const ModelSpec& spec) {
          u.head_sharded + u.head_replicated;
 }
 
-const char* OffloadName(Offload offload) {
-  switch (offload) {
-    case Offload::kNone:
-      return "none";
-    case Offload::kOptimizer:
-      return "optimizer";
-    case Offload::kOptimizerAndParams:
-      return "optimizer+params";
-  }
-  return "none";
-}
-
-std::optional<Offload> OffloadFromName(const std::string& name) {
-  for (Offload o : {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams}) {
-    if (name == OffloadName(o)) return o;
-  }
-  return std::nullopt;
-}
-
 MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp, Offload offload,
                                bool eight_bit_optimizer) {
   const internal::StateBytesPerParam b = internal::BytesPerParam(layout, eight_bit_optimizer);

@@ -8,7 +8,7 @@ namespace strata::shard {
 ParallelSpec ParallelFromPlan(ParallelSpec p, const Plan& plan) {
   p.dp = plan.dp, p.pp = plan.pp, p.tp = plan.tp, p.zero = plan.zero, p.micro_batch = plan.micro_batch;
   p.recompute = !plan.recompute.empty() && plan.recompute.front();
-  p.offload = OffloadName(plan.offload);
+  p.offload = plan.offload;
   p.keep_gathered = plan.keep_gathered;
   p.stages.clear();
   if (plan.pp > 1) {

@@ -24,20 +24,18 @@ int64_t ParameterCount(const ModelSpec& model);
 
 // ---- Inputs ------------------------------------------------------------------------------
 
-// Where the optimizer state, and with "+params" the parameters, live ([parallel] offload):
+// Where the optimizer state, and with "+params" the parameters, live ([parallel] offload; the
+// run spec's Offload, common/spec_choices.h, named "none", "optimizer", "optimizer+params"):
 // on the device; m, v and the fp32 master in host memory (worker/train/optimizer.h); or the parameters
 // too, streamed to the device a layer at a time as ZeRO-3 gathers them (worker/train/stage_model.h:
 // ZeRO-3 without recompute). Ordered from the simplest.
-enum class Offload { kNone, kOptimizer, kOptimizerAndParams };
-// The spec's names: "none", "optimizer", "optimizer+params".
-const char* OffloadName(Offload offload);
-std::optional<Offload> OffloadFromName(const std::string& name);
+using ::strata::Offload;
 
 struct JobSpec {
-  int64_t global_batch = 8;         // sequences per optimizer step, over all data-parallel ranks
-  int64_t sequence = 0;             // tokens per sequence; 0 -> model.sequence
-  std::string precision = "fp32";   // "fp32" or "bf16" (bf16 autocast, fp32 master/grads/moments)
-  std::string optimizer = "adamw";  // or "adamw8bit": 8-bit blockwise moments (about a quarter of the bytes)
+  int64_t global_batch = 8;                 // sequences per optimizer step, over all data-parallel ranks
+  int64_t sequence = 0;                     // tokens per sequence; 0 -> model.sequence
+  Precision precision = Precision::kFp32;   // or bf16 (bf16 autocast, fp32 master/grads/moments)
+  Optimizer optimizer = Optimizer::kAdamW;  // or adamw8bit: 8-bit blockwise moments (about a quarter of the bytes)
   // The [parallel] fields; unset = "auto", searched.
   std::optional<int64_t> dp, pp, tp, zero, micro_batch;
   std::optional<bool> recompute;

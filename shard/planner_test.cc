@@ -24,7 +24,7 @@ TEST(ParameterCount, Gpt2SmallMatchesHuggingFace) {
 
 TEST(ParameterCount, LlamaWithGroupedQueryAttention) {
   ModelSpec m;
-  m.family = "llama";
+  m.family = Family::kLlama;
   m.layers = 2, m.hidden = 64, m.heads = 4, m.kv_heads = 2, m.ffn = 176, m.vocab = 256;
   // head_dim 16. Per layer: RMSNorms 2*64 = 128, q 64*64 = 4096, k and v 2 * 64*(2*16) = 4096,
   // o 64*64 = 4096, gate/up/down 3*64*176 = 33792 -> 46208. Embedding 256*64 = 16384, final
@@ -56,7 +56,7 @@ TEST(CheckpointShardBytes, EachRankWritesItsShareOfTheWeightsAndBothMoments) {
 
 TEST(CheckpointShardBytes, TensorParallelRanksSplitWhatIsSplitAndWriteReplicatedTensorsOnce) {
   ModelSpec m;
-  m.family = "llama";
+  m.family = Family::kLlama;
   m.layers = 2, m.hidden = 64, m.heads = 4, m.kv_heads = 2, m.ffn = 176, m.vocab = 256;  // 125,248 parameters
   Plan plan;
   plan.tp = 2;
@@ -148,7 +148,7 @@ TEST_F(Activations, FullRecomputeAndPipeline) {
 }
 
 TEST_F(Activations, SwiGluKeepsThreeWideTensors) {
-  model_.family = "llama";
+  model_.family = Family::kLlama;
   model_.ffn = 2816;
   // Gate, up and their product: 3 * 2816 / 1024 = 8.25 elements, in place of GELU's 8:
   // 8 + 2 * (2 + 4 + 8.25) = 36.5 sbh.
@@ -432,10 +432,10 @@ TEST(ChoosePlan, BadInputsNameTheField) {
       {"parallel.dp * parallel.pp * parallel.tp",
        [](ModelSpec&, JobSpec& j, ClusterView&) { j.dp = 8, j.pp = 1, j.tp = 1; }},
       {"parallel.tp", [](ModelSpec&, JobSpec& j, ClusterView&) { j.tp = 5; }},
-      {"model.kv_heads", [](ModelSpec& m, JobSpec& j, ClusterView&) { m.family = "llama", m.kv_heads = 2, j.tp = 4; }},
+      {"model.kv_heads",
+       [](ModelSpec& m, JobSpec& j, ClusterView&) { m.family = Family::kLlama, m.kv_heads = 2, j.tp = 4; }},
       {"parallel.pp", [](ModelSpec& m, JobSpec& j, ClusterView&) { m.layers = 1, j.pp = 2; }},
       {"parallel.zero", [](ModelSpec&, JobSpec& j, ClusterView&) { j.zero = 4; }},
-      {"train.precision", [](ModelSpec&, JobSpec& j, ClusterView&) { j.precision = "fp16"; }},
   };
   for (const Case& c : cases) {
     ModelSpec model = Gpt2Small();
@@ -453,7 +453,7 @@ TEST(ChoosePlan, BadInputsNameTheField) {
 // embedding (its one-stage head reads the fp32 master) and, with recompute, the blocks.
 TEST(ChoosePlan, Bf16KeepsFp32MasterWeightsAndGradients) {
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16";
+  job.global_batch = 8, job.precision = Precision::kBf16;
   for (bool recompute : {false, true}) {
     job.recompute = recompute;
     auto plan = ChoosePlan(Gpt2Small(), job, Workers(1, 80 * kGiB));
@@ -473,13 +473,15 @@ TEST(ChoosePlan, Bf16KeepsFp32MasterWeightsAndGradients) {
 // A small Llama on a fixed tp = 2 mesh (fp32, one micro-batch of 8): the tensor-parallel layout tests.
 ModelSpec SmallTpLlama() {
   ModelSpec llama;
-  llama.family = "llama", llama.layers = 2, llama.hidden = 256, llama.heads = 4, llama.kv_heads = 2, llama.ffn = 512;
+  llama.family = Family::kLlama, llama.layers = 2, llama.hidden = 256, llama.heads = 4, llama.kv_heads = 2,
+  llama.ffn = 512;
   return llama;
 }
 
 JobSpec FixedTp2Job() {
   JobSpec job;
-  job.global_batch = 8, job.precision = "fp32", job.tp = 2, job.dp = 1, job.pp = 1, job.zero = 0, job.micro_batch = 8;
+  job.global_batch = 8, job.precision = Precision::kFp32, job.tp = 2, job.dp = 1, job.pp = 1, job.zero = 0,
+  job.micro_batch = 8;
   job.recompute = false, job.offload = Offload::kNone;
   return job;
 }
@@ -611,7 +613,7 @@ TEST(ChoosePlan, KeptLayersCostWhatTheWorkerKeepsOnEachPipelineStage) {
 // planner, it plans that (as offload = "optimizer+params" does), not a mesh that would drop it.
 TEST(ChoosePlan, AFixedKeepGatheredPlansZero3WithoutRecompute) {
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.keep_gathered = 4;
+  job.global_batch = 8, job.precision = Precision::kBf16, job.keep_gathered = 4;
   auto plan = ChoosePlan(Gpt2Small(), job, Workers(2, 140 * kGiB, 141 * kGiB));
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_EQ(plan->zero, 3);

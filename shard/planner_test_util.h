@@ -16,7 +16,7 @@ inline constexpr int64_t kGiB = int64_t{1} << 30;
 
 inline ModelSpec Gpt2Small() {
   ModelSpec m;
-  m.family = "gpt2";
+  m.family = Family::kGpt2;
   m.layers = 12, m.hidden = 768, m.heads = 12, m.vocab = 50257, m.sequence = 1024;
   return m;
 }
@@ -47,7 +47,8 @@ inline void ExpectFits(const Plan& plan, const ClusterView& cluster, double marg
 // GPT-2 small on dp = 2 under ZeRO-3 without recompute, bf16: keep_gathered left to the planner.
 inline JobSpec Zero3Job() {
   JobSpec job;
-  job.global_batch = 8, job.precision = "bf16", job.dp = 2, job.zero = 3, job.micro_batch = 4, job.recompute = false;
+  job.global_batch = 8, job.precision = Precision::kBf16, job.dp = 2, job.zero = 3, job.micro_batch = 4,
+  job.recompute = false;
   job.offload = Offload::kNone;
   return job;
 }

@@ -59,7 +59,7 @@ int64_t BytesToMove(const internal::Problem& problem, const Plan& from, const Pl
   const int64_t layers = problem.model.layers;
   const internal::UnitParams u = internal::CountUnits(problem.model, to.pp, to.tp);
   const internal::StateBytesPerParam per_param =
-      internal::BytesPerParam(problem.layout, problem.job.optimizer == "adamw8bit");
+      internal::BytesPerParam(problem.layout, problem.job.optimizer == Optimizer::kAdamW8bit);
   double moved = 0;
   for (const WorkerAssignment& w : to.workers) {
     auto old = std::find_if(from.workers.begin(), from.workers.end(),
@@ -115,7 +115,8 @@ std::string Changes(const Plan& a, const Plan& b) {
   field("recompute stages", on(a), on(b));
   field("keep_gathered", a.keep_gathered, b.keep_gathered);
   if (a.offload != b.offload)
-    out += std::string(out.empty() ? "" : ", ") + "offload " + OffloadName(a.offload) + " -> " + OffloadName(b.offload);
+    out += std::string(out.empty() ? "" : ", ") + "offload " + std::string(Name(a.offload)) + " -> " +
+           std::string(Name(b.offload));
   return out.empty() ? "no change" : out;
 }
 

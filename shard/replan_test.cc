@@ -19,7 +19,7 @@ namespace {
 TEST(ChangeForOutOfMemory, DropsTheLayersKeptGatheredFirstEvenAtMicroBatchOne) {
   RunSpec spec;
   spec.model = Gpt2Small();
-  spec.train.global_batch = 2, spec.train.precision = "bf16";
+  spec.train.global_batch = 2, spec.train.precision = Precision::kBf16;
   spec.parallel.dp = 2, spec.parallel.zero = 3, spec.parallel.micro_batch = 1, spec.parallel.recompute = false;
   spec.parallel.keep_gathered = 12;
   const ClusterView unbounded = Workers(2, int64_t{1} << 50, int64_t{1} << 50),

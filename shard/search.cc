@@ -215,7 +215,7 @@ JobSpec JobForRun(const RunSpec& spec) {
   if (p.automatic.count("offload"))
     job.offload.reset();
   else
-    job.offload = OffloadFromName(p.offload).value_or(Offload::kNone);
+    job.offload = p.offload;
   job.offload_supported = true;
   job.sequence_parallel = p.sequence_parallel;
   job.uniform_recompute = true;
@@ -523,11 +523,11 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
     if (problem.job.offload == offload) continue;  // what was just searched
     JobSpec j = problem.job;
     j.offload = offload;
-    alternatives.push_back({std::string("parallel.offload = \"") + OffloadName(offload) + "\"", j});
+    alternatives.push_back({"parallel.offload = \"" + std::string(Name(offload)) + "\"", j});
   }
-  if (problem.job.optimizer != "adamw8bit") {
+  if (problem.job.optimizer != Optimizer::kAdamW8bit) {
     JobSpec j = problem.job;
-    j.optimizer = "adamw8bit";
+    j.optimizer = Optimizer::kAdamW8bit;
     alternatives.push_back(
         {std::string("train.optimizer = \"adamw8bit\"") + (j.offload ? "" : " (offload planned as now)"), j});
   }

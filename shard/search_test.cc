@@ -13,14 +13,14 @@ namespace {
 
 ModelSpec Llama3_70B() {
   ModelSpec m;
-  m.family = "llama";
+  m.family = Family::kLlama;
   m.layers = 80, m.hidden = 8192, m.heads = 64, m.kv_heads = 8, m.ffn = 28672, m.vocab = 128256, m.sequence = 4096;
   return m;
 }
 
 ModelSpec Llama3_8B() {
   ModelSpec m;
-  m.family = "llama";
+  m.family = Family::kLlama;
   m.layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.ffn = 14336, m.vocab = 128256, m.sequence = 4096;
   return m;
 }
@@ -41,7 +41,7 @@ ClusterView Nodes(int nodes, int gpus, int64_t memory = 80 * kGiB) {
 
 JobSpec Bf16Job(int64_t global_batch) {
   JobSpec job;
-  job.global_batch = global_batch, job.precision = "bf16";
+  job.global_batch = global_batch, job.precision = Precision::kBf16;
   job.offload.reset();  // "auto", as a run spec leaves it
   return job;
 }
@@ -98,7 +98,7 @@ std::optional<Plan> ExhaustiveBest(const ModelSpec& model, const JobSpec& job, c
 
 TEST(PlanSearch, ChoosesWhatEvaluatingEveryCandidateChooses) {
   ModelSpec llama;
-  llama.family = "llama";
+  llama.family = Family::kLlama;
   llama.layers = 6, llama.hidden = 256, llama.heads = 8, llama.kv_heads = 4, llama.ffn = 688, llama.vocab = 1000,
   llama.sequence = 512;
   ModelSpec one_layer = Gpt2Small();  // recomputing its one layer needs more than keeping it
@@ -109,12 +109,12 @@ TEST(PlanSearch, ChoosesWhatEvaluatingEveryCandidateChooses) {
       for (const int workers : {1, 2, 4, 6, 8}) {
         for (const bool bf16 : {false, true}) {
           JobSpec job = Bf16Job(16);
-          if (!bf16) job.precision = "fp32";
+          if (!bf16) job.precision = Precision::kFp32;
           const ClusterView cluster = Workers(workers, memory);
           const std::optional<Plan> reference = ExhaustiveBest(model, job, cluster);
           auto plan = ChoosePlan(model, job, cluster);
-          const std::string what = model.family + " on " + std::to_string(workers) + " x " +
-                                   std::to_string(memory >> 20) + " MiB, " + job.precision;
+          const std::string what = std::string(Name(model.family)) + " on " + std::to_string(workers) + " x " +
+                                   std::to_string(memory >> 20) + " MiB, " + std::string(Name(job.precision));
           ASSERT_EQ(plan.ok(), reference.has_value()) << what << ": " << plan.status().ToString();
           if (!reference) continue;
           ++compared;
@@ -187,7 +187,7 @@ TEST(PlanSearch, ARefusalListsEachMemoryOptionWithNumbersItsPlanReproduces) {
   JobSpec optimizer = job, params = job, eight_bit = job;
   optimizer.offload = Offload::kOptimizer;
   params.offload = Offload::kOptimizerAndParams;
-  eight_bit.optimizer = "adamw8bit";
+  eight_bit.optimizer = Optimizer::kAdamW8bit;
   for (const Edit& edit : {Edit{"parallel.offload = \"optimizer\": ", optimizer},
                            Edit{"parallel.offload = \"optimizer+params\": ", params},
                            Edit{"train.optimizer = \"adamw8bit\": ", eight_bit}}) {
@@ -250,7 +250,7 @@ TEST(PlanSearch, Llama70BOnANodeOf80GiBCardsIsRefusedWithOptionsItsPlanReproduce
       std::regex(R"(train.optimizer = "adamw8bit" \(offload planned as now\): fits - peak ([0-9.]+ GiB))")))
       << message;
   JobSpec eight_bit = job;
-  eight_bit.optimizer = "adamw8bit";
+  eight_bit.optimizer = Optimizer::kAdamW8bit;
   auto again = ChoosePlan(Llama3_70B(), eight_bit, cluster);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_NE(again->why.find("peak " + peak[1].str()), std::string::npos) << again->why;

@@ -53,11 +53,6 @@ Status ValidateWorkers(const ClusterView& cluster, std::vector<WorkerView>* out)
 }  // namespace
 
 Status ValidateModel(ModelSpec& m) {
-  if (std::find(ModelFamilies().begin(), ModelFamilies().end(), m.family) == ModelFamilies().end()) {
-    std::string list;
-    for (const auto& f : ModelFamilies()) list += (list.empty() ? "" : ", ") + f;
-    return InvalidArgument("model.family = \"" + m.family + "\"; use one of " + list);
-  }
   if (m.layers < 1)
     return InvalidArgument("model.layers = " + Str(m.layers) +
                            "; a model needs at least one layer, set model.layers >= 1");
@@ -106,14 +101,9 @@ Status ValidateJob(const ModelSpec& model, JobSpec& job, int64_t workers) {
   if (job.sequence == 0) job.sequence = model.sequence;
   if (job.sequence < 1)
     return InvalidArgument("job sequence = " + Str(job.sequence) + "; it must be >= 1 (0 = model.sequence)");
-  if (model.family == "gpt2" && job.sequence > model.sequence) {
+  if (model.family == Family::kGpt2 && job.sequence > model.sequence) {
     return InvalidArgument("job sequence = " + Str(job.sequence) + " exceeds model.sequence = " + Str(model.sequence) +
                            " (GPT-2's learned positions); shorten it or raise model.sequence");
-  }
-  if (job.precision != "fp32" && job.precision != "bf16")
-    return InvalidArgument("train.precision = \"" + job.precision + "\"; use \"fp32\" or \"bf16\"");
-  if (job.optimizer != "adamw" && job.optimizer != "adamw8bit") {
-    return InvalidArgument("train.optimizer = \"" + job.optimizer + "\"; use \"adamw\" or \"adamw8bit\"");
   }
   for (const auto& [field, value] : std::initializer_list<std::pair<const char*, std::optional<int64_t>>>{
            {"dp", job.dp}, {"pp", job.pp}, {"tp", job.tp}, {"micro_batch", job.micro_batch}}) {
@@ -175,7 +165,7 @@ Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const Clust
     return InvalidArgument("planner safety_margin must be in [0, 1)");
   if (!(options.compute_efficiency > 0 && options.compute_efficiency <= 1))
     return InvalidArgument("planner compute_efficiency must be in (0, 1]");
-  p.layout = p.job.precision == "bf16" ? StateLayout::kBf16Autocast : StateLayout::kFp32;
+  p.layout = p.job.precision == Precision::kBf16 ? StateLayout::kBf16Autocast : StateLayout::kFp32;
   if (std::none_of(p.workers.begin(), p.workers.end(), [](const WorkerView& w) { return w.gpu; })) {
     p.options.workspace_bytes = options.cpu_workspace_bytes;
     p.cuda = false;

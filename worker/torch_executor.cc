@@ -312,7 +312,7 @@ class TorchExecutor final : public TaskExecutor {
   Status Extract(TaskContext& context) {
     const auto& spec = context.spec;
     STRATA_RETURN_IF_ERROR(SetUpThread(spec));
-    if (spec.extract.precision == "bf16" && !device_.is_cuda()) {
+    if (spec.extract.precision == Precision::kBf16 && !device_.is_cuda()) {
       return InvalidArgument("extract.precision = \"bf16\" needs a CUDA worker and this one runs on " + device_.str() +
                              "; use precision = \"fp32\" on CPU workers");
     }
@@ -367,7 +367,7 @@ class TorchExecutor final : public TaskExecutor {
     if (data.size() < static_cast<size_t>(spec.model.sequence + 1)) {
       return InvalidArgument("data.path holds fewer than model.sequence + 1 tokens");
     }
-    if (spec.train.precision == "bf16" && !device_.is_cuda()) {
+    if (spec.train.precision == Precision::kBf16 && !device_.is_cuda()) {
       return InvalidArgument("train.precision = \"bf16\" needs a CUDA worker and this one runs on " + device_.str() +
                              "; use precision = \"fp32\" on CPU workers");
     }

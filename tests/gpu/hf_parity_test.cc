@@ -43,7 +43,7 @@ TEST_P(HfParityTest, LogitsMatchTransformers) {
   char tmpl[] = "/tmp/strata-parity-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   ModelSpec spec;
-  spec.family = GetParam();
+  spec.family = ParseChoice<Family>(GetParam()).value();
   spec.layers = 3;
   spec.hidden = 128;
   spec.heads = GetParam() == "llama" ? 8 : 4;
@@ -99,7 +99,7 @@ TEST_P(ExportParityTest, TrainedFromSavePretrainedExportsWhatItComputes) {
   context.spec.data.path = dir + "/corpus.txt";
   context.spec.train.global_batch = 8;
   context.spec.train.lr = 3e-3;
-  context.spec.train.precision = "bf16";
+  context.spec.train.precision = Precision::kBf16;
   auto store = storage::ShardStore::Open(dir + "/store");
   ASSERT_TRUE(store.ok());
   auto comm = CreateSoloCommunicator();

@@ -47,7 +47,7 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
   context.run_id = "gpu";
   if (faults) context.faults = faults;
   ModelSpec& m = context.spec.model;
-  m.family = family;
+  m.family = ParseChoice<Family>(family).value();
   m.layers = 2;
   m.hidden = 64;
   m.heads = 4;
@@ -59,7 +59,7 @@ std::vector<double> Train(const std::string& corpus, torch::Device device, int s
   context.spec.data.path = corpus;
   context.spec.train.global_batch = 8;
   context.spec.train.lr = 3e-3;
-  context.spec.train.precision = precision;
+  context.spec.train.precision = ParseChoice<Precision>(precision).value();
   context.spec.parallel.zero = zero;
   if (adjust) adjust(context.spec);
   const auto world = static_cast<uint32_t>(context.spec.parallel.workers());
@@ -465,7 +465,7 @@ TEST_F(GpuTest, OffloadedOptimizerGivesTheOnGpuLosses) {
            {std::pair{int64_t{0}, false}, std::pair{int64_t{2}, false}, std::pair{int64_t{2}, true}}) {
         const std::string what =
             family + " " + precision + " micro_batch " + std::to_string(micro) + (recompute ? " recompute" : "");
-        auto run = [&](const std::string& offload) {
+        auto run = [&](Offload offload) {
           return Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, 0,
                        [&](RunSpec& spec) {
                          spec.train.cuda_graphs = false;
@@ -474,9 +474,9 @@ TEST_F(GpuTest, OffloadedOptimizerGivesTheOnGpuLosses) {
                          spec.parallel.offload = offload;
                        });
         };
-        const auto on_gpu = run("none");
-        const bool deterministic = run("none") == on_gpu;
-        const auto offloaded = run("optimizer");
+        const auto on_gpu = run(Offload::kNone);
+        const bool deterministic = run(Offload::kNone) == on_gpu;
+        const auto offloaded = run(Offload::kOptimizer);
         for (int i = 0; i < steps; ++i) {
           if (deterministic) {
             EXPECT_EQ(offloaded[i], on_gpu[i]) << what << " step " << i + 1;
@@ -502,7 +502,7 @@ TEST_F(GpuTest, HostStreamedParametersGiveTheOnGpuZero3Losses) {
     for (const std::string precision : {"fp32", "bf16"}) {
       for (const int64_t micro : {int64_t{0}, int64_t{2}}) {
         const std::string what = family + " " + precision + " micro_batch " + std::to_string(micro);
-        auto run = [&](const std::string& offload) {
+        auto run = [&](Offload offload) {
           return Train(dir_ + "/corpus.txt", torch::Device(torch::kCUDA, 0), steps, precision, family, 3,
                        [&](RunSpec& spec) {
                          spec.train.cuda_graphs = false;
@@ -510,9 +510,9 @@ TEST_F(GpuTest, HostStreamedParametersGiveTheOnGpuZero3Losses) {
                          spec.parallel.offload = offload;
                        });
         };
-        const auto on_gpu = run("none");
-        const bool deterministic = run("none") == on_gpu;
-        const auto streamed = run("optimizer+params");
+        const auto on_gpu = run(Offload::kNone);
+        const bool deterministic = run(Offload::kNone) == on_gpu;
+        const auto streamed = run(Offload::kOptimizerAndParams);
         for (int i = 0; i < steps; ++i) {
           if (deterministic) {
             EXPECT_EQ(streamed[i], on_gpu[i]) << what << " step " << i + 1;

@@ -77,7 +77,7 @@ void WriteModel(const std::string& dir, const json& config, const json& written 
     const bool norm = p.shape.size() == 1 && p.name.find("bias") == std::string::npos;
     std::vector<uint8_t> b(static_cast<size_t>(p.numel()) * 2);
     for (int64_t k = 0; k < p.numel(); ++k) {
-      float v = norm ? (m.family == "gemma" ? 0.0f : 1.0f) : normal(rng);
+      float v = norm ? (m.family == Family::kGemma ? 0.0f : 1.0f) : normal(rng);
       uint32_t bits;
       std::memcpy(&bits, &v, 4);
       const uint16_t half = static_cast<uint16_t>(bits >> 16);

@@ -57,10 +57,10 @@ class SitesTest : public ::testing::Test {
   static std::string Stored(const RunSpec& spec, const std::string& run, int64_t layer, const std::string& site) {
     std::map<uint64_t, std::string> by_row;
     std::vector<int64_t> row_shape = ExtractSiteRowShape(spec, site);
-    const storage::DType dtype = ExtractSiteDType(spec, site) == "i32" ? storage::DType::kI32
-                                 : spec.extract.dtype == "fp32"        ? storage::DType::kF32
-                                 : spec.extract.dtype == "bf16"        ? storage::DType::kBF16
-                                                                       : storage::DType::kF16;
+    const storage::DType dtype = ExtractSiteHoldsIds(site)                  ? storage::DType::kI32
+                                 : spec.extract.dtype == StoredDType::kFp32 ? storage::DType::kF32
+                                 : spec.extract.dtype == StoredDType::kBf16 ? storage::DType::kBF16
+                                                                            : storage::DType::kF16;
     for (const std::string w : {"worker-0", "worker-1"}) {
       storage::StoreOptions options;
       options.read_only = true;

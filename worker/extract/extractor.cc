@@ -113,7 +113,7 @@ Status Extractor::Init() {
   std::tie(mode_, mode_reason_) = ChooseMode();
   // The weights go where the mode keeps them (whole: the device; layerwise: host memory, visiting
   // the device a block at a time), read there tensor by tensor from init_from.
-  const torch::Device place = mode_ == "whole" ? device_ : torch::Device(torch::kCPU);
+  const torch::Device place = mode_ == ExtractMode::kWhole ? device_ : torch::Device(torch::kCPU);
   auto model = BuildCausalLm(spec.model, spec.train.seed, /*for_resume=*/false,
                              torch::TensorOptions().device(place).dtype(compute_type_));
   if (!model.ok()) return model.status();
@@ -122,7 +122,7 @@ Status Extractor::Init() {
   return Status::Ok();
 }
 
-std::pair<std::string, std::string> Extractor::ChooseMode() const {
+std::pair<ExtractMode, std::string> Extractor::ChooseMode() const {
   const RunSpec& spec = context_.spec;
   const double gib = double(1ull << 30);
   const uint64_t element = compute_type_ == torch::kFloat ? 4 : 2;
@@ -141,11 +141,14 @@ std::pair<std::string, std::string> Extractor::ChooseMode() const {
   std::ostringstream why;
   why << std::fixed << std::setprecision(2) << weights / gib << " GiB of weights + ~" << working / gib
       << " GiB working set vs " << device_memory_.free_bytes / gib << " GiB free on " << device_.str();
-  std::string mode = spec.extract.mode;
-  if (mode == "auto") mode = weights + working <= budget ? "whole" : "layerwise";
-  return {mode, (mode == "whole" ? "whole model on the device: "
-                                 : "layer by layer (weights visit the device one block at a time): ") +
-                    why.str() + (spec.extract.mode == "auto" ? "" : " (extract.mode = \"" + spec.extract.mode + "\")")};
+  ExtractMode mode = spec.extract.mode;
+  if (mode == ExtractMode::kAuto) mode = weights + working <= budget ? ExtractMode::kWhole : ExtractMode::kLayerwise;
+  return {mode, (mode == ExtractMode::kWhole ? "whole model on the device: "
+                                             : "layer by layer (weights visit the device one block at a time): ") +
+                    why.str() +
+                    (spec.extract.mode == ExtractMode::kAuto
+                         ? ""
+                         : " (extract.mode = \"" + std::string(Name(spec.extract.mode)) + "\")")};
 }
 
 torch::Tensor Extractor::ToHost(const torch::Tensor& t) const {
@@ -335,8 +338,17 @@ storage::ActivationRunInfo Extractor::RunRecord() const {
   info.layers = spec.extract.layers;
   info.sites = spec.extract.sites;
   for (const std::string& site : spec.extract.sites) info.row_shapes.push_back(ExtractSiteRowShape(spec, site));
-  const std::string& dtype = spec.extract.dtype;
-  info.dtype = dtype == "bf16" ? storage::DType::kBF16 : dtype == "fp16" ? storage::DType::kF16 : storage::DType::kF32;
+  switch (spec.extract.dtype) {
+    case StoredDType::kFp32:
+      info.dtype = storage::DType::kF32;
+      break;
+    case StoredDType::kBf16:
+      info.dtype = storage::DType::kBF16;
+      break;
+    case StoredDType::kFp16:
+      info.dtype = storage::DType::kF16;
+      break;
+  }
   info.total_rows = static_cast<uint64_t>(sequences_ * spec.model.sequence);
   info.sequence = static_cast<uint64_t>(spec.model.sequence);
   return info;
@@ -424,7 +436,7 @@ Status Extractor::Run() {
     }
   }
   Status status;
-  if (mode_ == "layerwise") {
+  if (mode_ == ExtractMode::kLayerwise) {
     status = ComputeLayerwise(todo, [&](Chunk chunk) { return writer.Push(std::move(chunk)); });
   } else {
     for (uint64_t chunk : todo) {

@@ -62,8 +62,8 @@ class Extractor {
     std::vector<std::pair<int64_t, std::string>> names;  // (layer, site) of each tensor
     std::vector<torch::Tensor> tensors;                  // host, contiguous, [rows, row shape...]
   };
-  // "whole" or "layerwise", with the numbers behind the choice (reported as a "plan" event).
-  std::pair<std::string, std::string> ChooseMode() const;
+  // kWhole or kLayerwise, with the numbers behind the choice (reported as a "plan" event).
+  std::pair<ExtractMode, std::string> ChooseMode() const;
   Result<Chunk> Compute(uint64_t chunk);
   // Layerwise: computes `chunks` (all not yet stored) and hands each to `push` in order.
   Status ComputeLayerwise(const std::vector<uint64_t>& chunks, const std::function<bool(Chunk)>& push);
@@ -86,8 +86,10 @@ class Extractor {
   std::shared_ptr<CausalLm> model_;
   MemorySnapshot device_memory_;
   torch::ScalarType compute_type_ = torch::kFloat;
-  std::string mode_, mode_reason_;  // ChooseMode's, decided before the weights are placed
-  int64_t sequences_ = 0;           // captured sequences in total (all chunks of the run)
+  // ChooseMode's (whole or layerwise) and why, decided before the weights are placed.
+  ExtractMode mode_ = ExtractMode::kWhole;
+  std::string mode_reason_;
+  int64_t sequences_ = 0;  // captured sequences in total (all chunks of the run)
   int64_t micro_batch_ = 1;
   torch::ScalarType stored_type_ = torch::kFloat;
   std::vector<uint64_t> document_starts_;  // data.documents, ascending; empty without it

@@ -68,7 +68,7 @@ CausalLm::~CausalLm() = default;
 void CausalLm::Initialize() {
   // GPT-2 draws its blocks first and its embeddings last (Strata always has: a seed keeps giving
   // the same model); every other family draws in table order.
-  const bool gpt2 = spec_.family == "gpt2";
+  const bool gpt2 = spec_.family == Family::kGpt2;
   auto last = [&](const std::string& name) { return gpt2 && (name == "wte.weight" || name == "wpe.weight"); };
   for (size_t i = 0; i < names_.size(); ++i) {
     if (!last(names_[i])) family_->Initialize(names_[i], params_[i]);
@@ -182,7 +182,7 @@ BlockRequest ExtractRequest(const RunSpec& spec, int64_t layer) {
     // zero: the site's value replaced by zeros of its shape and dtype; mean: every row by the
     // given vector (broadcast over batch and time), cast to the compute dtype.
     torch::Tensor mean;
-    if (spec.patch.ablation == "mean") mean = ReadMeanValues(spec.patch.source);
+    if (spec.patch.ablation == Ablation::kMean) mean = ReadMeanValues(spec.patch.source);
     request.patch = [patched, mean](const std::string& site, const torch::Tensor& value) {
       if (std::find(patched.begin(), patched.end(), site) == patched.end()) return value;
       if (!mean.defined()) return torch::zeros_like(value);

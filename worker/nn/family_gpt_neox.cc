@@ -47,8 +47,9 @@ class GptNeoxFamily : public ModelFamily {
     const torch::Tensor& mlp_in = spec_.parallel_residual ? x : out.resid_mid;
     const torch::Tensor fc =
         tp.enter_linears(p, LayerNorm(mlp_in, p, "post_attention_layernorm"), {{"mlp.dense_h_to_4h.weight", ""}})[0];
-    out.mlp_hidden = Patched(request, "mlp_hidden",
-                             FusedBiasGelu(fc, p("mlp.dense_h_to_4h.bias"), /*tanh=*/spec_.activation == "gelu_tanh"));
+    out.mlp_hidden = Patched(
+        request, "mlp_hidden",
+        FusedBiasGelu(fc, p("mlp.dense_h_to_4h.bias"), /*tanh=*/spec_.activation == strata::Activation::kGeluTanh));
     out.mlp_out = Patched(request, "mlp_out",
                           tp.linear_leave(p, out.mlp_hidden, "mlp.dense_4h_to_h.weight") + p("mlp.dense_4h_to_h.bias"));
     // transformers adds mlp + attn + x (parallel) and mlp + (attn + x) (sequential); kept in

@@ -54,7 +54,8 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
       p, second.normed, {{"mlp.gate_proj.weight", "mlp.gate_proj.bias"}, {"mlp.up_proj.weight", "mlp.up_proj.bias"}});
   const torch::Tensor &gate = gate_up[0], &up = gate_up[1];
   out.mlp_hidden =
-      Patched(request, "mlp_hidden", spec_.activation == "silu" ? FusedSwiGlu(gate, up) : Activation(gate) * up);
+      Patched(request, "mlp_hidden",
+              spec_.activation == strata::Activation::kSilu ? FusedSwiGlu(gate, up) : Activation(gate) * up);
   auto mlp = tp.linear_leave(p, out.mlp_hidden, "mlp.down_proj.weight");
   if (auto bias = p.Optional("mlp.down_proj.bias"); bias.defined()) mlp = mlp + bias;
   out.mlp_out = Patched(request, "mlp_out", mlp);

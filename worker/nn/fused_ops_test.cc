@@ -275,7 +275,7 @@ struct BlockCase {
 
 BlockCase MakeBlock(const std::string& family) {
   BlockCase c;
-  c.spec.family = family;
+  c.spec.family = ParseChoice<Family>(family).value();
   c.spec.layers = 1;
   c.spec.hidden = 32;
   c.spec.heads = 4;
@@ -370,7 +370,7 @@ TEST(FusedOpsTest, PatchedBlocksTakeTheOpByOpPathWithTheSameSitesAndGradients) {
   for (const std::string family : {"llama", "gpt2", "gemma"}) {
     SCOPED_TRACE(family);
     BlockCase c = MakeBlock(family == "gemma" ? "llama" : family);
-    c.spec.family = family;
+    c.spec.family = ParseChoice<Family>(family).value();
     auto model = CreateModelFamily(c.spec);
     const auto x0 = torch::randn({2, c.spec.sequence, c.spec.hidden});
     std::vector<std::string> names;

@@ -16,7 +16,7 @@ class HfFormatTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     char tmpl[] = "/tmp/strata-hf-XXXXXX";
     dir_ = mkdtemp(tmpl);
-    spec_.family = GetParam();
+    spec_.family = ParseChoice<Family>(GetParam()).value();
     spec_.layers = 2;
     spec_.hidden = 64;
     spec_.heads = GetParam() == "gpt2" ? 4 : 8;
@@ -53,13 +53,13 @@ TEST_P(HfFormatTest, FileUsesHuggingFaceNamesShapesAndConfig) {
   auto file = storage::ReadSafetensors(dir_ + "/model.safetensors");
   ASSERT_TRUE(file.ok());
   nlohmann::json config = nlohmann::json::parse(std::ifstream(dir_ + "/config.json"));
-  if (spec_.family == "gpt2") {
+  if (spec_.family == Family::kGpt2) {
     EXPECT_EQ(file->tensors.at("transformer.h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{64, 192}));
     EXPECT_EQ(file->tensors.at("transformer.h.1.mlp.c_proj.weight").shape, (std::vector<int64_t>{256, 64}));
     EXPECT_EQ(file->tensors.count("transformer.wte.weight"), 1u);
     EXPECT_EQ(config["n_embd"], 64);
     EXPECT_EQ(config["model_type"], "gpt2");
-  } else if (spec_.family == "llama") {
+  } else if (spec_.family == Family::kLlama) {
     EXPECT_EQ(file->tensors.at("model.layers.1.self_attn.k_proj.weight").shape, (std::vector<int64_t>{16, 64}));
     EXPECT_EQ(file->tensors.count("lm_head.weight"), 1u);
     EXPECT_EQ(config["num_key_value_heads"], 2);
@@ -76,7 +76,9 @@ TEST_P(HfFormatTest, MismatchedSpecNamesTheTensor) {
   auto other = CreateCausalLm(wider);
   Status st = LoadHuggingFace(dir_, wider, other->named_parameters());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  const char* first_mlp = spec_.family == "gpt2" ? "c_fc" : spec_.family == "gpt_neox" ? "dense_h_to_4h" : "gate_proj";
+  const char* first_mlp = spec_.family == Family::kGpt2      ? "c_fc"
+                          : spec_.family == Family::kGptNeox ? "dense_h_to_4h"
+                                                             : "gate_proj";
   EXPECT_NE(st.message().find(first_mlp), std::string::npos) << st.message();
 }
 

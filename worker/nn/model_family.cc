@@ -15,9 +15,9 @@ std::unique_ptr<ModelFamily> CreateGemmaFamily(const ModelSpec& spec);
 std::unique_ptr<ModelFamily> CreateGptNeoxFamily(const ModelSpec& spec);
 
 std::unique_ptr<ModelFamily> CreateModelFamily(const ModelSpec& spec) {
-  if (spec.family == "gpt2") return CreateGpt2Family(spec);
-  if (spec.family == "gemma") return CreateGemmaFamily(spec);
-  if (spec.family == "gpt_neox") return CreateGptNeoxFamily(spec);
+  if (spec.family == Family::kGpt2) return CreateGpt2Family(spec);
+  if (spec.family == Family::kGemma) return CreateGemmaFamily(spec);
+  if (spec.family == Family::kGptNeox) return CreateGptNeoxFamily(spec);
   return CreateLlamaFamily(spec);  // llama, mistral, qwen2 (the run spec admits no other)
 }
 
@@ -97,8 +97,8 @@ ModelFamily::ModelFamily(const ModelSpec& spec) : spec_(spec) {
   inv_freq_ = 1.0 / torch::pow(spec.rope_theta,
                                torch::arange(0, d, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(d));
   const RopeScaling& rs = spec.rope_scaling;
-  if (rs.type == "linear") inv_freq_ = inv_freq_ / rs.factor;
-  if (rs.type == "llama3") {
+  if (rs.type == RopeScalingType::kLinear) inv_freq_ = inv_freq_ / rs.factor;
+  if (rs.type == RopeScalingType::kLlama3) {
     const double old_context = static_cast<double>(rs.original_max_positions);
     const double low_wavelen = old_context / rs.low_freq_factor, high_wavelen = old_context / rs.high_freq_factor;
     auto wavelen = 2 * M_PI / inv_freq_;
@@ -123,7 +123,7 @@ void ModelFamily::Initialize(const std::string& name, torch::Tensor& t) const {
   if (ends_with("bias")) {
     t.zero_();
   } else if (norm) {
-    t.fill_(spec_.family == "gemma" ? 0.0 : 1.0);  // Gemma scales by (1 + w)
+    t.fill_(spec_.family == Family::kGemma ? 0.0 : 1.0);  // Gemma scales by (1 + w)
   } else {
     t.normal_(0.0, 0.02);
   }
@@ -162,8 +162,8 @@ torch::Tensor ModelFamily::ApplyRotary(const torch::Tensor& x, const torch::Tens
 }
 
 torch::Tensor ModelFamily::Activation(const torch::Tensor& x) const {
-  if (spec_.activation == "silu") return torch::silu(x);
-  if (spec_.activation == "gelu") return torch::gelu(x);
+  if (spec_.activation == strata::Activation::kSilu) return torch::silu(x);
+  if (spec_.activation == strata::Activation::kGelu) return torch::gelu(x);
   return torch::gelu(x, "tanh");
 }
 

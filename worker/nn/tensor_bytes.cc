@@ -2,10 +2,26 @@
 
 namespace strata::worker {
 
-torch::ScalarType ScalarTypeOf(const std::string& name) {
-  if (name == "bf16") return torch::kBFloat16;
-  if (name == "fp16") return torch::kHalf;
-  return torch::kFloat;  // the run spec admits only these three
+torch::ScalarType ScalarTypeOf(StoredDType dtype) {
+  switch (dtype) {
+    case StoredDType::kFp32:
+      return torch::kFloat;
+    case StoredDType::kBf16:
+      return torch::kBFloat16;
+    case StoredDType::kFp16:
+      return torch::kHalf;
+  }
+  return torch::kFloat;
+}
+
+torch::ScalarType ScalarTypeOf(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return torch::kFloat;
+    case Precision::kBf16:
+      return torch::kBFloat16;
+  }
+  return torch::kFloat;
 }
 
 storage::DType ToStoreDType(torch::ScalarType type) {

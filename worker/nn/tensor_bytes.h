@@ -5,12 +5,14 @@
 
 #include <string>
 
+#include "common/spec_choices.h"
 #include "storage/shard_store.h"
 
 namespace strata::worker {
 
-// "fp32" / "bf16" / "fp16" (run spec dtype and precision names) as a LibTorch scalar type.
-torch::ScalarType ScalarTypeOf(const std::string& name);
+// The run spec's stored dtype (extract.dtype) and compute precision as a LibTorch scalar type.
+torch::ScalarType ScalarTypeOf(StoredDType dtype);
+torch::ScalarType ScalarTypeOf(Precision precision);
 // Our store's dtype of a LibTorch scalar type, and a borrowed view of a contiguous CPU tensor.
 storage::DType ToStoreDType(torch::ScalarType type);
 storage::TensorView ViewOf(const torch::Tensor& cpu_contiguous);

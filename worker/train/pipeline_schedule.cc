@@ -51,7 +51,7 @@ Status Trainer::RunSchedule(const torch::Tensor& window, torch::Tensor* loss_sum
   auto forward = [&](int64_t i) {
     auto rows = window.narrow(0, i * micro, micro);
     InFlight f;
-    compat::AutocastGuard autocast(device_, spec.train.precision == "bf16");
+    compat::AutocastGuard autocast(device_, spec.train.precision == Precision::kBf16);
     torch::Tensor x;
     if (model_->first_stage()) {
       x = model_->Embed(rows.narrow(1, 0, t));

@@ -177,7 +177,7 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
   }
   // The gradient sink and the bf16 working copies (ParamUnit): every unit whose forward takes its
   // parameters directly - not ZeRO-3 shards, not recomputed blocks.
-  const bool working_copies = spec.train.precision == "bf16" && device_.is_cuda();
+  const bool working_copies = spec.train.precision == Precision::kBf16 && device_.is_cuda();
   working_copies_ = working_copies;
   slot_begin_.assign(units_.size(), 0);
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -279,7 +279,7 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
   unit.shard_begin = static_cast<int64_t>(begin);
   unit.shard_end = static_cast<int64_t>(end);
   unit.sharded = spec_.parallel.zero == 3;
-  unit.on_host = spec_.parallel.offload == "optimizer+params";
+  unit.on_host = spec_.parallel.offload == Offload::kOptimizerAndParams;
   // The streamed path is the only one that reads a host shard (run_spec.cc refuses the others).
   TORCH_CHECK(!unit.on_host || (unit.sharded && !spec_.parallel.recompute),
               "parallel.offload = \"optimizer+params\" needs parallel.zero = 3 and parallel.recompute = false");
@@ -380,7 +380,7 @@ torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor
     return fn(x, views);
   }
   if (sharded && !spec_.parallel.recompute) return zero3_->Run(units, x, fn, matmul_weights, forwards_done_);
-  auto call = std::make_shared<Call>(Call{this, units, std::move(fn), spec_.train.precision == "bf16"});
+  auto call = std::make_shared<Call>(Call{this, units, std::move(fn), spec_.train.precision == Precision::kBf16});
   calls_.push_back(call);
   std::vector<torch::Tensor> leaves;
   for (int u : units) {
@@ -473,7 +473,7 @@ torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& 
   // whole-logits loss and holds a fraction of its memory (docs/benchmarks.md has both); on the
   // CPU it runs kernels/'s reference.
   const torch::ScalarType compute =
-      spec_.train.precision == "bf16" && device_.is_cuda() ? torch::kBFloat16 : torch::kFloat;
+      spec_.train.precision == Precision::kBf16 && device_.is_cuda() ? torch::kBFloat16 : torch::kFloat;
   return Run(
       head_units_, x,
       [this, targets, compute](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {

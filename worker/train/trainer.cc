@@ -112,8 +112,9 @@ Status Trainer::Init() {
   drawn.clear();
   full.reset();
   UnitOptimizer::Options optimizer;
-  optimizer.eight_bit = context.spec.train.optimizer == "adamw8bit";
-  optimizer.offload = context.spec.parallel.offload != "none";  // "optimizer", or "optimizer+params" (stage_model.h)
+  optimizer.eight_bit = context.spec.train.optimizer == Optimizer::kAdamW8bit;
+  optimizer.offload =
+      context.spec.parallel.offload != Offload::kNone;  // "optimizer", or "optimizer+params" (stage_model.h)
   // The host AdamW's threads: on a GPU this process's share of the host's cores (one worker per
   // GPU) but one, which issues the next forward beside the update; on a CPU worker its [worker]
   // threads, which run its own step too.
@@ -302,7 +303,7 @@ torch::Tensor Trainer::Logits(const torch::Tensor& tokens) {
   const Status settled = optimizer_->Settle();  // an offloaded update still running (optimizer.h)
   TORCH_CHECK(settled.ok(), settled.message());
   torch::NoGradGuard no_grad;
-  compat::AutocastGuard autocast(device_, context_.spec.train.precision == "bf16");
+  compat::AutocastGuard autocast(device_, context_.spec.train.precision == Precision::kBf16);
   auto logits = model_->Head(model_->Blocks(model_->Embed(tokens.to(device_))));
   return logits.to(torch::kCPU, torch::kFloat).contiguous();
 }

@@ -120,7 +120,7 @@ TEST_F(TrainerTest, Zero3LooksUpItsEmbeddingRowsWithoutGatheringTheTables) {
     // (the last call keeps them): with a tied table the final norm and the table, else one unit.
     // Gathered, each embedding table too, forward and backward.
     const int64_t micro_batches = c.micro_batch == 0 ? 1 : spec_.train.global_batch / c.dp / c.micro_batch;
-    const int64_t head_units = spec_.model.tied() ? 2 : 1, tables = spec_.model.family == "gpt2" ? 2 : 1;
+    const int64_t head_units = spec_.model.tied() ? 2 : 1, tables = spec_.model.family == Family::kGpt2 ? 2 : 1;
     const int64_t per_micro_batch = 2 * spec_.model.layers + head_units + (c.looked_up ? 0 : 2 * tables);
     for (size_t r = 0; r < sharded.size(); ++r) {
       ASSERT_EQ(sharded[r].size(), static_cast<size_t>(steps)) << name;
@@ -191,16 +191,17 @@ TEST_F(TrainerTest, OffloadedOptimizerGivesTheOnDeviceLossesBitForBit) {
   spec_.worker.threads = 3;  // the host AdamW splits larger units over threads
   // ZeRO-3 with and without recompute: the gathered path and the streamed one (stage_model.h).
   for (const auto& [dp, pp, zero, recompute, optimizer] :
-       {std::tuple{1, 1, 0, false, "adamw"}, std::tuple{2, 1, 1, false, "adamw"}, std::tuple{2, 1, 2, false, "adamw"},
-        std::tuple{2, 1, 3, true, "adamw"}, std::tuple{2, 1, 3, false, "adamw"}, std::tuple{1, 2, 0, false, "adamw"},
-        std::tuple{2, 1, 1, false, "adamw8bit"}}) {
-    SCOPED_TRACE(std::string(optimizer) + " dp " + std::to_string(dp) + " pp " + std::to_string(pp) + " zero " +
+       {std::tuple{1, 1, 0, false, Optimizer::kAdamW}, std::tuple{2, 1, 1, false, Optimizer::kAdamW},
+        std::tuple{2, 1, 2, false, Optimizer::kAdamW}, std::tuple{2, 1, 3, true, Optimizer::kAdamW},
+        std::tuple{2, 1, 3, false, Optimizer::kAdamW}, std::tuple{1, 2, 0, false, Optimizer::kAdamW},
+        std::tuple{2, 1, 1, false, Optimizer::kAdamW8bit}}) {
+    SCOPED_TRACE(std::string(Name(optimizer)) + " dp " + std::to_string(dp) + " pp " + std::to_string(pp) + " zero " +
                  std::to_string(zero) + (recompute ? " recompute" : ""));
     SetMesh(dp, pp, 1, zero, recompute);
     spec_.train.optimizer = optimizer;
-    spec_.parallel.offload = "none";
+    spec_.parallel.offload = Offload::kNone;
     const auto on_device = Train(8);
-    spec_.parallel.offload = "optimizer";
+    spec_.parallel.offload = Offload::kOptimizer;
     const auto offloaded = Train(8);
     ExpectSameLossesBitForBit(offloaded, on_device, 8);
   }
@@ -210,24 +211,24 @@ TEST_F(TrainerTest, OffloadedOptimizerGivesTheOnDeviceLossesBitForBit) {
   for (const int64_t dp : {1, 2}) {
     SCOPED_TRACE("tp 2, dp " + std::to_string(dp));
     SetMesh(dp, 1, 2, 1);
-    spec_.parallel.offload = "none";
+    spec_.parallel.offload = Offload::kNone;
     const auto on_device = Train(8);
-    spec_.parallel.offload = "optimizer";
+    spec_.parallel.offload = Offload::kOptimizer;
     const auto offloaded = Train(8);
     ExpectSameLossesBitForBit(offloaded, on_device, 8);
   }
   SetMesh(2, 1, 1, 1);
-  spec_.train.optimizer = "adamw";
-  spec_.parallel.offload = "none";
+  spec_.train.optimizer = Optimizer::kAdamW;
+  spec_.parallel.offload = Offload::kNone;
   const auto straight = Train(10);
-  spec_.parallel.offload = "optimizer";
+  spec_.parallel.offload = Offload::kOptimizer;
   resume_ = CheckpointAt(6, "offload-");
-  for (const std::string where : {"optimizer", "none"}) {
+  for (const Offload where : {Offload::kOptimizer, Offload::kNone}) {
     spec_.parallel.offload = where;
     const auto resumed = Train(10);
     ASSERT_EQ(resumed[0].size(), 4u);
     for (int s = 0; s < 4; ++s)
-      EXPECT_EQ(resumed[0][s], straight[0][s + 6]) << "resumed with offload " << where << ", step " << s + 7;
+      EXPECT_EQ(resumed[0][s], straight[0][s + 6]) << "resumed with offload " << Name(where) << ", step " << s + 7;
   }
 }
 
@@ -243,36 +244,36 @@ TEST_F(TrainerTest, HostStreamedParametersGiveStreamedZero3LossesBitForBit) {
   spec_.worker.threads = 3;
   spec_.train.grad_clip = 0.05;
   for (const auto& [dp, pp, micro_batch, optimizer] :
-       {std::tuple{1, 1, 4, "adamw"}, std::tuple{2, 1, 0, "adamw"}, std::tuple{1, 2, 2, "adamw"},
-        std::tuple{2, 1, 2, "adamw8bit"}}) {
-    SCOPED_TRACE(std::string(optimizer) + " dp " + std::to_string(dp) + " pp " + std::to_string(pp) + " micro-batch " +
-                 std::to_string(micro_batch));
+       {std::tuple{1, 1, 4, Optimizer::kAdamW}, std::tuple{2, 1, 0, Optimizer::kAdamW},
+        std::tuple{1, 2, 2, Optimizer::kAdamW}, std::tuple{2, 1, 2, Optimizer::kAdamW8bit}}) {
+    SCOPED_TRACE(std::string(Name(optimizer)) + " dp " + std::to_string(dp) + " pp " + std::to_string(pp) +
+                 " micro-batch " + std::to_string(micro_batch));
     SetMesh(dp, pp, 1, /*zero=*/3);
     spec_.parallel.micro_batch = micro_batch;
     spec_.train.optimizer = optimizer;
-    spec_.parallel.offload = "none";
+    spec_.parallel.offload = Offload::kNone;
     const auto on_device = Train(8);
-    spec_.parallel.offload = "optimizer+params";
+    spec_.parallel.offload = Offload::kOptimizerAndParams;
     const auto streamed = Train(8);
     ExpectSameLossesBitForBit(streamed, on_device, 8);
   }
   SetMesh(2, 1, 1, 3);
   spec_.parallel.micro_batch = 0;
-  spec_.train.optimizer = "adamw";
-  spec_.parallel.offload = "none";
+  spec_.train.optimizer = Optimizer::kAdamW;
+  spec_.parallel.offload = Offload::kNone;
   const auto straight = Train(10);
-  spec_.parallel.offload = "optimizer+params";
+  spec_.parallel.offload = Offload::kOptimizerAndParams;
   resume_ = CheckpointAt(6, "streamed-");
-  for (const std::string where : {"optimizer+params", "none"}) {
+  for (const Offload where : {Offload::kOptimizerAndParams, Offload::kNone}) {
     spec_.parallel.offload = where;
     const auto resumed = Train(10);
     ASSERT_EQ(resumed[0].size(), 4u);
     for (int s = 0; s < 4; ++s)
-      EXPECT_EQ(resumed[0][s], straight[0][s + 6]) << "resumed with offload " << where << ", step " << s + 7;
+      EXPECT_EQ(resumed[0][s], straight[0][s + 6]) << "resumed with offload " << Name(where) << ", step " << s + 7;
   }
-  spec_.parallel.offload = "none";
+  spec_.parallel.offload = Offload::kNone;
   resume_ = CheckpointAt(6, "streamed-from-device-");
-  spec_.parallel.offload = "optimizer+params";
+  spec_.parallel.offload = Offload::kOptimizerAndParams;
   const auto onto_host = Train(10);
   ASSERT_EQ(onto_host[0].size(), 4u);
   for (int s = 0; s < 4; ++s) EXPECT_EQ(onto_host[0][s], straight[0][s + 6]) << "resumed onto the host, step " << s + 7;

@@ -35,7 +35,7 @@ TEST_F(TrainerTest, MicroBatchesAccumulateToTheSameSteps) {
 TEST_F(TrainerTest, EightBitAdamWTracksAdamWAndResumesItsStateExactly) {
   spec_.train.global_batch = 8;
   const auto fp32 = Train(10)[0];
-  spec_.train.optimizer = "adamw8bit";
+  spec_.train.optimizer = Optimizer::kAdamW8bit;
   SetMesh(2, 1, 1, /*zero=*/1);
   const auto straight = Train(10);
   for (int s = 0; s < 10; ++s) {
@@ -62,7 +62,7 @@ TEST_F(TrainerTest, EightBitAdamWTracksAdamWAndResumesItsStateExactly) {
 
 TEST_F(TrainerTest, CosineScheduleChangesTheTrajectory) {
   auto constant = Train(5)[0];
-  spec_.train.lr_schedule = "cosine";
+  spec_.train.lr_schedule = LrSchedule::kCosine;
   spec_.train.warmup_steps = 3;
   spec_.train.steps = 5;
   auto scheduled = Train(5)[0];
@@ -108,7 +108,7 @@ TEST_F(TrainerTest, InitFromAHuggingFaceDirectoryStartsFromThoseWeights) {
 }
 
 TEST_F(TrainerTest, LlamaWithGroupedQueryAttentionLearnsAndMatchesAcrossRanks) {
-  spec_.model.family = "llama";
+  spec_.model.family = Family::kLlama;
   spec_.model.kv_heads = 2;
   spec_.model.ffn = 96;
   spec_.model.norm_eps = 1e-6;

@@ -32,7 +32,7 @@ class NullReporter : public TaskReporter {
 // A tiny model of `family` (4 layers), with the variant fields that change its maths on.
 inline ModelSpec TinyModel(const std::string& family, int64_t layers = 4) {
   ModelSpec m;
-  m.family = family;
+  m.family = ParseChoice<Family>(family).value();
   m.layers = layers;
   m.hidden = 32;
   m.heads = 4;
@@ -50,7 +50,7 @@ inline ModelSpec TinyModel(const std::string& family, int64_t layers = 4) {
     if (family == "llama") {
       m.head_dim = 16;  // != hidden / heads
       m.attention_bias = true;
-      m.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 16};
+      m.rope_scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 16};
     }
     if (family == "mistral") m.sliding_window = 8;
     m.tie_embeddings = family == "qwen2" || family == "gemma";
@@ -62,7 +62,7 @@ inline ModelSpec TinyModel(const std::string& family, int64_t layers = 4) {
 inline ModelSpec LlamaModel(int64_t layers, int64_t hidden, int64_t heads, int64_t sequence, int64_t kv_heads,
                             int64_t ffn) {
   ModelSpec m;
-  m.family = "llama";
+  m.family = Family::kLlama;
   m.layers = layers;
   m.hidden = hidden;
   m.heads = heads;
