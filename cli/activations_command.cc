@@ -6,10 +6,12 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "activations/reader.h"
 #include "cli/array_file.h"
+#include "cli/command_set.h"
 #include "cli/exit.h"
 #include "common/byte_size.h"
 
@@ -261,6 +263,69 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
             << HumanBytes(bytes) << " read in " << std::fixed << std::setprecision(2) << seconds << " s ("
             << bytes / std::max(seconds, 1e-9) / 1e9 << " GB/s)" << std::endl;
   return kExitOk;
+}
+
+void RegisterActivationsCommands(CommandSet& set) {
+  GlobalOptions& g = set.global();
+  struct Args {
+    std::string run;
+    bool as_json = false;
+    ActivationsGet get;
+    CLI::App* get_cmd = nullptr;
+  };
+  auto a = std::make_shared<Args>();
+  auto* activations_cmd =
+      set.Add("activations", "list what an extract run stored (layers, sites, rows, bytes)", [&g, a]() -> int {
+        ActivationsGet& get = a->get;
+        const bool getting = a->get_cmd->parsed();
+        if (getting) {
+          if (Status st = CheckActivationsOut(get); !st.ok()) return Fail(st);  // before resolving the cluster
+        }
+        // --store: the stores alone, no cluster asked (RUN must be the run id: names and prefixes
+        // are the coordinator's to resolve).
+        if (!get.stores.empty()) {
+          if (getting) return GetActivations(CoordinatorAddress{}, get);
+          if (a->run.empty()) return Fail(InvalidArgument("name the run: `strata activations RUN --store DIR`"));
+          return ListActivations(CoordinatorAddress{}, get.stores, a->run, a->as_json);
+        }
+        auto coordinator = ResolveCoordinator(g);
+        if (!coordinator.ok()) return Fail(coordinator.status());
+        int rc = kExitOk;
+        for (std::string* r : {&a->run, &get.run}) {
+          if (!ResolveRunArgument(g, *r, &rc)) return rc;
+        }
+        if (getting) return GetActivations(*coordinator, get);
+        if (a->run.empty())
+          return Fail(InvalidArgument("name the run: `strata activations RUN` (runs: `strata status`)"));
+        return ListActivations(*coordinator, {}, a->run, a->as_json);
+      });
+  activations_cmd->add_option("run", a->run, std::string("the extract run: ") + kRunHelp);
+  activations_cmd->add_flag("--json", a->as_json, "machine-readable output");
+  ActivationsGet& get = a->get;
+  auto* get_cmd =
+      activations_cmd->add_subcommand("get", "write rows of one layer to .npy / .safetensors (or .npy on stdout)");
+  a->get_cmd = get_cmd;
+  get_cmd->add_option("run", get.run, std::string("the extract run: ") + kRunHelp)->required();
+  get_cmd->add_option("--layer", get.layer, "layer index")->required();
+  get_cmd->add_option("--site", get.site,
+                      "a captured site: resid_pre, resid_mid, resid_post, attn_out, mlp_out, q, k, v, attn_pattern, "
+                      "mlp_hidden, final_norm, logits, logits_ids (default: the run's only site, else resid_post)");
+  get_cmd->add_option("--head", get.head,
+                      "only this attention head of a site with heads (q, k, v, attn_pattern): rows [n, head_dim] or "
+                      "[n, sequence] instead of [n, heads, ...]");
+  get_cmd->add_option("--rows", get.rows, "token rows A:B (default: every stored row)");
+  get_cmd
+      ->add_option("--out", get.out,
+                   "FILE.npy, FILE.safetensors, or - for .npy on stdout (an existing FILE is refused)")
+      ->required();
+  get_cmd->add_flag("--force", get.force, "replace an existing --out file");
+  get_cmd->add_flag(
+      "--with-tokens", get.with_tokens,
+      "also write the rows' tokens beside --out: NAME.tokens.npy, int64 [rows, 3] (token id, document, position)");
+  get_cmd->add_option(
+      "--store", get.stores,
+      "read this worker store directory instead of asking the cluster (works with it down); once per worker");
+  activations_cmd->add_option("--store", get.stores, "list from these worker store directories instead of the cluster");
 }
 
 }  // namespace strata::cli

@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cli/cluster_file.h"
+#include "cli/command_set.h"
 #include "cli/commands.h"
 #include "cli/exit.h"
 #include "common/byte_size.h"
@@ -314,6 +316,67 @@ int CmdDown(GlobalOptions& g, int grace_s) {
   std::cout << "cluster down: " << running << " process(es) exited (state kept in " << file->state_dir << ")"
             << std::endl;
   return kExitOk;
+}
+
+void RegisterClusterCommands(CommandSet& set) {
+  GlobalOptions& g = set.global();
+  struct Keygen {
+    std::string dir;
+    bool force = false;
+  };
+  auto keygen = std::make_shared<Keygen>();
+  auto* keygen_cmd = set.Add("keygen", "make CURVE keys for a cluster on tcp:// (see docs/security.md)",
+                             [keygen] { return CmdKeygen(keygen->dir, keygen->force); });
+  keygen_cmd->add_option("dir", keygen->dir, "directory to create (e.g. STATE_DIR/keys)")->required();
+  keygen_cmd->add_flag("--force", keygen->force, "replace existing keys (every host then needs the new ones)");
+
+  auto up_options = std::make_shared<UpOptions>();
+  auto* up = set.Add("up", "start a local coordinator and workers (starts only what is not running)",
+                     [&g, up_options] { return CmdUp(g, *up_options); });
+  up->add_option("--workers", up_options->workers, "number of CPU workers")->check(CLI::Range(1, 64));
+  up->add_option("--gpus", up_options->gpus, "one worker per GPU on cuda:0..N-1 instead of CPU workers")
+      ->check(CLI::Range(0, 64));
+  up->add_option(
+        "--hosts", up_options->hosts,
+        "spread the workers over N emulated hosts (worker i on host-(i mod N)), to try a multi-host cluster on one "
+        "machine: checkpoint shards are then copied across hosts")
+      ->check(CLI::Range(1, 64));
+  up->add_flag("--salvage", up_options->salvage,
+               "start daemons whose stores are damaged, keeping what is intact (strata-worker / strata-coordinator "
+               "--salvage); without it a damaged store stops its daemon with a message naming it");
+  up->add_option("--memory-limit", up_options->memory_limit,
+                 "each worker uses at most this much memory, e.g. 8GiB (GPU: the allocator's cap; CPU: address space "
+                 "the OS lets it add)");
+  up->add_option("--net-interface", up_options->net_interface,
+                 "network interface NCCL uses between hosts (each worker's --net-interface: sets NCCL_SOCKET_IFNAME); "
+                 "see docs/multi-host.md");
+  up->add_option("--heartbeat-timeout-ms", up_options->heartbeat_timeout_ms, "mark a silent worker lost after this")
+      ->check(CLI::Range(200, 600000));
+  up->add_option("--replace-grace-ms", up_options->replace_grace_ms,
+                 "after a worker is lost, wait this long for a replacement before re-planning onto the workers present")
+      ->check(CLI::Range(0, 3600000));
+  up->add_option(
+        "--grow-back-min-saving-s", up_options->grow_back_min_saving_s,
+        "a run a lost worker made smaller takes idle workers back at its next checkpoint when that saves at least "
+        "this many seconds over its remaining steps (-1: never)")
+      ->check(CLI::Range(-1, 86400));
+  up->add_option(
+        "--peer-timeout-ms", up_options->peer_timeout_ms,
+        "the hang watchdog: a rank waiting this long for a peer or a collective gives up and the rank that did "
+        "not arrive is treated as lost")
+      ->check(CLI::Range(500, 3600000));
+  up->add_option(
+        "--stuck-task-restart-ms", up_options->stuck_task_restart_ms,
+        "a worker whose cancelled task has not stopped after this (stuck in a device call) restarts its process")
+      ->check(CLI::Range(1000, 3600000));
+  up->add_option("--inject-fault", up_options->inject_faults, "")->group("");  // tests only: worker/fault_injector.h
+
+  auto down_grace_s = std::make_shared<int>(8);
+  auto* down = set.Add("down", "stop the local cluster (state is kept); returns once its processes have exited",
+                       [&g, down_grace_s] { return CmdDown(g, *down_grace_s); });
+  down->add_option("--grace-s", *down_grace_s,
+                   "seconds to wait after the shutdown request, and again after SIGTERM, before SIGKILL")
+      ->check(CLI::Range(1, 3600));
 }
 
 }  // namespace strata::cli

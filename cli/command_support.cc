@@ -10,7 +10,9 @@
 
 #include "cli/activations_command.h"
 #include "cli/cluster_file.h"
+#include "cli/command_set.h"
 #include "cli/commands.h"
+#include "cli/exit.h"
 #include "client/coordinator_client.h"
 #include "common/curve.h"
 #include "common/run_spec.h"
@@ -204,6 +206,30 @@ json CheckpointToJson(CheckpointManifest::Reader m) {
   }
   return {{"run_id", m.getRunId().cStr()}, {"step", m.getStep()}, {"committed_unix_ms", m.getCommittedUnixMs()},
           {"tensor_count", tensors},       {"size_bytes", bytes}, {"shards", shards}};
+}
+
+CLI::App* CommandSet::Add(const std::string& name, const std::string& help, std::function<int()> run) {
+  CLI::App* command = app_.add_subcommand(name, help);
+  commands_.emplace_back(command, std::move(run));
+  return command;
+}
+
+int CommandSet::RunParsed() const {
+  for (const auto& [command, run] : commands_) {
+    if (command->parsed()) return run();
+  }
+  return kExitBadInput;
+}
+
+bool ResolveRunArgument(const GlobalOptions& g, std::string& run, int* exit_code) {
+  if (run.empty()) return true;
+  auto id = ResolveRun(g, run);
+  if (!id.ok()) {
+    *exit_code = Fail(id.status());
+    return false;
+  }
+  run = *id;
+  return true;
 }
 
 }  // namespace strata::cli

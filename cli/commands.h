@@ -1,5 +1,6 @@
-// The commands of `strata` and what they share (private to cli/): cli.cc parses the command line
-// and calls these; command_support.cc, cluster_commands.cc and run_commands.cc define them.
+// The commands of `strata` and what they share (private to cli/): each file registers its own
+// subcommands (command_set.h) and runs them through these; command_support.cc,
+// cluster_commands.cc and run_commands.cc define them.
 #pragma once
 
 #include <cstdint>

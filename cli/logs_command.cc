@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
+#include "cli/command_set.h"
 #include "cli/exit.h"
 #include "client/coordinator_client.h"
 #include "common/net.h"
@@ -143,6 +145,39 @@ int ShowMetrics(const CoordinatorAddress& coordinator, const std::string& run, b
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;
+}
+
+void RegisterLogsCommands(CommandSet& set) {
+  GlobalOptions& g = set.global();
+  auto logs = std::make_shared<LogsRequest>();
+  auto* logs_cmd =
+      set.Add("logs", "show one rank's log of a run (its task's log lines and one line per step)", [&g, logs]() -> int {
+        if (!logs->since.empty()) {  // before resolving the cluster
+          if (auto d = ParseDurationMs(logs->since); !d.ok()) return Fail(d.status());
+        }
+        auto coordinator = ResolveCoordinator(g);
+        if (!coordinator.ok()) return Fail(coordinator.status());
+        return ShowLogs(*coordinator, *logs);
+      });
+  logs_cmd->add_option("run", logs->run)->required();
+  logs_cmd->add_option("--rank", logs->rank, "the rank (default 0)");
+  logs_cmd->add_flag("--follow,-f", logs->follow, "keep printing new lines until the run ends");
+  logs_cmd->add_option("--since", logs->since, "only lines from the last DURATION (500ms, 30s, 10m, 2h, 1d)");
+
+  struct Metrics {
+    std::string run;
+    bool csv = false;
+  };
+  auto metrics = std::make_shared<Metrics>();
+  auto* metrics_cmd =
+      set.Add("metrics", "a run's per-step metrics (loss, lr, tokens/s, memory), one JSON object a line",
+              [&g, metrics]() -> int {
+                auto coordinator = ResolveCoordinator(g);
+                if (!coordinator.ok()) return Fail(coordinator.status());
+                return ShowMetrics(*coordinator, metrics->run, metrics->csv);
+              });
+  metrics_cmd->add_option("run", metrics->run)->required();
+  metrics_cmd->add_flag("--csv", metrics->csv, "CSV with a header instead of JSON lines");
 }
 
 }  // namespace strata::cli

@@ -8,9 +8,11 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli/command_set.h"
 #include "cli/exit.h"
 #include "client/coordinator_client.h"
 #include "common/byte_size.h"
@@ -396,6 +398,21 @@ Result<std::string> EstimateForSubmit(const RunSpec& spec, client::CoordinatorCl
               : std::string(", with the optimizer's state and the parameters offloaded to host memory (no plan fits "
                             "without them)")) +
          "; `strata plan` for details" + disk_warning;
+}
+
+void RegisterPlanCommand(CommandSet& set) {
+  GlobalOptions& g = set.global();
+  auto plan = std::make_shared<PlanRequest>();
+  auto* plan_cmd = set.Add(
+      "plan", "the planner's mesh, ZeRO stage and micro-batch for a run spec, with each worker's memory estimate",
+      [&g, plan] {
+        return PlanRun(*plan, plan->cluster_spec.empty() ? ResolveCoordinator(g)
+                                                         : Result<CoordinatorAddress>(CoordinatorAddress{}));
+      });
+  plan_cmd->add_option("spec", plan->spec_path, "run spec file")->required();
+  plan_cmd->add_option("--cluster-spec", plan->cluster_spec,
+                       "plan for a described cluster (TOML [[nodes]]) instead of the live one");
+  plan_cmd->add_flag("--json", plan->as_json, "machine-readable output");
 }
 
 }  // namespace strata::cli

@@ -6,12 +6,15 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
+#include "cli/command_set.h"
 #include "cli/commands.h"
 #include "cli/exit.h"
 #include "cli/plan_command.h"
@@ -452,6 +455,123 @@ int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int6
   }
   return Fail(InvalidArgument("--step " + std::to_string(*step) + ": run " + run +
                               " has no complete checkpoint there; complete ones are at steps " + steps));
+}
+
+void RegisterRunCommands(CommandSet& set) {
+  GlobalOptions& g = set.global();
+  auto workers_json = std::make_shared<bool>(false);
+  auto* workers = set.Add("workers", "list workers, their memory and runs",
+                          [&g, workers_json] { return CmdWorkers(g, *workers_json); });
+  workers->add_flag("--json", *workers_json, "machine-readable output");
+
+  struct Submit {
+    std::string spec_path;
+    SubmitOptions options;
+  };
+  auto submit = std::make_shared<Submit>();
+  auto* submit_cmd = set.Add("submit", "submit a run spec (TOML)",
+                             [&g, submit] { return CmdSubmit(g, submit->spec_path, submit->options); });
+  submit_cmd->add_option("spec", submit->spec_path, "run spec file")->required();
+  submit_cmd->add_flag("--follow,-f", submit->options.follow, "print progress until the run ends");
+  submit_cmd->add_flag(
+      "--skip-estimate", submit->options.skip_estimate,
+      "submit even if the memory estimate says the plan does not fit (on out of memory the run re-plans and replays)");
+  submit_cmd->add_flag(
+      "--queue", submit->options.queue,
+      "accept a fixed mesh (dp x pp x tp) larger than the live cluster: the run waits until enough workers are idle");
+  submit_cmd
+      ->add_option("--progress-every-s", submit->options.progress_every_s,
+                   "with --follow into a pipe or file: a progress line at most every this many seconds, or every 5% of "
+                   "the steps if sooner (on a terminal the line is live)")
+      ->check(CLI::Range(1, 86400));
+  submit_cmd->add_option(
+      "--resume", submit->options.resume,
+      "start from RUN's latest checkpoint (or RUN@STEP), under this spec's mesh, whatever mesh wrote it; RUN as "
+      "everywhere: an id, a unique id prefix, a run name (its newest run) or `latest`");
+
+  struct StatusArgs {
+    std::string run;
+    bool as_json = false, with_losses = false, watch = false, watch_all = false;
+    int watch_every_s = 10;
+  };
+  auto status = std::make_shared<StatusArgs>();
+  auto* status_cmd = set.Add("status", "show runs", [&g, status] {
+    int rc = kExitOk;
+    if (!ResolveRunArgument(g, status->run, &rc)) return rc;
+    if (status->watch) {
+      return status->run.empty() ? WatchAll(g, status->watch_all) : Follow(g, status->run, status->watch_every_s);
+    }
+    return CmdStatus(g, status->run, status->as_json, status->with_losses);
+  });
+  status_cmd->add_option("run", status->run, std::string(kRunHelp) + " (default: all runs)");
+  status_cmd->add_flag("--json", status->as_json, "machine-readable output");
+  status_cmd->add_flag(
+      "--losses", status->with_losses,
+      "with RUN: its whole loss history in --json (as without the flag: one run's JSON always has it); the "
+      "listing of all runs has each run's last loss only");
+  status_cmd->add_flag("--watch,-w", status->watch,
+                       "live progress (step, loss, tokens/s, ETA, plan) and events until the run(s) end; without RUN "
+                       "the active (pending / running) runs");
+  status_cmd->add_flag("--all", status->watch_all, "with --watch and no RUN: every run, ended ones too");
+  status_cmd
+      ->add_option("--progress-every-s", status->watch_every_s,
+                   "--watch RUN into a pipe or file: a progress line at most every this many seconds, or every 5% of "
+                   "the steps if sooner")
+      ->check(CLI::Range(1, 86400));
+
+  // events, cancel, checkpoints: one RUN, resolved first.
+  struct RunArgs {
+    std::string run;
+    bool as_json = false;
+  };
+  auto add_run_command = [&](const char* name, const char* help, bool json_flag,
+                             std::function<int(const std::string& run, bool as_json)> run) {
+    auto args = std::make_shared<RunArgs>();
+    auto* command = set.Add(name, help, [&g, args, run] {
+      int rc = kExitOk;
+      if (!ResolveRunArgument(g, args->run, &rc)) return rc;
+      return run(args->run, args->as_json);
+    });
+    command->add_option("run", args->run, kRunHelp)->required();
+    if (json_flag) command->add_flag("--json", args->as_json, "machine-readable output");
+  };
+  add_run_command("events", "show a run's event log", true,
+                  [&g](const std::string& run, bool as_json) { return CmdEvents(g, run, as_json); });
+  add_run_command("cancel", "cancel a run", false, [&g](const std::string& run, bool) { return CmdCancel(g, run); });
+  add_run_command("checkpoints", "list a run's complete checkpoints", true,
+                  [&g](const std::string& run, bool as_json) { return CmdCheckpoints(g, run, as_json); });
+
+  struct Export {
+    std::string run, dir, dtype = "fp32", shard_size = "5GB";
+    int64_t step = 0;
+    bool force = false;
+    CLI::Option* step_option = nullptr;
+  };
+  auto ex = std::make_shared<Export>();
+  auto* export_cmd = set.Add(
+      "export", "write a checkpoint as a Hugging Face directory (config.json + safetensors, as save_pretrained)",
+      [&g, ex] {  // RUN is resolved after the --out checks (CmdExport)
+        if (ex->dtype != "fp32" && ex->dtype != "bf16") {
+          return Fail(InvalidArgument("--dtype " + ex->dtype + " is not supported; use fp32 or bf16"));
+        }
+        auto shard_bytes = ParseByteSize(ex->shard_size, "--max-shard-size");
+        if (!shard_bytes.ok()) return Fail(shard_bytes.status());
+        if (*shard_bytes < (uint64_t{1} << 10))
+          return Fail(InvalidArgument("--max-shard-size " + ex->shard_size + " is below 1KiB; use e.g. 5GB"));
+        client::ExportOptions options{ex->dtype, *shard_bytes};
+        return CmdExport(g, ex->run, ex->step_option->count() > 0 ? std::optional<int64_t>(ex->step) : std::nullopt,
+                         ex->dir, ex->force, options);
+      });
+  export_cmd->add_option("run", ex->run, kRunHelp)->required();
+  ex->step_option = export_cmd->add_option("--step", ex->step, "checkpoint step (default: the latest complete one)");
+  export_cmd->add_option("--out", ex->dir, "output directory (new or empty)")->required();
+  export_cmd->add_flag("--force", ex->force,
+                       "write into a non-empty --out, replacing its config.json and model.safetensors");
+  export_cmd->add_option("--dtype", ex->dtype, "dtype of the written weights: fp32 or bf16")->capture_default_str();
+  export_cmd
+      ->add_option("--max-shard-size", ex->shard_size,
+                   "largest safetensors file; a larger model is split into several with model.safetensors.index.json")
+      ->capture_default_str();
 }
 
 }  // namespace strata::cli

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <vector>
 
+#include "cli/command_set.h"
 #include "cli/exit.h"
 #include "common/byte_size.h"
 #include "common/run_spec.h"
@@ -288,26 +289,24 @@ int Tokenize(const TokenizeRequest& r) {
   return kExitOk;
 }
 
-TokenizeCommand::TokenizeCommand(CLI::App& app) {
-  command_ = app.add_subcommand(
-      "tokenize", "turn a text file into token ids with a model's tokenizer (tokenizer.json or tokenizer.model)");
-  command_->add_option("model_dir", request_.model_dir, "the model's directory (a Hugging Face checkout)")->required();
-  command_->add_option("input", request_.input, "a UTF-8 text file, or - for standard input")->required();
-  command_
-      ->add_option("--out", request_.out,
+void RegisterTokenizeCommand(CommandSet& set) {
+  auto request = std::make_shared<TokenizeRequest>();
+  auto* command = set.Add(
+      "tokenize", "turn a text file into token ids with a model's tokenizer (tokenizer.json or tokenizer.model)",
+      [request] { return Tokenize(*request); });
+  command->add_option("model_dir", request->model_dir, "the model's directory (a Hugging Face checkout)")->required();
+  command->add_option("input", request->input, "a UTF-8 text file, or - for standard input")->required();
+  command
+      ->add_option("--out", request->out,
                    "the ids, flat little-endian (FILE.u32 / FILE.u16); written whole or not at all")
       ->required();
-  command_->add_option("--format", request_.format, "u32, or u16 when every id is below 65536")
+  command->add_option("--format", request->format, "u32, or u16 when every id is below 65536")
       ->check(CLI::IsMember({"u32", "u16"}));
-  command_->add_flag("--force", request_.force, "replace an existing --out file");
-  command_
-      ->add_option("--progress-every-s", request_.progress_every_s,
+  command->add_flag("--force", request->force, "replace an existing --out file");
+  command
+      ->add_option("--progress-every-s", request->progress_every_s,
                    "a progress line on stderr at most every this many seconds, or every 5% of the input if sooner")
       ->check(CLI::Range(1, 86400));
 }
-
-bool TokenizeCommand::selected() const { return command_->parsed(); }
-
-int TokenizeCommand::Run() const { return Tokenize(request_); }
 
 }  // namespace strata::cli

@@ -6,10 +6,6 @@
 
 #include <string>
 
-namespace CLI {
-class App;
-}
-
 namespace strata::cli {
 
 struct TokenizeRequest {
@@ -20,18 +16,6 @@ struct TokenizeRequest {
   bool force = false;              // replace an existing --out
   int progress_every_s = 10;       // a progress line on stderr at most this often (or every 5%)
   bool summary_to_stderr = false;  // the closing "wrote N token ids" line (submit keeps stdout for the run id)
-};
-
-// Registers the subcommand on `app`; after parsing, Run() if selected().
-class TokenizeCommand {
- public:
-  explicit TokenizeCommand(CLI::App& app);
-  bool selected() const;
-  int Run() const;  // the process exit code (cli/exit.h)
-
- private:
-  CLI::App* command_;
-  TokenizeRequest request_;
 };
 
 // The work itself, for tests and other callers: exit code as Run().
