@@ -473,7 +473,7 @@ int main(int argc, char** argv) {
     }
   }
   {
-    // ZeRO-3's lookup from a shard (worker/train/stage_model_lookup.cc): GPT-2's token table [50257, 768]
+    // ZeRO-3's lookup from a shard (worker/train/zero3_lookup.cc): GPT-2's token table [50257, 768]
     // over dp = 2, this rank's shard its first half, 2 x 8,192 gathered ids. The kernels against
     // the LibTorch form they replaced: a padded copy of the shard and an embedding, then
     // embedding_dense_backward over the padded rows and an add into the shard's gradient. Bytes

@@ -230,7 +230,7 @@ int64_t BiasPartialRows(const Place& place, int64_t rows);
 void BiasGeluBackward(const Place& place, Gelu kind, DType dtype, const void* h, const float* bias, const void* dy,
                       void* dh, float* dbias_partials, int64_t rows, int64_t cols);
 
-// Embedding rows read from and summed into a ZeRO-3 shard of the table (worker/train/stage_model_lookup.cc):
+// Embedding rows read from and summed into a ZeRO-3 shard of the table (worker/train/zero3_lookup.cc):
 // a table [rows, cols], flat, of which this rank holds the elements [shard_begin, shard_end)
 // at `shard` (its edges may cut a row). For n looked-up ids:
 //   ShardRowsGather:      out[i, j] = shard[ids[i] cols + j - shard_begin] where that element is

@@ -526,7 +526,7 @@ TEST_F(KernelsGpuTest, Quantize8bitAndDequantize8bitEqualTheReference) {
   }
 }
 
-// ZeRO-3's shard lookups (stage_model_lookup.cc): the gather and the deterministic scatter-add
+// ZeRO-3's shard lookups (zero3_lookup.cc): the gather and the deterministic scatter-add
 // bit for bit against the references, with ids repeated hundreds of times (a frequent token: runs
 // over many chunks of the sorted ids), ids of rows the shard does not hold and ids outside the
 // table; the scratch starts as NaN. Shapes:

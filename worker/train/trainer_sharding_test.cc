@@ -82,7 +82,7 @@ TEST_F(TrainerTest, LayersKeptGatheredTrainTheSameModelWithOneGatherLessEach) {
   spec_.parallel.keep_gathered = 0;
 }
 
-// ZeRO-3's embedding call looks up the rows each rank's shard holds (stage_model_lookup.cc) in
+// ZeRO-3's embedding call looks up the rows each rank's shard holds (zero3_lookup.cc) in
 // place of gathering its tables, where that moves fewer bytes: the model trains as under ZeRO-2
 // (whole parameters) within fp32 rounding - losses, and the gradient norm that clipping feeds back
 // into every update - the first step's loss is bit for bit ZeRO-2's (the rows are the table's
