@@ -56,6 +56,14 @@ struct ParamUnit {
 
 // Views of `flat` (the unit's whole flat vector, or a buffer laid out as it: a gathered copy, the
 // gradient, the bf16 working copy), one per parameter, shaped as this rank's slices.
-std::vector<torch::Tensor> UnitViews(const ParamUnit& unit, const torch::Tensor& flat);
+inline std::vector<torch::Tensor> UnitViews(const ParamUnit& unit, const torch::Tensor& full_flat) {
+  std::vector<torch::Tensor> views;
+  for (size_t i = 0; i < unit.names.size(); ++i) {
+    int64_t n = 1;
+    for (int64_t d : unit.shapes[i]) n *= d;
+    views.push_back(full_flat.narrow(0, unit.offsets[i], n).view(unit.shapes[i]));
+  }
+  return views;
+}
 
 }  // namespace strata::worker

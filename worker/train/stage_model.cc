@@ -358,16 +358,6 @@ ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vecto
   return ParamView(std::move(names), std::move(views), std::move(sunk));
 }
 
-std::vector<torch::Tensor> UnitViews(const ParamUnit& unit, const torch::Tensor& full_flat) {
-  std::vector<torch::Tensor> views;
-  for (size_t i = 0; i < unit.names.size(); ++i) {
-    int64_t n = 1;
-    for (int64_t d : unit.shapes[i]) n *= d;
-    views.push_back(full_flat.narrow(0, unit.offsets[i], n).view(unit.shapes[i]));
-  }
-  return views;
-}
-
 torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute,
                               bool matmul_weights) {
   const bool sharded = spec_.parallel.zero == 3;

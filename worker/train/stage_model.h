@@ -4,9 +4,9 @@
 // parameter units.
 //
 // A unit (param_unit.h) is what is gathered, sharded and updated together: the embedding, one
-// block, the head. Each parameter is a leaf aliasing its range of
-// the flat tensor, with its .grad preset to its range of the gradient buffer: autograd adds into
-// the buffer in place (as Megatron's contiguous gradient buffer).
+// block, the head. Each parameter is a leaf aliasing its range of the flat tensor, with its .grad
+// preset to its range of the gradient buffer: autograd adds into the buffer in place (as
+// Megatron's contiguous gradient buffer).
 //
 // A call runs a function over some units in one of three ways:
 //   direct        autograd records everything (activations of the call are kept);

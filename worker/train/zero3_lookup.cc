@@ -29,6 +29,7 @@
 // into the same gradient, and its head still gathers the table for its matmul). The ids' sort, which only the backward
 // reads, is queued after the first block's gathers, which the forward waits for.
 #include "worker/nn/kernel_place.h"
+#include "worker/train/tensor_transfer.h"
 #include "worker/train/zero3_shards.h"
 
 namespace strata::worker {

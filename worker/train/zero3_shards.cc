@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "worker/train/tensor_transfer.h"
+
 namespace strata::worker {
 
 namespace {
@@ -474,7 +476,6 @@ void Zero3Shards::EndStep() {
   unsorted_lookups_.clear();  // (after the wait: a sort that failed part-way may have queued work)
   if (host_anchor_.defined()) side_->Synchronize();  // nor reads a host shard the optimizer writes next
   calls_.clear();
-  running_ = nullptr;
   slots_.clear();
   prefetched_.clear();
   for (GradBuffer& b : grad_buffers_) {  // a step that failed part-way left some taken; the wait above covers them

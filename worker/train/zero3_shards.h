@@ -40,7 +40,6 @@
 #include "worker/nn/fused_linear.h"
 #include "worker/train/param_unit.h"
 #include "worker/train/side_stream.h"
-#include "worker/train/tensor_transfer.h"
 
 namespace strata::worker {
 
