@@ -11,8 +11,8 @@
 #include "client/coordinator_client.h"
 #include "client/request.h"
 #include "common/net.h"
-#include "common/run_spec.h"
 #include "schema/envelope.h"
+#include "spec/run_spec.h"
 
 namespace strata::activations {
 namespace {

@@ -15,10 +15,10 @@
 #include "cli/exit.h"
 #include "client/coordinator_client.h"
 #include "common/curve.h"
-#include "common/run_spec.h"
 #include "schema/envelope.h"
 #include "shard/layout.h"
 #include "shard/plan_summary.h"
+#include "spec/run_spec.h"
 
 namespace strata::cli {
 

@@ -10,8 +10,8 @@
 #include "cli/commands.h"
 #include "cli/exit.h"
 #include "common/net.h"
-#include "common/run_spec.h"
 #include "schema/envelope.h"
+#include "spec/run_spec.h"
 
 namespace strata::cli {
 

@@ -13,9 +13,9 @@
 #include "cli/exit.h"
 #include "client/coordinator_client.h"
 #include "common/net.h"
-#include "common/run_spec.h"
 #include "common/task_log.h"
 #include "schema/envelope.h"
+#include "spec/run_spec.h"
 
 namespace strata::cli {
 namespace {

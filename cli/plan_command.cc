@@ -16,18 +16,18 @@
 #include "cli/exit.h"
 #include "client/coordinator_client.h"
 #include "common/byte_size.h"
-#include "common/run_spec.h"
 #include "schema/envelope.h"
 #include "shard/capacity.h"
 #include "shard/layout.h"
 #include "shard/planner.h"
+#include "spec/run_spec.h"
 
 namespace strata::cli {
 namespace {
 
 using json = nlohmann::json;
 
-// A regular file of at most 1 MiB (common/run_spec.h): never blocks on a FIFO or reads /dev/zero.
+// A regular file of at most 1 MiB (spec/run_spec.h): never blocks on a FIFO or reads /dev/zero.
 Result<std::string> ReadText(const std::string& path, const std::string& what) { return ReadSpecFile(path, what); }
 
 Result<shard::ClusterView> ClusterFromSpec(const std::string& path) {

@@ -20,7 +20,7 @@
 
 #include "cli/activations_command.h"  // CoordinatorAddress
 #include "client/coordinator_client.h"
-#include "common/run_spec.h"
+#include "spec/run_spec.h"
 
 namespace strata::cli {
 

@@ -22,9 +22,9 @@
 #include "client/export.h"
 #include "common/byte_size.h"
 #include "common/net.h"
-#include "common/run_spec.h"
 #include "model/hf_checkpoint.h"
 #include "schema/envelope.h"
+#include "spec/run_spec.h"
 
 namespace strata::cli {
 

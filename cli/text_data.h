@@ -4,8 +4,8 @@
 // LibTorch's).
 #pragma once
 
-#include "common/run_spec.h"
 #include "common/status.h"
+#include "spec/run_spec.h"
 
 namespace strata::cli {
 

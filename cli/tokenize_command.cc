@@ -21,7 +21,7 @@
 #include "cli/command_set.h"
 #include "cli/exit.h"
 #include "common/byte_size.h"
-#include "common/run_spec.h"
+#include "spec/run_spec.h"
 #include "tokenizer/tokenizer.h"
 
 namespace strata::cli {

@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
-#include "common/hf_config.h"
-#include "common/run_spec.h"
 #include "model/hf_checkpoint.h"
 #include "model/parameters.h"
 #include "shard/layout.h"
+#include "spec/hf_config.h"
+#include "spec/run_spec.h"
 #include "storage/safetensors.h"
 #include "storage/shard_store.h"
 

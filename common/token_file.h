@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/spec_choices.h"  // TokenFormat
 #include "common/status.h"
+#include "spec/spec_choices.h"  // TokenFormat
 
 namespace strata {
 

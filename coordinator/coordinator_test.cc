@@ -297,6 +297,21 @@ TEST_F(CoordinatorTest, AMeshThatFitsOnlyOffloadedIsPlannedWithOffload) {
 
 // The run is not failed: it goes back to pending, to resume (here from step 0: no checkpoint)
 // once workers for it are there (mesh_test covers the whole recovery with real workers).
+// The run's files are its workers' to open and check (their hosts may be the only ones holding
+// them): a data path that does not exist on the coordinator's host is still planned and assigned.
+TEST_F(CoordinatorTest, ARunWhoseFilesOnlyItsWorkersHoldIsAssigned) {
+  zmq::context_t ctx;
+  FakeWorker worker(ctx, options_.listen, "w0", dir_);
+  std::string spec = Spec();
+  spec.replace(spec.find("/corpus.txt"), 11, "/on-the-worker-host-only.txt");
+  CoordinatorClient client(options_.listen);
+  schema::EnvelopeBuilder submit;
+  submit.root().initSubmitRun().setSpecToml(spec);
+  auto submitted = client.Call(submit);
+  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+  EXPECT_TRUE(worker.AwaitAssignment((*submitted)->root().getSubmitted().getRunId().cStr()));
+}
+
 TEST_F(CoordinatorTest, SilentWorkerIsMarkedLostAndItsRunWaitsToRecover) {
   zmq::context_t ctx;
   FakeWorker worker(ctx, options_.listen, "w0", dir_);

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/spec_choices.h"
+#include "spec/spec_choices.h"
 
 namespace strata::coordinator {
 

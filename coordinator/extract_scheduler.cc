@@ -10,8 +10,9 @@
 
 namespace strata::coordinator {
 
-// Counts the run's rows and chunks from its data file (the coordinator's host sees the same
-// data path as the workers, as for training runs).
+// Counts the run's rows and chunks from its data file: the one file of a run the coordinator
+// opens, so an extract run's data must be readable at the same path on the coordinator's host
+// (a train run's only on its workers'); a missing or malformed file is refused at submit.
 Status ExtractScheduler::SizeExtract(RunEntry& run) {
   STRATA_ASSIGN_OR_RETURN(TokenFileLayout layout, ReadTokenFileLayout(run.spec.data.path, run.spec.data.format));
   const int64_t tokens = static_cast<int64_t>(layout.tokens);

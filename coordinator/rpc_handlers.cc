@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "common/log.h"
-#include "model/hf_checkpoint.h"
 #include "shard/planner.h"
 
 namespace strata::coordinator {
@@ -107,12 +106,10 @@ void RpcHandlers::HandleRunFileRequest(const std::string& identity, uint64_t rid
 
 // ---------------------------------------------------------------- runs
 void RpcHandlers::HandleSubmitRun(const std::string& identity, uint64_t rid, SubmitRun::Reader req) {
-  // The CLI resolved paths; check again here, as the coordinator is the one that must not start
-  // a run it cannot finish.
-  auto spec = ParseRunSpec(req.getSpecToml().cStr(), "", /*check_files=*/true);
-  if (spec.ok() && !spec->model.init_from.empty()) {
-    if (Status weights = model::CheckHfCheckpoint(spec->model.init_from, spec->model); !weights.ok()) spec = weights;
-  }
+  // Every field is checked again (the coordinator must not start a run it cannot plan), but no
+  // file: the run's data and weights are opened by its workers, whose hosts may be the only ones
+  // holding them, and each worker checks them before it starts (worker.cc, HandleAssign).
+  auto spec = ParseSubmittedRunSpec(req.getSpecToml().cStr());
   if (!spec.ok()) {
     c_.outbox.Send(identity, schema::MakeErrorReply(rid, spec.status()));
     return;

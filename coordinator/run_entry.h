@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "schema/envelope.h"
+#include "spec/run_spec.h"
 
 namespace strata::coordinator {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "common/status.h"
+#include "spec/run_spec.h"
 #include "storage/safetensors.h"
 
 namespace strata::model {

@@ -6,9 +6,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "common/hf_config.h"
 #include "model/hf_checkpoint.h"
 #include "model/parameters.h"
+#include "spec/hf_config.h"
 #include "storage/safetensors.h"
 
 namespace strata::model {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "shard/planner.h"
+#include "spec/run_spec.h"
 
 namespace strata::shard {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/run_spec.h"
+#include "spec/run_spec.h"
 
 namespace strata::shard::estimator_constants {
 

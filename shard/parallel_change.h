@@ -7,9 +7,9 @@
 #include <optional>
 #include <string>
 
-#include "common/run_spec.h"
 #include "common/status.h"
 #include "shard/planner.h"
+#include "spec/run_spec.h"
 
 namespace strata::shard {
 

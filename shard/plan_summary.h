@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/run_spec.h"
+#include "spec/run_spec.h"
 
 namespace strata::shard {
 

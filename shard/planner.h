@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "common/memory_snapshot.h"
-#include "common/run_spec.h"
 #include "common/status.h"
+#include "spec/run_spec.h"
 
 namespace strata::shard {
 
@@ -25,7 +25,7 @@ int64_t ParameterCount(const ModelSpec& model);
 // ---- Inputs ------------------------------------------------------------------------------
 
 // Where the optimizer state, and with "+params" the parameters, live ([parallel] offload; the
-// run spec's Offload, common/spec_choices.h, named "none", "optimizer", "optimizer+params"):
+// run spec's Offload, spec/spec_choices.h, named "none", "optimizer", "optimizer+params"):
 // on the device; m, v and the fp32 master in host memory (worker/train/optimizer.h); or the parameters
 // too, streamed to the device a layer at a time as ZeRO-3 gathers them (worker/train/stage_model.h:
 // ZeRO-3 without recompute). Ordered from the simplest.

@@ -60,7 +60,7 @@ Status ValidateModel(ModelSpec& m) {
            {"hidden", m.hidden}, {"heads", m.heads}, {"vocab", m.vocab}, {"sequence", m.sequence}}) {
     if (value < 1) return InvalidArgument(std::string("model.") + field + " = " + Str(value) + "; it must be >= 1");
   }
-  // The run spec's bounds (common/run_spec.h), again here for callers that build a ModelSpec
+  // The run spec's bounds (spec/run_spec.h), again here for callers that build a ModelSpec
   // themselves, and before anything multiplies them: within them every parameter count and
   // per-layer product fits an int64 (kv_heads and ffn as given: 0 fills in within bounds).
   for (const auto& [field, value, bound] : std::initializer_list<std::tuple<const char*, int64_t, int64_t>>{

@@ -12,7 +12,7 @@
 //   build/bin/spec_fuzz --examples examples --strata build/bin/strata --seed $RANDOM --iterations 200000 --binary-every
 //   200
 //
-// Checks on what is accepted: every number within its bound (common/run_spec.h), the name
+// Checks on what is accepted: every number within its bound (spec/run_spec.h), the name
 // valid, the canonical TOML parsing back to the same TOML, and every planner estimate (or the
 // planner's refusal) free of negative byte counts.
 #include <fcntl.h>
@@ -39,8 +39,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "shard/planner.h"
+#include "spec/run_spec.h"
 
 namespace strata {
 namespace {

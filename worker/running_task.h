@@ -10,10 +10,10 @@
 #include <thread>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "common/task_log.h"
 #include "common/thread_annotations.h"
 #include "schema/envelope.h"
+#include "spec/run_spec.h"
 #include "worker/outbox.h"
 #include "worker/task.h"
 

@@ -12,9 +12,9 @@
 
 #include "common/curve.h"
 #include "common/memory_snapshot.h"
-#include "common/run_spec.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "spec/run_spec.h"
 #include "storage/shard_store.h"
 #include "worker/comm/communicator.h"
 #include "worker/fault_injector.h"

@@ -26,6 +26,7 @@
 #include "common/net.h"
 #include "common/task_log.h"
 #include "common/thread_annotations.h"
+#include "model/hf_checkpoint.h"  // init_from's weights, checked before a task starts
 #include "schema/envelope.h"
 #include "worker/outbox.h"
 #include "worker/running_task.h"
@@ -341,7 +342,14 @@ class WorkerImpl final : public Worker {
       STRATA_LOG(kWarn) << "ignoring assignment of run " << run_id << ": still running " << task_->run_id_;
       return;
     }
-    auto spec = ParseRunSpec(a.getSpecToml().cStr(), "", /*check_files=*/true);
+    // The coordinator checked every field; the files are checked here, where they are opened.
+    auto spec = ParseSubmittedRunSpec(a.getSpecToml().cStr());
+    if (spec.ok()) {
+      if (Status files = CheckRunSpecFiles(*spec); !files.ok()) spec = files;
+    }
+    if (spec.ok() && !spec->model.init_from.empty()) {
+      if (Status weights = model::CheckHfCheckpoint(spec->model.init_from, spec->model); !weights.ok()) spec = weights;
+    }
     auto task = std::make_unique<RunningTask>(run_id, a.getRank(), a.getTaskToken(), &outbox_);
     task->store_path_ = options_.store_path;
     if (!spec.ok()) {

@@ -9,8 +9,8 @@
 #include <fstream>
 
 #include "client/export.h"
-#include "common/hf_config.h"
 #include "schema/messages.capnp.h"
+#include "spec/hf_config.h"
 #include "storage/safetensors.h"
 #include "storage/shard_store.h"
 #include "worker/nn/causal_lm.h"

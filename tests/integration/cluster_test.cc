@@ -21,7 +21,10 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "client/coordinator_client.h"
 #include "common/hex.h"
+#include "schema/envelope.h"
+#include "spec/run_spec.h"
 #include "storage/keys.h"
 #include "storage/safetensors.h"
 #include "storage/shard_store.h"
@@ -392,6 +395,35 @@ TEST_F(ClusterTest, GarbageOnTheCoordinatorSocketIsDroppedAndServingContinues) {
   EXPECT_EQ(workers.size(), 2u);
   const std::string log = ReadFile(dir_ + "/state/logs/coordinator.log");
   EXPECT_NE(log.find("dropped"), std::string::npos);
+}
+
+// The coordinator opens none of a run's files (its host may hold none of them: `strata submit`
+// checked them where the user is), so a spec whose data only its workers could hold is accepted;
+// the worker that cannot open it fails the run naming the key and the path.
+TEST_F(ClusterTest, TheCoordinatorOpensNoRunFileAndAWorkerRefusesOneItCannotOpen) {
+  auto parsed = ParseRunSpec(Spec("elsewhere", 1, 3, 0), dir_, /*check_files=*/true);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  RunSpec spec = *parsed;
+  spec.data.path = dir_ + "/only-on-another-host.txt";
+  auto cluster = json::parse(ReadFile(dir_ + "/state/cluster.json"));
+  client::CoordinatorClient coordinator(cluster["endpoint"].get<std::string>());
+  schema::EnvelopeBuilder submit;
+  submit.root().initSubmitRun().setSpecToml(RunSpecToToml(spec));
+  auto submitted = coordinator.Call(submit);
+  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+  const std::string run = (*submitted)->root().getSubmitted().getRunId().cStr();
+
+  json status;
+  for (const int64_t start = NowMs(); NowMs() - start < 60000;) {
+    status = StrataJson("status " + run);
+    if (status["state"] == "failed" || status["state"] == "finished") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(status["state"], "failed") << status.dump();
+  EXPECT_NE(status["message"].get<std::string>().find("data.path = \"" + spec.data.path +
+                                                      "\" does not exist or is not a file"),
+            std::string::npos)
+      << status.dump();
 }
 
 // Kills run last (gtest runs tests in file order): they change the cluster.

@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/run_spec.h"
+#include "spec/run_spec.h"
 #include "storage/shard_store.h"
 #include "tests/integration/harness.h"
 #include "worker/extract/direct_forward.h"

@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "common/net.h"
-#include "common/run_spec.h"
 #include "schema/envelope.h"
+#include "spec/run_spec.h"
 #include "storage/keys.h"
 #include "storage/shard_store.h"
 #include "tests/integration/harness.h"

@@ -14,8 +14,8 @@
 #include <random>
 #include <sstream>
 
-#include "common/hf_config.h"
 #include "model/parameters.h"
+#include "spec/hf_config.h"
 #include "storage/safetensors.h"
 #include "tests/integration/harness.h"
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "common/status.h"
+#include "spec/run_spec.h"
 
 namespace strata::worker {
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "common/status.h"
+#include "spec/run_spec.h"
 #include "storage/shard_store.h"
 #include "worker/nn/block_io.h"
 #include "worker/nn/tensor_bytes.h"

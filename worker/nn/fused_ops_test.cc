@@ -6,8 +6,8 @@
 
 #include <cmath>
 
-#include "common/run_spec.h"
 #include "model/parameters.h"
+#include "spec/run_spec.h"
 #include "worker/nn/buffer_sink_testing.h"
 #include "worker/nn/model_family.h"
 #include "worker/nn/torch_compat.h"

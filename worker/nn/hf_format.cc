@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "common/atomic_file.h"
-#include "common/hf_config.h"
+#include "spec/hf_config.h"
 #include "storage/safetensors.h"
 #include "worker/nn/tensor_bytes.h"
 

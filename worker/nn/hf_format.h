@@ -1,5 +1,5 @@
 // Export to and load from Hugging Face directories, so a model exported here loads in
-// transformers and one saved by save_pretrained loads here: config.json (common/hf_config.h),
+// transformers and one saved by save_pretrained loads here: config.json (spec/hf_config.h),
 // weights as model.safetensors or several files with an index (model/hf_checkpoint.h), names
 // and layouts from model/parameters.h. Source tensors may be F32, BF16 or F16.
 #pragma once
@@ -9,10 +9,10 @@
 #include <functional>
 #include <string>
 
-#include "common/run_spec.h"
 #include "common/status.h"
 #include "model/hf_checkpoint.h"
 #include "model/parameters.h"
+#include "spec/run_spec.h"
 
 namespace strata::worker {
 

@@ -26,8 +26,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "common/thread_annotations.h"
+#include "spec/run_spec.h"
 #include "worker/nn/block_io.h"
 #include "worker/nn/fused_linear.h"
 

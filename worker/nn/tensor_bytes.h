@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "common/spec_choices.h"
+#include "spec/spec_choices.h"
 #include "storage/shard_store.h"
 
 namespace strata::worker {

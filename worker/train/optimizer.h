@@ -60,9 +60,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "spec/run_spec.h"
 #include "worker/train/host_copies.h"
 #include "worker/train/stage_model.h"
 

@@ -67,9 +67,9 @@
 #include <string>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "model/parameters.h"
 #include "shard/layout.h"
+#include "spec/run_spec.h"
 #include "worker/comm/communicator.h"
 #include "worker/nn/model_family.h"
 #include "worker/train/param_unit.h"

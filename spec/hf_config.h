@@ -14,8 +14,8 @@
 #include <set>
 #include <string>
 
-#include "common/run_spec.h"
 #include "common/status.h"
+#include "spec/run_spec.h"
 
 namespace strata {
 

@@ -5,9 +5,9 @@
 #include <fstream>
 #include <optional>
 
-#include "common/run_spec.h"
-#include "common/run_spec_reader.h"
 #include "common/token_file.h"  // the .npy header of patch.source
+#include "spec/run_spec.h"
+#include "spec/run_spec_reader.h"
 
 namespace strata {
 namespace run_spec_internal {
@@ -124,7 +124,7 @@ Status ParseExtract(Reader& r, RunSpec* spec) {
   return Status::Ok();
 }
 
-Status ParsePatch(Reader& r, const std::string& base_dir, bool check_files, RunSpec* spec) {
+Status ParsePatch(Reader& r, const std::string& base_dir, RunSpec* spec) {
   PatchSpec& p = spec->patch;
   const int64_t layers = spec->model.layers;
   STRATA_RETURN_IF_ERROR(r.IntList("patch", "layers", &p.layers));
@@ -194,23 +194,6 @@ Status ParsePatch(Reader& r, const std::string& base_dir, bool check_files, RunS
     fs::path source(p.source);
     if (source.is_relative() && !base_dir.empty()) source = fs::path(base_dir) / source;
     p.source = source.lexically_normal().string();
-    if (check_files) {
-      const std::string what = "patch.source = \"" + p.source + "\"";
-      std::ifstream in(p.source, std::ios::binary);
-      if (!in) return InvalidArgument("run spec: " + what + " does not exist or cannot be read");
-      std::string head(4096, '\0');
-      in.read(head.data(), static_cast<std::streamsize>(head.size()));
-      head.resize(static_cast<size_t>(in.gcount()));
-      auto header = ParseNpyHeader(head, what);
-      if (!header.ok()) return InvalidArgument("run spec: " + header.status().message());
-      std::vector<int64_t> got(header->shape.begin(), header->shape.end());
-      if (header->descr != "<f4" || header->fortran_order || got != shape) {
-        std::string have;
-        for (int64_t d : got) have += (have.empty() ? "" : ", ") + std::to_string(d);
-        return InvalidArgument("run spec: " + what + " holds a " + header->descr + " array of shape (" + have + "); " +
-                               p.sites[0] + " needs fp32 ('<f4', C order) of shape (" + want + ")");
-      }
-    }
   }
   return Status::Ok();
 }
@@ -272,5 +255,33 @@ int64_t ExtractChunks(const RunSpec& spec, int64_t data_tokens) {
   const int64_t sequences = ExtractSequences(spec, data_tokens);
   return (sequences + spec.extract.batch - 1) / spec.extract.batch;
 }
+
+namespace run_spec_internal {
+
+Status CheckPatchSource(const RunSpec& spec) {
+  const PatchSpec& p = spec.patch;
+  if (p.ablation != Ablation::kMean) return Status::Ok();
+  const std::vector<int64_t> shape = ExtractSiteRowShape(spec, p.sites[0]);
+  std::string want;
+  for (int64_t d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+  const std::string what = "patch.source = \"" + p.source + "\"";
+  std::ifstream in(p.source, std::ios::binary);
+  if (!in) return InvalidArgument("run spec: " + what + " does not exist or cannot be read");
+  std::string head(4096, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  auto header = ParseNpyHeader(head, what);
+  if (!header.ok()) return InvalidArgument("run spec: " + header.status().message());
+  std::vector<int64_t> got(header->shape.begin(), header->shape.end());
+  if (header->descr != "<f4" || header->fortran_order || got != shape) {
+    std::string have;
+    for (int64_t d : got) have += (have.empty() ? "" : ", ") + std::to_string(d);
+    return InvalidArgument("run spec: " + what + " holds a " + header->descr + " array of shape (" + have + "); " +
+                           p.sites[0] + " needs fp32 ('<f4', C order) of shape (" + want + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace run_spec_internal
 
 }  // namespace strata

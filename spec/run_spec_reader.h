@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "common/run_spec.h"
 #include "common/status.h"
+#include "spec/run_spec.h"
 
 namespace strata::run_spec_internal {
 
@@ -219,7 +219,7 @@ class Reader {
     return Status::Ok();
   }
 
-  // A choice (common/spec_choices.h), spelled as a string: *out becomes the value it names. Any
+  // A choice (spec/spec_choices.h), spelled as a string: *out becomes the value it names. Any
   // other string leaves *out as it is and lands in *unknown, for the caller to refuse where its
   // check comes.
   template <SpecChoice E>
@@ -307,9 +307,10 @@ class Reader {
   const toml::table& root_;
 };
 
-// [extract] and [patch] (run_spec_sites.cc): read, checked against the model, and (check_files)
-// patch.source's .npy header against the sites it ablates.
+// [extract] and [patch] (run_spec_sites.cc): read and checked against the model.
 Status ParseExtract(Reader& r, RunSpec* spec);
-Status ParsePatch(Reader& r, const std::string& base_dir, bool check_files, RunSpec* spec);
+Status ParsePatch(Reader& r, const std::string& base_dir, RunSpec* spec);
+// Ablation "mean": patch.source's .npy header against the site it replaces (CheckRunSpecFiles).
+Status CheckPatchSource(const RunSpec& spec);
 
 }  // namespace strata::run_spec_internal

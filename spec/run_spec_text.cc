@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string>
 
-#include "common/run_spec.h"
+#include "spec/run_spec.h"
 
 namespace strata {
 

@@ -1,4 +1,4 @@
-#include "common/run_spec.h"
+#include "spec/run_spec.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -17,12 +17,12 @@
 #include <set>
 #include <sstream>
 
-#include "common/hf_config.h"
-#include "common/run_spec_reader.h"
 #include "common/token_file.h"  // [data] file layouts (check_files)
+#include "spec/hf_config.h"
+#include "spec/run_spec_reader.h"
 
 namespace strata {
-using namespace run_spec_internal;  // Reader, ParseExtract, ParsePatch
+using namespace run_spec_internal;  // Reader, ParseExtract, ParsePatch, CheckPatchSource
 namespace {
 
 namespace fs = std::filesystem;
@@ -209,19 +209,68 @@ Status ValidateModelSpec(ModelSpec& m, const std::string& context, const Unknown
 }
 
 namespace {
-Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir, bool check_files, bool check_name);
+// `check_name`: the name rule and today's defaults for absent keys (false: a stored spec, whose
+// absent keys mean what they meant when it was stored); `resolve_config`: model.init_from's
+// config.json fills and checks [model].
+Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir, bool check_name, bool resolve_config);
 }  // namespace
 
 Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& base_dir, bool check_files) {
-  return Parse(toml_text, base_dir, check_files, /*check_name=*/true);
+  STRATA_ASSIGN_OR_RETURN(RunSpec spec, Parse(toml_text, base_dir, /*check_name=*/true, /*resolve_config=*/true));
+  if (check_files) STRATA_RETURN_IF_ERROR(CheckRunSpecFiles(spec));
+  return spec;
+}
+
+Result<RunSpec> ParseSubmittedRunSpec(const std::string& toml_text) {
+  return Parse(toml_text, "", /*check_name=*/true, /*resolve_config=*/false);
 }
 
 Result<RunSpec> ParseStoredRunSpec(const std::string& toml_text) {
-  return Parse(toml_text, "", /*check_files=*/false, /*check_name=*/false);
+  return Parse(toml_text, "", /*check_name=*/false, /*resolve_config=*/false);
+}
+
+// The files a run opens where its data is read (a worker, or `strata submit` on the user's
+// machine), checked before any work starts so a missing or short file is refused naming it.
+Status CheckRunSpecFiles(const RunSpec& spec) {
+  if (spec.data.format == TokenFormat::kText) {
+    std::error_code ec;
+    if (!fs::is_regular_file(spec.data.path, ec)) {
+      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" does not exist or is not a file");
+    }
+    if (!fs::is_regular_file(spec.data.tokenizer + "/tokenizer.json", ec) &&
+        !fs::is_regular_file(spec.data.tokenizer + "/tokenizer.model", ec)) {
+      return InvalidArgument("run spec: data.tokenizer = \"" + spec.data.tokenizer +
+                             "\" holds neither tokenizer.json nor tokenizer.model");
+    }
+  } else {
+    std::error_code ec;
+    if (!fs::is_regular_file(spec.data.path, ec)) {
+      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" does not exist or is not a file");
+    }
+    auto layout = ReadTokenFileLayout(spec.data.path, spec.data.format);
+    if (!layout.ok()) return InvalidArgument("run spec: " + layout.status().message());
+    if (layout->tokens < static_cast<uint64_t>(spec.model.sequence + 1)) {
+      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" holds " +
+                             std::to_string(layout->tokens) + " tokens, fewer than model.sequence + 1 = " +
+                             std::to_string(spec.model.sequence + 1) + "; use a larger file or a shorter sequence");
+    }
+    if (!spec.data.documents.empty()) {
+      if (!fs::is_regular_file(spec.data.documents, ec)) {
+        return InvalidArgument("run spec: data.documents = \"" + spec.data.documents +
+                               "\" does not exist or is not a file");
+      }
+      // The size and header here; the offsets themselves when a worker loads them (TokenData).
+      auto documents = ReadDocumentsLayout(spec.data.documents);
+      if (!documents.ok()) return InvalidArgument("run spec: " + documents.status().message());
+    }
+  }
+
+  if (spec.is_patch()) STRATA_RETURN_IF_ERROR(CheckPatchSource(spec));
+  return Status::Ok();
 }
 
 namespace {
-Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir, bool check_files, bool check_name) {
+Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir, bool check_name, bool resolve_config) {
   toml::table root;
   try {
     root = toml::parse(toml_text);
@@ -248,7 +297,7 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
 
   ModelSpec& m = spec.model;
   // A stored spec (ParseStoredRunSpec) carries every field already; its init_from may be gone.
-  STRATA_RETURN_IF_ERROR(ParseModel(r, base_dir, /*resolve_config=*/check_name, &m));
+  STRATA_RETURN_IF_ERROR(ParseModel(r, base_dir, resolve_config, &m));
 
   STRATA_RETURN_IF_ERROR(r.String("data", "path", &spec.data.path));
   std::optional<std::string> unknown_format;  // refused once data.path is checked to be given
@@ -303,39 +352,6 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   spec.data.path = absolute(spec.data.path);
   if (!spec.data.documents.empty()) spec.data.documents = absolute(spec.data.documents);
   if (!spec.data.tokenizer.empty()) spec.data.tokenizer = absolute(spec.data.tokenizer);
-  if (check_files && text) {
-    std::error_code ec;
-    if (!fs::is_regular_file(spec.data.path, ec)) {
-      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" does not exist or is not a file");
-    }
-    if (!fs::is_regular_file(spec.data.tokenizer + "/tokenizer.json", ec) &&
-        !fs::is_regular_file(spec.data.tokenizer + "/tokenizer.model", ec)) {
-      return InvalidArgument("run spec: data.tokenizer = \"" + spec.data.tokenizer +
-                             "\" holds neither tokenizer.json nor tokenizer.model");
-    }
-  } else if (check_files) {
-    std::error_code ec;
-    if (!fs::is_regular_file(spec.data.path, ec)) {
-      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" does not exist or is not a file");
-    }
-    auto layout = ReadTokenFileLayout(spec.data.path, spec.data.format);
-    if (!layout.ok()) return InvalidArgument("run spec: " + layout.status().message());
-    if (layout->tokens < static_cast<uint64_t>(m.sequence + 1)) {
-      return InvalidArgument("run spec: data.path = \"" + spec.data.path + "\" holds " +
-                             std::to_string(layout->tokens) + " tokens, fewer than model.sequence + 1 = " +
-                             std::to_string(m.sequence + 1) + "; use a larger file or a shorter sequence");
-    }
-    if (!spec.data.documents.empty()) {
-      if (!fs::is_regular_file(spec.data.documents, ec)) {
-        return InvalidArgument("run spec: data.documents = \"" + spec.data.documents +
-                               "\" does not exist or is not a file");
-      }
-      // The size and header here; the offsets themselves when a worker loads them (TokenData).
-      auto documents = ReadDocumentsLayout(spec.data.documents);
-      if (!documents.ok()) return InvalidArgument("run spec: " + documents.status().message());
-    }
-  }
-
   TrainSpec& t = spec.train;
   STRATA_RETURN_IF_ERROR(r.Int("train", "steps", &t.steps, 1, spec_bounds::kSteps));
   STRATA_RETURN_IF_ERROR(r.Int("train", "global_batch", &t.global_batch, 1, spec_bounds::kGlobalBatch));
@@ -377,7 +393,7 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   ParallelSpec& p = spec.parallel;
   if (spec.is_extract()) {  // workers to capture with; not planned
     STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &p.dp, 1, spec_bounds::kWorkers));
-    if (spec.is_patch()) STRATA_RETURN_IF_ERROR(ParsePatch(r, base_dir, check_files, &spec));
+    if (spec.is_patch()) STRATA_RETURN_IF_ERROR(ParsePatch(r, base_dir, &spec));
     STRATA_RETURN_IF_ERROR(ParseExtract(r, &spec));
     return spec;
   }

@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "common/spec_choices.h"  // the enums of the spec's choices, and their spellings
 #include "common/status.h"
+#include "spec/spec_choices.h"  // the enums of the spec's choices, and their spellings
 
 namespace strata {
 
@@ -90,7 +90,7 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
-// The model families are Family (common/spec_choices.h, which describes each).
+// The model families are Family (spec/spec_choices.h, which describes each).
 struct ModelSpec {
   Family family = Family::kGpt2;
   int64_t layers = 2;
@@ -323,10 +323,21 @@ struct UnknownModelChoices {
 Status ValidateModelSpec(ModelSpec& m, const std::string& context, const UnknownModelChoices& unknown = {});
 
 // Parses and validates. Relative data paths are resolved against `base_dir`. Does not touch
-// the file system except to check that the data file exists when `check_files` is set, and to
-// read model.init_from's config.json (common/hf_config.h), which fills the [model] table.
+// the file system except to check the run's files (CheckRunSpecFiles) when `check_files` is set,
+// and to read model.init_from's config.json (spec/hf_config.h), which fills the [model] table.
 // Every number is checked against its bound (spec_bounds) and the name against ValidateRunName.
 Result<RunSpec> ParseRunSpec(const std::string& toml_text, const std::string& base_dir, bool check_files);
+
+// The canonical TOML `strata submit` sends (RunSpecToToml of a spec it parsed and checked): as
+// ParseRunSpec, but model.init_from's config.json is not read again (every [model] field is
+// written out) and no file is checked, so the coordinator, which opens none of a run's files,
+// accepts a run whose files only its workers' hosts hold.
+Result<RunSpec> ParseSubmittedRunSpec(const std::string& toml_text);
+
+// The files a run reads, checked where they are opened (`strata submit`, each worker) so that a
+// missing, short or malformed one is refused naming its key and path: data.path (its token layout
+// and length), data.documents, data.tokenizer for text data, and patch.source.
+Status CheckRunSpecFiles(const RunSpec& spec);
 
 // A spec the coordinator stored (its canonical TOML, paths absolute): as ParseRunSpec without
 // file checks, except that the name is not checked, so runs stored before the name rule (names

@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "common/run_spec.h"
+#include "spec/run_spec.h"
 
 namespace strata {
 

@@ -1,4 +1,4 @@
-#include "common/run_spec.h"
+#include "spec/run_spec.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -289,7 +289,7 @@ TEST_F(RunSpecTest, StagesAreOneLayerCountPerStageAddingUpToTheModel) {
 }
 TEST_F(RunSpecTest, UnknownPrecisionIsNamed) { ExpectRejected(Valid("", "precision = \"fp8\"\n"), "train.precision"); }
 
-// A choice's spelling is parsed once, into its enum (common/spec_choices.h); one that names no
+// A choice's spelling is parsed once, into its enum (spec/spec_choices.h); one that names no
 // value is refused with the key, the spelling and the choices, where the field's check is.
 TEST_F(RunSpecTest, MisspeltChoicesAreRefusedNamingTheKeyAndTheChoices) {
   ExpectRejected(Valid("", "lr_schedule = \"linear\"\n"),
@@ -679,6 +679,47 @@ TEST(ClampWorkerThreadsTest, AtMostTheCoresAndZeroKept) {
   EXPECT_EQ(ClampWorkerThreads(4, 16), 4);
   EXPECT_EQ(ClampWorkerThreads(0, 16), 0);  // LibTorch's default
   EXPECT_EQ(ClampWorkerThreads(8, 0), 1);   // hardware_concurrency() may not know: 0
+}
+
+// `strata submit` checks a run's files and config.json on the user's machine and sends the
+// canonical TOML; the coordinator then checks every field but opens no file (its host may hold
+// none of them), and each worker checks the files it opens.
+TEST_F(RunSpecTest, SubmittedSpecIsCheckedWithoutOpeningItsFiles) {
+  std::ofstream(dir_ + "/config.json") << R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0})";
+  auto parsed = ParseRunSpec("name = \"t\"\n[model]\nsequence = 32\ninit_from = \"" + dir_ +
+                                 "\"\n[data]\npath = \"corpus.txt\"\n[train]\nsteps = 5\nglobal_batch = 4\n",
+                             dir_, true);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const std::string canonical = RunSpecToToml(*parsed);
+  ASSERT_EQ(std::remove((dir_ + "/corpus.txt").c_str()), 0);
+  ASSERT_EQ(std::remove((dir_ + "/config.json").c_str()), 0);
+
+  // Read where it was submitted, config.json is needed again; the coordinator's reading is not.
+  EXPECT_FALSE(ParseRunSpec(canonical, "", false).ok());
+  auto submitted = ParseSubmittedRunSpec(canonical);
+  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+  EXPECT_EQ(RunSpecToToml(*submitted), canonical);
+  EXPECT_EQ(submitted->model.family, Family::kLlama);
+  EXPECT_EQ(submitted->model.kv_heads, 2);
+
+  // A worker's check names the file it cannot open.
+  Status files = CheckRunSpecFiles(*submitted);
+  ASSERT_FALSE(files.ok());
+  EXPECT_EQ(files.message(), "run spec: data.path = \"" + dir_ + "/corpus.txt\" does not exist or is not a file");
+
+  // Every field and the name rule still hold at the coordinator.
+  RunSpec bad_steps = *submitted;
+  bad_steps.train.steps = 0;
+  auto refused = ParseSubmittedRunSpec(RunSpecToToml(bad_steps));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("train.steps = 0"), std::string::npos) << refused.status().message();
+  RunSpec bad_name = *submitted;
+  bad_name.name = "-t";
+  refused = ParseSubmittedRunSpec(RunSpecToToml(bad_name));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("name"), std::string::npos) << refused.status().message();
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "common/hf_config.h"
+#include "spec/hf_config.h"
 
 #include <cmath>
 #include <filesystem>
