@@ -288,7 +288,7 @@ void RegisterActivationsCommands(CommandSet& set) {
           if (a->run.empty()) return Fail(InvalidArgument("name the run: `strata activations RUN --store DIR`"));
           return ListActivations(CoordinatorAddress{}, get.stores, a->run, a->as_json);
         }
-        auto coordinator = ResolveCoordinator(g);
+        auto coordinator = client::Coordinator(g);
         if (!coordinator.ok()) return Fail(coordinator.status());
         int rc = kExitOk;
         for (std::string* r : {&a->run, &get.run}) {

@@ -8,16 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "common/curve.h"
+#include "client/cluster_api.h"
 #include "common/status.h"
 
 namespace strata::cli {
 
-struct CoordinatorAddress {
-  std::string endpoint;
-  std::optional<curve::ClientKeys> keys;
-  int timeout_ms = 10000;
-};
+using client::CoordinatorAddress;
 
 struct ActivationsGet {
   std::string run;

@@ -13,15 +13,13 @@
 #include <zmq.hpp>
 
 #include "cli/activations_command.h"
-#include "cli/api.h"
-#include "cli/cluster_file.h"
 #include "cli/command_set.h"
 #include "cli/commands.h"
 #include "cli/exit.h"
 #include "cli/logs_command.h"
 #include "cli/plan_command.h"
-#include "cli/tokenize_command.h"
 #include "cli/version.h"
+#include "client/cluster_file.h"
 #include "client/export.h"
 #include "common/byte_size.h"
 #include "schema/envelope.h"
@@ -92,7 +90,8 @@ int RunCli(int argc, char** argv) {
   app.set_version_flag("--version", VersionText(),
                        "print the version, git revision and LibTorch / CUDA versions, then exit");
   GlobalOptions g;
-  g.state_dir = DefaultStateDir();
+  g.state_dir = client::DefaultStateDir();
+  g.environment_first = true;  // $STRATA_CLUSTER over --state-dir, as over the default state directory
   app.add_option("--state-dir", g.state_dir, "local cluster state ($STRATA_STATE_DIR, default ~/.local/share/strata)");
   app.add_option("--cluster", g.cluster, "coordinator endpoint (overrides the state dir; or $STRATA_CLUSTER)");
   app.add_option("--timeout-ms", g.timeout_ms, "how long to wait for the coordinator")->check(CLI::Range(100, 600000));
@@ -127,69 +126,5 @@ int RunCli(int argc, char** argv) {
         Unavailable(std::string("ZeroMQ refused the connection: ") + e.what() + "; check --cluster / STRATA_CLUSTER"));
   }
 }
-
-namespace api {
-namespace {
-
-// A state directory named by the program is the cluster it means: its cluster.json wins over
-// $STRATA_CLUSTER (which, for the CLI, overrides the default state directory).
-Result<GlobalOptions> Options(const Target& target) {
-  GlobalOptions g;
-  g.state_dir = target.state_dir.empty() ? DefaultStateDir() : target.state_dir;
-  g.cluster = target.cluster;
-  g.keys_dir = target.keys_dir;
-  g.timeout_ms = target.timeout_ms;
-  if (!target.state_dir.empty() && target.cluster.empty()) {
-    STRATA_ASSIGN_OR_RETURN(ClusterFile file, ReadClusterFile(g.state_dir));
-    g.cluster = file.endpoint;
-  }
-  return g;
-}
-
-}  // namespace
-
-Result<CoordinatorAddress> Coordinator(const Target& target) {
-  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
-  return ResolveCoordinator(g);
-}
-
-Result<std::string> Submit(const Target& target, const std::string& spec_path) {
-  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
-  return SubmitSpecFile(g, spec_path, SubmitOptions{});
-}
-
-Result<std::string> SubmitText(const Target& target, const std::string& toml, const std::string& base_dir,
-                               const std::string& label) {
-  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
-  return SubmitSpecText(g, toml, base_dir, label, SubmitOptions{});
-}
-
-Result<std::string> ResolveRun(const Target& target, const std::string& run) {
-  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
-  return cli::ResolveRun(g, run);
-}
-
-Result<std::string> StatusJson(const Target& target, const std::string& run) {
-  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
-  STRATA_ASSIGN_OR_RETURN(json out, cli::StatusJson(g, run));
-  return out.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-Result<std::string> EventsJson(const Target& target, const std::string& run) {
-  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
-  STRATA_ASSIGN_OR_RETURN(json out, cli::EventsJson(g, run));
-  return out.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-Status Cancel(const Target& target, const std::string& run) {
-  STRATA_ASSIGN_OR_RETURN(GlobalOptions g, Options(target));
-  schema::EnvelopeBuilder req;
-  req.root().initCancelRun().setRunId(run);
-  STRATA_ASSIGN_OR_RETURN(auto reply, Call(g, req));
-  (void)reply;
-  return Status::Ok();
-}
-
-}  // namespace api
 
 }  // namespace strata::cli

@@ -13,10 +13,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "cli/cluster_file.h"
 #include "cli/command_set.h"
 #include "cli/commands.h"
 #include "cli/exit.h"
+#include "client/cluster_calls.h"
+#include "client/cluster_file.h"
 #include "common/byte_size.h"
 #include "common/curve.h"
 #include "common/net.h"
@@ -27,6 +28,18 @@ extern char** environ;
 namespace strata::cli {
 
 namespace fs = std::filesystem;
+
+// STATE_DIR/cluster.json and the processes `strata up` started (client/cluster_file.h).
+using client::AwaitExitOf;
+using client::ClusterFile;
+using client::ClusterFilePath;
+using client::ClusterProcess;
+using client::EnsureHttpTokenFile;
+using client::FindStrataProcesses;
+using client::IsStrataProcess;
+using client::PickLocalPort;
+using client::ReadClusterFile;
+using client::WriteClusterFile;
 
 // ------------------------------------------------------------------ keygen
 
@@ -83,16 +96,6 @@ std::string LogTail(const std::string& path, size_t lines) {
 }
 }  // namespace
 
-Result<int> CountLiveWorkers(const GlobalOptions& g, const std::string& endpoint) {
-  STRATA_ASSIGN_OR_RETURN(auto client, MakeClient(g, endpoint, 1000));
-  schema::EnvelopeBuilder req;
-  req.root().setWorkersRequest();
-  STRATA_ASSIGN_OR_RETURN(auto reply, client->Call(req));
-  int live = 0;
-  for (auto w : reply->root().getWorkersReply().getWorkers()) live += w.getState() != WorkerState::LOST;
-  return live;
-}
-
 int CmdUp(GlobalOptions& g, const UpOptions& up) {
   // Every flag is checked before anything starts: a worker refusing its flag after the
   // coordinator is up would leave a coordinator running for nothing.
@@ -139,7 +142,7 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
   // Keys in reach (--keys, $STRATA_KEYS, STATE_DIR/keys) make a CURVE cluster even on ipc://, so
   // the keys later commands pick up always match the cluster's.
   std::vector<std::string> keys_args;
-  if (const std::string keys = ResolveKeysDir(g); !keys.empty()) {
+  if (const std::string keys = client::ResolveKeysDir(g); !keys.empty()) {
     if (!fs::exists(keys + "/coordinator.key")) {
       return Fail(InvalidArgument("the key directory " + keys +
                                   " has no coordinator.key, so a local coordinator "
@@ -235,7 +238,7 @@ int CmdUp(GlobalOptions& g, const UpOptions& up) {
   const int64_t deadline = net::SteadyMs() + 60000;
   int live = 0;
   while (net::SteadyMs() < deadline) {
-    auto count = CountLiveWorkers(g, file.endpoint);
+    auto count = client::CountLiveWorkers(g, file.endpoint);
     if (count.ok() && (live = *count) >= workers) break;
     for (const auto& p : file.processes) {
       if (p.name != "coordinator" && p.name.rfind("worker-", 0) != 0) continue;
@@ -284,7 +287,7 @@ int CmdDown(GlobalOptions& g, int grace_s) {
   };
   const int running = alive();
   {
-    auto client = MakeClient(g, file->endpoint, 2000);
+    auto client = client::MakeClient(g, file->endpoint, 2000);
     schema::EnvelopeBuilder req;
     req.root().setShutdown();
     if (client.ok()) (void)(*client)->Call(req);  // the coordinator tells its workers; stragglers get signals below

@@ -82,7 +82,7 @@ int Follow(GlobalOptions& g, const std::string& run, int every_s) {
     live_line = false;
   };
   while (true) {
-    auto reply = FetchStatus(g, run);
+    auto reply = client::FetchStatus(g, run);
     if (!reply.ok()) {
       if (++failures > 10) return Fail(reply.status());  // tolerate a coordinator restart
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -90,7 +90,7 @@ int Follow(GlobalOptions& g, const std::string& run, int every_s) {
     }
     failures = 0;
     auto r = (*reply)->root().getStatusReply().getRuns()[0];
-    if (auto ev = FetchEvents(g, run); ev.ok()) {
+    if (auto ev = client::FetchEvents(g, run); ev.ok()) {
       auto events = (*ev)->root().getEventsReply().getEvents();
       for (; printed_events < events.size(); ++printed_events) {
         clear_live();
@@ -148,7 +148,7 @@ int WatchAll(GlobalOptions& g, bool all) {
   std::map<std::string, ProgressTracker> trackers;
   const bool tty = isatty(STDOUT_FILENO);
   while (true) {
-    auto reply = FetchStatus(g, "", /*last_loss_only=*/true);
+    auto reply = client::FetchStatus(g, "", /*last_loss_only=*/true);
     if (!reply.ok()) return Fail(reply.status());
     auto runs = (*reply)->root().getStatusReply().getRuns();
     if (tty) std::printf("\033[H\033[2J");

@@ -155,7 +155,7 @@ void RegisterLogsCommands(CommandSet& set) {
         if (!logs->since.empty()) {  // before resolving the cluster
           if (auto d = ParseDurationMs(logs->since); !d.ok()) return Fail(d.status());
         }
-        auto coordinator = ResolveCoordinator(g);
+        auto coordinator = client::Coordinator(g);
         if (!coordinator.ok()) return Fail(coordinator.status());
         return ShowLogs(*coordinator, *logs);
       });
@@ -172,7 +172,7 @@ void RegisterLogsCommands(CommandSet& set) {
   auto* metrics_cmd =
       set.Add("metrics", "a run's per-step metrics (loss, lr, tokens/s, memory), one JSON object a line",
               [&g, metrics]() -> int {
-                auto coordinator = ResolveCoordinator(g);
+                auto coordinator = client::Coordinator(g);
                 if (!coordinator.ok()) return Fail(coordinator.status());
                 return ShowMetrics(*coordinator, metrics->run, metrics->csv);
               });

@@ -19,7 +19,6 @@
 #include <string>
 
 #include "cli/activations_command.h"  // CoordinatorAddress
-#include "client/coordinator_client.h"
 #include "spec/run_spec.h"
 
 namespace strata::cli {
@@ -32,13 +31,5 @@ struct PlanRequest {
 
 // Returns the process exit code (cli/exit.h); `coordinator` is used only without a cluster spec.
 int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordinator);
-
-// Before `strata submit` sends a training run: the estimate for the mesh the spec fixes (what the
-// trainer runs today: dp ranks, ZeRO stage, micro-batch; no pp/tp/recompute/offload yet) on the
-// live workers it would get. A one-line summary; ResourceExhausted (what was needed, what is
-// free, what to change) when it cannot fit; an empty line when there is nothing to check against
-// (no coordinator, fewer live workers than dp: the run will wait).
-// Asks over `client`, the connection the submit then uses.
-Result<std::string> EstimateForSubmit(const RunSpec& spec, client::CoordinatorClient& client);
 
 }  // namespace strata::cli

@@ -1,28 +1,21 @@
 // The commands about runs: workers, status, events, checkpoints, cancel, submit (with --follow)
-// and export.
-#include <unistd.h>
-
-#include <algorithm>
-#include <chrono>
+// and export. What they ask the coordinator, and submitting itself, are client/'s
+// (cluster_api.h, cluster_calls.h); here is what they print.
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <thread>
 
 #include "cli/command_set.h"
 #include "cli/commands.h"
 #include "cli/exit.h"
-#include "cli/plan_command.h"
-#include "cli/text_data.h"
+#include "client/cluster_api.h"
+#include "client/cluster_calls.h"
 #include "client/export.h"
 #include "common/byte_size.h"
-#include "common/net.h"
-#include "model/hf_checkpoint.h"
 #include "schema/envelope.h"
 #include "spec/run_spec.h"
 
@@ -35,7 +28,7 @@ namespace fs = std::filesystem;
 int CmdWorkers(GlobalOptions& g, bool as_json) {
   schema::EnvelopeBuilder req;
   req.root().setWorkersRequest();
-  auto reply = Call(g, req);
+  auto reply = client::Call(g, req);
   if (!reply.ok()) return Fail(reply.status());
   auto list = (*reply)->root().getWorkersReply().getWorkers();
   if (as_json) {
@@ -72,114 +65,6 @@ int CmdWorkers(GlobalOptions& g, bool as_json) {
   return kExitOk;
 }
 
-Result<std::unique_ptr<schema::DecodedEnvelope>> FetchStatus(const GlobalOptions& g, const std::string& run,
-                                                             bool last_loss_only) {
-  schema::EnvelopeBuilder req;
-  auto status = req.root().initStatusRequest();
-  status.setRunId(run);
-  status.setLastLossOnly(last_loss_only);
-  return Call(g, req);
-}
-
-Result<std::unique_ptr<schema::DecodedEnvelope>> FetchEvents(const GlobalOptions& g, const std::string& run) {
-  schema::EnvelopeBuilder req;
-  req.root().initEventsRequest().setRunId(run);
-  return Call(g, req);
-}
-
-Result<std::unique_ptr<schema::DecodedEnvelope>> FetchCheckpoints(const GlobalOptions& g, const std::string& run) {
-  schema::EnvelopeBuilder req;
-  req.root().initCheckpointsRequest().setRunId(run);
-  return Call(g, req);
-}
-
-// What a user may type for RUN: a run id, a unique prefix of one, a run name (names repeat
-// across submits: the newest run of that name), or `latest` (the newest run of all). Resolved
-// from one status listing, in that order; text that matches nothing is passed on unchanged so the
-// coordinator's own "no such run" answers. An id prefix that matches several runs is refused
-// (exit 2) listing them: guessing there could cancel or export the wrong run.
-Result<std::string> ResolveRun(const GlobalOptions& g, const std::string& text) {
-  if (text.empty()) return text;
-  STRATA_ASSIGN_OR_RETURN(auto reply, FetchStatus(g, "", /*last_loss_only=*/true));
-  auto runs = reply->root().getStatusReply().getRuns();
-  struct Candidate {
-    std::string id;
-    int64_t created;
-  };
-  std::vector<Candidate> named, prefixed;
-  std::optional<Candidate> newest;
-  for (auto r : runs) {
-    Candidate c{r.getRunId().cStr(), r.getCreatedUnixMs()};
-    if (c.id == text) return c.id;
-    if (!newest || c.created > newest->created) newest = c;
-    if (std::string(r.getName().cStr()) == text) named.push_back(c);
-    if (c.id.rfind(text, 0) == 0) prefixed.push_back(c);
-  }
-  auto by_newest = [](const Candidate& a, const Candidate& b) { return a.created > b.created; };
-  if (text == "latest") {
-    if (!newest)
-      return NotFound("`latest` names the newest run, and there are no runs yet; `strata submit SPEC` starts one");
-    return newest->id;
-  }
-  if (!named.empty()) {
-    std::sort(named.begin(), named.end(), by_newest);
-    if (named.size() > 1) {
-      std::cerr << "strata: " << Printable(text) << " names " << named.size() << " runs; using the newest, "
-                << Printable(named[0].id) << " (give a run id for another; `strata status` lists them)" << std::endl;
-    }
-    return named[0].id;
-  }
-  if (prefixed.size() == 1) return prefixed[0].id;
-  if (prefixed.size() > 1) {
-    std::sort(prefixed.begin(), prefixed.end(), by_newest);
-    std::string list;
-    for (const auto& c : prefixed) list += "\n  " + Printable(c.id);
-    return InvalidArgument("run " + Printable(text) + " is ambiguous: it begins " + std::to_string(prefixed.size()) +
-                           " run ids; give more of the id (newest first):" + list);
-  }
-  return text;
-}
-
-// One run: everything, its whole loss history and checkpoint steps included. All runs: a listing
-// without loss histories or checkpoint steps, one request to the coordinator however many runs
-// there are (with 450 runs, whole histories and a checkpoints request per run took 611 ms).
-// `strata status [RUN] --json`: one run's object, or the array of all runs.
-Result<json> StatusJson(const GlobalOptions& g, const std::string& run) {
-  STRATA_ASSIGN_OR_RETURN(auto reply, FetchStatus(g, run, /*last_loss_only=*/run.empty()));
-  auto runs = reply->root().getStatusReply().getRuns();
-  json out = json::array();
-  for (auto r : runs) {
-    json entry = RunToJson(r, /*with_plan=*/!run.empty());
-    auto losses = r.getLosses();
-    entry["loss"] = losses.size() > 0 ? json(losses[losses.size() - 1]) : json(nullptr);
-    if (run.empty()) {
-      entry.erase("losses");
-      entry.erase("plan");
-      out.push_back(std::move(entry));
-      continue;
-    }
-    // Checkpoints ride along so one call shows everything a user checks after a restart.
-    json steps = json::array();
-    if (auto c = FetchCheckpoints(g, r.getRunId().cStr()); c.ok()) {
-      for (auto m : (*c)->root().getCheckpointsReply().getCheckpoints()) steps.push_back(m.getStep());
-    }
-    entry["checkpoint_steps"] = steps;
-    out.push_back(entry);
-  }
-  if (!run.empty() && out.empty()) return NotFound("no run " + run);
-  return run.empty() ? out : out[0];
-}
-
-// `strata events RUN --json`.
-Result<json> EventsJson(const GlobalOptions& g, const std::string& run) {
-  STRATA_ASSIGN_OR_RETURN(auto reply, FetchEvents(g, run));
-  json out = json::array();
-  for (auto e : reply->root().getEventsReply().getEvents()) {
-    out.push_back({{"unix_ms", e.getUnixMs()}, {"kind", e.getKind().cStr()}, {"message", e.getMessage().cStr()}});
-  }
-  return out;
-}
-
 int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_losses) {
   if (with_losses && run.empty()) {
     return Fail(
@@ -187,12 +72,12 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
                         "use `strata status RUN --json --losses`"));
   }
   if (as_json) {
-    auto out = StatusJson(g, run);
+    auto out = client::StatusJson(g, run, /*indent=*/2);
     if (!out.ok()) return Fail(out.status());
-    std::cout << out->dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+    std::cout << *out << std::endl;
     return kExitOk;
   }
-  auto reply = FetchStatus(g, run, /*last_loss_only=*/run.empty());
+  auto reply = client::FetchStatus(g, run, /*last_loss_only=*/run.empty());
   if (!reply.ok()) return Fail(reply.status());
   auto runs = (*reply)->root().getStatusReply().getRuns();
   std::printf("%-28s %-10s %-13s %-10s %-12s %s\n", "RUN", "STATE", "STEP", "LOSS", "TOKENS/S", "WORKERS");
@@ -208,7 +93,7 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
                 r.getTokensPerSecond(), workers.c_str());
     if (r.getMessage().size() > 0) std::printf("  %s\n", Printable(r.getMessage()).c_str());
     if (run.empty()) continue;  // one run asked for: its plan and what it got through too
-    const json j = RunToJson(r);
+    const json j = client::RunToJson(r);
     if (!j["plan"].empty()) {
       const json& p = j["plan"];
       const long long kept = p.value("keep_gathered", 0LL);
@@ -243,12 +128,12 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
 
 int CmdEvents(GlobalOptions& g, const std::string& run, bool as_json) {
   if (as_json) {
-    auto out = EventsJson(g, run);
+    auto out = client::EventsJson(g, run, /*indent=*/2);
     if (!out.ok()) return Fail(out.status());
-    std::cout << out->dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+    std::cout << *out << std::endl;
     return kExitOk;
   }
-  auto reply = FetchEvents(g, run);
+  auto reply = client::FetchEvents(g, run);
   if (!reply.ok()) return Fail(reply.status());
   auto events = (*reply)->root().getEventsReply().getEvents();
   for (auto e : events) {
@@ -270,14 +155,14 @@ std::pair<std::string, std::string> CheckpointState(CheckpointsReply::Reader rep
 }  // namespace
 
 int CmdCheckpoints(GlobalOptions& g, const std::string& run, bool as_json) {
-  auto reply = FetchCheckpoints(g, run);
+  auto reply = client::FetchCheckpoints(g, run);
   if (!reply.ok()) return Fail(reply.status());
   auto checkpoints = (*reply)->root().getCheckpointsReply();
   auto list = checkpoints.getCheckpoints();
   if (as_json) {
     json out = json::array();
     for (unsigned i = 0; i < list.size(); ++i) {
-      json entry = CheckpointToJson(list[i]);
+      json entry = client::CheckpointToJson(list[i]);
       const auto [state, why] = CheckpointState(checkpoints, i);
       entry["state"] = state;
       if (!why.empty()) entry["why"] = why;
@@ -289,7 +174,7 @@ int CmdCheckpoints(GlobalOptions& g, const std::string& run, bool as_json) {
   std::printf("%-8s %-14s %-8s %-8s %-12s %s\n", "STEP", "STATE", "SHARDS", "TENSORS", "SIZE", "COMMITTED");
   for (unsigned i = 0; i < list.size(); ++i) {
     auto m = list[i];
-    json j = CheckpointToJson(m);
+    json j = client::CheckpointToJson(m);
     const auto [state, why] = CheckpointState(checkpoints, i);
     std::printf("%-8ld %-14s %-8u %-8zu %-12s %s\n", static_cast<long>(m.getStep()), state.c_str(),
                 m.getShards().size(), j["tensor_count"].get<size_t>(),
@@ -301,100 +186,13 @@ int CmdCheckpoints(GlobalOptions& g, const std::string& run, bool as_json) {
 }
 
 int CmdCancel(GlobalOptions& g, const std::string& run) {
-  schema::EnvelopeBuilder req;
-  req.root().initCancelRun().setRunId(run);
-  auto reply = Call(g, req);
-  if (!reply.ok()) return Fail(reply.status());
+  if (Status cancelled = client::Cancel(g, run); !cancelled.ok()) return Fail(cancelled);
   std::cout << "cancelled " << run << std::endl;
   return kExitOk;
 }
 
-namespace {
-
-// `--resume RUN[@STEP]`: the run id and step (0 = its latest complete checkpoint).
-Result<std::pair<std::string, int64_t>> ParseResume(const std::string& text) {
-  const size_t at = text.rfind('@');
-  if (at == std::string::npos) return std::make_pair(text, int64_t{0});
-  const std::string step = text.substr(at + 1);
-  if (step.empty() || step.find_first_not_of("0123456789") != std::string::npos || std::stoll(step) <= 0) {
-    return InvalidArgument("--resume " + text + ": the step after @ must be a positive number, e.g. --resume " +
-                           text.substr(0, at) + "@6 (or leave it out for the latest checkpoint)");
-  }
-  return std::make_pair(text.substr(0, at), static_cast<int64_t>(std::stoll(step)));
-}
-}  // namespace
-
-// Checks, prepares and submits the spec at `path`; the run id. The estimate goes to stderr.
-// `path` names the spec in messages; relative paths in it are taken from `base`.
-Result<std::string> SubmitSpecText(const GlobalOptions& g, const std::string& text, const std::string& base,
-                                   const std::string& path, const SubmitOptions& o) {
-  const std::string& resume = o.resume;
-  auto spec = ParseRunSpec(text, base, /*check_files=*/true);
-  if (!spec.ok()) return InvalidArgument(path + ": " + spec.status().message());
-  if (!spec->model.init_from.empty()) {  // the weights' headers, before anything starts
-    if (Status weights = model::CheckHfCheckpoint(spec->model.init_from, spec->model); !weights.ok()) {
-      return InvalidArgument(path + ": " + weights.message());
-    }
-  }
-  // data.format = "text": tokenized once into a cached u32 file, which the run then reads.
-  if (Status text_data = PrepareTextData(&*spec, g.state_dir, o.progress_every_s); !text_data.ok()) {
-    return text_data.code() == StatusCode::kInvalidArgument ? InvalidArgument(path + ": " + text_data.message())
-                                                            : text_data;
-  }
-  std::pair<std::string, int64_t> resume_from;
-  if (!resume.empty()) {
-    STRATA_ASSIGN_OR_RETURN(resume_from, ParseResume(resume));
-  }
-  STRATA_ASSIGN_OR_RETURN(std::string endpoint_text, ResolveEndpoint(g));
-  const std::string* endpoint = &endpoint_text;
-  if (!resume_from.first.empty()) {
-    STRATA_ASSIGN_OR_RETURN(resume_from.first, ResolveRun(g, resume_from.first));
-  }
-  // A fixed mesh needs dp x pp x tp workers at once: more than the cluster has would wait
-  // forever unless workers come, so that takes --queue.
-  if (const ParallelSpec& p = spec->parallel; !spec->is_extract() && !p.automatic.count("dp") &&
-                                              !p.automatic.count("pp") && !p.automatic.count("tp") && !o.queue) {
-    STRATA_ASSIGN_OR_RETURN(auto live, CountLiveWorkers(g, *endpoint));
-    if (p.workers() > live) {
-      return InvalidArgument(
-          path + ": parallel.dp x parallel.pp x parallel.tp = " + std::to_string(p.dp) + " x " + std::to_string(p.pp) +
-          " x " + std::to_string(p.tp) + " = " + std::to_string(p.workers()) + " workers, but the cluster has " +
-          std::to_string(live) +
-          " live; lower them or set them to \"auto\", start more workers (`strata up --workers N`), or pass --queue to "
-          "submit it to wait for workers");
-    }
-  }
-  STRATA_ASSIGN_OR_RETURN(auto client, MakeClient(g, *endpoint, g.timeout_ms));
-  // The estimate goes to stderr: stdout's first line stays the run id, for scripts.
-  auto estimate = EstimateForSubmit(*spec, *client);
-  if (!estimate.ok() && !o.skip_estimate) return estimate.status();
-  if (!estimate.ok()) {
-    std::string why = estimate.status().message();
-    if (why.rfind("not submitted: ", 0) == 0) why = why.substr(15);
-    std::cerr
-        << "strata: submitting anyway (--skip-estimate): " << why
-        << "; a rank that runs out of memory makes the run re-plan (smaller micro-batch first) and replay the step"
-        << std::endl;
-  } else if (!estimate->empty()) {
-    std::cerr << "strata: " << *estimate << std::endl;
-  }
-  schema::EnvelopeBuilder req;
-  auto submit = req.root().initSubmitRun();
-  submit.setSpecToml(RunSpecToToml(*spec));
-  submit.setResumeRun(resume_from.first);
-  submit.setResumeStep(resume_from.second);
-  STRATA_ASSIGN_OR_RETURN(auto reply, client->Call(req));
-  return std::string(reply->root().getSubmitted().getRunId().cStr());
-}
-
-Result<std::string> SubmitSpecFile(const GlobalOptions& g, const std::string& path, const SubmitOptions& o) {
-  // A regular file of at most 1 MiB: not /dev/zero, not a FIFO.
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSpecFile(path, "run spec"));
-  return SubmitSpecText(g, text, fs::absolute(path).parent_path().string(), path, o);
-}
-
 int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o) {
-  auto submitted = SubmitSpecFile(g, path, o);
+  auto submitted = client::Submit(g, path, o);  // the estimate and tokenizing progress on stderr
   if (!submitted.ok()) return Fail(submitted.status());
   const std::string run = *submitted;
   std::cout << Printable(run) << std::endl;
@@ -423,13 +221,14 @@ int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int6
                                 " is not empty; export into a new or empty directory, or pass --force "
                                 "to replace its config.json and model.safetensors"));
   }
-  auto id = ResolveRun(g, typed_run);  // a name, an id prefix or `latest`: after the checks that need no cluster
+  // A name, an id prefix or `latest`: after the checks that need no cluster.
+  auto id = client::ResolveRun(g, typed_run);
   if (!id.ok()) return Fail(id.status());
   const std::string& run = *id;
-  auto status = FetchStatus(g, run);
+  auto status = client::FetchStatus(g, run);
   if (!status.ok()) return Fail(status.status());
   const std::string spec_toml = (*status)->root().getStatusReply().getRuns()[0].getSpecToml().cStr();
-  auto reply = FetchCheckpoints(g, run);
+  auto reply = client::FetchCheckpoints(g, run);
   if (!reply.ok()) return Fail(reply.status());
   auto list = (*reply)->root().getCheckpointsReply().getCheckpoints();
   if (list.size() == 0) return Fail(NotFound("run " + run + " has no complete checkpoint yet"));

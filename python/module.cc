@@ -10,7 +10,7 @@
 
 #include "activations/batches.h"
 #include "activations/reader.h"
-#include "cli/api.h"
+#include "client/cluster_api.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
 
@@ -203,7 +203,7 @@ class Stream {
 PYBIND11_MODULE(_strata, m) {
   using namespace strata;
   using namespace strata::python;
-  namespace api = strata::cli::api;
+  namespace api = strata::client;
   m.doc() = "C++ half of the strata package; use `import strata` (docs/python.md)";
   m.attr("TOKENS_SITE") = storage::kActivationTokensSite;
   py::register_exception_translator(&Translate);

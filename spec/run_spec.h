@@ -138,7 +138,7 @@ struct DataSpec {
   bool sample_within_documents = false;  // train windows never cross a document boundary (needs documents)
   // format "text": the model directory whose tokenizer (tokenizer.json or tokenizer.model) turns
   // the text into ids; absolute; empty: model.init_from. `strata submit` tokenizes the text once
-  // into a cached u32 file and submits that (cli/text_data.h): workers never see "text".
+  // into a cached u32 file and submits that (client/text_data.h): workers never see "text".
   std::string tokenizer;
 };
 

@@ -121,7 +121,7 @@ class WorkerImpl final : public Worker {
 
  private:
   // The executor's memory and the store's disk: submit refuses a run whose checkpoint this disk
-  // cannot take (cli/plan_command.cc).
+  // cannot take (client/estimate.cc).
   MemorySnapshot MemoryWithStoreDisk() {
     MemorySnapshot m = executor_->ReadMemory();
     if (auto disk = storage::StoreDiskOf(options_.store_path); disk.ok()) {

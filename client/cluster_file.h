@@ -7,7 +7,7 @@
 
 #include "common/status.h"
 
-namespace strata::cli {
+namespace strata::client {
 
 struct ClusterProcess {
   std::string name;  // "coordinator", "worker-0", ...
@@ -62,4 +62,4 @@ bool AwaitExitOf(int pid, int timeout_ms);
 // cluster.json is gone or unreadable.
 std::vector<ClusterProcess> FindStrataProcesses(const std::string& state_dir);
 
-}  // namespace strata::cli
+}  // namespace strata::client

@@ -1,18 +1,18 @@
-#include "cli/text_data.h"
+#include "client/text_data.h"
 
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <sstream>
 
-#include "cli/exit.h"
-#include "cli/tokenize_command.h"
+#include "client/tokenize.h"
 #include "storage/shard_store.h"
 #include "tokenizer/tokenizer.h"
 
-namespace strata::cli {
+namespace strata::client {
 namespace {
 
 namespace fs = std::filesystem;
@@ -42,7 +42,7 @@ Result<std::string> CacheKey(const DataSpec& data) {
 
 }  // namespace
 
-Status PrepareTextData(RunSpec* spec, const std::string& state_dir, int progress_every_s) {
+Status PrepareTextData(RunSpec* spec, const std::string& state_dir, int progress_every_s, std::ostream& log) {
   DataSpec& data = spec->data;
   if (data.format != TokenFormat::kText) return Status::Ok();
   STRATA_ASSIGN_OR_RETURN(auto tokenizer, tokenizer::LoadTokenizer(data.tokenizer));
@@ -61,20 +61,23 @@ Status PrepareTextData(RunSpec* spec, const std::string& state_dir, int progress
   }
   std::error_code ec;
   if (fs::is_regular_file(cache, ec)) {
-    std::fprintf(stderr, "data: %s tokenized before, using %s\n", data.path.c_str(), cache.c_str());
+    log << "data: " << data.path << " tokenized before, using " << cache.string() << std::endl;
   } else {
-    std::fprintf(stderr, "data: tokenizing %s with %s into %s\n", data.path.c_str(), data.tokenizer.c_str(),
-                 cache.c_str());
+    log << "data: tokenizing " << data.path << " with " << data.tokenizer << " into " << cache.string() << std::endl;
     TokenizeRequest request;
     request.model_dir = data.tokenizer;
     request.input = data.path;
     request.out = cache.string();
     request.format = "u32";
     request.progress_every_s = progress_every_s;
-    request.summary_to_stderr = true;
-    const int rc = Tokenize(request);
-    if (rc == kExitBadInput) return InvalidArgument("data.path = " + data.path + " could not be tokenized (above)");
-    if (rc != kExitOk) return IoError("tokenizing " + data.path + " into " + cache.string() + " failed (above)");
+    // Its summary on `log` too: a submit keeps stdout for the run id. Its error is said here, and
+    // what comes back names the data (as `strata` prints every error: "strata: MESSAGE").
+    if (Status st = TokenizeFile(request, log, log); !st.ok()) {
+      log << "strata: " << st.message() << std::endl;
+      if (st.code() == StatusCode::kInvalidArgument)
+        return InvalidArgument("data.path = " + data.path + " could not be tokenized (above)");
+      return IoError("tokenizing " + data.path + " into " + cache.string() + " failed (above)");
+    }
   }
   const uintmax_t tokens = fs::file_size(cache, ec) / 4;
   if (ec || tokens < static_cast<uintmax_t>(spec->model.sequence + 1)) {
@@ -88,4 +91,4 @@ Status PrepareTextData(RunSpec* spec, const std::string& state_dir, int progress
   return Status::Ok();
 }
 
-}  // namespace strata::cli
+}  // namespace strata::client

@@ -1,4 +1,4 @@
-#include "cli/cluster_file.h"
+#include "client/cluster_file.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -21,7 +21,7 @@
 #include "common/atomic_file.h"
 #include "common/hex.h"
 
-namespace strata::cli {
+namespace strata::client {
 
 std::string DefaultStateDir() {
   if (const char* dir = std::getenv("STRATA_STATE_DIR"); dir && *dir) return dir;
@@ -196,4 +196,4 @@ std::vector<ClusterProcess> FindStrataProcesses(const std::string& state_dir) {
   return found;
 }
 
-}  // namespace strata::cli
+}  // namespace strata::client

@@ -1,4 +1,4 @@
-#include "cli/cluster_file.h"
+#include "client/cluster_file.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-namespace strata::cli {
+namespace strata::client {
 namespace {
 
 using internal::LifeFromProc;
@@ -116,4 +116,4 @@ TEST(ProcessLife, ARunningProcessIsRunningAndAReapedOneGone) {
 }
 
 }  // namespace
-}  // namespace strata::cli
+}  // namespace strata::client
