@@ -241,5 +241,58 @@ TEST(HfCheckpointTest, RefusesWhatWouldLoadWrong) {
   EXPECT_NE(s.message().find("model-00002-of-00002.safetensors, which is missing"), std::string::npos) << s.ToString();
 }
 
+TEST(LoraParametersTest, AdaptersFollowTheTargetedWeightsWithPeftShapes) {
+  ModelSpec m;
+  m.family = Family::kLlama;
+  m.layers = 2;
+  m.hidden = 64;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.head_dim = 16;
+  m.ffn = 96;
+  LoraSpec lora;
+  lora.enabled = true;
+  lora.rank = 4;
+  lora.target_modules = {"k_proj", "down_proj"};
+  const std::vector<Parameter> block = BlockLoraParameters(m, lora);
+  ASSERT_EQ(block.size(), 4u);
+  EXPECT_EQ(block[0].name, "self_attn.k_proj.lora_A.weight");
+  EXPECT_EQ(block[0].shape, (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(block[1].name, "self_attn.k_proj.lora_B.weight");
+  EXPECT_EQ(block[1].shape, (std::vector<int64_t>{32, 4}));
+  EXPECT_EQ(block[3].name, "mlp.down_proj.lora_B.weight");
+  EXPECT_EQ(block[3].shape, (std::vector<int64_t>{64, 4}));
+  EXPECT_EQ(LoraParameters(m, lora)[4].name, "layers.1.self_attn.k_proj.lora_A.weight");
+  EXPECT_EQ(LoraParameterCount(m, lora), 2 * (4 * 64 + 32 * 4 + 4 * 96 + 64 * 4));
+  EXPECT_EQ(LoraBaseWeight("layers.1.mlp.down_proj.lora_B.weight"), "layers.1.mlp.down_proj.weight");
+  EXPECT_EQ(LoraBaseWeight("layers.1.mlp.down_proj.weight"), "");
+  // PEFT's key of an adapter is base_model.model. + the Hugging Face name.
+  EXPECT_EQ(ToHuggingFace(m, "layers.1.mlp.down_proj.lora_A.weight").name,
+            "model.layers.1.mlp.down_proj.lora_A.weight");
+  lora.enabled = false;
+  EXPECT_TRUE(LoraParameters(m, lora).empty());
+}
+
+TEST(LoraParametersTest, Gpt2sCProjAdaptsBothProjectionsUnderTheirHfNames) {
+  ModelSpec m;
+  m.family = Family::kGpt2;
+  m.layers = 1;
+  m.hidden = 64;
+  m.heads = 4;
+  m.ffn = 256;
+  LoraSpec lora;
+  lora.enabled = true;
+  lora.rank = 2;
+  lora.target_modules = {"c_proj"};
+  const std::vector<Parameter> adapters = LoraParameters(m, lora);
+  ASSERT_EQ(adapters.size(), 4u);
+  EXPECT_EQ(adapters[0].name, "h.0.attn_proj.lora_A.weight");
+  EXPECT_EQ(adapters[2].name, "h.0.mlp_proj.lora_A.weight");
+  EXPECT_EQ(adapters[2].shape, (std::vector<int64_t>{2, 256}));  // mlp_proj is [64, 256]
+  const HfTensorName hf = ToHuggingFace(m, adapters[2].name);
+  EXPECT_EQ(hf.name, "transformer.h.0.mlp.c_proj.lora_A.weight");
+  EXPECT_FALSE(hf.transposed);  // PEFT's adapters are nn.Linear weights, Conv1D base or not
+}
+
 }  // namespace
 }  // namespace strata::model

@@ -1,5 +1,7 @@
 #include "model/parameters.h"
 
+#include <algorithm>
+
 namespace strata::model {
 namespace {
 
@@ -103,6 +105,47 @@ int64_t ParameterCount(const ModelSpec& m) {
   if (m.family == Family::kGpt2) n += (m.max_positions > 0 ? m.max_positions : m.sequence) * m.hidden;
   if (!m.tied()) n += m.vocab * m.hidden;
   return n;
+}
+
+std::vector<Parameter> BlockLoraParameters(const ModelSpec& m, const LoraSpec& lora) {
+  std::vector<Parameter> out;
+  if (!lora.enabled) return out;
+  auto targeted = [&](const std::string& module) {
+    return std::find(lora.target_modules.begin(), lora.target_modules.end(), module) != lora.target_modules.end();
+  };
+  for (const Parameter& p : BlockParameters(m)) {
+    if (p.shape.size() != 2 || !EndsWith(p.name, ".weight")) continue;  // norms are vectors
+    const std::string stem = p.name.substr(0, p.name.size() - std::string(".weight").size());
+    // The Hugging Face module name: the stem's last part, GPT-2's attn_proj / mlp_proj being c_proj.
+    std::string module = stem.substr(stem.rfind('.') == std::string::npos ? 0 : stem.rfind('.') + 1);
+    if (module == "attn_proj" || module == "mlp_proj") module = "c_proj";
+    if (!targeted(module)) continue;
+    out.push_back({stem + ".lora_A.weight", {lora.rank, p.shape[1]}});
+    out.push_back({stem + ".lora_B.weight", {p.shape[0], lora.rank}});
+  }
+  return out;
+}
+
+std::vector<Parameter> LoraParameters(const ModelSpec& m, const LoraSpec& lora) {
+  std::vector<Parameter> out;
+  const std::vector<Parameter> block = BlockLoraParameters(m, lora);
+  for (int64_t layer = 0; layer < m.layers; ++layer) {
+    for (const Parameter& p : block) out.push_back({BlockPrefix(m, layer) + p.name, p.shape});
+  }
+  return out;
+}
+
+std::string LoraBaseWeight(const std::string& adapter) {
+  for (const char* suffix : {".lora_A.weight", ".lora_B.weight"}) {
+    if (EndsWith(adapter, suffix)) return adapter.substr(0, adapter.size() - std::string(suffix).size()) + ".weight";
+  }
+  return "";
+}
+
+int64_t LoraParameterCount(const ModelSpec& m, const LoraSpec& lora) {
+  int64_t n = 0;
+  for (const Parameter& p : BlockLoraParameters(m, lora)) n += p.numel();
+  return n * m.layers;
 }
 
 HfTensorName ToHuggingFace(const ModelSpec& m, const std::string& ours) {

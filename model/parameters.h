@@ -45,6 +45,18 @@ std::vector<std::string> FinalNormNames(const ModelSpec& m);
 std::string HeadWeightName(const ModelSpec& m);
 int64_t ParameterCount(const ModelSpec& m);
 
+// LoRA (spec.lora, run_spec.h): the adapters of one block, named relative to the block after the
+// weight they adapt ("self_attn.q_proj.lora_A.weight" [rank, in], "...lora_B.weight" [out, rank]),
+// in block order, A before B; empty when lora is off. GPT-2's c_proj is two matrices (attn_proj,
+// mlp_proj): targeting it adapts both, as PEFT does.
+std::vector<Parameter> BlockLoraParameters(const ModelSpec& m, const LoraSpec& lora);
+// Every adapter of the model: BlockLoraParameters of each layer with its BlockPrefix.
+std::vector<Parameter> LoraParameters(const ModelSpec& m, const LoraSpec& lora);
+// The weight an adapter belongs to: "layers.3.self_attn.q_proj.weight" for
+// "layers.3.self_attn.q_proj.lora_A.weight"; "" for a name that is no adapter's.
+std::string LoraBaseWeight(const std::string& adapter);
+int64_t LoraParameterCount(const ModelSpec& m, const LoraSpec& lora);
+
 struct HfTensorName {
   std::string name;
   bool transposed = false;  // the HF tensor is the transpose of ours (2-D)

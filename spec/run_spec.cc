@@ -22,7 +22,7 @@
 #include "spec/run_spec_reader.h"
 
 namespace strata {
-using namespace run_spec_internal;  // Reader, ParseExtract, ParsePatch, CheckPatchSource
+using namespace run_spec_internal;  // Reader, ParseExtract, ParsePatch, ParseLora, CheckPatchSource
 namespace {
 
 namespace fs = std::filesystem;
@@ -390,6 +390,7 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.Choice("train", "optimizer", &t.optimizer));
 
   STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0, spec_bounds::kThreads));
+  STRATA_RETURN_IF_ERROR(ParseLora(r, root.contains("lora"), &spec));
   ParallelSpec& p = spec.parallel;
   if (spec.is_extract()) {  // workers to capture with; not planned
     STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &p.dp, 1, spec_bounds::kWorkers));
@@ -545,6 +546,7 @@ Status ValidateParallel(const RunSpec& spec) {
                            (m.kv_heads != m.heads ? " and model.kv_heads = " + std::to_string(m.kv_heads) : "") +
                            "; each tensor-parallel rank takes whole heads");
   }
+  if (spec.lora.enabled) STRATA_RETURN_IF_ERROR(CheckLoraMesh(spec));
   if (fixed("tp") && m.ffn % p.tp != 0) {
     return InvalidArgument("run spec: parallel.tp = " + std::to_string(p.tp) + " does not divide model.ffn = " +
                            std::to_string(m.ffn) + "; each tensor-parallel rank takes an equal slice of the MLP");

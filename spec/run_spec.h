@@ -20,6 +20,8 @@
 //               train.seed when it is empty); logits_top_k
 //   [patch]     layers, sites, ablation, source, logits (kind = "patch": run the model with those
 //               sites replaced and store each row's loss; chunked as an extract run)
+//   [lora]      rank, alpha, dropout, target_modules, use_rslora (train runs: LoRA adapters on the
+//               targeted linears, every base weight frozen; docs/lora.md)
 #pragma once
 
 #include <algorithm>
@@ -284,6 +286,33 @@ struct WorkerSpec {
   int64_t threads = 1;
 };
 
+// LoRA (Hu et al. 2021) as PEFT computes it: each targeted linear y = x W^T + b becomes
+//   y = x W^T + b + scale * (dropout(x) A^T) B^T,   A [rank, in], B [out, rank],
+// scale = alpha / rank (alpha / sqrt(rank) with use_rslora). W and b are frozen (no gradient, no
+// optimizer state, held in the compute dtype); only A and B train. A starts Kaiming-uniform
+// (bound 1 / sqrt(in), PEFT's kaiming_uniform_(a = sqrt(5))) and B at zero, so step 1's loss is
+// the base model's. Defaults are PEFT's LoraConfig's (r = 8, lora_alpha = 8, lora_dropout = 0).
+struct LoraSpec {
+  bool enabled = false;  // the spec has a [lora] table
+  int64_t rank = 8;
+  double alpha = 8.0;
+  double dropout = 0.0;  // on the adapter's input, in training only
+  // Hugging Face module names (LoraTargetModules: "q_proj", "c_attn", ...), in the family's order;
+  // "all-linear" in the TOML is every one; absent: PEFT's default for the family.
+  std::vector<std::string> target_modules;
+  bool use_rslora = false;
+  double scale() const;
+};
+
+// The linears a family's adapters can target, by their Hugging Face module names, in block order
+// (PEFT's "all-linear": every linear of a block; the head is not one of them), and PEFT's default
+// targets when [lora] names none.
+const std::vector<std::string>& LoraTargetModules(Family family);
+const std::vector<std::string>& DefaultLoraTargets(Family family);
+// [in, out] widths of the targeted module's matrix (for GPT-2's c_proj, the attention's and the
+// MLP's: both), smallest first among them: what lora.rank is checked against.
+int64_t LoraNarrowestWidth(const ModelSpec& model, const std::vector<std::string>& modules);
+
 // The intra-op thread count a worker with `cores` cores applies for worker.threads: at most its
 // cores (more only oversubscribes them; 100000 hung a worker), 0 kept (LibTorch's default).
 // The worker logs the clamp.
@@ -307,6 +336,7 @@ struct RunSpec {
   WorkerSpec worker;
   ExtractSpec extract;
   PatchSpec patch;
+  LoraSpec lora;
 };
 
 // Spellings of [model] choices that name no value (model.activation = "relu"), which the TOML

@@ -21,7 +21,7 @@ namespace strata::run_spec_internal {
 // Allowed keys per table; anything else is an error naming the key.
 inline const std::map<std::string, std::set<std::string>>& AllowedKeys() {
   static const std::map<std::string, std::set<std::string>> keys = {
-      {"", {"name", "kind", "model", "data", "train", "parallel", "worker", "extract", "patch"}},
+      {"", {"name", "kind", "model", "data", "train", "parallel", "worker", "extract", "patch", "lora"}},
       {"model", {"family",
                  "layers",
                  "hidden",
@@ -53,6 +53,7 @@ inline const std::map<std::string, std::set<std::string>>& AllowedKeys() {
       {"worker", {"threads"}},
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode", "logits_top_k"}},
       {"patch", {"layers", "sites", "ablation", "source", "logits"}},
+      {"lora", {"rank", "alpha", "dropout", "target_modules", "use_rslora", "modules_to_save"}},
   };
   return keys;
 }
@@ -310,6 +311,10 @@ class Reader {
 // [extract] and [patch] (run_spec_sites.cc): read and checked against the model.
 Status ParseExtract(Reader& r, RunSpec* spec);
 Status ParsePatch(Reader& r, const std::string& base_dir, RunSpec* spec);
+// [lora] (run_spec_lora.cc): read and checked against the model and the run's kind and mesh.
+Status ParseLora(Reader& r, bool present, RunSpec* spec);
+// The meshes LoRA runs on today: refuses a fixed parallel.tp > 1, zero = 3 or offloaded parameters.
+Status CheckLoraMesh(const RunSpec& spec);
 // Ablation "mean": patch.source's .npy header against the site it replaces (CheckRunSpecFiles).
 Status CheckPatchSource(const RunSpec& spec);
 

@@ -127,6 +127,15 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                      {"source", spec.patch.source},
                                      {"logits", spec.patch.logits}});
   }
+  if (spec.lora.enabled) {
+    toml::array modules;
+    for (const auto& module : spec.lora.target_modules) modules.push_back(module);
+    root.insert("lora", toml::table{{"rank", spec.lora.rank},
+                                    {"alpha", spec.lora.alpha},
+                                    {"dropout", spec.lora.dropout},
+                                    {"target_modules", modules},
+                                    {"use_rslora", spec.lora.use_rslora}});
+  }
   std::ostringstream out;
   out << root << "\n";
   return out.str();
