@@ -66,8 +66,32 @@ torch::Tensor ParamView::Lookup(const std::string& name, const torch::Tensor& id
   return lookup((*this)(name), ids);
 }
 
+void ParamView::AddFrozen(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
+                          const std::string& strip) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    names_.push_back(names[i].substr(strip.size()));
+    tensors_.push_back(tensors[i]);
+    if (!sunk_.empty()) sunk_.push_back(SunkParameter{});
+  }
+  if (!sunk_.empty()) used_.resize(names_.size());
+}
+
 torch::Tensor ParamView::Linear(const torch::Tensor& x, const std::string& weight, const std::string& bias,
                                 const RowsAhead* ahead) const {
+  torch::Tensor y = PlainLinear(x, weight, bias, ahead);
+  if (lora_ == nullptr) return y;
+  const std::string stem = weight.substr(0, weight.size() - std::string(".weight").size());
+  const std::string a = stem + ".lora_A.weight", b = stem + ".lora_B.weight";
+  if (IndexOf(a) == names_.size()) return y;  // not a targeted module
+  // PEFT: lora_B(lora_A(dropout(x))) * scaling, added to the base layer's output.
+  const torch::Tensor in =
+      lora_->dropout > 0 && torch::GradMode::is_enabled() ? torch::dropout(x, lora_->dropout, /*train=*/true) : x;
+  const torch::Tensor up = PlainLinear(PlainLinear(in, a, "", nullptr), b, "", nullptr);
+  return y + up * lora_->scale;
+}
+
+torch::Tensor ParamView::PlainLinear(const torch::Tensor& x, const std::string& weight, const std::string& bias,
+                                     const RowsAhead* ahead) const {
   const torch::Tensor b = bias.empty() ? torch::Tensor() : Optional(bias);
   const auto [w, sunk] = Sunk(weight);
   if (sunk != nullptr) return LinearIntoGradient(x, sunk->param, w, b, sunk->sink, sunk->defer, ahead);

@@ -48,6 +48,14 @@ struct SunkParameter {
 using TableLookup = std::function<torch::Tensor(const torch::Tensor& table, const torch::Tensor& ids)>;
 torch::Tensor PlainLookup(const torch::Tensor& table, const torch::Tensor& ids);
 
+// LoRA on the linears a view holds adapters for (run_spec.h LoraSpec): Linear adds
+// scale * (dropout(x) A^T) B^T to x W^T + b where the view has "<stem>.lora_A.weight" and
+// "<stem>.lora_B.weight" beside "<stem>.weight". Dropout only while grad mode is on (training).
+struct LoraCompute {
+  double scale = 1.0;
+  double dropout = 0.0;
+};
+
 class ParamView {
  public:
   // Rows of the table `name` for ids, where the view holds no tensor of it (ZeRO-3's embedding
@@ -75,8 +83,15 @@ class ParamView {
   // The matrix `weight` as Linear reads it through a gradient sink: the tensor read and its
   // SunkParameter; a null second where it has no sink (Linear runs torch::linear).
   std::pair<torch::Tensor, const SunkParameter*> Sunk(const std::string& weight) const;
+  // LoRA adapters of this view's linears (null: none; the pointee outlives the view).
+  void SetLora(const LoraCompute* lora) { lora_ = lora; }
+  // Appends parameters read as they are, through no sink: a frozen base (StageModel under LoRA).
+  void AddFrozen(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
+                 const std::string& strip = "");
 
  private:
+  torch::Tensor PlainLinear(const torch::Tensor& x, const std::string& weight, const std::string& bias,
+                            const RowsAhead* ahead) const;
   size_t IndexOf(const std::string& name) const;  // names_.size() when absent
   const torch::Tensor& Get(size_t i) const;
 
@@ -85,6 +100,7 @@ class ParamView {
   std::vector<SunkParameter> sunk_;
   RowLookup rows_;
   mutable std::vector<torch::Tensor> used_;  // operator()'s sink outputs, made on first access
+  const LoraCompute* lora_ = nullptr;
 };
 
 // A column-parallel projection read through f: its weight's and its bias's names ("": no bias).

@@ -117,7 +117,7 @@ void StageModel::EndStep() {
 }
 
 StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
-                       const WeightLoader& load, torch::Device device, Groups groups)
+                       const WeightLoader& load, torch::Device device, Groups groups, const WeightLoader& base_load)
     : spec_(spec),
       mesh_(mesh),
       position_(position),
@@ -135,29 +135,31 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
     return static_cast<int>(units_.size() - 1);
   };
   const std::string token_embedding = model::TokenEmbeddingName(m);
-  if (first_stage()) {
-    // The token embedding is a unit of its own: a tied head shares exactly it.
-    const int tokens = add("embed", {token_embedding});
-    embed_units_ = {tokens};
-    if (m.tied()) wte_unit_ = tokens;
-    for (const std::string& name : model::EmbeddingNames(m)) {
-      if (name != token_embedding) embed_units_.push_back(add(name.substr(0, name.find('.')), {name}));
+  if (spec.lora.enabled) {
+    BuildLoraUnits(std::move(table), first, last, load, base_load);
+  } else {
+    if (first_stage()) {
+      // The token embedding is a unit of its own: a tied head shares exactly it.
+      const int tokens = add("embed", {token_embedding});
+      embed_units_ = {tokens};
+      if (m.tied()) wte_unit_ = tokens;
+      for (const std::string& name : model::EmbeddingNames(m)) {
+        if (name != token_embedding) embed_units_.push_back(add(name.substr(0, name.find('.')), {name}));
+      }
     }
-  }
-  const std::vector<model::Parameter> block = model::BlockParameters(m);
-  for (int64_t layer = first; layer < last; ++layer) {
-    std::vector<std::string> names;
-    for (const model::Parameter& p : block) names.push_back(model::BlockPrefix(m, layer) + p.name);
-    block_units_.push_back(add("block " + std::to_string(layer), names));
-  }
-  if (last_stage()) {
-    if (m.tied()) {
+    const std::vector<model::Parameter> block = model::BlockParameters(m);
+    for (int64_t layer = first; layer < last; ++layer) {
+      std::vector<std::string> names;
+      for (const model::Parameter& p : block) names.push_back(model::BlockPrefix(m, layer) + p.name);
+      block_units_.push_back(add("block " + std::to_string(layer), names));
+    }
+    if (last_stage() && m.tied()) {
       const int norm = add("final norm", model::FinalNormNames(m));
       // Tied head: the first stage's embedding when it is on this rank, else a copy whose
       // gradient is summed with the first stage's (Megatron's embedding group).
       if (wte_unit_ < 0) tied_copy_unit_ = add("embed (tied copy)", {token_embedding}, /*tied_copy=*/true);
       head_units_ = {norm, wte_unit_ >= 0 ? wte_unit_ : tied_copy_unit_};
-    } else {
+    } else if (last_stage()) {
       std::vector<std::string> names = model::FinalNormNames(m);
       names.push_back(model::HeadWeightName(m));
       head_units_ = {add("head", names)};
@@ -330,7 +332,7 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
 }
 
 ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vector<std::vector<torch::Tensor>>& tensors,
-                                 const std::string& strip) {
+                                 const std::string& strip, const FrozenPart* frozen) {
   std::vector<std::string> names;
   std::vector<torch::Tensor> views;
   std::vector<SunkParameter> sunk;
@@ -355,7 +357,12 @@ ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vecto
       sunk.push_back(SunkParameter{unit.params[i], slot, defer});
     }
   }
-  return ParamView(std::move(names), std::move(views), std::move(sunk));
+  ParamView view(std::move(names), std::move(views), std::move(sunk));
+  if (spec_.lora.enabled) {
+    if (frozen != nullptr) view.AddFrozen(frozen->names, frozen->tensors, strip);
+    view.SetLora(&lora_);
+  }
+  return view;
 }
 
 torch::Tensor StageModel::Run(const std::vector<int>& units, const torch::Tensor& x, CallFn fn, bool recompute,
@@ -389,7 +396,9 @@ torch::Tensor StageModel::Embed(const torch::Tensor& tokens) {
   return Run(
       embed_units_, tokens,
       [this](const torch::Tensor& t, const std::vector<std::vector<torch::Tensor>>& v) {
-        const torch::Tensor x = family_->Embed(ViewOfUnit(embed_units_, v), t, tensor_parallel_);
+        torch::Tensor x = family_->Embed(ViewOfUnit(embed_units_, v, "", &frozen_embed_), t, tensor_parallel_);
+        // A frozen bf16 table (LoRA): the residual stream is fp32 as in full training.
+        if (x.scalar_type() != torch::kFloat) x = x.to(torch::kFloat);
         return sequence_parallel_ ? ScatterToSequenceParallel(*tp_group_, x) : x;
       },
       /*recompute=*/false, /*matmul_weights=*/false);  // a lookup: the residual stream starts from the fp32 table
@@ -418,8 +427,9 @@ torch::Tensor StageModel::Blocks(torch::Tensor x) {
     const std::string prefix = model::BlockPrefix(spec_.model, first_layer_ + static_cast<int64_t>(i));
     x = Run(
         {unit}, x,
-        [this, unit, prefix](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
-          return family_->Block(ViewOfUnit({unit}, v, prefix), in, tensor_parallel_).resid_post;
+        [this, unit, prefix, i](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
+          const FrozenPart* frozen = frozen_blocks_.empty() ? nullptr : &frozen_blocks_[i];
+          return family_->Block(ViewOfUnit({unit}, v, prefix, frozen), in, tensor_parallel_).resid_post;
         },
         spec_.parallel.recompute);
   }
@@ -449,7 +459,7 @@ torch::Tensor StageModel::Head(const torch::Tensor& x) {
   return Run(
       head_units_, x,
       [this](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
-        const ParamView p = ViewOfUnit(head_units_, v);
+        const ParamView p = ViewOfUnit(head_units_, v, "", &frozen_head_);
         // Whole logits need the whole head: its only caller, Trainer::Logits, runs on one rank.
         TORCH_CHECK(!vocab_parallel_, "StageModel::Head: the head is split by vocabulary over tp = ", mesh_.tp,
                     "; logits need the whole model on one rank");
@@ -467,7 +477,7 @@ torch::Tensor StageModel::HeadLoss(const torch::Tensor& x, const torch::Tensor& 
   return Run(
       head_units_, x,
       [this, targets, compute](const torch::Tensor& in, const std::vector<std::vector<torch::Tensor>>& v) {
-        const ParamView p = ViewOfUnit(head_units_, v);
+        const ParamView p = ViewOfUnit(head_units_, v, "", &frozen_head_);
         torch::Tensor normed = family_->FinalNorm(p, in);
         if (!vocab_parallel_) {
           // Every rank computes the whole loss with the whole head; under sequence parallelism from

@@ -98,9 +98,16 @@ class StageModel {
 
   // Builds this rank's units (the model's parameter table, model/parameters.h, cut for its
   // stage and tensor-parallel rank) on `device`, filled through `load`.
+  // Under LoRA (spec.lora) the units hold only the adapters (filled through `load`), and the base
+  // - every parameter of the table - is frozen (FrozenPart): filled through `base_load`, held in
+  // the compute dtype (bf16 matrices on a bf16 CUDA run), read through no gradient sink.
   StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const shard::MeshPosition& position,
-             const WeightLoader& load, torch::Device device, Groups groups);
+             const WeightLoader& load, torch::Device device, Groups groups, const WeightLoader& base_load = nullptr);
   ~StageModel();
+
+  // The frozen base parameters of a LoRA run this rank holds, by the model's names (empty
+  // otherwise): the units are only the adapters.
+  std::vector<std::pair<std::string, torch::Tensor>> frozen_parameters() const;
 
   bool first_stage() const { return position_.stage == 0; }
   bool last_stage() const { return position_.stage == mesh_.pp - 1; }
@@ -197,9 +204,21 @@ class StageModel {
   };
   // The head's weight with its rows padded to a multiple of 64 (stage_model.cc says why).
   torch::Tensor PaddedHeadWeight(const ParamView& p, HeadGradient* into = nullptr) const;
-  // A unit's parameters for the family, names relative to `strip`.
+  // A unit's parameters for the family, names relative to `strip`, and (LoRA) the frozen part
+  // `frozen` of the base beside them.
+  struct FrozenPart {
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> tensors;
+  };
   ParamView ViewOfUnit(const std::vector<int>& units, const std::vector<std::vector<torch::Tensor>>& tensors,
-                       const std::string& strip = "");
+                       const std::string& strip = "", const FrozenPart* frozen = nullptr);
+  // LoRA (stage_model_lora.cc): the adapters of layers [first, last) as units (filled through
+  // `load`) and the frozen base of this rank (through `base_load`).
+  void BuildLoraUnits(std::map<std::string, model::Parameter> table, int64_t first, int64_t last,
+                      const WeightLoader& load, const WeightLoader& base_load);
+  // LoRA: the frozen base of this rank, `names` loaded through `load` onto the device.
+  FrozenPart LoadFrozen(const std::vector<std::string>& names, const std::map<std::string, model::Parameter>& table,
+                        const WeightLoader& load);
 
   RunSpec spec_;
   shard::MeshShape mesh_;
@@ -207,6 +226,11 @@ class StageModel {
   torch::Device device_;
   Groups groups_;
   std::vector<ParamUnit> units_;
+  // LoRA: the frozen base of the embedding, of each of this stage's blocks, and of the head
+  // (final norm and head weight); LoraCompute for the views.
+  FrozenPart frozen_embed_, frozen_head_;
+  std::vector<FrozenPart> frozen_blocks_;
+  LoraCompute lora_;
   std::vector<int> embed_units_, block_units_, head_units_;
   int64_t first_layer_ = 0;
   int wte_unit_ = -1, tied_copy_unit_ = -1;

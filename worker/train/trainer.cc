@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "worker/nn/causal_lm.h"
 #include "worker/nn/hf_format.h"
+#include "worker/nn/lora.h"
 #include "worker/nn/torch_compat.h"
 #include "worker/train/device_memory.h"
 
@@ -73,33 +74,43 @@ Status Trainer::Init() {
   // keeps its part, so any mesh starts from exactly the weights of a single worker.
   const bool resuming = !context.resume.run_id.empty();
   const ModelSpec& model_spec = context.spec.model;
-  StageModel::WeightLoader load;
+  // LoRA: a checkpoint holds only the adapters, so the frozen base is read (or drawn) on a
+  // resume too; the adapters start from InitialLoraAdapters, or from the checkpoint.
+  const bool lora = context.spec.lora.enabled;
+  const bool base_needed = !resuming || lora;
+  StageModel::WeightLoader load, base_load;
   std::shared_ptr<CausalLm> full;
   std::map<std::string, torch::Tensor> drawn;  // full's parameters by name
   uint64_t read_bytes = 0;
   const auto load_start = std::chrono::steady_clock::now();
   std::optional<model::HfCheckpoint> checkpoint;
   Status load_status;
-  if (!resuming && !model_spec.init_from.empty()) {
+  if (base_needed && !model_spec.init_from.empty()) {
     auto opened = model::HfCheckpoint::Open(model_spec.init_from);
     if (!opened.ok()) return opened.status();
     checkpoint.emplace(std::move(*opened));
-    load = [&](const model::Parameter& p, const StageModel::WeightUse& use) {
+    base_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) {
       if (!load_status.ok()) return;  // the first error is the one reported
       load_status = WithHfParameter(*checkpoint, model_spec, p, [&](const torch::Tensor& whole) {
         read_bytes += static_cast<uint64_t>(whole.nbytes());
         use(whole);
       });
     };
-  } else if (!resuming) {
+  } else if (base_needed) {
     auto built = BuildCausalLm(model_spec, context.spec.train.seed);
     if (!built.ok()) return built.status();
     full = *built;
     for (const auto& item : full->named_parameters()) drawn.emplace(item.key(), item.value().detach());
-    load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(drawn.at(p.name)); };
+    base_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(drawn.at(p.name)); };
   }
+  std::map<std::string, torch::Tensor> adapters;
+  if (lora && !resuming) {
+    adapters = InitialLoraAdapters(model_spec, context.spec.lora, context.spec.train.seed);
+    load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(adapters.at(p.name)); };
+  }
+  if (!lora) load = std::move(base_load);
   model_ = std::make_unique<StageModel>(context.spec, mesh_, position_, load, device_,
-                                        StageModel::Groups{dp_group_.get(), tp_group_.get()});
+                                        StageModel::Groups{dp_group_.get(), tp_group_.get()}, base_load);
   STRATA_RETURN_IF_ERROR(load_status);
   if (checkpoint) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
@@ -111,6 +122,7 @@ Status Trainer::Init() {
   }
   drawn.clear();
   full.reset();
+  adapters.clear();
   UnitOptimizer::Options optimizer;
   optimizer.eight_bit = context.spec.train.optimizer == Optimizer::kAdamW8bit;
   optimizer.offload =

@@ -108,6 +108,8 @@ class Trainer {
   // model must be on this rank (pp = tp = 1, zero < 3). For checks against other tools.
   torch::Tensor Logits(const torch::Tensor& tokens);
 
+  // LoRA: the frozen base this rank holds, by name (empty otherwise; parameters() are the adapters).
+  std::vector<std::pair<std::string, torch::Tensor>> frozen_parameters() const { return model_->frozen_parameters(); }
   // This rank's parameters by name (its tensor-parallel slices of its stage's layers; views of
   // the live values). Not with ZeRO-3, where a rank holds no whole parameter.
   std::vector<std::pair<std::string, torch::Tensor>> parameters();

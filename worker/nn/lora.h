@@ -1,0 +1,21 @@
+// LoRA adapters' tensors (internal to worker/, includes LibTorch): their initial values, the same
+// on every rank and mesh. The maths is run_spec.h LoraSpec's; ParamView::Linear computes it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "spec/run_spec.h"
+
+namespace strata::worker {
+
+// Every adapter of the model (model::LoraParameters), fp32 on the host, as PEFT initialises
+// them: A Kaiming-uniform with a = sqrt(5), i.e. uniform in +-1 / sqrt(in); B zero, so the
+// adapted model starts as the base. Drawn from a generator of its own seeded by `seed`, in the
+// table's order, so any mesh and any rank start from the same adapters.
+std::map<std::string, torch::Tensor> InitialLoraAdapters(const ModelSpec& model, const LoraSpec& lora, int64_t seed);
+
+}  // namespace strata::worker

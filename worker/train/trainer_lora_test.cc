@@ -1,0 +1,138 @@
+// LoRA training (stage_model.h, run_spec.h LoraSpec): the adapters train, the base stays as it
+// was loaded, and every mesh LoRA runs on gives the single worker's losses.
+#include <cmath>
+
+#include "worker/nn/lora.h"
+#include "worker/train/trainer_test_fixture.h"
+
+namespace strata::worker {
+namespace {
+
+class LoraTrainerTest : public TrainerTest {
+ protected:
+  void UseLora(const std::string& family, std::vector<std::string> modules, int64_t rank = 4) {
+    spec_.model = TinyModel(family, 4);
+    spec_.lora.enabled = true;
+    spec_.lora.rank = rank;
+    spec_.lora.alpha = 8.0;
+    spec_.lora.target_modules = std::move(modules);
+    spec_.train.lr = 1e-2;  // adapters start at B = 0: a larger step moves the loss within a few steps
+  }
+};
+
+TEST_F(LoraTrainerTest, StepOneLossIsTheBaseModelsAndOnlyTheAdaptersChange) {
+  UseLora("llama", LoraTargetModules(Family::kLlama));
+  RunSpec full = spec_;
+  full.lora.enabled = false;
+  const RunSpec lora = spec_;
+  spec_ = full;
+  const std::vector<double> base = Train(1)[0];
+  spec_ = lora;
+  std::map<std::string, torch::Tensor> adapters, frozen;
+  int64_t state_elements = 0;
+  const std::vector<double> losses = Train(4, [&](uint32_t, Trainer& t) {
+    for (auto& [name, p] : t.parameters()) adapters.emplace(name, p.clone());
+    for (auto& [name, p] : t.frozen_parameters()) frozen.emplace(name, p.clone());
+    state_elements = t.optimizer_state_elements();
+  })[0];
+  // B starts at zero: the adapted model is the base model until the first update.
+  EXPECT_EQ(losses[0], base[0]);
+  EXPECT_LT(losses[3], losses[0]);
+
+  // The units are the adapters, and only they have optimizer state.
+  const std::vector<model::Parameter> table = model::LoraParameters(spec_.model, spec_.lora);
+  ASSERT_EQ(adapters.size(), table.size());
+  EXPECT_EQ(state_elements, model::LoraParameterCount(spec_.model, spec_.lora));  // per moment
+  const std::map<std::string, torch::Tensor> initial = InitialLoraAdapters(spec_.model, spec_.lora, spec_.train.seed);
+  for (const model::Parameter& p : table) {
+    const torch::Tensor& now = adapters.at(p.name);
+    EXPECT_FALSE(torch::equal(now, initial.at(p.name))) << p.name << " did not train";
+  }
+  // The base is bit for bit the model the seed draws.
+  auto drawn = BuildCausalLm(spec_.model, spec_.train.seed);
+  ASSERT_TRUE(drawn.ok());
+  int64_t compared = 0;
+  for (const auto& item : (*drawn)->named_parameters()) {
+    ASSERT_TRUE(frozen.count(item.key())) << item.key() << " is not in the frozen base";
+    EXPECT_TRUE(torch::equal(frozen.at(item.key()), item.value())) << item.key() << " changed";
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int64_t>(frozen.size()));
+}
+
+TEST_F(LoraTrainerTest, InitialAdaptersArePeftsAndTheSameForEverySeedUse) {
+  UseLora("llama", {"q_proj", "down_proj"}, 8);
+  const auto a = InitialLoraAdapters(spec_.model, spec_.lora, 7), b = InitialLoraAdapters(spec_.model, spec_.lora, 7);
+  const auto c = InitialLoraAdapters(spec_.model, spec_.lora, 8);
+  for (const auto& [name, t] : a) {
+    EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+    if (name.find("lora_B") != std::string::npos) {
+      EXPECT_EQ(t.abs().max().item<float>(), 0.0f) << name;
+      continue;
+    }
+    const double bound = 1.0 / std::sqrt(static_cast<double>(t.size(1)));
+    EXPECT_LE(t.abs().max().item<double>(), bound) << name;
+    EXPECT_GT(t.abs().max().item<double>(), 0.9 * bound) << name;  // uniform over the whole range
+    EXPECT_FALSE(torch::equal(t, c.at(name))) << name;
+  }
+}
+
+TEST_F(LoraTrainerTest, EveryMeshLoraRunsOnGivesTheSingleWorkersLosses) {
+  for (const std::string family : {"gpt2", "llama", "gpt_neox"}) {
+    UseLora(family, LoraTargetModules(ParseChoice<Family>(family).value()));
+    SetMesh(1, 1, 1);
+    const std::vector<double> reference = Train(3)[0];
+    struct Mesh {
+      int64_t dp, pp, zero;
+      bool recompute;
+    };
+    for (const Mesh& mesh : {Mesh{2, 1, 0, false}, Mesh{1, 2, 0, false}, Mesh{2, 1, 1, false}, Mesh{2, 1, 2, true},
+                             Mesh{2, 2, 2, false}}) {
+      SetMesh(mesh.dp, mesh.pp, 1, mesh.zero, mesh.recompute);
+      const auto losses = Train(3);
+      for (size_t r = 0; r < losses.size(); ++r) {
+        if (losses[r].empty()) continue;
+        for (size_t s = 0; s < reference.size(); ++s) {
+          EXPECT_NEAR(losses[r][s], reference[s], 1e-5 * reference[s])
+              << family << " dp " << mesh.dp << " pp " << mesh.pp << " zero " << mesh.zero << " recompute "
+              << mesh.recompute << " rank " << r << " step " << s + 1;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(LoraTrainerTest, AResumeFromACheckpointOfAdaptersKeepsTheLosses) {
+  UseLora("gpt2", {"c_attn", "c_proj", "c_fc"});
+  const std::vector<double> straight = Train(5)[0];
+  // The checkpoint holds the adapters and their optimizer state only: 3 fp32 values (the value,
+  // AdamW's m and v) per adapter parameter, nothing of the base.
+  auto store = storage::ShardStore::Open(dir_ + "/lora0");
+  ASSERT_TRUE(store.ok());
+  stores_.push_back(std::move(store).value());
+  ResumePoint checkpoint{"run", 2, {}};
+  uint64_t bytes = 0;
+  Train(2, [&](uint32_t, Trainer& t) {
+    auto saved = t.SaveCheckpointShard();
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    ResumePoint::Shard shard{dir_ + "/lora0", {}, {}};
+    for (auto& info : saved->tensors) {
+      shard.tensors.push_back(info.name);
+      bytes += info.size_bytes;
+    }
+    checkpoint.shards.push_back(shard);
+  });
+  stores_.clear();
+  EXPECT_EQ(bytes, 3 * 4 * static_cast<uint64_t>(model::LoraParameterCount(spec_.model, spec_.lora)));
+  // Resumed on another mesh: the base is read again, the adapters come from the checkpoint.
+  resume_ = checkpoint;
+  SetMesh(2, 1, 1, 1);
+  const auto resumed = Train(5);
+  for (const auto& rank : resumed) {
+    ASSERT_EQ(rank.size(), 3u);
+    for (size_t s = 0; s < rank.size(); ++s) EXPECT_NEAR(rank[s], straight[s + 2], 1e-5 * straight[s + 2]);
+  }
+}
+
+}  // namespace
+}  // namespace strata::worker
