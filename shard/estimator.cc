@@ -9,6 +9,7 @@
 //
 // Model state per parameter (ZeRO, Rajbhandari et al. 2020): weights W, gradients G, optimizer O
 // bytes; ZeRO stage 1 divides O by dp, stage 2 also G, stage 3 also W. See BytesPerParam.
+// LoRA (JobSpec::lora) freezes the base and trains adapters: shard/lora_memory.cc says what changes.
 //
 // Activations per layer per micro-batch: the tensors worker/'s blocks save for backward
 // (family_gpt2.cc, family_llama.cc, with the fused norms, GELU, SwiGLU and RoPE of fused_ops.h
@@ -141,7 +142,6 @@
 // and 2 bytes per parameter less at ZeRO-0 with dp > 1.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <map>
 
@@ -266,6 +266,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
   const double tp_activation_bytes = sbh * (bf16_cuda ? 2.0 : kResidualBytes);
   const double loss_bytes = bf16_cuda ? 2.0 : 4.0;
   const StateBytesPerParam per_param = BytesPerParam(problem.layout, problem.job.optimizer == Optimizer::kAdamW8bit);
+  // LoRA (shard/lora_memory.cc): the base frozen in the compute dtype; only the adapters train.
+  const bool lora = problem.job.lora.enabled;
   const UnitParams& u = cache.Units(c.pp, c.tp);
   // The head's rows on each rank (vocab-parallel, shard/layout.h: the vocabulary split over tp).
   const bool vocab_parallel = VocabParallel(model, c.tp);
@@ -276,7 +278,8 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
   const MeshGeometry& geometry = cache.Geometry(c.dp, c.pp, c.tp);
   // One layer's saved tensors, the same on every stage (computed once: it copies the model spec).
   const double layer_activations =
-      static_cast<double>(LayerActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, sequence_parallel));
+      static_cast<double>(LayerActivationBytes(model, s, b, c.tp, fp32_acts, opt.fused_attention, sequence_parallel)) +
+      LoraLayerActivationBytes(problem, s, b, fp32_acts);
 
   Plan plan;
   plan.dp = c.dp, plan.pp = c.pp, plan.tp = c.tp, plan.zero = c.zero, plan.micro_batch = b;
@@ -295,10 +298,18 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     if (first) params += embedding_per_rank;
     if (last) params += head_per_rank;
     const double flops_params = layers * layer_per_rank + (last ? static_cast<double>(vocab_rows * model.hidden) : 0);
-    const double flops = (recompute ? 8.0 : 6.0) * flops_params * static_cast<double>(local_batch * s);
+    // LoRA: the adapters are what trains (the gradients', the optimizer's and dp's range); a frozen
+    // matmul's backward makes dx only (2 FLOPs a parameter and token fewer).
+    const double adapters = static_cast<double>(layers) * static_cast<double>(problem.lora.layer);
+    const double trainable = lora ? adapters : params;
+    const double flops =
+        ((recompute ? 8.0 : 6.0) - (lora ? 2.0 : 0.0)) * flops_params * static_cast<double>(local_batch * s) +
+        (recompute ? 8.0 : 6.0) * adapters * static_cast<double>(local_batch * s);
 
-    MemoryEstimate mem = ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload,
-                                         problem.job.optimizer == Optimizer::kAdamW8bit);
+    const bool eight_bit = problem.job.optimizer == Optimizer::kAdamW8bit;
+    MemoryEstimate mem = lora ? LoraModelStateBytes(ToBytes(params), ToBytes(adapters), bf16_cuda ? 2 : 4, c.zero, c.dp,
+                                                    c.offload, eight_bit)
+                              : ModelStateBytes(ToBytes(params), problem.layout, c.zero, c.dp, c.offload, eight_bit);
     // The bf16 working copies the matmuls read (worker/train/stage_model.h, ParamUnit::working): every
     // unit but recomputed blocks and a one-stage tied embedding, whose head reads the fp32 master.
     // The first stage's embedding keeps one though its lookup reads fp32. ZeRO-3 shards without
@@ -316,7 +327,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     const bool host_streamed = c.offload == Offload::kOptimizerAndParams;
     if (streamed_zero3 && bf16_cuda && !host_streamed) {
       mem.weights += ToBytes(kWorkingCopyBytes * params / c.dp);
-    } else if (bf16_cuda && c.zero < 3) {
+    } else if (bf16_cuda && c.zero < 3 && !lora) {  // LoRA's base is the bf16 copy; its adapters' are in mem
       double working = recompute ? 0 : layers * layer_per_rank;
       if (first) working += embedding_per_rank - (one_stage_tie ? static_cast<double>(vocab_rows * model.hidden) : 0);
       if (last) working += head_per_rank;
@@ -331,7 +342,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
                                                             recompute, sequence_parallel);
     // (Measured on GPT-2-style blocks; the gated-MLP blocks' peaks hold none of it: the Llama grid
     // at two widths, bench/results/calibration-2026-11-28-llama-widths-h200.jsonl.)
-    if (recompute && !model.gated_mlp()) acts += ((fp32_acts ? 0.0 : 2.0) + 4.0) * layer_per_rank;
+    if (recompute && !model.gated_mlp() && !lora) acts += ((fp32_acts ? 0.0 : 2.0) + 4.0) * layer_per_rank;
     if (last) {
       // The fused loss (worker/nn/fused_loss.cc) over this rank's rows of the head (the whole
       // vocabulary, or its 1/tp slice when vocab-parallel): one chunk of logits, the head-sized
@@ -349,13 +360,14 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       // comes after the loss's chunk buffers are gone: the measured peak (GPT-2 124M, dp=2, the
       // calibration point) holds no more of it.
       if (c.zero >= 3) per_weight += recompute ? 4 : loss_bytes;
-      if (vocab_rows % 64 != 0) per_weight += master ? 4 : 2;  // the weight padded to 64 rows
-      if (master && loss_bytes == 2) per_weight += 2;          // its cast to bf16
+      if (vocab_rows % 64 != 0) per_weight += master ? 4 : 2;                 // the weight padded to 64 rows
+      if (master && loss_bytes == 2) per_weight += 2;                         // its cast to bf16
+      if (lora) per_weight = vocab_rows % 64 != 0 ? (bf16_cuda ? 2 : 4) : 0;  // frozen: no dW, no cast
       acts += per_weight * vocab * static_cast<double>(model.hidden);
       acts += (kResidualBytes * held_tokens + 2 * loss_bytes) * sbh;
     }
     mem.activations = ToBytes(acts + static_cast<double>(kStepTemporaryBytes));
-    const double gradient_bytes = params * per_param.gradients;
+    const double gradient_bytes = trainable * per_param.gradients;
     double buffers = 0;                            // gradients are all-reduced in place, one unit at a time
     if (c.tp > 1) buffers += tp_activation_bytes;  // an all-reduce's copy, or an all-gather's whole activation
     if (c.pp > 1) buffers += 2 * boundary_bytes;   // a received activation and a received gradient, fp32
@@ -376,7 +388,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       // v (or their 8-bit codes and scales), the parameters' fp32 master copy and gradient buffer.
       // Host-streamed, the master copy is the shard itself, and the gradients' sums take two
       // staging buffers of the longest unit's shard (worker/train/host_copies.h, HostGradientSums).
-      double host = params * (per_param.optimizer + 8.0) / (c.zero >= 1 ? c.dp : 1);
+      double host = trainable * (per_param.optimizer + 8.0) / (c.zero >= 1 ? c.dp : 1);
       if (host_streamed) {
         double longest = layers > 0 ? layer_per_rank : 0;
         if (first) longest = std::max(longest, embedding_per_rank);
@@ -410,7 +422,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
     double elementwise_s = (recompute ? 4.0 / 3.0 : 1.0) * kElementwiseSecondsPerElement * slowdown * tokens *
                            static_cast<double>(model.hidden) * static_cast<double>(layers) * (1.0 - split_share);
     if (last) elementwise_s += kLossSecondsPerLogit * slowdown * tokens * static_cast<double>(vocab_rows);
-    const double optimizer_s = kOptimizerSecondsPerParam * slowdown * params / (c.zero >= 1 ? c.dp : 1);
+    const double optimizer_s = kOptimizerSecondsPerParam * slowdown * trainable / (c.zero >= 1 ? c.dp : 1);
     compute = std::max(compute, matmul_s + elementwise_s + optimizer_s);
     if (with_workers) {
       for (int64_t d = 0; d < c.dp; ++d) {
@@ -430,7 +442,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       // Llama 886M: ZeRO-2 6.7% faster than ZeRO-1; on 2, GPT-2 124M: 2.5%). ZeRO-3 gathers
       // twice and reduce-scatters: in fp32 with recompute (1.5 all-reduces' bytes), gathers in
       // bf16 without (one). Counted whole, as every collective here (planner.h).
-      double exposed = c.zero == 1 ? t + RingAllReduceSeconds(params * 4.0, c.dp, geometry.dp_bandwidth[k]) / 2 : t;
+      double exposed = c.zero == 1 ? t + RingAllReduceSeconds(trainable * 4.0, c.dp, geometry.dp_bandwidth[k]) / 2 : t;
       if (c.zero >= 3 && recompute) exposed = 1.5 * t;
       if (streamed_zero3) {
         // Beside the matmuls, but each unit's two gathers and reduce-scatter per micro-batch cost
@@ -485,7 +497,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       // next step's forward (worker/train/optimizer.h), which hides as much of it as the forward takes
       // (its matmuls: a third of the step's without recompute) - but not where ZeRO 1/2 gather
       // the updated shards first.
-      const double shard_params = params / (c.zero >= 1 ? c.dp : 1);
+      const double shard_params = trainable / (c.zero >= 1 ? c.dp : 1);
       const double copies = 2.0 * 4.0 * shard_params / opt.host_bandwidth,
                    update = 28.0 * shard_params / opt.host_adamw_bandwidth;
       const bool beside_forward = !((c.zero == 1 || c.zero == 2) && c.dp > 1);
@@ -555,40 +567,6 @@ double WorstFill(const Plan& plan, double scale, size_t* worst_worker) {
     }
   }
   return worst;
-}
-
-std::string FormatBytes(double bytes) {
-  char text[32];
-  if (bytes >= double(1 << 30)) {
-    std::snprintf(text, sizeof text, "%.1f GiB", bytes / double(1 << 30));
-  } else {
-    std::snprintf(text, sizeof text, "%.1f MiB", bytes / double(1 << 20));
-  }
-  return text;
-}
-
-std::string Describe(const Plan& plan) {
-  const auto recomputed = std::count(plan.recompute.begin(), plan.recompute.end(), true);
-  char text[200];
-  std::snprintf(
-      text, sizeof text,
-      "dp=%lld pp=%lld tp=%lld, ZeRO-%lld, micro_batch %lld x %lld accumulation, recompute on %lld of %lld stages, %s",
-      static_cast<long long>(plan.dp), static_cast<long long>(plan.pp), static_cast<long long>(plan.tp),
-      static_cast<long long>(plan.zero), static_cast<long long>(plan.micro_batch),
-      static_cast<long long>(plan.gradient_accumulation), static_cast<long long>(recomputed),
-      static_cast<long long>(plan.pp),
-      plan.offload == Offload::kNone        ? "no offload"
-      : plan.offload == Offload::kOptimizer ? "optimizer offloaded"
-                                            : "optimizer and parameters offloaded");
-  std::string described = text;
-  if (plan.keep_gathered > 0) {
-    const bool all = std::all_of(plan.stages.begin(), plan.stages.end(),
-                                 [&](const LayerRange& r) { return r.size() <= plan.keep_gathered; });
-    described += all ? ", every layer kept gathered for its backward"
-                     : ", the last " + std::to_string(plan.keep_gathered) +
-                           " layers of each stage kept gathered for their backward";
-  }
-  return described;
 }
 
 }  // namespace internal

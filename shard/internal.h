@@ -26,6 +26,15 @@ class StageSplits {
   std::map<int64_t, std::vector<LayerRange>> by_pp_;
 };
 
+// LoRA (JobSpec::lora): one layer's adapters (model::BlockLoraParameters), the same on every layer;
+// all zero without LoRA. shard/lora_memory.cc.
+struct LoraCounts {
+  int64_t layer = 0;     // adapter parameters of one layer (its A and B matrices)
+  int64_t matrices = 0;  // the layer's adapted matrices (GPT-2's c_proj: two)
+  int64_t inputs = 0;    // their input widths summed (what dropout > 0 copies per token)
+};
+LoraCounts CountLora(const ModelSpec& model, const LoraSpec& lora);
+
 // Validated inputs with the defaults filled in (kv_heads, ffn, sequence, link bandwidths).
 struct Problem {
   ModelSpec model;
@@ -39,12 +48,20 @@ struct Problem {
   bool host_checked = false;  // some worker reported its host's free memory (offload is checked against it)
   // Depends on the model and the job's stages only: a copy with other stages needs its own.
   std::shared_ptr<StageSplits> splits = std::make_shared<StageSplits>();
+  LoraCounts lora{};  // job.lora's adapters per layer
 };
 
 Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
                          const PlannerOptions& options);
 // The model's fields within the run spec's bounds (kv_heads and ffn as given), its family known.
 Status ValidateModel(ModelSpec& m);
+// job.lora's rank and modules for the model, and no fixed [parallel] field a LoRA run does not
+// take (tp > 1, ZeRO-3, offload "optimizer+params": spec/run_spec_lora.cc CheckLoraMesh).
+Status ValidateLora(const ModelSpec& model, const JobSpec& job);
+// The bytes one layer's adapters add to LayerActivationBytes for one micro-batch (0 without LoRA).
+double LoraLayerActivationBytes(const Problem& problem, int64_t sequence, int64_t micro_batch, bool fp32_activations);
+// "LoRA r=16 on q_proj, v_proj: 6.8M trainable of 8.04B (0.08%), ..." for a plan's why; "" without LoRA.
+std::string LoraNote(const Problem& problem);
 
 // One point of the search space.
 struct Candidate {

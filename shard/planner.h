@@ -48,6 +48,10 @@ struct JobSpec {
   bool offload_supported = true;   // false: the executor cannot offload, so neither search nor Replan offers it
   // [parallel] sequence_parallel: under tp, where tp divides the sequence (shard/layout.h SequenceParallel).
   bool sequence_parallel = true;
+  // [lora] (lora.enabled): every base parameter frozen in the compute dtype, only the adapters
+  // trained (shard/lora_memory.cc prices it). Searched on tp = 1, ZeRO 0-2 and offload "none" or
+  // "optimizer" only, what a LoRA run takes (spec/run_spec_lora.cc); other fixed values are refused.
+  LoraSpec lora{};
 };
 
 struct WorkerView {
@@ -69,8 +73,8 @@ struct ClusterView {
 };
 
 // The planner's job for a train run spec: its [parallel] fields fixed where the spec fixes them
-// (ParallelSpec::automatic lists the rest), and the search kept to what worker/trainer runs: no
-// optimizer offload, recompute on every stage or none.
+// (ParallelSpec::automatic lists the rest), and the search kept to what worker/trainer runs:
+// recompute on every stage or none; with [lora], its adapters and the meshes LoRA runs on.
 JobSpec JobForRun(const RunSpec& spec);
 
 // A worker as its heartbeats describe it: a GPU on NVLink at H100 bf16 peak, or a CPU worker
@@ -198,6 +202,13 @@ enum class StateLayout {
 // Other fields are zero.
 MemoryEstimate ModelStateBytes(int64_t params, StateLayout layout, int64_t zero, int64_t dp,
                                Offload offload = Offload::kNone, bool eight_bit_optimizer = false);
+
+// LoRA (JobSpec::lora): `frozen_params` of the base held in the compute dtype (`compute_bytes`:
+// 2 on a bf16 CUDA run, else 4), never sharded and without gradients or optimizer state, and
+// `adapter_params` with ModelStateBytes' state of any unit (ZeRO's shares over `dp`) plus, where
+// compute_bytes is 2, a bf16 working copy. Other fields are zero.
+MemoryEstimate LoraModelStateBytes(int64_t frozen_params, int64_t adapter_params, int64_t compute_bytes, int64_t zero,
+                                   int64_t dp, Offload offload = Offload::kNone, bool eight_bit_optimizer = false);
 
 // Activations one transformer layer stores for backward, one micro-batch, no recompute: the
 // tensors worker/'s blocks save (shard/estimator.cc lists them).

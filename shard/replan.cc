@@ -60,6 +60,10 @@ int64_t BytesToMove(const internal::Problem& problem, const Plan& from, const Pl
   const internal::UnitParams u = internal::CountUnits(problem.model, to.pp, to.tp);
   const internal::StateBytesPerParam per_param =
       internal::BytesPerParam(problem.layout, problem.job.optimizer == Optimizer::kAdamW8bit);
+  // LoRA: the frozen base in the compute dtype, without optimizer state; the adapters (on the
+  // layers) as any unit's state (shard/lora_memory.cc).
+  const bool lora = problem.job.lora.enabled;
+  const double frozen_bytes = problem.layout == StateLayout::kBf16Autocast && problem.cuda ? 2.0 : 4.0;
   double moved = 0;
   for (const WorkerAssignment& w : to.workers) {
     auto old = std::find_if(from.workers.begin(), from.workers.end(),
@@ -74,7 +78,13 @@ int64_t BytesToMove(const internal::Problem& problem, const Plan& from, const Pl
       const double missing_weights = need.weights.length() - (had.held ? Overlap(need.weights, had.weights) : 0.0);
       const double missing_optimizer =
           need.optimizer.length() - (had.held ? Overlap(need.optimizer, had.optimizer) : 0.0);
-      moved += params * (missing_weights * per_param.weights + missing_optimizer * per_param.optimizer);
+      if (!lora) {
+        moved += params * (missing_weights * per_param.weights + missing_optimizer * per_param.optimizer);
+        continue;
+      }
+      const double adapters = unit >= 1 && unit <= layers ? static_cast<double>(problem.lora.layer) : 0.0;
+      moved += missing_weights * (params * frozen_bytes + adapters * per_param.weights) +
+               missing_optimizer * adapters * per_param.optimizer;
     }
   }
   return std::llround(moved);

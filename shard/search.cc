@@ -10,7 +10,8 @@
 // unsearched (Search says how that is bounded). A plan fits when every worker's estimate is
 // within free_bytes * (1 - safety_margin). The fastest predicted step wins; ties go to less
 // communication, then to the simpler plan (less recompute, no offload, lower ZeRO, larger
-// micro-batch, shallower pipeline, narrower tensor parallelism).
+// micro-batch, shallower pipeline, narrower tensor parallelism). A LoRA job (JobSpec::lora) is
+// searched on tp = 1, ZeRO 0-2 and no streamed parameters only (shard/lora_memory.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -82,6 +83,7 @@ std::vector<Mesh> MeshesOf(const Problem& problem, int64_t n) {
   for (int64_t tp : Divisors(n)) {
     if ((job.tp && tp != *job.tp) || problem.model.heads % tp || problem.model.kv_heads % tp || problem.model.ffn % tp)
       continue;
+    if (job.lora.enabled && tp > 1) break;  // LoRA runs on tp = 1 only (spec/run_spec_lora.cc CheckLoraMesh)
     for (int64_t pp : Divisors(n / tp)) {
       const int64_t dp = n / tp / pp;
       if ((job.pp && pp != *job.pp) || pp > problem.model.layers || (job.dp && dp != *job.dp)) continue;
@@ -95,6 +97,8 @@ std::vector<Mesh> MeshesOf(const Problem& problem, int64_t n) {
 
 std::vector<Offload> OffloadTiers(const Problem& problem) {
   if (problem.job.offload) return {*problem.job.offload};
+  // LoRA: no streamed parameters (ZeRO-3's); ValidateLora refuses them fixed.
+  if (problem.job.lora.enabled) return {Offload::kNone, Offload::kOptimizer};
   return {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams};
 }
 
@@ -105,8 +109,10 @@ void ForEachBranch(const Problem& problem, const Mesh& mesh, Offload offload,
   const int64_t local_batch = job.global_batch / dp;
   const std::vector<int64_t> micro_batches =
       job.micro_batch ? std::vector<int64_t>{*job.micro_batch} : Divisors(local_batch);
-  // Layers kept gathered (a fixed keep_gathered > 0) are ZeRO-3's without recompute.
-  const bool keeps = job.keep_gathered.value_or(0) > 0;
+  // Layers kept gathered (a fixed keep_gathered > 0) are ZeRO-3's without recompute, which LoRA
+  // never runs (kept layers mean nothing there, as on any mesh without ZeRO-3).
+  const bool lora = job.lora.enabled;
+  const bool keeps = !lora && job.keep_gathered.value_or(0) > 0;
   // Parameters in host memory stream as ZeRO-3 gathers them, without recompute (worker/train/stage_model.h).
   const bool streamed = offload == Offload::kOptimizerAndParams;
   const int64_t min_k = job.recompute ? (*job.recompute ? pp : 0) : 0;
@@ -120,6 +126,7 @@ void ForEachBranch(const Problem& problem, const Mesh& mesh, Offload offload,
                                : dp == 1 ? std::vector<int64_t>{0}
                                          : std::vector<int64_t>{0, 1, 2, 3};
   if (streamed || keeps) zeros = !job.zero || *job.zero == 3 ? std::vector<int64_t>{3} : std::vector<int64_t>{};
+  if (lora) std::erase(zeros, 3);  // LoRA: ZeRO 0-2 (the frozen base is what ZeRO-3 would shard)
   for (int64_t zero : zeros) {
     for (int64_t mb : micro_batches) {
       visit(
@@ -220,6 +227,7 @@ JobSpec JobForRun(const RunSpec& spec) {
   job.sequence_parallel = p.sequence_parallel;
   job.uniform_recompute = true;
   job.stages = p.stages;
+  job.lora = spec.lora;
   return job;
 }
 
@@ -427,13 +435,15 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
         std::any_of(problem.workers.begin(), problem.workers.end(), [](const WorkerView& v) { return v.gpu; });
     return Outcome{
         Status(StatusCode::kResourceExhausted,
-               "no plan fits in the cluster's free memory, even with ZeRO-3, recompute and offload where the "
-               "[parallel] fields allow: the leanest (" +
-                   internal::Describe(*leanest_plan) + ") needs " + internal::FormatBytes(leanest_need) + " free per " +
-                   (gpus ? "GPU" : "worker") + " (with the " +
-                   std::to_string(static_cast<int>(options.safety_margin * 100)) + "% safety margin), but worker \"" +
-                   w.worker + "\" has " + internal::FormatBytes(free) + " free; add workers, free " +
-                   (gpus ? "GPU " : "") + "memory, or shorten the sequence / shrink the model" +
+               std::string("no plan fits in the cluster's free memory, even with ") +
+                   (problem.job.lora.enabled ? "recompute and offload (LoRA plans tp = 1 and ZeRO 0-2)"
+                                             : "ZeRO-3, recompute and offload") +
+                   " where the [parallel] fields allow: the leanest (" + internal::Describe(*leanest_plan) +
+                   ") needs " + internal::FormatBytes(leanest_need) + " free per " + (gpus ? "GPU" : "worker") +
+                   " (with the " + std::to_string(static_cast<int>(options.safety_margin * 100)) +
+                   "% safety margin), but worker \"" + w.worker + "\" has " + internal::FormatBytes(free) +
+                   " free; add workers, free " + (gpus ? "GPU " : "") +
+                   "memory, or shorten the sequence / shrink the model" +
                    (host_refused ? " (plans with the optimizer offloaded fit the GPUs but need more host memory than "
                                    "the nodes have free)"
                                  : "")),
@@ -459,6 +469,7 @@ Outcome Search(const internal::Problem& problem, bool full = true) {
   std::string why = internal::Describe(*chosen) + ": " + internal::StepSummary(*chosen) + "; peak " +
                     internal::FormatBytes(peak.memory.total()) + " on \"" + peak.worker + "\" of a " +
                     internal::FormatBytes(peak.budget_bytes) + " budget.";
+  if (problem.job.lora.enabled) why += " " + internal::LoraNote(problem);
   const bool mesh_fixed = problem.job.dp && problem.job.pp && problem.job.tp;
   if (used < all) {
     why += " Uses " + std::to_string(used) + " of " + std::to_string(all) +
@@ -520,7 +531,8 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   for (Offload offload : offloads) {
     if (!problem.cuda) break;  // CPU workers: offloading frees nothing
     if (!problem.job.offload_supported && offload != Offload::kNone) continue;
-    if (problem.job.offload == offload) continue;  // what was just searched
+    if (problem.job.offload == offload) continue;                                       // what was just searched
+    if (problem.job.lora.enabled && offload == Offload::kOptimizerAndParams) continue;  // not for LoRA
     JobSpec j = problem.job;
     j.offload = offload;
     alternatives.push_back({"parallel.offload = \"" + std::string(Name(offload)) + "\"", j});

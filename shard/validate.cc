@@ -161,6 +161,8 @@ Result<Problem> Validate(const ModelSpec& model, const JobSpec& job, const Clust
   STRATA_RETURN_IF_ERROR(ValidateWorkers(cluster, &p.workers));
   STRATA_RETURN_IF_ERROR(ValidateModel(p.model));
   STRATA_RETURN_IF_ERROR(ValidateJob(p.model, p.job, static_cast<int64_t>(p.workers.size())));
+  STRATA_RETURN_IF_ERROR(ValidateLora(p.model, p.job));
+  p.lora = CountLora(p.model, p.job.lora);
   if (!(options.safety_margin >= 0 && options.safety_margin < 1))
     return InvalidArgument("planner safety_margin must be in [0, 1)");
   if (!(options.compute_efficiency > 0 && options.compute_efficiency <= 1))
