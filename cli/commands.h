@@ -60,6 +60,6 @@ int Follow(GlobalOptions& g, const std::string& run, int every_s);
 int WatchAll(GlobalOptions& g, bool all);
 int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o);
 int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int64_t> step, const std::string& out_dir,
-              bool force, const client::ExportOptions& options);
+              bool force, bool adapter, const client::ExportOptions& options);
 
 }  // namespace strata::cli

@@ -203,7 +203,7 @@ int CmdSubmit(GlobalOptions& g, const std::string& path, const SubmitOptions& o)
 // `step` empty: the latest complete checkpoint. Writes into `out_dir` only if it is new or empty,
 // or with `force` (which replaces its config.json and model.safetensors, nothing else).
 int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int64_t> step, const std::string& out_dir,
-              bool force, const client::ExportOptions& options) {
+              bool force, bool adapter, const client::ExportOptions& options) {
   if (step && *step < 0) {
     return Fail(InvalidArgument("--step " + std::to_string(*step) +
                                 " is not a checkpoint step; give a step that `strata checkpoints " + typed_run +
@@ -240,11 +240,16 @@ int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int6
         return Fail(Corruption("the checkpoint of run " + Printable(run) + " at step " + std::to_string(m.getStep()) +
                                " is " + state + ": " + why + "; `strata checkpoints` lists the complete ones"));
       }
-      auto summary = client::ExportCheckpoint(spec_toml, m, out_dir, options);
+      auto summary = adapter ? client::ExportAdapter(spec_toml, m, out_dir, options)
+                             : client::ExportCheckpoint(spec_toml, m, out_dir, options);
       if (!summary.ok()) return Fail(summary.status());
-      std::printf("exported run %s step %ld: %zu tensors (%s, %s) in %zu file%s to %s", Printable(run).c_str(),
-                  static_cast<long>(m.getStep()), summary->tensors, HumanBytes(summary->bytes).c_str(),
-                  options.dtype.c_str(), summary->files, summary->files == 1 ? "" : "s", out_dir.c_str());
+      std::printf("exported %s of run %s step %ld: %zu tensors (%s, %s) in %zu file%s to %s",
+                  adapter         ? "the LoRA adapters"
+                  : options.merge ? "the merged model"
+                                  : "the model",
+                  Printable(run).c_str(), static_cast<long>(m.getStep()), summary->tensors,
+                  HumanBytes(summary->bytes).c_str(), options.dtype.c_str(), summary->files,
+                  summary->files == 1 ? "" : "s", out_dir.c_str());
       if (summary->companion_files > 0)
         std::printf(" (+%zu tokenizer/config files from init_from)", summary->companion_files);
       std::printf("\n");
@@ -343,7 +348,7 @@ void RegisterRunCommands(CommandSet& set) {
   struct Export {
     std::string run, dir, dtype = "fp32", shard_size = "5GB";
     int64_t step = 0;
-    bool force = false;
+    bool force = false, adapter = false, merge = false;
     CLI::Option* step_option = nullptr;
   };
   auto ex = std::make_shared<Export>();
@@ -357,9 +362,11 @@ void RegisterRunCommands(CommandSet& set) {
         if (!shard_bytes.ok()) return Fail(shard_bytes.status());
         if (*shard_bytes < (uint64_t{1} << 10))
           return Fail(InvalidArgument("--max-shard-size " + ex->shard_size + " is below 1KiB; use e.g. 5GB"));
-        client::ExportOptions options{ex->dtype, *shard_bytes};
+        if (ex->adapter && ex->merge)
+          return Fail(InvalidArgument("--adapter and --merge exclude each other: the adapters alone, or merged in"));
+        client::ExportOptions options{ex->dtype, *shard_bytes, ex->merge};
         return CmdExport(g, ex->run, ex->step_option->count() > 0 ? std::optional<int64_t>(ex->step) : std::nullopt,
-                         ex->dir, ex->force, options);
+                         ex->dir, ex->force, ex->adapter, options);
       });
   export_cmd->add_option("run", ex->run, kRunHelp)->required();
   ex->step_option = export_cmd->add_option("--step", ex->step, "checkpoint step (default: the latest complete one)");
@@ -367,6 +374,10 @@ void RegisterRunCommands(CommandSet& set) {
   export_cmd->add_flag("--force", ex->force,
                        "write into a non-empty --out, replacing its config.json and model.safetensors");
   export_cmd->add_option("--dtype", ex->dtype, "dtype of the written weights: fp32 or bf16")->capture_default_str();
+  export_cmd->add_flag("--adapter", ex->adapter,
+                       "a LoRA run: its adapters in PEFT's layout (adapter_model.safetensors + adapter_config.json)");
+  export_cmd->add_flag("--merge", ex->merge,
+                       "a LoRA run: the model with its adapters merged in (W + scale * B A over model.init_from)");
   export_cmd
       ->add_option("--max-shard-size", ex->shard_size,
                    "largest safetensors file; a larger model is split into several with model.safetensors.index.json")

@@ -3,12 +3,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <span>
 
 #include "common/atomic_file.h"
 #include "model/hf_checkpoint.h"
 #include "model/parameters.h"
+#include "model/peft_adapter.h"
 #include "shard/layout.h"
 #include "spec/hf_config.h"
 #include "spec/run_spec.h"
@@ -55,16 +59,71 @@ std::string ShardFileName(size_t k, size_t n) {
   std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k, n);
   return name;
 }
+// The parameters of a checkpoint, read from the shard stores its manifest names (opened
+// read-only, so the workers may keep running): each rank wrote pieces of the parameters (its
+// tensor-parallel slice, cut by data-parallel rank; shard/layout.h), assembled whole here, one
+// parameter at a time, each piece checked against the manifest's checksum.
+class CheckpointTensors {
+ public:
+  static Result<CheckpointTensors> Open(const RunSpec& spec, CheckpointManifest::Reader manifest) {
+    CheckpointTensors out(spec, manifest.getRunId().cStr(), manifest.getStep());
+    for (auto shard : manifest.getShards()) {
+      // The shard's own store, else its copy on another host (a cluster spanning hosts), whichever
+      // this machine reaches by path.
+      std::string store_path = shard.getStorePath().cStr();
+      std::string key_run = shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : out.run_;
+      storage::StoreOptions store_options;
+      store_options.create_if_missing = false;
+      store_options.read_only = true;
+      auto store = storage::ShardStore::Open(store_path, store_options);
+      for (auto copy : shard.getCopies()) {
+        if (store.ok()) break;
+        store = storage::ShardStore::Open(copy.getStorePath().cStr(), store_options);
+        if (store.ok()) store_path = copy.getStorePath().cStr(), key_run = copy.getKeyRun().cStr();
+      }
+      if (!store.ok()) return store.status();
+      out.stores_.push_back({std::move(*store), store_path, key_run});
+      for (auto entry : shard.getTensors()) {
+        const std::string name = entry.getName().cStr();
+        if (name.rfind(kParamPrefix, 0) != 0) continue;  // optimizer moments stay behind
+        STRATA_ASSIGN_OR_RETURN(shard::PieceName piece, shard::ParsePiece(name));
+        out.pieces_[piece.name].push_back({out.stores_.size() - 1, name, entry.getChecksum(), piece});
+      }
+    }
+    return out;
+  }
 
-}  // namespace
+  // The whole parameter `name` in our layout and its stored dtype.
+  Result<storage::Tensor> Read(const std::string& name) {
+    auto found = pieces_.find(name);
+    if (found == pieces_.end())
+      return Corruption("checkpoint " + std::to_string(step_) + " of run " + run_ + " has no parameter " + name);
+    storage::Tensor t;
+    for (const PieceRef& ref : found->second) {
+      const OpenStore& from = stores_[ref.store];
+      STRATA_ASSIGN_OR_RETURN(storage::Tensor read, from.store->ReadCheckpointTensor(from.key_run, step_, ref.name));
+      if (read.checksum != ref.checksum) {
+        return Corruption("tensor '" + ref.name + "' in " + from.path +
+                          " does not match the checkpoint manifest; export an older checkpoint (`strata checkpoints " +
+                          run_ + "`)");
+      }
+      const size_t element = storage::DTypeSize(read.dtype);
+      if (read.bytes.size() != static_cast<size_t>(ref.piece.end - ref.piece.begin) * element) {
+        return Corruption("tensor '" + ref.name + "' in " + from.path + " holds " + std::to_string(read.bytes.size()) +
+                          " bytes, not the piece its name describes");
+      }
+      STRATA_RETURN_IF_ERROR(assembler_.Add(ref.piece, element, read.bytes.data()));
+      t.dtype = read.dtype;
+      t.shape = ref.piece.shape;
+    }
+    STRATA_ASSIGN_OR_RETURN(t.bytes, assembler_.Take(name));
+    return t;
+  }
 
-Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointManifest::Reader manifest,
-                                       const std::string& out_dir, const ExportOptions& options) {
-  STRATA_ASSIGN_OR_RETURN(RunSpec spec, ParseStoredRunSpec(spec_toml));  // as stored, older names included
-  const std::string run = manifest.getRunId().cStr();
-  const int64_t step = manifest.getStep();
-  // Where each parameter's pieces are: each rank wrote pieces of the parameters (its
-  // tensor-parallel slice, cut by data-parallel rank; shard/layout.h). Nothing is read yet.
+  const std::string& run() const { return run_; }
+  int64_t step() const { return step_; }
+
+ private:
   struct OpenStore {
     std::unique_ptr<storage::ShardStore> store;
     std::string path, key_run;
@@ -75,31 +134,71 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
     uint64_t checksum;
     shard::PieceName piece;
   };
-  std::vector<OpenStore> stores;
-  std::map<std::string, std::vector<PieceRef>> pieces;  // parameter -> its pieces
-  for (auto shard : manifest.getShards()) {
-    // The shard's own store, else its copy on another host (a cluster spanning hosts), whichever
-    // this machine reaches by path.
-    std::string store_path = shard.getStorePath().cStr();
-    std::string key_run = shard.getKeyRun().size() > 0 ? shard.getKeyRun().cStr() : run;
-    storage::StoreOptions store_options;
-    store_options.create_if_missing = false;
-    store_options.read_only = true;
-    auto store = storage::ShardStore::Open(store_path, store_options);
-    for (auto copy : shard.getCopies()) {
-      if (store.ok()) break;
-      store = storage::ShardStore::Open(copy.getStorePath().cStr(), store_options);
-      if (store.ok()) store_path = copy.getStorePath().cStr(), key_run = copy.getKeyRun().cStr();
-    }
-    if (!store.ok()) return store.status();
-    stores.push_back({std::move(*store), store_path, key_run});
-    for (auto entry : shard.getTensors()) {
-      const std::string name = entry.getName().cStr();
-      if (name.rfind(kParamPrefix, 0) != 0) continue;  // optimizer moments stay behind
-      STRATA_ASSIGN_OR_RETURN(shard::PieceName piece, shard::ParsePiece(name));
-      pieces[piece.name].push_back({stores.size() - 1, name, entry.getChecksum(), piece});
+  CheckpointTensors(const RunSpec& spec, std::string run, int64_t step)
+      : run_(std::move(run)), step_(step), assembler_(spec.model) {}
+
+  std::string run_;
+  int64_t step_;
+  shard::TensorAssembler assembler_;
+  std::vector<OpenStore> stores_;
+  std::map<std::string, std::vector<PieceRef>> pieces_;  // parameter -> its pieces
+};
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // inf, NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: m * 2^-24
+    float f = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// A float tensor's values as fp32 (F32, BF16 or F16 bytes).
+Result<std::vector<float>> ToFloats(storage::DType dtype, std::span<const uint8_t> bytes, const std::string& what) {
+  std::vector<float> out(bytes.size() / storage::DTypeSize(dtype));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (dtype == storage::DType::kF32) {
+      std::memcpy(&out[i], &bytes[i * 4], 4);
+    } else if (dtype == storage::DType::kBF16 || dtype == storage::DType::kF16) {
+      uint16_t h;
+      std::memcpy(&h, &bytes[i * 2], 2);
+      if (dtype == storage::DType::kF16) {
+        out[i] = HalfToFloat(h);
+      } else {
+        const uint32_t bits = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&out[i], &bits, 4);
+      }
+    } else {
+      return InvalidArgument(what + " is " + storage::DTypeName(dtype) + ", not a float tensor");
     }
   }
+  return out;
+}
+
+storage::Tensor FloatTensor(std::vector<int64_t> shape, const std::vector<float>& values) {
+  storage::Tensor t;
+  t.dtype = storage::DType::kF32;
+  t.shape = std::move(shape);
+  t.bytes.resize(values.size() * 4);
+  std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
+  return t;
+}
+
+// Writes the model of `spec` into `out_dir` as save_pretrained does, each parameter (our name)
+// from `read` (our layout: [out, in] matrices), one at a time.
+Result<ExportSummary> WriteHfModel(const RunSpec& spec, const std::string& run, int64_t step,
+                                   const std::function<Result<storage::Tensor>(const std::string&)>& read,
+                                   const std::string& out_dir, const ExportOptions& options) {
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return IoError("cannot create " + out_dir + ": " + ec.message());
@@ -134,31 +233,8 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
     return Status::Ok();
   };
   auto export_all = [&]() -> Status {
-    shard::TensorAssembler assembler(spec.model);
     for (const model::Parameter& p : model::Parameters(spec.model)) {
-      auto found = pieces.find(p.name);
-      if (found == pieces.end())
-        return Corruption("checkpoint " + std::to_string(step) + " of run " + run + " has no parameter " + p.name);
-      storage::Tensor t;
-      for (const PieceRef& ref : found->second) {
-        const OpenStore& from = stores[ref.store];
-        STRATA_ASSIGN_OR_RETURN(storage::Tensor read, from.store->ReadCheckpointTensor(from.key_run, step, ref.name));
-        if (read.checksum != ref.checksum) {
-          return Corruption("tensor '" + ref.name + "' in " + from.path +
-                            " does not match the checkpoint manifest; "
-                            "export an older checkpoint (`strata checkpoints " +
-                            run + "`)");
-        }
-        const size_t element = storage::DTypeSize(read.dtype);
-        if (read.bytes.size() != static_cast<size_t>(ref.piece.end - ref.piece.begin) * element) {
-          return Corruption("tensor '" + ref.name + "' in " + from.path + " holds " +
-                            std::to_string(read.bytes.size()) + " bytes, not the piece its name describes");
-        }
-        STRATA_RETURN_IF_ERROR(assembler.Add(ref.piece, element, read.bytes.data()));
-        t.dtype = read.dtype;
-        t.shape = ref.piece.shape;
-      }
-      STRATA_ASSIGN_OR_RETURN(t.bytes, assembler.Take(p.name));
+      STRATA_ASSIGN_OR_RETURN(storage::Tensor t, read(p.name));
       const model::HfTensorName hf = model::ToHuggingFace(spec.model, p.name);
       if (hf.transposed && t.shape.size() == 2) {
         t.bytes = Transpose2d(t);
@@ -218,6 +294,104 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
       ++summary.companion_files;
     }
   }
+  return summary;
+}
+
+}  // namespace
+
+Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointManifest::Reader manifest,
+                                       const std::string& out_dir, const ExportOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(RunSpec spec, ParseStoredRunSpec(spec_toml));  // as stored, older names included
+  STRATA_ASSIGN_OR_RETURN(CheckpointTensors checkpoint, CheckpointTensors::Open(spec, manifest));
+  const std::string run = checkpoint.run();
+  if (!spec.lora.enabled) {
+    return WriteHfModel(
+        spec, run, checkpoint.step(), [&](const std::string& name) { return checkpoint.Read(name); }, out_dir, options);
+  }
+  if (!options.merge) {
+    return InvalidArgument("run " + run +
+                           " trained LoRA adapters (its checkpoints hold them, not the frozen base): export them "
+                           "with --adapter (PEFT's layout), or the merged model with --merge");
+  }
+  // --merge: W + scale * B A over the base in model.init_from, in fp32, one weight at a time.
+  if (spec.model.init_from.empty()) {
+    return InvalidArgument("run " + run +
+                           " drew its base from train.seed (no model.init_from): --merge needs the base's "
+                           "weights as a Hugging Face directory; export the adapters with --adapter instead");
+  }
+  STRATA_ASSIGN_OR_RETURN(model::HfCheckpoint base, model::HfCheckpoint::Open(spec.model.init_from));
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const model::Parameter& p : model::Parameters(spec.model)) shapes[p.name] = p.shape;
+  std::set<std::string> adapted;
+  for (const model::Parameter& p : model::LoraParameters(spec.model, spec.lora))
+    adapted.insert(model::LoraBaseWeight(p.name));
+  const double scale = spec.lora.scale();
+  auto merged = [&](const std::string& name) -> Result<storage::Tensor> {
+    const model::HfTensorName hf = model::ToHuggingFace(spec.model, name);
+    STRATA_ASSIGN_OR_RETURN(storage::TensorView view, base.Find(hf.name));
+    const std::string what = spec.model.init_from + "'s " + hf.name;
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> w, ToFloats(view.dtype, view.bytes, what));
+    const std::vector<int64_t>& shape = shapes.at(name);
+    if (hf.transposed && shape.size() == 2) {  // to our [out, in]
+      std::vector<float> ours(w.size());
+      const size_t out = static_cast<size_t>(shape[0]), in = static_cast<size_t>(shape[1]);
+      for (size_t r = 0; r < in; ++r)
+        for (size_t c = 0; c < out; ++c) ours[c * in + r] = w[r * out + c];
+      w = std::move(ours);
+    }
+    if (!adapted.count(name)) return FloatTensor(shape, w);
+    const std::string stem = name.substr(0, name.size() - std::string(".weight").size());
+    STRATA_ASSIGN_OR_RETURN(storage::Tensor a_t, checkpoint.Read(stem + ".lora_A.weight"));
+    STRATA_ASSIGN_OR_RETURN(storage::Tensor b_t, checkpoint.Read(stem + ".lora_B.weight"));
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> a, ToFloats(a_t.dtype, a_t.bytes, stem + ".lora_A.weight"));
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> b, ToFloats(b_t.dtype, b_t.bytes, stem + ".lora_B.weight"));
+    const size_t out = static_cast<size_t>(shape[0]), in = static_cast<size_t>(shape[1]);
+    const size_t rank = static_cast<size_t>(spec.lora.rank);
+    for (size_t o = 0; o < out; ++o) {
+      for (size_t k = 0; k < rank; ++k) {
+        const float coefficient = static_cast<float>(scale * b[o * rank + k]);
+        const float* a_row = &a[k * in];
+        float* w_row = &w[o * in];
+        for (size_t i = 0; i < in; ++i) w_row[i] += coefficient * a_row[i];
+      }
+    }
+    return FloatTensor(shape, w);
+  };
+  return WriteHfModel(spec, run, checkpoint.step(), merged, out_dir, options);
+}
+
+Result<ExportSummary> ExportAdapter(const std::string& spec_toml, CheckpointManifest::Reader manifest,
+                                    const std::string& out_dir, const ExportOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(RunSpec spec, ParseStoredRunSpec(spec_toml));
+  STRATA_ASSIGN_OR_RETURN(CheckpointTensors checkpoint, CheckpointTensors::Open(spec, manifest));
+  if (!spec.lora.enabled) {
+    return InvalidArgument("run " + checkpoint.run() +
+                           " trained every weight (no [lora] table): it has no adapters; export the model without "
+                           "--adapter");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return IoError("cannot create " + out_dir + ": " + ec.message());
+  ExportSummary summary;
+  std::vector<std::pair<std::string, storage::Tensor>> tensors;
+  for (const model::Parameter& p : model::LoraParameters(spec.model, spec.lora)) {
+    STRATA_ASSIGN_OR_RETURN(storage::Tensor t, checkpoint.Read(p.name));
+    if (options.dtype == "bf16" && t.dtype == storage::DType::kF32) {
+      t.bytes = ToBf16(t.bytes);
+      t.dtype = storage::DType::kBF16;
+    }
+    summary.bytes += t.bytes.size();
+    ++summary.tensors;
+    tensors.emplace_back(model::PeftTensorName(spec.model, p.name), std::move(t));
+  }
+  std::vector<storage::NamedTensorView> views;
+  for (const auto& [name, t] : tensors) views.push_back({name, {t.dtype, t.shape, t.bytes}});
+  STRATA_RETURN_IF_ERROR(storage::WriteSafetensors(
+      out_dir + "/adapter_model.safetensors", views,
+      {{"format", "pt"}, {"strata_run", checkpoint.run()}, {"strata_step", std::to_string(checkpoint.step())}}));
+  STRATA_RETURN_IF_ERROR(
+      WriteFileAtomically(out_dir + "/adapter_config.json", model::PeftAdapterConfigJson(spec.model, spec.lora), 0644));
+  summary.files = 1;
   return summary;
 }
 

@@ -15,6 +15,9 @@ namespace strata::client {
 struct ExportOptions {
   std::string dtype = "fp32";                // "fp32" or "bf16" (round to nearest even, as torch)
   uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default "5GB"
+  // A LoRA run: the merged model (W + scale * B A over model.init_from's base, in fp32, then
+  // `dtype`); without it a LoRA run's export is refused, pointing at ExportAdapter.
+  bool merge = false;
 };
 
 struct ExportSummary {
@@ -30,5 +33,12 @@ struct ExportSummary {
 // error no weight file of this export is left behind.
 Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointManifest::Reader manifest,
                                        const std::string& out_dir, const ExportOptions& options = {});
+
+// `strata export --adapter`: a LoRA run's adapters in PEFT's layout, which
+// peft.PeftModel.from_pretrained(base, out_dir) loads: adapter_model.safetensors
+// (base_model.model.<module>.lora_A.weight / lora_B.weight, model/peft_adapter.h) and
+// adapter_config.json. options.dtype applies; max_shard_bytes does not (adapters are small).
+Result<ExportSummary> ExportAdapter(const std::string& spec_toml, CheckpointManifest::Reader manifest,
+                                    const std::string& out_dir, const ExportOptions& options = {});
 
 }  // namespace strata::client

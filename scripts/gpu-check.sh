@@ -2,6 +2,8 @@
 # The GPU node's check of a change, in parts that each fit one device call (README, "GPU build"):
 #   build    configure and build build-gpu/ (LibTorch + CUDA; the targets the other parts need)
 #   unit     the GPU unit tests: trainer_gpu_test, kernels_gpu_test, hf_parity_test (ctest -L gpu)
+#   lora     LoRA: the GPU check against PEFT (lora_gpu), the LoRA trainer tests and the cluster
+#            test of the adapter export, whose PEFT check runs where peft is installed
 #   suites   the GPU suites against transformers: family parity, every capture site and patch,
 #            extract, and the meshes one GPU can run (mesh_gpu; it skips what needs more GPUs)
 #   train    bench/train_compare.sh gpt2: the training step against torch.compile, same card
@@ -21,7 +23,7 @@ for part in "$@"; do
     build)
       cmake -S . -B build-gpu -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/$part/configure.log" 2>&1
       cmake --build build-gpu -j "$(nproc)" --target strata strata-coordinator strata-worker trainer_gpu_test \
-        kernels_gpu_test hf_parity_test train_step_bench >"$out/$part/build.log" 2>&1 ||
+        kernels_gpu_test hf_parity_test train_step_bench trainer_lora_test cluster_test >"$out/$part/build.log" 2>&1 ||
         { tail -40 "$out/$part/build.log"; exit 1; }
       ;;
     unit)
@@ -35,10 +37,15 @@ for part in "$@"; do
         >"$out/$part/ctest.log" 2>&1 || { tail -60 "$out/$part/ctest.log"; exit 1; }
       tail -8 "$out/$part/ctest.log"
       ;;
+    lora)
+      (cd build-gpu && ctest -R 'lora_gpu|LoraTrainerTest|ClusterTest.LoraAdapters' --output-on-failure) >"$out/$part/ctest.log" 2>&1 ||
+        { tail -60 "$out/$part/ctest.log"; exit 1; }
+      tail -5 "$out/$part/ctest.log"
+      ;;
     train) bash bench/train_compare.sh build-gpu "$out/$part" gpt2 >"$out/$part/log.txt" 2>&1 || { tail -40 "$out/$part/log.txt"; exit 1; } ;;
     capture) bash bench/extract_bench.sh build-gpu "$out/$part" >"$out/$part/log.txt" 2>&1 || { tail -40 "$out/$part/log.txt"; exit 1; } ;;
     *)
-      echo "unknown part $part (build, unit, suites, train, capture)" >&2
+      echo "unknown part $part (build, unit, suites, lora, train, capture)" >&2
       exit 2
       ;;
   esac

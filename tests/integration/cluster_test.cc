@@ -6,9 +6,11 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -267,6 +269,93 @@ TEST_F(ClusterTest, ExportWritesAHuggingFaceDirectoryFromTheShardStores) {
   auto bad = Strata("export " + run + " --step 4 --out " + dir_ + "/nope");
   EXPECT_EQ(bad.rc, 2);
   EXPECT_NE(bad.err.find("3, 6"), std::string::npos) << bad.err;
+}
+
+// LoRA: a run from a base directory trains adapters only; `export --adapter` writes PEFT's
+// layout and `export --merge` the base with W + scale * B A folded in.
+TEST_F(ClusterTest, LoraAdaptersExportInPeftsLayoutAndMergeIntoTheBase) {
+  const std::string base_run = SubmitAndFollow("lorabase", Spec("lorabase", 1, 2, 2));
+  const std::string base = dir_ + "/lora-base";
+  ASSERT_EQ(Strata("export " + base_run + " --out " + base).rc, 0);
+  const std::string lora_spec =
+      Spec("lora", 2, 4, 4) + "zero = 1\n[lora]\nrank = 4\nalpha = 8\n" + "target_modules = \"all-linear\"\n";
+  std::string with_base = lora_spec;
+  with_base.replace(with_base.find("[model]\n"), 8, "[model]\ninit_from = \"" + base + "\"\n");
+  const std::string run = SubmitAndFollow("lora", with_base);
+
+  // The whole model is refused: the checkpoint holds the adapters, not the frozen base.
+  auto whole = Strata("export " + run + " --out " + dir_ + "/lora-whole");
+  EXPECT_EQ(whole.rc, 2);
+  EXPECT_NE(whole.err.find("--adapter"), std::string::npos) << whole.err;
+
+  const std::string adapter = dir_ + "/lora-adapter";
+  auto r = Strata("export " + run + " --adapter --out " + adapter);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto file = storage::ReadSafetensors(adapter + "/adapter_model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(file->tensors.size(), 2u * 4 * 2);  // layers x (c_attn, attn c_proj, c_fc, mlp c_proj) x (A, B)
+  const storage::Tensor& a = file->tensors.at("base_model.model.transformer.h.1.mlp.c_fc.lora_A.weight");
+  const storage::Tensor& b = file->tensors.at("base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight");
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(b.shape, (std::vector<int64_t>{256, 4}));
+  auto floats = [](const storage::Tensor& t) {
+    std::vector<float> v(t.bytes.size() / 4);
+    std::memcpy(v.data(), t.bytes.data(), t.bytes.size());
+    return v;
+  };
+  const std::vector<float> av = floats(a), bv = floats(b);
+  EXPECT_GT(*std::max_element(bv.begin(), bv.end()), 0.0f) << "B trained away from zero";
+  auto config = json::parse(ReadFile(adapter + "/adapter_config.json"));
+  EXPECT_EQ(config["peft_type"], "LORA");
+  EXPECT_EQ(config["r"], 4);
+  EXPECT_EQ(config["lora_alpha"], 8);
+  EXPECT_EQ(config["target_modules"], json({"c_attn", "c_proj", "c_fc"}));
+  EXPECT_EQ(config["fan_in_fan_out"], true);
+  EXPECT_EQ(config["base_model_name_or_path"], base);
+
+  const std::string merged = dir_ + "/lora-merged";
+  r = Strata("export " + run + " --merge --out " + merged);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto merged_file = storage::ReadSafetensors(merged + "/model.safetensors");
+  auto base_file = storage::ReadSafetensors(base + "/model.safetensors");
+  ASSERT_TRUE(merged_file.ok() && base_file.ok());
+  // Unadapted tensors are the base's bytes; c_fc (Conv1D, [in, out]) is base + 2 * (B A)^T.
+  EXPECT_TRUE(merged_file->tensors.at("transformer.wte.weight").bytes ==
+              base_file->tensors.at("transformer.wte.weight").bytes);
+  const std::vector<float> w0 = floats(base_file->tensors.at("transformer.h.1.mlp.c_fc.weight"));
+  const std::vector<float> w1 = floats(merged_file->tensors.at("transformer.h.1.mlp.c_fc.weight"));
+  double worst = 0;
+  for (int in = 0; in < 64; ++in) {
+    for (int out = 0; out < 256; ++out) {
+      double delta = 0;
+      for (int k = 0; k < 4; ++k) delta += static_cast<double>(bv[out * 4 + k]) * av[k * 64 + in];
+      worst = std::max(worst, std::abs(w0[in * 256 + out] + 2.0 * delta - w1[in * 256 + out]));
+    }
+  }
+  EXPECT_LT(worst, 1e-5);
+  // A seed-drawn base cannot be merged: named, with what to do.
+  const std::string seeded = SubmitAndFollow("lora-seeded", lora_spec);
+  auto refused = Strata("export " + seeded + " --merge --out " + dir_ + "/lora-seeded");
+  EXPECT_EQ(refused.rc, 2);
+  EXPECT_NE(refused.err.find("--merge needs the base's weights"), std::string::npos) << refused.err;
+  // Where PEFT is installed (the GPU node): it loads the adapter onto the base, and its logits
+  // are the merged model's.
+  if (std::system("python3 -c 'import peft, transformers' >/dev/null 2>&1") == 0) {
+    std::ofstream(dir_ + "/peft_check.py")
+        << "import sys, torch, transformers as t, peft\n"
+           "base, adapter, merged = sys.argv[1:4]\n"
+           "x = torch.tensor([[1, 2, 3, 70, 200, 31]])\n"
+           "m = peft.PeftModel.from_pretrained(t.AutoModelForCausalLM.from_pretrained(base), adapter).eval()\n"
+           "ref = t.AutoModelForCausalLM.from_pretrained(merged).eval()\n"
+           "with torch.no_grad():\n"
+           "    d = (m(x).logits - ref(x).logits).abs().max().item()\n"
+           "    with m.disable_adapter():\n"
+           "        b = (m(x).logits - ref(x).logits).abs().max().item()\n"
+           "print('peft vs merged', d, 'base vs merged', b)\n"
+           "assert d < 1e-4 < b, (d, b)\n";
+    auto py = Run("python3 " + dir_ + "/peft_check.py " + base + " " + adapter + " " + merged);
+    EXPECT_EQ(py.rc, 0) << py.out << py.err;
+  }
 }
 
 TEST_F(ClusterTest, DataParallelOnTwoWorkersMatchesOneWorker) {

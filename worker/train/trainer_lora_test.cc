@@ -77,6 +77,39 @@ TEST_F(LoraTrainerTest, InitialAdaptersArePeftsAndTheSameForEverySeedUse) {
   }
 }
 
+TEST_F(LoraTrainerTest, LogitsEqualTheBaseWithTheAdaptersMergedIn) {
+  for (const std::string family : {"gpt2", "llama"}) {
+    UseLora(family, LoraTargetModules(ParseChoice<Family>(family).value()));
+    spec_.lora.use_rslora = family == "llama";
+    const torch::Tensor tokens = torch::randint(0, spec_.model.vocab, {2, spec_.model.sequence}, torch::kLong);
+    torch::Tensor adapted;
+    std::map<std::string, torch::Tensor> adapters;
+    Train(3, [&](uint32_t, Trainer& t) {
+      adapted = t.Logits(tokens);
+      for (auto& [name, p] : t.parameters()) adapters.emplace(name, p.clone());
+    });
+    // What `strata export --merge` writes (and PEFT's merge_and_unload computes): W + scale * B A.
+    auto merged = BuildCausalLm(spec_.model, spec_.train.seed);
+    ASSERT_TRUE(merged.ok());
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& item : (*merged)->named_parameters()) {
+        const std::string stem = item.key().substr(0, item.key().size() - std::string(".weight").size());
+        auto a = adapters.find(stem + ".lora_A.weight");
+        if (a == adapters.end()) continue;
+        item.value().add_(torch::matmul(adapters.at(stem + ".lora_B.weight"), a->second) * spec_.lora.scale());
+      }
+    }
+    const torch::Tensor reference = (*merged)->Logits(tokens);
+    const double gap = (adapted - reference).abs().max().item<double>();
+    EXPECT_LT(gap, 1e-4) << family;
+    // The adapters did change the model (so the comparison above can fail).
+    auto base = BuildCausalLm(spec_.model, spec_.train.seed);
+    ASSERT_TRUE(base.ok());
+    EXPECT_GT((adapted - (*base)->Logits(tokens)).abs().max().item<double>(), 100 * gap) << family;
+  }
+}
+
 TEST_F(LoraTrainerTest, EveryMeshLoraRunsOnGivesTheSingleWorkersLosses) {
   for (const std::string family : {"gpt2", "llama", "gpt_neox"}) {
     UseLora(family, LoraTargetModules(ParseChoice<Family>(family).value()));
