@@ -17,6 +17,7 @@
 #include "client/coordinator_client.h"
 #include "client/estimate.h"
 #include "common/byte_size.h"
+#include "model/parameters.h"
 #include "schema/envelope.h"
 #include "shard/capacity.h"
 #include "shard/layout.h"
@@ -179,11 +180,16 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
                          {"plan", c.plan}});
     }
     out["largest_trainable"] = largest;
+    if (spec->lora.enabled) out["trainable_parameters"] = model::LoraParameterCount(spec->model, spec->lora);
     std::cout << out.dump(2) << std::endl;
     return kExitOk;
   }
-  std::cout << spec->name << ": " << shard::ParameterCount(spec->model) << " parameters on " << cluster->workers.size()
-            << " worker(s)\n";
+  std::cout << spec->name << ": " << shard::ParameterCount(spec->model) << " parameters";
+  if (spec->lora.enabled) {
+    std::cout << " (frozen; LoRA r=" << spec->lora.rank << " trains "
+              << model::LoraParameterCount(spec->model, spec->lora) << ")";
+  }
+  std::cout << " on " << cluster->workers.size() << " worker(s)\n";
   std::cout << "plan: dp=" << p.dp << " pp=" << p.pp << " tp=" << p.tp << " zero=" << p.zero << ", micro-batch "
             << p.micro_batch << " x " << p.gradient_accumulation << " accumulation, recompute per stage " << recompute
             << (p.offload == shard::Offload::kOptimizer ? ", optimizer offloaded to host"

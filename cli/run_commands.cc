@@ -243,11 +243,11 @@ int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int6
       auto summary = adapter ? client::ExportAdapter(spec_toml, m, out_dir, options)
                              : client::ExportCheckpoint(spec_toml, m, out_dir, options);
       if (!summary.ok()) return Fail(summary.status());
-      std::printf("exported %s of run %s step %ld: %zu tensors (%s, %s) in %zu file%s to %s",
-                  adapter         ? "the LoRA adapters"
-                  : options.merge ? "the merged model"
-                                  : "the model",
-                  Printable(run).c_str(), static_cast<long>(m.getStep()), summary->tensors,
+      std::printf("exported run %s step %ld: %zu %stensors (%s, %s) in %zu file%s to %s", Printable(run).c_str(),
+                  static_cast<long>(m.getStep()), summary->tensors,
+                  adapter         ? "LoRA adapter "
+                  : options.merge ? "merged "
+                                  : "",
                   HumanBytes(summary->bytes).c_str(), options.dtype.c_str(), summary->files,
                   summary->files == 1 ? "" : "s", out_dir.c_str());
       if (summary->companion_files > 0)

@@ -65,6 +65,11 @@ TEST(LoraPlan, Llama8BTrainsOnOne80GBGpuWithLoraAndNotInFull) {
   auto full = ChoosePlan(model, JobForRun(AutoSpec(model)), Gpus(1));
   ASSERT_FALSE(full.ok()) << full->why;
   EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted) << full.status().ToString();
+  // The refusal offers LoRA among the memory options, with its plan.
+  const std::string refusal = full.status().message();
+  const size_t offered = refusal.find("[lora] rank = 16, alpha = 32, target_modules = \"all-linear\"");
+  ASSERT_NE(offered, std::string::npos) << refusal;
+  EXPECT_EQ(refusal.compare(refusal.find(": ", offered) + 2, 12, "fits - peak "), 0) << refusal;
 
   const LoraSpec lora = AllLinear(16);
   const JobSpec job = JobForRun(AutoSpec(model, lora));

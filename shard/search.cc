@@ -525,6 +525,7 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   struct Option {
     std::string edit;
     JobSpec job;
+    bool lora = false;  // a LoRA job: its problem is validated again (its adapters counted)
   };
   std::vector<Option> alternatives;
   const std::vector<Offload> offloads = {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerAndParams};
@@ -543,12 +544,29 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
     alternatives.push_back(
         {std::string("train.optimizer = \"adamw8bit\"") + (j.offload ? "" : " (offload planned as now)"), j});
   }
+  // Fine-tuning instead of training every weight: LoRA over a frozen base (docs/lora.md), where
+  // the spec leaves the mesh room for it (tp = 1, ZeRO 0-2, no streamed parameters).
+  if (!problem.job.lora.enabled && problem.job.tp.value_or(1) == 1 && problem.job.zero.value_or(0) < 3 &&
+      problem.job.offload != Offload::kOptimizerAndParams && problem.job.keep_gathered.value_or(0) == 0) {
+    JobSpec j = problem.job;
+    j.lora.enabled = true;
+    j.lora.rank = 16;
+    j.lora.alpha = 32;
+    j.lora.target_modules = LoraTargetModules(model.family);
+    alternatives.push_back(
+        {"[lora] rank = 16, alpha = 32, target_modules = \"all-linear\" (fine-tuning, the base frozen)", j, true});
+  }
   const bool gpus =
       std::any_of(problem.workers.begin(), problem.workers.end(), [](const WorkerView& v) { return v.gpu; });
   std::string listed;
   for (const Option& option : alternatives) {
     internal::Problem other = problem;
     other.job = option.job;
+    if (option.lora) {
+      auto validated = internal::Validate(model, option.job, cluster, options);
+      if (!validated.ok()) continue;  // the spec's own fields leave no LoRA plan
+      other = std::move(validated).value();
+    }
     Outcome o = Search(other);
     listed += "\n  " + option.edit + ": ";
     if (o.plan.ok()) {

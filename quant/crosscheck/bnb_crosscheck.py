@@ -2,7 +2,7 @@
 # and bitsandbytes' source). Layout it expects, in one folder: bnb/ (bitsandbytes' repository),
 # quant/ and common/status.{h,cc} from strata, driver.cc and this file. On a GPU machine:
 #   cmake -S bnb -B bnb/build -G Ninja -DCOMPUTE_BACKEND=cuda -DCOMPUTE_CAPABILITY=90 && cmake --build bnb/build
-#   g++ -std=c++20 -O2 -ffp-contract=off -I. driver.cc quant/nf4.cc common/status.cc -o driver
+#   g++ -std=c++20 -O2 -ffp-contract=off -I. driver.cc quant/nf4.cc quant/nf4_state_dict.cc common/status.cc -o driver
 #   OUT=/tmp/out python3 bnb_crosscheck.py     # writes $OUT/report.json
 import json, os, struct, subprocess, sys, time
 import numpy as np

@@ -281,6 +281,11 @@ TEST_F(ClusterTest, LoraAdaptersExportInPeftsLayoutAndMergeIntoTheBase) {
       Spec("lora", 2, 4, 4) + "zero = 1\n[lora]\nrank = 4\nalpha = 8\n" + "target_modules = \"all-linear\"\n";
   std::string with_base = lora_spec;
   with_base.replace(with_base.find("[model]\n"), 8, "[model]\ninit_from = \"" + base + "\"\n");
+  // `strata plan` says what trains: per layer c_attn 4*64 + 192*4, attn c_proj 4*64 + 64*4, c_fc
+  // 4*64 + 256*4, mlp c_proj 4*256 + 64*4 = 4,096; two layers.
+  auto planned = Strata("plan " + WriteSpec("lora-plan", with_base));
+  ASSERT_EQ(planned.rc, 0) << planned.err;
+  EXPECT_NE(planned.out.find("(frozen; LoRA r=4 trains 8192)"), std::string::npos) << planned.out;
   const std::string run = SubmitAndFollow("lora", with_base);
 
   // The whole model is refused: the checkpoint holds the adapters, not the frozen base.
