@@ -367,6 +367,7 @@ Plan EvaluateKeeping(const Problem& problem, const Candidate& c, StageCache& cac
       acts += (kResidualBytes * held_tokens + 2 * loss_bytes) * sbh;
     }
     mem.activations = ToBytes(acts + static_cast<double>(kStepTemporaryBytes));
+    if (lora && problem.lora.nf4_matrix_params > 0) Nf4Base(problem.lora, layers, bf16_cuda ? 2 : 4, &mem);
     const double gradient_bytes = trainable * per_param.gradients;
     double buffers = 0;                            // gradients are all-reduced in place, one unit at a time
     if (c.tp > 1) buffers += tp_activation_bytes;  // an all-reduce's copy, or an all-gather's whole activation

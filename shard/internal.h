@@ -32,8 +32,14 @@ struct LoraCounts {
   int64_t layer = 0;     // adapter parameters of one layer (its A and B matrices)
   int64_t matrices = 0;  // the layer's adapted matrices (GPT-2's c_proj: two)
   int64_t inputs = 0;    // their input widths summed (what dropout > 0 copies per token)
+  // QLoRA (lora.base = "nf4"): one layer's linear weights, stored as NF4 at kNf4BytesPerWeight,
+  // and the largest of them, dequantized inside its matmul (kNf4DequantBytes a weight, transient).
+  int64_t nf4_matrix_params = 0;
+  int64_t nf4_largest = 0;
 };
 LoraCounts CountLora(const ModelSpec& model, const LoraSpec& lora);
+// QLoRA: `m` (a stage of `layers` layers) with its block linears as NF4 and their dequantization.
+void Nf4Base(const LoraCounts& counts, int64_t layers, int64_t compute_bytes, MemoryEstimate* m);
 
 // Validated inputs with the defaults filled in (kv_heads, ffn, sequence, link bandwidths).
 struct Problem {

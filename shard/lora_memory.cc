@@ -47,12 +47,30 @@ MemoryEstimate LoraModelStateBytes(int64_t frozen_params, int64_t adapter_params
 
 namespace internal {
 
+void Nf4Base(const LoraCounts& counts, int64_t layers, int64_t compute_bytes, MemoryEstimate* m) {
+  // The block linears leave the dense base (compute_bytes a weight) for NF4's 4.127 bits; the
+  // largest one is dequantized inside its matmul, forward and backward (one at a time).
+  const double matrices = static_cast<double>(counts.nf4_matrix_params) * static_cast<double>(layers);
+  m->weights = ToBytes(static_cast<double>(m->weights) - matrices * static_cast<double>(compute_bytes) +
+                       matrices * kNf4BytesPerWeight);
+  m->activations =
+      ToBytes(static_cast<double>(m->activations) +
+              static_cast<double>(counts.nf4_largest) * (kNf4DequantBytes + static_cast<double>(compute_bytes)));
+}
+
 LoraCounts CountLora(const ModelSpec& model, const LoraSpec& lora) {
   LoraCounts counts;
   if (!lora.enabled) return counts;
   for (const model::Parameter& p : model::BlockLoraParameters(Filled(model), lora)) {
     counts.layer += p.numel();
     if (p.name.ends_with(".lora_A.weight")) ++counts.matrices, counts.inputs += p.shape[1];
+  }
+  if (lora.base == LoraBase::kNf4) {
+    for (const model::Parameter& p : model::BlockParameters(Filled(model))) {
+      if (p.shape.size() != 2) continue;
+      counts.nf4_matrix_params += p.numel();
+      counts.nf4_largest = std::max(counts.nf4_largest, p.numel());
+    }
   }
   return counts;
 }

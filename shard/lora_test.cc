@@ -229,5 +229,25 @@ TEST(LoraPlan, ActivationsAndStepTimeOfAFrozenBase) {
               1e-9 * full.step_time.compute_s);
 }
 
+// QLoRA: the block linears leave the dense bf16 base for NF4's 4.127 bits a weight; the rest of
+// the model state is LoRA's.
+TEST(LoraPlan, AnNf4BaseHoldsTheBlockLinearsAtFourPointOneBitsAWeight) {
+  const ModelSpec model = Llama31_8B();
+  LoraSpec lora = AllLinear(16);
+  auto dense = ChoosePlan(model, JobForRun(AutoSpec(model, lora)), Gpus(1));
+  lora.base = LoraBase::kNf4;
+  auto nf4 = ChoosePlan(model, JobForRun(AutoSpec(model, lora)), Gpus(1));
+  ASSERT_TRUE(dense.ok() && nf4.ok()) << nf4.status().ToString();
+  ASSERT_EQ(dense->workers.size(), 1u);
+  ASSERT_EQ(nf4->workers.size(), 1u);
+  int64_t matrices = 0;
+  for (const model::Parameter& p : model::BlockParameters(model))
+    if (p.shape.size() == 2) matrices += p.numel();
+  matrices *= model.layers;
+  const double saved = static_cast<double>(matrices) * (2.0 - (4.0 + 8.0 / 64 + 32.0 / (64 * 256)) / 8);
+  EXPECT_NEAR(static_cast<double>(dense->workers[0].memory.weights - nf4->workers[0].memory.weights), saved, 1e3);
+  EXPECT_EQ(dense->workers[0].memory.optimizer_state, nf4->workers[0].memory.optimizer_state);
+}
+
 }  // namespace
 }  // namespace strata::shard

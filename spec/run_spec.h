@@ -20,7 +20,7 @@
 //               train.seed when it is empty); logits_top_k
 //   [patch]     layers, sites, ablation, source, logits (kind = "patch": run the model with those
 //               sites replaced and store each row's loss; chunked as an extract run)
-//   [lora]      rank, alpha, dropout, target_modules, use_rslora (train runs: LoRA adapters on the
+//   [lora]      rank, alpha, dropout, target_modules, use_rslora, base (train runs: LoRA adapters on the
 //               targeted linears, every base weight frozen; docs/lora.md)
 #pragma once
 
@@ -301,6 +301,10 @@ struct LoraSpec {
   // "all-linear" in the TOML is every one; absent: PEFT's default for the family.
   std::vector<std::string> target_modules;
   bool use_rslora = false;
+  // "dense" (the base in the compute dtype) or "nf4" (QLoRA: every linear of the blocks as
+  // bitsandbytes' NF4 - blocks of 64, double-quantized scales, 4.127 bits a weight - quantized as
+  // it loads; the embedding, norms and head stay dense).
+  LoraBase base = LoraBase::kDense;
   double scale() const;
 };
 

@@ -1,6 +1,7 @@
 // The run spec's [lora] table (run_spec.h LoraSpec): LoRA adapters on a family's linears.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "spec/run_spec.h"
 #include "spec/run_spec_reader.h"
@@ -113,6 +114,14 @@ Status ParseLora(Reader& r, bool present, RunSpec* spec) {
     return InvalidArgument("run spec: lora.dropout = 1 would drop every input of the adapters; use [0, 1)");
   }
   STRATA_RETURN_IF_ERROR(r.Bool("lora", "use_rslora", &l.use_rslora));
+  std::optional<std::string> unknown_base;
+  STRATA_RETURN_IF_ERROR(r.Choice("lora", "base", &l.base, &unknown_base));
+  if (unknown_base) {
+    return InvalidArgument(
+        "run spec: lora.base = \"" + *unknown_base + "\" is not supported; use \"dense\" (the base " +
+        "in the compute dtype) or \"nf4\" (QLoRA's 4-bit base)" +
+        (*unknown_base == "fp4" || *unknown_base == "int8" ? "; " + *unknown_base + " is not built yet" : ""));
+  }
   return Status::Ok();
 }
 

@@ -58,6 +58,7 @@ TEST_F(LoraSpecTest, ModulesAreKeptInTheFamilysOrderAndTheTomlParsesBackEqual) {
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_EQ(spec->lora.target_modules, (std::vector<std::string>{"q_proj", "down_proj"}));
   EXPECT_DOUBLE_EQ(spec->lora.scale(), 4.0);
+  EXPECT_EQ(spec->lora.base, LoraBase::kDense);
   auto again = ParseSubmittedRunSpec(RunSpecToToml(*spec));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(RunSpecToToml(*again), RunSpecToToml(*spec));
@@ -71,6 +72,12 @@ TEST_F(LoraSpecTest, AllLinearIsEveryLinearOfTheFamily) {
   EXPECT_EQ(spec->lora.target_modules, LoraTargetModules(Family::kLlama));
   EXPECT_EQ(spec->lora.target_modules.size(), 7u);
   EXPECT_DOUBLE_EQ(spec->lora.scale(), 8.0 / 2.0);  // alpha / sqrt(rank)
+  auto qlora = Parse(Spec("[lora]\nbase = \"nf4\"\n"));
+  ASSERT_TRUE(qlora.ok()) << qlora.status().ToString();
+  EXPECT_EQ(qlora->lora.base, LoraBase::kNf4);
+  auto again = ParseSubmittedRunSpec(RunSpecToToml(*qlora));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->lora.base, LoraBase::kNf4);
 }
 
 TEST_F(LoraSpecTest, BadValuesNameTheField) {
@@ -88,6 +95,8 @@ TEST_F(LoraSpecTest, BadValuesNameTheField) {
   ExpectRejected(Spec("[lora]\ndropout = 1.0\n"), "lora.dropout = 1");
   ExpectRejected(Spec("[lora]\nmodules_to_save = [\"lm_head\"]\n"), "lora.modules_to_save is not built yet");
   ExpectRejected(Spec("[lora]\nranks = 4\n"), "unknown key 'lora.ranks'");
+  ExpectRejected(Spec("[lora]\nbase = \"int4\"\n"), "lora.base = \"int4\" is not supported; use \"dense\"");
+  ExpectRejected(Spec("[lora]\nbase = \"fp4\"\n"), "fp4 is not built yet");
 }
 
 TEST_F(LoraSpecTest, MeshesNotBuiltYetAreRefusedNamingTheField) {

@@ -134,7 +134,8 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                     {"alpha", spec.lora.alpha},
                                     {"dropout", spec.lora.dropout},
                                     {"target_modules", modules},
-                                    {"use_rslora", spec.lora.use_rslora}});
+                                    {"use_rslora", spec.lora.use_rslora},
+                                    {"base", Name(spec.lora.base)}});
   }
   std::ostringstream out;
   out << root << "\n";

@@ -63,6 +63,10 @@ enum class StoredDType { kFp32, kBf16, kFp16 };
 // patch.ablation: what replaces a patched site (patch.source holds the mean's values).
 enum class Ablation { kZero, kMean };
 
+// lora.base: how LoRA's frozen base is held - "dense" in the compute dtype, or "nf4": QLoRA's
+// 4-bit NormalFloat blocks (quant/nf4.h), dequantized inside each matmul.
+enum class LoraBase { kDense, kNf4 };
+
 // Each enum's spellings, in the order messages list them: entry i names the value i, so the
 // tables cover their enums' values in order (checked below).
 template <typename E>
@@ -101,6 +105,7 @@ STRATA_CHOICES(ExtractMode, {ExtractMode::kAuto, "auto"}, {ExtractMode::kWhole, 
                {ExtractMode::kLayerwise, "layerwise"});
 STRATA_CHOICES(StoredDType, {StoredDType::kFp32, "fp32"}, {StoredDType::kBf16, "bf16"}, {StoredDType::kFp16, "fp16"});
 STRATA_CHOICES(Ablation, {Ablation::kZero, "zero"}, {Ablation::kMean, "mean"});
+STRATA_CHOICES(LoraBase, {LoraBase::kDense, "dense"}, {LoraBase::kNf4, "nf4"});
 
 #undef STRATA_CHOICES
 

@@ -67,11 +67,13 @@ torch::Tensor ParamView::Lookup(const std::string& name, const torch::Tensor& id
 }
 
 void ParamView::AddFrozen(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
-                          const std::string& strip) {
+                          const std::string& strip, const std::vector<const Nf4Weight*>& nf4) {
+  if (!nf4.empty() && nf4_.empty()) nf4_.assign(names_.size(), nullptr);
   for (size_t i = 0; i < names.size(); ++i) {
     names_.push_back(names[i].substr(strip.size()));
     tensors_.push_back(tensors[i]);
     if (!sunk_.empty()) sunk_.push_back(SunkParameter{});
+    if (!nf4_.empty()) nf4_.push_back(nf4.empty() ? nullptr : nf4[i]);
   }
   if (!sunk_.empty()) used_.resize(names_.size());
 }
@@ -93,6 +95,13 @@ torch::Tensor ParamView::Linear(const torch::Tensor& x, const std::string& weigh
 torch::Tensor ParamView::PlainLinear(const torch::Tensor& x, const std::string& weight, const std::string& bias,
                                      const RowsAhead* ahead) const {
   const torch::Tensor b = bias.empty() ? torch::Tensor() : Optional(bias);
+  if (!nf4_.empty()) {
+    const size_t i = IndexOf(weight);
+    if (i < names_.size() && nf4_[i] != nullptr) {
+      if (ahead != nullptr) ahead->wait_rest();
+      return Nf4Linear(x, *nf4_[i], b);
+    }
+  }
   const auto [w, sunk] = Sunk(weight);
   if (sunk != nullptr) return LinearIntoGradient(x, sunk->param, w, b, sunk->sink, sunk->defer, ahead);
   // (Autocast's linear casts as it goes, which the row blocks' out= matmuls would not: every row

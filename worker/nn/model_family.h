@@ -30,6 +30,7 @@
 #include "spec/run_spec.h"
 #include "worker/nn/block_io.h"
 #include "worker/nn/fused_linear.h"
+#include "worker/nn/nf4_linear.h"
 
 namespace strata::worker {
 
@@ -86,8 +87,10 @@ class ParamView {
   // LoRA adapters of this view's linears (null: none; the pointee outlives the view).
   void SetLora(const LoraCompute* lora) { lora_ = lora; }
   // Appends parameters read as they are, through no sink: a frozen base (StageModel under LoRA).
+  // `nf4` (empty, or one per name; null for a dense one): QLoRA's NF4 matrices, which Linear
+  // dequantizes inside its matmul (their `tensors` entry is undefined).
   void AddFrozen(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
-                 const std::string& strip = "");
+                 const std::string& strip = "", const std::vector<const Nf4Weight*>& nf4 = {});
 
  private:
   torch::Tensor PlainLinear(const torch::Tensor& x, const std::string& weight, const std::string& bias,
@@ -101,6 +104,7 @@ class ParamView {
   RowLookup rows_;
   mutable std::vector<torch::Tensor> used_;  // operator()'s sink outputs, made on first access
   const LoraCompute* lora_ = nullptr;
+  std::vector<const Nf4Weight*> nf4_;  // empty, or one per name (AddFrozen)
 };
 
 // A column-parallel projection read through f: its weight's and its bias's names ("": no bias).

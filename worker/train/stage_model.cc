@@ -359,7 +359,11 @@ ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vecto
   }
   ParamView view(std::move(names), std::move(views), std::move(sunk));
   if (spec_.lora.enabled) {
-    if (frozen != nullptr) view.AddFrozen(frozen->names, frozen->tensors, strip);
+    if (frozen != nullptr) {
+      std::vector<const Nf4Weight*> nf4;
+      for (const auto& w : frozen->nf4) nf4.push_back(w.get());
+      view.AddFrozen(frozen->names, frozen->tensors, strip, nf4);
+    }
     view.SetLora(&lora_);
   }
   return view;

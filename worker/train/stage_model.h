@@ -208,7 +208,10 @@ class StageModel {
   // `frozen` of the base beside them.
   struct FrozenPart {
     std::vector<std::string> names;
-    std::vector<torch::Tensor> tensors;
+    std::vector<torch::Tensor> tensors;  // undefined where nf4 holds the matrix
+    // QLoRA (lora.base = "nf4"): the block's matrices as NF4, one per name (null: dense); empty
+    // otherwise.
+    std::vector<std::shared_ptr<Nf4Weight>> nf4;
   };
   ParamView ViewOfUnit(const std::vector<int>& units, const std::vector<std::vector<torch::Tensor>>& tensors,
                        const std::string& strip = "", const FrozenPart* frozen = nullptr);
@@ -217,8 +220,10 @@ class StageModel {
   void BuildLoraUnits(std::map<std::string, model::Parameter> table, int64_t first, int64_t last,
                       const WeightLoader& load, const WeightLoader& base_load);
   // LoRA: the frozen base of this rank, `names` loaded through `load` onto the device.
-  FrozenPart LoadFrozen(const std::vector<std::string>& names, const std::map<std::string, model::Parameter>& table,
-                        const WeightLoader& load);
+  // `quantize`: its matrices are stored as NF4 (QLoRA's blocks).
+  Result<FrozenPart> LoadFrozen(const std::vector<std::string>& names,
+                                const std::map<std::string, model::Parameter>& table, const WeightLoader& load,
+                                bool quantize = false);
 
   RunSpec spec_;
   shard::MeshShape mesh_;

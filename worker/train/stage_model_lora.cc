@@ -19,7 +19,15 @@ void StageModel::BuildLoraUnits(std::map<std::string, model::Parameter> table, i
               "LoRA runs on tp = 1 and ZeRO 0-2, with the base's weights to load");
   for (model::Parameter& p : model::LoraParameters(m, spec_.lora)) table.emplace(p.name, std::move(p));
   lora_ = LoraCompute{spec_.lora.scale(), spec_.lora.dropout};
-  if (first_stage()) frozen_embed_ = LoadFrozen(model::EmbeddingNames(m), table, base_load);
+  // The constructor has no Status to return: a weight that cannot be quantized (a NaN in it) is
+  // thrown, naming the tensor, and the task fails with that message.
+  auto frozen = [&](const std::vector<std::string>& names, bool quantize = false) {
+    Result<FrozenPart> part = LoadFrozen(names, table, base_load, quantize);
+    TORCH_CHECK(part.ok(), "the frozen base: ", part.status().message());
+    return std::move(part).value();
+  };
+  const bool nf4 = spec_.lora.base == LoraBase::kNf4;
+  if (first_stage()) frozen_embed_ = frozen(model::EmbeddingNames(m));
   const std::vector<model::Parameter> block = model::BlockParameters(m);
   const std::vector<model::Parameter> adapters = model::BlockLoraParameters(m, spec_.lora);
   for (int64_t layer = first; layer < last; ++layer) {
@@ -27,14 +35,14 @@ void StageModel::BuildLoraUnits(std::map<std::string, model::Parameter> table, i
     std::vector<std::string> base, names;
     for (const model::Parameter& p : block) base.push_back(prefix + p.name);
     for (const model::Parameter& p : adapters) names.push_back(prefix + p.name);
-    frozen_blocks_.push_back(LoadFrozen(base, table, base_load));
+    frozen_blocks_.push_back(frozen(base, /*quantize=*/nf4));
     AddUnit("block " + std::to_string(layer) + " (LoRA)", names, table, /*tied_copy=*/false, load);
     block_units_.push_back(static_cast<int>(units_.size() - 1));
   }
   if (last_stage()) {
     std::vector<std::string> names = model::FinalNormNames(m);
     const std::string head = model::HeadWeightName(m);
-    frozen_head_ = LoadFrozen(names, table, base_load);
+    frozen_head_ = frozen(names);
     // A tied head on the first stage is the embedding's own tensor.
     const auto& embed = frozen_embed_.names;
     const auto tied = std::find(embed.begin(), embed.end(), head);
@@ -42,37 +50,59 @@ void StageModel::BuildLoraUnits(std::map<std::string, model::Parameter> table, i
       frozen_head_.names.push_back(head);
       frozen_head_.tensors.push_back(frozen_embed_.tensors[static_cast<size_t>(tied - embed.begin())]);
     } else {
-      FrozenPart weight = LoadFrozen({head}, table, base_load);
+      FrozenPart weight = frozen({head});
       frozen_head_.names.push_back(head);
       frozen_head_.tensors.push_back(weight.tensors[0]);
     }
   }
 }
 
-StageModel::FrozenPart StageModel::LoadFrozen(const std::vector<std::string>& names,
-                                              const std::map<std::string, model::Parameter>& table,
-                                              const WeightLoader& load) {
+Result<StageModel::FrozenPart> StageModel::LoadFrozen(const std::vector<std::string>& names,
+                                                      const std::map<std::string, model::Parameter>& table,
+                                                      const WeightLoader& load, bool quantize) {
   // Matrices (the linears, the embedding tables, the head) in the compute dtype: what the
   // matmuls read, at half fp32's bytes on a bf16 run; the norms' and biases' vectors in fp32, as
-  // the fused norms take them.
+  // the fused norms take them. QLoRA's block matrices as NF4, quantized on the host as each one
+  // streams from its source (never the whole model in memory).
   const torch::ScalarType matrices =
       spec_.train.precision == Precision::kBf16 && device_.is_cuda() ? torch::kBFloat16 : torch::kFloat;
   FrozenPart part;
   torch::NoGradGuard no_grad;
   for (const std::string& name : names) {
     const model::Parameter& p = table.at(name);
-    torch::Tensor held = torch::empty(
-        p.shape, torch::TensorOptions().dtype(p.shape.size() == 2 ? matrices : torch::kFloat).device(device_));
+    const bool nf4 = quantize && p.shape.size() == 2;
+    torch::Tensor held;
+    std::shared_ptr<Nf4Weight> quantized;
+    if (!nf4) {
+      held = torch::empty(p.shape,
+                          torch::TensorOptions().dtype(p.shape.size() == 2 ? matrices : torch::kFloat).device(device_));
+    }
     bool loaded = false;
+    Status status;
     load(p, [&](const torch::Tensor& whole) {
-      // In the source's dtype to the device, converted there (as AddUnit).
-      held.copy_(whole.contiguous().to(held.device()).view(p.shape));
       loaded = true;
+      if (!nf4) {
+        // In the source's dtype to the device, converted there (as AddUnit).
+        held.copy_(whole.contiguous().to(held.device()).view(p.shape));
+        return;
+      }
+      auto q = QuantizeNf4Weight(whole.contiguous().view(p.shape), device_, matrices);
+      if (!q.ok()) {
+        status = InvalidArgument(name + ": " + q.status().message());
+        return;
+      }
+      quantized = std::make_shared<Nf4Weight>(std::move(q).value());
     });
+    STRATA_RETURN_IF_ERROR(status);
     // A loader that failed stops at its first error (the caller reports it); zeros meanwhile.
-    if (!loaded) held.zero_();
+    if (!loaded && held.defined()) held.zero_();
+    if (!loaded && nf4) {
+      STRATA_ASSIGN_OR_RETURN(Nf4Weight zeros, QuantizeNf4Weight(torch::zeros(p.shape), device_, matrices));
+      quantized = std::make_shared<Nf4Weight>(std::move(zeros));
+    }
     part.names.push_back(name);
     part.tensors.push_back(held);
+    if (quantize) part.nf4.push_back(quantized);
   }
   return part;
 }
@@ -83,7 +113,10 @@ std::vector<std::pair<std::string, torch::Tensor>> StageModel::frozen_parameters
     for (size_t i = 0; i < part->names.size(); ++i) out.emplace_back(part->names[i], part->tensors[i]);
   }
   for (const FrozenPart& part : frozen_blocks_) {
-    for (size_t i = 0; i < part.names.size(); ++i) out.emplace_back(part.names[i], part.tensors[i]);
+    for (size_t i = 0; i < part.names.size(); ++i) {
+      const bool nf4 = !part.nf4.empty() && part.nf4[i] != nullptr;
+      out.emplace_back(part.names[i], nf4 ? DequantizeNf4Weight(*part.nf4[i]) : part.tensors[i]);
+    }
   }
   for (size_t i = 0; i < frozen_head_.names.size(); ++i) {
     const bool tied_here = std::find(frozen_embed_.names.begin(), frozen_embed_.names.end(), frozen_head_.names[i]) !=

@@ -1,8 +1,11 @@
 // LoRA training (stage_model.h, run_spec.h LoraSpec): the adapters train, the base stays as it
 // was loaded, and every mesh LoRA runs on gives the single worker's losses.
 #include <cmath>
+#include <tuple>
 
+#include "quant/nf4.h"
 #include "worker/nn/lora.h"
+#include "worker/nn/nf4_linear.h"
 #include "worker/train/trainer_test_fixture.h"
 
 namespace strata::worker {
@@ -107,6 +110,91 @@ TEST_F(LoraTrainerTest, LogitsEqualTheBaseWithTheAdaptersMergedIn) {
     auto base = BuildCausalLm(spec_.model, spec_.train.seed);
     ASSERT_TRUE(base.ok());
     EXPECT_GT((adapted - (*base)->Logits(tokens)).abs().max().item<double>(), 100 * gap) << family;
+  }
+}
+
+TEST(Nf4LinearTest, DequantizesAsTheReferenceAndSendsTheGradientToTheInputOnly) {
+  torch::manual_seed(3);
+  // Heavy-tailed, and not a multiple of 64 x 256 weights: a partial block and a partial nested block.
+  const torch::Tensor w = torch::randn({37, 91}) * torch::randn({37, 91}).pow(3);
+  auto q = QuantizeNf4Weight(w, torch::kCPU, torch::kFloat);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  auto reference = quant::QuantizeNf4(w.contiguous().data_ptr<float>(), {37, 91});
+  ASSERT_TRUE(reference.ok());
+  auto values = quant::DequantizeNf4(*reference);
+  ASSERT_TRUE(values.ok());
+  const torch::Tensor expected = torch::from_blob(values->data(), {37, 91}, torch::kFloat).clone();
+  const torch::Tensor got = DequantizeNf4Weight(*q);
+  EXPECT_TRUE(torch::equal(got, expected)) << (got - expected).abs().max().item<float>();
+  EXPECT_LT(q->bytes(), w.numel());  // about half a byte a weight (and the 16 + 256 tables)
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{64, 32}, {96, 32}, {3, 5}}) {
+    const torch::Tensor small = torch::randn(shape) * 0.02;
+    auto qs = QuantizeNf4Weight(small, torch::kCPU, torch::kFloat);
+    ASSERT_TRUE(qs.ok());
+    auto rs = quant::QuantizeNf4(small.contiguous().data_ptr<float>(), shape);
+    auto vs = quant::DequantizeNf4(*rs);
+    const torch::Tensor ref = torch::from_blob(vs->data(), shape, torch::kFloat).clone();
+    EXPECT_TRUE(torch::equal(DequantizeNf4Weight(*qs), ref))
+        << shape[0] << "x" << shape[1] << " " << (DequantizeNf4Weight(*qs) - ref).abs().max().item<float>()
+        << " ref err " << (ref - small).abs().max().item<float>();
+  }
+
+  const torch::Tensor x = torch::randn({5, 91}).requires_grad_(true);
+  const torch::Tensor x2 = x.detach().clone().requires_grad_(true);
+  const torch::Tensor bias = torch::randn({37});
+  const torch::Tensor y = Nf4Linear(x, *q, bias);
+  const torch::Tensor y2 = torch::linear(x2, expected, bias);
+  EXPECT_TRUE(torch::allclose(y, y2, 1e-6, 1e-6));
+  const torch::Tensor dy = torch::randn({5, 37});
+  y.backward(dy);
+  y2.backward(dy);
+  EXPECT_TRUE(torch::allclose(x.grad(), x2.grad(), 1e-6, 1e-6));
+}
+
+TEST_F(LoraTrainerTest, QloraTrainsAdaptersOverTheNf4BaseOnEveryMesh) {
+  UseLora("llama", LoraTargetModules(Family::kLlama));
+  spec_.lora.base = LoraBase::kNf4;
+  const torch::Tensor tokens = torch::randint(0, spec_.model.vocab, {2, spec_.model.sequence}, torch::kLong);
+  torch::Tensor before;
+  std::map<std::string, torch::Tensor> frozen;
+  Train(0, [&](uint32_t, Trainer& t) {
+    before = t.Logits(tokens);
+    for (auto& [name, p] : t.frozen_parameters()) frozen.emplace(name, p.clone());
+  });
+  // Before any update the model is the base with its block linears through NF4 and back.
+  auto base = BuildCausalLm(spec_.model, spec_.train.seed);
+  ASSERT_TRUE(base.ok());
+  int64_t quantized = 0;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : (*base)->named_parameters()) {
+      const bool block_matrix = item.value().dim() == 2 && item.key().rfind("layers.", 0) == 0;
+      if (!block_matrix) {
+        EXPECT_TRUE(torch::equal(frozen.at(item.key()), item.value())) << item.key();
+        continue;
+      }
+      auto q = QuantizeNf4Weight(item.value(), torch::kCPU, torch::kFloat);
+      ASSERT_TRUE(q.ok());
+      const torch::Tensor roundtrip = DequantizeNf4Weight(*q);
+      EXPECT_TRUE(torch::equal(frozen.at(item.key()), roundtrip))
+          << item.key() << " " << (frozen.at(item.key()) - roundtrip).abs().max().item<float>();
+      EXPECT_FALSE(torch::equal(roundtrip, item.value())) << item.key() << " was not quantized";
+      item.value().copy_(roundtrip);
+      ++quantized;
+    }
+  }
+  EXPECT_EQ(quantized, spec_.model.layers * 7);
+  EXPECT_LT((before - (*base)->Logits(tokens)).abs().max().item<double>(), 1e-4);
+
+  const std::vector<double> reference = Train(4)[0];
+  EXPECT_LT(reference[3], reference[0]);
+  for (const auto& [dp, pp, zero] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{2, 1, 1}, {1, 2, 0}}) {
+    SetMesh(dp, pp, 1, zero);
+    const auto losses = Train(4);
+    for (const auto& rank : losses) {
+      for (size_t s = 0; s < reference.size(); ++s)
+        EXPECT_NEAR(rank[s], reference[s], 1e-5 * reference[s]) << "dp " << dp << " pp " << pp << " step " << s + 1;
+    }
   }
 }
 
