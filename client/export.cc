@@ -10,6 +10,7 @@
 #include <span>
 
 #include "common/atomic_file.h"
+#include "common/float_bits.h"
 #include "model/hf_checkpoint.h"
 #include "model/parameters.h"
 #include "model/peft_adapter.h"
@@ -41,14 +42,9 @@ std::vector<uint8_t> Transpose2d(const storage::Tensor& t) {
 std::vector<uint8_t> ToBf16(const std::vector<uint8_t>& f32) {
   std::vector<uint8_t> out(f32.size() / 2);
   for (size_t i = 0; i < f32.size() / 4; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &f32[i * 4], 4);
-    uint16_t half;
-    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
-      half = static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN
-    } else {
-      half = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-    }
+    float value;
+    std::memcpy(&value, &f32[i * 4], 4);
+    const uint16_t half = FloatToBf16(value);
     std::memcpy(&out[i * 2], &half, 2);
   }
   return out;
@@ -144,25 +140,6 @@ class CheckpointTensors {
   std::map<std::string, std::vector<PieceRef>> pieces_;  // parameter -> its pieces
 };
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);  // inf, NaN
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal: m * 2^-24
-    float f = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 // A float tensor's values as fp32 (F32, BF16 or F16 bytes).
 Result<std::vector<float>> ToFloats(storage::DType dtype, std::span<const uint8_t> bytes, const std::string& what) {
   std::vector<float> out(bytes.size() / storage::DTypeSize(dtype));
@@ -172,12 +149,7 @@ Result<std::vector<float>> ToFloats(storage::DType dtype, std::span<const uint8_
     } else if (dtype == storage::DType::kBF16 || dtype == storage::DType::kF16) {
       uint16_t h;
       std::memcpy(&h, &bytes[i * 2], 2);
-      if (dtype == storage::DType::kF16) {
-        out[i] = HalfToFloat(h);
-      } else {
-        const uint32_t bits = static_cast<uint32_t>(h) << 16;
-        std::memcpy(&out[i], &bits, 4);
-      }
+      out[i] = dtype == storage::DType::kF16 ? Fp16ToFloat(h) : Bf16ToFloat(h);
     } else {
       return InvalidArgument(what + " is " + storage::DTypeName(dtype) + ", not a float tensor");
     }

@@ -54,6 +54,7 @@
 #include <cmath>
 #include <utility>
 
+#include "common/float_bits.h"
 #include "quant/nf4_internal.h"
 
 namespace strata::quant {
@@ -85,25 +86,6 @@ constexpr std::array<float, 15> kNf4Mid = {
     -0.13791173323988914f, -0.045525018125772476f, 0.03979014977812767f, 0.1202552504837513f,   0.2035212516784668f,
     0.2920137718319893f,   0.3893125355243683f,    0.5016634166240692f,  0.6427869200706482f,   0.8614784181118011f,
 };
-
-float Bf16ToFloat(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
-
-float Fp16ToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t man = h & 0x3ffu;
-  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));  // inf / NaN
-  if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
-  // Zero or subnormal: man * 2^-24, exact in float.
-  const float mag = std::ldexp(static_cast<float>(man), -24);
-  return sign ? -mag : mag;
-}
-
-uint16_t FloatToBf16Rne(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 }  // namespace
 
@@ -455,7 +437,7 @@ Result<std::vector<float>> DequantizeNf4(const Nf4Tensor& t) {
 Result<std::vector<uint16_t>> DequantizeNf4Bf16(const Nf4Tensor& t) {
   STRATA_ASSIGN_OR_RETURN(std::vector<float> f, DequantizeNf4(t));
   std::vector<uint16_t> out(f.size());
-  for (size_t i = 0; i < f.size(); ++i) out[i] = FloatToBf16Rne(f[i]);
+  for (size_t i = 0; i < f.size(); ++i) out[i] = FloatToBf16(f[i]);
   return out;
 }
 

@@ -67,13 +67,13 @@ torch::Tensor ParamView::Lookup(const std::string& name, const torch::Tensor& id
 }
 
 void ParamView::AddFrozen(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
-                          const std::string& strip, const std::vector<const Nf4Weight*>& nf4) {
+                          const std::string& strip, const std::vector<std::shared_ptr<Nf4Weight>>& nf4) {
   if (!nf4.empty() && nf4_.empty()) nf4_.assign(names_.size(), nullptr);
   for (size_t i = 0; i < names.size(); ++i) {
     names_.push_back(names[i].substr(strip.size()));
     tensors_.push_back(tensors[i]);
     if (!sunk_.empty()) sunk_.push_back(SunkParameter{});
-    if (!nf4_.empty()) nf4_.push_back(nf4.empty() ? nullptr : nf4[i]);
+    if (!nf4_.empty()) nf4_.push_back(nf4.empty() ? nullptr : nf4[i].get());
   }
   if (!sunk_.empty()) used_.resize(names_.size());
 }

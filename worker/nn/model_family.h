@@ -90,7 +90,7 @@ class ParamView {
   // `nf4` (empty, or one per name; null for a dense one): QLoRA's NF4 matrices, which Linear
   // dequantizes inside its matmul (their `tensors` entry is undefined).
   void AddFrozen(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
-                 const std::string& strip = "", const std::vector<const Nf4Weight*>& nf4 = {});
+                 const std::string& strip = "", const std::vector<std::shared_ptr<Nf4Weight>>& nf4 = {});
 
  private:
   torch::Tensor PlainLinear(const torch::Tensor& x, const std::string& weight, const std::string& bias,

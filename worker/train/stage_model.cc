@@ -359,11 +359,7 @@ ParamView StageModel::ViewOfUnit(const std::vector<int>& units, const std::vecto
   }
   ParamView view(std::move(names), std::move(views), std::move(sunk));
   if (spec_.lora.enabled) {
-    if (frozen != nullptr) {
-      std::vector<const Nf4Weight*> nf4;
-      for (const auto& w : frozen->nf4) nf4.push_back(w.get());
-      view.AddFrozen(frozen->names, frozen->tensors, strip, nf4);
-    }
+    if (frozen != nullptr) view.AddFrozen(frozen->names, frozen->tensors, strip, frozen->nf4);
     view.SetLora(&lora_);
   }
   return view;

@@ -5,6 +5,7 @@
 // linear are a block's unit, trained as any unit is (sink, ZeRO-1/2 shards, checkpoints), and
 // ParamView::Linear adds their product to the frozen linear's output (model_family.h LoraCompute).
 #include <algorithm>
+#include <set>
 
 #include "worker/train/stage_model.h"
 
@@ -77,10 +78,10 @@ Result<StageModel::FrozenPart> StageModel::LoadFrozen(const std::vector<std::str
       held = torch::empty(p.shape,
                           torch::TensorOptions().dtype(p.shape.size() == 2 ? matrices : torch::kFloat).device(device_));
     }
-    bool loaded = false;
+    // A loader that failed stops at its first error, leaving the tensor unwritten (as AddUnit's):
+    // the caller reports the error before anything runs.
     Status status;
     load(p, [&](const torch::Tensor& whole) {
-      loaded = true;
       if (!nf4) {
         // In the source's dtype to the device, converted there (as AddUnit).
         held.copy_(whole.contiguous().to(held.device()).view(p.shape));
@@ -94,12 +95,6 @@ Result<StageModel::FrozenPart> StageModel::LoadFrozen(const std::vector<std::str
       quantized = std::make_shared<Nf4Weight>(std::move(q).value());
     });
     STRATA_RETURN_IF_ERROR(status);
-    // A loader that failed stops at its first error (the caller reports it); zeros meanwhile.
-    if (!loaded && held.defined()) held.zero_();
-    if (!loaded && nf4) {
-      STRATA_ASSIGN_OR_RETURN(Nf4Weight zeros, QuantizeNf4Weight(torch::zeros(p.shape), device_, matrices));
-      quantized = std::make_shared<Nf4Weight>(std::move(zeros));
-    }
     part.names.push_back(name);
     part.tensors.push_back(held);
     if (quantize) part.nf4.push_back(quantized);
@@ -109,20 +104,17 @@ Result<StageModel::FrozenPart> StageModel::LoadFrozen(const std::vector<std::str
 
 std::vector<std::pair<std::string, torch::Tensor>> StageModel::frozen_parameters() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const FrozenPart* part : {&frozen_embed_}) {
-    for (size_t i = 0; i < part->names.size(); ++i) out.emplace_back(part->names[i], part->tensors[i]);
-  }
-  for (const FrozenPart& part : frozen_blocks_) {
+  std::set<std::string> listed;  // a tied head is the embedding's tensor: listed once
+  auto add = [&](const FrozenPart& part) {
     for (size_t i = 0; i < part.names.size(); ++i) {
+      if (!listed.insert(part.names[i]).second) continue;
       const bool nf4 = !part.nf4.empty() && part.nf4[i] != nullptr;
       out.emplace_back(part.names[i], nf4 ? DequantizeNf4Weight(*part.nf4[i]) : part.tensors[i]);
     }
-  }
-  for (size_t i = 0; i < frozen_head_.names.size(); ++i) {
-    const bool tied_here = std::find(frozen_embed_.names.begin(), frozen_embed_.names.end(), frozen_head_.names[i]) !=
-                           frozen_embed_.names.end();
-    if (!tied_here) out.emplace_back(frozen_head_.names[i], frozen_head_.tensors[i]);
-  }
+  };
+  add(frozen_embed_);
+  for (const FrozenPart& part : frozen_blocks_) add(part);
+  add(frozen_head_);
   return out;
 }
 

@@ -78,7 +78,7 @@ Status Trainer::Init() {
   // resume too; the adapters start from InitialLoraAdapters, or from the checkpoint.
   const bool lora = context.spec.lora.enabled;
   const bool base_needed = !resuming || lora;
-  StageModel::WeightLoader load, base_load;
+  StageModel::WeightLoader adapter_load, base_load;
   std::shared_ptr<CausalLm> full;
   std::map<std::string, torch::Tensor> drawn;  // full's parameters by name
   uint64_t read_bytes = 0;
@@ -106,11 +106,13 @@ Status Trainer::Init() {
   std::map<std::string, torch::Tensor> adapters;
   if (lora && !resuming) {
     adapters = InitialLoraAdapters(model_spec, context.spec.lora, context.spec.train.seed);
-    load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(adapters.at(p.name)); };
+    adapter_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(adapters.at(p.name)); };
   }
-  if (!lora) load = std::move(base_load);
-  model_ = std::make_unique<StageModel>(context.spec, mesh_, position_, load, device_,
-                                        StageModel::Groups{dp_group_.get(), tp_group_.get()}, base_load);
+  // Full training: the units are the model, filled from its source. LoRA: the units are the
+  // adapters, and the base (frozen) comes from the source.
+  model_ =
+      std::make_unique<StageModel>(context.spec, mesh_, position_, lora ? adapter_load : base_load, device_,
+                                   StageModel::Groups{dp_group_.get(), tp_group_.get()}, lora ? base_load : nullptr);
   STRATA_RETURN_IF_ERROR(load_status);
   if (checkpoint) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
