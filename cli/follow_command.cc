@@ -11,7 +11,7 @@
 #include "cli/exit.h"
 #include "common/net.h"
 #include "schema/envelope.h"
-#include "spec/run_spec.h"
+#include "spec/run_spec_capnp.h"
 
 namespace strata::cli {
 
@@ -48,7 +48,7 @@ class ProgressTracker {
     // Train runs show their mesh (it changes when a lost worker makes the run re-plan).
     std::string mesh = (extract ? "workers=" : "dp=") + std::to_string(r.getWorldSize());
     if (!extract) {
-      auto spec = ParseStoredRunSpec(r.getSpecToml().cStr());
+      auto spec = ReadRunRecordSpec(r);
       if (spec.ok() && !spec->parallel.planned()) {
         mesh = "mesh planned when it starts";
       } else if (spec.ok()) {

@@ -18,6 +18,7 @@
 #include "common/byte_size.h"
 #include "schema/envelope.h"
 #include "spec/run_spec.h"
+#include "spec/run_spec_capnp.h"
 
 namespace strata::cli {
 
@@ -227,7 +228,9 @@ int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int6
   const std::string& run = *id;
   auto status = client::FetchStatus(g, run);
   if (!status.ok()) return Fail(status.status());
-  const std::string spec_toml = (*status)->root().getStatusReply().getRuns()[0].getSpecToml().cStr();
+  // As stored: records of runs from before specs travelled as structs, and older names, included.
+  auto spec = ReadRunRecordSpec((*status)->root().getStatusReply().getRuns()[0]);
+  if (!spec.ok()) return Fail(spec.status());
   auto reply = client::FetchCheckpoints(g, run);
   if (!reply.ok()) return Fail(reply.status());
   auto list = (*reply)->root().getCheckpointsReply().getCheckpoints();
@@ -240,8 +243,8 @@ int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int6
         return Fail(Corruption("the checkpoint of run " + Printable(run) + " at step " + std::to_string(m.getStep()) +
                                " is " + state + ": " + why + "; `strata checkpoints` lists the complete ones"));
       }
-      auto summary = adapter ? client::ExportAdapter(spec_toml, m, out_dir, options)
-                             : client::ExportCheckpoint(spec_toml, m, out_dir, options);
+      auto summary = adapter ? client::ExportAdapter(*spec, m, out_dir, options)
+                             : client::ExportCheckpoint(*spec, m, out_dir, options);
       if (!summary.ok()) return Fail(summary.status());
       std::printf("exported run %s step %ld: %zu %stensors (%s, %s) in %zu file%s to %s", Printable(run).c_str(),
                   static_cast<long>(m.getStep()), summary->tensors,

@@ -271,9 +271,8 @@ Result<ExportSummary> WriteHfModel(const RunSpec& spec, const std::string& run, 
 
 }  // namespace
 
-Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointManifest::Reader manifest,
+Result<ExportSummary> ExportCheckpoint(const RunSpec& spec, CheckpointManifest::Reader manifest,
                                        const std::string& out_dir, const ExportOptions& options) {
-  STRATA_ASSIGN_OR_RETURN(RunSpec spec, ParseStoredRunSpec(spec_toml));  // as stored, older names included
   STRATA_ASSIGN_OR_RETURN(CheckpointTensors checkpoint, CheckpointTensors::Open(spec, manifest));
   const std::string run = checkpoint.run();
   if (!spec.lora.enabled) {
@@ -332,9 +331,8 @@ Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointM
   return WriteHfModel(spec, run, checkpoint.step(), merged, out_dir, options);
 }
 
-Result<ExportSummary> ExportAdapter(const std::string& spec_toml, CheckpointManifest::Reader manifest,
+Result<ExportSummary> ExportAdapter(const RunSpec& spec, CheckpointManifest::Reader manifest,
                                     const std::string& out_dir, const ExportOptions& options) {
-  STRATA_ASSIGN_OR_RETURN(RunSpec spec, ParseStoredRunSpec(spec_toml));
   STRATA_ASSIGN_OR_RETURN(CheckpointTensors checkpoint, CheckpointTensors::Open(spec, manifest));
   if (!spec.lora.enabled) {
     return InvalidArgument("run " + checkpoint.run() +

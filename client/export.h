@@ -9,6 +9,7 @@
 
 #include "common/status.h"
 #include "schema/messages.capnp.h"
+#include "spec/run_spec.h"
 
 namespace strata::client {
 
@@ -31,14 +32,14 @@ struct ExportSummary {
 // workers may keep running), checks each against the manifest's checksum, and writes `out_dir`
 // one file at a time: host memory holds one output file and one tensor, not the model. On an
 // error no weight file of this export is left behind.
-Result<ExportSummary> ExportCheckpoint(const std::string& spec_toml, CheckpointManifest::Reader manifest,
+Result<ExportSummary> ExportCheckpoint(const RunSpec& spec, CheckpointManifest::Reader manifest,
                                        const std::string& out_dir, const ExportOptions& options = {});
 
 // `strata export --adapter`: a LoRA run's adapters in PEFT's layout, which
 // peft.PeftModel.from_pretrained(base, out_dir) loads: adapter_model.safetensors
 // (base_model.model.<module>.lora_A.weight / lora_B.weight, model/peft_adapter.h) and
 // adapter_config.json. options.dtype applies; max_shard_bytes does not (adapters are small).
-Result<ExportSummary> ExportAdapter(const std::string& spec_toml, CheckpointManifest::Reader manifest,
+Result<ExportSummary> ExportAdapter(const RunSpec& spec, CheckpointManifest::Reader manifest,
                                     const std::string& out_dir, const ExportOptions& options = {});
 
 }  // namespace strata::client

@@ -8,7 +8,7 @@
 #include "schema/envelope.h"
 #include "shard/layout.h"
 #include "shard/plan_summary.h"
-#include "spec/run_spec.h"
+#include "spec/run_spec_capnp.h"
 
 namespace strata::client {
 
@@ -33,8 +33,7 @@ json RunToJson(RunRecord::Reader r, bool with_plan) {
   // The plan the run has now (after any re-planning): the [parallel] fields of its stored spec.
   json plan = json::object();
   json checkpoints = json::object();
-  if (auto spec =
-          with_plan ? ParseStoredRunSpec(r.getSpecToml().cStr()) : Result<RunSpec>(InvalidArgument("not asked for"));
+  if (auto spec = with_plan ? ReadRunRecordSpec(r) : Result<RunSpec>(InvalidArgument("not asked for"));
       spec.ok() && !spec->is_extract()) {
     // How often the run checkpoints and how many it keeps (train.checkpoint_every "auto" is a
     // tenth of the run until the plan's predicted step time makes it half an hour's steps).

@@ -16,6 +16,7 @@
 #include "client/coordinator_client.h"
 #include "common/net.h"
 #include "coordinator/clock.h"
+#include "spec/run_spec_capnp.h"
 
 namespace strata::coordinator {
 namespace {
@@ -237,19 +238,21 @@ class FakeWorker {
 
 // Submits a spec for a model far over the fake worker's 6 GiB (an 8B-wide Llama of 32 layers)
 // with `parallel` as its [parallel] table; the spec the worker is assigned, and the run's id.
-std::string AssignedSpecOfABigModel(FakeWorker& worker, CoordinatorClient& client, const std::string& dir,
-                                    const std::string& parallel, std::string* run_id) {
+RunSpec AssignedSpecOfABigModel(FakeWorker& worker, CoordinatorClient& client, const std::string& dir,
+                                const std::string& parallel, std::string* run_id) {
   schema::EnvelopeBuilder submit;
   submit.root().initSubmitRun().setSpecToml(
       "name = \"big\"\n[model]\nhidden = 4096\nheads = 32\nlayers = 32\nsequence = 16\n[data]\npath = \"" + dir +
       "/corpus.txt\"\n[train]\nsteps = 3\nglobal_batch = 2\n[parallel]\n" + parallel);
   auto submitted = client.Call(submit);
   EXPECT_TRUE(submitted.ok()) << submitted.status().ToString();
-  if (!submitted.ok()) return "";
+  if (!submitted.ok()) return {};
   *run_id = (*submitted)->root().getSubmitted().getRunId().cStr();
-  std::string spec;
+  RunSpec spec;
   EXPECT_TRUE(worker.Await(Envelope::ASSIGN_TASK, [&](Envelope::Reader root) {
-    spec = root.getAssignTask().getSpecToml().cStr();
+    auto assigned = ReadRunSpec(root.getAssignTask().getSpec(), "the assignment's run spec");
+    EXPECT_TRUE(assigned.ok()) << assigned.status().ToString();
+    if (assigned.ok()) spec = *assigned;
     return std::string(root.getAssignTask().getRunId().cStr()) == *run_id;
   }));
   return spec;
@@ -263,10 +266,12 @@ TEST_F(CoordinatorTest, AFixedZero3MeshTheEstimateRefusesStillStartsKeepingNothi
   FakeWorker worker(ctx, options_.listen, "w0", dir_);
   CoordinatorClient client(options_.listen);
   std::string run_id;
-  const std::string spec = AssignedSpecOfABigModel(
+  const RunSpec spec = AssignedSpecOfABigModel(
       worker, client, dir_,
       "dp = 1\npp = 1\ntp = 1\nzero = 3\nrecompute = false\nmicro_batch = 0\noffload = \"none\"\n", &run_id);
-  EXPECT_NE(spec.find("keep_gathered = 0"), std::string::npos) << spec;
+  EXPECT_TRUE(spec.parallel.planned());
+  EXPECT_EQ(spec.parallel.keep_gathered, 0);
+  EXPECT_EQ(spec.parallel.zero, 3);
 }
 
 // The same one-worker mesh with zero, recompute, micro_batch and offload left to the planner:
@@ -278,9 +283,9 @@ TEST_F(CoordinatorTest, AMeshThatFitsOnlyOffloadedIsPlannedWithOffload) {
   FakeWorker worker(ctx, options_.listen, "w0", dir_, "", "cuda:0");
   CoordinatorClient client(options_.listen);
   std::string run_id;
-  const std::string spec = AssignedSpecOfABigModel(worker, client, dir_, "dp = 1\npp = 1\ntp = 1\n", &run_id);
-  EXPECT_NE(spec.find("offload = 'optimizer+params'"), std::string::npos) << spec;
-  EXPECT_NE(spec.find("dp = 1"), std::string::npos) << spec;
+  const RunSpec spec = AssignedSpecOfABigModel(worker, client, dir_, "dp = 1\npp = 1\ntp = 1\n", &run_id);
+  EXPECT_EQ(spec.parallel.offload, Offload::kOptimizerAndParams);
+  EXPECT_EQ(spec.parallel.dp, 1);
   schema::EnvelopeBuilder events;
   events.root().initEventsRequest().setRunId(run_id);
   auto reply = client.Call(events);

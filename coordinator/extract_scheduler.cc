@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "common/token_file.h"
+#include "spec/run_spec_capnp.h"
 
 namespace strata::coordinator {
 
@@ -78,7 +79,7 @@ void ExtractScheduler::AssignExtractTask(RunEntry& run, WorkerEntry& w, const st
   schema::EnvelopeBuilder msg;
   auto a = msg.root().initAssignTask();
   a.setRunId(run.id);
-  a.setSpecToml(run.spec_toml);
+  WriteRunSpec(run.spec, a.initSpec());
   a.setRank(0);
   a.setWorldSize(1);
   a.setTaskToken(c_.rng());

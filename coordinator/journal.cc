@@ -1,6 +1,7 @@
 #include "coordinator/journal.h"
 
 #include "common/log.h"
+#include "spec/run_spec_capnp.h"
 #include "storage/metadata_batch.h"
 
 namespace strata::coordinator {
@@ -120,7 +121,8 @@ bool Journal::CheckpointCommitted(const std::string& run, int64_t step) {
 void Journal::FillRunRecord(const RunEntry& run, RunRecord::Builder b, bool with_losses) {
   b.setRunId(run.id);
   b.setName(run.name);
-  b.setSpecToml(run.spec_toml);
+  b.setSpecToml(run.spec_toml);  // the display copy
+  WriteRunSpec(run.spec, b.initSpec());
   b.setState(run.state());
   b.setCreatedUnixMs(run.created_ms);
   b.setUpdatedUnixMs(run.updated_ms);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "spec/run_spec_capnp.h"
 
 namespace strata::coordinator {
 namespace {
@@ -43,7 +44,7 @@ Status RunLoader::Load() {
     run.id = r.getRunId().cStr();
     run.name = r.getName().cStr();
     run.spec_toml = r.getSpecToml().cStr();
-    auto spec = ParseStoredRunSpec(run.spec_toml);  // names from before the name rule still load
+    auto spec = ReadRunRecordSpec(r);  // names from before the name rule still load
     if (!spec.ok()) {
       STRATA_RETURN_IF_ERROR(
           UnreadableRunRecord(key, bytes, "its stored spec does not parse: " + spec.status().message()));

@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "shard/parallel_change.h"
+#include "spec/run_spec_capnp.h"
 
 namespace strata::coordinator {
 namespace {
@@ -347,7 +348,7 @@ void TrainRun::Start(RunEntry& run, const std::vector<WorkerEntry*>& workers) {
     schema::EnvelopeBuilder msg;
     auto a = msg.root().initAssignTask();
     a.setRunId(run.id);
-    a.setSpecToml(run.spec_toml);
+    WriteRunSpec(run.spec, a.initSpec());  // planned: `parallel` is the plan
     a.setRank(rank);
     a.setWorldSize(workers.size());
     a.setTaskToken(run.task_token);

@@ -7,6 +7,7 @@
 
 #include "fuzz/read_everything.h"
 #include "schema/envelope.h"
+#include "spec/run_spec_capnp.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace strata::schema;
@@ -27,7 +28,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)ReadMemoryStats(root.getHeartbeat().getMemory());
       break;
     case Envelope::STATUS_REPLY:
-      for (auto run : root.getStatusReply().getRuns()) (void)RunStateName(run.getState());
+      for (auto run : root.getStatusReply().getRuns()) {
+        (void)RunStateName(run.getState());
+        (void)strata::ReadRunRecordSpec(run);
+      }
+      break;
+    case Envelope::ASSIGN_TASK:
+      (void)strata::ReadRunSpec(root.getAssignTask().getSpec(), "the assignment's run spec");
       break;
     case Envelope::WORKERS_REPLY:
       for (auto worker : root.getWorkersReply().getWorkers()) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "schema/envelope.h"
+#include "spec/run_spec_capnp.h"
 #include "storage/records.h"
 #include "storage/safetensors.h"
 #include "storage/shard_store.h"
@@ -160,7 +161,10 @@ void EnvelopeSeeds(SeedWriter& out) {
   add([](Envelope::Builder e) {
     auto a = e.initAssignTask();
     a.setRunId("run-1");
-    a.setSpecToml("name = \"x\"\n[parallel]\ndp = 2\n");
+    RunSpec spec;
+    spec.name = "x";
+    spec.parallel.dp = 2;
+    WriteRunSpec(spec, a.initSpec());
     a.setRank(1);
     a.setWorldSize(2);
     auto peers = a.initPeerDataAddresses(2);

@@ -18,7 +18,7 @@
 
 namespace strata::schema {
 
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 
 // Builds one Envelope with the protocol version set.
 class EnvelopeBuilder {

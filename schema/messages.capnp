@@ -6,6 +6,7 @@
 # mismatch with an Error and otherwise ignores the message.
 
 using StoreSchema = import "store.capnp";
+using Spec = import "spec.capnp";
 
 struct Envelope {
   version @0 :UInt16;
@@ -115,7 +116,7 @@ struct Heartbeat {
 
 struct AssignTask {
   runId @0 :Text;
-  specToml @1 :Text;        # the validated run spec (data paths absolute)
+  spec @1 :Spec.RunSpec;    # the validated run spec with the plan in `parallel` (data paths absolute)
   rank @2 :UInt32;
   worldSize @3 :UInt32;
   peerDataAddresses @4 :List(Text);  # by rank
@@ -304,6 +305,8 @@ struct RunRecord {
   taskToken @17 :UInt64;     # the running attempt's AssignTask token (reports of others are stale)
   handled @18 :List(HandledCount);  # failures the run got through, by event kind (e.g. "oom")
   growBackToDp @19 :Int64;   # the dp it ran with before a lost worker made it smaller (0: never shrunk)
+  spec @20 :Spec.RunSpec;    # the validated spec (specToml is its display copy; records written
+                             # before this field hold only the TOML: ReadRunRecordSpec)
 }
 
 struct HandledCount {

@@ -129,6 +129,7 @@ struct ModelSpec {
   bool qkv_bias() const { return family == Family::kGpt2 || family == Family::kQwen2 || attention_bias; }
   bool attn_out_bias() const { return family == Family::kGpt2 || (family != Family::kQwen2 && attention_bias); }
   bool mlp_biases() const { return family == Family::kGpt2 || family == Family::kGptNeox || mlp_bias; }
+  bool operator==(const ModelSpec&) const = default;
 };
 
 struct DataSpec {
@@ -142,6 +143,7 @@ struct DataSpec {
   // the text into ids; absolute; empty: model.init_from. `strata submit` tokenizes the text once
   // into a cached u32 file and submits that (client/text_data.h): workers never see "text".
   std::string tokenizer;
+  bool operator==(const DataSpec&) const = default;
 };
 
 struct TrainSpec {
@@ -178,6 +180,7 @@ struct TrainSpec {
   // "adamw", or "adamw8bit": AdamW with its moments m and v as blockwise 8-bit codes
   // (kernels.h AdamW8bit; Dettmers et al. 2021), about a quarter of their fp32 memory.
   Optimizer optimizer = Optimizer::kAdamW;
+  bool operator==(const TrainSpec&) const = default;
 };
 
 struct ParallelSpec {
@@ -228,6 +231,7 @@ struct ParallelSpec {
   // dp, pp and tp are fixed: the run takes that many workers, whatever else the planner fills in.
   bool mesh_fixed() const { return !automatic.count("dp") && !automatic.count("pp") && !automatic.count("tp"); }
   int64_t workers() const { return dp * pp * tp; }
+  bool operator==(const ParallelSpec&) const = default;
 };
 
 // Activation capture. Rows are token positions: sequence i of the data (tokens
@@ -246,6 +250,7 @@ struct ExtractSpec {
   // > 0: the logits site keeps only each row's top k (values, descending) and their token ids
   // (site logits_ids, int32); 0: the whole [vocab] row.
   int64_t logits_top_k = 0;
+  bool operator==(const ExtractSpec&) const = default;
 };
 
 // Patch runs (kind = "patch"): the model runs with `sites` of `layers` replaced, and stores the
@@ -258,6 +263,7 @@ struct PatchSpec {
   Ablation ablation = Ablation::kZero;  // zero | mean (capture: named, refused until built)
   std::string source;                   // ablation = "mean": an fp32 .npy of the site's row shape
   bool logits = false;
+  bool operator==(const PatchSpec&) const = default;
 };
 
 // The sites an extract run can capture, in storage order: per-block sites, then the model-level
@@ -284,6 +290,7 @@ uint64_t ExtractChunkBytes(const RunSpec& spec);
 
 struct WorkerSpec {
   int64_t threads = 1;
+  bool operator==(const WorkerSpec&) const = default;
 };
 
 // LoRA (Hu et al. 2021) as PEFT computes it: each targeted linear y = x W^T + b becomes
@@ -306,6 +313,7 @@ struct LoraSpec {
   // it loads; the embedding, norms and head stay dense).
   LoraBase base = LoraBase::kDense;
   double scale() const;
+  bool operator==(const LoraSpec&) const = default;
 };
 
 // The linears a family's adapters can target, by their Hugging Face module names, in block order
@@ -341,6 +349,7 @@ struct RunSpec {
   ExtractSpec extract;
   PatchSpec patch;
   LoraSpec lora;
+  bool operator==(const RunSpec&) const = default;
 };
 
 // Spellings of [model] choices that name no value (model.activation = "relu"), which the TOML

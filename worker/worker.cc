@@ -28,6 +28,7 @@
 #include "common/thread_annotations.h"
 #include "model/hf_checkpoint.h"  // init_from's weights, checked before a task starts
 #include "schema/envelope.h"
+#include "spec/run_spec_capnp.h"
 #include "worker/outbox.h"
 #include "worker/running_task.h"
 #include "worker/shard_replicator.h"
@@ -343,7 +344,7 @@ class WorkerImpl final : public Worker {
       return;
     }
     // The coordinator checked every field; the files are checked here, where they are opened.
-    auto spec = ParseSubmittedRunSpec(a.getSpecToml().cStr());
+    auto spec = ReadRunSpec(a.getSpec(), "the assignment's run spec");
     if (spec.ok()) {
       if (Status files = CheckRunSpecFiles(*spec); !files.ok()) spec = files;
     }

@@ -127,8 +127,7 @@ TEST_P(ExportParityTest, TrainedFromSavePretrainedExportsWhatItComputes) {
   }
   client::ExportOptions options;
   options.max_shard_bytes = 100 << 10;  // several files and an index, as a large model gets
-  auto exported =
-      client::ExportCheckpoint(RunSpecToToml(context.spec), manifest.asReader(), dir + "/exported", options);
+  auto exported = client::ExportCheckpoint(context.spec, manifest.asReader(), dir + "/exported", options);
   ASSERT_TRUE(exported.ok()) << exported.status().ToString();
   EXPECT_GT(exported->files, 1u);
 
