@@ -8,6 +8,7 @@
 #            extract, and the meshes one GPU can run (mesh_gpu; it skips what needs more GPUs)
 #   train    bench/train_compare.sh gpt2: the training step against torch.compile, same card
 #   capture  bench/extract_bench.sh: capture throughput against the users' method and the disk
+#   loraperf bench/lora_bench.sh: LoRA and QLoRA of a Llama-3.1-8B shape against PEFT, same card
 # usage: source scripts/gpu-node-env.sh && bash scripts/gpu-check.sh OUT PART...
 # Each part writes its log (and the benchmarks their results) under OUT/PART/.
 set -euo pipefail
@@ -38,14 +39,16 @@ for part in "$@"; do
       tail -8 "$out/$part/ctest.log"
       ;;
     lora)
-      (cd build-gpu && ctest -R 'lora_gpu|LoraTrainerTest|ClusterTest.LoraAdapters' --output-on-failure) >"$out/$part/ctest.log" 2>&1 ||
+      (cd build-gpu && ctest -V -R 'lora_gpu|LoraTrainerTest|ClusterTest.LoraAdapters') >"$out/$part/ctest.log" 2>&1 ||
         { tail -60 "$out/$part/ctest.log"; exit 1; }
       tail -5 "$out/$part/ctest.log"
       ;;
     train) bash bench/train_compare.sh build-gpu "$out/$part" gpt2 >"$out/$part/log.txt" 2>&1 || { tail -40 "$out/$part/log.txt"; exit 1; } ;;
     capture) bash bench/extract_bench.sh build-gpu "$out/$part" >"$out/$part/log.txt" 2>&1 || { tail -40 "$out/$part/log.txt"; exit 1; } ;;
+    loraperf) bash bench/lora_bench.sh build-gpu "$out/$part" >"$out/$part/log.txt" 2>&1 || { tail -40 "$out/$part/log.txt"; exit 1; }
+      tail -30 "$out/$part/log.txt" ;;
     *)
-      echo "unknown part $part (build, unit, suites, lora, train, capture)" >&2
+      echo "unknown part $part (build, unit, suites, lora, train, capture, loraperf)" >&2
       exit 2
       ;;
   esac
