@@ -142,7 +142,8 @@ class WireReader {
   // Each of `values` is one of `allowed`.
   void Known(const std::vector<std::string>& values, const std::vector<std::string>& allowed, const char* field) {
     for (const auto& v : values) {
-      if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) Fail(std::string(field) + " holds \"" + v + "\", which is not one");
+      if (std::find(allowed.begin(), allowed.end(), v) == allowed.end())
+        Fail(std::string(field) + " holds \"" + v + "\", which is not one");
     }
   }
 

@@ -28,7 +28,7 @@ void ExpectSameValues(const char* what) {
   ASSERT_EQ(enumerants.size(), std::size(names)) << what;
   for (size_t i = 0; i < std::size(names); ++i) {
     std::string expected = Folded(names[i].second);
-    if (expected.empty()) expected = "familydefault";               // Activation::kFamilyDefault
+    if (expected.empty()) expected = "familydefault";                    // Activation::kFamilyDefault
     if (expected == "optimizerparams") expected = "optimizerandparams";  // "optimizer+params"
     EXPECT_EQ(Folded(enumerants[i].getProto().getName().cStr()), expected) << what << " value " << i;
   }
