@@ -62,6 +62,8 @@ def main():
         plan = json.loads(cli("plan", probe, "--json").stdout)
         with open(args.out, "w") as out:
             for option in plan["largest_trainable"]:
+                if option.get("lora"):
+                    continue  # the fine-tuning rows (LoRA / QLoRA): bench/lora_bench.sh measures those
                 if option["layers"] == 0:
                     print(json.dumps({"option": option["option"], "layers": 0, "why": option["plan"]}), flush=True)
                     continue

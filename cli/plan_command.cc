@@ -175,9 +175,13 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
       largest.push_back({{"option", c.option.name},
                          {"optimizer", std::string(Name(c.option.optimizer))},
                          {"offload", std::string(Name(c.option.offload))},
+                         {"lora", c.option.lora.enabled ? json{{"rank", c.option.lora.rank},
+                                                               {"base", std::string(Name(c.option.lora.base))}}
+                                                        : json(nullptr)},
                          {"layers", c.layers},
                          {"parameters", c.parameters},
-                         {"plan", c.plan}});
+                         {"plan", c.plan},
+                         {"this_model", {{"fits", c.model_fits}, {"peak", c.model_peak}, {"plan", c.model_plan}}}});
     }
     out["largest_trainable"] = largest;
     if (spec->lora.enabled) out["trainable_parameters"] = model::LoraParameterCount(spec->model, spec->lora);
@@ -263,19 +267,28 @@ int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordi
               << ")\n";
   }
   std::cout << "\n";
-  std::cout << "largest model of this width (hidden " << spec->model.hidden << ", ffn " << spec->model.ffn << ", vocab "
-            << spec->model.vocab << ", sequence " << spec->model.sequence
-            << ") each optimizer option trains on these workers:\n";
+  std::cout << "each way of holding the training state on these workers: this model's peak, and the largest model of"
+               " this width (hidden "
+            << spec->model.hidden << ", ffn " << spec->model.ffn << ", vocab " << spec->model.vocab << ", sequence "
+            << spec->model.sequence << ") it trains:\n";
   for (const auto& c : capacities) {
     std::cout << "  " << std::left << std::setw(40) << c.option.name;
+    if (c.model_fits) {
+      std::cout << "this model: peak " << std::fixed << std::setprecision(2) << Gib(c.model_peak) << " GiB ("
+                << c.model_plan << ")\n";
+    } else {
+      std::cout << "this model does not fit: " << c.model_plan << "\n";
+    }
+    std::cout << "  " << std::setw(40) << "";
     if (c.layers == 0) {
       std::cout << "not even 1 layer: " << c.plan << "\n";
       continue;
     }
-    std::cout << std::setw(6) << c.layers << " layers, " << std::fixed << std::setprecision(2) << c.parameters / 1e9
+    std::cout << "largest: " << c.layers << " layers, " << std::fixed << std::setprecision(2) << c.parameters / 1e9
               << "B parameters (" << c.plan << ")\n";
   }
-  std::cout << "(set train.optimizer or parallel.offload in the spec to use one)" << std::endl;
+  std::cout << "(set train.optimizer, parallel.offload or a [lora] table in the spec to use one; docs/lora.md)"
+            << std::endl;
   return kExitOk;
 }
 

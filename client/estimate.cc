@@ -68,7 +68,7 @@ Result<std::string> CheckCheckpointDisks(const RunSpec& spec, const shard::Plan&
     d.workers.push_back(w.worker);
     if (d.path.empty()) d.path = s.path;
     d.free = s.free;
-    d.need += shard::CheckpointShardBytes(spec.model, plan, w);
+    d.need += shard::CheckpointShardBytes(spec.model, plan, w, spec.lora);
   }
   const int64_t held = CheckpointsHeldAtOnce(spec.train);
   std::string warning;

@@ -8,21 +8,35 @@
 
 namespace strata::shard {
 
-std::vector<CapacityOption> CapacityOptions() {
-  return {{"adamw", Optimizer::kAdamW, Offload::kNone},
-          {"adamw8bit", Optimizer::kAdamW8bit, Offload::kNone},
-          {"adamw, offload = \"optimizer\"", Optimizer::kAdamW, Offload::kOptimizer},
-          {"adamw, offload = \"optimizer+params\"", Optimizer::kAdamW, Offload::kOptimizerAndParams}};
+std::vector<CapacityOption> CapacityOptions(Family family, const LoraSpec& lora) {
+  std::vector<CapacityOption> options = {
+      {"adamw", Optimizer::kAdamW, Offload::kNone},
+      {"adamw8bit", Optimizer::kAdamW8bit, Offload::kNone},
+      {"adamw, offload = \"optimizer\"", Optimizer::kAdamW, Offload::kOptimizer},
+      {"adamw, offload = \"optimizer+params\"", Optimizer::kAdamW, Offload::kOptimizerAndParams}};
+  LoraSpec adapters = lora;
+  if (!adapters.enabled) {
+    adapters.enabled = true;
+    adapters.rank = 16, adapters.alpha = 32;
+    adapters.target_modules = LoraTargetModules(family);
+  }
+  const std::string rank = "r=" + std::to_string(adapters.rank);
+  adapters.base = LoraBase::kDense;
+  options.push_back({"LoRA " + rank + ", bf16 base", Optimizer::kAdamW, Offload::kNone, adapters});
+  adapters.base = LoraBase::kNf4;
+  options.push_back({"QLoRA " + rank + ", nf4 base", Optimizer::kAdamW, Offload::kNone, adapters});
+  return options;
 }
 
 std::vector<Capacity> LargestTrainable(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster) {
   std::vector<Capacity> out;
   // The stage splits of each layer count, shared by the options (they search the same models).
   std::map<int64_t, std::shared_ptr<internal::StageSplits>> splits;
-  for (const CapacityOption& option : CapacityOptions()) {
+  for (const CapacityOption& option : CapacityOptions(model.family, job.lora)) {
     JobSpec j = job;
     j.optimizer = option.optimizer;
     j.offload = option.offload;
+    j.lora = option.lora;
     j.stages.clear();  // a stage split of the spec's layer count does not fit another count
     if (j.pp && *j.pp > 1) j.pp.reset();
     std::map<int64_t, Result<Plan>> tried;  // the bisection asks some counts twice
@@ -35,7 +49,17 @@ std::vector<Capacity> LargestTrainable(const ModelSpec& model, const JobSpec& jo
       if (!shared) shared = std::make_shared<internal::StageSplits>();
       return tried.emplace(layers, internal::PlanWithoutWorkers(m, j, cluster, shared)).first->second;
     };
-    Capacity c{option, 0, 0, ""};
+    Capacity c{option, 0, 0, "", false, 0, ""};
+    // The spec's own model: a full search (with workers, so with a peak) of its layer count.
+    if (auto own = ChoosePlan(model, j, cluster); own.ok()) {
+      c.model_fits = true;
+      for (const WorkerAssignment& w : own->workers) c.model_peak = std::max(c.model_peak, w.memory.total());
+      c.model_plan = internal::Describe(*own);
+    } else {
+      // The refusal's first sentence: its memory options are this table's other rows.
+      const std::string& why = own.status().message();
+      c.model_plan = why.substr(0, why.find(". Memory options"));
+    }
     const Result<Plan>& first = fits(1);
     if (!first.ok()) {
       c.plan = first.status().message();

@@ -31,12 +31,12 @@ TEST(LargestTrainable, EachOptionsLayerCountFitsAndOneMoreDoesNot) {
   job.global_batch = 8, job.precision = Precision::kBf16, job.dp = 1, job.pp = 1, job.tp = 1;
   const ClusterView cluster = OneGpu(80 * kGiB);
   const auto capacities = LargestTrainable(Llama4096(), job, cluster);
-  ASSERT_EQ(capacities.size(), 4u);
+  ASSERT_EQ(capacities.size(), 6u);
   for (const Capacity& c : capacities) {
     SCOPED_TRACE(c.option.name);
     ASSERT_GT(c.layers, 0) << c.plan;
     JobSpec j = job;
-    j.optimizer = c.option.optimizer, j.offload = c.option.offload;
+    j.optimizer = c.option.optimizer, j.offload = c.option.offload, j.lora = c.option.lora;
     ModelSpec m = Llama4096();
     m.layers = c.layers;
     EXPECT_TRUE(ChoosePlan(m, j, cluster).ok());
@@ -56,6 +56,64 @@ TEST(LargestTrainable, EachOptionsLayerCountFitsAndOneMoreDoesNot) {
   EXPECT_LT(capacities[2].layers, capacities[3].layers);
   EXPECT_NE(capacities[3].plan.find("ZeRO-3"), std::string::npos) << capacities[3].plan;
   EXPECT_NE(capacities[3].plan.find("recompute on 0 of 1"), std::string::npos) << capacities[3].plan;
+  // Fine-tuning the frozen base (2 bytes a weight, or NF4's 0.52) goes past every way of training
+  // it in full, QLoRA furthest; both are PEFT's r = 16 on every linear.
+  const Capacity &lora = capacities[4], &qlora = capacities[5];
+  EXPECT_EQ(lora.option.name, "LoRA r=16, bf16 base");
+  EXPECT_EQ(qlora.option.name, "QLoRA r=16, nf4 base");
+  EXPECT_EQ(lora.option.lora.base, LoraBase::kDense);
+  EXPECT_EQ(qlora.option.lora.base, LoraBase::kNf4);
+  EXPECT_EQ(lora.option.lora.target_modules, LoraTargetModules(Family::kLlama));
+  EXPECT_GT(lora.layers, capacities[2].layers);
+  EXPECT_GT(qlora.layers, lora.layers);
+}
+
+// The spec's own model each way: a 7B-shaped Llama trains in full on one 80 GB GPU only with the
+// parameters streamed from the host; LoRA and QLoRA fit it, each with the peak of the plan
+// ChoosePlan gives that way.
+TEST(LargestTrainable, SaysWhetherTheSpecsModelFitsEachWayWithItsPeak) {
+  JobSpec job;
+  job.global_batch = 8, job.precision = Precision::kBf16, job.dp = 1, job.pp = 1, job.tp = 1;
+  const ClusterView cluster = OneGpu(80 * kGiB);
+  const auto capacities = LargestTrainable(Llama4096(), job, cluster);
+  ASSERT_EQ(capacities.size(), 6u);
+  for (const Capacity& c : capacities) {
+    SCOPED_TRACE(c.option.name);
+    JobSpec j = job;
+    j.optimizer = c.option.optimizer, j.offload = c.option.offload, j.lora = c.option.lora;
+    auto plan = ChoosePlan(Llama4096(), j, cluster);
+    ASSERT_EQ(c.model_fits, plan.ok()) << c.model_plan;
+    EXPECT_EQ(c.model_fits, c.layers >= Llama4096().layers);
+    if (!plan.ok()) {
+      EXPECT_EQ(plan.status().message().rfind(c.model_plan, 0), 0u) << c.model_plan;
+      EXPECT_EQ(c.model_plan.find("Memory options"), std::string::npos);
+      continue;
+    }
+    int64_t peak = 0;
+    for (const WorkerAssignment& w : plan->workers) peak = std::max(peak, w.memory.total());
+    EXPECT_EQ(c.model_peak, peak);
+    EXPECT_LE(c.model_peak, 80 * kGiB);
+  }
+  EXPECT_FALSE(capacities[0].model_fits);  // 16 bytes a parameter: 108 GB
+  EXPECT_TRUE(capacities[4].model_fits);
+  EXPECT_TRUE(capacities[5].model_fits);
+  EXPECT_LT(capacities[5].model_peak, capacities[4].model_peak);
+}
+
+// A spec with its own [lora] is shown its rank and targets, over both bases.
+TEST(LargestTrainable, ALoraSpecsFineTuningRowsUseItsRankAndTargets) {
+  JobSpec job;
+  job.global_batch = 8, job.precision = Precision::kBf16, job.dp = 1, job.pp = 1, job.tp = 1;
+  job.lora.enabled = true, job.lora.rank = 64, job.lora.alpha = 16, job.lora.target_modules = {"q_proj", "v_proj"};
+  job.lora.base = LoraBase::kNf4;
+  const auto capacities = LargestTrainable(Llama4096(), job, OneGpu(80 * kGiB));
+  ASSERT_EQ(capacities.size(), 6u);
+  EXPECT_FALSE(capacities[0].option.lora.enabled);  // full training rows train every weight
+  EXPECT_EQ(capacities[4].option.name, "LoRA r=64, bf16 base");
+  EXPECT_EQ(capacities[4].option.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(capacities[4].option.lora.base, LoraBase::kDense);
+  EXPECT_EQ(capacities[5].option.lora.base, LoraBase::kNf4);
+  EXPECT_EQ(capacities[5].option.lora.rank, 64);
 }
 
 TEST(LargestTrainable, NothingFitsSaysWhy) {

@@ -154,9 +154,14 @@ std::string LoraNote(const Problem& problem) {
   const bool bf16 = problem.layout == StateLayout::kBf16Autocast && problem.cuda;
   char percent[32];
   std::snprintf(percent, sizeof percent, "%.2g%%", 100.0 * adapters / std::max(all, 1.0));
-  return "LoRA r=" + std::to_string(lora.rank) + " on " + modules + ": " + Count(adapters) + " trainable of " +
-         Count(all) + " (" + percent + "), the base frozen in " + (bf16 ? "bf16 (2" : "fp32 (4") +
-         " bytes a parameter, no gradients or optimizer state).";
+  const std::string dense = bf16 ? "bf16 (2" : "fp32 (4";
+  const std::string frozen =
+      lora.base == LoraBase::kNf4
+          ? "the blocks' linears frozen in NF4 (4.127 bits a weight), the rest in " + dense + " bytes a parameter)"
+          : "the base frozen in " + dense + " bytes a parameter)";
+  return std::string(lora.base == LoraBase::kNf4 ? "QLoRA" : "LoRA") + " r=" + std::to_string(lora.rank) + " on " +
+         modules + ": " + Count(adapters) + " trainable of " + Count(all) + " (" + percent + "), " + frozen +
+         ", no gradients or optimizer state for it.";
 }
 
 }  // namespace internal

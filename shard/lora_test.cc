@@ -251,3 +251,28 @@ TEST(LoraPlan, AnNf4BaseHoldsTheBlockLinearsAtFourPointOneBitsAWeight) {
 
 }  // namespace
 }  // namespace strata::shard
+
+namespace strata::shard {
+namespace {
+
+// A LoRA checkpoint holds the adapters and their AdamW moments (fp32 each), the frozen base not:
+// what submit's disk check asks of each store (client/estimate.cc), not the 8B's 96 GB of full
+// training state.
+TEST(LoraCheckpointShardBytes, TheAdaptersAndTheirMomentsOnlyInEachRanksShare) {
+  const ModelSpec model = Llama31_8B();
+  const LoraSpec lora = AllLinear(16);
+  Plan one;
+  one.stages = {{0, 32}};
+  WorkerAssignment w;
+  EXPECT_EQ(CheckpointShardBytes(model, one, w, lora), int64_t{32} * 1'310'720 * 12);
+  EXPECT_EQ(CheckpointShardBytes(model, one, w), model::ParameterCount(model) * 12);  // full training
+  // pp = 2 x dp = 2: 16 layers a stage, half of them a rank.
+  Plan piped;
+  piped.dp = 2, piped.pp = 2;
+  piped.stages = {{0, 16}, {16, 32}};
+  w.stage = 1, w.dp_rank = 1;
+  EXPECT_EQ(CheckpointShardBytes(model, piped, w, lora), int64_t{8} * 1'310'720 * 12);
+}
+
+}  // namespace
+}  // namespace strata::shard

@@ -151,8 +151,10 @@ struct Plan {
 // Bytes the rank `w` of `plan` writes to its store per checkpoint: its data-parallel share of the
 // fp32 weights and both AdamW moments of its stage's tensor-parallel slices, replicated tensors
 // written by tensor-parallel rank 0 only and a tied head by the first stage only
-// (worker/train/trainer_checkpoint.cc; adamw8bit's moments are stored widened to fp32).
-int64_t CheckpointShardBytes(const ModelSpec& model, const Plan& plan, const WorkerAssignment& w);
+// (worker/train/trainer_checkpoint.cc; adamw8bit's moments are stored widened to fp32). A LoRA
+// run's checkpoint (lora.enabled) holds its adapters only: the frozen base is not written.
+int64_t CheckpointShardBytes(const ModelSpec& model, const Plan& plan, const WorkerAssignment& w,
+                             const LoraSpec& lora = {});
 
 Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
                         const PlannerOptions& options = {});

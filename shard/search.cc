@@ -555,6 +555,12 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
     j.lora.target_modules = LoraTargetModules(model.family);
     alternatives.push_back(
         {"[lora] rank = 16, alpha = 32, target_modules = \"all-linear\" (fine-tuning, the base frozen)", j, true});
+    j.lora.base = LoraBase::kNf4;
+    alternatives.push_back({"[lora] as above with base = \"nf4\" (QLoRA: the blocks' linears in 4 bits)", j, true});
+  } else if (problem.job.lora.enabled && problem.job.lora.base == LoraBase::kDense) {
+    JobSpec j = problem.job;
+    j.lora.base = LoraBase::kNf4;
+    alternatives.push_back({"lora.base = \"nf4\" (QLoRA: the blocks' linears in 4 bits)", j, true});
   }
   const bool gpus =
       std::any_of(problem.workers.begin(), problem.workers.end(), [](const WorkerView& v) { return v.gpu; });
