@@ -52,8 +52,8 @@ base = "$base"
 SPEC
   "$bin/strata" --state-dir "$state" plan "$out/lora-$base.toml" >"$out/lora-$base.plan" 2>&1 || true
   echo "== strata $base: $(date +%T)"
-  "$bin/strata" --state-dir "$state" submit "$out/lora-$base.toml" --follow >"$out/lora-$base.follow" 2>&1 ||
-    { tail -20 "$out/lora-$base.follow"; }
+  "$bin/strata" --state-dir "$state" submit "$out/lora-$base.toml" --follow >"$out/lora-$base.follow" \
+    2>"$out/lora-$base.err" || tail -20 "$out/lora-$base.err"
   id=$(head -n1 "$out/lora-$base.follow")
   "$bin/strata" --state-dir "$state" status "$id" --json >"$out/lora-$base.json"
   "$bin/strata" --state-dir "$state" events "$id" >"$out/lora-$base.events" || true

@@ -251,8 +251,8 @@ int CmdExport(GlobalOptions& g, const std::string& typed_run, std::optional<int6
                   adapter         ? "LoRA adapter "
                   : options.merge ? "merged "
                                   : "",
-                  HumanBytes(summary->bytes).c_str(), options.dtype.c_str(), summary->files,
-                  summary->files == 1 ? "" : "s", out_dir.c_str());
+                  HumanBytes(summary->bytes).c_str(), options.quantized ? "nf4 + bf16" : options.dtype.c_str(),
+                  summary->files, summary->files == 1 ? "" : "s", out_dir.c_str());
       if (summary->companion_files > 0)
         std::printf(" (+%zu tokenizer/config files from init_from)", summary->companion_files);
       std::printf("\n");
@@ -351,7 +351,7 @@ void RegisterRunCommands(CommandSet& set) {
   struct Export {
     std::string run, dir, dtype = "fp32", shard_size = "5GB";
     int64_t step = 0;
-    bool force = false, adapter = false, merge = false;
+    bool force = false, adapter = false, merge = false, quantized = false;
     CLI::Option* step_option = nullptr;
   };
   auto ex = std::make_shared<Export>();
@@ -367,7 +367,9 @@ void RegisterRunCommands(CommandSet& set) {
           return Fail(InvalidArgument("--max-shard-size " + ex->shard_size + " is below 1KiB; use e.g. 5GB"));
         if (ex->adapter && ex->merge)
           return Fail(InvalidArgument("--adapter and --merge exclude each other: the adapters alone, or merged in"));
-        client::ExportOptions options{ex->dtype, *shard_bytes, ex->merge};
+        if (ex->adapter && ex->quantized)
+          return Fail(InvalidArgument("--quantized writes the model's linears in NF4; --adapter writes adapters only"));
+        client::ExportOptions options{ex->dtype, *shard_bytes, ex->merge, ex->quantized};
         return CmdExport(g, ex->run, ex->step_option->count() > 0 ? std::optional<int64_t>(ex->step) : std::nullopt,
                          ex->dir, ex->force, ex->adapter, options);
       });
@@ -381,6 +383,9 @@ void RegisterRunCommands(CommandSet& set) {
                        "a LoRA run: its adapters in PEFT's layout (adapter_model.safetensors + adapter_config.json)");
   export_cmd->add_flag("--merge", ex->merge,
                        "a LoRA run: the model with its adapters merged in (W + scale * B A over model.init_from)");
+  export_cmd->add_flag("--quantized", ex->quantized,
+                       "the blocks' linears in bitsandbytes NF4 (a *-bnb-4bit layout transformers and init_from "
+                       "load), the rest bf16");
   export_cmd
       ->add_option("--max-shard-size", ex->shard_size,
                    "largest safetensors file; a larger model is split into several with model.safetensors.index.json")

@@ -14,6 +14,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/parameters.h"
 #include "model/peft_adapter.h"
+#include "quant/nf4.h"
 #include "shard/layout.h"
 #include "spec/hf_config.h"
 #include "spec/run_spec.h"
@@ -204,24 +205,56 @@ Result<ExportSummary> WriteHfModel(const RunSpec& spec, const std::string& run, 
     pending_bytes = 0;
     return Status::Ok();
   };
+  // --quantized: the 2-D parameters of every block (transformers' bnb integration quantizes each
+  // nn.Linear / Conv1D of the model but the head; the embeddings are no linears).
+  std::set<std::string> quantize;
+  if (options.quantized) {
+    for (int64_t layer = 0; layer < spec.model.layers; ++layer)
+      for (const model::Parameter& p : model::BlockParameters(spec.model))
+        if (p.shape.size() == 2) quantize.insert(model::BlockPrefix(spec.model, layer) + p.name);
+  }
+  const bool bf16 = options.dtype == "bf16" || options.quantized;
+  auto add = [&](const std::string& hf_name, storage::Tensor t) -> Status {
+    const uint64_t size = t.bytes.size();
+    if (!pending.empty() && pending_bytes + size > options.max_shard_bytes) STRATA_RETURN_IF_ERROR(flush());
+    pending.emplace_back(hf_name, std::move(t));
+    pending_bytes += size;
+    summary.bytes += size;
+    ++summary.tensors;
+    return Status::Ok();
+  };
   auto export_all = [&]() -> Status {
     for (const model::Parameter& p : model::Parameters(spec.model)) {
       STRATA_ASSIGN_OR_RETURN(storage::Tensor t, read(p.name));
       const model::HfTensorName hf = model::ToHuggingFace(spec.model, p.name);
+      if (quantize.count(p.name)) {
+        // Our [out, in] (also for GPT-2's Conv1D, which transformers quantizes transposed),
+        // rounded to bf16 as a bf16 load would hold it, then quantize_4bit.
+        if (t.dtype == storage::DType::kF32) t.bytes = ToBf16(t.bytes), t.dtype = storage::DType::kBF16;
+        if (t.dtype != storage::DType::kBF16) return Internal(p.name + ": a checkpoint tensor neither fp32 nor bf16");
+        std::vector<uint16_t> bits(t.bytes.size() / 2);
+        std::memcpy(bits.data(), t.bytes.data(), t.bytes.size());
+        auto q = quant::QuantizeNf4Bf16(bits.data(), p.shape);
+        if (!q.ok()) return InvalidArgument("--quantized: " + p.name + ": " + q.status().message());
+        STRATA_ASSIGN_OR_RETURN(std::vector<quant::StateEntry> entries, quant::ToBnbStateDict(*q, hf.name));
+        for (quant::StateEntry& e : entries) {
+          storage::Tensor part;
+          part.dtype = e.dtype == "U8" ? storage::DType::kU8 : storage::DType::kF32;
+          part.shape = std::move(e.shape);
+          part.bytes = std::move(e.bytes);
+          STRATA_RETURN_IF_ERROR(add(e.name, std::move(part)));
+        }
+        continue;
+      }
       if (hf.transposed && t.shape.size() == 2) {
         t.bytes = Transpose2d(t);
         std::swap(t.shape[0], t.shape[1]);
       }
-      if (options.dtype == "bf16" && t.dtype == storage::DType::kF32) {
+      if (bf16 && t.dtype == storage::DType::kF32) {
         t.bytes = ToBf16(t.bytes);
         t.dtype = storage::DType::kBF16;
       }
-      const uint64_t size = t.bytes.size();
-      if (!pending.empty() && pending_bytes + size > options.max_shard_bytes) STRATA_RETURN_IF_ERROR(flush());
-      pending.emplace_back(hf.name, std::move(t));
-      pending_bytes += size;
-      summary.bytes += size;
-      ++summary.tensors;
+      STRATA_RETURN_IF_ERROR(add(hf.name, std::move(t)));
     }
     if (summary.tensors == 0)
       return NotFound("checkpoint " + std::to_string(step) + " of run " + run + " holds no parameters");
@@ -255,8 +288,27 @@ Result<ExportSummary> WriteHfModel(const RunSpec& spec, const std::string& run, 
     auto text = ReadSpecFile(init_from + "/config.json", "model config", 4 << 20);
     if (text.ok()) source_config = *text;
   }
-  STRATA_ASSIGN_OR_RETURN(std::string config, HuggingFaceConfigJson(spec.model, source_config,
-                                                                    options.dtype == "bf16" ? "bfloat16" : "float32"));
+  STRATA_ASSIGN_OR_RETURN(std::string config,
+                          HuggingFaceConfigJson(spec.model, source_config, bf16 ? "bfloat16" : "float32"));
+  if (options.quantized) {
+    // transformers' BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    // bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16).to_dict().
+    nlohmann::json parsed = nlohmann::json::parse(config);
+    parsed["quantization_config"] = {{"_load_in_4bit", true},
+                                     {"_load_in_8bit", false},
+                                     {"bnb_4bit_compute_dtype", "bfloat16"},
+                                     {"bnb_4bit_quant_storage", "uint8"},
+                                     {"bnb_4bit_quant_type", "nf4"},
+                                     {"bnb_4bit_use_double_quant", true},
+                                     {"llm_int8_enable_fp32_cpu_offload", false},
+                                     {"llm_int8_has_fp16_weight", false},
+                                     {"llm_int8_skip_modules", nullptr},
+                                     {"llm_int8_threshold", 6.0},
+                                     {"load_in_4bit", true},
+                                     {"load_in_8bit", false},
+                                     {"quant_method", "bitsandbytes"}};
+    config = parsed.dump(2) + "\n";
+  }
   STRATA_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/config.json", config, 0644));
   if (!init_from.empty()) {
     for (const std::string& name : model::CompanionFiles(init_from)) {

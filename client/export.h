@@ -19,6 +19,12 @@ struct ExportOptions {
   // A LoRA run: the merged model (W + scale * B A over model.init_from's base, in fp32, then
   // `dtype`); without it a LoRA run's export is refused, pointing at ExportAdapter.
   bool merge = false;
+  // The blocks' linears as bitsandbytes NF4 (quantize_4bit: blocks of 64, double-quantized
+  // scales, from the bf16-rounded weight), with the quant-state entries beside each and a
+  // quantization_config in config.json: the layout of a `*-bnb-4bit` repository, which
+  // transformers loads with bitsandbytes and init_from loads here. The other tensors in bf16
+  // (`dtype` does not apply).
+  bool quantized = false;
 };
 
 struct ExportSummary {

@@ -11,6 +11,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+std::string ShapeText(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
 Status AsInvalid(const Status& s) { return s.ok() ? s : InvalidArgument("model.init_from: " + s.message()); }
 
 }  // namespace
@@ -82,10 +88,55 @@ Result<storage::TensorView> HfCheckpoint::Find(const std::string& name) const {
   return files_[it->second]->tensors().at(name);
 }
 
+bool HfCheckpoint::IsNf4(const std::string& name) const {
+  return where_.count(name) && where_.count(name + ".quant_state.bitsandbytes__nf4");
+}
+
+Result<quant::Nf4Tensor> HfCheckpoint::FindNf4(const std::string& name) const {
+  // bnb's entries of one weight (quant/nf4.h ToBnbStateDict), copied out of the mapping: a
+  // weight's codes are half a byte an element, the scales a few bytes a block.
+  std::vector<quant::StateEntry> entries;
+  for (const char* suffix :
+       {"", ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4"}) {
+    const std::string key = name + suffix;
+    if (!where_.count(key)) continue;  // FromBnbStateDict names what is missing
+    STRATA_ASSIGN_OR_RETURN(storage::TensorView view, Find(key));
+    quant::StateEntry e;
+    e.name = key;
+    e.dtype = view.dtype == storage::DType::kU8 ? "U8" : view.dtype == storage::DType::kF32 ? "F32" : "other";
+    e.shape = view.shape;
+    e.bytes.assign(view.bytes.begin(), view.bytes.end());
+    entries.push_back(std::move(e));
+  }
+  auto t = quant::FromBnbStateDict(entries, name);
+  if (!t.ok()) return Status(t.status().code(), layout_ + ": " + t.status().message());
+  return t;
+}
+
 Status CheckHfCheckpoint(const std::string& dir, const ModelSpec& m) {
   STRATA_ASSIGN_OR_RETURN(HfCheckpoint checkpoint, HfCheckpoint::Open(dir));
   for (const Parameter& p : Parameters(m)) {
     const HfTensorName hf = ToHuggingFace(m, p.name);
+    if (checkpoint.IsNf4(hf.name)) {
+      // The shape its quant state records (the codes are read, and checked whole, at load).
+      STRATA_ASSIGN_OR_RETURN(storage::TensorView state, checkpoint.Find(hf.name + ".quant_state.bitsandbytes__nf4"));
+      const nlohmann::json json =
+          nlohmann::json::parse(state.bytes.begin(), state.bytes.end(), nullptr, /*allow_exceptions=*/false);
+      std::vector<int64_t> shape;
+      if (json.is_object() && json.contains("shape") && json["shape"].is_array()) {
+        for (const auto& d : json["shape"])
+          if (d.is_number_integer()) shape.push_back(d.get<int64_t>());
+      }
+      if (shape != p.shape) {  // quantized matrices are [out, in], ours
+        return InvalidArgument("model.init_from: NF4 weight '" + hf.name + "' has shape " + ShapeText(shape) +
+                               " in its quant_state.bitsandbytes__nf4 but config.json implies " + ShapeText(p.shape) +
+                               "; the weights do not match config.json");
+      }
+      if (p.shape.size() != 2) {
+        return InvalidArgument("model.init_from: '" + hf.name + "' is NF4 but is no matrix; Strata loads NF4 linears");
+      }
+      continue;
+    }
     auto t = checkpoint.Find(hf.name);
     if (!t.ok()) {
       return InvalidArgument("model.init_from: " + t.status().message() + ", which a " + std::string(Name(m.family)) +
@@ -94,17 +145,15 @@ Status CheckHfCheckpoint(const std::string& dir, const ModelSpec& m) {
     std::vector<int64_t> expected = p.shape;
     if (hf.transposed && expected.size() == 2) std::swap(expected[0], expected[1]);
     if (t->shape != expected) {
-      auto str = [](const std::vector<int64_t>& s) {
-        std::string out = "[";
-        for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-        return out + "]";
-      };
-      return InvalidArgument("model.init_from: tensor '" + hf.name + "' has shape " + str(t->shape) +
-                             " but config.json implies " + str(expected) + "; the weights do not match config.json");
+      return InvalidArgument("model.init_from: tensor '" + hf.name + "' has shape " + ShapeText(t->shape) +
+                             " but config.json implies " + ShapeText(expected) +
+                             "; the weights do not match config.json");
     }
     if (t->dtype != storage::DType::kF32 && t->dtype != storage::DType::kBF16 && t->dtype != storage::DType::kF16) {
-      return InvalidArgument("model.init_from: tensor '" + hf.name + "' has dtype " + storage::DTypeName(t->dtype) +
-                             "; Strata loads F32, BF16 and F16 weights (quantized checkpoints are not supported)");
+      return InvalidArgument(
+          "model.init_from: tensor '" + hf.name + "' has dtype " + storage::DTypeName(t->dtype) +
+          "; Strata loads F32, BF16 and F16 weights, and bitsandbytes NF4 matrices (a weight beside its "
+          "quant_state.bitsandbytes__nf4)");
     }
   }
   return Status::Ok();

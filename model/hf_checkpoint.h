@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "quant/nf4.h"
 #include "spec/run_spec.h"
 #include "storage/safetensors.h"
 
@@ -26,6 +27,13 @@ class HfCheckpoint {
   // The tensor of Hugging Face name `name` (a view into its file's mapping), or NotFound naming
   // where it should have been.
   Result<storage::TensorView> Find(const std::string& name) const;
+  // A weight stored by bitsandbytes in NF4 (a `*-bnb-4bit` checkpoint, or `strata export
+  // --quantized`): `name` beside `name`.quant_state.bitsandbytes__nf4. Its shape is the matrix's
+  // [out, in] for every family (transformers quantizes GPT-2's Conv1D weights transposed).
+  bool IsNf4(const std::string& name) const;
+  // That weight's codes and scales (quant::FromBnbStateDict over the entries beside it);
+  // Corruption / NotFound name the entry.
+  Result<quant::Nf4Tensor> FindNf4(const std::string& name) const;
   const std::string& dir() const { return dir_; }
   size_t file_count() const { return files_.size(); }
 
@@ -36,8 +44,9 @@ class HfCheckpoint {
   std::string layout_;                   // "model.safetensors" or the index's name, for messages
 };
 
-// The submit-time check of model.init_from's weights (headers only): every parameter of `m` is
-// present with its shape and a float dtype (F32, BF16, F16). InvalidArgument names the tensor,
+// The submit-time check of model.init_from's weights (headers only, and the quantization state
+// of NF4 weights): every parameter of `m` is present with its shape and a float dtype (F32,
+// BF16, F16), or NF4 (IsNf4) for a 2-D one. InvalidArgument names the tensor,
 // the file and what to do.
 Status CheckHfCheckpoint(const std::string& dir, const ModelSpec& m);
 

@@ -54,7 +54,7 @@ TEST_P(HfParityTest, LogitsMatchTransformers) {
   spec.tie_embeddings = GetParam() == "gpt2";
   ASSERT_TRUE(ValidateModelSpec(spec, "").ok());
   torch::manual_seed(5);
-  auto model = CreateCausalLm(spec);
+  auto model = CreateCausalLm(spec, 5);
   {
     torch::NoGradGuard no_grad;  // non-trivial norms, so a swapped weight/bias would show
     for (auto& p : model->named_parameters()) {

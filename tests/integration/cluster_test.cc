@@ -363,6 +363,83 @@ TEST_F(ClusterTest, LoraAdaptersExportInPeftsLayoutAndMergeIntoTheBase) {
   }
 }
 
+// `export --quantized` writes a `*-bnb-4bit` directory: each linear of the blocks as bitsandbytes'
+// six entries (packed codes, 8-bit block scales, the NF4 table, the nested scales and their map,
+// the quant state's JSON), the rest bf16, and transformers' quantization_config. init_from loads
+// it back, for full training and as a QLoRA base.
+TEST_F(ClusterTest, QuantizedExportWritesBitsandbytesLayoutThatInitFromLoads) {
+  const std::string run = SubmitAndFollow("quantsrc", Spec("quantsrc", 1, 2, 2));
+  const std::string dense = dir_ + "/quant-dense", packed = dir_ + "/quant-nf4";
+  ASSERT_EQ(Strata("export " + run + " --out " + dense).rc, 0);
+  auto r = Strata("export " + run + " --quantized --out " + packed);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("nf4 + bf16"), std::string::npos) << r.out;
+  auto file = storage::ReadSafetensors(packed + "/model.safetensors");
+  auto reference = storage::ReadSafetensors(dense + "/model.safetensors");
+  ASSERT_TRUE(file.ok() && reference.ok()) << file.status().ToString();
+  // bitsandbytes' Linear4bit._save_to_state_dict keys of one weight.
+  const std::vector<std::string> bnb_suffixes = {
+      "", ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4"};
+  std::set<std::string> expected;
+  for (const auto& [name, t] : reference->tensors) {
+    const bool linear = name.find(".h.") != std::string::npos && t.shape.size() == 2;
+    for (const std::string& suffix : linear ? bnb_suffixes : std::vector<std::string>{""})
+      expected.insert(name + suffix);
+  }
+  std::set<std::string> written;
+  for (const auto& [name, t] : file->tensors) written.insert(name);
+  EXPECT_EQ(written, expected);
+  EXPECT_EQ(expected.size(), 28u + 2 * 4 * 5);  // 2 layers x 4 linears, 5 entries beside each weight
+  EXPECT_EQ(file->tensors.at("transformer.wte.weight").dtype, storage::DType::kBF16);
+  const std::string w = "transformer.h.1.attn.c_attn.weight";
+  const storage::Tensor& codes = file->tensors.at(w);
+  EXPECT_EQ(codes.dtype, storage::DType::kU8);
+  EXPECT_EQ(codes.shape, (std::vector<int64_t>{192 * 64 / 2, 1}));
+  EXPECT_EQ(file->tensors.at(w + ".absmax").dtype, storage::DType::kU8);
+  EXPECT_EQ(file->tensors.at(w + ".absmax").shape, (std::vector<int64_t>{192}));  // a block of 64 a row
+  EXPECT_EQ(file->tensors.at(w + ".nested_absmax").shape, (std::vector<int64_t>{1}));
+  EXPECT_EQ(file->tensors.at(w + ".nested_quant_map").shape, (std::vector<int64_t>{256}));
+  const storage::Tensor& state = file->tensors.at(w + ".quant_state.bitsandbytes__nf4");
+  const json quant_state = json::parse(std::string(state.bytes.begin(), state.bytes.end()));
+  EXPECT_EQ(quant_state["quant_type"], "nf4");
+  EXPECT_EQ(quant_state["blocksize"], 64);
+  EXPECT_EQ(quant_state["dtype"], "bfloat16");
+  EXPECT_EQ(quant_state["shape"], json({192, 64}));  // [out, in]: transformers quantizes Conv1D transposed
+  auto config = json::parse(ReadFile(packed + "/config.json"));
+  EXPECT_EQ(config["quantization_config"]["quant_method"], "bitsandbytes");
+  EXPECT_EQ(config["quantization_config"]["bnb_4bit_quant_type"], "nf4");
+  EXPECT_EQ(config["quantization_config"]["bnb_4bit_use_double_quant"], true);
+  EXPECT_EQ(config["torch_dtype"], "bfloat16");
+
+  // A run from the quantized directory trains from the dequantized weights; a QLoRA run over it
+  // starts at the same loss (its base quantized again to the same codes and block scales) and
+  // trains only adapters.
+  auto with_base = [&](const std::string& name, const std::string& extra) {
+    std::string body = Spec(name, 1, 2, 0) + extra;
+    body.replace(body.find("[model]\n"), 8, "[model]\ninit_from = \"" + packed + "\"\n");
+    return body;
+  };
+  const std::string full = SubmitAndFollow("fromnf4", with_base("fromnf4", ""));
+  const std::string qlora =
+      SubmitAndFollow("qlorafromnf4", with_base("qlorafromnf4",
+                                                "[lora]\nrank = 4\nalpha = 8\ntarget_modules = \"all-linear\"\n"
+                                                "base = \"nf4\"\n"));
+  const json a = StrataJson("status " + full), b = StrataJson("status " + qlora);
+  ASSERT_EQ(a["state"], "finished") << a.dump();
+  ASSERT_EQ(b["state"], "finished") << b.dump();
+  const auto la = a["losses"].get<std::vector<double>>(), lb = b["losses"].get<std::vector<double>>();
+  ASSERT_EQ(la.size(), 2u);
+  ASSERT_EQ(lb.size(), 2u);
+  EXPECT_NEAR(la[0], lb[0], 1e-3 * la[0]);
+  // Where transformers and bitsandbytes are installed, transformers loads the directory.
+  if (std::system("python3 -c 'import transformers, bitsandbytes' >/dev/null 2>&1") == 0) {
+    auto py = Run("python3 -c \"import torch, transformers as t; m = t.AutoModelForCausalLM.from_pretrained('" +
+                  packed + "', device_map='auto'); print(type(m.transformer.h[0].attn.c_attn).__name__)\"");
+    EXPECT_EQ(py.rc, 0) << py.err;
+    EXPECT_NE(py.out.find("Linear4bit"), std::string::npos) << py.out;
+  }
+}
+
 TEST_F(ClusterTest, DataParallelOnTwoWorkersMatchesOneWorker) {
   const std::string one = SubmitAndFollow("dp1", Spec("dp1", 1, 12, 0));
   const std::string two = SubmitAndFollow("dp2", Spec("dp2", 2, 12, 0));

@@ -27,6 +27,8 @@ class OutOfMemoryTest : public ::testing::Test {
     ASSERT_EQ(Strata("up --workers 1").rc, 0);
     reference_ = Losses(Follow("reference", Spec("reference", 1, 16, 0), ""));
     ASSERT_EQ(reference_.size(), 5u);
+    lora_reference_ = Losses(Follow("lora-reference", Spec("lora-reference", 1, 16, 0) + kLora, ""));
+    ASSERT_EQ(lora_reference_.size(), 5u);
     ASSERT_EQ(Strata("down").rc, 0);
     // Two workers, each limited to 160 MiB beyond what it maps at startup. What a step needs
     // grows with the logits (micro-batch x 160 tokens x 16384 vocab: the fused loss holds them
@@ -93,17 +95,22 @@ class OutOfMemoryTest : public ::testing::Test {
     return out;
   }
 
-  static void ExpectReferenceLosses(const std::vector<double>& losses) {
-    ASSERT_EQ(losses.size(), reference_.size());
+  static void ExpectReferenceLosses(const std::vector<double>& losses,
+                                    const std::vector<double>& reference = reference_) {
+    ASSERT_EQ(losses.size(), reference.size());
     for (size_t i = 0; i < losses.size(); ++i)
-      EXPECT_NEAR(losses[i], reference_[i], 1e-5 * std::abs(reference_[i])) << "step " << i + 1;
+      EXPECT_NEAR(losses[i], reference[i], 1e-5 * std::abs(reference[i])) << "step " << i + 1;
   }
 
+  // LoRA over the seed-drawn base: the logits, not the model state, still fill the memory.
+  static constexpr const char* kLora = "[lora]\nrank = 4\nalpha = 8\ntarget_modules = \"all-linear\"\n";
+
   static std::string dir_;
-  static std::vector<double> reference_;
+  static std::vector<double> reference_, lora_reference_;
 };
 std::string OutOfMemoryTest::dir_;
 std::vector<double> OutOfMemoryTest::reference_;
+std::vector<double> OutOfMemoryTest::lora_reference_;
 
 // A whole-batch micro-batch of 16 sequences does not fit in 160 MiB: the first step fails on
 // rank 0, the run halves the micro-batch (doubling accumulation) and finishes with the
@@ -126,6 +133,17 @@ TEST_F(OutOfMemoryTest, FirstMicroBatchTooBigIsHalvedAndTheRunFinishesWithTheSam
   // The reduced setting is kept: the plan the run shows is the new one.
   EXPECT_EQ(status["plan"]["micro_batch"], 8) << status.dump();
   EXPECT_EQ(status["handled"]["oom"], ooms.size()) << status.dump();
+}
+
+// A LoRA run that runs out of memory is halved the same way: its frozen base is drawn again, its
+// adapters start again from their seed, and the losses are those of the unlimited LoRA run.
+TEST_F(OutOfMemoryTest, ALoraRunsMicroBatchIsHalvedAndItsLossesKept) {
+  const std::string run = Follow("lora-too-big", Spec("lora-too-big", 1, 16, 0) + kLora, " --skip-estimate");
+  const json status = Status(run);
+  EXPECT_EQ(status["state"], "finished") << status.dump();
+  ExpectReferenceLosses(status["losses"].get<std::vector<double>>(), lora_reference_);
+  ASSERT_GE(Events(run, "oom").size(), 1u);
+  EXPECT_EQ(status["plan"]["micro_batch"], 8) << status.dump();
 }
 
 // Step 3 of rank 1 runs out of memory with no checkpoint since step 0: every rank saves its

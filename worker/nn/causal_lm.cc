@@ -1,5 +1,8 @@
 #include "worker/nn/causal_lm.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -7,7 +10,6 @@
 #include <limits>
 #include <tuple>
 
-#include "common/thread_annotations.h"
 #include "common/token_file.h"
 #include "model/parameters.h"
 #include "worker/nn/hf_format.h"
@@ -65,17 +67,52 @@ CausalLm::CausalLm(const ModelSpec& spec, const torch::TensorOptions& options)
 
 CausalLm::~CausalLm() = default;
 
-void CausalLm::Initialize() {
-  // GPT-2 draws its blocks first and its embeddings last (Strata always has: a seed keeps giving
-  // the same model); every other family draws in table order.
-  const bool gpt2 = spec_.family == Family::kGpt2;
-  auto last = [&](const std::string& name) { return gpt2 && (name == "wte.weight" || name == "wpe.weight"); };
-  for (size_t i = 0; i < names_.size(); ++i) {
-    if (!last(names_[i])) family_->Initialize(names_[i], params_[i]);
-  }
-  for (size_t i = 0; i < names_.size(); ++i) {
-    if (last(names_[i])) family_->Initialize(names_[i], params_[i]);
-  }
+void CausalLm::Initialize(int64_t seed) {
+  const ParameterDraw draw(spec_, seed);
+  for (size_t i = 0; i < names_.size(); ++i) draw.Fill(names_[i], params_[i]);
+}
+
+namespace {
+
+// SplitMix64's finaliser: distinct (seed, name, run) give unrelated generator seeds.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t NameHash(const std::string& name) {  // FNV-1a: stable across builds and platforms
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+ParameterDraw::ParameterDraw(const ModelSpec& spec, int64_t seed) : family_(CreateModelFamily(spec)), seed_(seed) {}
+ParameterDraw::~ParameterDraw() = default;
+
+torch::Tensor ParameterDraw::operator()(const model::Parameter& p) const {
+  torch::Tensor t = torch::empty(p.shape, torch::kFloat);
+  Fill(p.name, t);
+  return t;
+}
+
+void ParameterDraw::Fill(const std::string& name, torch::Tensor& t) const {
+  TORCH_CHECK(t.is_contiguous() && t.device().is_cpu() && t.scalar_type() == torch::kFloat, name,
+              ": ParameterDraw fills a contiguous fp32 host tensor");
+  torch::NoGradGuard no_grad;
+  const torch::Tensor flat = t.view({-1});
+  const int64_t n = flat.numel(), runs = (n + kDrawRun - 1) / kDrawRun;
+  const uint64_t stream = Mix(static_cast<uint64_t>(seed_) ^ Mix(NameHash(name)));
+  at::parallel_for(0, runs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      torch::Tensor run = flat.narrow(0, r * kDrawRun, std::min(kDrawRun, n - r * kDrawRun));
+      at::Generator generator = at::detail::createCPUGenerator(Mix(stream + static_cast<uint64_t>(r)));
+      family_->Initialize(name, run, generator);
+    }
+  });
 }
 
 torch::Tensor CausalLm::Embed(const torch::Tensor& tokens) {
@@ -233,9 +270,9 @@ std::vector<torch::Tensor> ExtractRows(CausalLm& model, const RunSpec& spec, int
   return rows;
 }
 
-std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec) {
+std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec, int64_t seed) {
   auto model = std::make_shared<CausalLm>(spec);
-  model->Initialize();
+  model->Initialize(seed);
   return model;
 }
 
@@ -249,12 +286,7 @@ Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t s
   if (loaded) {
     STRATA_RETURN_IF_ERROR(LoadHuggingFace(spec.init_from, spec, model->named_parameters()));
   } else if (!for_resume) {
-    // The generator is process-global: tasks sharing a process (tests) must not interleave
-    // their initialisation.
-    static Mutex init_mutex;
-    MutexLock lock(init_mutex);
-    torch::manual_seed(static_cast<uint64_t>(seed));
-    model->Initialize();
+    model->Initialize(seed);
   }
   if (!loaded) model->to(options.device(), options.dtype().toScalarType());
   return model;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/parameters.h"
 #include "spec/run_spec.h"
 #include "storage/shard_store.h"
 #include "worker/nn/block_io.h"
@@ -51,9 +52,8 @@ class CausalLm : public torch::nn::Module {
   torch::Tensor RunBlocks(const torch::Tensor& tokens, int64_t last_layer, const BlockVisitor& visit,
                           const BlockRequestFn& request = nullptr);
 
-  // Every parameter from the seeded LibTorch generator by the family's rule, in the table's order
-  // (GPT-2: its embeddings last).
-  void Initialize();
+  // Every parameter drawn as ParameterDraw(spec, seed) draws it.
+  void Initialize(int64_t seed);
   const ModelSpec& spec() const { return spec_; }
 
  private:
@@ -89,14 +89,34 @@ BlockRequest ExtractRequest(const RunSpec& spec, int64_t layer);
 std::vector<torch::Tensor> ExtractRows(CausalLm& model, const RunSpec& spec, int64_t layer, const BlockOutputs& block,
                                        const torch::Tensor& tokens);
 
-// The family named by spec.family, parameters initialised from the current LibTorch generator
-// (callers seed it).
-std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec);
+// A model's initial weights one parameter at a time, as a seed-drawn run starts: each parameter
+// by its family's rule (ModelFamily::Initialize) from streams of its own, so it is the same
+// drawn alone on one rank (a pipeline stage's, a frozen base streamed a tensor at a time) or with
+// the whole model, and no parameter's values depend on another's. The flattened tensor is drawn
+// in runs of kDrawRun elements, each from a CPU generator seeded by (seed, name, run index), in
+// parallel over the host's cores: the values do not depend on the thread count.
+// A model of `spec` on the host in fp32, drawn from `seed` (tests).
+std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec, int64_t seed);
+
+class ParameterDraw {
+ public:
+  static constexpr int64_t kDrawRun = int64_t{1} << 20;
+  ParameterDraw(const ModelSpec& spec, int64_t seed);
+  ~ParameterDraw();
+  // `p` (a parameter of spec's table, model/parameters.h) in fp32 on the host.
+  torch::Tensor operator()(const model::Parameter& p) const;
+  // Fills `t` (a contiguous fp32 host tensor of the parameter's shape) in place.
+  void Fill(const std::string& name, torch::Tensor& t) const;
+
+ private:
+  std::unique_ptr<ModelFamily> family_;
+  int64_t seed_;
+};
 
 // The model a task starts from, its parameters placed by `options` (default: host, fp32): read
 // from spec.init_from's safetensors when set (one tensor at a time, straight from the mapped file
-// to its place: host memory never holds the model twice), else initialised from `seed` (the same
-// on every rank and process; drawn on the host in fp32, then moved). Errors name the mismatching
+// to its place: host memory never holds the model twice), else drawn from `seed` (ParameterDraw:
+// the same on every rank and process; on the host in fp32, then moved). Errors name the mismatching
 // tensor. `for_resume`: every parameter is about to be loaded from a checkpoint, so
 // initialisation and init_from are skipped: on a resume they are only time before training again.
 Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t seed, bool for_resume = false,

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/atomic_file.h"
+#include "quant/nf4.h"
 #include "spec/hf_config.h"
 #include "storage/safetensors.h"
 #include "worker/nn/tensor_bytes.h"
@@ -46,6 +47,19 @@ Status ExportHuggingFace(const NamedTensors& params, const ModelSpec& spec, cons
 Status WithHfParameter(const model::HfCheckpoint& checkpoint, const ModelSpec& spec, const model::Parameter& param,
                        const std::function<void(const torch::Tensor&)>& use) {
   const model::HfTensorName hf = model::ToHuggingFace(spec, param.name);
+  if (checkpoint.IsNf4(hf.name)) {
+    // A bitsandbytes NF4 matrix ([out, in] in every family): dequantized in fp32 (table value x
+    // block scale, exact), which a QLoRA base quantizes back to the same codes and block scales.
+    STRATA_ASSIGN_OR_RETURN(quant::Nf4Tensor q, checkpoint.FindNf4(hf.name));
+    if (q.shape != param.shape) {
+      return InvalidArgument("NF4 weight '" + hf.name + "' has shape " + c10::str(c10::IntArrayRef(q.shape)) +
+                             " but the model needs " + c10::str(c10::IntArrayRef(param.shape)) +
+                             "; check the run spec's [model] against config.json");
+    }
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> values, quant::DequantizeNf4(q));
+    use(torch::from_blob(values.data(), param.shape, torch::kFloat));
+    return Status::Ok();
+  }
   STRATA_ASSIGN_OR_RETURN(storage::TensorView src, checkpoint.Find(hf.name));
   torch::ScalarType type;
   switch (src.dtype) {

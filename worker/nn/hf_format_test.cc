@@ -36,10 +36,10 @@ class HfFormatTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(HfFormatTest, ExportThenLoadReproducesTheModelExactly) {
   torch::manual_seed(11);
-  auto original = CreateCausalLm(spec_);
+  auto original = CreateCausalLm(spec_, 11);
   ASSERT_TRUE(ExportHuggingFace(original->named_parameters(), spec_, dir_).ok());
-  torch::manual_seed(99);  // different weights until loaded
-  auto loaded = CreateCausalLm(spec_);
+  torch::manual_seed(99);
+  auto loaded = CreateCausalLm(spec_, 99);  // different weights until loaded
   ASSERT_TRUE(LoadHuggingFace(dir_, spec_, loaded->named_parameters()).ok());
   torch::NoGradGuard no_grad;
   auto tokens = torch::randint(0, 256, {2, 32}, torch::kLong);
@@ -48,7 +48,7 @@ TEST_P(HfFormatTest, ExportThenLoadReproducesTheModelExactly) {
 
 TEST_P(HfFormatTest, FileUsesHuggingFaceNamesShapesAndConfig) {
   torch::manual_seed(1);
-  auto model = CreateCausalLm(spec_);
+  auto model = CreateCausalLm(spec_, 1);
   ASSERT_TRUE(ExportHuggingFace(model->named_parameters(), spec_, dir_).ok());
   auto file = storage::ReadSafetensors(dir_ + "/model.safetensors");
   ASSERT_TRUE(file.ok());
@@ -69,11 +69,11 @@ TEST_P(HfFormatTest, FileUsesHuggingFaceNamesShapesAndConfig) {
 
 TEST_P(HfFormatTest, MismatchedSpecNamesTheTensor) {
   torch::manual_seed(1);
-  auto model = CreateCausalLm(spec_);
+  auto model = CreateCausalLm(spec_, 1);
   ASSERT_TRUE(ExportHuggingFace(model->named_parameters(), spec_, dir_).ok());
   ModelSpec wider = spec_;
   wider.ffn *= 2;
-  auto other = CreateCausalLm(wider);
+  auto other = CreateCausalLm(wider, 2);
   Status st = LoadHuggingFace(dir_, wider, other->named_parameters());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   const char* first_mlp = spec_.family == Family::kGpt2      ? "c_fc"

@@ -147,7 +147,7 @@ torch::Tensor ModelFamily::Embed(const ParamView& p, const torch::Tensor& tokens
   return p.Lookup(model::TokenEmbeddingName(spec_), tokens, tp.lookup);
 }
 
-void ModelFamily::Initialize(const std::string& name, torch::Tensor& t) const {
+void ModelFamily::Initialize(const std::string& name, torch::Tensor& t, at::Generator& generator) const {
   torch::NoGradGuard no_grad;
   auto ends_with = [&](const std::string& suffix) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -158,7 +158,7 @@ void ModelFamily::Initialize(const std::string& name, torch::Tensor& t) const {
   } else if (norm) {
     t.fill_(spec_.family == Family::kGemma ? 0.0 : 1.0);  // Gemma scales by (1 + w)
   } else {
-    t.normal_(0.0, 0.02);
+    t.normal_(0.0, 0.02, generator);
   }
 }
 

@@ -148,8 +148,9 @@ class ModelFamily {
                              const BlockRequest& request = {}) const = 0;
   // The final norm before the head (the head itself, logits = norm(x) W^T, is the caller's).
   virtual torch::Tensor FinalNorm(const ParamView& p, const torch::Tensor& x) const = 0;
-  // A parameter's initial value, drawn from the seeded generator in parameter order.
-  virtual void Initialize(const std::string& name, torch::Tensor& t) const;
+  // A parameter's initial values (or a contiguous run of them: `t` may be a slice of the
+  // flattened tensor), drawn from `generator` (causal_lm.h ParameterDraw seeds it).
+  virtual void Initialize(const std::string& name, torch::Tensor& t, at::Generator& generator) const;
 
   const ModelSpec& spec() const { return spec_; }
 

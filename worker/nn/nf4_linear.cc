@@ -1,5 +1,7 @@
 #include "worker/nn/nf4_linear.h"
 
+#include <ATen/Parallel.h>
+
 #include "quant/nf4.h"
 
 namespace strata::worker {
@@ -8,11 +10,52 @@ int64_t Nf4Weight::bytes() const {
   return codes.nbytes() + absmax_codes.nbytes() + nested_absmax.nbytes() + nested_map.nbytes() + table.nbytes();
 }
 
+namespace {
+
+// quant::QuantizeNf4 of a large matrix on every host core: runs of whole blocks (2^20 weights, an
+// even count, so no byte of codes straddles two runs) quantized apart without nesting, then the
+// block scales nested once over the whole matrix, with the mean Nf4Builder::Finish takes (a
+// double sum in block order): the same bits as the one-thread reference, which a 70B base's
+// billions of weights would otherwise wait on.
+Result<quant::Nf4Tensor> QuantizeOnEveryCore(const float* values, const std::vector<int64_t>& shape) {
+  constexpr int64_t kRun = int64_t{1} << 20;
+  static_assert(kRun % quant::kNf4Blocksize == 0);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  if (n <= kRun) return quant::QuantizeNf4(values, shape);
+  const int64_t runs = (n + kRun - 1) / kRun;
+  std::vector<Result<quant::Nf4Tensor>> parts(static_cast<size_t>(runs), Internal("not quantized"));
+  at::parallel_for(0, runs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t length = std::min(kRun, n - r * kRun);
+      parts[static_cast<size_t>(r)] =
+          quant::QuantizeNf4(values + r * kRun, {length}, quant::kNf4Blocksize, /*nested=*/false);
+    }
+  });
+  quant::Nf4Tensor q;
+  q.shape = shape;
+  q.dtype = quant::SourceDtype::kFloat32;
+  q.blocksize = quant::kNf4Blocksize;
+  std::vector<float> absmax;
+  double sum = 0.0;
+  for (auto& part : parts) {
+    if (!part.ok()) return part.status();
+    q.codes.insert(q.codes.end(), part->codes.begin(), part->codes.end());
+    for (float a : part->absmax) sum += a;
+    absmax.insert(absmax.end(), part->absmax.begin(), part->absmax.end());
+  }
+  const float offset = static_cast<float>(sum / static_cast<double>(absmax.size()));
+  STRATA_RETURN_IF_ERROR(quant::NestAbsmax(q, absmax, offset));
+  return q;
+}
+
+}  // namespace
+
 Result<Nf4Weight> QuantizeNf4Weight(const torch::Tensor& whole, const torch::Device& device,
                                     torch::ScalarType compute) {
   const torch::Tensor values = whole.to(torch::kCPU, torch::kFloat).contiguous();
   std::vector<int64_t> shape(values.sizes().begin(), values.sizes().end());
-  STRATA_ASSIGN_OR_RETURN(quant::Nf4Tensor q, quant::QuantizeNf4(values.data_ptr<float>(), shape));
+  STRATA_ASSIGN_OR_RETURN(quant::Nf4Tensor q, QuantizeOnEveryCore(values.data_ptr<float>(), shape));
   auto bytes = [&](const std::vector<uint8_t>& v) {
     // copy = true: on a CPU device `to` would otherwise alias the vector, freed on return.
     return torch::from_blob(const_cast<uint8_t*>(v.data()), {static_cast<int64_t>(v.size())}, torch::kUInt8)

@@ -70,8 +70,8 @@ Status Trainer::Init() {
   STRATA_RETURN_IF_ERROR(BuildGroups());
   // Where the weights come from. A resume: the checkpoint, loaded later into uninitialised
   // units. init_from: each rank reads only the tensors it holds a part of from the memory-mapped
-  // files, one at a time. Otherwise every rank builds the whole model from the same seed and
-  // keeps its part, so any mesh starts from exactly the weights of a single worker.
+  // files, one at a time. Otherwise each rank draws the parameters it holds from the seed
+  // (ParameterDraw), so any mesh starts from exactly the weights of a single worker.
   const bool resuming = !context.resume.run_id.empty();
   const ModelSpec& model_spec = context.spec.model;
   // LoRA: a checkpoint holds only the adapters, so the frozen base is read (or drawn) on a
@@ -79,8 +79,7 @@ Status Trainer::Init() {
   const bool lora = context.spec.lora.enabled;
   const bool base_needed = !resuming || lora;
   StageModel::WeightLoader adapter_load, base_load;
-  std::shared_ptr<CausalLm> full;
-  std::map<std::string, torch::Tensor> drawn;  // full's parameters by name
+  std::optional<ParameterDraw> draw;
   uint64_t read_bytes = 0;
   const auto load_start = std::chrono::steady_clock::now();
   std::optional<model::HfCheckpoint> checkpoint;
@@ -97,11 +96,10 @@ Status Trainer::Init() {
       });
     };
   } else if (base_needed) {
-    auto built = BuildCausalLm(model_spec, context.spec.train.seed);
-    if (!built.ok()) return built.status();
-    full = *built;
-    for (const auto& item : full->named_parameters()) drawn.emplace(item.key(), item.value().detach());
-    base_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(drawn.at(p.name)); };
+    // Drawn a parameter at a time, only those this rank holds: host memory holds one tensor, not
+    // the model (a 70B QLoRA base on one GPU), and every mesh starts from the same weights.
+    draw.emplace(model_spec, context.spec.train.seed);
+    base_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use((*draw)(p)); };
   }
   std::map<std::string, torch::Tensor> adapters;
   if (lora && !resuming) {
@@ -122,8 +120,7 @@ Status Trainer::Init() {
          << device_.str() << " in " << seconds << " s";
     STRATA_LOG(kInfo) << what.str();
   }
-  drawn.clear();
-  full.reset();
+  draw.reset();
   adapters.clear();
   UnitOptimizer::Options optimizer;
   optimizer.eight_bit = context.spec.train.optimizer == Optimizer::kAdamW8bit;

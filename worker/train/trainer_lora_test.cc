@@ -1,5 +1,7 @@
 // LoRA training (stage_model.h, run_spec.h LoraSpec): the adapters train, the base stays as it
 // was loaded, and every mesh LoRA runs on gives the single worker's losses.
+#include <ATen/Parallel.h>
+
 #include <cmath>
 #include <tuple>
 
@@ -149,6 +151,30 @@ TEST(Nf4LinearTest, DequantizesAsTheReferenceAndSendsTheGradientToTheInputOnly) 
   y.backward(dy);
   y2.backward(dy);
   EXPECT_TRUE(torch::allclose(x.grad(), x2.grad(), 1e-6, 1e-6));
+}
+
+// A matrix past one quantization run (2^20 weights) is quantized on every core: the same codes,
+// block scales and mean as the one-thread reference, whatever the thread count.
+TEST(Nf4LinearTest, ALargeMatrixQuantizedOnEveryCoreIsTheReferenceBitForBit) {
+  torch::manual_seed(4);
+  const torch::Tensor w = torch::randn({1201, 2001}) * torch::randn({1201, 2001}).pow(3);  // 2.4M, odd
+  auto reference = quant::QuantizeNf4(w.contiguous().data_ptr<float>(), {1201, 2001});
+  ASSERT_TRUE(reference.ok());
+  const int threads = at::get_num_threads();
+  for (int t : {1, std::max(threads, 4)}) {
+    SCOPED_TRACE(t);
+    at::set_num_threads(t);
+    auto q = QuantizeNf4Weight(w, torch::kCPU, torch::kFloat);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    auto bytes = [](const torch::Tensor& v) {
+      return std::vector<uint8_t>(v.data_ptr<uint8_t>(), v.data_ptr<uint8_t>() + v.numel());
+    };
+    EXPECT_TRUE(bytes(q->codes) == reference->codes);
+    EXPECT_TRUE(bytes(q->absmax_codes) == reference->absmax_codes);
+    EXPECT_TRUE(torch::equal(q->nested_absmax, torch::tensor(reference->nested_absmax)));
+    EXPECT_EQ(q->offset, reference->offset);
+  }
+  at::set_num_threads(threads);
 }
 
 TEST_F(LoraTrainerTest, QloraTrainsAdaptersOverTheNf4BaseOnEveryMesh) {
