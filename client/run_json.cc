@@ -70,6 +70,7 @@ json RunToJson(RunRecord::Reader r, bool with_plan) {
           {"workers", workers},
           {"message", r.getMessage().cStr()},
           {"tokens_per_second", r.getTokensPerSecond()},
+          {"base_identity", r.getBaseIdentity().cStr()},
           {"created_unix_ms", r.getCreatedUnixMs()},
           {"updated_unix_ms", r.getUpdatedUnixMs()}};
 }

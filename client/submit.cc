@@ -11,6 +11,7 @@
 #include "client/estimate.h"
 #include "client/text_data.h"
 #include "model/hf_checkpoint.h"
+#include "model/peft_adapter.h"
 #include "schema/envelope.h"
 #include "spec/run_spec.h"
 
@@ -43,6 +44,14 @@ Result<std::string> SubmitText(const Target& target, const std::string& text, co
     if (Status weights = model::CheckHfCheckpoint(spec->model.init_from, spec->model); !weights.ok()) {
       return InvalidArgument(label + ": " + weights.message());
     }
+  }
+  if (!spec->model.adapter_from.empty()) {
+    // A train run's [lora] is the adapter's (ParseLora); others merge the adapter as it was saved.
+    auto lora =
+        spec->lora.enabled ? Result<LoraSpec>(spec->lora) : ReadPeftLoraConfig(spec->model.adapter_from, spec->model);
+    if (!lora.ok()) return InvalidArgument(label + ": " + lora.status().message());
+    if (Status adapter = model::CheckPeftAdapter(spec->model.adapter_from, spec->model, *lora); !adapter.ok())
+      return InvalidArgument(label + ": " + adapter.message());
   }
   // data.format = "text": tokenized once into a cached u32 file, which the run then reads.
   if (Status text_data = PrepareTextData(&*spec, StateDir(target), o.progress_every_s, log); !text_data.ok()) {
@@ -88,6 +97,11 @@ Result<std::string> SubmitText(const Target& target, const std::string& text, co
   submit.setSpecToml(RunSpecToToml(*spec));
   submit.setResumeRun(resume_from.first);
   submit.setResumeStep(resume_from.second);
+  if (spec->lora.enabled) {
+    // A LoRA checkpoint holds the adapters only: a resume from it must go back onto this base.
+    STRATA_ASSIGN_OR_RETURN(const std::string identity, model::BaseIdentity(spec->model, spec->train.seed));
+    submit.setBaseIdentity(identity);
+  }
   STRATA_ASSIGN_OR_RETURN(auto reply, client->Call(req));
   return std::string(reply->root().getSubmitted().getRunId().cStr());
 }

@@ -139,6 +139,7 @@ void Journal::FillRunRecord(const RunEntry& run, RunRecord::Builder b, bool with
   b.setWorldSize(run.spec.is_extract() ? run.spec.parallel.dp : run.spec.parallel.workers());
   b.setTokensPerSecond(run.tokens_per_second);
   b.setResumeRun(run.resume_run);
+  b.setBaseIdentity(run.base_identity);
   b.setResumeStep(run.resume_step);
   b.setGrowBackToDp(run.grow_back_to_dp);
   b.setTaskToken(run.task_token);

@@ -128,6 +128,7 @@ void RpcHandlers::HandleSubmitRun(const std::string& identity, uint64_t rid, Sub
     parallel.stages = *stages;
   }
   run.spec_toml = RunSpecToToml(run.spec);
+  run.base_identity = req.getBaseIdentity().cStr();
   run.created_ms = run.updated_ms = c_.clock.UnixMs();
   if (run.spec.is_extract()) {
     Status st = ExtractScheduler::SizeExtract(run);
@@ -215,6 +216,34 @@ Status RpcHandlers::SetUpResume(RunEntry& run, const std::string& source_id, int
                              " but run " + source_id + " trained model." + field + " = " +
                              std::to_string(values.first) +
                              "; a checkpoint resumes only the same model (the mesh may differ)");
+    }
+  }
+  // A LoRA checkpoint is adapters (and their moments) only: it resumes only a LoRA run of the same
+  // adapters, over the same base.
+  const LoraSpec &la = from.lora, &lb = run.spec.lora;
+  if (la.enabled != lb.enabled) {
+    return InvalidArgument("--resume: run " + source_id +
+                           (la.enabled ? " trained LoRA adapters (its checkpoints hold them, not the "
+                                         "base); resume it with the same [lora] table"
+                                       : " trained every weight (its checkpoints hold no adapters); "
+                                         "start LoRA from its export: model.init_from = an `strata "
+                                         "export` of it, and no --resume"));
+  }
+  if (la.enabled) {
+    if (la.rank != lb.rank || la.target_modules != lb.target_modules) {
+      return InvalidArgument("--resume: lora.rank / lora.target_modules differ from run " + source_id + "'s (rank " +
+                             std::to_string(la.rank) + "): its checkpoint's adapters have other shapes");
+    }
+    const std::string& trained = source->second.base_identity;
+    if (!trained.empty() && trained != run.base_identity) {
+      auto base = [](const RunSpec& s) {
+        return s.model.init_from.empty() ? "drawn from train.seed = " + std::to_string(s.train.seed)
+                                         : "model.init_from = \"" + s.model.init_from + "\"";
+      };
+      return InvalidArgument("--resume: run " + source_id + "'s adapters were trained over the base " + base(from) +
+                             " (" + trained + "), but this spec's base is " + base(run.spec) + " (" +
+                             (run.base_identity.empty() ? std::string("unknown") : run.base_identity) +
+                             "); a LoRA checkpoint resumes only onto its own base");
     }
   }
   STRATA_ASSIGN_OR_RETURN(auto list, c_.journal.store().ScanMetadata(keys::CheckpointPrefix(source_id)));

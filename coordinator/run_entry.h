@@ -82,6 +82,9 @@ struct RunEntry {
     std::string store_path;  // once made
   };
   std::map<int64_t, std::map<uint32_t, PendingCopy>> pending_copies;
+  // What the run's weights start from (model::BaseIdentity, computed at submit; LoRA runs only):
+  // a LoRA checkpoint resumes only onto the base it was trained over.
+  std::string base_identity;
   // Train runs started from a checkpoint (of another run, under any mesh): its run and step.
   std::string resume_run;
   int64_t resume_step = 0;

@@ -56,6 +56,7 @@ Status RunLoader::Load() {
     run.updated_ms = r.getUpdatedUnixMs();
     run.step = r.getStep();
     run.resume_run = r.getResumeRun().cStr();
+    run.base_identity = r.getBaseIdentity().cStr();
     run.resume_step = r.getResumeStep();
     run.grow_back_to_dp = r.getGrowBackToDp();
     run.task_token = r.getTaskToken();

@@ -1,10 +1,12 @@
 #include "model/hf_checkpoint.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "model/parameters.h"
+#include "storage/shard_store.h"
 
 namespace strata::model {
 namespace {
@@ -157,6 +159,37 @@ Status CheckHfCheckpoint(const std::string& dir, const ModelSpec& m) {
     }
   }
   return Status::Ok();
+}
+
+Result<std::string> BaseIdentity(const ModelSpec& m, int64_t seed) {
+  std::string text;
+  for (const Parameter& p : Parameters(m)) {
+    text += p.name;
+    for (int64_t d : p.shape) text += "," + std::to_string(d);
+    text += ";";
+  }
+  auto hex = [](uint64_t h) {
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+    return std::string(buf);
+  };
+  const std::string table = hex(storage::Checksum({reinterpret_cast<const uint8_t*>(text.data()), text.size()}));
+  if (m.init_from.empty()) return "seed " + std::to_string(seed) + " table " + table;
+  STRATA_ASSIGN_OR_RETURN(HfCheckpoint checkpoint, HfCheckpoint::Open(m.init_from));
+  std::string fingerprint;
+  for (const auto& [name, where] : checkpoint.where_) {
+    STRATA_ASSIGN_OR_RETURN(storage::TensorView t, checkpoint.Find(name));
+    fingerprint += name + ":" + storage::DTypeName(t.dtype);
+    for (int64_t d : t.shape) fingerprint += "," + std::to_string(d);
+    constexpr size_t kEdge = 4096;
+    const size_t n = t.bytes.size(), head = std::min(n, kEdge), tail = std::min(n - head, kEdge);
+    fingerprint +=
+        ":" + hex(storage::Checksum(t.bytes.subspan(0, head))) + hex(storage::Checksum(t.bytes.subspan(n - tail)));
+    fingerprint += ";";
+  }
+  return "init_from " +
+         hex(storage::Checksum({reinterpret_cast<const uint8_t*>(fingerprint.data()), fingerprint.size()})) +
+         " table " + table;
 }
 
 std::vector<std::string> CompanionFiles(const std::string& dir) {

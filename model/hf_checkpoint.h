@@ -42,6 +42,7 @@ class HfCheckpoint {
   std::vector<std::shared_ptr<storage::MappedSafetensors>> files_;
   std::map<std::string, size_t> where_;  // tensor -> index into files_
   std::string layout_;                   // "model.safetensors" or the index's name, for messages
+  friend Result<std::string> BaseIdentity(const ModelSpec& m, int64_t seed);
 };
 
 // The submit-time check of model.init_from's weights (headers only, and the quantization state
@@ -49,6 +50,13 @@ class HfCheckpoint {
 // BF16, F16), or NF4 (IsNf4) for a 2-D one. InvalidArgument names the tensor,
 // the file and what to do.
 Status CheckHfCheckpoint(const std::string& dir, const ModelSpec& m);
+
+// What a run's weights start from, for a resume to check that a LoRA checkpoint (adapters only)
+// goes back onto the base it was trained over: "seed S" and a hash of the parameter table for a
+// base drawn from train.seed, or "init_from" and a fingerprint of model.init_from's weights - an
+// xxhash64 over each tensor's name, dtype, shape and its first and last 4 KiB, by name (headers
+// and a few pages: another model, or the same one retrained, differs; 140 GB are not read).
+Result<std::string> BaseIdentity(const ModelSpec& m, int64_t seed);
 
 // Files published beside the weights that an export carries along: tokenizer files,
 // generation_config.json, special_tokens_map.json, ...

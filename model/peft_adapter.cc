@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "model/parameters.h"
+#include "storage/safetensors.h"
 
 namespace strata::model {
 
@@ -37,6 +39,59 @@ std::string PeftAdapterConfigJson(const ModelSpec& m, const LoraSpec& lora) {
       {"base_model_name_or_path", m.init_from},
   };
   return config.dump(2) + "\n";
+}
+
+Status CheckPeftAdapter(const std::string& dir, const ModelSpec& m, const LoraSpec& lora) {
+  const std::string path = dir + "/adapter_model.safetensors";
+  auto file = storage::MappedSafetensors::Open(path);
+  if (!file.ok()) return InvalidArgument("model.adapter_from: " + file.status().message());
+  std::string trained_on = "(not named)";
+  if (auto text = ReadSpecFile(dir + "/adapter_config.json", "PEFT adapter config", 1 << 20); text.ok()) {
+    const nlohmann::json config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (config.is_object() && config.contains("base_model_name_or_path") &&
+        config["base_model_name_or_path"].is_string())
+      trained_on = "\"" + config["base_model_name_or_path"].get<std::string>() + "\"";
+  }
+  const std::string base = m.init_from.empty() ? std::string("the base drawn from train.seed")
+                                               : "the base model.init_from = \"" + m.init_from + "\"";
+  auto shape_text = [](const std::vector<int64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+  };
+  const auto& tensors = (*file)->tensors();
+  std::set<std::string> expected;
+  for (const Parameter& p : LoraParameters(m, lora)) {
+    const std::string name = PeftTensorName(m, p.name);
+    expected.insert(name);
+    auto it = tensors.find(name);
+    if (it == tensors.end()) {
+      return InvalidArgument("model.adapter_from: " + path + " has no tensor '" + name +
+                             "', which its target_modules "
+                             "imply for " +
+                             base + " (" + std::to_string(m.layers) +
+                             " layers); the adapter was "
+                             "trained on another base, " +
+                             trained_on);
+    }
+    if (it->second.shape != p.shape) {
+      return InvalidArgument("model.adapter_from: " + path + "'s '" + name + "' has shape " +
+                             shape_text(it->second.shape) + " but " + base + " needs " + shape_text(p.shape) +
+                             "; the adapter was trained on another base, " + trained_on);
+    }
+    const storage::DType d = it->second.dtype;
+    if (d != storage::DType::kF32 && d != storage::DType::kBF16 && d != storage::DType::kF16) {
+      return InvalidArgument("model.adapter_from: " + path + "'s '" + name + "' has dtype " + storage::DTypeName(d) +
+                             "; adapters load from F32, BF16 or F16");
+    }
+  }
+  for (const auto& [name, view] : tensors) {
+    if (!expected.count(name) && name.find(".lora_") != std::string::npos) {
+      return InvalidArgument("model.adapter_from: " + path + " holds '" + name + "', which adapts no linear of " +
+                             base + "; the adapter was trained on another base, " + trained_on);
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace strata::model

@@ -20,4 +20,10 @@ std::string PeftTensorName(const ModelSpec& m, const std::string& ours);
 std::string FromPeftTensorName(const ModelSpec& m, const LoraSpec& lora, const std::string& peft);
 std::string PeftAdapterConfigJson(const ModelSpec& m, const LoraSpec& lora);
 
+// model.adapter_from's tensors, before anything starts (headers only): every adapter of `lora`
+// (ReadPeftLoraConfig's, or the run's [lora]) is in DIR/adapter_model.safetensors with its shape
+// over this base and a float dtype, and no adapter tensor is left over. InvalidArgument naming
+// the tensor, the base (model.init_from, or the seed) and the adapter's base_model_name_or_path.
+Status CheckPeftAdapter(const std::string& dir, const ModelSpec& m, const LoraSpec& lora);
+
 }  // namespace strata::model

@@ -262,6 +262,7 @@ struct SubmitRun {
   specToml @0 :Text;
   resumeRun @1 :Text;       # start from a checkpoint of this run (any mesh); empty = fresh
   resumeStep @2 :Int64;     # that checkpoint's step; 0 = the latest complete one
+  baseIdentity @3 :Text;    # model::BaseIdentity of the spec's base, as submit computed it
 }
 
 struct Submitted {
@@ -307,6 +308,7 @@ struct RunRecord {
   growBackToDp @19 :Int64;   # the dp it ran with before a lost worker made it smaller (0: never shrunk)
   spec @20 :Spec.RunSpec;    # the validated spec (specToml is its display copy; records written
                              # before this field hold only the TOML: ReadRunRecordSpec)
+  baseIdentity @21 :Text;    # the weights it started from (SubmitRun.baseIdentity; "" if not known)
 }
 
 struct HandledCount {

@@ -67,6 +67,7 @@ struct ModelSpec {
   parallelResidual @18 :Bool;
   activation @19 :Activation;
   initFrom @20 :Text;
+  adapterFrom @21 :Text;
 }
 
 struct DataSpec {

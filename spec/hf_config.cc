@@ -308,6 +308,7 @@ Status ResolveHuggingFaceConfig(const std::string& dir, const std::set<std::stri
   STRATA_ASSIGN_OR_RETURN(ParsedConfig parsed, ParseConfig(*text, path));
   ModelSpec c = parsed.model;
   c.init_from = m->init_from;
+  c.adapter_from = m->adapter_from;
   if (given.count("family") && m->family != c.family) {
     const std::string ours(Name(m->family));
     return InvalidArgument(

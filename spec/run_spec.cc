@@ -61,6 +61,12 @@ Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, M
   STRATA_RETURN_IF_ERROR(r.Bool("model", "parallel_residual", &m.parallel_residual));
   STRATA_RETURN_IF_ERROR(r.Choice("model", "activation", &m.activation, &unknown.activation));
   STRATA_RETURN_IF_ERROR(r.String("model", "init_from", &m.init_from));
+  STRATA_RETURN_IF_ERROR(r.String("model", "adapter_from", &m.adapter_from));
+  if (!m.adapter_from.empty()) {
+    fs::path adapter(m.adapter_from);
+    if (adapter.is_relative() && !base_dir.empty()) adapter = fs::path(base_dir) / adapter;
+    m.adapter_from = adapter.lexically_normal().string();
+  }
   if (m.family == Family::kGpt2 && tie_embeddings == false) {
     return InvalidArgument(
         "run spec: model.tie_embeddings = false: gpt2's head is always its token embedding; remove it");
@@ -390,7 +396,7 @@ Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir,
   STRATA_RETURN_IF_ERROR(r.Choice("train", "optimizer", &t.optimizer));
 
   STRATA_RETURN_IF_ERROR(r.Int("worker", "threads", &spec.worker.threads, 0, spec_bounds::kThreads));
-  STRATA_RETURN_IF_ERROR(ParseLora(r, root.contains("lora"), &spec));
+  STRATA_RETURN_IF_ERROR(ParseLora(r, root.contains("lora"), resolve_config, &spec));
   ParallelSpec& p = spec.parallel;
   if (spec.is_extract()) {  // workers to capture with; not planned
     STRATA_RETURN_IF_ERROR(r.Int("parallel", "dp", &p.dp, 1, spec_bounds::kWorkers));

@@ -116,6 +116,10 @@ struct ModelSpec {
   // MLP nonlinearity: "gelu_tanh" | "gelu" | "silu"; kFamilyDefault ("") -> the family's
   Activation activation = Activation::kFamilyDefault;
   std::string init_from;  // start from this Hugging Face directory (config.json + safetensors)
+  // A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) over the base:
+  // a train run continues training it ([lora] implied, its fields from adapter_config.json); an
+  // extract or patch run runs the base with the adapter merged in (W + scale * B A).
+  std::string adapter_from;
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden / heads; }
   // Dimensions of a head that rotary embeddings turn (even); 0 for gpt2.
@@ -320,6 +324,13 @@ struct LoraSpec {
 // (PEFT's "all-linear": every linear of a block; the head is not one of them), and PEFT's default
 // targets when [lora] names none.
 const std::vector<std::string>& LoraTargetModules(Family family);
+// The LoRA settings of the PEFT adapter in `dir` (its adapter_config.json: r, lora_alpha,
+// lora_dropout, target_modules in the family's order, use_rslora), for a base of `model`;
+// enabled. InvalidArgument naming the file and field: not PEFT's LoRA, a module the family lacks,
+// what Strata does not run (DoRA, biases, modules_to_save, a target regex).
+Result<LoraSpec> ReadPeftLoraConfig(const std::string& dir, const ModelSpec& model);
+// A number as the shortest text that reads back to it ("16", "0.1"): for messages.
+std::string ShortestNumber(double x);
 const std::vector<std::string>& DefaultLoraTargets(Family family);
 // [in, out] widths of the targeted module's matrix (for GPT-2's c_proj, the attention's and the
 // MLP's: both), smallest first among them: what lora.rank is checked against.

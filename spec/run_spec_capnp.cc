@@ -53,6 +53,7 @@ void WriteModel(const ModelSpec& m, wire::ModelSpec::Builder w) {
   w.setParallelResidual(m.parallel_residual);
   w.setActivation(ToWire<Activation, wire::Activation>(m.activation));
   w.setInitFrom(m.init_from);
+  w.setAdapterFrom(m.adapter_from);
 }
 
 void WriteTrain(const TrainSpec& t, wire::TrainSpec::Builder w) {
@@ -189,6 +190,7 @@ ModelSpec ReadModel(wire::ModelSpec::Reader w, WireReader& r) {
   m.parallel_residual = w.getParallelResidual();
   m.activation = r.Choice<Activation>(w.getActivation(), "model.activation");
   m.init_from = w.getInitFrom().cStr();
+  m.adapter_from = w.getAdapterFrom().cStr();
   return m;
 }
 

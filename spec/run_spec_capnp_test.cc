@@ -87,6 +87,7 @@ TEST_F(RunSpecWireTest, ATrainSpecWithEveryChoiceSetArrivesEqual) {
                         "[worker]\nthreads = 3\n"
                         "[lora]\nrank = 4\nalpha = 16\ndropout = 0.05\ntarget_modules = [\"q_proj\", \"down_proj\"]\n"
                         "use_rslora = true\nbase = \"nf4\"\n");
+  spec.model.adapter_from = dir_ + "/adapter";  // set past the parse, which would read its config
   auto back = Trip(spec);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, spec);
@@ -94,6 +95,7 @@ TEST_F(RunSpecWireTest, ATrainSpecWithEveryChoiceSetArrivesEqual) {
   EXPECT_EQ(back->parallel.stages, (std::vector<int64_t>{3, 1}));
   EXPECT_EQ(back->lora.base, LoraBase::kNf4);
   EXPECT_EQ(back->model.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_EQ(back->model.adapter_from, dir_ + "/adapter");
 }
 
 TEST_F(RunSpecWireTest, TheFieldsLeftToThePlannerArriveAsAutomatic) {

@@ -47,11 +47,21 @@ int64_t LoraNarrowestWidth(const ModelSpec& m, const std::vector<std::string>& m
 
 namespace run_spec_internal {
 
-Status ParseLora(Reader& r, bool present, RunSpec* spec) {
+Status ParseLora(Reader& r, bool present, bool resolve_config, RunSpec* spec) {
   LoraSpec& l = spec->lora;
-  l.enabled = present;
-  if (!present) return Status::Ok();
-  if (spec->kind != RunKind::kTrain) {
+  // model.adapter_from: read (and checked) wherever the user's spec is parsed; a train run
+  // continues that adapter, so [lora] is implied and its absent fields are the adapter's.
+  const std::string& adapter = spec->model.adapter_from;
+  std::optional<LoraSpec> config;
+  if (!adapter.empty() && resolve_config) {
+    auto read = ReadPeftLoraConfig(adapter, spec->model);
+    if (!read.ok()) return read.status();
+    config = std::move(read).value();
+  }
+  l.enabled = present || (!adapter.empty() && spec->kind == RunKind::kTrain);
+  if (!l.enabled) return Status::Ok();
+  if (config) l = *config;
+  if (present && spec->kind != RunKind::kTrain) {
     return InvalidArgument("run spec: [lora] applies to train runs (kind = \"train\"); remove it from this " +
                            std::string(Name(spec->kind)) + " run");
   }
@@ -95,7 +105,7 @@ Status ParseLora(Reader& r, bool present, RunSpec* spec) {
     for (const auto& module : modules) {
       if (std::find(given.begin(), given.end(), module) != given.end()) l.target_modules.push_back(module);
     }
-  } else {
+  } else if (!config) {
     l.target_modules = DefaultLoraTargets(m.family);
   }
   STRATA_RETURN_IF_ERROR(r.Int("lora", "rank", &l.rank, 1, spec_bounds::kHidden));
@@ -121,6 +131,32 @@ Status ParseLora(Reader& r, bool present, RunSpec* spec) {
         "run spec: lora.base = \"" + *unknown_base + "\" is not supported; use \"dense\" (the base " +
         "in the compute dtype) or \"nf4\" (QLoRA's 4-bit base)" +
         (*unknown_base == "fp4" || *unknown_base == "int8" ? "; " + *unknown_base + " is not built yet" : ""));
+  }
+  if (config) {
+    // What the spec states must be the adapter's: another rank, scale or set of linears is
+    // another function than the one the adapter learned.
+    auto disagree = [&](const std::string& field, const std::string& ours, const std::string& theirs,
+                        const std::string& key) {
+      return InvalidArgument("run spec: lora." + field + " = " + ours + " but model.adapter_from = \"" + adapter +
+                             "\" has " + key + " = " + theirs + " in adapter_config.json; remove lora." + field +
+                             " (the adapter supplies it) or use an "
+                             "adapter trained with " +
+                             ours);
+    };
+    auto list = [](const std::vector<std::string>& v) {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", \"" : "\"") + v[i] + "\"";
+      return out + "]";
+    };
+    if (l.rank != config->rank) return disagree("rank", std::to_string(l.rank), std::to_string(config->rank), "r");
+    if (l.alpha != config->alpha)
+      return disagree("alpha", ShortestNumber(l.alpha), ShortestNumber(config->alpha), "lora_alpha");
+    if (l.target_modules != config->target_modules)
+      return disagree("target_modules", list(l.target_modules), list(config->target_modules), "target_modules");
+    if (l.use_rslora != config->use_rslora) {
+      return disagree("use_rslora", l.use_rslora ? "true" : "false", config->use_rslora ? "true" : "false",
+                      "use_rslora");
+    }
   }
   return Status::Ok();
 }

@@ -113,6 +113,82 @@ TEST_F(LoraSpecTest, OnlyTrainRunsTakeAdapters) {
   ExpectRejected(extract, "[lora] applies to train runs");
 }
 
+// model.adapter_from: a train run continues the adapter, [lora] implied and filled from its
+// adapter_config.json; what the spec states must agree; other runs take it as it was saved.
+class AdapterFromTest : public LoraSpecTest {
+ protected:
+  void WriteConfig(const std::string& json) {
+    std::filesystem::create_directories(dir_ + "/adapter");
+    std::ofstream(dir_ + "/adapter/adapter_config.json") << json;
+  }
+  static std::string Config(const std::string& extra = "") {
+    return "{\"peft_type\": \"LORA\", \"r\": 16, \"lora_alpha\": 32, \"lora_dropout\": 0.05, "
+           "\"target_modules\": [\"v_proj\", \"q_proj\"], \"bias\": \"none\", \"modules_to_save\": null" +
+           extra + "}";
+  }
+  std::string WithAdapter(const std::string& rest) {
+    std::string text = Spec(rest);
+    text.replace(text.find("[model]\n"), 8, "[model]\nadapter_from = \"adapter\"\n");
+    return text;
+  }
+};
+
+TEST_F(AdapterFromTest, ATrainRunTakesTheAdaptersSettingsAndTravelsWithThem) {
+  WriteConfig(Config());
+  auto spec = Parse(WithAdapter(""));  // no [lora] table
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->model.adapter_from, dir_ + "/adapter");
+  EXPECT_TRUE(spec->lora.enabled);
+  EXPECT_EQ(spec->lora.rank, 16);
+  EXPECT_DOUBLE_EQ(spec->lora.alpha, 32.0);
+  EXPECT_DOUBLE_EQ(spec->lora.dropout, 0.05);
+  EXPECT_EQ(spec->lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));  // the family's order
+  // The resolved spec (what submit sends) reads back equal without the adapter's files.
+  std::filesystem::remove_all(dir_ + "/adapter");
+  auto again = ParseSubmittedRunSpec(RunSpecToToml(*spec));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, *spec);
+}
+
+TEST_F(AdapterFromTest, StatedFieldsMustBeTheAdaptersAndOthersAreFree) {
+  WriteConfig(Config());
+  ExpectRejected(WithAdapter("[lora]\nrank = 8\n"), "lora.rank = 8 but model.adapter_from");
+  ExpectRejected(WithAdapter("[lora]\nrank = 8\n"), "r = 16 in adapter_config.json");
+  ExpectRejected(WithAdapter("[lora]\nalpha = 16\n"), "lora_alpha = 32");
+  ExpectRejected(WithAdapter("[lora]\ntarget_modules = \"all-linear\"\n"), "target_modules = [\"q_proj\", \"v_proj\"]");
+  auto spec = Parse(WithAdapter("[lora]\nrank = 16\ndropout = 0.1\nbase = \"nf4\"\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_DOUBLE_EQ(spec->lora.dropout, 0.1);
+  EXPECT_EQ(spec->lora.base, LoraBase::kNf4);
+}
+
+TEST_F(AdapterFromTest, AnAdapterStrataCannotRunIsRefusedNamingTheFileAndField) {
+  ExpectRejected(WithAdapter(""), "model.adapter_from = \"" + dir_ + "/adapter\"");  // no directory
+  WriteConfig("{\"peft_type\": \"IA3\", \"r\": 8}");
+  ExpectRejected(WithAdapter(""), "peft_type = \"IA3\"");
+  WriteConfig(Config(", \"use_dora\": true"));
+  ExpectRejected(WithAdapter(""), "DoRA");
+  WriteConfig("{\"peft_type\": \"LORA\", \"r\": 8, \"target_modules\": [\"c_attn\"]}");
+  ExpectRejected(WithAdapter(""), "targets \"c_attn\", which llama has no linear named (its modules: q_proj");
+  WriteConfig("{\"peft_type\": \"LORA\", \"r\": 40, \"target_modules\": [\"k_proj\"]}");  // k is 32 wide
+  ExpectRejected(WithAdapter(""), "another base");
+  WriteConfig("{\"peft_type\": \"LORA\", \"r\": 8, \"target_modules\": \".*proj\"}");
+  ExpectRejected(WithAdapter(""), "a list of module names");
+  WriteConfig("not json");
+  ExpectRejected(WithAdapter(""), "is not a JSON object");
+}
+
+TEST_F(AdapterFromTest, AnExtractRunTakesTheAdapterWithoutTrainingIt) {
+  WriteConfig(Config());
+  const std::string extract =
+      "name = \"t\"\nkind = \"extract\"\n[model]\nfamily = \"llama\"\nlayers = 2\nhidden = 64\nheads = 4\n"
+      "kv_heads = 2\nffn = 96\nsequence = 32\nadapter_from = \"adapter\"\n[data]\npath = \"corpus.txt\"\n";
+  auto spec = Parse(extract);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_FALSE(spec->lora.enabled);
+  EXPECT_EQ(spec->model.adapter_from, dir_ + "/adapter");
+}
+
 TEST(LoraTargets, Gpt2sCProjIsBothProjections) {
   ModelSpec m;
   m.family = Family::kGpt2;

@@ -42,7 +42,8 @@ inline const std::map<std::string, std::set<std::string>>& AllowedKeys() {
                  "sliding_window",
                  "parallel_residual",
                  "activation",
-                 "init_from"}},
+                 "init_from",
+                 "adapter_from"}},
       {"data", {"path", "format", "documents", "sample_within_documents", "tokenizer"}},
       {"train",
        {"steps", "global_batch", "lr", "lr_schedule", "warmup_steps", "min_lr", "weight_decay", "beta1", "beta2", "eps",
@@ -312,7 +313,8 @@ class Reader {
 Status ParseExtract(Reader& r, RunSpec* spec);
 Status ParsePatch(Reader& r, const std::string& base_dir, RunSpec* spec);
 // [lora] (run_spec_lora.cc): read and checked against the model and the run's kind and mesh.
-Status ParseLora(Reader& r, bool present, RunSpec* spec);
+// `resolve_config`: model.adapter_from's adapter_config.json supplies what [lora] leaves out.
+Status ParseLora(Reader& r, bool present, bool resolve_config, RunSpec* spec);
 // The meshes LoRA runs on today: refuses a fixed parallel.tp > 1, zero = 3 or offloaded parameters.
 Status CheckLoraMesh(const RunSpec& spec);
 // Ablation "mean": patch.source's .npy header against the site it replaces (CheckRunSpecFiles).

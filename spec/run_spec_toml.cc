@@ -45,6 +45,7 @@ toml::table ModelToToml(const ModelSpec& m) {
   if (f == Family::kLlama) t.insert("mlp_bias", m.mlp_bias);
   if (f == Family::kMistral) t.insert("sliding_window", m.sliding_window);
   if (!m.init_from.empty()) t.insert("init_from", m.init_from);
+  if (!m.adapter_from.empty()) t.insert("adapter_from", m.adapter_from);
   return t;
 }
 

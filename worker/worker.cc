@@ -27,6 +27,7 @@
 #include "common/task_log.h"
 #include "common/thread_annotations.h"
 #include "model/hf_checkpoint.h"  // init_from's weights, checked before a task starts
+#include "model/peft_adapter.h"   // adapter_from's tensors, likewise
 #include "schema/envelope.h"
 #include "spec/run_spec_capnp.h"
 #include "worker/outbox.h"
@@ -350,6 +351,16 @@ class WorkerImpl final : public Worker {
     }
     if (spec.ok() && !spec->model.init_from.empty()) {
       if (Status weights = model::CheckHfCheckpoint(spec->model.init_from, spec->model); !weights.ok()) spec = weights;
+    }
+    if (spec.ok() && !spec->model.adapter_from.empty()) {
+      auto lora =
+          spec->lora.enabled ? Result<LoraSpec>(spec->lora) : ReadPeftLoraConfig(spec->model.adapter_from, spec->model);
+      if (!lora.ok()) {
+        spec = lora.status();
+      } else if (Status adapter = model::CheckPeftAdapter(spec->model.adapter_from, spec->model, *lora);
+                 !adapter.ok()) {
+        spec = adapter;
+      }
     }
     auto task = std::make_unique<RunningTask>(run_id, a.getRank(), a.getTaskToken(), &outbox_);
     task->store_path_ = options_.store_path;

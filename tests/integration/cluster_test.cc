@@ -338,6 +338,81 @@ TEST_F(ClusterTest, LoraAdaptersExportInPeftsLayoutAndMergeIntoTheBase) {
     }
   }
   EXPECT_LT(worst, 1e-5);
+  // model.adapter_from: the exported adapter over the base is the merged model. A train run
+  // continues it ([lora] from its adapter_config.json): its step 1 is the merged model's, as a
+  // full-training run from the merged export computes it; an extract run captures the merged
+  // model's activations.
+  {
+    std::string continued = Spec("lora-continued", 1, 1, 0);
+    continued.replace(continued.find("[model]\n"), 8,
+                      "[model]\ninit_from = \"" + base + "\"\nadapter_from = \"" + adapter + "\"\n");
+    std::string from_merged = Spec("from-merged", 1, 1, 0);
+    from_merged.replace(from_merged.find("[model]\n"), 8, "[model]\ninit_from = \"" + merged + "\"\n");
+    const json c = StrataJson("status " + SubmitAndFollow("lora-continued", continued));
+    const json f = StrataJson("status " + SubmitAndFollow("from-merged", from_merged));
+    ASSERT_EQ(c["state"], "finished") << c.dump();
+    ASSERT_EQ(f["state"], "finished") << f.dump();
+    const double lc = c["losses"][0].get<double>(), lf = f["losses"][0].get<double>();
+    EXPECT_NEAR(lc, lf, 1e-5 * lf);
+    const double lb = StrataJson("status " + run)["losses"][0].get<double>();  // the base's: B starts at 0
+    EXPECT_GT(std::abs(lc - lb), 1e3 * std::abs(lc - lf)) << "the adapter moved the loss";
+
+    auto extract = [&](const std::string& name, const std::string& model) {
+      const std::string body = "name = \"" + name + "\"\nkind = \"extract\"\n[model]\n" + model +
+                               "[data]\npath = \"corpus.txt\"\n[extract]\nlayers = [1]\nsites = [\"resid_post\"]\n"
+                               "tokens = 256\n";
+      const std::string run = SubmitAndFollow(name, body);
+      const std::string out = dir_ + "/" + name + ".npy";
+      auto got = Strata("activations get " + run + " --layer 1 --site resid_post --out " + out);
+      EXPECT_EQ(got.rc, 0) << got.err;
+      const std::string bytes = ReadFile(out);
+      if (bytes.size() < 10) return std::vector<float>{};
+      const size_t header = 10 + (static_cast<uint8_t>(bytes[8]) | static_cast<uint8_t>(bytes[9]) << 8);
+      std::vector<float> values((bytes.size() - header) / 4);
+      std::memcpy(values.data(), bytes.data() + header, values.size() * 4);
+      return values;
+    };
+    const auto with_adapter =
+        extract("extract-adapted", "init_from = \"" + base + "\"\nadapter_from = \"" + adapter + "\"\n");
+    const auto merged_values = extract("extract-merged", "init_from = \"" + merged + "\"\n");
+    ASSERT_EQ(with_adapter.size(), merged_values.size());
+    ASSERT_FALSE(with_adapter.empty());
+    double farthest = 0;
+    for (size_t i = 0; i < with_adapter.size(); ++i)
+      farthest = std::max(farthest, static_cast<double>(std::abs(with_adapter[i] - merged_values[i])));
+    EXPECT_LT(farthest, 1e-4);
+    // An adapter on a base it was not trained for is refused at submit, naming both.
+    std::string wider = Spec("lora-wrong-base", 1, 1, 0);
+    wider.replace(wider.find("hidden = 64"), 11, "hidden = 128");
+    wider.replace(wider.find("[model]\n"), 8, "[model]\nadapter_from = \"" + adapter + "\"\n");
+    auto refused = Strata("submit " + WriteSpec("lora-wrong-base", wider));
+    EXPECT_EQ(refused.rc, 2);
+    EXPECT_NE(refused.err.find("trained on another base, \"" + base + "\""), std::string::npos) << refused.err;
+  }
+  // A LoRA checkpoint (adapters only) resumes onto the base it was trained over, and nothing else.
+  {
+    std::string longer = with_base;
+    longer.replace(longer.find("steps = 4"), 9, "steps = 6");
+    std::string wrong = longer;
+    wrong.replace(wrong.find(base), base.size(), merged);
+    auto refused_base = Strata("submit " + WriteSpec("lora-other-base", wrong) + " --resume " + run);
+    EXPECT_EQ(refused_base.rc, 2);
+    EXPECT_NE(refused_base.err.find("adapters were trained over the base model.init_from = \"" + base + "\""),
+              std::string::npos)
+        << refused_base.err;
+    EXPECT_NE(refused_base.err.find("this spec's base is model.init_from = \"" + merged + "\""), std::string::npos)
+        << refused_base.err;
+    std::string full = Spec("full-from-lora", 2, 6, 0);
+    full.replace(full.find("[model]\n"), 8, "[model]\ninit_from = \"" + base + "\"\n");
+    auto refused_full = Strata("submit " + WriteSpec("full-from-lora", full) + " --resume " + run);
+    EXPECT_EQ(refused_full.rc, 2);
+    EXPECT_NE(refused_full.err.find("trained LoRA adapters"), std::string::npos) << refused_full.err;
+    auto resumed = Strata("submit " + WriteSpec("lora-resumed", longer) + " --resume " + run + " --follow");
+    ASSERT_EQ(resumed.rc, 0) << resumed.err;
+    const json s = StrataJson("status " + resumed.out.substr(0, resumed.out.find('\n')));
+    EXPECT_EQ(s["state"], "finished") << s.dump();
+    EXPECT_EQ(s["losses"].size(), 6u);
+  }
   // A seed-drawn base cannot be merged: named, with what to do.
   const std::string seeded = SubmitAndFollow("lora-seeded", lora_spec);
   auto refused = Strata("export " + seeded + " --merge --out " + dir_ + "/lora-seeded");

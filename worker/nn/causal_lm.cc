@@ -13,6 +13,7 @@
 #include "common/token_file.h"
 #include "model/parameters.h"
 #include "worker/nn/hf_format.h"
+#include "worker/nn/lora.h"
 #include "worker/nn/model_family.h"
 
 namespace strata::worker {
@@ -289,6 +290,10 @@ Result<std::shared_ptr<CausalLm>> BuildCausalLm(const ModelSpec& spec, int64_t s
     model->Initialize(seed);
   }
   if (!loaded) model->to(options.device(), options.dtype().toScalarType());
+  // An adapter over the base (extract and patch runs; a LoRA train run trains it instead, and a
+  // resume loads weights that already hold it).
+  if (!spec.adapter_from.empty() && !for_resume)
+    STRATA_RETURN_IF_ERROR(MergePeftAdapter(spec.adapter_from, spec, model->named_parameters()));
   return model;
 }
 

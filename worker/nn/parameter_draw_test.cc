@@ -35,7 +35,8 @@ TEST(ParameterDraw, EachParameterDrawnAloneIsTheWholeModelsAndOthersDoNotShiftIt
   const ParameterDraw other(spec, 8);
   const model::Parameter q{"layers.0.self_attn.q_proj.weight", {64, 64}};
   EXPECT_FALSE(torch::equal(other(q), whole.at(q.name)));
-  EXPECT_FALSE(torch::equal(whole.at("layers.0.self_attn.q_proj.weight"), whole.at("layers.1.self_attn.q_proj.weight")));
+  EXPECT_FALSE(
+      torch::equal(whole.at("layers.0.self_attn.q_proj.weight"), whole.at("layers.1.self_attn.q_proj.weight")));
 }
 
 TEST(ParameterDraw, ALargeTensorIsTheSameOnOneThreadAndOnManyAndEachRunIsItsOwn) {

@@ -102,7 +102,11 @@ Status Trainer::Init() {
     base_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use((*draw)(p)); };
   }
   std::map<std::string, torch::Tensor> adapters;
-  if (lora && !resuming) {
+  if (lora && !resuming && !model_spec.adapter_from.empty()) {
+    // model.adapter_from: training continues from that adapter (its config is [lora]'s).
+    STRATA_ASSIGN_OR_RETURN(adapters, ReadPeftAdapter(model_spec.adapter_from, model_spec, context.spec.lora));
+    adapter_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(adapters.at(p.name)); };
+  } else if (lora && !resuming) {
     adapters = InitialLoraAdapters(model_spec, context.spec.lora, context.spec.train.seed);
     adapter_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(adapters.at(p.name)); };
   }
