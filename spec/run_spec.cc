@@ -20,6 +20,7 @@
 #include "common/token_file.h"  // [data] file layouts (check_files)
 #include "spec/hf_config.h"
 #include "spec/run_spec_reader.h"
+#include "spec/toml_text.h"
 
 namespace strata {
 using namespace run_spec_internal;  // Reader, ParseExtract, ParsePatch, ParseLora, CheckPatchSource
@@ -277,6 +278,7 @@ Status CheckRunSpecFiles(const RunSpec& spec) {
 
 namespace {
 Result<RunSpec> Parse(const std::string& toml_text, const std::string& base_dir, bool check_name, bool resolve_config) {
+  STRATA_RETURN_IF_ERROR(CheckTomlText(toml_text, "run spec"));
   toml::table root;
   try {
     root = toml::parse(toml_text);

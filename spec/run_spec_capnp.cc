@@ -112,6 +112,7 @@ class WireReader {
     if (value < lo || value > hi) {
       Fail(std::string(field) + " = " + std::to_string(value) + " is outside [" + std::to_string(lo) + ", " +
            std::to_string(hi) + "]");
+      return lo;  // the read fails; what follows (dp x pp x tp, ...) computes with a value in range
     }
     return value;
   }
