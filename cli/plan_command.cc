@@ -16,6 +16,7 @@
 #include "cli/exit.h"
 #include "client/coordinator_client.h"
 #include "client/estimate.h"
+#include "client/spec_overrides.h"
 #include "common/byte_size.h"
 #include "model/parameters.h"
 #include "schema/envelope.h"
@@ -23,6 +24,7 @@
 #include "shard/layout.h"
 #include "shard/planner.h"
 #include "spec/run_spec.h"
+#include "spec/toml_text.h"
 
 namespace strata::cli {
 namespace {
@@ -36,6 +38,7 @@ Result<std::string> ReadText(const std::string& path, const std::string& what) {
 
 Result<shard::ClusterView> ClusterFromSpec(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadText(path, "--cluster-spec"));
+  STRATA_RETURN_IF_ERROR(CheckTomlText(text, "--cluster-spec " + path));
   toml::table root;
   try {
     root = toml::parse(text);
@@ -115,6 +118,8 @@ json EstimateJson(const shard::MemoryEstimate& m) {
 
 int PlanRun(const PlanRequest& request, const Result<CoordinatorAddress>& coordinator) {
   auto text = ReadText(request.spec_path, "run spec");
+  if (!text.ok()) return Fail(text.status());
+  if (!request.overrides.empty()) text = client::ApplySpecOverrides(*text, request.overrides);
   if (!text.ok()) return Fail(text.status());
   const std::string base = std::filesystem::absolute(request.spec_path).parent_path().string();
   auto spec = ParseRunSpec(*text, base, /*check_files=*/false);
@@ -305,6 +310,8 @@ void RegisterPlanCommand(CommandSet& set) {
   plan_cmd->add_option("--cluster-spec", plan->cluster_spec,
                        "plan for a described cluster (TOML [[nodes]]) instead of the live one");
   plan_cmd->add_flag("--json", plan->as_json, "machine-readable output");
+  plan_cmd->add_option("--set", plan->overrides,
+                       "KEY=VALUE: set a spec key before planning, typed like it (e.g. --set train.global_batch=16)");
 }
 
 }  // namespace strata::cli

@@ -27,6 +27,7 @@ struct PlanRequest {
   std::string spec_path;
   std::string cluster_spec;  // empty: ask the coordinator for its workers
   bool as_json = false;
+  std::vector<std::string> overrides;  // --set key=value (client/spec_overrides.h)
 };
 
 // Returns the process exit code (cli/exit.h); `coordinator` is used only without a cluster spec.

@@ -280,6 +280,8 @@ void RegisterRunCommands(CommandSet& set) {
                              [&g, submit] { return CmdSubmit(g, submit->spec_path, submit->options); });
   submit_cmd->add_option("spec", submit->spec_path, "run spec file")->required();
   submit_cmd->add_flag("--follow,-f", submit->options.follow, "print progress until the run ends");
+  submit_cmd->add_option("--set", submit->options.overrides,
+                         "KEY=VALUE: set a spec key, typed like it (e.g. --set train.steps=10); repeatable");
   submit_cmd->add_flag(
       "--skip-estimate", submit->options.skip_estimate,
       "submit even if the memory estimate says the plan does not fit (on out of memory the run re-plans and replays)");

@@ -44,6 +44,7 @@ struct SubmitOptions {
   std::string resume;           // RUN[@STEP]: start from that run's checkpoint (RUN as ResolveRun takes it)
   int progress_every_s = 10;    // tokenizing data.format = "text": a progress line at most this often
   std::ostream* log = nullptr;  // the estimate and tokenizing progress; nullptr: stderr
+  std::vector<std::string> overrides;  // "key=value" set on the spec before anything (spec_overrides.h)
 };
 
 // The coordinator's address and keys as `strata` would use them (at least 10 s of timeout: reads

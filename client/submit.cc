@@ -9,6 +9,7 @@
 #include "client/cluster_api.h"
 #include "client/cluster_calls.h"
 #include "client/estimate.h"
+#include "client/spec_overrides.h"
 #include "client/text_data.h"
 #include "model/hf_checkpoint.h"
 #include "model/peft_adapter.h"
@@ -109,6 +110,9 @@ Result<std::string> SubmitText(const Target& target, const std::string& text, co
 Result<std::string> Submit(const Target& target, const std::string& spec_path, const SubmitOptions& options) {
   // A regular file of at most 1 MiB: not /dev/zero, not a FIFO.
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadSpecFile(spec_path, "run spec"));
+  if (!options.overrides.empty()) {
+    STRATA_ASSIGN_OR_RETURN(text, ApplySpecOverrides(text, options.overrides));
+  }
   return SubmitText(target, text, fs::absolute(spec_path).parent_path().string(), spec_path, options);
 }
 

@@ -229,6 +229,27 @@ TEST_F(CliExperienceTest, ProgressIntoAPipeIsEveryFivePercentAndWatchShowsActive
 }
 
 // Last: it stops the suite's cluster.
+// --set varies a spec from the command line, typed like its key; a key the spec does not have is
+// named.
+TEST_F(CliExperienceTest, SetVariesTheSpecFromTheCommandLine) {
+  const std::string run = SubmitAndFollow(Spec("delta", 6) + " --set train.steps=3 --set name=delta-short");
+  const json status = StrataJson("status " + run);
+  EXPECT_EQ(status["total_steps"], 3) << status.dump();
+  EXPECT_EQ(status["name"], "delta-short") << status.dump();
+  EXPECT_EQ(status["state"], "finished") << status.dump();
+  auto unknown = Strata("submit " + Spec("eps", 2) + " --set train.stepz=3");
+  EXPECT_EQ(unknown.rc, 2);
+  EXPECT_TRUE(Contains(unknown.err, "unknown key 'train.stepz'")) << unknown.err;
+  auto typed = Strata("submit " + Spec("eps", 2) + " --set train.steps=two");
+  EXPECT_EQ(typed.rc, 2);
+  EXPECT_TRUE(Contains(typed.err, "--set train.steps=two: train.steps is an integer")) << typed.err;
+  const json planned =
+      StrataJson("plan " + Spec("zeta", 2) + " --set train.global_batch=16 --set parallel.dp=1 --json");
+  EXPECT_EQ(planned["dp"], 1) << planned.dump();
+  EXPECT_EQ(planned["micro_batch"].get<int64_t>() * planned["gradient_accumulation"].get<int64_t>(), 16)
+      << planned.dump();
+}
+
 TEST_F(CliExperienceTest, DownReturnsOnlyOnceItsProcessesHaveExited) {
   auto cluster = json::parse(testing::ReadFile(dir_ + "/state/cluster.json"));
   std::vector<int> pids;
