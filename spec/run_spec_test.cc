@@ -742,6 +742,9 @@ TEST(TomlText, NonAsciiOutsideStringsAndCommentsIsRefusedBeforeTheParse) {
       << bad.status().message();
   EXPECT_FALSE(CheckTomlText("a = \"\"\"x \\\n  \xef\xb1\x80\"\"\"", "t").ok());  // trimmed by a line-ending backslash
   EXPECT_TRUE(CheckTomlText("a = \"\"\"x \\\n  y \xef\xb1\x80\"\"\"", "t").ok());
+  // A quote inside a bare value starts no string: toml++ reads on to the value's end (the fuzzer's
+  // case).
+  EXPECT_FALSE(CheckTomlText("name =0t2\"t2-tin\xef\xb3\xbf[model", "t").ok());
   auto good = ParseSubmittedRunSpec("# caf\xc3\xa9 \xe2\x80\x94 a comment\n" + base + "[train]\nsteps = 5\n");
   EXPECT_TRUE(good.ok()) << good.status().ToString();
   EXPECT_TRUE(CheckTomlText("name = \"caf\xc3\xa9\" # \xe4\xb8\xad\nb = 'l\xc3\xa9'\nc = '''\xc3\xa9'''\n", "t").ok());
