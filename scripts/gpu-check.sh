@@ -9,6 +9,7 @@
 #   train    bench/train_compare.sh gpt2: the training step against torch.compile, same card
 #   capture  bench/extract_bench.sh: capture throughput against the users' method and the disk
 #   loraperf bench/lora_bench.sh: LoRA and QLoRA of a Llama-3.1-8B shape against PEFT, same card
+#   qlora70b bench/qlora70b_bench.sh: QLoRA of a Llama-3.1-70B shape on one GPU, peak vs estimate
 # usage: source scripts/gpu-node-env.sh && bash scripts/gpu-check.sh OUT PART...
 # Each part writes its log (and the benchmarks their results) under OUT/PART/.
 set -euo pipefail
@@ -47,8 +48,10 @@ for part in "$@"; do
     capture) bash bench/extract_bench.sh build-gpu "$out/$part" >"$out/$part/log.txt" 2>&1 || { tail -40 "$out/$part/log.txt"; exit 1; } ;;
     loraperf) bash bench/lora_bench.sh build-gpu "$out/$part" >"$out/$part/log.txt" 2>&1 || { tail -40 "$out/$part/log.txt"; exit 1; }
       tail -30 "$out/$part/log.txt" ;;
+    qlora70b) bash bench/qlora70b_bench.sh build-gpu "$out/$part" >"$out/$part/log.txt" 2>&1 || { tail -40 "$out/$part/log.txt"; exit 1; }
+      tail -5 "$out/$part/log.txt" ;;
     *)
-      echo "unknown part $part (build, unit, suites, lora, train, capture, loraperf)" >&2
+      echo "unknown part $part (build, unit, suites, lora, train, capture, loraperf, qlora70b)" >&2
       exit 2
       ;;
   esac
