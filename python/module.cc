@@ -7,10 +7,12 @@
 
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "activations/batches.h"
 #include "activations/reader.h"
 #include "client/cluster_api.h"
+#include "client/spec_overrides.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
 
@@ -216,14 +218,19 @@ PYBIND11_MODULE(_strata, m) {
       .def_readonly("state_dir", &api::Target::state_dir)
       .def_readonly("cluster", &api::Target::cluster);
 
-  m.def("submit_text",
-        [](const api::Target& t, const std::string& toml, const std::string& base, const std::string& label) {
-          py::gil_scoped_release release;
-          return Take(api::SubmitText(t, toml, base, label));
-        });
-  m.def("submit_file", [](const api::Target& t, const std::string& path) {
+  // `overrides`: "key=value" strings, as `strata submit --set` takes them (client/spec_overrides.h).
+  m.def("submit_text", [](const api::Target& t, const std::string& toml, const std::string& base,
+                          const std::string& label, const std::vector<std::string>& overrides) {
     py::gil_scoped_release release;
-    return Take(api::Submit(t, path));
+    std::string text = toml;
+    if (!overrides.empty()) text = Take(api::ApplySpecOverrides(toml, overrides));
+    return Take(api::SubmitText(t, text, base, label));
+  });
+  m.def("submit_file", [](const api::Target& t, const std::string& path, const std::vector<std::string>& overrides) {
+    py::gil_scoped_release release;
+    api::SubmitOptions options;
+    options.overrides = overrides;
+    return Take(api::Submit(t, path, options));
   });
   m.def("resolve_run", [](const api::Target& t, const std::string& run) {
     py::gil_scoped_release release;

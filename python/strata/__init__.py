@@ -91,16 +91,19 @@ class Cluster:
     def __repr__(self):
         return f"strata.Cluster({_strata.coordinator_endpoint(self._target)!r})"
 
-    def submit(self, spec, *, base_dir=None):
+    def submit(self, spec, *, base_dir=None, set=None):
         """Submits a run spec (a dict, rendered to TOML, or a path to a .toml file); its run id.
 
         The checks are `strata submit`'s (spec, weights, memory estimate). Relative paths in a
-        dict are taken from base_dir (default: the working directory)."""
+        dict are taken from base_dir (default: the working directory). `set`: {"train.steps": 10,
+        ...}, applied as `strata submit --set` applies them (a str is taken as the CLI takes text)."""
+        overrides = [f"{key}={value if isinstance(value, str) else _toml_value(value, key)}"
+                     for key, value in (set or {}).items()]
         if isinstance(spec, dict):
             base = os.path.abspath(base_dir or os.getcwd())
-            return _strata.submit_text(self._target, to_toml(spec), base, "run spec (dict)")
+            return _strata.submit_text(self._target, to_toml(spec), base, "run spec (dict)", overrides)
         if isinstance(spec, (str, os.PathLike)):
-            return _strata.submit_file(self._target, os.fspath(spec))
+            return _strata.submit_file(self._target, os.fspath(spec), overrides)
         raise ValueError(f"submit: give a dict or the path of a .toml spec, not a {type(spec).__name__}")
 
     def resolve(self, run):

@@ -151,6 +151,11 @@ class PythonPackageTest(unittest.TestCase):
             self.cluster.submit({"name": "bad", "kind": "extract", "model": {"family": object()}})
         with self.assertRaisesRegex(ValueError, "family"):
             self.cluster.submit(dict(SPEC, model=dict(SPEC["model"], family="no-such-family")), base_dir=self.dir)
+        # set= is `strata submit --set`: typed like the key, a wrong type or unknown key named.
+        with self.assertRaisesRegex(ValueError, "--set extract.tokens=many: extract.tokens is an integer"):
+            self.cluster.submit(SPEC, base_dir=self.dir, set={"extract.tokens": "many"})
+        with self.assertRaisesRegex(ValueError, "unknown key 'extract.tokenz'"):
+            self.cluster.submit(SPEC, base_dir=self.dir, set={"extract.tokenz": 1})
 
     def test_d_batches_cover_every_row_once_per_epoch_reproducibly(self):
         capture = strata.open_activations(self.run_id, cluster=self.cluster)
