@@ -46,13 +46,8 @@ Result<std::string> SubmitText(const Target& target, const std::string& text, co
       return InvalidArgument(label + ": " + weights.message());
     }
   }
-  if (!spec->model.adapter_from.empty()) {
-    // A train run's [lora] is the adapter's (ParseLora); others merge the adapter as it was saved.
-    auto lora =
-        spec->lora.enabled ? Result<LoraSpec>(spec->lora) : ReadPeftLoraConfig(spec->model.adapter_from, spec->model);
-    if (!lora.ok()) return InvalidArgument(label + ": " + lora.status().message());
-    if (Status adapter = model::CheckPeftAdapter(spec->model.adapter_from, spec->model, *lora); !adapter.ok())
-      return InvalidArgument(label + ": " + adapter.message());
+  if (Status adapter = model::CheckAdapterFrom(spec->model, spec->lora); !adapter.ok()) {
+    return InvalidArgument(label + ": " + adapter.message());
   }
   // data.format = "text": tokenized once into a cached u32 file, which the run then reads.
   if (Status text_data = PrepareTextData(&*spec, StateDir(target), o.progress_every_s, log); !text_data.ok()) {

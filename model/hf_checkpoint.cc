@@ -13,12 +13,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string ShapeText(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 Status AsInvalid(const Status& s) { return s.ok() ? s : InvalidArgument("model.init_from: " + s.message()); }
 
 }  // namespace

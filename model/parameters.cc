@@ -57,6 +57,12 @@ std::vector<Parameter> BlockParameters(const ModelSpec& m) {
   return p;
 }
 
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 std::string BlockPrefix(const ModelSpec& m, int64_t layer) {
   return (m.family == Family::kGpt2 ? "h." : "layers.") + std::to_string(layer) + ".";
 }

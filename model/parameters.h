@@ -44,6 +44,8 @@ std::string TokenEmbeddingName(const ModelSpec& m);
 std::vector<std::string> FinalNormNames(const ModelSpec& m);
 std::string HeadWeightName(const ModelSpec& m);
 int64_t ParameterCount(const ModelSpec& m);
+// A shape as messages write it: "[4096, 1024]".
+std::string ShapeText(const std::vector<int64_t>& shape);
 
 // LoRA (spec.lora, run_spec.h): the adapters of one block, named relative to the block after the
 // weight they adapt ("self_attn.q_proj.lora_A.weight" [rank, in], "...lora_B.weight" [out, rank]),

@@ -54,11 +54,6 @@ Status CheckPeftAdapter(const std::string& dir, const ModelSpec& m, const LoraSp
   }
   const std::string base = m.init_from.empty() ? std::string("the base drawn from train.seed")
                                                : "the base model.init_from = \"" + m.init_from + "\"";
-  auto shape_text = [](const std::vector<int64_t>& s) {
-    std::string out = "[";
-    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
-  };
   const auto& tensors = (*file)->tensors();
   std::set<std::string> expected;
   for (const Parameter& p : LoraParameters(m, lora)) {
@@ -67,16 +62,12 @@ Status CheckPeftAdapter(const std::string& dir, const ModelSpec& m, const LoraSp
     auto it = tensors.find(name);
     if (it == tensors.end()) {
       return InvalidArgument("model.adapter_from: " + path + " has no tensor '" + name +
-                             "', which its target_modules "
-                             "imply for " +
-                             base + " (" + std::to_string(m.layers) +
-                             " layers); the adapter was "
-                             "trained on another base, " +
-                             trained_on);
+                             "', which its target_modules imply for " + base + " (" + std::to_string(m.layers) +
+                             " layers); the adapter was trained on another base, " + trained_on);
     }
     if (it->second.shape != p.shape) {
       return InvalidArgument("model.adapter_from: " + path + "'s '" + name + "' has shape " +
-                             shape_text(it->second.shape) + " but " + base + " needs " + shape_text(p.shape) +
+                             ShapeText(it->second.shape) + " but " + base + " needs " + ShapeText(p.shape) +
                              "; the adapter was trained on another base, " + trained_on);
     }
     const storage::DType d = it->second.dtype;
@@ -92,6 +83,16 @@ Status CheckPeftAdapter(const std::string& dir, const ModelSpec& m, const LoraSp
     }
   }
   return Status::Ok();
+}
+
+Status CheckAdapterFrom(const ModelSpec& m, const LoraSpec& run_lora) {
+  if (m.adapter_from.empty()) return Status::Ok();
+  // A train run's [lora] is the adapter's (ParseLora); others merge the adapter as it was saved.
+  LoraSpec lora = run_lora;
+  if (!lora.enabled) {
+    STRATA_ASSIGN_OR_RETURN(lora, ReadPeftLoraConfig(m.adapter_from, m));
+  }
+  return CheckPeftAdapter(m.adapter_from, m, lora);
 }
 
 }  // namespace strata::model

@@ -25,5 +25,9 @@ std::string PeftAdapterConfigJson(const ModelSpec& m, const LoraSpec& lora);
 // over this base and a float dtype, and no adapter tensor is left over. InvalidArgument naming
 // the tensor, the base (model.init_from, or the seed) and the adapter's base_model_name_or_path.
 Status CheckPeftAdapter(const std::string& dir, const ModelSpec& m, const LoraSpec& lora);
+// The check submit and a worker make of m.adapter_from before a run starts (OK without one):
+// CheckPeftAdapter with the run's [lora] (`run_lora`, a train run's), else the adapter's own
+// config (ReadPeftLoraConfig: an extract or patch run merges it as saved).
+Status CheckAdapterFrom(const ModelSpec& m, const LoraSpec& run_lora);
 
 }  // namespace strata::model

@@ -14,12 +14,7 @@ std::vector<CapacityOption> CapacityOptions(Family family, const LoraSpec& lora)
       {"adamw8bit", Optimizer::kAdamW8bit, Offload::kNone},
       {"adamw, offload = \"optimizer\"", Optimizer::kAdamW, Offload::kOptimizer},
       {"adamw, offload = \"optimizer+params\"", Optimizer::kAdamW, Offload::kOptimizerAndParams}};
-  LoraSpec adapters = lora;
-  if (!adapters.enabled) {
-    adapters.enabled = true;
-    adapters.rank = 16, adapters.alpha = 32;
-    adapters.target_modules = LoraTargetModules(family);
-  }
+  LoraSpec adapters = lora.enabled ? lora : internal::OfferedLora(family);
   const std::string rank = "r=" + std::to_string(adapters.rank);
   adapters.base = LoraBase::kDense;
   options.push_back({"LoRA " + rank + ", bf16 base", Optimizer::kAdamW, Offload::kNone, adapters});
@@ -51,14 +46,12 @@ std::vector<Capacity> LargestTrainable(const ModelSpec& model, const JobSpec& jo
     };
     Capacity c{option, 0, 0, "", false, 0, ""};
     // The spec's own model: a full search (with workers, so with a peak) of its layer count.
-    if (auto own = ChoosePlan(model, j, cluster); own.ok()) {
+    if (auto own = internal::PlanWithoutOptions(model, j, cluster); own.ok()) {
       c.model_fits = true;
       for (const WorkerAssignment& w : own->workers) c.model_peak = std::max(c.model_peak, w.memory.total());
       c.model_plan = internal::Describe(*own);
     } else {
-      // The refusal's first sentence: its memory options are this table's other rows.
-      const std::string& why = own.status().message();
-      c.model_plan = why.substr(0, why.find(". Memory options"));
+      c.model_plan = own.status().message();
     }
     const Result<Plan>& first = fits(1);
     if (!first.ok()) {

@@ -197,6 +197,13 @@ StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer = 
 // searches of the same model (the capacity table's options).
 Result<Plan> PlanWithoutWorkers(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
                                 std::shared_ptr<StageSplits> splits = nullptr);
+// ChoosePlan without the memory options of a refusal (its message is the refusal's first
+// sentence): the capacity table's rows are those options.
+Result<Plan> PlanWithoutOptions(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster);
+
+// The LoRA Strata offers where a spec has none (a refusal's memory options, `strata plan`'s
+// rows): r = 16, alpha = 32 on every linear of the family, PEFT's common QLoRA setting.
+LoraSpec OfferedLora(Family family);
 
 std::string FormatBytes(double bytes);
 std::string Describe(const Plan& plan);  // "dp=2 pp=1 tp=1, ZeRO-1, micro_batch 4 x 2, ..."

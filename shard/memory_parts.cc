@@ -103,19 +103,18 @@ StateBytesPerParam BytesPerParam(StateLayout layout, bool eight_bit_optimizer) {
 int64_t CheckpointShardBytes(const ModelSpec& model, const Plan& plan, const WorkerAssignment& w,
                              const LoraSpec& lora) {
   constexpr double kBytesPerElement = 3 * 4;  // param, adam_m, adam_v in fp32
-  const int64_t layers_here = w.stage < static_cast<int64_t>(plan.stages.size()) ? plan.stages[w.stage].size() : 0;
+  const int64_t layers = w.stage < static_cast<int64_t>(plan.stages.size()) ? plan.stages[w.stage].size() : 0;
   if (lora.enabled) {  // tp = 1; the adapters are the blocks' (model/parameters.h), the same in each
     const double per_layer =
         static_cast<double>(model::LoraParameterCount(model, lora)) / static_cast<double>(model.layers);
     return ToBytes(
-        std::ceil(per_layer * static_cast<double>(layers_here) / static_cast<double>(std::max<int64_t>(plan.dp, 1))) *
+        std::ceil(per_layer * static_cast<double>(layers) / static_cast<double>(std::max<int64_t>(plan.dp, 1))) *
         kBytesPerElement);
   }
   // pp = 1: the checkpoint holds a tied embedding once (the last stage's copy is not written).
   const internal::UnitParams u = internal::CountUnits(model, 1, plan.tp);
   const bool first = w.stage == 0;
   const bool last = w.stage == static_cast<int64_t>(plan.stages.size()) - 1;
-  const int64_t layers = layers_here;
   const double sharded = static_cast<double>(layers) * static_cast<double>(u.layer_sharded) +
                          (first ? static_cast<double>(u.embedding_sharded) : 0.0) +
                          (last ? static_cast<double>(u.head_sharded) : 0.0);

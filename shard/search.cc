@@ -512,6 +512,20 @@ Result<Plan> PlanWithoutWorkers(const ModelSpec& model, const JobSpec& job, cons
   if (splits) problem.splits = std::move(splits);
   return std::move(Search(problem, /*full=*/false).plan);
 }
+
+Result<Plan> PlanWithoutOptions(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster) {
+  STRATA_ASSIGN_OR_RETURN(Problem problem, Validate(model, job, cluster, PlannerOptions{}));
+  return std::move(Search(problem).plan);
+}
+
+LoraSpec OfferedLora(Family family) {
+  LoraSpec lora;
+  lora.enabled = true;
+  lora.rank = 16;
+  lora.alpha = 32;
+  lora.target_modules = LoraTargetModules(family);
+  return lora;
+}
 }  // namespace internal
 
 Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
@@ -549,10 +563,7 @@ Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const Cluste
   if (!problem.job.lora.enabled && problem.job.tp.value_or(1) == 1 && problem.job.zero.value_or(0) < 3 &&
       problem.job.offload != Offload::kOptimizerAndParams && problem.job.keep_gathered.value_or(0) == 0) {
     JobSpec j = problem.job;
-    j.lora.enabled = true;
-    j.lora.rank = 16;
-    j.lora.alpha = 32;
-    j.lora.target_modules = LoraTargetModules(model.family);
+    j.lora = internal::OfferedLora(model.family);
     alternatives.push_back(
         {"[lora] rank = 16, alpha = 32, target_modules = \"all-linear\" (fine-tuning, the base frozen)", j, true});
     j.lora.base = LoraBase::kNf4;

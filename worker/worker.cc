@@ -352,15 +352,8 @@ class WorkerImpl final : public Worker {
     if (spec.ok() && !spec->model.init_from.empty()) {
       if (Status weights = model::CheckHfCheckpoint(spec->model.init_from, spec->model); !weights.ok()) spec = weights;
     }
-    if (spec.ok() && !spec->model.adapter_from.empty()) {
-      auto lora =
-          spec->lora.enabled ? Result<LoraSpec>(spec->lora) : ReadPeftLoraConfig(spec->model.adapter_from, spec->model);
-      if (!lora.ok()) {
-        spec = lora.status();
-      } else if (Status adapter = model::CheckPeftAdapter(spec->model.adapter_from, spec->model, *lora);
-                 !adapter.ok()) {
-        spec = adapter;
-      }
+    if (spec.ok()) {
+      if (Status adapter = model::CheckAdapterFrom(spec->model, spec->lora); !adapter.ok()) spec = adapter;
     }
     auto task = std::make_unique<RunningTask>(run_id, a.getRank(), a.getTaskToken(), &outbox_);
     task->store_path_ = options_.store_path;

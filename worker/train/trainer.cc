@@ -102,12 +102,13 @@ Status Trainer::Init() {
     base_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use((*draw)(p)); };
   }
   std::map<std::string, torch::Tensor> adapters;
-  if (lora && !resuming && !model_spec.adapter_from.empty()) {
+  if (lora && !resuming) {
     // model.adapter_from: training continues from that adapter (its config is [lora]'s).
-    STRATA_ASSIGN_OR_RETURN(adapters, ReadPeftAdapter(model_spec.adapter_from, model_spec, context.spec.lora));
-    adapter_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(adapters.at(p.name)); };
-  } else if (lora && !resuming) {
-    adapters = InitialLoraAdapters(model_spec, context.spec.lora, context.spec.train.seed);
+    if (model_spec.adapter_from.empty()) {
+      adapters = InitialLoraAdapters(model_spec, context.spec.lora, context.spec.train.seed);
+    } else {
+      STRATA_ASSIGN_OR_RETURN(adapters, ReadPeftAdapter(model_spec.adapter_from, model_spec, context.spec.lora));
+    }
     adapter_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use(adapters.at(p.name)); };
   }
   // Full training: the units are the model, filled from its source. LoRA: the units are the
