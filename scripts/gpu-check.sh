@@ -4,8 +4,10 @@
 #   unit     the GPU unit tests: trainer_gpu_test, kernels_gpu_test, hf_parity_test (ctest -L gpu)
 #   lora     LoRA: the GPU check against PEFT (lora_gpu), the LoRA trainer tests and the cluster
 #            test of the adapter export, whose PEFT check runs where peft is installed
-#   suites   the GPU suites against transformers: family parity, every capture site and patch,
-#            extract, and the meshes one GPU can run (mesh_gpu; it skips what needs more GPUs)
+#   suites   the GPU suites against transformers: family parity, extract, and the meshes one GPU
+#            can run (mesh_gpu; it skips what needs more GPUs)
+#   sites    every capture site and patch against transformers' hooks (about 110 s a family: more
+#            than one call holds for all seven, so SITES_VARIANTS="llama3 mistral" picks some)
 #   train    bench/train_compare.sh gpt2: the training step against torch.compile, same card
 #   capture  bench/extract_bench.sh: capture throughput against the users' method and the disk
 #   loraperf bench/lora_bench.sh: LoRA and QLoRA of a Llama-3.1-8B shape against PEFT, same card
@@ -34,10 +36,16 @@ for part in "$@"; do
       tail -3 "$out/$part/ctest.log"
       ;;
     suites)
-      export FAMILY_PARITY_OUT=$out/$part/family.jsonl SITES_PARITY_OUT=$out/$part/sites.jsonl
-      (cd build-gpu && ctest -R 'family_parity_gpu|sites_parity_gpu|extract_gpu|mesh_gpu' --output-on-failure) \
+      export FAMILY_PARITY_OUT=$out/$part/family.jsonl
+      (cd build-gpu && ctest -R 'family_parity_gpu|extract_gpu|mesh_gpu' --output-on-failure) \
         >"$out/$part/ctest.log" 2>&1 || { tail -60 "$out/$part/ctest.log"; exit 1; }
       tail -8 "$out/$part/ctest.log"
+      ;;
+    sites)
+      export SITES_PARITY_OUT=$out/$part/sites.jsonl
+      (cd build-gpu && ctest -R 'sites_parity_gpu' --output-on-failure) >"$out/$part/ctest.log" 2>&1 ||
+        { tail -60 "$out/$part/ctest.log"; exit 1; }
+      tail -4 "$out/$part/ctest.log"
       ;;
     lora)
       (cd build-gpu && ctest -V -R 'lora_gpu|LoraTrainerTest|ClusterTest.LoraAdapters') >"$out/$part/ctest.log" 2>&1 ||
@@ -51,7 +59,7 @@ for part in "$@"; do
     qlora70b) bash bench/qlora70b_bench.sh build-gpu "$out/$part" >"$out/$part/log.txt" 2>&1 || { tail -40 "$out/$part/log.txt"; exit 1; }
       tail -5 "$out/$part/log.txt" ;;
     *)
-      echo "unknown part $part (build, unit, suites, lora, train, capture, loraperf, qlora70b)" >&2
+      echo "unknown part $part (build, unit, suites, sites, lora, train, capture, loraperf, qlora70b)" >&2
       exit 2
       ;;
   esac
