@@ -40,6 +40,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -85,6 +86,7 @@ struct Options {
   int sender_threads = 2;          // per sender process
   int workers_per_process = 4000;  // each costs the sender ~2 descriptors
   int probe_hz = 10;
+  int poll_ms = 1000;  // an open dashboard page's GET /api/state, every poll_ms (0: none)
   int submits = 5;
   int listings = 5;
   int workers_per_host = 8;
@@ -249,6 +251,28 @@ BenchResult RunOne(const Options& opt, int n) {
   const int64_t errors_before = shared.errors_received.load();
   const int64_t window_start_us = SteadyUs();
   std::vector<double> delays;
+  // An open dashboard tab through the window: its GET /api/state (first page of workers) every
+  // --poll-ms, timed; each minute's line summarises them.
+  std::mutex poll_mu;
+  std::vector<double> polls;  // guarded by poll_mu
+  std::atomic<bool> poll_stop{false};
+  std::thread poller;
+  if (opt.http && opt.poll_ms > 0) {
+    poller = std::thread([&] {
+      httplib::Client http("127.0.0.1", http_port);
+      http.set_read_timeout(60, 0);
+      while (!poll_stop.load() && !Stopping()) {
+        const int64_t t0 = SteadyUs();
+        if (auto r = http.Get("/api/state?workers_offset=0&workers_limit=100"); r && r->status == 200) {
+          std::lock_guard<std::mutex> lock(poll_mu);
+          polls.push_back(static_cast<double>(SteadyUs() - t0) / 1000);
+        }
+        for (int64_t end = t0 + int64_t{opt.poll_ms} * 1000; SteadyUs() < end && !poll_stop.load() && !Stopping();)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    });
+  }
+  size_t poll_minute_begin = 0;
   {
     strata::client::CoordinatorClient probe(endpoint, 5000);
     const int64_t period_us = 1000000 / std::max(1, opt.probe_hz);
@@ -261,6 +285,12 @@ BenchResult RunOne(const Options& opt, int n) {
         m.loop_delay_ms =
             Summarize(std::vector<double>(delays.begin() + static_cast<std::ptrdiff_t>(minute_begin), delays.end()));
         minute_begin = delays.size();
+        {
+          std::lock_guard<std::mutex> lock(poll_mu);
+          m.poll_ms = Summarize(
+              std::vector<double>(polls.begin() + static_cast<std::ptrdiff_t>(poll_minute_begin), polls.end()));
+          poll_minute_begin = polls.size();
+        }
         if (opt.http) {
           httplib::Client http("127.0.0.1", http_port);
           http.set_read_timeout(60, 0);
@@ -273,9 +303,11 @@ BenchResult RunOne(const Options& opt, int n) {
         }
         result.minutes.push_back(m);
         fprintf(stderr,
-                "N=%d minute %zu: RSS %.0f MiB, loop delay p50 %s / p99 %s ms, GET /api/state %s ms (%zu bytes)\n", n,
-                result.minutes.size(), static_cast<double>(m.rss_kb) / 1024, Fmt(m.loop_delay_ms.p50).c_str(),
-                Fmt(m.loop_delay_ms.p99).c_str(), Fmt(m.api_state_ms, 1).c_str(), m.api_state_bytes);
+                "N=%d minute %zu: RSS %.0f MiB, loop delay p50 %s / p99 %s ms, GET /api/state %s ms (%zu bytes), "
+                "dashboard polls p50 %s / max %s ms\n",
+                n, result.minutes.size(), static_cast<double>(m.rss_kb) / 1024, Fmt(m.loop_delay_ms.p50).c_str(),
+                Fmt(m.loop_delay_ms.p99).c_str(), Fmt(m.api_state_ms, 1).c_str(), m.api_state_bytes,
+                Fmt(m.poll_ms.p50, 1).c_str(), Fmt(m.poll_ms.max, 1).c_str());
       }
       next_us += period_us;
       strata::schema::EnvelopeBuilder req;
@@ -292,6 +324,8 @@ BenchResult RunOne(const Options& opt, int n) {
       if (sleep_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     }
   }
+  poll_stop.store(true);
+  if (poller.joinable()) poller.join();
   const double window_s = static_cast<double>(SteadyUs() - window_start_us) / 1e6;
   const ProcessSample after = SampleProcess(coordinator);
   result.window_s = window_s;
@@ -443,6 +477,8 @@ int main(int argc, char** argv) {
       opt.sender_threads = std::max(1, std::stoi(value()));
     else if (arg == "--workers-per-process")
       opt.workers_per_process = std::max(1, std::stoi(value()));
+    else if (arg == "--poll-ms")
+      opt.poll_ms = std::stoi(value());
     else if (arg == "--probe-hz")
       opt.probe_hz = std::stoi(value());
     else if (arg == "--submits")
@@ -463,7 +499,7 @@ int main(int argc, char** argv) {
       fprintf(
           stderr,
           "usage: control_plane_bench [--coordinator PATH] [--cli PATH] [--workers 1000,5000,10000] [--seconds 20]\n"
-          "       [--warmup-seconds 3] [--sender-threads 2] [--workers-per-process 4000] [--probe-hz 10] [--submits 5] "
+          "       [--warmup-seconds 3] [--sender-threads 2] [--workers-per-process 4000] [--probe-hz 10] [--poll-ms 1000] [--submits 5] "
           "[--listings 5]\n"
           "       [--http-port 18765] [--work-dir DIR] [--no-http] [--perf-dir DIR (perf record -g the coordinator's "
           "window)]\n"

@@ -54,7 +54,7 @@ std::string Json(const BenchResult& r) {
     o << (i ? "," : "") << "{\"vmrss_mib\":" << Fmt(static_cast<double>(m.rss_kb) / 1024, 1)
       << ",\"loop_delay_ms\":" << pct(m.loop_delay_ms)
       << ",\"api_state_ms\":" << (std::isnan(m.api_state_ms) ? std::string("null") : Fmt(m.api_state_ms, 1))
-      << ",\"api_state_bytes\":" << m.api_state_bytes << "}";
+      << ",\"api_state_bytes\":" << m.api_state_bytes << ",\"poll_ms\":" << pct(m.poll_ms) << "}";
   }
   o << "]}";
   return o.str();

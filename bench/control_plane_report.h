@@ -43,6 +43,7 @@ struct BenchResult {
     Percentiles loop_delay_ms;
     double api_state_ms = NAN;
     size_t api_state_bytes = 0;
+    Percentiles poll_ms;  // that minute's GETs of the dashboard's poller (--poll-ms)
   };
   std::vector<Minute> minutes;
 };

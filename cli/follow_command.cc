@@ -17,45 +17,52 @@ namespace strata::cli {
 
 namespace {
 
-// Client-side progress of one run: rate from the steps seen while watching, ETA from it.
+// Client-side progress of one run, and its ETA: a train run's from its last step's speed (the
+// record's tokens/s, so the minutes of loading before step 1 count for nothing), otherwise from
+// the steps seen while watching, counted from the first step that moved (not from submit).
 class ProgressTracker {
  public:
   // "step  120/200  loss 2.4312  3210 tok/s  ETA 0:25  dp=2 pp=2 on worker-0,...,worker-3"
   std::string Line(RunRecord::Reader r) {
     const int64_t now = net::SteadyMs();
-    const int64_t step = r.getStep();
-    if (first_step_ < 0 || step < first_step_) {
+    const int64_t step = r.getStep(), total = r.getTotalSteps();
+    if (first_step_ < 0 || step < first_step_) {  // the first look, or the run went back (a resume)
       first_step_ = step;
-      first_ms_ = now;
+      moved_step_ = -1;
+    } else if (moved_step_ < 0 && step > first_step_) {
+      moved_step_ = step;
+      moved_ms_ = now;
     }
     auto losses = r.getLosses();
     std::string workers;
     for (auto w : r.getWorkers()) workers += (workers.empty() ? "" : ",") + Printable(w);
-    char buf[512];
     const std::string kind = r.getKind().cStr();
     const bool extract = kind == "extract" || kind == "patch";  // steps count stored chunks
+    auto spec = extract ? Result<RunSpec>(InvalidArgument("extract")) : ReadRunRecordSpec(r);
+    char buf[512];
     int n = std::snprintf(buf, sizeof(buf), "%s %5ld/%ld", extract ? "chunk" : "step", static_cast<long>(step),
-                          static_cast<long>(r.getTotalSteps()));
+                          static_cast<long>(total));
     if (losses.size() > 0) n += std::snprintf(buf + n, sizeof(buf) - n, "  loss %.4f", losses[losses.size() - 1]);
-    if (r.getTokensPerSecond() > 0)
-      n += std::snprintf(buf + n, sizeof(buf) - n, "  %.0f tok/s", r.getTokensPerSecond());
-    if (step > first_step_ && step < r.getTotalSteps()) {
-      const double ms_per_step = double(now - first_ms_) / double(step - first_step_);
-      const int64_t eta_s = static_cast<int64_t>(ms_per_step * (r.getTotalSteps() - step) / 1000.0);
-      n += std::snprintf(buf + n, sizeof(buf) - n, "  ETA %ld:%02ld", static_cast<long>(eta_s / 60),
-                         static_cast<long>(eta_s % 60));
+    const double tokens_per_second = r.getTokensPerSecond();
+    if (tokens_per_second > 0) n += std::snprintf(buf + n, sizeof(buf) - n, "  %.0f tok/s", tokens_per_second);
+    double eta_s = -1;
+    if (step < total && spec.ok() && tokens_per_second > 0) {
+      eta_s = double(total - step) * double(spec->train.global_batch) * double(spec->model.sequence) / tokens_per_second;
+    } else if (step < total && moved_step_ >= 0 && step > moved_step_) {
+      eta_s = double(now - moved_ms_) / double(step - moved_step_) * double(total - step) / 1000.0;
+    }
+    if (eta_s >= 0) {
+      const int64_t s = static_cast<int64_t>(eta_s);
+      n += std::snprintf(buf + n, sizeof(buf) - n, "  ETA %ld:%02ld", static_cast<long>(s / 60), static_cast<long>(s % 60));
     }
     // Train runs show their mesh (it changes when a lost worker makes the run re-plan).
     std::string mesh = (extract ? "workers=" : "dp=") + std::to_string(r.getWorldSize());
-    if (!extract) {
-      auto spec = ReadRunRecordSpec(r);
-      if (spec.ok() && !spec->parallel.planned()) {
-        mesh = "mesh planned when it starts";
-      } else if (spec.ok()) {
-        const ParallelSpec& p = spec->parallel;
-        mesh = "dp=" + std::to_string(p.dp) + (p.pp > 1 ? " pp=" + std::to_string(p.pp) : "") +
-               (p.tp > 1 ? " tp=" + std::to_string(p.tp) : "") + (p.zero > 0 ? " zero=" + std::to_string(p.zero) : "");
-      }
+    if (spec.ok() && !spec->parallel.planned()) {
+      mesh = "mesh planned when it starts";
+    } else if (spec.ok()) {
+      const ParallelSpec& p = spec->parallel;
+      mesh = "dp=" + std::to_string(p.dp) + (p.pp > 1 ? " pp=" + std::to_string(p.pp) : "") +
+             (p.tp > 1 ? " tp=" + std::to_string(p.tp) : "") + (p.zero > 0 ? " zero=" + std::to_string(p.zero) : "");
     }
     std::snprintf(buf + n, sizeof(buf) - n, "  %s%s%s", mesh.c_str(), workers.empty() ? "" : " on ", workers.c_str());
     return buf;
@@ -63,7 +70,8 @@ class ProgressTracker {
 
  private:
   int64_t first_step_ = -1;
-  int64_t first_ms_ = 0;
+  int64_t moved_step_ = -1;  // the first step seen past first_step_, and when
+  int64_t moved_ms_ = 0;
 };
 }  // namespace
 

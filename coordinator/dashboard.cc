@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 namespace strata::coordinator {
@@ -69,14 +70,42 @@ class MetricsWriter {
   std::string out_;
 };
 
-// [[unix_ms, used, allocated], ...]: arrays, not objects, since a worker carries up to 600.
-json MemoryHistoryJson(const std::vector<DashboardMemorySample>& samples) {
+// [[unix_ms, used, allocated], ...] oldest first: arrays, not objects, since a worker carries up
+// to MemoryHistory::kCapacity.
+json MemoryHistoryJson(const std::shared_ptr<const MemoryHistory>& history) {
   json out = json::array();
-  for (const auto& m : samples) out.push_back({m.unix_ms, m.used, m.allocated});
+  for (size_t i = 0; history && i < history->size(); ++i) {
+    const DashboardMemorySample& m = (*history)[i];
+    out.push_back({m.unix_ms, m.used, m.allocated});
+  }
   return out;
 }
 
 }  // namespace
+
+Result<WorkerPage> ParseWorkerPage(const std::string* offset, const std::string* limit) {
+  // Digits only (no sign, no space), at most 9 of them: nothing a caller types overflows.
+  auto whole = [](const std::string& text) -> std::optional<size_t> {
+    if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+    return static_cast<size_t>(std::stoul(text));
+  };
+  WorkerPage page;
+  if (offset) {
+    auto n = whole(*offset);
+    if (!n) return InvalidArgument("workers_offset must be a whole number (0 for the first worker), got '" + *offset + "'");
+    page.offset = *n;
+  }
+  if (limit) {
+    auto n = whole(*limit);
+    if (!n || *n < 1 || *n > WorkerPage::kMaxLimit) {
+      return InvalidArgument("workers_limit must be a whole number from 1 to " + std::to_string(WorkerPage::kMaxLimit) +
+                             ", got '" + *limit + "'");
+    }
+    page.limit = *n;
+  }
+  return page;
+}
+
 
 double EstimatedSecondsLeft(const DashboardRun& run) {
   if (run.state != "running" || run.tokens_per_second <= 0 || run.tokens_per_step <= 0) return -1;
@@ -84,13 +113,20 @@ double EstimatedSecondsLeft(const DashboardRun& run) {
   return static_cast<double>(left) * static_cast<double>(run.tokens_per_step) / run.tokens_per_second;
 }
 
-std::string RenderStateJson(const DashboardSnapshot& s) {
+std::string RenderStateJson(const DashboardSnapshot& s, const WorkerPage& page) {
   json j;
   j["unix_ms"] = s.unix_ms;
   j["endpoint"] = s.endpoint;
   j["workers_lost_total"] = s.workers_lost_total;
+  json by_state = {{"idle", 0}, {"busy", 0}, {"lost", 0}};
+  for (const auto& w : s.workers) by_state[w.state] = by_state.value(w.state, 0) + 1;
+  j["workers_total"] = s.workers.size();
+  j["workers_by_state"] = std::move(by_state);
+  j["workers_offset"] = page.offset;
   j["workers"] = json::array();
-  for (const auto& w : s.workers) {
+  const size_t end = page.offset >= s.workers.size() ? page.offset : std::min(s.workers.size(), page.offset + page.limit);
+  for (size_t i = page.offset; i < end; ++i) {
+    const DashboardWorker& w = s.workers[i];
     j["workers"].push_back({{"id", w.id},
                             {"host", w.host},
                             {"pid", w.pid},

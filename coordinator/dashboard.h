@@ -4,20 +4,49 @@
 // HTML page (/).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/status.h"
 #include "spec/spec_choices.h"
 
 namespace strata::coordinator {
 
-// One heartbeat's memory, kept by the coordinator at most once a second per worker.
+// One heartbeat's memory, as the dashboard's chart keeps it.
 struct DashboardMemorySample {
   int64_t unix_ms = 0;
   uint64_t used = 0;       // total - free (any process)
   uint64_t allocated = 0;  // held by the worker's tensors
+};
+
+// A worker's memory over the last 10 minutes: a sample every kEveryMs in a ring of fixed size,
+// allocated whole, so what the coordinator holds is set by the cluster's size, never by its
+// uptime. Shared immutable (std::shared_ptr<const MemoryHistory>): the registry appends to a copy
+// when a sample is due and snapshots share the current one, so publishing copies no samples.
+class MemoryHistory {
+ public:
+  static constexpr int64_t kEveryMs = 5000;
+  static constexpr size_t kCapacity = 120;
+
+  void Append(const DashboardMemorySample& sample) {  // the oldest is dropped once full
+    if (size_ < kCapacity) {
+      ring_[(begin_ + size_++) % kCapacity] = sample;
+    } else {
+      ring_[begin_] = sample;
+      begin_ = (begin_ + 1) % kCapacity;
+    }
+  }
+  size_t size() const { return size_; }
+  const DashboardMemorySample& operator[](size_t i) const { return ring_[(begin_ + i) % kCapacity]; }  // 0: oldest
+  const DashboardMemorySample& newest() const { return (*this)[size_ - 1]; }  // size() > 0
+
+ private:
+  std::array<DashboardMemorySample, kCapacity> ring_{};
+  size_t begin_ = 0, size_ = 0;
 };
 
 struct DashboardWorker {
@@ -29,7 +58,7 @@ struct DashboardWorker {
   uint64_t memory_total = 0, memory_free = 0, memory_allocated = 0, memory_peak = 0;
   int64_t heartbeat_age_ms = 0;
   std::string current_run;
-  std::vector<DashboardMemorySample> memory_history;  // oldest first, the last ~10 minutes
+  std::shared_ptr<const MemoryHistory> memory_history;  // null: no sample yet
 };
 
 struct DashboardEvent {
@@ -101,7 +130,19 @@ struct DashboardSnapshot {
 // Seconds until the run's last step at its current speed; negative when unknown.
 double EstimatedSecondsLeft(const DashboardRun& run);
 
-std::string RenderStateJson(const DashboardSnapshot& snapshot);
+// Which workers /api/state lists (`?workers_offset=&workers_limit=`), by id: at 10,000 workers
+// the whole list with its charts is tens of megabytes a poll. Counts by state cover them all.
+struct WorkerPage {
+  static constexpr size_t kDefaultLimit = 100, kMaxLimit = 1000;
+  size_t offset = 0;
+  size_t limit = kDefaultLimit;
+};
+
+// The page from the query's values (null: not given): whole numbers, the limit 1 to kMaxLimit;
+// InvalidArgument naming the parameter otherwise.
+Result<WorkerPage> ParseWorkerPage(const std::string* offset, const std::string* limit);
+
+std::string RenderStateJson(const DashboardSnapshot& snapshot, const WorkerPage& page = {});
 // Prometheus text exposition format 0.0.4.
 std::string RenderMetrics(const DashboardSnapshot& snapshot);
 // The self-contained page served at / (inline CSS and JS; it polls /api/state).

@@ -53,6 +53,7 @@ std::string_view DashboardPageHtml() {
   canvas.mem { width:260px; height:44px; display:block; background:#0b0f13; border-radius:3px; }
   #detail .msg { color:var(--dim); font-size:12px; margin-top:4px; }
   #detail h3 { font-size:12px; color:var(--dim); font-weight:normal; margin:10px 0 4px; text-transform:uppercase; }
+  button.pager { background:none; color:var(--dim); border-color:#444; text-transform:none; }
   button { background:#3d1d1d; color:var(--bad); border:1px solid #6e2b2b; border-radius:4px; padding:1px 8px; cursor:pointer; font-size:12px; }
   #events td { font-size:12px; } #events td.time { color:var(--dim); white-space:nowrap; }
   .empty { color:var(--dim); font-style:italic; }
@@ -77,7 +78,7 @@ std::string_view DashboardPageHtml() {
       <div style="max-height:280px;overflow:auto"><table><thead><tr><th>time</th><th>event</th><th>message</th></tr></thead><tbody id="events"></tbody></table></div>
     </section>
   </div>
-  <section><h2>Workers</h2>
+  <section><h2>Workers <span id="wcount"></span> <span id="wpager" hidden><button class="pager" id="wprev">&lsaquo;</button> <button class="pager" id="wnext">&rsaquo;</button></span></h2>
     <table><thead><tr><th>worker</th><th>state</th><th>device</th><th>memory now (used / allocated / total)</th><th>allocated, last 10 min</th><th>peak</th><th>heartbeat</th><th>run</th></tr></thead>
     <tbody id="workers"></tbody></table>
   </section>
@@ -267,9 +268,24 @@ function renderDetail(r) {
     : '<tr><td colspan="3" class="empty">no events</td></tr>';
 }
 
+// /api/state lists the workers a page at a time (a cluster may have thousands); counts cover all.
+const kWorkerPage = 100;
+let workerOffset = 0;
+function renderWorkerCount(s) {
+  const total = s.workers_total ?? s.workers.length, by = s.workers_by_state || {};
+  if (!s.workers.length && total && workerOffset) { workerOffset = 0; refresh(); return; }  // the page emptied
+  const shown = total > kWorkerPage ? ` · ${s.workers.length ? workerOffset + 1 : 0}-${workerOffset + s.workers.length} shown` : "";
+  $("wcount").textContent = `${total} (${by.idle || 0} idle, ${by.busy || 0} busy, ${by.lost || 0} lost)${shown}`;
+  $("wpager").hidden = total <= kWorkerPage;
+  $("wprev").disabled = workerOffset === 0;
+  $("wnext").disabled = workerOffset + kWorkerPage >= total;
+}
+$("wprev").addEventListener("click", () => { workerOffset = Math.max(0, workerOffset - kWorkerPage); refresh(); });
+$("wnext").addEventListener("click", () => { workerOffset += kWorkerPage; refresh(); });
+
 let last = null;
 function render(s) {
-  renderDetail(renderRuns(s.runs)); renderWorkers(s.workers, s.runs, s.unix_ms);
+  renderDetail(renderRuns(s.runs)); renderWorkers(s.workers, s.runs, s.unix_ms); renderWorkerCount(s);
 }
 $("runs").addEventListener("click", (ev) => {
   const card = ev.target.closest(".run");
@@ -294,7 +310,7 @@ async function refresh() {
   try {
     // A dashboard bound beyond loopback wants the token for reads too (401): ask once per tab.
     const token = sessionStorage.getItem("strata-token");
-    const res = await fetch("/api/state", {cache: "no-store", headers: token ? {Authorization: "Bearer " + token} : {}});
+    const res = await fetch(`/api/state?workers_offset=${workerOffset}&workers_limit=${kWorkerPage}`, {cache: "no-store", headers: token ? {Authorization: "Bearer " + token} : {}});
     if (res.status === 401 && !asked) {
       asked = true;
       const t = prompt("This dashboard needs its token to show anything (the contents of STATE_DIR/http.token):");

@@ -50,7 +50,7 @@ void DashboardPublisher::Publish() {
                           w.memory.peak_bytes,
                           now - w.last_heartbeat_ms,
                           w.current_run,
-                          {w.memory_history.begin(), w.memory_history.end()}});
+                          w.memory_history});
   }
   std::vector<const RunEntry*> runs;
   for (const auto& [id, run] : c_.runs) runs.push_back(&run);

@@ -26,6 +26,12 @@ using client::CoordinatorClient;
 
 using json = nlohmann::json;
 
+std::shared_ptr<const MemoryHistory> History(std::vector<DashboardMemorySample> samples) {
+  auto h = std::make_shared<MemoryHistory>();
+  for (const auto& m : samples) h->Append(m);
+  return h;
+}
+
 DashboardSnapshot HandMade() {
   DashboardSnapshot s;
   s.unix_ms = 1700000000000;
@@ -44,8 +50,8 @@ DashboardSnapshot HandMade() {
                        15ull << 30,
                        250,
                        "r1",
-                       {{1699999999000, 20ull << 30, 11ull << 30}, {1700000000000, 20ull << 30, 12ull << 30}}});
-  s.workers.push_back({"worker-\"1\"", "host-a", 43, "lost", "cpu", 0, 0, 0, 0, 4500, "", {}});
+                       History({{1699999999000, 20ull << 30, 11ull << 30}, {1700000000000, 20ull << 30, 12ull << 30}})});
+  s.workers.push_back({"worker-\"1\"", "host-a", 43, "lost", "cpu", 0, 0, 0, 0, 4500, "", nullptr});
   DashboardRun r;
   r.id = "r1";
   r.name = "tiny";
@@ -153,6 +159,68 @@ TEST(DashboardRender, StateJsonCarriesWorkersRunsEventsAndEta) {
   EXPECT_EQ(j["workers"][0]["memory_history"],
             json::parse("[[1699999999000,21474836480,11811160064],[1700000000000,21474836480,12884901888]]"));
   EXPECT_EQ(j["workers"][1]["memory_history"], json::array());
+}
+
+// A worker's chart holds the last MemoryHistory::kCapacity samples, oldest first, in memory
+// allocated once: the coordinator's size is set by the cluster, not by how long it has run.
+TEST(DashboardRender, MemoryHistoryKeepsTheLastSamplesInOrderInAFixedRing) {
+  MemoryHistory h;
+  EXPECT_EQ(h.size(), 0u);
+  const size_t n = MemoryHistory::kCapacity + 7;
+  for (size_t i = 0; i < n; ++i) h.Append({static_cast<int64_t>(i), i * 10, i});
+  ASSERT_EQ(h.size(), MemoryHistory::kCapacity);
+  for (size_t i = 0; i < h.size(); ++i) EXPECT_EQ(h[i].unix_ms, static_cast<int64_t>(i + 7)) << i;
+  EXPECT_EQ(h.newest().used, (n - 1) * 10);
+  static_assert(sizeof(MemoryHistory) <= 4096, "a worker's chart stays a few KiB");
+  // Ten minutes of samples.
+  EXPECT_EQ(MemoryHistory::kEveryMs * static_cast<int64_t>(MemoryHistory::kCapacity), 600000);
+}
+
+// /api/state lists one page of workers (at 10,000 workers the whole list was 86 MB a poll); the
+// counts by state cover every worker.
+TEST(DashboardRender, StateJsonListsAPageOfWorkersAndCountsThemAll) {
+  DashboardSnapshot s;
+  for (int i = 0; i < 250; ++i) {
+    s.workers.push_back({"w" + std::to_string(1000 + i), "h", 1, i % 5 == 0 ? "lost" : i % 2 ? "busy" : "idle", "cpu",
+                         0, 0, 0, 0, 0, "", nullptr});
+  }
+  json j = json::parse(RenderStateJson(s));
+  EXPECT_EQ(j["workers_total"], 250);
+  EXPECT_EQ(j["workers_offset"], 0);
+  ASSERT_EQ(j["workers"].size(), WorkerPage::kDefaultLimit);
+  EXPECT_EQ(j["workers"][0]["id"], "w1000");
+  EXPECT_EQ(j["workers_by_state"], json::parse(R"({"idle": 100, "busy": 100, "lost": 50})"));
+  j = json::parse(RenderStateJson(s, WorkerPage{200, 100}));
+  ASSERT_EQ(j["workers"].size(), 50u);
+  EXPECT_EQ(j["workers"][0]["id"], "w1200");
+  EXPECT_EQ(j["workers"][49]["id"], "w1249");
+  j = json::parse(RenderStateJson(s, WorkerPage{400, 10}));
+  EXPECT_EQ(j["workers"].size(), 0u) << "past the end: an empty page";
+  EXPECT_EQ(j["workers_total"], 250);
+}
+
+TEST(DashboardRender, WorkerPageParametersAreBoundedAndNamedWhenBad) {
+  const std::string zero = "0", five = "5", big = "1001", neg = "-1", text = "ten", huge = "99999999999999999999";
+  auto page = ParseWorkerPage(&five, &five);
+  ASSERT_TRUE(page.ok()) << page.status().message();
+  EXPECT_EQ(page->offset, 5u);
+  EXPECT_EQ(page->limit, 5u);
+  page = ParseWorkerPage(nullptr, nullptr);
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->offset, 0u);
+  EXPECT_EQ(page->limit, WorkerPage::kDefaultLimit);
+  for (const std::string* bad : {&zero, &big, &neg, &text, &huge}) {
+    auto r = ParseWorkerPage(nullptr, bad);
+    ASSERT_FALSE(r.ok()) << *bad;
+    EXPECT_NE(r.status().message().find("workers_limit must be a whole number from 1 to 1000, got '" + *bad + "'"),
+              std::string::npos)
+        << r.status().message();
+  }
+  for (const std::string* bad : {&neg, &text, &huge}) {
+    auto r = ParseWorkerPage(bad, nullptr);
+    ASSERT_FALSE(r.ok()) << *bad;
+    EXPECT_NE(r.status().message().find("workers_offset"), std::string::npos) << r.status().message();
+  }
 }
 
 TEST(DashboardRender, StateJsonCarriesPlanFailuresRankMemoryAndExtractRows) {
@@ -388,6 +456,31 @@ TEST(HttpServer, ARequestThatNeverCompletesIsClosedAtTheDeadline) {
   EXPECT_EQ(std::string(buf).rfind("HTTP/1.1 408", 0), 0u) << buf;
   EXPECT_LT(seconds, 2.0);
   ::close(fd);
+}
+
+// GET /api/state?workers_offset=&workers_limit= pages the workers; a bad value is a 400 naming
+// the parameter, and the server goes on answering.
+TEST(HttpServer, StatePagesWorkersAndRefusesABadPageNamingIt) {
+  auto server = HttpServer::Start(LocalOptions());
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  (*server)->Publish(std::make_shared<const DashboardSnapshot>(HandMade()));
+  httplib::Client web("127.0.0.1", (*server)->port());
+  auto second = web.Get("/api/state?workers_offset=1&workers_limit=1");
+  ASSERT_TRUE(second);
+  ASSERT_EQ(second->status, 200) << second->body;
+  const json j = json::parse(second->body);
+  ASSERT_EQ(j["workers"].size(), 1u);
+  EXPECT_EQ(j["workers"][0]["id"], "worker-\"1\"");
+  EXPECT_EQ(j["workers_total"], 2);
+  for (const char* bad : {"/api/state?workers_limit=0", "/api/state?workers_limit=x", "/api/state?workers_offset=-3"}) {
+    auto res = web.Get(bad);
+    ASSERT_TRUE(res) << bad;
+    EXPECT_EQ(res->status, 400) << bad;
+    EXPECT_NE(res->body.find("workers_"), std::string::npos) << res->body;
+  }
+  auto whole = web.Get("/api/state");
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(json::parse(whole->body)["workers"].size(), 2u);
 }
 
 // Bound beyond loopback (0.0.0.0, reached here through 127.0.0.1): reads need the token too.

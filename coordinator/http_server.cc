@@ -13,6 +13,8 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "client/coordinator_client.h"
@@ -278,11 +280,18 @@ class HttpServerImpl final : public HttpServer {
       }
       res.set_content("ok: state published " + std::to_string(age) + " ms ago\n", "text/plain; charset=utf-8");
     });
-    server_.Get("/api/state", [this](const httplib::Request&, httplib::Response& res) {
+    server_.Get("/api/state", [this](const httplib::Request& req, httplib::Response& res) {
+      auto param = [&](const char* name) -> std::optional<std::string> {
+        if (!req.has_param(name)) return std::nullopt;
+        return req.get_param_value(name);
+      };
+      const auto offset = param("workers_offset"), limit = param("workers_limit");
+      auto page = ParseWorkerPage(offset ? &*offset : nullptr, limit ? &*limit : nullptr);
+      if (!page.ok()) return Error(res, 400, page.status().message());
       auto s = Latest();
       if (!s) return NotReady(res);
       res.set_header("Cache-Control", "no-store");
-      res.set_content(RenderStateJson(*s), "application/json");
+      res.set_content(RenderStateJson(*s, *page), "application/json");
     });
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       auto s = Latest();

@@ -5,9 +5,6 @@
 #include "common/log.h"
 
 namespace strata::coordinator {
-namespace {
-constexpr size_t kMemoryHistory = 600;
-}  // namespace
 
 Result<WorkerEntry*> WorkerRegistry::Register(const std::string& identity, RegisterWorker::Reader req) {
   const std::string name = req.getName().cStr();
@@ -48,10 +45,12 @@ bool WorkerRegistry::Heartbeat(const std::string& identity, Heartbeat::Reader hb
   w.last_heartbeat_ms = clock_.SteadyMs();
   w.memory = schema::ReadMemoryStats(hb.getMemory());
   const int64_t now_ms = clock_.UnixMs();
-  if (w.memory_history.empty() || now_ms - w.memory_history.back().unix_ms >= 1000) {
+  if (!w.memory_history || now_ms - w.memory_history->newest().unix_ms >= MemoryHistory::kEveryMs) {
     const uint64_t used = w.memory.total_bytes >= w.memory.free_bytes ? w.memory.total_bytes - w.memory.free_bytes : 0;
-    w.memory_history.push_back({now_ms, used, w.memory.allocated_bytes});
-    if (w.memory_history.size() > kMemoryHistory) w.memory_history.pop_front();
+    // Copy on write: a published snapshot may still hold the current one.
+    auto next = w.memory_history ? std::make_shared<MemoryHistory>(*w.memory_history) : std::make_shared<MemoryHistory>();
+    next->Append({now_ms, used, w.memory.allocated_bytes});
+    w.memory_history = std::move(next);
   }
   return true;
 }

@@ -4,7 +4,7 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
+#include <memory>
 #include <functional>
 #include <map>
 #include <string>
@@ -29,9 +29,9 @@ struct WorkerEntry {
   std::string serve_address;  // its store server (activation reads)
   std::string current_run;
   int64_t last_heartbeat_ms = 0;  // steady clock
-  // For the dashboard's memory chart: a heartbeat's memory at most once a second, the last
-  // kMemoryHistory of them (10 minutes).
-  std::deque<DashboardMemorySample> memory_history;
+  // For the dashboard's memory chart: a heartbeat's memory every MemoryHistory::kEveryMs, the
+  // last 10 minutes (null until the first).
+  std::shared_ptr<const MemoryHistory> memory_history;
 };
 
 class WorkerRegistry {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -208,6 +209,24 @@ TEST_F(CliExperienceTest, ProgressIntoAPipeIsEveryFivePercentAndWatchShowsActive
   }
   EXPECT_GE(progress_lines, 2) << followed.out;
   EXPECT_LE(progress_lines, 21) << followed.out;
+  // The ETA is the steps left at the last step's speed (8 x 32 tokens a step), not an average
+  // since submit, which counted the load before step 1 as steps (a QLoRA run that loaded for
+  // three minutes showed "ETA 22:42" at step 1 of 8 taking 0.65 s each).
+  {
+    std::istringstream again(followed.out);
+    const std::regex progress_line(R"(^step +([0-9]+)/100 .* ([0-9]+) tok/s  ETA ([0-9]+):([0-9]+))");
+    int checked = 0;
+    for (std::string line; std::getline(again, line);) {
+      std::smatch m;
+      if (!std::regex_search(line, m, progress_line)) continue;
+      const double left = 100 - std::stod(m[1]), tokens_per_second = std::stod(m[2]);
+      const double eta = std::stod(m[3]) * 60 + std::stod(m[4]);
+      const double expected = left * 8 * 32 / tokens_per_second;  // tok/s is printed rounded
+      EXPECT_NEAR(eta, expected, 1.0 + expected * 0.01) << line;
+      ++checked;
+    }
+    EXPECT_GE(checked, 1) << followed.out;
+  }
   EXPECT_TRUE(Contains(last_progress, "100/100")) << followed.out;
   const std::string finished = FirstLine(followed.out);
 
