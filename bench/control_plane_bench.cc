@@ -499,7 +499,8 @@ int main(int argc, char** argv) {
       fprintf(
           stderr,
           "usage: control_plane_bench [--coordinator PATH] [--cli PATH] [--workers 1000,5000,10000] [--seconds 20]\n"
-          "       [--warmup-seconds 3] [--sender-threads 2] [--workers-per-process 4000] [--probe-hz 10] [--poll-ms 1000] [--submits 5] "
+          "       [--warmup-seconds 3] [--sender-threads 2] [--workers-per-process 4000] [--probe-hz 10] [--poll-ms "
+          "1000] [--submits 5] "
           "[--listings 5]\n"
           "       [--http-port 18765] [--work-dir DIR] [--no-http] [--perf-dir DIR (perf record -g the coordinator's "
           "window)]\n"

@@ -47,13 +47,15 @@ class ProgressTracker {
     if (tokens_per_second > 0) n += std::snprintf(buf + n, sizeof(buf) - n, "  %.0f tok/s", tokens_per_second);
     double eta_s = -1;
     if (step < total && spec.ok() && tokens_per_second > 0) {
-      eta_s = double(total - step) * double(spec->train.global_batch) * double(spec->model.sequence) / tokens_per_second;
+      eta_s =
+          double(total - step) * double(spec->train.global_batch) * double(spec->model.sequence) / tokens_per_second;
     } else if (step < total && moved_step_ >= 0 && step > moved_step_) {
       eta_s = double(now - moved_ms_) / double(step - moved_step_) * double(total - step) / 1000.0;
     }
     if (eta_s >= 0) {
       const int64_t s = static_cast<int64_t>(eta_s);
-      n += std::snprintf(buf + n, sizeof(buf) - n, "  ETA %ld:%02ld", static_cast<long>(s / 60), static_cast<long>(s % 60));
+      n += std::snprintf(buf + n, sizeof(buf) - n, "  ETA %ld:%02ld", static_cast<long>(s / 60),
+                         static_cast<long>(s % 60));
     }
     // Train runs show their mesh (it changes when a lost worker makes the run re-plan).
     std::string mesh = (extract ? "workers=" : "dp=") + std::to_string(r.getWorldSize());

@@ -117,6 +117,12 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
                       ? ("the newest " + std::to_string(keep) + " complete ones kept (train.keep_checkpoints)").c_str()
                       : "all kept (train.keep_checkpoints = 0)");
     }
+    if (r.getState() == RunState::RUNNING) {
+      // A save that met a full disk: the run trains on, holding the checkpoint in host memory.
+      for (const json& w : client::SavesWaitingForDisk(g, r.getRunId().cStr())) {
+        std::printf("  saving paused: %s\n", Printable(w["message"].get<std::string>()).c_str());
+      }
+    }
     std::string handled;
     for (auto& [kind, count] : j["handled"].items())
       handled += (handled.empty() ? "" : ", ") + kind + " " + std::to_string(count.get<int>());

@@ -38,6 +38,10 @@ Result<std::unique_ptr<schema::DecodedEnvelope>> FetchCheckpoints(const Target& 
 
 // A run's record as JSON; with_plan: with its [parallel] plan, parsed from the stored spec.
 nlohmann::json RunToJson(RunRecord::Reader r, bool with_plan = true);
+// The checkpoint writes of `run` waiting for disk space now: per worker whose last save-paused /
+// save-resumed event is save-paused, [{"worker", "since_unix_ms", "message"}] (the run trains on
+// meanwhile; torch_executor.cc). Empty when none waits or the events cannot be read.
+nlohmann::json SavesWaitingForDisk(const Target& target, const std::string& run);
 nlohmann::json CheckpointToJson(CheckpointManifest::Reader m);
 
 }  // namespace strata::client

@@ -1,6 +1,7 @@
 // The JSON forms of the coordinator's records (cluster_calls.h) and of `strata status --json` /
 // `strata events --json` (cluster_api.h).
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "client/cluster_api.h"
@@ -109,6 +110,25 @@ json CheckpointToJson(CheckpointManifest::Reader m) {
           {"tensor_count", tensors},       {"size_bytes", bytes}, {"shards", shards}};
 }
 
+json SavesWaitingForDisk(const Target& target, const std::string& run) {
+  json waiting = json::array();
+  auto reply = FetchEvents(target, run);
+  if (!reply.ok()) return waiting;
+  std::map<std::string, json> by_worker;  // the worker's last save-paused, erased by a later save-resumed
+  for (auto e : (*reply)->root().getEventsReply().getEvents()) {
+    const std::string kind = e.getKind().cStr(), message = e.getMessage().cStr();
+    if (kind != "save-paused" && kind != "save-resumed") continue;
+    const std::string worker = message.substr(0, message.find(": "));  // notices are "worker-0: ..."
+    if (kind == "save-resumed") {
+      by_worker.erase(worker);
+    } else {
+      by_worker[worker] = {{"worker", worker}, {"since_unix_ms", e.getUnixMs()}, {"message", message}};
+    }
+  }
+  for (auto& [worker, entry] : by_worker) waiting.push_back(std::move(entry));
+  return waiting;
+}
+
 // One run: everything, its whole loss history and checkpoint steps included. All runs: a listing
 // without loss histories or checkpoint steps, one request to the coordinator however many runs
 // there are (with 450 runs, whole histories and a checkpoints request per run took 611 ms).
@@ -132,6 +152,8 @@ Result<std::string> StatusJson(const Target& target, const std::string& run, int
       for (auto m : (*c)->root().getCheckpointsReply().getCheckpoints()) steps.push_back(m.getStep());
     }
     entry["checkpoint_steps"] = steps;
+    entry["saves_waiting_for_disk"] =
+        r.getState() == RunState::RUNNING ? SavesWaitingForDisk(target, r.getRunId().cStr()) : json::array();
     out.push_back(entry);
   }
   if (!run.empty() && out.empty()) return NotFound("no run " + run);

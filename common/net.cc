@@ -26,6 +26,11 @@ bool RecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames, i
     if (e.num() == EINTR) return false;
     throw;
   }
+  return TryRecvMultipart(socket, frames);
+}
+
+bool TryRecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* frames) {
+  frames->clear();
   while (true) {
     zmq::message_t frame;
     if (!socket.recv(frame, zmq::recv_flags::dontwait)) return !frames->empty();

@@ -97,9 +97,10 @@ class CoordinatorImpl final : public Coordinator, private Outbox {
     while (!stop_requested_.load()) {
       // Handshakes wait on ZAP answers, so this thread serves them while it waits for messages.
       // What is queued is drained in one go (at most kDrainBatch, then the timers): 10,000
-      // workers send 20,000 heartbeats a second, and a poll per message cost more than the message.
+      // workers send 20,000 heartbeats a second, and a poll per message cost more than the message
+      // (the ZAP socket waits for the batch: a handshake waits at most kDrainBatch messages).
       if (curve::PollWithZap(router_, zap_.get(), 100)) {
-        for (int i = 0; i < kDrainBatch && net::RecvMultipart(router_, &frames, 0); ++i) HandleFrames(frames);
+        for (int i = 0; i < kDrainBatch && net::TryRecvMultipart(router_, &frames); ++i) HandleFrames(frames);
       }
       core_.RunDueTimers();
       if (options_.on_tick) options_.on_tick();

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 namespace strata::coordinator {
 namespace {
@@ -86,13 +86,15 @@ json MemoryHistoryJson(const std::shared_ptr<const MemoryHistory>& history) {
 Result<WorkerPage> ParseWorkerPage(const std::string* offset, const std::string* limit) {
   // Digits only (no sign, no space), at most 9 of them: nothing a caller types overflows.
   auto whole = [](const std::string& text) -> std::optional<size_t> {
-    if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+    if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos)
+      return std::nullopt;
     return static_cast<size_t>(std::stoul(text));
   };
   WorkerPage page;
   if (offset) {
     auto n = whole(*offset);
-    if (!n) return InvalidArgument("workers_offset must be a whole number (0 for the first worker), got '" + *offset + "'");
+    if (!n)
+      return InvalidArgument("workers_offset must be a whole number (0 for the first worker), got '" + *offset + "'");
     page.offset = *n;
   }
   if (limit) {
@@ -105,7 +107,6 @@ Result<WorkerPage> ParseWorkerPage(const std::string* offset, const std::string*
   }
   return page;
 }
-
 
 double EstimatedSecondsLeft(const DashboardRun& run) {
   if (run.state != "running" || run.tokens_per_second <= 0 || run.tokens_per_step <= 0) return -1;
@@ -124,7 +125,8 @@ std::string RenderStateJson(const DashboardSnapshot& s, const WorkerPage& page) 
   j["workers_by_state"] = std::move(by_state);
   j["workers_offset"] = page.offset;
   j["workers"] = json::array();
-  const size_t end = page.offset >= s.workers.size() ? page.offset : std::min(s.workers.size(), page.offset + page.limit);
+  const size_t end =
+      page.offset >= s.workers.size() ? page.offset : std::min(s.workers.size(), page.offset + page.limit);
   for (size_t i = page.offset; i < end; ++i) {
     const DashboardWorker& w = s.workers[i];
     j["workers"].push_back({{"id", w.id},

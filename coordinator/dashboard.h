@@ -42,7 +42,7 @@ class MemoryHistory {
   }
   size_t size() const { return size_; }
   const DashboardMemorySample& operator[](size_t i) const { return ring_[(begin_ + i) % kCapacity]; }  // 0: oldest
-  const DashboardMemorySample& newest() const { return (*this)[size_ - 1]; }  // size() > 0
+  const DashboardMemorySample& newest() const { return (*this)[size_ - 1]; }                           // size() > 0
 
  private:
   std::array<DashboardMemorySample, kCapacity> ring_{};
@@ -114,12 +114,39 @@ struct DashboardRun {
   double bytes_per_second = 0;
 };
 
+// A vector shared between snapshots, copied only when one is changed: the worker list is rebuilt
+// at most once a second (WorkerListEveryMs) while snapshots go out every 250 ms, and at 10,000
+// workers a rebuild held the event loop for milliseconds.
+template <typename T>
+class SharedVector {
+ public:
+  void push_back(T value) { Mutable().push_back(std::move(value)); }
+  void reserve(size_t n) { Mutable().reserve(n); }
+  size_t size() const { return items_ ? items_->size() : 0; }
+  bool empty() const { return size() == 0; }
+  const T& operator[](size_t i) const { return (*items_)[i]; }
+  const T& front() const { return items_->front(); }
+  const T* begin() const { return items_ ? items_->data() : nullptr; }
+  const T* end() const { return items_ ? items_->data() + items_->size() : nullptr; }
+
+ private:
+  std::vector<T>& Mutable() {
+    if (!items_) {
+      items_ = std::make_shared<std::vector<T>>();
+    } else if (items_.use_count() > 1) {
+      items_ = std::make_shared<std::vector<T>>(*items_);
+    }
+    return *items_;
+  }
+  std::shared_ptr<std::vector<T>> items_;
+};
+
 struct DashboardSnapshot {
   int64_t unix_ms = 0;  // when the event loop took it
   std::string endpoint;
-  std::vector<DashboardWorker> workers;  // by id
-  std::vector<DashboardRun> runs;        // oldest first
-  uint64_t workers_lost_total = 0;       // since this coordinator process started
+  SharedVector<DashboardWorker> workers;  // by id; as of up to a second before unix_ms
+  std::vector<DashboardRun> runs;         // oldest first
+  uint64_t workers_lost_total = 0;        // since this coordinator process started
   // Over every run ever (runs[] may hold only the recent ones), counted from persisted events.
   uint64_t checkpoints_total = 0;
   uint64_t run_workers_lost_total = 0;

@@ -20,7 +20,7 @@ std::string_view DashboardPageHtml() {
   header { display:flex; align-items:baseline; gap:16px; padding:12px 20px; border-bottom:1px solid var(--line); }
   header h1 { font-size:18px; margin:0; }
   header .dim { color:var(--dim); font-size:12px; }
-  #conn.bad { color:var(--bad); }
+  #conn.bad, .line.bad { color:var(--bad); }
   main { padding:16px 20px; display:grid; gap:16px; }
   section { background:var(--panel); border:1px solid var(--line); border-radius:6px; padding:12px 16px; }
   h2 { font-size:14px; margin:0 0 10px; color:var(--dim); text-transform:uppercase; letter-spacing:.05em; }
@@ -213,6 +213,19 @@ function speed(r) {
 let selected = decodeURIComponent((location.hash.match(/run=([^&]+)/) || [])[1] || "");
 const active = (r) => r.state === "running" || r.state === "pending";
 
+// Workers whose checkpoint write waits for disk space (their last save-paused not followed by a
+// save-resumed): the run trains on, holding the checkpoint in host memory.
+function savesWaiting(r) {
+  if (r.state !== "running") return [];
+  const last = {};
+  for (const e of r.events || []) {
+    if (e.kind !== "save-paused" && e.kind !== "save-resumed") continue;
+    const worker = e.message.split(": ")[0];
+    if (e.kind === "save-resumed") delete last[worker]; else last[worker] = e.message;
+  }
+  return Object.values(last);
+}
+
 function renderRuns(runs) {
   // Active runs first, then the most recent others; compact cards so many fit above the fold.
   const shown = runs.filter(active).concat(runs.filter((r) => !active(r)).reverse());
@@ -226,7 +239,8 @@ function renderRuns(runs) {
         <span><span class="badge s-${esc(r.state)}">${esc(r.state)}</span>${active(r) ? ' <button class="cancel">cancel</button>' : ""}</span></div>
       <div class="bar"><div class="prog" style="width:${p}%"></div><span class="progtext">${text} (${p.toFixed(0)}%)</span></div>
       <div class="line">${speed(r)}${isExtract(r) ? "<span><b>extract</b></span>" : `<span class="plan"><b>${esc(planText(r.plan))}</b></span>`}</div>
-      ${hurt ? `<div class="line">handled ${handledHtml(r.handled)}</div>` : ""}</div>`;
+      ${hurt ? `<div class="line">handled ${handledHtml(r.handled)}</div>` : ""}
+      ${savesWaiting(r).map((m) => `<div class="line bad" data-save-paused="1" title="${esc(m)}">saving paused: ${esc(m)}</div>`).join("")}</div>`;
   }).join("");
   return shown.find((r) => r.id === selected);
 }

@@ -1,6 +1,7 @@
 #include "coordinator/dashboard_publisher.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 
 #include "shard/plan_summary.h"
@@ -27,6 +28,18 @@ DashboardPlan PlanOf(const RunSpec& spec) {
 
 }  // namespace
 
+void DashboardPublisher::RebuildWorkers(int64_t now) {
+  workers_built_ms_ = now;
+  SharedVector<DashboardWorker> list;
+  list.reserve(c_.workers.all().size());
+  for (const auto& [id, w] : c_.workers.all()) {
+    list.push_back({w.id, w.host, w.pid, schema::WorkerStateName(w.state), w.memory.device, w.memory.total_bytes,
+                    w.memory.free_bytes, w.memory.allocated_bytes, w.memory.peak_bytes, now - w.last_heartbeat_ms,
+                    w.current_run, w.memory_history});
+  }
+  workers_ = std::move(list);
+}
+
 // ---------------------------------------------------------------- dashboard
 // Copies what the HTTP dashboard shows into an immutable snapshot (the HTTP thread never sees
 // c_.workers.all() or c_.runs). Events are re-read from the store only for runs that logged new ones.
@@ -38,20 +51,17 @@ void DashboardPublisher::Publish() {
   s->unix_ms = c_.clock.UnixMs();
   s->endpoint = c_.options.listen;
   s->workers_lost_total = c_.workers.lost_total();
-  for (const auto& [id, w] : c_.workers.all()) {
-    s->workers.push_back({w.id,
-                          w.host,
-                          w.pid,
-                          schema::WorkerStateName(w.state),
-                          w.memory.device,
-                          w.memory.total_bytes,
-                          w.memory.free_bytes,
-                          w.memory.allocated_bytes,
-                          w.memory.peak_bytes,
-                          now - w.last_heartbeat_ms,
-                          w.current_run,
-                          w.memory_history});
+  // What moves a worker between idle, busy and lost shows at once: a registration, a loss, a run
+  // changing state. Memory and heartbeat ages follow within kWorkerListEveryMs.
+  uint64_t signature = c_.workers.all().size() * 1000003u + c_.workers.lost_total();
+  for (const auto& [id, run] : c_.runs) {
+    signature = signature * 31 + std::hash<std::string>()(id) + static_cast<uint64_t>(run.state());
   }
+  if (workers_built_ms_ < 0 || now - workers_built_ms_ >= kWorkerListEveryMs || signature != workers_signature_) {
+    workers_signature_ = signature;
+    RebuildWorkers(now);
+  }
+  s->workers = workers_;
   std::vector<const RunEntry*> runs;
   for (const auto& [id, run] : c_.runs) runs.push_back(&run);
   std::sort(runs.begin(), runs.end(), [](auto* a, auto* b) { return a->created_ms < b->created_ms; });

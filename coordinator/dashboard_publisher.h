@@ -29,9 +29,18 @@ class DashboardPublisher {
     uint64_t checkpoints = 0, workers_lost = 0, ooms = 0;
   };
   void RefreshEvents(const RunEntry& run, RunEventCache& cache);
+  void RebuildWorkers(int64_t now);
+
+  // The worker list is rebuilt at most this often (the page polls once a second) and shared by
+  // the snapshots between: copying 10,000 workers four times a second held the loop ~2% of the
+  // time, which the slowest 1% of its requests waited behind.
+  static constexpr int64_t kWorkerListEveryMs = 1000;
 
   Cluster& c_;
   std::map<std::string, RunEventCache> event_cache_;  // by run id
+  SharedVector<DashboardWorker> workers_;
+  int64_t workers_built_ms_ = -1;
+  uint64_t workers_signature_ = 0;  // of what changes workers' states (Publish)
 };
 
 }  // namespace strata::coordinator

@@ -39,18 +39,9 @@ DashboardSnapshot HandMade() {
   s.workers_lost_total = 1;
   s.checkpoints_total = 3;
   s.run_workers_lost_total = 1;
-  s.workers.push_back({"worker-0",
-                       "host-a",
-                       42,
-                       "busy",
-                       "cuda:0",
-                       80ull << 30,
-                       60ull << 30,
-                       12ull << 30,
-                       15ull << 30,
-                       250,
-                       "r1",
-                       History({{1699999999000, 20ull << 30, 11ull << 30}, {1700000000000, 20ull << 30, 12ull << 30}})});
+  s.workers.push_back(
+      {"worker-0", "host-a", 42, "busy", "cuda:0", 80ull << 30, 60ull << 30, 12ull << 30, 15ull << 30, 250, "r1",
+       History({{1699999999000, 20ull << 30, 11ull << 30}, {1700000000000, 20ull << 30, 12ull << 30}})});
   s.workers.push_back({"worker-\"1\"", "host-a", 43, "lost", "cpu", 0, 0, 0, 0, 4500, "", nullptr});
   DashboardRun r;
   r.id = "r1";
@@ -181,8 +172,11 @@ TEST(DashboardRender, MemoryHistoryKeepsTheLastSamplesInOrderInAFixedRing) {
 TEST(DashboardRender, StateJsonListsAPageOfWorkersAndCountsThemAll) {
   DashboardSnapshot s;
   for (int i = 0; i < 250; ++i) {
-    s.workers.push_back({"w" + std::to_string(1000 + i), "h", 1, i % 5 == 0 ? "lost" : i % 2 ? "busy" : "idle", "cpu",
-                         0, 0, 0, 0, 0, "", nullptr});
+    s.workers.push_back({"w" + std::to_string(1000 + i), "h", 1,
+                         i % 5 == 0 ? "lost"
+                         : i % 2    ? "busy"
+                                    : "idle",
+                         "cpu", 0, 0, 0, 0, 0, "", nullptr});
   }
   json j = json::parse(RenderStateJson(s));
   EXPECT_EQ(j["workers_total"], 250);

@@ -9,7 +9,7 @@ namespace strata::coordinator {
 Result<WorkerEntry*> WorkerRegistry::Register(const std::string& identity, RegisterWorker::Reader req) {
   const std::string name = req.getName().cStr();
   if (name.empty()) return InvalidArgument("registerWorker.name is empty");
-  WorkerEntry& w = workers_[name];
+  WorkerEntry& w = Entry(name);
   const bool known = !w.id.empty();
   // A worker we believe busy that registers without its task has restarted: the task is gone.
   const std::string previous_run = w.state == WorkerState::BUSY ? w.current_run : "";
@@ -36,11 +36,11 @@ Result<WorkerEntry*> WorkerRegistry::Register(const std::string& identity, Regis
 }
 
 bool WorkerRegistry::Heartbeat(const std::string& identity, Heartbeat::Reader hb) {
-  auto it = workers_.find(hb.getWorkerId().cStr());
+  WorkerEntry* found = Find(hb.getWorkerId().cStr());
   // Unknown (coordinator restarted), a placeholder this coordinator made at restart for a running
   // run's worker (it knows no address yet), or declared lost: it must register again.
-  if (it == workers_.end() || it->second.state == WorkerState::LOST || it->second.pid == 0) return false;
-  WorkerEntry& w = it->second;
+  if (!found || found->state == WorkerState::LOST || found->pid == 0) return false;
+  WorkerEntry& w = *found;
   w.identity = identity;
   w.last_heartbeat_ms = clock_.SteadyMs();
   w.memory = schema::ReadMemoryStats(hb.getMemory());
@@ -48,7 +48,8 @@ bool WorkerRegistry::Heartbeat(const std::string& identity, Heartbeat::Reader hb
   if (!w.memory_history || now_ms - w.memory_history->newest().unix_ms >= MemoryHistory::kEveryMs) {
     const uint64_t used = w.memory.total_bytes >= w.memory.free_bytes ? w.memory.total_bytes - w.memory.free_bytes : 0;
     // Copy on write: a published snapshot may still hold the current one.
-    auto next = w.memory_history ? std::make_shared<MemoryHistory>(*w.memory_history) : std::make_shared<MemoryHistory>();
+    auto next =
+        w.memory_history ? std::make_shared<MemoryHistory>(*w.memory_history) : std::make_shared<MemoryHistory>();
     next->Append({now_ms, used, w.memory.allocated_bytes});
     w.memory_history = std::move(next);
   }
@@ -78,7 +79,7 @@ void WorkerRegistry::MarkLost(WorkerEntry& w, const std::string& why, bool run_h
 }
 
 void WorkerRegistry::ExpectBack(const std::string& id, const std::string& run) {
-  WorkerEntry& w = workers_[id];
+  WorkerEntry& w = Entry(id);
   w.id = id;
   w.identity = id;
   w.state = WorkerState::BUSY;
@@ -87,8 +88,14 @@ void WorkerRegistry::ExpectBack(const std::string& id, const std::string& run) {
 }
 
 WorkerEntry* WorkerRegistry::Find(const std::string& id) {
-  auto it = workers_.find(id);
-  return it == workers_.end() ? nullptr : &it->second;
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
+}
+
+WorkerEntry& WorkerRegistry::Entry(const std::string& id) {
+  auto [it, added] = workers_.try_emplace(id);
+  if (added) by_id_.emplace(id, &it->second);  // map nodes never move
+  return it->second;
 }
 
 const WorkerEntry* WorkerRegistry::WithStore(const std::string& store_path) const {

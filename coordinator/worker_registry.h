@@ -4,10 +4,11 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/memory_snapshot.h"
@@ -44,6 +45,8 @@ class WorkerRegistry {
 
   WorkerRegistry(const Clock& clock, int heartbeat_timeout_ms)
       : clock_(clock), heartbeat_timeout_ms_(heartbeat_timeout_ms) {}
+  WorkerRegistry(const WorkerRegistry&) = delete;  // by_id_ points into workers_
+  WorkerRegistry& operator=(const WorkerRegistry&) = delete;
 
   void AddWorkerLostListener(WorkerLostListener listener) { worker_lost_.push_back(std::move(listener)); }
   void AddTaskLostListener(TaskLostListener listener) { task_lost_.push_back(std::move(listener)); }
@@ -75,7 +78,13 @@ class WorkerRegistry {
  private:
   const Clock& clock_;
   const int heartbeat_timeout_ms_;
-  std::map<std::string, WorkerEntry> workers_;
+  // Creates (or finds) `id`'s entry: the one way into workers_, which keeps by_id_ whole.
+  WorkerEntry& Entry(const std::string& id);
+
+  std::map<std::string, WorkerEntry> workers_;  // by name; never erased (a lost worker stays, LOST)
+  // The same entries hashed: a heartbeat's lookup, 20,000 a second at 10,000 workers, was a tenth
+  // of the loop in the map's string compares.
+  std::unordered_map<std::string, WorkerEntry*> by_id_;
   std::vector<WorkerLostListener> worker_lost_;
   std::vector<TaskLostListener> task_lost_;
   uint64_t lost_total_ = 0;  // since this process started

@@ -352,6 +352,14 @@ TEST_F(DamageTest, ASaveThatMeetsAFullDiskWaitsAndTheRunFinishesOnceThereIsRoom)
   ASSERT_EQ(r.rc, 0) << r.err;
   const std::string run = r.out.substr(0, r.out.find('\n'));
   EventsOnceThereIs(run, "save-paused");
+  // The run shows the wait, naming the worker and its disk, in status and its JSON.
+  const json waiting = StrataJson("status " + run)["saves_waiting_for_disk"];
+  ASSERT_EQ(waiting.size(), 1u) << waiting.dump();
+  EXPECT_EQ(waiting[0]["worker"], "worker-0") << waiting.dump();
+  EXPECT_NE(waiting[0]["message"].get<std::string>().find(state + "/workers/worker-0"), std::string::npos)
+      << waiting.dump();
+  const auto text = Strata("status " + run);
+  EXPECT_NE(text.out.find("saving paused: worker-0: the checkpoint of step"), std::string::npos) << text.out;
   // Training went on meanwhile: every step is done, and the run waits only for its saves.
   json status = json::object();
   for (int i = 0; i < 100 && status.value("step", 0) < 9; ++i) {

@@ -261,7 +261,8 @@ class DashboardTest : public ::testing::Test {
     size_t seen = 0;
     for (const int64_t start = NowMs(); NowMs() - start < 20000 && seen < samples;) {
       if (auto api = web.Get("/api/state"); api && api->status == 200) {
-        for (const auto& w : json::parse(api->body)["workers"]) {
+        const json state = json::parse(api->body);  // named: a range-for over a temporary's member dangles
+        for (const auto& w : state["workers"]) {
           if (w.value("id", "") == worker) seen = w["memory_history"].size();
         }
       }
