@@ -8,6 +8,17 @@
 
 namespace strata::shard {
 
+namespace internal {
+LoraSpec OfferedLora(Family family) {
+  LoraSpec lora;
+  lora.enabled = true;
+  lora.rank = 16;
+  lora.alpha = 32;
+  lora.target_modules = LoraTargetModules(family);
+  return lora;
+}
+}  // namespace internal
+
 std::vector<CapacityOption> CapacityOptions(Family family, const LoraSpec& lora) {
   std::vector<CapacityOption> options = {
       {"adamw", Optimizer::kAdamW, Offload::kNone},

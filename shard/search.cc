@@ -517,15 +517,6 @@ Result<Plan> PlanWithoutOptions(const ModelSpec& model, const JobSpec& job, cons
   STRATA_ASSIGN_OR_RETURN(Problem problem, Validate(model, job, cluster, PlannerOptions{}));
   return std::move(Search(problem).plan);
 }
-
-LoraSpec OfferedLora(Family family) {
-  LoraSpec lora;
-  lora.enabled = true;
-  lora.rank = 16;
-  lora.alpha = 32;
-  lora.target_modules = LoraTargetModules(family);
-  return lora;
-}
 }  // namespace internal
 
 Result<Plan> ChoosePlan(const ModelSpec& model, const JobSpec& job, const ClusterView& cluster,
