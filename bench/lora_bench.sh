@@ -59,6 +59,8 @@ SPEC
   "$bin/strata" --state-dir "$state" events "$id" >"$out/lora-$base.events" || true
 done
 "$bin/strata" --state-dir "$state" down >/dev/null
+grep -h "placed its part" "$state"/logs/*.log >"$out/load.txt" || true  # the base's load time per run
+cat "$out/load.txt"
 
 for mode in eager compile; do
   echo "== peft $mode: $(date +%T)"

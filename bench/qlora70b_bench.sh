@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # QLoRA of a Llama-3.1-70B shape on one GPU: the guides' claim (a 70B fine-tuned on one 80 GB
 # card) and the planner's estimate against the measured peak.
-#   The base is drawn from train.seed a parameter at a time on the host (no file: the GPU node's
-#   disk is 64 GB), each block linear quantized to NF4 as it is drawn, on every host core
+#   The base is drawn from train.seed a parameter at a time on the host's cores (no file: the GPU
+#   node's disk is 64 GB), each block linear quantized to NF4 on the GPU as it is drawn
 #   (worker/nn/causal_lm.h ParameterDraw, worker/nn/nf4_linear.cc). LoRA r = 16, alpha 32,
 #   all-linear, sequence 1024, global batch 1, bf16; every [parallel] field left to the planner.
 #   Reported: load time (submit to first step), tokens/s of the last step, the worker's measured
@@ -55,6 +55,7 @@ start=$(date +%s)
 id=$(head -n1 "$out/qlora70b.follow")
 "$bin/strata" --state-dir "$state" status "$id" --json >"$out/qlora70b.json"
 "$bin/strata" --state-dir "$state" events "$id" >"$out/qlora70b.events" || true
+grep -h "placed its part" "$state"/logs/*.log | tee "$out/load.txt" || true
 python3 - "$out" "$(( $(date +%s) - start ))" <<'PY'
 import json, sys, pathlib
 out, seconds = pathlib.Path(sys.argv[1]), int(sys.argv[2])

@@ -7,6 +7,8 @@
 //                    [--optimizer adamw8bit]   (train.optimizer)
 //                    [--offload optimizer]     (parallel.offload)
 //                    [--markov 1]   (learnable tokens: below)
+//                    [--lora-rank 16 [--lora-base nf4]]   (LoRA on every linear, alpha 2 x rank;
+//                                                          --family first)
 //
 // Prints one JSON line: tokens/s over the timed steps (after warm-up), the allocator's peak, the
 // optimizer state's bytes (its tensors: moments or codes and scales) and the mean loss of the
@@ -102,7 +104,14 @@ int main(int argc, char** argv) {
       spec.parallel.zero = std::stoll(v);
     else if (k == "--markov")
       markov = v != "0";
-    else {
+    else if (k == "--lora-rank") {  // LoRA on every linear, alpha = 2 rank (bench/lora_bench.sh's)
+      spec.lora.enabled = true;
+      spec.lora.rank = std::stoll(v);
+      spec.lora.alpha = 2.0 * static_cast<double>(spec.lora.rank);
+      spec.lora.target_modules = strata::LoraTargetModules(spec.model.family);
+    } else if (k == "--lora-base") {
+      if (!choice(&spec.lora.base, k, v)) return 2;
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
     }

@@ -24,6 +24,12 @@ inline void Set(DType dtype, void* base, int64_t i, float value) {
   }
 }
 
+// quant/nf4.h's tables, for nf4.cu (which leaves quant's Status-returning header to the host
+// compiler): the 16 NF4 values, the 15 midpoints, the 256-entry dynamic map.
+const float* Nf4Values();
+const float* Nf4Midpoints();
+const float* Nf4DynamicMap();
+
 [[noreturn]] inline void NoCuda(const char* what) {
   throw std::logic_error(std::string(what) + ": this build has no CUDA kernels (configure with a CUDA LibTorch)");
 }

@@ -131,6 +131,28 @@
 //             16 bytes per element, where fp32 AdamW moves 28.
 //             A non-finite gradient leaves p NaN, as fp32 AdamW does; the moments of its block
 //             are then meaningless too (a NaN x_i / S_b takes code 0).
+//
+// NF4 (QLoRA's frozen base: quant/nf4.h's layout, bitsandbytes' own; the maths at the top of
+// quant/nf4.cc). A matrix of n weights is cut into blocks of 64 (quant::kNf4Blocksize), each stored as 4-bit
+// codes (two a byte, the first in the high nibble) and one block scale, itself an 8-bit code in
+// groups of 256 blocks (double quantization):
+//   Nf4Dequantize:      absmax_b = nested_map[absmax_code_b] * nested_absmax_{b/256} + offset
+//                       w_i      = table[code_i] * absmax_{i/64}
+//                       in fp32, each operation rounded on its own (no fused multiply-add), then
+//                       stored in the output dtype (bf16: round to nearest even) - quant::
+//                       DequantizeNf4's bits. Reads half a byte a weight and writes the matmul's
+//                       operand once: what a QLoRA linear runs before each of its two matmuls.
+//   Nf4QuantizeBlocks:  per block, absmax_b = max |w| and code_i = rounding::Nf4Code of
+//                       w_i * (1 / absmax_b) (IEEE reciprocal; an all-zero block codes 0; past n,
+//                       a zero pad), the block scales left in fp32;
+//   Nf4NestAbsmax:      the scales' 8-bit codes against `offset` (the mean of every absmax, which
+//                       the caller takes in double in block order, as quant::Nf4Builder does):
+//                       per group of 256, nested_absmax_g = max |absmax_b - offset| and
+//                       absmax_code_b = rounding::DynamicCode of (absmax_b - offset) * (1 /
+//                       nested_absmax_g) against quant::DynamicMap8bit().
+//   Together they are quant::QuantizeNf4(nested = true) bit for bit (quant/nf4_rounding.h holds
+//   the roundings both compile), on the device: a 70B base quantized as it loads in seconds, not
+//   the host's half hour. CUDA only: the host's quantization is quant::QuantizeNf4 itself.
 #pragma once
 
 #include <cstdint>
@@ -284,6 +306,26 @@ void AdamW8bitInit(const Place& place, uint8_t* exp_avg_codes, float* exp_avg_sc
 void Dequantize8bit(const Place& place, bool is_signed, const uint8_t* codes, const float* scales, float* out,
                     int64_t n);
 void Quantize8bit(const Place& place, bool is_signed, const float* values, uint8_t* codes, float* scales, int64_t n);
+
+// ---- NF4 (maths above). Pointers on the place's device.
+struct Nf4Parts {
+  const uint8_t* codes = nullptr;         // ceil(n / 2)
+  const uint8_t* absmax_codes = nullptr;  // ceil(n / 64)
+  const float* nested_absmax = nullptr;   // ceil(blocks / 256)
+  const float* nested_map = nullptr;      // 256
+  float offset = 0.0f;
+  int64_t n = 0;
+};
+void Nf4Dequantize(const Place& place, const Nf4Parts& parts, DType out_dtype, void* out);
+void Nf4DequantizeReference(const Nf4Parts& parts, DType out_dtype, void* out);
+// `values` n in `in_dtype`; writes ceil(n / 2) code bytes and ceil(n / 64) block scales, and into
+// `first_nonfinite` (one int64, set to n or more by the caller) the lowest index of a value that
+// is not finite, whose codes are then meaningless: the caller refuses the tensor.
+void Nf4QuantizeBlocks(const Place& place, DType in_dtype, const void* values, int64_t n, uint8_t* codes, float* absmax,
+                       int64_t* first_nonfinite);
+// `absmax` [blocks] -> absmax_codes [blocks], nested_absmax [ceil(blocks / 256)].
+void Nf4NestAbsmax(const Place& place, const float* absmax, int64_t blocks, float offset, uint8_t* absmax_codes,
+                   float* nested_absmax);
 
 // The CPU references (what the Place-dispatching calls run on the CPU).
 void AdamWReference(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,

@@ -56,6 +56,7 @@
 
 #include "common/float_bits.h"
 #include "quant/nf4_internal.h"
+#include "quant/nf4_rounding.h"
 
 namespace strata::quant {
 namespace {
@@ -128,12 +129,7 @@ using internal::ValidBlocksize;
 const std::array<float, 16>& Nf4Table() { return kNf4; }
 const std::array<float, 15>& Nf4Thresholds() { return kNf4Mid; }
 
-uint8_t QuantizeNf4Value(float x) {
-  // Equivalent to bnb's 4-level tree over the sorted midpoints; every comparison is false for NaN.
-  uint8_t code = 0;
-  for (float m : kNf4Mid) code += static_cast<uint8_t>(x > m);
-  return code;
-}
+uint8_t QuantizeNf4Value(float x) { return rounding::Nf4Code(kNf4Mid.data(), x); }
 
 std::vector<float> DynamicMap8bit() {
   // create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8): for i = 0..6, the means of
@@ -169,31 +165,7 @@ std::vector<float> DynamicMap8bit() {
   return data;
 }
 
-uint8_t QuantizeDynamicValue(const float* code, float x) {
-  int pivot = 127, upper_pivot = 255, lower_pivot = 0;
-  float lower = -1.0f, upper = 1.0f;
-  float val = code[pivot];
-  for (int i = 64; i > 0; i >>= 1) {
-    if (x > val) {
-      lower_pivot = pivot;
-      lower = val;
-      pivot += i;
-    } else {
-      upper_pivot = pivot;
-      upper = val;
-      pivot -= i;
-    }
-    val = code[pivot];
-  }
-  if (upper_pivot == 255) upper = code[upper_pivot];
-  if (lower_pivot == 0) lower = code[lower_pivot];
-  if (x > val) {
-    const float midpoint = (upper + val) * 0.5f;
-    return static_cast<uint8_t>(x > midpoint ? upper_pivot : pivot);
-  }
-  const float midpoint = (lower + val) * 0.5f;
-  return static_cast<uint8_t>(x < midpoint ? lower_pivot : pivot);
-}
+uint8_t QuantizeDynamicValue(const float* code, float x) { return rounding::DynamicCode(code, x); }
 
 Result<Blockwise8bit> QuantizeBlockwise8bit(const float* values, int64_t n, int64_t blocksize,
                                             const std::vector<float>& code256) {

@@ -12,11 +12,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "quant/nf4_rounding.h"  // kNf4Blocksize, kNestedBlocksize
 
 namespace strata::quant {
-
-inline constexpr int64_t kNf4Blocksize = 64;      // bnb's default for quantize_4bit
-inline constexpr int64_t kNestedBlocksize = 256;  // bnb quantizes absmax blockwise in 256s
 
 // bitsandbytes' NF4 table (get_4bit_type("nf4")), ascending; code i decodes to Nf4Table()[i].
 const std::array<float, 16>& Nf4Table();

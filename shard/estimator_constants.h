@@ -92,9 +92,7 @@ inline int64_t StageActivationBytesOf(double full, const ModelSpec& model, int64
 }
 
 // QLoRA's NF4 base (worker/nn/nf4_linear.h): 4 bits a weight, an 8-bit scale per 64 and an fp32
-// scale per 256 x 64 (bitsandbytes' double quantization): 4.127 bits. Its dequantization in
-// LibTorch ops holds, for one matrix at a time, int64 indices, the fp32 values and their scaled
-// copy (8 + 4 + 4 bytes a weight) besides the compute-dtype result.
+// scale per 256 x 64 (bitsandbytes' double quantization): 4.127 bits. Its dequantization
+// (kernels::Nf4Dequantize, one pass) holds nothing but its compute-dtype result, one matrix at a time.
 inline constexpr double kNf4BytesPerWeight = (4.0 + 8.0 / 64 + 32.0 / (64 * 256)) / 8;
-inline constexpr double kNf4DequantBytes = 16.0;
 }  // namespace strata::shard::estimator_constants

@@ -33,7 +33,7 @@ struct LoraCounts {
   int64_t matrices = 0;  // the layer's adapted matrices (GPT-2's c_proj: two)
   int64_t inputs = 0;    // their input widths summed (what dropout > 0 copies per token)
   // QLoRA (lora.base = "nf4"): one layer's linear weights, stored as NF4 at kNf4BytesPerWeight,
-  // and the largest of them, dequantized inside its matmul (kNf4DequantBytes a weight, transient).
+  // and the largest of them, dequantized inside its matmul (its compute-dtype copy, transient).
   int64_t nf4_matrix_params = 0;
   int64_t nf4_largest = 0;
 };

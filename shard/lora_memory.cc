@@ -49,13 +49,14 @@ namespace internal {
 
 void Nf4Base(const LoraCounts& counts, int64_t layers, int64_t compute_bytes, MemoryEstimate* m) {
   // The block linears leave the dense base (compute_bytes a weight) for NF4's 4.127 bits; the
-  // largest one is dequantized inside its matmul, forward and backward (one at a time).
+  // largest one is dequantized inside its matmul, forward and backward (one at a time), into a
+  // compute-dtype copy and nothing else (kernels::Nf4Dequantize).
   const double matrices = static_cast<double>(counts.nf4_matrix_params) * static_cast<double>(layers);
   m->weights = ToBytes(static_cast<double>(m->weights) - matrices * static_cast<double>(compute_bytes) +
                        matrices * kNf4BytesPerWeight);
   m->activations =
       ToBytes(static_cast<double>(m->activations) +
-              static_cast<double>(counts.nf4_largest) * (kNf4DequantBytes + static_cast<double>(compute_bytes)));
+              static_cast<double>(counts.nf4_largest) * static_cast<double>(compute_bytes));
 }
 
 LoraCounts CountLora(const ModelSpec& model, const LoraSpec& lora) {

@@ -7,11 +7,13 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "quant/nf4.h"
 
 namespace strata::kernels {
 namespace {
@@ -578,6 +580,121 @@ TEST_F(KernelsGpuTest, ShardRowsGatherAndScatterAddEqualTheReferenceBitForBit) {
     EXPECT_THROW(ShardRowsScatterAdd(place_, shape, dy_d.data_ptr<float>(), std::get<0>(sorted_d).data_ptr<int64_t>(),
                                      std::get<1>(sorted_d).data_ptr<int64_t>(), n, grad_d.data_ptr<float>(), nullptr),
                  std::invalid_argument);
+  }
+}
+
+// NF4 (QLoRA's base) on the device: quantizing there gives quant::QuantizeNf4's bytes - every
+// packed code, block-scale code and nested scale, and the mean - and dequantizing gives
+// quant::DequantizeNf4's values, in fp32 and bf16, aligned and not. Heavy-tailed values (so the
+// 8-bit nesting meets scales over decades), all-zero blocks, values on the NF4 midpoints, a short
+// last block, a partial nested group and an odd count (the zero pad nibble).
+struct Nf4Case {
+  int64_t n;
+  bool bf16;
+};
+
+quant::Nf4Tensor Nf4Reference(const torch::Tensor& host) {
+  auto q = host.scalar_type() == torch::kBFloat16
+               ? quant::QuantizeNf4Bf16(reinterpret_cast<const uint16_t*>(host.data_ptr()), {host.numel()})
+               : quant::QuantizeNf4(host.data_ptr<float>(), {host.numel()});
+  EXPECT_TRUE(q.ok()) << q.status().ToString();
+  return std::move(q).value();
+}
+
+std::vector<uint8_t> Bytes(const torch::Tensor& t) {
+  const torch::Tensor h = t.cpu().contiguous();
+  return std::vector<uint8_t>(h.data_ptr<uint8_t>(), h.data_ptr<uint8_t>() + h.numel());
+}
+
+TEST_F(KernelsGpuTest, Nf4QuantizeOnTheDeviceIsTheReferenceBitForBit) {
+  torch::manual_seed(21);
+  for (const Nf4Case c : {Nf4Case{37 * 91, false}, Nf4Case{4096 * 1024 + 77, false}, Nf4Case{2'400'001, true},
+                          Nf4Case{64 * 256 * 3, true}, Nf4Case{5, false}}) {
+    SCOPED_TRACE(std::to_string(c.n) + (c.bf16 ? " bf16" : " fp32"));
+    torch::Tensor x = torch::randn({c.n}) * torch::randn({c.n}).pow(3);
+    if (c.n > 64 * 40) {
+      x.narrow(0, 64 * 7, 64).zero_();  // an all-zero block: codes 0
+      // A block whose largest |w| is 1 and whose others sit on the midpoints: each takes the lower code.
+      auto mids = torch::from_blob(const_cast<float*>(quant::Nf4Thresholds().data()), {15}).clone();
+      x.narrow(0, 64 * 20, 64).fill_(0.25f);
+      x[64 * 20] = 1.0f;
+      x.narrow(0, 64 * 20 + 1, 15).copy_(mids);
+    }
+    if (c.bf16) x = x.to(torch::kBFloat16);
+    const quant::Nf4Tensor expected = Nf4Reference(x);
+    const int64_t blocks = expected.num_blocks();
+    const auto xd = x.cuda();
+    auto codes = torch::full({(c.n + 1) / 2}, 0xAB, xd.options().dtype(torch::kUInt8));
+    auto absmax = torch::full({blocks}, 7.0f, xd.options().dtype(torch::kFloat));
+    auto bad = torch::full({1}, c.n, xd.options().dtype(torch::kLong));
+    Nf4QuantizeBlocks(place_, c.bf16 ? DType::kBFloat16 : DType::kFloat32, xd.data_ptr(), c.n,
+                      codes.data_ptr<uint8_t>(), absmax.data_ptr<float>(), bad.data_ptr<int64_t>());
+    EXPECT_EQ(bad.item<int64_t>(), c.n);
+    EXPECT_EQ(Bytes(codes), expected.codes);
+    const torch::Tensor host_absmax = absmax.cpu();
+    double sum = 0;
+    for (int64_t b = 0; b < blocks; ++b) sum += host_absmax.data_ptr<float>()[b];
+    const float offset = static_cast<float>(sum / static_cast<double>(blocks));
+    EXPECT_EQ(offset, expected.offset);
+    auto absmax_codes = torch::full({blocks}, 0xCD, codes.options());
+    auto nested = torch::full({static_cast<int64_t>(expected.nested_absmax.size())}, 7.0f, absmax.options());
+    Nf4NestAbsmax(place_, absmax.data_ptr<float>(), blocks, offset, absmax_codes.data_ptr<uint8_t>(),
+                  nested.data_ptr<float>());
+    EXPECT_EQ(Bytes(absmax_codes), expected.absmax_codes);
+    const torch::Tensor nested_host = nested.cpu();
+    EXPECT_EQ(std::vector<float>(nested_host.data_ptr<float>(), nested_host.data_ptr<float>() + nested_host.numel()),
+              expected.nested_absmax);
+  }
+}
+
+TEST_F(KernelsGpuTest, Nf4QuantizeNamesTheFirstValueThatIsNotFinite) {
+  torch::Tensor x = torch::randn({100'000});
+  x[70'001] = std::numeric_limits<float>::infinity();
+  x[90'000] = std::numeric_limits<float>::quiet_NaN();
+  const auto xd = x.cuda();
+  auto codes = torch::empty({50'000}, xd.options().dtype(torch::kUInt8));
+  auto absmax = torch::empty({(100'000 + 63) / 64}, xd.options());
+  auto bad = torch::full({1}, 100'000, xd.options().dtype(torch::kLong));
+  Nf4QuantizeBlocks(place_, DType::kFloat32, xd.data_ptr(), 100'000, codes.data_ptr<uint8_t>(),
+                    absmax.data_ptr<float>(), bad.data_ptr<int64_t>());
+  EXPECT_EQ(bad.item<int64_t>(), 70'001);
+}
+
+TEST_F(KernelsGpuTest, Nf4DequantizeEqualsTheReferenceBitForBit) {
+  torch::manual_seed(22);
+  for (const int64_t n : {int64_t{37 * 91}, int64_t{4096 * 1024 + 77}, int64_t{15}}) {
+    torch::Tensor x = torch::randn({n}) * torch::randn({n}).pow(3);
+    const quant::Nf4Tensor q = Nf4Reference(x);
+    auto values = quant::DequantizeNf4(q);
+    auto bf16 = quant::DequantizeNf4Bf16(q);
+    ASSERT_TRUE(values.ok() && bf16.ok());
+    auto u8 = [](const std::vector<uint8_t>& v) {
+      return torch::from_blob(const_cast<uint8_t*>(v.data()), {static_cast<int64_t>(v.size())}, torch::kUInt8)
+          .clone()
+          .cuda();
+    };
+    auto f32 = [](const std::vector<float>& v) {
+      return torch::from_blob(const_cast<float*>(v.data()), {static_cast<int64_t>(v.size())}).clone().cuda();
+    };
+    const auto codes = u8(q.codes), absmax_codes = u8(q.absmax_codes);
+    const auto nested = f32(q.nested_absmax), map = f32(q.nested_quant_map);
+    Nf4Parts parts{codes.data_ptr<uint8_t>(),
+                   absmax_codes.data_ptr<uint8_t>(),
+                   nested.data_ptr<float>(),
+                   map.data_ptr<float>(),
+                   q.offset,
+                   n};
+    const torch::Tensor expected32 = torch::from_blob(values->data(), {n}).clone();
+    const torch::Tensor expected16 = torch::from_blob(bf16->data(), {n}, torch::kInt16).clone();
+    for (const int64_t offset : {0, 1}) {  // one element past an allocation: the element-wise path
+      SCOPED_TRACE(std::to_string(n) + " offset " + std::to_string(offset));
+      auto out32 = OnDevice(torch::full({n}, 9.0f), offset);
+      Nf4Dequantize(place_, parts, DType::kFloat32, out32.data_ptr());
+      EXPECT_TRUE(torch::equal(out32.cpu(), expected32)) << MaxRelative(out32, expected32);
+      auto out16 = OnDevice(torch::full({n}, 9, torch::kInt16), offset);
+      Nf4Dequantize(place_, parts, DType::kBFloat16, out16.data_ptr());
+      EXPECT_TRUE(torch::equal(out16.cpu(), expected16));
+    }
   }
 }
 

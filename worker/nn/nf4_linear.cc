@@ -2,12 +2,15 @@
 
 #include <ATen/Parallel.h>
 
+#include "kernels/kernels.h"
+#include "model/parameters.h"
 #include "quant/nf4.h"
+#include "worker/nn/kernel_place.h"
 
 namespace strata::worker {
 
 int64_t Nf4Weight::bytes() const {
-  return codes.nbytes() + absmax_codes.nbytes() + nested_absmax.nbytes() + nested_map.nbytes() + table.nbytes();
+  return codes.nbytes() + absmax_codes.nbytes() + nested_absmax.nbytes() + nested_map.nbytes();
 }
 
 namespace {
@@ -51,48 +54,91 @@ Result<quant::Nf4Tensor> QuantizeOnEveryCore(const float* values, const std::vec
 
 }  // namespace
 
+namespace {
+
+torch::Tensor ToDevice(const void* data, size_t n, torch::ScalarType type, const torch::Device& device) {
+  // copy = true: on a CPU device `to` would otherwise alias the host buffer, freed on return.
+  return torch::from_blob(const_cast<void*>(data), {static_cast<int64_t>(n)}, type)
+      .to(device, type, /*non_blocking=*/false, /*copy=*/true);
+}
+
+// The device form of quant::QuantizeNf4: the blocks' codes and scales in one kernel, their mean in
+// double in block order on the host (a float a block: 1/64 of the weights' bytes), the nesting in a
+// second kernel.
+Result<Nf4Weight> QuantizeOnDevice(const torch::Tensor& whole, const torch::Device& device) {
+  const torch::ScalarType source = whole.scalar_type() == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat;
+  const torch::Tensor values = whole.to(device, source).contiguous();
+  const int64_t n = values.numel();
+  const int64_t blocks = (n + quant::kNf4Blocksize - 1) / quant::kNf4Blocksize;
+  const auto on = torch::TensorOptions().device(device);
+  Nf4Weight w;
+  w.shape.assign(values.sizes().begin(), values.sizes().end());
+  w.numel = n;
+  w.codes = torch::empty({(n + 1) / 2}, on.dtype(torch::kUInt8));
+  torch::Tensor absmax = torch::empty({blocks}, on.dtype(torch::kFloat));
+  torch::Tensor first_nonfinite = torch::full({1}, n, on.dtype(torch::kLong));
+  const kernels::Place place = KernelPlace(device);
+  kernels::Nf4QuantizeBlocks(place, KernelType(source), values.data_ptr(), n, w.codes.data_ptr<uint8_t>(),
+                             absmax.data_ptr<float>(), first_nonfinite.data_ptr<int64_t>());
+  const int64_t bad = first_nonfinite.item<int64_t>();
+  if (bad < n) {
+    return InvalidArgument("NF4: element " + std::to_string(bad) + " of shape " + model::ShapeText(w.shape) +
+                           " is not finite (" + std::to_string(values.view({-1})[bad].item<float>()) +
+                           "); refusing to quantize it");
+  }
+  const torch::Tensor host_absmax = absmax.cpu();
+  const float* a = host_absmax.data_ptr<float>();
+  double sum = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) sum += a[b];
+  w.offset = static_cast<float>(sum / static_cast<double>(blocks));
+  w.absmax_codes = torch::empty({blocks}, on.dtype(torch::kUInt8));
+  w.nested_absmax =
+      torch::empty({(blocks + quant::kNestedBlocksize - 1) / quant::kNestedBlocksize}, on.dtype(torch::kFloat));
+  kernels::Nf4NestAbsmax(place, absmax.data_ptr<float>(), blocks, w.offset, w.absmax_codes.data_ptr<uint8_t>(),
+                         w.nested_absmax.data_ptr<float>());
+  const std::vector<float> map = quant::DynamicMap8bit();
+  w.nested_map = ToDevice(map.data(), map.size(), torch::kFloat, device);
+  return w;
+}
+
+}  // namespace
+
 Result<Nf4Weight> QuantizeNf4Weight(const torch::Tensor& whole, const torch::Device& device,
                                     torch::ScalarType compute) {
+  torch::NoGradGuard no_grad;
+  if (device.is_cuda()) {
+    STRATA_ASSIGN_OR_RETURN(Nf4Weight w, QuantizeOnDevice(whole, device));
+    w.compute = compute;
+    return w;
+  }
   const torch::Tensor values = whole.to(torch::kCPU, torch::kFloat).contiguous();
   std::vector<int64_t> shape(values.sizes().begin(), values.sizes().end());
   STRATA_ASSIGN_OR_RETURN(quant::Nf4Tensor q, QuantizeOnEveryCore(values.data_ptr<float>(), shape));
-  auto bytes = [&](const std::vector<uint8_t>& v) {
-    // copy = true: on a CPU device `to` would otherwise alias the vector, freed on return.
-    return torch::from_blob(const_cast<uint8_t*>(v.data()), {static_cast<int64_t>(v.size())}, torch::kUInt8)
-        .to(device, torch::kUInt8, /*non_blocking=*/false, /*copy=*/true);
-  };
-  auto floats = [&](const float* data, size_t n) {
-    return torch::from_blob(const_cast<float*>(data), {static_cast<int64_t>(n)}, torch::kFloat)
-        .to(device, torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
-  };
   Nf4Weight w;
   w.shape = shape;
   w.numel = q.numel();
-  w.codes = bytes(q.codes);
-  w.absmax_codes = bytes(q.absmax_codes);
-  w.nested_absmax = floats(q.nested_absmax.data(), q.nested_absmax.size());
-  w.nested_map = floats(q.nested_quant_map.data(), q.nested_quant_map.size());
-  w.table = floats(quant::Nf4Table().data(), quant::Nf4Table().size());
+  w.codes = ToDevice(q.codes.data(), q.codes.size(), torch::kUInt8, device);
+  w.absmax_codes = ToDevice(q.absmax_codes.data(), q.absmax_codes.size(), torch::kUInt8, device);
+  w.nested_absmax = ToDevice(q.nested_absmax.data(), q.nested_absmax.size(), torch::kFloat, device);
+  w.nested_map = ToDevice(q.nested_quant_map.data(), q.nested_quant_map.size(), torch::kFloat, device);
   w.offset = q.offset;
   w.compute = compute;
   return w;
 }
 
 torch::Tensor DequantizeNf4Weight(const Nf4Weight& w) {
-  torch::NoGradGuard no_grad;
-  const int64_t blocks = w.absmax_codes.size(0);
-  // Two codes a byte, the first in the high nibble.
-  const torch::Tensor packed = w.codes.to(torch::kLong);
-  const torch::Tensor codes =
-      torch::stack({packed.div(16, "floor"), packed.remainder(16)}, 1).reshape({-1}).narrow(0, 0, w.numel);
-  torch::Tensor values = w.table.index_select(0, codes);
-  // Each block's absmax: the nested decode, a float multiply then a float add (bitsandbytes' order).
-  const torch::Tensor scales = w.nested_absmax.repeat_interleave(quant::kNestedBlocksize).narrow(0, 0, blocks);
-  const torch::Tensor absmax = w.nested_map.index_select(0, w.absmax_codes.to(torch::kLong)).mul(scales).add(w.offset);
-  const int64_t padded = blocks * quant::kNf4Blocksize;
-  if (padded != w.numel) values = torch::constant_pad_nd(values, {0, padded - w.numel});
-  values = values.view({blocks, quant::kNf4Blocksize}).mul(absmax.unsqueeze(1)).reshape({-1}).narrow(0, 0, w.numel);
-  return values.view(w.shape).to(w.compute);
+  // The kernel writes fp32 or bf16; another compute dtype (fp16) is the fp32 values cast once.
+  const torch::ScalarType written = w.compute == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat;
+  torch::Tensor out = torch::empty(w.shape, w.codes.options().dtype(written));
+  kernels::Nf4Parts parts;
+  parts.codes = w.codes.data_ptr<uint8_t>();
+  parts.absmax_codes = w.absmax_codes.data_ptr<uint8_t>();
+  parts.nested_absmax = w.nested_absmax.data_ptr<float>();
+  parts.nested_map = w.nested_map.data_ptr<float>();
+  parts.offset = w.offset;
+  parts.n = w.numel;
+  kernels::Nf4Dequantize(KernelPlace(w.codes.device()), parts, KernelType(written), out.data_ptr());
+  return written == w.compute ? out : out.to(w.compute);
 }
 
 namespace {

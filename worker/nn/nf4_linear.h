@@ -5,7 +5,10 @@
 //
 //   W[i] = table[code_i] * absmax_b,   absmax_b = offset + nested_map[absmax_code_b] * nested_absmax_{b/256}
 //
-// in fp32, then the compute dtype; the same bits as quant::DequantizeNf4 (the CPU reference).
+// in fp32, then the compute dtype; the same bits as quant::DequantizeNf4 (the CPU reference), in
+// one pass of kernels::Nf4Dequantize (half a byte read and the operand written once a weight).
+// On a CUDA device the weight is also quantized there (kernels::Nf4QuantizeBlocks and
+// Nf4NestAbsmax, quant::QuantizeNf4's bits): a base's load costs its reading, not the host's cores.
 #pragma once
 
 #include <torch/torch.h>
@@ -24,14 +27,14 @@ struct Nf4Weight {
   torch::Tensor absmax_codes;   // uint8 [blocks of 64]
   torch::Tensor nested_absmax;  // fp32 [ceil(blocks / 256)]
   torch::Tensor nested_map;     // fp32 [256]
-  torch::Tensor table;          // fp32 [16]
   float offset = 0.0f;
   torch::ScalarType compute = torch::kFloat;  // what the matmul runs in
   int64_t bytes() const;                      // device bytes held
 };
 
-// `whole` (any float dtype, on the host) quantized as bitsandbytes' quantize_4bit (nf4, blocks of
-// 64, compress_statistics) and placed on `device`. InvalidArgument naming a non-finite value.
+// `whole` (any float dtype, on any device) quantized as bitsandbytes' quantize_4bit (nf4, blocks of
+// 64, compress_statistics) and placed on `device`: on its cores where it is a CUDA device, else on
+// every host core; the same bits either way. InvalidArgument naming a non-finite value.
 Result<Nf4Weight> QuantizeNf4Weight(const torch::Tensor& whole, const torch::Device& device, torch::ScalarType compute);
 // The dequantized matrix, [shape] in w.compute.
 torch::Tensor DequantizeNf4Weight(const Nf4Weight& w);

@@ -99,7 +99,11 @@ Status Trainer::Init() {
     // Drawn a parameter at a time, only those this rank holds: host memory holds one tensor, not
     // the model (a 70B QLoRA base on one GPU), and every mesh starts from the same weights.
     draw.emplace(model_spec, context.spec.train.seed);
-    base_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) { use((*draw)(p)); };
+    base_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) {
+      torch::Tensor drawn = (*draw)(p);
+      read_bytes += static_cast<uint64_t>(drawn.nbytes());
+      use(drawn);
+    };
   }
   std::map<std::string, torch::Tensor> adapters;
   if (lora && !resuming) {
@@ -117,12 +121,14 @@ Status Trainer::Init() {
       std::make_unique<StageModel>(context.spec, mesh_, position_, lora ? adapter_load : base_load, device_,
                                    StageModel::Groups{dp_group_.get(), tp_group_.get()}, lora ? base_load : nullptr);
   STRATA_RETURN_IF_ERROR(load_status);
-  if (checkpoint) {
+  if (read_bytes > 0) {  // a model's load is the first minutes of a large run: say where they went
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     std::ostringstream what;
-    what << std::fixed << std::setprecision(1) << "rank " << context.rank << " read "
-         << double(read_bytes) / double(1ull << 30) << " GiB of " << model_spec.init_from << " and placed its part on "
-         << device_.str() << " in " << seconds << " s";
+    what << std::fixed << std::setprecision(1) << "rank " << context.rank << (checkpoint ? " read " : " drew ")
+         << double(read_bytes) / double(1ull << 30) << " GiB"
+         << (checkpoint ? " of " + model_spec.init_from : std::string(" from the seed")) << " and placed its part on "
+         << device_.str() << (context.spec.lora.base == LoraBase::kNf4 ? " (the base as NF4)" : "") << " in " << seconds
+         << " s";
     STRATA_LOG(kInfo) << what.str();
   }
   draw.reset();

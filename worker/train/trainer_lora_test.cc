@@ -128,7 +128,15 @@ TEST(Nf4LinearTest, DequantizesAsTheReferenceAndSendsTheGradientToTheInputOnly) 
   const torch::Tensor expected = torch::from_blob(values->data(), {37, 91}, torch::kFloat).clone();
   const torch::Tensor got = DequantizeNf4Weight(*q);
   EXPECT_TRUE(torch::equal(got, expected)) << (got - expected).abs().max().item<float>();
-  EXPECT_LT(q->bytes(), w.numel());  // about half a byte a weight (and the 16 + 256 tables)
+  EXPECT_LT(q->bytes(), w.numel());  // about half a byte a weight (and the 256-entry map)
+  // In bf16 (a bf16 run's compute dtype): the fp32 values rounded to nearest even, as bnb's.
+  auto q16 = QuantizeNf4Weight(w, torch::kCPU, torch::kBFloat16);
+  ASSERT_TRUE(q16.ok());
+  auto bf16 = quant::DequantizeNf4Bf16(*reference);
+  ASSERT_TRUE(bf16.ok());
+  const torch::Tensor got16 = DequantizeNf4Weight(*q16);
+  ASSERT_EQ(got16.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(got16.view(torch::kInt16), torch::from_blob(bf16->data(), {37, 91}, torch::kInt16)));
   for (const auto& shape : std::vector<std::vector<int64_t>>{{64, 32}, {96, 32}, {3, 5}}) {
     const torch::Tensor small = torch::randn(shape) * 0.02;
     auto qs = QuantizeNf4Weight(small, torch::kCPU, torch::kFloat);
