@@ -7,6 +7,7 @@
 #   PEFT: bench/peft_lora_baseline.py with the same shape, rank, alpha, batch and sequence, eager
 #   and torch.compile'd (bitsandbytes is not on the GPU node, so PEFT's QLoRA is not measured).
 # usage: bench/lora_bench.sh BUILD_DIR OUT_DIR [STEPS]   (on the GPU node)
+#   LORA_BASES="dense" and PEFT_MODES="compile" run a subset (defaults: "dense nf4", "eager compile").
 set -euo pipefail
 bin=$(realpath "$1")/bin
 out=$2
@@ -21,7 +22,7 @@ python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 128256, 2_0
 shape=(--layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256 --sequence 2048 --batch 2)
 
 "$bin/strata" --state-dir "$state" up --gpus 1 >/dev/null
-for base in dense nf4; do
+for base in ${LORA_BASES:-dense nf4}; do
   cat >"$out/lora-$base.toml" <<SPEC
 name = "lora8b-$base"
 [model]
@@ -62,7 +63,7 @@ done
 grep -h "placed its part" "$state"/logs/*.log >"$out/load.txt" || true  # the base's load time per run
 cat "$out/load.txt"
 
-for mode in eager compile; do
+for mode in ${PEFT_MODES:-eager compile}; do
   echo "== peft $mode: $(date +%T)"
   flag=$([ $mode = compile ] && echo --compile || true)
   python3 "$here/peft_lora_baseline.py" "${shape[@]}" --rank 16 --alpha 32 --steps 5 $flag 2>"$out/peft-$mode.err" |
@@ -75,6 +76,8 @@ import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 rows = {}
 for base in ("dense", "nf4"):
+    if not (out / f"lora-{base}.json").exists():
+        continue
     r = json.loads((out / f"lora-{base}.json").read_text())
     m = r["memory"][0] if r.get("memory") else {}
     peak, est = m.get("measured_peak_bytes", 0), m.get("estimate_bytes", 0)

@@ -22,8 +22,8 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_util.cuh"
-#include "kernels/kernels.h"
 #include "kernels/internal.h"
+#include "kernels/kernels.h"
 #include "quant/nf4_rounding.h"
 
 namespace strata::kernels {
@@ -33,7 +33,7 @@ using cuda_util::Load;
 using cuda_util::Pack;
 using cuda_util::Store;
 
-constexpr int kThreads = 256;  // also the dynamic map's 256 entries, loaded a thread each
+constexpr int kThreads = 256;       // also the dynamic map's 256 entries, loaded a thread each
 constexpr int64_t kPerThread = 16;  // weights a thread holds: a quarter of a block
 static_assert(quant::kNf4Blocksize == 4 * kPerThread, "four lanes make a block");
 static_assert(quant::kNestedBlocksize == 32 * 8, "one warp of eight scales a lane makes a nested group");
@@ -165,8 +165,7 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) nested_absmax[g] = largest;
     const float inv = 1.0f / largest;
     for (int j = 0; j < 8 && first + j < blocks; ++j)
-      absmax_codes[first + j] =
-          largest == 0.0f ? 0 : quant::rounding::DynamicCode(code, __fmul_rn(centered[j], inv));
+      absmax_codes[first + j] = largest == 0.0f ? 0 : quant::rounding::DynamicCode(code, __fmul_rn(centered[j], inv));
   }
 }
 
@@ -176,8 +175,7 @@ void Nf4Dequantize(const Place& place, const Nf4Parts& parts, DType out_dtype, v
   if (!place.cuda) return Nf4DequantizeReference(parts, out_dtype, out);
   if (parts.n <= 0) return;
   auto stream = static_cast<cudaStream_t>(place.stream);
-  const bool vectorized =
-      cuda_util::Aligned16(out) && (reinterpret_cast<uintptr_t>(parts.codes) & 7u) == 0;
+  const bool vectorized = cuda_util::Aligned16(out) && (reinterpret_cast<uintptr_t>(parts.codes) & 7u) == 0;
   const int grid = Blocks((parts.n + kPerThread - 1) / kPerThread);
   if (out_dtype == DType::kBFloat16) {
     Nf4DequantizeKernel<<<grid, kThreads, 0, stream>>>(Tables(), parts.codes, parts.absmax_codes, parts.nested_absmax,
@@ -191,9 +189,10 @@ void Nf4Dequantize(const Place& place, const Nf4Parts& parts, DType out_dtype, v
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
-void Nf4QuantizeBlocks(const Place& place, DType in_dtype, const void* values, int64_t n, uint8_t* codes,
-                       float* absmax, int64_t* first_nonfinite) {
-  if (!place.cuda) throw std::logic_error("kernels::Nf4QuantizeBlocks runs on a CUDA device (on the host: quant::QuantizeNf4)");
+void Nf4QuantizeBlocks(const Place& place, DType in_dtype, const void* values, int64_t n, uint8_t* codes, float* absmax,
+                       int64_t* first_nonfinite) {
+  if (!place.cuda)
+    throw std::logic_error("kernels::Nf4QuantizeBlocks runs on a CUDA device (on the host: quant::QuantizeNf4)");
   if (n <= 0) return;
   if ((reinterpret_cast<uintptr_t>(codes) & 7u) != 0)
     throw std::invalid_argument("kernels::Nf4QuantizeBlocks: codes must be 8-byte aligned");
@@ -214,14 +213,14 @@ void Nf4QuantizeBlocks(const Place& place, DType in_dtype, const void* values, i
 
 void Nf4NestAbsmax(const Place& place, const float* absmax, int64_t blocks, float offset, uint8_t* absmax_codes,
                    float* nested_absmax) {
-  if (!place.cuda) throw std::logic_error("kernels::Nf4NestAbsmax runs on a CUDA device (on the host: quant::QuantizeNf4)");
+  if (!place.cuda)
+    throw std::logic_error("kernels::Nf4NestAbsmax runs on a CUDA device (on the host: quant::QuantizeNf4)");
   if (blocks <= 0) return;
   DynamicMap map;
   std::memcpy(map.value, internal::Nf4DynamicMap(), sizeof(map.value));
   auto stream = static_cast<cudaStream_t>(place.stream);
   const int64_t groups = (blocks + quant::kNestedBlocksize - 1) / quant::kNestedBlocksize;
-  Nf4NestKernel<<<Blocks(groups * 32), kThreads, 0, stream>>>(map, absmax, blocks, offset, absmax_codes,
-                                                              nested_absmax);
+  Nf4NestKernel<<<Blocks(groups * 32), kThreads, 0, stream>>>(map, absmax, blocks, offset, absmax_codes, nested_absmax);
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 

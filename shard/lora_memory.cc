@@ -54,9 +54,8 @@ void Nf4Base(const LoraCounts& counts, int64_t layers, int64_t compute_bytes, Me
   const double matrices = static_cast<double>(counts.nf4_matrix_params) * static_cast<double>(layers);
   m->weights = ToBytes(static_cast<double>(m->weights) - matrices * static_cast<double>(compute_bytes) +
                        matrices * kNf4BytesPerWeight);
-  m->activations =
-      ToBytes(static_cast<double>(m->activations) +
-              static_cast<double>(counts.nf4_largest) * static_cast<double>(compute_bytes));
+  m->activations = ToBytes(static_cast<double>(m->activations) +
+                           static_cast<double>(counts.nf4_largest) * static_cast<double>(compute_bytes));
 }
 
 LoraCounts CountLora(const ModelSpec& model, const LoraSpec& lora) {

@@ -7,6 +7,7 @@
 
 #include "quant/nf4.h"
 #include "worker/nn/lora.h"
+#include "worker/nn/model_family.h"
 #include "worker/nn/nf4_linear.h"
 #include "worker/train/trainer_test_fixture.h"
 
@@ -159,6 +160,50 @@ TEST(Nf4LinearTest, DequantizesAsTheReferenceAndSendsTheGradientToTheInputOnly) 
   y.backward(dy);
   y2.backward(dy);
   EXPECT_TRUE(torch::allclose(x.grad(), x2.grad(), 1e-6, 1e-6));
+
+  // With an addend (a LoRA adapter's output) summed inside the matmul: the same values, and the
+  // addend's gradient is the output's.
+  const torch::Tensor x3 = x.detach().clone().requires_grad_(true);
+  const torch::Tensor add = torch::randn({5, 37}).requires_grad_(true);
+  const torch::Tensor y3 = Nf4Linear(x3, *q, torch::Tensor(), add);
+  EXPECT_TRUE(torch::allclose(y3, torch::linear(x, expected) + add, 1e-6, 1e-6));
+  y3.backward(dy);
+  EXPECT_TRUE(torch::allclose(x3.grad(), x2.grad(), 1e-6, 1e-6));
+  EXPECT_TRUE(torch::equal(add.grad(), dy));
+}
+
+// A LoRA linear (model_family.h ParamView::Linear), over a dense and an NF4 base, against the same
+// maths in plain autograd: x W^T + scale (x A^T) B^T, its output and the gradients reaching x, A and B.
+TEST(LoraLinearTest, OutputAndGradientsAreThePlainFormulas) {
+  torch::manual_seed(8);
+  const torch::Tensor w = torch::randn({24, 40}) * 0.1;
+  auto q = QuantizeNf4Weight(w, torch::kCPU, torch::kFloat);
+  ASSERT_TRUE(q.ok());
+  auto nf4 = std::make_shared<Nf4Weight>(std::move(q).value());
+  const torch::Tensor w_nf4 = DequantizeNf4Weight(*nf4);
+  const LoraCompute lora{/*scale=*/2.5, /*dropout=*/0.0};
+  for (const bool quantized : {false, true}) {
+    SCOPED_TRACE(quantized ? "nf4 base" : "dense base");
+    const torch::Tensor a = torch::randn({4, 40}).requires_grad_(true);
+    const torch::Tensor b = torch::randn({24, 4}).requires_grad_(true);
+    const torch::Tensor x = torch::randn({2, 3, 40}).requires_grad_(true);
+    ParamView view({"q_proj.lora_A.weight", "q_proj.lora_B.weight"}, {a, b});
+    view.AddFrozen(
+        {"q_proj.weight"}, {quantized ? torch::Tensor() : w}, "",
+        quantized ? std::vector<std::shared_ptr<Nf4Weight>>{nf4} : std::vector<std::shared_ptr<Nf4Weight>>{});
+    view.SetLora(&lora);
+    const torch::Tensor y = view.Linear(x, "q_proj.weight");
+    const torch::Tensor a2 = a.detach().clone().requires_grad_(true), b2 = b.detach().clone().requires_grad_(true);
+    const torch::Tensor x2 = x.detach().clone().requires_grad_(true);
+    const torch::Tensor y2 = torch::linear(x2, quantized ? w_nf4 : w) + torch::linear(torch::linear(x2, a2), b2) * 2.5;
+    EXPECT_TRUE(torch::allclose(y, y2, 1e-5, 1e-5));
+    const torch::Tensor dy = torch::randn_like(y2);
+    y.backward(dy);
+    y2.backward(dy);
+    EXPECT_TRUE(torch::allclose(x.grad(), x2.grad(), 1e-5, 1e-5));
+    EXPECT_TRUE(torch::allclose(a.grad(), a2.grad(), 1e-5, 1e-5));
+    EXPECT_TRUE(torch::allclose(b.grad(), b2.grad(), 1e-5, 1e-5));
+  }
 }
 
 // A matrix past one quantization run (2^20 weights) is quantized on every core: the same codes,
