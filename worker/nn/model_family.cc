@@ -80,41 +80,34 @@ void ParamView::AddFrozen(const std::vector<std::string>& names, const std::vect
 
 torch::Tensor ParamView::Linear(const torch::Tensor& x, const std::string& weight, const std::string& bias,
                                 const RowsAhead* ahead) const {
-  if (lora_ == nullptr) return PlainLinear(x, weight, bias, ahead);
+  torch::Tensor y = PlainLinear(x, weight, bias, ahead);
+  if (lora_ == nullptr) return y;
   const std::string stem = weight.substr(0, weight.size() - std::string(".weight").size());
   const std::string a = stem + ".lora_A.weight", b = stem + ".lora_B.weight";
-  if (IndexOf(a) == names_.size()) return PlainLinear(x, weight, bias, ahead);  // not a targeted module
-  // PEFT: lora_B(lora_A(dropout(x))) * scaling, added to the base layer's output (model_family.h).
+  if (IndexOf(a) == names_.size()) return y;  // not a targeted module
+  // PEFT: lora_B(lora_A(dropout(x))) * scaling, added to the base layer's output.
   const torch::Tensor in =
       lora_->dropout > 0 && torch::GradMode::is_enabled() ? torch::dropout(x, lora_->dropout, /*train=*/true) : x;
-  const torch::Tensor up = PlainLinear(PlainLinear(in, a, "", nullptr) * lora_->scale, b, "", nullptr);
-  return PlainLinear(x, weight, bias, ahead, up);
+  const torch::Tensor up = PlainLinear(PlainLinear(in, a, "", nullptr), b, "", nullptr);
+  return y + up * lora_->scale;
 }
 
 torch::Tensor ParamView::PlainLinear(const torch::Tensor& x, const std::string& weight, const std::string& bias,
-                                     const RowsAhead* ahead, const torch::Tensor& add) const {
+                                     const RowsAhead* ahead) const {
   const torch::Tensor b = bias.empty() ? torch::Tensor() : Optional(bias);
   if (!nf4_.empty()) {
     const size_t i = IndexOf(weight);
     if (i < names_.size() && nf4_[i] != nullptr) {
       if (ahead != nullptr) ahead->wait_rest();
-      if (!b.defined()) return Nf4Linear(x, *nf4_[i], b, add);
-      const torch::Tensor y = Nf4Linear(x, *nf4_[i], b);
-      return add.defined() ? y + add : y;
+      return Nf4Linear(x, *nf4_[i], b);
     }
   }
   const auto [w, sunk] = Sunk(weight);
-  if (sunk != nullptr) {
-    const torch::Tensor y = LinearIntoGradient(x, sunk->param, w, b, sunk->sink, sunk->defer, ahead);
-    return add.defined() ? y + add : y;
-  }
+  if (sunk != nullptr) return LinearIntoGradient(x, sunk->param, w, b, sunk->sink, sunk->defer, ahead);
   // (Autocast's linear casts as it goes, which the row blocks' out= matmuls would not: every row
   // waits.)
   if (ahead != nullptr) ahead->wait_rest();
-  if (!add.defined() || b.defined()) return add.defined() ? torch::linear(x, w, b) + add : torch::linear(x, w, b);
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = w.size(0);
-  return torch::addmm(add.reshape({-1, w.size(0)}), x.reshape({-1, x.size(-1)}), w.t()).view(sizes);
+  return torch::linear(x, w, b);
 }
 
 std::pair<torch::Tensor, const SunkParameter*> ParamView::Sunk(const std::string& weight) const {

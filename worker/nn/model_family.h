@@ -50,12 +50,8 @@ using TableLookup = std::function<torch::Tensor(const torch::Tensor& table, cons
 torch::Tensor PlainLookup(const torch::Tensor& table, const torch::Tensor& ids);
 
 // LoRA on the linears a view holds adapters for (run_spec.h LoraSpec): Linear adds
-// ((dropout(x) A^T) * scale) B^T to x W^T + b where the view has "<stem>.lora_A.weight" and
+// scale * (dropout(x) A^T) B^T to x W^T + b where the view has "<stem>.lora_A.weight" and
 // "<stem>.lora_B.weight" beside "<stem>.weight". Dropout only while grad mode is on (training).
-// The scale multiplies the rank-wide middle (PEFT scales the output: the same product, rounded
-// at another point), and the base's matmul adds the adapter's output in its epilogue (addmm,
-// beta = 1) where the base has no bias: a LoRA linear then makes no elementwise pass over its
-// output, where scaling and adding it took two forward and one backward.
 struct LoraCompute {
   double scale = 1.0;
   double dropout = 0.0;
@@ -97,9 +93,8 @@ class ParamView {
                  const std::string& strip = "", const std::vector<std::shared_ptr<Nf4Weight>>& nf4 = {});
 
  private:
-  // `add` (optional, the output's shape): added to the product, inside the matmul where it can be.
   torch::Tensor PlainLinear(const torch::Tensor& x, const std::string& weight, const std::string& bias,
-                            const RowsAhead* ahead, const torch::Tensor& add = {}) const;
+                            const RowsAhead* ahead) const;
   size_t IndexOf(const std::string& name) const;  // names_.size() when absent
   const torch::Tensor& Get(size_t i) const;
 

@@ -143,58 +143,27 @@ torch::Tensor DequantizeNf4Weight(const Nf4Weight& w) {
 
 namespace {
 
-// y = x W^T, or add + x W^T in the matmul's epilogue (addmm, beta = 1) for Nf4LinearAddFunction:
-// two functions, as LibTorch 1.13's custom functions take no undefined tensor input.
-torch::Tensor Nf4Forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor* add,
-                         int64_t handle) {
-  const Nf4Weight& w = *reinterpret_cast<const Nf4Weight*>(handle);
-  ctx->saved_data["w"] = handle;
-  ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
-  const torch::Tensor weight = DequantizeNf4Weight(w);
-  if (add == nullptr) return torch::linear(x.to(w.compute), weight);
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = w.shape[0];
-  return torch::addmm(add->to(w.compute).reshape({-1, w.shape[0]}), x.to(w.compute).reshape({-1, x.size(-1)}),
-                      weight.t())
-      .view(sizes);
-}
-
-torch::Tensor Nf4InputGradient(torch::autograd::AutogradContext* ctx, const torch::Tensor& dy) {
-  const Nf4Weight& w = *reinterpret_cast<const Nf4Weight*>(ctx->saved_data["w"].toInt());
-  const auto x_type = static_cast<torch::ScalarType>(ctx->saved_data["x_type"].toInt());
-  // dx = dy W, with W dequantized again: the forward kept no copy of it.
-  return torch::matmul(dy.to(w.compute), DequantizeNf4Weight(w)).to(x_type);
-}
-
 struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, int64_t handle) {
-    return Nf4Forward(ctx, x, nullptr, handle);
+    const Nf4Weight& w = *reinterpret_cast<const Nf4Weight*>(handle);
+    ctx->saved_data["w"] = handle;
+    ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
+    return torch::linear(x.to(w.compute), DequantizeNf4Weight(w));
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
-    return {Nf4InputGradient(ctx, grad[0]), torch::Tensor()};
-  }
-};
-
-struct Nf4LinearAddFunction : torch::autograd::Function<Nf4LinearAddFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor add,
-                               int64_t handle) {
-    return Nf4Forward(ctx, x, &add, handle);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad) {
-    return {Nf4InputGradient(ctx, grad[0]), grad[0], torch::Tensor()};  // add's gradient is the output's
+    const Nf4Weight& w = *reinterpret_cast<const Nf4Weight*>(ctx->saved_data["w"].toInt());
+    const auto x_type = static_cast<torch::ScalarType>(ctx->saved_data["x_type"].toInt());
+    // dx = dy W, with W dequantized again: the forward kept no copy of it.
+    const torch::Tensor dx = torch::matmul(grad[0].to(w.compute), DequantizeNf4Weight(w)).to(x_type);
+    return {dx, torch::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor Nf4Linear(const torch::Tensor& x, const Nf4Weight& w, const torch::Tensor& bias,
-                        const torch::Tensor& add) {
-  TORCH_CHECK(!(add.defined() && bias.defined()), "Nf4Linear adds `add` only without a bias");
-  const int64_t handle = reinterpret_cast<int64_t>(&w);
-  if (add.defined()) return Nf4LinearAddFunction::apply(x, add, handle);
-  torch::Tensor y = Nf4LinearFunction::apply(x, handle);
+torch::Tensor Nf4Linear(const torch::Tensor& x, const Nf4Weight& w, const torch::Tensor& bias) {
+  torch::Tensor y = Nf4LinearFunction::apply(x, reinterpret_cast<int64_t>(&w));
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
 }
 

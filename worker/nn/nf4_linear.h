@@ -39,9 +39,7 @@ Result<Nf4Weight> QuantizeNf4Weight(const torch::Tensor& whole, const torch::Dev
 // The dequantized matrix, [shape] in w.compute.
 torch::Tensor DequantizeNf4Weight(const Nf4Weight& w);
 // x W^T + b with W dequantized inside (in w.compute); the gradient flows to x only. `w` must
-// outlive the backward. `add` (optional, with no bias; the output's shape): added inside the
-// matmul (addmm, beta = 1), its gradient the output's.
-torch::Tensor Nf4Linear(const torch::Tensor& x, const Nf4Weight& w, const torch::Tensor& bias,
-                        const torch::Tensor& add = {});
+// outlive the backward.
+torch::Tensor Nf4Linear(const torch::Tensor& x, const Nf4Weight& w, const torch::Tensor& bias);
 
 }  // namespace strata::worker
