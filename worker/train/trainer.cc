@@ -81,6 +81,7 @@ Status Trainer::Init() {
   StageModel::WeightLoader adapter_load, base_load;
   std::optional<ParameterDraw> draw;
   uint64_t read_bytes = 0;
+  double draw_seconds = 0;  // of the load's time, drawing on the host (the rest: placing, quantizing)
   const auto load_start = std::chrono::steady_clock::now();
   std::optional<model::HfCheckpoint> checkpoint;
   Status load_status;
@@ -100,7 +101,9 @@ Status Trainer::Init() {
     // the model (a 70B QLoRA base on one GPU), and every mesh starts from the same weights.
     draw.emplace(model_spec, context.spec.train.seed);
     base_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) {
+      const auto start = std::chrono::steady_clock::now();
       torch::Tensor drawn = (*draw)(p);
+      draw_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       read_bytes += static_cast<uint64_t>(drawn.nbytes());
       use(drawn);
     };
@@ -129,6 +132,7 @@ Status Trainer::Init() {
          << (checkpoint ? " of " + model_spec.init_from : std::string(" from the seed")) << " and placed its part on "
          << device_.str() << (context.spec.lora.base == LoraBase::kNf4 ? " (the base as NF4)" : "") << " in " << seconds
          << " s";
+    if (!checkpoint) what << " (" << draw_seconds << " s of it drawing, on " << at::get_num_threads() << " threads)";
     STRATA_LOG(kInfo) << what.str();
   }
   draw.reset();
