@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "common/task_log.h"
 #include "schema/envelope.h"
 #include "spec/run_spec.h"
+#include "tensorboard/event_file.h"
 
 namespace strata::cli {
 namespace {
@@ -104,7 +106,33 @@ int ShowLogs(const CoordinatorAddress& coordinator, const LogsRequest& request) 
   return kExitOk;
 }
 
-int ShowMetrics(const CoordinatorAddress& coordinator, const std::string& run, bool csv) {
+// `strata metrics RUN --tensorboard DIR`: the run's metrics as a fresh event file in DIR.
+int WriteTensorBoard(const std::string& text, const std::string& dir) {
+  auto writer = tensorboard::EventFileWriter::Open(
+      dir,
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(),
+      tensorboard::EventFileWriter::Existing::kRefuse);
+  if (!writer.ok()) return Fail(writer.status());
+  size_t start = 0, steps = 0;
+  auto number = [](const json& row, const char* key) {
+    auto v = row.find(key);
+    return v != row.end() && v->is_number() ? v->get<double>() : std::nan("");
+  };
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const json row = json::parse(text.substr(start, nl - start), nullptr, /*allow_exceptions=*/false);
+    if (!row.is_object() || !row.contains("step")) continue;  // a line cut by a crash mid-write
+    const Status s =
+        writer->Append(row["step"].get<int64_t>(), number(row, "unix_ms") / 1000.0,
+                       tensorboard::StepScalars(number(row, "loss"), number(row, "lr"), number(row, "grad_norm"),
+                                                number(row, "tokens_per_second"), number(row, "memory_bytes")));
+    if (!s.ok()) return Fail(s);
+    ++steps;
+  }
+  std::printf("wrote %zu steps to %s (tensorboard --logdir %s)\n", steps, writer->path().c_str(), dir.c_str());
+  return kExitOk;
+}
+
+int ShowMetrics(const CoordinatorAddress& coordinator, const std::string& run, bool csv, const std::string& board) {
   client::CoordinatorClient client(coordinator.endpoint, coordinator.timeout_ms, coordinator.keys);
   std::string text;
   for (;;) {
@@ -113,6 +141,7 @@ int ShowMetrics(const CoordinatorAddress& coordinator, const std::string& run, b
     text += piece->data;
     if (piece->data.empty() || text.size() >= piece->size) break;
   }
+  if (!board.empty()) return WriteTensorBoard(text, board);
   if (!csv) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     return kExitOk;
@@ -167,6 +196,7 @@ void RegisterLogsCommands(CommandSet& set) {
   struct Metrics {
     std::string run;
     bool csv = false;
+    std::string tensorboard;
   };
   auto metrics = std::make_shared<Metrics>();
   auto* metrics_cmd =
@@ -174,10 +204,14 @@ void RegisterLogsCommands(CommandSet& set) {
               [&g, metrics]() -> int {
                 auto coordinator = client::Coordinator(g);
                 if (!coordinator.ok()) return Fail(coordinator.status());
-                return ShowMetrics(*coordinator, metrics->run, metrics->csv);
+                return ShowMetrics(*coordinator, metrics->run, metrics->csv, metrics->tensorboard);
               });
   metrics_cmd->add_option("run", metrics->run)->required();
   metrics_cmd->add_flag("--csv", metrics->csv, "CSV with a header instead of JSON lines");
+  metrics_cmd
+      ->add_option("--tensorboard", metrics->tensorboard,
+                   "write a TensorBoard event file into DIR instead (an empty or new directory)")
+      ->excludes("--csv");
 }
 
 }  // namespace strata::cli

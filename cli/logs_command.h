@@ -23,6 +23,7 @@ Result<int64_t> ParseDurationMs(const std::string& text);
 
 // Both return the process exit code (cli/exit.h).
 int ShowLogs(const CoordinatorAddress& coordinator, const LogsRequest& request);
-int ShowMetrics(const CoordinatorAddress& coordinator, const std::string& run, bool csv);
+int ShowMetrics(const CoordinatorAddress& coordinator, const std::string& run, bool csv,
+                const std::string& tensorboard_dir = "");
 
 }  // namespace strata::cli

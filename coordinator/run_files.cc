@@ -14,6 +14,7 @@
 
 #include "common/log.h"
 #include "common/task_log.h"
+#include "tensorboard/event_file.h"
 
 namespace strata::coordinator {
 
@@ -53,6 +54,21 @@ void RunFiles::AppendMetrics(const RunEntry& run, int64_t step, StepReport::Read
                       << std::strerror(errno);
   }
   if (fd >= 0) ::close(fd);
+  // The same step for TensorBoard: STATE_DIR/tensorboard/RUN/events.out.tfevents.* (`tensorboard
+  // --logdir STATE_DIR/tensorboard` shows every run).
+  const std::string board = c_.options.state_dir + "/tensorboard/" + run.id;
+  const int64_t unix_ms = c_.clock.UnixMs();
+  auto writer = tensorboard::EventFileWriter::Open(board, unix_ms / 1000);
+  const Status appended =
+      writer.ok()
+          ? writer->Append(step, static_cast<double>(unix_ms) / 1000.0,
+                           tensorboard::StepScalars(
+                               s.getLoss(), LearningRate(run.spec.train, step), s.getGradNorm(), s.getTokensPerSecond(),
+                               static_cast<double>(std::max(s.getSchedulePeakBytes(), s.getUpdatePeakBytes()))))
+          : writer.status();
+  if (!appended.ok())
+    STRATA_LOG(kWarn) << "could not append step " << step << " of " << run.id << " to its TensorBoard file in " << board
+                      << ": " << appended.message();
 }
 
 // The last step in a run's metrics file (0 if none): a restarted coordinator goes on after it.

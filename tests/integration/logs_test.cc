@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tensorboard/event_file.h"
 #include "tests/integration/harness.h"
 
 namespace strata {
@@ -152,6 +153,36 @@ TEST_F(LogsTest, EachRankLogHasItsStepLinesAndNothingOfAnotherRunAndMetricsMatch
     EXPECT_GT(m["memory_bytes"].get<int64_t>(), 0);
     EXPECT_GT(m["unix_ms"].get<int64_t>(), 0);
   }
+
+  // TensorBoard: the coordinator's event file for the run and an export of its metrics hold each
+  // step's loss (as float32, TensorBoard's scalar type) under train/loss.
+  auto board_losses = [&](const std::string& dir) {
+    std::vector<double> out;
+    std::string file;
+    for (const auto& entry : fs::directory_iterator(dir))
+      if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) file = entry.path().string();
+    EXPECT_FALSE(file.empty()) << "no event file in " << dir;
+    if (file.empty()) return out;
+    auto events = tensorboard::ReadEventFile(file);
+    EXPECT_TRUE(events.ok()) << events.status().ToString();
+    if (!events.ok()) return out;
+    for (const auto& e : *events) {
+      if (e.tag != "train/loss") continue;
+      EXPECT_EQ(e.step, static_cast<int64_t>(out.size() + 1));
+      out.push_back(e.value);
+    }
+    return out;
+  };
+  std::vector<double> float_losses;
+  for (double l : losses) float_losses.push_back(static_cast<float>(l));
+  EXPECT_EQ(board_losses(dir_ + "/state/coordinator/tensorboard/" + a), float_losses);
+  auto exported = Strata("metrics " + a + " --tensorboard " + dir_ + "/board");
+  ASSERT_EQ(exported.rc, 0) << exported.err;
+  EXPECT_NE(exported.out.find("wrote 6 steps"), std::string::npos) << exported.out;
+  EXPECT_EQ(board_losses(dir_ + "/board"), float_losses);
+  auto again = Strata("metrics " + a + " --tensorboard " + dir_ + "/board");
+  EXPECT_EQ(again.rc, 2) << again.out;
+  EXPECT_NE(again.err.find("already holds a TensorBoard event file"), std::string::npos) << again.err;
 
   // --since: every line of the run was written before the last second.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
