@@ -1,5 +1,6 @@
 #include "cli/activations_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -8,12 +9,14 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "activations/reader.h"
 #include "cli/array_file.h"
 #include "cli/command_set.h"
 #include "cli/exit.h"
 #include "common/byte_size.h"
+#include "spec/site_names.h"
 
 namespace strata::cli {
 namespace {
@@ -202,12 +205,30 @@ class HeadSlice {
 
 int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& request) {
   if (Status st = CheckActivationsOut(request); !st.ok()) return Fail(st);
+  // --site: Strata's name, or TransformerLens' hook with its layer (spec/site_names.h).
+  std::optional<NamedSite> named;
+  if (!request.site.empty()) {
+    auto parsed = ParseSiteName(request.site);
+    if (!parsed.ok()) return Fail(parsed.status());
+    named = *parsed;
+    if (named->layer >= 0 && request.layer >= 0 && request.layer != named->layer)
+      return Fail(InvalidArgument("--layer " + std::to_string(request.layer) + " and --site " + request.site +
+                                  " name different layers; give one of them"));
+  }
   auto reader = OpenReader(coordinator, request.stores);
   if (!reader.ok()) return Fail(reader.status());
   auto index = (*reader)->Index(request.run);
   if (!index.ok()) return Fail(index.status());
-  std::string site = request.site;
-  if (site.empty()) site = index->sites.size() == 1 ? index->sites[0] : "resid_post";
+  std::string site = named ? named->site : (index->sites.size() == 1 ? index->sites[0] : "resid_post");
+  int64_t layer = request.layer;
+  if (named && named->layer >= 0) layer = named->layer;
+  // ln_final.hook_normalized: the model-level site, stored at the model's last layer.
+  if (layer < 0 && named && named->site == "final_norm" && request.site != "final_norm" && !index->layers.empty())
+    layer = *std::max_element(index->layers.begin(), index->layers.end());
+  if (layer < 0)
+    return Fail(
+        InvalidArgument("--layer is required unless --site names a TransformerLens hook with its layer "
+                        "(e.g. --site blocks.6.hook_resid_post)"));
   // Without --rows a running capture yields the rows complete from row 0, and says so.
   // Read from stores (--store), every row is asked for: the read names the rows none of them holds.
   const uint64_t available = index->complete() || index->offline ? index->total_rows : index->contiguous_rows();
@@ -223,14 +244,14 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
               << available << " of " << index->total_rows << " rows complete so far" << std::endl;
   }
   const uint64_t n = end > begin ? end - begin : 0;
-  if (Status st = index->CheckSite(request.layer, site); !st.ok()) return Fail(st);
+  if (Status st = index->CheckSite(layer, site); !st.ok()) return Fail(st);
   auto head = HeadSlice::For(*index, site, request.head);
   if (!head.ok()) return Fail(head.status());
   std::map<std::string, std::string> metadata = {{"strata_run", index->run},
-                                                 {"layer", std::to_string(request.layer)},
+                                                 {"layer", std::to_string(layer)},
                                                  {"site", site},
                                                  {"rows", std::to_string(begin) + ":" + std::to_string(end)}};
-  std::string tensor_name = "layer" + std::to_string(request.layer) + "." + site;
+  std::string tensor_name = "layer" + std::to_string(layer) + "." + site;
   if (request.head >= 0) {
     metadata["head"] = std::to_string(request.head);
     tensor_name += ".head" + std::to_string(request.head);
@@ -240,7 +261,7 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
   if (!writer.ok()) return Fail(writer.status());
   const auto start = std::chrono::steady_clock::now();
   uint64_t bytes = 0;
-  Status st = (*reader)->ReadRows(*index, request.layer, site, begin, end, [&](std::span<const uint8_t> data) {
+  Status st = (*reader)->ReadRows(*index, layer, site, begin, end, [&](std::span<const uint8_t> data) {
     bytes += data.size();
     return head->Append(data, **writer);
   });
@@ -259,8 +280,8 @@ int GetActivations(const CoordinatorAddress& coordinator, const ActivationsGet& 
   if (!st.ok()) return Fail(st);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cerr << "strata: wrote " << (request.out == "-" ? "stdout" : request.out) << ": " << (*writer)->description()
-            << " (rows " << begin << ":" << end << " of layer " << request.layer << " " << site << "), "
-            << HumanBytes(bytes) << " read in " << std::fixed << std::setprecision(2) << seconds << " s ("
+            << " (rows " << begin << ":" << end << " of layer " << layer << " " << site << "), " << HumanBytes(bytes)
+            << " read in " << std::fixed << std::setprecision(2) << seconds << " s ("
             << bytes / std::max(seconds, 1e-9) / 1e9 << " GB/s)" << std::endl;
   return kExitOk;
 }
@@ -306,10 +327,12 @@ void RegisterActivationsCommands(CommandSet& set) {
       activations_cmd->add_subcommand("get", "write rows of one layer to .npy / .safetensors (or .npy on stdout)");
   a->get_cmd = get_cmd;
   get_cmd->add_option("run", get.run, std::string("the extract run: ") + kRunHelp)->required();
-  get_cmd->add_option("--layer", get.layer, "layer index")->required();
+  get_cmd->add_option("--layer", get.layer,
+                      "layer index (implied by a TransformerLens --site such as blocks.6.hook_resid_post)");
   get_cmd->add_option("--site", get.site,
                       "a captured site: resid_pre, resid_mid, resid_post, attn_out, mlp_out, q, k, v, attn_pattern, "
-                      "mlp_hidden, final_norm, logits, logits_ids (default: the run's only site, else resid_post)");
+                      "mlp_hidden, final_norm, logits, logits_ids (default: the run's only site, else resid_post), or "
+                      "TransformerLens' hook name with its layer (blocks.6.hook_resid_post; docs/extract.md)");
   get_cmd->add_option("--head", get.head,
                       "only this attention head of a site with heads (q, k, v, attn_pattern): rows [n, head_dim] or "
                       "[n, sequence] instead of [n, heads, ...]");

@@ -178,6 +178,23 @@ TEST_F(ExtractTest, TwoWorkersStoreWhatADirectForwardComputesBitForBit) {
     }
   }
 
+  // TransformerLens' names: the hook names the layer, and the bytes are the same site's.
+  {
+    const std::string out = dir_ + "/tl.npy";
+    auto tl = Strata("activations get " + run + " --site blocks.2.hook_mlp_out --out " + out);
+    ASSERT_EQ(tl.rc, 0) << tl.err;
+    EXPECT_TRUE(ReadNpy(out).second == Reference(*spec, 2, "mlp_out"));
+    auto clash = Strata("activations get " + run + " --layer 0 --site blocks.2.hook_mlp_out --out " + out + "2");
+    EXPECT_EQ(clash.rc, 2);
+    EXPECT_NE(clash.err.find("name different layers"), std::string::npos) << clash.err;
+    auto pre_rotary = Strata("activations get " + run + " --site blocks.2.attn.hook_q --out " + out + "3");
+    EXPECT_EQ(pre_rotary.rc, 2);
+    EXPECT_NE(pre_rotary.err.find("hook_rot_q"), std::string::npos) << pre_rotary.err;
+    auto no_layer = Strata("activations get " + run + " --site mlp_out --out " + out + "4");
+    EXPECT_EQ(no_layer.rc, 2);
+    EXPECT_NE(no_layer.err.find("--layer is required"), std::string::npos) << no_layer.err;
+  }
+
   // A row slice to safetensors holds exactly those rows.
   const std::string st_path = dir_ + "/slice.safetensors";
   auto get = Strata("activations get " + run + " --layer 2 --rows 1000:5000 --out " + st_path);
