@@ -15,6 +15,7 @@
 #include "client/spec_overrides.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "spec/site_names.h"
 
 namespace py = pybind11;
 
@@ -247,6 +248,10 @@ PYBIND11_MODULE(_strata, m) {
   m.def("cancel", [](const api::Target& t, const std::string& run) {
     py::gil_scoped_release release;
     Check(api::Cancel(t, run));
+  });
+  m.def("parse_site_name", [](const std::string& name) {
+    const NamedSite named = Take(ParseSiteName(name));
+    return std::make_pair(named.layer, named.site);
   });
   m.def("coordinator_endpoint", [](const api::Target& t) { return Take(api::Coordinator(t)).endpoint; });
 

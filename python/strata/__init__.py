@@ -287,12 +287,29 @@ class Capture:
             raise ValueError(f"site {site!r} was not captured by run {self.run}; its sites are {self.sites}")
 
     def __getitem__(self, key):
-        if not (isinstance(key, tuple) and len(key) in (2, 3)):
+        """capture[layer, site], capture[site, layer] or TransformerLens' capture["blocks.6.hook_resid_post"],
+        each with an optional head last (docs/extract.md, "TransformerLens' names")."""
+        key = key if isinstance(key, tuple) else (key,)
+        if key and isinstance(key[0], str):
+            layer, site = _strata.parse_site_name(key[0])
+            rest = key[1:]
+            if site == "final_norm" and key[0] != "final_norm":
+                layer = max(self.layers)  # ln_final.hook_normalized: stored at the model's last layer
+            elif layer < 0 and rest:  # Strata's site name, then the layer
+                layer, rest = rest[0], rest[1:]
+            if layer < 0 or len(rest) > 1:
+                raise KeyError(f"index a capture by (layer, site), (site, layer) or a TransformerLens hook name, "
+                               f"e.g. capture[{self.layers[0]}, {self.sites[0]!r}] or "
+                               f"capture['blocks.{self.layers[0]}.hook_resid_post']")
+            head = rest[0] if rest else None
+        elif len(key) in (2, 3):
+            layer, site = key[:2]
+            head = key[2] if len(key) == 3 else None
+        else:
             raise KeyError(f"index a capture by (layer, site) or (layer, site, head), "
                            f"e.g. capture[{self.layers[0]}, {self.sites[0]!r}]")
-        layer, site = key[:2]
         self._check(layer, site)
-        return SiteView(self, layer, site, key[2] if len(key) == 3 else None)
+        return SiteView(self, layer, site, head)
 
     def _read(self, layer, site, rows):
         sel = _rows(rows, self.rows)

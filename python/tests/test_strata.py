@@ -121,6 +121,10 @@ class PythonPackageTest(unittest.TestCase):
                 np.testing.assert_array_equal(capture[layer, site][-1], mine[-1])
                 rows = np.array([4095, 3, 1024, 257, 3])
                 np.testing.assert_array_equal(capture[layer, site][rows], mine[rows])
+        # The same rows by (site, layer) and by TransformerLens' hook name.
+        np.testing.assert_array_equal(capture["mlp_out", 2][:], capture[2, "mlp_out"][:])
+        np.testing.assert_array_equal(capture["blocks.2.hook_mlp_out"][:], capture[2, "mlp_out"][:])
+        np.testing.assert_array_equal(capture["blocks.0.hook_resid_post"][7], capture[0, "resid_post"][7])
         tokens = capture.tokens()
         _, exported = self.export(0, "resid_post", "with-tokens")
         self.assertEqual(tokens.dtype, np.int64)
@@ -139,6 +143,8 @@ class PythonPackageTest(unittest.TestCase):
             capture[1, "resid_post"]
         with self.assertRaisesRegex(ValueError, "site 'logits' was not captured"):
             capture[0, "logits"]
+        with self.assertRaisesRegex(ValueError, "hook_rot_q"):
+            capture["blocks.0.attn.hook_q"]
         with self.assertRaisesRegex(IndexError, "beyond the 4096 rows"):
             capture[0, "resid_post"][4000:5000]
         with self.assertRaisesRegex(IndexError, "out of range"):
