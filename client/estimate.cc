@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/token_file.h"
 #include "schema/envelope.h"
 #include "shard/layout.h"
 
@@ -47,38 +48,53 @@ int64_t CheckpointsHeldAtOnce(const TrainSpec& train) {
   return train.keep_checkpoints > 0 ? std::min(train.keep_checkpoints + 1, saves) : saves;
 }
 
+// The disks a set of workers' stores write to, each with the bytes asked of it: stores of one host
+// with one filesystem id share a disk (an unknown id counts as a disk of its own); workers whose
+// store reported no disk are left out (nothing to check).
+struct Disk {
+  std::vector<std::string> workers;
+  std::string path;
+  uint64_t free = 0;
+  int64_t need = 0;
+  // "worker-0's store at PATH", or "the stores of A, B (one disk, with PATH)".
+  std::string Who() const {
+    if (workers.size() == 1) return workers.front() + "'s store at " + path;
+    std::string who = "the stores of ";
+    for (size_t i = 0; i < workers.size(); ++i) who += (i ? ", " : "") + workers[i];
+    return who + " (one disk, with " + path + ")";
+  }
+};
+
+std::vector<Disk> DisksOf(const std::vector<std::pair<std::string, int64_t>>& needs,
+                          const std::map<std::string, WorkerStore>& stores) {
+  std::map<std::pair<std::string, uint64_t>, Disk> disks;  // (host, filesystem)
+  for (const auto& [worker, need] : needs) {
+    auto store = stores.find(worker);
+    if (store == stores.end() || store->second.total == 0) continue;
+    const WorkerStore& s = store->second;
+    Disk& d = disks[{s.host, s.fs_id != 0 ? s.fs_id : std::hash<std::string>()(s.path)}];
+    d.workers.push_back(worker);
+    if (d.path.empty()) d.path = s.path;
+    d.free = s.free;
+    d.need += need;
+  }
+  std::vector<Disk> out;
+  for (auto& [key, d] : disks) out.push_back(std::move(d));
+  return out;
+}
+
 // Size before you start: each disk that the plan's stores share must take one checkpoint of the
 // run (ResourceExhausted naming the store, what one checkpoint needs there and what is free), and
 // should take the ones it keeps at once (a warning, returned).
 Result<std::string> CheckCheckpointDisks(const RunSpec& spec, const shard::Plan& plan,
                                          const std::map<std::string, WorkerStore>& stores) {
-  struct Disk {
-    std::vector<std::string> workers;
-    std::string path;
-    uint64_t free = 0;
-    int64_t need = 0;  // one checkpoint
-  };
-  std::map<std::pair<std::string, uint64_t>, Disk> disks;  // (host, filesystem)
-  for (const shard::WorkerAssignment& w : plan.workers) {
-    auto store = stores.find(w.worker);
-    if (store == stores.end() || store->second.total == 0) continue;  // not reported: nothing to check
-    const WorkerStore& s = store->second;
-    // An unknown filesystem id counts as a disk of its own.
-    Disk& d = disks[{s.host, s.fs_id != 0 ? s.fs_id : std::hash<std::string>()(s.path)}];
-    d.workers.push_back(w.worker);
-    if (d.path.empty()) d.path = s.path;
-    d.free = s.free;
-    d.need += shard::CheckpointShardBytes(spec.model, plan, w, spec.lora);
-  }
+  std::vector<std::pair<std::string, int64_t>> needs;  // one checkpoint's shard per worker
+  for (const shard::WorkerAssignment& w : plan.workers)
+    needs.emplace_back(w.worker, shard::CheckpointShardBytes(spec.model, plan, w, spec.lora));
   const int64_t held = CheckpointsHeldAtOnce(spec.train);
   std::string warning;
-  for (const auto& [key, d] : disks) {
-    std::string who = d.workers.front() + "'s store at " + d.path;
-    if (d.workers.size() > 1) {
-      who = "the stores of ";
-      for (size_t i = 0; i < d.workers.size(); ++i) who += (i ? ", " : "") + d.workers[i];
-      who += " (one disk, with " + d.path + ")";
-    }
+  for (const Disk& d : DisksOf(needs, stores)) {
+    const std::string who = d.Who();
     if (static_cast<uint64_t>(d.need) > d.free) {
       return Status(StatusCode::kResourceExhausted,
                     "not submitted: one checkpoint of this run needs " + Gib(d.need) + " GiB in " + who +
@@ -99,13 +115,45 @@ Result<std::string> CheckCheckpointDisks(const RunSpec& spec, const shard::Plan&
   return warning;
 }
 
+// Size before you start, for a capture (extract and patch runs): its records (every layer and
+// site of every row, ExtractChunkBytes a chunk) are spread over the live workers in equal
+// contiguous blocks (coordinator/extract_scheduler.cc), so each disk must take its workers'
+// shares. ResourceExhausted naming the disk, its share and the shortfall; nothing to say when the
+// data file cannot be read here (the coordinator sizes the run and refuses it itself).
+Status CheckCaptureDisks(const RunSpec& spec, const std::map<std::string, WorkerStore>& stores) {
+  auto layout = ReadTokenFileLayout(spec.data.path, spec.data.format);
+  if (!layout.ok() || stores.empty() || spec.extract.batch <= 0) return Status::Ok();
+  const int64_t sequences = ExtractSequences(spec, static_cast<int64_t>(layout->tokens));
+  if (sequences <= 0) return Status::Ok();
+  const double total = static_cast<double>(ExtractChunkBytes(spec)) * static_cast<double>(sequences) /
+                       static_cast<double>(spec.extract.batch);
+  const auto share = static_cast<int64_t>(total / static_cast<double>(stores.size()));
+  std::vector<std::pair<std::string, int64_t>> needs;
+  for (const auto& [worker, store] : stores) needs.emplace_back(worker, share);
+  for (const Disk& d : DisksOf(needs, stores)) {
+    if (static_cast<uint64_t>(d.need) <= d.free) continue;
+    return Status(StatusCode::kResourceExhausted,
+                  "not submitted: this capture writes about " + Gib(static_cast<int64_t>(total)) + " GiB (" +
+                      std::to_string(sequences * spec.model.sequence) + " rows), of which about " + Gib(d.need) +
+                      " GiB go to " + d.Who() + ", but that disk has " + Gib(static_cast<int64_t>(d.free)) +
+                      " GiB free beyond what the store keeps in reserve (" +
+                      Gib(d.need - static_cast<int64_t>(d.free)) +
+                      " GiB short); capture fewer rows (extract.tokens), layers or sites, store them smaller "
+                      "(extract.dtype = \"bf16\"), free space there, or add workers; --skip-estimate submits anyway");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::string> EstimateForSubmit(const RunSpec& spec, CoordinatorClient& client) {
-  if (spec.is_extract()) return std::string();  // the worker plans its capture (extract.mode)
   std::map<std::string, WorkerStore> stores;
   auto live = ClusterFromCoordinator(client, &stores);
   STRATA_RETURN_IF_ERROR(live.status());  // unreachable: say so now rather than after a second timeout
+  if (spec.is_extract()) {  // the worker plans its capture's memory (extract.mode); the disks are checked here
+    STRATA_RETURN_IF_ERROR(CheckCaptureDisks(spec, stores));
+    return std::string();
+  }
   std::sort(live->workers.begin(), live->workers.end(), [](auto& a, auto& b) { return a.name < b.name; });
   if (spec.parallel.mesh_fixed()) {  // a fixed mesh takes the first workers by name
     if (static_cast<int64_t>(live->workers.size()) < spec.parallel.workers()) return std::string();  // it will wait

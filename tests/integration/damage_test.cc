@@ -319,6 +319,35 @@ TEST_F(DamageTest, ACheckpointLargerThanTheStoresDiskIsRefusedAtSubmit) {
   ASSERT_EQ(Strata("down").rc, 0);
 }
 
+// The same for a capture: an extract run whose records the store's disk cannot hold is refused at
+// submit, naming the store, the capture's size and the shortfall.
+TEST_F(DamageTest, ACaptureLargerThanTheStoresDiskIsRefusedAtSubmit) {
+  const std::string state = dir_ + "/state";
+  if (const std::string why = MountSmallDisk(state); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_EQ(Strata("up --workers 1").rc, 0);
+  // Three fp32 sites of width 512 at two layers: 12 KiB a row, over every row of the corpus -
+  // several times the 48 MiB the disk leaves beyond its reserve.
+  const std::string body =
+      "name = \"big-capture\"\nkind = \"extract\"\n"
+      "[model]\nlayers = 2\nhidden = 512\nheads = 4\nvocab = 256\nsequence = 32\n"
+      "[data]\npath = \"corpus.txt\"\n"
+      "[extract]\nsites = [\"resid_post\", \"attn_out\", \"mlp_out\"]\n";
+  auto r = Strata("submit " + WriteSpec("big-capture", body));
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.err.find("not submitted: this capture writes about"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("go to worker-0's store at " + state + "/workers/worker-0"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("GiB short"), std::string::npos) << r.err;
+  EXPECT_EQ(StrataJson("status").size(), 0u) << "nothing was submitted";
+  // A capture that fits (one layer, one site, 64 wide: 256 bytes a row) is accepted and stored.
+  const std::string small =
+      "name = \"small-capture\"\nkind = \"extract\"\n"
+      "[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nsequence = 32\n"
+      "[data]\npath = \"corpus.txt\"\n[extract]\nlayers = [1]\n";
+  auto ok = Strata("submit " + WriteSpec("small-capture", small) + " --follow");
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+  ASSERT_EQ(Strata("down").rc, 0);
+}
+
 // A disk filled between two saves pauses the save, not the run; once space is freed the save is
 // written and the run finishes with the losses of a run that never waited.
 TEST_F(DamageTest, ASaveThatMeetsAFullDiskWaitsAndTheRunFinishesOnceThereIsRoom) {
