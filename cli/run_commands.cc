@@ -117,6 +117,12 @@ int CmdStatus(GlobalOptions& g, const std::string& run, bool as_json, bool with_
                       ? ("the newest " + std::to_string(keep) + " complete ones kept (train.keep_checkpoints)").c_str()
                       : "all kept (train.keep_checkpoints = 0)");
     }
+    if (!j["capture"].empty()) {
+      const double gib = double(1ull << 30);
+      std::printf("  stored: about %.2f of %.2f GiB (every layer and site of %llu of %llu chunks)\n",
+                  j["capture"]["bytes_stored"].get<double>() / gib, j["capture"]["bytes_expected"].get<double>() / gib,
+                  static_cast<unsigned long long>(r.getStep()), static_cast<unsigned long long>(r.getTotalSteps()));
+    }
     if (r.getState() == RunState::RUNNING) {
       // A save that met a full disk: the run trains on, holding the checkpoint in host memory.
       for (const json& w : client::SavesWaitingForDisk(g, r.getRunId().cStr())) {

@@ -34,8 +34,15 @@ json RunToJson(RunRecord::Reader r, bool with_plan) {
   // The plan the run has now (after any re-planning): the [parallel] fields of its stored spec.
   json plan = json::object();
   json checkpoints = json::object();
-  if (auto spec = with_plan ? ReadRunRecordSpec(r) : Result<RunSpec>(InvalidArgument("not asked for"));
-      spec.ok() && !spec->is_extract()) {
+  json capture = json::object();
+  auto spec = with_plan ? ReadRunRecordSpec(r) : Result<RunSpec>(InvalidArgument("not asked for"));
+  if (spec.ok() && spec->is_extract()) {
+    // A capture's size: its chunks ("step" of "total_steps") times a chunk's records (every layer
+    // and site at extract.batch sequences); the last chunk may be shorter, so both are upper bounds.
+    const uint64_t chunk = ExtractChunkBytes(*spec);
+    capture = {{"bytes_stored", chunk * r.getStep()}, {"bytes_expected", chunk * r.getTotalSteps()}};
+  }
+  if (spec.ok() && !spec->is_extract()) {
     // How often the run checkpoints and how many it keeps (train.checkpoint_every "auto" is a
     // tenth of the run until the plan's predicted step time makes it half an hour's steps).
     const TrainSpec& t = spec->train;
@@ -60,6 +67,7 @@ json RunToJson(RunRecord::Reader r, bool with_plan) {
           {"handled", handled},
           {"plan", plan},
           {"checkpoints", checkpoints},
+          {"capture", capture},
           {"run_id", r.getRunId().cStr()},
           {"name", r.getName().cStr()},
           {"kind", r.getKind().cStr()},

@@ -162,6 +162,18 @@ TEST_F(ExtractTest, TwoWorkersStoreWhatADirectForwardComputesBitForBit) {
   EXPECT_EQ(index["complete"], true);
   EXPECT_EQ(index["layers"], json::array({0, 2}));
   EXPECT_EQ(index["rows_by_worker"].size(), 2u) << "both workers should hold part of the capture";
+  // Its size in the status: chunks times a full chunk's records, at least what is stored and less
+  // than one chunk more.
+  {
+    const json capture = json::parse(Strata("status " + run + " --json").out)["capture"];
+    const uint64_t stored =
+        index["bytes_per_layer_site"].get<uint64_t>() * index["layers"].size() * index["sites"].size();
+    const uint64_t expected = capture["bytes_expected"].get<uint64_t>();
+    EXPECT_EQ(capture["bytes_stored"].get<uint64_t>(), expected) << capture.dump();
+    EXPECT_GE(expected, stored) << capture.dump();
+    EXPECT_LT(expected, stored + expected / s["total_steps"].get<uint64_t>() + 1) << capture.dump();
+    EXPECT_NE(Strata("status " + run).out.find("  stored: about"), std::string::npos);
+  }
 
   for (int64_t layer : {0, 2}) {
     for (const std::string site : {"resid_post", "attn_out", "mlp_out"}) {
