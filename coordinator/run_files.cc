@@ -58,14 +58,20 @@ void RunFiles::AppendMetrics(const RunEntry& run, int64_t step, StepReport::Read
   // --logdir STATE_DIR/tensorboard` shows every run).
   const std::string board = c_.options.state_dir + "/tensorboard/" + run.id;
   const int64_t unix_ms = c_.clock.UnixMs();
-  auto writer = tensorboard::EventFileWriter::Open(board, unix_ms / 1000);
-  const Status appended =
-      writer.ok()
-          ? writer->Append(step, static_cast<double>(unix_ms) / 1000.0,
-                           tensorboard::StepScalars(
-                               s.getLoss(), LearningRate(run.spec.train, step), s.getGradNorm(), s.getTokensPerSecond(),
-                               static_cast<double>(std::max(s.getSchedulePeakBytes(), s.getUpdatePeakBytes()))))
-          : writer.status();
+  auto writer = boards_.find(run.id);
+  Status appended = Status::Ok();
+  if (writer == boards_.end()) {
+    auto opened = tensorboard::EventFileWriter::Open(board, unix_ms / 1000);
+    if (opened.ok()) writer = boards_.emplace(run.id, std::move(opened).value()).first;
+    appended = opened.status();
+  }
+  if (appended.ok()) {
+    appended = writer->second.Append(
+        step, static_cast<double>(unix_ms) / 1000.0,
+        tensorboard::StepScalars(s.getLoss(), LearningRate(run.spec.train, step), s.getGradNorm(),
+                                 s.getTokensPerSecond(),
+                                 static_cast<double>(std::max(s.getSchedulePeakBytes(), s.getUpdatePeakBytes()))));
+  }
   if (!appended.ok())
     STRATA_LOG(kWarn) << "could not append step " << step << " of " << run.id << " to its TensorBoard file in " << board
                       << ": " << appended.message();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "coordinator/cluster.h"
+#include "tensorboard/event_file.h"
 
 namespace strata::coordinator {
 
@@ -29,6 +30,8 @@ class RunFiles {
   static constexpr uint64_t kRunFileChunk = 1 << 20;
   Cluster& c_;
   std::map<std::string, int64_t> metrics_step_;  // run -> last step in its metrics file
+  // run -> its TensorBoard event file, found or made on the run's first step here.
+  std::map<std::string, tensorboard::EventFileWriter> boards_;
   std::string own_host_;
 };
 

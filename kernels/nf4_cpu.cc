@@ -23,9 +23,8 @@ void Nf4DequantizeReference(const Nf4Parts& parts, DType out_dtype, void* out) {
   const float* table = quant::Nf4Table().data();
   const int64_t blocks = (parts.n + quant::kNf4Blocksize - 1) / quant::kNf4Blocksize;
   for (int64_t b = 0; b < blocks; ++b) {
-    // Two statements, and -ffp-contract=off (CMakeLists.txt): a multiply, then an add.
-    const float scaled = parts.nested_map[parts.absmax_codes[b]] * parts.nested_absmax[b / quant::kNestedBlocksize];
-    const float absmax = scaled + parts.offset;
+    const float absmax = quant::rounding::DecodeScale(parts.nested_map[parts.absmax_codes[b]],
+                                                      parts.nested_absmax[b / quant::kNestedBlocksize], parts.offset);
     const int64_t end = std::min(parts.n, (b + 1) * quant::kNf4Blocksize);
     for (int64_t i = b * quant::kNf4Blocksize; i < end; ++i) {
       const uint8_t byte = parts.codes[i / 2];

@@ -326,6 +326,12 @@ Status Nf4Builder::AppendFp16(const uint16_t* bits, int64_t count) {
   return Status::Ok();
 }
 
+float AbsmaxMean(const float* absmax, int64_t blocks) {
+  double sum = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) sum += absmax[b];
+  return static_cast<float>(sum / static_cast<double>(blocks));
+}
+
 Status NestAbsmax(Nf4Tensor& t, const std::vector<float>& absmax, float offset) {
   std::vector<float> centered(absmax.size());
   for (size_t i = 0; i < absmax.size(); ++i) centered[i] = absmax[i] - offset;  // float32, as torch does
@@ -349,10 +355,7 @@ Result<Nf4Tensor> Nf4Builder::Finish() && {
                            ShapeString(t_.shape) + " were given");
   if (!block_.empty()) FlushBlock();
   if (t_.nested) {
-    // torch: offset = absmax.mean() in float32. Summed here in double and rounded once.
-    double sum = 0.0;
-    for (float a : t_.absmax) sum += a;
-    const float offset = static_cast<float>(sum / static_cast<double>(t_.absmax.size()));
+    const float offset = AbsmaxMean(t_.absmax.data(), static_cast<int64_t>(t_.absmax.size()));
     std::vector<float> absmax = std::move(t_.absmax);
     STRATA_RETURN_IF_ERROR(NestAbsmax(t_, absmax, offset));
   }
@@ -384,12 +387,8 @@ Result<std::vector<float>> BlockAbsmax(const Nf4Tensor& t) {
   if (!t.nested) return t.absmax;
   std::vector<float> out(t.absmax_codes.size());
   for (size_t b = 0; b < out.size(); ++b) {
-    // dequantize_blockwise writes map[code] * absmax2 to a float32 tensor; `absmax += offset` then
-    // adds in a second float32 operation. Two statements, and -ffp-contract=off (CMakeLists.txt)
-    // keeps the compiler from fusing them into one FMA.
-    const float scaled =
-        t.nested_quant_map[t.absmax_codes[b]] * t.nested_absmax[b / static_cast<size_t>(t.nested_blocksize)];
-    out[b] = scaled + t.offset;
+    out[b] = rounding::DecodeScale(t.nested_quant_map[t.absmax_codes[b]],
+                                   t.nested_absmax[b / static_cast<size_t>(t.nested_blocksize)], t.offset);
   }
   return out;
 }

@@ -120,6 +120,11 @@ class Nf4Builder {
 // offset came from another reduction order.
 Status NestAbsmax(Nf4Tensor& t, const std::vector<float>& absmax, float offset);
 
+// The offset of the nested quantization: the mean of every block's absmax, summed in double in
+// block order and rounded to float once (torch takes absmax.mean() in float32 in an order of its
+// own; nf4.cc's header says what that changes). Every quantizer here takes its offset from this.
+float AbsmaxMean(const float* absmax, int64_t blocks);
+
 // Each block's absmax as dequantize_4bit uses it (the nested decode where nested).
 Result<std::vector<float>> BlockAbsmax(const Nf4Tensor& t);
 

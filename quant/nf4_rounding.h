@@ -55,5 +55,19 @@ STRATA_HOST_DEVICE inline uint8_t DynamicCode(const float* code, float x) {
   return static_cast<uint8_t>(x < midpoint ? lower_pivot : pivot);
 }
 
+// A block's absmax from its 8-bit code: map[code] * nested absmax + offset, a float multiply then
+// a float add (dequantize_blockwise's two tensor operations), never one fused multiply-add: the
+// device rounds each with an _rn intrinsic, and the host files that include this compile with
+// -ffp-contract=off (quant/ and kernels/nf4_cpu.cc, their CMakeLists.txt). kernels/nf4.cu still
+// writes the same two intrinsics inline: it ran on the GPU so, and moves here once it runs again.
+STRATA_HOST_DEVICE inline float DecodeScale(float mapped, float nested, float offset) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(mapped, nested), offset);
+#else
+  const float scaled = mapped * nested;
+  return scaled + offset;
+#endif
+}
+
 }  // namespace rounding
 }  // namespace strata::quant

@@ -40,15 +40,13 @@ Result<quant::Nf4Tensor> QuantizeOnEveryCore(const float* values, const std::vec
   q.dtype = quant::SourceDtype::kFloat32;
   q.blocksize = quant::kNf4Blocksize;
   std::vector<float> absmax;
-  double sum = 0.0;
   for (auto& part : parts) {
     if (!part.ok()) return part.status();
     q.codes.insert(q.codes.end(), part->codes.begin(), part->codes.end());
-    for (float a : part->absmax) sum += a;
     absmax.insert(absmax.end(), part->absmax.begin(), part->absmax.end());
   }
-  const float offset = static_cast<float>(sum / static_cast<double>(absmax.size()));
-  STRATA_RETURN_IF_ERROR(quant::NestAbsmax(q, absmax, offset));
+  STRATA_RETURN_IF_ERROR(
+      quant::NestAbsmax(q, absmax, quant::AbsmaxMean(absmax.data(), static_cast<int64_t>(absmax.size()))));
   return q;
 }
 
@@ -86,11 +84,7 @@ Result<Nf4Weight> QuantizeOnDevice(const torch::Tensor& whole, const torch::Devi
                            " is not finite (" + std::to_string(values.view({-1})[bad].item<float>()) +
                            "); refusing to quantize it");
   }
-  const torch::Tensor host_absmax = absmax.cpu();
-  const float* a = host_absmax.data_ptr<float>();
-  double sum = 0.0;
-  for (int64_t b = 0; b < blocks; ++b) sum += a[b];
-  w.offset = static_cast<float>(sum / static_cast<double>(blocks));
+  w.offset = quant::AbsmaxMean(absmax.cpu().data_ptr<float>(), blocks);
   w.absmax_codes = torch::empty({blocks}, on.dtype(torch::kUInt8));
   w.nested_absmax =
       torch::empty({(blocks + quant::kNestedBlocksize - 1) / quant::kNestedBlocksize}, on.dtype(torch::kFloat));
