@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # QLoRA of a Llama-3.1-70B shape on one GPU: the guides' claim (a 70B fine-tuned on one 80 GB
 # card) and the planner's estimate against the measured peak.
-#   The base is drawn from train.seed a parameter at a time on the host's cores (no file: the GPU
-#   node's disk is 64 GB), each block linear quantized to NF4 on the GPU as it is drawn
-#   (worker/nn/causal_lm.h ParameterDraw, worker/nn/nf4_linear.cc). LoRA r = 16, alpha 32,
+#   The base is drawn from train.seed a parameter at a time on the GPU (no file: the GPU node's
+#   disk is 64 GB), each block linear quantized to NF4 there as it is drawn (worker/nn/causal_lm.h
+#   ParameterDraw, worker/nn/nf4_linear.cc). LoRA r = 16, alpha 32,
 #   all-linear, sequence 1024, global batch 1, bf16; every [parallel] field left to the planner.
 #   Reported: load time (submit to first step), tokens/s of the last step, the worker's measured
 #   peak and the planner's estimate, and whether the peak is within 80 GB (74.5 GiB).

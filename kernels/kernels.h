@@ -153,6 +153,12 @@
 //   Together they are quant::QuantizeNf4(nested = true) bit for bit (quant/nf4_rounding.h holds
 //   the roundings both compile), on the device: a 70B base quantized as it loads in seconds, not
 //   the host's half hour. CUDA only: the host's quantization is quant::QuantizeNf4 itself.
+//
+// DrawNormal: the initial values of a seed-drawn parameter (worker/nn/causal_lm.h ParameterDraw),
+// elements [first, first + n) of the stream `stream` (normal_draw_math.h: a counter-based
+// generator, each value a function of (stream, index) alone, approximately N(mean, std^2)), into
+// out[0, n) in fp32 - the same bits on the CPU (DrawNormalHost, split over `threads` threads) and
+// on a GPU, for any slice drawn alone.
 #pragma once
 
 #include <cstdint>
@@ -185,6 +191,11 @@ void AdamW(const Place& place, const AdamWArgs& args, float* param, const float*
 void AdamWHost(const AdamWArgs& args, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                int threads = 1);
 double SquareSumHost(const float* grad, int64_t n, int threads = 1);
+
+// `out`: n floats on the place's device; `threads`: the CPU's split (unused on a GPU).
+void DrawNormal(const Place& place, uint64_t stream, int64_t first, float mean, float std, float* out, int64_t n,
+                int threads = 1);
+void DrawNormalHost(uint64_t stream, int64_t first, float mean, float std, float* out, int64_t n, int threads = 1);
 
 // `scratch`: at least SquareSumScratch() floats on the same device (CUDA; unused on CPU).
 void SquareSum(const Place& place, const float* grad, int64_t n, float* out, float* scratch);

@@ -67,9 +67,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t groups = (n + kPerThread - 1) / kPerThread;
   for (int64_t g = blockIdx.x * int64_t(kThreads) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * kThreads) {
     const int64_t b = g / 4;
-    const float absmax = __fadd_rn(
-        __fmul_rn(__ldg(nested_map + __ldg(absmax_codes + b)), __ldg(nested_absmax + b / quant::kNestedBlocksize)),
-        offset);
+    const float absmax = quant::rounding::DecodeScale(__ldg(nested_map + __ldg(absmax_codes + b)),
+                                                      __ldg(nested_absmax + b / quant::kNestedBlocksize), offset);
     const int64_t first = g * kPerThread;
     if (vectorized && first + kPerThread <= n) {
       const uint2 packed = __ldg(reinterpret_cast<const uint2*>(codes) + g);

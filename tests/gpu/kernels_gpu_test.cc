@@ -698,5 +698,18 @@ TEST_F(KernelsGpuTest, Nf4DequantizeEqualsTheReferenceBitForBit) {
   }
 }
 
+TEST_F(KernelsGpuTest, DrawNormalIsTheHostsBitForBitForAnySlice) {
+  for (const int64_t n : {int64_t{1}, int64_t{1000}, int64_t{3 * 1024 * 1024 + 5}}) {
+    for (const int64_t first : {int64_t{0}, int64_t{12'345}}) {
+      SCOPED_TRACE(std::to_string(n) + " from " + std::to_string(first));
+      torch::Tensor host = torch::empty({n});
+      DrawNormalHost(0x5eedull, first, 0.25f, 0.02f, host.data_ptr<float>(), n, 4);
+      auto device = OnDevice(torch::full({n}, 9.0f), 0);
+      DrawNormal(place_, 0x5eedull, first, 0.25f, 0.02f, device.data_ptr<float>(), n);
+      EXPECT_TRUE(torch::equal(device.cpu(), host)) << MaxRelative(device, host);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::kernels

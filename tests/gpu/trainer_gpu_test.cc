@@ -14,10 +14,13 @@
 #include <thread>
 #include <vector>
 
+#include "model/parameters.h"
 #include "tests/gpu/mirror_communicator.h"
 #include "worker/comm/communicator.h"
 #include "worker/nn/buffer_sink_testing.h"
+#include "worker/nn/causal_lm.h"
 #include "worker/nn/fused_linear.h"
+#include "worker/nn/nf4_linear.h"
 #include "worker/nn/torch_compat.h"
 #include "worker/torch_executor.h"
 #include "worker/train/trainer.h"
@@ -595,6 +598,35 @@ TEST_F(GpuTest, ExecutorReportsAllocatorStats) {
 // LinearIntoGradient on a bf16 working weight: the weight gradient arrives in fp32 from the matmul
 // itself (no bf16 rounding on the way), written on the first use and added on the second; dx
 // equals torch::linear's.
+TEST_F(GpuTest, ABaseDrawnAndQuantizedOnTheGpuIsTheHostsBitForBit) {
+  // What a QLoRA run from the seed does on a GPU (trainer.cc): ParameterDraw on the device, then
+  // QuantizeNf4Weight there - the same weights and the same NF4 bytes as the host's draw and
+  // quant::QuantizeNf4, so a GPU run starts from a CPU run's base.
+  ModelSpec m;
+  m.family = Family::kLlama;
+  m.layers = 2, m.hidden = 64, m.heads = 4, m.kv_heads = 2, m.ffn = 192, m.vocab = 256, m.sequence = 32;
+  ASSERT_TRUE(ValidateModelSpec(m, "").ok());
+  const ParameterDraw draw(m, 5);
+  const torch::Device gpu(torch::kCUDA, 0);
+  for (const model::Parameter& p : {model::Parameter{"layers.0.mlp.up_proj.weight", {192, 64}},
+                                    model::Parameter{"layers.1.mlp.down_proj.weight", {1024, 4099}},
+                                    model::Parameter{"layers.0.input_layernorm.weight", {64}}}) {
+    SCOPED_TRACE(p.name);
+    const torch::Tensor host = draw(p), device = draw(p, gpu);
+    ASSERT_TRUE(device.is_cuda());
+    EXPECT_TRUE(torch::equal(device.cpu(), host));
+    if (p.shape.size() != 2) continue;
+    auto on_host = QuantizeNf4Weight(host, torch::kCPU, torch::kFloat);
+    auto on_gpu = QuantizeNf4Weight(device, gpu, torch::kFloat);
+    ASSERT_TRUE(on_host.ok() && on_gpu.ok());
+    EXPECT_TRUE(torch::equal(on_gpu->codes.cpu(), on_host->codes));
+    EXPECT_TRUE(torch::equal(on_gpu->absmax_codes.cpu(), on_host->absmax_codes));
+    EXPECT_TRUE(torch::equal(on_gpu->nested_absmax.cpu(), on_host->nested_absmax));
+    EXPECT_EQ(on_gpu->offset, on_host->offset);
+    EXPECT_TRUE(torch::equal(DequantizeNf4Weight(*on_gpu).cpu(), DequantizeNf4Weight(*on_host)));
+  }
+}
+
 TEST(GpuLinearTest, LinearIntoGradientWritesTheBf16MatmulsGradientInFp32) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (or a CPU-only LibTorch)";
   torch::manual_seed(5);

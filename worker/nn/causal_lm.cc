@@ -1,6 +1,5 @@
 #include "worker/nn/causal_lm.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -11,8 +10,10 @@
 #include <tuple>
 
 #include "common/token_file.h"
+#include "kernels/kernels.h"
 #include "model/parameters.h"
 #include "worker/nn/hf_format.h"
+#include "worker/nn/kernel_place.h"
 #include "worker/nn/lora.h"
 #include "worker/nn/model_family.h"
 
@@ -94,26 +95,24 @@ uint64_t NameHash(const std::string& name) {  // FNV-1a: stable across builds an
 ParameterDraw::ParameterDraw(const ModelSpec& spec, int64_t seed) : family_(CreateModelFamily(spec)), seed_(seed) {}
 ParameterDraw::~ParameterDraw() = default;
 
-torch::Tensor ParameterDraw::operator()(const model::Parameter& p) const {
-  torch::Tensor t = torch::empty(p.shape, torch::kFloat);
+torch::Tensor ParameterDraw::operator()(const model::Parameter& p, torch::Device device) const {
+  torch::Tensor t = torch::empty(p.shape, torch::TensorOptions().dtype(torch::kFloat).device(device));
   Fill(p.name, t);
   return t;
 }
 
 void ParameterDraw::Fill(const std::string& name, torch::Tensor& t) const {
-  TORCH_CHECK(t.is_contiguous() && t.device().is_cpu() && t.scalar_type() == torch::kFloat, name,
-              ": ParameterDraw fills a contiguous fp32 host tensor");
+  TORCH_CHECK(t.is_contiguous() && t.scalar_type() == torch::kFloat, name,
+              ": ParameterDraw fills a contiguous fp32 tensor");
   torch::NoGradGuard no_grad;
-  const torch::Tensor flat = t.view({-1});
-  const int64_t n = flat.numel(), runs = (n + kDrawRun - 1) / kDrawRun;
+  const ModelFamily::InitRule rule = family_->InitialValues(name);
+  if (!rule.drawn) {
+    t.fill_(rule.constant);
+    return;
+  }
   const uint64_t stream = Mix(static_cast<uint64_t>(seed_) ^ Mix(NameHash(name)));
-  at::parallel_for(0, runs, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      torch::Tensor run = flat.narrow(0, r * kDrawRun, std::min(kDrawRun, n - r * kDrawRun));
-      at::Generator generator = at::detail::createCPUGenerator(Mix(stream + static_cast<uint64_t>(r)));
-      family_->Initialize(name, run, generator);
-    }
-  });
+  kernels::DrawNormal(KernelPlace(t.device()), stream, /*first=*/0, 0.0f, static_cast<float>(rule.std),
+                      t.data_ptr<float>(), t.numel(), at::get_num_threads());
 }
 
 torch::Tensor CausalLm::Embed(const torch::Tensor& tokens) {

@@ -90,22 +90,22 @@ std::vector<torch::Tensor> ExtractRows(CausalLm& model, const RunSpec& spec, int
                                        const torch::Tensor& tokens);
 
 // A model's initial weights one parameter at a time, as a seed-drawn run starts: each parameter
-// by its family's rule (ModelFamily::Initialize) from streams of its own, so it is the same
+// by its family's rule (ModelFamily::InitialValues) from a stream of its own, so it is the same
 // drawn alone on one rank (a pipeline stage's, a frozen base streamed a tensor at a time) or with
-// the whole model, and no parameter's values depend on another's. The flattened tensor is drawn
-// in runs of kDrawRun elements, each from a CPU generator seeded by (seed, name, run index), in
-// parallel over the host's cores: the values do not depend on the thread count.
+// the whole model, and no parameter's values depend on another's. The values come from a
+// counter-based generator (kernels/normal_draw_math.h: element i a function of the stream and i),
+// drawn where the tensor lives - over the host's cores, or on a GPU in one kernel - with the same
+// bits on either and for any thread count (docs/run-spec.md, "Weights").
 // A model of `spec` on the host in fp32, drawn from `seed` (tests).
 std::shared_ptr<CausalLm> CreateCausalLm(const ModelSpec& spec, int64_t seed);
 
 class ParameterDraw {
  public:
-  static constexpr int64_t kDrawRun = int64_t{1} << 20;
   ParameterDraw(const ModelSpec& spec, int64_t seed);
   ~ParameterDraw();
-  // `p` (a parameter of spec's table, model/parameters.h) in fp32 on the host.
-  torch::Tensor operator()(const model::Parameter& p) const;
-  // Fills `t` (a contiguous fp32 host tensor of the parameter's shape) in place.
+  // `p` (a parameter of spec's table, model/parameters.h) in fp32, drawn on `device`.
+  torch::Tensor operator()(const model::Parameter& p, torch::Device device = torch::kCPU) const;
+  // Fills `t` (a contiguous fp32 tensor of the parameter's shape, on the host or a GPU) in place.
   void Fill(const std::string& name, torch::Tensor& t) const;
 
  private:

@@ -79,19 +79,16 @@ class Gpt2Family : public ModelFamily {
     return tp.linear_leave(p, y, name + ".weight") + p(name + ".bias");
   }
 
-  void Initialize(const std::string& name, torch::Tensor& t, at::Generator& generator) const override {
-    torch::NoGradGuard no_grad;
+  InitRule InitialValues(const std::string& name) const override {
     auto ends_with = [&](const char* suffix) {
       const std::string s(suffix);
       return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
     };
     if (ends_with("attn_proj.weight") || ends_with("mlp_proj.weight")) {
-      t.normal_(0.0, 0.02 / std::sqrt(2.0 * static_cast<double>(spec_.layers)), generator);
-    } else if (name == "wpe.weight") {
-      t.normal_(0.0, 0.01, generator);
-    } else {
-      ModelFamily::Initialize(name, t, generator);
+      return {.drawn = true, .std = 0.02 / std::sqrt(2.0 * static_cast<double>(spec_.layers))};
     }
+    if (name == "wpe.weight") return {.drawn = true, .std = 0.01};
+    return ModelFamily::InitialValues(name);
   }
 };
 

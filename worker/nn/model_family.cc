@@ -147,19 +147,14 @@ torch::Tensor ModelFamily::Embed(const ParamView& p, const torch::Tensor& tokens
   return p.Lookup(model::TokenEmbeddingName(spec_), tokens, tp.lookup);
 }
 
-void ModelFamily::Initialize(const std::string& name, torch::Tensor& t, at::Generator& generator) const {
-  torch::NoGradGuard no_grad;
+ModelFamily::InitRule ModelFamily::InitialValues(const std::string& name) const {
   auto ends_with = [&](const std::string& suffix) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   const bool norm = name.find("norm") != std::string::npos || name.find("ln_") != std::string::npos;
-  if (ends_with("bias")) {
-    t.zero_();
-  } else if (norm) {
-    t.fill_(spec_.family == Family::kGemma ? 0.0 : 1.0);  // Gemma scales by (1 + w)
-  } else {
-    t.normal_(0.0, 0.02, generator);
-  }
+  if (ends_with("bias")) return {.drawn = false, .constant = 0.0};
+  if (norm) return {.drawn = false, .constant = spec_.family == Family::kGemma ? 0.0 : 1.0};  // Gemma: (1 + w)
+  return {.drawn = true, .std = 0.02};
 }
 
 std::pair<torch::Tensor, torch::Tensor> ModelFamily::RotaryHalf(const torch::Tensor& x, int64_t length) const {

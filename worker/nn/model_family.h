@@ -148,9 +148,14 @@ class ModelFamily {
                              const BlockRequest& request = {}) const = 0;
   // The final norm before the head (the head itself, logits = norm(x) W^T, is the caller's).
   virtual torch::Tensor FinalNorm(const ParamView& p, const torch::Tensor& x) const = 0;
-  // A parameter's initial values (or a contiguous run of them: `t` may be a slice of the
-  // flattened tensor), drawn from `generator` (causal_lm.h ParameterDraw seeds it).
-  virtual void Initialize(const std::string& name, torch::Tensor& t, at::Generator& generator) const;
+  // A parameter's initial values: every element `constant`, or drawn approximately N(0, std^2)
+  // (causal_lm.h ParameterDraw draws them).
+  struct InitRule {
+    bool drawn = true;
+    double std = 0.02;    // drawn
+    double constant = 0;  // not drawn
+  };
+  virtual InitRule InitialValues(const std::string& name) const;
 
   const ModelSpec& spec() const { return spec_; }
 

@@ -81,7 +81,8 @@ Status Trainer::Init() {
   StageModel::WeightLoader adapter_load, base_load;
   std::optional<ParameterDraw> draw;
   uint64_t read_bytes = 0;
-  double draw_seconds = 0;  // of the load's time, drawing on the host (the rest: placing, quantizing)
+  double draw_seconds = 0;  // of the load's time, drawing (the rest: placing, quantizing)
+  torch::Device draw_device = torch::kCPU;
   const auto load_start = std::chrono::steady_clock::now();
   std::optional<model::HfCheckpoint> checkpoint;
   Status load_status;
@@ -97,12 +98,16 @@ Status Trainer::Init() {
       });
     };
   } else if (base_needed) {
-    // Drawn a parameter at a time, only those this rank holds: host memory holds one tensor, not
-    // the model (a 70B QLoRA base on one GPU), and every mesh starts from the same weights.
+    // Drawn a parameter at a time, only those this rank holds, and every mesh starts from the
+    // same weights. A frozen LoRA base is drawn where it is held, on the device (a 70B QLoRA base
+    // in seconds, quantized there as it is drawn); trained units on the host, whence each unit
+    // takes its fp32 masters (wherever offload keeps them).
     draw.emplace(model_spec, context.spec.train.seed);
+    draw_device = lora ? device_ : torch::Device(torch::kCPU);
     base_load = [&](const model::Parameter& p, const StageModel::WeightUse& use) {
       const auto start = std::chrono::steady_clock::now();
-      torch::Tensor drawn = (*draw)(p);
+      torch::Tensor drawn = (*draw)(p, draw_device);
+      if (drawn.is_cuda()) torch::cuda::synchronize(drawn.device().index());  // the draw's time, not the queue's
       draw_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       read_bytes += static_cast<uint64_t>(drawn.nbytes());
       use(drawn);
@@ -132,7 +137,10 @@ Status Trainer::Init() {
          << (checkpoint ? " of " + model_spec.init_from : std::string(" from the seed")) << " and placed its part on "
          << device_.str() << (context.spec.lora.base == LoraBase::kNf4 ? " (the base as NF4)" : "") << " in " << seconds
          << " s";
-    if (!checkpoint) what << " (" << draw_seconds << " s of it drawing, on " << at::get_num_threads() << " threads)";
+    if (!checkpoint) {
+      what << " (" << draw_seconds << " s of it drawing, on "
+           << (draw_device.is_cuda() ? draw_device.str() : std::to_string(at::get_num_threads()) + " threads") << ")";
+    }
     STRATA_LOG(kInfo) << what.str();
   }
   draw.reset();
