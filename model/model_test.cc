@@ -52,6 +52,7 @@ json TinyConfig(const std::string& family) {
                          {"original_max_position_embeddings", 64}};
   }
   if (family == "qwen2") c["tie_word_embeddings"] = true;
+  if (family == "qwen3") c["head_dim"] = 16;  // its own default is 128, not hidden / heads
   if (family == "mistral") c["sliding_window"] = 16;
   if (family == "gemma") {
     c.erase("hidden_act");
@@ -150,7 +151,7 @@ TEST_P(FamilyTest, ConfigFillsTheSpecAndTheMultiFileCheckpointMatchesIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTest,
-                         ::testing::Values("gpt2", "llama", "mistral", "qwen2", "gemma", "gpt_neox"));
+                         ::testing::Values("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox"));
 
 TEST(FamilyTableTest, VariantsShapeTheParameters) {
   TinyModelDir dir("variants");
@@ -178,6 +179,31 @@ TEST(FamilyTableTest, VariantsShapeTheParameters) {
   EXPECT_FALSE(o_bias);
   EXPECT_FALSE(lm_head);  // tied
   EXPECT_EQ(ToHuggingFace(qwen, "layers.1.mlp.up_proj.weight").name, "model.layers.1.mlp.up_proj.weight");
+  // Qwen3: a q and a k norm of head_dim a layer, head_dim 128 where the config leaves it out, and
+  // no sliding-window layers (refused, naming the key).
+  ModelSpec qwen3 = dir.Write(TinyConfig("qwen3"), 1);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const Parameter& p : Parameters(qwen3)) shapes[p.name] = p.shape;
+  EXPECT_EQ(shapes["layers.1.self_attn.q_norm.weight"], (std::vector<int64_t>{16}));
+  EXPECT_EQ(shapes["layers.1.self_attn.k_norm.weight"], (std::vector<int64_t>{16}));
+  EXPECT_EQ(ToHuggingFace(qwen3, "layers.1.self_attn.q_norm.weight").name, "model.layers.1.self_attn.q_norm.weight");
+  json no_head_dim = TinyConfig("qwen3");
+  no_head_dim.erase("head_dim");
+  auto defaulted = ModelSpecFromHuggingFaceConfig(no_head_dim.dump(), "c.json");
+  ASSERT_TRUE(defaulted.ok()) << defaulted.status().ToString();
+  EXPECT_EQ(defaulted->head_dim, 128);
+  json sliding = TinyConfig("qwen3");
+  sliding["use_sliding_window"] = true;
+  Status refused = ModelSpecFromHuggingFaceConfig(sliding.dump(), "c.json").status();
+  EXPECT_NE(refused.message().find("\"use_sliding_window\" = true is not supported"), std::string::npos)
+      << refused.ToString();
+  json layer_types = TinyConfig("qwen3");
+  layer_types["layer_types"] = {"full_attention", "sliding_attention"};
+  refused = ModelSpecFromHuggingFaceConfig(layer_types.dump(), "c.json").status();
+  EXPECT_NE(refused.message().find("\"layer_types\" lists \"sliding_attention\""), std::string::npos)
+      << refused.ToString();
+  layer_types["layer_types"] = {"full_attention", "full_attention"};
+  EXPECT_TRUE(ModelSpecFromHuggingFaceConfig(layer_types.dump(), "c.json").ok());
   ModelSpec neox = dir.Write(TinyConfig("gpt_neox"), 1);
   EXPECT_EQ(neox.rotary_dims(), 2);  // 8 x 0.25
   EXPECT_EQ(ToHuggingFace(neox, "embed_out.weight").name, "embed_out.weight");

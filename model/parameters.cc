@@ -49,6 +49,10 @@ std::vector<Parameter> BlockParameters(const ModelSpec& m) {
     linear("self_attn.k_proj", kv, h, m.qkv_bias());
     linear("self_attn.v_proj", kv, h, m.qkv_bias());
     linear("self_attn.o_proj", h, q, m.attn_out_bias());
+    if (m.qk_norm()) {
+      p.push_back({"self_attn.q_norm.weight", {d}});
+      p.push_back({"self_attn.k_norm.weight", {d}});
+    }
     norm("post_attention_layernorm", false);
     linear("mlp.gate_proj", f, h, m.mlp_biases());
     linear("mlp.up_proj", f, h, m.mlp_biases());

@@ -14,7 +14,7 @@
 // Activations per layer per micro-batch: the tensors worker/'s blocks save for backward
 // (family_gpt2.cc, family_llama.cc, with the fused norms, GELU, SwiGLU and RoPE of fused_ops.h
 // and SDPA attention), s = sequence, b = micro-batch, t = tp, e = 2 bytes (bf16) or 4 (fp32):
-//   s*b*h * (8 + e * (2 + (2q + kv + mlp + p) / t))
+//   s*b*h * (8 + e * (2 + (2q + kv + mlp + p + n) / t))
 // 8: the fp32 residual stream, saved by each of the two norms (they take it in fp32; 8 / t under
 // sequence parallelism, whose norms see the rank's tokens); 2: the attention's and the MLP's
 // inputs (the two norms' outputs; whole on every tensor-parallel rank, gathered ones under
@@ -22,7 +22,8 @@
 // q = heads * head_dim / h for q and again for attention's output, kv = 2 * kv_heads * head_dim / h
 // for k and v (SDPA saves q, k, v and its output); mlp the wide tensors: GELU's up projection
 // and activation (2f/h), SwiGLU's gate, up and their product (3f/h); p = heads * s / h, the
-// softmax probabilities of unfused attention (0 with SDPA). GPT-2 saves 36 bytes per element in
+// softmax probabilities of unfused attention (0 with SDPA); n = q + kv / 2, the inputs qwen3's
+// per-head q/k norms save (0 for the other families). GPT-2 saves 36 bytes per element in
 // bf16 (Korthikanti et al. 2022 count 34 for the unfused 16-bit block). Full recompute keeps each
 // layer's fp32 input (4 bytes per element) plus one layer's activations while it is recomputed;
 // that layer's backward also casts its weights to bf16 again and makes their fp32 gradients.

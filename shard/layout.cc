@@ -123,6 +123,10 @@ TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, 
   return {};
 }
 
+bool HeadSharedWeight(const ModelSpec& spec, const std::string& name) {
+  return spec.qk_norm() && (EndsWith(name, "self_attn.q_norm.weight") || EndsWith(name, "self_attn.k_norm.weight"));
+}
+
 std::vector<int64_t> SliceShape(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp) {
   std::vector<int64_t> out = shape;
   if (split.replicated() || tp == 1) return out;

@@ -44,10 +44,12 @@ int64_t LayerActivationBytes(const ModelSpec& spec, int64_t sequence, int64_t mi
   const double kv = 2.0 * static_cast<double>(model.kv_heads * model.head_size()) / h;
   const double mlp = (model.gated_mlp() ? 3.0 : 2.0) * static_cast<double>(model.ffn) / h;
   const double scores = fused_attention ? 0.0 : static_cast<double>(model.heads) * s / h;
+  // Qwen3's per-head q/k norms save their inputs (q and k before the norm) for their backward.
+  const double qk_norm = model.qk_norm() ? q + kv / 2.0 : 0.0;
   // Sequence parallel: the residual stream the norms save is the rank's tokens; the attention's
   // and the MLP's inputs stay whole (the matmuls save what the all-gather made).
   const double residual = 2 * kResidualBytes / (sequence_parallel ? t : 1.0);
-  const double per_sbh = residual + e * (2.0 + (2.0 * q + kv + mlp + scores) / t);
+  const double per_sbh = residual + e * (2.0 + (2.0 * q + kv + mlp + scores + qk_norm) / t);
   return ToBytes(s * b * h * per_sbh);
 }
 

@@ -111,6 +111,8 @@ const char* ArchitectureOf(Family family) {
       return "MistralForCausalLM";
     case Family::kQwen2:
       return "Qwen2ForCausalLM";
+    case Family::kQwen3:
+      return "Qwen3ForCausalLM";
     case Family::kGemma:
       return "GemmaForCausalLM";
     case Family::kGptNeox:
@@ -249,8 +251,11 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
       STRATA_RETURN_IF_ERROR(ReadRope(r, &m, /*scaling_allowed=*/false));
     } else {
       STRATA_RETURN_IF_ERROR(r.Int("num_key_value_heads", &m.kv_heads, "kv_heads", m.heads));
-      STRATA_RETURN_IF_ERROR(r.Int("head_dim", &m.head_dim, "head_dim",
-                                   f == Family::kGemma ? 256 : m.hidden / std::max<int64_t>(m.heads, 1)));
+      // Gemma's and Qwen3's configs default head_dim to 256 and 128, not hidden / heads.
+      const int64_t head_dim_default = f == Family::kGemma   ? 256
+                                       : f == Family::kQwen3 ? 128
+                                                             : m.hidden / std::max<int64_t>(m.heads, 1);
+      STRATA_RETURN_IF_ERROR(r.Int("head_dim", &m.head_dim, "head_dim", head_dim_default));
       STRATA_RETURN_IF_ERROR(r.Float("rms_norm_eps", &m.norm_eps, "norm_eps", 1e-6));
       STRATA_RETURN_IF_ERROR(r.Float("rope_theta", &m.rope_theta, "rope_theta", 10000.0));
       STRATA_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &m.tie_embeddings, "tie_embeddings", f == Family::kGemma));
@@ -265,6 +270,21 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
       if (f == Family::kLlama) {
         STRATA_RETURN_IF_ERROR(r.Bool("attention_bias", &m.attention_bias, "attention_bias", false));
         STRATA_RETURN_IF_ERROR(r.Bool("mlp_bias", &m.mlp_bias, "mlp_bias", false));
+      }
+      if (f == Family::kQwen3) {
+        STRATA_RETURN_IF_ERROR(r.Bool("attention_bias", &m.attention_bias, "attention_bias", false));
+        // transformers' Qwen3 slides the window on layers >= max_window_layers (or as layer_types
+        // lists) only when use_sliding_window is set; no published Qwen3 checkpoint sets it.
+        STRATA_RETURN_IF_ERROR(r.MustBeOff(
+            "use_sliding_window", "Qwen3's sliding-window layers are not implemented; every layer attends to all"));
+        if (const json* types = r.Find("layer_types"); types && types->is_array()) {
+          for (const json& type : *types) {
+            if (type != "full_attention") {
+              return InvalidArgument(source + ": \"layer_types\" lists " + type.dump() +
+                                     ", which Strata does not implement for qwen3 (every layer \"full_attention\")");
+            }
+          }
+        }
       }
       if (f == Family::kMistral)
         STRATA_RETURN_IF_ERROR(r.Int("sliding_window", &m.sliding_window, "sliding_window", 0));
@@ -447,6 +467,7 @@ Result<std::string> HuggingFaceConfigJson(const ModelSpec& m, const std::string&
         config["attention_bias"] = m.attention_bias;
         config["mlp_bias"] = m.mlp_bias;
       }
+      if (f == Family::kQwen3) config["attention_bias"] = m.attention_bias;
       if (f == Family::kMistral)
         config["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
     }

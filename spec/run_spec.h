@@ -3,7 +3,7 @@
 //
 //   name = "gpt2-tiny"
 //   kind = "train" | "extract" | "patch"
-//   [model]     family (gpt2 | llama | mistral | qwen2 | gemma | gpt_neox), layers, hidden, heads,
+//   [model]     family (gpt2 | llama | mistral | qwen2 | qwen3 | gemma | gpt_neox), layers, hidden, heads,
 //               kv_heads, head_dim, ffn, vocab, sequence, max_positions, rope_theta, rope_scaling,
 //               rotary_pct, norm_eps, attention_bias, mlp_bias, tie_embeddings, sliding_window,
 //               parallel_residual, activation, init_from (a Hugging Face model directory, whose
@@ -108,7 +108,7 @@ struct ModelSpec {
   RopeScaling rope_scaling;
   double rotary_pct = 1.0;        // gpt_neox: the share of each head's dimensions that rotates
   double norm_eps = 0.0;          // 0 -> 1e-5 (LayerNorm families) or 1e-6 (RMSNorm families)
-  bool attention_bias = false;    // biases on q/k/v/o (llama, gemma, gpt_neox); qwen2 always has q/k/v ones
+  bool attention_bias = false;    // biases on q/k/v/o (llama, qwen3, gemma, gpt_neox); qwen2 always has q/k/v ones
   bool mlp_bias = false;          // biases on gate/up/down (llama)
   bool tie_embeddings = false;    // the head reuses the token embedding (always for gpt2)
   int64_t sliding_window = 0;     // mistral: a token attends to the last N positions; 0 = all
@@ -133,6 +133,8 @@ struct ModelSpec {
   bool qkv_bias() const { return family == Family::kGpt2 || family == Family::kQwen2 || attention_bias; }
   bool attn_out_bias() const { return family == Family::kGpt2 || (family != Family::kQwen2 && attention_bias); }
   bool mlp_biases() const { return family == Family::kGpt2 || family == Family::kGptNeox || mlp_bias; }
+  // An RMSNorm over each head's q and k (one weight of head_dim each) before RoPE (qwen3).
+  bool qk_norm() const { return family == Family::kQwen3; }
   bool operator==(const ModelSpec&) const = default;
 };
 

@@ -36,6 +36,7 @@ FAMILY_MODELS = {
     "llama": {"kv_heads": 2, "ffn": 48, "head_dim": 16},
     "mistral": {"kv_heads": 2, "ffn": 48, "sliding_window": 8},
     "qwen2": {"kv_heads": 1, "ffn": 40},
+    "qwen3": {"kv_heads": 2, "ffn": 48, "head_dim": 16},
     "gemma": {"kv_heads": 2, "ffn": 48, "head_dim": 8},
     "gpt_neox": {"ffn": 56, "rotary_pct": 0.25, "parallel_residual": True},
 }

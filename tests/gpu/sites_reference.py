@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 REL_TOL = 1e-5
-FAMILY_MODULES = ["gpt2", "gpt_neox", "llama", "mistral", "qwen2", "gemma"]
+FAMILY_MODULES = ["gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma"]
 
 
 def load(directory, seq):

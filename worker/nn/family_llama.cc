@@ -27,8 +27,15 @@ BlockOutputs LlamaFamily::Block(const ParamView& p, const torch::Tensor& x_in, c
   const int64_t b = qkv[0].size(0), t = qkv[0].size(1);
   auto [cos, sin] = RotaryHalf(x, t);
   // RoPE on [b, t, heads, hd] as the projections lay it out, then the heads-first view attention takes.
-  auto q = FusedRotary(qkv[0].view({b, t, heads, hd}), cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
-  auto k = FusedRotary(qkv[1].view({b, t, kv_heads, hd}), cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
+  // Qwen3 normalises each head's q and k first (one weight of hd each, shared by the heads: under
+  // tensor parallelism a rank's gradient of it is its heads' part, summed over the ranks).
+  torch::Tensor q_heads = qkv[0].view({b, t, heads, hd}), k_heads = qkv[1].view({b, t, kv_heads, hd});
+  if (spec_.qk_norm()) {
+    q_heads = Norm(q_heads, p("self_attn.q_norm.weight"));
+    k_heads = Norm(k_heads, p("self_attn.k_norm.weight"));
+  }
+  auto q = FusedRotary(q_heads, cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
+  auto k = FusedRotary(k_heads, cos, sin, spec_.rotary_dims(), compute).transpose(1, 2);
   auto v = qkv[2].view({b, t, kv_heads, hd}).transpose(1, 2);
   out.q = q.transpose(1, 2);
   out.k = k.transpose(1, 2);  // kv_heads, before the repeat below

@@ -7,6 +7,7 @@
 //   llama    RMSNorm w * x_hat, SiLU; optional biases (attention_bias: q/k/v/o, mlp_bias)
 //   mistral  llama + sliding-window attention (a query sees the last sliding_window keys)
 //   qwen2    llama + biases on q/k/v (not o)
+//   qwen3    llama + RMSNorm over each head's q and k before RoPE: q = rope(norm_hd(q_proj(n)))
 //   gemma    RMSNorm x_hat * (1 + w), GELU(tanh), embeddings x sqrt(hidden) (family_gemma.cc)
 // Tied embeddings (tie_embeddings) make the head the token embedding.
 #pragma once

@@ -140,15 +140,15 @@ bool UnitOptimizer::SummedOverStages(size_t u) const {
 
 namespace {
 
-// Sequence parallel (stage_model.h): the gradient of a parameter read with this rank's tokens
-// only is its part; the sum over the tensor-parallel ranks is the whole. `g` holds the unit's
-// flat range [g_begin, g_begin + g.numel()) (the whole unit, or a ZeRO-3 shard); one collective
-// per unit for all of its such parameters (a few vectors), through the device for host memory.
-void SumSequencePartial(const ParamUnit& unit, torch::Tensor& g, int64_t g_begin, Communicator& tp,
-                        const torch::Device& device) {
+// The gradient of a parameter read with this rank's tokens (sequence parallel, stage_model.h) or
+// heads (ParamUnit::tp_partial) only is its part; the sum over the tensor-parallel ranks is the whole. `g` holds the
+// unit's flat range [g_begin, g_begin + g.numel()) (the whole unit, or a ZeRO-3 shard); one collective per unit for all
+// of its such parameters (a few vectors), through the device for host memory.
+void SumTpPartial(const ParamUnit& unit, torch::Tensor& g, int64_t g_begin, Communicator& tp,
+                  const torch::Device& device) {
   std::vector<torch::Tensor> parts;
   for (size_t i = 0; i < unit.names.size(); ++i) {
-    if (!unit.sequence_partial[i]) continue;
+    if (!unit.tp_partial[i]) continue;
     int64_t n = 1;
     for (int64_t d : unit.shapes[i]) n *= d;
     const int64_t from = std::max(unit.offsets[i], g_begin), to = std::min(unit.offsets[i] + n, g_begin + g.numel());
@@ -174,8 +174,8 @@ void UnitOptimizer::GradientReady(size_t u) {
   torch::NoGradGuard no_grad;
   // Sequence parallel: the tensor-parallel sum first, on the backward's own stream - the tp group's
   // collectives stay on one stream, in the order every rank issues them.
-  if (groups_.tp && SequencePartial(u) && unit.sink) {
-    SumSequencePartial(unit, unit.grad, 0, *groups_.tp, device_);
+  if (groups_.tp && TpPartial(u) && unit.sink) {
+    SumTpPartial(unit, unit.grad, 0, *groups_.tp, device_);
     tp_summed_in_backward_[u] = true;
   }
   if (reduce_here) {
@@ -192,8 +192,8 @@ void UnitOptimizer::HostGradient(size_t u, const torch::Tensor& grad) {
   sums_->Add(grad, host_[u].grad, host_[u].uses++ == 0);
 }
 
-bool UnitOptimizer::SequencePartial(size_t u) const {
-  const auto& partial = model_.units()[u].sequence_partial;
+bool UnitOptimizer::TpPartial(size_t u) const {
+  const auto& partial = model_.units()[u].tp_partial;
   return std::find(partial.begin(), partial.end(), true) != partial.end();
 }
 
@@ -203,8 +203,8 @@ void UnitOptimizer::JoinBackwardReductions() {
 
 void UnitOptimizer::Reduce(size_t u, torch::Tensor& g, const Groups& groups) {
   const ParamUnit& unit = model_.units()[u];
-  if (groups.tp && SequencePartial(u) && !tp_summed_in_backward_[u]) {
-    SumSequencePartial(unit, g, unit.sharded ? unit.shard_begin : 0, *groups.tp, device_);
+  if (groups.tp && TpPartial(u) && !tp_summed_in_backward_[u]) {
+    SumTpPartial(unit, g, unit.sharded ? unit.shard_begin : 0, *groups.tp, device_);
   }
   if (SummedOverStages(u)) AllReduceTensor(*groups.tie, g);
   if (zero_ <= 1) AllReduceTensor(*groups.dp, g);
@@ -243,7 +243,7 @@ torch::Tensor UnitOptimizer::ReduceGradients(const Groups& groups, bool replayed
       torch::Tensor g = host.grad;
       if (host.uses == 0) g.zero_();  // no use this step (a guard: every unit is used)
       host.uses = 0;
-      if (groups.tp && SequencePartial(u)) SumSequencePartial(unit, g, unit.shard_begin, *groups.tp, device_);
+      if (groups.tp && TpPartial(u)) SumTpPartial(unit, g, unit.shard_begin, *groups.tp, device_);
       if (SummedOverStages(u)) {  // through the device: the communicator may take device buffers only
         torch::Tensor on_device = g.to(device_);
         AllReduceTensor(*groups.tie, on_device);

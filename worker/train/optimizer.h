@@ -215,9 +215,9 @@ class UnitOptimizer {
   bool failed_ = false;
   // GPT-2's tied embedding on a rank of a pipeline: its gradient is summed with the other stage's.
   bool SummedOverStages(size_t unit) const;
-  // Sequence parallel: the unit has a parameter whose gradient is summed over the tensor-parallel
-  // ranks (ParamUnit::sequence_partial).
-  bool SequencePartial(size_t unit) const;
+  // The unit has a parameter whose gradient is summed over the tensor-parallel ranks
+  // (ParamUnit::tp_partial).
+  bool TpPartial(size_t unit) const;
   // What the host update writes on the device for a unit: its optimizer range of the parameters,
   // and, where the update refreshes it, the bf16 working copy and the whole flat vector it is
   // cast from (else undefined; all undefined for a host-streamed unit, whose gradient is summed

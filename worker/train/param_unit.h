@@ -19,10 +19,12 @@ struct ParamUnit {
   std::vector<std::vector<int64_t>> full_shapes;
   std::vector<int64_t> offsets;  // of each parameter in the unit's flat vector
   std::vector<bool> replicated;  // the same on every tensor-parallel rank
-  // Sequence parallel: replicated, and read with this rank's tokens only (a block's norms and the
-  // biases added after its reduce-scatters, the final norm), so its gradient here is this rank's
-  // tokens' part: summed over the tensor-parallel ranks before the update (optimizer.h).
-  std::vector<bool> sequence_partial;
+  // Replicated, but its gradient here is only this rank's part, summed over the tensor-parallel
+  // ranks before the update (optimizer.h): under sequence parallelism, what is read with this
+  // rank's tokens only (a block's norms and the biases added after its reduce-scatters, the final
+  // norm); on any tp > 1, a weight every head shares (qwen3's q/k norms), read with this rank's
+  // heads only (shard::HeadSharedWeight).
+  std::vector<bool> tp_partial;
   // Split by output rows (shard::ColumnParallel). Read through ParamView::Linear, such a matrix
   // reads f's output: its weight gradient can wait for f's backward.
   std::vector<bool> column_parallel;

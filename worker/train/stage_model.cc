@@ -165,15 +165,18 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
       head_units_ = {add("head", names)};
     }
   }
-  if (sequence_parallel_) {  // what reads only this rank's tokens: every replicated parameter of a block, and the final
-                             // norm
+  if (mesh_.tp > 1) {
+    // Partial gradients (ParamUnit::tp_partial): under sequence parallelism every replicated
+    // parameter of a block and the final norm (read with this rank's tokens only); on any tp, a
+    // weight the heads share (read with this rank's heads only).
     const std::vector<std::string> final_norm = model::FinalNormNames(m);
     for (size_t u = 0; u < units_.size(); ++u) {
       ParamUnit& unit = units_[u];
       const bool block = std::find(block_units_.begin(), block_units_.end(), static_cast<int>(u)) != block_units_.end();
       for (size_t i = 0; i < unit.names.size(); ++i) {
         const bool norm = std::find(final_norm.begin(), final_norm.end(), unit.names[i]) != final_norm.end();
-        unit.sequence_partial[i] = unit.replicated[i] && (block || norm);
+        unit.tp_partial[i] = unit.replicated[i] &&
+                             ((sequence_parallel_ && (block || norm)) || shard::HeadSharedWeight(m, unit.names[i]));
       }
     }
   }
@@ -271,7 +274,7 @@ void StageModel::AddUnit(const std::string& label, const std::vector<std::string
     unit.shapes.push_back(slice_shape);
     unit.full_shapes.push_back(shape);
     unit.replicated.push_back(split.replicated() || mesh_.tp == 1);
-    unit.sequence_partial.push_back(false);  // marked once the units are known (the constructor)
+    unit.tp_partial.push_back(false);  // marked once the units are known (the constructor)
     unit.column_parallel.push_back(mesh_.tp > 1 && shard::ColumnParallel(split, shape, mesh_.tp));
     unit.offsets.push_back(unit.numel);
     unit.numel += slice_numel;

@@ -55,7 +55,7 @@
 // cut to the rank's tokens (its gradient gathered back, so the lookup's is whole); the head
 // gathers every token (vocab-parallel: through f; otherwise keeping this rank's block of the
 // gradient, which every rank computes whole). Parameters read with the rank's tokens only get a
-// partial gradient (ParamUnit::sequence_partial), summed over the tensor-parallel ranks.
+// partial gradient (ParamUnit::tp_partial), summed over the tensor-parallel ranks.
 #pragma once
 
 #include <torch/torch.h>

@@ -53,6 +53,7 @@ inline ModelSpec TinyModel(const std::string& family, int64_t layers = 4) {
       m.rope_scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 16};
     }
     if (family == "mistral") m.sliding_window = 8;
+    if (family == "qwen3") m.head_dim = 16;  // the per-head q/k norms' width
     m.tie_embeddings = family == "qwen2" || family == "gemma";
   }
   EXPECT_TRUE(ValidateModelSpec(m, "").ok());
