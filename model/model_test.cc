@@ -53,6 +53,7 @@ json TinyConfig(const std::string& family) {
   }
   if (family == "qwen2") c["tie_word_embeddings"] = true;
   if (family == "qwen3") c["head_dim"] = 16;  // its own default is 128, not hidden / heads
+  if (family == "olmo2") c["rms_norm_eps"] = 1e-5;
   if (family == "mistral") c["sliding_window"] = 16;
   if (family == "gemma") {
     c.erase("hidden_act");
@@ -151,7 +152,7 @@ TEST_P(FamilyTest, ConfigFillsTheSpecAndTheMultiFileCheckpointMatchesIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTest,
-                         ::testing::Values("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox"));
+                         ::testing::Values("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma", "gpt_neox"));
 
 TEST(FamilyTableTest, VariantsShapeTheParameters) {
   TinyModelDir dir("variants");

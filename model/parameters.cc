@@ -44,19 +44,20 @@ std::vector<Parameter> BlockParameters(const ModelSpec& m) {
     linear("mlp.dense_h_to_4h", f, h, true);
     linear("mlp.dense_4h_to_h", h, f, true);
   } else {
-    norm("input_layernorm", false);
+    if (!m.post_norms()) norm("input_layernorm", false);
     linear("self_attn.q_proj", q, h, m.qkv_bias());
     linear("self_attn.k_proj", kv, h, m.qkv_bias());
     linear("self_attn.v_proj", kv, h, m.qkv_bias());
     linear("self_attn.o_proj", h, q, m.attn_out_bias());
     if (m.qk_norm()) {
-      p.push_back({"self_attn.q_norm.weight", {d}});
-      p.push_back({"self_attn.k_norm.weight", {d}});
+      p.push_back({"self_attn.q_norm.weight", {m.qk_norm_per_head() ? d : q}});
+      p.push_back({"self_attn.k_norm.weight", {m.qk_norm_per_head() ? d : kv}});
     }
     norm("post_attention_layernorm", false);
     linear("mlp.gate_proj", f, h, m.mlp_biases());
     linear("mlp.up_proj", f, h, m.mlp_biases());
     linear("mlp.down_proj", h, f, m.mlp_biases());
+    if (m.post_norms()) norm("post_feedforward_layernorm", false);
   }
   return p;
 }

@@ -5,10 +5,10 @@
 // Names are Hugging Face's without the model prefix ("transformer.", "model.", "gpt_neox."),
 // except GPT-2's own historical ones (docs/models.md lists them all):
 //   gpt2      wte, wpe, h.N.{ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj}, ln_f  (head tied to wte)
-//   llama, mistral, qwen2, qwen3, gemma
-//             embed_tokens, layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
-//             [qwen3: self_attn.{q,k}_norm,] post_attention_layernorm, mlp.{gate,up,down}_proj},
-//             norm, lm_head (unless tied)
+//   llama, mistral, qwen2, qwen3, olmo2, gemma
+//             embed_tokens, layers.N.{input_layernorm (not olmo2), self_attn.{q,k,v,o}_proj,
+//             [qwen3, olmo2: self_attn.{q,k}_norm,] post_attention_layernorm,
+//             mlp.{gate,up,down}_proj, [olmo2: post_feedforward_layernorm]}, norm, lm_head (unless tied)
 //   gpt_neox  embed_in, layers.N.{input_layernorm, post_attention_layernorm,
 //             attention.query_key_value, attention.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h},
 //             final_layer_norm, embed_out

@@ -24,7 +24,7 @@ struct RunSpec {
 }
 
 enum RunKind { train @0; extract @1; patch @2; }
-enum Family { gpt2 @0; llama @1; mistral @2; qwen2 @3; gemma @4; gptNeox @5; qwen3 @6; }
+enum Family { gpt2 @0; llama @1; mistral @2; qwen2 @3; gemma @4; gptNeox @5; qwen3 @6; olmo2 @7; }
 enum Activation { familyDefault @0; geluTanh @1; gelu @2; silu @3; }
 enum RopeScalingType { none @0; linear @1; llama3 @2; }
 enum TokenFormat { bytes @0; u16 @1; u32 @2; npy @3; text @4; }

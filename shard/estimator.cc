@@ -23,7 +23,8 @@
 // for k and v (SDPA saves q, k, v and its output); mlp the wide tensors: GELU's up projection
 // and activation (2f/h), SwiGLU's gate, up and their product (3f/h); p = heads * s / h, the
 // softmax probabilities of unfused attention (0 with SDPA); n = q + kv / 2, the inputs qwen3's
-// per-head q/k norms save (0 for the other families). GPT-2 saves 36 bytes per element in
+// per-head q/k norms save (olmo2's fp32 whole-projection norms: 8 / e times that; 0 for the
+// other families). GPT-2 saves 36 bytes per element in
 // bf16 (Korthikanti et al. 2022 count 34 for the unfused 16-bit block). Full recompute keeps each
 // layer's fp32 input (4 bytes per element) plus one layer's activations while it is recomputed;
 // that layer's backward also casts its weights to bf16 again and makes their fp32 gradients.

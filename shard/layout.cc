@@ -116,6 +116,11 @@ TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, 
         "query_key_value.bias", "dense_h_to_4h.weight", "dense_h_to_4h.bias"}) {
     if (EndsWith(name, column_parallel)) return rows();
   }
+  // OLMo 2's q/k norms span the whole projection: their weights split as the projection's rows.
+  if (!spec.qk_norm_per_head() &&
+      (EndsWith(name, "self_attn.q_norm.weight") || EndsWith(name, "self_attn.k_norm.weight"))) {
+    return rows();
+  }
   for (const char* row_parallel :
        {"o_proj.weight", "down_proj.weight", "attention.dense.weight", "dense_4h_to_h.weight"}) {
     if (EndsWith(name, row_parallel)) return columns();
@@ -124,7 +129,8 @@ TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, 
 }
 
 bool HeadSharedWeight(const ModelSpec& spec, const std::string& name) {
-  return spec.qk_norm() && (EndsWith(name, "self_attn.q_norm.weight") || EndsWith(name, "self_attn.k_norm.weight"));
+  return spec.qk_norm_per_head() &&
+         (EndsWith(name, "self_attn.q_norm.weight") || EndsWith(name, "self_attn.k_norm.weight"));
 }
 
 std::vector<int64_t> SliceShape(const TensorSplit& split, const std::vector<int64_t>& shape, int64_t tp) {

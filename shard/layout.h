@@ -65,7 +65,8 @@ struct TensorSplit {
 // How parameter `name` (full shape `shape`) of model family spec.family splits over tp ranks.
 TensorSplit TensorParallelSplit(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape,
                                 int64_t tp);
-// Whether `name` is a weight every attention head shares (qwen3's self_attn.q_norm / k_norm):
+// Whether `name` is a weight every attention head shares (qwen3's self_attn.q_norm / k_norm; not
+// olmo2's, which span the projection and split with its rows):
 // replicated over tp ranks, each of which reads it with its own heads only, so a rank's gradient
 // of it is a part of the whole.
 bool HeadSharedWeight(const ModelSpec& spec, const std::string& name);

@@ -44,8 +44,9 @@ int64_t LayerActivationBytes(const ModelSpec& spec, int64_t sequence, int64_t mi
   const double kv = 2.0 * static_cast<double>(model.kv_heads * model.head_size()) / h;
   const double mlp = (model.gated_mlp() ? 3.0 : 2.0) * static_cast<double>(model.ffn) / h;
   const double scores = fused_attention ? 0.0 : static_cast<double>(model.heads) * s / h;
-  // Qwen3's per-head q/k norms save their inputs (q and k before the norm) for their backward.
-  const double qk_norm = model.qk_norm() ? q + kv / 2.0 : 0.0;
+  // Qwen3's per-head q/k norms (fused) save their inputs, q and k before the norm; OLMo 2's
+  // whole-projection norms (op by op, in fp32) about 8 bytes an element of them.
+  const double qk_norm = model.qk_norm_per_head() ? q + kv / 2.0 : model.qk_norm() ? (q + kv / 2.0) * 8.0 / e : 0.0;
   // Sequence parallel: the residual stream the norms save is the rank's tokens; the attention's
   // and the MLP's inputs stay whole (the matmuls save what the all-gather made).
   const double residual = 2 * kResidualBytes / (sequence_parallel ? t : 1.0);

@@ -113,6 +113,8 @@ const char* ArchitectureOf(Family family) {
       return "Qwen2ForCausalLM";
     case Family::kQwen3:
       return "Qwen3ForCausalLM";
+    case Family::kOlmo2:
+      return "Olmo2ForCausalLM";
     case Family::kGemma:
       return "GemmaForCausalLM";
     case Family::kGptNeox:
@@ -256,7 +258,7 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
                                        : f == Family::kQwen3 ? 128
                                                              : m.hidden / std::max<int64_t>(m.heads, 1);
       STRATA_RETURN_IF_ERROR(r.Int("head_dim", &m.head_dim, "head_dim", head_dim_default));
-      STRATA_RETURN_IF_ERROR(r.Float("rms_norm_eps", &m.norm_eps, "norm_eps", 1e-6));
+      STRATA_RETURN_IF_ERROR(r.Float("rms_norm_eps", &m.norm_eps, "norm_eps", f == Family::kOlmo2 ? 1e-5 : 1e-6));
       STRATA_RETURN_IF_ERROR(r.Float("rope_theta", &m.rope_theta, "rope_theta", 10000.0));
       STRATA_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &m.tie_embeddings, "tie_embeddings", f == Family::kGemma));
       STRATA_RETURN_IF_ERROR(ReadRope(r, &m, /*scaling_allowed=*/f != Family::kGemma));
@@ -270,6 +272,11 @@ Result<ParsedConfig> ParseConfig(const std::string& text, const std::string& sou
       if (f == Family::kLlama) {
         STRATA_RETURN_IF_ERROR(r.Bool("attention_bias", &m.attention_bias, "attention_bias", false));
         STRATA_RETURN_IF_ERROR(r.Bool("mlp_bias", &m.mlp_bias, "mlp_bias", false));
+      }
+      if (f == Family::kOlmo2) {
+        STRATA_RETURN_IF_ERROR(r.Bool("attention_bias", &m.attention_bias, "attention_bias", false));
+        // OLMo (v1)'s clamp of q, k and v; OLMo 2's configs drop it.
+        STRATA_RETURN_IF_ERROR(r.MustBeOff("clip_qkv", "olmo2 does not clamp q, k and v"));
       }
       if (f == Family::kQwen3) {
         STRATA_RETURN_IF_ERROR(r.Bool("attention_bias", &m.attention_bias, "attention_bias", false));
@@ -467,7 +474,7 @@ Result<std::string> HuggingFaceConfigJson(const ModelSpec& m, const std::string&
         config["attention_bias"] = m.attention_bias;
         config["mlp_bias"] = m.mlp_bias;
       }
-      if (f == Family::kQwen3) config["attention_bias"] = m.attention_bias;
+      if (f == Family::kQwen3 || f == Family::kOlmo2) config["attention_bias"] = m.attention_bias;
       if (f == Family::kMistral)
         config["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
     }

@@ -80,12 +80,12 @@ Status ParseModel(Reader& r, const std::string& base_dir, bool resolve_config, M
   // Families in the alphabetical order of their names, as the message lists them.
   using F = Family;
   static const std::map<std::string, std::vector<Family>> kFamilyOnly = {
-      {"kv_heads", {F::kGemma, F::kLlama, F::kMistral, F::kQwen2, F::kQwen3}},
-      {"head_dim", {F::kGemma, F::kLlama, F::kMistral, F::kQwen2, F::kQwen3}},
-      {"rope_theta", {F::kGemma, F::kGptNeox, F::kLlama, F::kMistral, F::kQwen2, F::kQwen3}},
-      {"rope_scaling", {F::kLlama, F::kMistral, F::kQwen2, F::kQwen3}},
+      {"kv_heads", {F::kGemma, F::kLlama, F::kMistral, F::kOlmo2, F::kQwen2, F::kQwen3}},
+      {"head_dim", {F::kGemma, F::kLlama, F::kMistral, F::kOlmo2, F::kQwen2, F::kQwen3}},
+      {"rope_theta", {F::kGemma, F::kGptNeox, F::kLlama, F::kMistral, F::kOlmo2, F::kQwen2, F::kQwen3}},
+      {"rope_scaling", {F::kLlama, F::kMistral, F::kOlmo2, F::kQwen2, F::kQwen3}},
       {"rotary_pct", {F::kGptNeox}},
-      {"attention_bias", {F::kGemma, F::kGptNeox, F::kLlama, F::kQwen3}},
+      {"attention_bias", {F::kGemma, F::kGptNeox, F::kLlama, F::kOlmo2, F::kQwen3}},
       {"mlp_bias", {F::kLlama}},
       {"sliding_window", {F::kMistral}},
       {"parallel_residual", {F::kGptNeox}},
@@ -122,6 +122,7 @@ Activation DefaultActivation(Family family) {
     case Family::kMistral:
     case Family::kQwen2:
     case Family::kQwen3:
+    case Family::kOlmo2:
       return Activation::kSilu;
     case Family::kGpt2:
     case Family::kGemma:
@@ -138,6 +139,7 @@ std::vector<Activation> FamilyActivations(Family family) {
     case Family::kMistral:
     case Family::kQwen2:
     case Family::kQwen3:
+    case Family::kOlmo2:
       return {Activation::kSilu};
     case Family::kGemma:
     case Family::kGptNeox:
@@ -182,7 +184,8 @@ Status ValidateModelSpec(ModelSpec& m, const std::string& context, const Unknown
                "; each key/value head must serve a whole number of query heads");
   }
   if (!grouped && m.kv_heads != m.heads) {
-    return msg("model.kv_heads applies to families llama, mistral, qwen2, qwen3, gemma only; remove it for " + family);
+    return msg("model.kv_heads applies to families llama, mistral, qwen2, qwen3, olmo2, gemma only; remove it for " +
+               family);
   }
   if (m.heads * m.head_dim > spec_bounds::kFfn)
     return msg("model.heads x model.head_dim = " + str(m.heads * m.head_dim) + " is over the bound of " +

@@ -3,7 +3,7 @@
 //
 //   name = "gpt2-tiny"
 //   kind = "train" | "extract" | "patch"
-//   [model]     family (gpt2 | llama | mistral | qwen2 | qwen3 | gemma | gpt_neox), layers, hidden, heads,
+//   [model]     family (gpt2 | llama | mistral | qwen2 | qwen3 | olmo2 | gemma | gpt_neox), layers, hidden, heads,
 //               kv_heads, head_dim, ffn, vocab, sequence, max_positions, rope_theta, rope_scaling,
 //               rotary_pct, norm_eps, attention_bias, mlp_bias, tie_embeddings, sliding_window,
 //               parallel_residual, activation, init_from (a Hugging Face model directory, whose
@@ -106,12 +106,12 @@ struct ModelSpec {
   int64_t max_positions = 0;  // positions the model supports; 0 -> sequence (gpt2: its position table's rows)
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
-  double rotary_pct = 1.0;        // gpt_neox: the share of each head's dimensions that rotates
-  double norm_eps = 0.0;          // 0 -> 1e-5 (LayerNorm families) or 1e-6 (RMSNorm families)
-  bool attention_bias = false;    // biases on q/k/v/o (llama, qwen3, gemma, gpt_neox); qwen2 always has q/k/v ones
-  bool mlp_bias = false;          // biases on gate/up/down (llama)
-  bool tie_embeddings = false;    // the head reuses the token embedding (always for gpt2)
-  int64_t sliding_window = 0;     // mistral: a token attends to the last N positions; 0 = all
+  double rotary_pct = 1.0;      // gpt_neox: the share of each head's dimensions that rotates
+  double norm_eps = 0.0;        // 0 -> 1e-5 (LayerNorm families) or 1e-6 (RMSNorm families)
+  bool attention_bias = false;  // biases on q/k/v/o (llama, qwen3, olmo2, gemma, gpt_neox); qwen2 always has q/k/v ones
+  bool mlp_bias = false;        // biases on gate/up/down (llama)
+  bool tie_embeddings = false;  // the head reuses the token embedding (always for gpt2)
+  int64_t sliding_window = 0;   // mistral: a token attends to the last N positions; 0 = all
   bool parallel_residual = true;  // gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
   // MLP nonlinearity: "gelu_tanh" | "gelu" | "silu"; kFamilyDefault ("") -> the family's
   Activation activation = Activation::kFamilyDefault;
@@ -133,8 +133,12 @@ struct ModelSpec {
   bool qkv_bias() const { return family == Family::kGpt2 || family == Family::kQwen2 || attention_bias; }
   bool attn_out_bias() const { return family == Family::kGpt2 || (family != Family::kQwen2 && attention_bias); }
   bool mlp_biases() const { return family == Family::kGpt2 || family == Family::kGptNeox || mlp_bias; }
-  // An RMSNorm over each head's q and k (one weight of head_dim each) before RoPE (qwen3).
-  bool qk_norm() const { return family == Family::kQwen3; }
+  // An RMSNorm over q and k before RoPE: over each head (one weight of head_dim each; qwen3), or
+  // over the whole projection (weights of heads x head_dim and kv_heads x head_dim; olmo2).
+  bool qk_norm() const { return qk_norm_per_head() || family == Family::kOlmo2; }
+  bool qk_norm_per_head() const { return family == Family::kQwen3; }
+  // The block's norms on the sublayers' outputs, none before them: x + norm(attn(x)) (olmo2).
+  bool post_norms() const { return family == Family::kOlmo2; }
   bool operator==(const ModelSpec&) const = default;
 };
 

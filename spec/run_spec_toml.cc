@@ -29,7 +29,8 @@ toml::table ModelToToml(const ModelSpec& m) {
     t.insert("head_dim", m.head_dim);
   }
   if (m.rotary()) t.insert("rope_theta", m.rope_theta);
-  if (f == Family::kLlama || f == Family::kMistral || f == Family::kQwen2 || f == Family::kQwen3) {
+  if (f == Family::kLlama || f == Family::kMistral || f == Family::kQwen2 || f == Family::kQwen3 ||
+      f == Family::kOlmo2) {
     const RopeScaling& rs = m.rope_scaling;
     t.insert("rope_scaling", toml::table{{"type", Name(rs.type)},
                                          {"factor", rs.factor},

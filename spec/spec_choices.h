@@ -27,9 +27,11 @@ enum class RunKind { kTrain, kExtract, kPatch };
 //   mistral   llama + sliding-window attention
 //   qwen2     llama + q/k/v biases
 //   qwen3     llama + RMSNorm over each head's q and k before RoPE (Qwen3)
+//   olmo2     llama without pre-norms: x + norm(attn(x)), h + norm(mlp(h)); RMSNorm over the
+//             whole q and k projections (OLMo 2)
 //   gemma     llama with RMSNorm (1 + w), GeGLU(tanh), embeddings x sqrt(hidden), tied head
 //   gpt_neox  Pythia: LayerNorm with bias, partial rotary, parallel attention and MLP, GELU
-enum class Family { kGpt2, kLlama, kMistral, kQwen2, kGemma, kGptNeox, kQwen3 };
+enum class Family { kGpt2, kLlama, kMistral, kQwen2, kGemma, kGptNeox, kQwen3, kOlmo2 };
 
 // model.activation, the MLP's nonlinearity. kFamilyDefault ("", or absent) until
 // ValidateModelSpec fills in the family's own.
@@ -91,7 +93,7 @@ constexpr bool NamesEveryValueInOrder(const std::pair<E, std::string_view> (&nam
 STRATA_CHOICES(RunKind, {RunKind::kTrain, "train"}, {RunKind::kExtract, "extract"}, {RunKind::kPatch, "patch"});
 STRATA_CHOICES(Family, {Family::kGpt2, "gpt2"}, {Family::kLlama, "llama"}, {Family::kMistral, "mistral"},
                {Family::kQwen2, "qwen2"}, {Family::kGemma, "gemma"}, {Family::kGptNeox, "gpt_neox"},
-               {Family::kQwen3, "qwen3"});
+               {Family::kQwen3, "qwen3"}, {Family::kOlmo2, "olmo2"});
 STRATA_CHOICES(Activation, {Activation::kFamilyDefault, ""}, {Activation::kGeluTanh, "gelu_tanh"},
                {Activation::kGelu, "gelu"}, {Activation::kSilu, "silu"});
 STRATA_CHOICES(RopeScalingType, {RopeScalingType::kNone, "none"}, {RopeScalingType::kLinear, "linear"},

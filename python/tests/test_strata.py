@@ -37,6 +37,7 @@ FAMILY_MODELS = {
     "mistral": {"kv_heads": 2, "ffn": 48, "sliding_window": 8},
     "qwen2": {"kv_heads": 1, "ffn": 40},
     "qwen3": {"kv_heads": 2, "ffn": 48, "head_dim": 16},
+    "olmo2": {"kv_heads": 2, "ffn": 48},
     "gemma": {"kv_heads": 2, "ffn": 48, "head_dim": 8},
     "gpt_neox": {"ffn": 56, "rotary_pct": 0.25, "parallel_residual": True},
 }

@@ -15,7 +15,7 @@ trap '"$bin/strata" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 "$bin/strata" up --gpus 1 >/dev/null
 seq=64
 failed=0
-for variant in ${FAMILY_VARIANTS:-llama3 llama_tied mistral qwen2 qwen3 gemma pythia gpt2}; do
+for variant in ${FAMILY_VARIANTS:-llama3 llama_tied mistral qwen2 qwen3 olmo2 gemma pythia gpt2}; do
   d=$work/$variant
   mkdir -p "$d/ours"
   python3 "$here/family_reference.py" make "$d" "$variant" 8 $seq

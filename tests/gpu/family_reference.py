@@ -9,7 +9,7 @@
                                    attention module's, mlp_out = its MLP's. fp32, eager attention.
 Variants cover what changes the numbers: llama3 rope scaling + head_dim != hidden/heads +
 attention and MLP biases; tied embeddings (Llama 3.2); Mistral's sliding window shorter than the
-sequence; Qwen2's q/k/v biases (tied); Qwen3's per-head q/k norms; Gemma; Pythia (GPT-NeoX, rotary_pct 0.25); GPT-2.
+sequence; Qwen2's q/k/v biases (tied); Qwen3's per-head q/k norms; OLMo 2's post-norms and whole-projection q/k norms; Gemma; Pythia (GPT-NeoX, rotary_pct 0.25); GPT-2.
 Exit 0 when every max |ours - theirs| / max |theirs| <= 1e-5.
 """
 import json
@@ -40,6 +40,8 @@ def config_of(variant, seq):
     if variant == "qwen3":  # per-head q/k norms (non-trivial weights below), head_dim != hidden / heads
         return t.Qwen3Config(**common, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
                              rope_theta=1000000.0)
+    if variant == "olmo2":  # post-norms, q/k norms over the whole projections (non-trivial weights below)
+        return t.Olmo2Config(**common, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=500000.0)
     if variant == "gemma":
         return t.GemmaConfig(**common, num_key_value_heads=1, head_dim=32, hidden_activation="gelu_pytorch_tanh")
     if variant == "pythia":

@@ -146,8 +146,8 @@ TEST_P(ExportParityTest, TrainedFromSavePretrainedExportsWhatItComputes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ExportParityTest,
-                         ::testing::Values("llama3", "llama_tied", "mistral", "qwen2", "qwen3", "gemma", "pythia",
-                                           "gpt2"));
+                         ::testing::Values("llama3", "llama_tied", "mistral", "qwen2", "qwen3", "olmo2", "gemma",
+                                           "pythia", "gpt2"));
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParityTest, ::testing::Values("gpt2", "llama"));
 

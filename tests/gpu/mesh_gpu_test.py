@@ -42,6 +42,7 @@ FAMILY_MODELS = {
     "mistral": 'family = "mistral"\nkv_heads = 2\nffn = 256\nsliding_window = 16\n',
     "qwen2": 'family = "qwen2"\nkv_heads = 2\nffn = 256\ntie_embeddings = true\n',
     "qwen3": 'family = "qwen3"\nkv_heads = 2\nhead_dim = 32\nffn = 256\n',
+    "olmo2": 'family = "olmo2"\nkv_heads = 2\nffn = 256\n',
     "gemma": 'family = "gemma"\nkv_heads = 2\nhead_dim = 64\nffn = 256\n',
     "gpt_neox": 'family = "gpt_neox"\nrotary_pct = 0.25\nffn = 512\n',
 }

@@ -32,7 +32,7 @@ submit() {  # SPEC_FILE -> prints the run id of a finished run
   out=$("$bin/strata" submit "$1" --follow) || { echo "submit $1 failed: $out" >&2; return 1; }
   printf '%s\n' "$out" | head -1
 }
-for variant in ${SITES_VARIANTS:-llama3 llama_tied mistral qwen2 qwen3 gemma pythia gpt2}; do
+for variant in ${SITES_VARIANTS:-llama3 llama_tied mistral qwen2 qwen3 olmo2 gemma pythia gpt2}; do
   d=$work/$variant
   mkdir -p "$d/ours"
   python3 "$here/family_reference.py" make "$d" "$variant" 8 $seq

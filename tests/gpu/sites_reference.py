@@ -13,7 +13,8 @@ every max |ours - theirs| / max |theirs| <= 1e-5; prints one JSON object.
 
 How transformers' sites are taken (docs/extract.md defines ours):
   resid_pre     forward pre-hook on the decoder layer (its hidden_states input)
-  attn_out      the attention module's output[0];  resid_mid = resid_pre + attn_out
+  attn_out      the attention module's output[0];  resid_mid = resid_pre + attn_out (a block with
+                norms on its sublayers' outputs, OLMo 2: + post_attention_layernorm(attn_out))
   q, k, v       the query, key, value the attention module hands to eager_attention_forward
                 (after rotary, before repeat_kv), wrapped in each family's modeling module
   attn_pattern  the attention weights eager_attention_forward returns
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 REL_TOL = 1e-5
-FAMILY_MODULES = ["gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma"]
+FAMILY_MODULES = ["gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma"]
 
 
 def load(directory, seq):
@@ -116,7 +117,13 @@ def capture_tensors(model, tokens):
         # [b, heads, t, x] -> [b * t, heads, x]
         for site, t in (("q", query), ("k", key), ("v", value), ("attn_pattern", weights)):
             out[(i, site)] = t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
-        out[(i, "resid_mid")] = captured[(i, "resid_pre")] + captured[(i, "attn_out")]
+        # A block with norms on its sublayers' outputs (OLMo 2) adds the normed attention output.
+        layer = blocks[i][0]
+        attn_out = captured[(i, "attn_out")]
+        if hasattr(layer, "post_feedforward_layernorm"):
+            with torch.no_grad():
+                attn_out = layer.post_attention_layernorm(attn_out)
+        out[(i, "resid_mid")] = captured[(i, "resid_pre")] + attn_out
     for key, t in captured.items():
         if isinstance(key, tuple):
             out[key] = t.reshape(-1, t.shape[-1])

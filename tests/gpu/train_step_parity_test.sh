@@ -15,7 +15,7 @@ trap '"$bin/strata" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 "$bin/strata" up --workers 1 >/dev/null
 seq=32 batch=4 lr=0.003 seed=7
 failed=0
-for variant in ${TRAIN_STEP_VARIANTS:-llama3 qwen3}; do
+for variant in ${TRAIN_STEP_VARIANTS:-llama3 qwen3 olmo2}; do
   d=$work/$variant
   mkdir -p "$d"
   python3 "$here/family_reference.py" make "$d" "$variant" 16 $seq

@@ -136,7 +136,7 @@ const char* kExtract =
     "kind = \"extract\"\n[extract]\nlayers = [1]\nsites = [\"resid_post\", \"mlp_out\"]\ntokens = 256\nbatch = 4\n";
 
 TEST_F(ModelsTest, EveryFamilyTrainsAndIsCapturedFromInitFromAlone) {
-  for (const std::string family : {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox"}) {
+  for (const std::string family : {"gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma", "gpt_neox"}) {
     SCOPED_TRACE(family);
     const std::string model = dir_ + "/" + family;
     WriteModel(model, TinyConfig(family));

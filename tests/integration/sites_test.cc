@@ -106,6 +106,7 @@ std::string ModelTable(const std::string& family) {
   if (family == "mistral") m += "kv_heads = 2\nffn = 48\nsliding_window = 8\n";
   if (family == "qwen2") m += "kv_heads = 1\nffn = 40\n";
   if (family == "qwen3") m += "kv_heads = 2\nffn = 48\nhead_dim = 16\n";
+  if (family == "olmo2") m += "kv_heads = 2\nffn = 48\n";
   if (family == "gemma") m += "kv_heads = 2\nffn = 48\nhead_dim = 8\n";
   if (family == "gpt_neox") m += "ffn = 56\nrotary_pct = 0.25\nparallel_residual = true\n";
   return m;
@@ -121,7 +122,7 @@ const char* kAllSites =
     "\"attn_pattern\", \"mlp_hidden\", \"final_norm\", \"logits\"]\n";
 
 TEST_F(SitesTest, EverySiteOfEveryFamilyEqualsTheDirectForwardBitForBit) {
-  for (const std::string family : {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox"}) {
+  for (const std::string family : {"gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma", "gpt_neox"}) {
     for (const std::string mode : {"whole", "layerwise"}) {
       SCOPED_TRACE(family + " " + mode);
       // Layer 0 only: final_norm and logits add the last layer (1), with every per-block site.

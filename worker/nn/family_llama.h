@@ -8,6 +8,10 @@
 //   mistral  llama + sliding-window attention (a query sees the last sliding_window keys)
 //   qwen2    llama + biases on q/k/v (not o)
 //   qwen3    llama + RMSNorm over each head's q and k before RoPE: q = rope(norm_hd(q_proj(n)))
+//   olmo2    no pre-norms, RMSNorm on each sublayer's output and over the whole q and k projections:
+//              x += norm(o_proj(attn(rope(norm_q(q_proj(x))), rope(norm_k(k_proj(x))), v_proj(x))))
+//              x += norm(down_proj(silu(gate_proj(x)) * up_proj(x)))
+//            (norm_q's mean of squares spans every head: tensor-parallel ranks sum theirs)
 //   gemma    RMSNorm x_hat * (1 + w), GELU(tanh), embeddings x sqrt(hidden) (family_gemma.cc)
 // Tied embeddings (tie_embeddings) make the head the token embedding.
 #pragma once
@@ -33,6 +37,16 @@ class LlamaFamily : public ModelFamily {
   // backward kernel (fused_ops.h FusedResidualRmsNorm, FusedAddRmsNorm): the unpatched block's.
   virtual NormedResidual ResidualNorm(const torch::Tensor& x, const torch::Tensor& weight) const;
   virtual NormedResidual AddNorm(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& weight) const;
+  // The attention sublayer of `input` (the first norm's output; OLMo 2's residual itself), its
+  // output before any norm: q, k, v, the pattern into `out`. `residual` sets RoPE's device.
+  torch::Tensor SelfAttention(const ParamView& p, const torch::Tensor& input, const torch::Tensor& residual,
+                              const TensorParallel& tp, const BlockRequest& request, BlockOutputs& out) const;
+  // The gated MLP of `input`, mlp_hidden into `out`; its output before any norm.
+  torch::Tensor Mlp(const ParamView& p, const torch::Tensor& input, const TensorParallel& tp,
+                    const BlockRequest& request, BlockOutputs& out) const;
+  // RMSNorm of x [..., width / tp] over the whole `width` (its squares summed over the ranks).
+  torch::Tensor ProjectionNorm(const torch::Tensor& x, const torch::Tensor& weight, int64_t width,
+                               const TensorParallel& tp, torch::ScalarType out_type) const;
 };
 
 }  // namespace strata::worker

@@ -83,7 +83,7 @@ TEST_P(HfFormatTest, MismatchedSpecNamesTheTensor) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfFormatTest,
-                         ::testing::Values("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox"));
+                         ::testing::Values("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma", "gpt_neox"));
 
 }  // namespace
 }  // namespace strata::worker

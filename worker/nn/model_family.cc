@@ -18,7 +18,7 @@ std::unique_ptr<ModelFamily> CreateModelFamily(const ModelSpec& spec) {
   if (spec.family == Family::kGpt2) return CreateGpt2Family(spec);
   if (spec.family == Family::kGemma) return CreateGemmaFamily(spec);
   if (spec.family == Family::kGptNeox) return CreateGptNeoxFamily(spec);
-  return CreateLlamaFamily(spec);  // llama, mistral, qwen2, qwen3 (the run spec admits no other)
+  return CreateLlamaFamily(spec);  // llama, mistral, qwen2, qwen3, olmo2 (the run spec admits no other)
 }
 
 torch::Tensor PlainLookup(const torch::Tensor& table, const torch::Tensor& ids) { return torch::embedding(table, ids); }

@@ -129,6 +129,10 @@ struct TensorParallel {
   // (tensor_parallel.h LinearThenLeave under tp > 1).
   std::function<torch::Tensor(const ParamView& p, const torch::Tensor& y, const std::string& weight)> linear_leave =
       [](const ParamView& p, const torch::Tensor& y, const std::string& weight) { return p.Linear(y, weight); };
+  // x summed over the tensor-parallel ranks, its gradient too (tensor_parallel.h
+  // SumOverTensorParallelRanks): a statistic over a dimension the ranks split (OLMo 2's q/k norms
+  // over the whole projection). Identity on one rank.
+  std::function<torch::Tensor(const torch::Tensor& x)> sum_over_ranks = [](const torch::Tensor& x) { return x; };
   // The token embedding's lookup of `tokens` in `table` (through ParamView::Lookup): the whole
   // table, or (vocab-parallel, shard/layout.h) this rank's rows, with the other ranks' tokens
   // looked up as zeros and the ranks' lookups summed (Megatron's VocabParallelEmbedding).

@@ -239,6 +239,9 @@ StageModel::StageModel(const RunSpec& spec, const shard::MeshShape& mesh, const 
                                         const ParamView& p, const torch::Tensor& y, const std::string& weight) {
       return LinearThenLeave(*tp, p, y, weight, sp);
     };
+    tensor_parallel_.sum_over_ranks = [tp = tp_group_.get()](const torch::Tensor& x) {
+      return SumOverTensorParallelRanks(*tp, x);
+    };
   }
   vocab_parallel_ = shard::VocabParallel(m, mesh_.tp);
   vocab_rows_ = vocab_parallel_ ? m.vocab / mesh_.tp : m.vocab;

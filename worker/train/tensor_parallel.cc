@@ -240,6 +240,8 @@ using ScatterToSequenceParallelFn = TensorParallelFn<TokenBlock, TokensGathered>
 // head not split by vocabulary): each rank's gradient of every token is already the whole one,
 // so backward keeps this rank's block.
 using GatherForReplicatedFn = TensorParallelFn<TokensGathered, TokenBlock>;
+// A statistic over a split dimension: summed forward, and its gradient summed backward.
+using SumOverRanksFn = TensorParallelFn<AllReduced, AllReduced>;
 
 // The group joins its side stream when this leaves scope, however it leaves: what the collectives
 // read and write is freed on the compute stream after the wait.
@@ -408,6 +410,10 @@ torch::Tensor LeaveTensorParallel(TensorParallelGroup& group, const torch::Tenso
 
 torch::Tensor ScatterToSequenceParallel(TensorParallelGroup& group, const torch::Tensor& x) {
   return ScatterToSequenceParallelFn::apply(x, reinterpret_cast<int64_t>(&group));
+}
+
+torch::Tensor SumOverTensorParallelRanks(TensorParallelGroup& group, const torch::Tensor& x) {
+  return SumOverRanksFn::apply(x, reinterpret_cast<int64_t>(&group));
 }
 
 torch::Tensor GatherForReplicated(TensorParallelGroup& group, const torch::Tensor& x) {

@@ -115,5 +115,9 @@ torch::Tensor ScatterToSequenceParallel(TensorParallelGroup& group, const torch:
 // head not split by vocabulary): each rank's gradient of every token is already the whole one,
 // so backward keeps this rank's block.
 torch::Tensor GatherForReplicated(TensorParallelGroup& group, const torch::Tensor& x);
+// x summed over the ranks (all-reduce), and its gradient summed too: for a statistic each rank
+// takes over its part of a split dimension and every rank then uses whole (each rank's use of
+// the sum contributes to the loss, so the sum's gradient is the sum of theirs).
+torch::Tensor SumOverTensorParallelRanks(TensorParallelGroup& group, const torch::Tensor& x);
 
 }  // namespace strata::worker

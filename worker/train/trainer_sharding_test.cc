@@ -47,7 +47,7 @@ TEST_P(MeshTest, EveryMeshGivesTheSingleWorkerLosses) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MeshTest,
-                         ::testing::Values("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gpt_neox"));
+                         ::testing::Values("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma", "gpt_neox"));
 INSTANTIATE_TEST_SUITE_P(Families, MeshResumeTest, ::testing::Values("gpt2", "llama", "gpt_neox"));
 
 // ZeRO-3 layers kept gathered for their backward (parallel.keep_gathered) train the same model
@@ -372,7 +372,8 @@ TEST_F(TrainerTest, VocabularySplitWhereTpDividesItAndWholeWhereNot) {
 TEST_F(TrainerTest, SequenceParallelTrainsTheSameRunAndKeepsReplicatedWeightsAlike) {
   // qwen3: its per-head q/k norm weights are read with each rank's heads only, so they stay alike
   // only when their gradients are summed over the ranks, with or without sequence parallelism.
-  for (const std::string family : {"llama", "gpt2", "qwen3"}) {
+  // olmo2: the norms on the sublayers' outputs, under sequence parallelism too.
+  for (const std::string family : {"llama", "gpt2", "qwen3", "olmo2"}) {
     for (const int64_t sequence : {32, 31}) {
       spec_.model = TinyModel(family);
       spec_.model.sequence = sequence;
@@ -394,7 +395,10 @@ TEST_F(TrainerTest, SequenceParallelTrainsTheSameRunAndKeepsReplicatedWeightsAli
               return param.size() >= suffix.size() &&
                      param.compare(param.size() - suffix.size(), suffix.size(), suffix) == 0;
             };
-            const bool norm = param.find("norm") != std::string::npos || param.find("ln_") != std::string::npos;
+            // OLMo 2's q/k norms split with their projections' rows: each rank holds its own.
+            const bool split = family == "olmo2" && (ends("q_norm.weight") || ends("k_norm.weight"));
+            const bool norm =
+                !split && (param.find("norm") != std::string::npos || param.find("ln_") != std::string::npos);
             const bool row_bias =
                 ends("o_proj.bias") || ends("attn_proj.bias") || ends("mlp_proj.bias") || ends("down_proj.bias");
             if (norm || row_bias) replicated[r][param] = value.detach().clone();
