@@ -34,7 +34,7 @@ enum Optimizer { adamw @0; adamw8bit @1; }
 enum Offload { none @0; optimizer @1; optimizerAndParams @2; }
 enum ExtractMode { auto @0; whole @1; layerwise @2; }
 enum StoredDType { fp32 @0; bf16 @1; fp16 @2; }
-enum Ablation { zero @0; mean @1; }
+enum Ablation { zero @0; mean @1; steer @2; }
 enum LoraBase { dense @0; nf4 @1; }
 
 struct RopeScaling {
@@ -135,6 +135,7 @@ struct PatchSpec {
   ablation @2 :Ablation;
   source @3 :Text;
   logits @4 :Bool;
+  alpha @5 :Float64 = 1.0;
 }
 
 struct LoraSpec {

@@ -18,7 +18,7 @@
 //               activations of the model over the data instead of training; parallel.dp is the
 //               number of workers; the model's weights come from model.init_from, or from
 //               train.seed when it is empty); logits_top_k
-//   [patch]     layers, sites, ablation, source, logits (kind = "patch": run the model with those
+//   [patch]     layers, sites, ablation, source, alpha, logits (kind = "patch": run the model with those
 //               sites replaced and store each row's loss; chunked as an extract run)
 //   [lora]      rank, alpha, dropout, target_modules, use_rslora, base (train runs: LoRA adapters on the
 //               targeted linears, every base weight frozen; docs/lora.md)
@@ -53,6 +53,7 @@ inline constexpr int64_t kGlobalBatch = int64_t{1} << 24;    // 16.7M sequences 
 inline constexpr int64_t kWorkers = 65536;                   // dp, tp, and dp * pp * tp (workers per run)
 inline constexpr double kMaxEps = 1e-2;                      // train.eps: (0, 1e-2]; larger stops being Adam
 inline constexpr int64_t kThreads = 1024;                    // worker.threads; a worker clamps to its cores
+inline constexpr double kSteerAlpha = 1e6;                   // |patch.alpha|: a steering vector's scale
 inline constexpr int64_t kExtractBatch = 65536;              // sequences per stored chunk
 inline constexpr int64_t kExtractTokens = int64_t{1} << 48;  // 281T tokens: more than any corpus
 // attn_pattern rows are [heads, sequence]: a capture grows with sequence^2, so it is admitted up
@@ -270,8 +271,9 @@ struct ExtractSpec {
 struct PatchSpec {
   std::vector<int64_t> layers;          // ascending
   std::vector<std::string> sites;       // PatchableSites()
-  Ablation ablation = Ablation::kZero;  // zero | mean (capture: named, refused until built)
-  std::string source;                   // ablation = "mean": an fp32 .npy of the site's row shape
+  Ablation ablation = Ablation::kZero;  // zero | mean | steer (capture: named, refused until built)
+  std::string source;                   // ablation = "mean" / "steer": an fp32 .npy of the site's row shape
+  double alpha = 1.0;                   // ablation = "steer": site += alpha * source's vector
   bool logits = false;
   bool operator==(const PatchSpec&) const = default;
 };

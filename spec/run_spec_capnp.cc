@@ -264,6 +264,7 @@ PatchSpec ReadPatch(wire::PatchSpec::Reader w, const ModelSpec& model, WireReade
   p.ablation = r.Choice<Ablation>(w.getAblation(), "patch.ablation");
   p.source = w.getSource().cStr();
   p.logits = w.getLogits();
+  p.alpha = w.getAlpha();
   return p;
 }
 
@@ -312,6 +313,7 @@ void WriteRunSpec(const RunSpec& spec, wire::RunSpec::Builder out) {
   patch.setAblation(ToWire<Ablation, wire::Ablation>(spec.patch.ablation));
   patch.setSource(spec.patch.source);
   patch.setLogits(spec.patch.logits);
+  patch.setAlpha(spec.patch.alpha);
   auto lora = out.initLora();
   lora.setEnabled(spec.lora.enabled);
   lora.setRank(spec.lora.rank);

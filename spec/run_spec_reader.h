@@ -53,7 +53,7 @@ inline const std::map<std::string, std::set<std::string>>& AllowedKeys() {
         "stages", "offload"}},
       {"worker", {"threads"}},
       {"extract", {"layers", "sites", "dtype", "precision", "batch", "tokens", "mode", "logits_top_k"}},
-      {"patch", {"layers", "sites", "ablation", "source", "logits"}},
+      {"patch", {"layers", "sites", "ablation", "source", "alpha", "logits"}},
       {"lora", {"rank", "alpha", "dropout", "target_modules", "use_rslora", "modules_to_save", "base"}},
   };
   return keys;

@@ -132,6 +132,8 @@ Status ParsePatch(Reader& r, const std::string& base_dir, RunSpec* spec) {
   std::optional<std::string> unknown_ablation;  // refused once the sites are checked
   STRATA_RETURN_IF_ERROR(r.Choice("patch", "ablation", &p.ablation, &unknown_ablation));
   STRATA_RETURN_IF_ERROR(r.String("patch", "source", &p.source));
+  const bool alpha_given = r.Has("patch", "alpha");
+  STRATA_RETURN_IF_ERROR(r.Float("patch", "alpha", &p.alpha, -spec_bounds::kSteerAlpha, spec_bounds::kSteerAlpha));
   STRATA_RETURN_IF_ERROR(r.Bool("patch", "logits", &p.logits));
   if (p.layers.empty()) {
     return InvalidArgument(
@@ -172,24 +174,36 @@ Status ParsePatch(Reader& r, const std::string& base_dir, RunSpec* spec) {
   }
   if (p.ablation == Ablation::kZero && !p.source.empty()) {
     return InvalidArgument(
-        "run spec: patch.source is the .npy of values for ablation = \"mean\"; remove it for ablation = \"zero\"");
+        "run spec: patch.source is the .npy of values for ablation = \"mean\" or \"steer\"; remove it for "
+        "ablation = \"zero\"");
   }
-  if (p.ablation == Ablation::kMean) {
-    // One vector replaces the site at every row: the mean of a capture, e.g. numpy's
-    // np.load(activations get's .npy).mean(0), saved as fp32.
+  if (alpha_given && p.ablation != Ablation::kSteer) {
+    return InvalidArgument(
+        "run spec: patch.alpha scales the vector ablation = \"steer\" adds; remove it for ablation = \"" +
+        std::string(Name(p.ablation)) + "\"");
+  }
+  if (p.ablation == Ablation::kMean || p.ablation == Ablation::kSteer) {
+    // mean: one vector replaces the site at every row (the mean of a capture, e.g. numpy's
+    // np.load(activations get's .npy).mean(0), saved as fp32); steer: alpha times it is added.
+    const std::string ablation = "patch.ablation = \"" + std::string(Name(p.ablation)) + "\"";
+    const std::string does = p.ablation == Ablation::kMean
+                                 ? " replaces one site at one layer with the values in patch.source"
+                                 : " adds patch.alpha x patch.source's vector to one site at one layer";
     if (p.sites.size() != 1 || p.layers.size() != 1) {
-      return InvalidArgument(
-          "run spec: patch.ablation = \"mean\" replaces one site at one layer with the values in patch.source; "
-          "name exactly one in patch.layers and patch.sites (they hold " +
-          std::to_string(p.layers.size()) + " and " + std::to_string(p.sites.size()) + ")");
+      return InvalidArgument("run spec: " + ablation + does +
+                             "; name exactly one in patch.layers and patch.sites (they hold " +
+                             std::to_string(p.layers.size()) + " and " + std::to_string(p.sites.size()) + ")");
     }
     const std::vector<int64_t> shape = ExtractSiteRowShape(*spec, p.sites[0]);
     std::string want;
     for (int64_t d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
     if (p.source.empty()) {
-      return InvalidArgument("run spec: patch.ablation = \"mean\" needs patch.source, an fp32 .npy of shape (" + want +
-                             ") holding the value " + p.sites[0] +
-                             " takes at every row (e.g. a capture's mean over its rows)");
+      return InvalidArgument(
+          "run spec: " + ablation + " needs patch.source, an fp32 .npy of shape (" + want +
+          (p.ablation == Ablation::kMean
+               ? ") holding the value " + p.sites[0] + " takes at every row (e.g. a capture's mean over its rows)"
+               : ") holding the direction added to " + p.sites[0] +
+                     " at every row (e.g. a difference of two captures' means)"));
     }
     fs::path source(p.source);
     if (source.is_relative() && !base_dir.empty()) source = fs::path(base_dir) / source;
@@ -260,7 +274,7 @@ namespace run_spec_internal {
 
 Status CheckPatchSource(const RunSpec& spec) {
   const PatchSpec& p = spec.patch;
-  if (p.ablation != Ablation::kMean) return Status::Ok();
+  if (p.ablation != Ablation::kMean && p.ablation != Ablation::kSteer) return Status::Ok();
   const std::vector<int64_t> shape = ExtractSiteRowShape(spec, p.sites[0]);
   std::string want;
   for (int64_t d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);

@@ -487,6 +487,26 @@ TEST_F(RunSpecTest, PatchBadInputNamesTheField) {
   ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"half\"\n",
                  "patch.ablation = \"half\"");
   ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nsource = \"r1\"\n", "patch.source");
+  // Steering: a vector of the site's shape, one site at one layer, a finite bounded alpha, and
+  // alpha only with it.
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"steer\"\n",
+                 "patch.ablation = \"steer\" needs patch.source, an fp32 .npy of shape (64) holding the direction");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"mlp_out\"]\nablation = \"steer\"\nsource = \"m.npy\"\n",
+                 "mlp_out needs fp32 ('<f4', C order) of shape (64)");
+  ExpectRejected(head +
+                     "[patch]\nlayers = [0]\nsites = [\"attn_out\", \"mlp_out\"]\nablation = \"steer\"\n"
+                     "source = \"m.npy\"\n",
+                 "adds patch.alpha x patch.source's vector to one site at one layer");
+  ExpectRejected(head + "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nalpha = 2.0\n",
+                 "patch.alpha scales the vector ablation = \"steer\" adds; remove it for ablation = \"zero\"");
+  ExpectRejected(head +
+                     "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"steer\"\nsource = \"m.npy\"\n"
+                     "alpha = nan\n",
+                 "patch.alpha = nan must be in [-1e+06, 1e+06]");
+  ExpectRejected(head +
+                     "[patch]\nlayers = [0]\nsites = [\"attn_out\"]\nablation = \"steer\"\nsource = \"m.npy\"\n"
+                     "alpha = 1e7\n",
+                 "patch.alpha = 1e+07 must be in [-1e+06, 1e+06]");
   ExpectRejected(head + "[extract]\nsites = [\"q\"]\n[patch]\nlayers = [0]\nsites = [\"attn_out\"]\n", "do not apply");
   ExpectRejected("kind = \"extract\"\n" + Valid() + "[patch]\nlayers = [0]\n", "needs kind = \"patch\"");
 }

@@ -128,6 +128,7 @@ std::string RunSpecToToml(const RunSpec& spec) {
                                      {"ablation", Name(spec.patch.ablation)},
                                      {"source", spec.patch.source},
                                      {"logits", spec.patch.logits}});
+    if (spec.patch.ablation == Ablation::kSteer) root["patch"].as_table()->insert("alpha", spec.patch.alpha);
   }
   if (spec.lora.enabled) {
     toml::array modules;

@@ -63,8 +63,9 @@ enum class ExtractMode { kAuto, kWhole, kLayerwise };
 // extract.dtype: the dtype captured activations are stored in.
 enum class StoredDType { kFp32, kBf16, kFp16 };
 
-// patch.ablation: what replaces a patched site (patch.source holds the mean's values).
-enum class Ablation { kZero, kMean };
+// patch.ablation: what replaces a patched site (patch.source holds the mean's values), or, for
+// "steer", what is added to it (patch.alpha times patch.source's vector).
+enum class Ablation { kZero, kMean, kSteer };
 
 // lora.base: how LoRA's frozen base is held - "dense" in the compute dtype, or "nf4": QLoRA's
 // 4-bit NormalFloat blocks (quant/nf4.h), dequantized inside each matmul.
@@ -108,7 +109,7 @@ STRATA_CHOICES(Offload, {Offload::kNone, "none"}, {Offload::kOptimizer, "optimiz
 STRATA_CHOICES(ExtractMode, {ExtractMode::kAuto, "auto"}, {ExtractMode::kWhole, "whole"},
                {ExtractMode::kLayerwise, "layerwise"});
 STRATA_CHOICES(StoredDType, {StoredDType::kFp32, "fp32"}, {StoredDType::kBf16, "bf16"}, {StoredDType::kFp16, "fp16"});
-STRATA_CHOICES(Ablation, {Ablation::kZero, "zero"}, {Ablation::kMean, "mean"});
+STRATA_CHOICES(Ablation, {Ablation::kZero, "zero"}, {Ablation::kMean, "mean"}, {Ablation::kSteer, "steer"});
 STRATA_CHOICES(LoraBase, {LoraBase::kDense, "dense"}, {LoraBase::kNf4, "nf4"});
 
 #undef STRATA_CHOICES

@@ -252,6 +252,18 @@ TEST_F(SitesTest, ZeroAblationPatchRunsStoreTheLossOfAnIndependentForward) {
   }
 }
 
+// A .npy (format 1.0) of shape (32,), fp32: a 118-byte dict padded to 128 with the magic.
+void WriteVectorNpy(const std::string& path, const std::vector<float>& values) {
+  ASSERT_EQ(values.size(), 32u);
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (32,), }";
+  header.resize(128 - 10 - 1, ' ');
+  header += '\n';
+  std::ofstream npy(path, std::ios::binary);
+  npy << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size() & 0xff)
+      << static_cast<char>(header.size() >> 8) << header;
+  npy.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
+}
+
 // Mean ablation: attn_out of layer 0 replaced at every row by its mean over a capture of the
 // same model (computed here from the direct forward, saved as the .npy the spec names).
 TEST_F(SitesTest, MeanAblationReplacesTheSiteWithTheGivenValuesAtEveryRow) {
@@ -265,15 +277,7 @@ TEST_F(SitesTest, MeanAblationReplacesTheSiteWithTheGivenValuesAtEveryRow) {
     std::vector<float> values(rows.size() / 4), mean(32, 0.0f);
     std::memcpy(values.data(), rows.data(), rows.size());
     for (size_t i = 0; i < values.size(); ++i) mean[i % 32] += values[i] / 256.0f;
-    // A .npy (format 1.0) of shape (32,), fp32: a 118-byte dict padded to 128 with the magic.
-    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (32,), }";
-    header.resize(128 - 10 - 1, ' ');
-    header += '\n';
-    std::ofstream npy(dir_ + "/mean-" + family + ".npy", std::ios::binary);
-    npy << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size() & 0xff)
-        << static_cast<char>(header.size() >> 8) << header;
-    npy.write(reinterpret_cast<const char*>(mean.data()), static_cast<std::streamsize>(mean.size() * 4));
-    npy.close();
+    WriteVectorNpy(dir_ + "/mean-" + family + ".npy", mean);
     const std::string name = "mean-" + family;
     auto [run, spec] = Run(
         name,
@@ -287,6 +291,37 @@ TEST_F(SitesTest, MeanAblationReplacesTheSiteWithTheGivenValuesAtEveryRow) {
     auto zero = worker::DirectForwardPatchedLoss(spec);  // the same run with zeros instead
     ASSERT_TRUE(zero.ok());
     EXPECT_NE((*zero)[0], (*expected)[0]);
+  }
+}
+
+// Steering (ablation = "steer"): resid_post of layer 0 gets alpha x v added at every row. A zero
+// vector changes nothing (the clean forward's loss, bit for bit in what is stored); a non-zero one
+// gives the loss of an independent forward with the same addition, which differs from the clean.
+TEST_F(SitesTest, SteeringAddsAlphaTimesTheVectorAndAZeroVectorChangesNothing) {
+  std::vector<float> direction(32);
+  for (size_t i = 0; i < direction.size(); ++i) direction[i] = 0.05f * static_cast<float>(i % 7) - 0.1f;
+  WriteVectorNpy(dir_ + "/steer-zero.npy", std::vector<float>(32, 0.0f));
+  WriteVectorNpy(dir_ + "/steer-v.npy", direction);
+  for (const auto& [vector, alpha] : {std::pair<std::string, std::string>{"steer-zero", "3.0"}, {"steer-v", "2.5"}}) {
+    SCOPED_TRACE(vector);
+    const std::string name = "run-" + vector;
+    auto [run, spec] = Run(name, PatchSpec(name, "llama",
+                                           "layers = [0]\nsites = [\"resid_post\"]\nablation = \"steer\"\nsource = \"" +
+                                               vector + ".npy\"\nalpha = " + alpha + "\n",
+                                           "whole"));
+    ASSERT_EQ(spec.patch.ablation, Ablation::kSteer);
+    RunSpec clean = spec;
+    clean.patch.layers.clear();
+    auto unsteered = worker::DirectForwardPatchedLoss(clean);
+    ASSERT_TRUE(unsteered.ok()) << unsteered.status().ToString();
+    if (vector == "steer-zero") {
+      ExpectLoss(Stored(spec, run, 1, "loss"), *unsteered, name);
+      continue;
+    }
+    auto expected = worker::DirectForwardPatchedLoss(spec, direction);
+    ASSERT_TRUE(expected.ok()) << expected.status().ToString();
+    ExpectLoss(Stored(spec, run, 1, "loss"), *expected, name);
+    EXPECT_NE((*unsteered)[0], (*expected)[0]);
   }
 }
 

@@ -80,8 +80,10 @@ Result<std::vector<float>> DirectForwardPatchedLoss(const RunSpec& spec, const s
           const auto& sites = spec.patch.sites;
           if (std::find(sites.begin(), sites.end(), site) == sites.end()) return value;
           if (mean.empty()) return value * 0;
-          return torch::from_blob(const_cast<float*>(mean.data()), {static_cast<int64_t>(mean.size())}, torch::kFloat)
-              .expand_as(value);
+          const torch::Tensor v =
+              torch::from_blob(const_cast<float*>(mean.data()), {static_cast<int64_t>(mean.size())}, torch::kFloat);
+          if (spec.patch.ablation == Ablation::kSteer) return value + v * spec.patch.alpha;
+          return v.expand_as(value);
         };
       }
       x = model.RunBlock(layer, x, request).resid_post;

@@ -22,8 +22,8 @@ Result<std::string> DirectForwardActivations(const RunSpec& spec, int64_t layer,
 // A patch run's per-row loss, computed apart from the capture code (its own block loop and
 // LibTorch's cross_entropy), in fp32: the independent reference the stored loss is checked
 // against. patch.sites at patch.layers are replaced by zeros, or (non-empty `mean`, of a
-// [hidden]-wide site) by `mean` at every row; patch.source is not read. NaN at each sequence's
-// last row.
+// [hidden]-wide site) by `mean` at every row - or, for ablation = "steer", get patch.alpha x
+// `mean` added; patch.source is not read. NaN at each sequence's last row.
 Result<std::vector<float>> DirectForwardPatchedLoss(const RunSpec& spec, const std::vector<float>& mean = {});
 
 }  // namespace strata::worker

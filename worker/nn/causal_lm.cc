@@ -217,13 +217,17 @@ BlockRequest ExtractRequest(const RunSpec& spec, int64_t layer) {
   if (spec.is_patch() && std::binary_search(spec.patch.layers.begin(), spec.patch.layers.end(), layer)) {
     const std::vector<std::string> patched = spec.patch.sites;
     // zero: the site's value replaced by zeros of its shape and dtype; mean: every row by the
-    // given vector (broadcast over batch and time), cast to the compute dtype.
-    torch::Tensor mean;
-    if (spec.patch.ablation == Ablation::kMean) mean = ReadMeanValues(spec.patch.source);
-    request.patch = [patched, mean](const std::string& site, const torch::Tensor& value) {
+    // given vector (broadcast over batch and time), cast to the compute dtype; steer: alpha times
+    // the vector added to every row, value + (alpha * v) with alpha * v in fp32, then cast.
+    torch::Tensor vector;
+    const Ablation ablation = spec.patch.ablation;
+    if (ablation == Ablation::kMean || ablation == Ablation::kSteer) vector = ReadMeanValues(spec.patch.source);
+    if (ablation == Ablation::kSteer) vector = vector * spec.patch.alpha;
+    request.patch = [patched, vector, ablation](const std::string& site, const torch::Tensor& value) {
       if (std::find(patched.begin(), patched.end(), site) == patched.end()) return value;
-      if (!mean.defined()) return torch::zeros_like(value);
-      return mean.to(value.options()).expand_as(value);
+      if (ablation == Ablation::kZero) return torch::zeros_like(value);
+      if (ablation == Ablation::kSteer) return value + vector.to(value.options());
+      return vector.to(value.options()).expand_as(value);
     };
   }
   return request;
